@@ -1,0 +1,28 @@
+"""TiledAttention: scaled-dot-product attention forward as a cuTile tile program."""
+
+from .api import sdpa, timed_call
+from .errors import (
+    BackwardNotSupportedError,
+    CompileError,
+    DeviceError,
+    DTypeError,
+    GPUTooOldError,
+    InputError,
+    MaskError,
+    NoGPUError,
+    ScheduleError,
+    ShapeError,
+    TiledAttentionError,
+    ToolchainMissingError,
+    UnsupportedHeadDimError,
+)
+from .schedule import Schedule, default_schedule
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BackwardNotSupportedError", "CompileError", "DTypeError", "DeviceError", "GPUTooOldError",
+    "InputError", "MaskError", "NoGPUError", "Schedule", "ScheduleError", "ShapeError",
+    "TiledAttentionError", "ToolchainMissingError", "UnsupportedHeadDimError",
+    "default_schedule", "sdpa", "timed_call",
+]

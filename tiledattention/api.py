@@ -1,0 +1,89 @@
+"""The public entry point, ``sdpa``, and its ``torch.library`` custom op."""
+
+from __future__ import annotations
+
+import torch
+
+from .schedule import Schedule
+from .validate import check_inputs, resolve_schedule
+
+
+@torch.library.custom_op("tiledattention::attention_fwd", mutates_args=(), device_types="cuda")
+def _attention_fwd(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None,
+    causal: bool, scale: float, return_lse: bool, tile_m: int, tile_n: int, occupancy: int,
+    num_ctas: int, latency_k: int, latency_v: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    from .launch import run_attention
+
+    schedule = Schedule(tile_m, tile_n, occupancy, num_ctas, latency_k, latency_v)
+    return run_attention(q, k, v, attn_mask, causal, scale, return_lse, schedule)
+
+
+@_attention_fwd.register_fake
+def _(q, k, v, attn_mask, causal, scale, return_lse, tile_m, tile_n, occupancy, num_ctas,
+      latency_k, latency_v):
+    b, hq, sq, d = q.shape
+    out = q.new_empty((b, hq, sq, d))
+    lse = q.new_empty((b, hq, sq) if return_lse else (1, 1, 1), dtype=torch.float32)
+    return out, lse
+
+
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
+         scale: float | None = None, attn_mask: torch.Tensor | None = None,
+         enable_gqa: bool = False, return_lse: bool = False,
+         schedule: Schedule | dict | None = None):
+    """Scaled-dot-product attention forward with a cuTile kernel.
+
+    ``q``: [B, Hq, Sq, D]; ``k``, ``v``: [B, Hkv, Skv, D]; fp16 or bf16 CUDA tensors of one
+    dtype and device. D is any multiple of 8 up to 256 (96 and 160 run without padding).
+    Scores, softmax statistics and the accumulator are fp32.
+
+    causal: as ``torch.nn.functional.scaled_dot_product_attention(is_causal=True)``:
+        query i attends keys j <= i (top-left aligned, also when Sq != Skv). Unlike
+        PyTorch, it may be combined with ``attn_mask``.
+    scale: multiplies q @ k^T; default 1/sqrt(D); must be finite and > 0.
+    attn_mask: bool (True = attend) or additive (q's dtype or float32), broadcastable
+        to [B, Hq, Sq, Skv]. Key-padding masks [B, 1, 1, Skv] are read one row per key
+        tile. A bool mask is turned into an additive one of q's dtype first (one pass
+        over the mask), and a mask whose key axis is broadcast is expanded along it.
+    enable_gqa: allow Hq to be a multiple of Hkv (grouped-query / multi-query).
+    return_lse: also return the natural-log log-sum-exp of each query row's scaled
+        scores, fp32 [B, Hq, Sq].
+    schedule: a ``Schedule`` (or dict of its fields) overriding the default tiling.
+
+    Fully masked rows (every key masked out) are defined as zeros, with log-sum-exp
+    -inf; PyTorch's math backend returns NaN there.
+
+    Any strides are accepted: a tensor is copied only when its last (head-dim) axis is
+    not unit-stride. The output is a new contiguous tensor allocated by PyTorch, and the
+    kernel runs on PyTorch's current CUDA stream; it works under ``torch.compile``
+    (fullgraph) and CUDA-graph capture. There is no backward pass yet: inputs that
+    require grad (with grad mode on) are refused.
+
+    Returns ``out``, or ``(out, lse)`` when ``return_lse``.
+    """
+    problem = check_inputs(q, k, v, causal=causal, scale=scale, attn_mask=attn_mask,
+                           enable_gqa=enable_gqa)
+    s = resolve_schedule(schedule, problem)
+    out, lse = _attention_fwd(q, k, v, attn_mask, problem.causal, problem.scale,
+                              bool(return_lse), s.tile_m, s.tile_n, s.occupancy, s.num_ctas,
+                              s.latency_k, s.latency_v)
+    return (out, lse) if return_lse else out
+
+
+def timed_call(q, k, v, **kwargs) -> float:
+    """Seconds for one synchronised ``sdpa`` call.
+
+    The first call of a variant in a process includes its compilation: cold when
+    cuTile's disk cache (``$CUDA_TILE_CACHE_DIR``, default ``~/.cache/cutile-python``) has
+    no cubin for it, warm when an earlier process left one; later calls hit the
+    in-memory cache. ``benchmarks/compile_time.py`` measures all three.
+    """
+    import time
+
+    torch.cuda.synchronize(q.device)
+    start = time.perf_counter()
+    sdpa(q, k, v, **kwargs)
+    torch.cuda.synchronize(q.device)
+    return time.perf_counter() - start

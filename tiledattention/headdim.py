@@ -1,0 +1,63 @@
+"""How a head dim is split into the power-of-two chunks cuTile tiles require."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MAX_HEAD_DIM = 256
+MAX_CHUNKS = 3
+# Smallest chunk: fp16/bf16 MMA contracts over at least 16 elements.
+MIN_CHUNK = 16
+
+
+@dataclass(frozen=True)
+class HeadDimPlan:
+    """Chunk widths (non-increasing powers of two) covering a head dim ``d``."""
+
+    d: int
+    widths: tuple[int, ...]
+
+    @property
+    def padded(self) -> int:
+        """Columns computed, counting zero-padded ones."""
+        return sum(self.widths)
+
+    @property
+    def exact(self) -> bool:
+        """No zero-padded columns: every chunk lies inside the head dim."""
+        return self.padded == self.d
+
+    @property
+    def waste(self) -> float:
+        """Fraction of multiply-accumulate work spent on zero padding."""
+        return 1.0 - self.d / self.padded
+
+    def kernel_widths(self) -> tuple[int, int, int]:
+        """(W0, W1, W2) for the kernel; unused slots repeat the last width (ignored)."""
+        w = self.widths + (self.widths[-1],) * (MAX_CHUNKS - len(self.widths))
+        return w[0], w[1], w[2]
+
+
+def supported_head_dim(d: int) -> bool:
+    return isinstance(d, int) and 8 <= d <= MAX_HEAD_DIM and d % 8 == 0
+
+
+def plan_head_dim(d: int) -> HeadDimPlan:
+    """Greedy split into at most three power-of-two chunks.
+
+    Every head dim with at most three set bits above 8 (64, 96, 128, 160, 192, 224, ...)
+    is split exactly; the rest round only their last chunk up (e.g. 120 = 64 + 32 + 32,
+    6.25% padding) and head dims below 16 are padded to 16.
+    """
+    if not supported_head_dim(d):
+        raise ValueError(f"head dim {d} is not a multiple of 8 in [8, {MAX_HEAD_DIM}]")
+    widths: list[int] = []
+    rest = d
+    while rest > 0:
+        if len(widths) == MAX_CHUNKS - 1:
+            w = max(MIN_CHUNK, 1 << (rest - 1).bit_length())  # last chunk: round up
+        else:
+            w = max(MIN_CHUNK, 1 << (rest.bit_length() - 1))  # largest power of two <= rest
+        widths.append(w)
+        rest -= w
+    return HeadDimPlan(d, tuple(widths))

@@ -1,0 +1,128 @@
+"""Float64 references in plain PyTorch (any device, CPU included).
+
+``naive_attention`` is the definition. ``tiled_attention`` re-traces the kernel's
+algorithm step by step (query/key tiles, tiles skipped above the causal diagonal,
+masking only from ``mask_start``, online softmax in log2 units, head-dim chunks,
+zero rows for fully masked queries), so tests on any machine pin what the kernel does.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .headdim import plan_head_dim
+
+LOG2E = 1.0 / math.log(2.0)
+
+
+def _expand_kv(k, v, heads_q):
+    group = heads_q // k.shape[1]
+    return k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+
+
+def additive_mask(mask, dtype=torch.float64):
+    """Bool (True = attend) or additive mask as an additive float mask."""
+    if mask is None:
+        return None
+    if mask.dtype == torch.bool:
+        return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(
+            ~mask, float("-inf"))
+    return mask.to(dtype)
+
+
+def causal_keep(seq_q, seq_kv, device=None):
+    """torch's is_causal: query i attends keys j <= i (top-left aligned)."""
+    i = torch.arange(seq_q, device=device)[:, None]
+    j = torch.arange(seq_kv, device=device)[None, :]
+    return j <= i
+
+
+def naive_attention(q, k, v, *, causal=False, scale=None, attn_mask=None):
+    """softmax(q k^T * scale + mask) v in float64; fully masked rows give 0, lse -inf."""
+    q, k, v = q.double(), k.double(), v.double()
+    k, v = _expand_kv(k, v, q.shape[1])
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    s = q @ k.transpose(-1, -2) * scale
+    bias = additive_mask(attn_mask)
+    if bias is not None:
+        s = s + bias
+    if causal:
+        s = s.masked_fill(~causal_keep(s.shape[-2], s.shape[-1], s.device), float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - lse[..., None].masked_fill(lse[..., None] == float("-inf"), 0.0))
+    out = p @ v
+    out = out / p.sum(-1, keepdim=True).clamp_min(torch.finfo(torch.float64).tiny)
+    return out, lse
+
+
+def tiled_attention(q, k, v, *, causal=False, scale=None, attn_mask=None, tile_m=64,
+                    tile_n=64):
+    """The kernel's algorithm, tile by tile, in float64. Returns (out, lse)."""
+    q, k, v = q.double(), k.double(), v.double()
+    b, hq, sq, d = q.shape
+    k, v = _expand_kv(k, v, hq)
+    sk = k.shape[2]
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    qk_scale_log2 = scale * LOG2E
+    bias = additive_mask(attn_mask)
+    if bias is not None:
+        bias = bias.expand(b, hq, sq, sk)
+    widths = plan_head_dim(d).widths
+    offsets = [sum(widths[:i]) for i in range(len(widths))]
+    even_n = sk % tile_n == 0
+
+    def chunk(x, c, rows, n_rows):
+        # A zero-padded [n_rows, W_c] tile: rows past the sequence and columns past D
+        # are explicit zeros, as the kernel's padding_mode=ZERO loads.
+        t = x.new_zeros(b, hq, n_rows, widths[c])
+        r = x[:, :, rows, offsets[c]:offsets[c] + widths[c]]
+        t[:, :, : r.shape[2], : r.shape[3]] = r
+        return t
+
+    out = q.new_zeros(b, hq, sq, d)
+    lse = q.new_empty(b, hq, sq)
+    for mt in range(math.ceil(sq / tile_m)):
+        q_start = mt * tile_m
+        rows = slice(q_start, min(q_start + tile_m, sq))
+        qc = [chunk(q, c, rows, tile_m) for c in range(len(widths))]
+        m_i = q.new_full((b, hq, tile_m, 1), float("-inf"))
+        l_i = q.new_zeros(b, hq, tile_m, 1)
+        acc = [q.new_zeros(b, hq, tile_m, w) for w in widths]
+        n_tiles = math.ceil(sk / tile_n)
+        mask_start = n_tiles if even_n else sk // tile_n
+        if causal:
+            n_tiles = math.ceil(min(q_start + tile_m, sk) / tile_n)
+            mask_start = min(mask_start, q_start // tile_n)
+        offs_m = torch.arange(q_start, q_start + tile_m, device=q.device)[:, None]
+        for j in range(n_tiles):
+            keys = slice(j * tile_n, min((j + 1) * tile_n, sk))
+            qk = sum(qc[c] @ chunk(k, c, keys, tile_n).transpose(-1, -2)
+                     for c in range(len(widths)))
+            if bias is not None:
+                t = q.new_zeros(b, hq, tile_m, tile_n)
+                r = bias[:, :, rows, keys]
+                t[:, :, : r.shape[2], : r.shape[3]] = r
+                qk = qk + t / scale
+            if (causal or not even_n) and j >= mask_start:
+                offs_n = torch.arange(j * tile_n, (j + 1) * tile_n, device=q.device)[None, :]
+                keep = torch.ones(tile_m, tile_n, dtype=torch.bool, device=q.device)
+                if not even_n:
+                    keep &= offs_n < sk
+                if causal:
+                    keep &= offs_m >= offs_n
+                qk = qk.masked_fill(~keep, float("-inf"))
+            m_ij = torch.maximum(m_i, qk.amax(-1, keepdim=True) * qk_scale_log2)
+            m_sub = m_ij.masked_fill(m_ij == float("-inf"), 0.0)
+            p = torch.exp2(qk * qk_scale_log2 - m_sub)
+            alpha = torch.exp2(m_i - m_sub)
+            l_i = l_i * alpha + p.sum(-1, keepdim=True)
+            acc = [a * alpha + p @ chunk(v, c, keys, tile_n) for c, a in enumerate(acc)]
+            m_i = m_ij
+        l_div = l_i.masked_fill(l_i == 0, 1.0)
+        n = rows.stop - rows.start
+        tile_out = torch.cat([a / l_div for a in acc], dim=-1)[..., :d]
+        out[:, :, rows] = tile_out[:, :, :n]
+        lse[:, :, rows] = ((m_i + torch.log2(l_i)) * math.log(2.0))[:, :, :n, 0]
+    return out, lse

@@ -1,0 +1,80 @@
+"""The schedule: how the kernel is tiled and hinted, independent of the inputs."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+from .errors import ScheduleError
+
+TILE_SIZES = (16, 32, 64, 128, 256)
+NUM_CTAS = (1, 2, 4, 8, 16)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Tile sizes and compiler hints of one kernel launch.
+
+    tile_m: query rows per program; tile_n: keys per inner step; occupancy: CTAs the
+    compiler plans to co-reside per SM (1..32); num_ctas: CTAs per cluster;
+    latency_k / latency_v: DRAM latency hints (1..10) for K and V loads (higher means
+    deeper prefetch).
+    """
+
+    tile_m: int = 64
+    tile_n: int = 64
+    occupancy: int = 4
+    num_ctas: int = 1
+    latency_k: int = 2
+    latency_v: int = 4
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ScheduleError(f"Schedule.{f.name} must be an int, got {value!r}")
+        for name in ("tile_m", "tile_n"):
+            if getattr(self, name) not in TILE_SIZES:
+                raise ScheduleError(
+                    f"Schedule.{name}={getattr(self, name)} is not one of {TILE_SIZES}"
+                )
+        if not 1 <= self.occupancy <= 32:
+            raise ScheduleError(f"Schedule.occupancy={self.occupancy} is not in [1, 32]")
+        if self.num_ctas not in NUM_CTAS:
+            raise ScheduleError(f"Schedule.num_ctas={self.num_ctas} is not one of {NUM_CTAS}")
+        for name in ("latency_k", "latency_v"):
+            if not 1 <= getattr(self, name) <= 10:
+                raise ScheduleError(f"Schedule.{name}={getattr(self, name)} is not in [1, 10]")
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Schedule:
+        valid = [f.name for f in fields(cls)]
+        unknown = sorted(set(data) - set(valid))
+        if unknown:
+            raise ScheduleError(f"unknown schedule keys {unknown}; valid keys are {valid}")
+        return cls(**data)
+
+    def label(self) -> str:
+        return (f"{self.tile_m}x{self.tile_n}_o{self.occupancy}_c{self.num_ctas}"
+                f"_lk{self.latency_k}_lv{self.latency_v}")
+
+
+def default_schedule(head_dim: int, causal: bool) -> Schedule:
+    """A measured-good starting point per (head dim, causal) until the tuning table.
+
+    From benchmarks/sweep_schedules.py on an H100 (fp16, B*S=16k, H*D=2048; see
+    benchmarks/NOTES.md): 64x128 at occupancy 2 wins at D=128 and 160 (615 vs 538
+    TFLOP/s for 64x64 at D=128 S=4096) and non-causal D=64; 64x64 at occupancy 4 wins
+    causal D=64 at S=1024; 128x64 at occupancy 2 wins non-causal D=96 (482 vs 467).
+    D above 192 keeps 64x64 at occupancy 2: its 64x256 fp32 accumulator is not measured
+    with wider key tiles yet.
+    """
+    if head_dim <= 64:
+        return Schedule(64, 64, occupancy=4) if causal else Schedule(64, 128, occupancy=2)
+    if head_dim > 192:
+        return Schedule(64, 64, occupancy=2)
+    if not causal and head_dim & (head_dim - 1) and head_dim < 128:
+        return Schedule(128, 64, occupancy=2)  # chunked D below 128, e.g. 96 = 64 + 32
+    return Schedule(64, 128, occupancy=2)

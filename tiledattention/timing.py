@@ -1,0 +1,63 @@
+"""The project's one timing helper: CUDA events on PyTorch's current stream."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class TimingStats:
+    median_ms: float
+    p95_ms: float
+    min_ms: float
+    mean_ms: float
+    std_ms: float
+    reps: int
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def summarize(samples_ms: list[float]) -> TimingStats:
+    s = sorted(samples_ms)
+    p95 = s[min(len(s) - 1, round(0.95 * (len(s) - 1)))]
+    return TimingStats(statistics.median(s), p95, s[0], statistics.fmean(s),
+                       statistics.pstdev(s), len(s))
+
+
+class L2Flusher:
+    """Writes a buffer larger than L2 so each timed call starts with a cold cache."""
+
+    def __init__(self, device=None):
+        props = torch.cuda.get_device_properties(device or torch.cuda.current_device())
+        size = max(2 * getattr(props, "L2_cache_size", 50 << 20), 64 << 20)
+        self._buf = torch.empty(size // 4, dtype=torch.int32, device=device or "cuda")
+
+    def __call__(self) -> None:
+        self._buf.zero_()
+
+
+def time_cuda(fn: Callable[[], object], *, warmup: int = 10, reps: int = 40,
+              flush: L2Flusher | None = None) -> list[float]:
+    """Milliseconds of ``fn`` per call, one CUDA-event pair per repetition.
+
+    Warmup calls (which also trigger compilation) are not timed; the L2 flush, when
+    given, runs before each repetition outside the timed region.
+    """
+    for _ in range(warmup):
+        fn()
+    stream = torch.cuda.current_stream()
+    pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+             for _ in range(reps)]
+    for start, end in pairs:
+        if flush is not None:
+            flush()
+        start.record(stream)
+        fn()
+        end.record(stream)
+    torch.cuda.synchronize()
+    return [start.elapsed_time(end) for start, end in pairs]

@@ -1,0 +1,55 @@
+"""Locating cuTile and its tileiras compiler, with the install line when missing."""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+from types import ModuleType
+
+from .errors import ToolchainMissingError
+
+INSTALL_LINE = "pip install 'cuda-tile[tileiras]>=1.7'  (or: pip install 'tiledattention[gpu]')"
+
+
+@functools.cache
+def kernel_module() -> ModuleType:
+    """Import the kernel module (and so cuda.tile) once, or explain what is missing."""
+    try:
+        from . import kernel
+    except ImportError as exc:  # cuda.tile itself, or numpy under it
+        raise ToolchainMissingError(
+            f"cuTile is not importable ({exc}); install it with: {INSTALL_LINE}"
+        ) from exc
+    return kernel
+
+
+def tileiras_path() -> str | None:
+    """tileiras as cuTile finds it: $CUDA_HOME/bin, then PATH, then the pip wheel."""
+    home = os.environ.get("CUDA_PATH") or os.environ.get("CUDA_HOME")
+    if home and os.access(os.path.join(home, "bin", "tileiras"), os.X_OK):
+        return os.path.join(home, "bin", "tileiras")
+    found = shutil.which("tileiras")
+    if found:
+        return found
+    try:
+        import nvidia  # the cu13 wheels install under the nvidia namespace
+    except ImportError:
+        return None
+    for root in getattr(nvidia, "__path__", []):
+        candidate = os.path.join(root, "cu13", "bin", "tileiras")
+        if os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+@functools.cache
+def tileiras_version() -> str:
+    path = tileiras_path()
+    if path is None:
+        raise ToolchainMissingError(f"tileiras (the cuTile compiler) was not found; {INSTALL_LINE}")
+    out = subprocess.run([path, "--version"], capture_output=True, text=True, check=False)
+    lines = [ln.strip() for ln in (out.stdout + out.stderr).splitlines() if ln.strip()]
+    release = [ln for ln in lines if "release" in ln]
+    return (release or lines or ["unknown"])[-1]

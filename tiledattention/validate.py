@@ -1,0 +1,138 @@
+"""Argument checks for ``sdpa``: every refusal is a typed error naming the argument."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .errors import (
+    BackwardNotSupportedError,
+    DeviceError,
+    DTypeError,
+    InputError,
+    MaskError,
+    NoGPUError,
+    ScheduleError,
+    ShapeError,
+    UnsupportedHeadDimError,
+)
+from .headdim import MAX_HEAD_DIM, supported_head_dim
+from .schedule import Schedule, default_schedule
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """The validated shape of one call."""
+
+    batch: int
+    heads_q: int
+    heads_kv: int
+    seq_q: int
+    seq_kv: int
+    head_dim: int
+    causal: bool
+    scale: float
+
+    @property
+    def group(self) -> int:
+        return self.heads_q // self.heads_kv
+
+
+def _dtype_names() -> str:
+    return ", ".join(str(d).removeprefix("torch.") for d in SUPPORTED_DTYPES)
+
+
+def check_inputs(q, k, v, *, causal, scale, attn_mask, enable_gqa) -> Problem:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise InputError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.device.type != "cuda":
+            if not torch.cuda.is_available():
+                raise NoGPUError(
+                    f"{name} is on {t.device} and no CUDA GPU is visible to PyTorch "
+                    "(torch.cuda.is_available() is False); tiledattention runs on CUDA GPUs"
+                )
+            raise DeviceError(f"{name} is on {t.device}; tiledattention needs CUDA tensors "
+                              f"(move it with {name}.cuda())")
+    if not (q.device == k.device == v.device):
+        raise DeviceError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dtype not in SUPPORTED_DTYPES:
+            raise DTypeError(f"{name}.dtype is {t.dtype}; supported dtypes are {_dtype_names()}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise DTypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 4:
+            raise ShapeError(f"{name} must have rank 4 [B, H, S, D], got shape {tuple(t.shape)}")
+    (b, hq, sq, d), (bk, hk, sk, dk) = q.shape, k.shape
+    if not (b == bk == v.shape[0]):
+        raise ShapeError(f"batch sizes differ: q {b}, k {bk}, v {v.shape[0]}")
+    if k.shape[:3] != v.shape[:3]:
+        raise ShapeError(f"k and v must agree on [B, H, S], got {tuple(k.shape)} and "
+                         f"{tuple(v.shape)}")
+    if dk != d or v.shape[3] != d:
+        raise ShapeError(f"head dims differ: q {d}, k {dk}, v {v.shape[3]}; the kernel needs "
+                         "one head dim for q, k and v")
+    for name, size in (("batch", b), ("query heads", hq), ("key/value heads", hk),
+                       ("query sequence (q.shape[2])", sq), ("key sequence (k.shape[2])", sk)):
+        if size < 1:
+            raise ShapeError(f"empty {name}: got length {size}; every axis must be >= 1")
+    if not supported_head_dim(d):
+        raise UnsupportedHeadDimError(
+            f"head dim {d} is not supported; accepted: multiples of 8 from 8 to {MAX_HEAD_DIM}")
+    if hq != hk:
+        if hq % hk != 0:
+            raise ShapeError(f"query heads ({hq}) must be a multiple of key/value heads ({hk})")
+        if not enable_gqa:
+            raise ShapeError(f"query heads ({hq}) != key/value heads ({hk}): pass "
+                             "enable_gqa=True for grouped-query attention")
+    if scale is None:
+        scale = 1.0 / math.sqrt(d)
+    elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not (
+            math.isfinite(scale) and scale > 0):
+        raise InputError(f"scale must be a finite float > 0 or None (1/sqrt(D)), got {scale!r}")
+    if not isinstance(causal, bool):
+        raise InputError(f"causal must be a bool, got {causal!r}")
+    if attn_mask is not None:
+        check_mask(attn_mask, q, (b, hq, sq, sk))
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        raise BackwardNotSupportedError(
+            "q, k or v requires grad, but tiledattention has no backward pass yet; call it "
+            "under torch.no_grad() or torch.inference_mode(), or detach the inputs")
+    return Problem(b, hq, hk, sq, sk, d, causal, float(scale))
+
+
+def check_mask(mask, q, target: tuple[int, int, int, int]) -> None:
+    if not isinstance(mask, torch.Tensor):
+        raise MaskError(f"attn_mask must be a torch.Tensor or None, got {type(mask).__name__}")
+    allowed = (torch.bool, q.dtype, torch.float32)
+    if mask.dtype not in allowed:
+        raise MaskError(f"attn_mask.dtype is {mask.dtype}; accepted: torch.bool (True = attend) "
+                        f"or an additive mask of {q.dtype} or torch.float32")
+    if mask.device != q.device:
+        raise MaskError(f"attn_mask is on {mask.device}, q on {q.device}")
+    if mask.requires_grad and torch.is_grad_enabled():
+        raise BackwardNotSupportedError("attn_mask requires grad; tiledattention has no backward")
+    if mask.dim() > 4 or mask.dim() < 1:
+        raise MaskError(f"attn_mask must have rank 1 to 4, got shape {tuple(mask.shape)}")
+    shape = (1,) * (4 - mask.dim()) + tuple(mask.shape)
+    for size, want, axis in zip(shape, target, ("B", "H", "Sq", "Skv")):
+        if size not in (1, want):
+            raise MaskError(f"attn_mask of shape {tuple(mask.shape)} does not broadcast to "
+                            f"[B, H, Sq, Skv] = {list(target)} (axis {axis}: {size} vs {want})")
+
+
+def resolve_schedule(schedule, problem: Problem) -> Schedule:
+    if schedule is None:
+        return default_schedule(problem.head_dim, problem.causal)
+    if isinstance(schedule, Schedule):
+        return schedule
+    if isinstance(schedule, dict):
+        return Schedule.from_dict(schedule)
+    raise ScheduleError(f"schedule must be a Schedule, a dict of its fields or None, got "
+                        f"{type(schedule).__name__}")
