@@ -16,6 +16,7 @@ import json
 import platform
 import statistics
 import sys
+import time
 
 import torch
 
@@ -31,6 +32,17 @@ POINTS = [(64, 1024), (64, 4096), (128, 1024), (128, 4096), (128, 8192), (96, 40
 
 def heads_for(d: int) -> int:
     return 2048 // d if 2048 % d == 0 else 16
+
+
+def host_overhead_us(fn, calls=20):
+    """Host time to enqueue one call (the GPU queue absorbs the work meanwhile)."""
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed / calls * 1e6
 
 
 def run_point(dtype, causal, d, s, rounds, reps, flush):
@@ -52,9 +64,11 @@ def run_point(dtype, causal, d, s, rounds, reps, flush):
             samples[name] += time_cuda(methods[name], warmup=5 if r else 10, reps=reps,
                                        flush=flush)
     flops = attention_flops(b, h, s, s, d, causal)
+    host_us = {name: host_overhead_us(fn) for name, fn in methods.items()}
     row = {"dtype": str(dtype).removeprefix("torch."), "causal": causal, "D": d, "S": s,
            "B": b, "H": h, "auto_backend": detect_auto_backend(q, k, v, causal=causal),
-           "schedule": ta.default_schedule(d, causal).label(), "rel_err": rel_err}
+           "schedule": ta.default_schedule(d, causal).label(), "rel_err": rel_err,
+           "host_us": host_us}
     for name, ms in samples.items():
         st = summarize(ms)
         row[name] = {"tflops": tflops_per_s(flops, st.median_ms), **st.as_dict()}
@@ -78,7 +92,7 @@ def main(argv=None) -> int:
     flush = L2Flusher()
     rows = []
     hdr = (f"{'dtype':8} {'causal':6} {'D':>4} {'S':>5} {'tiled':>7} {'auto':>7} {'flash':>7} "
-           f"{'x auto':>7} {'x flash':>7}  auto-backend  rel_err")
+           f"{'x auto':>7} {'x flash':>7}  auto-backend  rel_err  host_us(ours/auto)")
     print(hdr)
     for dtype in dtypes:
         for causal in (False, True):
@@ -88,7 +102,8 @@ def main(argv=None) -> int:
                 print(f"{r['dtype']:8} {str(causal):6} {d:>4} {s:>5} "
                       f"{r['tiledattention']['tflops']:7.1f} {r['torch_auto']['tflops']:7.1f} "
                       f"{r['torch_flash']['tflops']:7.1f} {r['ratio_auto']:7.3f} "
-                      f"{r['ratio_flash']:7.3f}  {r['auto_backend']:12} {r['rel_err']:.1e}",
+                      f"{r['ratio_flash']:7.3f}  {r['auto_backend']:12} {r['rel_err']:.1e}  "
+                      f"{r['host_us']['tiledattention']:.0f}/{r['host_us']['torch_auto']:.0f}",
                       flush=True)
     geo = statistics.geometric_mean([r["ratio_auto"] for r in rows])
     geo_f = statistics.geometric_mean([r["ratio_flash"] for r in rows])

@@ -10,6 +10,7 @@ from .errors import (
     InputError,
     MaskError,
     NoGPUError,
+    PlatformError,
     ScheduleError,
     ShapeError,
     TiledAttentionError,
@@ -22,7 +23,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BackwardNotSupportedError", "CompileError", "DTypeError", "DeviceError", "GPUTooOldError",
-    "InputError", "MaskError", "NoGPUError", "Schedule", "ScheduleError", "ShapeError",
-    "TiledAttentionError", "ToolchainMissingError", "UnsupportedHeadDimError",
+    "InputError", "MaskError", "NoGPUError", "PlatformError", "Schedule", "ScheduleError",
+    "ShapeError", "TiledAttentionError", "ToolchainMissingError", "UnsupportedHeadDimError",
     "default_schedule", "sdpa", "timed_call",
 ]

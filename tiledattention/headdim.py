@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 MAX_HEAD_DIM = 256
@@ -42,6 +43,7 @@ def supported_head_dim(d: int) -> bool:
     return isinstance(d, int) and 8 <= d <= MAX_HEAD_DIM and d % 8 == 0
 
 
+@functools.cache
 def plan_head_dim(d: int) -> HeadDimPlan:
     """Greedy split into at most three power-of-two chunks.
 

@@ -8,6 +8,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+SPIN_CYCLES = 2_000_000  # ~1 ms at H100 clocks: longer than any host-side launch path
+
 
 @dataclass(frozen=True)
 class TimingStats:
@@ -46,7 +48,9 @@ def time_cuda(fn: Callable[[], object], *, warmup: int = 10, reps: int = 40,
     """Milliseconds of ``fn`` per call, one CUDA-event pair per repetition.
 
     Warmup calls (which also trigger compilation) are not timed; the L2 flush, when
-    given, runs before each repetition outside the timed region.
+    given, runs before each repetition outside the timed region. A short GPU spin
+    before each start event keeps the GPU busy while the host enqueues ``fn``, so the
+    events time the device work, not Python launch overhead (measured separately).
     """
     for _ in range(warmup):
         fn()
@@ -56,6 +60,7 @@ def time_cuda(fn: Callable[[], object], *, warmup: int = 10, reps: int = 40,
     for start, end in pairs:
         if flush is not None:
             flush()
+        torch.cuda._sleep(SPIN_CYCLES)
         start.record(stream)
         fn()
         end.record(stream)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import importlib
 import os
 import shutil
 import subprocess
@@ -17,7 +18,7 @@ INSTALL_LINE = "pip install 'cuda-tile[tileiras]>=1.7'  (or: pip install 'tileda
 def kernel_module() -> ModuleType:
     """Import the kernel module (and so cuda.tile) once, or explain what is missing."""
     try:
-        from . import kernel
+        kernel = importlib.import_module(f"{__package__}.kernel")
     except ImportError as exc:  # cuda.tile itself, or numpy under it
         raise ToolchainMissingError(
             f"cuTile is not importable ({exc}); install it with: {INSTALL_LINE}"

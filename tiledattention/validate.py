@@ -50,15 +50,6 @@ def check_inputs(q, k, v, *, causal, scale, attn_mask, enable_gqa) -> Problem:
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise InputError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.device.type != "cuda":
-            if not torch.cuda.is_available():
-                raise NoGPUError(
-                    f"{name} is on {t.device} and no CUDA GPU is visible to PyTorch "
-                    "(torch.cuda.is_available() is False); tiledattention runs on CUDA GPUs"
-                )
-            raise DeviceError(f"{name} is on {t.device}; tiledattention needs CUDA tensors "
-                              f"(move it with {name}.cuda())")
     if not (q.device == k.device == v.device):
         raise DeviceError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -104,6 +95,14 @@ def check_inputs(q, k, v, *, causal, scale, attn_mask, enable_gqa) -> Problem:
         raise BackwardNotSupportedError(
             "q, k or v requires grad, but tiledattention has no backward pass yet; call it "
             "under torch.no_grad() or torch.inference_mode(), or detach the inputs")
+    # Last, so every other check also runs (and is tested) on machines without a GPU.
+    if q.device.type != "cuda":
+        if not torch.cuda.is_available():
+            raise NoGPUError(
+                f"q, k, v are on {q.device} and no CUDA GPU is visible to PyTorch "
+                "(torch.cuda.is_available() is False); tiledattention runs on CUDA GPUs")
+        raise DeviceError(f"q, k, v are on {q.device}; tiledattention needs CUDA tensors "
+                          "(move them with .cuda())")
     return Problem(b, hq, hk, sq, sk, d, causal, float(scale))
 
 

@@ -1,0 +1,132 @@
+"""Every refusal of sdpa is a typed TiledAttentionError naming the argument."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+import tiledattention as ta
+from tiledattention import launch, toolchain
+
+
+def t(*shape, dtype=torch.float16, device="cpu"):
+    return torch.zeros(*shape, dtype=dtype, device=device)
+
+
+QKV = (t(2, 4, 16, 64), t(2, 4, 16, 64), t(2, 4, 16, 64))
+
+
+@pytest.mark.parametrize("args,error,words", [
+    (("q", QKV[1], QKV[2]), ta.InputError, "q must be a torch.Tensor"),
+    ((t(2, 4, 16, 64, dtype=torch.float32), *QKV[1:]), ta.DTypeError, "float16, bfloat16"),
+    ((t(2, 4, 16, 64, dtype=torch.float64), *QKV[1:]), ta.DTypeError, "q.dtype"),
+    ((QKV[0], t(2, 4, 16, 64, dtype=torch.bfloat16), QKV[2]), ta.DTypeError, "one dtype"),
+    ((t(4, 16, 64), *QKV[1:]), ta.ShapeError, "rank 4"),
+    ((QKV[0], t(3, 4, 16, 64), t(3, 4, 16, 64)), ta.ShapeError, "batch"),
+    ((QKV[0], t(2, 4, 16, 64), t(2, 4, 15, 64)), ta.ShapeError, "k and v"),
+    ((QKV[0], t(2, 4, 16, 32), t(2, 4, 16, 32)), ta.ShapeError, "head dims differ"),
+    ((t(2, 4, 0, 64), *QKV[1:]), ta.ShapeError, "empty query sequence"),
+    ((QKV[0], t(2, 4, 0, 64), t(2, 4, 0, 64)), ta.ShapeError, "empty key sequence"),
+    ((t(2, 4, 16, 36), t(2, 4, 16, 36), t(2, 4, 16, 36)), ta.UnsupportedHeadDimError,
+     "multiples of 8"),
+    ((t(2, 4, 16, 264), t(2, 4, 16, 264), t(2, 4, 16, 264)), ta.UnsupportedHeadDimError, "256"),
+    ((t(2, 6, 16, 64), t(2, 4, 16, 64), t(2, 4, 16, 64)), ta.ShapeError, "multiple of"),
+    ((t(2, 8, 16, 64), t(2, 2, 16, 64), t(2, 2, 16, 64)), ta.ShapeError, "enable_gqa=True"),
+    ((QKV[0], QKV[1], torch.zeros(2, 4, 16, 64, dtype=torch.float16, device="meta")),
+     ta.DeviceError, "one device"),
+])
+def test_bad_tensors_raise_typed_errors_naming_the_problem(args, error, words):
+    with pytest.raises(error, match=words):
+        ta.sdpa(*args)
+
+
+@pytest.mark.parametrize("scale", [0.0, -1.0, float("nan"), float("inf"), "0.1", True])
+def test_bad_scale_is_refused(scale):
+    with pytest.raises(ta.InputError, match="scale"):
+        ta.sdpa(*QKV, scale=scale)
+
+
+def test_non_bool_causal_is_refused():
+    with pytest.raises(ta.InputError, match="causal"):
+        ta.sdpa(*QKV, causal=1)
+
+
+@pytest.mark.parametrize("mask,words", [
+    (torch.zeros(2, 4, 16, 16, dtype=torch.int32), "attn_mask.dtype"),
+    (torch.zeros(2, 4, 16, 17, dtype=torch.bool), "does not broadcast"),
+    (torch.zeros(3, 1, 1, 16, dtype=torch.bool), "axis B"),
+    (torch.zeros(1, 2, 3, 4, 16, dtype=torch.bool), "rank 1 to 4"),
+    (torch.zeros(16, dtype=torch.bool, device="meta"), "is on meta"),
+    ([[True]], "torch.Tensor"),
+])
+def test_bad_masks_raise_mask_error(mask, words):
+    with pytest.raises(ta.MaskError, match=words):
+        ta.sdpa(*QKV, attn_mask=mask)
+
+
+def test_inputs_requiring_grad_raise_backward_not_supported():
+    q = QKV[0].clone().requires_grad_()
+    with pytest.raises(ta.BackwardNotSupportedError, match="no backward"):
+        ta.sdpa(q, *QKV[1:])
+
+
+def test_requires_grad_under_no_grad_passes_the_grad_check():
+    q = QKV[0].clone().requires_grad_()
+    # The next check is the device one: NoGPUError here, DeviceError on a GPU machine.
+    with torch.no_grad(), pytest.raises((ta.NoGPUError, ta.DeviceError)):
+        ta.sdpa(q, *QKV[1:])
+
+
+def test_cpu_tensors_without_gpu_raise_no_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ta.NoGPUError, match="no CUDA GPU"):
+        ta.sdpa(*QKV)
+
+
+def test_cpu_tensors_with_a_gpu_present_raise_device_error(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(ta.DeviceError, match="needs CUDA tensors"):
+        ta.sdpa(*QKV)
+
+
+def test_bad_schedule_is_refused_before_compiling():
+    from tiledattention.validate import Problem, resolve_schedule
+
+    problem = Problem(2, 4, 4, 16, 16, 64, False, 0.125)
+    with pytest.raises(ta.ScheduleError, match="tile_m"):
+        resolve_schedule({"tile_m": 48}, problem)
+    with pytest.raises(ta.ScheduleError, match="Schedule, a dict"):
+        resolve_schedule("64x64", problem)
+
+
+def test_old_gpu_raises_gpu_too_old(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i: (7, 5))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: "Tesla T4")
+    with pytest.raises(ta.GPUTooOldError, match="7.5"):
+        launch.check_device.__wrapped__(0)
+
+
+def test_missing_tileiras_raises_toolchain_missing_with_install_line(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i: (9, 0))
+    monkeypatch.setattr(launch, "tileiras_path", lambda: None)
+    with pytest.raises(ta.ToolchainMissingError, match="pip install"):
+        launch.check_device.__wrapped__(0)
+
+
+def test_missing_cutile_raises_toolchain_missing_with_install_line(monkeypatch):
+    monkeypatch.setitem(sys.modules, "tiledattention.kernel", None)
+    toolchain.kernel_module.cache_clear()
+    try:
+        with pytest.raises(ta.ToolchainMissingError, match="cuda-tile"):
+            toolchain.kernel_module()
+    finally:
+        toolchain.kernel_module.cache_clear()
+
+
+def test_every_error_is_a_tiledattention_error():
+    for name in ta.__all__:
+        obj = getattr(ta, name)
+        if isinstance(obj, type) and issubclass(obj, Exception):
+            assert issubclass(obj, ta.TiledAttentionError), name

@@ -1,0 +1,33 @@
+"""Schedules are validated once, with the reason, before any compile."""
+
+import pytest
+
+from tiledattention import Schedule, ScheduleError, default_schedule
+
+
+@pytest.mark.parametrize("kwargs,words", [
+    ({"tile_m": 48}, "tile_m=48"), ({"tile_n": 512}, "tile_n=512"),
+    ({"occupancy": 0}, "occupancy"), ({"occupancy": 33}, "occupancy"),
+    ({"num_ctas": 3}, "num_ctas"), ({"latency_k": 0}, "latency_k"),
+    ({"latency_v": 11}, "latency_v"), ({"tile_m": 64.0}, "must be an int"),
+    ({"occupancy": True}, "must be an int"),
+])
+def test_invalid_schedules_are_rejected_with_the_reason(kwargs, words):
+    with pytest.raises(ScheduleError, match=words):
+        Schedule(**kwargs)
+
+
+def test_unknown_keys_are_rejected_with_the_valid_ones():
+    with pytest.raises(ScheduleError, match="valid keys are.*tile_m"):
+        Schedule.from_dict({"tile_m": 64, "warps": 4})
+
+
+def test_round_trip_through_dict():
+    s = Schedule(128, 64, 2, 1, 3, 5)
+    assert Schedule.from_dict(s.as_dict()) == s
+
+
+@pytest.mark.parametrize("d", [8, 32, 64, 96, 128, 160, 192, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_defaults_are_valid_schedules(d, causal):
+    assert isinstance(default_schedule(d, causal), Schedule)
