@@ -27,21 +27,21 @@ def kernel_module() -> ModuleType:
 
 
 def tileiras_path() -> str | None:
-    """tileiras as cuTile finds it: $CUDA_HOME/bin, then PATH, then the pip wheel."""
-    home = os.environ.get("CUDA_PATH") or os.environ.get("CUDA_HOME")
-    if home and os.access(os.path.join(home, "bin", "tileiras"), os.X_OK):
-        return os.path.join(home, "bin", "tileiras")
-    found = shutil.which("tileiras")
-    if found:
-        return found
+    """tileiras in the order cuTile searches: the pip wheel, PATH, then $CUDA_HOME/bin."""
     try:
         import nvidia  # the cu13 wheels install under the nvidia namespace
     except ImportError:
-        return None
+        nvidia = None
     for root in getattr(nvidia, "__path__", []):
         candidate = os.path.join(root, "cu13", "bin", "tileiras")
         if os.access(candidate, os.X_OK):
             return candidate
+    found = shutil.which("tileiras")
+    if found:
+        return found
+    home = os.environ.get("CUDA_PATH") or os.environ.get("CUDA_HOME")
+    if home and os.access(os.path.join(home, "bin", "tileiras"), os.X_OK):
+        return os.path.join(home, "bin", "tileiras")
     return None
 
 
