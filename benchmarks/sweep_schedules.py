@@ -10,6 +10,7 @@ recorded, not fatal; a schedule whose output is wrong is rejected.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import sys
@@ -32,16 +33,24 @@ CANDIDATES = [ta.Schedule(64, 64, 4), ta.Schedule(64, 64, 2), ta.Schedule(128, 6
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
+    ap.add_argument("--heavy-first-ab", action="store_true",
+                    help="only causal points: each default schedule with heavy_first on/off")
     args = ap.parse_args(argv)
+    points, cands = POINTS, CANDIDATES
+    if args.heavy_first_ab:
+        points = [(d, s, True) for d in (64, 96, 128, 160) for s in (512, 1024, 4096)]
     flush = L2Flusher()
     results = []
-    for d, s, causal in POINTS:
+    for d, s, causal in points:
+        if args.heavy_first_ab:
+            base = ta.default_schedule(d, causal)
+            cands = [base, dataclasses.replace(base, heavy_first=False)]
         b, h = 16384 // s, 2048 // d if 2048 % d == 0 else 16
         q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.float16) for _ in range(3))
         ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
         flops = attention_flops(b, h, s, s, d, causal)
         rows = []
-        for sched in CANDIDATES:
+        for sched in cands:
             row = {"D": d, "S": s, "causal": causal, "schedule": sched.label()}
             try:
                 out = ta.sdpa(q, k, v, causal=causal, schedule=sched)
@@ -58,9 +67,7 @@ def main(argv=None) -> int:
             rows.append(row)
         results += rows
         ok = sorted((r for r in rows if r["status"] == "ok"), key=lambda r: -r["tflops"])
-        line = "  ".join(f"{r['schedule'].split('_lk')[0]}"
-                         f"{'' if r['schedule'].endswith('lk2_lv4') else '*'}={r['tflops']:.0f}"
-                         for r in ok[:5])
+        line = "  ".join(f"{r['schedule']}={r['tflops']:.0f}" for r in ok[:5])
         bad = [f"{r['schedule']}:{r['status']}" for r in rows if r["status"] != "ok"]
         print(f"D{d} S{s} {'causal' if causal else 'full  '}  {line}  {bad or ''}", flush=True)
     if args.out:

@@ -17,13 +17,15 @@ from .errors import (
     ToolchainMissingError,
     UnsupportedHeadDimError,
 )
+from .policy import set_schedule_table
 from .schedule import Schedule, default_schedule
+from .table import TableError
 
 __version__ = "0.1.0"
 
 __all__ = [
     "BackwardNotSupportedError", "CompileError", "DTypeError", "DeviceError", "GPUTooOldError",
     "InputError", "MaskError", "NoGPUError", "PlatformError", "Schedule", "ScheduleError",
-    "ShapeError", "TiledAttentionError", "ToolchainMissingError", "UnsupportedHeadDimError",
-    "default_schedule", "sdpa", "timed_call",
+    "ShapeError", "TableError", "TiledAttentionError", "ToolchainMissingError",
+    "UnsupportedHeadDimError", "default_schedule", "sdpa", "set_schedule_table", "timed_call",
 ]

@@ -12,17 +12,24 @@ from .validate import check_inputs, resolve_schedule
 def _attention_fwd(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None,
     causal: bool, scale: float, return_lse: bool, tile_m: int, tile_n: int, occupancy: int,
-    num_ctas: int, latency_k: int, latency_v: int,
+    num_ctas: int, latency_k: int, latency_v: int, heavy_first: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     from .launch import run_attention
+    from .policy import choose_schedule
 
-    schedule = Schedule(tile_m, tile_n, occupancy, num_ctas, latency_k, latency_v)
+    # tile_m == 0 means "pick for me": resolved here, at run time, so that tracing under
+    # torch.compile never queries the device.
+    if tile_m == 0:
+        schedule, _ = choose_schedule(q, k, causal)
+    else:
+        schedule = Schedule(tile_m, tile_n, occupancy, num_ctas, latency_k, latency_v,
+                            heavy_first)
     return run_attention(q, k, v, attn_mask, causal, scale, return_lse, schedule)
 
 
 @_attention_fwd.register_fake
 def _(q, k, v, attn_mask, causal, scale, return_lse, tile_m, tile_n, occupancy, num_ctas,
-      latency_k, latency_v):
+      latency_k, latency_v, heavy_first):
     b, hq, sq, d = q.shape
     out = q.new_empty((b, hq, sq, d))
     lse = q.new_empty((b, hq, sq) if return_lse else (1, 1, 1), dtype=torch.float32)
@@ -50,7 +57,10 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = Fa
     enable_gqa: allow Hq to be a multiple of Hkv (grouped-query / multi-query).
     return_lse: also return the natural-log log-sum-exp of each query row's scaled
         scores, fp32 [B, Hq, Sq].
-    schedule: a ``Schedule`` (or dict of its fields) overriding the default tiling.
+    schedule: a ``Schedule`` (or dict of its fields) overriding the tuned choice. By
+        default the schedule comes from the tuning table for this GPU and shape bucket
+        (exact bucket, else the nearest tuned one, else ``default_schedule``); see
+        ``set_schedule_table`` and ``$TILEDATTENTION_SCHEDULE_TABLE``.
 
     Fully masked rows (every key masked out) are defined as zeros, with log-sum-exp
     -inf; PyTorch's math backend returns NaN there.
@@ -66,9 +76,10 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = Fa
     problem = check_inputs(q, k, v, causal=causal, scale=scale, attn_mask=attn_mask,
                            enable_gqa=enable_gqa)
     s = resolve_schedule(schedule, problem)
+    hints = (0, 0, 0, 0, 0, 0, True) if s is None else (
+        s.tile_m, s.tile_n, s.occupancy, s.num_ctas, s.latency_k, s.latency_v, s.heavy_first)
     out, lse = _attention_fwd(q, k, v, attn_mask, problem.causal, problem.scale,
-                              bool(return_lse), s.tile_m, s.tile_n, s.occupancy, s.num_ctas,
-                              s.latency_k, s.latency_v)
+                              bool(return_lse), *hints)
     return (out, lse) if return_lse else out
 
 

@@ -13,6 +13,19 @@ def main(argv: list[str] | None = None) -> int:
     check = sub.add_parser("check", help="environment, correctness and speed check "
                            "(CPU checks always; GPU checks when a CUDA GPU is visible)")
     check.add_argument("--json", metavar="PATH", help="also write the report as JSON")
+    tune = sub.add_parser("tune", help="time candidate schedules per shape bucket on this GPU "
+                          "and write the tuning table (resumable)")
+    tune.add_argument("--grid", choices=("paper",), default="paper",
+                      help="paper: S 512..8192 x D 64,96,128,160 x fp16/bf16 x causal/not")
+    tune.add_argument("--seqs", type=int, nargs="+", help="restrict the grid's S values")
+    tune.add_argument("--head-dims", type=int, nargs="+", help="restrict the grid's D values")
+    tune.add_argument("--dtypes", nargs="+", choices=("float16", "bfloat16"))
+    tune.add_argument("--space", choices=("quick", "full"), default="quick")
+    tune.add_argument("--state", default="results/tune-state.jsonl",
+                      help="JSON-lines record of finished measurements (resume from it)")
+    tune.add_argument("--out", default="results/schedule-table.json")
+    tune.add_argument("--reps", type=int, default=20)
+    tune.add_argument("--compile-timeout", type=float, default=120.0)
     args = parser.parse_args(argv)
     if args.version:
         from . import __version__
@@ -23,6 +36,17 @@ def main(argv: list[str] | None = None) -> int:
         from .check import run_check
 
         return run_check(args.json)
+    if args.command == "tune":
+        import os
+
+        from .tune import PAPER_HEAD_DIMS, PAPER_SEQS, paper_grid, run_tune
+
+        points = paper_grid(seqs=args.seqs or PAPER_SEQS, head_dims=args.head_dims or
+                            PAPER_HEAD_DIMS, dtypes=args.dtypes or ("float16", "bfloat16"))
+        for path in (args.state, args.out):
+            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        return run_tune(points, space=args.space, state_path=args.state, out_path=args.out,
+                        reps=args.reps, compile_timeout=args.compile_timeout)
     parser.print_help()
     return 2
 

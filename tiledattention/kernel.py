@@ -40,6 +40,7 @@ def attention_fwd(
     W1: ConstInt,
     W2: ConstInt,
     CAUSAL: ConstBool,
+    HEAVY_FIRST: ConstBool,  # causal: launch the longest query tiles (last rows) first
     EVEN_N: ConstBool,  # Skv % TILE_N == 0: no key-tail masking needed
     HAS_MASK: ConstBool,
     MASK_BATCH: ConstBool,  # mask has a batch axis (else broadcast)
@@ -52,6 +53,10 @@ def attention_fwd(
     # Grid (query tiles, heads, batch): query tiles of one head are adjacent, so
     # they share its K/V in L2.
     bid_m = ct.bid(0)
+    if CAUSAL and HEAVY_FIRST:
+        # Under causality the last query tiles visit the most keys; starting them first
+        # leaves the short ones to fill the final wave.
+        bid_m = ct.num_blocks(0) - 1 - bid_m
     h = ct.bid(1)
     b = ct.bid(2)
     hk = h // GROUP

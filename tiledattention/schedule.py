@@ -17,7 +17,8 @@ class Schedule:
     tile_m: query rows per program; tile_n: keys per inner step; occupancy: CTAs the
     compiler plans to co-reside per SM (1..32); num_ctas: CTAs per cluster;
     latency_k / latency_v: DRAM latency hints (1..10) for K and V loads (higher means
-    deeper prefetch).
+    deeper prefetch); heavy_first: for causal attention, launch the query tiles with the
+    most keys first (ignored otherwise).
     """
 
     tile_m: int = 64
@@ -26,11 +27,15 @@ class Schedule:
     num_ctas: int = 1
     latency_k: int = 2
     latency_v: int = 4
+    heavy_first: bool = True
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if not isinstance(value, int) or isinstance(value, bool):
+            if f.name == "heavy_first":
+                if not isinstance(value, bool):
+                    raise ScheduleError(f"Schedule.heavy_first must be a bool, got {value!r}")
+            elif not isinstance(value, int) or isinstance(value, bool):
                 raise ScheduleError(f"Schedule.{f.name} must be an int, got {value!r}")
         for name in ("tile_m", "tile_n"):
             if getattr(self, name) not in TILE_SIZES:
@@ -45,7 +50,7 @@ class Schedule:
             if not 1 <= getattr(self, name) <= 10:
                 raise ScheduleError(f"Schedule.{name}={getattr(self, name)} is not in [1, 10]")
 
-    def as_dict(self) -> dict[str, int]:
+    def as_dict(self) -> dict[str, int | bool]:
         return asdict(self)
 
     @classmethod
@@ -58,7 +63,7 @@ class Schedule:
 
     def label(self) -> str:
         return (f"{self.tile_m}x{self.tile_n}_o{self.occupancy}_c{self.num_ctas}"
-                f"_lk{self.latency_k}_lv{self.latency_v}")
+                f"_lk{self.latency_k}_lv{self.latency_v}{'' if self.heavy_first else '_natural'}")
 
 
 def default_schedule(head_dim: int, causal: bool) -> Schedule:

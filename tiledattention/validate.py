@@ -19,7 +19,8 @@ from .errors import (
     UnsupportedHeadDimError,
 )
 from .headdim import MAX_HEAD_DIM, supported_head_dim
-from .schedule import Schedule, default_schedule
+from .schedule import Schedule
+from .space import rejection
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -126,12 +127,16 @@ def check_mask(mask, q, target: tuple[int, int, int, int]) -> None:
                             f"[B, H, Sq, Skv] = {list(target)} (axis {axis}: {size} vs {want})")
 
 
-def resolve_schedule(schedule, problem: Problem) -> Schedule:
+def resolve_schedule(schedule, problem: Problem) -> Schedule | None:
+    """The explicit schedule, validated for this head dim; None lets the policy choose."""
     if schedule is None:
-        return default_schedule(problem.head_dim, problem.causal)
-    if isinstance(schedule, Schedule):
-        return schedule
+        return None
     if isinstance(schedule, dict):
-        return Schedule.from_dict(schedule)
+        schedule = Schedule.from_dict(schedule)
+    if isinstance(schedule, Schedule):
+        reason = rejection(schedule, problem.head_dim)
+        if reason:
+            raise ScheduleError(reason)
+        return schedule
     raise ScheduleError(f"schedule must be a Schedule, a dict of its fields or None, got "
                         f"{type(schedule).__name__}")

@@ -38,7 +38,8 @@ class Variant:
         plan = plan_head_dim(self.head_dim)
         return (
             s.tile_m, s.tile_n, len(plan.widths), *plan.kernel_widths(),
-            self.causal, self.even_n, self.has_mask, *self.mask_axes, self.return_lse,
+            self.causal, s.heavy_first, self.even_n, self.has_mask, *self.mask_axes,
+            self.return_lse,
             s.latency_k, s.latency_v,
         )
 

@@ -1,0 +1,156 @@
+"""The tuning table: buckets, lookup (exact, nearest, fallback, override) and bad files."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import tiledattention as ta
+from tiledattention import policy
+from tiledattention.schedule import Schedule
+from tiledattention.space import candidates, rejection
+from tiledattention.table import Bucket, Entry, ScheduleTable, TableError, seq_bucket
+from tiledattention.tune import TuneState, build_table, paper_grid
+
+
+def bucket(**kw):
+    base = dict(cc="9.0", dtype="float16", head_dim=128, causal=False, s_bucket=4096, gqa=1)
+    return Bucket(**{**base, **kw})
+
+
+def table_with(*entries):
+    t = ScheduleTable()
+    for b, s in entries:
+        t.add(Entry(bucket=b, best=s, best_tflops=500.0, runner_up=Schedule(),
+                    runner_up_tflops=450.0))
+    return t
+
+
+@pytest.mark.parametrize("sq,skv,want", [(1, 1, 256), (1, 4096, 4096), (4097, 17, 8192),
+                                         (1000, 1000, 1024), (10 ** 6, 1, 16384)])
+def test_seq_bucket_is_the_next_power_of_two_clamped(sq, skv, want):
+    assert seq_bucket(sq, skv) == want
+
+
+def test_exact_bucket_wins_over_nearest():
+    fast = Schedule(64, 128, 2)
+    t = table_with((bucket(), fast), (bucket(s_bucket=8192), Schedule(128, 64, 2)))
+    assert t.lookup(bucket()) == (fast, "exact")
+
+
+def test_nearest_bucket_prefers_same_causality_and_close_sizes():
+    a, b = Schedule(64, 128, 2), Schedule(64, 64, 4)
+    t = table_with((bucket(s_bucket=2048), a), (bucket(causal=True, s_bucket=4096), b))
+    assert t.lookup(bucket(s_bucket=4096)) == (a, "nearest")
+    assert t.lookup(bucket(causal=True, s_bucket=1024)) == (b, "nearest")
+
+
+def test_other_gpus_entries_are_never_used():
+    t = table_with((bucket(cc="10.0"), Schedule(64, 128, 2)))
+    assert t.lookup(bucket()) is None
+
+
+def test_sensitivity_is_the_runner_up_slowdown():
+    e = Entry(bucket=bucket(), best=Schedule(), best_tflops=500.0, runner_up=Schedule(64, 128),
+              runner_up_tflops=400.0)
+    assert e.sensitivity == pytest.approx(0.2)
+
+
+def test_table_round_trips_through_its_file(tmp_path):
+    t = table_with((bucket(), Schedule(64, 128, 2)), (bucket(dtype="bfloat16"), Schedule()))
+    t.save(str(tmp_path / "t.json"))
+    back = ScheduleTable.load(str(tmp_path / "t.json"))
+    assert back.entries == t.entries
+
+
+@pytest.mark.parametrize("content,words", [
+    (None, "cannot read"), ("{not json", "not valid JSON"), ('{"format": "x"}', "'format'"),
+    ('{"format": "tiledattention-schedule-table/1", "entries": [{"bucket": {}}]}',
+     "entry 0 is malformed"),
+])
+def test_bad_table_files_raise_table_error_naming_the_file(tmp_path, content, words):
+    path = tmp_path / "bad.json"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(TableError, match=words) as info:
+        ScheduleTable.load(str(path))
+    assert str(path) in str(info.value)
+
+
+def test_policy_uses_a_user_table_then_falls_back_to_the_default(tmp_path, monkeypatch):
+    monkeypatch.setattr(policy, "_capability", lambda index: "9.0")
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    q = torch.empty(4, 16, 4096, 128, dtype=torch.float16, device="meta")
+    mine = Schedule(128, 128, 1, 1, 3, 3)
+    table_with((bucket(), mine)).save(str(tmp_path / "mine.json"))
+    try:
+        ta.set_schedule_table(str(tmp_path / "mine.json"))
+        assert policy.choose_schedule(q, q, False) == (mine, "exact")
+        monkeypatch.setattr(policy, "_capability", lambda index: "12.0")
+        policy._choose.cache_clear()
+        assert policy.choose_schedule(q, q, False) == (ta.default_schedule(128, False),
+                                                       "default")
+    finally:
+        ta.set_schedule_table(None)
+
+
+def test_environment_variable_points_at_a_user_table(tmp_path, monkeypatch):
+    mine = Schedule(64, 32, 2)
+    table_with((bucket(), mine)).save(str(tmp_path / "env.json"))
+    monkeypatch.setenv(policy.ENV_VAR, str(tmp_path / "env.json"))
+    try:
+        ta.set_schedule_table(None)  # reload: the variable is read once per load
+        assert policy.active_table().lookup(bucket()) == (mine, "exact")
+    finally:
+        monkeypatch.delenv(policy.ENV_VAR)
+        ta.set_schedule_table(None)
+
+
+def test_shipped_tables_load_and_hold_only_valid_schedules():
+    for path in policy.shipped_table_paths():
+        for entry in ScheduleTable.load(path).entries.values():
+            assert rejection(entry.best, entry.bucket.head_dim) is None
+
+
+@pytest.mark.parametrize("d", [64, 96, 128, 160, 256])
+def test_search_space_rejects_with_reasons(d):
+    valid, rejected = candidates(d)
+    assert valid and all(isinstance(s, Schedule) for s in valid)
+    assert all("register" in r or "tensor cores" in r for r in rejected)
+
+
+def test_explicit_schedule_past_the_register_file_is_refused():
+    from tiledattention.validate import Problem, resolve_schedule
+
+    problem = Problem(1, 1, 1, 16, 16, 256, False, 0.0625)
+    with pytest.raises(ta.ScheduleError, match="register"):
+        resolve_schedule(Schedule(256, 256, 4), problem)
+
+
+def test_paper_grid_has_80_points_with_fixed_tokens_and_width():
+    grid = paper_grid()
+    assert len(grid) == 80
+    assert all(p.batch * p.seq == 16384 for p in grid)
+    assert {(p.head_dim, p.heads) for p in grid} == {(64, 32), (96, 16), (128, 16), (160, 16)}
+
+
+def test_tune_state_resumes_and_skips_a_torn_last_line(tmp_path):
+    path = tmp_path / "state.jsonl"
+    p = paper_grid(seqs=(512,), head_dims=(64,), dtypes=("float16",), causals=(False,))[0]
+    state = TuneState(str(path))
+    for s, tf in ((Schedule(64, 64, 4), 400.0), (Schedule(64, 128, 2), 450.0)):
+        state.record({"point": p.key(), "schedule": s.label(), "status": "ok", "tflops": tf,
+                      "schedule_fields": s.as_dict()})
+    state.record({"point": p.key(), "schedule": "x", "status": "compile_error"})
+    with open(path, "a") as f:
+        f.write('{"point": "torn')  # a crash mid-write
+    again = TuneState(str(path))
+    assert again.done(p, Schedule(64, 64, 4)) and len(again.rows) == 3
+    table = build_table([p], again, "9.0", "H100")
+    (entry,) = table.entries.values()
+    assert entry.best == Schedule(64, 128, 2) and entry.runner_up == Schedule(64, 64, 4)
+    assert entry.sensitivity == pytest.approx(1 - 400 / 450)
+    assert entry.failed == ("x:compile_error",) and entry.candidates == 3
+    assert json.loads(json.dumps(table.to_json()))["entries"][0]["bucket"]["s_bucket"] == 512

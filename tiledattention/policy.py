@@ -1,0 +1,79 @@
+"""Which schedule a call gets: the explicit one, else the tuning table, else a default.
+
+The active table is the one shipped for the GPUs we measured, or a user's own, set with
+``set_schedule_table(path)`` or, once per process, ``$TILEDATTENTION_SCHEDULE_TABLE``.
+Lookups are cached per bucket, so the call path pays one dict lookup.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from importlib import resources
+
+import torch
+
+from .schedule import Schedule, default_schedule
+from .space import rejection
+from .table import Bucket, ScheduleTable, seq_bucket
+
+ENV_VAR = "TILEDATTENTION_SCHEDULE_TABLE"
+_state: dict = {"table": None}
+
+
+def shipped_table_paths() -> list[str]:
+    root = resources.files(__package__) / "tables"
+    return sorted(str(p) for p in root.iterdir() if p.name.endswith(".json"))
+
+
+def _load_active() -> ScheduleTable:
+    path = os.environ.get(ENV_VAR)
+    if path:
+        return ScheduleTable.load(path)
+    merged = ScheduleTable(source="shipped")
+    for p in shipped_table_paths():
+        for entry in ScheduleTable.load(p).entries.values():
+            merged.add(entry)
+    return merged
+
+
+def active_table() -> ScheduleTable:
+    if _state["table"] is None:
+        _state["table"] = _load_active()
+    return _state["table"]
+
+
+def set_schedule_table(path: str | None) -> ScheduleTable:
+    """Use the table at ``path`` from now on (None: back to the shipped tables)."""
+    _state["table"] = ScheduleTable.load(path) if path else None
+    _choose.cache_clear()
+    return active_table()
+
+
+@functools.cache
+def _choose(bucket: Bucket) -> tuple[Schedule, str]:
+    found = active_table().lookup(bucket)
+    if found is not None and rejection(found[0], bucket.head_dim) is None:
+        return found
+    return default_schedule(bucket.head_dim, bucket.causal), "default"
+
+
+@functools.cache
+def _capability(index: int) -> str:
+    major, minor = torch.cuda.get_device_capability(index)
+    return f"{major}.{minor}"
+
+
+def bucket_for(*, cc: str, dtype: torch.dtype, head_dim: int, causal: bool, seq_q: int,
+               seq_kv: int, gqa: int) -> Bucket:
+    return Bucket(cc, str(dtype).removeprefix("torch."), head_dim, causal,
+                  seq_bucket(seq_q, seq_kv), gqa)
+
+
+def choose_schedule(q: torch.Tensor, k: torch.Tensor, causal: bool) -> tuple[Schedule, str]:
+    """(schedule, "exact" | "nearest" | "default") for a call on CUDA tensors."""
+    index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    bucket = bucket_for(cc=_capability(index), dtype=q.dtype, head_dim=q.shape[3],
+                        causal=causal, seq_q=q.shape[2], seq_kv=k.shape[2],
+                        gqa=q.shape[1] // k.shape[1])
+    return _choose(bucket)

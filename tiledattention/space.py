@@ -1,0 +1,45 @@
+"""The schedule search space and the rules that reject a schedule before compiling."""
+
+from __future__ import annotations
+
+import itertools
+
+from .headdim import plan_head_dim
+from .schedule import Schedule
+
+# Register file per SM on Hopper and Blackwell: 64K 32-bit registers.
+REGISTER_BYTES_PER_SM = 256 * 1024
+
+
+def rejection(schedule: Schedule, head_dim: int) -> str | None:
+    """Why ``schedule`` cannot run well for ``head_dim``, or None when it may."""
+    # The fp32 accumulator [M, D] and scores [M, N] must fit the register file share of
+    # one CTA; the sweeps show schedules right at this bound (64x64 at occupancy 4 for
+    # D=128) can still win, so only schedules past it are refused.
+    padded = plan_head_dim(head_dim).padded
+    live = 4 * schedule.tile_m * (padded + schedule.tile_n)
+    budget = REGISTER_BYTES_PER_SM // schedule.occupancy
+    if live > budget:
+        return (f"{schedule.label()}: {live // 1024} KiB of fp32 accumulator and scores per "
+                f"CTA at D={head_dim} exceed the {budget // 1024} KiB register share at "
+                f"occupancy {schedule.occupancy}")
+    if schedule.tile_m < 64 or schedule.tile_n < 32:
+        # Hopper's warpgroup MMA works on 64-row tiles; smaller tiles idle the tensor cores.
+        return f"{schedule.label()}: tiles below 64x32 leave the tensor cores idle"
+    if schedule.num_ctas > 1 and schedule.tile_m < 128:
+        return f"{schedule.label()}: clusters (num_ctas > 1) need tile_m >= 128"
+    return None
+
+
+def candidates(head_dim: int, *, tiles=((64, 64), (64, 128), (128, 64), (128, 128), (64, 32),
+                                         (128, 32)),
+               occupancies=(1, 2, 3, 4), num_ctas=(1,),
+               latencies=((2, 4), (3, 3))) -> tuple[list[Schedule], list[str]]:
+    """(valid schedules, rejection reasons) of the search space for one head dim."""
+    valid, rejected = [], []
+    for (tm, tn), occ, nc, (lk, lv) in itertools.product(tiles, occupancies, num_ctas,
+                                                         latencies):
+        s = Schedule(tm, tn, occ, nc, lk, lv)
+        reason = rejection(s, head_dim)
+        (rejected if reason else valid).append(reason or s)
+    return valid, rejected

@@ -1,0 +1,137 @@
+"""The persisted tuning table: the best schedule per shape bucket and GPU.
+
+A JSON file (format ``tiledattention-schedule-table/1``) with one entry per bucket:
+compute capability, dtype, head dim, causal, sequence bucket and GQA ratio, holding the
+winning schedule, the runner-up and the sensitivity (how much slower the runner-up is).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, field
+
+from .errors import TiledAttentionError
+from .schedule import Schedule
+
+FORMAT = "tiledattention-schedule-table/1"
+S_BUCKETS = (256, 512, 1024, 2048, 4096, 8192, 16384)
+
+
+class TableError(TiledAttentionError, ValueError):
+    """A schedule table file is missing, unreadable or malformed (the message names it)."""
+
+
+def seq_bucket(seq_q: int, seq_kv: int) -> int:
+    """Power-of-two bucket of the longer sequence, clamped to the tuned range."""
+    s = max(seq_q, seq_kv, 1)
+    b = 1 << (s - 1).bit_length()
+    return min(max(b, S_BUCKETS[0]), S_BUCKETS[-1])
+
+
+@dataclass(frozen=True)
+class Bucket:
+    cc: str  # compute capability, e.g. "9.0"
+    dtype: str
+    head_dim: int
+    causal: bool
+    s_bucket: int
+    gqa: int = 1
+
+    def distance(self, other: Bucket) -> float:
+        """How far another bucket's schedule is expected to transfer (0 = same)."""
+        if self.cc != other.cc:
+            return math.inf
+        return (4.0 * (self.causal != other.causal) + 1.0 * (self.dtype != other.dtype)
+                + 2.0 * abs(math.log2(self.head_dim / other.head_dim))
+                + 1.0 * abs(math.log2(self.s_bucket / other.s_bucket))
+                + 0.5 * abs(math.log2(self.gqa / other.gqa)))
+
+
+@dataclass(frozen=True)
+class Entry:
+    bucket: Bucket
+    best: Schedule
+    best_tflops: float
+    runner_up: Schedule | None = None
+    runner_up_tflops: float | None = None
+    gpu: str = ""
+    candidates: int = 0
+    failed: tuple[str, ...] = ()
+
+    @property
+    def sensitivity(self) -> float | None:
+        """Fraction by which the runner-up is slower than the winner (Table 5 of the paper)."""
+        if not self.runner_up_tflops:
+            return None
+        return 1.0 - self.runner_up_tflops / self.best_tflops
+
+    def to_json(self) -> dict:
+        d = {"bucket": asdict(self.bucket), "best": self.best.as_dict(),
+             "best_tflops": round(self.best_tflops, 2), "gpu": self.gpu,
+             "candidates": self.candidates, "failed": list(self.failed)}
+        if self.runner_up is not None:
+            d.update(runner_up=self.runner_up.as_dict(),
+                     runner_up_tflops=round(self.runner_up_tflops, 2),
+                     sensitivity=round(self.sensitivity, 4))
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict) -> Entry:
+        return cls(bucket=Bucket(**d["bucket"]), best=Schedule.from_dict(d["best"]),
+                   best_tflops=float(d["best_tflops"]),
+                   runner_up=Schedule.from_dict(d["runner_up"]) if d.get("runner_up") else None,
+                   runner_up_tflops=d.get("runner_up_tflops"), gpu=d.get("gpu", ""),
+                   candidates=int(d.get("candidates", 0)), failed=tuple(d.get("failed", ())))
+
+
+@dataclass
+class ScheduleTable:
+    entries: dict[Bucket, Entry] = field(default_factory=dict)
+    meta: dict = field(default_factory=dict)
+    source: str = "<memory>"
+
+    def lookup(self, bucket: Bucket) -> tuple[Schedule, str] | None:
+        """(schedule, how) for the exact bucket, else the nearest one on the same GPU."""
+        if bucket in self.entries:
+            return self.entries[bucket].best, "exact"
+        best = min(self.entries, key=bucket.distance, default=None)
+        if best is None or math.isinf(bucket.distance(best)):
+            return None
+        return self.entries[best].best, "nearest"
+
+    def add(self, entry: Entry) -> None:
+        self.entries[entry.bucket] = entry
+
+    def to_json(self) -> dict:
+        ordered = sorted(self.entries.values(), key=lambda e: tuple(
+            str(v) for v in asdict(e.bucket).values()))
+        return {"format": FORMAT, "meta": self.meta, "entries": [e.to_json() for e in ordered]}
+
+    def save(self, path: str) -> None:
+        tmp = f"{path}.tmp{os.getpid()}"
+        with open(tmp, "w") as f:
+            json.dump(self.to_json(), f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)  # readers never see a half-written table
+
+    @classmethod
+    def load(cls, path: str) -> ScheduleTable:
+        try:
+            with open(path) as f:
+                data = json.load(f)
+        except OSError as exc:
+            raise TableError(f"schedule table {path}: cannot read it ({exc.strerror})") from exc
+        except json.JSONDecodeError as exc:
+            raise TableError(f"schedule table {path}: not valid JSON ({exc})") from exc
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise TableError(f"schedule table {path}: 'format' must be {FORMAT!r}")
+        table = cls(meta=data.get("meta", {}), source=path)
+        for i, raw in enumerate(data.get("entries", [])):
+            try:
+                table.add(Entry.from_json(raw))
+            except (KeyError, TypeError, ValueError) as exc:
+                raise TableError(f"schedule table {path}: entry {i} is malformed ({exc})") from exc
+        return table
