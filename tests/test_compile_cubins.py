@@ -42,3 +42,26 @@ def test_variant_compiles_to_a_cuda_cubin(variant, target):
     (machine,) = struct.unpack_from("<H", res.cubin, 18)
     assert machine == EM_CUDA, f"ELF machine {machine}, expected EM_CUDA ({EM_CUDA})"
     assert b"attention_fwd" in res.cubin
+
+
+def _shipped_variants():
+    from tiledattention.policy import shipped_table_paths
+    from tiledattention.table import ScheduleTable
+    from tiledattention.variant import Variant
+
+    seen = {}
+    for path in shipped_table_paths():
+        for e in ScheduleTable.load(path).entries.values():
+            b = e.bucket
+            target = "sm_" + b.cc.replace(".", "")
+            v = Variant(b.dtype, b.head_dim, b.causal, e.best, even_n=True)
+            seen[(v, target)] = None
+    return list(seen)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("variant,target", _shipped_variants(),
+                         ids=lambda x: x.label() if hasattr(x, "label") else x)
+def test_every_shipped_table_schedule_compiles_for_its_target(variant, target):
+    res = export_cubin(variant, target)
+    assert res.cubin[:4] == b"\x7fELF"
