@@ -26,6 +26,11 @@ def main(argv: list[str] | None = None) -> int:
     tune.add_argument("--out", default="results/schedule-table.json")
     tune.add_argument("--reps", type=int, default=20)
     tune.add_argument("--compile-timeout", type=float, default=120.0)
+    bench = sub.add_parser("bench", help="benchmark tiledattention against PyTorch's SDPA "
+                           "backends and eager attention over a config's grid (resumable)")
+    bench.add_argument("--config", help="YAML benchmark config (default: the paper's grid)")
+    bench.add_argument("--out", default="results/bench", help="directory for rows + manifest")
+    bench.add_argument("--shard", default="0/1", help="i/n: run the i-th of n grid shards")
     args = parser.parse_args(argv)
     if args.version:
         from . import __version__
@@ -36,6 +41,18 @@ def main(argv: list[str] | None = None) -> int:
         from .check import run_check
 
         return run_check(args.json)
+    if args.command == "bench":
+        from .bench.config import BenchConfig, ConfigError, load_config, validate
+        from .bench.grid import parse_shard
+        from .bench.runner import run_bench
+
+        try:
+            cfg = load_config(args.config) if args.config else validate(BenchConfig())
+            index, count = parse_shard(args.shard)
+        except ConfigError as exc:
+            print(f"tiledattn bench: {exc}", file=sys.stderr)
+            return 2
+        return run_bench(cfg, args.out, shard_index=index, shard_count=count)
     if args.command == "tune":
         import os
 

@@ -66,3 +66,30 @@ def time_cuda(fn: Callable[[], object], *, warmup: int = 10, reps: int = 40,
         end.record(stream)
     torch.cuda.synchronize()
     return [start.elapsed_time(end) for start, end in pairs]
+
+
+def time_cpu(fn: Callable[[], object], *, warmup: int = 2, reps: int = 10) -> list[float]:
+    """Milliseconds per call on the host clock, for CPU runs of the harness."""
+    import time
+
+    for _ in range(warmup):
+        fn()
+    out = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        out.append((time.perf_counter() - start) * 1e3)
+    return out
+
+
+def as_cuda_graph(fn: Callable[[], object]) -> Callable[[], None]:
+    """Capture ``fn`` (already warmed up) into a CUDA graph; the result replays it."""
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()  # a warm call on the side stream, as torch's graph docs require
+    torch.cuda.current_stream().wait_stream(stream)
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay

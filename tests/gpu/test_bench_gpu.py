@@ -1,0 +1,50 @@
+"""The harness on a CUDA GPU: every available method gives an ok row."""
+
+from __future__ import annotations
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from tiledattention.bench.config import from_dict
+from tiledattention.bench.grid import expand
+from tiledattention.bench.runner import run_point
+from tiledattention.timing import L2Flusher
+from tiledattention.torch_backends import _KERNEL_MARKERS, torch_sdpa
+
+METHODS = ["tiledattention", "torch_sdpa", "flash", "cudnn", "efficient", "math", "eager",
+           "flash_attn"]
+
+
+def small_config():
+    return from_dict({"grid": {"seqs": [1024], "head_dims": [64, 128], "dtypes": ["float16"],
+                               "causal": [False, True], "shape_policy": "explicit",
+                               "batch": 2, "heads": 8},
+                      "methods": METHODS, "timing": {"warmup": 2, "reps": 6, "rounds": 2}})
+
+
+def test_small_grid_gives_ok_rows_for_every_available_method():
+    cfg = small_config()
+    flush = L2Flusher()
+    for point in expand(cfg):
+        rows = {r["method"]: r for r in run_point(point, METHODS, cfg, torch.device("cuda"),
+                                                  flush)}
+        for m in METHODS[:-1]:
+            assert rows[m]["status"] == "ok", (m, rows[m].get("reason"))
+            assert rows[m]["tflops"] > 0 and rows[m]["correct"]
+        assert rows["flash_attn"]["status"] in ("ok", "unavailable")
+        assert rows["tiledattention"]["details"]["schedule"]
+
+
+def test_recorded_torch_sdpa_backend_matches_the_profiled_kernels():
+    cfg = small_config()
+    point = expand(cfg)[0]
+    (row,) = run_point(point, ["torch_sdpa"], cfg, torch.device("cuda"), None)
+    backend = row["details"]["backend"]
+    q = torch.randn(point.batch, point.heads, point.seq_q, point.head_dim, device="cuda",
+                    dtype=torch.float16)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        torch_sdpa(q, q, q, causal=point.causal)
+        torch.cuda.synchronize()
+    names = " ".join(e.name.lower() for e in prof.events() if e.device_type.name == "CUDA")
+    markers = dict(_KERNEL_MARKERS)[backend]
+    assert any(m in names for m in markers), (backend, names[:500])

@@ -1,0 +1,84 @@
+"""Benchmark configs: validated once, unknown keys rejected with the valid ones."""
+
+import pytest
+
+from tiledattention.bench.config import BenchConfig, ConfigError, from_dict, load_config
+from tiledattention.bench.grid import expand, parse_shard, shard
+
+
+def test_defaults_are_the_papers_80_point_grid():
+    points = expand(from_dict({}))
+    assert len(points) == 80
+    assert all(p.batch * p.seq_q == 16384 for p in points)
+    assert {(p.head_dim, p.heads) for p in points} == {(64, 32), (96, 16), (128, 16), (160, 16)}
+
+
+@pytest.mark.parametrize("data,words", [
+    ({"grid": {"seq": [1]}}, r"grid: unknown key\(s\) \['seq'\]; valid keys are \['seqs'"),
+    ({"mehtods": ["eager"]}, r"unknown key\(s\) \['mehtods'\]; valid keys are"),
+    ({"grid": {"seqs": [64, "x"]}}, r"grid.seqs: 'x' is not an integer"),
+    ({"grid": {"seqs": []}}, r"grid.seqs: must not be empty"),
+    ({"grid": {"seqs": [0]}}, r"grid.seqs: 0 must be >= 1"),
+    ({"grid": {"dtypes": ["float64"]}}, r"grid.dtypes: 'float64' is not one of"),
+    ({"grid": {"causal": ["yes"]}}, r"grid.causal: 'yes' is not true/false"),
+    ({"grid": {"shape_policy": "auto"}}, r"grid.shape_policy"),
+    ({"methods": ["triton"]}, r"methods: 'triton' is not one of \["),
+    ({"methods": ["eager", "eager"]}, r"more than once"),
+    ({"timing": {"reps": 0}}, r"timing: reps"),
+    ({"timing": {"flush_l2": 1}}, r"timing.flush_l2: 1 is not true/false"),
+    ({"device": "tpu"}, r"device: 'tpu' is not one of"),
+    ({"grid": [1, 2]}, r"grid: expected a mapping"),
+])
+def test_bad_configs_name_the_key_and_the_problem(data, words):
+    with pytest.raises(ConfigError, match=words):
+        from_dict(data)
+
+
+def test_config_files_errors_name_the_file(tmp_path):
+    with pytest.raises(ConfigError, match="missing.yaml: cannot read"):
+        load_config(str(tmp_path / "missing.yaml"))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("grid: {seqs: [1, 2}\n")
+    with pytest.raises(ConfigError, match="bad.yaml: not valid YAML"):
+        load_config(str(bad))
+    unknown = tmp_path / "unknown.yaml"
+    unknown.write_text("grid:\n  heads_per_gpu: 3\n")
+    with pytest.raises(ConfigError, match="unknown.yaml: grid: unknown key"):
+        load_config(str(unknown))
+
+
+def test_the_smoke_config_loads():
+    cfg = load_config("config/bench-smoke.yaml")
+    assert len(expand(cfg)) == 8 and cfg.grid.shape_policy == "explicit"
+
+
+def test_config_hash_changes_with_the_config():
+    assert from_dict({}).digest() == BenchConfig().digest()
+    assert from_dict({"seed": 1}).digest() != BenchConfig().digest()
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 80, 100])
+def test_shards_partition_the_grid_exactly(n):
+    points = expand(from_dict({}))
+    parts = [shard(points, i, n) for i in range(n)]
+    flat = [p for part in parts for p in part]
+    assert sorted(flat, key=lambda p: p.key()) == sorted(points, key=lambda p: p.key())
+    assert len({p.key() for p in flat}) == len(points)
+    assert parts == [shard(expand(from_dict({})), i, n) for i in range(n)]  # deterministic
+
+
+@pytest.mark.parametrize("text", ["1", "2/2", "-1/3", "a/b", "1/0"])
+def test_bad_shard_specs_are_refused(text):
+    with pytest.raises(ConfigError, match="--shard"):
+        parse_shard(text)
+
+
+def test_gqa_and_cross_attention_axes_expand():
+    cfg = from_dict({"grid": {"seqs": [1, 128], "seqs_kv": [1000], "gqa": [1, 4],
+                              "shape_policy": "explicit", "heads": 8, "head_dims": [64],
+                              "dtypes": ["float16"], "causal": [False]}})
+    keys = [p.key() for p in expand(cfg)]
+    assert keys == ["float16-full-d64-sq1-skv1000-b1-h8-g1",
+                    "float16-full-d64-sq1-skv1000-b1-h8-g4",
+                    "float16-full-d64-sq128-skv1000-b1-h8-g1",
+                    "float16-full-d64-sq128-skv1000-b1-h8-g4"]

@@ -1,0 +1,160 @@
+"""The harness on the CPU: statuses, metrics, resumable rows, the manifest."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from tiledattention.bench import methods as M
+from tiledattention.bench.config import from_dict
+from tiledattention.bench.grid import Point, expand
+from tiledattention.bench.manifest import capture, now
+from tiledattention.bench.runner import run_bench, run_point
+from tiledattention.bench.store import ResultStore, read_rows
+
+CPU = torch.device("cpu")
+POINT = Point("float32", False, 32, 48, 40, 1, 4, 2)
+
+
+def cfg(methods, **timing):
+    return from_dict({"methods": list(methods), "timing": {"warmup": 1, "reps": 4, "rounds": 2,
+                                                           **timing}, "device": "cpu"})
+
+
+@pytest.fixture
+def fake_methods(monkeypatch):
+    def oom(q, k, v, p):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 80 GiB")
+
+    def wrong(q, k, v, p):
+        return M.eager_attention(q, k, v, p) + 1.0
+
+    def nan(q, k, v, p):
+        return torch.full_like(q, float("nan"))
+
+    def unsupported(point, device):
+        raise M.Unsupported("D=32 is not handled")
+
+    def boom(q, k, v, p):
+        raise RuntimeError("kernel exploded")
+
+    for m in (M.Method("fake_oom", "", False, oom), M.Method("fake_wrong", "", False, wrong),
+              M.Method("fake_nan", "", False, nan),
+              M.Method("fake_unsupported", "", False, M.eager_attention, unsupported),
+              M.Method("fake_error", "", False, boom)):
+        monkeypatch.setitem(M.METHODS, m.name, m)
+
+
+def test_each_failure_mode_gets_its_status_and_the_run_goes_on(fake_methods):
+    names = ["eager", "fake_oom", "fake_wrong", "fake_nan", "fake_unsupported", "fake_error",
+             "tiledattention", "flash"]
+    rows = {r["method"]: r for r in run_point(POINT, names, cfg(names), CPU, None)}
+    assert rows["eager"]["status"] == "ok"
+    assert rows["fake_oom"]["status"] == "oom"
+    assert rows["fake_wrong"]["status"] == "wrong" and rows["fake_wrong"]["rel_err"] > 0.1
+    assert rows["fake_nan"]["status"] == "wrong"
+    assert rows["fake_unsupported"] == {**rows["fake_unsupported"], "status": "unsupported",
+                                         "reason": "D=32 is not handled"}
+    assert rows["fake_error"]["status"] == "error"
+    assert "kernel exploded" in rows["fake_error"]["reason"]
+    assert rows["tiledattention"]["status"] == "unavailable"
+    assert rows["flash"]["status"] == "unavailable"
+
+
+def test_ok_rows_carry_timings_metrics_and_correctness():
+    (row,) = run_point(POINT, ["eager"], cfg(["eager"]), CPU, None)
+    assert row["status"] == "ok" and row["correct"] and row["rel_err"] < 1e-5
+    t = row["time_ms"]
+    assert t["reps"] == 4 and t["min_ms"] <= t["median_ms"] <= t["p95_ms"]
+    sec = t["median_ms"] / 1e3
+    assert row["flops"] == 4 * 1 * 4 * 48 * 40 * 32
+    assert row["tflops"] == pytest.approx(row["flops"] / sec / 1e12)
+    assert row["tokens_per_s"] == pytest.approx(1 * 4 * 48 / sec)
+    assert row["bytes_moved"] == 4 * 32 * (2 * 4 * 48 + 2 * 2 * 40)
+    assert row["ref_heads"] == 4 and row["seed"] == 0 and row["point_key"] == POINT.key()
+
+
+def test_every_method_sees_identical_inputs():
+    a = run_point(POINT, ["eager", "math"], cfg(["eager", "math"]), CPU, None)
+    assert a[0]["rel_err"] == pytest.approx(a[1]["rel_err"], rel=0.5, abs=1e-6)
+    from tiledattention.bench.runner import make_inputs
+
+    q1, _, _ = make_inputs(POINT, 0, CPU)
+    q2, _, _ = make_inputs(POINT, 0, CPU)
+    assert torch.equal(q1, q2)
+
+
+def test_store_skips_a_torn_line_and_appends_after_it(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    path.write_text('{"point_key": "a", "method": "m", "status": "ok"}\n{"point_key": "b", "me')
+    store = ResultStore(str(path))
+    assert store.done("a", "m") and not store.done("b", "m") and store.torn_lines == 1
+    store.append({"point_key": "b", "method": "m", "status": "ok"})
+    assert {(r["point_key"]) for r in read_rows(str(path))} == {"a", "b"}
+
+
+def test_a_run_killed_with_sigkill_resumes_to_every_row_exactly_once(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("grid: {seqs: [128, 256, 384], head_dims: [32, 64], dtypes: [float32],"
+                      " causal: [false, true], shape_policy: explicit, batch: 2, heads: 4}\n"
+                      "methods: [eager, math, torch_sdpa]\n"
+                      "timing: {warmup: 1, reps: 40, rounds: 2}\ndevice: cpu\n")
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "tiledattention.cli", "bench", "--config", str(config),
+           "--out", str(out)]
+    rows_file = out / "rows-shard0of1.jsonl"
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if rows_file.exists() and rows_file.read_text().count("\n") >= 4:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    partial = rows_file.read_text().count("\n")
+    assert 4 <= partial < 36, "kill landed outside the run; the test proves nothing"
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = [ln for ln in rows_file.read_text().split("\n") if ln.strip()]
+    parsed = [json.loads(ln) for ln in lines if ln.startswith("{") and ln.endswith("}")]
+    keys = [(r["point_key"], r["method"]) for r in parsed]
+    assert len(keys) == len(set(keys)) == 12 * 3
+    assert all(r["status"] == "ok" for r in parsed)
+
+
+def test_manifest_has_the_facts_and_no_secrets(monkeypatch, tmp_path):
+    monkeypatch.setenv("MY_API_TOKEN", "hunter2-secret")
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    c = cfg(["eager"])
+    m = capture(c, started=now())
+    for key in ("python", "torch", "cuda_runtime", "cudnn", "cuda_tile", "tileiras", "triton",
+                "gpu", "host", "git_commit", "git_dirty", "config", "config_hash", "seed",
+                "started", "finished", "environment"):
+        assert key in m
+    assert m["environment"]["SLURM_JOB_ID"] == "4242"
+    assert set(m["environment"]) <= {"SLURM_JOB_ID", "CUDA_TILE_CACHE_DIR"}
+    assert "hunter2" not in json.dumps(m, default=str)
+    assert m["config_hash"] == c.digest()
+
+
+def test_run_bench_writes_rows_manifest_and_skips_what_is_done(tmp_path, capsys):
+    c = from_dict({"grid": {"seqs": [32], "head_dims": [32], "dtypes": ["float32"],
+                            "causal": [False], "shape_policy": "explicit"},
+                   "methods": ["eager", "flash"], "timing": {"warmup": 0, "reps": 2, "rounds": 1},
+                   "device": "cpu"})
+    assert run_bench(c, str(tmp_path)) == 0
+    assert run_bench(c, str(tmp_path)) == 0  # nothing left to do
+    rows = read_rows(str(tmp_path / "rows-shard0of1.jsonl"))
+    assert sorted(r["status"] for r in rows) == ["ok", "unavailable"]
+    manifest = json.loads((tmp_path / "manifest-shard0of1.json").read_text())
+    assert manifest["finished"] and manifest["config_hash"] == c.digest()
+    assert "rows by status: ok 1, unavailable 1" in capsys.readouterr().err
+    assert os.path.getsize(tmp_path / "rows-shard0of1.jsonl") > 0
+    assert len(expand(c)) == 1

@@ -1,0 +1,1 @@
+"""The benchmark harness behind ``tiledattn bench``: config, grid, methods, runner, store."""

@@ -1,0 +1,130 @@
+"""The attention implementations a benchmark can compare, behind one registry.
+
+Each method says whether it can run a point on this device (``unavailable`` when the
+machine lacks what it needs, ``unsupported`` when the point is outside what it does),
+runs it, and describes what it ran (the schedule, the backend actually dispatched).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from .grid import Point
+
+
+class Unavailable(Exception):
+    """The method cannot run on this machine (status ``unavailable``)."""
+
+
+class Unsupported(Exception):
+    """The method does not handle this point (status ``unsupported``)."""
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    description: str
+    needs_cuda: bool
+    run: Callable  # (q, k, v, point) -> out
+    check: Callable = lambda point, device: None  # raises Unavailable / Unsupported
+    describe: Callable = lambda q, k, v, point: {}
+
+
+def _gqa(point: Point) -> bool:
+    return point.gqa > 1
+
+
+def _tiled_check(point, device):
+    from ..headdim import supported_head_dim
+    from ..toolchain import tileiras_path
+
+    if device.type != "cuda":
+        raise Unavailable("needs a CUDA GPU")
+    if importlib.util.find_spec("cuda.tile") is None or tileiras_path() is None:
+        raise Unavailable("cuTile toolchain not installed (pip install 'cuda-tile[tileiras]')")
+    if point.dtype not in ("float16", "bfloat16"):
+        raise Unsupported(f"dtype {point.dtype}: the kernel takes float16 and bfloat16")
+    if not supported_head_dim(point.head_dim):
+        raise Unsupported(f"head dim {point.head_dim}: multiples of 8 up to 256")
+
+
+def _tiled_run(q, k, v, point):
+    from ..api import sdpa
+
+    return sdpa(q, k, v, causal=point.causal, enable_gqa=_gqa(point))
+
+
+def _tiled_describe(q, k, v, point):
+    from ..policy import choose_schedule
+
+    schedule, how = choose_schedule(q, k, point.causal)
+    return {"schedule": schedule.label(), "schedule_source": how}
+
+
+def _torch_run(backend):
+    def run(q, k, v, point):
+        from ..torch_backends import torch_sdpa
+
+        return torch_sdpa(q, k, v, causal=point.causal, backend=backend)
+    return run
+
+
+def _cuda_only(point, device):
+    if device.type != "cuda":
+        raise Unavailable("needs a CUDA GPU")
+
+
+def _auto_describe(q, k, v, point):
+    from ..torch_backends import detect_auto_backend
+
+    if q.device.type != "cuda":
+        return {"backend": "math"}  # the CPU path of torch SDPA
+    return {"backend": detect_auto_backend(q, k, v, causal=point.causal)}
+
+
+def eager_attention(q, k, v, point):
+    """matmul, fp32 softmax, matmul: what a framework without fused attention does."""
+    if point.gqa > 1:
+        k = k.repeat_interleave(point.gqa, dim=1)
+        v = v.repeat_interleave(point.gqa, dim=1)
+    s = (q @ k.transpose(-1, -2)).float() * q.shape[-1] ** -0.5
+    if point.causal:
+        keep = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril()
+        s = s.masked_fill(~keep, float("-inf"))
+    return torch.softmax(s, dim=-1).to(q.dtype) @ v
+
+
+def _flash_attn_check(point, device):
+    _cuda_only(point, device)
+    if importlib.util.find_spec("flash_attn") is None:
+        raise Unavailable("the flash_attn package is not installed")
+
+
+def _flash_attn_run(q, k, v, point):
+    from flash_attn import flash_attn_func  # [B, S, H, D] layout
+
+    out = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                          causal=point.causal)
+    return out.transpose(1, 2)
+
+
+METHODS: dict[str, Method] = {m.name: m for m in (
+    Method("tiledattention", "this project's cuTile kernel", True, _tiled_run, _tiled_check,
+           _tiled_describe),
+    Method("torch_sdpa", "torch SDPA, automatic backend dispatch", False, _torch_run(None),
+           describe=_auto_describe),
+    Method("flash", "torch SDPA forced to FLASH_ATTENTION", True, _torch_run("flash"),
+           _cuda_only),
+    Method("cudnn", "torch SDPA forced to CUDNN_ATTENTION", True, _torch_run("cudnn"),
+           _cuda_only),
+    Method("efficient", "torch SDPA forced to EFFICIENT_ATTENTION", True,
+           _torch_run("efficient"), _cuda_only),
+    Method("math", "torch SDPA forced to MATH", False, _torch_run("math")),
+    Method("eager", "explicit matmul + fp32 softmax + matmul", False, eager_attention),
+    Method("flash_attn", "the flash_attn package (FlashAttention-2)", True, _flash_attn_run,
+           _flash_attn_check),
+)}

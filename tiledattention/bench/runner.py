@@ -1,0 +1,269 @@
+"""Running a benchmark grid: inputs, correctness, interleaved timing, one row per method."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import math
+import os
+import signal
+import sys
+import time
+
+import torch
+
+from ..flops import attention_flops, tflops_per_s
+from ..timing import L2Flusher, as_cuda_graph, summarize, time_cpu, time_cuda
+from .config import BenchConfig
+from .grid import Point, expand, shard
+from .manifest import capture, now
+from .methods import METHODS, Unavailable, Unsupported
+from .store import ResultStore
+
+FORMAT = "tiledattention-bench-row/1"
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        from ..errors import NoGPUError
+
+        raise NoGPUError("device: cuda was requested but no CUDA GPU is visible")
+    return torch.device(name)
+
+
+def _seed_for(seed: int, point: Point) -> int:
+    # Identical inputs for every method of a point, different across points.
+    return int(hashlib.sha256(f"{seed}:{point.key()}".encode()).hexdigest()[:8], 16)
+
+
+def make_inputs(point: Point, seed: int, device: torch.device):
+    gen = torch.Generator(device=device).manual_seed(_seed_for(seed, point))
+    dtype = getattr(torch, point.dtype)
+
+    def rand(heads, seq):
+        return torch.randn(point.batch, heads, seq, point.head_dim, generator=gen,
+                           device=device, dtype=dtype)
+
+    return rand(point.heads, point.seq_q), rand(point.heads_kv, point.seq_kv), \
+        rand(point.heads_kv, point.seq_kv)
+
+
+def _ref_slice(point: Point, max_heads: int) -> tuple[int, int]:
+    """(query heads, kv heads) of batch 0 that the reference covers."""
+    hq = max(point.gqa, min(point.heads, max_heads) // point.gqa * point.gqa)
+    return hq, hq // point.gqa
+
+
+def reference(q, k, v, point: Point, max_heads: int):
+    from ..reference import naive_attention
+
+    hq, hk = _ref_slice(point, max_heads)
+    ref, _ = naive_attention(q[:1, :hq], k[:1, :hk], v[:1, :hk], causal=point.causal)
+    return ref, hq
+
+
+def compare(out, ref, hq: int, rtol: float) -> dict:
+    got = out[:1, :hq].double()
+    diff = got - ref
+    rel = (diff.norm() / ref.norm().clamp_min(1e-300)).item()
+    max_abs = diff.abs().max().item()
+    ok = math.isfinite(rel) and bool(torch.isfinite(got).all()) and rel <= rtol
+    return {"rel_err": rel, "max_abs_err": max_abs, "rtol": rtol, "correct": ok}
+
+
+def _classify(exc: BaseException) -> tuple[str, str]:
+    if isinstance(exc, torch.cuda.OutOfMemoryError):
+        return "oom", str(exc).splitlines()[0][:300]
+    if isinstance(exc, Unavailable):
+        return "unavailable", str(exc)
+    if isinstance(exc, Unsupported):
+        return "unsupported", str(exc)
+    from ..errors import InputError
+
+    text = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, InputError) or "No available kernel" in str(exc):
+        return "unsupported", text[:500]
+    return "error", text[:500]
+
+
+def run_point(point: Point, methods: list[str], cfg: BenchConfig, device, flush) -> list[dict]:
+    t = cfg.timing
+    rtol = getattr(cfg.correctness, f"rtol_{point.dtype}")
+    base = {"format": FORMAT, "point_key": point.key(), **point.as_dict(), "seed": cfg.seed,
+            "device": str(device), "timing": {"warmup": t.warmup, "reps": t.reps,
+                                              "rounds": t.rounds, "flush_l2": t.flush_l2,
+                                              "cuda_graph": t.cuda_graph}}
+    rows = {m: {**base, "method": m} for m in methods}
+    try:
+        q, k, v = make_inputs(point, cfg.seed, device)
+        ref, hq = reference(q, k, v, point, cfg.correctness.max_ref_heads)
+    except Exception as exc:  # OOM while allocating: every method shares the fate
+        status, msg = _classify(exc)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        return [{**r, "status": status, "reason": msg} for r in rows.values()]
+    callables = {}
+    for m in methods:
+        method = METHODS[m]
+        row = rows[m]
+        try:
+            if method.needs_cuda and device.type != "cuda":
+                raise Unavailable("needs a CUDA GPU")
+            method.check(point, device)
+            fn = functools.partial(method.run, q, k, v, point)
+            out = fn()
+            row.update(compare(out, ref, hq, rtol), ref_heads=hq, ref_batch=1)
+            row["details"] = method.describe(q, k, v, point)
+            del out
+            if not row["correct"]:
+                row.update(status="wrong", reason=f"relative error {row['rel_err']:.3e} > "
+                           f"{rtol:g} (or non-finite output)")
+                continue
+            if t.cuda_graph and device.type == "cuda":
+                fn = as_cuda_graph(fn)
+            callables[m] = fn
+        except Exception as exc:
+            status, msg = _classify(exc)
+            row.update(status=status, reason=msg)
+            if status == "oom":
+                torch.cuda.empty_cache()
+    samples: dict[str, list[float]] = {m: [] for m in callables}
+    per_round = max(1, t.reps // t.rounds)
+    for r in range(t.rounds):
+        order = list(callables) if r % 2 == 0 else list(reversed(callables))
+        for m in order:
+            if m not in callables:
+                continue
+            try:
+                warm = t.warmup if r == 0 else min(2, t.warmup)
+                if device.type == "cuda":
+                    samples[m] += time_cuda(callables[m], warmup=warm, reps=per_round,
+                                            flush=flush)
+                else:
+                    samples[m] += time_cpu(callables[m], warmup=warm, reps=per_round)
+            except Exception as exc:
+                status, msg = _classify(exc)
+                rows[m].update(status=status, reason=msg)
+                del callables[m]
+    flops = attention_flops(point.batch, point.heads, point.seq_q, point.seq_kv,
+                            point.head_dim, point.causal)
+    elem = torch.finfo(getattr(torch, point.dtype)).bits // 8
+    nbytes = elem * point.batch * point.head_dim * (2 * point.heads * point.seq_q
+                                                    + 2 * point.heads_kv * point.seq_kv)
+    for m in callables:
+        st = summarize(samples[m])
+        sec = st.median_ms * 1e-3
+        rows[m].update(status="ok", time_ms=st.as_dict(),
+                       tflops=tflops_per_s(flops, st.median_ms),
+                       tokens_per_s=point.batch * point.heads * point.seq_q / sec,
+                       gbytes_per_s=nbytes / sec / 1e9, flops=flops, bytes_moved=nbytes)
+    return list(rows.values())
+
+
+class Progress:
+    """A bar with ETA on a terminal; plain log lines otherwise (batch jobs, CI)."""
+
+    def __init__(self, total: int, stream=None):
+        self.total, self.done, self.stream = total, 0, stream or sys.stderr
+        self.start = time.monotonic()
+        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+
+    def step(self, label: str, rows: list[dict]) -> None:
+        self.done += 1
+        elapsed = time.monotonic() - self.start
+        eta = elapsed / self.done * (self.total - self.done)
+        brief = " ".join(f"{r['method']}={r['tflops']:.1f}" if r.get("status") == "ok"
+                         else f"{r['method']}={r['status']}" for r in rows)
+        if self.tty:
+            width = 30
+            fill = int(width * self.done / max(1, self.total))
+            self.stream.write(f"\r[{'#' * fill}{'.' * (width - fill)}] {self.done}/{self.total}"
+                              f" ETA {eta:5.0f}s {label[:40]:40s}")
+            if self.done == self.total:
+                self.stream.write("\n")
+        else:
+            self.stream.write(f"[{self.done}/{self.total}] {label} {brief} "
+                              f"(elapsed {elapsed:.0f}s, ETA {eta:.0f}s)\n")
+        self.stream.flush()
+
+
+def summary_table(rows: list[dict], methods: list[str]) -> str:
+    """TFLOP/s per point and method (status where not ok), and ratio to torch_sdpa."""
+    by_point: dict[str, dict[str, dict]] = {}
+    for r in rows:
+        by_point.setdefault(r["point_key"], {})[r["method"]] = r
+    head = f"{'point':44s} " + " ".join(f"{m[:12]:>12s}" for m in methods)
+    show_ratio = "tiledattention" in methods and "torch_sdpa" in methods
+    lines = [head + ("  ta/sdpa" if show_ratio else "")]
+    for key, cells in by_point.items():
+        vals = []
+        for m in methods:
+            r = cells.get(m)
+            vals.append(f"{r['tflops']:12.2f}" if r and r.get("status") == "ok"
+                        else f"{(r or {}).get('status', '-'):>12s}")
+        line = f"{key:44s} " + " ".join(vals)
+        a, b = cells.get("tiledattention"), cells.get("torch_sdpa")
+        if show_ratio and a and b and a.get("status") == b.get("status") == "ok":
+            line += f"  {a['tflops'] / b['tflops']:7.3f}"
+        lines.append(line)
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r["status"]] = counts.get(r["status"], 0) + 1
+    lines.append("rows by status: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+    return "\n".join(lines)
+
+
+def run_bench(cfg: BenchConfig, out_dir: str, *, shard_index: int = 0, shard_count: int = 1,
+              log=None) -> int:
+    """Run (or resume) one shard of the grid into ``out_dir``; returns an exit code."""
+    log = log or sys.stderr
+    device = resolve_device(cfg.device)
+    os.makedirs(out_dir, exist_ok=True)
+    tag = f"shard{shard_index}of{shard_count}"
+    store = ResultStore(os.path.join(out_dir, f"rows-{tag}.jsonl"))
+    points = shard(expand(cfg), shard_index, shard_count)
+    todo = [p for p in points if any(not store.done(p.key(), m) for m in cfg.methods)]
+    started = now()
+    manifest_path = os.path.join(out_dir, f"manifest-{tag}.json")
+    _write_json(manifest_path, capture(cfg, started=started))
+    print(f"bench: {len(points)} points in {tag} on {device}, {len(points) - len(todo)} already "
+          f"done in {store.path}", file=log, flush=True)
+    stop = {"requested": False}
+
+    def on_sigint(signum, frame):
+        if stop["requested"]:
+            raise KeyboardInterrupt
+        stop["requested"] = True
+        print("\nbench: stopping after the current point (Ctrl-C again to abort)",
+              file=log, flush=True)
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    flush = L2Flusher() if device.type == "cuda" and cfg.timing.flush_l2 else None
+    progress = Progress(len(todo), log)
+    try:
+        for p in todo:
+            if stop["requested"]:
+                break
+            methods = [m for m in cfg.methods if not store.done(p.key(), m)]
+            rows = run_point(p, methods, cfg, device, flush)
+            for row in rows:
+                row["recorded"] = now()
+                store.append(row)
+            progress.step(p.key(), rows)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        _write_json(manifest_path, capture(cfg, started=started, finished=now()))
+    print(summary_table(list(store.rows.values()), list(cfg.methods)), file=log, flush=True)
+    return 130 if stop["requested"] else 0
+
+
+def _write_json(path: str, data: dict) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1, default=str)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
