@@ -158,3 +158,25 @@ def test_run_bench_writes_rows_manifest_and_skips_what_is_done(tmp_path, capsys)
     assert "rows by status: ok 1, unavailable 1" in capsys.readouterr().err
     assert os.path.getsize(tmp_path / "rows-shard0of1.jsonl") > 0
     assert len(expand(c)) == 1
+
+
+def test_ctrl_c_stops_after_the_current_point_with_complete_rows(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("grid: {seqs: [128, 256, 384], head_dims: [32, 64], dtypes: [float32],"
+                      " causal: [false, true], shape_policy: explicit, batch: 2, heads: 4}\n"
+                      "methods: [eager, math]\ntiming: {warmup: 1, reps: 40, rounds: 2}\n"
+                      "device: cpu\n")
+    out = tmp_path / "out"
+    rows_file = out / "rows-shard0of1.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "tiledattention.cli", "bench", "--config",
+                             str(config), "--out", str(out)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (rows_file.exists() and rows_file.read_text()):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    assert "stopping after the current point" in err
+    rows = [json.loads(ln) for ln in rows_file.read_text().splitlines()]
+    assert 2 <= len(rows) < 24 and len(rows) % 2 == 0  # whole points only: 2 methods each

@@ -48,3 +48,14 @@ def test_recorded_torch_sdpa_backend_matches_the_profiled_kernels():
     names = " ".join(e.name.lower() for e in prof.events() if e.device_type.name == "CUDA")
     markers = dict(_KERNEL_MARKERS)[backend]
     assert any(m in names for m in markers), (backend, names[:500])
+
+
+def test_cuda_graph_timing_mode_gives_ok_rows():
+    cfg = from_dict({"grid": {"seqs": [512], "head_dims": [64], "dtypes": ["bfloat16"],
+                              "causal": [True], "shape_policy": "explicit", "batch": 2,
+                              "heads": 4},
+                     "methods": ["tiledattention", "torch_sdpa"],
+                     "timing": {"warmup": 2, "reps": 6, "rounds": 2, "cuda_graph": True}})
+    rows = run_point(expand(cfg)[0], list(cfg.methods), cfg, torch.device("cuda"), None)
+    assert [r["status"] for r in rows] == ["ok", "ok"]
+    assert all(r["timing"]["cuda_graph"] for r in rows)
