@@ -1,0 +1,44 @@
+"""Concatenating shard rows into one table (the publication issue adds the summaries)."""
+
+from __future__ import annotations
+
+import csv
+import glob
+import json
+import os
+
+from .store import read_rows
+
+
+def flatten(row: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in row.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{name}."))
+        else:
+            out[name] = value
+    return out
+
+
+def concat(rows_dir: str) -> list[dict]:
+    rows = []
+    for path in sorted(glob.glob(os.path.join(rows_dir, "rows-shard*.jsonl"))):
+        rows += read_rows(path)
+    return rows
+
+
+def write(rows: list[dict], out_dir: str) -> tuple[str, str]:
+    os.makedirs(out_dir, exist_ok=True)
+    jsonl = os.path.join(out_dir, "rows.jsonl")
+    with open(jsonl, "w") as f:
+        for r in rows:
+            f.write(json.dumps(r, sort_keys=True) + "\n")
+    flat = [flatten(r) for r in rows]
+    columns = sorted({k for r in flat for k in r})
+    table = os.path.join(out_dir, "rows.csv")
+    with open(table, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=columns)
+        w.writeheader()
+        w.writerows(flat)
+    return jsonl, table

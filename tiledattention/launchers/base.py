@@ -1,0 +1,85 @@
+"""What every launcher shares: the shard task, the options check, waiting with a limit."""
+
+from __future__ import annotations
+
+import importlib
+import time
+from dataclasses import dataclass, fields
+
+from ..errors import TiledAttentionError
+
+LAUNCHERS = {"slurm": "slurm", "local": "local", "debug": "debug"}
+
+
+class LauncherError(TiledAttentionError, RuntimeError):
+    """A launcher was misconfigured, or a shard's job failed (state and log path named)."""
+
+
+@dataclass(frozen=True)
+class ShardTask:
+    """One benchmark shard, picklable for submitit. Rerunning resumes from finished rows,
+    so a requeued (preempted, timed-out) job continues where it stopped."""
+
+    config_path: str
+    out_dir: str
+    shard_index: int
+    shard_count: int
+
+    def __call__(self) -> dict:
+        from ..bench.config import load_config
+        from ..bench.runner import run_bench
+
+        code = run_bench(load_config(self.config_path), self.out_dir,
+                         shard_index=self.shard_index, shard_count=self.shard_count)
+        if code != 0:
+            raise LauncherError(f"shard {self.shard_index}/{self.shard_count} stopped with "
+                                f"exit code {code}")
+        return {"shard": self.shard_index, "of": self.shard_count, "out_dir": self.out_dir}
+
+    def checkpoint(self, *args, **kwargs):
+        # submitit calls this on preemption / time limit: requeue the same task.
+        import submitit
+
+        return submitit.helpers.DelayedSubmission(self)
+
+    @property
+    def tag(self) -> str:
+        return f"shard{self.shard_index}of{self.shard_count}"
+
+
+def check_options(cls, options: dict, launcher: str):
+    """Build a typed options dataclass, refusing unknown keys with the valid ones."""
+    valid = [f.name for f in fields(cls)]
+    unknown = sorted(set(options) - set(valid))
+    if unknown:
+        raise LauncherError(f"{launcher} launcher: unknown option(s) {unknown}; valid options "
+                            f"are {valid}")
+    return cls(**options)
+
+
+def get_launcher(name: str, folder: str, options: dict | None = None):
+    """The launcher called ``name`` (slurm, local, debug), its logs under ``folder``."""
+    if name not in LAUNCHERS:
+        raise LauncherError(f"unknown launcher {name!r}; valid launchers are {sorted(LAUNCHERS)}")
+    module = importlib.import_module(f"{__package__}.{LAUNCHERS[name]}")
+    return module.Launcher(folder, options or {})
+
+
+def wait(jobs, describe, timeout_s: float | None, poll_s: float = 1.0) -> list:
+    """Results of submitit jobs in order; a failed job raises naming its state and log."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while not all(j.done() for j in jobs):
+        if deadline is not None and time.monotonic() > deadline:
+            for j in jobs:
+                if not j.done():
+                    j.cancel(check=False)
+            raise LauncherError(f"shards did not finish within {timeout_s:.0f}s; cancelled "
+                                f"{[describe(j) for j in jobs if not j.done()]}")
+        time.sleep(poll_s)
+    results = []
+    for j in jobs:
+        try:
+            results.append(j.result())
+        except Exception as exc:
+            raise LauncherError(f"{describe(j)} failed: {str(exc).strip()[-1500:]}") from exc
+    return results

@@ -1,0 +1,26 @@
+"""In-process execution through submitit's DebugExecutor: for debugging a shard."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import submitit
+
+from .base import ShardTask, check_options, wait
+
+
+@dataclass(frozen=True)
+class DebugOptions:
+    timeout_s: float | None = None
+
+
+class Launcher:
+    name = "debug"
+
+    def __init__(self, folder: str, options: dict):
+        self.options = check_options(DebugOptions, options, self.name)
+        self.executor = submitit.DebugExecutor(folder=folder)
+
+    def run(self, tasks: list[ShardTask]) -> list[dict]:
+        jobs = [self.executor.submit(t) for t in tasks]
+        return wait(jobs, lambda j: f"debug job {j.job_id}", self.options.timeout_s, poll_s=0)
