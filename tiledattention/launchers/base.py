@@ -47,14 +47,40 @@ class ShardTask:
         return f"shard{self.shard_index}of{self.shard_count}"
 
 
+def _typed(value, annotation: str, where: str):
+    # Options may arrive as strings (Snakemake's --config, profiles): convert them to the
+    # field's type, and refuse what does not convert.
+    if value is None or not isinstance(value, str):
+        return value
+    text = value.strip()
+    if "None" in annotation and text.lower() in ("none", "null", ""):
+        return None
+    try:
+        if annotation.startswith("int"):
+            return int(text)
+        if annotation.startswith("float"):
+            return float(text)
+        if annotation.startswith("bool"):
+            if text.lower() in ("true", "false"):
+                return text.lower() == "true"
+            raise ValueError(text)
+    except ValueError as exc:
+        raise LauncherError(f"{where}: {value!r} is not a valid {annotation}") from exc
+    return value
+
+
 def check_options(cls, options: dict, launcher: str):
     """Build a typed options dataclass, refusing unknown keys with the valid ones."""
+    if not isinstance(options, dict):
+        raise LauncherError(f"{launcher} launcher: options must be a mapping, got {options!r}")
     valid = [f.name for f in fields(cls)]
     unknown = sorted(set(options) - set(valid))
     if unknown:
         raise LauncherError(f"{launcher} launcher: unknown option(s) {unknown}; valid options "
                             f"are {valid}")
-    return cls(**options)
+    types = {f.name: str(f.type) for f in fields(cls)}
+    return cls(**{k: _typed(v, types[k], f"{launcher} launcher option {k}")
+                  for k, v in options.items()})
 
 
 def get_launcher(name: str, folder: str, options: dict | None = None):
