@@ -7,4 +7,4 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 . .venv/bin/activate
 ruff check .
-python -m pytest -n "${PYTEST_WORKERS:-2}" --dist loadfile "$@"
+python -m pytest -n "${PYTEST_WORKERS:-2}" --dist loadgroup "$@"

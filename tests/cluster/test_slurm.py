@@ -31,7 +31,8 @@ def _cluster_up() -> str | None:
     return None
 
 
-pytestmark = pytest.mark.skipif(_cluster_up() is not None, reason=str(_cluster_up()))
+pytestmark = [pytest.mark.skipif(_cluster_up() is not None, reason=str(_cluster_up())),
+              pytest.mark.xdist_group("slurm")]  # one worker: the jobs share two CPUs
 
 
 def test_smoke_study_runs_through_the_slurm_profile(tmp_path):
