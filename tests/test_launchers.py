@@ -64,3 +64,51 @@ def test_a_failing_shard_is_reported_with_its_log(tmp_path):
     task = ShardTask(str(bad), str(tmp_path / "out"), 0, 1)
     with pytest.raises(LauncherError, match=r"local job \S+ \(log .*\) failed"):
         get_launcher("local", str(tmp_path / "logs"), {"timeout_s": 120}).run([task])
+
+
+def test_gpu_reservations_never_share_a_gpu_and_free_on_release(tmp_path):
+    from tiledattention.launchers.gpu_lock import reserve
+
+    a = reserve(["0", "1"], lock_dir=str(tmp_path))
+    b = reserve(["0", "1"], lock_dir=str(tmp_path))
+    assert {a.gpu, b.gpu} == {"0", "1"}
+    with pytest.raises(LauncherError, match="no free GPU"):
+        reserve(["0", "1"], timeout_s=0.2, poll_s=0.05, lock_dir=str(tmp_path))
+    a.release()
+    c = reserve(["0", "1"], timeout_s=1, lock_dir=str(tmp_path))
+    assert c.gpu == a.gpu
+    b.release()
+    c.release()
+
+
+def test_gpu_reservation_is_exclusive_across_processes(tmp_path):
+    import subprocess
+    import sys
+
+    from tiledattention.launchers.gpu_lock import reserve
+
+    held = reserve(["0"], lock_dir=str(tmp_path))
+    code = ("import sys; from tiledattention.launchers.gpu_lock import reserve\n"
+            "from tiledattention.launchers import LauncherError\n"
+            f"try: reserve(['0'], timeout_s=0.3, poll_s=0.05, lock_dir={str(tmp_path)!r})\n"
+            "except LauncherError: sys.exit(3)\n")
+    assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 3
+    held.release()
+    assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
+
+
+def test_local_launcher_schedules_shards_over_free_gpus(tmp_path, monkeypatch):
+    # The GPU scheduling path, driven on a CPU: two "GPUs" (only CUDA_VISIBLE_DEVICES is
+    # set for the jobs), three shards, each shard on a reserved GPU until it ends.
+    from tiledattention.launchers import gpu_lock, local
+
+    monkeypatch.setattr(local, "visible_gpus", lambda: ["0", "1"])
+    monkeypatch.setattr(gpu_lock, "LOCK_DIR", str(tmp_path / "locks"))
+    out = tmp_path / "out"
+    tasks = [ShardTask(SMOKE, str(out), i, 3) for i in range(3)]
+    results = get_launcher("local", str(tmp_path / "logs"), {"timeout_s": 300}).run(tasks)
+    assert [r["shard"] for r in results] == [0, 1, 2]
+    rows = sum((read_rows(str(out / f"rows-shard{i}of3.jsonl")) for i in range(3)), [])
+    assert len({r["point_key"] for r in rows}) == 8
+    held = gpu_lock.reserve(["0", "1"], timeout_s=1)  # all released again
+    held.release()

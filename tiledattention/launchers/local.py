@@ -1,14 +1,17 @@
 """Shards as local processes through submitit's LocalExecutor: in parallel, one GPU each
-where GPUs are visible (shard i gets GPU i mod #GPUs), sequentially on a CPU."""
+where GPUs are visible (each shard reserves a free GPU machine-wide, see gpu_lock), one at
+a time on a CPU."""
 
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 
 import submitit
 
-from .base import ShardTask, check_options, wait
+from .base import LauncherError, ShardTask, check_options, wait
+from .gpu_lock import reserve
 
 
 @dataclass(frozen=True)
@@ -39,14 +42,8 @@ class Launcher:
 
     def run(self, tasks: list[ShardTask]) -> list[dict]:
         gpus = visible_gpus()
-        jobs = []
         if gpus:
-            for t in tasks:
-                ex = submitit.LocalExecutor(folder=self.folder, python=self.options.python)
-                ex.update_parameters(timeout_min=self.options.timeout_min, gpus_per_node=1,
-                                     visible_gpus=(int(gpus[t.shard_index % len(gpus)]),))
-                jobs.append(ex.submit(t))
-            return wait(jobs, self._describe, self.options.timeout_s)
+            return self._run_on_gpus(tasks, gpus)
         # CPU: one shard at a time, so shards do not fight over two cores.
         results = []
         for t in tasks:
@@ -54,6 +51,35 @@ class Launcher:
             ex.update_parameters(timeout_min=self.options.timeout_min)
             results += wait([ex.submit(t)], self._describe, self.options.timeout_s)
         return results
+
+    def _run_on_gpus(self, tasks: list[ShardTask], gpus: list[str]) -> list[dict]:
+        # Start each shard as soon as a GPU is free; hold the GPU until its shard ends.
+        running, results, pending = [], {}, list(tasks)
+        try:
+            while pending or running:
+                for job, res, task in list(running):
+                    if job.done():
+                        res.release()
+                        running.remove((job, res, task))
+                        results[task.shard_index] = wait([job], self._describe, None)[0]
+                if pending:
+                    try:
+                        res = reserve(gpus, timeout_s=0)
+                    except LauncherError:
+                        time.sleep(0.5)
+                        continue
+                    task = pending.pop(0)
+                    ex = submitit.LocalExecutor(folder=self.folder, python=self.options.python)
+                    ex.update_parameters(timeout_min=self.options.timeout_min, gpus_per_node=1,
+                                         visible_gpus=(int(res.gpu),))
+                    running.append((ex.submit(task), res, task))
+                else:
+                    time.sleep(0.5)
+        finally:
+            for job, res, _ in running:
+                job.cancel(check=False)
+                res.release()
+        return [results[t.shard_index] for t in tasks]
 
     @staticmethod
     def _describe(job) -> str:
