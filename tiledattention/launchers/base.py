@@ -8,7 +8,7 @@ from dataclasses import dataclass, fields
 
 from ..errors import TiledAttentionError
 
-LAUNCHERS = {"slurm": "slurm", "local": "local", "debug": "debug"}
+LAUNCHERS = ("debug", "local", "slurm")  # one module of this package each
 
 
 class LauncherError(TiledAttentionError, RuntimeError):
@@ -87,7 +87,7 @@ def get_launcher(name: str, folder: str, options: dict | None = None):
     """The launcher called ``name`` (slurm, local, debug), its logs under ``folder``."""
     if name not in LAUNCHERS:
         raise LauncherError(f"unknown launcher {name!r}; valid launchers are {sorted(LAUNCHERS)}")
-    module = importlib.import_module(f"{__package__}.{LAUNCHERS[name]}")
+    module = importlib.import_module(f"{__package__}.{name}")
     return module.Launcher(folder, options or {})
 
 
