@@ -58,6 +58,9 @@ ClusterName=ci
 SlurmctldHost=${HOST}(127.0.0.1)
 SlurmUser=slurm
 AuthType=auth/munge
+# A requeued job waits cred_expire seconds before it may start again (default 120 s):
+# shorter here so the time-limit requeue test takes one minute less.
+AuthInfo=cred_expire=60
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres

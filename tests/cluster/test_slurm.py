@@ -1,6 +1,7 @@
 """Against a real SLURM cluster (tests/cluster/start-slurm.sh brings one up in CI): the
 smoke study through profiles/slurm → submitit → sbatch → rows; a cancelled shard fails the
-run clearly and a rerun completes it without repeating finished rows.
+run clearly and a rerun completes it without repeating finished rows; a shard that hits its
+time limit is checkpointed, requeued and resumed.
 
 Every wait has a hard limit, so a stuck cluster fails the test instead of hanging CI."""
 
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -90,3 +92,32 @@ def test_a_cancelled_shard_fails_clearly_and_a_rerun_completes_it(tmp_path):
         keys += [(r["point_key"], r["method"]) for r in map(json.loads, lines)]
     assert len(keys) == len(set(keys)) == 12 * 2  # every row exactly once
     assert rows0.read_text().count("\n") > before  # the cancelled shard was resumed
+
+
+def test_a_shard_hitting_its_time_limit_is_requeued_and_resumes(tmp_path):
+    # A 1-minute job whose shard needs longer: SLURM signals USR2 signal_delay_s before the
+    # limit, submitit checkpoints (ShardTask.checkpoint) and requeues, and the requeued run
+    # continues from the rows already written.
+    config = tmp_path / "long.yaml"
+    config.write_text("grid: {seqs: [256, 512, 768, 1024], head_dims: [32, 64], dtypes: [float32],"
+                      " causal: [false, true], shape_policy: explicit, batch: 2, heads: 4}\n"
+                      "methods: [eager, math]\ntiming: {warmup: 1, reps: 60, rounds: 2}\n"
+                      "device: cpu\n")
+    out = tmp_path / "out"
+    options = {**SMALL_JOBS, "time_min": 1, "signal_delay_s": 40, "timeout_s": 400,
+               "array": False, "max_requeue": 3}
+    run = subprocess.run(
+        [sys.executable, "-m", "tiledattention.cli", "sweep", "--config", str(config),
+         "--launcher", "slurm", "--launcher-options", json.dumps(options), "--shards", "1",
+         "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=450)
+    assert run.returncode == 0, run.stderr[-2000:]
+    log = "".join(p.read_text() for p in (out / "logs").glob("*_log.out"))
+    assert "this job is timed-out" in log and "Requeued job" in log, log[-2000:]
+    job_id = next((out / "logs").glob("*_submitted.pkl")).name.split("_")[0]
+    info = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True,
+                          timeout=30).stdout
+    restarts = re.search(r"Restarts=(\d+)", info)
+    assert restarts and 1 <= int(restarts.group(1)) <= options["max_requeue"], info
+    lines = [ln for ln in (out / "rows-shard0of1.jsonl").read_text().split("\n") if ln.strip()]
+    keys = [(r["point_key"], r["method"]) for r in map(json.loads, lines)]
+    assert len(keys) == len(set(keys)) == 16 * 2  # every row exactly once across both runs

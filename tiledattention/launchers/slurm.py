@@ -24,6 +24,7 @@ class SlurmOptions:
     image: str | None = None  # Apptainer image: jobs run "apptainer exec --nv IMAGE python3"
     array: bool = True  # submit a shard set as one job array
     max_requeue: int = 3
+    signal_delay_s: int = 90  # USR2 this long before the time limit: checkpoint + requeue
     timeout_s: float | None = None  # give up waiting (jobs are cancelled)
     poll_s: float = 5.0
 
@@ -37,7 +38,7 @@ def sbatch_parameters(o: SlurmOptions) -> dict:
     """submitit SlurmExecutor parameters (they become #SBATCH lines)."""
     params = dict(partition=o.partition, account=o.account, qos=o.qos,
                   constraint=o.constraint, cpus_per_task=o.cpus_per_job, mem=f"{o.mem_gb}G",
-                  time=o.time_min, job_name="tiledattn-bench",
+                  time=o.time_min, signal_delay_s=o.signal_delay_s, job_name="tiledattn-bench",
                   additional_parameters=dict(o.extra_sbatch))
     if o.gpus_per_job:
         params["gres"] = f"gpu:{o.gpus_per_job}"
@@ -50,9 +51,10 @@ class Launcher:
     def __init__(self, folder: str, options: dict):
         self.options = check_options(SlurmOptions, options, self.name)
         o = self.options
-        if o.gpus_per_job < 0 or o.cpus_per_job < 1 or o.mem_gb < 1 or o.time_min < 1:
-            raise LauncherError("slurm launcher: gpus_per_job >= 0, cpus_per_job, mem_gb and "
-                                "time_min >= 1")
+        if (o.gpus_per_job < 0 or o.cpus_per_job < 1 or o.mem_gb < 1 or o.time_min < 1
+                or o.signal_delay_s < 0 or o.max_requeue < 0):
+            raise LauncherError("slurm launcher: gpus_per_job, signal_delay_s, max_requeue >= 0;"
+                                " cpus_per_job, mem_gb and time_min >= 1")
         try:
             self.executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=o.max_requeue,
                                                    python=job_python(o))
