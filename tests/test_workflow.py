@@ -4,6 +4,7 @@ before any job, and the smoke study runs end to end with the local profile."""
 from __future__ import annotations
 
 import csv
+import re
 import shutil
 import subprocess
 import sys
@@ -34,8 +35,11 @@ def test_dry_run_plans_one_job_per_shard(configfile, shards, tmp_path):
     out = smk("-n", "--configfile", configfile, "--config", f"results_dir={tmp_path}")
     assert out.returncode == 0, out.stderr
     table = out.stdout + out.stderr
-    assert f"bench_shard        {shards}" in table
-    assert "aggregate          1" in table and "plan               1" in table
+    counts = dict(re.findall(r"^(\w+)\s+(\d+)$", table, re.M))
+    assert counts["bench_shard"] == str(shards)
+    for rule in ("plan", "ladder", "aggregate", "figures", "manifest", "profile", "bundle",
+                 "bundle_verify"):
+        assert counts.get(rule) == "1", (rule, counts)
 
 
 @pytest.mark.parametrize("override,words", [
@@ -64,6 +68,21 @@ def test_smoke_study_runs_end_to_end_with_the_local_profile(tmp_path):
     assert ("eager", "ok") in statuses and ("math", "ok") in statuses
     assert all(r["status"] in ("ok", "unavailable") for r in rows)
     assert (results / "shards" / "manifest-shard0of2.json").exists()
+    # It ends with a verified bundle: tables, figures, the profile step's reason, metadata.
+    assert "bundle verify: OK" in (results / "bundle.verified").read_text()
+    bundle = results / "bundle"
+    for name in ("tables/table4_ratios.tex", "tables/table6_ladder.md", "figures/regime_map.pdf",
+                 "data/rows.parquet", "profiles.zip", ".zenodo.json", "CITATION.cff"):
+        assert (bundle / name).stat().st_size > 0, name
+    assert "ncu (Nsight Compute) not found" in (results / "profile" / "summary.md").read_text() \
+        or "no CUDA GPU" in (results / "profile" / "summary.md").read_text()
+    ladder = (results / "aggregate" / "tables" / "table6_ladder.md").read_text()
+    assert "64x64_o1_c1_lk2_lv4_natural" in ladder  # the ladder ran (unavailable on a CPU)
+    report = smk("--configfile", "config/smoke.yaml", "--config", f"results_dir={results}",
+                 "--report", str(results / "report.html"))
+    assert report.returncode == 0, report.stderr[-2000:]
+    html = (results / "report.html").read_text(errors="replace")
+    assert "regime_map.png" in html and "table4_ratios.csv" in html
     # Nothing left to do on a rerun.
     again = smk("--profile", "profiles/local", "--configfile", "config/smoke.yaml",
                 "--config", f"results_dir={results}", "-n")

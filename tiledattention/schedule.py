@@ -61,6 +61,19 @@ class Schedule:
             raise ScheduleError(f"unknown schedule keys {unknown}; valid keys are {valid}")
         return cls(**data)
 
+    @classmethod
+    def from_label(cls, label: str) -> Schedule:
+        """Inverse of :meth:`label`, e.g. ``64x128_o2_c1_lk2_lv4`` (``_natural``: no
+        heavy-first order)."""
+        import re
+
+        m = re.fullmatch(r"(\d+)x(\d+)_o(\d+)_c(\d+)_lk(\d+)_lv(\d+)(_natural)?", label)
+        if m is None:
+            raise ScheduleError(f"schedule label {label!r} is not like 64x128_o2_c1_lk2_lv4 "
+                                "(optionally ending in _natural)")
+        tm, tn, occ, ctas, lk, lv = (int(x) for x in m.groups()[:6])
+        return cls(tm, tn, occ, ctas, lk, lv, heavy_first=m.group(7) is None)
+
     def label(self) -> str:
         return (f"{self.tile_m}x{self.tile_n}_o{self.occupancy}_c{self.num_ctas}"
                 f"_lk{self.latency_k}_lv{self.latency_v}{'' if self.heavy_first else '_natural'}")

@@ -131,7 +131,8 @@ def _build(cls, data, where):
 
 
 def validate(cfg: BenchConfig) -> BenchConfig:
-    from .methods import METHODS
+    from ..errors import ScheduleError
+    from .methods import get_method
 
     g, t = cfg.grid, cfg.timing
     for name in ("seqs", "head_dims", "gqa") + (("seqs_kv",) if g.seqs_kv else ()):
@@ -148,8 +149,10 @@ def validate(cfg: BenchConfig) -> BenchConfig:
         if getattr(g, name) < 1:
             raise ConfigError(f"grid.{name}: must be >= 1")
     for m in cfg.methods:
-        if m not in METHODS:
-            raise ConfigError(f"methods: {m!r} is not one of {sorted(METHODS)}")
+        try:
+            get_method(m)
+        except (KeyError, ScheduleError) as exc:
+            raise ConfigError(f"methods: {str(exc).strip(chr(34))}") from exc
     if len(set(cfg.methods)) != len(cfg.methods):
         raise ConfigError("methods: listed more than once")
     if t.reps < 1 or t.rounds < 1 or t.warmup < 0:

@@ -52,10 +52,10 @@ def _tiled_check(point, device):
         raise Unsupported(f"head dim {point.head_dim}: multiples of 8 up to 256")
 
 
-def _tiled_run(q, k, v, point):
+def _tiled_run(q, k, v, point, schedule=None):
     from ..api import sdpa
 
-    return sdpa(q, k, v, causal=point.causal, enable_gqa=_gqa(point))
+    return sdpa(q, k, v, causal=point.causal, enable_gqa=_gqa(point), schedule=schedule)
 
 
 def _tiled_describe(q, k, v, point):
@@ -128,3 +128,23 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("flash_attn", "the flash_attn package (FlashAttention-2)", True, _flash_attn_run,
            _flash_attn_check),
 )}
+
+
+PINNED_PREFIX = "tiledattention@"  # tiledattention@<schedule label>: a fixed schedule
+
+
+def get_method(name: str) -> Method:
+    """A registered method, or ``tiledattention@<label>``: the kernel with the schedule
+    ``Schedule.from_label(label)`` instead of the table's (schedule ladders, Table 6)."""
+    if name in METHODS:
+        return METHODS[name]
+    if name.startswith(PINNED_PREFIX):
+        from ..schedule import Schedule
+
+        schedule = Schedule.from_label(name[len(PINNED_PREFIX):])
+        return Method(name, f"this project's cuTile kernel with schedule {schedule.label()}",
+                      True, lambda q, k, v, point: _tiled_run(q, k, v, point, schedule),
+                      _tiled_check, lambda q, k, v, point: {"schedule": schedule.label(),
+                                                            "schedule_source": "pinned"})
+    raise KeyError(f"{name!r} is not one of {sorted(METHODS)} nor {PINNED_PREFIX}<schedule "
+                   "label>, e.g. tiledattention@64x128_o2_c1_lk2_lv4")

@@ -18,7 +18,7 @@ from ..timing import L2Flusher, as_cuda_graph, summarize, time_cpu, time_cuda
 from .config import BenchConfig
 from .grid import Point, expand, shard
 from .manifest import capture, now
-from .methods import METHODS, Unavailable, Unsupported
+from .methods import Unavailable, Unsupported, get_method
 from .store import ResultStore
 
 FORMAT = "tiledattention-bench-row/1"
@@ -107,7 +107,7 @@ def run_point(point: Point, methods: list[str], cfg: BenchConfig, device, flush)
         return [{**r, "status": status, "reason": msg} for r in rows.values()]
     callables = {}
     for m in methods:
-        method = METHODS[m]
+        method = get_method(m)
         row = rows[m]
         try:
             if method.needs_cuda and device.type != "cuda":

@@ -1,21 +1,81 @@
+# All rows into one table plus the summary tables; the study manifest; the figures.
 rule aggregate:
     input:
-        expand(f"{RESULTS}/shards/shard{{i}}of{SHARDS}.done", i=range(SHARDS)),
+        unpack(aggregate_inputs),
     output:
         table=report(
             f"{RESULTS}/aggregate/rows.csv",
             caption="../report/rows.rst",
-            category="Benchmark rows",
+            category="Data",
         ),
         jsonl=f"{RESULTS}/aggregate/rows.jsonl",
+        parquet=f"{RESULTS}/aggregate/rows.parquet",
+        columns=f"{RESULTS}/aggregate/columns.md",
+        tables=report(
+            expand(f"{RESULTS}/aggregate/tables/{{name}}.csv", name=TABLES),
+            caption="../report/tables.rst",
+            category="Tables",
+        ),
     log:
         f"{RESULTS}/logs/aggregate.log",
     params:
-        rows=lambda wildcards, input: os.path.dirname(input[0]),
+        rows=lambda wildcards, input: os.path.dirname(input.shards[0]),
         out=lambda wildcards, output: os.path.dirname(output.table),
         shards=SHARDS,
+        extra=lambda wildcards, input: " ".join(
+            ([f"--ladder {os.path.dirname(input.ladder)}"] if "ladder" in input.keys() else [])
+            + ([f"--tune-table {input.tune}"] if "tune" in input.keys() else [])
+        ),
     conda:
         "../envs/tiledattn.yaml"
     shell:
         "tiledattn aggregate --rows {params.rows} --out {params.out}"
-        " --expect-shards {params.shards} > {log} 2>&1"
+        " --expect-shards {params.shards} {params.extra} > {log} 2>&1"
+
+
+rule figures:
+    input:
+        unpack(aggregate_inputs),
+        rows=rules.aggregate.output.jsonl,
+    output:
+        report(
+            expand(f"{RESULTS}/figures/{{name}}.png", name=FIGURES),
+            caption="../report/figures.rst",
+            category="Figures",
+        ),
+    log:
+        f"{RESULTS}/logs/figures.log",
+    params:
+        out=lambda wildcards, output: os.path.dirname(output[0]),
+        extra=lambda wildcards, input: " ".join(
+            ([f"--ladder {os.path.dirname(input.ladder)}"] if "ladder" in input.keys() else [])
+            + ([f"--tune-table {input.tune}"] if "tune" in input.keys() else [])
+        ),
+    conda:
+        "../envs/tiledattn.yaml"
+    shell:
+        "tiledattn figures --rows {input.rows} --out {params.out} {params.extra} > {log} 2>&1"
+
+
+rule manifest:
+    input:
+        unpack(aggregate_inputs),
+        study=rules.plan.output.study,
+    output:
+        f"{RESULTS}/manifest.json",
+    log:
+        f"{RESULTS}/logs/manifest.log",
+    params:
+        runs=lambda wildcards, input: " ".join(
+            sorted({os.path.dirname(p) for k in ("shards", "ladder") if k in input.keys()
+                    for p in ([input[k]] if isinstance(input[k], str) else input[k])})
+        ),
+        image=lambda wildcards: (
+            f"--image {config['launcher_options']['image']}"
+            if config["launcher_options"].get("image") else ""
+        ),
+    conda:
+        "../envs/tiledattn.yaml"
+    shell:
+        "tiledattn manifest --runs {params.runs} --config {input.study} {params.image}"
+        " --out {output} > {log} 2>&1"

@@ -1,10 +1,24 @@
 rule plan:
     output:
-        f"{RESULTS}/plan/bench.yaml",
+        bench=f"{RESULTS}/plan/bench.yaml",
+        study=f"{RESULTS}/plan/study-config.yaml",
     log:
         f"{RESULTS}/logs/plan.log",
     params:
         bench=config["bench"],
+    conda:
+        "../envs/tiledattn.yaml"
+    script:
+        "../scripts/plan.py"
+
+
+rule plan_ladder:
+    output:
+        f"{RESULTS}/plan/ladder.yaml",
+    log:
+        f"{RESULTS}/logs/plan-ladder.log",
+    params:
+        bench=ladder_bench(),
     conda:
         "../envs/tiledattn.yaml"
     script:

@@ -1,13 +1,18 @@
-"""Write the benchmark section of the study config as the shards' own config file."""
+"""Write a benchmark config for the jobs (and, for the study plan, the effective study
+config: the config file with every --config override applied, as the bundle records it)."""
 
 import yaml
 
 from tiledattention.bench.config import from_dict
 from tiledattention.bench.grid import expand
 
-bench = snakemake.params.bench  # noqa: F821 (injected by Snakemake)
+smk = snakemake  # noqa: F821 (injected by Snakemake)
+bench = smk.params.bench
 points = expand(from_dict(bench))
-with open(snakemake.output[0], "w") as f:  # noqa: F821
+with open(smk.output[0], "w") as f:
     yaml.safe_dump(bench, f, sort_keys=False)
-with open(snakemake.log[0], "w") as f:  # noqa: F821
-    f.write(f"{len(points)} points in {snakemake.config['shards']} shards\n")  # noqa: F821
+if "study" in smk.output.keys():
+    with open(smk.output.study, "w") as f:
+        yaml.safe_dump(dict(smk.config), f, sort_keys=False)
+with open(smk.log[0], "w") as f:
+    f.write(f"{len(points)} points\n")

@@ -1,0 +1,297 @@
+"""From rows to a citable record: ratios and tables on hand-made rows, figures, the study
+manifest, the bundle and its verification, the profile step without ncu."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import zipfile
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("pandas")
+pytest.importorskip("matplotlib")
+pytest.importorskip("rocrate")
+
+from tiledattention.bench.methods import get_method  # noqa: E402
+from tiledattention.errors import ScheduleError  # noqa: E402
+from tiledattention.schedule import Schedule  # noqa: E402
+from tiledattention.study import bundle, figures, manifest, tables  # noqa: E402
+from tiledattention.study.frame import StudyError, columns_of, write_rows_table  # noqa: E402
+from tiledattention.study.metadata import (  # noqa: E402
+    Publication,
+    citation_cff,
+    validate_cff,
+    validate_zenodo,
+    zenodo,
+)
+from tiledattention.study.profile import Shape, run_profile, summarize_metrics  # noqa: E402
+from tiledattention.study.ratios import compare, compare_by  # noqa: E402
+
+
+def row(method, d, s, ms, *, status="ok", causal=False, dtype="float16"):
+    key = f"{dtype}-{'causal' if causal else 'full'}-d{d}-sq{s}-skv{s}-b1-h8-g1"
+    r = {"format": "tiledattention-bench-row/1", "point_key": key, "method": method,
+         "status": status, "dtype": dtype, "causal": causal, "head_dim": d, "seq_q": s,
+         "seq_kv": s, "batch": 1, "heads": 8, "gqa": 1, "seed": 0, "device": "cuda:0"}
+    if status == "ok":
+        flops = 4 * 8 * s * s * d / (2 if causal else 1)
+        r.update(time_ms={"median_ms": ms, "p95_ms": ms * 1.1, "mean_ms": ms, "min_ms": ms,
+                          "std_ms": 0.0, "reps": 3},
+                 flops=flops, tflops=flops / (ms * 1e-3) / 1e12, gbytes_per_s=1.0,
+                 correct=True)
+    else:
+        r["reason"] = "needs a CUDA GPU"
+    return r
+
+
+# Subject vs baseline: ratios 2.0, 0.5, 1.25 (baseline ms / subject ms); one point where the
+# baseline is unavailable, one where neither ran.
+HAND = [row("tiledattention", 64, 512, 1.0), row("torch_sdpa", 64, 512, 2.0),
+        row("tiledattention", 64, 1024, 4.0), row("torch_sdpa", 64, 1024, 2.0),
+        row("tiledattention", 128, 512, 2.0), row("torch_sdpa", 128, 512, 2.5),
+        row("tiledattention", 128, 1024, 1.0),
+        row("torch_sdpa", 128, 1024, 0, status="unavailable"),
+        row("eager", 128, 2048, 3.0)]
+
+
+def test_ratio_summary_matches_hand_computed_values():
+    s = compare(HAND, "tiledattention", "torch_sdpa")
+    assert s.n == 3 and s.wins == 2 and s.not_compared == 1
+    assert s.mean == pytest.approx((2.0 + 0.5 + 1.25) / 3)
+    assert s.median == pytest.approx(1.25)
+    assert s.geomean == pytest.approx((2.0 * 0.5 * 1.25) ** (1 / 3))
+    assert (s.min, s.max) == (0.5, 2.0)
+
+
+def test_ratios_by_head_dim_group_points():
+    per = compare_by(HAND, "tiledattention", "torch_sdpa", lambda p: p["head_dim"])
+    assert per[64].geomean == pytest.approx(1.0) and per[64].wins == 1
+    assert per[128].n == 1 and per[128].geomean == pytest.approx(1.25)
+    assert per[128].not_compared == 1
+
+
+def test_table4_lists_every_baseline_with_wins_in_all_three_formats(tmp_path):
+    t = tables.table4(HAND)
+    assert [r[0] for r in t.rows] == ["torch_sdpa", "eager"]
+    sdpa = t.rows[0]
+    assert sdpa[1] == 3 and sdpa[7] == "2/3" and sdpa[4] == pytest.approx(1.077217345)
+    paths = t.write(str(tmp_path))
+    md, csv_text, tex = (Path(p).read_text() for p in paths)
+    assert "| torch_sdpa | 3 | 1.250 | 1.250 | 1.077 | 0.500 | 2.000 | 2/3 | 1 |" in md
+    assert "torch_sdpa,3," in csv_text and "\\begin{tabular}" in tex and "torch\\_sdpa" in tex
+
+
+def test_status_table_lists_rows_that_are_not_ok():
+    t = tables.status(HAND)
+    assert t.rows == [[HAND[7]["point_key"], "torch_sdpa", "unavailable", "needs a CUDA GPU"]]
+    assert "ok 8, unavailable 1" in t.notes[0]
+
+
+def test_table5_reads_winner_runner_up_and_sensitivity(tmp_path):
+    best = Schedule(64, 128, 2).as_dict()
+    ru = Schedule(64, 64, 4).as_dict()
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"entries": [{"bucket": {"dtype": "float16", "causal": True,
+                                                        "head_dim": 128, "s_bucket": 4096},
+                                             "gpu": "H100", "best": best, "best_tflops": 500.0,
+                                             "runner_up": ru, "runner_up_tflops": 450.0,
+                                             "sensitivity": 0.1}]}))
+    t = tables.table5(str(path))
+    assert t.rows[0][5:] == ["64x128_o2_c1_lk2_lv4", 500.0, "64x64_o4_c1_lk2_lv4", 450.0, 0.1]
+    assert tables.table5(None).rows == [] and "did not run" in tables.table5(None).notes[0]
+
+
+def test_table6_ladder_geomeans_each_step_against_fused():
+    lad = [row("tiledattention@64x64_o1_c1_lk2_lv4", 64, 512, 4.0),
+           row("tiledattention@64x64_o1_c1_lk2_lv4", 64, 1024, 1.0),
+           row("tiledattention", 64, 512, 1.0), row("tiledattention", 64, 1024, 1.0),
+           row("torch_sdpa", 64, 512, 2.0), row("torch_sdpa", 64, 1024, 2.0)]
+    t = tables.table6(lad)
+    assert [r[1] for r in t.rows] == ["64x64_o1_c1_lk2_lv4", "tuned table"]
+    assert t.rows[0][3] == pytest.approx(math.sqrt(0.5 * 2.0))
+    assert t.rows[1][3] == pytest.approx(2.0)
+
+
+def test_undocumented_columns_are_refused():
+    with pytest.raises(StudyError, match="undocumented columns \\['surprise'\\]"):
+        columns_of([{**HAND[0], "surprise": 1}])
+
+
+def test_rows_table_writes_parquet_csv_and_dictionary(tmp_path):
+    import pandas as pd
+
+    paths = write_rows_table(HAND, str(tmp_path))
+    frame = pd.read_parquet(paths["parquet"])
+    assert len(frame) == len(HAND) and "time_ms.median_ms" in frame.columns
+    assert "`time_ms.median_ms` | ms |" in Path(paths["columns"]).read_text()
+
+
+def test_figures_are_written_and_non_empty_with_and_without_data(tmp_path):
+    written = figures.write_all(HAND, str(tmp_path / "full"))
+    empty = figures.write_all([row("eager", 64, 128, 1.0)], str(tmp_path / "cpu"))
+    names = {os.path.basename(p) for p in written}
+    assert {"throughput_vs_seq_d64.png", "throughput_vs_seq_d128.pdf", "regime_map.png",
+            "baselines_d128.png", "bandwidth_vs_seq.pdf", "tile_sensitivity.png"} <= names
+    for p in written + empty:
+        with open(p, "rb") as f:
+            head = f.read(8)
+        assert head.startswith(b"\x89PNG") or head.startswith(b"%PDF"), p
+        assert os.path.getsize(p) > 5000, p
+
+
+def test_pinned_schedule_methods_parse_and_bad_labels_are_refused():
+    assert Schedule.from_label("64x128_o2_c1_lk2_lv4_natural") == Schedule(
+        64, 128, 2, heavy_first=False)
+    assert Schedule.from_label(Schedule(128, 64, 3).label()) == Schedule(128, 64, 3)
+    assert get_method("tiledattention@64x64_o4_c1_lk2_lv4").name.endswith("lv4")
+    with pytest.raises(ScheduleError, match="is not like"):
+        Schedule.from_label("64x64")
+    with pytest.raises(ScheduleError, match="not one of"):
+        get_method("tiledattention@64x48_o4_c1_lk2_lv4")
+
+
+def _run_manifest(gpu="NVIDIA H100 80GB HBM3", torch="2.11.0"):
+    return {"tiledattention": "0.1.0", "python": "3.12", "torch": torch,
+            "gpu": {"name": gpu, "compute_capability": "9.0", "driver": "580"},
+            "git_commit": "abc", "started": "2026-11-22T10:00:00+00:00",
+            "finished": "2026-11-22T10:05:00+00:00", "environment": {}}
+
+
+def test_manifest_merge_flags_a_mixed_study():
+    same = manifest.merge({"a": _run_manifest(), "b": _run_manifest()}, config={"x": 1})
+    assert same["consistent"] and same["study_config_hash"] == manifest.config_hash({"x": 1})
+    mixed = manifest.merge({"a": _run_manifest(), "b": _run_manifest("NVIDIA A100")})
+    assert not mixed["consistent"]
+    assert mixed["mismatches"] == {"gpu.name": ["NVIDIA A100", "NVIDIA H100 80GB HBM3"]}
+    with pytest.raises(StudyError, match="no run manifests"):
+        manifest.merge({})
+
+
+def test_image_reference_records_a_digest():
+    ref = manifest.image_reference("nvcr.io/x/y@sha256:" + "a" * 64)
+    assert ref["digest"] == "sha256:" + "a" * 64
+    assert manifest.image_reference(None) is None
+
+
+def _study(tmp_path):
+    study = tmp_path / "study"
+    agg = study / "aggregate"
+    write_rows_table(HAND, str(agg))
+    with open(agg / "rows.jsonl", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in HAND)
+    tables.write_all(HAND, str(agg / "tables"))
+    figures.write_all(HAND, str(study / "figures"))
+    (study / "profile").mkdir()
+    (study / "profile" / "summary.md").write_text("# Nsight Compute summary\n")
+    merged = manifest.merge({"a": _run_manifest()}, config={"x": 1})
+    (study / "manifest.json").write_text(json.dumps(merged))
+    return study
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("bundle")
+    study = _study(tmp)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = bundle.create(str(study), str(tmp / "bundle"), config={"results_dir": "x"},
+                        config_name="config.yaml", repo_root=root,
+                        publication=Publication())
+    return out
+
+
+def test_a_fresh_bundle_verifies_as_directory_and_zip(built):
+    assert bundle.verify(built["dir"]) == []
+    assert bundle.verify(built["zip"]) == []
+    assert built["files"] <= bundle.ZENODO_MAX_FILES
+    names = set(os.listdir(built["dir"]))
+    assert {"README.md", ".zenodo.json", "CITATION.cff", "ro-crate-metadata.json",
+            "SHA256SUMS", "manifest.json", "profiles.zip", "workflow-snapshot.zip"} <= names
+    readme = Path(built["dir"], "README.md").read_text()
+    assert "geometric mean of 1.077x" in readme and "| torch_sdpa | 3 |" in readme
+    with zipfile.ZipFile(os.path.join(built["dir"], "workflow-snapshot.zip")) as z:
+        assert "Snakefile" in z.namelist() and "workflow/rules/common.smk" in z.namelist()
+
+
+def test_a_tampered_missing_or_added_file_fails_verify_naming_it(built, tmp_path):
+    copy = tmp_path / "b"
+    shutil.copytree(built["dir"], copy)
+    with open(copy / "data" / "rows.csv", "a") as f:
+        f.write("forged\n")
+    os.remove(copy / "figures" / "regime_map.png")
+    (copy / "extra.txt").write_text("x")
+    problems = bundle.verify(str(copy))
+    assert "changed: data/rows.csv (checksum differs)" in problems
+    assert "missing: figures/regime_map.png" in problems
+    assert "not in SHA256SUMS: extra.txt" in problems
+
+
+def test_invalid_metadata_fails_verify(built, tmp_path):
+    copy = tmp_path / "b"
+    shutil.copytree(built["dir"], copy)
+    meta = json.loads((copy / ".zenodo.json").read_text())
+    meta["upload_type"] = "spreadsheet"
+    (copy / ".zenodo.json").write_text(json.dumps(meta))
+    problems = bundle.verify(str(copy))
+    assert any(p.startswith(".zenodo.json: .zenodo.json is invalid: upload_type") for p in
+               problems)
+
+
+def test_zenodo_and_cff_metadata_validate_and_bad_ones_do_not():
+    pub = Publication(title="T")
+    validate_zenodo(zenodo(pub, "headline"))
+    cff = citation_cff(pub)
+    validate_cff(cff)
+    assert cff["references"][0]["doi"] == "10.48550/arXiv.2603.01960"
+    with pytest.raises(StudyError, match="CITATION.cff is invalid"):
+        validate_cff({**cff, "cff-version": "9.9"})
+    with pytest.raises(StudyError, match="creators"):
+        validate_zenodo({**zenodo(pub, "h"), "creators": []})
+    with pytest.raises(StudyError, match="unknown keys \\['author'\\]"):
+        Publication.from_dict({"author": "me"}, "0.1")
+
+
+def test_ro_crate_parses_and_describes_the_run(built):
+    from rocrate.rocrate import ROCrate
+
+    crate = ROCrate(built["dir"])
+    actions = [e for e in crate.get_entities() if e.type == "CreateAction"]
+    assert len(actions) == 1 and actions[0]["instrument"].id == "#tiledattention"
+    results = {e.id for e in actions[0]["result"]}
+    assert "data/rows.parquet" in results and "manifest.json" in results
+
+
+def test_profile_without_ncu_records_why_and_succeeds(tmp_path, monkeypatch):
+    monkeypatch.setattr("tiledattention.study.profile.find_ncu", lambda: None)
+    code = run_profile([Shape.parse("float16:causal:128:4096")], ["tiledattention"],
+                       str(tmp_path))
+    assert code == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["captures"][0]["status"] == "skipped"
+    assert "ncu (Nsight Compute) not found" in (tmp_path / "summary.md").read_text()
+
+
+def test_profile_shapes_and_methods_are_checked():
+    with pytest.raises(StudyError, match="expected dtype:mask:D:S"):
+        Shape.parse("float16:128:4096")
+    with pytest.raises(StudyError, match="valid are"):
+        run_profile([Shape.parse("float16:full:64:512")], ["triton"], "/tmp/unused")
+
+
+def test_ncu_raw_metrics_are_summarized():
+    raw = {"Kernel Name": "attention_fwd", "gpu__time_duration.sum": "1,005,000",
+           "sm__throughput.avg.pct_of_peak_sustained_elapsed": "71.5",
+           "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active": "64.2",
+           "launch__registers_per_thread": "168",
+           "launch__shared_mem_per_block_dynamic": "65536",
+           "launch__shared_mem_per_block_static": "0",
+           "smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio": "2.5",
+           "smsp__average_warps_issue_stalled_wait_per_issue_active.ratio": "0.7",
+           "smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio": "1.1"}
+    m = summarize_metrics(raw)
+    assert m["duration_us"] == 1005.0 and m["tensor_pipe_pct"] == 64.2
+    assert m["shared_mem_per_block_bytes"] == 65536 and m["registers_per_thread"] == 168
+    assert m["top_stalls"] == ["long_scoreboard 2.50", "barrier 1.10", "wait 0.70"]

@@ -1,0 +1,1 @@
+"""From benchmark rows to a citable record: tables, figures, profiles, manifest, bundle."""

@@ -1,0 +1,247 @@
+"""The study's figures (PNG for screens, PDF for print), from the rows alone.
+
+A figure whose data is missing (e.g. no GPU methods ran on a CPU smoke study) is still
+written, with the reason in place of the plot, so the bundle and the report never point at
+a file that is not there.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ..bench.methods import PINNED_PREFIX
+from .ratios import compare_by, points_of
+from .tables import FUSED, SUBJECT, methods_in
+
+PANELS = [(dt, c) for dt in ("float16", "bfloat16") for c in (False, True)]
+BASELINES_D128 = ("tiledattention", "torch_sdpa", "flash", "cudnn", "efficient", "flash_attn",
+                  "math", "eager")
+
+
+def _color(method: str):
+    # One colour per method in every figure.
+    order = BASELINES_D128
+    return f"C{order.index(method) % 10}" if method in order else None
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plt.rcParams.update({"font.size": 9, "axes.titlesize": 9, "legend.fontsize": 7,
+                         "figure.dpi": 110, "savefig.dpi": 150, "axes.grid": True,
+                         "grid.alpha": 0.3})
+    return plt
+
+
+def _panels(rows):
+    present = {(p["dtype"], p["causal"]) for p in points_of(rows).values()}
+    return [p for p in PANELS if p in present] or sorted(present) or [("float16", False)]
+
+
+def _title(dtype, causal):
+    return f"{dtype}, {'causal' if causal else 'no mask'}"
+
+
+def _save(fig, out_dir, name) -> list[str]:
+    os.makedirs(out_dir, exist_ok=True)
+    paths = [os.path.join(out_dir, f"{name}.{ext}") for ext in ("png", "pdf")]
+    for p in paths:
+        fig.savefig(p, bbox_inches="tight")
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return paths
+
+
+def _no_data(plt, ax, why):
+    ax.text(0.5, 0.5, f"no data:\n{why}", ha="center", va="center", transform=ax.transAxes,
+            fontsize=8, wrap=True)
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def _ok(rows, **match):
+    return [r for r in rows if r["status"] == "ok"
+            and all(r[k] == v for k, v in match.items())]
+
+
+def _grid(plt, n):
+    cols = 2 if n > 1 else 1
+    nrows = (n + cols - 1) // cols
+    fig, axes = plt.subplots(nrows, cols, figsize=(3.6 * cols, 2.8 * nrows), squeeze=False,
+                             layout="constrained")
+    flat = [a for row in axes for a in row]
+    for a in flat[n:]:
+        a.set_visible(False)
+    return fig, flat
+
+
+def throughput_vs_seq(rows, out_dir) -> list[str]:
+    """One figure per D: TFLOP/s at the median time vs S, whisker down to the p95 time."""
+    plt = _plt()
+    paths = []
+    methods = [m for m in methods_in(rows) if not m.startswith(PINNED_PREFIX)]
+    for d in sorted({p["head_dim"] for p in points_of(rows).values()}):
+        panels = _panels(rows)
+        fig, axes = _grid(plt, len(panels))
+        for ax, (dtype, causal) in zip(axes, panels):
+            drawn = 0
+            for m in methods:
+                ok = sorted(_ok(rows, method=m, head_dim=d, dtype=dtype, causal=causal),
+                            key=lambda r: r["seq_q"])
+                if not ok:
+                    continue
+                s = [r["seq_q"] for r in ok]
+                y = [r["tflops"] for r in ok]
+                p95 = [r["flops"] / (r["time_ms"]["p95_ms"] * 1e-3) / 1e12 for r in ok]
+                ax.errorbar(s, y, yerr=[[a - b for a, b in zip(y, p95)], [0] * len(y)],
+                            marker="o", ms=3, capsize=2, lw=1.2 if m == SUBJECT else 0.9,
+                            label=m, color=_color(m))
+                drawn += 1
+            ax.set_title(_title(dtype, causal))
+            if drawn:
+                ax.set_xscale("log", base=2)
+                ax.set_xlabel("sequence length S")
+                ax.set_ylabel("TFLOP/s")
+                ax.legend(loc="best")
+            else:
+                _no_data(plt, ax, "no ok rows")
+        fig.suptitle(f"Throughput vs S, D={d} (whisker: p95 time)")
+        paths += _save(fig, out_dir, f"throughput_vs_seq_d{d}")
+    return paths
+
+
+def regime_map(rows, out_dir) -> list[str]:
+    """TiledAttention as % of fused SDPA over S × D, one panel per dtype/mask."""
+    plt = _plt()
+    panels = _panels(rows)
+    fig, axes = _grid(plt, len(panels))
+    for ax, (dtype, causal) in zip(axes, panels):
+        per = compare_by(rows, SUBJECT, FUSED,
+                         lambda p, dt=dtype, c=causal: (p["head_dim"], p["seq_q"])
+                         if (p["dtype"], p["causal"]) == (dt, c) else None)
+        per.pop(None, None)
+        cells = {k: s.geomean for k, s in per.items() if s.n}
+        if not cells:
+            _no_data(plt, ax, f"{SUBJECT} and {FUSED} never both ok")
+            ax.set_title(_title(dtype, causal))
+            continue
+        ds = sorted({k[0] for k in cells})
+        ss = sorted({k[1] for k in cells})
+        grid = [[100 * cells[(d, s)] if (d, s) in cells else float("nan") for s in ss]
+                for d in ds]
+        im = ax.imshow(grid, cmap="RdYlGn", vmin=50, vmax=150, aspect="auto", origin="lower")
+        for i, row in enumerate(grid):
+            for j, v in enumerate(row):
+                if v == v:  # not NaN
+                    ax.text(j, i, f"{v:.0f}", ha="center", va="center", fontsize=7)
+        ax.set_xticks(range(len(ss)), [str(s) for s in ss])
+        ax.set_yticks(range(len(ds)), [str(d) for d in ds])
+        ax.set_xlabel("S")
+        ax.set_ylabel("D")
+        ax.set_title(_title(dtype, causal))
+        fig.colorbar(im, ax=ax, label=f"% of {FUSED}")
+    fig.suptitle(f"Regime map: {SUBJECT} throughput as % of {FUSED}")
+    return _save(fig, out_dir, "regime_map")
+
+
+def baselines_at_d128(rows, out_dir) -> list[str]:
+    """Every method at D=128 (or the largest D present) vs S, log scale."""
+    plt = _plt()
+    ds = sorted({p["head_dim"] for p in points_of(rows).values()})
+    d = 128 if 128 in ds else (ds[-1] if ds else 128)
+    panels = _panels(rows)
+    fig, axes = _grid(plt, len(panels))
+    for ax, (dtype, causal) in zip(axes, panels):
+        drawn = 0
+        for m in [m for m in BASELINES_D128 if m in methods_in(rows)]:
+            ok = sorted(_ok(rows, method=m, head_dim=d, dtype=dtype, causal=causal),
+                        key=lambda r: r["seq_q"])
+            if ok:
+                ax.plot([r["seq_q"] for r in ok], [r["tflops"] for r in ok], marker="o", ms=3,
+                        label=m, color=_color(m))
+                drawn += 1
+        ax.set_title(_title(dtype, causal))
+        if drawn:
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xlabel("S")
+            ax.set_ylabel("TFLOP/s")
+            ax.legend(loc="best", ncol=2)
+        else:
+            _no_data(plt, ax, "no ok rows")
+    fig.suptitle(f"All baselines at D={d}")
+    return _save(fig, out_dir, "baselines_d128")
+
+
+def bandwidth_vs_seq(rows, out_dir) -> list[str]:
+    """Bandwidth proxy (compulsory bytes / time) of TiledAttention and fused SDPA per D."""
+    plt = _plt()
+    ds = sorted({p["head_dim"] for p in points_of(rows).values()}) or [0]
+    fig, axes = _grid(plt, len(ds))
+    for ax, d in zip(axes, ds):
+        drawn = 0
+        for m in (SUBJECT, FUSED):
+            for dtype, causal in _panels(rows):
+                ok = sorted(_ok(rows, method=m, head_dim=d, dtype=dtype, causal=causal),
+                            key=lambda r: r["seq_q"])
+                if ok:
+                    ax.plot([r["seq_q"] for r in ok], [r["gbytes_per_s"] for r in ok],
+                            marker="o", ms=3, ls="-" if m == SUBJECT else "--",
+                            label=f"{m} {_title(dtype, causal)}")
+                    drawn += 1
+        ax.set_title(f"D={d}")
+        if drawn:
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("S")
+            ax.set_ylabel("GB/s (q, k, v, out once)")
+            ax.legend(loc="best", fontsize=6)
+        else:
+            _no_data(plt, ax, "no ok rows")
+    fig.suptitle("Bandwidth proxy vs S")
+    return _save(fig, out_dir, "bandwidth_vs_seq")
+
+
+def tile_sensitivity(ladder_rows, tune_entries, out_dir) -> list[str]:
+    """Ladder steps' TFLOP/s per point, and the tuned buckets' runner-up sensitivity."""
+    plt = _plt()
+    fig, axes = _grid(plt, 2)
+    ax = axes[0]
+    steps = [m for m in methods_in(ladder_rows or []) if m.startswith(PINNED_PREFIX)
+             or m == SUBJECT]
+    if steps:
+        keys = list(points_of(ladder_rows))
+        width = 0.8 / len(steps)
+        for i, m in enumerate(steps):
+            idx = {r["point_key"]: r for r in _ok(ladder_rows, method=m)}
+            ax.bar([k + i * width for k in range(len(keys))],
+                   [idx[k]["tflops"] if k in idx else 0 for k in keys], width,
+                   label=m.replace(PINNED_PREFIX, "") if m != SUBJECT else "tuned")
+        ax.set_xticks([k + 0.4 - width / 2 for k in range(len(keys))],
+                      [k.split("-b")[0] for k in keys], rotation=30, ha="right", fontsize=6)
+        ax.set_ylabel("TFLOP/s")
+        ax.legend(fontsize=6)
+    else:
+        _no_data(plt, ax, "no schedule ladder in this study")
+    ax.set_title("Schedule ladder")
+    ax = axes[1]
+    if tune_entries:
+        vals = sorted(100 * e["sensitivity"] for e in tune_entries
+                      if e.get("sensitivity") is not None)
+        ax.hist(vals, bins=20)
+        ax.set_xlabel("runner-up slower by (%)")
+        ax.set_ylabel("tuned buckets")
+    else:
+        _no_data(plt, ax, "tuning did not run in this study")
+    ax.set_title("Tuning sensitivity")
+    fig.suptitle("Tile/schedule sensitivity")
+    return _save(fig, out_dir, "tile_sensitivity")
+
+
+def write_all(rows, out_dir, *, ladder_rows=None, tune_entries=None) -> list[str]:
+    return (throughput_vs_seq(rows, out_dir) + regime_map(rows, out_dir)
+            + baselines_at_d128(rows, out_dir) + bandwidth_vs_seq(rows, out_dir)
+            + tile_sensitivity(ladder_rows or [], tune_entries or [], out_dir))

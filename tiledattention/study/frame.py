@@ -1,0 +1,98 @@
+"""All rows as one table (Parquet + CSV) with a column dictionary.
+
+Rows are flattened (``time_ms.median_ms``); every column a row can carry is documented
+here, and a row with an undocumented column is an error rather than a silent gap in the
+dictionary that ships with the data.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+
+from ..bench.aggregate import flatten
+from ..errors import TiledAttentionError
+
+
+class StudyError(TiledAttentionError, ValueError):
+    """Study inputs are missing or inconsistent; the message names the file or column."""
+
+
+# name: (unit, description)
+COLUMNS: dict[str, tuple[str, str]] = {
+    "format": ("", "row format id (tiledattention-bench-row/N)"),
+    "point_key": ("", "the benchmark point: dtype, mask, D, Sq, Skv, B, H, GQA ratio"),
+    "method": ("", "implementation measured (tiledattention@<label>: a pinned schedule)"),
+    "status": ("", "ok | wrong | oom | error | unavailable | unsupported"),
+    "reason": ("", "why the status is not ok"),
+    "dtype": ("", "element type of q, k, v"),
+    "causal": ("", "causal (top-left aligned) mask"),
+    "head_dim": ("", "head dimension D"),
+    "seq_q": ("tokens", "query sequence length Sq"),
+    "seq_kv": ("tokens", "key/value sequence length Skv"),
+    "batch": ("", "batch size B"),
+    "heads": ("", "query heads H"),
+    "gqa": ("", "query heads per key/value head"),
+    "seed": ("", "input seed (same inputs for every method of a point)"),
+    "device": ("", "torch device the point ran on"),
+    "recorded": ("UTC", "when the row was written"),
+    "correct": ("", "output within rtol of the float64 reference"),
+    "rel_err": ("", "max |out - ref| / max |ref| on the reference slice"),
+    "max_abs_err": ("", "max |out - ref| on the reference slice"),
+    "rtol": ("", "tolerance applied for this dtype"),
+    "ref_batch": ("", "batches covered by the float64 reference"),
+    "ref_heads": ("", "heads covered by the float64 reference"),
+    "flops": ("FLOP", "4*B*H*Sq*Skv*D, halved when causal"),
+    "tflops": ("TFLOP/s", "flops / median time"),
+    "tokens_per_s": ("1/s", "B*H*Sq / median time"),
+    "bytes_moved": ("B", "compulsory bytes: read q, k, v once, write out once"),
+    "gbytes_per_s": ("GB/s", "bandwidth proxy: bytes_moved / median time"),
+    "time_ms.mean_ms": ("ms", "mean time per call"),
+    "time_ms.median_ms": ("ms", "median time per call"),
+    "time_ms.min_ms": ("ms", "fastest call"),
+    "time_ms.p95_ms": ("ms", "95th percentile time per call"),
+    "time_ms.std_ms": ("ms", "standard deviation of the call times"),
+    "time_ms.reps": ("", "timed calls"),
+    "timing.warmup": ("", "untimed warm-up calls before the first round"),
+    "timing.reps": ("", "timed calls requested per method"),
+    "timing.rounds": ("", "rounds, methods interleaved, order alternating"),
+    "timing.flush_l2": ("", "L2 flushed before each timed call"),
+    "timing.cuda_graph": ("", "calls replayed from a CUDA graph"),
+    "details.backend": ("", "the torch SDPA backend that actually ran"),
+    "details.schedule": ("", "tiledattention schedule label (tile_m x tile_n, occupancy, ...)"),
+    "details.schedule_source": ("", "where the schedule came from: table, nearest, default, "
+                                    "pinned"),
+}
+
+
+def columns_of(rows: list[dict]) -> list[str]:
+    """The flattened columns of ``rows``, in dictionary order; undocumented ones refused."""
+    seen = {k for r in rows for k in flatten(r)}
+    unknown = sorted(seen - set(COLUMNS))
+    if unknown:
+        raise StudyError(f"rows carry undocumented columns {unknown}: add them to "
+                         "tiledattention/study/frame.py COLUMNS")
+    return [c for c in COLUMNS if c in seen]
+
+
+def write_rows_table(rows: list[dict], out_dir: str) -> dict[str, str]:
+    """rows.parquet, rows.csv and columns.md (the column dictionary) in ``out_dir``."""
+    import pandas as pd
+
+    os.makedirs(out_dir, exist_ok=True)
+    cols = columns_of(rows)
+    frame = pd.DataFrame([flatten(r) for r in rows], columns=cols)
+    paths = {"parquet": os.path.join(out_dir, "rows.parquet"),
+             "csv": os.path.join(out_dir, "rows.csv"),
+             "columns": os.path.join(out_dir, "columns.md")}
+    frame.to_parquet(paths["parquet"], index=False)
+    frame.to_csv(paths["csv"], index=False, quoting=csv.QUOTE_MINIMAL)
+    with open(paths["columns"], "w") as f:
+        f.write(columns_markdown(cols))
+    return paths
+
+
+def columns_markdown(cols: list[str]) -> str:
+    lines = ["| column | unit | meaning |", "|---|---|---|"]
+    lines += [f"| `{c}` | {COLUMNS[c][0]} | {COLUMNS[c][1]} |" for c in cols]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,103 @@
+"""The study's version manifest: every run manifest merged and checked for consistency.
+
+One study should come from one GPU model and one software stack; any field that differs
+between runs is listed under ``mismatches`` and ``consistent`` is false, so a mixed study
+is flagged, never averaged silently. The workflow's own versions (Snakemake, submitit),
+the container image (and its digest when known) and the config hash are added.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+from importlib.metadata import PackageNotFoundError, version
+
+from .frame import StudyError
+
+# Fields that must agree across every run of one study.
+STACK_FIELDS = ("tiledattention", "python", "torch", "cuda_runtime", "cudnn", "cuda_tile",
+                "tileiras", "triton", "git_commit", "gpu.name", "gpu.compute_capability",
+                "gpu.driver")
+
+
+def _get(d: dict, dotted: str):
+    for part in dotted.split("."):
+        if not isinstance(d, dict):
+            return None
+        d = d.get(part)
+    return d
+
+
+def load_manifests(dirs: list[str]) -> dict[str, dict]:
+    found = {}
+    for d in dirs:
+        for path in sorted(glob.glob(os.path.join(d, "manifest-*.json"))):
+            try:
+                with open(path) as f:
+                    found[path] = json.load(f)
+            except (OSError, json.JSONDecodeError) as exc:
+                raise StudyError(f"{path}: not a readable manifest ({exc})") from exc
+    return found
+
+
+def _dist_version(name: str) -> str | None:
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+def image_reference(image: str | None) -> dict | None:
+    """The container image jobs ran in: a SIF path gets its sha256; a registry reference
+    pinned ``@sha256:`` carries its digest."""
+    if not image:
+        return None
+    ref = {"image": image, "digest": None}
+    if "@sha256:" in image:
+        ref["digest"] = "sha256:" + image.split("@sha256:")[1]
+    elif os.path.isfile(image):
+        h = hashlib.sha256()
+        with open(image, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        ref["digest"] = "sha256:" + h.hexdigest()
+    return ref
+
+
+def config_hash(config: dict) -> str:
+    return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def merge(manifests: dict[str, dict], *, config: dict | None = None,
+          image: str | None = None, base_dir: str | None = None) -> dict:
+    if not manifests:
+        raise StudyError("no run manifests (manifest-*.json) found: did the benchmark run?")
+    mismatches = {}
+    for field in STACK_FIELDS:
+        values = {json.dumps(_get(m, field)) for m in manifests.values()}
+        if len(values) > 1:
+            mismatches[field] = sorted(json.loads(v) if v != "null" else None
+                                       for v in values)
+    first = next(iter(manifests.values()))
+    dirty = sorted({os.path.relpath(p, base_dir) if base_dir else p
+                    for p, m in manifests.items() if m.get("git_dirty")})
+    return {
+        "format": "tiledattention-study-manifest/1",
+        "consistent": not mismatches,
+        "mismatches": mismatches,
+        "stack": {f: _get(first, f) for f in STACK_FIELDS},
+        "gpu": first.get("gpu"),
+        "runs": [{"manifest": os.path.relpath(p, base_dir) if base_dir else p,
+                  "host": m.get("host"), "started": m.get("started"),
+                  "finished": m.get("finished"), "config_hash": m.get("config_hash"),
+                  "slurm_job": (m.get("environment") or {}).get("SLURM_JOB_ID")}
+                 for p, m in manifests.items()],
+        "runs_from_dirty_tree": dirty,
+        "workflow": {"snakemake": _dist_version("snakemake"),
+                     "submitit": _dist_version("submitit"),
+                     "tiledattention": _dist_version("tiledattention")},
+        "container": image_reference(image),
+        "study_config_hash": config_hash(config) if config is not None else None,
+    }

@@ -1,0 +1,282 @@
+"""Nsight Compute on the attention kernel only, for representative shapes of the study.
+
+One launch after ``warmup`` is captured per (shape, method), filtered by kernel name; the
+clock-control mode is chosen by the caller and recorded. Each capture leaves the report
+(``.ncu-rep``), its raw CSV export, and a line in ``summary.md`` / ``summary.json``
+(duration, SM and DRAM throughput, tensor-pipe utilisation, achieved occupancy, registers,
+shared memory, top stall reasons). Without ``ncu``, without a GPU, or without permission
+to read the counters (ERR_NVGPUCTRPERM) the summary says why and the call succeeds, so a
+workflow finishes on nodes that cannot profile.
+"""
+
+from __future__ import annotations
+
+import csv
+import glob
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+
+from .frame import StudyError
+
+# Kernel-name filters: ours is one cuTile kernel; PyTorch's fused kernels by backend.
+KERNEL_FILTERS = {
+    "tiledattention": "regex:attention_fwd",
+    "torch_sdpa": "regex:sdpa|flash|fmha|attention",
+    "cudnn": "regex:sdpa",
+    "flash": "regex:flash",
+    "efficient": "regex:fmha",
+}
+CLOCK_CONTROL = ("base", "none")
+
+_METRICS = {
+    "duration_us": ("gpu__time_duration.sum", 1e-3),  # ns -> us
+    "sm_throughput_pct": ("sm__throughput.avg.pct_of_peak_sustained_elapsed", 1),
+    "dram_throughput_pct": ("gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed", 1),
+    "achieved_occupancy_pct": ("sm__warps_active.avg.pct_of_peak_sustained_active", 1),
+    "registers_per_thread": ("launch__registers_per_thread", 1),
+    "block_size": ("launch__block_size", 1),
+    "grid_size": ("launch__grid_size", 1),
+}
+_TENSOR = re.compile(r"sm__pipe_tensor_op_(gmma|hmma)_cycles_active\.avg\.pct_of_peak_sustained_"
+                     r"active$")
+_STALL = re.compile(r"smsp__average_warps_issue_stalled_(\w+?)_per_issue_active\.ratio$")
+_SMEM = ("launch__shared_mem_per_block_static", "launch__shared_mem_per_block_dynamic")
+
+
+@dataclass(frozen=True)
+class Shape:
+    dtype: str
+    causal: bool
+    head_dim: int
+    seq: int
+
+    @classmethod
+    def parse(cls, text: str) -> Shape:
+        """``dtype:mask:D:S``, e.g. ``float16:causal:128:4096`` (mask: full or causal)."""
+        parts = text.split(":")
+        if len(parts) != 4 or parts[0] not in ("float16", "bfloat16") \
+                or parts[1] not in ("full", "causal") \
+                or not (parts[2].isdigit() and parts[3].isdigit()):
+            raise StudyError(f"profile shape {text!r}: expected dtype:mask:D:S, e.g. "
+                             "float16:causal:128:4096 (dtype float16|bfloat16, mask full|causal)")
+        return cls(parts[0], parts[1] == "causal", int(parts[2]), int(parts[3]))
+
+    def tag(self) -> str:
+        return f"{self.dtype}-{'causal' if self.causal else 'full'}-d{self.head_dim}-s{self.seq}"
+
+    def point(self, tokens: int, width: int, heads_fallback: int = 16) -> dict:
+        heads = width // self.head_dim if width % self.head_dim == 0 else heads_fallback
+        return dict(dtype=self.dtype, causal=self.causal, head_dim=self.head_dim,
+                    seq_q=self.seq, seq_kv=self.seq, batch=max(1, tokens // self.seq),
+                    heads=heads, gqa=1)
+
+
+def find_ncu() -> str | None:
+    found = shutil.which("ncu")
+    if found:
+        return found
+    for pattern in ("/usr/local/cuda/bin/ncu", "/opt/nvidia/nsight-compute/*/ncu",
+                    "/usr/local/cuda-*/bin/ncu"):
+        hits = sorted(glob.glob(pattern))
+        if hits:
+            return hits[-1]
+    return None
+
+
+def why_not(ncu: str | None) -> str | None:
+    """Why profiling cannot run here, or None."""
+    if ncu is None:
+        return "ncu (Nsight Compute) not found on PATH or in /usr/local/cuda, /opt/nvidia"
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return "no CUDA GPU visible"
+    except ImportError:
+        return "torch not importable"
+    return None
+
+
+def parse_raw_csv(text: str) -> list[dict[str, str]]:
+    """ncu --page raw --csv: a header row, a units row, then one row per kernel."""
+    lines = [ln for ln in text.splitlines() if ln.startswith('"')]
+    rows = list(csv.reader(io.StringIO("\n".join(lines))))
+    if len(rows) < 3:
+        return []
+    header = rows[0]
+    return [dict(zip(header, r)) for r in rows[2:]]
+
+
+def _num(text: str | None) -> float | None:
+    if text is None or text.strip() in ("", "n/a"):
+        return None
+    try:
+        return float(text.replace(",", ""))
+    except ValueError:
+        return None
+
+
+def summarize_metrics(raw: dict[str, str]) -> dict:
+    out: dict = {"kernel": raw.get("Kernel Name") or raw.get("kernel_name")}
+    for key, (metric, scale) in _METRICS.items():
+        v = _num(raw.get(metric))
+        out[key] = None if v is None else round(v * scale, 3)
+    tensor = [_num(v) for k, v in raw.items() if _TENSOR.match(k)]
+    tensor = [t for t in tensor if t is not None]
+    out["tensor_pipe_pct"] = round(max(tensor), 2) if tensor else None
+    smem = [_num(raw.get(k)) for k in _SMEM]
+    out["shared_mem_per_block_bytes"] = (int(sum(s for s in smem if s is not None))
+                                         if any(s is not None for s in smem) else None)
+    stalls = {m.group(1): _num(v) for k, v in raw.items() if (m := _STALL.match(k))}
+    stalls = {k: v for k, v in stalls.items() if v is not None and k not in ("selected",)}
+    out["top_stalls"] = [f"{k} {v:.2f}" for k, v in
+                         sorted(stalls.items(), key=lambda kv: -kv[1])[:3]]
+    return out
+
+
+@dataclass
+class Capture:
+    shape: str
+    method: str
+    status: str  # ok | failed | skipped
+    reason: str | None = None
+    report: str | None = None
+    csv: str | None = None
+    metrics: dict | None = None
+
+
+def run_profile(shapes: list[Shape], methods: list[str], out_dir: str, *,
+                clock_control: str = "base", warmup: int = 5, tokens: int = 16384,
+                width: int = 2048, ncu: str | None = None, timeout_s: float = 600) -> int:
+    if clock_control not in CLOCK_CONTROL:
+        raise StudyError(f"clock control {clock_control!r} is not one of {list(CLOCK_CONTROL)}")
+    unknown = [m for m in methods if m not in KERNEL_FILTERS]
+    if unknown:
+        raise StudyError(f"profile methods {unknown}: valid are {sorted(KERNEL_FILTERS)}")
+    os.makedirs(out_dir, exist_ok=True)
+    ncu = ncu or find_ncu()
+    reason = why_not(ncu)
+    captures: list[Capture] = []
+    for shape in shapes:
+        for m in methods:
+            if reason:
+                captures.append(Capture(shape.tag(), m, "skipped", reason))
+                continue
+            captures.append(_capture(ncu, shape, m, out_dir, clock_control, warmup, tokens,
+                                     width, timeout_s))
+            if captures[-1].reason and "ERR_NVGPUCTRPERM" in captures[-1].reason:
+                reason = ("profiling counters not permitted on this node (ERR_NVGPUCTRPERM): "
+                          "ask for NVreg_RestrictProfilingToAdminUsers=0 or run as admin")
+                captures[-1].reason = reason
+    summary = {"ncu": ncu, "ncu_version": _ncu_version(ncu) if ncu else None,
+               "clock_control": clock_control, "warmup_launches_skipped": warmup,
+               "launches_captured": 1, "kernel_filters": {m: KERNEL_FILTERS[m] for m in methods},
+               "captures": [asdict(c) for c in captures]}
+    with open(os.path.join(out_dir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    with open(os.path.join(out_dir, "summary.md"), "w") as f:
+        f.write(summary_markdown(summary))
+    failed = [c for c in captures if c.status == "failed"]
+    for c in failed:
+        print(f"profile: {c.shape} {c.method} failed: {c.reason}", file=sys.stderr)
+    return 0
+
+
+def _ncu_version(ncu: str) -> str | None:
+    try:
+        out = subprocess.run([ncu, "--version"], capture_output=True, text=True, timeout=60)
+        return out.stdout.strip().splitlines()[-1] if out.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def _capture(ncu, shape, method, out_dir, clock_control, warmup, tokens, width,
+             timeout_s) -> Capture:
+    name = f"{shape.tag()}-{method}"
+    base = os.path.join(out_dir, name)
+    cmd = [ncu, "--kernel-name", KERNEL_FILTERS[method], "--launch-skip", str(warmup),
+           "--launch-count", "1", "--clock-control", clock_control, "--set", "full",
+           "--export", base, "--force-overwrite",
+           sys.executable, "-m", "tiledattention.study.profile_target", "--method", method,
+           "--point", json.dumps(shape.point(tokens, width)), "--warmup", str(warmup)]
+    try:
+        run = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return Capture(shape.tag(), method, "failed", f"ncu ran over {timeout_s:.0f}s")
+    log = run.stdout + run.stderr
+    with open(base + ".log", "w") as f:
+        f.write(" ".join(cmd) + "\n" + log)
+    report = base + ".ncu-rep"
+    if "ERR_NVGPUCTRPERM" in log:
+        return Capture(shape.tag(), method, "failed", "ERR_NVGPUCTRPERM")
+    if run.returncode != 0 or not os.path.exists(report):
+        tail = log.strip().splitlines()[-3:]
+        return Capture(shape.tag(), method, "failed",
+                       f"ncu exit {run.returncode}: {' | '.join(tail)}")
+    exp = subprocess.run([ncu, "--import", report, "--csv", "--page", "raw"],
+                         capture_output=True, text=True, timeout=timeout_s)
+    with open(base + ".csv", "w") as f:
+        f.write(exp.stdout)
+    kernels = parse_raw_csv(exp.stdout)
+    if not kernels:
+        return Capture(shape.tag(), method, "failed", "no kernel matched the filter "
+                       f"{KERNEL_FILTERS[method]} after {warmup} launches", report)
+    return Capture(shape.tag(), method, "ok", None, os.path.basename(report),
+                   os.path.basename(base + ".csv"), summarize_metrics(kernels[0]))
+
+
+def summary_markdown(summary: dict) -> str:
+    lines = ["# Nsight Compute summary", "",
+             f"ncu: {summary['ncu'] or 'not found'} ({summary['ncu_version'] or '—'}); clock "
+             f"control: {summary['clock_control']}; {summary['warmup_launches_skipped']} "
+             "warm-up launches skipped, 1 captured; `--set full`.", ""]
+    caps = summary["captures"]
+    skipped = [c for c in caps if c["status"] != "ok"]
+    ok = [c for c in caps if c["status"] == "ok"]
+    if ok:
+        lines += ["| shape | method | kernel | time (µs) | SM % | DRAM % | tensor pipe % | "
+                  "occupancy % | regs | smem (B) | grid × block | top stalls |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for c in ok:
+            m = c["metrics"]
+            kernel = (m["kernel"] or "")[:48]
+            lines.append(
+                f"| {c['shape']} | {c['method']} | `{kernel}` | {m['duration_us']} | "
+                f"{m['sm_throughput_pct']} | {m['dram_throughput_pct']} | "
+                f"{m['tensor_pipe_pct']} | {m['achieved_occupancy_pct']} | "
+                f"{m['registers_per_thread']} | {m['shared_mem_per_block_bytes']} | "
+                f"{m['grid_size']} × {m['block_size']} | {', '.join(m['top_stalls'])} |")
+        lines.append("")
+    if skipped:
+        lines += ["Not profiled:", ""]
+        lines += [f"- {c['shape']} {c['method']}: {c['status']} — {c['reason']}"
+                  for c in skipped]
+    return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class ProfileTask:
+    """``run_profile`` as a picklable job, so a launcher can put it on a GPU node."""
+
+    shapes: tuple[str, ...]
+    methods: tuple[str, ...]
+    out_dir: str
+    clock_control: str = "base"
+    warmup: int = 5
+    tokens: int = 16384
+    width: int = 2048
+    shard_index: int = 0  # launchers key results by shard index
+    shard_count: int = 1
+    tag: str = "profile"
+
+    def __call__(self) -> dict:
+        run_profile([Shape.parse(s) for s in self.shapes], list(self.methods), self.out_dir,
+                    clock_control=self.clock_control, warmup=self.warmup, tokens=self.tokens,
+                    width=self.width)
+        return {"shard": 0, "of": 1, "out_dir": self.out_dir}

@@ -1,0 +1,228 @@
+"""The study's summary tables, each written as Markdown, CSV and LaTeX.
+
+Table 4: TiledAttention against every baseline (mean, median, geometric mean, win count);
+per head dim and per regime (mask x S); Table 5: best and runner-up schedule per tuned
+bucket with the sensitivity; Table 6: a schedule ladder on a reduced grid; and the rows
+whose status is not ``ok``, listed with their reasons.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+from dataclasses import dataclass, field
+
+from ..bench.methods import PINNED_PREFIX
+from .ratios import RatioSummary, compare, compare_by, points_of
+
+SUBJECT = "tiledattention"
+FUSED = "torch_sdpa"  # PyTorch's automatic dispatch: "fused SDPA" in the paper
+
+
+@dataclass
+class Table:
+    name: str  # file stem
+    title: str
+    columns: list[str]
+    rows: list[list] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def cells(self) -> list[list[str]]:
+        return [[_fmt(v) for v in r] for r in self.rows]
+
+    def to_markdown(self) -> str:
+        out = [f"### {self.title}", "", "| " + " | ".join(self.columns) + " |",
+               "|" + "---|" * len(self.columns)]
+        out += ["| " + " | ".join(r) + " |" for r in self.cells()]
+        if not self.rows:
+            out.append("| " + " | ".join(["—"] * len(self.columns)) + " |")
+        out += [""] + [f"{n}  " for n in self.notes]
+        return "\n".join(out).rstrip() + "\n"
+
+    def to_csv(self) -> str:
+        buf = io.StringIO()
+        w = csv.writer(buf)
+        w.writerow(self.columns)
+        w.writerows(["" if v is None else v for v in r] for r in self.rows)
+        return buf.getvalue()
+
+    def to_latex(self) -> str:
+        esc = _latex_escape
+        out = [r"\begin{table}[t]", r"\centering", f"\\caption{{{esc(self.title)}}}",
+               f"\\label{{tab:{self.name}}}", r"\begin{tabular}{" + "l" * len(self.columns)
+               + "}", r"\hline", " & ".join(esc(c) for c in self.columns) + r" \\", r"\hline"]
+        out += [" & ".join(esc(c) for c in r) + r" \\" for r in self.cells()]
+        out += [r"\hline", r"\end{tabular}"]
+        out += [f"\\par\\footnotesize {esc(n)}" for n in self.notes]
+        out.append(r"\end{table}")
+        return "\n".join(out) + "\n"
+
+    def write(self, out_dir: str) -> list[str]:
+        os.makedirs(out_dir, exist_ok=True)
+        paths = []
+        for ext, text in (("md", self.to_markdown()), ("csv", self.to_csv()),
+                          ("tex", self.to_latex())):
+            path = os.path.join(out_dir, f"{self.name}.{ext}")
+            with open(path, "w") as f:
+                f.write(text)
+            paths.append(path)
+        return paths
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "—"
+    if isinstance(v, float):
+        return f"{v:.3f}" if abs(v) < 100 else f"{v:.1f}"
+    return str(v)
+
+
+def _latex_escape(text: str) -> str:
+    for a, b in (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("_", r"\_"),
+                 ("#", r"\#"), ("$", r"\$"), ("{", r"\{"), ("}", r"\}"), ("—", "--"),
+                 ("×", r"$\times$"), ("≥", r"$\geq$"), ("·", r"$\cdot$")):
+        text = text.replace(a, b)
+    return text
+
+
+def methods_in(rows: list[dict]) -> list[str]:
+    seen: dict[str, None] = {}
+    for r in rows:
+        seen.setdefault(r["method"], None)
+    return list(seen)
+
+
+def baselines(rows: list[dict]) -> list[str]:
+    return [m for m in methods_in(rows) if m != SUBJECT and not m.startswith(PINNED_PREFIX)]
+
+
+_SUMMARY_COLUMNS = ["n", "mean", "median", "geomean", "min", "max", "wins"]
+
+
+def _summary_cells(s: RatioSummary) -> list:
+    return [s.n, s.mean, s.median, s.geomean, s.min, s.max, f"{s.wins}/{s.n}"]
+
+
+def table4(rows: list[dict]) -> Table:
+    t = Table("table4_ratios", f"{SUBJECT} throughput ÷ baseline throughput, matched points",
+              ["baseline"] + _SUMMARY_COLUMNS + ["not compared"])
+    for b in baselines(rows):
+        s = compare(rows, SUBJECT, b)
+        t.rows.append([b] + _summary_cells(s) + [s.not_compared])
+    t.notes.append("ratio > 1: TiledAttention faster. wins: points with ratio > 1. "
+                   "not compared: points where either method has no ok row (see status).")
+    return t
+
+
+def by_head_dim(rows: list[dict]) -> Table:
+    bs = baselines(rows)
+    t = Table("ratios_by_head_dim", f"{SUBJECT} ÷ baseline by head dim: geometric mean (n)",
+              ["D"] + bs)
+    per = {b: compare_by(rows, SUBJECT, b, lambda p: p["head_dim"]) for b in bs}
+    for d in sorted({p["head_dim"] for p in points_of(rows).values()}):
+        t.rows.append([d] + [_geo_n(per[b].get(d)) for b in bs])
+    return t
+
+
+def by_regime(rows: list[dict]) -> Table:
+    """Regimes: mask (full/causal) × sequence length, dtypes pooled."""
+    bs = baselines(rows)
+    t = Table("ratios_by_regime", f"{SUBJECT} ÷ baseline by mask and S: geometric mean (n)",
+              ["mask", "S"] + bs)
+
+    def regime(p):
+        return ("causal" if p["causal"] else "full", p["seq_q"])
+
+    per = {b: compare_by(rows, SUBJECT, b, regime) for b in bs}
+    for g in sorted({regime(p) for p in points_of(rows).values()}):
+        t.rows.append(list(g) + [_geo_n(per[b].get(g)) for b in bs])
+    return t
+
+
+def _geo_n(s: RatioSummary | None) -> str:
+    if s is None or s.n == 0:
+        return "—"
+    return f"{s.geomean:.3f} ({s.n})"
+
+
+def throughput(rows: list[dict]) -> Table:
+    """TFLOP/s of every method at every point (status where not ok)."""
+    ms = methods_in(rows)
+    t = Table("throughput", "TFLOP/s per point and method (median time)",
+              ["dtype", "mask", "D", "S", "B", "H"] + ms)
+    idx = {(r["point_key"], r["method"]): r for r in rows}
+    for key, p in points_of(rows).items():
+        cells = []
+        for m in ms:
+            r = idx.get((key, m))
+            cells.append(None if r is None else float(f"{r['tflops']:.4g}")
+                         if r.get("status") == "ok" else r.get("status"))
+        t.rows.append([p["dtype"], "causal" if p["causal"] else "full", p["head_dim"],
+                       p["seq_q"], p["batch"], p["heads"]] + cells)
+    return t
+
+
+def status(rows: list[dict]) -> Table:
+    t = Table("status", "Rows whose status is not ok", ["point", "method", "status", "reason"])
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r["status"]] = counts.get(r["status"], 0) + 1
+        if r["status"] != "ok":
+            t.rows.append([r["point_key"], r["method"], r["status"], r.get("reason", "")])
+    t.notes.append("rows by status: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+    return t
+
+
+def table5(tune_table: str | None) -> Table:
+    t = Table("table5_schedules", "Best and runner-up schedule per tuned bucket",
+              ["GPU", "dtype", "mask", "D", "S bucket", "best", "TFLOP/s", "runner-up",
+               "TFLOP/s ", "sensitivity"])
+    if not tune_table or not os.path.exists(tune_table):
+        t.notes.append("tuning did not run in this study (config tune.enabled: false); the "
+                       "shipped table's own winners are in tiledattention/tables/.")
+        return t
+    from ..schedule import Schedule
+
+    with open(tune_table) as f:
+        entries = json.load(f)["entries"]
+    for e in sorted(entries, key=lambda e: (e["bucket"]["dtype"], e["bucket"]["causal"],
+                                            e["bucket"]["head_dim"], e["bucket"]["s_bucket"])):
+        b = e["bucket"]
+        ru = e.get("runner_up")
+        t.rows.append([e.get("gpu"), b["dtype"], "causal" if b["causal"] else "full",
+                       b["head_dim"], b["s_bucket"], Schedule.from_dict(e["best"]).label(),
+                       e["best_tflops"], Schedule.from_dict(ru).label() if ru else None,
+                       e.get("runner_up_tflops"), e.get("sensitivity")])
+    t.notes.append(f"from {os.path.basename(tune_table)}; sensitivity: how much slower the "
+                   "runner-up is (1 - runner-up / best).")
+    return t
+
+
+def table6(ladder_rows: list[dict]) -> Table:
+    """Each ladder step's geometric-mean TFLOP/s and its ratio to fused SDPA."""
+    t = Table("table6_ladder", "Schedule ladder on the reduced grid",
+              ["step", "schedule", "geomean TFLOP/s", f"÷ {FUSED} (geomean)", "n"])
+    if not ladder_rows:
+        t.notes.append("no ladder in this study (config ladder.enabled: false).")
+        return t
+    import math
+
+    steps = [m for m in methods_in(ladder_rows) if m.startswith(PINNED_PREFIX) or m == SUBJECT]
+    for i, m in enumerate(steps, 1):
+        ok = [r for r in ladder_rows if r["method"] == m and r["status"] == "ok"]
+        geo = math.exp(sum(math.log(r["tflops"]) for r in ok) / len(ok)) if ok else None
+        s = compare(ladder_rows, m, FUSED)
+        label = m[len(PINNED_PREFIX):] if m.startswith(PINNED_PREFIX) else "tuned table"
+        t.rows.append([i, label, geo, s.geomean, len(ok)])
+    return t
+
+
+def write_all(rows: list[dict], out_dir: str, *, tune_table: str | None = None,
+              ladder_rows: list[dict] | None = None) -> list[str]:
+    paths = []
+    for table in (table4(rows), by_head_dim(rows), by_regime(rows), table5(tune_table),
+                  table6(ladder_rows or []), throughput(rows), status(rows)):
+        paths += table.write(out_dir)
+    return paths

@@ -1,0 +1,36 @@
+# The last rule: the Zenodo-ready bundle (directory + zip), then its verification.
+rule bundle:
+    input:
+        unpack(aggregate_inputs),
+        rows=rules.aggregate.output.jsonl,
+        figures=rules.figures.output,
+        manifest=rules.manifest.output,
+        study=rules.plan.output.study,
+        profile=bundle_profile_input(),
+    output:
+        sums=f"{RESULTS}/bundle/SHA256SUMS",
+        zip=f"{RESULTS}/bundle.zip",
+    log:
+        f"{RESULTS}/logs/bundle.log",
+    params:
+        study=lambda wildcards, input: os.path.dirname(input.manifest[0]),
+        out=lambda wildcards, output: os.path.dirname(output.sums),
+    conda:
+        "../envs/tiledattn.yaml"
+    shell:
+        "tiledattn bundle create --study {params.study} --config {input.study}"
+        " --out {params.out} > {log} 2>&1"
+
+
+rule bundle_verify:
+    input:
+        rules.bundle.output.sums,
+        zip=rules.bundle.output.zip,
+    output:
+        f"{RESULTS}/bundle.verified",
+    log:
+        f"{RESULTS}/logs/bundle-verify.log",
+    conda:
+        "../envs/tiledattn.yaml"
+    shell:
+        "tiledattn bundle verify {input.zip} > {output} 2> {log}"
