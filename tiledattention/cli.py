@@ -40,10 +40,53 @@ def main(argv: list[str] | None = None) -> int:
     sweep.add_argument("--shards", type=int, default=1, help="split the grid into N shards")
     sweep.add_argument("--only", type=int, nargs="+", help="run only these shard indices")
     sweep.add_argument("--out", default="results/bench")
-    agg = sub.add_parser("aggregate", help="concatenate shard rows into one table")
+    agg = sub.add_parser("aggregate", help="all shard rows into one table (JSON lines, CSV, "
+                         "Parquet, column dictionary) and the summary tables (Markdown, CSV, "
+                         "LaTeX)")
     agg.add_argument("--rows", required=True, help="directory holding rows-shard*.jsonl")
-    agg.add_argument("--out", required=True, help="directory for rows.jsonl and rows.csv")
+    agg.add_argument("--out", required=True, help="directory for rows.* and tables/")
     agg.add_argument("--expect-shards", type=int, help="fail unless this many shard files")
+    agg.add_argument("--ladder", help="directory of the schedule-ladder rows (Table 6)")
+    agg.add_argument("--tune-table", help="the study's tuning table (Table 5)")
+    agg.add_argument("--rows-only", action="store_true",
+                     help="only rows.jsonl and rows.csv (no pandas/pyarrow needed)")
+    fig = sub.add_parser("figures", help="the study's figures (PNG and PDF) from aggregated "
+                         "rows")
+    fig.add_argument("--rows", required=True, help="aggregated rows.jsonl")
+    fig.add_argument("--out", required=True, help="directory for the figures")
+    fig.add_argument("--ladder", help="directory of the schedule-ladder rows")
+    fig.add_argument("--tune-table", help="the study's tuning table")
+    prof = sub.add_parser("profile", help="Nsight Compute on the attention kernels of "
+                          "representative shapes (records why when it cannot run)")
+    prof.add_argument("--shape", action="append", required=True,
+                      help="dtype:mask:D:S, e.g. float16:causal:128:4096 (repeatable)")
+    prof.add_argument("--methods", nargs="+", default=["tiledattention", "torch_sdpa"])
+    prof.add_argument("--out", required=True, help="directory for reports and summary.md")
+    prof.add_argument("--clock-control", default="base", help="base (locked base clocks, "
+                      "ncu's default) or none (boost clocks, as the benchmark runs)")
+    prof.add_argument("--warmup", type=int, default=5, help="launches skipped before the "
+                      "captured one")
+    prof.add_argument("--tokens", type=int, default=16384, help="B*S of the profiled point")
+    prof.add_argument("--width", type=int, default=2048, help="H*D of the profiled point")
+    prof.add_argument("--launcher", help="run the profiling as a job of this launcher (slurm: "
+                      "on a GPU node); default: in this process")
+    prof.add_argument("--launcher-options", default="{}", help="JSON launcher options")
+    man = sub.add_parser("manifest", help="merge run manifests into the study manifest and "
+                         "flag mixed GPUs or software stacks")
+    man.add_argument("--runs", nargs="+", required=True,
+                     help="directories holding manifest-*.json")
+    man.add_argument("--config", help="the study config (YAML or JSON) whose hash to record")
+    man.add_argument("--image", help="container image the jobs ran in")
+    man.add_argument("--out", required=True, help="manifest.json to write")
+    bun = sub.add_parser("bundle", help="build (create) or check (verify) the study's "
+                         "Zenodo-ready bundle")
+    bsub = bun.add_subparsers(dest="bundle_command", required=True)
+    bcreate = bsub.add_parser("create", help="gather a finished study into DIR and DIR.zip")
+    bcreate.add_argument("--study", required=True, help="the study's results directory")
+    bcreate.add_argument("--config", required=True, help="the study config (YAML)")
+    bcreate.add_argument("--out", required=True, help="bundle directory (DIR.zip next to it)")
+    bverify = bsub.add_parser("verify", help="recompute checksums, validate the metadata")
+    bverify.add_argument("path", help="bundle directory or zip")
     args = parser.parse_args(argv)
     if args.version:
         from . import __version__
@@ -105,7 +148,94 @@ def main(argv: list[str] | None = None) -> int:
         for r in rows:
             counts[r.get("status", "?")] = counts.get(r.get("status", "?"), 0) + 1
         print(f"aggregate: {len(rows)} rows ({counts}) -> {table}", file=sys.stderr)
+        if args.rows_only:
+            return 0
+        from .study.frame import StudyError, write_rows_table
+        from .study.tables import write_all
+
+        try:
+            write_rows_table(rows, args.out)
+            ladder = concat(args.ladder) if args.ladder else []
+            paths = write_all(rows, os.path.join(args.out, "tables"),
+                              tune_table=args.tune_table, ladder_rows=ladder)
+        except StudyError as exc:
+            print(f"tiledattn aggregate: {exc}", file=sys.stderr)
+            return 1
+        print(f"aggregate: {len(paths)} table files in {args.out}/tables", file=sys.stderr)
         return 0
+    if args.command == "figures":
+        import json
+        import os
+
+        from .bench.aggregate import concat
+        from .bench.store import read_rows
+        from .study.figures import write_all
+
+        tune = []
+        if args.tune_table and os.path.exists(args.tune_table):
+            with open(args.tune_table) as f:
+                tune = json.load(f)["entries"]
+        paths = write_all(read_rows(args.rows), args.out,
+                          ladder_rows=concat(args.ladder) if args.ladder else [],
+                          tune_entries=tune)
+        print(f"figures: {len(paths)} files in {args.out}", file=sys.stderr)
+        return 0
+    if args.command == "profile":
+        from .study.frame import StudyError
+        from .study.profile import Shape, run_profile
+
+        from .launchers import LauncherError, get_launcher
+        from .study.profile import ProfileTask
+
+        try:
+            shapes = [Shape.parse(s) for s in args.shape]
+            if args.launcher:
+                import json
+                import os
+
+                task = ProfileTask(tuple(args.shape), tuple(args.methods),
+                                   os.path.abspath(args.out), args.clock_control, args.warmup,
+                                   args.tokens, args.width)
+                get_launcher(args.launcher, os.path.join(args.out, "logs"),
+                             json.loads(args.launcher_options)).run([task])
+                code = 0
+            else:
+                code = run_profile(shapes, args.methods, args.out,
+                                   clock_control=args.clock_control, warmup=args.warmup,
+                                   tokens=args.tokens, width=args.width)
+        except (StudyError, LauncherError) as exc:
+            print(f"tiledattn profile: {exc}", file=sys.stderr)
+            return 2
+        with open(f"{args.out}/summary.md") as f:
+            print(f.read())
+        return code
+    if args.command == "manifest":
+        import json
+        import os
+
+        import yaml
+
+        from .study.frame import StudyError
+        from .study.manifest import load_manifests, merge
+
+        config = None
+        if args.config:
+            with open(args.config) as f:
+                config = yaml.safe_load(f)
+        try:
+            merged = merge(load_manifests(args.runs), config=config, image=args.image,
+                           base_dir=os.path.dirname(os.path.abspath(args.out)))
+        except StudyError as exc:
+            print(f"tiledattn manifest: {exc}", file=sys.stderr)
+            return 1
+        with open(args.out, "w") as f:
+            json.dump(merged, f, indent=1)
+        if not merged["consistent"]:
+            print(f"manifest: MIXED study — runs differ in {sorted(merged['mismatches'])}",
+                  file=sys.stderr)
+        return 0
+    if args.command == "bundle":
+        return _bundle(args)
     if args.command == "tune":
         import os
 
@@ -119,6 +249,42 @@ def main(argv: list[str] | None = None) -> int:
                         reps=args.reps, compile_timeout=args.compile_timeout)
     parser.print_help()
     return 2
+
+
+def _bundle(args) -> int:
+    import os
+
+    from .study.bundle import create, verify
+    from .study.frame import StudyError
+
+    if args.bundle_command == "verify":
+        problems = verify(args.path)
+        for p in problems:
+            print(f"bundle verify: {p}", file=sys.stderr)
+        if problems:
+            print(f"bundle verify: FAILED, {len(problems)} problem(s) in {args.path}",
+                  file=sys.stderr)
+            return 1
+        print(f"bundle verify: OK, every checksum and the metadata of {args.path} check out")
+        return 0
+    import yaml
+
+    from . import __version__
+    from .study.metadata import Publication
+
+    try:
+        with open(args.config) as f:
+            config = yaml.safe_load(f) or {}
+        pub = Publication.from_dict(config.get("publication"), __version__)
+        repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        out = create(args.study, args.out, config=config,
+                     config_name=os.path.basename(args.config), repo_root=repo,
+                     publication=pub, command="tiledattn bundle create")
+    except (OSError, StudyError) as exc:
+        print(f"tiledattn bundle: {exc}", file=sys.stderr)
+        return 1
+    print(f"bundle: {out['files']} files in {out['dir']} and {out['zip']}", file=sys.stderr)
+    return 0
 
 
 if __name__ == "__main__":
