@@ -16,7 +16,8 @@ import torch
 
 _ENV_ALLOWLIST = ("CUDA_VISIBLE_DEVICES", "SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID",
                   "SLURM_ARRAY_TASK_ID", "SLURM_JOB_PARTITION", "SLURM_CLUSTER_NAME",
-                  "SLURM_NODELIST", "CUDA_TILE_CACHE_DIR", "TILEDATTENTION_SCHEDULE_TABLE")
+                  "SLURM_NODELIST", "CUDA_TILE_CACHE_DIR", "TILEDATTENTION_SCHEDULE_TABLE",
+                  "TILEDATTENTION_SOURCE_REVISION")
 
 
 def _git(*args: str) -> str | None:
@@ -74,7 +75,8 @@ def capture(config, *, started: str, finished: str | None = None) -> dict:
         "gpu": _gpu(),
         "host": socket.gethostname(),
         "platform": platform.platform(),
-        "git_commit": _git("rev-parse", "HEAD"),
+        # A copy without .git (e.g. a tree shipped to a node) names its revision explicitly.
+        "git_commit": _git("rev-parse", "HEAD") or os.environ.get("TILEDATTENTION_SOURCE_REVISION"),
         "git_dirty": bool(status) if status is not None else None,
         "config": config.as_dict(),
         "config_hash": config.digest(),
