@@ -291,7 +291,17 @@ def test_ncu_raw_metrics_are_summarized():
            "smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio": "2.5",
            "smsp__average_warps_issue_stalled_wait_per_issue_active.ratio": "0.7",
            "smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio": "1.1"}
-    m = summarize_metrics(raw)
+    m = summarize_metrics(raw)  # no units row: ncu's raw defaults (ns, bytes)
     assert m["duration_us"] == 1005.0 and m["tensor_pipe_pct"] == 64.2
     assert m["shared_mem_per_block_bytes"] == 65536 and m["registers_per_thread"] == 168
     assert m["top_stalls"] == ["long_scoreboard 2.50", "barrier 1.10", "wait 0.70"]
+
+
+def test_ncu_units_row_is_honoured():
+    raw = {"gpu__time_duration.sum": "980.352", "launch__shared_mem_per_block_static": "81.976",
+           "launch__shared_mem_per_block_dynamic": "0", "launch__grid_size": "4,096"}
+    units = {"gpu__time_duration.sum": "us", "launch__shared_mem_per_block_static": "Kbyte/block",
+             "launch__shared_mem_per_block_dynamic": "byte/block"}
+    m = summarize_metrics(raw, units)
+    assert m["duration_us"] == 980.352 and m["shared_mem_per_block_bytes"] == 81976
+    assert m["grid_size"] == 4096

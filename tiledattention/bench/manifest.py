@@ -62,7 +62,10 @@ def capture(config, *, started: str, finished: str | None = None) -> dict:
     from .. import __version__
     from ..toolchain import tileiras_path, tileiras_version
 
-    status = _git("status", "--porcelain")
+    # A tree shipped to a node may carry a stale .git (or none): an explicitly named
+    # revision wins, and then the tree's dirtiness is unknown rather than guessed.
+    revision = os.environ.get("TILEDATTENTION_SOURCE_REVISION")
+    status = None if revision else _git("status", "--porcelain")
     return {
         "tiledattention": __version__,
         "python": platform.python_version(),
@@ -75,8 +78,7 @@ def capture(config, *, started: str, finished: str | None = None) -> dict:
         "gpu": _gpu(),
         "host": socket.gethostname(),
         "platform": platform.platform(),
-        # A copy without .git (e.g. a tree shipped to a node) names its revision explicitly.
-        "git_commit": _git("rev-parse", "HEAD") or os.environ.get("TILEDATTENTION_SOURCE_REVISION"),
+        "git_commit": revision or _git("rev-parse", "HEAD"),
         "git_dirty": bool(status) if status is not None else None,
         "config": config.as_dict(),
         "config_hash": config.digest(),

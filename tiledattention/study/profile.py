@@ -34,14 +34,14 @@ KERNEL_FILTERS = {
 }
 CLOCK_CONTROL = ("base", "none")
 
-_METRICS = {
-    "duration_us": ("gpu__time_duration.sum", 1e-3),  # ns -> us
-    "sm_throughput_pct": ("sm__throughput.avg.pct_of_peak_sustained_elapsed", 1),
-    "dram_throughput_pct": ("gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed", 1),
-    "achieved_occupancy_pct": ("sm__warps_active.avg.pct_of_peak_sustained_active", 1),
-    "registers_per_thread": ("launch__registers_per_thread", 1),
-    "block_size": ("launch__block_size", 1),
-    "grid_size": ("launch__grid_size", 1),
+_METRICS = {  # summary key: (ncu metric, kind of unit)
+    "duration_us": ("gpu__time_duration.sum", "time"),
+    "sm_throughput_pct": ("sm__throughput.avg.pct_of_peak_sustained_elapsed", None),
+    "dram_throughput_pct": ("gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed", None),
+    "achieved_occupancy_pct": ("sm__warps_active.avg.pct_of_peak_sustained_active", None),
+    "registers_per_thread": ("launch__registers_per_thread", None),
+    "block_size": ("launch__block_size", None),
+    "grid_size": ("launch__grid_size", None),
 }
 _TENSOR = re.compile(r"sm__pipe_tensor_op_(gmma|hmma)_cycles_active\.avg\.pct_of_peak_sustained_"
                      r"active$")
@@ -103,14 +103,29 @@ def why_not(ncu: str | None) -> str | None:
     return None
 
 
-def parse_raw_csv(text: str) -> list[dict[str, str]]:
-    """ncu --page raw --csv: a header row, a units row, then one row per kernel."""
+def parse_raw_csv(text: str) -> tuple[list[dict[str, str]], dict[str, str]]:
+    """ncu --page raw --csv: a header row, a units row, then one row per kernel.
+    Returns (one dict per kernel, the unit of each metric)."""
     lines = [ln for ln in text.splitlines() if ln.startswith('"')]
     rows = list(csv.reader(io.StringIO("\n".join(lines))))
     if len(rows) < 3:
-        return []
+        return [], {}
     header = rows[0]
-    return [dict(zip(header, r)) for r in rows[2:]]
+    return [dict(zip(header, r)) for r in rows[2:]], dict(zip(header, rows[1]))
+
+
+# ncu reports each metric in the unit it finds readable; normalise to µs and bytes.
+_TO_US = {"ns": 1e-3, "nsecond": 1e-3, "us": 1, "usecond": 1, "ms": 1e3, "msecond": 1e3,
+          "s": 1e6, "second": 1e6}
+_TO_BYTES = {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "KB": 1e3, "MB": 1e6, "KiB": 1024,
+             "MiB": 1 << 20}
+
+
+def _scaled(value: float | None, unit: str, table: dict[str, float], default: float):
+    if value is None:
+        return None
+    base = unit.split("/")[0].strip()
+    return value * table.get(base, default)
 
 
 def _num(text: str | None) -> float | None:
@@ -122,15 +137,20 @@ def _num(text: str | None) -> float | None:
         return None
 
 
-def summarize_metrics(raw: dict[str, str]) -> dict:
+def summarize_metrics(raw: dict[str, str], units: dict[str, str] | None = None) -> dict:
+    units = units or {}
     out: dict = {"kernel": raw.get("Kernel Name") or raw.get("kernel_name")}
-    for key, (metric, scale) in _METRICS.items():
+    for key, (metric, kind) in _METRICS.items():
         v = _num(raw.get(metric))
-        out[key] = None if v is None else round(v * scale, 3)
+        if kind == "time":  # ncu's raw default for durations is ns
+            v = _scaled(v, units.get(metric, "ns"), _TO_US, 1e-3)
+        if v is not None and key in ("registers_per_thread", "block_size", "grid_size"):
+            v = int(v)
+        out[key] = None if v is None else round(v, 3) if isinstance(v, float) else v
     tensor = [_num(v) for k, v in raw.items() if _TENSOR.match(k)]
     tensor = [t for t in tensor if t is not None]
     out["tensor_pipe_pct"] = round(max(tensor), 2) if tensor else None
-    smem = [_num(raw.get(k)) for k in _SMEM]
+    smem = [_scaled(_num(raw.get(k)), units.get(k, "byte"), _TO_BYTES, 1) for k in _SMEM]
     out["shared_mem_per_block_bytes"] = (int(sum(s for s in smem if s is not None))
                                          if any(s is not None for s in smem) else None)
     stalls = {m.group(1): _num(v) for k, v in raw.items() if (m := _STALL.match(k))}
@@ -223,12 +243,12 @@ def _capture(ncu, shape, method, out_dir, clock_control, warmup, tokens, width,
                          capture_output=True, text=True, timeout=timeout_s)
     with open(base + ".csv", "w") as f:
         f.write(exp.stdout)
-    kernels = parse_raw_csv(exp.stdout)
+    kernels, units = parse_raw_csv(exp.stdout)
     if not kernels:
         return Capture(shape.tag(), method, "failed", "no kernel matched the filter "
                        f"{KERNEL_FILTERS[method]} after {warmup} launches", report)
     return Capture(shape.tag(), method, "ok", None, os.path.basename(report),
-                   os.path.basename(base + ".csv"), summarize_metrics(kernels[0]))
+                   os.path.basename(base + ".csv"), summarize_metrics(kernels[0], units))
 
 
 def summary_markdown(summary: dict) -> str:
