@@ -3,7 +3,8 @@
 # Snakemake (profiles/local). With a CUDA GPU: the full study (config/config.yaml, the
 # paper's 80 points, every baseline). Without one: the smoke study (config/smoke.yaml),
 # where the GPU methods are reported `unavailable` and eager/math attention run on the CPU.
-# Extra arguments go to snakemake (e.g. -n for a dry run).
+# It ends with a verified Zenodo-ready bundle and the HTML report in the study's results
+# directory. Extra arguments go to snakemake (e.g. -n for a dry run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -16,3 +17,8 @@ else
   config=config/smoke.yaml
 fi
 snakemake --profile profiles/local --configfile "$config" "$@"
+case " $* " in *" -n "*|*" --dry-run "*) exit 0 ;; esac
+# The HTML report (figures and tables with captions) next to the verified bundle.
+results=$(python -c "import yaml,sys; print(yaml.safe_load(open(sys.argv[1]))['results_dir'])" "$config")
+snakemake --profile profiles/local --configfile "$config" --report "$results/report.html"
+cat "$results/bundle.verified"
