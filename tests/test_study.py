@@ -85,6 +85,14 @@ def test_table4_lists_every_baseline_with_wins_in_all_three_formats(tmp_path):
     assert "torch_sdpa,3," in csv_text and "\\begin{tabular}" in tex and "torch\\_sdpa" in tex
 
 
+def test_headline_has_overall_and_per_head_dim_means():
+    t = tables.headline(HAND)
+    by = {r[0]: r for r in t.rows}
+    assert by["torch_sdpa (fused SDPA), all points"][2] == pytest.approx((2 + 0.5 + 1.25) / 3)
+    assert by["torch_sdpa, D=64"][1:4] == [2, pytest.approx(1.25), pytest.approx(1.0)]
+    assert by["torch_sdpa, D=128"][1] == 1 and "eager attention" not in by  # never paired
+
+
 def test_status_table_lists_rows_that_are_not_ok():
     t = tables.status(HAND)
     assert t.rows == [[HAND[7]["point_key"], "torch_sdpa", "unavailable", "needs a CUDA GPU"]]

@@ -147,6 +147,28 @@ def _geo_n(s: RatioSummary | None) -> str:
     return f"{s.geomean:.3f} ({s.n})"
 
 
+def headline(rows: list[dict]) -> Table:
+    """The paper's headline comparisons (its abstract and Table 4): against fused SDPA
+    overall and per head dim, and against math SDPA and eager attention."""
+    t = Table("headline", f"Headline: {SUBJECT} ÷ baseline (mean and geometric mean)",
+              ["against", "points", "mean", "geomean", "min", "wins"])
+    present = set(methods_in(rows))
+
+    def add(label, baseline, where=lambda p: True):
+        if baseline in present:
+            s = compare(rows, SUBJECT, baseline, where)
+            t.rows.append([label, s.n, s.mean, s.geomean, s.min, f"{s.wins}/{s.n}"])
+
+    add(f"{FUSED} (fused SDPA), all points", FUSED)
+    for d in sorted({p["head_dim"] for p in points_of(rows).values()}):
+        add(f"{FUSED}, D={d}", FUSED, lambda p, d=d: p["head_dim"] == d)
+    add("cudnn (forced)", "cudnn")
+    add("flash (forced FlashAttention-2)", "flash")
+    add("math SDPA", "math")
+    add("eager attention", "eager")
+    return t
+
+
 def throughput(rows: list[dict]) -> Table:
     """TFLOP/s of every method at every point (status where not ok)."""
     ms = methods_in(rows)
@@ -222,7 +244,8 @@ def table6(ladder_rows: list[dict]) -> Table:
 def write_all(rows: list[dict], out_dir: str, *, tune_table: str | None = None,
               ladder_rows: list[dict] | None = None) -> list[str]:
     paths = []
-    for table in (table4(rows), by_head_dim(rows), by_regime(rows), table5(tune_table),
-                  table6(ladder_rows or []), throughput(rows), status(rows)):
+    for table in (headline(rows), table4(rows), by_head_dim(rows), by_regime(rows),
+                  table5(tune_table), table6(ladder_rows or []), throughput(rows),
+                  status(rows)):
         paths += table.write(out_dir)
     return paths

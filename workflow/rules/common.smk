@@ -26,7 +26,7 @@ if config["ladder"]["enabled"]:
 RESULTS = config["results_dir"]
 SHARDS = config["shards"]
 HEAD_DIMS = sorted(set(BENCH.grid.head_dims))
-TABLES = ["table4_ratios", "ratios_by_head_dim", "ratios_by_regime", "table5_schedules",
+TABLES = ["headline", "table4_ratios", "ratios_by_head_dim", "ratios_by_regime", "table5_schedules",
           "table6_ladder", "throughput", "status"]
 FIGURES = [f"throughput_vs_seq_d{d}" for d in HEAD_DIMS] + [
     "regime_map", "baselines_d128", "bandwidth_vs_seq", "tile_sensitivity"]
