@@ -181,11 +181,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"figures: {len(paths)} files in {args.out}", file=sys.stderr)
         return 0
     if args.command == "profile":
-        from .study.frame import StudyError
-        from .study.profile import Shape, run_profile
-
         from .launchers import LauncherError, get_launcher
-        from .study.profile import ProfileTask
+        from .study.frame import StudyError
+        from .study.profile import ProfileTask, Shape, run_profile
 
         try:
             shapes = [Shape.parse(s) for s in args.shape]

@@ -11,7 +11,7 @@ bench = smk.params.bench
 points = expand(from_dict(bench))
 with open(smk.output[0], "w") as f:
     yaml.safe_dump(bench, f, sort_keys=False)
-if "study" in smk.output.keys():
+if hasattr(smk.output, "study"):  # a Namedlist: `in` would test the paths
     with open(smk.output.study, "w") as f:
         yaml.safe_dump(dict(smk.config), f, sort_keys=False)
 with open(smk.log[0], "w") as f:
