@@ -87,6 +87,19 @@ def main(argv: list[str] | None = None) -> int:
     bcreate.add_argument("--out", required=True, help="bundle directory (DIR.zip next to it)")
     bverify = bsub.add_parser("verify", help="recompute checksums, validate the metadata")
     bverify.add_argument("path", help="bundle directory or zip")
+    off = sub.add_parser("offline", help="wheelhouse for nodes without network")
+    osub = off.add_subparsers(dest="offline_command", required=True)
+    opack = osub.add_parser("pack", help="the project, its locked dependencies and the cuTile "
+                            "toolchain as wheels for one Python version and platform")
+    opack.add_argument("dest", help="directory for the wheels, SHA256SUMS and install.sh")
+    opack.add_argument("--python", default=f"{sys.version_info.major}.{sys.version_info.minor}",
+                       help="target Python version, e.g. 3.12 (default: this one)")
+    opack.add_argument("--platform", default="manylinux_2_28_x86_64",
+                       help="target platform tag (older compatible manylinux tags included)")
+    opack.add_argument("--extras", nargs="+", default=["gpu", "node"],
+                       help="gpu: cuda-tile + tileiras/ptxas/libnvvm; node: submitit, pyyaml")
+    opack.add_argument("--torch", help="also pack this torch, e.g. torch==2.11.0 (default: the "
+                       "node's own)")
     args = parser.parse_args(argv)
     if args.version:
         from . import __version__
@@ -245,6 +258,18 @@ def main(argv: list[str] | None = None) -> int:
             os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         return run_tune(points, space=args.space, state_path=args.state, out_path=args.out,
                         reps=args.reps, compile_timeout=args.compile_timeout)
+    if args.command == "offline":
+        from .offline import OfflineError, PackOptions, pack
+
+        try:
+            out = pack(PackOptions(args.dest, args.python, args.platform, tuple(args.extras),
+                                   args.torch))
+        except OfflineError as exc:
+            print(f"tiledattn offline pack: {exc}", file=sys.stderr)
+            return 1
+        print(f"offline pack: {out['wheels']} wheels for Python {out['python']} "
+              f"{out['platform']} in {out['dest']}; install there with {out['dest']}/install.sh")
+        return 0
     parser.print_help()
     return 2
 
