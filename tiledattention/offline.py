@@ -4,8 +4,8 @@ platform. Torch is left out unless asked for: GPU nodes and images bring their o
 build, and a CUDA torch wheel is several GB.
 
     tiledattn offline pack DIR --python 3.12 --platform manylinux_2_28_x86_64
-    # on the node:
-    python -m pip install --no-index --find-links DIR 'tiledattention[gpu]'
+    # on the node: checks SHA256SUMS, then installs DIR/requirements.txt (exact versions)
+    sh DIR/install.sh
 """
 
 from __future__ import annotations
@@ -13,8 +13,10 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 
 from .errors import TiledAttentionError
@@ -25,6 +27,12 @@ LOCK = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
 EXTRAS = {"gpu": ("cuda-tile", "cuda-toolkit", "nvidia-cuda-tileiras", "nvidia-cuda-nvcc",
                   "nvidia-nvvm", "nvidia-cuda-crt", "nvidia-cuda-runtime", "nvidia-nvjitlink"),
           "node": ("submitit", "cloudpickle", "typing-extensions", "pyyaml")}
+
+# Carried beside the pins when torch is not packed, installed only if the node's torch asks
+# for it: torch 2.13 requires setuptools>=77.0.3 (2.10-2.12: <82), and a Python <= 3.11 venv
+# brings its own setuptools 65, which would shadow the node's and leave pip, with no index,
+# nothing to satisfy torch with. requirements.txt does not name it.
+COMPANIONS = ("setuptools==80.9.0",)
 
 
 class OfflineError(TiledAttentionError, RuntimeError):
@@ -85,26 +93,41 @@ def pack(o: PackOptions, source: str | None = None) -> dict:
     if not os.path.exists(os.path.join(source, "pyproject.toml")):
         raise OfflineError(f"{source} is not a source checkout (no pyproject.toml)")
     os.makedirs(o.dest, exist_ok=True)
-    _pip("wheel", "--no-deps", "-q", "-w", o.dest, source)
+    with tempfile.TemporaryDirectory() as tmp:  # to know which wheel this build made
+        _pip("wheel", "--no-deps", "-q", "-w", tmp, source)
+        built = [f for f in os.listdir(tmp) if f.endswith(".whl")]
+        if len(built) != 1:
+            raise OfflineError(f"pip wheel {source} made {built}, expected one wheel")
+        shutil.move(os.path.join(tmp, built[0]), os.path.join(o.dest, built[0]))
+    project_version = built[0].split("-")[1]
     target = ["--only-binary=:all:", "--python-version", o.python, "--implementation", "cp",
               "-d", o.dest]
     for tag in _platforms(o.platform):
         target += ["--platform", tag]
-    _pip("download", "-q", "--no-deps", *target, *locked(o.extras))
+    pins = locked(o.extras)
+    _pip("download", "-q", "--no-deps", *target, *pins)
     if o.torch:  # with its own dependencies (sympy, networkx, the CUDA wheels, ...)
         _pip("download", "-q", *target, o.torch, "numpy")
+    else:
+        _pip("download", "-q", "--no-deps", *target, *COMPANIONS)
     wheels = sorted(f for f in os.listdir(o.dest) if f.endswith(".whl"))
     with open(os.path.join(o.dest, "SHA256SUMS"), "w") as f:
         for w in wheels:
             with open(os.path.join(o.dest, w), "rb") as g:
                 f.write(f"{hashlib.sha256(g.read()).hexdigest()}  {w}\n")
+    # Exact versions, so wheels left in DIR by an earlier pack cannot be picked instead.
     spec = "tiledattention[gpu]" if "gpu" in o.extras else "tiledattention"
+    with open(os.path.join(o.dest, "requirements.txt"), "w") as f:
+        f.write(f"# installed by install.sh from this directory only (pip --no-index)\n"
+                f"{spec}=={project_version}\n" + "".join(f"{p}\n" for p in pins)
+                + (f"{o.torch}\n" if o.torch else ""))
     with open(os.path.join(o.dest, "install.sh"), "w") as f:
         f.write("#!/bin/sh\n# Install TiledAttention from this wheelhouse, no network: torch "
                 "must already be\n# installed unless it was packed (--torch).\nset -e\n"
                 'here=$(cd "$(dirname "$0")" && pwd)\n'
                 '(cd "$here" && sha256sum -c --quiet SHA256SUMS)\n'
-                f'python3 -m pip install --no-index --find-links "$here" "{spec}"'
-                + (' submitit pyyaml' if "node" in o.extras else "") + ' "$@"\n')
+                'python3 -m pip install --no-index --find-links "$here" '
+                '-r "$here/requirements.txt" "$@"\n')
     os.chmod(os.path.join(o.dest, "install.sh"), 0o755)
-    return {"dest": o.dest, "wheels": len(wheels), "python": o.python, "platform": o.platform}
+    return {"dest": o.dest, "wheels": len(wheels), "python": o.python, "platform": o.platform,
+            "tiledattention": project_version}
