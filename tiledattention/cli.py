@@ -156,25 +156,27 @@ def main(argv: list[str] | None = None) -> int:
                   f"{args.rows}, found {len(found)}", file=sys.stderr)
             return 1
         rows = concat(args.rows)
-        jsonl, table = write(rows, args.out)
         counts: dict[str, int] = {}
         for r in rows:
             counts[r.get("status", "?")] = counts.get(r.get("status", "?"), 0) + 1
-        print(f"aggregate: {len(rows)} rows ({counts}) -> {table}", file=sys.stderr)
         if args.rows_only:
+            _, table = write(rows, args.out)
+            print(f"aggregate: {len(rows)} rows ({counts}) -> {table}", file=sys.stderr)
             return 0
         from .study.frame import StudyError, write_rows_table
         from .study.tables import write_all
 
         try:
-            write_rows_table(rows, args.out)
+            write(rows, args.out, csv_table=False)  # rows.csv comes next, dictionary order
+            table = write_rows_table(rows, args.out)["csv"]
             ladder = concat(args.ladder) if args.ladder else []
             paths = write_all(rows, os.path.join(args.out, "tables"),
                               tune_table=args.tune_table, ladder_rows=ladder)
         except StudyError as exc:
             print(f"tiledattn aggregate: {exc}", file=sys.stderr)
             return 1
-        print(f"aggregate: {len(paths)} table files in {args.out}/tables", file=sys.stderr)
+        print(f"aggregate: {len(rows)} rows ({counts}) -> {table}; {len(paths)} table files "
+              f"in {args.out}/tables", file=sys.stderr)
         return 0
     if args.command == "figures":
         import json

@@ -28,15 +28,18 @@ def concat(rows_dir: str) -> list[dict]:
     return rows
 
 
-def write(rows: list[dict], out_dir: str) -> tuple[str, str]:
+def write(rows: list[dict], out_dir: str, *, csv_table: bool = True) -> tuple[str, str]:
+    """rows.jsonl and (unless the caller writes its own) rows.csv in ``out_dir``."""
     os.makedirs(out_dir, exist_ok=True)
     jsonl = os.path.join(out_dir, "rows.jsonl")
     with open(jsonl, "w") as f:
         for r in rows:
             f.write(json.dumps(r, sort_keys=True) + "\n")
+    table = os.path.join(out_dir, "rows.csv")
+    if not csv_table:
+        return jsonl, table
     flat = [flatten(r) for r in rows]
     columns = sorted({k for r in flat for k in r})
-    table = os.path.join(out_dir, "rows.csv")
     with open(table, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=columns)
         w.writeheader()

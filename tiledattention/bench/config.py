@@ -152,7 +152,7 @@ def validate(cfg: BenchConfig) -> BenchConfig:
         try:
             get_method(m)
         except (KeyError, ScheduleError) as exc:
-            raise ConfigError(f"methods: {str(exc).strip(chr(34))}") from exc
+            raise ConfigError(f"methods: {exc.args[0]}") from exc
     if len(set(cfg.methods)) != len(cfg.methods):
         raise ConfigError("methods: listed more than once")
     if t.reps < 1 or t.rounds < 1 or t.warmup < 0:

@@ -54,32 +54,33 @@ class Launcher:
 
     def _run_on_gpus(self, tasks: list[ShardTask], gpus: list[str]) -> list[dict]:
         # Start each shard as soon as a GPU is free; hold the GPU until its shard ends.
-        running, results, pending = [], {}, list(tasks)
+        # Results are kept by position: any picklable task works, not only shards.
+        running, results, pending = [], {}, list(enumerate(tasks))
         try:
             while pending or running:
-                for job, res, task in list(running):
+                for job, res, i in list(running):
                     if job.done():
                         res.release()
-                        running.remove((job, res, task))
-                        results[task.shard_index] = wait([job], self._describe, None)[0]
+                        running.remove((job, res, i))
+                        results[i] = wait([job], self._describe, None)[0]
                 if pending:
                     try:
                         res = reserve(gpus, timeout_s=0)
                     except LauncherError:
                         time.sleep(0.5)
                         continue
-                    task = pending.pop(0)
+                    i, task = pending.pop(0)
                     ex = submitit.LocalExecutor(folder=self.folder, python=self.options.python)
                     ex.update_parameters(timeout_min=self.options.timeout_min, gpus_per_node=1,
                                          visible_gpus=(int(res.gpu),))
-                    running.append((ex.submit(task), res, task))
+                    running.append((ex.submit(task), res, i))
                 else:
                     time.sleep(0.5)
         finally:
             for job, res, _ in running:
                 job.cancel(check=False)
                 res.release()
-        return [results[t.shard_index] for t in tasks]
+        return [results[i] for i in range(len(tasks))]
 
     @staticmethod
     def _describe(job) -> str:

@@ -56,11 +56,16 @@ def _save(fig, out_dir, name) -> list[str]:
     return paths
 
 
-def _no_data(plt, ax, why):
+def _no_data(ax, why):
     ax.text(0.5, 0.5, f"no data:\n{why}", ha="center", va="center", transform=ax.transAxes,
             fontsize=8, wrap=True)
     ax.set_xticks([])
     ax.set_yticks([])
+
+
+def _by_seq(rows, **match):
+    """The ok rows matching ``match``, in order of S: one line of a throughput plot."""
+    return sorted(_ok(rows, **match), key=lambda r: r["seq_q"])
 
 
 def _ok(rows, **match):
@@ -90,8 +95,7 @@ def throughput_vs_seq(rows, out_dir) -> list[str]:
         for ax, (dtype, causal) in zip(axes, panels):
             drawn = 0
             for m in methods:
-                ok = sorted(_ok(rows, method=m, head_dim=d, dtype=dtype, causal=causal),
-                            key=lambda r: r["seq_q"])
+                ok = _by_seq(rows, method=m, head_dim=d, dtype=dtype, causal=causal)
                 if not ok:
                     continue
                 s = [r["seq_q"] for r in ok]
@@ -108,7 +112,7 @@ def throughput_vs_seq(rows, out_dir) -> list[str]:
                 ax.set_ylabel("TFLOP/s")
                 ax.legend(loc="best")
             else:
-                _no_data(plt, ax, "no ok rows")
+                _no_data(ax, "no ok rows")
         fig.suptitle(f"Throughput vs S, D={d} (whisker: p95 time)")
         paths += _save(fig, out_dir, f"throughput_vs_seq_d{d}")
     return paths
@@ -126,7 +130,7 @@ def regime_map(rows, out_dir) -> list[str]:
         per.pop(None, None)
         cells = {k: s.geomean for k, s in per.items() if s.n}
         if not cells:
-            _no_data(plt, ax, f"{SUBJECT} and {FUSED} never both ok")
+            _no_data(ax, f"{SUBJECT} and {FUSED} never both ok")
             ax.set_title(_title(dtype, causal))
             continue
         ds = sorted({k[0] for k in cells})
@@ -158,8 +162,7 @@ def baselines_at_d128(rows, out_dir) -> list[str]:
     for ax, (dtype, causal) in zip(axes, panels):
         drawn = 0
         for m in [m for m in BASELINES_D128 if m in methods_in(rows)]:
-            ok = sorted(_ok(rows, method=m, head_dim=d, dtype=dtype, causal=causal),
-                        key=lambda r: r["seq_q"])
+            ok = _by_seq(rows, method=m, head_dim=d, dtype=dtype, causal=causal)
             if ok:
                 ax.plot([r["seq_q"] for r in ok], [r["tflops"] for r in ok], marker="o", ms=3,
                         label=m, color=_color(m))
@@ -172,7 +175,7 @@ def baselines_at_d128(rows, out_dir) -> list[str]:
             ax.set_ylabel("TFLOP/s")
             ax.legend(loc="best", ncol=2)
         else:
-            _no_data(plt, ax, "no ok rows")
+            _no_data(ax, "no ok rows")
     fig.suptitle(f"All baselines at D={d}")
     return _save(fig, out_dir, "baselines_d128")
 
@@ -186,8 +189,7 @@ def bandwidth_vs_seq(rows, out_dir) -> list[str]:
         drawn = 0
         for m in (SUBJECT, FUSED):
             for dtype, causal in _panels(rows):
-                ok = sorted(_ok(rows, method=m, head_dim=d, dtype=dtype, causal=causal),
-                            key=lambda r: r["seq_q"])
+                ok = _by_seq(rows, method=m, head_dim=d, dtype=dtype, causal=causal)
                 if ok:
                     ax.plot([r["seq_q"] for r in ok], [r["gbytes_per_s"] for r in ok],
                             marker="o", ms=3, ls="-" if m == SUBJECT else "--",
@@ -200,7 +202,7 @@ def bandwidth_vs_seq(rows, out_dir) -> list[str]:
             ax.set_ylabel("GB/s (q, k, v, out once)")
             ax.legend(loc="best", fontsize=6)
         else:
-            _no_data(plt, ax, "no ok rows")
+            _no_data(ax, "no ok rows")
     fig.suptitle("Bandwidth proxy vs S")
     return _save(fig, out_dir, "bandwidth_vs_seq")
 
@@ -225,7 +227,7 @@ def tile_sensitivity(ladder_rows, tune_entries, out_dir) -> list[str]:
         ax.set_ylabel("TFLOP/s")
         ax.legend(fontsize=6)
     else:
-        _no_data(plt, ax, "no schedule ladder in this study")
+        _no_data(ax, "no schedule ladder in this study")
     ax.set_title("Schedule ladder")
     ax = axes[1]
     if tune_entries:
@@ -235,7 +237,7 @@ def tile_sensitivity(ladder_rows, tune_entries, out_dir) -> list[str]:
         ax.set_xlabel("runner-up slower by (%)")
         ax.set_ylabel("tuned buckets")
     else:
-        _no_data(plt, ax, "tuning did not run in this study")
+        _no_data(ax, "tuning did not run in this study")
     ax.set_title("Tuning sensitivity")
     fig.suptitle("Tile/schedule sensitivity")
     return _save(fig, out_dir, "tile_sensitivity")

@@ -58,11 +58,9 @@ def image_reference(image: str | None) -> dict | None:
     if "@sha256:" in image:
         ref["digest"] = "sha256:" + image.split("@sha256:")[1]
     elif os.path.isfile(image):
-        h = hashlib.sha256()
-        with open(image, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
-        ref["digest"] = "sha256:" + h.hexdigest()
+        from .bundle import sha256
+
+        ref["digest"] = "sha256:" + sha256(image)
     return ref
 
 

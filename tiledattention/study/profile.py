@@ -291,12 +291,9 @@ class ProfileTask:
     warmup: int = 5
     tokens: int = 16384
     width: int = 2048
-    shard_index: int = 0  # launchers key results by shard index
-    shard_count: int = 1
-    tag: str = "profile"
 
     def __call__(self) -> dict:
         run_profile([Shape.parse(s) for s in self.shapes], list(self.methods), self.out_dir,
                     clock_control=self.clock_control, warmup=self.warmup, tokens=self.tokens,
                     width=self.width)
-        return {"shard": 0, "of": 1, "out_dir": self.out_dir}
+        return {"out_dir": self.out_dir}

@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass, field
 
 from ..bench.methods import PINNED_PREFIX
-from .ratios import RatioSummary, compare, compare_by, points_of
+from .ratios import RatioSummary, compare, compare_by, index_rows, points_of
 
 SUBJECT = "tiledattention"
 FUSED = "torch_sdpa"  # PyTorch's automatic dispatch: "fused SDPA" in the paper
@@ -174,7 +174,7 @@ def throughput(rows: list[dict]) -> Table:
     ms = methods_in(rows)
     t = Table("throughput", "TFLOP/s per point and method (median time)",
               ["dtype", "mask", "D", "S", "B", "H"] + ms)
-    idx = {(r["point_key"], r["method"]): r for r in rows}
+    idx = index_rows(rows)
     for key, p in points_of(rows).items():
         cells = []
         for m in ms:

@@ -22,10 +22,7 @@ rule aggregate:
         rows=lambda wildcards, input: os.path.dirname(input.shards[0]),
         out=lambda wildcards, output: os.path.dirname(output.table),
         shards=SHARDS,
-        extra=lambda wildcards, input: " ".join(
-            ([f"--ladder {os.path.dirname(input.ladder)}"] if "ladder" in input.keys() else [])
-            + ([f"--tune-table {input.tune}"] if "tune" in input.keys() else [])
-        ),
+        extra=study_extras,
     conda:
         "../envs/tiledattn.yaml"
     shell:
@@ -47,10 +44,7 @@ rule figures:
         f"{RESULTS}/logs/figures.log",
     params:
         out=lambda wildcards, output: os.path.dirname(output[0]),
-        extra=lambda wildcards, input: " ".join(
-            ([f"--ladder {os.path.dirname(input.ladder)}"] if "ladder" in input.keys() else [])
-            + ([f"--tune-table {input.tune}"] if "tune" in input.keys() else [])
-        ),
+        extra=study_extras,
     conda:
         "../envs/tiledattn.yaml"
     shell:

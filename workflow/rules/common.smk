@@ -49,6 +49,16 @@ def aggregate_inputs(wildcards):
     return out
 
 
+def study_extras(wildcards, input):
+    """--ladder/--tune-table for aggregate and figures, when the study ran those stages."""
+    extra = []
+    if "ladder" in input.keys():
+        extra.append(f"--ladder {os.path.dirname(input.ladder)}")
+    if "tune" in input.keys():
+        extra.append(f"--tune-table {input.tune}")
+    return " ".join(extra)
+
+
 def tune_restrictions():
     flags = (("seqs", "--seqs"), ("head_dims", "--head-dims"), ("dtypes", "--dtypes"))
     return " ".join(f"{flag} {' '.join(map(str, config['tune'][key]))}"
