@@ -22,8 +22,8 @@ import torch
 
 import tiledattention as ta
 from tiledattention.flops import attention_flops, tflops_per_s
-from tiledattention.policy import choose_schedule
 from tiledattention.reference import naive_attention
+from tiledattention.schedules.policy import choose_schedule
 from tiledattention.timing import L2Flusher, summarize, time_cuda
 from tiledattention.torch_backends import detect_auto_backend, torch_sdpa
 

@@ -19,7 +19,7 @@ import torch
 
 import tiledattention as ta
 from tiledattention.flops import attention_flops, tflops_per_s
-from tiledattention.policy import choose_schedule
+from tiledattention.schedules.policy import choose_schedule
 from tiledattention.timing import L2Flusher, summarize, time_cuda
 
 POINTS = [(64, 1024, True), (64, 4096, False), (128, 1024, False), (128, 1024, True),

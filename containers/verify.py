@@ -76,7 +76,7 @@ def split_conflicts(pip_check: str, ours: set[str]) -> tuple[list[str], list[str
 
 
 def tileiras_problems(pinned: str) -> list[str]:
-    from tiledattention.toolchain import tileiras_path
+    from tiledattention.kernel.toolchain import tileiras_path
 
     path = tileiras_path()
     if path is None:

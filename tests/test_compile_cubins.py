@@ -14,9 +14,9 @@ import pytest
 
 pytest.importorskip("cuda.tile", reason="cuTile not installed: pip install 'cuda-tile[tileiras]'")
 
-from tiledattention.compile import export_cubin  # noqa: E402
-from tiledattention.toolchain import kernel_module, tileiras_path  # noqa: E402
-from tiledattention.variant import variant_matrix  # noqa: E402
+from tiledattention.kernel.compile import export_cubin  # noqa: E402
+from tiledattention.kernel.toolchain import kernel_module, tileiras_path  # noqa: E402
+from tiledattention.kernel.variant import variant_matrix  # noqa: E402
 
 if tileiras_path() is None:
     pytest.skip("tileiras not found: pip install 'cuda-tile[tileiras]'", allow_module_level=True)
@@ -45,9 +45,9 @@ def test_variant_compiles_to_a_cuda_cubin(variant, target):
 
 
 def _shipped_variants():
-    from tiledattention.policy import shipped_table_paths
-    from tiledattention.table import ScheduleTable
-    from tiledattention.variant import Variant
+    from tiledattention.kernel.variant import Variant
+    from tiledattention.schedules.policy import shipped_table_paths
+    from tiledattention.schedules.table import ScheduleTable
 
     seen = {}
     for path in shipped_table_paths():

@@ -339,7 +339,7 @@ def test_verify_fails_only_on_pip_conflicts_that_touch_our_distributions(verify)
 
 
 def _installed_tileiras() -> str:
-    from tiledattention.toolchain import tileiras_path
+    from tiledattention.kernel.toolchain import tileiras_path
 
     if tileiras_path() is None:
         needed("tileiras", "the gpu extra is not installed")

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import tiledattention as ta
-from tiledattention import launch, toolchain
+from tiledattention.kernel import launch, toolchain
 
 
 def t(*shape, dtype=torch.float16, device="cpu"):
@@ -116,7 +116,7 @@ def test_missing_tileiras_raises_toolchain_missing_with_install_line(monkeypatch
 
 
 def test_missing_cutile_raises_toolchain_missing_with_install_line(monkeypatch):
-    monkeypatch.setitem(sys.modules, "tiledattention.kernel", None)
+    monkeypatch.setitem(sys.modules, "tiledattention.kernel.attention", None)
     toolchain.kernel_module.cache_clear()
     try:
         with pytest.raises(ta.ToolchainMissingError, match="cuda-tile"):

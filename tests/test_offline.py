@@ -71,7 +71,7 @@ def _fresh_env(where: Path) -> tuple[Path, dict[str, str]]:
 
 def _probe(py: Path, env: dict[str, str]) -> list[str]:
     out = subprocess.run([str(py), "-c", "import tiledattention, cuda.tile, torch, submitit, yaml; "
-                          "from tiledattention.toolchain import tileiras_version; "
+                          "from tiledattention.kernel.toolchain import tileiras_version; "
                           "print(tiledattention.__file__); print(cuda.tile.__file__); "
                           "print(torch.__file__); print(tileiras_version())"],
                          cwd="/", capture_output=True, text=True, timeout=300, env=env)

@@ -18,7 +18,7 @@ pytest.importorskip("rocrate")
 
 from tiledattention.bench.methods import get_method  # noqa: E402
 from tiledattention.errors import ScheduleError  # noqa: E402
-from tiledattention.schedule import Schedule  # noqa: E402
+from tiledattention.schedules.schedule import Schedule  # noqa: E402
 from tiledattention.study import bundle, figures, manifest, tables  # noqa: E402
 from tiledattention.study.frame import StudyError, columns_of, write_rows_table  # noqa: E402
 from tiledattention.study.metadata import (  # noqa: E402

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 import tiledattention as ta
-from tiledattention import policy
-from tiledattention.schedule import Schedule
-from tiledattention.space import candidates, rejection
-from tiledattention.table import Bucket, Entry, ScheduleTable, TableError, seq_bucket
+from tiledattention.schedules import policy
+from tiledattention.schedules.schedule import Schedule
+from tiledattention.schedules.space import candidates, rejection
+from tiledattention.schedules.table import Bucket, Entry, ScheduleTable, TableError, seq_bucket
 from tiledattention.tune import TuneState, build_table, paper_grid
 
 

@@ -17,9 +17,9 @@ from .errors import (
     ToolchainMissingError,
     UnsupportedHeadDimError,
 )
-from .policy import set_schedule_table
-from .schedule import Schedule, default_schedule
-from .table import TableError
+from .schedules.policy import set_schedule_table
+from .schedules.schedule import Schedule, default_schedule
+from .schedules.table import TableError
 
 __version__ = "0.1.0"
 

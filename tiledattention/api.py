@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .schedule import Schedule
+from .schedules.schedule import Schedule
 from .validate import check_inputs, resolve_schedule
 
 
@@ -14,8 +14,8 @@ def _attention_fwd(
     causal: bool, scale: float, return_lse: bool, tile_m: int, tile_n: int, occupancy: int,
     num_ctas: int, latency_k: int, latency_v: int, heavy_first: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    from .launch import run_attention
-    from .policy import choose_schedule
+    from .kernel.launch import run_attention
+    from .schedules.policy import choose_schedule
 
     # tile_m == 0 means "pick for me": resolved here, at run time, so that tracing under
     # torch.compile never queries the device.

@@ -42,7 +42,7 @@ class Report:
 
 
 def environment() -> dict:
-    from .toolchain import tileiras_path, tileiras_version
+    from .kernel.toolchain import tileiras_path, tileiras_version
 
     env = {"python": platform.python_version(), "torch": torch.__version__,
            "cuda_gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
@@ -84,9 +84,9 @@ def _validation():
 
 
 def _compile_one():
-    from .compile import export_cubin
-    from .schedule import default_schedule
-    from .variant import Variant
+    from .kernel.compile import export_cubin
+    from .kernel.variant import Variant
+    from .schedules.schedule import default_schedule
 
     v = Variant("float16", 96, True, default_schedule(96, True))
     res = export_cubin(v, "sm_90")
@@ -141,7 +141,7 @@ def run_check(json_path: str | None = None) -> int:
     if report.environment["cuda_tile"] and report.environment["tileiras"]:
         report.add("tileiras compile, no GPU needed", _compile_one)
     else:
-        from .toolchain import INSTALL_LINE
+        from .kernel.toolchain import INSTALL_LINE
 
         print(f"[SKIP] tileiras compile: cuTile toolchain not installed ({INSTALL_LINE})")
     if torch.cuda.is_available():

@@ -19,10 +19,10 @@ from dataclasses import asdict, dataclass
 import torch
 
 from .flops import attention_flops, tflops_per_s
-from .policy import bucket_for
-from .schedule import Schedule
-from .space import candidates
-from .table import Entry, ScheduleTable
+from .schedules.policy import bucket_for
+from .schedules.schedule import Schedule
+from .schedules.space import candidates
+from .schedules.table import Entry, ScheduleTable
 from .timing import L2Flusher, summarize, time_cuda
 
 PAPER_SEQS = (512, 1024, 2048, 4096, 8192)
@@ -180,7 +180,7 @@ def run_tune(points, *, space: str, state_path: str, out_path: str, warmup: int 
 
 
 def space_for(head_dim: int, space: str) -> list[Schedule]:
-    from .space import rejection
+    from .schedules.space import rejection
 
     if space == "quick":
         return [s for s in QUICK_SPACE if rejection(s, head_dim) is None]

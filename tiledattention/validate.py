@@ -19,8 +19,8 @@ from .errors import (
     UnsupportedHeadDimError,
 )
 from .headdim import MAX_HEAD_DIM, supported_head_dim
-from .schedule import Schedule
-from .space import rejection
+from .schedules.schedule import Schedule
+from .schedules.space import rejection
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 

@@ -8,7 +8,7 @@ def _skip_reason() -> str | None:
     if not torch.cuda.is_available():
         return "no CUDA GPU visible to PyTorch (torch.cuda.is_available() is False)"
     try:
-        from tiledattention.launch import check_device
+        from tiledattention.kernel.launch import check_device
 
         check_device(torch.cuda.current_device())
     except Exception as exc:  # toolchain missing, GPU too old

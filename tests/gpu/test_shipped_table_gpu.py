@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import tiledattention as ta
-from tiledattention.policy import shipped_table_paths
 from tiledattention.reference import naive_attention
-from tiledattention.table import ScheduleTable
+from tiledattention.schedules.policy import shipped_table_paths
+from tiledattention.schedules.table import ScheduleTable
 
 ENTRIES = [e for p in shipped_table_paths() for e in ScheduleTable.load(p).entries.values()]
 TOL = {"float16": 2e-3, "bfloat16": 1e-2}

@@ -60,7 +60,7 @@ def _gpu() -> dict | None:
 
 def capture(config, *, started: str, finished: str | None = None) -> dict:
     from .. import __version__
-    from ..toolchain import tileiras_path, tileiras_version
+    from ..kernel.toolchain import tileiras_path, tileiras_version
 
     # A tree shipped to a node may carry a stale .git (or none): an explicitly named
     # revision wins, and then the tree's dirtiness is unknown rather than guessed.

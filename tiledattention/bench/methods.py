@@ -40,7 +40,7 @@ def _gqa(point: Point) -> bool:
 
 def _tiled_check(point, device):
     from ..headdim import supported_head_dim
-    from ..toolchain import tileiras_path
+    from ..kernel.toolchain import tileiras_path
 
     if device.type != "cuda":
         raise Unavailable("needs a CUDA GPU")
@@ -59,7 +59,7 @@ def _tiled_run(q, k, v, point, schedule=None):
 
 
 def _tiled_describe(q, k, v, point):
-    from ..policy import choose_schedule
+    from ..schedules.policy import choose_schedule
 
     schedule, how = choose_schedule(q, k, point.causal)
     return {"schedule": schedule.label(), "schedule_source": how}
@@ -139,7 +139,7 @@ def get_method(name: str) -> Method:
     if name in METHODS:
         return METHODS[name]
     if name.startswith(PINNED_PREFIX):
-        from ..schedule import Schedule
+        from ..schedules.schedule import Schedule
 
         schedule = Schedule.from_label(name[len(PINNED_PREFIX):])
         return Method(name, f"this project's cuTile kernel with schedule {schedule.label()}",

@@ -205,7 +205,7 @@ def table5(tune_table: str | None) -> Table:
         t.notes.append("tuning did not run in this study (config tune.enabled: false); the "
                        "shipped table's own winners are in tiledattention/tables/.")
         return t
-    from ..schedule import Schedule
+    from ..schedules.schedule import Schedule
 
     with open(tune_table) as f:
         entries = json.load(f)["entries"]

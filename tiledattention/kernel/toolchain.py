@@ -9,7 +9,7 @@ import shutil
 import subprocess
 from types import ModuleType
 
-from .errors import ToolchainMissingError
+from ..errors import ToolchainMissingError
 
 INSTALL_LINE = "pip install 'cuda-tile[tileiras]>=1.7'  (or: pip install 'tiledattention[gpu]')"
 
@@ -18,7 +18,7 @@ INSTALL_LINE = "pip install 'cuda-tile[tileiras]>=1.7'  (or: pip install 'tileda
 def kernel_module() -> ModuleType:
     """Import the kernel module (and so cuda.tile) once, or explain what is missing."""
     try:
-        kernel = importlib.import_module(f"{__package__}.kernel")
+        kernel = importlib.import_module(f"{__package__}.attention")
     except ImportError as exc:  # cuda.tile itself, or numpy under it
         raise ToolchainMissingError(
             f"cuTile is not importable ({exc}); install it with: {INSTALL_LINE}"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .headdim import plan_head_dim
-from .schedule import Schedule
+from ..headdim import plan_head_dim
+from ..schedules.schedule import Schedule
 
 DTYPES = ("float16", "bfloat16")
 MASK_KINDS = ("none", "key_padding", "full")
@@ -59,7 +59,7 @@ def mask_axes_for(kind: str) -> tuple[bool, bool, bool]:
 
 def variant_matrix(head_dims=(64, 96, 128, 160, 256), schedule_for=None) -> list[Variant]:
     """Every dtype x causal x mask kind x head dim, for compile-only checks."""
-    from .schedule import default_schedule
+    from ..schedules.schedule import default_schedule
 
     schedule_for = schedule_for or default_schedule
     out = []

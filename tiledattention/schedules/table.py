@@ -12,7 +12,7 @@ import math
 import os
 from dataclasses import asdict, dataclass, field
 
-from .errors import TiledAttentionError
+from ..errors import TiledAttentionError
 from .schedule import Schedule
 
 FORMAT = "tiledattention-schedule-table/1"

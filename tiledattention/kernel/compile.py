@@ -14,8 +14,8 @@ import io
 import time
 from dataclasses import dataclass
 
-from .errors import CompileError
-from .schedule import Schedule
+from ..errors import CompileError
+from ..schedules.schedule import Schedule
 from .toolchain import kernel_module
 from .variant import Variant
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
-from .errors import ScheduleError
+from ..errors import ScheduleError
 
 TILE_SIZES = (16, 32, 64, 128, 256)
 NUM_CTAS = (1, 2, 4, 8, 16)

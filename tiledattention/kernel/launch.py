@@ -7,9 +7,9 @@ import math
 
 import torch
 
+from ..errors import GPUTooOldError, ToolchainMissingError
+from ..schedules.schedule import Schedule
 from .compile import kernel_for
-from .errors import GPUTooOldError, ToolchainMissingError
-from .schedule import Schedule
 from .toolchain import INSTALL_LINE, kernel_module, tileiras_path
 from .variant import Variant
 
