@@ -7,7 +7,6 @@ dtype x causal x mask kind (none, key padding [B,1,1,Skv], full [B,H,Sq,Skv]) x 
 
 from __future__ import annotations
 
-import inspect
 import struct
 
 import pytest
@@ -15,7 +14,7 @@ import pytest
 pytest.importorskip("cuda.tile", reason="cuTile not installed: pip install 'cuda-tile[tileiras]'")
 
 from tiledattention.kernel.compile import export_cubin  # noqa: E402
-from tiledattention.kernel.toolchain import kernel_module, tileiras_path  # noqa: E402
+from tiledattention.kernel.toolchain import tileiras_path  # noqa: E402
 from tiledattention.kernel.variant import variant_matrix  # noqa: E402
 
 if tileiras_path() is None:
@@ -25,12 +24,27 @@ TARGETS = ("sm_90", "sm_100", "sm_120")
 EM_CUDA = 190
 
 
-def test_variant_constants_match_the_kernels_constant_parameters():
-    fn = kernel_module().attention_fwd._annotated_function.pyfunc
-    params = inspect.signature(fn).parameters.values()
-    n_const = sum(1 for p in params if str(p.annotation) in ("ConstInt", "ConstBool"))
-    assert n_const > 10
-    assert n_const == len(variant_matrix()[0].constants())
+def test_variant_constants_are_named_as_the_kernels_constant_parameters():
+    from tiledattention.kernel.params import kernel_params
+
+    params = kernel_params()
+    assert len(params.constants) > 10
+    for variant in variant_matrix()[:3]:
+        assert set(variant.constants()) == params.constants
+
+
+def test_kernel_arguments_are_placed_by_name_in_declaration_order():
+    from tiledattention.kernel.params import TENSORS, kernel_params, ordered
+
+    names = kernel_params().names
+    values = {n: i for i, n in enumerate(names)}
+    assert ordered(dict(reversed(values.items()))) == tuple(range(len(names)))
+    tail = {n: i for n, i in values.items() if n not in TENSORS}
+    assert ordered(tail, skip=TENSORS) == tuple(range(len(TENSORS), len(names)))
+    with pytest.raises(TypeError, match="missing"):
+        ordered({n: 0 for n in names[1:]})
+    with pytest.raises(TypeError, match="unknown"):
+        ordered({**values, "NOT_A_PARAMETER": 1})
 
 
 @pytest.mark.compile

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from ..errors import CompileError
 from ..schedules.schedule import Schedule
+from .params import ordered
 from .toolchain import kernel_module
 from .variant import Variant
 
@@ -57,14 +58,13 @@ def signature_for(variant: Variant):
 
     io_dtype = getattr(ct, variant.dtype)
     mask_dtype = getattr(ct, variant.mask_dtype or "float32")
-    params = [
-        array(io_dtype, 4), array(io_dtype, 4), array(io_dtype, 4), array(io_dtype, 4),
-        array(ct.float32, 3), array(mask_dtype, 4),
-        ScalarConstraint(ct.float32), ScalarConstraint(ct.float32),
-        ScalarConstraint(ct.int32),
-        *variant.constants(),
-    ]
-    return KernelSignature(params, CallingConvention.cutile_python_v1())
+    params = ordered(dict(
+        Q=array(io_dtype, 4), K=array(io_dtype, 4), V=array(io_dtype, 4),
+        Out=array(io_dtype, 4), Lse=array(ct.float32, 3), Mask=array(mask_dtype, 4),
+        qk_scale_log2=ScalarConstraint(ct.float32), inv_scale=ScalarConstraint(ct.float32),
+        GROUP=ScalarConstraint(ct.int32), **variant.constants(),
+    ))
+    return KernelSignature(list(params), CallingConvention.cutile_python_v1())
 
 
 def export_cubin(variant: Variant, gpu_code: str) -> CompiledCubin:

@@ -1,20 +1,20 @@
-"""Running the kernel on CUDA tensors: layout fixes, mask preparation, the launch."""
+"""Running a plan on CUDA tensors: the device check, mask preparation, the launch."""
 
 from __future__ import annotations
 
 import functools
-import math
 
 import torch
 
 from ..errors import GPUTooOldError, ToolchainMissingError
-from ..schedules.schedule import Schedule
-from .compile import kernel_for
 from .toolchain import INSTALL_LINE, kernel_module, tileiras_path
-from .variant import Variant
 
 MIN_CAPABILITY = (8, 0)  # tileiras targets Ampere and newer; tested on Hopper (sm_90)
-LOG2E = 1.0 / math.log(2.0)
+
+# The current stream's raw handle without building a torch.cuda.Stream object (~9 us on
+# the H100 host for torch.cuda.current_stream()); a CPU-only torch build has neither.
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+_current_device = getattr(torch._C, "_cuda_getDevice", None)
 
 
 @functools.cache
@@ -52,31 +52,58 @@ def prepare_mask(mask: torch.Tensor, dtype: torch.dtype, target) -> torch.Tensor
     return _addressable(mask)
 
 
-def run_attention(q, k, v, attn_mask, causal: bool, scale: float, return_lse: bool,
-                  schedule: Schedule) -> tuple[torch.Tensor, torch.Tensor]:
+def mask_layout(mask: torch.Tensor, dtype: torch.dtype, target) -> tuple[str, tuple]:
+    """(dtype name, real (batch, head, query) axes) of the mask as ``prepare_mask`` leaves it.
+
+    Worked out on a meta copy: it follows from shape, strides and dtype alone.
+    """
+    meta = torch.empty_strided(mask.shape, mask.stride(), dtype=mask.dtype, device="meta")
+    prepared = prepare_mask(meta, dtype, target)
+    return (str(prepared.dtype).removeprefix("torch."),
+            (prepared.shape[0] > 1, prepared.shape[1] > 1, prepared.shape[2] > 1))
+
+
+_scratch: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _placeholders(device: torch.device, fresh: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(lse, mask) arguments the kernel never touches (RETURN_LSE, HAS_MASK off).
+
+    Kept per device for eager calls; fresh for the custom op, whose outputs must be new
+    tensors, and during CUDA-graph capture, whose allocations belong to the graph's pool.
+    """
+    if not fresh:
+        found = _scratch.get(device)
+        if found is not None:
+            return found
+    lse = torch.empty((1, 1, 1), dtype=torch.float32, device=device)
+    pair = (lse, lse.view(1, 1, 1, 1))
+    if not fresh and not torch.cuda.is_current_stream_capturing():
+        _scratch[device] = pair
+    return pair
+
+
+def launch(plan, q, k, v, attn_mask, *, fresh_lse: bool = True):
+    """Launch ``plan`` on PyTorch's current stream; returns (out, lse), both new unless
+    ``fresh_lse`` is False and the plan returns no LSE (then lse is a shared placeholder)."""
     import cuda.tile as ct
 
-    check_device(q.device.index if q.device.index is not None else torch.cuda.current_device())
-    q, k, v = _addressable(q), _addressable(k), _addressable(v)
-    b, hq, sq, d = q.shape
-    hk, sk = k.shape[1], k.shape[2]
-    out = torch.empty((b, hq, sq, d), dtype=q.dtype, device=q.device)
-    lse = torch.empty((b, hq, sq) if return_lse else (1, 1, 1), dtype=torch.float32,
-                      device=q.device)
-    if attn_mask is not None:
-        mask = prepare_mask(attn_mask, q.dtype, (b, hq, sq, sk))
-        mask_dtype = str(mask.dtype).removeprefix("torch.")
-        mask_axes = (mask.shape[0] > 1, mask.shape[1] > 1, mask.shape[2] > 1)
+    if plan.copy_qkv:
+        q, k, v = _addressable(q), _addressable(k), _addressable(v)
+    device = plan.device
+    out = torch.empty(plan.out_shape, dtype=plan.dtype, device=device)
+    if plan.variant.return_lse:
+        lse = torch.empty(plan.lse_shape, dtype=torch.float32, device=device)
+        mask = lse.view(1, 1, 1, -1)[..., :1]
     else:
-        mask = lse.view(1, 1, 1, -1)[..., :1]  # never read: HAS_MASK is False
-        mask_dtype, mask_axes = None, (False, False, False)
-    variant = Variant(
-        dtype=str(q.dtype).removeprefix("torch."), head_dim=d, causal=causal,
-        schedule=schedule, even_n=sk % schedule.tile_n == 0, mask_dtype=mask_dtype,
-        mask_axes=mask_axes, return_lse=return_lse,
-    )
-    grid = (math.ceil(sq / schedule.tile_m), hq, b)
-    args = (q, k, v, out, lse, mask, scale * LOG2E, 1.0 / scale, hq // hk, *variant.constants())
-    with torch.cuda.device(q.device):
-        ct.launch(torch.cuda.current_stream(), grid, kernel_for(schedule), args)
+        lse, mask = _placeholders(device, fresh_lse)
+    if plan.mask_target is not None:
+        mask = prepare_mask(attn_mask, plan.dtype, plan.mask_target)
+    index = device.index
+    args = (q, k, v, out, lse, mask, *plan.tail)
+    if _raw_stream is not None and _current_device() == index:
+        ct.launch(_raw_stream(index), plan.grid, plan.kernel, args)
+    else:
+        with torch.cuda.device(device):
+            ct.launch(torch.cuda.current_stream(device), plan.grid, plan.kernel, args)
     return out, lse

@@ -32,15 +32,18 @@ class Variant:
     def has_mask(self) -> bool:
         return self.mask_dtype is not None
 
-    def constants(self) -> tuple:
-        """The kernel's ``ct.Constant`` arguments, in declaration order."""
+    def constants(self) -> dict[str, int | bool]:
+        """The kernel's ``ct.Constant`` arguments by parameter name (see ``params``)."""
         s = self.schedule
         plan = plan_head_dim(self.head_dim)
-        return (
-            s.tile_m, s.tile_n, len(plan.widths), *plan.kernel_widths(),
-            self.causal, s.heavy_first, self.even_n, self.has_mask, *self.mask_axes,
-            self.return_lse,
-            s.latency_k, s.latency_v,
+        w0, w1, w2 = plan.kernel_widths()
+        mask_batch, mask_head, mask_rows = self.mask_axes
+        return dict(
+            TILE_M=s.tile_m, TILE_N=s.tile_n, NCHUNK=len(plan.widths), W0=w0, W1=w1, W2=w2,
+            CAUSAL=self.causal, HEAVY_FIRST=s.heavy_first, EVEN_N=self.even_n,
+            HAS_MASK=self.has_mask, MASK_BATCH=mask_batch, MASK_HEAD=mask_head,
+            MASK_ROWS=mask_rows, RETURN_LSE=self.return_lse,
+            LAT_K=s.latency_k, LAT_V=s.latency_v,
         )
 
     def label(self) -> str:

@@ -18,7 +18,7 @@ from .space import rejection
 from .table import Bucket, ScheduleTable, seq_bucket
 
 ENV_VAR = "TILEDATTENTION_SCHEDULE_TABLE"
-_state: dict = {"table": None}
+_state: dict = {"table": None, "generation": 0}
 
 
 def shipped_table_paths() -> list[str]:
@@ -46,8 +46,14 @@ def active_table() -> ScheduleTable:
 def set_schedule_table(path: str | None) -> ScheduleTable:
     """Use the table at ``path`` from now on (None: back to the shipped tables)."""
     _state["table"] = ScheduleTable.load(path) if path else None
+    _state["generation"] += 1
     _choose.cache_clear()
     return active_table()
+
+
+def generation() -> int:
+    """Counts ``set_schedule_table`` calls: part of every cached launch plan's key."""
+    return _state["generation"]
 
 
 @functools.cache

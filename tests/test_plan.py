@@ -1,0 +1,222 @@
+"""The launch-plan cache: a repeat call reuses its plan, any changed fact builds a new one,
+and bad inputs still get their typed errors. CPU only: plan building is replaced by a
+recorder, or the plan is seeded and the launch replaced."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tiledattention as ta
+from tiledattention import api
+from tiledattention.kernel import plan as planning
+from tiledattention.schedules.schedule import Schedule
+from tiledattention.schedules.table import Bucket, Entry, ScheduleTable
+
+
+def qkv(dtype=torch.float16, device="cpu", b=1, h=2, s=16, d=64):
+    return tuple(torch.zeros(b, h, s, d, dtype=dtype, device=device) for _ in range(3))
+
+
+@pytest.fixture
+def builds(monkeypatch):
+    """Every plan build, recorded; the cache starts empty."""
+    planning.clear()
+    seen = []
+
+    def build(*args):
+        seen.append(args)
+        return object()
+
+    monkeypatch.setattr(planning, "build_plan", build)
+    yield seen
+    planning.clear()
+
+
+def plan(q, k, v, mask=None, causal=False, scale=None, gqa=False, lse=False, schedule=None):
+    return planning.plan_for(q, k, v, mask, causal, scale, gqa, lse, schedule)
+
+
+def test_a_repeat_call_reuses_its_plan_without_building(builds):
+    q, k, v = qkv()
+    first = plan(q, k, v)
+    assert plan(q, k, v) is first
+    assert plan(*qkv()) is first  # other tensors, same facts
+    assert len(builds) == 1
+
+
+def test_a_changed_stride_builds_a_new_plan(builds):
+    q, k, v = qkv()
+    first = plan(q, k, v)
+    q_t = torch.zeros(1, 16, 2, 64, dtype=torch.float16).transpose(1, 2)  # same shape
+    assert q_t.shape == q.shape and q_t.stride() != q.stride()
+    assert plan(q_t, k, v) is not first
+    assert len(builds) == 2
+
+
+def test_a_changed_dtype_builds_a_new_plan(builds):
+    first = plan(*qkv())
+    assert plan(*qkv(dtype=torch.bfloat16)) is not first
+
+
+def test_a_changed_device_builds_a_new_plan(builds):
+    first = plan(*qkv())
+    assert plan(*qkv(device="meta")) is not first
+    q, k, v = qkv()
+    assert plan(q, k, qkv(device="meta")[2]) is not first  # one tensor moved
+
+
+def test_a_changed_shape_or_mask_layout_builds_a_new_plan(builds):
+    q, k, v = qkv()
+    plans = {plan(q, k, v), plan(*qkv(s=32)),
+             plan(q, k, v, mask=torch.ones(1, 1, 1, 16, dtype=torch.bool)),
+             plan(q, k, v, mask=torch.ones(1, 2, 16, 16, dtype=torch.bool)),
+             plan(q, k, v, mask=torch.zeros(1, 2, 16, 16, dtype=torch.float16)),
+             plan(q, k, v, mask=torch.ones(1, 1, 1, 16, dtype=torch.bool).expand(1, 2, 16, 16))}
+    assert len(plans) == len(builds) == 6
+
+
+def test_a_changed_schedule_or_flag_builds_a_new_plan(builds):
+    q, k, v = qkv()
+    plans = {plan(q, k, v), plan(q, k, v, schedule=Schedule(64, 64)),
+             plan(q, k, v, schedule=Schedule(64, 128)), plan(q, k, v, causal=True),
+             plan(q, k, v, lse=True), plan(q, k, v, scale=0.5), plan(q, k, v, gqa=True)}
+    assert len(plans) == len(builds) == 7
+    assert plan(q, k, v, schedule=Schedule(64, 64)) in plans  # equal schedule, same plan
+
+
+def test_a_swapped_schedule_table_builds_a_new_plan(builds, tmp_path):
+    q, k, v = qkv()
+    first = plan(q, k, v)
+    table = ScheduleTable()
+    table.add(Entry(Bucket("9.0", "float16", 64, False, 256), Schedule(128, 64), 100.0))
+    table.save(str(tmp_path / "mine.json"))
+    try:
+        ta.set_schedule_table(str(tmp_path / "mine.json"))
+        second = plan(q, k, v)
+        assert second is not first
+        assert plan(q, k, v) is second
+        ta.set_schedule_table(None)
+        assert plan(q, k, v) not in (first, second)
+    finally:
+        ta.set_schedule_table(None)
+
+
+def test_equal_but_differently_typed_flags_never_share_a_plan(builds):
+    q, k, v = qkv()
+    assert plan(q, k, v, causal=True) is not plan(q, k, v, causal=1)
+    assert plan(q, k, v, scale=1.0) is not plan(q, k, v, scale=True)
+
+
+def test_calls_needing_grad_or_odd_tensors_are_never_cached(builds):
+    q, k, v = qkv()
+    assert planning.call_key(q.clone().requires_grad_(), k, v, None, False, None, False,
+                             False, None) is None
+    assert planning.call_key(q, k, v, torch.ones(16, requires_grad=True), False, None, False,
+                             False, None) is None
+    assert planning.call_key(q, k, v, [[True]], False, None, False, False, None) is None
+    plan(q.clone().requires_grad_(), k, v)
+    plan(q.clone().requires_grad_(), k, v)
+    assert len(builds) == 2
+
+
+def test_the_cache_is_bounded(builds, monkeypatch):
+    monkeypatch.setattr(planning, "MAX_PLANS", 3)
+    for s in range(1, 6):
+        plan(*qkv(s=s))
+    assert len(planning._plans) <= 3
+
+
+@pytest.fixture
+def seeded(monkeypatch):
+    """A cached plan for qkv() and a launch that records instead of running."""
+    planning.clear()
+    q, k, v = qkv()
+    key = planning.call_key(q, k, v, None, False, None, False, False, None)
+    planning._plans[key] = sentinel = object()
+    launches = []
+
+    def fake_launch(p, q, k, v, mask, fresh_lse=True):
+        launches.append(p)
+        return torch.empty(q.shape, dtype=q.dtype), torch.empty(1, 1, 1)
+
+    monkeypatch.setattr(api, "launch", fake_launch)
+    monkeypatch.setattr(api, "_plain_eager", lambda q: type(q) is torch.Tensor)
+    yield sentinel, launches
+    planning.clear()
+
+
+def test_sdpa_launches_a_cached_plan_with_fresh_outputs(seeded):
+    sentinel, launches = seeded
+    a, b = ta.sdpa(*qkv()), ta.sdpa(*qkv())
+    assert launches == [sentinel, sentinel]
+    assert a.data_ptr() != b.data_ptr()
+
+
+@pytest.mark.parametrize("kwargs,error,words", [
+    ({"causal": 1}, ta.InputError, "causal must be a bool"),
+    ({"scale": True}, ta.InputError, "scale"),
+    ({"scale": float("nan")}, ta.InputError, "scale"),
+    ({"schedule": {"tile_m": 48}}, ta.ScheduleError, "tile_m"),
+    ({"attn_mask": torch.zeros(2, 1, 1, 16, dtype=torch.bool)}, ta.MaskError, "axis B"),
+])
+def test_bad_inputs_next_to_a_cached_plan_still_get_typed_errors(seeded, kwargs, error, words):
+    with pytest.raises(error, match=words):
+        ta.sdpa(*qkv(), **kwargs)
+    assert seeded[1] == []
+
+
+def test_grad_requiring_inputs_next_to_a_cached_plan_are_refused(seeded):
+    q, k, v = qkv()
+    with pytest.raises(ta.BackwardNotSupportedError):
+        ta.sdpa(q.requires_grad_(), k, v)
+    with pytest.raises(ta.ShapeError, match="head dims"):
+        ta.sdpa(*qkv()[:2], qkv(d=32)[2])
+
+
+def test_eager_calls_skip_the_op_but_tracers_and_modes_do_not():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Passthrough(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    q = torch.zeros(1)
+    assert api._plain_eager(q)
+    with Passthrough():
+        assert not api._plain_eager(q)
+    with torch._subclasses.fake_tensor.FakeTensorMode() as mode:
+        assert not api._plain_eager(mode.from_tensor(q))
+    assert not api._plain_eager(torch.nn.Parameter(q))
+
+
+def test_a_plan_holds_grid_and_arguments_placed_by_name():
+    pytest.importorskip("cuda.tile", reason="cuTile (cuda-tile) is not installed")
+    from tiledattention.validate import Problem
+
+    problem = Problem(2, 8, 2, 100, 300, 96, True, 0.125)
+    p = planning.make_plan(problem, torch.float16, torch.device("cpu"), Schedule(64, 128),
+                           False, copy_qkv=False, mask=("float16", (True, False, False)),
+                           kernel=None)
+    assert p.grid == (2, 8, 2)  # ceil(100 / 64) query tiles, heads, batch
+    assert p.out_shape == (2, 8, 100, 96) and p.lse_shape == (1, 1, 1)
+    assert p.tail == (0.125 * planning.LOG2E, 8.0, 4,  # scale*log2e, 1/scale, GROUP
+                      64, 128, 2, 64, 32, 32,  # tiles, chunks of D=96 (64 + 32)
+                      True, True, False,  # causal, heavy first, Skv % 128 != 0
+                      True, True, False, False,  # key-padding mask: batch axis only
+                      False, 2, 4)  # no LSE, latency hints
+
+
+@pytest.mark.parametrize("mask,want", [
+    (torch.ones(2, 1, 1, 16, dtype=torch.bool), ("float16", (True, False, False))),
+    (torch.zeros(16, dtype=torch.float32), ("float32", (False, False, False))),
+    (torch.ones(1, 1, 1, 16, dtype=torch.bool).expand(2, 4, 16, 16),
+     ("float16", (False, False, False))),  # expanded axes are broadcasts
+    (torch.ones(1, 1, 16, 1, dtype=torch.bool).expand(2, 4, 16, 16),
+     ("float16", (False, False, True))),
+    (torch.zeros(2, 4, 16, 16, dtype=torch.float16), ("float16", (True, True, True))),
+])
+def test_mask_layout_follows_from_shape_strides_and_dtype(mask, want):
+    from tiledattention.kernel.launch import mask_layout
+
+    assert mask_layout(mask, torch.float16, (2, 4, 16, 16)) == want

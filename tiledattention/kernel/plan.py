@@ -1,0 +1,131 @@
+"""The per-call plan: what a launch needs, worked out once per set of launch-determining facts.
+
+A call's key holds every fact that decides the launch: each tensor's type, shape, strides,
+dtype and device (the mask's too), ``causal`` and ``scale`` with their types, the GQA and
+LSE flags, the schedule, and the generation of the schedule table. The first call with a
+key runs the checks (typed errors), picks the schedule, and fixes the variant, grid,
+compiled kernel and scalar arguments; a repeat call finds the plan in one dict lookup.
+Tensor data and addresses are not facts of the plan: they are read at every launch, and
+the output is a new tensor each call.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ..schedules import policy
+from ..schedules.schedule import Schedule
+from ..validate import check_inputs, resolve_schedule
+from .params import TENSORS, ordered
+from .variant import Variant
+
+LOG2E = 1.0 / math.log(2.0)
+MAX_PLANS = 4096  # a process that sees ever new shapes (growing decode) must not grow without end
+
+_plans: dict[tuple, Plan] = {}
+_Tensor = torch.Tensor
+
+
+@dataclass(frozen=True, eq=False)
+class Plan:
+    """One launch, fixed but for the tensors' data."""
+
+    variant: Variant
+    kernel: object  # the cuTile kernel carrying the schedule's hints
+    grid: tuple[int, int, int]
+    tail: tuple  # the kernel's arguments after the per-call tensors, in its order
+    out_shape: tuple[int, int, int, int]
+    lse_shape: tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device
+    copy_qkv: bool  # some head-dim axis is not unit-stride: copy before launching
+    mask_target: tuple[int, int, int, int] | None  # [B, H, Sq, Skv] when a mask is given
+
+
+def _facts(t) -> tuple:
+    return (type(t), t.shape, t.stride(), t.dtype, t.device)
+
+
+def call_key(q, k, v, attn_mask, causal, scale, enable_gqa, return_lse, schedule) -> tuple | None:
+    """The plan key, or None for a call that is not cached (not plain tensors, grad needed).
+
+    ``type(x)`` is part of the key so that ``causal=1`` or ``scale=True`` never finds the
+    plan of ``causal=True`` / ``scale=1.0`` (equal and equally hashed in Python) and still
+    gets its typed error.
+    """
+    if not (type(q) is _Tensor and type(k) is _Tensor and type(v) is _Tensor):
+        return None
+    if q.requires_grad or k.requires_grad or v.requires_grad:
+        return None  # the checks decide per call (grad mode may change)
+    if attn_mask is None:
+        mask = None
+    elif type(attn_mask) is _Tensor and not attn_mask.requires_grad:
+        mask = _facts(attn_mask)
+    else:
+        return None
+    return (_facts(q), _facts(k), _facts(v), mask, type(causal), causal, type(scale), scale,
+            bool(enable_gqa), bool(return_lse), schedule, policy.generation())
+
+
+def plan_for(q, k, v, attn_mask, causal, scale, enable_gqa, return_lse, schedule) -> Plan:
+    """The cached plan of this call, built (and every argument checked) on first sight."""
+    key = call_key(q, k, v, attn_mask, causal, scale, enable_gqa, return_lse, schedule)
+    if key is not None:
+        plan = _plans.get(key)
+        if plan is not None:
+            return plan
+    plan = build_plan(q, k, v, attn_mask, causal, scale, enable_gqa, return_lse, schedule)
+    if key is not None:
+        if len(_plans) >= MAX_PLANS:
+            _plans.clear()
+        _plans[key] = plan
+    return plan
+
+
+def clear() -> None:
+    _plans.clear()
+
+
+def build_plan(q, k, v, attn_mask, causal, scale, enable_gqa, return_lse, schedule) -> Plan:
+    from .compile import kernel_for
+    from .launch import check_device, mask_layout
+
+    problem = check_inputs(q, k, v, causal=causal, scale=scale, attn_mask=attn_mask,
+                           enable_gqa=enable_gqa)
+    chosen = resolve_schedule(schedule, problem)
+    index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    check_device(index)
+    if chosen is None:
+        chosen, _ = policy.choose_schedule(q, k, problem.causal)
+    return make_plan(problem, q.dtype, q.device, chosen, bool(return_lse),
+                     copy_qkv=any(t.stride(-1) != 1 for t in (q, k, v)),
+                     mask=None if attn_mask is None else mask_layout(attn_mask, q.dtype, (
+                         problem.batch, problem.heads_q, problem.seq_q, problem.seq_kv)),
+                     kernel=kernel_for(chosen))
+
+
+def make_plan(problem, dtype: torch.dtype, device, schedule: Schedule, return_lse: bool, *,
+              copy_qkv: bool, mask: tuple[str, tuple[bool, bool, bool]] | None,
+              kernel) -> Plan:
+    """The plan of a validated problem; ``mask`` is the prepared mask's (dtype, axes)."""
+    p = problem
+    variant = Variant(
+        dtype=str(dtype).removeprefix("torch."), head_dim=p.head_dim, causal=p.causal,
+        schedule=schedule, even_n=p.seq_kv % schedule.tile_n == 0,
+        mask_dtype=None if mask is None else mask[0],
+        mask_axes=(False, False, False) if mask is None else mask[1],
+        return_lse=return_lse,
+    )
+    tail = ordered(dict(qk_scale_log2=p.scale * LOG2E, inv_scale=1.0 / p.scale,
+                        GROUP=p.group, **variant.constants()), skip=TENSORS)
+    return Plan(
+        variant=variant, kernel=kernel,
+        grid=(math.ceil(p.seq_q / schedule.tile_m), p.heads_q, p.batch), tail=tail,
+        out_shape=(p.batch, p.heads_q, p.seq_q, p.head_dim),
+        lse_shape=(p.batch, p.heads_q, p.seq_q) if return_lse else (1, 1, 1),
+        dtype=dtype, device=device, copy_qkv=copy_qkv,
+        mask_target=None if mask is None else (p.batch, p.heads_q, p.seq_q, p.seq_kv),
+    )
