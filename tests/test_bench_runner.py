@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from tiledattention.bench import methods as M
+from tiledattention.bench import runner
 from tiledattention.bench.config import from_dict
 from tiledattention.bench.grid import Point, expand
 from tiledattention.bench.manifest import capture, now
@@ -79,6 +80,37 @@ def test_ok_rows_carry_timings_metrics_and_correctness():
     assert row["tokens_per_s"] == pytest.approx(1 * 4 * 48 / sec)
     assert row["bytes_moved"] == 4 * 32 * (2 * 4 * 48 + 2 * 2 * 40)
     assert row["ref_heads"] == 4 and row["seed"] == 0 and row["point_key"] == POINT.key()
+
+
+def test_ok_rows_carry_call_latency_of_back_to_back_calls(monkeypatch):
+    def slow(q, k, v, p):
+        time.sleep(0.002)
+        return M.eager_attention(q, k, v, p)
+
+    monkeypatch.setitem(M.METHODS, "fake_slow", M.Method("fake_slow", "", False, slow))
+    rows = {r["method"]: r for r in run_point(POINT, ["eager", "fake_slow"],
+                                              cfg(["eager", "fake_slow"]), CPU, None)}
+    slow_row, eager_row = rows["fake_slow"], rows["eager"]
+    assert slow_row["call_us"] >= 2000  # every call sleeps 2 ms
+    assert slow_row["call_us"] > eager_row["call_us"] > 0
+    # One count per point, from the fastest method's time, within the bounds.
+    assert slow_row["call_calls"] == eager_row["call_calls"]
+    assert runner.CALL_BOUNDS[0] <= eager_row["call_calls"] <= runner.CALL_BOUNDS[1]
+
+
+def test_a_method_failing_while_timing_call_latency_gets_an_error_row(monkeypatch):
+    count = {"n": 0}
+
+    def flaky(q, k, v, p):
+        count["n"] += 1
+        if count["n"] > 1 + 1 + 2 * 4:  # check call, warm-up, kernel timing: then fails
+            raise RuntimeError("fails on the 11th call")
+        return M.eager_attention(q, k, v, p)
+
+    monkeypatch.setitem(M.METHODS, "fake_flaky", M.Method("fake_flaky", "", False, flaky))
+    (row,) = run_point(POINT, ["fake_flaky"], cfg(["fake_flaky"]), CPU, None)
+    assert row["status"] == "error" and "11th call" in row["reason"]
+    assert "call_us" not in row
 
 
 def test_every_method_sees_identical_inputs():

@@ -1,4 +1,5 @@
-"""The project's one timing helper: CUDA events on PyTorch's current stream."""
+"""The project's one timing room: kernel time (CUDA events, host hidden), call latency
+(back-to-back calls, host included) and host cost (enqueue time while the GPU is busy)."""
 
 from __future__ import annotations
 
@@ -80,6 +81,58 @@ def time_cpu(fn: Callable[[], object], *, warmup: int = 2, reps: int = 10) -> li
         fn()
         out.append((time.perf_counter() - start) * 1e3)
     return out
+
+
+def time_calls(fn: Callable[[], object], *, calls: int, rounds: int = 5, warmup: int = 3,
+               sync: Callable[[], object] | None = None) -> list[float]:
+    """Microseconds per call of ``calls`` back-to-back calls, one sample per round.
+
+    What a caller waits per call in steady state: no L2 flush, no spin, one
+    synchronisation at the end of a round, so whichever of host work and device work is
+    slower sets the pace.
+    """
+    import time
+
+    sync = sync or (lambda: None)
+    for _ in range(warmup):
+        fn()
+    out = []
+    for _ in range(rounds):
+        sync()
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        sync()
+        out.append((time.perf_counter() - start) / calls * 1e6)
+    return out
+
+
+def time_host(fn: Callable[[], object], *, calls: int, rounds: int = 5,
+              busy_us_per_call: float = 200.0) -> tuple[list[float], bool]:
+    """(microseconds of host time per call, GPU stayed busy) with the GPU kept busy.
+
+    A spin long enough to outlast ``calls`` enqueues runs first, so no call waits on the
+    device: the time is the host's alone (Python, dispatch, argument packing, launch).
+    The flag is False if the spin ended before the last enqueue (then raise the budget).
+    """
+    import time
+
+    fn()
+    out, busy = [], True
+    cycles = int(SPIN_CYCLES * calls * busy_us_per_call / 1000.0)
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        torch.cuda._sleep(cycles)
+        spin_done = torch.cuda.Event()
+        spin_done.record()
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        elapsed = time.perf_counter() - start
+        busy = busy and not spin_done.query()
+        out.append(elapsed / calls * 1e6)
+    torch.cuda.synchronize()
+    return out, busy
 
 
 def as_cuda_graph(fn: Callable[[], object]) -> Callable[[], None]:

@@ -8,13 +8,14 @@ import json
 import math
 import os
 import signal
+import statistics
 import sys
 import time
 
 import torch
 
 from ..flops import attention_flops, tflops_per_s
-from ..timing import L2Flusher, as_cuda_graph, summarize, time_cpu, time_cuda
+from ..timing import L2Flusher, as_cuda_graph, summarize, time_calls, time_cpu, time_cuda
 from .config import BenchConfig
 from .grid import Point, expand, shard
 from .manifest import capture, now
@@ -22,6 +23,10 @@ from .methods import Unavailable, Unsupported, get_method
 from .store import ResultStore
 
 FORMAT = "tiledattention-bench-row/1"
+# Call latency: back-to-back calls per round, enough for ~50 ms at the point's fastest
+# kernel time (the end-of-round synchronisation then costs under 1%), within bounds.
+CALL_ROUND_S = 0.05
+CALL_BOUNDS = (10, 2000)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -105,7 +110,7 @@ def run_point(point: Point, methods: list[str], cfg: BenchConfig, device, flush)
         if device.type == "cuda":
             torch.cuda.empty_cache()
         return [{**r, "status": status, "reason": msg} for r in rows.values()]
-    callables = {}
+    callables, eager = {}, {}
     for m in methods:
         method = get_method(m)
         row = rows[m]
@@ -122,6 +127,7 @@ def run_point(point: Point, methods: list[str], cfg: BenchConfig, device, flush)
                 row.update(status="wrong", reason=f"relative error {row['rel_err']:.3e} > "
                            f"{rtol:g} (or non-finite output)")
                 continue
+            eager[m] = fn  # call latency is what an eager caller waits, graph or not
             if t.cuda_graph and device.type == "cuda":
                 fn = as_cuda_graph(fn)
             callables[m] = fn
@@ -148,6 +154,9 @@ def run_point(point: Point, methods: list[str], cfg: BenchConfig, device, flush)
                 status, msg = _classify(exc)
                 rows[m].update(status=status, reason=msg)
                 del callables[m]
+    calls = _call_count([summarize(samples[m]).median_ms for m in callables])
+    call_samples = _time_call_latency({m: eager[m] for m in callables}, calls, t.rounds,
+                                      device, rows, callables)
     flops = attention_flops(point.batch, point.heads, point.seq_q, point.seq_kv,
                             point.head_dim, point.causal)
     elem = torch.finfo(getattr(torch, point.dtype)).bits // 8
@@ -159,8 +168,32 @@ def run_point(point: Point, methods: list[str], cfg: BenchConfig, device, flush)
         rows[m].update(status="ok", time_ms=st.as_dict(),
                        tflops=tflops_per_s(flops, st.median_ms),
                        tokens_per_s=point.batch * point.heads * point.seq_q / sec,
-                       gbytes_per_s=nbytes / sec / 1e9, flops=flops, bytes_moved=nbytes)
+                       gbytes_per_s=nbytes / sec / 1e9, flops=flops, bytes_moved=nbytes,
+                       call_us=statistics.median(call_samples[m]), call_calls=calls)
     return list(rows.values())
+
+
+def _call_count(kernel_ms: list[float]) -> int:
+    fastest = max(min(kernel_ms, default=1.0), 1e-3) * 1e-3
+    return int(min(max(CALL_ROUND_S / fastest, CALL_BOUNDS[0]), CALL_BOUNDS[1]))
+
+
+def _time_call_latency(fns: dict, calls: int, rounds: int, device, rows: dict,
+                       callables: dict) -> dict[str, list[float]]:
+    """Microseconds per call (``time_calls``), methods interleaved round by round."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else None
+    out: dict[str, list[float]] = {m: [] for m in fns}
+    for r in range(rounds):
+        for m in (list(fns) if r % 2 == 0 else list(reversed(fns))):
+            if m not in callables:
+                continue
+            try:
+                out[m] += time_calls(fns[m], calls=calls, rounds=1,
+                                     warmup=3 if r == 0 else 1, sync=sync)
+            except Exception as exc:
+                rows[m].update(zip(("status", "reason"), _classify(exc)))
+                del callables[m]
+    return out
 
 
 class Progress:
