@@ -31,6 +31,7 @@ def test_small_grid_gives_ok_rows_for_every_available_method():
         for m in METHODS[:-1]:
             assert rows[m]["status"] == "ok", (m, rows[m].get("reason"))
             assert rows[m]["tflops"] > 0 and rows[m]["correct"]
+            assert 0 < rows[m]["call_us"] < 1e6 and rows[m]["call_calls"] >= 10
         assert rows["flash_attn"]["status"] in ("ok", "unavailable")
         assert rows["tiledattention"]["details"]["schedule"]
 
@@ -59,3 +60,4 @@ def test_cuda_graph_timing_mode_gives_ok_rows():
     rows = run_point(expand(cfg)[0], list(cfg.methods), cfg, torch.device("cuda"), None)
     assert [r["status"] for r in rows] == ["ok", "ok"]
     assert all(r["timing"]["cuda_graph"] for r in rows)
+    assert all(r["call_us"] > 0 for r in rows)  # eager call latency, graph or not

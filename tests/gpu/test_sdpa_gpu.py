@@ -179,3 +179,47 @@ def test_inputs_requiring_grad_are_refused_on_gpu():
 def test_explicit_schedules_agree(schedule):
     q, k, v = (_rand(2, 2, 700, 160, dtype=torch.float16) for _ in range(3))
     check(q, k, v, causal=True, schedule=schedule)
+
+
+def test_repeat_calls_return_fresh_outputs_with_equal_values():
+    q, k, v = (_rand(1, 2, 300, 64, dtype=torch.float16) for _ in range(3))
+    a, b = ta.sdpa(q, k, v), ta.sdpa(q, k, v)
+    assert a.data_ptr() != b.data_ptr()
+    torch.testing.assert_close(a, b, atol=0, rtol=0)
+
+
+def test_cached_plans_follow_changed_strides_lengths_masks_and_dtypes():
+    b, h, s, d = 2, 4, 256, 128
+    q, k, v = (_rand(b, h, s, d, dtype=torch.float16) for _ in range(3))
+    check(q, k, v)  # plan for contiguous inputs
+    qkv = _rand(b, s, 3, h, d, dtype=torch.float16)
+    check(*(qkv[:, :, i].transpose(1, 2) for i in range(3)))  # same shapes, new strides
+    check(q, k[:, :, :200], v[:, :, :200])  # Skv no longer a multiple of the key tile
+    keep = torch.rand(b, 1, 1, s, device="cuda") > 0.3
+    check(q, k, v, attn_mask=keep)
+    check(q, k, v, attn_mask=torch.rand(b, h, s, s, device="cuda") > 0.3)
+    check(*(t.to(torch.bfloat16) for t in (q, k, v)))
+    check(q, k, v)  # and back to the first plan
+
+
+def test_a_swapped_schedule_table_changes_the_schedule_of_the_next_call(tmp_path):
+    from tiledattention.kernel.plan import plan_for
+    from tiledattention.schedules.policy import choose_schedule
+    from tiledattention.schedules.table import Bucket, Entry, ScheduleTable
+
+    q, k, v = (_rand(1, 4, 512, 64, dtype=torch.float16) for _ in range(3))
+    shipped = plan_for(q, k, v, None, False, None, False, False, None).variant.schedule
+    mine = ta.Schedule(128, 64, 2) if shipped != ta.Schedule(128, 64, 2) else \
+        ta.Schedule(64, 64, 4)
+    cc = "{}.{}".format(*torch.cuda.get_device_capability())
+    table = ScheduleTable()
+    table.add(Entry(Bucket(cc, "float16", 64, False, 512), mine, 1.0))
+    table.save(str(tmp_path / "mine.json"))
+    try:
+        ta.set_schedule_table(str(tmp_path / "mine.json"))
+        assert choose_schedule(q, k, False)[0] == mine
+        assert plan_for(q, k, v, None, False, None, False, False, None).variant.schedule == mine
+        check(q, k, v)
+    finally:
+        ta.set_schedule_table(None)
+    assert plan_for(q, k, v, None, False, None, False, False, None).variant.schedule == shipped
