@@ -32,7 +32,7 @@ from tiledattention.study.profile import Shape, run_profile, summarize_metrics  
 from tiledattention.study.ratios import compare, compare_by  # noqa: E402
 
 
-def row(method, d, s, ms, *, status="ok", causal=False, dtype="float16"):
+def row(method, d, s, ms, *, status="ok", causal=False, dtype="float16", call_us=None):
     key = f"{dtype}-{'causal' if causal else 'full'}-d{d}-sq{s}-skv{s}-b1-h8-g1"
     r = {"format": "tiledattention-bench-row/1", "point_key": key, "method": method,
          "status": status, "dtype": dtype, "causal": causal, "head_dim": d, "seq_q": s,
@@ -43,16 +43,22 @@ def row(method, d, s, ms, *, status="ok", causal=False, dtype="float16"):
                           "std_ms": 0.0, "reps": 3},
                  flops=flops, tflops=flops / (ms * 1e-3) / 1e12, gbytes_per_s=1.0,
                  correct=True)
+        if call_us is not None:
+            r.update(call_us=call_us, call_calls=100)
     else:
         r["reason"] = "needs a CUDA GPU"
     return r
 
 
-# Subject vs baseline: ratios 2.0, 0.5, 1.25 (baseline ms / subject ms); one point where the
-# baseline is unavailable, one where neither ran.
-HAND = [row("tiledattention", 64, 512, 1.0), row("torch_sdpa", 64, 512, 2.0),
-        row("tiledattention", 64, 1024, 4.0), row("torch_sdpa", 64, 1024, 2.0),
-        row("tiledattention", 128, 512, 2.0), row("torch_sdpa", 128, 512, 2.5),
+# Subject vs baseline: kernel-time ratios 2.0, 0.5, 1.25 (baseline ms / subject ms) and
+# call-latency ratios 0.5, 0.5, 1.25 (baseline call_us / subject call_us); one point where
+# the baseline is unavailable, one where neither ran.
+HAND = [row("tiledattention", 64, 512, 1.0, call_us=4000.0),
+        row("torch_sdpa", 64, 512, 2.0, call_us=2000.0),
+        row("tiledattention", 64, 1024, 4.0, call_us=4000.0),
+        row("torch_sdpa", 64, 1024, 2.0, call_us=2000.0),
+        row("tiledattention", 128, 512, 2.0, call_us=2000.0),
+        row("torch_sdpa", 128, 512, 2.5, call_us=2500.0),
         row("tiledattention", 128, 1024, 1.0),
         row("torch_sdpa", 128, 1024, 0, status="unavailable"),
         row("eager", 128, 2048, 3.0)]
@@ -74,24 +80,58 @@ def test_ratios_by_head_dim_group_points():
     assert per[128].not_compared == 1
 
 
-def test_table4_lists_every_baseline_with_wins_in_all_three_formats(tmp_path):
+def test_call_latency_ratios_use_call_us_and_skip_rows_without_it():
+    s = compare(HAND, "tiledattention", "torch_sdpa", measure="call")
+    assert s.n == 3 and s.wins == 1 and s.not_compared == 1
+    assert s.geomean == pytest.approx((0.5 * 0.5 * 1.25) ** (1 / 3))
+    old = [{k: v for k, v in r.items() if k not in ("call_us", "call_calls")} for r in HAND]
+    s = compare(old, "tiledattention", "torch_sdpa", measure="call")
+    assert s.n == 0 and s.not_compared == 4  # kernel time alone is not a call latency
+
+
+def test_table4_lists_every_baseline_by_both_measures_in_all_three_formats(tmp_path):
     t = tables.table4(HAND)
-    assert [r[0] for r in t.rows] == ["torch_sdpa", "eager"]
-    sdpa = t.rows[0]
-    assert sdpa[1] == 3 and sdpa[7] == "2/3" and sdpa[4] == pytest.approx(1.077217345)
+    assert [r[:2] for r in t.rows] == [["torch_sdpa", "kernel time"],
+                                       ["torch_sdpa", "call latency"],
+                                       ["eager", "kernel time"], ["eager", "call latency"]]
+    sdpa, sdpa_call = t.rows[0], t.rows[1]
+    assert sdpa[2] == 3 and sdpa[8] == "2/3" and sdpa[5] == pytest.approx(1.077217345)
+    assert sdpa_call[8] == "1/3" and sdpa_call[5] == pytest.approx(0.6786044041)
     paths = t.write(str(tmp_path))
     md, csv_text, tex = (Path(p).read_text() for p in paths)
-    assert "| torch_sdpa | 3 | 1.250 | 1.250 | 1.077 | 0.500 | 2.000 | 2/3 | 1 |" in md
-    assert "torch_sdpa,3," in csv_text and "\\begin{tabular}" in tex and "torch\\_sdpa" in tex
+    assert ("| torch_sdpa | kernel time | 3 | 1.250 | 1.250 | 1.077 | 0.500 | 2.000 | 2/3 | 1 |"
+            in md)
+    assert "| torch_sdpa | call latency | 3 | 0.750 | 0.500 | 0.679 | 0.500 | 1.250 | 1/3 | 1 |" \
+        in md
+    assert "torch_sdpa,kernel time,3," in csv_text and "\\begin{tabular}" in tex
+    assert "torch\\_sdpa" in tex
 
 
 def test_headline_has_overall_and_per_head_dim_means():
     t = tables.headline(HAND)
     by = {r[0]: r for r in t.rows}
-    assert by["torch_sdpa (fused SDPA), all points"][2] == pytest.approx((2 + 0.5 + 1.25) / 3)
+    overall = by["torch_sdpa (fused SDPA), all points"]
+    assert overall[2] == pytest.approx((2 + 0.5 + 1.25) / 3)
+    assert overall[6:] == [pytest.approx(0.6786044041), 0.5, "1/3"]  # call latency
     assert by["torch_sdpa, D=64"][1:4] == [2, pytest.approx(1.25), pytest.approx(1.0)]
+    assert by["torch_sdpa, D=64"][6] == pytest.approx(0.5)
     assert by["torch_sdpa, D=128"][1] == 1
     assert by["eager attention"][1:4] == [0, None, None]  # never ok next to the subject
+
+
+def test_per_head_dim_and_regime_cells_show_both_ratios():
+    t = tables.by_head_dim(HAND)
+    assert t.rows[0] == [64, "1.000 / 0.500 (2)", "—"]
+    assert t.rows[1] == [128, "1.250 / 1.250 (1)", "—"]
+    regime = {tuple(r[:2]): r[2] for r in tables.by_regime(HAND).rows}
+    assert regime[("full", 512)] == f"{math.sqrt(2 * 1.25):.3f} / {math.sqrt(0.5 * 1.25):.3f} (2)"
+
+
+def test_call_latency_table_lists_call_us_per_point_and_method():
+    t = tables.call_latency(HAND)
+    assert t.columns[6:] == ["tiledattention", "torch_sdpa", "eager"]
+    assert t.rows[0][6:] == [4000.0, 2000.0, None]
+    assert t.rows[3][6:] == [None, "unavailable", None]  # ok row without call_us: —
 
 
 def test_status_table_lists_rows_that_are_not_ok():
@@ -144,7 +184,8 @@ def test_figures_are_written_and_non_empty_with_and_without_data(tmp_path):
     empty = figures.write_all([row("eager", 64, 128, 1.0)], str(tmp_path / "cpu"))
     names = {os.path.basename(p) for p in written}
     assert {"throughput_vs_seq_d64.png", "throughput_vs_seq_d128.pdf", "regime_map.png",
-            "baselines_d128.png", "bandwidth_vs_seq.pdf", "tile_sensitivity.png"} <= names
+            "baselines_d128.png", "bandwidth_vs_seq.pdf", "tile_sensitivity.png",
+            "ratios_vs_seq.png", "ratios_vs_seq.pdf"} <= names
     for p in written + empty:
         with open(p, "rb") as f:
             head = f.read(8)
@@ -220,7 +261,8 @@ def test_a_fresh_bundle_verifies_as_directory_and_zip(built):
     assert {"README.md", ".zenodo.json", "CITATION.cff", "ro-crate-metadata.json",
             "SHA256SUMS", "manifest.json", "profiles.zip", "workflow-snapshot.zip"} <= names
     readme = Path(built["dir"], "README.md").read_text()
-    assert "geometric mean of 1.077x" in readme and "| torch_sdpa | 3 |" in readme
+    assert "geometric mean of 1.077x" in readme and "| torch_sdpa | kernel time | 3 |" in readme
+    assert "by call latency" in readme and "geometric mean is 0.679x" in readme
     with zipfile.ZipFile(os.path.join(built["dir"], "workflow-snapshot.zip")) as z:
         assert "Snakefile" in z.namelist() and "workflow/rules/common.smk" in z.namelist()
 

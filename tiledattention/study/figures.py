@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 from ..bench.methods import PINNED_PREFIX
-from .ratios import compare_by, points_of
+from .ratios import MEASURES, compare_by, points_of
 from .tables import FUSED, SUBJECT, methods_in
 
 PANELS = [(dt, c) for dt in ("float16", "bfloat16") for c in (False, True)]
@@ -152,6 +152,40 @@ def regime_map(rows, out_dir) -> list[str]:
     return _save(fig, out_dir, "regime_map")
 
 
+def ratios_vs_seq(rows, out_dir) -> list[str]:
+    """TiledAttention ÷ fused SDPA over S, per D: kernel time (solid) and call latency
+    (dashed), one panel per dtype/mask."""
+    plt = _plt()
+    panels = _panels(rows)
+    fig, axes = _grid(plt, len(panels))
+    ds = sorted({p["head_dim"] for p in points_of(rows).values()})
+    for ax, (dtype, causal) in zip(axes, panels):
+        drawn = 0
+        for i, d in enumerate(ds):
+            for measure, style in (("kernel", "-"), ("call", "--")):
+                per = compare_by(rows, SUBJECT, FUSED,
+                                 lambda p, d=d, dt=dtype, c=causal: p["seq_q"]
+                                 if (p["head_dim"], p["dtype"], p["causal"]) == (d, dt, c)
+                                 else None, measure)
+                per.pop(None, None)
+                pts = sorted((s, r.geomean) for s, r in per.items() if r.n)
+                if pts:
+                    ax.plot(*zip(*pts), style, marker="o", ms=3, color=f"C{i % 10}",
+                            label=f"D={d} {MEASURES[measure][0]}")
+                    drawn += 1
+        ax.set_title(_title(dtype, causal))
+        if drawn:
+            ax.axhline(1.0, color="0.4", lw=0.8)
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("sequence length S")
+            ax.set_ylabel(f"÷ {FUSED} (> 1: faster)")
+            ax.legend(loc="best", ncol=2)
+        else:
+            _no_data(ax, f"{SUBJECT} and {FUSED} never both ok")
+    fig.suptitle(f"{SUBJECT} ÷ {FUSED}: kernel time (solid) and call latency (dashed)")
+    return _save(fig, out_dir, "ratios_vs_seq")
+
+
 def baselines_at_d128(rows, out_dir) -> list[str]:
     """Every method at D=128 (or the largest D present) vs S, log scale."""
     plt = _plt()
@@ -245,5 +279,6 @@ def tile_sensitivity(ladder_rows, tune_entries, out_dir) -> list[str]:
 
 def write_all(rows, out_dir, *, ladder_rows=None, tune_entries=None) -> list[str]:
     return (throughput_vs_seq(rows, out_dir) + regime_map(rows, out_dir)
-            + baselines_at_d128(rows, out_dir) + bandwidth_vs_seq(rows, out_dir)
+            + ratios_vs_seq(rows, out_dir) + baselines_at_d128(rows, out_dir)
+            + bandwidth_vs_seq(rows, out_dir)
             + tile_sensitivity(ladder_rows or [], tune_entries or [], out_dir))

@@ -47,8 +47,14 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "tokens_per_s": ("1/s", "B*H*Sq / median time"),
     "bytes_moved": ("B", "compulsory bytes: read q, k, v once, write out once"),
     "gbytes_per_s": ("GB/s", "bandwidth proxy: bytes_moved / median time"),
+    "call_us": ("us", "call latency: steady-state wall time per call of call_calls "
+                      "back-to-back eager calls (host work included; no L2 flush, no spin, "
+                      "one synchronisation per round), median of timing.rounds rounds"),
+    "call_calls": ("", "back-to-back calls per call_us round (about 50 ms at the point's "
+                       "fastest kernel time, 10 to 2000)"),
     "time_ms.mean_ms": ("ms", "mean time per call"),
-    "time_ms.median_ms": ("ms", "median time per call"),
+    "time_ms.median_ms": ("ms", "kernel time: median time per call between CUDA events, a "
+                                "GPU spin before each hiding host work"),
     "time_ms.min_ms": ("ms", "fastest call"),
     "time_ms.p95_ms": ("ms", "95th percentile time per call"),
     "time_ms.std_ms": ("ms", "standard deviation of the call times"),

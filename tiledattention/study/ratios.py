@@ -1,9 +1,11 @@
-"""Throughput ratios of one method against others, matched point by point.
+"""Speed ratios of one method against others, matched point by point, for two measures.
 
-ratio = baseline median time / subject median time (= subject TFLOP/s / baseline TFLOP/s:
-both use the same FLOP model at a point). A point enters a comparison only when both
-methods are ``ok`` there; the points where either is not are counted, never dropped
-silently.
+ratio = baseline time / subject time, > 1 when the subject is faster. Two times per row:
+``kernel`` is the median CUDA-event time with host work hidden (so the kernel ratio equals
+subject TFLOP/s / baseline TFLOP/s: one FLOP model at a point); ``call`` is ``call_us``,
+the steady-state wall time per call of back-to-back calls, host work included: what a
+caller waits. A point enters a comparison only when both methods are ``ok`` there with
+that measure; the points where either is not are counted, never dropped silently.
 """
 
 from __future__ import annotations
@@ -12,6 +14,12 @@ import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
+
+# measure name: (label, time of a row, None when the row lacks it)
+MEASURES: dict[str, tuple[str, Callable[[dict], float | None]]] = {
+    "kernel": ("kernel time", lambda r: (r.get("time_ms") or {}).get("median_ms")),
+    "call": ("call latency", lambda r: r.get("call_us")),
+}
 
 
 @dataclass(frozen=True)
@@ -43,12 +51,16 @@ def points_of(rows: list[dict]) -> dict[str, dict]:
     return out
 
 
-def _ok(row: dict | None) -> bool:
-    return bool(row) and row.get("status") == "ok" and row["time_ms"]["median_ms"] > 0
+def _time(row: dict | None, measure: str) -> float | None:
+    if not row or row.get("status") != "ok":
+        return None
+    t = MEASURES[measure][1](row)
+    return t if t and t > 0 else None
 
 
 def ratios(rows: list[dict], subject: str, baseline: str,
-           where: Callable[[dict], bool] = lambda p: True) -> tuple[dict[str, float], int]:
+           where: Callable[[dict], bool] = lambda p: True,
+           measure: str = "kernel") -> tuple[dict[str, float], int]:
     """({point_key: ratio} where both are ok, count of selected points not compared)."""
     idx = index_rows(rows)
     out, missing = {}, 0
@@ -58,8 +70,9 @@ def ratios(rows: list[dict], subject: str, baseline: str,
         s, b = idx.get((key, subject)), idx.get((key, baseline))
         if s is None and b is None:
             continue  # neither method was part of this point's run
-        if _ok(s) and _ok(b):
-            out[key] = b["time_ms"]["median_ms"] / s["time_ms"]["median_ms"]
+        ts, tb = _time(s, measure), _time(b, measure)
+        if ts and tb:
+            out[key] = tb / ts
         else:
             missing += 1
     return out, missing
@@ -76,17 +89,20 @@ def summarize(subject: str, baseline: str, values: dict[str, float],
 
 
 def compare(rows: list[dict], subject: str, baseline: str,
-            where: Callable[[dict], bool] = lambda p: True) -> RatioSummary:
-    values, missing = ratios(rows, subject, baseline, where)
+            where: Callable[[dict], bool] = lambda p: True,
+            measure: str = "kernel") -> RatioSummary:
+    values, missing = ratios(rows, subject, baseline, where, measure)
     return summarize(subject, baseline, values, missing)
 
 
 def compare_by(rows: list[dict], subject: str, baseline: str,
-               key: Callable[[dict], object]) -> dict[object, RatioSummary]:
+               key: Callable[[dict], object],
+               measure: str = "kernel") -> dict[object, RatioSummary]:
     """One summary per group of points (e.g. per head dim)."""
     groups = {key(p) for p in points_of(rows).values()}
     try:
         groups = sorted(groups)
     except TypeError:  # mixed kinds of keys: any stable order
         groups = sorted(groups, key=str)
-    return {g: compare(rows, subject, baseline, lambda p, g=g: key(p) == g) for g in groups}
+    return {g: compare(rows, subject, baseline, lambda p, g=g: key(p) == g, measure)
+            for g in groups}

@@ -1,9 +1,10 @@
 """The study's summary tables, each written as Markdown, CSV and LaTeX.
 
-Table 4: TiledAttention against every baseline (mean, median, geometric mean, win count);
-per head dim and per regime (mask x S); Table 5: best and runner-up schedule per tuned
-bucket with the sensitivity; Table 6: a schedule ladder on a reduced grid; and the rows
-whose status is not ``ok``, listed with their reasons.
+Table 4: TiledAttention against every baseline (mean, median, geometric mean, win count),
+by kernel time and by call latency (``ratios.MEASURES``); per head dim and per regime
+(mask x S), both measures per cell; call latency per point; Table 5: best and
+runner-up schedule per tuned bucket with the sensitivity; Table 6: a schedule ladder on a
+reduced grid; and the rows whose status is not ``ok``, listed with their reasons.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import os
 from dataclasses import dataclass, field
 
 from ..bench.methods import PINNED_PREFIX
-from .ratios import RatioSummary, compare, compare_by, index_rows, points_of
+from .ratios import MEASURES, RatioSummary, compare, compare_by, index_rows, points_of
 
 SUBJECT = "tiledattention"
 FUSED = "torch_sdpa"  # PyTorch's automatic dispatch: "fused SDPA" in the paper
@@ -106,58 +107,74 @@ def _summary_cells(s: RatioSummary) -> list:
 
 
 def table4(rows: list[dict]) -> Table:
-    t = Table("table4_ratios", f"{SUBJECT} throughput ÷ baseline throughput, matched points",
-              ["baseline"] + _SUMMARY_COLUMNS + ["not compared"])
+    t = Table("table4_ratios", f"{SUBJECT} speed ÷ baseline speed, matched points",
+              ["baseline", "measure"] + _SUMMARY_COLUMNS + ["not compared"])
     for b in baselines(rows):
-        s = compare(rows, SUBJECT, b)
-        t.rows.append([b] + _summary_cells(s) + [s.not_compared])
-    t.notes.append("ratio > 1: TiledAttention faster. wins: points with ratio > 1. "
-                   "not compared: points where either method has no ok row (see status).")
+        for measure, (label, _) in MEASURES.items():
+            s = compare(rows, SUBJECT, b, measure=measure)
+            t.rows.append([b, label] + _summary_cells(s) + [s.not_compared])
+    t.notes.append("ratio > 1: TiledAttention faster. kernel time: CUDA events with host work "
+                   "hidden (= the TFLOP/s ratio); call latency: steady-state wall time per "
+                   "back-to-back call, host work included (call_us). wins: points with ratio "
+                   "> 1. not compared: points where either method has no ok row with that "
+                   "measure (see status).")
     return t
 
 
+_PAIR_NOTE = ("each cell: kernel-time ratio / call-latency ratio, geometric means (points "
+              "compared by kernel time); > 1: TiledAttention faster.")
+
+
+def _pair(kernel: RatioSummary | None, call: RatioSummary | None) -> str:
+    if kernel is None or kernel.n == 0:
+        return "—"
+    c = f"{call.geomean:.3f}" if call is not None and call.n else "—"
+    return f"{kernel.geomean:.3f} / {c} ({kernel.n})"
+
+
+def _pairs_by(rows: list[dict], key) -> dict[str, tuple[dict, dict]]:
+    return {b: (compare_by(rows, SUBJECT, b, key), compare_by(rows, SUBJECT, b, key, "call"))
+            for b in baselines(rows)}
+
+
 def by_head_dim(rows: list[dict]) -> Table:
-    bs = baselines(rows)
-    t = Table("ratios_by_head_dim", f"{SUBJECT} ÷ baseline by head dim: geometric mean (n)",
-              ["D"] + bs)
-    per = {b: compare_by(rows, SUBJECT, b, lambda p: p["head_dim"]) for b in bs}
+    per = _pairs_by(rows, lambda p: p["head_dim"])
+    t = Table("ratios_by_head_dim", f"{SUBJECT} ÷ baseline by head dim: kernel time / call "
+              "latency", ["D"] + list(per), notes=[_PAIR_NOTE])
     for d in sorted({p["head_dim"] for p in points_of(rows).values()}):
-        t.rows.append([d] + [_geo_n(per[b].get(d)) for b in bs])
+        t.rows.append([d] + [_pair(k.get(d), c.get(d)) for k, c in per.values()])
     return t
 
 
 def by_regime(rows: list[dict]) -> Table:
     """Regimes: mask (full/causal) × sequence length, dtypes pooled."""
-    bs = baselines(rows)
-    t = Table("ratios_by_regime", f"{SUBJECT} ÷ baseline by mask and S: geometric mean (n)",
-              ["mask", "S"] + bs)
 
     def regime(p):
         return ("causal" if p["causal"] else "full", p["seq_q"])
 
-    per = {b: compare_by(rows, SUBJECT, b, regime) for b in bs}
+    per = _pairs_by(rows, regime)
+    t = Table("ratios_by_regime", f"{SUBJECT} ÷ baseline by mask and S: kernel time / call "
+              "latency", ["mask", "S"] + list(per), notes=[_PAIR_NOTE])
     for g in sorted({regime(p) for p in points_of(rows).values()}):
-        t.rows.append(list(g) + [_geo_n(per[b].get(g)) for b in bs])
+        t.rows.append(list(g) + [_pair(k.get(g), c.get(g)) for k, c in per.values()])
     return t
-
-
-def _geo_n(s: RatioSummary | None) -> str:
-    if s is None or s.n == 0:
-        return "—"
-    return f"{s.geomean:.3f} ({s.n})"
 
 
 def headline(rows: list[dict]) -> Table:
     """The paper's headline comparisons (its abstract and Table 4): against fused SDPA
-    overall and per head dim, and against math SDPA and eager attention."""
-    t = Table("headline", f"Headline: {SUBJECT} ÷ baseline (mean and geometric mean)",
-              ["against", "points", "mean", "geomean", "min", "wins"])
+    overall and per head dim, and against math SDPA and eager attention, each by kernel
+    time and by call latency."""
+    t = Table("headline", f"Headline: {SUBJECT} ÷ baseline, by kernel time and by call "
+              "latency", ["against", "points", "kernel mean", "kernel geomean", "kernel min",
+                          "kernel wins", "call geomean", "call min", "call wins"])
     present = set(methods_in(rows))
 
     def add(label, baseline, where=lambda p: True):
         if baseline in present:
-            s = compare(rows, SUBJECT, baseline, where)
-            t.rows.append([label, s.n, s.mean, s.geomean, s.min, f"{s.wins}/{s.n}"])
+            k = compare(rows, SUBJECT, baseline, where)
+            c = compare(rows, SUBJECT, baseline, where, "call")
+            t.rows.append([label, k.n, k.mean, k.geomean, k.min, f"{k.wins}/{k.n}",
+                           c.geomean, c.min, f"{c.wins}/{c.n}"])
 
     add(f"{FUSED} (fused SDPA), all points", FUSED)
     for d in sorted({p["head_dim"] for p in points_of(rows).values()}):
@@ -166,6 +183,8 @@ def headline(rows: list[dict]) -> Table:
     add("flash (forced FlashAttention-2)", "flash")
     add("math SDPA", "math")
     add("eager attention", "eager")
+    t.notes.append("kernel: CUDA-event time with host work hidden; call: steady-state wall "
+                   "time per back-to-back call (call_us), what a caller waits.")
     return t
 
 
@@ -183,6 +202,26 @@ def throughput(rows: list[dict]) -> Table:
                          if r.get("status") == "ok" else r.get("status"))
         t.rows.append([p["dtype"], "causal" if p["causal"] else "full", p["head_dim"],
                        p["seq_q"], p["batch"], p["heads"]] + cells)
+    return t
+
+
+def call_latency(rows: list[dict]) -> Table:
+    """call_us of every method at every point (status where not ok)."""
+    ms = methods_in(rows)
+    t = Table("call_latency", "Call latency per point and method (us per back-to-back call)",
+              ["dtype", "mask", "D", "S", "B", "H"] + ms)
+    idx = index_rows(rows)
+    for key, p in points_of(rows).items():
+        cells = []
+        for m in ms:
+            r = idx.get((key, m))
+            cells.append(None if r is None else r.get("status") if r.get("status") != "ok"
+                         else None if r.get("call_us") is None
+                         else float(f"{r['call_us']:.4g}"))
+        t.rows.append([p["dtype"], "causal" if p["causal"] else "full", p["head_dim"],
+                       p["seq_q"], p["batch"], p["heads"]] + cells)
+    t.notes.append("steady-state wall time per call over back-to-back eager calls, host work "
+                   "included; — where the row predates the column.")
     return t
 
 
@@ -246,6 +285,6 @@ def write_all(rows: list[dict], out_dir: str, *, tune_table: str | None = None,
     paths = []
     for table in (headline(rows), table4(rows), by_head_dim(rows), by_regime(rows),
                   table5(tune_table), table6(ladder_rows or []), throughput(rows),
-                  status(rows)):
+                  call_latency(rows), status(rows)):
         paths += table.write(out_dir)
     return paths

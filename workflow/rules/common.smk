@@ -27,9 +27,9 @@ RESULTS = config["results_dir"]
 SHARDS = config["shards"]
 HEAD_DIMS = sorted(set(BENCH.grid.head_dims))
 TABLES = ["headline", "table4_ratios", "ratios_by_head_dim", "ratios_by_regime", "table5_schedules",
-          "table6_ladder", "throughput", "status"]
+          "table6_ladder", "throughput", "call_latency", "status"]
 FIGURES = [f"throughput_vs_seq_d{d}" for d in HEAD_DIMS] + [
-    "regime_map", "baselines_d128", "bandwidth_vs_seq", "tile_sensitivity"]
+    "regime_map", "ratios_vs_seq", "baselines_d128", "bandwidth_vs_seq", "tile_sensitivity"]
 
 
 def shard_marker(i):
