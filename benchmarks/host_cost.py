@@ -129,8 +129,8 @@ def main(argv=None) -> int:
     print(f"# {dev}, torch {torch.__version__}, python {platform.python_version()}; "
           f"call: {args.calls} back-to-back calls, host: {args.host_calls} enqueued behind a "
           f"GPU spin; median of {args.rounds} interleaved rounds (us per call)")
-    print(f"{'shape':34s} {'call ta':>8s} {'torch':>8s} {'ratio':>6s} | {'host ta':>8s} "
-          f"{'torch':>8s} {'ratio':>6s} | {'ta via op':>9s}")
+    print(f"{'shape':34s} {'call ta':>8s} {'torch':>8s} {'ta/t':>6s} | {'host ta':>8s} "
+          f"{'torch':>8s} {'ta/t':>6s} | {'ta via op':>9s}")
     worst = 0.0
     for name in SHAPES:
         r = results[name]
