@@ -93,8 +93,6 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = Fa
 
     Returns ``out``, or ``(out, lse)`` when ``return_lse``.
     """
-    if isinstance(schedule, dict):
-        schedule = Schedule.from_dict(schedule)
     if _plain_eager(q):
         plan = plan_for(q, k, v, attn_mask, causal, scale, enable_gqa, return_lse, schedule)
         out, lse = launch(plan, q, k, v, attn_mask, fresh_lse=False)

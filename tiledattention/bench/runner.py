@@ -224,13 +224,14 @@ class Progress:
 
 
 def summary_table(rows: list[dict], methods: list[str]) -> str:
-    """TFLOP/s per point and method (status where not ok), and ratio to torch_sdpa."""
+    """TFLOP/s per point and method (status where not ok), and the ratios to torch_sdpa by
+    kernel time (= TFLOP/s) and by call latency (> 1: tiledattention faster)."""
     by_point: dict[str, dict[str, dict]] = {}
     for r in rows:
         by_point.setdefault(r["point_key"], {})[r["method"]] = r
     head = f"{'point':44s} " + " ".join(f"{m[:12]:>12s}" for m in methods)
     show_ratio = "tiledattention" in methods and "torch_sdpa" in methods
-    lines = [head + ("  ta/sdpa" if show_ratio else "")]
+    lines = [head + ("  ta/sdpa   call" if show_ratio else "")]
     for key, cells in by_point.items():
         vals = []
         for m in methods:
@@ -241,6 +242,8 @@ def summary_table(rows: list[dict], methods: list[str]) -> str:
         a, b = cells.get("tiledattention"), cells.get("torch_sdpa")
         if show_ratio and a and b and a.get("status") == b.get("status") == "ok":
             line += f"  {a['tflops'] / b['tflops']:7.3f}"
+            if a.get("call_us") and b.get("call_us"):
+                line += f"  {b['call_us'] / a['call_us']:5.3f}"
         lines.append(line)
     counts: dict[str, int] = {}
     for r in rows:

@@ -66,6 +66,12 @@ def call_key(q, k, v, attn_mask, causal, scale, enable_gqa, return_lse, schedule
         mask = _facts(attn_mask)
     else:
         return None
+    if type(schedule) is dict:  # checked (ScheduleError) when the plan is built
+        try:
+            schedule = (dict, *sorted(schedule.items()))
+            hash(schedule)
+        except TypeError:
+            return None
     return (_facts(q), _facts(k), _facts(v), mask, type(causal), causal, type(scale), scale,
             bool(enable_gqa), bool(return_lse), schedule, policy.generation())
 
