@@ -242,7 +242,7 @@ def table5(tune_table: str | None) -> Table:
                "TFLOP/s ", "sensitivity"])
     if not tune_table or not os.path.exists(tune_table):
         t.notes.append("tuning did not run in this study (config tune.enabled: false); the "
-                       "shipped table's own winners are in tiledattention/tables/.")
+                       "shipped table's own winners are in tiledattention/schedules/tables/.")
         return t
     from ..schedules.schedule import Schedule
 
