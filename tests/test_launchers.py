@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -179,3 +180,19 @@ def test_the_profiles_config_is_read_as_snakemake_reads_it(monkeypatch):
     assert profile_config(["--profile=profiles/local"])["launcher"] == "local"
     assert profile_config([], env_profile="profiles/slurm")["launcher"] == "slurm"
     assert profile_config(["-n"]) == {}
+
+
+def test_a_failed_gpu_step_job_fails_naming_its_job_and_log(tmp_path):
+    # The profiling job raises on the node (an unknown method): the step exits 1 and names
+    # the job and its log, as the rule's log then shows.
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "tiledattention.cli", "profile", "--shape",
+         "bfloat16:full:64:256", "--methods", "nonesuch", "--launcher", "local",
+         "--launcher-options", '{"timeout_s": 120}', "--out", str(tmp_path / "profile")],
+        capture_output=True, text=True, timeout=180)
+    assert out.returncode == 1
+    assert re.search(r"tiledattn profile: local job \S+ \(log \S+_log\.err\) failed: .*"
+                     r"nonesuch", out.stderr, re.S), out.stderr[-2000:]

@@ -65,7 +65,7 @@ def test_a_command_line_launcher_contradicting_the_profile_is_refused(tmp_path):
               "--config", "launcher=local", f"results_dir={tmp_path}")
     assert out.returncode != 0
     assert ("this profile runs the study with launcher=slurm, but --config says "
-            "launcher=local") in out.stderr
+            "launcher=local") in out.stdout + out.stderr
     assert not _gpu_commands(out)
 
 
@@ -97,7 +97,7 @@ def test_an_empty_or_non_mapping_config_fails_with_one_line(text, words, tmp_pat
     bad = tmp_path / "bad.yaml"
     bad.write_text(text)
     out = smk("-n", "--configfile", str(bad))
-    assert out.returncode != 0 and words in out.stderr, out.stderr[-2000:]
+    assert out.returncode != 0 and words in out.stdout + out.stderr, out.stdout[-2000:]
     assert "bench_shard" not in out.stdout + out.stderr
 
 
