@@ -1,12 +1,17 @@
-# The TiledAttention study: plan the grid into shards, run each shard through a launcher
-# (local processes, SLURM via submitit, or in-process), optionally tune, run the schedule
-# ladder and the profiles, aggregate into tables and figures, and bundle for publication.
+# The TiledAttention study: plan the grid into shards; run every GPU step (bench shards,
+# tuning, the schedule ladder, the profiles) as a job of the configured launcher (local
+# GPU processes, SLURM via submitit, or in-process); aggregate into tables and figures in
+# this process, and bundle for publication.
 from snakemake.utils import min_version
 
 min_version("9.0")
 
 
-configfile: "config/config.yaml"
+# The paper's study unless the command line names a config: a --configfile replaces it
+# rather than being merged over it, so a smaller study inherits none of its keys.
+if not workflow.overwrite_configfiles:
+
+    configfile: "config/config.yaml"
 
 
 report: "workflow/report/workflow.rst"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -111,3 +112,87 @@ def test_local_launcher_schedules_shards_over_free_gpus(tmp_path, monkeypatch):
     assert len({r["point_key"] for r in rows}) == 8
     held = gpu_lock.reserve(["0", "1"], timeout_s=1)  # all released again
     held.release()
+
+
+def test_every_gpu_step_names_its_job_after_the_step():
+    from tiledattention.launchers import job_name
+    from tiledattention.study.profile import ProfileTask
+    from tiledattention.tune import TuneTask
+
+    assert job_name(ShardTask(SMOKE, "out", 1, 8)) == "tiledattn-bench-shard1of8"
+    assert job_name(ShardTask(SMOKE, "out", 0, 1, "ladder")) == "tiledattn-ladder-shard0of1"
+    assert job_name(TuneTask("t.json", "s.jsonl")) == "tiledattn-tune"
+    assert job_name(ProfileTask(("float16:full:64:256",), ("torch_sdpa",), "p")) == \
+        "tiledattn-profile"
+
+
+def test_tuning_as_a_local_job_without_a_gpu_records_why(tmp_path):
+    import torch
+
+    from tiledattention.launchers import run_step
+    from tiledattention.tune import TuneTask
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is visible: the task would tune instead")
+    out = tmp_path / "tune" / "table.json"
+    task = TuneTask(str(out), str(tmp_path / "tune" / "state.jsonl"), seqs=(512,),
+                    head_dims=(64,), dtypes=("float16",))
+    result = run_step("local", {"timeout_s": 120}, str(tmp_path / "logs"), task)
+    assert result["status"] == "unavailable"
+    table = json.loads(out.read_text())
+    assert table["entries"] == [] and table["meta"]["unavailable"].startswith(
+        "no CUDA GPU visible on ")
+    assert list((tmp_path / "logs").glob("*_submitted.pkl"))  # it ran as a submitit job
+
+
+PROFILE = {"launcher": "slurm", "launcher_options": {"partition": "gpu"}}
+
+
+def test_a_command_line_config_keeps_the_profiles_launcher():
+    from tiledattention.launchers.profiles import restore
+
+    config = {"launcher": "local", "launcher_options": {}, "shards": 4}
+    assert restore(config, PROFILE, {"shards": 4}) == ["launcher", "launcher_options"]
+    assert config == {"launcher": "slurm", "launcher_options": {"partition": "gpu"},
+                      "shards": 4}
+    # Options given on the command line win over the profile's; the launcher stays.
+    config = {"launcher": "local", "launcher_options": {"partition": "debug"}}
+    assert restore(config, PROFILE, {"launcher_options": {"partition": "debug"}}) == [
+        "launcher"]
+    assert config["launcher"] == "slurm" and config["launcher_options"]["partition"] == "debug"
+
+
+def test_a_command_line_launcher_against_the_profiles_is_refused():
+    from tiledattention.launchers.profiles import restore
+
+    with pytest.raises(LauncherError, match="launcher=slurm, but --config says launcher=local"):
+        restore({"launcher": "local"}, PROFILE, {"launcher": "local"})
+
+
+def test_the_profiles_config_is_read_as_snakemake_reads_it(monkeypatch):
+    from pathlib import Path
+
+    from tiledattention.launchers.profiles import profile_config
+
+    monkeypatch.chdir(Path(__file__).resolve().parent.parent)
+    slurm = profile_config(["-n", "--profile", "profiles/slurm", "--config", "shards=4"])
+    assert slurm["launcher"] == "slurm" and slurm["launcher_options"]["partition"] == "gpu"
+    assert profile_config(["--profile=profiles/local"])["launcher"] == "local"
+    assert profile_config([], env_profile="profiles/slurm")["launcher"] == "slurm"
+    assert profile_config(["-n"]) == {}
+
+
+def test_a_failed_gpu_step_job_fails_naming_its_job_and_log(tmp_path):
+    # The profiling job raises on the node (an unknown method): the step exits 1 and names
+    # the job and its log, as the rule's log then shows.
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "tiledattention.cli", "profile", "--shape",
+         "bfloat16:full:64:256", "--methods", "nonesuch", "--launcher", "local",
+         "--launcher-options", '{"timeout_s": 120}', "--out", str(tmp_path / "profile")],
+        capture_output=True, text=True, timeout=180)
+    assert out.returncode == 1
+    assert re.search(r"tiledattn profile: local job \S+ \(log \S+_log\.err\) failed: .*"
+                     r"nonesuch", out.stderr, re.S), out.stderr[-2000:]

@@ -37,9 +37,68 @@ def test_dry_run_plans_one_job_per_shard(configfile, shards, tmp_path):
     table = out.stdout + out.stderr
     counts = dict(re.findall(r"^(\w+)\s+(\d+)$", table, re.M))
     assert counts["bench_shard"] == str(shards)
-    for rule in ("plan", "ladder", "aggregate", "figures", "manifest", "profile", "bundle",
-                 "bundle_verify"):
+    # The smoke study is the default study in miniature: the same steps.
+    for rule in ("plan", "tune", "ladder", "aggregate", "figures", "manifest", "profile",
+                 "bundle", "bundle_verify"):
         assert counts.get(rule) == "1", (rule, counts)
+
+
+def _gpu_commands(out) -> list[str]:
+    return [ln for ln in (out.stdout + out.stderr).splitlines()
+            if re.match(r"(Shell command: )?tiledattn (sweep|tune|profile) ", ln)]
+
+
+def test_a_command_line_config_keeps_the_profiles_launcher(tmp_path):
+    # Snakemake replaces the profile's `config:` list with the command line's --config; the
+    # workflow puts the profile's launcher back, so every GPU step still goes to SLURM.
+    out = smk("-n", "-p", "--profile", "profiles/slurm", "--configfile", "config/smoke.yaml",
+              "--config", "shards=3", f"results_dir={tmp_path}")
+    assert out.returncode == 0, out.stderr[-2000:]
+    commands = _gpu_commands(out)
+    assert len(commands) == 3 + 3  # three shards, ladder, tune, profile
+    assert all("--launcher slurm" in c and '"partition": "gpu"' in c for c in commands), commands
+    assert "config: launcher, launcher_options from the profile" in out.stderr
+
+
+def test_a_command_line_launcher_contradicting_the_profile_is_refused(tmp_path):
+    out = smk("-n", "--profile", "profiles/slurm", "--configfile", "config/smoke.yaml",
+              "--config", "launcher=local", f"results_dir={tmp_path}")
+    assert out.returncode != 0
+    assert ("this profile runs the study with launcher=slurm, but --config says "
+            "launcher=local") in out.stdout + out.stderr
+    assert not _gpu_commands(out)
+
+
+def test_without_a_profile_the_configs_launcher_runs_every_gpu_step(tmp_path):
+    out = smk("-n", "-p", "--configfile", "config/smoke.yaml", "--config",
+              f"results_dir={tmp_path}")
+    commands = _gpu_commands(out)
+    assert len(commands) == 2 + 3 and all("--launcher local" in c for c in commands), commands
+
+
+def test_a_configfile_replaces_the_default_config(tmp_path):
+    # A minimal study inherits nothing from config/config.yaml (no tuning, no ladder, not
+    # the paper's tokens/width): the schema's defaults fill the rest.
+    minimal = tmp_path / "minimal.yaml"
+    minimal.write_text(f"results_dir: {tmp_path / 'out'}\nshards: 1\nlauncher: local\n"
+                       "bench: {grid: {seqs: [64], head_dims: [64], dtypes: [bfloat16], "
+                       "causal: [false], shape_policy: explicit, batch: 1, heads: 2}}\n")
+    out = smk("-n", "--configfile", str(minimal))
+    assert out.returncode == 0, out.stderr[-2000:]
+    counts = dict(re.findall(r"^(\w+)\s+(\d+)$", out.stdout + out.stderr, re.M))
+    assert counts["bench_shard"] == "1" and "tune" not in counts and "ladder" not in counts
+
+
+@pytest.mark.parametrize("text,words", [
+    ("{}\n", "the study config is empty"),
+    ("- 1\n", "Config file must be given as JSON or YAML with keys at top level"),
+])
+def test_an_empty_or_non_mapping_config_fails_with_one_line(text, words, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text)
+    out = smk("-n", "--configfile", str(bad))
+    assert out.returncode != 0 and words in out.stdout + out.stderr, out.stdout[-2000:]
+    assert "bench_shard" not in out.stdout + out.stderr
 
 
 @pytest.mark.parametrize("override,words", [
@@ -56,11 +115,23 @@ def test_bad_config_fails_before_any_job_naming_the_key(override, words, tmp_pat
     assert "bench_shard" not in out.stdout
 
 
+def _readme_report_command() -> list[str]:
+    # The README's command for the report of the study scripts/main.sh runs on a CPU box.
+    text = (ROOT / "README.md").read_text()
+    line = next(ln.strip() for ln in text.splitlines()
+                if ln.strip().startswith("snakemake ") and "--report" in ln
+                and "smoke" in ln)
+    return line.split("#")[0].split()
+
+
 def test_smoke_study_runs_end_to_end_with_the_local_profile(tmp_path):
-    results = tmp_path / "smoke"
+    # A results directory with a space and a command substitution: every path is quoted.
+    marker = tmp_path / "substituted"
+    results = tmp_path / "smoke study" / f"$(touch {marker})"
     out = smk("--profile", "profiles/local", "--configfile", "config/smoke.yaml", "--config",
               f"results_dir={results}", timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
+    assert not marker.exists()
     with open(results / "aggregate" / "rows.csv") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 4 * 6  # 4 points x 6 methods
@@ -68,6 +139,9 @@ def test_smoke_study_runs_end_to_end_with_the_local_profile(tmp_path):
     assert ("eager", "ok") in statuses and ("math", "ok") in statuses
     assert all(r["status"] in ("ok", "unavailable") for r in rows)
     assert (results / "shards" / "manifest-shard0of2.json").exists()
+    # Every GPU step ran as a local launcher job (submitit's files in its log folder).
+    for step in ("shards", "ladder", "tune", "profile"):
+        assert list((results / step / "logs").glob("*_submitted.pkl")), step
     # It ends with a verified bundle: tables, figures, the profile step's reason, metadata.
     assert "bundle verify: OK" in (results / "bundle.verified").read_text()
     bundle = results / "bundle"
@@ -80,8 +154,22 @@ def test_smoke_study_runs_end_to_end_with_the_local_profile(tmp_path):
             or "ncu (Nsight Compute) not found" in summary or "no CUDA GPU" in summary), summary
     ladder = (results / "aggregate" / "tables" / "table6_ladder.md").read_text()
     assert "64x64_o1_c1_lk2_lv4_natural" in ladder  # the ladder ran (unavailable on a CPU)
-    report = smk("--configfile", "config/smoke.yaml", "--config", f"results_dir={results}",
-                 "--report", str(results / "report.html"))
+    table5 = (results / "aggregate" / "tables" / "table5_schedules.md").read_text()
+    readme = (bundle / "README.md").read_text()
+    gpu = "| float16 | full | 64 |" in table5
+    if not gpu:  # on a CPU the tuning job recorded why; Table 5 and the README say so
+        assert "tuning did not run: no CUDA GPU visible" in table5
+        assert "- tuning (Table 5): not run: no CUDA GPU visible" in readme
+        assert "- benchmark: tiledattention unavailable at 4 point(s)" in readme
+    # The exact config is the smoke config's own: nothing of config/config.yaml's grid.
+    exact = (bundle / "config" / "study-config.yaml").read_text()
+    for key in ("flush_l2", "tokens: 16384", "width: 2048", "seqs: [4096]", "- 4096"):
+        assert key not in exact, key
+    # The report, with the README's command (pointed at this study's results).
+    command = _readme_report_command()
+    assert command[:4] == ["snakemake", "--configfile", "config/smoke.yaml", "--report"]
+    report = smk(*command[1:4], str(results / "report.html"), "--config",
+                 f"results_dir={results}")
     assert report.returncode == 0, report.stderr[-2000:]
     html = (results / "report.html").read_text(errors="replace")
     assert "regime_map.png" in html and "table4_ratios.csv" in html

@@ -26,6 +26,9 @@ def main(argv: list[str] | None = None) -> int:
     tune.add_argument("--out", default="results/schedule-table.json")
     tune.add_argument("--reps", type=int, default=20)
     tune.add_argument("--compile-timeout", type=float, default=120.0)
+    tune.add_argument("--launcher", help="run the tuning as a job of this launcher (slurm: on a "
+                      "GPU node; local: on a free local GPU); default: in this process")
+    tune.add_argument("--launcher-options", default="{}", help="JSON launcher options")
     bench = sub.add_parser("bench", help="benchmark tiledattention against PyTorch's SDPA "
                            "backends and eager attention over a config's grid (resumable)")
     bench.add_argument("--config", help="YAML benchmark config (default: the paper's grid)")
@@ -40,6 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     sweep.add_argument("--shards", type=int, default=1, help="split the grid into N shards")
     sweep.add_argument("--only", type=int, nargs="+", help="run only these shard indices")
     sweep.add_argument("--out", default="results/bench")
+    sweep.add_argument("--step", default="bench", help="the study step the shards belong to "
+                       "(names the jobs, e.g. tiledattn-ladder-shard0of1)")
     agg = sub.add_parser("aggregate", help="all shard rows into one table (JSON lines, CSV, "
                          "Parquet, column dictionary) and the summary tables (Markdown, CSV, "
                          "LaTeX)")
@@ -137,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
             launcher = get_launcher(args.launcher, os.path.join(args.out, "logs"), options)
             indices = args.only if args.only is not None else range(args.shards)
             tasks = [ShardTask(os.path.abspath(args.config), os.path.abspath(args.out), i,
-                               args.shards) for i in indices]
+                               args.shards, args.step) for i in indices]
             for r in launcher.run(tasks):
                 print(f"sweep: shard {r['shard']}/{r['of']} done", file=sys.stderr)
         except (ConfigError, LauncherError, json.JSONDecodeError) as exc:
@@ -209,8 +214,12 @@ def main(argv: list[str] | None = None) -> int:
                 task = ProfileTask(tuple(args.shape), tuple(args.methods),
                                    os.path.abspath(args.out), args.clock_control, args.warmup,
                                    args.tokens, args.width)
-                get_launcher(args.launcher, os.path.join(args.out, "logs"),
-                             json.loads(args.launcher_options)).run([task])
+                try:
+                    get_launcher(args.launcher, os.path.join(args.out, "logs"),
+                                 json.loads(args.launcher_options)).run([task])
+                except (LauncherError, json.JSONDecodeError) as exc:  # the job failed
+                    print(f"tiledattn profile: {exc}", file=sys.stderr)
+                    return 1
                 code = 0
             else:
                 code = run_profile(shapes, args.methods, args.out,
@@ -254,6 +263,9 @@ def main(argv: list[str] | None = None) -> int:
 
         from .tune import PAPER_HEAD_DIMS, PAPER_SEQS, paper_grid, run_tune
 
+        if args.launcher:
+            return _tune_through_launcher(args)
+
         points = paper_grid(seqs=args.seqs or PAPER_SEQS, head_dims=args.head_dims or
                             PAPER_HEAD_DIMS, dtypes=args.dtypes or ("float16", "bfloat16"))
         for path in (args.state, args.out):
@@ -274,6 +286,28 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     parser.print_help()
     return 2
+
+
+def _tune_through_launcher(args) -> int:
+    import json
+    import os
+
+    from .launchers import LauncherError, run_step
+    from .tune import PAPER_HEAD_DIMS, PAPER_SEQS, TuneTask
+
+    task = TuneTask(os.path.abspath(args.out), os.path.abspath(args.state), args.space,
+                    tuple(args.seqs or PAPER_SEQS), tuple(args.head_dims or PAPER_HEAD_DIMS),
+                    tuple(args.dtypes or ("float16", "bfloat16")), args.reps,
+                    args.compile_timeout)
+    folder = os.path.join(os.path.dirname(task.out_path), "logs")
+    try:
+        result = run_step(args.launcher, json.loads(args.launcher_options), folder, task)
+    except (LauncherError, json.JSONDecodeError) as exc:
+        print(f"tiledattn tune: {exc}", file=sys.stderr)
+        return 1
+    if result["status"] != "ok":
+        print(f"tiledattn tune: not run: {result['reason']}", file=sys.stderr)
+    return 0
 
 
 def _bundle(args) -> int:

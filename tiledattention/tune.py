@@ -187,3 +187,51 @@ def space_for(head_dim: int, space: str) -> list[Schedule]:
     if space == "full":
         return candidates(head_dim)[0]
     raise ValueError(f"unknown search space {space!r}; valid: 'quick', 'full'")
+
+
+def no_gpu_reason() -> str | None:
+    """Why tuning cannot measure here (None where a CUDA GPU is visible)."""
+    if torch.cuda.is_available():
+        return None
+    import socket
+
+    return f"no CUDA GPU visible on {socket.gethostname()}"
+
+
+@dataclass(frozen=True)
+class TuneTask:
+    """``run_tune`` as a picklable job, so a launcher puts it on a GPU (a SLURM GPU node,
+    a local GPU). Without a GPU it writes an empty table whose ``meta.unavailable`` says
+    why, and the study goes on (Table 5 and the bundle README report it); a requeued job
+    resumes from the state file."""
+
+    out_path: str
+    state_path: str
+    space: str = "quick"
+    seqs: tuple[int, ...] = PAPER_SEQS
+    head_dims: tuple[int, ...] = PAPER_HEAD_DIMS
+    dtypes: tuple[str, ...] = ("float16", "bfloat16")
+    reps: int = 20
+    compile_timeout: float = 120.0
+    job_name: str = "tiledattn-tune"
+
+    def __call__(self) -> dict:
+        for path in (self.state_path, self.out_path):
+            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        reason = no_gpu_reason()
+        if reason:
+            ScheduleTable(meta={"unavailable": reason}).save(self.out_path)
+            print(f"tune: not run: {reason}", file=sys.stderr)
+            return {"status": "unavailable", "reason": reason, "out": self.out_path}
+        points = paper_grid(seqs=self.seqs, head_dims=self.head_dims, dtypes=self.dtypes)
+        code = run_tune(points, space=self.space, state_path=self.state_path,
+                        out_path=self.out_path, reps=self.reps,
+                        compile_timeout=self.compile_timeout)
+        if code != 0:
+            raise RuntimeError(f"tiledattn tune stopped with exit code {code}")
+        return {"status": "ok", "out": self.out_path}
+
+    def checkpoint(self, *args, **kwargs):
+        import submitit
+
+        return submitit.helpers.DelayedSubmission(self)

@@ -24,6 +24,7 @@ class ShardTask:
     out_dir: str
     shard_index: int
     shard_count: int
+    step: str = "bench"  # the study step (bench, ladder): names the job in sacct
 
     def __call__(self) -> dict:
         from ..bench.config import load_config
@@ -45,6 +46,21 @@ class ShardTask:
     @property
     def tag(self) -> str:
         return f"shard{self.shard_index}of{self.shard_count}"
+
+    @property
+    def job_name(self) -> str:
+        return f"tiledattn-{self.step}-{self.tag}"
+
+
+def job_name(task) -> str:
+    """The name a task's job carries (sbatch --job-name, so sacct shows the step)."""
+    return getattr(task, "job_name", "tiledattn")
+
+
+def run_step(launcher: str, options: dict, folder: str, task):
+    """Run one GPU step (tune, profile, ...) as a job of ``launcher`` and wait for it; a
+    failed job raises LauncherError naming its id, state and log."""
+    return get_launcher(launcher, folder, options).run([task])[0]
 
 
 def _typed(value, annotation: str, where: str):

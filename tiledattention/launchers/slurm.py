@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import submitit
 
-from .base import LauncherError, ShardTask, check_options, wait
+from .base import LauncherError, ShardTask, check_options, job_name, wait
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ def sbatch_parameters(o: SlurmOptions) -> dict:
     """submitit SlurmExecutor parameters (they become #SBATCH lines)."""
     params = dict(partition=o.partition, account=o.account, qos=o.qos,
                   constraint=o.constraint, cpus_per_task=o.cpus_per_job, mem=f"{o.mem_gb}G",
-                  time=o.time_min, signal_delay_s=o.signal_delay_s, job_name="tiledattn-bench",
+                  time=o.time_min, signal_delay_s=o.signal_delay_s, job_name="tiledattn",
                   additional_parameters=dict(o.extra_sbatch))
     if o.gpus_per_job:
         params["gres"] = f"gpu:{o.gpus_per_job}"
@@ -64,10 +64,16 @@ class Launcher:
         self.executor.update_parameters(**sbatch_parameters(o))
 
     def run(self, tasks: list[ShardTask]) -> list[dict]:
+        # Each job is named after its step (tiledattn-tune, tiledattn-bench-shard0of8, ...)
+        # so sacct shows what ran where; an array carries the name of its step.
         if self.options.array and len(tasks) > 1:
+            self.executor.update_parameters(job_name=job_name(tasks[0]).rsplit("-shard", 1)[0])
             jobs = self.executor.submit_array(tasks)
         else:
-            jobs = [self.executor.submit(t) for t in tasks]
+            jobs = []
+            for t in tasks:
+                self.executor.update_parameters(job_name=job_name(t))
+                jobs.append(self.executor.submit(t))
         return wait(jobs, self._describe, self.options.timeout_s, self.options.poll_s)
 
     @staticmethod

@@ -142,6 +142,39 @@ def _readme(pub: Publication, rows: list[dict], manifest: dict, table4: str,
     return "\n".join(lines)
 
 
+def not_run(study_dir: str, rows: list[dict]) -> list[str]:
+    """One Markdown bullet per study step (or method) that did not run, with the reason
+    its job recorded: GPU methods without a GPU, tuning and profiles on a node without
+    one."""
+    from ..bench.aggregate import concat
+
+    out = []
+    for step, step_rows in (("benchmark", rows),
+                            ("schedule ladder", concat(os.path.join(study_dir, "ladder"))
+                             if os.path.isdir(os.path.join(study_dir, "ladder")) else [])):
+        by_method: dict[tuple[str, str], list[dict]] = {}
+        for r in step_rows:
+            if r.get("status") != "ok":
+                by_method.setdefault((r["method"], r["status"]), []).append(r)
+        for (method, status), group in sorted(by_method.items()):
+            out.append(f"- {step}: {method} {status} at {len(group)} point(s): "
+                       f"{group[0].get('reason') or group[0].get('error') or '—'}")
+    tune = os.path.join(study_dir, "tune", "schedule-table.json")
+    if os.path.exists(tune):
+        with open(tune) as f:
+            why = (json.load(f).get("meta") or {}).get("unavailable")
+        if why:
+            out.append(f"- tuning (Table 5): not run: {why}")
+    prof = os.path.join(study_dir, "profile", "summary.json")
+    if os.path.exists(prof):
+        with open(prof) as f:
+            caps = json.load(f).get("captures", [])
+        for c in caps:
+            if c.get("status") != "ok":
+                out.append(f"- profile {c['shape']} {c['method']}: {c['status']}: {c['reason']}")
+    return out
+
+
 def create(study_dir: str, out_dir: str, *, config: dict, config_name: str, repo_root: str,
            publication: Publication, command: str = "snakemake") -> dict:
     """Build ``out_dir`` (a directory) and ``out_dir + '.zip'`` from a finished study."""
@@ -193,6 +226,11 @@ def create(study_dir: str, out_dir: str, *, config: dict, config_name: str, repo
         with open(t4) as f:
             table4 = "\n" + f.read()
     readme = _readme(publication, rows, manifest, table4, f"config/{config_name}")
+    missing = not_run(study_dir, rows)
+    if missing:  # before the column dictionary: what a reader must know first
+        cut = readme.index("## How to reproduce")
+        readme = (readme[:cut] + "## What did not run\n\n" + "\n".join(missing) + "\n\n"
+                  + readme[cut:])
     with open(os.path.join(out_dir, "README.md"), "w") as f:
         f.write(readme)
     head = headline(rows, manifest)

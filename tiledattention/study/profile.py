@@ -291,6 +291,7 @@ class ProfileTask:
     warmup: int = 5
     tokens: int = 16384
     width: int = 2048
+    job_name: str = "tiledattn-profile"
 
     def __call__(self) -> dict:
         run_profile([Shape.parse(s) for s in self.shapes], list(self.methods), self.out_dir,

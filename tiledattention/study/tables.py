@@ -247,7 +247,11 @@ def table5(tune_table: str | None) -> Table:
     from ..schedules.schedule import Schedule
 
     with open(tune_table) as f:
-        entries = json.load(f)["entries"]
+        data = json.load(f)
+    entries = data["entries"]
+    if (data.get("meta") or {}).get("unavailable"):  # the tuning job found no GPU
+        t.notes.append(f"tuning did not run: {data['meta']['unavailable']}.")
+        return t
     for e in sorted(entries, key=lambda e: (e["bucket"]["dtype"], e["bucket"]["causal"],
                                             e["bucket"]["head_dim"], e["bucket"]["s_bucket"])):
         b = e["bucket"]

@@ -26,8 +26,8 @@ rule aggregate:
     conda:
         "../envs/tiledattn.yaml"
     shell:
-        "tiledattn aggregate --rows {params.rows} --out {params.out}"
-        " --expect-shards {params.shards} {params.extra} > {log} 2>&1"
+        "tiledattn aggregate --rows {params.rows:q} --out {params.out:q}"
+        " --expect-shards {params.shards} {params.extra} > {log:q} 2>&1"
 
 
 rule figures:
@@ -48,7 +48,8 @@ rule figures:
     conda:
         "../envs/tiledattn.yaml"
     shell:
-        "tiledattn figures --rows {input.rows} --out {params.out} {params.extra} > {log} 2>&1"
+        "tiledattn figures --rows {input.rows:q} --out {params.out:q} {params.extra}"
+        " > {log:q} 2>&1"
 
 
 rule manifest:
@@ -60,16 +61,16 @@ rule manifest:
     log:
         f"{RESULTS}/logs/manifest.log",
     params:
-        runs=lambda wildcards, input: " ".join(
-            sorted({os.path.dirname(p) for k in ("shards", "ladder") if k in input.keys()
-                    for p in ([input[k]] if isinstance(input[k], str) else input[k])})
+        runs=lambda wildcards, input: sorted(
+            {os.path.dirname(p) for k in ("shards", "ladder") if k in input.keys()
+             for p in ([input[k]] if isinstance(input[k], str) else input[k])}
         ),
         image=lambda wildcards: (
-            f"--image {config['launcher_options']['image']}"
+            f"--image {shlex.quote(config['launcher_options']['image'])}"
             if config["launcher_options"].get("image") else ""
         ),
     conda:
         "../envs/tiledattn.yaml"
     shell:
-        "tiledattn manifest --runs {params.runs} --config {input.study} {params.image}"
-        " --out {output} > {log} 2>&1"
+        "tiledattn manifest --runs {params.runs:q} --config {input.study:q} {params.image}"
+        " --out {output:q} > {log:q} 2>&1"

@@ -10,18 +10,16 @@ rule bench_shard:
     log:
         f"{RESULTS}/logs/bench-shard{{i}}.log",
     params:
-        launcher=config["launcher"],
-        options=launcher_options(),
+        launcher=launcher_args(),
         shards=SHARDS,
         out=lambda wildcards, output: os.path.dirname(output[0]),
     resources:
-        gpu=lambda wildcards: 1 if config["launcher"] == "local" else 0,
+        gpu=gpu_slots(),
     conda:
         "../envs/tiledattn.yaml"
     shell:
-        "tiledattn sweep --config {input} --launcher {params.launcher}"
-        " --launcher-options '{params.options}' --shards {params.shards}"
-        " --only {wildcards.i} --out {params.out} > {log} 2>&1"
+        "tiledattn sweep --config {input:q} {params.launcher} --step bench"
+        " --shards {params.shards} --only {wildcards.i} --out {params.out:q} > {log:q} 2>&1"
 
 
 # Table 6: the schedule ladder, one job through the same launcher (a GPU node under SLURM).
@@ -33,13 +31,12 @@ rule ladder:
     log:
         f"{RESULTS}/logs/ladder.log",
     params:
-        launcher=config["launcher"],
-        options=launcher_options(),
+        launcher=launcher_args(),
         out=lambda wildcards, output: os.path.dirname(output[0]),
     resources:
-        gpu=lambda wildcards: 1 if config["launcher"] == "local" else 0,
+        gpu=gpu_slots(),
     conda:
         "../envs/tiledattn.yaml"
     shell:
-        "tiledattn sweep --config {input} --launcher {params.launcher}"
-        " --launcher-options '{params.options}' --shards 1 --out {params.out} > {log} 2>&1"
+        "tiledattn sweep --config {input:q} {params.launcher} --step ladder --shards 1"
+        " --out {params.out:q} > {log:q} 2>&1"

@@ -18,8 +18,8 @@ rule bundle:
     conda:
         "../envs/tiledattn.yaml"
     shell:
-        "tiledattn bundle create --study {params.study} --config {input.study}"
-        " --out {params.out} > {log} 2>&1"
+        "tiledattn bundle create --study {params.study:q} --config {input.study:q}"
+        " --out {params.out:q} > {log:q} 2>&1"
 
 
 rule bundle_verify:
@@ -33,4 +33,4 @@ rule bundle_verify:
     conda:
         "../envs/tiledattn.yaml"
     shell:
-        "tiledattn bundle verify {input.zip} > {output} 2> {log}"
+        "tiledattn bundle verify {input.zip:q} > {output:q} 2> {log:q}"

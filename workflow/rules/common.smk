@@ -3,10 +3,32 @@
 # benchmark sections.
 import json
 import os
+import shlex
+import sys
 
+from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 from tiledattention.bench.config import from_dict as _bench_config
+from tiledattention.launchers import LauncherError
+from tiledattention.launchers import profiles as _profiles
+
+
+def check_config_shape(config):
+    if not isinstance(config, dict) or not config:
+        raise WorkflowError("the study config is empty: pass a study config with "
+                            "--configfile (see config/README.md), e.g. config/smoke.yaml")
+
+
+check_config_shape(config)
+try:  # a --config on the command line must not drop the profile's launcher
+    _RESTORED = _profiles.apply(config, sys.argv[1:], dict(workflow.config_settings.config),
+                                _profiles.env_profile())
+except LauncherError as exc:
+    raise WorkflowError(str(exc)) from None
+if _RESTORED:
+    print(f"config: {', '.join(_RESTORED)} from the profile, under the command line's "
+          "--config", file=sys.stderr)
 
 
 def ladder_bench():
@@ -36,8 +58,16 @@ def shard_marker(i):
     return f"{RESULTS}/shards/shard{i}of{SHARDS}.done"
 
 
-def launcher_options():
-    return json.dumps(config["launcher_options"])
+def launcher_args():
+    """--launcher and --launcher-options of every GPU step, quoted for the shell."""
+    return (f"--launcher {shlex.quote(config['launcher'])} --launcher-options "
+            f"{shlex.quote(json.dumps(config['launcher_options']))}")
+
+
+def gpu_slots():
+    """Local jobs hold one of the profile's `gpu` slots (one GPU each); SLURM jobs wait on
+    the cluster and hold none."""
+    return 1 if config["launcher"] == "local" else 0
 
 
 def aggregate_inputs(wildcards):
@@ -53,9 +83,9 @@ def study_extras(wildcards, input):
     """--ladder/--tune-table for aggregate and figures, when the study ran those stages."""
     extra = []
     if "ladder" in input.keys():
-        extra.append(f"--ladder {os.path.dirname(input.ladder)}")
+        extra.append(f"--ladder {shlex.quote(os.path.dirname(input.ladder))}")
     if "tune" in input.keys():
-        extra.append(f"--tune-table {input.tune}")
+        extra.append(f"--tune-table {shlex.quote(input.tune)}")
     return " ".join(extra)
 
 

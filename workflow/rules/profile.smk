@@ -1,5 +1,7 @@
-# Nsight Compute on representative shapes. Without ncu, a GPU or counter permission the
-# summary records why and the rule still succeeds, so the study finishes everywhere.
+# Nsight Compute on representative shapes, as one job of the configured launcher (a GPU
+# node under SLURM, a free local GPU). Without ncu, a GPU or counter permission the
+# summary records why and the rule still succeeds, so the study finishes everywhere; a
+# job that fails (crash, timeout, cancel) fails the rule naming its id, state and log.
 rule profile:
     output:
         report(
@@ -14,16 +16,13 @@ rule profile:
         methods=" ".join(config["profile"]["methods"]),
         p=config["profile"],
         out=lambda wildcards, output: os.path.dirname(output[0]),
-        launcher=lambda wildcards: (
-            f"--launcher {config['launcher']} --launcher-options '{launcher_options()}'"
-            if config["profile"]["via_launcher"] else ""
-        ),
+        launcher=launcher_args(),
     resources:
-        gpu=1,
+        gpu=gpu_slots(),
     conda:
         "../envs/tiledattn.yaml"
     shell:
         "tiledattn profile {params.shapes} --methods {params.methods}"
         " --clock-control {params.p[clock_control]} --warmup {params.p[warmup]}"
         " --tokens {params.p[tokens]} --width {params.p[width]} {params.launcher}"
-        " --out {params.out} > {log} 2>&1"
+        " --out {params.out:q} > {log:q} 2>&1"

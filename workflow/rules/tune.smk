@@ -1,6 +1,6 @@
-# Optional (tune.enabled): tune schedules on this GPU (Table 5's winners, runners-up and
-# sensitivity); the table can then be used with TILEDATTENTION_SCHEDULE_TABLE. Needs a GPU
-# on the machine running the job.
+# Optional (tune.enabled): tune schedules (Table 5's winners, runners-up and sensitivity)
+# as one job of the configured launcher, on a GPU node under SLURM or a free local GPU.
+# Where the job finds no GPU the table records why and the study goes on.
 rule tune:
     output:
         f"{RESULTS}/tune/schedule-table.json",
@@ -10,10 +10,11 @@ rule tune:
         space=config["tune"]["space"],
         state=lambda wildcards, output: os.path.join(os.path.dirname(output[0]), "state.jsonl"),
         restrict=tune_restrictions(),
+        launcher=launcher_args(),
     resources:
-        gpu=1,
+        gpu=gpu_slots(),
     conda:
         "../envs/tiledattn.yaml"
     shell:
-        "tiledattn tune --space {params.space} --state {params.state} --out {output}"
-        " {params.restrict} > {log} 2>&1"
+        "tiledattn tune {params.launcher} --space {params.space} --state {params.state:q}"
+        " --out {output:q} {params.restrict} > {log:q} 2>&1"
