@@ -132,6 +132,14 @@ def test_def_test_section_fails_when_nvidia_smi_sees_a_gpu_torch_cannot_use():
                      body)
 
 
+def test_images_keep_the_working_directory_off_python_path():
+    # Jobs run from a checkout that Apptainer binds: its tiledattention must not shadow the
+    # image's (tests/containers checks it on the built images).
+    assert "export PYTHONSAFEPATH=1" in def_section("environment")
+    assert re.search(r"^ENV [^\n]*(?:\\\n[^\n]*)*PYTHONSAFEPATH=1", (C / "Dockerfile").read_text(),
+                     re.M)
+
+
 def test_docker_build_context_is_only_what_the_dockerfile_copies():
     ignore = [ln for ln in (C / "Dockerfile.dockerignore").read_text().splitlines()
               if ln and not ln.startswith("#")]
