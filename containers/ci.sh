@@ -201,4 +201,5 @@ export TILEDATTN_CI_IMAGES_REQUIRED=1  # from here on a test that cannot run fai
 timed image-tests python -m pytest -q -p no:cacheprovider -rs tests/containers
 timed slurm-image-test timeout -k 30 1500 python -m pytest -q -p no:cacheprovider -rs \
   tests/cluster/test_slurm_image.py
+for t in image-tests slurm-image-test; do say "$t: $(tail -1 "$OUT/logs/$t.log")"; done
 say "timings (s) and sizes (bytes):"; column -t "$OUT/timings.tsv" >&2 || cat "$OUT/timings.tsv" >&2
