@@ -60,3 +60,12 @@ class ToolchainMissingError(PlatformError):
 
 class CompileError(TiledAttentionError, RuntimeError):
     """tileiras failed to compile a kernel variant."""
+
+
+class ConfigError(TiledAttentionError, ValueError):
+    """A benchmark config or a command-line value is invalid; the message names the key
+    and the problem."""
+
+
+class StudyError(TiledAttentionError, ValueError):
+    """Study inputs are missing or inconsistent; the message names the file or column."""

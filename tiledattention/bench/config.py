@@ -9,28 +9,37 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field, fields
 
-from ..errors import TiledAttentionError
+from ..errors import ConfigError
+from ..tolerance import RTOL
+from .grid import (
+    HEADS_FALLBACK,
+    PAPER_CAUSAL,
+    PAPER_DTYPES,
+    PAPER_HEAD_DIMS,
+    PAPER_SEQS,
+    TOKENS,
+    WIDTH,
+)
+
+__all__ = ["BenchConfig", "ConfigError", "CorrectnessConfig", "GridConfig", "TimingConfig",
+           "from_dict", "load_config", "validate"]
 
 DTYPES = ("float16", "bfloat16", "float32")
 SHAPE_POLICIES = ("tokens", "explicit")
 DEVICES = ("auto", "cuda", "cpu")
 
 
-class ConfigError(TiledAttentionError, ValueError):
-    """A benchmark config is invalid; the message names the key and the problem."""
-
-
 @dataclass(frozen=True)
 class GridConfig:
-    seqs: tuple[int, ...] = (512, 1024, 2048, 4096, 8192)
+    seqs: tuple[int, ...] = PAPER_SEQS
     seqs_kv: tuple[int, ...] | None = None  # None: Skv = S (self-attention)
-    head_dims: tuple[int, ...] = (64, 96, 128, 160)
-    dtypes: tuple[str, ...] = ("float16", "bfloat16")
-    causal: tuple[bool, ...] = (False, True)
-    shape_policy: str = "tokens"  # tokens: B = tokens // S, H = width // D
-    tokens: int = 16384
-    width: int = 2048
-    heads_fallback: int = 16  # H when width is not a multiple of D (D=96, 160)
+    head_dims: tuple[int, ...] = PAPER_HEAD_DIMS
+    dtypes: tuple[str, ...] = PAPER_DTYPES
+    causal: tuple[bool, ...] = PAPER_CAUSAL
+    shape_policy: str = "tokens"  # tokens: grid.tokens_shape; explicit: batch, heads
+    tokens: int = TOKENS
+    width: int = WIDTH
+    heads_fallback: int = HEADS_FALLBACK  # H when width is not a multiple of D
     batch: int = 1  # explicit policy
     heads: int = 8  # explicit policy
     gqa: tuple[int, ...] = (1,)
@@ -48,9 +57,9 @@ class TimingConfig:
 @dataclass(frozen=True)
 class CorrectnessConfig:
     max_ref_heads: int = 4  # reference computed on at most this many (batch, head) pairs
-    rtol_float16: float = 2e-3
-    rtol_bfloat16: float = 1e-2
-    rtol_float32: float = 1e-4
+    rtol_float16: float = RTOL["float16"]
+    rtol_bfloat16: float = RTOL["bfloat16"]
+    rtol_float32: float = RTOL["float32"]
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,45 @@
-"""Expanding a config into benchmark points, and sharding them deterministically."""
+"""The one shape model and grid definition: benchmark points, the paper's grid, and how
+a config's grid expands into points and splits into shards.
+
+Every tool that times attention (``tiledattn bench``, ``tune``, ``profile``, the scripts in
+benchmarks/) takes its shapes from here: under the ``tokens`` policy B = tokens // S and
+H = width // D, or ``heads_fallback`` where width is not a multiple of D (D = 96, 160).
+"""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from .config import BenchConfig
+from ..errors import ConfigError
+
+# The paper's grid: S x D x dtype x causal = 80 points, B*S = 16384 tokens, H*D = 2048.
+PAPER_SEQS = (512, 1024, 2048, 4096, 8192)
+PAPER_HEAD_DIMS = (64, 96, 128, 160)
+PAPER_DTYPES = ("float16", "bfloat16")
+PAPER_CAUSAL = (False, True)
+TOKENS = 16384
+WIDTH = 2048
+HEADS_FALLBACK = 16
+
+# tiledattention@<Schedule.label()>: the kernel with that schedule pinned (ladders, tuning).
+PINNED_PREFIX = "tiledattention@"
+
+
+def pinned(label: str) -> str:
+    """The method name that pins the schedule ``label``."""
+    return PINNED_PREFIX + label
+
+
+def pinned_label(method: str) -> str | None:
+    """The schedule label a pinned method names, or None for any other method."""
+    return method[len(PINNED_PREFIX):] if method.startswith(PINNED_PREFIX) else None
+
+
+def tokens_shape(seq: int, head_dim: int, *, tokens: int = TOKENS, width: int = WIDTH,
+                 heads_fallback: int = HEADS_FALLBACK) -> tuple[int, int]:
+    """(batch, heads) of the tokens policy: B*S = tokens, H*D = width."""
+    heads = width // head_dim if width % head_dim == 0 else heads_fallback
+    return max(1, tokens // seq), heads
 
 
 @dataclass(frozen=True)
@@ -16,7 +51,16 @@ class Point:
     seq_kv: int
     batch: int
     heads: int
-    gqa: int
+    gqa: int = 1
+
+    @classmethod
+    def of_tokens(cls, dtype: str, causal: bool, head_dim: int, seq: int, *,
+                  tokens: int = TOKENS, width: int = WIDTH,
+                  heads_fallback: int = HEADS_FALLBACK, gqa: int = 1) -> Point:
+        """A self-attention point with the tokens policy's batch and heads."""
+        batch, heads = tokens_shape(seq, head_dim, tokens=tokens, width=width,
+                                    heads_fallback=heads_fallback)
+        return cls(dtype, causal, head_dim, seq, seq, batch, heads, gqa)
 
     @property
     def heads_kv(self) -> int:
@@ -30,9 +74,9 @@ class Point:
         return asdict(self)
 
 
-def expand(cfg: BenchConfig) -> list[Point]:
-    """All points in a fixed order (dtype, causal, D, S, Skv, GQA); heads not divisible by
-    the GQA ratio are skipped."""
+def expand(cfg) -> list[Point]:
+    """All points of a BenchConfig in a fixed order (dtype, causal, D, S, Skv, GQA); heads
+    not divisible by the GQA ratio are skipped."""
     g = cfg.grid
     points = []
     for dtype in g.dtypes:
@@ -42,8 +86,9 @@ def expand(cfg: BenchConfig) -> list[Point]:
                     for skv in (g.seqs_kv or (s,)):
                         for gqa in g.gqa:
                             if g.shape_policy == "tokens":
-                                batch = max(1, g.tokens // s)
-                                heads = g.width // d if g.width % d == 0 else g.heads_fallback
+                                batch, heads = tokens_shape(s, d, tokens=g.tokens,
+                                                            width=g.width,
+                                                            heads_fallback=g.heads_fallback)
                             else:
                                 batch, heads = g.batch, g.heads
                             if heads % gqa:
@@ -54,8 +99,6 @@ def expand(cfg: BenchConfig) -> list[Point]:
 
 def parse_shard(text: str) -> tuple[int, int]:
     """'i/n' with 0 <= i < n."""
-    from .config import ConfigError
-
     try:
         i, n = (int(x) for x in text.split("/"))
     except ValueError as exc:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .grid import Point
+from .grid import PINNED_PREFIX, Point, pinned_label
 
 
 class Unavailable(Exception):
@@ -130,18 +130,16 @@ METHODS: dict[str, Method] = {m.name: m for m in (
 )}
 
 
-PINNED_PREFIX = "tiledattention@"  # tiledattention@<schedule label>: a fixed schedule
-
-
 def get_method(name: str) -> Method:
     """A registered method, or ``tiledattention@<label>``: the kernel with the schedule
     ``Schedule.from_label(label)`` instead of the table's (schedule ladders, Table 6)."""
     if name in METHODS:
         return METHODS[name]
-    if name.startswith(PINNED_PREFIX):
+    label = pinned_label(name)
+    if label is not None:
         from ..schedules.schedule import Schedule
 
-        schedule = Schedule.from_label(name[len(PINNED_PREFIX):])
+        schedule = Schedule.from_label(label)
         return Method(name, f"this project's cuTile kernel with schedule {schedule.label()}",
                       True, lambda q, k, v, point: _tiled_run(q, k, v, point, schedule),
                       _tiled_check, lambda q, k, v, point: {"schedule": schedule.label(),

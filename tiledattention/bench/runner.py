@@ -16,6 +16,7 @@ import torch
 
 from ..flops import attention_flops, tflops_per_s
 from ..timing import L2Flusher, as_cuda_graph, summarize, time_calls, time_cpu, time_cuda
+from ..tolerance import relative_error
 from .config import BenchConfig
 from .grid import Point, expand, shard
 from .manifest import capture, now
@@ -72,9 +73,8 @@ def reference(q, k, v, point: Point, max_heads: int):
 
 def compare(out, ref, hq: int, rtol: float) -> dict:
     got = out[:1, :hq].double()
-    diff = got - ref
-    rel = (diff.norm() / ref.norm().clamp_min(1e-300)).item()
-    max_abs = diff.abs().max().item()
+    rel = relative_error(got, ref)
+    max_abs = (got - ref).abs().max().item()
     ok = math.isfinite(rel) and bool(torch.isfinite(got).all()) and rel <= rtol
     return {"rel_err": rel, "max_abs_err": max_abs, "rtol": rtol, "correct": ok}
 

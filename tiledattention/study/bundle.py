@@ -15,7 +15,8 @@ import shutil
 import tempfile
 import zipfile
 
-from .frame import StudyError, columns_markdown, columns_of
+from ..errors import StudyError
+from .frame import columns_markdown, columns_of
 from .metadata import (
     Publication,
     check_ro_crate,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from ..bench.methods import PINNED_PREFIX
+from ..bench.grid import pinned_label
 from .ratios import MEASURES, compare_by, points_of
 from .tables import FUSED, SUBJECT, methods_in
 
@@ -88,7 +88,7 @@ def throughput_vs_seq(rows, out_dir) -> list[str]:
     """One figure per D: TFLOP/s at the median time vs S, whisker down to the p95 time."""
     plt = _plt()
     paths = []
-    methods = [m for m in methods_in(rows) if not m.startswith(PINNED_PREFIX)]
+    methods = [m for m in methods_in(rows) if pinned_label(m) is None]
     for d in sorted({p["head_dim"] for p in points_of(rows).values()}):
         panels = _panels(rows)
         fig, axes = _grid(plt, len(panels))
@@ -246,7 +246,7 @@ def tile_sensitivity(ladder_rows, tune_entries, out_dir) -> list[str]:
     plt = _plt()
     fig, axes = _grid(plt, 2)
     ax = axes[0]
-    steps = [m for m in methods_in(ladder_rows or []) if m.startswith(PINNED_PREFIX)
+    steps = [m for m in methods_in(ladder_rows or []) if pinned_label(m) is not None
              or m == SUBJECT]
     if steps:
         keys = list(points_of(ladder_rows))
@@ -255,7 +255,7 @@ def tile_sensitivity(ladder_rows, tune_entries, out_dir) -> list[str]:
             idx = {r["point_key"]: r for r in _ok(ladder_rows, method=m)}
             ax.bar([k + i * width for k in range(len(keys))],
                    [idx[k]["tflops"] if k in idx else 0 for k in keys], width,
-                   label=m.replace(PINNED_PREFIX, "") if m != SUBJECT else "tuned")
+                   label=pinned_label(m) if m != SUBJECT else "tuned")
         ax.set_xticks([k + 0.4 - width / 2 for k in range(len(keys))],
                       [k.split("-b")[0] for k in keys], rotation=30, ha="right", fontsize=6)
         ax.set_ylabel("TFLOP/s")

@@ -11,11 +11,9 @@ import csv
 import os
 
 from ..bench.aggregate import flatten
-from ..errors import TiledAttentionError
+from ..errors import StudyError
 
-
-class StudyError(TiledAttentionError, ValueError):
-    """Study inputs are missing or inconsistent; the message names the file or column."""
+__all__ = ["COLUMNS", "StudyError", "columns_markdown", "columns_of", "write_rows_table"]
 
 
 # name: (unit, description)

@@ -14,7 +14,7 @@ import json
 import os
 from importlib.metadata import PackageNotFoundError, version
 
-from .frame import StudyError
+from ..errors import StudyError
 
 # Fields that must agree across every run of one study.
 STACK_FIELDS = ("tiledattention", "python", "torch", "cuda_runtime", "cudnn", "cuda_tile",

@@ -22,7 +22,8 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass
 
-from .frame import StudyError
+from ..bench.grid import TOKENS, WIDTH, Point
+from ..errors import StudyError
 
 # Kernel-name filters: ours is one cuTile kernel; PyTorch's fused kernels by backend.
 KERNEL_FILTERS = {
@@ -70,11 +71,9 @@ class Shape:
     def tag(self) -> str:
         return f"{self.dtype}-{'causal' if self.causal else 'full'}-d{self.head_dim}-s{self.seq}"
 
-    def point(self, tokens: int, width: int, heads_fallback: int = 16) -> dict:
-        heads = width // self.head_dim if width % self.head_dim == 0 else heads_fallback
-        return dict(dtype=self.dtype, causal=self.causal, head_dim=self.head_dim,
-                    seq_q=self.seq, seq_kv=self.seq, batch=max(1, tokens // self.seq),
-                    heads=heads, gqa=1)
+    def point(self, tokens: int = TOKENS, width: int = WIDTH) -> Point:
+        return Point.of_tokens(self.dtype, self.causal, self.head_dim, self.seq,
+                               tokens=tokens, width=width)
 
 
 def find_ncu() -> str | None:
@@ -172,8 +171,8 @@ class Capture:
 
 
 def run_profile(shapes: list[Shape], methods: list[str], out_dir: str, *,
-                clock_control: str = "base", warmup: int = 5, tokens: int = 16384,
-                width: int = 2048, ncu: str | None = None, timeout_s: float = 600) -> int:
+                clock_control: str = "base", warmup: int = 5, tokens: int = TOKENS,
+                width: int = WIDTH, ncu: str | None = None, timeout_s: float = 600) -> int:
     if clock_control not in CLOCK_CONTROL:
         raise StudyError(f"clock control {clock_control!r} is not one of {list(CLOCK_CONTROL)}")
     unknown = [m for m in methods if m not in KERNEL_FILTERS]
@@ -224,7 +223,7 @@ def _capture(ncu, shape, method, out_dir, clock_control, warmup, tokens, width,
            "--launch-count", "1", "--clock-control", clock_control, "--set", "full",
            "--export", base, "--force-overwrite",
            sys.executable, "-m", "tiledattention.study.profile_target", "--method", method,
-           "--point", json.dumps(shape.point(tokens, width)), "--warmup", str(warmup)]
+           "--point", json.dumps(shape.point(tokens, width).as_dict()), "--warmup", str(warmup)]
     try:
         run = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -289,8 +288,8 @@ class ProfileTask:
     out_dir: str
     clock_control: str = "base"
     warmup: int = 5
-    tokens: int = 16384
-    width: int = 2048
+    tokens: int = TOKENS
+    width: int = WIDTH
     job_name: str = "tiledattn-profile"
 
     def __call__(self) -> dict:

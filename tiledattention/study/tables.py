@@ -15,7 +15,7 @@ import json
 import os
 from dataclasses import dataclass, field
 
-from ..bench.methods import PINNED_PREFIX
+from ..bench.grid import pinned_label
 from .ratios import MEASURES, RatioSummary, compare, compare_by, index_rows, points_of
 
 SUBJECT = "tiledattention"
@@ -96,7 +96,7 @@ def methods_in(rows: list[dict]) -> list[str]:
 
 
 def baselines(rows: list[dict]) -> list[str]:
-    return [m for m in methods_in(rows) if m != SUBJECT and not m.startswith(PINNED_PREFIX)]
+    return [m for m in methods_in(rows) if m != SUBJECT and pinned_label(m) is None]
 
 
 _SUMMARY_COLUMNS = ["n", "mean", "median", "geomean", "min", "max", "wins"]
@@ -274,12 +274,12 @@ def table6(ladder_rows: list[dict]) -> Table:
         return t
     import math
 
-    steps = [m for m in methods_in(ladder_rows) if m.startswith(PINNED_PREFIX) or m == SUBJECT]
+    steps = [m for m in methods_in(ladder_rows) if pinned_label(m) is not None or m == SUBJECT]
     for i, m in enumerate(steps, 1):
         ok = [r for r in ladder_rows if r["method"] == m and r["status"] == "ok"]
         geo = math.exp(sum(math.log(r["tflops"]) for r in ok) / len(ok)) if ok else None
         s = compare(ladder_rows, m, FUSED)
-        label = m[len(PINNED_PREFIX):] if m.startswith(PINNED_PREFIX) else "tuned table"
+        label = pinned_label(m) or "tuned table"
         t.rows.append([i, label, geo, s.geomean, len(ok)])
     return t
 
