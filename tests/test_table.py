@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import io
 import json
 
 import pytest
 import torch
 
 import tiledattention as ta
+from tiledattention.bench.grid import Point, pinned
+from tiledattention.bench.runner import measure
+from tiledattention.bench.store import ResultStore
 from tiledattention.schedules import policy
 from tiledattention.schedules.schedule import Schedule
 from tiledattention.schedules.space import candidates, rejection
 from tiledattention.schedules.table import Bucket, Entry, ScheduleTable, TableError, seq_bucket
-from tiledattention.tune import TuneState, build_table, paper_grid
+from tiledattention.tune import QUICK_SPACE, build_table, paper_grid, tune_config, tune_plan
 
 
 def bucket(**kw):
@@ -132,25 +136,43 @@ def test_explicit_schedule_past_the_register_file_is_refused():
 def test_paper_grid_has_80_points_with_fixed_tokens_and_width():
     grid = paper_grid()
     assert len(grid) == 80
-    assert all(p.batch * p.seq == 16384 for p in grid)
+    assert all(p.batch * p.seq_q == 16384 and p.seq_kv == p.seq_q for p in grid)
     assert {(p.head_dim, p.heads) for p in grid} == {(64, 32), (96, 16), (128, 16), (160, 16)}
 
 
-def test_tune_state_resumes_and_skips_a_torn_last_line(tmp_path):
-    path = tmp_path / "state.jsonl"
-    p = paper_grid(seqs=(512,), head_dims=(64,), dtypes=("float16",), causals=(False,))[0]
-    state = TuneState(str(path))
-    for s, tf in ((Schedule(64, 64, 4), 400.0), (Schedule(64, 128, 2), 450.0)):
-        state.record({"point": p.key(), "schedule": s.label(), "status": "ok", "tflops": tf,
-                      "schedule_fields": s.as_dict()})
-    state.record({"point": p.key(), "schedule": "x", "status": "compile_error"})
-    with open(path, "a") as f:
-        f.write('{"point": "torn')  # a crash mid-write
-    again = TuneState(str(path))
-    assert again.done(p, Schedule(64, 64, 4)) and len(again.rows) == 3
-    table = build_table([p], again, "9.0", "H100")
+def test_tuning_measures_pinned_methods_through_the_harness_and_resumes(tmp_path):
+    point = Point("float16", True, 64, 128, 128, 1, 4)
+    plan = tune_plan([point], "quick")
+    methods = plan[0][1]
+    assert methods == [pinned(s.label()) for s in QUICK_SPACE if rejection(s, 64) is None]
+    store = ResultStore(str(tmp_path / "state.jsonl"))
+    log = io.StringIO()
+    cfg = tune_config(warmup=1, reps=2)
+    assert measure(plan, cfg, store, torch.device("cpu"), log) is False
+    # On a CPU every candidate is a row saying why it did not run, and a rerun measures
+    # nothing again: the state is the harness' row store.
+    assert {r["status"] for r in store.rows.values()} == {"unavailable"}
+    assert sorted(m for _, m in store.rows) == sorted(methods)
+    again = ResultStore(store.path)
+    measure(plan, cfg, again, torch.device("cpu"), log)
+    assert len((tmp_path / "state.jsonl").read_text().splitlines()) == len(methods)
+
+
+def test_tuning_table_has_winner_runner_up_sensitivity_and_failures(tmp_path):
+    p = paper_grid(seqs=(512,), head_dims=(64,), dtypes=("float16",))[0]
+    store = ResultStore(str(tmp_path / "state.jsonl"))
+    for s, status, tf in ((Schedule(64, 64, 4), "ok", 400.0), (Schedule(64, 128, 2), "ok", 450.0),
+                          (Schedule(128, 128, 1), "error", None)):
+        store.append({"point_key": p.key(), "method": pinned(s.label()), "status": status,
+                      **({"tflops": tf} if tf else {})})
+    store.append({"point_key": p.key(), "method": "torch_sdpa", "status": "ok", "tflops": 900.0})
+    with open(store.path, "a") as f:
+        f.write('{"point_key": "torn')  # a crash mid-write
+    again = ResultStore(store.path)
+    assert again.torn_lines == 1
+    table = build_table([p], again.rows.values(), "9.0", "H100")
     (entry,) = table.entries.values()
     assert entry.best == Schedule(64, 128, 2) and entry.runner_up == Schedule(64, 64, 4)
     assert entry.sensitivity == pytest.approx(1 - 400 / 450)
-    assert entry.failed == ("x:compile_error",) and entry.candidates == 3
+    assert entry.failed == ("128x128_o1_c1_lk2_lv4:error",) and entry.candidates == 3
     assert json.loads(json.dumps(table.to_json()))["entries"][0]["bucket"]["s_bucket"] == 512

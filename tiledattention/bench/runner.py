@@ -252,6 +252,40 @@ def summary_table(rows: list[dict], methods: list[str]) -> str:
     return "\n".join(lines)
 
 
+def measure(plan: list[tuple[Point, list[str]]], cfg: BenchConfig, store: ResultStore,
+            device, log) -> bool:
+    """Measure every (point, method) of ``plan`` not yet in ``store``, appending each
+    point's rows as it finishes. The one measurement loop: ``tiledattn bench`` and
+    ``tiledattn tune`` both run through it. Ctrl-C stops after the current point (twice
+    aborts); returns True when stopped early."""
+    todo = [(p, [m for m in methods if not store.done(p.key(), m)]) for p, methods in plan]
+    todo = [(p, methods) for p, methods in todo if methods]
+    stop = {"requested": False}
+
+    def on_sigint(signum, frame):
+        if stop["requested"]:
+            raise KeyboardInterrupt
+        stop["requested"] = True
+        print("\nstopping after the current point (Ctrl-C again to abort)", file=log,
+              flush=True)
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    flush = L2Flusher() if device.type == "cuda" and cfg.timing.flush_l2 else None
+    progress = Progress(len(todo), log)
+    try:
+        for p, methods in todo:
+            if stop["requested"]:
+                break
+            rows = run_point(p, methods, cfg, device, flush)
+            for row in rows:
+                row["recorded"] = now()
+                store.append(row)
+            progress.step(p.key(), rows)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    return stop["requested"]
+
+
 def run_bench(cfg: BenchConfig, out_dir: str, *, shard_index: int = 0, shard_count: int = 1,
               log=None) -> int:
     """Run (or resume) one shard of the grid into ``out_dir``; returns an exit code."""
@@ -261,39 +295,18 @@ def run_bench(cfg: BenchConfig, out_dir: str, *, shard_index: int = 0, shard_cou
     tag = f"shard{shard_index}of{shard_count}"
     store = ResultStore(os.path.join(out_dir, f"rows-{tag}.jsonl"))
     points = shard(expand(cfg), shard_index, shard_count)
-    todo = [p for p in points if any(not store.done(p.key(), m) for m in cfg.methods)]
+    done = sum(all(store.done(p.key(), m) for m in cfg.methods) for p in points)
     started = now()
     manifest_path = os.path.join(out_dir, f"manifest-{tag}.json")
     _write_json(manifest_path, capture(cfg, started=started))
-    print(f"bench: {len(points)} points in {tag} on {device}, {len(points) - len(todo)} already "
+    print(f"bench: {len(points)} points in {tag} on {device}, {done} already "
           f"done in {store.path}", file=log, flush=True)
-    stop = {"requested": False}
-
-    def on_sigint(signum, frame):
-        if stop["requested"]:
-            raise KeyboardInterrupt
-        stop["requested"] = True
-        print("\nbench: stopping after the current point (Ctrl-C again to abort)",
-              file=log, flush=True)
-
-    previous = signal.signal(signal.SIGINT, on_sigint)
-    flush = L2Flusher() if device.type == "cuda" and cfg.timing.flush_l2 else None
-    progress = Progress(len(todo), log)
     try:
-        for p in todo:
-            if stop["requested"]:
-                break
-            methods = [m for m in cfg.methods if not store.done(p.key(), m)]
-            rows = run_point(p, methods, cfg, device, flush)
-            for row in rows:
-                row["recorded"] = now()
-                store.append(row)
-            progress.step(p.key(), rows)
+        stopped = measure([(p, list(cfg.methods)) for p in points], cfg, store, device, log)
     finally:
-        signal.signal(signal.SIGINT, previous)
         _write_json(manifest_path, capture(cfg, started=started, finished=now()))
     print(summary_table(list(store.rows.values()), list(cfg.methods)), file=log, flush=True)
-    return 130 if stop["requested"] else 0
+    return 130 if stopped else 0
 
 
 def _write_json(path: str, data: dict) -> None:
