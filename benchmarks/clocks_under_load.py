@@ -2,7 +2,9 @@
 
 Tests whether the boost-clock gap to cuDNN (NOTES §8: 0.97x at locked base clocks, 0.95x in
 the benchmark) comes from clocks under load: each method runs alone for --seconds while
-nvidia-smi samples SM clock, power and the active throttle reasons every 100 ms.
+nvidia-smi samples SM clock, power and the active throttle reasons every 100 ms. Shapes,
+inputs and methods are the benchmark harness' (tiledattention/bench): one point of the
+paper grid's tokens policy.
 
     python benchmarks/clocks_under_load.py --d 128 --s 4096
 """
@@ -17,16 +19,21 @@ import time
 
 import torch
 
-import tiledattention as ta
-from tiledattention.flops import attention_flops
-from tiledattention.torch_backends import torch_sdpa
+from tiledattention.bench.grid import Point
+from tiledattention.bench.methods import get_method
+from tiledattention.bench.runner import make_inputs
+from tiledattention.flops import attention_flops, tflops_per_s
 
 QUERY = "clocks.sm,power.draw,clocks_throttle_reasons.active"
 
 
-def run(method: str, q, k, v, causal: bool, seconds: float) -> dict:
-    fn = (lambda: ta.sdpa(q, k, v, causal=causal)) if method == "tiledattention" else (
-        lambda: torch_sdpa(q, k, v, causal=causal))
+def run(method: str, point: Point, inputs, seconds: float) -> dict:
+    run_method = get_method(method).run
+    q, k, v = inputs
+
+    def fn():
+        return run_method(q, k, v, point)
+
     for _ in range(20):
         fn()
     torch.cuda.synchronize()
@@ -47,26 +54,27 @@ def run(method: str, q, k, v, causal: bool, seconds: float) -> dict:
                if len(x) == 3]
     samples = samples[len(samples) // 5:]  # drop the ramp
     ms = begin.elapsed_time(end) / calls
-    b, h, s, d = q.shape
-    return {"method": method, "ms_per_call": round(ms, 4),
-            "tflops": round(attention_flops(b, h, s, s, d, causal) / (ms * 1e-3) / 1e12, 1),
+    flops = attention_flops(point.batch, point.heads, point.seq_q, point.seq_kv,
+                            point.head_dim, point.causal)
+    return {"method": method, "point": point.key(), "ms_per_call": round(ms, 4),
+            "tflops": round(tflops_per_s(flops, ms), 1),
             "sm_clock_mhz_median": statistics.median(float(x[0]) for x in samples),
             "power_w_median": statistics.median(float(x[1]) for x in samples),
             "throttle_reasons": sorted({x[2] for x in samples})}
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--d", type=int, default=128)
-    ap.add_argument("--s", type=int, default=4096)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--d", type=int, default=128, help="head dim")
+    ap.add_argument("--s", type=int, default=4096, help="sequence length")
     ap.add_argument("--causal", action="store_true")
-    ap.add_argument("--seconds", type=float, default=6.0)
-    ap.add_argument("--json")
+    ap.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"))
+    ap.add_argument("--seconds", type=float, default=6.0, help="per method and repeat")
+    ap.add_argument("--json", help="write the samples here")
     args = ap.parse_args()
-    b, h = 16384 // args.s, 2048 // args.d
-    q, k, v = (torch.randn(b, h, args.s, args.d, device="cuda", dtype=torch.float16)
-               for _ in range(3))
-    out = [run(m, q, k, v, args.causal, args.seconds)
+    point = Point.of_tokens(args.dtype, args.causal, args.d, args.s)
+    inputs = make_inputs(point, 0, torch.device("cuda"))
+    out = [run(m, point, inputs, args.seconds)
            for m in ("tiledattention", "torch_sdpa", "tiledattention", "torch_sdpa")]
     for r in out:
         print(json.dumps(r))

@@ -3,7 +3,7 @@
 import pytest
 
 from tiledattention.bench.config import BenchConfig, ConfigError, from_dict, load_config
-from tiledattention.bench.grid import expand, parse_shard, shard
+from tiledattention.bench.grid import Point, expand, parse_shard, shard, tokens_shape
 
 
 def test_defaults_are_the_papers_80_point_grid():
@@ -50,6 +50,19 @@ def test_config_files_errors_name_the_file(tmp_path):
 def test_the_smoke_config_loads():
     cfg = load_config("config/bench-smoke.yaml")
     assert len(expand(cfg)) == 8 and cfg.grid.shape_policy == "explicit"
+
+
+def test_the_sdpa_comparison_config_is_the_paper_grid_against_fused_backends():
+    cfg = load_config("config/bench-sdpa.yaml")
+    assert expand(cfg) == expand(from_dict({}))
+    assert cfg.methods == ("tiledattention", "torch_sdpa", "flash", "cudnn")
+
+
+def test_one_shape_rule_gives_16_heads_where_width_is_not_a_multiple_of_d():
+    assert tokens_shape(4096, 96) == (4, 16) and tokens_shape(4096, 128) == (4, 16)
+    assert tokens_shape(512, 64) == (32, 32) and tokens_shape(32768, 160) == (1, 16)
+    assert Point.of_tokens("float16", True, 96, 4096).key() == \
+        "float16-causal-d96-sq4096-skv4096-b4-h16-g1"
 
 
 def test_config_hash_changes_with_the_config():

@@ -82,7 +82,7 @@ class Schedule:
 def default_schedule(head_dim: int, causal: bool) -> Schedule:
     """A measured-good starting point per (head dim, causal) until the tuning table.
 
-    From benchmarks/sweep_schedules.py on an H100 (fp16, B*S=16k, H*D=2048; see
+    From the schedule sweep on an H100 (fp16, B*S=16k, H*D=2048; see
     benchmarks/NOTES.md): 64x128 at occupancy 2 wins at D=128 and 160 (615 vs 538
     TFLOP/s for 64x64 at D=128 S=4096) and non-causal D=64; 64x64 at occupancy 4 wins
     causal D=64 at S=1024; 128x64 at occupancy 2 wins non-causal D=96 (482 vs 467).

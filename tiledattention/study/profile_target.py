@@ -1,12 +1,14 @@
 """The process Nsight Compute profiles: one point, one method, ``warmup`` + 1 launches.
 
     ncu -k regex:attention_fwd --launch-skip 5 --launch-count 1 \\
-        python -m tiledattention.study.profile_target --method tiledattention ...
+        python -m tiledattention.study.profile_target --method tiledattention \\
+        --shape float16:full:128:4096
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 
 import torch
 
@@ -16,14 +18,20 @@ from ..bench.runner import make_inputs
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--method", required=True)
-    ap.add_argument("--point", required=True, help="JSON of a bench Point")
-    ap.add_argument("--warmup", type=int, default=5)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--method", required=True, help="a bench method, e.g. tiledattention")
+    where = ap.add_mutually_exclusive_group(required=True)
+    where.add_argument("--point", help="JSON of a bench Point")
+    where.add_argument("--shape", help="dtype:mask:D:S of the paper grid's tokens policy, "
+                       "e.g. float16:causal:128:4096")
+    ap.add_argument("--warmup", type=int, default=5, help="launches before the captured one")
     args = ap.parse_args(argv)
-    import json
+    if args.shape:
+        from .profile import Shape
 
-    point = Point(**json.loads(args.point))
+        point = Shape.parse(args.shape).point()
+    else:
+        point = Point(**json.loads(args.point))
     method = get_method(args.method)
     q, k, v = make_inputs(point, 0, torch.device("cuda"))
     for i in range(args.warmup + 1):
