@@ -13,6 +13,9 @@ def main(argv: list[str] | None = None) -> int:
     check = sub.add_parser("check", help="environment, correctness and speed check "
                            "(CPU checks always; GPU checks when a CUDA GPU is visible)")
     check.add_argument("--json", metavar="PATH", help="also write the report as JSON")
+    check.add_argument("--min-speed-ratio", type=float, default=0.80,
+                       help="the GPU speed check fails below this share of torch SDPA's "
+                       "TFLOP/s (fp16, D=128, S=4096, B=4, H=16)")
     tune = sub.add_parser("tune", help="time candidate schedules per shape bucket on this GPU "
                           "and write the tuning table (resumable)")
     tune.add_argument("--grid", choices=("paper",), default="paper",
@@ -114,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "check":
         from .check import run_check
 
-        return run_check(args.json)
+        return run_check(args.json, args.min_speed_ratio)
     if args.command == "bench":
         from .bench.config import BenchConfig, ConfigError, load_config, validate
         from .bench.grid import parse_shard
