@@ -183,14 +183,18 @@ def test_figures_are_written_and_non_empty_with_and_without_data(tmp_path):
     written = figures.write_all(HAND, str(tmp_path / "full"))
     empty = figures.write_all([row("eager", 64, 128, 1.0)], str(tmp_path / "cpu"))
     names = {os.path.basename(p) for p in written}
-    assert {"throughput_vs_seq_d64.png", "throughput_vs_seq_d128.pdf", "regime_map.png",
-            "baselines_d128.png", "bandwidth_vs_seq.pdf", "tile_sensitivity.png",
-            "ratios_vs_seq.png", "ratios_vs_seq.pdf"} <= names
+    # exactly the figures the workflow expects (it lists them from figures.names)
+    assert names == {f"{n}.{ext}" for n in figures.names([64, 128]) for ext in ("png", "pdf")}
     for p in written + empty:
         with open(p, "rb") as f:
             head = f.read(8)
         assert head.startswith(b"\x89PNG") or head.startswith(b"%PDF"), p
         assert os.path.getsize(p) > 5000, p
+
+
+def test_tables_written_are_exactly_the_names_the_workflow_expects(tmp_path):
+    written = tables.write_all(HAND, str(tmp_path))
+    assert {os.path.splitext(os.path.basename(p))[0] for p in written} == set(tables.NAMES)
 
 
 def test_pinned_schedule_methods_parse_and_bad_labels_are_refused():

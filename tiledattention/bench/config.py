@@ -29,48 +29,64 @@ SHAPE_POLICIES = ("tokens", "explicit")
 DEVICES = ("auto", "cuda", "cpu")
 
 
+def _opt(default, help: str, **limits):
+    """A config key: its default, its help, and its limits (min, above, max, choices,
+    unique), which both ``validate`` and the workflow's JSON schema read from here."""
+    return field(default=default, metadata={"help": help, **limits})
+
+
 @dataclass(frozen=True)
 class GridConfig:
-    seqs: tuple[int, ...] = PAPER_SEQS
-    seqs_kv: tuple[int, ...] | None = None  # None: Skv = S (self-attention)
-    head_dims: tuple[int, ...] = PAPER_HEAD_DIMS
-    dtypes: tuple[str, ...] = PAPER_DTYPES
-    causal: tuple[bool, ...] = PAPER_CAUSAL
-    shape_policy: str = "tokens"  # tokens: grid.tokens_shape; explicit: batch, heads
-    tokens: int = TOKENS
-    width: int = WIDTH
-    heads_fallback: int = HEADS_FALLBACK  # H when width is not a multiple of D
-    batch: int = 1  # explicit policy
-    heads: int = 8  # explicit policy
-    gqa: tuple[int, ...] = (1,)
+    seqs: tuple[int, ...] = _opt(PAPER_SEQS, "Sequence lengths S.", min=1)
+    seqs_kv: tuple[int, ...] | None = _opt(None, "Key/value lengths (null: Skv = S).", min=1)
+    head_dims: tuple[int, ...] = _opt(PAPER_HEAD_DIMS, "Head dims D.", min=1)
+    dtypes: tuple[str, ...] = _opt(PAPER_DTYPES, "Element types.", choices=DTYPES)
+    causal: tuple[bool, ...] = _opt(PAPER_CAUSAL, "Causal mask off/on.")
+    shape_policy: str = _opt("tokens", "tokens - B = tokens // S, H = width // D (else "
+                             "heads_fallback); explicit - batch and heads.",
+                             choices=SHAPE_POLICIES)
+    tokens: int = _opt(TOKENS, "B*S under the tokens policy.", min=1)
+    width: int = _opt(WIDTH, "H*D under the tokens policy.", min=1)
+    heads_fallback: int = _opt(HEADS_FALLBACK, "H where width is not a multiple of D.", min=1)
+    batch: int = _opt(1, "B under the explicit policy.", min=1)
+    heads: int = _opt(8, "H under the explicit policy.", min=1)
+    gqa: tuple[int, ...] = _opt((1,), "Query heads per key/value head.", min=1)
 
 
 @dataclass(frozen=True)
 class TimingConfig:
-    warmup: int = 10
-    reps: int = 30
-    rounds: int = 3  # methods interleaved round by round
-    flush_l2: bool = True
-    cuda_graph: bool = False
+    warmup: int = _opt(10, "Untimed calls before the first round.", min=0)
+    reps: int = _opt(30, "Timed calls per method, over all rounds.", min=1)
+    rounds: int = _opt(3, "Rounds, methods interleaved, order alternating.", min=1)
+    flush_l2: bool = _opt(True, "Flush L2 before each timed call.")
+    cuda_graph: bool = _opt(False, "Replay the calls from a CUDA graph.")
 
 
 @dataclass(frozen=True)
 class CorrectnessConfig:
-    max_ref_heads: int = 4  # reference computed on at most this many (batch, head) pairs
-    rtol_float16: float = RTOL["float16"]
-    rtol_bfloat16: float = RTOL["bfloat16"]
-    rtol_float32: float = RTOL["float32"]
+    max_ref_heads: int = _opt(4, "Heads of batch 0 checked against the float64 reference.",
+                              min=1)
+    rtol_float16: float = _opt(RTOL["float16"], "Relative error allowed, float16.", above=0,
+                               max=1)
+    rtol_bfloat16: float = _opt(RTOL["bfloat16"], "Relative error allowed, bfloat16.",
+                                above=0, max=1)
+    rtol_float32: float = _opt(RTOL["float32"], "Relative error allowed, float32.", above=0,
+                               max=1)
 
 
 @dataclass(frozen=True)
 class BenchConfig:
-    grid: GridConfig = field(default_factory=GridConfig)
-    methods: tuple[str, ...] = ("tiledattention", "torch_sdpa", "flash", "cudnn", "efficient",
-                                "math", "eager")
-    timing: TimingConfig = field(default_factory=TimingConfig)
-    correctness: CorrectnessConfig = field(default_factory=CorrectnessConfig)
-    seed: int = 0
-    device: str = "auto"
+    grid: GridConfig = field(default_factory=GridConfig, metadata={"help": "The points."})
+    methods: tuple[str, ...] = _opt(("tiledattention", "torch_sdpa", "flash", "cudnn",
+                                     "efficient", "math", "eager"),
+                                    "Methods to compare (tiledattention@<schedule label>: a "
+                                    "pinned schedule).", unique=True)
+    timing: TimingConfig = field(default_factory=TimingConfig,
+                                 metadata={"help": "Timing policy."})
+    correctness: CorrectnessConfig = field(default_factory=CorrectnessConfig, metadata={
+        "help": "Reference subsample and tolerances."})
+    seed: int = _opt(0, "Seed of the inputs.")
+    device: str = _opt("auto", "Where to run.", choices=DEVICES)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -139,36 +155,80 @@ def _build(cls, data, where):
     return cls(**kwargs)
 
 
+def _check_limits(name: str, value, meta) -> None:
+    if "choices" in meta and value not in meta["choices"]:
+        raise ConfigError(f"{name}: {value!r} is not one of {list(meta['choices'])}")
+    if "min" in meta and not value >= meta["min"]:
+        raise ConfigError(f"{name}: {value} must be >= {meta['min']}")
+    if "above" in meta and not value > meta["above"]:  # also refuses NaN
+        raise ConfigError(f"{name}: {value} must be > {meta['above']}")
+    if "max" in meta and not value <= meta["max"]:
+        raise ConfigError(f"{name}: {value} must be <= {meta['max']}")
+
+
+def _validate_section(obj, where: str) -> None:
+    for f in fields(obj):
+        value = getattr(obj, f.name)
+        name = f"{where}{f.name}"
+        if f.name in _SECTIONS:
+            _validate_section(value, f"{name}.")
+            continue
+        items = value if isinstance(value, tuple) else () if value is None else (value,)
+        for item in items:
+            _check_limits(name, item, f.metadata)
+        if f.metadata.get("unique") and len(set(items)) != len(items):
+            raise ConfigError(f"{name}: listed more than once")
+
+
 def validate(cfg: BenchConfig) -> BenchConfig:
     from ..errors import ScheduleError
     from .methods import get_method
 
-    g, t = cfg.grid, cfg.timing
-    for name in ("seqs", "head_dims", "gqa") + (("seqs_kv",) if g.seqs_kv else ()):
-        for v in getattr(g, name):
-            if v < 1:
-                raise ConfigError(f"grid.{name}: {v} must be >= 1")
-    for dt in g.dtypes:
-        if dt not in DTYPES:
-            raise ConfigError(f"grid.dtypes: {dt!r} is not one of {list(DTYPES)}")
-    if g.shape_policy not in SHAPE_POLICIES:
-        raise ConfigError(f"grid.shape_policy: {g.shape_policy!r} is not one of "
-                          f"{list(SHAPE_POLICIES)}")
-    for name in ("tokens", "width", "heads_fallback", "batch", "heads"):
-        if getattr(g, name) < 1:
-            raise ConfigError(f"grid.{name}: must be >= 1")
+    _validate_section(cfg, "")
     for m in cfg.methods:
         try:
             get_method(m)
         except (KeyError, ScheduleError) as exc:
             raise ConfigError(f"methods: {exc.args[0]}") from exc
-    if len(set(cfg.methods)) != len(cfg.methods):
-        raise ConfigError("methods: listed more than once")
-    if t.reps < 1 or t.rounds < 1 or t.warmup < 0:
-        raise ConfigError("timing: reps and rounds must be >= 1, warmup >= 0")
-    if cfg.device not in DEVICES:
-        raise ConfigError(f"device: {cfg.device!r} is not one of {list(DEVICES)}")
     return cfg
+
+
+_JSON_TYPES = {"int": "integer", "float": "number", "str": "string", "bool": "boolean"}
+_JSON_LIMITS = {"min": "minimum", "above": "exclusiveMinimum", "max": "maximum",
+                "choices": "enum"}
+
+
+def _field_schema(f) -> dict:
+    typ = str(f.type)
+    if f.name in _SECTIONS:
+        return _section_schema(_SECTIONS[f.name], f.metadata["help"])
+    elem = next(v for k, v in _JSON_TYPES.items() if k in typ.removeprefix("tuple"))
+    item = {"type": elem, **{_JSON_LIMITS[k]: list(v) if k == "choices" else v
+                             for k, v in f.metadata.items() if k in _JSON_LIMITS}}
+    if typ.startswith("tuple"):
+        schema = {"type": ["array", "null"] if "None" in typ else "array", "items": item,
+                  "minItems": 1}
+        if f.metadata.get("unique"):
+            schema["uniqueItems"] = True
+    else:
+        schema = item
+    default = f.default
+    schema.update(description=f.metadata["help"],
+                  default=list(default) if isinstance(default, tuple) else default)
+    return schema
+
+
+def _section_schema(cls, help: str) -> dict:
+    return {"type": "object", "description": help, "additionalProperties": False,
+            "properties": {f.name: _field_schema(f) for f in fields(cls)}, "default": {}}
+
+
+def json_schema() -> dict:
+    """The JSON schema of a bench config, from the dataclasses above: the workflow's
+    config schema holds it verbatim under ``bench`` (tests/test_schema.py checks that;
+    ``python -m tiledattention.bench.config`` prints it)."""
+    return _section_schema(BenchConfig, "The benchmark (a `tiledattn bench` config): "
+                           "generated by `python -m tiledattention.bench.config`.")
 
 
 def from_dict(data: dict) -> BenchConfig:
@@ -189,3 +249,10 @@ def load_config(path: str) -> BenchConfig:
         return from_dict(data or {})
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from exc
+
+
+if __name__ == "__main__":
+    import yaml
+
+    print(yaml.safe_dump({"bench": json_schema()}, sort_keys=False, width=90,
+                         default_flow_style=None), end="")

@@ -18,6 +18,13 @@ BASELINES_D128 = ("tiledattention", "torch_sdpa", "flash", "cudnn", "efficient",
                   "math", "eager")
 
 
+def names(head_dims) -> list[str]:
+    """The figures write_all writes for a study over ``head_dims``, by file stem (the
+    workflow lists its outputs from here)."""
+    return [f"throughput_vs_seq_d{d}" for d in sorted(set(head_dims))] + [
+        "regime_map", "ratios_vs_seq", "baselines_d128", "bandwidth_vs_seq", "tile_sensitivity"]
+
+
 def _color(method: str):
     # One colour per method in every figure.
     order = BASELINES_D128

@@ -284,6 +284,11 @@ def table6(ladder_rows: list[dict]) -> Table:
     return t
 
 
+# The tables write_all writes, by file stem (the workflow lists its outputs from here).
+NAMES = ("headline", "table4_ratios", "ratios_by_head_dim", "ratios_by_regime",
+         "table5_schedules", "table6_ladder", "throughput", "call_latency", "status")
+
+
 def write_all(rows: list[dict], out_dir: str, *, tune_table: str | None = None,
               ladder_rows: list[dict] | None = None) -> list[str]:
     paths = []

@@ -1,6 +1,6 @@
-# Helpers shared by the rules. The config is validated here, before any job starts: the
-# JSON schema checks the study keys (and fills defaults), tiledattention checks the
-# benchmark sections.
+# Helpers shared by the rules. The config is validated here, once, before any job starts:
+# tiledattention checks the benchmark sections (the schema's bench part is generated from
+# the same classes), the JSON schema the study keys (and fills defaults).
 import json
 import os
 import shlex
@@ -10,6 +10,9 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 from tiledattention.bench.config import from_dict as _bench_config
+from tiledattention.bench.grid import expand as _expand_points
+from tiledattention.study import figures as _figures
+from tiledattention.study import tables as _tables
 from tiledattention.launchers import LauncherError
 from tiledattention.launchers import profiles as _profiles
 
@@ -40,18 +43,21 @@ def ladder_bench():
             "methods": steps + ["tiledattention", "torch_sdpa"]}
 
 
+# The bench section first: tiledattention's errors name the key and list the valid ones.
+BENCH = _bench_config(config.get("bench") or {})
 validate(config, "../schemas/config.schema.yaml")
-BENCH = _bench_config(config["bench"])  # raises ConfigError naming the key
-if config["ladder"]["enabled"]:
-    _bench_config(ladder_bench())  # a bad step label fails here, before any job
+# A bad step label fails here, before any job.
+LADDER = _bench_config(ladder_bench()) if config["ladder"]["enabled"] else None
 
 RESULTS = config["results_dir"]
 SHARDS = config["shards"]
-HEAD_DIMS = sorted(set(BENCH.grid.head_dims))
-TABLES = ["headline", "table4_ratios", "ratios_by_head_dim", "ratios_by_regime", "table5_schedules",
-          "table6_ladder", "throughput", "call_latency", "status"]
-FIGURES = [f"throughput_vs_seq_d{d}" for d in HEAD_DIMS] + [
-    "regime_map", "ratios_vs_seq", "baselines_d128", "bandwidth_vs_seq", "tile_sensitivity"]
+TABLES = list(_tables.NAMES)  # the modules that write them name them
+FIGURES = _figures.names(BENCH.grid.head_dims)
+
+
+def n_points(bench):
+    """Points of a validated bench config (the plan logs it), 0 for a stage that is off."""
+    return len(_expand_points(bench)) if bench else 0
 
 
 def shard_marker(i):

@@ -6,6 +6,7 @@ rule plan:
         f"{RESULTS}/logs/plan.log",
     params:
         bench=config["bench"],
+        points=n_points(BENCH),
     conda:
         "../envs/tiledattn.yaml"
     script:
@@ -19,6 +20,7 @@ rule plan_ladder:
         f"{RESULTS}/logs/plan-ladder.log",
     params:
         bench=ladder_bench(),
+        points=n_points(LADDER),
     conda:
         "../envs/tiledattn.yaml"
     script:

@@ -1,0 +1,75 @@
+"""The workflow's config schema and tiledattention's config classes cannot disagree: the
+schema's `bench` section is generated from the dataclasses, and its enums are the Python
+ones."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import yaml
+from jsonschema import Draft202012Validator
+
+from tiledattention.bench.config import ConfigError, from_dict, json_schema
+
+SCHEMA_PATH = "workflow/schemas/config.schema.yaml"
+
+
+@pytest.fixture(scope="module")
+def schema():
+    with open(SCHEMA_PATH) as f:
+        return yaml.safe_load(f)
+
+
+def test_bench_section_is_generated_from_the_dataclasses(schema):
+    assert schema["properties"]["bench"] == json_schema(), (
+        "regenerate the bench section: python -m tiledattention.bench.config")
+
+
+def study(bench: dict) -> dict:
+    return {"results_dir": "r", "shards": 1, "launcher": "local", "bench": bench}
+
+
+@pytest.mark.parametrize("bench", [
+    {"grid": {"seqs": [0]}}, {"grid": {"seqs": []}}, {"grid": {"tokens": 0}},
+    {"grid": {"dtypes": ["float64"]}}, {"grid": {"shape_policy": "auto"}},
+    {"grid": {"seqs_kv": [0]}}, {"grid": {"heads_per_gpu": 3}}, {"timing": {"warmup": -1}},
+    {"timing": {"reps": 0}}, {"timing": {"flush_l2": 1}},
+    {"correctness": {"rtol_float16": 0}}, {"correctness": {"rtol_float16": float("inf")}},
+    {"correctness": {"rtol_bfloat16": 2.0}}, {"correctness": {"rtol_float32": -1e-3}},
+    {"methods": ["eager", "eager"]}, {"device": "tpu"}, {"seed": "x"},
+])
+def test_schema_and_python_refuse_the_same_configs(schema, bench):
+    errors = list(Draft202012Validator(schema).iter_errors(study(copy.deepcopy(bench))))
+    assert errors, f"the schema accepts {bench}"
+    with pytest.raises(ConfigError):
+        from_dict(bench)
+
+
+def test_nan_which_json_cannot_write_is_refused_by_python():
+    # YAML's .nan reaches the config; JSON schema has no NaN to compare against.
+    with pytest.raises(ConfigError, match="rtol_float16: nan must be > 0"):
+        from_dict({"correctness": {"rtol_float16": float("nan")}})
+
+
+@pytest.mark.parametrize("path", ["config/config.yaml", "config/smoke.yaml"])
+def test_schema_and_python_accept_the_shipped_study_configs(schema, path):
+    with open(path) as f:
+        config = yaml.safe_load(f)
+    if "bench" not in config:
+        pytest.skip(f"{path} has no bench section")
+    assert not list(Draft202012Validator(schema).iter_errors(study(config["bench"])))
+    from_dict(config["bench"])
+
+
+def test_the_schemas_enums_are_the_ones_python_holds(schema):
+    from tiledattention.launchers.base import LAUNCHERS
+    from tiledattention.study.profile import CLOCK_CONTROL, KERNEL_FILTERS
+    from tiledattention.tune import SPACES
+
+    props = schema["properties"]
+    assert sorted(props["launcher"]["enum"]) == sorted(LAUNCHERS)
+    assert props["tune"]["properties"]["space"]["enum"] == list(SPACES)
+    profile = props["profile"]["properties"]
+    assert sorted(profile["methods"]["items"]["enum"]) == sorted(KERNEL_FILTERS)
+    assert profile["clock_control"]["enum"] == list(CLOCK_CONTROL)
