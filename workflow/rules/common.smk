@@ -12,6 +12,7 @@ from snakemake.utils import validate
 from tiledattention.bench.config import from_dict as _bench_config
 from tiledattention.bench.grid import expand as _expand_points
 from tiledattention.study import figures as _figures
+from tiledattention.study.profile import Shape as _ProfileShape
 from tiledattention.study import tables as _tables
 from tiledattention.launchers import LauncherError
 from tiledattention.launchers import profiles as _profiles
@@ -46,6 +47,8 @@ def ladder_bench():
 # The bench section first: tiledattention's errors name the key and list the valid ones.
 BENCH = _bench_config(config.get("bench") or {})
 validate(config, "../schemas/config.schema.yaml")
+for _shape in config["profile"]["shapes"]:
+    _ProfileShape.parse(_shape)  # a bad shape fails here, naming the expected form
 # A bad step label fails here, before any job.
 LADDER = _bench_config(ladder_bench()) if config["ladder"]["enabled"] else None
 
