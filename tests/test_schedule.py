@@ -30,7 +30,7 @@ def test_round_trip_through_dict():
 @pytest.mark.parametrize("d", [8, 32, 64, 96, 128, 160, 192, 256])
 @pytest.mark.parametrize("causal", [False, True])
 def test_defaults_pass_the_search_spaces_rules_for_their_head_dim(d, causal):
-    from tiledattention.space import rejection
+    from tiledattention.schedules.space import rejection
 
     schedule = default_schedule(d, causal)
     assert rejection(schedule, d) is None, rejection(schedule, d)

@@ -64,8 +64,8 @@ def test_schema_and_python_accept_the_shipped_study_configs(schema, path):
 
 def test_the_schemas_enums_are_the_ones_python_holds(schema):
     from tiledattention.launchers.base import LAUNCHERS
+    from tiledattention.schedules.space import SPACES
     from tiledattention.study.profile import CLOCK_CONTROL, KERNEL_FILTERS
-    from tiledattention.tune import SPACES
 
     props = schema["properties"]
     assert sorted(props["launcher"]["enum"]) == sorted(LAUNCHERS)

@@ -14,9 +14,9 @@ from tiledattention.bench.runner import measure
 from tiledattention.bench.store import ResultStore
 from tiledattention.schedules import policy
 from tiledattention.schedules.schedule import Schedule
-from tiledattention.schedules.space import candidates, rejection
+from tiledattention.schedules.space import QUICK_SPACE, candidates, rejection
 from tiledattention.schedules.table import Bucket, Entry, ScheduleTable, TableError, seq_bucket
-from tiledattention.tune import QUICK_SPACE, build_table, paper_grid, tune_config, tune_plan
+from tiledattention.tune import build_table, paper_grid, tune_config, tune_plan
 
 
 def bucket(**kw):

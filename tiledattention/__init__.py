@@ -1,6 +1,5 @@
 """TiledAttention: scaled-dot-product attention forward as a cuTile tile program."""
 
-from .api import sdpa, timed_call
 from .errors import (
     BackwardNotSupportedError,
     CompileError,
@@ -17,11 +16,24 @@ from .errors import (
     ToolchainMissingError,
     UnsupportedHeadDimError,
 )
-from .schedules.policy import set_schedule_table
-from .schedules.schedule import Schedule, default_schedule
-from .schedules.table import TableError
 
 __version__ = "0.1.0"
+
+# The call path (torch, cuTile) loads on first use, so `tiledattn --help` and the workflow's
+# config checks do not pay for importing torch.
+_LAZY = {"sdpa": ".api", "timed_call": ".api", "set_schedule_table": ".schedules.policy",
+         "Schedule": ".schedules.schedule", "default_schedule": ".schedules.schedule",
+         "TableError": ".schedules.table"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
     "BackwardNotSupportedError", "CompileError", "DTypeError", "DeviceError", "GPUTooOldError",

@@ -34,13 +34,9 @@ from .bench.runner import measure, resolve_device
 from .bench.store import ResultStore
 from .schedules.policy import bucket_for
 from .schedules.schedule import Schedule
-from .schedules.space import candidates, rejection
+from .schedules.space import space_for
 from .schedules.table import Entry, ScheduleTable
 
-QUICK_SPACE = (Schedule(64, 64, 4), Schedule(64, 64, 2), Schedule(64, 128, 2),
-               Schedule(64, 128, 1), Schedule(64, 128, 3), Schedule(128, 64, 2),
-               Schedule(128, 64, 1), Schedule(128, 128, 1))
-SPACES = ("quick", "full")
 ROUNDS = 2  # candidates interleaved round by round, order alternating
 
 
@@ -48,14 +44,6 @@ def paper_grid(seqs=PAPER_SEQS, head_dims=PAPER_HEAD_DIMS, dtypes=PAPER_DTYPES) 
     """The paper's grid (bench.grid's tokens policy), optionally restricted."""
     grid = GridConfig(seqs=tuple(seqs), head_dims=tuple(head_dims), dtypes=tuple(dtypes))
     return expand(BenchConfig(grid=grid))
-
-
-def space_for(head_dim: int, space: str) -> list[Schedule]:
-    if space == "quick":
-        return [s for s in QUICK_SPACE if rejection(s, head_dim) is None]
-    if space == "full":
-        return candidates(head_dim)[0]
-    raise ValueError(f"unknown search space {space!r}; valid: {list(SPACES)}")
 
 
 def tune_plan(points: Iterable[Point], space: str) -> list[tuple[Point, list[str]]]:

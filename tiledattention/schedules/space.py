@@ -43,3 +43,20 @@ def candidates(head_dim: int, *, tiles=((64, 64), (64, 128), (128, 64), (128, 12
         reason = rejection(s, head_dim)
         (rejected if reason else valid).append(reason or s)
     return valid, rejected
+
+
+# tiledattn tune --space: quick, 8 schedules that won somewhere in the sweeps
+# (benchmarks/NOTES.md §2, §5); full, every schedule of ``candidates``.
+SPACES = ("quick", "full")
+QUICK_SPACE = (Schedule(64, 64, 4), Schedule(64, 64, 2), Schedule(64, 128, 2),
+               Schedule(64, 128, 1), Schedule(64, 128, 3), Schedule(128, 64, 2),
+               Schedule(128, 64, 1), Schedule(128, 128, 1))
+
+
+def space_for(head_dim: int, space: str) -> list[Schedule]:
+    """The valid schedules of a named search space for one head dim."""
+    if space == "quick":
+        return [s for s in QUICK_SPACE if rejection(s, head_dim) is None]
+    if space == "full":
+        return candidates(head_dim)[0]
+    raise ValueError(f"unknown search space {space!r}; valid: {list(SPACES)}")
