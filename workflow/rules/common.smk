@@ -11,6 +11,7 @@ from snakemake.utils import validate
 
 from tiledattention.bench.config import from_dict as _bench_config
 from tiledattention.bench.grid import expand as _expand_points
+from tiledattention.bench.grid import pinned as _pinned
 from tiledattention.study import figures as _figures
 from tiledattention.study.profile import Shape as _ProfileShape
 from tiledattention.study import tables as _tables
@@ -39,7 +40,7 @@ def ladder_bench():
     """The ladder as a bench config: the study's timing, the reduced grid, one pinned
     tiledattention method per step next to the tuned table and PyTorch SDPA."""
     ladder = config["ladder"]
-    steps = [f"tiledattention@{s}" for s in ladder["steps"]]
+    steps = [_pinned(s) for s in ladder["steps"]]
     return {**config["bench"], "grid": ladder["grid"],
             "methods": steps + ["tiledattention", "torch_sdpa"]}
 
