@@ -212,15 +212,16 @@ def _field_schema(f) -> dict:
             schema["uniqueItems"] = True
     else:
         schema = item
-    default = f.default
-    schema.update(description=f.metadata["help"],
-                  default=list(default) if isinstance(default, tuple) else default)
+    # The default is told, not filled in: the dataclasses apply it, and the study config
+    # the bundle records stays the one the user wrote.
+    default = list(f.default) if isinstance(f.default, tuple) else f.default
+    schema["description"] = f"{f.metadata['help']} Default: {json.dumps(default)}."
     return schema
 
 
 def _section_schema(cls, help: str) -> dict:
     return {"type": "object", "description": help, "additionalProperties": False,
-            "properties": {f.name: _field_schema(f) for f in fields(cls)}, "default": {}}
+            "properties": {f.name: _field_schema(f) for f in fields(cls)}}
 
 
 def json_schema() -> dict:
