@@ -74,6 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reps", type=int, default=20, help="timed calls per candidate")
     p.add_argument("--compile-timeout", type=float, default=120.0,
                    help="seconds a candidate may compile before it is recorded as failed")
+    p.add_argument("--launcher", choices=LAUNCHERS, help="run the tuning as a job of this "
+                   "launcher (slurm: on a GPU node; local: on a free local GPU) (default: in "
+                   "this process)")
+    _launcher_options(p)
 
     p = _verb(sub, "bench", _bench, "benchmark tiledattention against PyTorch's SDPA backends "
               "and eager attention over a config's grid (resumable)")
@@ -91,6 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--only", type=int, nargs="+", help="run only these shard indices "
                    "(default: all)")
     p.add_argument("--out", default="results/bench", help="directory for rows + manifests")
+    p.add_argument("--step", default="bench", help="the study step the shards belong to "
+                   "(names the jobs, e.g. tiledattn-ladder-shard0of1)")
 
     p = _verb(sub, "aggregate", _aggregate, "all shard rows into one table (JSON lines, CSV, "
               "Parquet, column dictionary) and the summary tables (Markdown, CSV, LaTeX)")
@@ -217,6 +223,8 @@ def _check(args) -> int:
 def _tune(args) -> int:
     import os
 
+    if args.launcher:
+        return _tune_through_launcher(args)
     from .tune import paper_grid, run_tune
 
     points = paper_grid(seqs=args.seqs, head_dims=args.head_dims, dtypes=args.dtypes)
@@ -224,6 +232,23 @@ def _tune(args) -> int:
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     return run_tune(points, space=args.space, state_path=args.state, out_path=args.out,
                     reps=args.reps, compile_timeout=args.compile_timeout)
+
+
+def _tune_through_launcher(args) -> int:
+    import json
+    import os
+
+    from .launchers import run_step
+    from .tune import TuneTask
+
+    task = TuneTask(os.path.abspath(args.out), os.path.abspath(args.state), args.space,
+                    tuple(args.seqs), tuple(args.head_dims), tuple(args.dtypes), args.reps,
+                    args.compile_timeout)
+    folder = os.path.join(os.path.dirname(task.out_path), "logs")
+    result = run_step(args.launcher, json.loads(args.launcher_options), folder, task)
+    if result["status"] != "ok":
+        print(f"tiledattn tune: not run: {result['reason']}", file=sys.stderr)
+    return 0
 
 
 def _bench(args) -> int:
@@ -251,7 +276,7 @@ def _sweep(args) -> int:
                             json.loads(args.launcher_options))
     indices = args.only if args.only is not None else range(args.shards)
     tasks = [ShardTask(os.path.abspath(args.config), os.path.abspath(args.out), i,
-                       args.shards) for i in indices]
+                       args.shards, args.step) for i in indices]
     for r in launcher.run(tasks):
         print(f"sweep: shard {r['shard']}/{r['of']} done", file=sys.stderr)
     return 0

@@ -12,11 +12,11 @@ from snakemake.utils import validate
 from tiledattention.bench.config import from_dict as _bench_config
 from tiledattention.bench.grid import expand as _expand_points
 from tiledattention.bench.grid import pinned as _pinned
-from tiledattention.study import figures as _figures
-from tiledattention.study.profile import Shape as _ProfileShape
-from tiledattention.study import tables as _tables
 from tiledattention.launchers import LauncherError
 from tiledattention.launchers import profiles as _profiles
+from tiledattention.study import figures as _figures
+from tiledattention.study import tables as _tables
+from tiledattention.study.profile import Shape as _ProfileShape
 
 
 def check_config_shape(config):
