@@ -28,7 +28,8 @@ def _cluster_up() -> str | None:
     if shutil.which("sinfo") is None or shutil.which("sbatch") is None:
         return "no SLURM client (run tests/cluster/start-slurm.sh as root to start one)"
     out = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=30)
-    if out.returncode != 0 or not ({"idle", "mix", "mixed", "alloc", "allocated"} & set(out.stdout.split())):
+    states = {"idle", "mix", "mixed", "alloc", "allocated"}
+    if out.returncode != 0 or not (states & set(out.stdout.split())):
         return f"SLURM cluster not ready: {out.stdout.strip()} {out.stderr.strip()}"
     return None
 
