@@ -52,10 +52,13 @@ def _pack(house: Path, *extra: str) -> None:
     assert sorted(sums) == wheels and any(w.startswith("tiledattention-0.1.0-") for w in wheels)
     for w in wheels:
         assert hashlib.sha256((house / w).read_bytes()).hexdigest() == sums[w], w
-    reqs = [ln for ln in (house / "requirements.txt").read_text().splitlines()
-            if not ln.startswith("#")]
+    lines = [ln for ln in (house / "requirements.txt").read_text().splitlines()
+             if not ln.startswith("#")]
+    # Exact pins, each with the sha256 of its wheel(s): pip runs with --require-hashes.
+    assert all(re.fullmatch(r"[\w\-\[\]]+==\S+( --hash=sha256:[0-9a-f]{64})+", r)
+               for r in lines), lines
+    reqs = [ln.split(" ")[0] for ln in lines]
     assert reqs[0] == "tiledattention[gpu]==0.1.0" and "cuda-tile==1.7.0" in reqs
-    assert all(re.fullmatch(r"[\w\-\[\]]+==\S+", r) for r in reqs), reqs
 
 
 def _fresh_env(where: Path) -> tuple[Path, dict[str, str]]:

@@ -20,6 +20,51 @@ from .study.profile import CLOCK_CONTROL, KERNEL_FILTERS
 BAD_INPUT, FAILED = 2, 1
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line naming the verb, exit 2 (argparse prints usage + error).
+    Subparsers inherit the class, so every verb's errors look alike."""
+
+    def error(self, message: str):
+        self.exit(BAD_INPUT, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def _count(minimum: int):
+    """argparse type: an integer >= ``minimum`` (and below 2**31, which no count needs)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if not minimum <= value < 2 ** 31:
+            raise argparse.ArgumentTypeError(f"{value} must be >= {minimum} (and < 2**31)")
+        return value
+    return parse
+
+
+def _seconds(text: str) -> float:
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a positive number of seconds")
+    return value
+
+
+def _ratio(text: str) -> float:
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a positive number")
+    return value
+
+
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
     """Shows every option's default; options without one say in their help what leaving
     them out means, and required options and flags have nothing to show."""
@@ -42,8 +87,8 @@ def _launcher_options(p) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tiledattn", description=__doc__.splitlines()[0],
-                                     formatter_class=_Formatter)
+    parser = _Parser(prog="tiledattn", description=__doc__.splitlines()[0],
+                     formatter_class=_Formatter)
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND",
                                 help="what to do (tiledattn COMMAND --help: its options)")
@@ -52,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
               "always; GPU checks when a CUDA GPU is visible)")
     p.add_argument("--json", metavar="PATH", help="also write the report as JSON here "
                    "(default: print only)")
-    p.add_argument("--min-speed-ratio", type=float, default=0.80,
+    p.add_argument("--min-speed-ratio", type=_ratio, default=0.80,
                    help="the GPU speed check fails below this share of torch SDPA's TFLOP/s "
                    "(fp16, D=128, S=4096, B=4, H=16)")
 
@@ -60,9 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
               "write the tuning table (resumable)")
     p.add_argument("--grid", choices=("paper",), default="paper",
                    help="paper: S x D x fp16/bf16 x causal/not, B*S = 16384, H*D = 2048")
-    p.add_argument("--seqs", type=int, nargs="+", default=list(PAPER_SEQS),
+    p.add_argument("--seqs", type=_count(1), nargs="+", default=list(PAPER_SEQS),
                    help="the grid's S values")
-    p.add_argument("--head-dims", type=int, nargs="+", default=list(PAPER_HEAD_DIMS),
+    p.add_argument("--head-dims", type=_count(1), nargs="+", default=list(PAPER_HEAD_DIMS),
                    help="the grid's D values")
     p.add_argument("--dtypes", nargs="+", choices=PAPER_DTYPES, default=list(PAPER_DTYPES),
                    help="the grid's dtypes")
@@ -71,8 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--state", default="results/tune-state.jsonl",
                    help="the harness' row file of finished measurements (resume from it)")
     p.add_argument("--out", default="results/schedule-table.json", help="tuning table to write")
-    p.add_argument("--reps", type=int, default=20, help="timed calls per candidate")
-    p.add_argument("--compile-timeout", type=float, default=120.0,
+    p.add_argument("--reps", type=_count(1), default=20, help="timed calls per candidate")
+    p.add_argument("--compile-timeout", type=_seconds, default=120.0,
                    help="seconds a candidate may compile before it is recorded as failed")
     p.add_argument("--launcher", choices=LAUNCHERS, help="run the tuning as a job of this "
                    "launcher (slurm: on a GPU node; local: on a free local GPU) (default: in "
@@ -85,14 +130,17 @@ def build_parser() -> argparse.ArgumentParser:
                    "method)")
     p.add_argument("--out", default="results/bench", help="directory for rows + manifest")
     p.add_argument("--shard", default="0/1", help="i/n: run the i-th of n grid shards")
+    p.add_argument("--remeasure", action="store_true", help="rows in --out measured under "
+                   "another config (seed, timing, tolerances, device) are set aside to "
+                   "stale-*.jsonl and measured again (default: refuse to mix them)")
 
     p = _verb(sub, "sweep", _sweep, "run a benchmark config's shards through a launcher and "
               "wait for them; no Snakemake needed")
     p.add_argument("--config", required=True, help="YAML benchmark config")
     p.add_argument("--launcher", choices=LAUNCHERS, default="local", help="where shards run")
     _launcher_options(p)
-    p.add_argument("--shards", type=int, default=1, help="split the grid into N shards")
-    p.add_argument("--only", type=int, nargs="+", help="run only these shard indices "
+    p.add_argument("--shards", type=_count(1), default=1, help="split the grid into N shards")
+    p.add_argument("--only", type=_count(0), nargs="+", help="run only these shard indices "
                    "(default: all)")
     p.add_argument("--out", default="results/bench", help="directory for rows + manifests")
     p.add_argument("--step", default="bench", help="the study step the shards belong to "
@@ -102,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
               "Parquet, column dictionary) and the summary tables (Markdown, CSV, LaTeX)")
     p.add_argument("--rows", required=True, help="directory holding rows-shard*.jsonl")
     p.add_argument("--out", required=True, help="directory for rows.* and tables/")
-    p.add_argument("--expect-shards", type=int, help="fail unless this many shard files "
+    p.add_argument("--expect-shards", type=_count(1), help="fail unless this many shard files "
                    "(default: any number)")
     p.add_argument("--ladder", help="directory of the schedule-ladder rows for Table 6 "
                    "(default: no ladder)")
@@ -126,10 +174,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--clock-control", choices=CLOCK_CONTROL, default="base",
                    help="base (locked base clocks, ncu's default) or none (boost clocks, as "
                    "the benchmark runs)")
-    p.add_argument("--warmup", type=int, default=5, help="launches skipped before the "
+    p.add_argument("--warmup", type=_count(0), default=5, help="launches skipped before the "
                    "captured one")
-    p.add_argument("--tokens", type=int, default=TOKENS, help="B*S of the profiled point")
-    p.add_argument("--width", type=int, default=WIDTH, help="H*D of the profiled point")
+    p.add_argument("--tokens", type=_count(1), default=TOKENS, help="B*S of the profiled point")
+    p.add_argument("--width", type=_count(1), default=WIDTH, help="H*D of the profiled point")
     p.add_argument("--launcher", choices=LAUNCHERS, help="run the profiling as a job of this "
                    "launcher (slurm: on a GPU node) (default: in this process)")
     _launcher_options(p)
@@ -151,7 +199,11 @@ def build_parser() -> argparse.ArgumentParser:
                         formatter_class=_Formatter)
     b.add_argument("--study", required=True, help="the study's results directory")
     b.add_argument("--config", required=True, help="the study config (YAML)")
-    b.add_argument("--out", required=True, help="bundle directory (DIR.zip next to it)")
+    b.add_argument("--out", required=True, help="bundle directory (DIR.zip next to it); "
+                   "must be new, empty or a previous bundle")
+    b.add_argument("--force", action="store_true", help="replace --out and DIR.zip even when "
+                   "they hold files that are not a previous bundle's (never the study or the "
+                   "source checkout)")
     b = bsub.add_parser("verify", help="recompute checksums, validate the metadata",
                         formatter_class=_Formatter)
     b.add_argument("path", help="bundle directory or zip")
@@ -195,14 +247,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return BAD_INPUT
-    import json
-
-    from .errors import TiledAttentionError
-
+    verb = " ".join(v for v in (args.command, getattr(args, "bundle_command", None),
+                                getattr(args, "offline_command", None)) if v)
     try:
         return args.handler(args)
-    except (TiledAttentionError, OSError, json.JSONDecodeError) as exc:
-        return report(args.command, exc)
+    except KeyboardInterrupt:
+        print(f"tiledattn {verb}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - refusals become one line, bugs re-raise
+        if user_error(exc) is None:
+            raise
+        return report(verb, exc)
 
 
 def report(command: str, exc: BaseException) -> int:
@@ -210,8 +265,48 @@ def report(command: str, exc: BaseException) -> int:
     from .launchers.base import LauncherError
     from .offline import OfflineError
 
-    print(f"tiledattn {command}: {exc}", file=sys.stderr)
-    return FAILED if isinstance(exc, (LauncherError, OfflineError)) else BAD_INPUT
+    print(f"tiledattn {command}: {user_error(exc)}", file=sys.stderr)
+    ran_and_failed = isinstance(exc, (LauncherError, OfflineError)) and not isinstance(
+        exc, ValueError)  # OfflineOptionError: a bad option, not a failed pack
+    return FAILED if ran_and_failed else BAD_INPUT
+
+
+def user_error(exc: BaseException) -> str | None:
+    """The one line to show for a refusal (a bad value, path or file, a failed job), or
+    None for a bug (which keeps its traceback)."""
+    import json
+
+    from .errors import TiledAttentionError
+
+    if isinstance(exc, TiledAttentionError):
+        return " ".join(str(exc).split())
+    if isinstance(exc, json.JSONDecodeError):
+        return f"not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
+    if isinstance(exc, UnicodeDecodeError):
+        return f"not UTF-8 text (byte {exc.start})"
+    if isinstance(exc, (FileExistsError, NotADirectoryError)) and exc.filename:
+        return f"{exc.filename}: exists and is not a directory (or a parent is a file)"
+    if isinstance(exc, OSError):
+        where = exc.filename or ""
+        return f"{where}: {exc.strerror or exc}" if where else f"{exc.strerror or exc}"
+    if type(exc).__module__.startswith("yaml"):
+        return f"not valid YAML ({type(exc).__name__})"
+    return None
+
+
+def _json_object(text: str, option: str) -> dict:
+    import json
+
+    from .errors import ConfigError
+
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{option}: not valid JSON ({exc.msg})") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"{option}: expected a JSON object, e.g. '{{\"partition\": "
+                          "\"gpu\"}'")
+    return value
 
 
 def _check(args) -> int:
@@ -235,7 +330,6 @@ def _tune(args) -> int:
 
 
 def _tune_through_launcher(args) -> int:
-    import json
     import os
 
     from .launchers import run_step
@@ -245,7 +339,8 @@ def _tune_through_launcher(args) -> int:
                     tuple(args.seqs), tuple(args.head_dims), tuple(args.dtypes), args.reps,
                     args.compile_timeout)
     folder = os.path.join(os.path.dirname(task.out_path), "logs")
-    result = run_step(args.launcher, json.loads(args.launcher_options), folder, task)
+    options = _json_object(args.launcher_options, "--launcher-options")
+    result = run_step(args.launcher, options, folder, task)
     if result["status"] != "ok":
         print(f"tiledattn tune: not run: {result['reason']}", file=sys.stderr)
     return 0
@@ -258,11 +353,11 @@ def _bench(args) -> int:
 
     cfg = load_config(args.config) if args.config else validate(BenchConfig())
     index, count = parse_shard(args.shard)
-    return run_bench(cfg, args.out, shard_index=index, shard_count=count)
+    return run_bench(cfg, args.out, shard_index=index, shard_count=count,
+                     remeasure=args.remeasure)
 
 
 def _sweep(args) -> int:
-    import json
     import os
 
     from .bench.config import load_config
@@ -270,11 +365,13 @@ def _sweep(args) -> int:
     from .launchers import ShardTask, get_launcher
 
     load_config(args.config)  # fail before anything is submitted
-    if args.shards < 1:
-        raise ConfigError("--shards must be >= 1")
-    launcher = get_launcher(args.launcher, os.path.join(args.out, "logs"),
-                            json.loads(args.launcher_options))
-    indices = args.only if args.only is not None else range(args.shards)
+    indices = args.only if args.only is not None else list(range(args.shards))
+    bad = sorted({i for i in indices if not 0 <= i < args.shards})
+    if bad or len(set(indices)) != len(indices):
+        raise ConfigError(f"--only {args.only}: each index once, from 0 to "
+                          f"{args.shards - 1} (--shards {args.shards})")
+    options = _json_object(args.launcher_options, "--launcher-options")
+    launcher = get_launcher(args.launcher, os.path.join(args.out, "logs"), options)
     tasks = [ShardTask(os.path.abspath(args.config), os.path.abspath(args.out), i,
                        args.shards, args.step) for i in indices]
     for r in launcher.run(tasks):
@@ -287,13 +384,23 @@ def _aggregate(args) -> int:
     import os
 
     from .bench.aggregate import concat, write
-    from .errors import StudyError
+    from .bench.store import RowsError, check_one_config
 
+    if not os.path.isdir(args.rows):
+        raise RowsError(f"--rows {args.rows}: not a directory")
     found = glob.glob(os.path.join(args.rows, "rows-shard*.jsonl"))
     if args.expect_shards is not None and len(found) != args.expect_shards:
-        raise StudyError(f"expected {args.expect_shards} shard files in {args.rows}, found "
-                         f"{len(found)}")
-    rows = concat(args.rows)
+        raise RowsError(f"expected {args.expect_shards} shard files in {args.rows}, found "
+                        f"{len(found)}")
+    skipped: list[int] = []
+    rows = concat(args.rows, skipped=skipped)
+    if not rows:
+        raise RowsError(f"no rows in {args.rows} ({len(found)} rows-shard*.jsonl files, "
+                        f"{sum(skipped)} unreadable lines)")
+    if sum(skipped):
+        print(f"aggregate: skipped {sum(skipped)} unreadable line(s) (torn, not JSON or not "
+              f"a row) in {args.rows}", file=sys.stderr)
+    check_one_config(rows, args.rows)
     counts: dict[str, int] = {}
     for r in rows:
         counts[r.get("status", "?")] = counts.get(r.get("status", "?"), 0) + 1
@@ -319,14 +426,23 @@ def _figures(args) -> int:
     import os
 
     from .bench.aggregate import concat
-    from .bench.store import read_rows
+    from .bench.store import RowsError, read_rows
     from .study.figures import write_all
 
+    if not os.path.isfile(args.rows):
+        raise RowsError(f"--rows {args.rows}: no such file")
     tune = []
     if args.tune_table and os.path.exists(args.tune_table):
         with open(args.tune_table) as f:
-            tune = json.load(f)["entries"]
-    paths = write_all(read_rows(args.rows), args.out,
+            table = json.load(f)
+        tune = table.get("entries") if isinstance(table, dict) else None
+        if not isinstance(tune, list):
+            raise RowsError(f"--tune-table {args.tune_table}: not a tuning table (no "
+                            "\"entries\" list)")
+    rows = read_rows(args.rows)
+    if not rows:
+        raise RowsError(f"--rows {args.rows}: no rows (empty, or no line is a row)")
+    paths = write_all(rows, args.out,
                       ladder_rows=concat(args.ladder) if args.ladder else [],
                       tune_entries=tune)
     print(f"figures: {len(paths)} files in {args.out}", file=sys.stderr)
@@ -334,7 +450,6 @@ def _figures(args) -> int:
 
 
 def _profile(args) -> int:
-    import json
     import os
 
     from .study.profile import ProfileTask, Shape, run_profile
@@ -346,8 +461,8 @@ def _profile(args) -> int:
 
         task = ProfileTask(tuple(args.shape), tuple(args.methods), os.path.abspath(args.out),
                            args.clock_control, args.warmup, args.tokens, args.width)
-        get_launcher(args.launcher, os.path.join(args.out, "logs"),
-                     json.loads(args.launcher_options)).run([task])
+        options = _json_object(args.launcher_options, "--launcher-options")
+        get_launcher(args.launcher, os.path.join(args.out, "logs"), options).run([task])
     else:
         code = run_profile(shapes, args.methods, args.out, clock_control=args.clock_control,
                            warmup=args.warmup, tokens=args.tokens, width=args.width)
@@ -360,18 +475,10 @@ def _manifest(args) -> int:
     import json
     import os
 
-    import yaml
-
-    from .errors import StudyError
     from .study.manifest import load_manifests, merge
+    from .yamlio import load_yaml
 
-    config = None
-    if args.config:
-        with open(args.config) as f:
-            try:
-                config = yaml.safe_load(f)
-            except yaml.YAMLError as exc:
-                raise StudyError(f"{args.config}: not valid YAML ({exc})") from exc
+    config = load_yaml(args.config) if args.config else None
     merged = merge(load_manifests(args.runs), config=config, image=args.image,
                    base_dir=os.path.dirname(os.path.abspath(args.out)))
     with open(args.out, "w") as f:
@@ -388,6 +495,14 @@ def _bundle(args) -> int:
     from .study.bundle import create, verify
 
     if args.bundle_command == "verify":
+        import zipfile
+
+        from .errors import StudyError
+
+        if not os.path.isdir(args.path) and not os.path.isfile(args.path):
+            raise StudyError(f"{args.path}: no such bundle directory or zip")
+        if os.path.isfile(args.path) and not zipfile.is_zipfile(args.path):
+            raise StudyError(f"{args.path}: not a zip file (nor a bundle directory)")
         problems = verify(args.path)
         for p in problems:
             print(f"bundle verify: {p}", file=sys.stderr)
@@ -397,21 +512,16 @@ def _bundle(args) -> int:
             return FAILED
         print(f"bundle verify: OK, every checksum and the metadata of {args.path} check out")
         return 0
-    import yaml
-
     from . import __version__
-    from .errors import StudyError
     from .study.metadata import Publication
+    from .yamlio import load_yaml
 
-    with open(args.config) as f:
-        try:
-            config = yaml.safe_load(f) or {}
-        except yaml.YAMLError as exc:
-            raise StudyError(f"{args.config}: not valid YAML ({exc})") from exc
+    config = load_yaml(args.config)
     pub = Publication.from_dict(config.get("publication"), __version__)
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = create(args.study, args.out, config=config, config_name=os.path.basename(args.config),
-                 repo_root=repo, publication=pub, command="tiledattn bundle create")
+                 repo_root=repo, publication=pub, command="tiledattn bundle create",
+                 force=args.force)
     print(f"bundle: {out['files']} files in {out['dir']} and {out['zip']}", file=sys.stderr)
     return 0
 

@@ -4,7 +4,8 @@ platform. Torch is left out unless asked for: GPU nodes and images bring their o
 build, and a CUDA torch wheel is several GB.
 
     tiledattn offline pack DIR --python 3.12 --platform manylinux_2_28_x86_64
-    # on the node: checks SHA256SUMS, then installs DIR/requirements.txt (exact versions)
+    # on the node: checks SHA256SUMS, then installs DIR/requirements.txt with pip's
+    # --require-hashes: only the wheels this pack listed, each checked against its sha256
     sh DIR/install.sh
 """
 
@@ -34,9 +35,17 @@ EXTRAS = {"gpu": ("cuda-tile", "cuda-toolkit", "nvidia-cuda-tileiras", "nvidia-c
 # nothing to satisfy torch with. requirements.txt does not name it.
 COMPANIONS = ("setuptools==80.9.0",)
 
+# --torch takes a requirement on torch and nothing else (no pip option, URL or marker).
+_VERSION_CLAUSE = r"\s*(===|==|>=|<=|~=|!=|<|>)\s*[0-9][0-9A-Za-z.+!*]*"
+TORCH_SPEC = re.compile(rf"torch(?:{_VERSION_CLAUSE}(?:\s*,{_VERSION_CLAUSE})*)?")
+
 
 class OfflineError(TiledAttentionError, RuntimeError):
     """The wheelhouse could not be built; the message says which step and why."""
+
+
+class OfflineOptionError(OfflineError, ValueError):
+    """An option of ``offline pack`` is not acceptable (bad input, not a failed step)."""
 
 
 @dataclass(frozen=True)
@@ -49,10 +58,16 @@ class PackOptions:
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"3\.\d+", self.python):
-            raise OfflineError(f"--python {self.python!r}: expected e.g. 3.12")
+            raise OfflineOptionError(f"--python {self.python!r}: expected e.g. 3.12")
         unknown = sorted(set(self.extras) - set(EXTRAS))
         if unknown:
-            raise OfflineError(f"--extras {unknown}: valid are {sorted(EXTRAS)}")
+            raise OfflineOptionError(f"--extras {unknown}: valid are {sorted(EXTRAS)}")
+        if self.torch is not None and not TORCH_SPEC.fullmatch(self.torch):
+            raise OfflineOptionError(f"--torch {self.torch!r}: expected a requirement on torch, "
+                                     "e.g. torch==2.11.0 (no pip options, URLs or markers)")
+        if not re.fullmatch(r"[A-Za-z0-9_.]+", self.platform):
+            raise OfflineOptionError(f"--platform {self.platform!r}: expected a platform tag, "
+                                     "e.g. manylinux_2_28_x86_64")
 
 
 def locked(extras: tuple[str, ...], lock: str = LOCK) -> list[str]:
@@ -92,42 +107,111 @@ def pack(o: PackOptions, source: str | None = None) -> dict:
     source = source or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     if not os.path.exists(os.path.join(source, "pyproject.toml")):
         raise OfflineError(f"{source} is not a source checkout (no pyproject.toml)")
+    pins = locked(o.extras)
     os.makedirs(o.dest, exist_ok=True)
-    with tempfile.TemporaryDirectory() as tmp:  # to know which wheel this build made
-        _pip("wheel", "--no-deps", "-q", "-w", tmp, source)
-        built = [f for f in os.listdir(tmp) if f.endswith(".whl")]
+    # Everything lands in a fresh staging dir first, so the lists name exactly this pack's
+    # wheels (never one left in DEST by an earlier pack or by anyone else).
+    stage = tempfile.mkdtemp(prefix=".pack-", dir=o.dest)
+    try:
+        _pip("wheel", "--no-deps", "-q", "-w", stage, source)
+        built = [f for f in os.listdir(stage) if f.endswith(".whl")]
         if len(built) != 1:
             raise OfflineError(f"pip wheel {source} made {built}, expected one wheel")
-        shutil.move(os.path.join(tmp, built[0]), os.path.join(o.dest, built[0]))
-    project_version = built[0].split("-")[1]
-    target = ["--only-binary=:all:", "--python-version", o.python, "--implementation", "cp",
-              "-d", o.dest]
-    for tag in _platforms(o.platform):
-        target += ["--platform", tag]
-    pins = locked(o.extras)
-    _pip("download", "-q", "--no-deps", *target, *pins)
-    if o.torch:  # with its own dependencies (sympy, networkx, the CUDA wheels, ...)
-        _pip("download", "-q", *target, o.torch, "numpy")
-    else:
-        _pip("download", "-q", "--no-deps", *target, *COMPANIONS)
-    wheels = sorted(f for f in os.listdir(o.dest) if f.endswith(".whl"))
-    with open(os.path.join(o.dest, "SHA256SUMS"), "w") as f:
+        project_version = built[0].split("-")[1]
+        target = ["--only-binary=:all:", "--python-version", o.python, "--implementation",
+                  "cp", "-d", stage]
+        for tag in _platforms(o.platform):
+            target += ["--platform", tag]
+        _pip("download", "-q", "--no-deps", *target, *pins)
+        if o.torch:  # with its own dependencies (sympy, networkx, the CUDA wheels, ...)
+            _pip("download", "-q", *target, o.torch, "numpy")
+        else:
+            _pip("download", "-q", "--no-deps", *target, *COMPANIONS)
+        wheels = sorted(f for f in os.listdir(stage) if f.endswith(".whl"))
         for w in wheels:
-            with open(os.path.join(o.dest, w), "rb") as g:
-                f.write(f"{hashlib.sha256(g.read()).hexdigest()}  {w}\n")
-    # Exact versions, so wheels left in DIR by an earlier pack cannot be picked instead.
+            os.replace(os.path.join(stage, w), os.path.join(o.dest, w))
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
     spec = "tiledattention[gpu]" if "gpu" in o.extras else "tiledattention"
-    with open(os.path.join(o.dest, "requirements.txt"), "w") as f:
-        f.write(f"# installed by install.sh from this directory only (pip --no-index)\n"
-                f"{spec}=={project_version}\n" + "".join(f"{p}\n" for p in pins)
-                + (f"{o.torch}\n" if o.torch else ""))
-    with open(os.path.join(o.dest, "install.sh"), "w") as f:
-        f.write("#!/bin/sh\n# Install TiledAttention from this wheelhouse, no network: torch "
-                "must already be\n# installed unless it was packed (--torch).\nset -e\n"
-                'here=$(cd "$(dirname "$0")" && pwd)\n'
-                '(cd "$here" && sha256sum -c --quiet SHA256SUMS)\n'
-                'python3 -m pip install --no-index --find-links "$here" '
-                '-r "$here/requirements.txt" "$@"\n')
-    os.chmod(os.path.join(o.dest, "install.sh"), 0o755)
+    top = [f"{spec}=={project_version}", *pins]
+    if o.torch:
+        top.append(f"torch=={_torch_version(wheels)}")
+    write_installer(o.dest, wheels, top)
     return {"dest": o.dest, "wheels": len(wheels), "python": o.python, "platform": o.platform,
             "tiledattention": project_version}
+
+
+def _name_version(wheel: str) -> tuple[str, str]:
+    """(normalized name, version) of a wheel file name."""
+    name, version = wheel.split("-")[:2]
+    return re.sub(r"[-_.]+", "-", name).lower(), version
+
+
+def _torch_version(wheels: list[str]) -> str:
+    versions = {v for n, v in map(_name_version, wheels) if n == "torch"}
+    if len(versions) != 1:
+        raise OfflineError(f"expected one torch version among the packed wheels, got "
+                           f"{sorted(versions)}")
+    return versions.pop()
+
+
+def write_installer(dest: str, wheels: list[str], requirements: list[str]) -> None:
+    """SHA256SUMS, requirements.txt and install.sh for the wheels ``wheels`` in ``dest``.
+
+    requirements.txt names every packed wheel, ``requirements`` first, each pinned with ==
+    and hashed: pip --require-hashes refuses any requirement it reaches unpinned, and one
+    reached only through a constraints file (setuptools, which a node's own torch pulls in)
+    counts as unpinned there."""
+    hashes: dict[tuple[str, str], list[str]] = {}
+    with open(os.path.join(dest, "SHA256SUMS"), "w") as f:
+        for w in wheels:
+            h = hashlib.sha256()
+            with open(os.path.join(dest, w), "rb") as g:
+                for block in iter(lambda: g.read(1 << 20), b""):
+                    h.update(block)
+            f.write(f"{h.hexdigest()}  {w}\n")
+            hashes.setdefault(_name_version(w), []).append(h.hexdigest())
+
+    def line(spec: str, key: tuple[str, str]) -> str:
+        return spec + "".join(f" --hash=sha256:{h}" for h in hashes[key]) + "\n"
+
+    top, used = [], set()
+    for req in requirements:
+        name, version = req.split("==")
+        key = (re.sub(r"[-_.]+", "-", name.split("[")[0]).lower(), version)
+        if key not in hashes:
+            raise OfflineError(f"{req}: no wheel of it was packed")
+        top.append(line(req, key))
+        used.add(key)
+    rest = [line(f"{n}=={v}", (n, v)) for n, v in sorted(hashes) if (n, v) not in used]
+    with open(os.path.join(dest, "requirements.txt"), "w") as f:
+        f.write("# installed by install.sh from this directory only (pip --no-index "
+                "--require-hashes): every wheel SHA256SUMS lists, pinned and hashed\n"
+                + "".join(top + rest))
+    with open(os.path.join(dest, "install.sh"), "w") as f:
+        f.write(INSTALL_SH)
+    os.chmod(os.path.join(dest, "install.sh"), 0o755)
+
+
+# pip sees only the wheels SHA256SUMS lists (linked into a private directory), and checks
+# each against the sha256 in requirements.txt: a wheel dropped into this
+# directory later is never installed, whatever its version or build tag.
+INSTALL_SH = """#!/bin/sh
+# Install TiledAttention from this wheelhouse, no network: torch must already be
+# installed unless it was packed (--torch). Only the wheels listed in SHA256SUMS are used,
+# each checked against its sha256 (pip --require-hashes).
+set -e
+here=$(cd "$(dirname "$0")" && pwd)
+(cd "$here" && sha256sum -c --quiet SHA256SUMS)
+house=$(mktemp -d)
+trap 'rm -rf "$house"' EXIT
+trap 'exit 130' INT TERM
+while read -r sum name; do
+  case "$name" in
+    ''|.*|*/*) echo "install.sh: bad file name in SHA256SUMS: $name" >&2; exit 2 ;;
+  esac
+  ln -s "$here/$name" "$house/$name"
+done < "$here/SHA256SUMS"
+python3 -m pip install --no-index --find-links "$house" --require-hashes \\
+  -r "$here/requirements.txt" "$@"
+"""

@@ -7,7 +7,7 @@ import glob
 import json
 import os
 
-from .store import read_rows
+from .store import ResultStore
 
 
 def flatten(row: dict, prefix: str = "") -> dict:
@@ -21,10 +21,14 @@ def flatten(row: dict, prefix: str = "") -> dict:
     return out
 
 
-def concat(rows_dir: str) -> list[dict]:
+def concat(rows_dir: str, skipped: list[int] | None = None) -> list[dict]:
+    """Every shard's rows; the count of unreadable lines per file goes to ``skipped``."""
     rows = []
     for path in sorted(glob.glob(os.path.join(rows_dir, "rows-shard*.jsonl"))):
-        rows += read_rows(path)
+        store = ResultStore(path)
+        rows += list(store.rows.values())
+        if skipped is not None:
+            skipped.append(store.skipped_lines)
     return rows
 
 

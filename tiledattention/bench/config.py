@@ -27,6 +27,7 @@ __all__ = ["BenchConfig", "ConfigError", "CorrectnessConfig", "GridConfig", "Tim
 DTYPES = ("float16", "bfloat16", "float32")
 SHAPE_POLICIES = ("tokens", "explicit")
 DEVICES = ("auto", "cuda", "cpu")
+INT32 = 2**31 - 1  # grid sizes reach int32 kernel arguments
 
 
 def _opt(default, help: str, **limits):
@@ -37,27 +38,31 @@ def _opt(default, help: str, **limits):
 
 @dataclass(frozen=True)
 class GridConfig:
-    seqs: tuple[int, ...] = _opt(PAPER_SEQS, "Sequence lengths S.", min=1)
-    seqs_kv: tuple[int, ...] | None = _opt(None, "Key/value lengths (null: Skv = S).", min=1)
-    head_dims: tuple[int, ...] = _opt(PAPER_HEAD_DIMS, "Head dims D.", min=1)
+    seqs: tuple[int, ...] = _opt(PAPER_SEQS, "Sequence lengths S.", min=1, max=INT32)
+    seqs_kv: tuple[int, ...] | None = _opt(None, "Key/value lengths (null: Skv = S).", min=1,
+                                            max=INT32)
+    head_dims: tuple[int, ...] = _opt(PAPER_HEAD_DIMS, "Head dims D.", min=1, max=INT32)
     dtypes: tuple[str, ...] = _opt(PAPER_DTYPES, "Element types.", choices=DTYPES)
     causal: tuple[bool, ...] = _opt(PAPER_CAUSAL, "Causal mask off/on.")
     shape_policy: str = _opt("tokens", "tokens - B = tokens // S, H = width // D (else "
                              "heads_fallback); explicit - batch and heads.",
                              choices=SHAPE_POLICIES)
-    tokens: int = _opt(TOKENS, "B*S under the tokens policy.", min=1)
-    width: int = _opt(WIDTH, "H*D under the tokens policy.", min=1)
-    heads_fallback: int = _opt(HEADS_FALLBACK, "H where width is not a multiple of D.", min=1)
-    batch: int = _opt(1, "B under the explicit policy.", min=1)
-    heads: int = _opt(8, "H under the explicit policy.", min=1)
-    gqa: tuple[int, ...] = _opt((1,), "Query heads per key/value head.", min=1)
+    tokens: int = _opt(TOKENS, "B*S under the tokens policy.", min=1, max=INT32)
+    width: int = _opt(WIDTH, "H*D under the tokens policy.", min=1, max=INT32)
+    heads_fallback: int = _opt(HEADS_FALLBACK, "H where width is not a multiple of D.", min=1,
+                               max=INT32)
+    batch: int = _opt(1, "B under the explicit policy.", min=1, max=INT32)
+    heads: int = _opt(8, "H under the explicit policy.", min=1, max=INT32)
+    gqa: tuple[int, ...] = _opt((1,), "Query heads per key/value head.", min=1, max=INT32)
 
 
 @dataclass(frozen=True)
 class TimingConfig:
-    warmup: int = _opt(10, "Untimed calls before the first round.", min=0)
-    reps: int = _opt(30, "Timed calls per method, over all rounds.", min=1)
-    rounds: int = _opt(3, "Rounds, methods interleaved, order alternating.", min=1)
+    warmup: int = _opt(10, "Untimed calls before the first round.", min=0, max=10**6)
+    reps: int = _opt(30, "Timed calls per method, over all rounds.", min=1,
+                    max=10**6)
+    rounds: int = _opt(3, "Rounds, methods interleaved, order alternating.",
+                      min=1, max=10**4)
     flush_l2: bool = _opt(True, "Flush L2 before each timed call.")
     cuda_graph: bool = _opt(False, "Replay the calls from a CUDA graph.")
 
@@ -85,7 +90,7 @@ class BenchConfig:
                                  metadata={"help": "Timing policy."})
     correctness: CorrectnessConfig = field(default_factory=CorrectnessConfig, metadata={
         "help": "Reference subsample and tolerances."})
-    seed: int = _opt(0, "Seed of the inputs.")
+    seed: int = _opt(0, "Seed of the inputs.", min=0, max=2**63 - 1)
     device: str = _opt("auto", "Where to run.", choices=DEVICES)
 
     def as_dict(self) -> dict:
@@ -93,6 +98,15 @@ class BenchConfig:
 
     def digest(self) -> str:
         blob = json.dumps(self.as_dict(), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+    def measure_digest(self) -> str:
+        """Hash of what changes a row's numbers beyond its point and method (inputs' seed,
+        timing, tolerances, device): rows of one results file must share it. The grid and
+        the method list are left out, so growing either resumes the rows already measured."""
+        d = self.as_dict()
+        blob = json.dumps({k: d[k] for k in ("seed", "timing", "correctness", "device")},
+                          sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
 
@@ -237,17 +251,14 @@ def from_dict(data: dict) -> BenchConfig:
 
 
 def load_config(path: str) -> BenchConfig:
-    import yaml
+    from ..yamlio import YAMLInputError, load_yaml
 
     try:
-        with open(path) as f:
-            data = yaml.safe_load(f)
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read ({exc.strerror})") from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML ({exc})") from exc
+        data = load_yaml(path)
+    except YAMLInputError as exc:
+        raise ConfigError(str(exc)) from None
     try:
-        return from_dict(data or {})
+        return from_dict(data)
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from exc
 

@@ -21,7 +21,7 @@ from .config import BenchConfig
 from .grid import Point, expand, shard
 from .manifest import capture, now
 from .methods import Unavailable, Unsupported, get_method
-from .store import ResultStore
+from .store import Lock, ResultStore, RowsError
 
 FORMAT = "tiledattention-bench-row/1"
 # Call latency: back-to-back calls per round, enough for ~50 ms at the point's fastest
@@ -269,6 +269,7 @@ def measure(plan: list[tuple[Point, list[str]]], cfg: BenchConfig, store: Result
         print("\nstopping after the current point (Ctrl-C again to abort)", file=log,
               flush=True)
 
+    digest = cfg.measure_digest()
     previous = signal.signal(signal.SIGINT, on_sigint)
     flush = L2Flusher() if device.type == "cuda" and cfg.timing.flush_l2 else None
     progress = Progress(len(todo), log)
@@ -279,6 +280,7 @@ def measure(plan: list[tuple[Point, list[str]]], cfg: BenchConfig, store: Result
             rows = run_point(p, methods, cfg, device, flush)
             for row in rows:
                 row["recorded"] = now()
+                row["config_hash"] = digest
                 store.append(row)
             progress.step(p.key(), rows)
     finally:
@@ -287,13 +289,42 @@ def measure(plan: list[tuple[Point, list[str]]], cfg: BenchConfig, store: Result
 
 
 def run_bench(cfg: BenchConfig, out_dir: str, *, shard_index: int = 0, shard_count: int = 1,
-              log=None) -> int:
-    """Run (or resume) one shard of the grid into ``out_dir``; returns an exit code."""
+              log=None, remeasure: bool = False) -> int:
+    """Run (or resume) one shard of the grid into ``out_dir``; returns an exit code.
+
+    One writer per results file (a second is refused); rows measured under another config
+    hash are refused, or with ``remeasure`` set aside and measured again."""
     log = log or sys.stderr
     device = resolve_device(cfg.device)
     os.makedirs(out_dir, exist_ok=True)
+    rows_path = os.path.join(out_dir, f"rows-shard{shard_index}of{shard_count}.jsonl")
+    with Lock(rows_path):
+        return _run_locked(cfg, out_dir, shard_index, shard_count, log, device, remeasure)
+
+
+def _resume(store: ResultStore, digest: str, remeasure: bool, log) -> None:
+    other = store.other_configs(digest)
+    if not other:
+        return
+    listing = ", ".join(f"{h}: {n}" for h, n in sorted(other.items()))
+    if not remeasure:
+        raise RowsError(f"{store.path}: {sum(other.values())} rows were measured under another "
+                        f"config (hash {listing}; this config {digest}: seed, timing, "
+                        "correctness or device changed); use another --out, or --remeasure to "
+                        "set them aside and measure again")
+    aside = store.set_aside(digest)
+    print(f"bench: {sum(other.values())} rows of another config moved to {aside}; measuring "
+          "them again", file=log, flush=True)
+
+
+def _run_locked(cfg, out_dir, shard_index, shard_count, log, device, remeasure) -> int:
     tag = f"shard{shard_index}of{shard_count}"
     store = ResultStore(os.path.join(out_dir, f"rows-{tag}.jsonl"))
+    digest = cfg.measure_digest()
+    _resume(store, digest, remeasure, log)
+    if store.skipped_lines:
+        print(f"bench: skipped {store.skipped_lines} unreadable line(s) of {store.path} (torn "
+              "or not a row); their measurements are redone", file=log, flush=True)
     points = shard(expand(cfg), shard_index, shard_count)
     done = sum(all(store.done(p.key(), m) for m in cfg.methods) for p in points)
     started = now()

@@ -8,11 +8,16 @@ and a zip, with README, .zenodo.json, CITATION.cff, ro-crate-metadata.json and S
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
+import signal
+import stat
+import subprocess
 import tempfile
+import threading
 import zipfile
 
 from ..errors import StudyError
@@ -29,8 +34,21 @@ from .metadata import (
 
 ZENODO_MAX_FILES = 100
 SUMS = "SHA256SUMS"
-# What the workflow snapshot holds, relative to the repository root.
+# Written into every bundle: the files it holds. A non-empty --out is replaced only when it
+# is a bundle of ours holding nothing else (or with force).
+MARKER = ".tiledattention-bundle"
+# What the workflow snapshot holds, relative to the repository root: only what git tracks
+# there; without git, only files of the kinds below (never dotfiles such as config/.env).
 SNAPSHOT = ("Snakefile", "workflow", "config", "profiles", "containers", "pyproject.toml")
+SNAPSHOT_SUFFIXES = (".smk", ".py", ".yaml", ".yml", ".json", ".lock", ".def", ".md", ".txt",
+                     ".sh", ".toml", ".cfg", ".tsv", ".csv", ".rst")
+SNAPSHOT_NAMES = ("Snakefile", "Dockerfile", "Containerfile")
+# Limits for verifying a bundle nobody vouches for: far above a real study's.
+MAX_MEMBERS = 1000
+MAX_FILE_BYTES = 2 << 30
+MAX_TOTAL_BYTES = 4 << 30
+MAX_RATIO = 200  # uncompressed / compressed, for members over 1 MiB
+MAX_META_BYTES = 16 << 20  # SHA256SUMS and each metadata file
 
 
 def sha256(path: str) -> str:
@@ -48,10 +66,11 @@ def _files(root: str) -> list[str]:
     return sorted(out)
 
 
-def _zip_dir(src: str, dest_zip: str, arc_root: str = "") -> None:
+def _zip_dir(src: str, dest_zip: str, arc_root: str = "", skip: tuple[str, ...] = ()) -> None:
     with zipfile.ZipFile(dest_zip, "w", zipfile.ZIP_DEFLATED) as z:
         for rel in _files(src):
-            z.write(os.path.join(src, rel), os.path.join(arc_root, rel))
+            if rel not in skip:
+                z.write(os.path.join(src, rel), os.path.join(arc_root, rel))
 
 
 def _copy(src: str, dest: str) -> None:
@@ -59,16 +78,49 @@ def _copy(src: str, dest: str) -> None:
     shutil.copy2(src, dest)
 
 
-def _snapshot(repo_root: str, dest_zip: str) -> None:
+def snapshot_files(repo_root: str) -> tuple[list[str], str]:
+    """(files for the workflow snapshot, how they were chosen): what git tracks under
+    SNAPSHOT, or without git the allow-listed kinds of file there."""
+    try:
+        run = subprocess.run(["git", "-C", repo_root, "ls-files", "-z", "--", *SNAPSHOT],
+                             capture_output=True, timeout=60)
+        tracked = [f for f in run.stdout.decode().split("\0") if f] if run.returncode == 0 \
+            else []
+    except (OSError, subprocess.TimeoutExpired, UnicodeDecodeError):
+        tracked = []
+    if tracked:
+        return sorted(f for f in tracked if _plain_file(os.path.join(repo_root, f))), \
+            "the files git tracks"
+    chosen = []
+    for item in SNAPSHOT:
+        path = os.path.join(repo_root, item)
+        rels = [item] if os.path.isfile(path) else \
+            [os.path.join(item, r) for r in _files(path)] if os.path.isdir(path) else []
+        for rel in rels:
+            parts = rel.split(os.sep)
+            name = parts[-1]
+            if any(p.startswith(".") or p == "__pycache__" for p in parts):
+                continue
+            if (name in SNAPSHOT_NAMES or name.endswith(SNAPSHOT_SUFFIXES)) and \
+                    _plain_file(os.path.join(repo_root, rel)):
+                chosen.append(rel)
+    return sorted(chosen), "the allow-listed kinds of file (no git checkout: " + \
+        ", ".join(SNAPSHOT_NAMES + SNAPSHOT_SUFFIXES) + "; never dotfiles)"
+
+
+def _plain_file(path: str) -> bool:
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _snapshot(repo_root: str, dest_zip: str) -> tuple[int, str]:
+    files, how = snapshot_files(repo_root)
     with zipfile.ZipFile(dest_zip, "w", zipfile.ZIP_DEFLATED) as z:
-        for item in SNAPSHOT:
-            path = os.path.join(repo_root, item)
-            if os.path.isfile(path):
-                z.write(path, item)
-            elif os.path.isdir(path):
-                for rel in _files(path):
-                    if "__pycache__" not in rel:
-                        z.write(os.path.join(path, rel), os.path.join(item, rel))
+        for rel in files:
+            z.write(os.path.join(repo_root, rel), rel)
+    return len(files), how
 
 
 def headline(rows: list[dict], manifest: dict) -> str:
@@ -93,7 +145,7 @@ def headline(rows: list[dict], manifest: dict) -> str:
 
 
 def _readme(pub: Publication, rows: list[dict], manifest: dict, table4: str,
-            config_name: str) -> str:
+            config_name: str, snapshot: tuple[int, str]) -> str:
     stack = manifest.get("stack") or {}
     gpu = manifest.get("gpu") or {}
     statuses: dict[str, int] = {}
@@ -125,7 +177,9 @@ def _readme(pub: Publication, rows: list[dict], manifest: dict, table4: str,
         "## How to reproduce", "",
         "Unpack `workflow-snapshot.zip` (the Snakefile, rules, configs, profiles and "
         "container definitions of this run) over a checkout of the recorded source "
-        "revision, then:", "", "```bash",
+        "revision, then:", "", f"The snapshot holds {snapshot[0]} files: {snapshot[1]} under "
+        f"{', '.join(SNAPSHOT)} — untracked and ignored files (a local `.env`, credentials) "
+        "are never included.", "", "```bash",
         f"snakemake --profile profiles/local --configfile {config_name}   # or profiles/slurm",
         "tiledattn bundle verify results/<study>/bundle", "```", "",
         "## Files", "",
@@ -176,9 +230,55 @@ def not_run(study_dir: str, rows: list[dict]) -> list[str]:
     return out
 
 
+def _is_ours(out_dir: str) -> bool:
+    """A bundle this module wrote, holding nothing else (SHA256SUMS may be gone: Snakemake
+    removes a rule's declared outputs before re-running it)."""
+    try:
+        with open(os.path.join(out_dir, MARKER)) as f:
+            listed = set(json.load(f)["files"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return set(_files(out_dir)) <= listed | {SUMS, MARKER}
+
+
+def _zip_is_ours(zip_path: str, base: str) -> bool:
+    try:
+        with zipfile.ZipFile(zip_path) as z:
+            return f"{base}/{MARKER}" in z.namelist()
+    except (OSError, zipfile.BadZipFile):
+        return False
+
+
+def _check_out(out_dir: str, study_dir: str, repo_root: str, force: bool) -> None:
+    """Refuse an --out whose replacement would lose something: the study, the source, a
+    non-bundle directory or zip (unless ``force``)."""
+    out = os.path.realpath(out_dir)
+    for what, path in (("the study directory", study_dir), ("the source checkout", repo_root),
+                       ("your home directory", os.path.expanduser("~")), ("/", "/")):
+        p = os.path.realpath(path)
+        if out == p or p.startswith(out.rstrip(os.sep) + os.sep):
+            raise StudyError(f"--out {out_dir}: is or contains {what}; name a new directory "
+                             "for the bundle")
+    zip_path = out_dir.rstrip("/") + ".zip"
+    if os.path.lexists(out_dir) and (os.path.islink(out_dir) or not os.path.isdir(out_dir)):
+        raise StudyError(f"--out {out_dir}: exists and is not a directory")
+    if os.path.isdir(out_dir) and os.listdir(out_dir) and not _is_ours(out_dir) and not force:
+        raise StudyError(f"--out {out_dir}: not empty and not a bundle of tiledattn's alone "
+                         f"(no {MARKER}, or files it did not write); name a new directory, or "
+                         "pass --force to replace it and everything in it")
+    if os.path.lexists(zip_path) and not force and not (
+            os.path.isfile(zip_path) and _zip_is_ours(zip_path, os.path.basename(out))):
+        raise StudyError(f"{zip_path}: exists and is not a bundle zip of tiledattn's; move it "
+                         "away, or pass --force to replace it")
+
+
 def create(study_dir: str, out_dir: str, *, config: dict, config_name: str, repo_root: str,
-           publication: Publication, command: str = "snakemake") -> dict:
-    """Build ``out_dir`` (a directory) and ``out_dir + '.zip'`` from a finished study."""
+           publication: Publication, command: str = "snakemake", force: bool = False) -> dict:
+    """Build ``out_dir`` (a directory) and ``out_dir + '.zip'`` from a finished study.
+
+    Built beside ``out_dir`` and moved into place at the end, so a failure leaves any previous
+    bundle as it was; an existing ``out_dir`` is replaced only when it is a previous bundle
+    (or with ``force``), never when it is or holds the study or the source."""
     from ..bench.store import read_rows
 
     agg = os.path.join(study_dir, "aggregate")
@@ -188,12 +288,39 @@ def create(study_dir: str, out_dir: str, *, config: dict, config_name: str, repo
         if not os.path.exists(need):
             raise StudyError(f"bundle: {need} is missing (run the aggregate and manifest "
                              "steps first)")
+    _check_out(out_dir, study_dir, repo_root, force)
     rows = read_rows(rows_jsonl)
+    from ..bench.store import check_one_config
+
+    check_one_config(rows, rows_jsonl)
     with open(manifest_path) as f:
         manifest = json.load(f)
-    if os.path.exists(out_dir):
-        shutil.rmtree(out_dir)
-    os.makedirs(out_dir)
+    if not isinstance(manifest, dict):
+        raise StudyError(f"{manifest_path}: not a manifest (expected a JSON object)")
+    parent = os.path.dirname(os.path.abspath(out_dir))
+    os.makedirs(parent, exist_ok=True)
+    base = os.path.basename(os.path.abspath(out_dir))
+    work = tempfile.mkdtemp(prefix=f".{base}.building-", dir=parent)
+    try:
+        files = _build(work, study_dir, rows, manifest, config=config, config_name=config_name,
+                       repo_root=repo_root, publication=publication, command=command)
+        zip_path = out_dir.rstrip("/") + ".zip"
+        tmp_zip = os.path.join(work, ".bundle.zip")
+        _zip_dir(work, tmp_zip, base, skip=(".bundle.zip",))
+        os.replace(tmp_zip, zip_path)
+        if os.path.isdir(out_dir) and not os.path.islink(out_dir):
+            shutil.rmtree(out_dir)  # checked above: a previous bundle, empty, or forced
+        os.replace(work, out_dir)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    return {"dir": out_dir, "zip": zip_path, "files": files}
+
+
+def _build(out_dir: str, study_dir: str, rows: list[dict], manifest: dict, *, config: dict,
+           config_name: str, repo_root: str, publication: Publication, command: str) -> int:
+    agg = os.path.join(study_dir, "aggregate")
+    manifest_path = os.path.join(study_dir, "manifest.json")
     for name in ("rows.parquet", "rows.csv", "rows.jsonl", "columns.md"):
         src = os.path.join(agg, name)
         if os.path.exists(src):
@@ -212,11 +339,11 @@ def create(study_dir: str, out_dir: str, *, config: dict, config_name: str, repo
     os.makedirs(os.path.join(out_dir, "config"))
     with open(os.path.join(out_dir, "config", "study-config.yaml"), "w") as f:
         yaml.safe_dump(config, f, sort_keys=False)
-    _snapshot(repo_root, os.path.join(out_dir, "workflow-snapshot.zip"))
+    snap = _snapshot(repo_root, os.path.join(out_dir, "workflow-snapshot.zip"))
     # Zenodo takes at most 100 files per record: group directories into archives until the
     # bundle fits (metadata files stay loose so Zenodo and readers see them).
     for sub in ("figures", "tables"):
-        if len(_files(out_dir)) + 5 <= ZENODO_MAX_FILES:
+        if len(_files(out_dir)) + 6 <= ZENODO_MAX_FILES:
             break
         if os.path.isdir(os.path.join(out_dir, sub)):
             _zip_dir(os.path.join(out_dir, sub), os.path.join(out_dir, f"{sub}.zip"), sub)
@@ -226,7 +353,7 @@ def create(study_dir: str, out_dir: str, *, config: dict, config_name: str, repo
     if os.path.exists(t4):
         with open(t4) as f:
             table4 = "\n" + f.read()
-    readme = _readme(publication, rows, manifest, table4, f"config/{config_name}")
+    readme = _readme(publication, rows, manifest, table4, f"config/{config_name}", snap)
     missing = not_run(study_dir, rows)
     if missing:  # before the column dictionary: what a reader must know first
         cut = readme.index("## How to reproduce")
@@ -244,52 +371,213 @@ def create(study_dir: str, out_dir: str, *, config: dict, config_name: str, repo
                    min((r.get("started") or "" for r in runs), default=None) or None,
                    max((r.get("finished") or "" for r in runs), default=None) or None)
     files = _files(out_dir)
+    with open(os.path.join(out_dir, MARKER), "w") as f:
+        json.dump({"format": "tiledattention-bundle/1", "files": files + [MARKER, SUMS]}, f)
+    files = _files(out_dir)
     if len(files) + 1 > ZENODO_MAX_FILES:
         raise StudyError(f"bundle: {len(files) + 1} files exceed Zenodo's "
                          f"{ZENODO_MAX_FILES} per record")
     with open(os.path.join(out_dir, SUMS), "w") as f:
         for rel in files:
             f.write(f"{sha256(os.path.join(out_dir, rel))}  {rel}\n")
-    zip_path = out_dir.rstrip("/") + ".zip"
-    _zip_dir(out_dir, zip_path, os.path.basename(out_dir.rstrip("/")))
-    return {"dir": out_dir, "zip": zip_path, "files": len(files) + 1}
+    return len(files) + 1
+
+
+def _confined(rel: str) -> bool:
+    """A relative path that stays inside the bundle: no absolute, no '..', no oddities."""
+    parts = rel.split("/")
+    return bool(rel) and not rel.startswith("/") and "\\" not in rel and "\0" not in rel \
+        and all(p not in ("", ".", "..") for p in parts) and ":" not in parts[0]
+
+
+class _DirView:
+    """A bundle directory: regular files only; links and special files are findings."""
+
+    def __init__(self, root: str):
+        self.root, self.problems, self.names = root, [], set()
+        for d, dirs, names in os.walk(root):
+            for n in dirs + names:
+                full = os.path.join(d, n)
+                rel = os.path.relpath(full, root).replace(os.sep, "/")
+                mode = os.lstat(full).st_mode
+                if stat.S_ISLNK(mode):
+                    self.problems.append(f"link: {rel} (links are not allowed in a bundle)")
+                elif n in names and not stat.S_ISREG(mode):
+                    self.problems.append(f"special file: {rel} (only regular files allowed)")
+                elif n in names:
+                    self.names.add(rel)
+
+    def open(self, rel: str):
+        return open(os.path.join(self.root, rel), "rb")
+
+
+class _ZipView:
+    """A bundle zip read in place (nothing extracted): members checked against the limits
+    before a byte is decompressed."""
+
+    def __init__(self, z: zipfile.ZipFile):
+        self.z, self.problems, self.members = z, [], {}
+        infos = z.infolist()
+        if len(infos) > MAX_MEMBERS:
+            raise StudyError(f"{len(infos)} zip members, more than the {MAX_MEMBERS} allowed")
+        total = sum(i.file_size for i in infos)
+        if total > MAX_TOTAL_BYTES:
+            raise StudyError(f"{total} bytes uncompressed, more than the {MAX_TOTAL_BYTES} "
+                             "allowed")
+        files = [i for i in infos if not i.is_dir()]
+        tops = {i.filename.split("/", 1)[0] for i in infos}
+        prefix = f"{tops.pop()}/" if len(tops) == 1 and all("/" in i.filename
+                                                             for i in files) else ""
+        for i in infos:
+            kind = stat.S_IFMT(i.external_attr >> 16)  # 0: not recorded (a plain file)
+            if not _confined(i.filename.rstrip("/")):
+                self.problems.append(f"unsafe zip member name: {i.filename!r}")
+            elif kind == stat.S_IFLNK:
+                self.problems.append(f"link: {i.filename} (links are not allowed in a bundle)")
+            elif i.is_dir():
+                continue
+            elif kind not in (0, stat.S_IFREG):
+                self.problems.append(f"special file: {i.filename} (only regular files allowed)")
+            elif i.file_size > MAX_FILE_BYTES:
+                self.problems.append(f"too large: {i.filename} ({i.file_size} bytes, limit "
+                                     f"{MAX_FILE_BYTES})")
+            elif i.file_size > 1 << 20 and i.file_size > MAX_RATIO * max(1, i.compress_size):
+                self.problems.append(f"compression ratio of {i.filename} above {MAX_RATIO} "
+                                     "(a zip bomb?)")
+            elif i.filename in self.members.values() or i.filename[len(prefix):] in self.members:
+                self.problems.append(f"zip member listed twice: {i.filename}")
+            else:
+                self.members[i.filename[len(prefix):]] = i.filename
+        self.names = set(self.members)
+
+    def open(self, rel: str):
+        return self.z.open(self.members[rel])  # reads at most the member's declared size
+
+
+def _read_capped(view, rel: str, cap: int) -> bytes:
+    with view.open(rel) as f:
+        data = f.read(cap + 1)
+    if len(data) > cap:
+        raise StudyError(f"{rel}: larger than the {cap} bytes allowed")
+    return data
 
 
 def verify(path: str) -> list[str]:
-    """Problems found in the bundle at ``path`` (a directory or its zip); empty: verified."""
-    if zipfile.is_zipfile(path):
-        with tempfile.TemporaryDirectory() as tmp:
-            with zipfile.ZipFile(path) as z:
-                z.extractall(tmp)
-            tops = os.listdir(tmp)
-            root = os.path.join(tmp, tops[0]) if len(tops) == 1 else tmp
-            return verify(root)
-    if not os.path.isdir(path):
+    """Problems found in the bundle at ``path`` (a directory or its zip); empty: verified.
+
+    The bundle may come from anyone: every path in SHA256SUMS must name a regular file
+    inside it, and a zip is read in place under size, count and ratio limits; only the
+    three metadata files are written out (to a scratch dir removed even on SIGTERM)."""
+    if os.path.isdir(path):
+        return _verify(_DirView(path), scratch=None, root=path)
+    if not os.path.isfile(path) or not zipfile.is_zipfile(path):
         return [f"{path}: not a bundle directory or zip"]
-    problems = []
-    sums = os.path.join(path, SUMS)
-    if not os.path.exists(sums):
-        return [f"{SUMS} is missing"]
-    listed = {}
-    with open(sums) as f:
-        for n, line in enumerate(f, 1):
-            parts = line.rstrip("\n").split("  ", 1)
-            if len(parts) != 2:
-                problems.append(f"{SUMS} line {n} is malformed")
-                continue
+    try:
+        with zipfile.ZipFile(path) as z:
+            view = _ZipView(z)
+            with _scratch() as tmp:
+                return _verify(view, scratch=tmp, root=None)
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, EOFError) as exc:
+        return [f"{path}: unreadable zip ({exc})"]
+    except StudyError as exc:
+        return [f"{path}: {exc}"]
+
+
+def _verify(view, *, scratch: str | None, root: str | None) -> list[str]:
+    problems = list(view.problems)
+    if SUMS not in view.names:
+        return problems + [f"{SUMS} is missing"]
+    listed: dict[str, str] = {}
+    try:
+        text = _read_capped(view, SUMS, MAX_META_BYTES).decode("utf-8")
+    except (StudyError, UnicodeDecodeError) as exc:
+        return problems + [f"{SUMS}: unreadable ({exc})"]
+    for n, line in enumerate(text.splitlines(), 1):
+        parts = line.split("  ", 1)
+        if len(parts) != 2 or len(parts[0]) != 64 or \
+                not all(c in "0123456789abcdef" for c in parts[0]):
+            problems.append(f"{SUMS} line {n} is malformed")
+        elif not _confined(parts[1]):
+            problems.append(f"{SUMS} line {n}: {parts[1]!r} is not a path inside the bundle")
+        else:
             listed[parts[1]] = parts[0]
+        if n > MAX_MEMBERS:
+            return problems + [f"{SUMS}: more than {MAX_MEMBERS} lines"]
     for rel, digest in listed.items():
-        full = os.path.join(path, rel)
-        if not os.path.exists(full):
+        if rel not in view.names:
             problems.append(f"missing: {rel}")
-        elif sha256(full) != digest:
+            continue
+        h, size = hashlib.sha256(), 0
+        with view.open(rel) as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                size += len(block)
+                if size > MAX_FILE_BYTES:
+                    break
+                h.update(block)
+        if size > MAX_FILE_BYTES:
+            problems.append(f"too large: {rel} (over {MAX_FILE_BYTES} bytes)")
+        elif h.hexdigest() != digest:
             problems.append(f"changed: {rel} (checksum differs)")
-    present = set(_files(path)) - {SUMS}
+    present = view.names - {SUMS}
     problems += [f"not in {SUMS}: {rel}" for rel in sorted(present - set(listed))]
     if len(present) + 1 > ZENODO_MAX_FILES:
         problems.append(f"{len(present) + 1} files exceed Zenodo's {ZENODO_MAX_FILES}")
-    problems += _check_metadata(path)
-    return problems
+    problems += _check_rows(view)
+    if scratch is not None:  # the metadata checkers read files: write out just those
+        for name in (".zenodo.json", "CITATION.cff", "ro-crate-metadata.json"):
+            if name in view.names:
+                try:
+                    with open(os.path.join(scratch, name), "wb") as f:
+                        f.write(_read_capped(view, name, MAX_META_BYTES))
+                except StudyError as exc:
+                    problems.append(str(exc))
+        root = scratch
+    return problems + _check_metadata(root)
+
+
+def _check_rows(view) -> list[str]:
+    """Published rows must come from one config (see ``bench.store.check_one_config``)."""
+    from ..bench.store import RowsError, check_one_config
+
+    rel = "data/rows.jsonl"
+    if rel not in view.names:
+        return []
+    rows = []
+    with view.open(rel) as f:
+        for line in f:
+            try:
+                row = json.loads(line)
+            except ValueError:
+                return [f"{rel}: a line is not JSON"]
+            if not isinstance(row, dict):
+                return [f"{rel}: a line is not a row (JSON object)"]
+            rows.append(row)
+    try:
+        check_one_config(rows, rel)
+    except RowsError as exc:
+        return [str(exc)]
+    return []
+
+
+@contextlib.contextmanager
+def _scratch():
+    """A temporary directory removed on return, on exceptions, on Ctrl-C and on SIGTERM or
+    SIGHUP (turned into SystemExit so the cleanup below runs)."""
+    tmp = tempfile.mkdtemp(prefix="tiledattn-verify-")
+
+    def on_signal(signum, frame):
+        raise SystemExit(128 + signum)
+
+    old = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            old[sig] = signal.signal(sig, on_signal)
+    try:
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
 
 
 def _check_metadata(path: str) -> list[str]:

@@ -34,6 +34,8 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "seed": ("", "input seed (same inputs for every method of a point)"),
     "device": ("", "torch device the point ran on"),
     "recorded": ("UTC", "when the row was written"),
+    "config_hash": ("", "hash of the config settings that affect a measurement (seed, timing, "
+                        "tolerances, device); one per study"),
     "correct": ("", "output within rtol of the float64 reference"),
     "rel_err": ("", "max |out - ref| / max |ref| on the reference slice"),
     "max_abs_err": ("", "max |out - ref| on the reference slice"),

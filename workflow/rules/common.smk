@@ -17,6 +17,18 @@ from tiledattention.launchers import profiles as _profiles
 from tiledattention.study import figures as _figures
 from tiledattention.study import tables as _tables
 from tiledattention.study.profile import Shape as _ProfileShape
+from tiledattention.yamlio import YAMLInputError, load_yaml
+
+
+def check_config_files(paths):
+    """Each config file through tiledattention's strict loader (no aliases, no duplicate
+    keys, a size cap) before anything else: Snakemake's own loader accepts the first two
+    silently, so a key written twice would otherwise lose one of the values."""
+    for path in paths:
+        try:
+            load_yaml(path)
+        except YAMLInputError as exc:
+            raise WorkflowError(f"config: {exc}") from None
 
 
 def check_config_shape(config):
@@ -25,6 +37,7 @@ def check_config_shape(config):
                             "--configfile (see config/README.md), e.g. config/smoke.yaml")
 
 
+check_config_files(workflow.configfiles)
 check_config_shape(config)
 try:  # a --config on the command line must not drop the profile's launcher
     _RESTORED = _profiles.apply(config, sys.argv[1:], dict(workflow.config_settings.config),
