@@ -41,28 +41,23 @@ def _count(minimum: int):
     return parse
 
 
-def _seconds(text: str) -> float:
-    import math
+def _positive(what: str):
+    """An argparse type: a finite number > 0 (``what`` names it in the error)."""
+    def parse(text: str) -> float:
+        import math
 
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"{text!r} must be a positive number of seconds")
-    return value
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not (math.isfinite(value) and value > 0):
+            raise argparse.ArgumentTypeError(f"{text!r} must be a positive {what}")
+        return value
+    return parse
 
 
-def _ratio(text: str) -> float:
-    import math
-
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"{text!r} must be a positive number")
-    return value
+_seconds = _positive("number of seconds")
+_ratio = _positive("number")
 
 
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
