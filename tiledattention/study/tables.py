@@ -188,38 +188,34 @@ def headline(rows: list[dict]) -> Table:
     return t
 
 
-def throughput(rows: list[dict]) -> Table:
-    """TFLOP/s of every method at every point (status where not ok)."""
+def _per_point(rows: list[dict], name: str, title: str, column: str) -> Table:
+    """``column`` of every method at every point (its status where not ok; empty where
+    an ok row predates the column)."""
     ms = methods_in(rows)
-    t = Table("throughput", "TFLOP/s per point and method (median time)",
-              ["dtype", "mask", "D", "S", "B", "H"] + ms)
-    idx = index_rows(rows)
-    for key, p in points_of(rows).items():
-        cells = []
-        for m in ms:
-            r = idx.get((key, m))
-            cells.append(None if r is None else float(f"{r['tflops']:.4g}")
-                         if r.get("status") == "ok" else r.get("status"))
-        t.rows.append([p["dtype"], "causal" if p["causal"] else "full", p["head_dim"],
-                       p["seq_q"], p["batch"], p["heads"]] + cells)
-    return t
-
-
-def call_latency(rows: list[dict]) -> Table:
-    """call_us of every method at every point (status where not ok)."""
-    ms = methods_in(rows)
-    t = Table("call_latency", "Call latency per point and method (us per back-to-back call)",
-              ["dtype", "mask", "D", "S", "B", "H"] + ms)
+    t = Table(name, title, ["dtype", "mask", "D", "S", "B", "H"] + ms)
     idx = index_rows(rows)
     for key, p in points_of(rows).items():
         cells = []
         for m in ms:
             r = idx.get((key, m))
             cells.append(None if r is None else r.get("status") if r.get("status") != "ok"
-                         else None if r.get("call_us") is None
-                         else float(f"{r['call_us']:.4g}"))
+                         else None if r.get(column) is None
+                         else float(f"{r[column]:.4g}"))
         t.rows.append([p["dtype"], "causal" if p["causal"] else "full", p["head_dim"],
                        p["seq_q"], p["batch"], p["heads"]] + cells)
+    return t
+
+
+def throughput(rows: list[dict]) -> Table:
+    """TFLOP/s of every method at every point (status where not ok)."""
+    return _per_point(rows, "throughput", "TFLOP/s per point and method (median time)",
+                      "tflops")
+
+
+def call_latency(rows: list[dict]) -> Table:
+    """call_us of every method at every point (status where not ok)."""
+    t = _per_point(rows, "call_latency",
+                   "Call latency per point and method (us per back-to-back call)", "call_us")
     t.notes.append("steady-state wall time per call over back-to-back eager calls, host work "
                    "included; — where the row predates the column.")
     return t
