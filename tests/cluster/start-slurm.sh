@@ -77,6 +77,8 @@ SlurmdLogFile=/var/log/slurm/slurmd.log
 AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=localhost
 JobAcctGatherType=jobacct_gather/none
+# Account the GPUs a job was given, so a test can check that GPU steps asked for one.
+AccountingStorageTRES=gres/gpu
 GresTypes=gpu
 NodeName=${HOST} NodeAddr=127.0.0.1 CPUs=${CPUS} RealMemory=${MEM} Gres=gpu:2 State=UNKNOWN
 PartitionName=gpu Nodes=${HOST} Default=YES MaxTime=60 State=UP

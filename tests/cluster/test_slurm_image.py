@@ -26,19 +26,6 @@ SMALL_JOBS = {"partition": "gpu", "gpus_per_job": 1, "cpus_per_job": 1, "mem_gb"
               "time_min": 10, "timeout_s": 600, "poll_s": 1}
 
 
-def _cluster_up() -> str | None:
-    if shutil.which("sinfo") is None or shutil.which("sbatch") is None:
-        return "no SLURM client (run tests/cluster/start-slurm.sh as root to start one)"
-    out = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=30)
-    # sinfo's long state names: a node running another job is "mixed" or "allocated".
-    if out.returncode != 0 or not ({"idle", "mixed", "allocated"} & set(out.stdout.split())):
-        return f"SLURM cluster not ready: {out.stdout.strip()} {out.stderr.strip()}"
-    return None
-
-pytestmark = [pytest.mark.skipif(_cluster_up() is not None, reason=str(_cluster_up())),
-              pytest.mark.xdist_group("slurm")]
-
-
 @pytest.fixture
 def sif_and_path(tmp_path) -> tuple[str, str]:
     """The SIF, and a PATH whose `apptainer` is the one that runs it."""
