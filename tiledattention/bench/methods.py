@@ -32,6 +32,8 @@ class Method:
     run: Callable  # (q, k, v, point) -> out
     check: Callable = lambda point, device: None  # raises Unavailable / Unsupported
     describe: Callable = lambda q, k, v, point: {}
+    # (q, k, v, point) -> the launch geometry columns (kernel.geometry), or None
+    geometry: Callable = lambda q, k, v, point: None
 
 
 def _gqa(point: Point) -> bool:
@@ -63,6 +65,18 @@ def _tiled_describe(q, k, v, point):
 
     schedule, how = choose_schedule(q, k, point.causal)
     return {"schedule": schedule.label(), "schedule_source": how}
+
+
+def _tiled_geometry(q, k, v, point, schedule=None):
+    """The geometry of the plan the call above used (its grid, schedule and sizes)."""
+    import torch
+
+    from ..kernel.geometry import plan_geometry
+    from ..kernel.plan import plan_for
+
+    plan = plan_for(q, k, v, None, point.causal, None, _gqa(point), False, schedule)
+    sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+    return plan_geometry(plan, point.seq_kv, sms).as_dict()
 
 
 def _torch_run(backend):
@@ -114,7 +128,7 @@ def _flash_attn_run(q, k, v, point):
 
 METHODS: dict[str, Method] = {m.name: m for m in (
     Method("tiledattention", "this project's cuTile kernel", True, _tiled_run, _tiled_check,
-           _tiled_describe),
+           _tiled_describe, _tiled_geometry),
     Method("torch_sdpa", "torch SDPA, automatic backend dispatch", False, _torch_run(None),
            describe=_auto_describe),
     Method("flash", "torch SDPA forced to FLASH_ATTENTION", True, _torch_run("flash"),
@@ -143,6 +157,7 @@ def get_method(name: str) -> Method:
         return Method(name, f"this project's cuTile kernel with schedule {schedule.label()}",
                       True, lambda q, k, v, point: _tiled_run(q, k, v, point, schedule),
                       _tiled_check, lambda q, k, v, point: {"schedule": schedule.label(),
-                                                            "schedule_source": "pinned"})
+                                                            "schedule_source": "pinned"},
+                      lambda q, k, v, point: _tiled_geometry(q, k, v, point, schedule))
     raise KeyError(f"{name!r} is not one of {sorted(METHODS)} nor {PINNED_PREFIX}<schedule "
                    "label>, e.g. tiledattention@64x128_o2_c1_lk2_lv4")

@@ -122,6 +122,9 @@ def run_point(point: Point, methods: list[str], cfg: BenchConfig, device, flush)
             out = fn()
             row.update(compare(out, ref, hq, rtol), ref_heads=hq, ref_batch=1)
             row["details"] = method.describe(q, k, v, point)
+            geometry = method.geometry(q, k, v, point)
+            if geometry is not None:
+                row["geometry"] = geometry
             del out
             if not row["correct"]:
                 row.update(status="wrong", reason=f"relative error {row['rel_err']:.3e} > "

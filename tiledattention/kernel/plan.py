@@ -19,6 +19,7 @@ import torch
 from ..schedules import policy
 from ..schedules.schedule import Schedule
 from ..validate import check_inputs, resolve_schedule
+from .geometry import grid_for
 from .params import TENSORS, ordered
 from .variant import Variant
 
@@ -129,7 +130,8 @@ def make_plan(problem, dtype: torch.dtype, device, schedule: Schedule, return_ls
                         GROUP=p.group, **variant.constants()), skip=TENSORS)
     return Plan(
         variant=variant, kernel=kernel,
-        grid=(math.ceil(p.seq_q / schedule.tile_m), p.heads_q, p.batch), tail=tail,
+        grid=grid_for(batch=p.batch, heads=p.heads_q, seq_q=p.seq_q, tile_m=schedule.tile_m),
+        tail=tail,
         out_shape=(p.batch, p.heads_q, p.seq_q, p.head_dim),
         lse_shape=(p.batch, p.heads_q, p.seq_q) if return_lse else (1, 1, 1),
         dtype=dtype, device=device, copy_qkv=copy_qkv,

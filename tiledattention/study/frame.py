@@ -68,6 +68,28 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "details.schedule": ("", "tiledattention schedule label (tile_m x tile_n, occupancy, ...)"),
     "details.schedule_source": ("", "where the schedule came from: table, nearest, default, "
                                     "pinned"),
+    # Launch geometry of tiledattention rows (tiledattention/kernel/geometry.py).
+    "geometry.programs": ("", "programs launched: the product of the plan's grid (query "
+                              "tiles x heads x batch)"),
+    "geometry.per_sm": ("", "programs per SM that fit (see geometry.per_sm_source)"),
+    "geometry.per_sm_source": ("", "where per_sm came from: occupancy hint (the schedule's "
+                                   "occupancy; cuTile does not expose the compiled kernel's "
+                                   "registers and shared memory)"),
+    "geometry.sms": ("", "streaming multiprocessors of the GPU"),
+    "geometry.slots": ("", "programs running at once: sms x per_sm / num_ctas"),
+    "geometry.waves": ("", "programs / slots (wave quantization: 2.01 costs about what 3 "
+                           "does)"),
+    "geometry.tail_efficiency": ("", "share of the last wave's slots holding a program "
+                                     "(133 programs on 132 slots: 1/132)"),
+    "geometry.head_dim_padded": ("", "head-dim columns computed: D split into power-of-two "
+                                     "chunks, zero padding included"),
+    "geometry.head_dim_pad_fraction": ("", "1 - D / head_dim_padded (tile quantization of D)"),
+    "geometry.seq_q_padded": ("tokens", "ceil(Sq / tile_m) x tile_m"),
+    "geometry.seq_q_pad_fraction": ("", "1 - Sq / seq_q_padded (the last query tile's "
+                                        "padding)"),
+    "geometry.seq_kv_padded": ("tokens", "ceil(Skv / tile_n) x tile_n"),
+    "geometry.seq_kv_pad_fraction": ("", "1 - Skv / seq_kv_padded (the last key tile's "
+                                         "padding)"),
 }
 
 
