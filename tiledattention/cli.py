@@ -150,6 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ladder", help="directory of the schedule-ladder rows for Table 6 "
                    "(default: no ladder)")
     p.add_argument("--tune-table", help="the study's tuning table for Table 5 (default: none)")
+    p.add_argument("--shapes", nargs="+", metavar="DIR", help="directories of the shapes "
+                   "grids' rows for the shapes tables (default: none)")
     p.add_argument("--rows-only", action="store_true",
                    help="only rows.jsonl and rows.csv (no pandas/pyarrow needed)")
 
@@ -158,6 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="directory for the figures")
     p.add_argument("--ladder", help="directory of the schedule-ladder rows (default: none)")
     p.add_argument("--tune-table", help="the study's tuning table (default: none)")
+    p.add_argument("--shapes", nargs="+", metavar="DIR", help="directories of the shapes "
+                   "grids' rows for the shapes figure (default: none)")
 
     p = _verb(sub, "profile", _profile, "Nsight Compute on the attention kernels of "
               "representative shapes (records why when it cannot run)")
@@ -410,10 +414,25 @@ def _aggregate(args) -> int:
     table = write_rows_table(rows, args.out)["csv"]
     ladder = concat(args.ladder) if args.ladder else []
     paths = write_all(rows, os.path.join(args.out, "tables"), tune_table=args.tune_table,
-                      ladder_rows=ladder)
+                      ladder_rows=ladder, shape_rows=_shape_rows(args.shapes))
     print(f"aggregate: {len(rows)} rows ({counts}) -> {table}; {len(paths)} table files in "
           f"{args.out}/tables", file=sys.stderr)
     return 0
+
+
+def _shape_rows(dirs: list[str] | None) -> list[dict]:
+    """The rows of every shapes grid directory named (each must exist)."""
+    import os
+
+    from .bench.aggregate import concat
+    from .bench.store import RowsError
+
+    rows: list[dict] = []
+    for d in dirs or ():
+        if not os.path.isdir(d):
+            raise RowsError(f"--shapes {d}: not a directory")
+        rows += concat(d)
+    return rows
 
 
 def _figures(args) -> int:
@@ -439,7 +458,7 @@ def _figures(args) -> int:
         raise RowsError(f"--rows {args.rows}: no rows (empty, or no line is a row)")
     paths = write_all(rows, args.out,
                       ladder_rows=concat(args.ladder) if args.ladder else [],
-                      tune_entries=tune)
+                      tune_entries=tune, shape_rows=_shape_rows(args.shapes))
     print(f"figures: {len(paths)} files in {args.out}", file=sys.stderr)
     return 0
 

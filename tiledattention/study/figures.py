@@ -22,7 +22,8 @@ def names(head_dims) -> list[str]:
     """The figures write_all writes for a study over ``head_dims``, by file stem (the
     workflow lists its outputs from here)."""
     return [f"throughput_vs_seq_d{d}" for d in sorted(set(head_dims))] + [
-        "regime_map", "ratios_vs_seq", "baselines_d128", "bandwidth_vs_seq", "tile_sensitivity"]
+        "regime_map", "ratios_vs_seq", "baselines_d128", "bandwidth_vs_seq", "tile_sensitivity",
+        "shapes"]
 
 
 def _color(method: str):
@@ -284,8 +285,12 @@ def tile_sensitivity(ladder_rows, tune_entries, out_dir) -> list[str]:
     return _save(fig, out_dir, "tile_sensitivity")
 
 
-def write_all(rows, out_dir, *, ladder_rows=None, tune_entries=None) -> list[str]:
+def write_all(rows, out_dir, *, ladder_rows=None, tune_entries=None,
+              shape_rows=None) -> list[str]:
+    from .shapes import shapes_figure
+
     return (throughput_vs_seq(rows, out_dir) + regime_map(rows, out_dir)
             + ratios_vs_seq(rows, out_dir) + baselines_at_d128(rows, out_dir)
             + bandwidth_vs_seq(rows, out_dir)
-            + tile_sensitivity(ladder_rows or [], tune_entries or [], out_dir))
+            + tile_sensitivity(ladder_rows or [], tune_entries or [], out_dir)
+            + shapes_figure(shape_rows or [], out_dir))

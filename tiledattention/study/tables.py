@@ -4,7 +4,8 @@ Table 4: TiledAttention against every baseline (mean, median, geometric mean, wi
 by kernel time and by call latency (``ratios.MEASURES``); per head dim and per regime
 (mask x S), both measures per cell; call latency per point; Table 5: best and
 runner-up schedule per tuned bucket with the sensitivity; Table 6: a schedule ladder on a
-reduced grid; and the rows whose status is not ``ok``, listed with their reasons.
+reduced grid; the rows whose status is not ``ok``, listed with their reasons; and the
+shapes grid's geometry and unaligned-shape cost (``study/shapes.py``).
 """
 
 from __future__ import annotations
@@ -282,14 +283,19 @@ def table6(ladder_rows: list[dict]) -> Table:
 
 # The tables write_all writes, by file stem (the workflow lists its outputs from here).
 NAMES = ("headline", "table4_ratios", "ratios_by_head_dim", "ratios_by_regime",
-         "table5_schedules", "table6_ladder", "throughput", "call_latency", "status")
+         "table5_schedules", "table6_ladder", "throughput", "call_latency", "status",
+         "shapes", "shapes_cost")
 
 
 def write_all(rows: list[dict], out_dir: str, *, tune_table: str | None = None,
-              ladder_rows: list[dict] | None = None) -> list[str]:
+              ladder_rows: list[dict] | None = None,
+              shape_rows: list[dict] | None = None) -> list[str]:
+    from .shapes import shapes_cost_table, shapes_table
+
     paths = []
     for table in (headline(rows), table4(rows), by_head_dim(rows), by_regime(rows),
                   table5(tune_table), table6(ladder_rows or []), throughput(rows),
-                  call_latency(rows), status(rows)):
+                  call_latency(rows), status(rows), shapes_table(shape_rows or []),
+                  shapes_cost_table(shape_rows or [])):
         paths += table.write(out_dir)
     return paths

@@ -1,0 +1,185 @@
+"""The shapes study: throughput against launch geometry, and the measured cost of head dims
+and sequence lengths that do not fit the tiles.
+
+From the rows of the optional ``shapes`` grids (``config/shapes-*.yaml``): every
+tiledattention row carries its launch geometry (``kernel/geometry.py``), and PyTorch's SDPA
+(auto dispatch) is measured at the same points with the same inputs. Two tables
+(``shapes``: every point with its geometry; ``shapes_cost``: each unaligned shape against
+its aligned neighbour) and one figure (``shapes``).
+"""
+
+from __future__ import annotations
+
+from .ratios import index_rows, points_of
+
+SUBJECT = "tiledattention"
+FUSED = "torch_sdpa"
+NO_SHAPES = "no shapes grid in this study (config shapes.enabled: false)"
+# A head dim is aligned at a multiple of 64 (the MMA-friendly width the co-design
+# guidelines name); a sequence at a multiple of 128 (the largest tile our schedules use).
+D_ALIGN, S_ALIGN = 64, 128
+
+
+def _ok(row):
+    return row is not None and row.get("status") == "ok"
+
+
+def _pair(rows):
+    """(point, our row, SDPA row) per point, in first-seen order."""
+    idx = index_rows(rows)
+    return [(p, idx.get((k, SUBJECT)), idx.get((k, FUSED))) for k, p in points_of(rows).items()]
+
+
+def shapes_table(rows: list[dict]):
+    from .tables import Table
+
+    t = Table("shapes", "Shapes grid: throughput and launch geometry per point",
+              ["dtype", "mask", "D", "S", "B", "H", "schedule", "programs", "per SM", "waves",
+               "tail eff.", "D pad", "Sq pad", "Skv pad", f"{SUBJECT} TFLOP/s",
+               f"{FUSED} TFLOP/s", "÷ SDPA", "SDPA backend"])
+    if not rows:
+        t.notes.append(NO_SHAPES + ".")
+        return t
+    for p, ours, sdpa in _pair(rows):
+        g = (ours or {}).get("geometry") or {}
+        a = ours["tflops"] if _ok(ours) else (ours or {}).get("status")
+        b = sdpa["tflops"] if _ok(sdpa) else (sdpa or {}).get("status")
+        t.rows.append([
+            p["dtype"], "causal" if p["causal"] else "full", p["head_dim"], p["seq_q"],
+            p["batch"], p["heads"], ((ours or {}).get("details") or {}).get("schedule"),
+            g.get("programs"), g.get("per_sm"), g.get("waves"), g.get("tail_efficiency"),
+            g.get("head_dim_pad_fraction"), g.get("seq_q_pad_fraction"),
+            g.get("seq_kv_pad_fraction"), a, b,
+            a / b if isinstance(a, float) and isinstance(b, float) else None,
+            ((sdpa or {}).get("details") or {}).get("backend")])
+    t.notes.append("waves: programs ÷ (SMs × programs per SM, the schedule's occupancy hint); "
+                   "tail eff.: share of the last wave's slots in use; pads: fraction of the "
+                   "computed head dim / query / key tiles that is padding. ÷ SDPA > 1: "
+                   "TiledAttention faster.")
+    return t
+
+
+def _neighbour(p, points, axis: str):
+    """The aligned point next to ``p`` along ``axis`` (all else equal), or None: for D the
+    next multiple of 64 up; for S the nearest multiple of 128 (up first)."""
+    if axis == "head_dim":
+        want = [-(-p["head_dim"] // D_ALIGN) * D_ALIGN]
+    else:
+        s = p["seq_q"]
+        want = [-(-s // S_ALIGN) * S_ALIGN, s // S_ALIGN * S_ALIGN]
+    same = ("dtype", "causal", "batch", "heads", "gqa") + (
+        ("seq_q", "seq_kv") if axis == "head_dim" else ("head_dim",))
+    for w in want:
+        for q in points:
+            if (q[axis] == w != p[axis] and all(q[k] == p[k] for k in same)
+                    and (axis == "head_dim" or q["seq_kv"] == w)):
+                return q
+    return None
+
+
+def _aligned(p, axis: str) -> bool:
+    return p[axis] % (D_ALIGN if axis == "head_dim" else S_ALIGN) == 0
+
+
+def shapes_cost_table(rows: list[dict]):
+    """Each unaligned shape's throughput as a share of its aligned neighbour's (same
+    everything else): < 1 means the unaligned shape computes less efficiently."""
+    from .tables import Table
+
+    t = Table("shapes_cost", "Measured cost of unaligned shapes: TFLOP/s ÷ the aligned "
+              "neighbour's", ["dtype", "mask", "D", "S", "B", "H", "axis", "aligned",
+                              "FLOP ratio", f"{SUBJECT} TFLOP/s ratio", f"{FUSED} TFLOP/s ratio",
+                              f"{SUBJECT} time ratio", f"{FUSED} time ratio"])
+    if not rows:
+        t.notes.append(NO_SHAPES + ".")
+        return t
+    idx = index_rows(rows)
+    points = list(points_of(rows).values())
+    for axis, label in (("head_dim", "D"), ("seq_q", "S")):
+        for p in points:
+            if _aligned(p, axis) or (axis == "seq_q" and p["seq_q"] != p["seq_kv"]):
+                continue
+            q = _neighbour(p, points, axis)
+            if q is None:
+                continue
+            cells = []
+            for m in (SUBJECT, FUSED):
+                a, b = idx.get((p["point_key"], m)), idx.get((q["point_key"], m))
+                cells.append(a["tflops"] / b["tflops"] if _ok(a) and _ok(b) else None)
+            times = []
+            for m in (SUBJECT, FUSED):
+                a, b = idx.get((p["point_key"], m)), idx.get((q["point_key"], m))
+                times.append(a["time_ms"]["median_ms"] / b["time_ms"]["median_ms"]
+                             if _ok(a) and _ok(b) else None)
+            flop = (p["flops"] / q["flops"]) if p.get("flops") and q.get("flops") else None
+            t.rows.append([p["dtype"], "causal" if p["causal"] else "full", p["head_dim"],
+                           p["seq_q"], p["batch"], p["heads"], label, q[axis], flop, *cells,
+                           *times])
+    t.notes.append(f"axis: what differs from the aligned neighbour; aligned: D a multiple of {D_ALIGN} (the next one up), S a multiple of "
+                   f"{S_ALIGN} (the nearest measured); everything else equal. TFLOP/s ratio "
+                   "< 1: the unaligned shape computes less efficiently; time ratio near the "
+                   "FLOP ratio: no cost beyond the work, near 1: as slow as the aligned "
+                   "shape (padded).")
+    return t
+
+
+def _groups(rows, vary: str, fixed: tuple[str, ...]):
+    """Point groups that differ only in ``vary`` (at least three values: a sweep, not a
+    pair), sorted along it."""
+    out: dict[tuple, list[dict]] = {}
+    for p in points_of(rows).values():
+        out.setdefault(tuple(p[k] for k in fixed), []).append(p)
+    return {k: sorted(v, key=lambda p: p[vary]) for k, v in out.items()
+            if len({p[vary] for p in v}) >= 3}
+
+
+def shapes_figure(rows: list[dict], out_dir: str) -> list[str]:
+    """TFLOP/s vs D and vs S (ours solid, SDPA dashed), and ours against waves coloured by
+    the last wave's fill."""
+    from .figures import _color, _grid, _no_data, _plt, _save
+
+    plt = _plt()
+    fig, axes = _grid(plt, 3)
+    idx = index_rows(rows)
+    for ax, vary, fixed, xlabel, align in (
+            (axes[0], "head_dim", ("dtype", "causal", "seq_q", "seq_kv", "batch", "heads"),
+             "head dim D", D_ALIGN),
+            (axes[1], "seq_q", ("dtype", "causal", "head_dim", "batch", "heads"),
+             "sequence length S", S_ALIGN)):
+        groups = _groups(rows, vary, fixed)
+        drawn = 0
+        for i, (key, pts) in enumerate(groups.items()):
+            tag = (f"S={key[2]}" if vary == "head_dim" else f"D={key[2]}")
+            for m, style in ((SUBJECT, "-"), (FUSED, "--")):
+                ok = [(p[vary], idx[(p["point_key"], m)]["tflops"]) for p in pts
+                      if _ok(idx.get((p["point_key"], m)))]
+                if ok:
+                    ax.plot(*zip(*ok), style, marker="o", ms=3, color=f"C{i % 10}",
+                            label=f"{m} {tag}")
+                    drawn += 1
+        if drawn:
+            lo, hi = ax.get_xlim()
+            for x in range(-(-int(lo) // align) * align, int(hi) + 1, align):
+                ax.axvline(x, color="0.7", lw=0.6, zorder=0)
+            ax.set_xlabel(f"{xlabel} (grey: multiples of {align})")
+            ax.set_ylabel("TFLOP/s")
+            ax.legend(loc="best", fontsize=6)
+        else:
+            _no_data(ax, NO_SHAPES if not rows else f"no points differing only in {xlabel}")
+        ax.set_title(f"Throughput vs {xlabel}")
+    ax = axes[2]
+    ours = [r for r in rows if r.get("method") == SUBJECT and _ok(r) and r.get("geometry")]
+    if ours:
+        sc = ax.scatter([r["geometry"]["waves"] for r in ours], [r["tflops"] for r in ours],
+                        c=[r["geometry"]["tail_efficiency"] for r in ours], cmap="viridis",
+                        vmin=0, vmax=1, s=14, edgecolors=_color(SUBJECT), linewidths=0.4)
+        fig.colorbar(sc, ax=ax, label="tail efficiency (last wave's fill)")
+        for w in range(1, int(max(r["geometry"]["waves"] for r in ours)) + 2):
+            ax.axvline(w, color="0.7", lw=0.6, zorder=0)
+        ax.set_xlabel("waves = programs ÷ (SMs × per SM)")
+        ax.set_ylabel(f"{SUBJECT} TFLOP/s")
+    else:
+        _no_data(ax, NO_SHAPES if not rows else f"no ok {SUBJECT} rows with geometry")
+    ax.set_title("Throughput vs waves")
+    fig.suptitle("Shapes: tile and wave quantization (TiledAttention solid, PyTorch SDPA dashed)")
+    return _save(fig, out_dir, "shapes")
