@@ -207,6 +207,18 @@ def build_parser() -> argparse.ArgumentParser:
                         formatter_class=_Formatter)
     b.add_argument("path", help="bundle directory or zip")
 
+    p = _verb(sub, "advise", _advise, "predict TiledAttention's and PyTorch SDPA's throughput "
+              "for a model's attention shape from the nearest measured points, flag tile and "
+              "wave quantization, and list same-hidden-size shapes that measured faster")
+    p.add_argument("--heads", type=_count(1), required=True, help="query heads H")
+    p.add_argument("--head-dim", type=_count(1), required=True, help="head dim D")
+    p.add_argument("--seq", type=_count(1), required=True, help="sequence length S (Sq = Skv)")
+    p.add_argument("--batch", type=_count(1), default=1, help="batch size B")
+    p.add_argument("--gpu", choices=_advice_gpus(), default="h100",
+                   help="whose measurements (shipped with the package)")
+    p.add_argument("--dtype", choices=PAPER_DTYPES, default="float16", help="element type")
+    p.add_argument("--causal", action="store_true", help="causal mask (default: none)")
+
     p = _verb(sub, "offline", _offline, "wheelhouse for nodes without network")
     osub = p.add_subparsers(dest="offline_command", required=True, metavar="ACTION",
                             help="pack")
@@ -223,6 +235,12 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--torch", help="also pack this torch, e.g. torch==2.11.0 (default: the "
                    "node's own)")
     return parser
+
+
+def _advice_gpus() -> list[str]:
+    from .study.advice import gpus
+
+    return gpus()
 
 
 def _subparsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
@@ -537,6 +555,14 @@ def _bundle(args) -> int:
                  repo_root=repo, publication=pub, command="tiledattn bundle create",
                  force=args.force)
     print(f"bundle: {out['files']} files in {out['dir']} and {out['zip']}", file=sys.stderr)
+    return 0
+
+
+def _advise(args) -> int:
+    from .study.advice import Shape, advise
+
+    print(advise(Shape(args.heads, args.head_dim, args.seq, args.batch, args.dtype,
+                       args.causal), args.gpu))
     return 0
 
 

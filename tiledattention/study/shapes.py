@@ -115,7 +115,8 @@ def shapes_cost_table(rows: list[dict]):
             t.rows.append([p["dtype"], "causal" if p["causal"] else "full", p["head_dim"],
                            p["seq_q"], p["batch"], p["heads"], label, q[axis], flop, *cells,
                            *times])
-    t.notes.append(f"axis: what differs from the aligned neighbour; aligned: D a multiple of {D_ALIGN} (the next one up), S a multiple of "
+    t.notes.append("axis: what differs from the aligned neighbour; aligned: D a multiple of "
+                   f"{D_ALIGN} (the next one up), S a multiple of "
                    f"{S_ALIGN} (the nearest measured); everything else equal. TFLOP/s ratio "
                    "< 1: the unaligned shape computes less efficiently; time ratio near the "
                    "FLOP ratio: no cost beyond the work, near 1: as slow as the aligned "
