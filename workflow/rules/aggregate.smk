@@ -62,7 +62,7 @@ rule manifest:
         f"{RESULTS}/logs/manifest.log",
     params:
         runs=lambda wildcards, input: sorted(
-            {os.path.dirname(p) for k in ("shards", "ladder") if k in input.keys()
+            {os.path.dirname(p) for k in ("shards", "ladder", "shapes") if k in input.keys()
              for p in ([input[k]] if isinstance(input[k], str) else input[k])}
         ),
         image=lambda wildcards: (

@@ -40,3 +40,25 @@ rule ladder:
     shell:
         "tiledattn sweep --config {input:q} {params.launcher} --step ladder --shards 1"
         " --out {params.out:q} > {log:q} 2>&1"
+
+
+# The shapes grids (tile and wave quantization), one job each through the same launcher.
+rule shapes:
+    input:
+        f"{RESULTS}/plan/shapes-g{{g}}.yaml",
+    output:
+        touch(f"{RESULTS}/shapes/g{{g}}/shapes.done"),
+    log:
+        f"{RESULTS}/logs/shapes-g{{g}}.log",
+    wildcard_constraints:
+        g=r"\d+",
+    params:
+        launcher=launcher_args(),
+        out=lambda wildcards, output: os.path.dirname(output[0]),
+    resources:
+        gpu=gpu_slots(),
+    conda:
+        "../envs/tiledattn.yaml"
+    shell:
+        "tiledattn sweep --config {input:q} {params.launcher} --step shapes-g{wildcards.g}"
+        " --shards 1 --out {params.out:q} > {log:q} 2>&1"

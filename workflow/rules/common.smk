@@ -58,6 +58,13 @@ def ladder_bench():
             "methods": steps + ["tiledattention", "torch_sdpa"]}
 
 
+def shapes_bench(i):
+    """Shapes grid ``i`` as a bench config: the study's timing, the kernel next to PyTorch
+    SDPA's automatic dispatch."""
+    return {**config["bench"], "grid": config["shapes"]["grids"][i],
+            "methods": ["tiledattention", "torch_sdpa"]}
+
+
 # The bench section first: tiledattention's errors name the key and list the valid ones.
 BENCH = _bench_config(config.get("bench") or {})
 validate(config, "../schemas/config.schema.yaml")
@@ -65,6 +72,9 @@ for _shape in config["profile"]["shapes"]:
     _ProfileShape.parse(_shape)  # a bad shape fails here, naming the expected form
 # A bad step label fails here, before any job.
 LADDER = _bench_config(ladder_bench()) if config["ladder"]["enabled"] else None
+SHAPE_GRIDS = (list(range(len(config["shapes"]["grids"]))) if config["shapes"]["enabled"]
+               else [])
+SHAPES = {i: _bench_config(shapes_bench(i)) for i in SHAPE_GRIDS}  # bad grids fail here
 
 RESULTS = config["results_dir"]
 SHARDS = config["shards"]
@@ -99,6 +109,8 @@ def aggregate_inputs(wildcards):
         out["ladder"] = f"{RESULTS}/ladder/ladder.done"
     if config["tune"]["enabled"]:
         out["tune"] = f"{RESULTS}/tune/schedule-table.json"
+    if SHAPE_GRIDS:
+        out["shapes"] = [f"{RESULTS}/shapes/g{g}/shapes.done" for g in SHAPE_GRIDS]
     return out
 
 
@@ -109,6 +121,9 @@ def study_extras(wildcards, input):
         extra.append(f"--ladder {shlex.quote(os.path.dirname(input.ladder))}")
     if "tune" in input.keys():
         extra.append(f"--tune-table {shlex.quote(input.tune)}")
+    if "shapes" in input.keys():
+        extra.append("--shapes " + " ".join(shlex.quote(os.path.dirname(p))
+                                            for p in input.shapes))
     return " ".join(extra)
 
 

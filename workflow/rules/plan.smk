@@ -25,3 +25,19 @@ rule plan_ladder:
         "../envs/tiledattn.yaml"
     script:
         "../scripts/plan.py"
+
+
+rule plan_shapes:
+    output:
+        f"{RESULTS}/plan/shapes-g{{g}}.yaml",
+    log:
+        f"{RESULTS}/logs/plan-shapes-g{{g}}.log",
+    wildcard_constraints:
+        g=r"\d+",
+    params:
+        bench=lambda wildcards: shapes_bench(int(wildcards.g)),
+        points=lambda wildcards: n_points(SHAPES[int(wildcards.g)]),
+    conda:
+        "../envs/tiledattn.yaml"
+    script:
+        "../scripts/plan.py"
