@@ -265,7 +265,8 @@ def _from_rows(rows: list[dict]) -> list[dict]:
 
 def build(reference_dir: str, out_path: str) -> dict:
     """study/measured/<gpu>.json from ``results/reference/<gpu>/``: tables/throughput.csv,
-    manifest.json and shapes/rows-*.jsonl."""
+    manifest.json and shapes/g*/rows-*.jsonl (one directory per shapes grid, as the study
+    writes them)."""
     import glob
 
     from ..bench.store import read_rows
@@ -273,7 +274,7 @@ def build(reference_dir: str, out_path: str) -> dict:
     with open(os.path.join(reference_dir, "manifest.json")) as f:
         gpu = json.load(f)["gpu"]
     points = _from_throughput(os.path.join(reference_dir, "tables", "throughput.csv"))
-    shape_rows = [r for p in sorted(glob.glob(os.path.join(reference_dir, "shapes",
+    shape_rows = [r for p in sorted(glob.glob(os.path.join(reference_dir, "shapes", "g*",
                                                            "rows-*.jsonl")))
                   for r in read_rows(p)]
     shapes = _from_rows(shape_rows)
