@@ -8,6 +8,7 @@ from torch.profiler import ProfilerActivity, profile
 from tiledattention.bench.config import from_dict
 from tiledattention.bench.grid import expand
 from tiledattention.bench.runner import run_point
+from tiledattention.schedules.schedule import Schedule
 from tiledattention.timing import L2Flusher
 from tiledattention.torch_backends import _KERNEL_MARKERS, torch_sdpa
 
@@ -34,6 +35,12 @@ def test_small_grid_gives_ok_rows_for_every_available_method():
             assert 0 < rows[m]["call_us"] < 1e6 and rows[m]["call_calls"] >= 10
         assert rows["flash_attn"]["status"] in ("ok", "unavailable")
         assert rows["tiledattention"]["details"]["schedule"]
+        # The launch geometry of the plan that ran: query tiles x heads x batch programs.
+        geo, details = rows["tiledattention"]["geometry"], rows["tiledattention"]["details"]
+        tile_m = Schedule.from_label(details["schedule"]).tile_m
+        assert geo["programs"] == -(-point.seq_q // tile_m) * point.heads * point.batch
+        assert geo["sms"] == torch.cuda.get_device_properties(0).multi_processor_count
+        assert "geometry" not in rows["torch_sdpa"]
 
 
 def test_recorded_torch_sdpa_backend_matches_the_profiled_kernels():
