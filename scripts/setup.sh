@@ -10,4 +10,4 @@ fi
 . .venv/bin/activate
 python -m pip install -q --upgrade pip
 python -c "import torch" 2>/dev/null || python -m pip install -q "torch==2.13.0"
-python -m pip install -q -e ".[gpu,dev,workflow]"
+python -m pip install -q -e ".[gpu,dev,workflow,hf]"

@@ -15,7 +15,7 @@ pytest.importorskip("cuda.tile", reason="cuTile not installed: pip install 'cuda
 
 from tiledattention.kernel.compile import export_cubin  # noqa: E402
 from tiledattention.kernel.toolchain import tileiras_path  # noqa: E402
-from tiledattention.kernel.variant import variant_matrix  # noqa: E402
+from tiledattention.kernel.variant import decode_variant_matrix, variant_matrix  # noqa: E402
 
 if tileiras_path() is None:
     pytest.skip("tileiras not found: pip install 'cuda-tile[tileiras]'", allow_module_level=True)
@@ -56,6 +56,32 @@ def test_variant_compiles_to_a_cuda_cubin(variant, target):
     (machine,) = struct.unpack_from("<H", res.cubin, 18)
     assert machine == EM_CUDA, f"ELF machine {machine}, expected EM_CUDA ({EM_CUDA})"
     assert b"attention_fwd" in res.cubin
+
+
+# Split-K and GQA packing: bf16/fp16 x causal x D in {64, 96, 128, 256} on Hopper, and a
+# slice of five on Blackwell (CI's 2 cores), plus the combine kernel per chunk layout.
+_DECODE = decode_variant_matrix()
+_DECODE_CASES = [(v, "sm_90") for v in _DECODE] + [
+    (v, t) for t in ("sm_100", "sm_120") for v in _DECODE[2::3]]
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("variant,target", _DECODE_CASES,
+                         ids=lambda x: x.label() if hasattr(x, "label") else x)
+def test_split_k_and_packed_variants_compile(variant, target):
+    res = export_cubin(variant, target)
+    assert res.cubin[:4] == b"\x7fELF" and b"attention_fwd" in res.cubin
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("dtype,d,lse", [("bfloat16", 128, False), ("float16", 96, True),
+                                         ("bfloat16", 256, True)])
+def test_split_k_combine_kernel_compiles(dtype, d, lse, target):
+    from tiledattention.kernel.compile import export_combine_cubin
+
+    cubin = export_combine_cubin(dtype, d, lse, target)
+    assert cubin[:4] == b"\x7fELF" and b"attention_combine" in cubin
 
 
 def _shipped_variants():

@@ -204,10 +204,63 @@ def test_a_plan_holds_grid_and_arguments_placed_by_name():
     assert p.grid == (2, 8, 2)  # ceil(100 / 64) query tiles, heads, batch
     assert p.out_shape == (2, 8, 100, 96) and p.lse_shape == (1, 1, 1)
     assert p.tail == (0.125 * planning.LOG2E, 8.0, 4,  # scale*log2e, 1/scale, GROUP
+                      100, 1, 1,  # SEQ_Q, one split of one tile run (sm_count 0: no split-K)
                       64, 128, 2, 64, 32, 32,  # tiles, chunks of D=96 (64 + 32)
                       True, True, False,  # causal, heavy first, Skv % 128 != 0
                       True, True, False, False,  # key-padding mask: batch axis only
-                      False, 2, 4)  # no LSE, latency hints
+                      False, 2, 4,  # no LSE, latency hints
+                      False, False)  # no split-K, no GQA packing
+    assert p.part_shape is None and p.packed_shape is None and p.splits_per_head == 1
+
+
+def _decode_plan(b, hq, hkv, sq, skv, *, causal=False, schedule=Schedule(64, 64, 2),
+                 mask=None, sms=132, viewable=True):
+    from tiledattention.validate import Problem
+
+    problem = Problem(b, hq, hkv, sq, skv, 128, causal, 0.125)
+    return planning.make_plan(problem, torch.bfloat16, torch.device("cpu"), schedule, False,
+                              copy_qkv=False, mask=mask, kernel=None, sm_count=sms,
+                              q_viewable=viewable)
+
+
+def test_a_grid_under_one_wave_splits_the_keys_to_about_two_waves():
+    pytest.importorskip("cuda.tile", reason="cuTile (cuda-tile) is not installed")
+    p = _decode_plan(4, 8, 8, 1, 4096)  # 32 programs on 132 SMs, 64 key tiles
+    assert p.splits_per_head == 8 and p.grid == (1, 64, 4)  # ceil(64/9)=8 tiles per split
+    assert p.part_shape == (4, 64, 1, 128) and p.combine_grid == (1, 8, 4)
+    assert p.variant.split_k and p.tail[3:6] == (1, 8, 8)  # SEQ_Q, NUM_SPLITS, SPLIT_TILES
+    full = _decode_plan(64, 32, 32, 1, 4096)  # 2048 programs: no split
+    assert full.part_shape is None and full.grid == (1, 32, 64)
+    short = _decode_plan(1, 8, 8, 1, 100)  # 2 key tiles: too few to split
+    assert short.part_shape is None
+
+
+def test_splits_follow_the_schedule_and_never_leave_a_split_without_keys():
+    pytest.importorskip("cuda.tile", reason="cuTile (cuda-tile) is not installed")
+    assert _decode_plan(4, 8, 8, 1, 4096, schedule=Schedule(64, 64, 2, splits=1)
+                        ).part_shape is None
+    p = _decode_plan(64, 32, 32, 1, 4096, schedule=Schedule(64, 64, 2, splits=3))
+    assert p.splits_per_head == 3
+    p = _decode_plan(1, 8, 8, 1, 300, schedule=Schedule(64, 64, 2, splits=64))
+    assert p.splits_per_head == 5  # 5 key tiles
+    # Causal top-left: query 0 of a decode step sees key 0 only, nothing to split.
+    assert _decode_plan(1, 8, 8, 1, 4096, causal=True).part_shape is None
+
+
+def test_gqa_decode_packs_query_heads_into_the_rows_of_one_tile():
+    pytest.importorskip("cuda.tile", reason="cuTile (cuda-tile) is not installed")
+    p = _decode_plan(16, 32, 8, 1, 8192)
+    assert p.packed_shape == (16, 8, 4, 128) and p.variant.packed
+    assert p.tail[2] == 1  # GROUP: the packed view is MHA over the K/V heads
+    assert p.grid[0] == 1 and p.grid[1] % 8 == 0
+    assert _decode_plan(2, 32, 8, 16, 1024).packed_shape == (2, 8, 64, 128)
+    assert _decode_plan(2, 32, 8, 17, 1024).packed_shape is None  # past speculative lengths
+    assert _decode_plan(2, 32, 8, 4, 1024, viewable=False).packed_shape is None
+    assert _decode_plan(2, 8, 8, 1, 1024).packed_shape is None  # MHA
+    kp = ("bfloat16", (True, False, False))  # key padding: shared by packed rows
+    assert _decode_plan(2, 32, 8, 4, 1024, mask=kp).packed_shape is not None
+    rows = ("bfloat16", (True, False, True))  # varies per query row
+    assert _decode_plan(2, 32, 8, 4, 1024, mask=rows).packed_shape is None
 
 
 @pytest.mark.parametrize("mask,want", [

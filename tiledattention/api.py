@@ -14,12 +14,12 @@ from .validate import check_inputs, resolve_schedule
 def _attention_fwd(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None,
     causal: bool, scale: float, return_lse: bool, tile_m: int, tile_n: int, occupancy: int,
-    num_ctas: int, latency_k: int, latency_v: int, heavy_first: bool,
+    num_ctas: int, latency_k: int, latency_v: int, heavy_first: bool, splits: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     # tile_m == 0 means "pick for me": resolved here, at run time, so that tracing under
     # torch.compile never queries the device.
     schedule = None if tile_m == 0 else Schedule(tile_m, tile_n, occupancy, num_ctas,
-                                                 latency_k, latency_v, heavy_first)
+                                                 latency_k, latency_v, heavy_first, splits)
     # sdpa checked the arguments while tracing; GQA is allowed here because it passed.
     plan = plan_for(q, k, v, attn_mask, causal, scale, True, return_lse, schedule)
     return launch(plan, q, k, v, attn_mask)
@@ -27,7 +27,7 @@ def _attention_fwd(
 
 @_attention_fwd.register_fake
 def _(q, k, v, attn_mask, causal, scale, return_lse, tile_m, tile_n, occupancy, num_ctas,
-      latency_k, latency_v, heavy_first):
+      latency_k, latency_v, heavy_first, splits):
     b, hq, sq, d = q.shape
     out = q.new_empty((b, hq, sq, d))
     lse = q.new_empty((b, hq, sq) if return_lse else (1, 1, 1), dtype=torch.float32)
@@ -100,8 +100,9 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = Fa
     problem = check_inputs(q, k, v, causal=causal, scale=scale, attn_mask=attn_mask,
                            enable_gqa=enable_gqa)
     s = resolve_schedule(schedule, problem)
-    hints = (0, 0, 0, 0, 0, 0, True) if s is None else (
-        s.tile_m, s.tile_n, s.occupancy, s.num_ctas, s.latency_k, s.latency_v, s.heavy_first)
+    hints = (0, 0, 0, 0, 0, 0, True, 0) if s is None else (
+        s.tile_m, s.tile_n, s.occupancy, s.num_ctas, s.latency_k, s.latency_v, s.heavy_first,
+        s.splits)
     out, lse = _attention_fwd(q, k, v, attn_mask, problem.causal, problem.scale,
                               bool(return_lse), *hints)
     return (out, lse) if return_lse else out

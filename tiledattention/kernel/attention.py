@@ -9,6 +9,17 @@ Head dims that are not a power of two are split into at most three power-of-two
 chunks (``headdim.plan_head_dim``): 96 = 64 + 32 and 160 = 128 + 32 are exact, so no
 multiply-accumulate work is spent on padding. Out-of-range rows, keys and head-dim
 columns are loaded as explicit zeros and masked, never read as undefined padding.
+
+Two flags reshape the grid for small ones (decode):
+
+- ``SPLIT_K`` (flash-decoding): grid axis 1 runs over heads x ``NUM_SPLITS`` key splits;
+  each program visits ``SPLIT_TILES`` key tiles and writes its normalised partial output
+  (fp32, into ``Out`` of shape [B, H * NUM_SPLITS, Sq, D]) and its log-sum-exp (into
+  ``Lse``); ``combine.attention_combine`` merges them. A split past a row's last key
+  (causal) leaves that row's partial at zero with log-sum-exp -inf.
+- ``PACKED`` (GQA decode): the launch views q as [B, Hkv, GROUP * Sq, D], so the query
+  heads of one K/V head share the rows of a tile and K/V are read once per group; row r
+  is query position ``r % SEQ_Q`` of head ``r // SEQ_Q``.
 """
 
 from __future__ import annotations
@@ -32,7 +43,10 @@ def attention_fwd(
     Q, K, V, Out, Lse, Mask,
     qk_scale_log2: float,  # scale * log2(e)
     inv_scale: float,  # 1 / scale: additive masks are added to raw scores
-    GROUP: int,  # query heads per K/V head (GQA); 1 for MHA
+    GROUP: int,  # query heads per K/V head (GQA); 1 for MHA (and when PACKED)
+    SEQ_Q: int,  # query positions per head (PACKED: rows per head in the packed tile)
+    NUM_SPLITS: int,  # SPLIT_K: key splits per (batch, head)
+    SPLIT_TILES: int,  # SPLIT_K: key tiles per split
     TILE_M: ConstInt,
     TILE_N: ConstInt,
     NCHUNK: ConstInt,  # head-dim chunks used (1..3)
@@ -49,6 +63,8 @@ def attention_fwd(
     RETURN_LSE: ConstBool,
     LAT_K: ConstInt,
     LAT_V: ConstInt,
+    SPLIT_K: ConstBool,  # write per-split partials (fp32 Out, Lse) for the combine kernel
+    PACKED: ConstBool,  # rows are (query head in group, query position) pairs
 ):
     # Grid (query tiles, heads, batch): query tiles of one head are adjacent, so
     # they share its K/V in L2.
@@ -57,7 +73,10 @@ def attention_fwd(
         # Under causality the last query tiles visit the most keys; starting them first
         # leaves the short ones to fill the final wave.
         bid_m = ct.num_blocks(0) - 1 - bid_m
-    h = ct.bid(1)
+    hb = ct.bid(1)  # the head (and split) index of Out and Lse
+    h = hb
+    if SPLIT_K:
+        h = hb // NUM_SPLITS
     b = ct.bid(2)
     hk = h // GROUP
     seq_k = K.shape[2]
@@ -86,6 +105,8 @@ def attention_fwd(
 
     q_start = bid_m * TILE_M
     offs_m = (q_start + ct.arange(TILE_M, dtype=np.int32))[:, None]
+    if PACKED:
+        offs_m = offs_m % SEQ_Q  # query position of each packed row
     offs_n_tile = ct.arange(TILE_N, dtype=np.int32)[None, :]
 
     # Key tiles [0, n_tiles) are visited; from mask_start on, some element of the
@@ -96,8 +117,19 @@ def attention_fwd(
     if not EVEN_N:
         mask_start = seq_k // TILE_N
     if CAUSAL:
-        n_tiles = ct.cdiv(min(q_start + TILE_M, seq_k), TILE_N)
-        mask_start = min(mask_start, q_start // TILE_N)
+        if PACKED:
+            # Packed rows hold positions 0..SEQ_Q-1 of several heads: every tile the
+            # last position sees is visited and masked.
+            n_tiles = ct.cdiv(min(SEQ_Q, seq_k), TILE_N)
+            mask_start = 0
+        else:
+            n_tiles = ct.cdiv(min(q_start + TILE_M, seq_k), TILE_N)
+            mask_start = min(mask_start, q_start // TILE_N)
+    j_start = 0
+    if SPLIT_K:
+        j_start = (hb % NUM_SPLITS) * SPLIT_TILES
+        # Never below j_start: a split past a causal row's keys runs no iteration.
+        n_tiles = max(min(n_tiles, j_start + SPLIT_TILES), j_start)
 
     mb = 0
     mh = 0
@@ -109,7 +141,7 @@ def attention_fwd(
     if MASK_ROWS:
         mq = bid_m
 
-    for j in range(0, n_tiles):
+    for j in range(j_start, n_tiles):
         k0 = ct.load(K, index=(b, hk, 0, j), shape=(1, 1, W0, TILE_N), order=(0, 1, 3, 2),
                      padding_mode=_ZERO, latency=LAT_K).reshape((W0, TILE_N))
         qk = ct.mma(q0, k0, ct.full((TILE_M, TILE_N), 0.0, dtype=np.float32))
@@ -146,8 +178,9 @@ def attention_fwd(
         # fuses into the subtraction.
         m_ij = max(m_i, ct.max(qk, axis=-1, keepdims=True) * qk_scale_log2)
         m_sub = m_ij
-        if HAS_MASK:
-            # A row masked so far has m = -inf; subtracting 0 keeps p = 0, not NaN.
+        if HAS_MASK or SPLIT_K:
+            # A row masked so far has m = -inf (a user mask, or causal keys past the row
+            # in a later split); subtracting 0 keeps p = 0, not NaN.
             m_sub = ct.where(m_ij == -np.inf, 0.0, m_ij)
         p = ct.exp2(qk * qk_scale_log2 - m_sub, flush_to_zero=True)
         alpha = ct.exp2(m_i - m_sub, flush_to_zero=True)
@@ -167,21 +200,22 @@ def attention_fwd(
             acc2 = ct.mma(p, v2, acc2 * alpha)
         m_i = m_ij
 
-    # Fully masked rows (possible only with a user mask) have l = 0: they are written
-    # as zeros, and their log-sum-exp as -inf.
+    # Fully masked rows (a user mask, or a split past the row's last key) have l = 0:
+    # they are written as zeros, and their log-sum-exp as -inf.
     l_div = l_i
-    if HAS_MASK:
+    if HAS_MASK or SPLIT_K:
         l_div = ct.where(l_i == 0.0, 1.0, l_i)
     out0 = ct.truediv(acc0, l_div, flush_to_zero=True, rounding_mode=RoundingMode.APPROX)
-    ct.store(Out, index=(b, h, bid_m, 0), tile=out0.reshape((1, 1, TILE_M, W0)).astype(Out.dtype))
+    ct.store(Out, index=(b, hb, bid_m, 0),
+             tile=out0.reshape((1, 1, TILE_M, W0)).astype(Out.dtype))
     if NCHUNK > 1:
         out1 = ct.truediv(acc1, l_div, flush_to_zero=True, rounding_mode=RoundingMode.APPROX)
-        ct.store(Out, index=(b, h, bid_m, OFF1 // W1),
+        ct.store(Out, index=(b, hb, bid_m, OFF1 // W1),
                  tile=out1.reshape((1, 1, TILE_M, W1)).astype(Out.dtype))
     if NCHUNK > 2:
         out2 = ct.truediv(acc2, l_div, flush_to_zero=True, rounding_mode=RoundingMode.APPROX)
-        ct.store(Out, index=(b, h, bid_m, OFF2 // W2),
+        ct.store(Out, index=(b, hb, bid_m, OFF2 // W2),
                  tile=out2.reshape((1, 1, TILE_M, W2)).astype(Out.dtype))
-    if RETURN_LSE:
+    if RETURN_LSE or SPLIT_K:
         lse = (m_i + ct.log2(l_i)) * LN2
-        ct.store(Lse, index=(b, h, bid_m), tile=lse.reshape((1, 1, TILE_M)))
+        ct.store(Lse, index=(b, hb, bid_m), tile=lse.reshape((1, 1, TILE_M)))

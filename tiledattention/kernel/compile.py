@@ -31,6 +31,28 @@ def kernel_for(schedule: Schedule):
     return _kernel_for_hints(schedule.occupancy, schedule.num_ctas)
 
 
+@functools.cache
+def combine_kernel():
+    """The split-K combine kernel (``combine.attention_combine``)."""
+    kernel_module()  # cuTile importable, or the install line
+    from .combine import attention_combine
+
+    return attention_combine
+
+
+def combine_constants(head_dim: int, rows: int, return_lse: bool) -> dict[str, int | bool]:
+    """The combine kernel's ``ct.Constant`` arguments for ``rows`` query rows per head."""
+    from ..headdim import plan_head_dim
+
+    plan = plan_head_dim(head_dim)
+    w0, w1, w2 = plan.kernel_widths()
+    # A power of two covering small row counts (decode) without idle lanes; 32 rows of
+    # fp32 accumulators (32 x 256) stay within one CTA's registers.
+    tile_r = min(1 << max(rows - 1, 0).bit_length(), 32)
+    return dict(TILE_R=tile_r, NCHUNK=len(plan.widths), W0=w0, W1=w1, W2=w2,
+                RETURN_LSE=return_lse)
+
+
 @dataclass(frozen=True)
 class CompiledCubin:
     variant: Variant
@@ -60,11 +82,47 @@ def signature_for(variant: Variant):
     mask_dtype = getattr(ct, variant.mask_dtype or "float32")
     params = ordered(dict(
         Q=array(io_dtype, 4), K=array(io_dtype, 4), V=array(io_dtype, 4),
-        Out=array(io_dtype, 4), Lse=array(ct.float32, 3), Mask=array(mask_dtype, 4),
+        Out=array(ct.float32 if variant.split_k else io_dtype, 4), Lse=array(ct.float32, 3),
+        Mask=array(mask_dtype, 4),
         qk_scale_log2=ScalarConstraint(ct.float32), inv_scale=ScalarConstraint(ct.float32),
-        GROUP=ScalarConstraint(ct.int32), **variant.constants(),
+        GROUP=ScalarConstraint(ct.int32), SEQ_Q=ScalarConstraint(ct.int32),
+        NUM_SPLITS=ScalarConstraint(ct.int32), SPLIT_TILES=ScalarConstraint(ct.int32),
+        **variant.constants(),
     ))
     return KernelSignature(list(params), CallingConvention.cutile_python_v1())
+
+
+def export_combine_cubin(dtype: str, head_dim: int, return_lse: bool,
+                         gpu_code: str) -> bytes:
+    """Compile the combine kernel for one dtype and head dim (rows: a decode tile)."""
+    import cuda.tile as ct
+    from cuda.tile.compilation import (
+        ArrayConstraint,
+        CallingConvention,
+        KernelSignature,
+        ScalarConstraint,
+        export_kernel,
+    )
+
+    def array(dt, ndim):
+        return ArrayConstraint(
+            dt, ndim, index_dtype=ct.int32, stride_lower_bound_incl=0, alias_groups=(),
+            may_alias_internally=False, stride_constant=[None] * (ndim - 1) + [1],
+            stride_divisible_by=[1] * ndim, base_addr_divisible_by=16,
+        )
+
+    consts = combine_constants(head_dim, 4, return_lse)
+    params = [array(ct.float32, 4), array(ct.float32, 3), array(getattr(ct, dtype), 4),
+              array(ct.float32, 3), ScalarConstraint(ct.int32), *consts.values()]
+    buf = io.BytesIO()
+    try:
+        export_kernel(combine_kernel(), [KernelSignature(
+            params, CallingConvention.cutile_python_v1())], buf, gpu_code=gpu_code,
+            output_format="cubin")
+    except Exception as exc:
+        raise CompileError(f"compiling the combine kernel ({dtype}, D={head_dim}) for "
+                           f"{gpu_code} failed: {exc}") from exc
+    return buf.getvalue()
 
 
 def export_cubin(variant: Variant, gpu_code: str) -> CompiledCubin:

@@ -85,9 +85,9 @@ def _placeholders(device: torch.device, fresh: bool) -> tuple[torch.Tensor, torc
 
 def launch(plan, q, k, v, attn_mask, *, fresh_lse: bool = True):
     """Launch ``plan`` on PyTorch's current stream; returns (out, lse), both new unless
-    ``fresh_lse`` is False and the plan returns no LSE (then lse is a shared placeholder)."""
-    import cuda.tile as ct
+    ``fresh_lse`` is False and the plan returns no LSE (then lse is a shared placeholder).
 
+    A split-K plan launches the attention kernel into fp32 partials, then the combine."""
     if plan.copy_qkv:
         q, k, v = _addressable(q), _addressable(k), _addressable(v)
     device = plan.device
@@ -99,11 +99,30 @@ def launch(plan, q, k, v, attn_mask, *, fresh_lse: bool = True):
         lse, mask = _placeholders(device, fresh_lse)
     if plan.mask_target is not None:
         mask = prepare_mask(attn_mask, plan.dtype, plan.mask_target)
+    kout, klse = out, lse
+    if plan.packed_shape is not None:
+        # GQA packing: the heads of a group are consecutive rows of one K/V head.
+        q = q.view(plan.packed_shape)
+        kout = out.view(plan.packed_shape)
+        if plan.variant.return_lse:
+            klse = lse.view(plan.packed_shape[:3])
+    if plan.part_shape is None:
+        _launch(device, plan.grid, plan.kernel, (q, k, v, kout, klse, mask, *plan.tail))
+    else:
+        part = torch.empty(plan.part_shape, dtype=torch.float32, device=device)
+        part_lse = torch.empty(plan.part_shape[:3], dtype=torch.float32, device=device)
+        _launch(device, plan.grid, plan.kernel, (q, k, v, part, part_lse, mask, *plan.tail))
+        _launch(device, plan.combine_grid, plan.combine,
+                (part, part_lse, kout, klse, *plan.combine_tail))
+    return out, lse
+
+
+def _launch(device, grid, kernel, args) -> None:
+    import cuda.tile as ct
+
     index = device.index
-    args = (q, k, v, out, lse, mask, *plan.tail)
     if _raw_stream is not None and _current_device() == index:
-        ct.launch(_raw_stream(index), plan.grid, plan.kernel, args)
+        ct.launch(_raw_stream(index), grid, kernel, args)
     else:
         with torch.cuda.device(device):
-            ct.launch(torch.cuda.current_stream(device), plan.grid, plan.kernel, args)
-    return out, lse
+            ct.launch(torch.cuda.current_stream(device), grid, kernel, args)

@@ -11,6 +11,7 @@ the output is a new tensor each call.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -24,6 +25,9 @@ from .params import TENSORS, ordered
 from .variant import Variant
 
 LOG2E = 1.0 / math.log(2.0)
+PACK_MAX_SEQ_Q = 16  # GQA packing up to speculative-decode lengths
+TARGET_WAVES = 2  # split-K: aim the grid at about two programs per SM
+MIN_SPLIT_TILES = 2  # split-K: key tiles per split at least (each split writes partials)
 MAX_PLANS = 4096  # a process that sees ever new shapes (growing decode) must not grow without end
 
 _plans: dict[tuple, Plan] = {}
@@ -44,6 +48,21 @@ class Plan:
     device: torch.device
     copy_qkv: bool  # some head-dim axis is not unit-stride: copy before launching
     mask_target: tuple[int, int, int, int] | None  # [B, H, Sq, Skv] when a mask is given
+    # GQA packing: q and out are viewed as [B, Hkv, GROUP * Sq, D] (None: not packed).
+    packed_shape: tuple[int, int, int, int] | None = None
+    # Split-K: the partial outputs' shape [B, H' * splits, R, D] (fp32; the LSE drops D),
+    # the combine kernel, its grid and its arguments after the tensors (None: no split).
+    part_shape: tuple[int, int, int, int] | None = None
+    combine: object = None
+    combine_grid: tuple[int, int, int] = (1, 1, 1)
+    combine_tail: tuple = ()
+
+    @property
+    def splits_per_head(self) -> int:
+        """Key splits per (batch, head): 1 without split-K."""
+        if self.part_shape is None:
+            return 1
+        return self.grid[1] // self.combine_grid[1]
 
 
 def _facts(t) -> tuple:
@@ -107,33 +126,88 @@ def build_plan(q, k, v, attn_mask, causal, scale, enable_gqa, return_lse, schedu
     check_device(index)
     if chosen is None:
         chosen, _ = policy.choose_schedule(q, k, problem.causal)
+    copy_qkv = any(t.stride(-1) != 1 for t in (q, k, v))
+    # q.view(B, Hkv, GROUP * Sq, D) needs the head axis to step over whole sequences.
+    viewable = copy_qkv or q.shape[2] == 1 or q.stride(1) == q.shape[2] * q.stride(2)
     return make_plan(problem, q.dtype, q.device, chosen, bool(return_lse),
-                     copy_qkv=any(t.stride(-1) != 1 for t in (q, k, v)),
+                     copy_qkv=copy_qkv,
                      mask=None if attn_mask is None else mask_layout(attn_mask, q.dtype, (
                          problem.batch, problem.heads_q, problem.seq_q, problem.seq_kv)),
-                     kernel=kernel_for(chosen))
+                     kernel=kernel_for(chosen), sm_count=sm_count(index), q_viewable=viewable)
+
+
+@functools.cache
+def sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def packs(problem, mask_axes: tuple[bool, bool, bool] | None, q_viewable: bool) -> bool:
+    """GQA packing: small Sq (decode, speculative lengths), no mask that varies per head
+    or query row (a key-padding mask is shared by the packed rows), a viewable q."""
+    return (problem.group > 1 and problem.seq_q <= PACK_MAX_SEQ_Q and q_viewable
+            and (mask_axes is None or not (mask_axes[1] or mask_axes[2])))
+
+
+def split_count(schedule: Schedule, programs: int, key_tiles: int, sms: int) -> int:
+    """Key splits per (batch, head): the schedule's, else (``splits=0``) enough to bring
+    a grid of ``programs`` that fills under one wave of ``sms`` SMs to ~two waves, with
+    at least ``MIN_SPLIT_TILES`` key tiles per split. 1 means no split."""
+    if schedule.splits:
+        want = schedule.splits
+    elif sms and programs < sms:
+        want = min(math.ceil(TARGET_WAVES * sms / programs), key_tiles // MIN_SPLIT_TILES)
+    else:
+        want = 1
+    return max(1, min(want, key_tiles))
 
 
 def make_plan(problem, dtype: torch.dtype, device, schedule: Schedule, return_lse: bool, *,
               copy_qkv: bool, mask: tuple[str, tuple[bool, bool, bool]] | None,
-              kernel) -> Plan:
-    """The plan of a validated problem; ``mask`` is the prepared mask's (dtype, axes)."""
+              kernel, sm_count: int = 0, q_viewable: bool = False) -> Plan:
+    """The plan of a validated problem; ``mask`` is the prepared mask's (dtype, axes).
+
+    ``sm_count`` (0: unknown) lets a ``splits=0`` schedule split the keys; ``q_viewable``
+    says q may be viewed packed (GQA decode)."""
     p = problem
+    packed = packs(p, None if mask is None else mask[1], q_viewable)
+    heads, rows, group = (p.heads_kv, p.group * p.seq_q, 1) if packed else (
+        p.heads_q, p.seq_q, p.group)
+    m_tiles = math.ceil(rows / schedule.tile_m)
+    # Key tiles the longest row visits: under causality query i sees keys 0..i.
+    last_key = min(p.seq_kv, p.seq_q) if p.causal else p.seq_kv
+    key_tiles = math.ceil(last_key / schedule.tile_n)
+    splits = split_count(schedule, m_tiles * heads * p.batch, key_tiles, sm_count)
+    split_tiles = math.ceil(key_tiles / splits)
+    splits = math.ceil(key_tiles / split_tiles)  # no split left without a key tile
     variant = Variant(
         dtype=str(dtype).removeprefix("torch."), head_dim=p.head_dim, causal=p.causal,
         schedule=schedule, even_n=p.seq_kv % schedule.tile_n == 0,
         mask_dtype=None if mask is None else mask[0],
         mask_axes=(False, False, False) if mask is None else mask[1],
-        return_lse=return_lse,
+        return_lse=return_lse, split_k=splits > 1, packed=packed,
     )
     tail = ordered(dict(qk_scale_log2=p.scale * LOG2E, inv_scale=1.0 / p.scale,
-                        GROUP=p.group, **variant.constants()), skip=TENSORS)
+                        GROUP=group, SEQ_Q=p.seq_q, NUM_SPLITS=splits,
+                        SPLIT_TILES=split_tiles, **variant.constants()), skip=TENSORS)
+    combine = {}
+    if splits > 1:
+        from .compile import combine_constants, combine_kernel
+
+        consts = combine_constants(p.head_dim, rows, return_lse)
+        combine = dict(
+            part_shape=(p.batch, heads * splits, rows, p.head_dim),
+            combine=combine_kernel() if kernel is not None else None,
+            combine_grid=(math.ceil(rows / consts["TILE_R"]), heads, p.batch),
+            combine_tail=(splits, *consts.values()))
     return Plan(
         variant=variant, kernel=kernel,
-        grid=grid_for(batch=p.batch, heads=p.heads_q, seq_q=p.seq_q, tile_m=schedule.tile_m),
+        # Split-K multiplies the head axis; packing makes heads K/V heads of GROUP*Sq rows.
+        grid=grid_for(batch=p.batch, heads=heads * splits, seq_q=rows, tile_m=schedule.tile_m),
         tail=tail,
         out_shape=(p.batch, p.heads_q, p.seq_q, p.head_dim),
         lse_shape=(p.batch, p.heads_q, p.seq_q) if return_lse else (1, 1, 1),
         dtype=dtype, device=device, copy_qkv=copy_qkv,
         mask_target=None if mask is None else (p.batch, p.heads_q, p.seq_q, p.seq_kv),
+        packed_shape=(p.batch, heads, rows, p.head_dim) if packed else None,
+        **combine,
     )

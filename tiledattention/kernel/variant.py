@@ -27,6 +27,8 @@ class Variant:
     mask_dtype: str | None = None
     mask_axes: tuple[bool, bool, bool] = (False, False, False)
     return_lse: bool = False
+    split_k: bool = False  # partial outputs per key split (then the combine kernel)
+    packed: bool = False  # GQA query heads packed into the rows of one tile
 
     @property
     def has_mask(self) -> bool:
@@ -43,7 +45,7 @@ class Variant:
             CAUSAL=self.causal, HEAVY_FIRST=s.heavy_first, EVEN_N=self.even_n,
             HAS_MASK=self.has_mask, MASK_BATCH=mask_batch, MASK_HEAD=mask_head,
             MASK_ROWS=mask_rows, RETURN_LSE=self.return_lse,
-            LAT_K=s.latency_k, LAT_V=s.latency_v,
+            LAT_K=s.latency_k, LAT_V=s.latency_v, SPLIT_K=self.split_k, PACKED=self.packed,
         )
 
     def label(self) -> str:
@@ -51,6 +53,7 @@ class Variant:
             a for a, on in zip("bhq", self.mask_axes) if on)
         return (f"{self.dtype}_d{self.head_dim}_{'causal' if self.causal else 'full'}_{mask}"
                 f"{'_even' if self.even_n else ''}{'_lse' if self.return_lse else ''}"
+                f"{'_splitk' if self.split_k else ''}{'_packed' if self.packed else ''}"
                 f"_{self.schedule.label()}")
 
 
@@ -78,4 +81,22 @@ def variant_matrix(head_dims=(64, 96, 128, 160, 256), schedule_for=None) -> list
                         # Exercise the LSE store on the masked variants.
                         return_lse=kind != "none",
                     ))
+    return out
+
+
+def decode_variant_matrix(head_dims=(64, 96, 128, 256)) -> list[Variant]:
+    """The decode flags (split-K, GQA packing) over dtype x causal x head dim, with a
+    key-padding mask and LSE on some: a small slice for the compile-only checks."""
+    from ..schedules.schedule import default_schedule
+
+    out = []
+    for i, (dtype, causal, d) in enumerate(
+            (dt, c, d) for dt in DTYPES for c in (False, True) for d in head_dims):
+        masked = i % 2 == 1
+        out.append(Variant(
+            dtype=dtype, head_dim=d, causal=causal, schedule=default_schedule(d, causal),
+            mask_dtype=dtype if masked else None,
+            mask_axes=mask_axes_for("key_padding" if masked else "none"),
+            return_lse=masked, split_k=True, packed=i % 3 != 0,
+        ))
     return out

@@ -8,6 +8,7 @@ from ..errors import ScheduleError
 
 TILE_SIZES = (16, 32, 64, 128, 256)
 NUM_CTAS = (1, 2, 4, 8, 16)
+MAX_SPLITS = 64
 
 
 @dataclass(frozen=True)
@@ -18,7 +19,9 @@ class Schedule:
     compiler plans to co-reside per SM (1..32); num_ctas: CTAs per cluster;
     latency_k / latency_v: DRAM latency hints (1..10) for K and V loads (higher means
     deeper prefetch); heavy_first: for causal attention, launch the query tiles with the
-    most keys first (ignored otherwise).
+    most keys first (ignored otherwise); splits: key splits per (batch, head) for
+    flash-decoding (split-K): 0 lets the launch pick from the GPU's SM count when the
+    grid would not fill it, 1 never splits, n > 1 asks for up to n splits.
     """
 
     tile_m: int = 64
@@ -28,6 +31,7 @@ class Schedule:
     latency_k: int = 2
     latency_v: int = 4
     heavy_first: bool = True
+    splits: int = 0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -49,6 +53,9 @@ class Schedule:
         for name in ("latency_k", "latency_v"):
             if not 1 <= getattr(self, name) <= 10:
                 raise ScheduleError(f"Schedule.{name}={getattr(self, name)} is not in [1, 10]")
+        if not 0 <= self.splits <= MAX_SPLITS:
+            raise ScheduleError(f"Schedule.splits={self.splits} is not in [0, {MAX_SPLITS}] "
+                                "(0: chosen per call)")
 
     def as_dict(self) -> dict[str, int | bool]:
         return asdict(self)
@@ -64,19 +71,22 @@ class Schedule:
     @classmethod
     def from_label(cls, label: str) -> Schedule:
         """Inverse of :meth:`label`, e.g. ``64x128_o2_c1_lk2_lv4`` (``_natural``: no
-        heavy-first order)."""
+        heavy-first order; ``_k4``: splits=4, absent means 0, chosen per call)."""
         import re
 
-        m = re.fullmatch(r"(\d+)x(\d+)_o(\d+)_c(\d+)_lk(\d+)_lv(\d+)(_natural)?", label)
+        m = re.fullmatch(r"(\d+)x(\d+)_o(\d+)_c(\d+)_lk(\d+)_lv(\d+)(_natural)?(?:_k(\d+))?",
+                         label)
         if m is None:
             raise ScheduleError(f"schedule label {label!r} is not like 64x128_o2_c1_lk2_lv4 "
-                                "(optionally ending in _natural)")
+                                "(optionally ending in _natural, then _k<splits>)")
         tm, tn, occ, ctas, lk, lv = (int(x) for x in m.groups()[:6])
-        return cls(tm, tn, occ, ctas, lk, lv, heavy_first=m.group(7) is None)
+        return cls(tm, tn, occ, ctas, lk, lv, heavy_first=m.group(7) is None,
+                   splits=int(m.group(8) or 0))
 
     def label(self) -> str:
         return (f"{self.tile_m}x{self.tile_n}_o{self.occupancy}_c{self.num_ctas}"
-                f"_lk{self.latency_k}_lv{self.latency_v}{'' if self.heavy_first else '_natural'}")
+                f"_lk{self.latency_k}_lv{self.latency_v}{'' if self.heavy_first else '_natural'}"
+                f"{f'_k{self.splits}' if self.splits else ''}")
 
 
 def default_schedule(head_dim: int, causal: bool) -> Schedule:

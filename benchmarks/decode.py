@@ -1,0 +1,162 @@
+"""Decode and small grids: kernel time of tiledattention vs torch SDPA side by side
+(CUDA-graph replay, L2 flushed before each replay, methods interleaved over rounds), every
+output checked against the float64 reference first. Also the D = 256/224/192 schedule
+candidates (``--headdim``).
+
+    python benchmarks/decode.py [--targets] [--grid] [--headdim] [--out rows.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+
+import torch
+import torch.nn.functional as F
+
+import tiledattention as ta
+from tiledattention.kernel import plan as planning
+from tiledattention.kernel.launch import launch
+from tiledattention.reference import naive_attention
+from tiledattention.timing import L2Flusher, as_cuda_graph, time_cuda
+from tiledattention.tolerance import relative_error, rtol
+
+# (name, B, Hq, Hkv, Sq, Skv, D, dtype, causal)
+TARGETS = [
+    ("decode B4 H8 Skv4096", 4, 8, 8, 1, 4096, 128, "bfloat16", False),
+    ("decode B1 H32 Skv4096", 1, 32, 32, 1, 4096, 128, "bfloat16", False),
+    ("decode B16 H32/8 Skv8192", 16, 32, 8, 1, 8192, 128, "bfloat16", False),
+    ("D256 B2 H8 S1000", 2, 8, 8, 1000, 1000, 256, "bfloat16", False),
+    ("D256 B2 H8 S1000 causal", 2, 8, 8, 1000, 1000, 256, "bfloat16", True),
+]
+KV_BYTES_CAP = 4 << 30
+
+
+def decode_grid():
+    out = []
+    for sq in (1, 4, 16):
+        for skv in (1024, 8192, 32768):
+            for b in (1, 8, 64):
+                for hkv in (32, 8):
+                    if 2 * b * hkv * skv * 128 * 2 > KV_BYTES_CAP:
+                        continue
+                    out.append((f"grid sq{sq} skv{skv} b{b} h32/{hkv}", b, 32, hkv, sq, skv,
+                                128, "bfloat16", False))
+    return out
+
+
+def inputs(b, hq, hkv, sq, skv, d, dtype):
+    g = torch.Generator(device="cuda").manual_seed(0)
+    dt = getattr(torch, dtype)
+    q = torch.randn(b, hq, sq, d, device="cuda", generator=g).to(dt)
+    k = torch.randn(b, hkv, skv, d, device="cuda", generator=g).to(dt)
+    v = torch.randn(b, hkv, skv, d, device="cuda", generator=g).to(dt)
+    return q, k, v
+
+
+def kernel_ms(fns: dict, rounds=3, reps=20) -> dict:
+    flush = L2Flusher()
+    graphs = {}
+    for name, fn in fns.items():
+        for _ in range(3):
+            fn()
+        graphs[name] = as_cuda_graph(fn)
+    samples = {n: [] for n in fns}
+    for r in range(rounds):
+        for name in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
+            samples[name] += time_cuda(graphs[name], warmup=2, reps=reps, flush=flush)
+    return {n: statistics.median(s) for n, s in samples.items()}
+
+
+def checked(fn, q, k, v, causal):
+    out = fn()
+    torch.cuda.synchronize()
+    n = min(q.shape[0], 2)
+    ref, _ = naive_attention(q[:n], k[:n], v[:n], causal=causal)
+    err = relative_error(out[:n], ref)
+    return err, err <= rtol(q.dtype)
+
+
+def run_case(case, variants=None):
+    name, b, hq, hkv, sq, skv, d, dtype, causal = case
+    q, k, v = inputs(b, hq, hkv, sq, skv, d, dtype)
+    gqa = hq != hkv
+
+    def torch_fn():
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
+
+    fns = {"torch": torch_fn}
+    for label, sched, hints in (variants or [("ours", None, None)]):
+        p = planning.plan_for(q, k, v, None, causal, None, gqa, False, sched)
+        if hints:
+            p = dataclasses.replace(p, kernel=p.kernel.replace_hints(**hints))
+        fns[label] = (lambda p=p: launch(p, q, k, v, None)[0])
+        fns[label].desc = (f"{p.variant.schedule.label()} splits={p.splits_per_head}"
+                           f"{' packed' if p.packed_shape else ''}"
+                           f"{' ' + str(hints) if hints else ''}")
+    rows = []
+    errs = {}
+    for label, fn in fns.items():
+        if label != "torch":
+            errs[label] = checked(fn, q, k, v, causal)
+    ms = kernel_ms(fns)
+    for label in fns:
+        if label == "torch":
+            continue
+        err, ok = errs[label]
+        rows.append(dict(case=name, method=label, desc=fns[label].desc,
+                         ours_us=ms[label] * 1e3, torch_us=ms["torch"] * 1e3,
+                         ratio=ms["torch"] / ms[label], rel_err=err, ok=ok))
+        print(f"{name:32s} {label:10s} {fns[label].desc:44s} ours {ms[label]*1e3:8.1f} us  "
+              f"torch {ms['torch']*1e3:8.1f} us  ratio {ms['torch']/ms[label]:5.2f}  "
+              f"err {err:.1e}{'' if ok else ' WRONG'}", flush=True)
+    torch.cuda.empty_cache()
+    return rows
+
+
+def headdim_variants(d):
+    S = ta.Schedule
+    out = [("ours", None, None)]
+    for s in (S(64, 64, 2), S(64, 64, 1), S(128, 64, 1), S(64, 128, 1), S(64, 32, 2)):
+        out.append((s.label(), s, None))
+    out += [("64x64_o1_w8", S(64, 64, 1), {"num_worker_warps": 8}),
+            ("128x64_o1_w8", S(128, 64, 1), {"num_worker_warps": 8}),
+            ("128x32_o1_w8", S(128, 32, 1), {"num_worker_warps": 8})]
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--targets", action="store_true")
+    ap.add_argument("--grid", action="store_true")
+    ap.add_argument("--headdim", action="store_true")
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    print(torch.cuda.get_device_name(), torch.__version__, flush=True)
+    rows = []
+    if args.targets:
+        for case in TARGETS:
+            rows += run_case(case)
+    if args.headdim:
+        for d in (256, 224, 192):
+            for causal in (False, True):
+                case = (f"D{d} B2 H8 S1000{' causal' if causal else ''}", 2, 8, 8, 1000, 1000,
+                        d, "bfloat16", causal)
+                try:
+                    rows += run_case(case, headdim_variants(d))
+                except Exception as exc:  # a candidate that fails to compile: say so, go on
+                    print(f"{case[0]}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+    if args.grid:
+        for case in decode_grid():
+            rows += run_case(case)
+        worst = min((r for r in rows if r["case"].startswith("grid")), key=lambda r: r["ratio"])
+        print(f"worst grid point: {worst['case']} ratio {worst['ratio']:.2f}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

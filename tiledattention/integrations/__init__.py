@@ -1,0 +1,1 @@
+"""Bindings of the kernel into other libraries (optional extras)."""

@@ -1,0 +1,81 @@
+"""Hugging Face transformers: the kernel as an attention implementation.
+
+``register()`` adds ``attention_forward`` to ``transformers.AttentionInterface`` and the
+matching mask function (transformers' own ``sdpa_mask``: a bool mask, True = attend, or
+None where causality alone decides) to ``AttentionMaskInterface``; then
+
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="tiledattention")
+    # or: model.set_attn_implementation("tiledattention")
+
+How calls map onto ``tiledattention.sdpa`` (the same decisions as transformers' sdpa path):
+- causal prefill without a mask: ``causal=True`` (top-left, as torch's ``is_causal``);
+- padding (e.g. left-padded batches): transformers builds the bool mask, passed as is;
+- KV-cache decode (Sq = 1, or any Sq with a mask): ``causal=False`` with the mask, so the
+  new query sees the whole cache;
+- GQA: K/V are passed with their own heads and ``enable_gqa=True`` (no repeat_kv copy).
+
+Needs the ``hf`` extra (``pip install 'tiledattention[hf]'``); dropout must be 0 (there
+is no backward, so training is out of scope).
+"""
+
+from __future__ import annotations
+
+import torch
+
+NAME = "tiledattention"
+
+
+def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+                      value: torch.Tensor, attention_mask: torch.Tensor | None,
+                      dropout: float = 0.0, scaling: float | None = None,
+                      is_causal: bool | None = None, **kwargs) -> tuple[torch.Tensor, None]:
+    """transformers' attention signature: q [B, Hq, Sq, D], k/v [B, Hkv, Skv, D] in,
+    ([B, Sq, Hq, D], None) out."""
+    from ..api import sdpa
+    from ..errors import InputError
+
+    if dropout:
+        raise InputError(f"tiledattention has no attention dropout (got dropout={dropout}); "
+                         "use it for inference (model.eval())")
+    if kwargs.get("position_bias") is not None or kwargs.get("s_aux") is not None:
+        raise InputError("tiledattention does not take position_bias or attention sinks "
+                         "(s_aux); use attn_implementation='sdpa' for this model")
+    is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    causal = bool(query.shape[2] > 1 and attention_mask is None and is_causal)
+    out = sdpa(query, key, value, causal=causal, scale=scaling, attn_mask=attention_mask,
+               enable_gqa=query.shape[1] != key.shape[1])
+    return out.transpose(1, 2).contiguous(), None
+
+
+def register(name: str = NAME) -> str:
+    """Register the kernel (and transformers' sdpa mask function) under ``name``."""
+    try:
+        from transformers import AttentionInterface
+    except ImportError as exc:
+        from ..errors import InputError
+
+        raise InputError("transformers is not installed: pip install 'tiledattention[hf]'"
+                         ) from exc
+    AttentionInterface.register(name, attention_forward)
+    try:  # transformers >= 4.53 picks the mask builder per implementation
+        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    except ImportError:
+        return name
+    AttentionMaskInterface.register(name, sdpa_mask)
+    return name
+
+
+def tiny_llama(attn_implementation: str, *, dtype=torch.bfloat16, device="cuda", seed: int = 0,
+               layers: int = 4):
+    """The Llama-shaped model the GPU test and ``benchmarks/model_e2e.py`` run: random
+    weights (no download), hidden 2048, 16 heads / 4 KV heads (D = 128), a 1024-token
+    vocabulary, ``layers`` layers. Same ``seed``, same weights, whatever the attention."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=1024, hidden_size=2048, intermediate_size=5632,
+                      num_hidden_layers=layers, num_attention_heads=16, num_key_value_heads=4,
+                      max_position_embeddings=8192)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(cfg).to(device, dtype).eval()
+    model.set_attn_implementation(attn_implementation)
+    return model
