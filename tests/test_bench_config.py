@@ -96,3 +96,20 @@ def test_gqa_and_cross_attention_axes_expand():
                     "float16-full-d64-sq1-skv1000-b1-h8-g4",
                     "float16-full-d64-sq128-skv1000-b1-h8-g1",
                     "float16-full-d64-sq128-skv1000-b1-h8-g4"]
+
+
+def test_the_decode_section_adds_capped_non_causal_points_only_when_enabled():
+    base = {"grid": {"seqs": [512], "head_dims": [64], "dtypes": ["float16"],
+                     "causal": [False]}}
+    assert len(expand(from_dict(base))) == 1
+    cfg = from_dict({**base, "decode": {"enabled": True, "seqs_q": [1, 4],
+                                        "seqs_kv": [1024, 32768], "batches": [1, 64],
+                                        "gqa": [1, 4, 5], "max_kv_gib": 4}})
+    dec = expand(cfg)[1:]
+    assert all(not p.causal and p.heads == 32 and p.gqa in (1, 4) for p in dec)
+    # B64 x 32 heads x 32k x 128 x bf16 x (K, V) = 32 GiB (MHA) and 8 GiB (GQA 4): over 4
+    assert not any(p.batch == 64 and p.seq_kv == 32768 for p in dec)
+    assert {(p.seq_q, p.seq_kv, p.batch, p.gqa) for p in dec} >= {(1, 1024, 1, 1),
+                                                                  (4, 32768, 1, 4)}
+    with pytest.raises(ConfigError, match="decode: unknown key"):
+        from_dict({"decode": {"enabled": True, "batch": 3}})

@@ -213,10 +213,11 @@ def test_a_plan_holds_grid_and_arguments_placed_by_name():
     assert p.part_shape is None and p.packed_shape is None and p.splits_per_head == 1
 
 
-def _decode_plan(b, hq, hkv, sq, skv, *, causal=False, schedule=Schedule(64, 64, 2),
-                 mask=None, sms=132, viewable=True):
+def _decode_plan(b, hq, hkv, sq, skv, *, causal=False, schedule=None, mask=None, sms=132,
+                 viewable=True):
     from tiledattention.validate import Problem
 
+    schedule = schedule or Schedule(64, 64, 2)
     problem = Problem(b, hq, hkv, sq, skv, 128, causal, 0.125)
     return planning.make_plan(problem, torch.bfloat16, torch.device("cpu"), schedule, False,
                               copy_qkv=False, mask=mask, kernel=None, sm_count=sms,

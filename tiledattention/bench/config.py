@@ -21,7 +21,8 @@ from .grid import (
     WIDTH,
 )
 
-__all__ = ["BenchConfig", "ConfigError", "CorrectnessConfig", "GridConfig", "TimingConfig",
+__all__ = ["BenchConfig", "ConfigError", "CorrectnessConfig", "DecodeConfig", "GridConfig",
+           "TimingConfig",
            "from_dict", "load_config", "validate"]
 
 DTYPES = ("float16", "bfloat16", "float32")
@@ -57,6 +58,24 @@ class GridConfig:
 
 
 @dataclass(frozen=True)
+class DecodeConfig:
+    enabled: bool = _opt(False, "Add the decode points (B x H x Sq x Skv x GQA, non-causal: "
+                         "a KV-cache step sees the whole cache) to the grid.")
+    seqs_q: tuple[int, ...] = _opt((1, 4, 8, 16), "Query lengths (1: decode; 4..16: "
+                                   "speculative decoding).", min=1, max=INT32)
+    seqs_kv: tuple[int, ...] = _opt((1024, 4096, 8192, 16384, 32768), "Cache lengths Skv.",
+                                    min=1, max=INT32)
+    batches: tuple[int, ...] = _opt((1, 4, 16, 64), "Batch sizes B.", min=1, max=INT32)
+    heads: int = _opt(32, "Query heads H.", min=1, max=INT32)
+    gqa: tuple[int, ...] = _opt((1, 4), "Query heads per key/value head (1: MHA).", min=1,
+                                max=INT32)
+    head_dims: tuple[int, ...] = _opt((128,), "Head dims D.", min=1, max=INT32)
+    dtypes: tuple[str, ...] = _opt(("bfloat16",), "Element types.", choices=DTYPES)
+    max_kv_gib: float = _opt(8.0, "Points whose K and V together exceed this many GiB are "
+                             "left out.", above=0, max=1024)
+
+
+@dataclass(frozen=True)
 class TimingConfig:
     warmup: int = _opt(10, "Untimed calls before the first round.", min=0, max=10**6)
     reps: int = _opt(30, "Timed calls per method, over all rounds.", min=1,
@@ -86,6 +105,8 @@ class BenchConfig:
                                      "efficient", "math", "eager"),
                                     "Methods to compare (tiledattention@<schedule label>: a "
                                     "pinned schedule).", unique=True)
+    decode: DecodeConfig = field(default_factory=DecodeConfig, metadata={
+        "help": "Optional decode section (small Sq against a long KV cache)."})
     timing: TimingConfig = field(default_factory=TimingConfig,
                                  metadata={"help": "Timing policy."})
     correctness: CorrectnessConfig = field(default_factory=CorrectnessConfig, metadata={
@@ -110,7 +131,8 @@ class BenchConfig:
         return hashlib.sha256(blob).hexdigest()[:16]
 
 
-_SECTIONS = {"grid": GridConfig, "timing": TimingConfig, "correctness": CorrectnessConfig}
+_SECTIONS = {"grid": GridConfig, "decode": DecodeConfig, "timing": TimingConfig,
+             "correctness": CorrectnessConfig}
 
 
 def _check_keys(data: dict, cls, where: str) -> None:

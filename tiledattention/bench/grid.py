@@ -94,6 +94,28 @@ def expand(cfg) -> list[Point]:
                             if heads % gqa:
                                 continue
                             points.append(Point(dtype, causal, d, s, skv, batch, heads, gqa))
+    return points + decode_points(cfg.decode)
+
+
+def decode_points(dec) -> list[Point]:
+    """The optional decode section's points (dtype, D, Sq, Skv, B, GQA order), non-causal:
+    a KV-cache step attends the whole cache. Points whose K and V exceed ``max_kv_gib`` are
+    left out; so are GQA ratios that do not divide the heads."""
+    if not dec.enabled:
+        return []
+    cap = dec.max_kv_gib * 2**30
+    points = []
+    for dtype in dec.dtypes:
+        item = 4 if dtype == "float32" else 2
+        for d in dec.head_dims:
+            for sq in dec.seqs_q:
+                for skv in dec.seqs_kv:
+                    for b in dec.batches:
+                        for gqa in dec.gqa:
+                            kv_bytes = 2 * b * (dec.heads // gqa) * skv * d * item
+                            if dec.heads % gqa or kv_bytes > cap:
+                                continue
+                            points.append(Point(dtype, False, d, sq, skv, b, dec.heads, gqa))
     return points
 
 
