@@ -20,6 +20,7 @@ import tiledattention as ta
 from tiledattention.kernel import plan as planning
 from tiledattention.kernel.launch import launch
 from tiledattention.reference import naive_attention
+from tiledattention.schedules.space import rejection
 from tiledattention.timing import L2Flusher, as_cuda_graph, time_cuda
 from tiledattention.tolerance import relative_error, rtol
 
@@ -119,11 +120,32 @@ def run_case(case, variants=None):
 def headdim_variants(d):
     S = ta.Schedule
     out = [("ours", None, None)]
-    for s in (S(64, 64, 2), S(64, 64, 1), S(128, 64, 1), S(64, 128, 1), S(64, 32, 2)):
-        out.append((s.label(), s, None))
-    out += [("64x64_o1_w8", S(64, 64, 1), {"num_worker_warps": 8}),
-            ("128x64_o1_w8", S(128, 64, 1), {"num_worker_warps": 8}),
-            ("128x32_o1_w8", S(128, 32, 1), {"num_worker_warps": 8})]
+    # splits=1: a prefill grid of ~1 wave is not a split-K case (run 1 split 128x64 by 3).
+    for s in (S(64, 128, 1, splits=1), S(64, 128, 2, splits=1), S(128, 64, 1, splits=1),
+              S(64, 256, 1, splits=1), S(128, 128, 1, splits=1)):
+        if rejection(s, d) is None:
+            out.append((s.label(), s, None))
+    out += [("128x64_o1_w8", S(128, 64, 1, splits=1), {"num_worker_warps": 8})]
+    return out
+
+
+# Split-count and tile sweep on the decode targets and the weakest grid points of run 1.
+SWEEP_CASES = TARGETS[:3] + [
+    ("grid sq1 skv1024 b1 h32/8", 1, 32, 8, 1, 1024, 128, "bfloat16", False),
+    ("grid sq1 skv8192 b1 h32/8", 1, 32, 8, 1, 8192, 128, "bfloat16", False),
+    ("grid sq1 skv32768 b1 h32/32", 1, 32, 32, 1, 32768, 128, "bfloat16", False),
+    ("grid sq1 skv32768 b8 h32/8", 8, 32, 8, 1, 32768, 128, "bfloat16", False),
+]
+
+
+def sweep_variants():
+    S = ta.Schedule
+    out = [("ours", None, None)]
+    for base, counts in ((S(64, 128, 3), (1, 4, 8, 16, 32)), (S(64, 64, 4), (8, 16, 32)),
+                         (S(64, 128, 1), (16,))):
+        for k in counts:
+            s = dataclasses.replace(base, splits=k)
+            out.append((s.label(), s, None))
     return out
 
 
@@ -132,6 +154,8 @@ def main():
     ap.add_argument("--targets", action="store_true")
     ap.add_argument("--grid", action="store_true")
     ap.add_argument("--headdim", action="store_true")
+    ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--grid-from", type=int, default=0, help="skip the first N grid points")
     ap.add_argument("--out")
     args = ap.parse_args()
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
@@ -140,7 +164,7 @@ def main():
         for case in TARGETS:
             rows += run_case(case)
     if args.headdim:
-        for d in (256, 224, 192):
+        for d in (256, 192):
             for causal in (False, True):
                 case = (f"D{d} B2 H8 S1000{' causal' if causal else ''}", 2, 8, 8, 1000, 1000,
                         d, "bfloat16", causal)
@@ -148,8 +172,13 @@ def main():
                     rows += run_case(case, headdim_variants(d))
                 except Exception as exc:  # a candidate that fails to compile: say so, go on
                     print(f"{case[0]}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+    if args.sweep:
+        for case in SWEEP_CASES:
+            rows += run_case(case, sweep_variants())
+            best = max((r for r in rows if r["case"] == case[0]), key=lambda r: r["ratio"])
+            print(f"  best: {best['desc']} ratio {best['ratio']:.2f}", flush=True)
     if args.grid:
-        for case in decode_grid():
+        for case in decode_grid()[args.grid_from:]:
             rows += run_case(case)
         worst = min((r for r in rows if r["case"].startswith("grid")), key=lambda r: r["ratio"])
         print(f"worst grid point: {worst['case']} ratio {worst['ratio']:.2f}")

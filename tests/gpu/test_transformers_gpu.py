@@ -50,15 +50,30 @@ def test_left_padded_batch_logits_match_sdpa(models):
 
 @torch.inference_mode()
 def test_greedy_generation_with_kv_cache_matches_sdpa(models):
+    """Every decode step's logits (KV cache, left-padded batch: the steps carry a mask)
+    match sdpa's while the two share a prefix, and the greedy tokens are sdpa's except where
+    sdpa's own top-2 margin is inside the measured logit difference (random weights give
+    near-ties, where bf16 rounding alone picks either)."""
     ours, ref = models
     ids = torch.randint(0, 1024, (2, 500), device="cuda")
     mask = torch.ones_like(ids)
-    mask[1, :37] = 0  # left padding: the decode steps carry a mask
+    mask[1, :37] = 0
     kw = dict(attention_mask=mask, max_new_tokens=24, do_sample=False, use_cache=True,
-              pad_token_id=0)
-    a = ours.generate(ids, **kw)
-    b = ref.generate(ids, **kw)
-    # Random weights give near-tied logits; count tokens equal to the reference's up to
-    # the first divergence and ask for most of them.
-    same = (a[:, 500:] == b[:, 500:]).all(0).int().cumprod(0).sum().item()
-    assert same >= 20, f"only the first {same} of 24 greedy tokens agree"
+              pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+    a, b = ours.generate(ids, **kw), ref.generate(ids, **kw)
+    steps_compared = 0
+    for row in range(2):
+        ta_tok, ref_tok = a.sequences[row, 500:], b.sequences[row, 500:]
+        for t in range(24):
+            la, lb = a.logits[t][row].float(), b.logits[t][row].float()
+            err = relative_error(la, lb.double())
+            assert err <= 2 * rtol(DTYPE), f"row {row} step {t}: logits differ by {err:.3e}"
+            steps_compared += 1
+            if ta_tok[t] != ref_tok[t]:
+                margin = (lb[ref_tok[t]] - lb[ta_tok[t]]).item()
+                bound = 2 * (la - lb).abs().max().item()
+                assert margin <= bound, (f"row {row} step {t}: token {ta_tok[t].item()} vs "
+                                         f"sdpa's {ref_tok[t].item()}, margin {margin:.3f} > "
+                                         f"{bound:.3f}")
+                break  # the prefixes differ from here on
+    assert steps_compared >= 2

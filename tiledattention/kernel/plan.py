@@ -26,6 +26,7 @@ from .variant import Variant
 
 LOG2E = 1.0 / math.log(2.0)
 PACK_MAX_SEQ_Q = 16  # GQA packing up to speculative-decode lengths
+SPLIT_BELOW = 2  # split-K: only grids of at most half a wave (sms / SPLIT_BELOW programs)
 TARGET_WAVES = 2  # split-K: aim the grid at about two programs per SM
 MIN_SPLIT_TILES = 2  # split-K: key tiles per split at least (each split writes partials)
 MAX_PLANS = 4096  # a process that sees ever new shapes (growing decode) must not grow without end
@@ -150,11 +151,11 @@ def packs(problem, mask_axes: tuple[bool, bool, bool] | None, q_viewable: bool) 
 
 def split_count(schedule: Schedule, programs: int, key_tiles: int, sms: int) -> int:
     """Key splits per (batch, head): the schedule's, else (``splits=0``) enough to bring
-    a grid of ``programs`` that fills under one wave of ``sms`` SMs to ~two waves, with
-    at least ``MIN_SPLIT_TILES`` key tiles per split. 1 means no split."""
+    a grid of ``programs`` that fills at most half a wave of ``sms`` SMs to ~two waves,
+    with at least ``MIN_SPLIT_TILES`` key tiles per split. 1 means no split."""
     if schedule.splits:
         want = schedule.splits
-    elif sms and programs < sms:
+    elif sms and programs * SPLIT_BELOW <= sms:
         want = min(math.ceil(TARGET_WAVES * sms / programs), key_tiles // MIN_SPLIT_TILES)
     else:
         want = 1
