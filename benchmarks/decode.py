@@ -141,8 +141,7 @@ SWEEP_CASES = TARGETS[:3] + [
 def sweep_variants():
     S = ta.Schedule
     out = [("ours", None, None)]
-    for base, counts in ((S(64, 128, 3), (1, 4, 8, 16, 32)), (S(64, 64, 4), (8, 16, 32)),
-                         (S(64, 128, 1), (16,))):
+    for base, counts in ((S(64, 128, 3), (1, 4, 8, 16, 32)), (S(64, 64, 4), (8, 16, 32))):
         for k in counts:
             s = dataclasses.replace(base, splits=k)
             out.append((s.label(), s, None))
@@ -156,6 +155,8 @@ def main():
     ap.add_argument("--headdim", action="store_true")
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--grid-from", type=int, default=0, help="skip the first N grid points")
+    ap.add_argument("--sweep-cases", type=int, default=len(SWEEP_CASES),
+                    help="sweep only the first N cases")
     ap.add_argument("--out")
     args = ap.parse_args()
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
@@ -173,7 +174,7 @@ def main():
                 except Exception as exc:  # a candidate that fails to compile: say so, go on
                     print(f"{case[0]}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
     if args.sweep:
-        for case in SWEEP_CASES:
+        for case in SWEEP_CASES[:args.sweep_cases]:
             rows += run_case(case, sweep_variants())
             best = max((r for r in rows if r["case"] == case[0]), key=lambda r: r["ratio"])
             print(f"  best: {best['desc']} ratio {best['ratio']:.2f}", flush=True)
