@@ -50,9 +50,16 @@ def ordered(values: Mapping[str, object], *, skip: tuple[str, ...] = ()) -> tupl
 
     A missing or unknown name is a programming error and raises TypeError naming it.
     """
-    names = [n for n in kernel_params().names if n not in skip]
-    missing = [n for n in names if n not in values]
-    unknown = sorted(set(values) - set(names))
-    if missing or unknown:
+    names, name_set = _names(skip)
+    if len(values) != len(names) or not name_set.issuperset(values):
+        missing = [n for n in names if n not in values]
+        unknown = sorted(set(values) - name_set)
         raise TypeError(f"kernel arguments: missing {missing}, unknown {unknown}")
     return tuple(values[n] for n in names)
+
+
+@functools.cache
+def _names(skip: tuple[str, ...]) -> tuple[tuple[str, ...], frozenset[str]]:
+    # Cached: a decode loop whose Skv grows builds a plan per call (NOTES §16).
+    names = tuple(n for n in kernel_params().names if n not in skip)
+    return names, frozenset(names)
