@@ -113,3 +113,10 @@ def test_the_decode_section_adds_capped_non_causal_points_only_when_enabled():
                                                                   (4, 32768, 1, 4)}
     with pytest.raises(ConfigError, match="decode: unknown key"):
         from_dict({"decode": {"enabled": True, "batch": 3}})
+
+
+def test_the_shipped_decode_config_expands_to_decode_points_under_the_kv_cap():
+    cfg = load_config("config/bench-decode.yaml")
+    points = expand(cfg)[1:]
+    assert len(points) > 100 and {p.seq_q for p in points} == {1, 4, 8, 16}
+    assert max(2 * p.batch * p.heads_kv * p.seq_kv * p.head_dim * 2 for p in points) <= 8 << 30
