@@ -66,10 +66,14 @@ def test_bad_masks_raise_mask_error(mask, words):
         ta.sdpa(*QKV, attn_mask=mask)
 
 
-def test_inputs_requiring_grad_raise_backward_not_supported():
+def test_inputs_requiring_grad_pass_the_checks_but_a_grad_mask_is_refused():
     q = QKV[0].clone().requires_grad_()
-    with pytest.raises(ta.BackwardNotSupportedError, match="no backward"):
+    # q, k, v have a backward: the next check is the device one.
+    with pytest.raises((ta.NoGPUError, ta.DeviceError)):
         ta.sdpa(q, *QKV[1:])
+    mask = torch.zeros(QKV[0].shape[2], QKV[1].shape[2], requires_grad=True)
+    with pytest.raises(ta.BackwardNotSupportedError, match="q, k and v only"):
+        ta.sdpa(*QKV, attn_mask=mask)
 
 
 def test_requires_grad_under_no_grad_passes_the_grad_check():

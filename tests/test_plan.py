@@ -112,16 +112,18 @@ def test_equal_but_differently_typed_flags_never_share_a_plan(builds):
     assert plan(q, k, v, scale=1.0) is not plan(q, k, v, scale=True)
 
 
-def test_calls_needing_grad_or_odd_tensors_are_never_cached(builds):
+def test_grad_masks_and_odd_tensors_are_never_cached_but_grad_inputs_are(builds):
     q, k, v = qkv()
-    assert planning.call_key(q.clone().requires_grad_(), k, v, None, False, None, False,
-                             False, None) is None
     assert planning.call_key(q, k, v, torch.ones(16, requires_grad=True), False, None, False,
                              False, None) is None
     assert planning.call_key(q, k, v, [[True]], False, None, False, False, None) is None
+    # q, k, v that require grad launch the same forward (the backward is separate).
+    assert planning.call_key(q.clone().requires_grad_(), k, v, None, False, None, False,
+                             False, None) == planning.call_key(q, k, v, None, False, None,
+                                                               False, False, None)
     plan(q.clone().requires_grad_(), k, v)
     plan(q.clone().requires_grad_(), k, v)
-    assert len(builds) == 2
+    assert len(builds) == 1
 
 
 def test_the_cache_is_bounded(builds, monkeypatch):
@@ -169,10 +171,11 @@ def test_bad_inputs_next_to_a_cached_plan_still_get_typed_errors(seeded, kwargs,
     assert seeded[1] == []
 
 
-def test_grad_requiring_inputs_next_to_a_cached_plan_are_refused(seeded):
+def test_grad_requiring_masks_next_to_a_cached_plan_are_refused(seeded):
     q, k, v = qkv()
-    with pytest.raises(ta.BackwardNotSupportedError):
-        ta.sdpa(q.requires_grad_(), k, v)
+    mask = torch.zeros(1, 1, 1, 16, requires_grad=True)
+    with pytest.raises(ta.BackwardNotSupportedError, match="attn_mask requires grad"):
+        ta.sdpa(q, k, v, attn_mask=mask)
     with pytest.raises(ta.ShapeError, match="head dims"):
         ta.sdpa(*qkv()[:2], qkv(d=32)[2])
 

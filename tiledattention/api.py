@@ -34,7 +34,53 @@ def _(q, k, v, attn_mask, causal, scale, return_lse, tile_m, tile_n, occupancy, 
     return out, lse
 
 
+@torch.library.custom_op("tiledattention::attention_bwd", mutates_args=(), device_types="cuda")
+def _attention_bwd(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+    dout: torch.Tensor, dlse: torch.Tensor | None, attn_mask: torch.Tensor | None,
+    causal: bool, scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    from .kernel.bwd_plan import run_backward
+
+    return run_backward(q, k, v, out, lse, dout, dlse, attn_mask, causal, scale)
+
+
+@_attention_bwd.register_fake
+def _(q, k, v, out, lse, dout, dlse, attn_mask, causal, scale):
+    return (torch.empty_like(q, memory_format=torch.contiguous_format),
+            torch.empty_like(k, memory_format=torch.contiguous_format),
+            torch.empty_like(v, memory_format=torch.contiguous_format))
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, attn_mask, causal, scale, return_lse = inputs[:7]
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, attn_mask)
+    ctx.causal, ctx.scale, ctx.return_lse = causal, scale, return_lse
+    # An output nobody used gets None, not zeros: an unused LSE costs no extra pass.
+    ctx.set_materialize_grads(False)
+
+
+def _backward(ctx, dout, dlse):
+    q, k, v, out, lse, attn_mask = ctx.saved_tensors
+    if not ctx.return_lse:
+        # sdpa always asks for the LSE when a gradient is needed; a direct op call did not.
+        from .errors import BackwardNotSupportedError
+
+        raise BackwardNotSupportedError("attention_fwd was called with return_lse=False; the "
+                                        "backward needs the log-sum-exp (call sdpa)")
+    if dout is None:
+        dout = torch.zeros_like(out)
+    dq, dk, dv = _attention_bwd(q, k, v, out, lse, dout, dlse, attn_mask, ctx.causal,
+                                ctx.scale)
+    return dq, dk, dv, *([None] * 11)
+
+
+torch.library.register_autograd("tiledattention::attention_fwd", _backward,
+                                setup_context=_setup_context)
+
 _Tensor = torch.Tensor
+_grad_enabled = torch.is_grad_enabled
 _is_compiling = torch.compiler.is_compiling
 _tracing_state = torch._C._get_tracing_state
 _dispatch_modes = torch._C._len_torch_dispatch_stack
@@ -88,12 +134,21 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = Fa
     Any strides are accepted: a tensor is copied only when its last (head-dim) axis is
     not unit-stride. The output is a new contiguous tensor allocated by PyTorch, and the
     kernel runs on PyTorch's current CUDA stream; it works under ``torch.compile``
-    (fullgraph) and CUDA-graph capture. There is no backward pass yet: inputs that
-    require grad (with grad mode on) are refused.
+    (fullgraph) and CUDA-graph capture.
+
+    Differentiable in q, k and v (``torch.library.register_autograd`` on the custom op, so
+    it also trains under torch.compile): cuTile backward kernels recompute the softmax
+    from the saved log-sum-exp (``kernel.backward``); GQA's dK/dV are summed over each
+    group; the LSE output, when returned, is differentiable too. ``attn_mask`` gets no
+    gradient: a mask that requires grad is refused (``BackwardNotSupportedError``); an
+    additive mask is a constant. Fully masked rows get zero gradients. The backward is
+    deterministic (no atomics).
 
     Returns ``out``, or ``(out, lse)`` when ``return_lse``.
     """
-    if _plain_eager(q):
+    needs_grad = _grad_enabled() and (getattr(q, "requires_grad", False) or getattr(
+        k, "requires_grad", False) or getattr(v, "requires_grad", False))
+    if _plain_eager(q) and not needs_grad:
         plan = plan_for(q, k, v, attn_mask, causal, scale, enable_gqa, return_lse, schedule)
         out, lse = launch(plan, q, k, v, attn_mask, fresh_lse=False)
         return (out, lse) if return_lse else out
@@ -103,8 +158,9 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = Fa
     hints = (0, 0, 0, 0, 0, 0, True, 0) if s is None else (
         s.tile_m, s.tile_n, s.occupancy, s.num_ctas, s.latency_k, s.latency_v, s.heavy_first,
         s.splits)
+    # With a gradient to compute, the forward always keeps the LSE: the backward needs it.
     out, lse = _attention_fwd(q, k, v, attn_mask, problem.causal, problem.scale,
-                              bool(return_lse), *hints)
+                              bool(return_lse) or needs_grad, *hints)
     return (out, lse) if return_lse else out
 
 

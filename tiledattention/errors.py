@@ -39,7 +39,7 @@ class ScheduleError(InputError):
 
 
 class BackwardNotSupportedError(TiledAttentionError, NotImplementedError):
-    """An input requires grad, but the kernel has no backward pass yet."""
+    """A gradient was asked for that the backward does not compute (``attn_mask``)."""
 
 
 class PlatformError(TiledAttentionError, RuntimeError):

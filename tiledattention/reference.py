@@ -57,6 +57,39 @@ def naive_attention(q, k, v, *, causal=False, scale=None, attn_mask=None):
     return out, lse
 
 
+def attention_backward(q, k, v, dout, *, causal=False, scale=None, attn_mask=None,
+                       dlse=None):
+    """(dq, dk, dv) of ``naive_attention`` by the backward kernels' formulas, in float64.
+
+    delta = rowsum(dO * O) - dlse; P = exp(S - lse); dS = P * (dP - delta) with dP = dO V^T;
+    dQ = scale * dS K, dK = scale * dS^T Q and dV = P^T dO, summed over each GQA group.
+    Fully masked rows (lse = -inf) have P = 0: zero dQ, nothing added to dK and dV (where
+    autograd through the naive formula gives NaN).
+    """
+    q, k, v, dout = q.double(), k.double(), v.double(), dout.double()
+    group = q.shape[1] // k.shape[1]
+    ke, ve = _expand_kv(k, v, q.shape[1])
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    s = q @ ke.transpose(-1, -2) * scale
+    bias = additive_mask(attn_mask)
+    if bias is not None:
+        s = s + bias
+    if causal:
+        s = s.masked_fill(~causal_keep(s.shape[-2], s.shape[-1], s.device), float("-inf"))
+    lse = torch.logsumexp(s, dim=-1, keepdim=True)
+    p = torch.exp(s - lse.masked_fill(lse == float("-inf"), float("inf")))
+    out = p @ ve
+    delta = (dout * out).sum(-1, keepdim=True)
+    if dlse is not None:
+        delta = delta - dlse.double()[..., None]
+    ds = p * (dout @ ve.transpose(-1, -2) - delta)
+    dq = ds @ ke * scale
+    dk = (ds.transpose(-1, -2) @ q * scale)
+    dv = p.transpose(-1, -2) @ dout
+    b, hk, sk, d = k.shape
+    return (dq, dk.reshape(b, hk, group, sk, d).sum(2), dv.reshape(b, hk, group, sk, d).sum(2))
+
+
 def tiled_attention(q, k, v, *, causal=False, scale=None, attn_mask=None, tile_m=64,
                     tile_n=64):
     """The kernel's algorithm, tile by tile, in float64. Returns (out, lse)."""

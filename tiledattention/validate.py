@@ -92,10 +92,6 @@ def check_inputs(q, k, v, *, causal, scale, attn_mask, enable_gqa) -> Problem:
         raise InputError(f"causal must be a bool, got {causal!r}")
     if attn_mask is not None:
         check_mask(attn_mask, q, (b, hq, sq, sk))
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
-        raise BackwardNotSupportedError(
-            "q, k or v requires grad, but tiledattention has no backward pass yet; call it "
-            "under torch.no_grad() or torch.inference_mode(), or detach the inputs")
     # Last, so every other check also runs (and is tested) on machines without a GPU.
     if q.device.type != "cuda":
         if not torch.cuda.is_available():
@@ -117,7 +113,9 @@ def check_mask(mask, q, target: tuple[int, int, int, int]) -> None:
     if mask.device != q.device:
         raise MaskError(f"attn_mask is on {mask.device}, q on {q.device}")
     if mask.requires_grad and torch.is_grad_enabled():
-        raise BackwardNotSupportedError("attn_mask requires grad; tiledattention has no backward")
+        raise BackwardNotSupportedError(
+            "attn_mask requires grad; tiledattention computes gradients for q, k and v only "
+            "(the mask is a constant): detach it")
     if mask.dim() > 4 or mask.dim() < 1:
         raise MaskError(f"attn_mask must have rank 1 to 4, got shape {tuple(mask.shape)}")
     shape = (1,) * (4 - mask.dim()) + tuple(mask.shape)

@@ -10,6 +10,7 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 
 from ..errors import ConfigError
+from ..flops import PASSES
 from ..tolerance import RTOL
 from .grid import (
     HEADS_FALLBACK,
@@ -55,6 +56,9 @@ class GridConfig:
     batch: int = _opt(1, "B under the explicit policy.", min=1, max=INT32)
     heads: int = _opt(8, "H under the explicit policy.", min=1, max=INT32)
     gqa: tuple[int, ...] = _opt((1,), "Query heads per key/value head.", min=1, max=INT32)
+    passes: tuple[str, ...] = _opt(("fwd",), "Passes timed per point - fwd; bwd, the backward "
+                                   "alone (dO given); fwd+bwd, a training step's attention.",
+                                   choices=PASSES, unique=True)
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from ..errors import ConfigError
+from ..flops import PASSES
 
 # The paper's grid: S x D x dtype x causal = 80 points, B*S = 16384 tokens, H*D = 2048.
 PAPER_SEQS = (512, 1024, 2048, 4096, 8192)
@@ -52,6 +53,7 @@ class Point:
     batch: int
     heads: int
     gqa: int = 1
+    pass_: str = "fwd"  # fwd, bwd (the backward alone) or fwd+bwd; "pass" in rows
 
     @classmethod
     def of_tokens(cls, dtype: str, causal: bool, head_dim: int, seq: int, *,
@@ -67,16 +69,31 @@ class Point:
         return self.heads // self.gqa
 
     def key(self) -> str:
+        # Forward keys are unchanged from before the pass axis, so old rows still resume.
+        tail = "" if self.pass_ == "fwd" else "-" + self.pass_.replace("+", "")
         return (f"{self.dtype}-{'causal' if self.causal else 'full'}-d{self.head_dim}"
-                f"-sq{self.seq_q}-skv{self.seq_kv}-b{self.batch}-h{self.heads}-g{self.gqa}")
+                f"-sq{self.seq_q}-skv{self.seq_kv}-b{self.batch}-h{self.heads}-g{self.gqa}"
+                f"{tail}")
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        d["pass"] = d.pop("pass_")
+        return d
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Point:
+        """Inverse of :meth:`as_dict` (a row's point fields; "pass" optional)."""
+        data = dict(data)
+        if "pass" in data:
+            data["pass_"] = data.pop("pass")
+        if data.get("pass_", "fwd") not in PASSES:
+            raise ConfigError(f"pass {data['pass_']!r} is not one of {list(PASSES)}")
+        return cls(**data)
 
 
 def expand(cfg) -> list[Point]:
-    """All points of a BenchConfig in a fixed order (dtype, causal, D, S, Skv, GQA); heads
-    not divisible by the GQA ratio are skipped."""
+    """All points of a BenchConfig in a fixed order (dtype, causal, D, S, Skv, GQA, pass);
+    heads not divisible by the GQA ratio are skipped."""
     g = cfg.grid
     points = []
     for dtype in g.dtypes:
@@ -93,7 +110,8 @@ def expand(cfg) -> list[Point]:
                                 batch, heads = g.batch, g.heads
                             if heads % gqa:
                                 continue
-                            points.append(Point(dtype, causal, d, s, skv, batch, heads, gqa))
+                            points += [Point(dtype, causal, d, s, skv, batch, heads, gqa, p)
+                                       for p in g.passes]
     return points + decode_points(cfg.decode)
 
 

@@ -34,6 +34,7 @@ class Method:
     describe: Callable = lambda q, k, v, point: {}
     # (q, k, v, point) -> the launch geometry columns (kernel.geometry), or None
     geometry: Callable = lambda q, k, v, point: None
+    has_backward: bool = True  # differentiable in q, k, v (the bwd and fwd+bwd passes)
 
 
 def _gqa(point: Point) -> bool:

@@ -16,7 +16,7 @@ import torch
 
 from ..flops import attention_flops, tflops_per_s
 from ..timing import L2Flusher, as_cuda_graph, summarize, time_calls, time_cpu, time_cuda
-from ..tolerance import relative_error
+from ..tolerance import relative_error, rtol_bwd
 from .config import BenchConfig
 from .grid import Point, expand, shard
 from .manifest import capture, now
@@ -71,6 +71,72 @@ def reference(q, k, v, point: Point, max_heads: int):
     return ref, hq
 
 
+def make_dout(point: Point, seed: int, device: torch.device):
+    """The upstream gradient dO of a backward pass (seeded like the inputs)."""
+    gen = torch.Generator(device=device).manual_seed(_seed_for(seed + 1, point))
+    return torch.randn(point.batch, point.heads, point.seq_q, point.head_dim, generator=gen,
+                       device=device, dtype=getattr(torch, point.dtype))
+
+
+def reference_grads(q, k, v, dout, point: Point, max_heads: int):
+    """(dq, dk, dv) of the float64 naive formula on the reference slice, by autograd."""
+    from ..reference import naive_attention
+
+    hq, hk = _ref_slice(point, max_heads)
+    q64, k64, v64 = (t.detach()[:1, :h].double().requires_grad_()
+                     for t, h in ((q, hq), (k, hk), (v, hk)))
+    out, _ = naive_attention(q64, k64, v64, causal=point.causal)
+    out.backward(dout[:1, :hq].double())
+    return q64.grad, k64.grad, v64.grad
+
+
+def compare_grads(q, k, v, refs, point: Point, max_heads: int) -> dict:
+    """Each gradient's relative error on the reference slice, judged by ``rtol_bwd``."""
+    hq, hk = _ref_slice(point, max_heads)
+    bound = rtol_bwd(point.dtype)
+    errs = {}
+    for name, t, h, ref in zip(("dq", "dk", "dv"), (q, k, v), (hq, hk, hk), refs):
+        g = t.grad[:1, :h]
+        errs[name] = relative_error(g, ref) if bool(torch.isfinite(g).all()) else math.inf
+    worst = max(errs.values())
+    return {"grad_rel_err": errs, "grad_rtol": bound,
+            "grads_correct": math.isfinite(worst) and worst <= bound}
+
+
+def pass_callable(run, q, k, v, dout, pass_: str):
+    """What one timed call does: the forward; forward and backward; or the backward alone
+    (the graph of one forward, replayed with retain_graph). Gradients are reset, not
+    accumulated, each call."""
+    if pass_ == "fwd":
+        return run
+
+    def reset():
+        q.grad = k.grad = v.grad = None
+
+    if pass_ == "fwd+bwd":
+        def step():
+            reset()
+            run().backward(dout)
+        return step
+    out = run()
+
+    def backward():
+        reset()
+        out.backward(dout, retain_graph=True)
+    return backward
+
+
+def _bytes_moved(point: Point) -> int:
+    """Compulsory bytes: forward reads q, k, v and writes out; the backward reads q, k, v,
+    out and dO and writes dq, dk, dv."""
+    elem = torch.finfo(getattr(torch, point.dtype)).bits // 8
+    qs = point.batch * point.heads * point.seq_q * point.head_dim
+    kvs = point.batch * point.heads_kv * point.seq_kv * point.head_dim
+    per = {"fwd": 2 * qs + 2 * kvs, "bwd": 4 * qs + 4 * kvs}
+    total = per["fwd"] * (point.pass_ != "bwd") + per["bwd"] * (point.pass_ != "fwd")
+    return elem * total
+
+
 def compare(out, ref, hq: int, rtol: float) -> dict:
     got = out[:1, :hq].double()
     rel = relative_error(got, ref)
@@ -102,9 +168,14 @@ def run_point(point: Point, methods: list[str], cfg: BenchConfig, device, flush)
                                               "rounds": t.rounds, "flush_l2": t.flush_l2,
                                               "cuda_graph": t.cuda_graph}}
     rows = {m: {**base, "method": m} for m in methods}
+    backward = point.pass_ != "fwd"
     try:
         q, k, v = make_inputs(point, cfg.seed, device)
         ref, hq = reference(q, k, v, point, cfg.correctness.max_ref_heads)
+        if backward:
+            q, k, v = (t.requires_grad_() for t in (q, k, v))
+            dout = make_dout(point, cfg.seed, device)
+            grad_refs = reference_grads(q, k, v, dout, point, cfg.correctness.max_ref_heads)
     except Exception as exc:  # OOM while allocating: every method shares the fate
         status, msg = _classify(exc)
         if device.type == "cuda":
@@ -118,8 +189,11 @@ def run_point(point: Point, methods: list[str], cfg: BenchConfig, device, flush)
             if method.needs_cuda and device.type != "cuda":
                 raise Unavailable("needs a CUDA GPU")
             method.check(point, device)
+            if backward and not method.has_backward:
+                raise Unsupported(f"{m} has no backward pass")
             fn = functools.partial(method.run, q, k, v, point)
-            out = fn()
+            with torch.no_grad():
+                out = fn()
             row.update(compare(out, ref, hq, rtol), ref_heads=hq, ref_batch=1)
             row["details"] = method.describe(q, k, v, point)
             geometry = method.geometry(q, k, v, point)
@@ -130,8 +204,18 @@ def run_point(point: Point, methods: list[str], cfg: BenchConfig, device, flush)
                 row.update(status="wrong", reason=f"relative error {row['rel_err']:.3e} > "
                            f"{rtol:g} (or non-finite output)")
                 continue
+            if backward:
+                pass_callable(fn, q, k, v, dout, "fwd+bwd")()
+                row.update(compare_grads(q, k, v, grad_refs, point,
+                                         cfg.correctness.max_ref_heads))
+                if not row["grads_correct"]:
+                    row.update(status="wrong", reason=f"gradient relative errors "
+                               f"{row['grad_rel_err']} > {row['grad_rtol']:g}")
+                    continue
+                fn = pass_callable(fn, q, k, v, dout, point.pass_)
             eager[m] = fn  # call latency is what an eager caller waits, graph or not
-            if t.cuda_graph and device.type == "cuda":
+            # Autograd is not captured into CUDA graphs here: backward passes run eager.
+            if t.cuda_graph and device.type == "cuda" and not backward:
                 fn = as_cuda_graph(fn)
             callables[m] = fn
         except Exception as exc:
@@ -161,10 +245,8 @@ def run_point(point: Point, methods: list[str], cfg: BenchConfig, device, flush)
     call_samples = _time_call_latency({m: eager[m] for m in callables}, calls, t.rounds,
                                       device, rows, callables)
     flops = attention_flops(point.batch, point.heads, point.seq_q, point.seq_kv,
-                            point.head_dim, point.causal)
-    elem = torch.finfo(getattr(torch, point.dtype)).bits // 8
-    nbytes = elem * point.batch * point.head_dim * (2 * point.heads * point.seq_q
-                                                    + 2 * point.heads_kv * point.seq_kv)
+                            point.head_dim, point.causal, point.pass_)
+    nbytes = _bytes_moved(point)
     for m in callables:
         st = summarize(samples[m])
         sec = st.median_ms * 1e-3

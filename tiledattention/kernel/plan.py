@@ -71,7 +71,8 @@ def _facts(t) -> tuple:
 
 
 def call_key(q, k, v, attn_mask, causal, scale, enable_gqa, return_lse, schedule) -> tuple | None:
-    """The plan key, or None for a call that is not cached (not plain tensors, grad needed).
+    """The plan key, or None for a call that is not cached (not plain tensors, a mask that
+    requires grad: its check depends on grad mode).
 
     ``type(x)`` is part of the key so that ``causal=1`` or ``scale=True`` never finds the
     plan of ``causal=True`` / ``scale=1.0`` (equal and equally hashed in Python) and still
@@ -79,8 +80,6 @@ def call_key(q, k, v, attn_mask, causal, scale, enable_gqa, return_lse, schedule
     """
     if not (type(q) is _Tensor and type(k) is _Tensor and type(v) is _Tensor):
         return None
-    if q.requires_grad or k.requires_grad or v.requires_grad:
-        return None  # the checks decide per call (grad mode may change)
     if attn_mask is None:
         mask = None
     elif type(attn_mask) is _Tensor and not attn_mask.requires_grad:

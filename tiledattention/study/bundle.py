@@ -124,10 +124,12 @@ def _snapshot(repo_root: str, dest_zip: str) -> tuple[int, str]:
 
 
 def headline(rows: list[dict], manifest: dict) -> str:
-    from .ratios import compare
+    from .ratios import compare, pass_of
     from .tables import FUSED, SUBJECT
 
     gpu = (manifest.get("gpu") or {}).get("name") or "a CPU (no GPU)"
+    train = [r for r in rows if pass_of(r) == "fwd+bwd"]
+    rows = [r for r in rows if pass_of(r) == "fwd"]
     s = compare(rows, SUBJECT, FUSED)
     if not s.n:
         return (f"Measured on {gpu}. {SUBJECT} and {FUSED} were never both ok at one point, "
@@ -138,10 +140,28 @@ def headline(rows: list[dict], manifest: dict) -> str:
             "time (host work hidden)")
     c = compare(rows, SUBJECT, FUSED, measure="call")
     if not c.n:
-        return text + "; call latency was not measured in these rows."
-    return text + (f"; by call latency (wall time per back-to-back call, host work included) "
-                   f"the geometric mean is {c.geomean:.3f}x over {c.n} points (min "
-                   f"{c.min:.3f}x, faster at {c.wins}/{c.n}).")
+        text += "; call latency was not measured in these rows."
+    else:
+        text += (f"; by call latency (wall time per back-to-back call, host work included) "
+                 f"the geometric mean is {c.geomean:.3f}x over {c.n} points (min "
+                 f"{c.min:.3f}x, faster at {c.wins}/{c.n}).")
+    return text + _training_headline(train)
+
+
+def _training_headline(rows: list[dict]) -> str:
+    """Forward+backward against every baseline measured with a backward, if any."""
+    from .ratios import compare
+    from .tables import SUBJECT, baselines
+
+    parts = []
+    for b in baselines(rows):
+        s = compare(rows, SUBJECT, b)
+        if s.n:
+            parts.append(f"{s.geomean:.3f}x {b} (min {s.min:.3f}x, {s.n} points)")
+    if not parts:
+        return ""
+    return (" Forward+backward (a training step's attention), geometric mean by kernel time: "
+            + "; ".join(parts) + ".")
 
 
 def _readme(pub: Publication, rows: list[dict], manifest: dict, table4: str,

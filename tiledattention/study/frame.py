@@ -31,6 +31,12 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "batch": ("", "batch size B"),
     "heads": ("", "query heads H"),
     "gqa": ("", "query heads per key/value head"),
+    "pass": ("", "what was timed: fwd; bwd (the backward alone, given dO); fwd+bwd"),
+    "grad_rel_err.dq": ("", "||dq - ref|| / ||ref|| on the reference slice (backward passes)"),
+    "grad_rel_err.dk": ("", "||dk - ref|| / ||ref|| on the reference slice (backward passes)"),
+    "grad_rel_err.dv": ("", "||dv - ref|| / ||ref|| on the reference slice (backward passes)"),
+    "grad_rtol": ("", "tolerance applied to each gradient (tolerance.RTOL_BWD)"),
+    "grads_correct": ("", "every gradient within grad_rtol of the float64 autograd reference"),
     "seed": ("", "input seed (same inputs for every method of a point)"),
     "device": ("", "torch device the point ran on"),
     "recorded": ("UTC", "when the row was written"),
@@ -42,10 +48,12 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "rtol": ("", "tolerance applied for this dtype"),
     "ref_batch": ("", "batches covered by the float64 reference"),
     "ref_heads": ("", "heads covered by the float64 reference"),
-    "flops": ("FLOP", "4*B*H*Sq*Skv*D, halved when causal"),
+    "flops": ("FLOP", "4*B*H*Sq*Skv*D, halved when causal; x2.5 for bwd, x3.5 for fwd+bwd "
+                      "(flops.py)"),
     "tflops": ("TFLOP/s", "flops / median time"),
     "tokens_per_s": ("1/s", "B*H*Sq / median time"),
-    "bytes_moved": ("B", "compulsory bytes: read q, k, v once, write out once"),
+    "bytes_moved": ("B", "compulsory bytes: read q, k, v once, write out once (bwd: read q, "
+                         "k, v, out, dO, write dq, dk, dv)"),
     "gbytes_per_s": ("GB/s", "bandwidth proxy: bytes_moved / median time"),
     "call_us": ("us", "call latency: steady-state wall time per call of call_calls "
                       "back-to-back eager calls (host work included; no L2 flush, no spin, "
@@ -63,7 +71,8 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "timing.reps": ("", "timed calls requested per method"),
     "timing.rounds": ("", "rounds, methods interleaved, order alternating"),
     "timing.flush_l2": ("", "L2 flushed before each timed call"),
-    "timing.cuda_graph": ("", "calls replayed from a CUDA graph"),
+    "timing.cuda_graph": ("", "calls replayed from a CUDA graph (forward passes only; "
+                              "backward passes run eager)"),
     "details.backend": ("", "the torch SDPA backend that actually ran"),
     "details.schedule": ("", "tiledattention schedule label (tile_m x tile_n, occupancy, ...)"),
     "details.schedule_source": ("", "where the schedule came from: table, nearest, default, "

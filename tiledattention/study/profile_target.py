@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> None:
 
         point = Shape.parse(args.shape).point()
     else:
-        point = Point(**json.loads(args.point))
+        point = Point.from_dict(json.loads(args.point))
     method = get_method(args.method)
     q, k, v = make_inputs(point, 0, torch.device("cuda"))
     for i in range(args.warmup + 1):

@@ -39,6 +39,18 @@ class RatioSummary:
         return dict(self.__dict__)
 
 
+def pass_of(row: dict) -> str:
+    """The pass a row timed (rows from before the pass axis are forward)."""
+    return row.get("pass", "fwd")
+
+
+def passes_in(rows: list[dict]) -> list[str]:
+    from ..flops import PASSES
+
+    seen = {pass_of(r) for r in rows}
+    return [p for p in PASSES if p in seen]
+
+
 def index_rows(rows: list[dict]) -> dict[tuple[str, str], dict]:
     return {(r["point_key"], r["method"]): r for r in rows}
 

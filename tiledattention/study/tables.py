@@ -17,7 +17,16 @@ import os
 from dataclasses import dataclass, field
 
 from ..bench.grid import pinned_label
-from .ratios import MEASURES, RatioSummary, compare, compare_by, index_rows, points_of
+from .ratios import (
+    MEASURES,
+    RatioSummary,
+    compare,
+    compare_by,
+    index_rows,
+    pass_of,
+    passes_in,
+    points_of,
+)
 
 SUBJECT = "tiledattention"
 FUSED = "torch_sdpa"  # PyTorch's automatic dispatch: "fused SDPA" in the paper
@@ -169,8 +178,11 @@ def headline(rows: list[dict]) -> Table:
               "latency", ["against", "points", "kernel mean", "kernel geomean", "kernel min",
                           "kernel wins", "call geomean", "call min", "call wins"])
     present = set(methods_in(rows))
+    training = [p for p in passes_in(rows) if p != "fwd"]
+    everything = rows
+    rows = [r for r in rows if pass_of(r) == "fwd"]
 
-    def add(label, baseline, where=lambda p: True):
+    def add(label, baseline, where=lambda p: True, rows=rows):
         if baseline in present:
             k = compare(rows, SUBJECT, baseline, where)
             c = compare(rows, SUBJECT, baseline, where, "call")
@@ -184,8 +196,15 @@ def headline(rows: list[dict]) -> Table:
     add("flash (forced FlashAttention-2)", "flash")
     add("math SDPA", "math")
     add("eager attention", "eager")
+    # Backward passes: against every baseline measured there (all of them have a backward).
+    for pass_ in training:
+        sub = [r for r in everything if pass_of(r) == pass_]
+        for b in baselines(sub):
+            add(f"{b}, {pass_}", b, rows=sub)
     t.notes.append("kernel: CUDA-event time with host work hidden; call: steady-state wall "
-                   "time per back-to-back call (call_us), what a caller waits.")
+                   "time per back-to-back call (call_us), what a caller waits. Rows without a "
+                   "pass are the forward; 'fwd+bwd' rows time forward and backward together "
+                   "(a training step's attention), 'bwd' the backward alone.")
     return t
 
 
@@ -293,7 +312,10 @@ def write_all(rows: list[dict], out_dir: str, *, tune_table: str | None = None,
     from .shapes import shapes_cost_table, shapes_table
 
     paths = []
-    for table in (headline(rows), table4(rows), by_head_dim(rows), by_regime(rows),
+    # The ratio tables compare forward rows, as before the pass axis; the headline adds
+    # the backward passes, and the per-point tables list every pass's rows.
+    fwd = [r for r in rows if pass_of(r) == "fwd"]
+    for table in (headline(rows), table4(fwd), by_head_dim(fwd), by_regime(fwd),
                   table5(tune_table), table6(ladder_rows or []), throughput(rows),
                   call_latency(rows), status(rows), shapes_table(shape_rows or []),
                   shapes_cost_table(shape_rows or [])):

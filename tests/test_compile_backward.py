@@ -1,0 +1,84 @@
+"""The backward kernels compile with tileiras for Hopper and Blackwell, no GPU needed.
+
+A slice in which every compile-time flag of the three backward kernels takes each of its
+values at least once on sm_90 (dtype, causal, even key tail, the three mask layouts, the
+LSE gradient, one to three head-dim chunks, dQ by kernel or by atomics), and a smaller
+slice for sm_100 and sm_120, each into a fresh cuTile cache (tests/conftest.py). The full
+dtype x causal x mask x D matrix (``bwd_variant_matrix``, 60 variants) would take over an
+hour per target on CI's two cores.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+pytest.importorskip("cuda.tile", reason="cuTile not installed: pip install 'cuda-tile[tileiras]'")
+
+from tiledattention.kernel.bwd_plan import (  # noqa: E402
+    KERNELS,
+    BwdSchedule,
+    BwdVariant,
+    default_bwd_schedule,
+    param_names,
+)
+from tiledattention.kernel.toolchain import tileiras_path  # noqa: E402
+from tiledattention.kernel.variant import mask_axes_for  # noqa: E402
+
+if tileiras_path() is None:
+    pytest.skip("tileiras not found: pip install 'cuda-tile[tileiras]'", allow_module_level=True)
+
+EM_CUDA = 190
+
+
+def variant(dtype, d, causal, mask="none", *, even=True, dlse=False, schedule=None):
+    return BwdVariant(dtype, d, causal, schedule or default_bwd_schedule(d, causal),
+                      even_n=even, mask_dtype=None if mask == "none" else dtype,
+                      mask_axes=mask_axes_for(mask), has_dlse=dlse)
+
+
+HOPPER = [
+    variant("float16", 64, False),
+    variant("float16", 96, True, even=False),
+    variant("bfloat16", 160, False, "full", dlse=True),
+    variant("bfloat16", 128, True, "key_padding", even=False),
+    variant("float16", 120, True, "full"),  # three chunks, the last padded
+    variant("float16", 256, False, even=False),
+    variant("bfloat16", 96, True, schedule=BwdSchedule(dq="atomic")),
+]
+BLACKWELL = [HOPPER[1], HOPPER[2]]
+CASES = ([(v, "sm_90") for v in HOPPER] + [(v, t) for t in ("sm_100", "sm_120")
+                                             for v in BLACKWELL])
+
+
+def test_the_slice_covers_every_flag_value():
+    seen: dict[str, set] = {}
+    for v in HOPPER:
+        for k in KERNELS:
+            for name, value in v.constants(k).items():
+                seen.setdefault(f"{k}.{name}", set()).add(value)
+    for key in ("CAUSAL", "EVEN_N", "HAS_MASK", "MASK_ROWS", "DQ_ATOMIC"):
+        assert seen[f"attention_bwd_dkdv.{key}"] == {False, True}, key
+    assert seen["attention_bwd_dkdv.NCHUNK"] == {1, 2, 3}
+    assert seen["attention_bwd_delta.HAS_DLSE"] == {False, True}
+
+
+def test_backward_constants_are_the_kernels_constant_parameters():
+    v = HOPPER[2]
+    for k in KERNELS:
+        assert set(v.constants(k)) <= set(param_names(k))
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("v,target", CASES, ids=lambda x: x.label() if hasattr(x, "label") else x)
+def test_backward_kernels_compile_to_cuda_cubins(v, target):
+    from tiledattention.kernel.bwd_plan import export_cubins
+
+    cubins = export_cubins(v, target)
+    assert set(cubins) == set(KERNELS)
+    for name, cubin in cubins.items():
+        assert cubin[:4] == b"\x7fELF", f"{name}: not an ELF file"
+        (machine,) = struct.unpack_from("<H", cubin, 18)
+        assert machine == EM_CUDA, f"{name}: ELF machine {machine}"
+        assert name.encode() in cubin
