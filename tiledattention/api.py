@@ -57,6 +57,7 @@ def _setup_context(ctx, inputs, output):
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, attn_mask)
     ctx.causal, ctx.scale, ctx.return_lse = causal, scale, return_lse
+    ctx.n_inputs = len(inputs)
     # An output nobody used gets None, not zeros: an unused LSE costs no extra pass.
     ctx.set_materialize_grads(False)
 
@@ -73,7 +74,8 @@ def _backward(ctx, dout, dlse):
         dout = torch.zeros_like(out)
     dq, dk, dv = _attention_bwd(q, k, v, out, lse, dout, dlse, attn_mask, ctx.causal,
                                 ctx.scale)
-    return dq, dk, dv, *([None] * 11)
+    # No gradient for the mask and the scalar arguments.
+    return dq, dk, dv, *([None] * (ctx.n_inputs - 3))
 
 
 torch.library.register_autograd("tiledattention::attention_fwd", _backward,
