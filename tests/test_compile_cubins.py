@@ -84,6 +84,25 @@ def test_split_k_combine_kernel_compiles(dtype, d, lse, target):
     assert cubin[:4] == b"\x7fELF" and b"attention_combine" in cubin
 
 
+def _worker_warp_variants():
+    from tiledattention.kernel.variant import Variant
+    from tiledattention.schedules.schedule import Schedule
+
+    # Two of the quick space's 8-worker-warp schedules, one with a mask and the LSE store:
+    # a small slice, since every target compiles each (CI has 2 cores).
+    return [Variant("float16", 128, False, Schedule(128, 128, 1, worker_warps=8), even_n=True),
+            Variant("bfloat16", 160, True, Schedule(128, 64, 2, worker_warps=8),
+                    mask_dtype="bfloat16", mask_axes=(True, False, False), return_lse=True)]
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("variant", _worker_warp_variants(), ids=lambda v: v.label())
+def test_worker_warp_schedules_compile_for_every_target(variant, target):
+    res = export_cubin(variant, target)
+    assert res.cubin[:4] == b"\x7fELF" and b"attention_fwd" in res.cubin
+
+
 def _shipped_variants():
     from tiledattention.kernel.variant import Variant
     from tiledattention.schedules.policy import shipped_table_paths

@@ -11,7 +11,8 @@ from tiledattention import Schedule, ScheduleError, default_schedule
     ({"num_ctas": 3}, "num_ctas"), ({"latency_k": 0}, "latency_k"),
     ({"latency_v": 11}, "latency_v"), ({"tile_m": 64.0}, "must be an int"),
     ({"occupancy": True}, "must be an int"), ({"splits": -1}, "splits"),
-    ({"splits": 65}, "splits"),
+    ({"splits": 65}, "splits"), ({"worker_warps": 2}, "worker_warps=2"),
+    ({"worker_warps": 8.0}, "must be an int"),
 ])
 def test_invalid_schedules_are_rejected_with_the_reason(kwargs, words):
     with pytest.raises(ScheduleError, match=words):
@@ -24,8 +25,42 @@ def test_unknown_keys_are_rejected_with_the_valid_ones():
 
 
 def test_round_trip_through_dict():
-    s = Schedule(128, 64, 2, 1, 3, 5)
-    assert Schedule.from_dict(s.as_dict()) == s
+    for s in (Schedule(128, 64, 2, 1, 3, 5), Schedule(128, 128, 1, worker_warps=8)):
+        assert Schedule.from_dict(s.as_dict()) == s
+
+
+@pytest.mark.parametrize("schedule", [
+    Schedule(64, 128, 2), Schedule(128, 128, 1, worker_warps=8),
+    Schedule(128, 64, 2, 1, 3, 3, heavy_first=False, worker_warps=4),
+    Schedule(64, 64, 4, heavy_first=False),
+    Schedule(128, 128, 1, heavy_first=False, splits=4, worker_warps=8),
+])
+def test_label_round_trips_with_and_without_worker_warps(schedule):
+    assert Schedule.from_label(schedule.label()) == schedule
+
+
+def test_labels_without_worker_warps_keep_their_meaning():
+    # rows and tables written before the hint existed name schedules like this
+    assert Schedule.from_label("64x128_o2_c1_lk2_lv4") == Schedule(64, 128, 2)
+    assert Schedule.from_label("64x128_o2_c1_lk2_lv4").worker_warps is None
+    assert Schedule.from_label("128x128_o1_c1_lk2_lv4_w8_natural") == Schedule(
+        128, 128, 1, heavy_first=False, worker_warps=8)
+    assert Schedule.from_dict({"tile_m": 64, "tile_n": 128, "occupancy": 2}).worker_warps is None
+    for bad in ("64x128_o2_c1_lk2_lv4_natural_w8", "64x128_o2_c1_lk2_lv4_w", "128x128_o1_w8"):
+        with pytest.raises(ScheduleError, match="not like"):
+            Schedule.from_label(bad)
+    with pytest.raises(ScheduleError, match="worker_warps=16"):
+        Schedule.from_label("128x128_o1_c1_lk2_lv4_w16")
+
+
+def test_worker_warps_spread_the_registers_so_128_row_tiles_do_not_spill():
+    from tiledattention.schedules.space import QUICK_SPACE, rejection
+
+    assert "spill" in rejection(Schedule(128, 128, 1), 128)
+    assert rejection(Schedule(128, 128, 1, worker_warps=8), 128) is None
+    assert rejection(Schedule(128, 64, 1, worker_warps=8), 256) is None
+    assert "spill" in rejection(Schedule(128, 64, 1), 256)
+    assert len(QUICK_SPACE) <= 14 and any(s.worker_warps == 8 for s in QUICK_SPACE)
 
 
 def test_split_count_is_in_the_label_only_when_fixed():

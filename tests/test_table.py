@@ -63,10 +63,24 @@ def test_sensitivity_is_the_runner_up_slowdown():
 
 
 def test_table_round_trips_through_its_file(tmp_path):
-    t = table_with((bucket(), Schedule(64, 128, 2)), (bucket(dtype="bfloat16"), Schedule()))
+    t = table_with((bucket(), Schedule(64, 128, 2)), (bucket(dtype="bfloat16"), Schedule()),
+                   (bucket(head_dim=64), Schedule(128, 128, 2, worker_warps=8)))
     t.save(str(tmp_path / "t.json"))
     back = ScheduleTable.load(str(tmp_path / "t.json"))
     assert back.entries == t.entries
+
+
+def test_entries_written_before_worker_warps_load_as_the_compilers_choice(tmp_path):
+    old = {"format": "tiledattention-schedule-table/1", "meta": {}, "entries": [{
+        "bucket": {"cc": "9.0", "dtype": "float16", "head_dim": 128, "causal": False,
+                   "s_bucket": 4096, "gqa": 1},
+        "best": {"tile_m": 64, "tile_n": 128, "occupancy": 2, "num_ctas": 1, "latency_k": 2,
+                 "latency_v": 4, "heavy_first": True}, "best_tflops": 620.0}]}
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    (entry,) = ScheduleTable.load(str(tmp_path / "old.json")).entries.values()
+    assert entry.best == Schedule(64, 128, 2) and entry.best.worker_warps is None
+    # and a schedule left to the compiler is written as before
+    assert "worker_warps" not in entry.to_json()["best"]
 
 
 @pytest.mark.parametrize("content,words", [
@@ -87,7 +101,7 @@ def test_policy_uses_a_user_table_then_falls_back_to_the_default(tmp_path, monke
     monkeypatch.setattr(policy, "_capability", lambda index: "9.0")
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     q = torch.empty(4, 16, 4096, 128, dtype=torch.float16, device="meta")
-    mine = Schedule(128, 128, 1, 1, 3, 3)
+    mine = Schedule(128, 128, 1, 1, 3, 3, worker_warps=8)
     table_with((bucket(), mine)).save(str(tmp_path / "mine.json"))
     try:
         ta.set_schedule_table(str(tmp_path / "mine.json"))

@@ -22,13 +22,14 @@ from .variant import Variant
 
 
 @functools.cache
-def _kernel_for_hints(occupancy: int, num_ctas: int):
-    return kernel_module().attention_fwd.replace_hints(occupancy=occupancy, num_ctas=num_ctas)
+def _kernel_for_hints(occupancy: int, num_ctas: int, worker_warps: int | None = None):
+    return kernel_module().attention_fwd.replace_hints(
+        occupancy=occupancy, num_ctas=num_ctas, num_worker_warps=worker_warps)
 
 
 def kernel_for(schedule: Schedule):
     """The cuTile kernel object carrying this schedule's compiler hints (cached)."""
-    return _kernel_for_hints(schedule.occupancy, schedule.num_ctas)
+    return _kernel_for_hints(schedule.occupancy, schedule.num_ctas, schedule.worker_warps)
 
 
 @functools.cache

@@ -9,6 +9,10 @@ from ..errors import ScheduleError
 TILE_SIZES = (16, 32, 64, 128, 256)
 NUM_CTAS = (1, 2, 4, 8, 16)
 MAX_SPLITS = 64
+# cuTile's num_worker_warps hint: warps of the CUDA-core (MMA and softmax) warpgroups of a
+# warp-specialised kernel, not counting the compiler's producer warps. tileiras 13.4 (the
+# version the package pins) accepts only 4 and 8; None leaves the choice to the compiler.
+WORKER_WARPS = (None, 4, 8)
 
 
 @dataclass(frozen=True)
@@ -21,7 +25,10 @@ class Schedule:
     deeper prefetch); heavy_first: for causal attention, launch the query tiles with the
     most keys first (ignored otherwise); splits: key splits per (batch, head) for
     flash-decoding (split-K): 0 lets the launch pick from the GPU's SM count when the
-    grid would not fill it, 1 never splits, n > 1 asks for up to n splits.
+    grid would not fill it, 1 never splits, n > 1 asks for up to n splits; worker_warps:
+    cuTile's ``num_worker_warps`` hint, 4 or 8 warps in the MMA/softmax warp groups (None:
+    the compiler's choice, which is 4 for every shipped variant; 8 gives a 128-row tile
+    two consumer warp groups).
     """
 
     tile_m: int = 64
@@ -32,10 +39,13 @@ class Schedule:
     latency_v: int = 4
     heavy_first: bool = True
     splits: int = 0
+    worker_warps: int | None = None
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
+            if f.name == "worker_warps" and value is None:
+                continue
             if f.name == "heavy_first":
                 if not isinstance(value, bool):
                     raise ScheduleError(f"Schedule.heavy_first must be a bool, got {value!r}")
@@ -56,9 +66,17 @@ class Schedule:
         if not 0 <= self.splits <= MAX_SPLITS:
             raise ScheduleError(f"Schedule.splits={self.splits} is not in [0, {MAX_SPLITS}] "
                                 "(0: chosen per call)")
+        if self.worker_warps not in WORKER_WARPS:
+            raise ScheduleError(f"Schedule.worker_warps={self.worker_warps} is not one of "
+                                f"{WORKER_WARPS} (None: the compiler's choice)")
 
     def as_dict(self) -> dict[str, int | bool]:
-        return asdict(self)
+        """The fields; ``worker_warps`` only when set, so tables and rows of schedules that
+        leave it to the compiler read as before the hint existed."""
+        d = asdict(self)
+        if d["worker_warps"] is None:
+            del d["worker_warps"]
+        return d
 
     @classmethod
     def from_dict(cls, data: dict) -> Schedule:
@@ -70,22 +88,27 @@ class Schedule:
 
     @classmethod
     def from_label(cls, label: str) -> Schedule:
-        """Inverse of :meth:`label`, e.g. ``64x128_o2_c1_lk2_lv4`` (``_natural``: no
-        heavy-first order; ``_k4``: splits=4, absent means 0, chosen per call)."""
+        """Inverse of :meth:`label`, e.g. ``64x128_o2_c1_lk2_lv4`` (``_w8``: 8 worker warps,
+        absent: the compiler's choice; ``_natural``: no heavy-first order; ``_k4``:
+        splits=4, absent means 0, chosen per call)."""
         import re
 
-        m = re.fullmatch(r"(\d+)x(\d+)_o(\d+)_c(\d+)_lk(\d+)_lv(\d+)(_natural)?(?:_k(\d+))?",
-                         label)
+        m = re.fullmatch(r"(\d+)x(\d+)_o(\d+)_c(\d+)_lk(\d+)_lv(\d+)(?:_w(\d+))?(_natural)?"
+                         r"(?:_k(\d+))?", label)
         if m is None:
             raise ScheduleError(f"schedule label {label!r} is not like 64x128_o2_c1_lk2_lv4 "
-                                "(optionally ending in _natural, then _k<splits>)")
+                                "(optionally followed by _w4 or _w8, then _natural, then "
+                                "_k<splits>)")
         tm, tn, occ, ctas, lk, lv = (int(x) for x in m.groups()[:6])
-        return cls(tm, tn, occ, ctas, lk, lv, heavy_first=m.group(7) is None,
-                   splits=int(m.group(8) or 0))
+        return cls(tm, tn, occ, ctas, lk, lv, heavy_first=m.group(8) is None,
+                   splits=int(m.group(9) or 0),
+                   worker_warps=None if m.group(7) is None else int(m.group(7)))
 
     def label(self) -> str:
         return (f"{self.tile_m}x{self.tile_n}_o{self.occupancy}_c{self.num_ctas}"
-                f"_lk{self.latency_k}_lv{self.latency_v}{'' if self.heavy_first else '_natural'}"
+                f"_lk{self.latency_k}_lv{self.latency_v}"
+                f"{'' if self.worker_warps is None else f'_w{self.worker_warps}'}"
+                f"{'' if self.heavy_first else '_natural'}"
                 f"{f'_k{self.splits}' if self.splits else ''}")
 
 
