@@ -126,8 +126,10 @@ def main(argv=None) -> int:
                       schedule=Schedule.from_label(args.schedule), even_n=True)
     tileiras = args.tileiras or default_tileiras()
     version = subprocess.run([tileiras, "--version"], capture_output=True, text=True).stdout
+    release = next((line.split("release", 1)[1].strip() for line in version.splitlines()
+                    if "release" in line), "(version unknown)")
     print(f"variant {variant.label()} for {args.gpu_code}; "
-          f"tileiras {version.strip().splitlines()[-1] if version.strip() else '?'}")
+          f"tileiras {release}")
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(args.keep or tmp)
         work.mkdir(parents=True, exist_ok=True)
