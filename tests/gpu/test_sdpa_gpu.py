@@ -166,7 +166,9 @@ def test_torch_compile_fullgraph():
 
 
 @pytest.mark.parametrize("schedule", [ta.Schedule(128, 64, 2), ta.Schedule(64, 128, 2),
-                                      ta.Schedule(128, 128, 1, latency_k=3, latency_v=3)],
+                                      ta.Schedule(128, 128, 1, latency_k=3, latency_v=3,
+                                                  worker_warps=8),
+                                      ta.Schedule(128, 64, 2, worker_warps=8)],
                          ids=lambda s: s.label())
 def test_explicit_schedules_agree(schedule):
     q, k, v = (_rand(2, 2, 700, 160, dtype=torch.float16) for _ in range(3))
