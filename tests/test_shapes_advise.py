@@ -111,10 +111,10 @@ def test_suggestions_keep_hidden_size_and_list_only_faster_measured_shapes():
 
 
 def test_wave_and_head_dim_quantization_are_flagged_from_the_geometry():
-    # S=1088 on the shipped table's 64x64 occupancy-4 schedule for D=64: 544 programs on
-    # 528 slots, the second wave 3% full.
+    # S=1088 on the shipped table's schedule for D=64 S<=2048 (128x64 occupancy 2, 8
+    # worker warps): 288 programs on 264 slots, the second wave 9% full.
     text = advice.advise(Shape(16, 64, 1088, 2))
-    assert "wave quantization: 544 programs on 528 slots = 1.03 waves" in text
+    assert "wave quantization: 288 programs on 264 slots = 1.09 waves" in text
     text = advice.advise(Shape(20, 80, 2048, 2))
     assert "head dim 80 is not a multiple of 64: split 64+16, no padding" in text
 
