@@ -80,8 +80,9 @@ def test_a_changed_schedule_or_flag_builds_a_new_plan(builds):
     q, k, v = qkv()
     plans = {plan(q, k, v), plan(q, k, v, schedule=Schedule(64, 64)),
              plan(q, k, v, schedule=Schedule(64, 128)), plan(q, k, v, causal=True),
-             plan(q, k, v, lse=True), plan(q, k, v, scale=0.5), plan(q, k, v, gqa=True)}
-    assert len(plans) == len(builds) == 7
+             plan(q, k, v, lse=True), plan(q, k, v, scale=0.5), plan(q, k, v, gqa=True),
+             plan(q, k, v, schedule=Schedule(64, 64, pdl=True))}
+    assert len(plans) == len(builds) == 8
     assert plan(q, k, v, schedule=Schedule(64, 64)) in plans  # equal schedule, same plan
     as_dict = plan(q, k, v, schedule={"tile_m": 64, "tile_n": 64})
     assert plan(q, k, v, schedule={"tile_n": 64, "tile_m": 64}) is as_dict
@@ -212,8 +213,29 @@ def test_a_plan_holds_grid_and_arguments_placed_by_name():
                       True, True, False,  # causal, heavy first, Skv % 128 != 0
                       True, True, False, False,  # key-padding mask: batch axis only
                       False, 2, 4,  # no LSE, latency hints
-                      False, False)  # no split-K, no GQA packing
+                      False, False,  # no split-K, no GQA packing
+                      False)  # no programmatic dependent launch
     assert p.part_shape is None and p.packed_shape is None and p.splits_per_head == 1
+    assert not p.pdl
+
+
+def test_a_pdl_schedule_sets_the_kernel_flag_and_the_launch_flag_together():
+    pytest.importorskip("cuda.tile", reason="cuTile (cuda-tile) is not installed")
+    from tiledattention.validate import Problem
+
+    problem = Problem(1, 32, 32, 512, 512, 128, True, 0.125)
+    p = planning.make_plan(problem, torch.float16, torch.device("cpu"),
+                           Schedule(64, 128, 2, pdl=True), False, copy_qkv=False, mask=None,
+                           kernel=None)
+    # The kernel waits before its first load exactly when it is launched as a dependent.
+    assert p.pdl and p.tail[-1] is True and p.variant.constants()["PDL"] is True
+    split = _decode_plan(1, 32, 32, 1, 4096, schedule=Schedule(64, 64, 2, pdl=True))
+    assert split.part_shape is not None and split.pdl  # the combine launches plainly
+
+
+def test_the_op_passes_the_pdl_field_and_old_positional_calls_default_it_off():
+    schema = str(api._attention_fwd._opoverload._schema)
+    assert schema.endswith("SymInt worker_warps, bool pdl=False) -> (Tensor, Tensor)")
 
 
 def _decode_plan(b, hq, hkv, sq, skv, *, causal=False, schedule=None, mask=None, sms=132,

@@ -12,7 +12,7 @@ from tiledattention import Schedule, ScheduleError, default_schedule
     ({"latency_v": 11}, "latency_v"), ({"tile_m": 64.0}, "must be an int"),
     ({"occupancy": True}, "must be an int"), ({"splits": -1}, "splits"),
     ({"splits": 65}, "splits"), ({"worker_warps": 2}, "worker_warps=2"),
-    ({"worker_warps": 8.0}, "must be an int"),
+    ({"worker_warps": 8.0}, "must be an int"), ({"pdl": 1}, "pdl must be a bool"),
 ])
 def test_invalid_schedules_are_rejected_with_the_reason(kwargs, words):
     with pytest.raises(ScheduleError, match=words):
@@ -34,6 +34,7 @@ def test_round_trip_through_dict():
     Schedule(128, 64, 2, 1, 3, 3, heavy_first=False, worker_warps=4),
     Schedule(64, 64, 4, heavy_first=False),
     Schedule(128, 128, 1, heavy_first=False, splits=4, worker_warps=8),
+    Schedule(64, 128, 2, pdl=True), Schedule(64, 64, 2, heavy_first=False, splits=8, pdl=True),
 ])
 def test_label_round_trips_with_and_without_worker_warps(schedule):
     assert Schedule.from_label(schedule.label()) == schedule
@@ -61,6 +62,18 @@ def test_worker_warps_spread_the_registers_so_128_row_tiles_do_not_spill():
     assert rejection(Schedule(128, 64, 1, worker_warps=8), 256) is None
     assert "spill" in rejection(Schedule(128, 64, 1), 256)
     assert len(QUICK_SPACE) <= 14 and any(s.worker_warps == 8 for s in QUICK_SPACE)
+
+
+def test_pdl_is_a_label_suffix_and_absent_from_old_labels_and_tables():
+    s = Schedule(128, 128, 1, worker_warps=8, pdl=True)
+    assert s.label() == "128x128_o1_c1_lk2_lv4_w8_pdl"
+    assert Schedule.from_dict(s.as_dict()) == s and s.as_dict()["pdl"] is True
+    # Rows and tables written before the field existed read as pdl=False, and a schedule
+    # without it writes what they wrote.
+    assert "pdl" not in Schedule(64, 128, 2).as_dict()
+    assert Schedule.from_label("64x128_o2_c1_lk2_lv4_natural_k4").pdl is False
+    with pytest.raises(ScheduleError, match="not like"):
+        Schedule.from_label("64x128_o2_c1_lk2_lv4_pdl_natural")
 
 
 def test_split_count_is_in_the_label_only_when_fixed():

@@ -15,13 +15,13 @@ def _attention_fwd(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None,
     causal: bool, scale: float, return_lse: bool, tile_m: int, tile_n: int, occupancy: int,
     num_ctas: int, latency_k: int, latency_v: int, heavy_first: bool, splits: int,
-    worker_warps: int,
+    worker_warps: int, pdl: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     # tile_m == 0 means "pick for me": resolved here, at run time, so that tracing under
     # torch.compile never queries the device. worker_warps == 0: the compiler's choice.
     schedule = None if tile_m == 0 else Schedule(tile_m, tile_n, occupancy, num_ctas,
                                                  latency_k, latency_v, heavy_first, splits,
-                                                 worker_warps or None)
+                                                 worker_warps or None, pdl)
     # sdpa checked the arguments while tracing; GQA is allowed here because it passed.
     plan = plan_for(q, k, v, attn_mask, causal, scale, True, return_lse, schedule)
     return launch(plan, q, k, v, attn_mask)
@@ -29,7 +29,7 @@ def _attention_fwd(
 
 @_attention_fwd.register_fake
 def _(q, k, v, attn_mask, causal, scale, return_lse, tile_m, tile_n, occupancy, num_ctas,
-      latency_k, latency_v, heavy_first, splits, worker_warps):
+      latency_k, latency_v, heavy_first, splits, worker_warps, pdl=False):
     b, hq, sq, d = q.shape
     out = q.new_empty((b, hq, sq, d))
     lse = q.new_empty((b, hq, sq) if return_lse else (1, 1, 1), dtype=torch.float32)
@@ -161,7 +161,7 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = Fa
     s = resolve_schedule(schedule, problem)
     hints = (0, 0, 0, 0, 0, 0, True, 0, 0) if s is None else (
         s.tile_m, s.tile_n, s.occupancy, s.num_ctas, s.latency_k, s.latency_v, s.heavy_first,
-        s.splits, s.worker_warps or 0)
+        s.splits, s.worker_warps or 0, s.pdl)
     # With a gradient to compute, the forward always keeps the LSE: the backward needs it.
     out, lse = _attention_fwd(q, k, v, attn_mask, problem.causal, problem.scale,
                               bool(return_lse) or needs_grad, *hints)

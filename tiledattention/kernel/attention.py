@@ -20,6 +20,9 @@ Two flags reshape the grid for small ones (decode):
 - ``PACKED`` (GQA decode): the launch views q as [B, Hkv, GROUP * Sq, D], so the query
   heads of one K/V head share the rows of a tile and K/V are read once per group; row r
   is query position ``r % SEQ_Q`` of head ``r // SEQ_Q``.
+
+``PDL`` (``Schedule.pdl``): the kernel is launched as a programmatic dependent and waits for
+the previous kernel's grid before its first load (benchmarks/NOTES.md §20).
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ def attention_fwd(
     LAT_V: ConstInt,
     SPLIT_K: ConstBool,  # write per-split partials (fp32 Out, Lse) for the combine kernel
     PACKED: ConstBool,  # rows are (query head in group, query position) pairs
+    PDL: ConstBool,  # launched as a programmatic dependent: wait before the first load
 ):
     # Grid (query tiles, heads, batch): query tiles of one head are adjacent, so
     # they share its K/V in L2.
@@ -85,6 +89,15 @@ def attention_fwd(
     # because the widths are non-increasing powers of two.
     OFF1 = W0
     OFF2 = W0 + W1
+
+    if PDL:
+        # Programmatic dependent launch: the CTA's setup and the index math (no memory
+        # effects, so the compiler may place all of it before the wait) run while the
+        # previous kernel finishes; every load and store is ordered after the wait (that
+        # kernel may write our inputs or still read memory we write). The next kernel may
+        # be scheduled now: it waits for this whole grid itself.
+        ct.grid_dependency_control_launch_dependents()
+        ct.grid_dependency_control_wait()
 
     q0 = ct.load(Q, index=(b, h, bid_m, 0), shape=(1, 1, TILE_M, W0),
                  padding_mode=_ZERO).reshape((TILE_M, W0))

@@ -107,22 +107,25 @@ def launch(plan, q, k, v, attn_mask, *, fresh_lse: bool = True):
         if plan.variant.return_lse:
             klse = lse.view(plan.packed_shape[:3])
     if plan.part_shape is None:
-        _launch(device, plan.grid, plan.kernel, (q, k, v, kout, klse, mask, *plan.tail))
+        _launch(device, plan.grid, plan.kernel, (q, k, v, kout, klse, mask, *plan.tail),
+                plan.pdl)
     else:
         part = torch.empty(plan.part_shape, dtype=torch.float32, device=device)
         part_lse = torch.empty(plan.part_shape[:3], dtype=torch.float32, device=device)
-        _launch(device, plan.grid, plan.kernel, (q, k, v, part, part_lse, mask, *plan.tail))
+        _launch(device, plan.grid, plan.kernel, (q, k, v, part, part_lse, mask, *plan.tail),
+                plan.pdl)
         _launch(device, plan.combine_grid, plan.combine,
                 (part, part_lse, kout, klse, *plan.combine_tail))
     return out, lse
 
 
-def _launch(device, grid, kernel, args) -> None:
+def _launch(device, grid, kernel, args, pdl: bool = False) -> None:
     import cuda.tile as ct
 
     index = device.index
     if _raw_stream is not None and _current_device() == index:
-        ct.launch(_raw_stream(index), grid, kernel, args)
+        ct.launch(_raw_stream(index), grid, kernel, args, programmatic_dependent_launch=pdl)
     else:
         with torch.cuda.device(device):
-            ct.launch(torch.cuda.current_stream(device), grid, kernel, args)
+            ct.launch(torch.cuda.current_stream(device), grid, kernel, args,
+                      programmatic_dependent_launch=pdl)

@@ -57,6 +57,9 @@ class Plan:
     combine: object = None
     combine_grid: tuple[int, int, int] = (1, 1, 1)
     combine_tail: tuple = ()
+    # Programmatic dependent launch of the attention kernel (the schedule's ``pdl``; the
+    # kernel then waits before its first load). The combine kernel launches plainly.
+    pdl: bool = False
 
     @property
     def splits_per_head(self) -> int:
@@ -209,5 +212,5 @@ def make_plan(problem, dtype: torch.dtype, device, schedule: Schedule, return_ls
         dtype=dtype, device=device, copy_qkv=copy_qkv,
         mask_target=None if mask is None else (p.batch, p.heads_q, p.seq_q, p.seq_kv),
         packed_shape=(p.batch, heads, rows, p.head_dim) if packed else None,
-        **combine,
+        pdl=schedule.pdl, **combine,
     )

@@ -46,6 +46,7 @@ class Variant:
             HAS_MASK=self.has_mask, MASK_BATCH=mask_batch, MASK_HEAD=mask_head,
             MASK_ROWS=mask_rows, RETURN_LSE=self.return_lse,
             LAT_K=s.latency_k, LAT_V=s.latency_v, SPLIT_K=self.split_k, PACKED=self.packed,
+            PDL=s.pdl,
         )
 
     def label(self) -> str:

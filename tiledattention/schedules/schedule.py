@@ -28,7 +28,9 @@ class Schedule:
     grid would not fill it, 1 never splits, n > 1 asks for up to n splits; worker_warps:
     cuTile's ``num_worker_warps`` hint, 4 or 8 warps in the MMA/softmax warp groups (None:
     the compiler's choice, which is 4 for every shipped variant; 8 gives a 128-row tile
-    two consumer warp groups).
+    two consumer warp groups); pdl: programmatic dependent launch, the kernel may start
+    while the previous kernel on the stream finishes, its index math overlapping that
+    kernel's tail, and waits (``grid_dependency_control_wait``) before its first load.
     """
 
     tile_m: int = 64
@@ -40,15 +42,16 @@ class Schedule:
     heavy_first: bool = True
     splits: int = 0
     worker_warps: int | None = None
+    pdl: bool = False
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name == "worker_warps" and value is None:
                 continue
-            if f.name == "heavy_first":
+            if f.name in ("heavy_first", "pdl"):
                 if not isinstance(value, bool):
-                    raise ScheduleError(f"Schedule.heavy_first must be a bool, got {value!r}")
+                    raise ScheduleError(f"Schedule.{f.name} must be a bool, got {value!r}")
             elif not isinstance(value, int) or isinstance(value, bool):
                 raise ScheduleError(f"Schedule.{f.name} must be an int, got {value!r}")
         for name in ("tile_m", "tile_n"):
@@ -71,11 +74,13 @@ class Schedule:
                                 f"{WORKER_WARPS} (None: the compiler's choice)")
 
     def as_dict(self) -> dict[str, int | bool]:
-        """The fields; ``worker_warps`` only when set, so tables and rows of schedules that
-        leave it to the compiler read as before the hint existed."""
+        """The fields; ``worker_warps`` and ``pdl`` only when set, so tables and rows of
+        schedules without them read as before these fields existed."""
         d = asdict(self)
         if d["worker_warps"] is None:
             del d["worker_warps"]
+        if not d["pdl"]:
+            del d["pdl"]
         return d
 
     @classmethod
@@ -90,11 +95,11 @@ class Schedule:
     def from_label(cls, label: str) -> Schedule:
         """Inverse of :meth:`label`, e.g. ``64x128_o2_c1_lk2_lv4`` (``_w8``: 8 worker warps,
         absent: the compiler's choice; ``_natural``: no heavy-first order; ``_k4``:
-        splits=4, absent means 0, chosen per call)."""
+        splits=4, absent means 0, chosen per call; ``_pdl``: programmatic dependent launch)."""
         import re
 
         m = re.fullmatch(r"(\d+)x(\d+)_o(\d+)_c(\d+)_lk(\d+)_lv(\d+)(?:_w(\d+))?(_natural)?"
-                         r"(?:_k(\d+))?", label)
+                         r"(?:_k(\d+))?(_pdl)?", label)
         if m is None:
             raise ScheduleError(f"schedule label {label!r} is not like 64x128_o2_c1_lk2_lv4 "
                                 "(optionally followed by _w4 or _w8, then _natural, then "
@@ -102,14 +107,16 @@ class Schedule:
         tm, tn, occ, ctas, lk, lv = (int(x) for x in m.groups()[:6])
         return cls(tm, tn, occ, ctas, lk, lv, heavy_first=m.group(8) is None,
                    splits=int(m.group(9) or 0),
-                   worker_warps=None if m.group(7) is None else int(m.group(7)))
+                   worker_warps=None if m.group(7) is None else int(m.group(7)),
+                   pdl=m.group(10) is not None)
 
     def label(self) -> str:
         return (f"{self.tile_m}x{self.tile_n}_o{self.occupancy}_c{self.num_ctas}"
                 f"_lk{self.latency_k}_lv{self.latency_v}"
                 f"{'' if self.worker_warps is None else f'_w{self.worker_warps}'}"
                 f"{'' if self.heavy_first else '_natural'}"
-                f"{f'_k{self.splits}' if self.splits else ''}")
+                f"{f'_k{self.splits}' if self.splits else ''}"
+                f"{'_pdl' if self.pdl else ''}")
 
 
 def default_schedule(head_dim: int, causal: bool) -> Schedule:
