@@ -38,7 +38,10 @@ from tiledattention.kernel.variant import Variant  # noqa: E402
 from tiledattention.schedules.schedule import Schedule  # noqa: E402
 
 COUNTED = ("UTMALDG", "UTMASTG", "UBLKCP", "LDGSTS", "LDG", "STG", "LDS", "STS", "LDSM",
-           "HGMMA", "HMMA", "MUFU.EX2", "SYNCS", "WARPSYNC", "BAR")
+           "HGMMA", "HMMA", "MUFU.EX2", "SYNCS", "WARPSYNC", "BAR",
+           # programmatic dependent launch (schedule suffix _pdl): griddepcontrol
+           # .launch_dependents and .wait
+           "PREEXIT", "ACQBULK")
 
 
 def bytecode_for(variant: Variant, gpu_code: str) -> bytes:

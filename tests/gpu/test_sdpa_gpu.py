@@ -168,11 +168,45 @@ def test_torch_compile_fullgraph():
 @pytest.mark.parametrize("schedule", [ta.Schedule(128, 64, 2), ta.Schedule(64, 128, 2),
                                       ta.Schedule(128, 128, 1, latency_k=3, latency_v=3,
                                                   worker_warps=8),
-                                      ta.Schedule(128, 64, 2, worker_warps=8)],
+                                      ta.Schedule(128, 64, 2, worker_warps=8),
+                                      ta.Schedule(64, 128, 2, pdl=True)],
                          ids=lambda s: s.label())
 def test_explicit_schedules_agree(schedule):
     q, k, v = (_rand(2, 2, 700, 160, dtype=torch.float16) for _ in range(3))
     check(q, k, v, causal=True, schedule=schedule)
+
+
+@pytest.mark.parametrize("sq,skv", [(512, 512), (1, 4096)], ids=["prefill", "decode-splitk"])
+def test_pdl_chains_read_each_previous_output_eagerly_and_in_a_graph(sq, skv):
+    # Each call's output is the next call's q, enqueued behind a spin so the programmatic
+    # dependent launches really start before their predecessor ends: a load before the
+    # wait would read a stale or unwritten q. The non-PDL chain is the reference.
+    q = _rand(1, 8, sq, 128, dtype=torch.float16)
+    k, v = (_rand(1, 8, skv, 128, dtype=torch.float16) for _ in range(2))
+    plain, pdl = ta.Schedule(64, 128, 2), ta.Schedule(64, 128, 2, pdl=True)
+
+    def chain(schedule, steps=8):
+        outs, x = [], q
+        for _ in range(steps):
+            x = ta.sdpa(x, k, v, causal=sq > 1, schedule=schedule)
+            outs.append(x)
+        return outs
+
+    want = chain(plain)
+    torch.cuda.synchronize()
+    torch.cuda._sleep(20_000_000)
+    got = chain(pdl)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = chain(pdl)
+    q.copy_(_rand(*q.shape, dtype=q.dtype))
+    graph.replay()
+    want = chain(plain)
+    torch.cuda.synchronize()
+    for a, b in zip(captured, want):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
 
 
 def test_repeat_calls_return_fresh_outputs_with_equal_values():
