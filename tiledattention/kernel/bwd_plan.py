@@ -1,4 +1,5 @@
-"""The backward's schedule, variant, cached plan, launch and ahead-of-time export.
+"""The backward's variant, cached plan, launch and ahead-of-time export (its schedule, search
+space and default live in ``schedules.backward``; the policy picks one per bucket).
 
 Three launches per backward on PyTorch's current stream: ``attention_bwd_delta`` (grid:
 query tiles x heads x batch), ``attention_bwd_dkdv`` (key tiles x K/V heads x batch) and
@@ -16,66 +17,15 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import CompileError, ScheduleError
+from ..errors import CompileError
 from ..headdim import plan_head_dim
+from ..schedules.backward import DQ_MODES, BwdSchedule, default_bwd_schedule
+
+__all__ = ["DQ_MODES", "BwdSchedule", "BwdVariant", "default_bwd_schedule", "run_backward"]
 
 LOG2E = 1.0 / math.log(2.0)
 DELTA_TILE_M = 64
 MAX_PLANS = 1024
-DQ_MODES = ("kernel", "atomic")
-
-
-@dataclass(frozen=True)
-class BwdSchedule:
-    """Tiles and occupancy of the two backward kernels.
-
-    dkdv_m x dkdv_n: query rows per inner step x keys per dK/dV program; dq_m x dq_n:
-    query rows per dQ program x keys per inner step.
-    """
-
-    dkdv_m: int = 64
-    dkdv_n: int = 64
-    dq_m: int = 64
-    dq_n: int = 64
-    occupancy: int = 1
-    dq: str = "kernel"  # "kernel": its own program over query tiles; "atomic": fp32 atomics
-
-    def __post_init__(self) -> None:
-        if self.dq not in DQ_MODES:
-            raise ScheduleError(f"BwdSchedule.dq={self.dq!r} is not one of {DQ_MODES}")
-        for name in ("dkdv_m", "dkdv_n", "dq_m", "dq_n"):
-            if getattr(self, name) not in (32, 64, 128):
-                raise ScheduleError(f"BwdSchedule.{name}={getattr(self, name)} is not one of "
-                                    "(32, 64, 128)")
-        if not 1 <= self.occupancy <= 4:
-            raise ScheduleError(f"BwdSchedule.occupancy={self.occupancy} is not in [1, 4]")
-
-    def label(self) -> str:
-        return (f"kv{self.dkdv_m}x{self.dkdv_n}_q{self.dq_m}x{self.dq_n}_o{self.occupancy}"
-                f"{'_atomic' if self.dq == 'atomic' else ''}")
-
-    @property
-    def deterministic(self) -> bool:
-        return self.dq == "kernel"
-
-    @classmethod
-    def from_label(cls, label: str) -> BwdSchedule:
-        import re
-
-        m = re.fullmatch(r"kv(\d+)x(\d+)_q(\d+)x(\d+)_o(\d+)(_atomic)?", label)
-        if m is None:
-            raise ScheduleError(f"backward schedule label {label!r} is not like "
-                                "kv64x64_q64x64_o1 (optionally ending in _atomic)")
-        return cls(*(int(x) for x in m.groups()[:5]),
-                   dq="atomic" if m.group(6) else "kernel")
-
-
-def default_bwd_schedule(head_dim: int, causal: bool) -> BwdSchedule:
-    """The backward schedule used unless one is given (no tuning table for it yet): 64x64
-    tiles for both kernels, dQ in its own kernel (benchmarks/NOTES.md, the backward).
-    """
-    del head_dim, causal  # one schedule so far
-    return BwdSchedule(64, 64, 64, 64, 1)
 
 
 @dataclass(frozen=True)
@@ -173,8 +123,9 @@ _override: list[BwdSchedule | None] = [None]
 
 
 class pinned_bwd_schedule:  # noqa: N801 - used as a context manager, like torch's
-    """Within ``with pinned_bwd_schedule(s):`` every backward runs with schedule ``s``
-    (benchmarks compare backward schedules with it; None restores the default)."""
+    """Within ``with pinned_bwd_schedule(s):`` every backward runs with schedule ``s``, and
+    so does the backward of every forward run within it, whenever it runs (benchmarks
+    compare backward schedules with it; None: the policy's choice, ``choose_bwd_schedule``)."""
 
     def __init__(self, schedule: BwdSchedule | None):
         self.schedule, self.saved = schedule, None
@@ -187,17 +138,23 @@ class pinned_bwd_schedule:  # noqa: N801 - used as a context manager, like torch
         _override[0] = self.saved
 
 
+def pinned_schedule() -> BwdSchedule | None:
+    """The schedule of the innermost ``pinned_bwd_schedule``, or None."""
+    return _override[0]
+
+
 def _scalars(scale: float, group: int) -> dict:
     return dict(qk_scale_log2=scale * LOG2E, inv_scale=1.0 / scale, scale=scale, GROUP=group)
 
 
 def make_plan(q, k, attn_mask, causal: bool, scale: float, has_dlse: bool,
               schedule: BwdSchedule | None) -> BwdPlan:
+    from ..schedules.policy import choose_bwd_schedule
     from .launch import mask_layout
 
     b, hq, sq, d = q.shape
     hk, sk = k.shape[1], k.shape[2]
-    s = schedule or default_bwd_schedule(d, causal)
+    s = schedule or choose_bwd_schedule(q, k, causal)[0]
     target = (b, hq, sq, sk)
     mask = None if attn_mask is None else mask_layout(attn_mask, q.dtype, target)
     v = BwdVariant(dtype=str(q.dtype).removeprefix("torch."), head_dim=d, causal=causal,
@@ -223,8 +180,10 @@ def _facts(t) -> tuple:
 
 
 def plan_for(q, k, attn_mask, causal, scale, has_dlse, schedule) -> BwdPlan:
+    from ..schedules.policy import generation
+
     key = (_facts(q), _facts(k), None if attn_mask is None else _facts(attn_mask), causal,
-           scale, has_dlse, schedule)
+           scale, has_dlse, schedule, generation())
     plan = _plans.get(key)
     if plan is None:
         if len(_plans) >= MAX_PLANS:

@@ -1,4 +1,5 @@
-"""Which schedule a call gets: the explicit one, else the tuning table, else a default.
+"""Which schedule a call gets: the explicit one, else the tuning table, else a default;
+the same for the backward's schedule (``choose_bwd_schedule``).
 
 The active table is the one shipped for the GPUs we measured, or a user's own, set with
 ``set_schedule_table(path)`` or, once per process, ``$TILEDATTENTION_SCHEDULE_TABLE``.
@@ -13,6 +14,7 @@ from importlib import resources
 
 import torch
 
+from .backward import BwdSchedule, bwd_rejection, default_bwd_schedule
 from .schedule import Schedule, default_schedule
 from .space import rejection
 from .table import Bucket, ScheduleTable, seq_bucket
@@ -48,6 +50,7 @@ def set_schedule_table(path: str | None) -> ScheduleTable:
     _state["table"] = ScheduleTable.load(path) if path else None
     _state["generation"] += 1
     _choose.cache_clear()
+    _choose_bwd.cache_clear()
     return active_table()
 
 
@@ -65,6 +68,14 @@ def _choose(bucket: Bucket) -> tuple[Schedule, str]:
 
 
 @functools.cache
+def _choose_bwd(bucket: Bucket) -> tuple[BwdSchedule, str]:
+    found = active_table().lookup_bwd(bucket)
+    if found is not None and bwd_rejection(found[0], bucket.head_dim) is None:
+        return found
+    return default_bwd_schedule(bucket.head_dim, bucket.causal), "default"
+
+
+@functools.cache
 def _capability(index: int) -> str:
     major, minor = torch.cuda.get_device_capability(index)
     return f"{major}.{minor}"
@@ -76,10 +87,21 @@ def bucket_for(*, cc: str, dtype: torch.dtype, head_dim: int, causal: bool, seq_
                   seq_bucket(seq_q, seq_kv), gqa)
 
 
+def _call_bucket(q: torch.Tensor, k: torch.Tensor, causal: bool) -> Bucket:
+    index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    return bucket_for(cc=_capability(index), dtype=q.dtype, head_dim=q.shape[3],
+                      causal=causal, seq_q=q.shape[2], seq_kv=k.shape[2],
+                      gqa=q.shape[1] // k.shape[1])
+
+
 def choose_schedule(q: torch.Tensor, k: torch.Tensor, causal: bool) -> tuple[Schedule, str]:
     """(schedule, "exact" | "nearest" | "default") for a call on CUDA tensors."""
-    index = q.device.index if q.device.index is not None else torch.cuda.current_device()
-    bucket = bucket_for(cc=_capability(index), dtype=q.dtype, head_dim=q.shape[3],
-                        causal=causal, seq_q=q.shape[2], seq_kv=k.shape[2],
-                        gqa=q.shape[1] // k.shape[1])
-    return _choose(bucket)
+    return _choose(_call_bucket(q, k, causal))
+
+
+def choose_bwd_schedule(q: torch.Tensor, k: torch.Tensor,
+                        causal: bool) -> tuple[BwdSchedule, str]:
+    """The backward's (schedule, "exact" | "nearest" | "default"): the table's backward
+    entry of the bucket, else the nearest one, else ``default_bwd_schedule`` (also where
+    the table's pick does not fit the head dim, ``bwd_rejection``)."""
+    return _choose_bwd(_call_bucket(q, k, causal))

@@ -3,6 +3,9 @@
 A JSON file (format ``tiledattention-schedule-table/1``) with one entry per bucket:
 compute capability, dtype, head dim, causal, sequence bucket and GQA ratio, holding the
 winning schedule, the runner-up and the sensitivity (how much slower the runner-up is).
+An optional ``backward`` list holds the same per bucket for the backward's schedule
+(``BwdSchedule`` labels, ranked by forward+backward TFLOP/s); tables without it load as
+before, and readers that predate it ignore it.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import os
 from dataclasses import asdict, dataclass, field
 
 from ..errors import TiledAttentionError
+from .backward import BwdSchedule
 from .schedule import Schedule
 
 FORMAT = "tiledattention-schedule-table/1"
@@ -86,28 +90,78 @@ class Entry:
                    candidates=int(d.get("candidates", 0)), failed=tuple(d.get("failed", ())))
 
 
+@dataclass(frozen=True)
+class BwdEntry:
+    """The backward's winner of one bucket, by forward+backward TFLOP/s (the forward runs
+    the table's own schedule in every candidate, so only the backward differs)."""
+
+    bucket: Bucket
+    best: BwdSchedule
+    best_tflops: float
+    runner_up: BwdSchedule | None = None
+    runner_up_tflops: float | None = None
+    gpu: str = ""
+    candidates: int = 0
+    failed: tuple[str, ...] = ()
+
+    def to_json(self) -> dict:
+        d = {"bucket": asdict(self.bucket), "best": self.best.label(),
+             "best_tflops": round(self.best_tflops, 2), "gpu": self.gpu,
+             "candidates": self.candidates, "failed": list(self.failed)}
+        if self.runner_up is not None:
+            d.update(runner_up=self.runner_up.label(),
+                     runner_up_tflops=round(self.runner_up_tflops, 2))
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict) -> BwdEntry:
+        return cls(bucket=Bucket(**d["bucket"]), best=BwdSchedule.from_label(d["best"]),
+                   best_tflops=float(d["best_tflops"]),
+                   runner_up=BwdSchedule.from_label(d["runner_up"]) if d.get("runner_up")
+                   else None,
+                   runner_up_tflops=d.get("runner_up_tflops"), gpu=d.get("gpu", ""),
+                   candidates=int(d.get("candidates", 0)), failed=tuple(d.get("failed", ())))
+
+
+def _nearest(entries: dict, bucket: Bucket):
+    """(entry's best, how) for the exact bucket, else the nearest one on the same GPU."""
+    if bucket in entries:
+        return entries[bucket].best, "exact"
+    best = min(entries, key=bucket.distance, default=None)
+    if best is None or math.isinf(bucket.distance(best)):
+        return None
+    return entries[best].best, "nearest"
+
+
+def _ordered(entries: dict) -> list:
+    return sorted(entries.values(), key=lambda e: tuple(str(v) for v in
+                                                        asdict(e.bucket).values()))
+
+
 @dataclass
 class ScheduleTable:
     entries: dict[Bucket, Entry] = field(default_factory=dict)
     meta: dict = field(default_factory=dict)
     source: str = "<memory>"
+    backward: dict[Bucket, BwdEntry] = field(default_factory=dict)
 
     def lookup(self, bucket: Bucket) -> tuple[Schedule, str] | None:
         """(schedule, how) for the exact bucket, else the nearest one on the same GPU."""
-        if bucket in self.entries:
-            return self.entries[bucket].best, "exact"
-        best = min(self.entries, key=bucket.distance, default=None)
-        if best is None or math.isinf(bucket.distance(best)):
-            return None
-        return self.entries[best].best, "nearest"
+        return _nearest(self.entries, bucket)
 
-    def add(self, entry: Entry) -> None:
-        self.entries[entry.bucket] = entry
+    def lookup_bwd(self, bucket: Bucket) -> tuple[BwdSchedule, str] | None:
+        """The backward's (schedule, how), found as :meth:`lookup` finds the forward's."""
+        return _nearest(self.backward, bucket)
+
+    def add(self, entry: Entry | BwdEntry) -> None:
+        (self.backward if isinstance(entry, BwdEntry) else self.entries)[entry.bucket] = entry
 
     def to_json(self) -> dict:
-        ordered = sorted(self.entries.values(), key=lambda e: tuple(
-            str(v) for v in asdict(e.bucket).values()))
-        return {"format": FORMAT, "meta": self.meta, "entries": [e.to_json() for e in ordered]}
+        d = {"format": FORMAT, "meta": self.meta,
+             "entries": [e.to_json() for e in _ordered(self.entries)]}
+        if self.backward:
+            d["backward"] = [e.to_json() for e in _ordered(self.backward)]
+        return d
 
     def save(self, path: str) -> None:
         tmp = f"{path}.tmp{os.getpid()}"
@@ -129,9 +183,12 @@ class ScheduleTable:
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise TableError(f"schedule table {path}: 'format' must be {FORMAT!r}")
         table = cls(meta=data.get("meta", {}), source=path)
-        for i, raw in enumerate(data.get("entries", [])):
-            try:
-                table.add(Entry.from_json(raw))
-            except (KeyError, TypeError, ValueError) as exc:
-                raise TableError(f"schedule table {path}: entry {i} is malformed ({exc})") from exc
+        for key, kind in (("entries", Entry), ("backward", BwdEntry)):
+            for i, raw in enumerate(data.get(key, [])):
+                try:
+                    table.add(kind.from_json(raw))
+                except (KeyError, TypeError, ValueError) as exc:
+                    what = "backward entry" if key == "backward" else "entry"
+                    raise TableError(f"schedule table {path}: {what} {i} is malformed "
+                                     f"({exc})") from exc
         return table

@@ -1,0 +1,139 @@
+"""The backward's schedule: tiles and occupancy of the dK/dV and dQ kernels, its label,
+the rules that reject one for a head dim, its search space and its default.
+
+The kernels and their launch plan live in ``kernel.bwd_plan`` / ``kernel.backward``; this
+room only says how they are tiled, as ``schedule.py`` and ``space.py`` do for the forward.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ..errors import ScheduleError
+from ..headdim import plan_head_dim
+from .space import DEFAULT_WORKER_WARPS, MAX_REGISTERS_PER_THREAD, REGISTER_BYTES_PER_SM
+
+DQ_MODES = ("kernel", "atomic")
+BWD_TILES = (32, 64, 128)
+_LABEL = re.compile(r"kv(\d+)x(\d+)_q(\d+)x(\d+)_o(\d+)(_atomic)?")
+
+
+@dataclass(frozen=True)
+class BwdSchedule:
+    """Tiles and occupancy of the two backward kernels.
+
+    dkdv_m x dkdv_n: query rows per inner step x keys per dK/dV program; dq_m x dq_n:
+    query rows per dQ program x keys per inner step.
+    """
+
+    dkdv_m: int = 64
+    dkdv_n: int = 64
+    dq_m: int = 64
+    dq_n: int = 64
+    occupancy: int = 1
+    dq: str = "kernel"  # "kernel": its own program over query tiles; "atomic": fp32 atomics
+
+    def __post_init__(self) -> None:
+        if self.dq not in DQ_MODES:
+            raise ScheduleError(f"BwdSchedule.dq={self.dq!r} is not one of {DQ_MODES}")
+        for name in ("dkdv_m", "dkdv_n", "dq_m", "dq_n"):
+            if getattr(self, name) not in BWD_TILES:
+                raise ScheduleError(f"BwdSchedule.{name}={getattr(self, name)} is not one of "
+                                    f"{BWD_TILES}")
+        if not 1 <= self.occupancy <= 4:
+            raise ScheduleError(f"BwdSchedule.occupancy={self.occupancy} is not in [1, 4]")
+
+    def label(self) -> str:
+        return (f"kv{self.dkdv_m}x{self.dkdv_n}_q{self.dq_m}x{self.dq_n}_o{self.occupancy}"
+                f"{'_atomic' if self.dq == 'atomic' else ''}")
+
+    @property
+    def deterministic(self) -> bool:
+        return self.dq == "kernel"
+
+    @classmethod
+    def from_label(cls, label: str) -> BwdSchedule:
+        """Inverse of :meth:`label`, e.g. ``kv64x128_q128x64_o1`` (``_atomic``: dQ by
+        atomics)."""
+        m = _LABEL.fullmatch(label)
+        if m is None:
+            raise ScheduleError(f"backward schedule label {label!r} is not like "
+                                "kv64x64_q64x64_o1 (optionally ending in _atomic)")
+        return cls(*(int(x) for x in m.groups()[:5]),
+                   dq="atomic" if m.group(6) else "kernel")
+
+
+def _live_bytes(schedule: BwdSchedule, head_dim: int) -> dict[str, int]:
+    """fp32 bytes a CTA of each kernel keeps live: its accumulators plus one score tile
+    (the forward's count, ``space.rejection``). dK/dV: dK and dV [keys, D] plus [M, keys];
+    dQ: dQ [M, D] plus [M, N]."""
+    d = plan_head_dim(head_dim).padded
+    s = schedule
+    return {"dK/dV": 4 * (2 * s.dkdv_n * d + s.dkdv_m * s.dkdv_n),
+            "dQ": 4 * (s.dq_m * d + s.dq_m * s.dq_n)}
+
+
+def bwd_rejection(schedule: BwdSchedule, head_dim: int) -> str | None:
+    """Why ``schedule`` cannot run the backward well for ``head_dim``, or None when it may.
+
+    The forward's register reasoning per kernel: the fp32 state must fit the CTA's share of
+    the register file at the schedule's occupancy and the 255 registers of each of the 4
+    worker warps' threads. It matches the measurement (NOTES §17): 128-key dK/dV tiles
+    count 192 registers per thread at D=64 (the fastest there) and 320 at D=128, where they
+    ran 1.49-1.57x slower than the default.
+    """
+    for kernel, live in _live_bytes(schedule, head_dim).items():
+        budget = REGISTER_BYTES_PER_SM // schedule.occupancy
+        if live > budget:
+            return (f"{schedule.label()}: {kernel} keeps {live // 1024} KiB of fp32 state per "
+                    f"CTA at D={head_dim}, over the {budget // 1024} KiB register share at "
+                    f"occupancy {schedule.occupancy}")
+        per_thread = live // (4 * 32 * DEFAULT_WORKER_WARPS)
+        if per_thread > MAX_REGISTERS_PER_THREAD:
+            return (f"{schedule.label()}: {kernel} needs {per_thread} registers of fp32 state "
+                    f"per thread at D={head_dim}, over {MAX_REGISTERS_PER_THREAD} (it would "
+                    "spill)")
+    if min(schedule.dkdv_n, schedule.dq_m) < 64:
+        # The output rows of each kernel's MMAs: Hopper's warpgroup MMA works on 64 rows.
+        return f"{schedule.label()}: output tiles below 64 rows leave the tensor cores idle"
+    return None
+
+
+def default_bwd_schedule(head_dim: int, causal: bool) -> BwdSchedule:
+    """The backward schedule where the table has none (benchmarks/NOTES.md §17).
+
+    Measured on the H100 (fp16, non-causal, S 1024 and 4096, fwd+bwd time relative to
+    kv64x64_q64x64_o1): D=64 kv64x128_q128x64_o1 0.81x (the best of five); D=128
+    kv128x64_q64x128_o1 0.91-0.93x (128-key dK/dV tiles there 1.49-1.57x: they spill).
+    Non-causal D above 64 takes the D=128 winner where it fits (``bwd_rejection``: up to
+    D=160), else 64x64. Causal keeps 64x64: its 128-tile variants were 2-3x slower at D=64
+    (the first measurement) and the new ones are unmeasured.
+    """
+    base = BwdSchedule(64, 64, 64, 64, 1)
+    if causal:
+        return base
+    best = BwdSchedule(64, 128, 128, 64, 1) if head_dim <= 64 else BwdSchedule(128, 64, 64,
+                                                                                128, 1)
+    return base if bwd_rejection(best, head_dim) else best
+
+
+# The quick backward space: the measured schedules (NOTES §17) and their occupancy-2
+# versions; full: every tile combination of 64 and 128 at occupancy 1 and 2.
+BWD_QUICK_SPACE = tuple(BwdSchedule.from_label(label) for label in (
+    "kv64x64_q64x64_o1", "kv64x64_q64x64_o2", "kv128x64_q64x128_o1", "kv64x128_q128x64_o1",
+    "kv128x64_q64x128_o2", "kv64x128_q128x64_o2"))
+
+
+def bwd_space_for(head_dim: int, space: str) -> list[BwdSchedule]:
+    """The valid backward schedules of a named search space for one head dim; the default
+    when none fits (D=256: every candidate spills by the count above)."""
+    if space == "quick":
+        pool = BWD_QUICK_SPACE
+    elif space == "full":
+        pool = tuple(BwdSchedule(a, b, c, e, o) for a in (64, 128) for b in (64, 128)
+                     for c in (64, 128) for e in (64, 128) for o in (1, 2))
+    else:
+        raise ValueError(f"unknown search space {space!r}; valid: ['quick', 'full']")
+    valid = [s for s in pool if bwd_rejection(s, head_dim) is None]
+    return valid or [default_bwd_schedule(head_dim, False)]
