@@ -40,15 +40,18 @@ def _(q, k, v, attn_mask, causal, scale, return_lse, tile_m, tile_n, occupancy, 
 def _attention_bwd(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
     dout: torch.Tensor, dlse: torch.Tensor | None, attn_mask: torch.Tensor | None,
-    causal: bool, scale: float,
+    causal: bool, scale: float, bwd_schedule: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     from .kernel.bwd_plan import run_backward
+    from .schedules.backward import BwdSchedule
 
-    return run_backward(q, k, v, out, lse, dout, dlse, attn_mask, causal, scale)
+    # bwd_schedule: a BwdSchedule label, or "" for the policy's choice (table, default).
+    schedule = BwdSchedule.from_label(bwd_schedule) if bwd_schedule else None
+    return run_backward(q, k, v, out, lse, dout, dlse, attn_mask, causal, scale, schedule)
 
 
 @_attention_bwd.register_fake
-def _(q, k, v, out, lse, dout, dlse, attn_mask, causal, scale):
+def _(q, k, v, out, lse, dout, dlse, attn_mask, causal, scale, bwd_schedule):
     return (torch.empty_like(q, memory_format=torch.contiguous_format),
             torch.empty_like(k, memory_format=torch.contiguous_format),
             torch.empty_like(v, memory_format=torch.contiguous_format))
@@ -60,6 +63,12 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(q, k, v, out, lse, attn_mask)
     ctx.causal, ctx.scale, ctx.return_lse = causal, scale, return_lse
     ctx.n_inputs = len(inputs)
+    # A backward schedule pinned around the forward (``pinned_bwd_schedule``) holds for
+    # its backward too, whenever that runs (benchmarks pin it this way).
+    from .kernel.bwd_plan import pinned_schedule
+
+    pinned = pinned_schedule()
+    ctx.bwd_schedule = "" if pinned is None else pinned.label()
     # An output nobody used gets None, not zeros: an unused LSE costs no extra pass.
     ctx.set_materialize_grads(False)
 
@@ -75,7 +84,7 @@ def _backward(ctx, dout, dlse):
     if dout is None:
         dout = torch.zeros_like(out)
     dq, dk, dv = _attention_bwd(q, k, v, out, lse, dout, dlse, attn_mask, ctx.causal,
-                                ctx.scale)
+                                ctx.scale, ctx.bwd_schedule)
     # No gradient for the mask and the scalar arguments.
     return dq, dk, dv, *([None] * (ctx.n_inputs - 3))
 
@@ -145,8 +154,10 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = Fa
     from the saved log-sum-exp (``kernel.backward``); GQA's dK/dV are summed over each
     group; the LSE output, when returned, is differentiable too. ``attn_mask`` gets no
     gradient: a mask that requires grad is refused (``BackwardNotSupportedError``); an
-    additive mask is a constant. Fully masked rows get zero gradients. The backward is
-    deterministic (no atomics).
+    additive mask is a constant. Fully masked rows get zero gradients. The backward's
+    schedule comes from the table's backward entries (``choose_bwd_schedule``: exact
+    bucket, nearest, else ``default_bwd_schedule``) unless ``pinned_bwd_schedule`` pins
+    one; every shipped choice is deterministic (no atomics).
 
     Returns ``out``, or ``(out, lse)`` when ``return_lse``.
     """

@@ -108,6 +108,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the grid's dtypes")
     p.add_argument("--space", choices=SPACES, default="quick",
                    help="candidate schedules per point: quick (8 that won in sweeps) or full")
+    p.add_argument("--pass", dest="pass_", choices=("fwd", "fwd+bwd"), default="fwd",
+                   help="fwd: tune the forward's schedule; fwd+bwd: the backward's, timed with "
+                   "forward+backward (written as the table's backward entries; an existing "
+                   "--out keeps its other half)")
     p.add_argument("--state", default="results/tune-state.jsonl",
                    help="the harness' row file of finished measurements (resume from it)")
     p.add_argument("--out", default="results/schedule-table.json", help="tuning table to write")
@@ -343,7 +347,7 @@ def _tune(args) -> int:
     for path in (args.state, args.out):
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     return run_tune(points, space=args.space, state_path=args.state, out_path=args.out,
-                    reps=args.reps, compile_timeout=args.compile_timeout)
+                    reps=args.reps, compile_timeout=args.compile_timeout, pass_=args.pass_)
 
 
 def _tune_through_launcher(args) -> int:
@@ -354,7 +358,7 @@ def _tune_through_launcher(args) -> int:
 
     task = TuneTask(os.path.abspath(args.out), os.path.abspath(args.state), args.space,
                     tuple(args.seqs), tuple(args.head_dims), tuple(args.dtypes), args.reps,
-                    args.compile_timeout)
+                    args.compile_timeout, pass_=args.pass_)
     folder = os.path.join(os.path.dirname(task.out_path), "logs")
     options = _json_object(args.launcher_options, "--launcher-options")
     result = run_step(args.launcher, options, folder, task)

@@ -8,11 +8,18 @@ stopped. A compile failure or timeout is a row with status ``error``, a wrong ou
 row with status ``wrong``; neither stops the run. What tuning adds: the candidate space
 and the table written per bucket (winner, runner-up and the sensitivity, how much slower
 the runner-up is).
+
+``--pass fwd+bwd`` tunes the backward's schedule the same way: each candidate is a
+pinned-backward method (``tiledattention@bwd:<label>``, the forward as the table picks it)
+timed with the fwd+bwd pass, and the winners become the table's ``backward`` entries. A
+run writing into an existing table keeps the half it did not tune (a backward run keeps
+the forward entries and meta, a forward run keeps the backward entries).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import sys
 from collections.abc import Iterable
@@ -28,16 +35,21 @@ from .bench.grid import (
     Point,
     expand,
     pinned,
+    pinned_bwd,
+    pinned_bwd_label,
     pinned_label,
 )
 from .bench.runner import measure, resolve_device
 from .bench.store import ResultStore
+from .errors import ConfigError
+from .schedules.backward import BwdSchedule, bwd_space_for
 from .schedules.policy import bucket_for
 from .schedules.schedule import Schedule
 from .schedules.space import space_for
-from .schedules.table import Entry, ScheduleTable
+from .schedules.table import BwdEntry, Entry, ScheduleTable, TableError
 
 ROUNDS = 2  # candidates interleaved round by round, order alternating
+TUNE_PASSES = ("fwd", "fwd+bwd")  # fwd: the forward's schedule; fwd+bwd: the backward's
 
 
 def paper_grid(seqs=PAPER_SEQS, head_dims=PAPER_HEAD_DIMS, dtypes=PAPER_DTYPES) -> list[Point]:
@@ -46,9 +58,16 @@ def paper_grid(seqs=PAPER_SEQS, head_dims=PAPER_HEAD_DIMS, dtypes=PAPER_DTYPES) 
     return expand(BenchConfig(grid=grid))
 
 
-def tune_plan(points: Iterable[Point], space: str) -> list[tuple[Point, list[str]]]:
-    """Per point, the candidates of the space as pinned-schedule methods."""
-    return [(p, [pinned(s.label()) for s in space_for(p.head_dim, space)]) for p in points]
+def tune_plan(points: Iterable[Point], space: str,
+              pass_: str = "fwd") -> list[tuple[Point, list[str]]]:
+    """Per point, the candidates of the space as pinned-schedule methods: the forward's
+    schedules, or with ``pass_="fwd+bwd"`` the backward's, timed with that pass."""
+    if pass_ not in TUNE_PASSES:
+        raise ConfigError(f"tune pass {pass_!r} is not one of {list(TUNE_PASSES)}")
+    if pass_ == "fwd":
+        return [(p, [pinned(s.label()) for s in space_for(p.head_dim, space)]) for p in points]
+    return [(dataclasses.replace(p, pass_=pass_),
+             [pinned_bwd(s.label()) for s in bwd_space_for(p.head_dim, space)]) for p in points]
 
 
 def tune_config(*, warmup: int, reps: int) -> BenchConfig:
@@ -57,32 +76,60 @@ def tune_config(*, warmup: int, reps: int) -> BenchConfig:
                        timing=TimingConfig(warmup=warmup, reps=reps, rounds=ROUNDS))
 
 
-def build_table(points: Iterable[Point], rows: Iterable[dict], cc: str,
-                gpu: str) -> ScheduleTable:
-    """Per point's bucket: the fastest correct candidate, the runner-up, the failures."""
+def _ranked(rows: Iterable[dict], label_of) -> dict[str, list[dict]]:
+    """Rows of the candidates ``label_of`` recognises, per point key."""
     by_point: dict[str, list[dict]] = {}
     for r in rows:
-        if pinned_label(r["method"]) is not None:
+        if label_of(r["method"]) is not None:
             by_point.setdefault(r["point_key"], []).append(r)
+    return by_point
+
+
+def _fwd_label(method: str) -> str | None:
+    return None if pinned_bwd_label(method) is not None else pinned_label(method)
+
+
+def build_table(points: Iterable[Point], rows: Iterable[dict], cc: str,
+                gpu: str) -> ScheduleTable:
+    """Per point's bucket: the fastest correct candidate, the runner-up, the failures —
+    forward entries from pinned forward schedules, backward entries from pinned backward
+    ones (rows of the points' fwd+bwd keys)."""
+    rows = list(rows)
     table = ScheduleTable(meta={"gpu": gpu, "cc": cc, "torch": torch.__version__})
-    for p in points:
-        tried = by_point.get(p.key(), [])
-        ok = sorted((r for r in tried if r["status"] == "ok"), key=lambda r: -r["tflops"])
-        if not ok:
-            continue
-        best, second = ok[0], (ok[1] if len(ok) > 1 else None)
-        table.add(Entry(
-            bucket=bucket_for(cc=cc, dtype=p.dtype, head_dim=p.head_dim, causal=p.causal,
-                              seq_q=p.seq_q, seq_kv=p.seq_kv, gqa=p.gqa),
-            best=Schedule.from_label(pinned_label(best["method"])),
-            best_tflops=best["tflops"],
-            runner_up=Schedule.from_label(pinned_label(second["method"])) if second else None,
-            runner_up_tflops=second["tflops"] if second else None, gpu=gpu,
-            candidates=len(tried),
-            failed=tuple(f"{pinned_label(r['method'])}:{r['status']}" for r in tried
-                         if r["status"] != "ok"),
-        ))
+    for kind, label_of, parse, pass_ in ((Entry, _fwd_label, Schedule.from_label, "fwd"),
+                                         (BwdEntry, pinned_bwd_label, BwdSchedule.from_label,
+                                          "fwd+bwd")):
+        by_point = _ranked(rows, label_of)
+        for p in points:
+            tried = by_point.get(dataclasses.replace(p, pass_=pass_).key(), [])
+            ok = sorted((r for r in tried if r["status"] == "ok"), key=lambda r: -r["tflops"])
+            if not ok:
+                continue
+            best, second = ok[0], (ok[1] if len(ok) > 1 else None)
+            table.add(kind(
+                bucket=bucket_for(cc=cc, dtype=p.dtype, head_dim=p.head_dim, causal=p.causal,
+                                  seq_q=p.seq_q, seq_kv=p.seq_kv, gqa=p.gqa),
+                best=parse(label_of(best["method"])), best_tflops=best["tflops"],
+                runner_up=parse(label_of(second["method"])) if second else None,
+                runner_up_tflops=second["tflops"] if second else None, gpu=gpu,
+                candidates=len(tried),
+                failed=tuple(f"{label_of(r['method'])}:{r['status']}" for r in tried
+                             if r["status"] != "ok"),
+            ))
     return table
+
+
+def merge_into(path: str, tuned: ScheduleTable, pass_: str) -> ScheduleTable:
+    """``tuned``'s half (forward or backward entries) over the table at ``path``, whose
+    other half (and, for a backward run, meta) is kept; ``tuned`` alone when no file."""
+    if not os.path.exists(path):
+        return tuned
+    old = ScheduleTable.load(path)
+    if pass_ == "fwd":
+        tuned.backward = old.backward
+        return tuned
+    meta = {**old.meta, "backward": {k: tuned.meta.get(k) for k in ("gpu", "cc", "torch")}}
+    return ScheduleTable(entries=old.entries, meta=meta, backward=tuned.backward)
 
 
 def _compiler_timeout(seconds: float):
@@ -94,14 +141,21 @@ def _compiler_timeout(seconds: float):
 
 
 def run_tune(points, *, space: str, state_path: str, out_path: str, warmup: int = 5,
-             reps: int = 20, compile_timeout: float = 120.0, log=sys.stderr) -> int:
+             reps: int = 20, compile_timeout: float = 120.0, pass_: str = "fwd",
+             log=sys.stderr) -> int:
+    if os.path.exists(out_path):  # merged into after measuring: refuse a bad one first
+        try:
+            ScheduleTable.load(out_path)
+        except TableError as exc:
+            print(f"tiledattn tune: --out {exc}", file=log)
+            return 2
     if not torch.cuda.is_available():
         print("tiledattn tune: no CUDA GPU visible; tuning measures on a GPU", file=log)
         return 2
     gpu = torch.cuda.get_device_name()
     cc = "{}.{}".format(*torch.cuda.get_device_capability())
     points = list(points)
-    plan = tune_plan(points, space)
+    plan = tune_plan(points, space, pass_)
     store = ResultStore(state_path)
     total = sum(len(methods) for _, methods in plan)
     done = sum(store.done(p.key(), m) for p, methods in plan for m in methods)
@@ -111,11 +165,14 @@ def run_tune(points, *, space: str, state_path: str, out_path: str, warmup: int 
         stopped = measure(plan, tune_config(warmup=warmup, reps=reps), store,
                           resolve_device("cuda"), log)
     table = build_table(points, store.rows.values(), cc, gpu)
+    tuned = len(table.entries if pass_ == "fwd" else table.backward)
+    table = merge_into(out_path, table, pass_)
     table.save(out_path)
     if stopped:
         print("tune: interrupted; finished measurements are kept, rerun to resume", file=log)
         return 130
-    print(f"tune: wrote {len(table.entries)} buckets to {out_path}", file=log)
+    half = "forward" if pass_ == "fwd" else "backward"
+    print(f"tune: wrote {tuned} {half} buckets to {out_path}", file=log)
     return 0
 
 
@@ -144,6 +201,7 @@ class TuneTask:
     reps: int = 20
     compile_timeout: float = 120.0
     job_name: str = "tiledattn-tune"
+    pass_: str = "fwd"
 
     def __call__(self) -> dict:
         for path in (self.state_path, self.out_path):
@@ -156,7 +214,7 @@ class TuneTask:
         points = paper_grid(seqs=self.seqs, head_dims=self.head_dims, dtypes=self.dtypes)
         code = run_tune(points, space=self.space, state_path=self.state_path,
                         out_path=self.out_path, reps=self.reps,
-                        compile_timeout=self.compile_timeout)
+                        compile_timeout=self.compile_timeout, pass_=self.pass_)
         if code != 0:
             raise RuntimeError(f"tiledattn tune stopped with exit code {code}")
         return {"status": "ok", "out": self.out_path}

@@ -32,8 +32,25 @@ def pinned(label: str) -> str:
 
 
 def pinned_label(method: str) -> str | None:
-    """The schedule label a pinned method names, or None for any other method."""
+    """The schedule label a pinned method names, or None for any other method (a pinned
+    backward's is ``bwd:<label>``)."""
     return method[len(PINNED_PREFIX):] if method.startswith(PINNED_PREFIX) else None
+
+
+# tiledattention@bwd:<BwdSchedule.label()>: the forward as the table picks it, the backward
+# with that schedule pinned (backward tuning, timed with the fwd+bwd or bwd pass).
+PINNED_BWD = "bwd:"
+
+
+def pinned_bwd(label: str) -> str:
+    """The method name that pins the backward schedule ``label``."""
+    return PINNED_PREFIX + PINNED_BWD + label
+
+
+def pinned_bwd_label(method: str) -> str | None:
+    """The backward schedule label a pinned-backward method names, or None."""
+    label = pinned_label(method)
+    return label[len(PINNED_BWD):] if label and label.startswith(PINNED_BWD) else None
 
 
 def tokens_shape(seq: int, head_dim: int, *, tokens: int = TOKENS, width: int = WIDTH,

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .grid import PINNED_PREFIX, Point, pinned_label
+from .grid import PINNED_PREFIX, Point, pinned_bwd_label, pinned_label
 
 
 class Unavailable(Exception):
@@ -61,11 +61,26 @@ def _tiled_run(q, k, v, point, schedule=None):
     return sdpa(q, k, v, causal=point.causal, enable_gqa=_gqa(point), schedule=schedule)
 
 
+def _tiled_bwd_run(q, k, v, point, bwd_schedule):
+    """The forward as the table picks it; its backward, whenever it runs, with
+    ``bwd_schedule`` (the autograd context keeps the schedule in force at the forward)."""
+    from ..kernel.bwd_plan import pinned_bwd_schedule
+
+    with pinned_bwd_schedule(bwd_schedule):
+        return _tiled_run(q, k, v, point)
+
+
 def _tiled_describe(q, k, v, point):
     from ..schedules.policy import choose_schedule
 
     schedule, how = choose_schedule(q, k, point.causal)
-    return {"schedule": schedule.label(), "schedule_source": how}
+    out = {"schedule": schedule.label(), "schedule_source": how}
+    if point.pass_ != "fwd":
+        from ..schedules.policy import choose_bwd_schedule
+
+        bwd, bwd_how = choose_bwd_schedule(q, k, point.causal)
+        out.update(bwd_schedule=bwd.label(), bwd_schedule_source=bwd_how)
+    return out
 
 
 def _tiled_geometry(q, k, v, point, schedule=None):
@@ -150,6 +165,16 @@ def get_method(name: str) -> Method:
     ``Schedule.from_label(label)`` instead of the table's (schedule ladders, Table 6)."""
     if name in METHODS:
         return METHODS[name]
+    bwd_label = pinned_bwd_label(name)
+    if bwd_label is not None:
+        from ..schedules.backward import BwdSchedule
+
+        bwd = BwdSchedule.from_label(bwd_label)
+        return Method(name, f"this project's cuTile kernel, backward schedule {bwd.label()}",
+                      True, lambda q, k, v, point: _tiled_bwd_run(q, k, v, point, bwd),
+                      _tiled_check, lambda q, k, v, point: {
+                          **_tiled_describe(q, k, v, point), "bwd_schedule": bwd.label(),
+                          "bwd_schedule_source": "pinned"}, _tiled_geometry)
     label = pinned_label(name)
     if label is not None:
         from ..schedules.schedule import Schedule
@@ -161,4 +186,6 @@ def get_method(name: str) -> Method:
                                                             "schedule_source": "pinned"},
                       lambda q, k, v, point: _tiled_geometry(q, k, v, point, schedule))
     raise KeyError(f"{name!r} is not one of {sorted(METHODS)} nor {PINNED_PREFIX}<schedule "
-                   "label>, e.g. tiledattention@64x128_o2_c1_lk2_lv4")
+                   "label>, e.g. tiledattention@64x128_o2_c1_lk2_lv4, nor "
+                   f"{PINNED_PREFIX}bwd:<backward schedule label>, e.g. "
+                   "tiledattention@bwd:kv64x64_q64x64_o1")

@@ -1,0 +1,233 @@
+"""The backward's schedule room: labels, rejection, default, search space, table entries,
+the policy's fallback, and backward tuning as a client of the harness (all on CPU)."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import tiledattention as ta
+from tiledattention.bench.config import BenchConfig, validate
+from tiledattention.bench.grid import Point, pinned, pinned_bwd, pinned_bwd_label, pinned_label
+from tiledattention.bench.methods import get_method
+from tiledattention.bench.runner import measure
+from tiledattention.bench.store import ResultStore
+from tiledattention.errors import ConfigError, ScheduleError
+from tiledattention.schedules import policy
+from tiledattention.schedules.backward import (
+    BWD_QUICK_SPACE,
+    BwdSchedule,
+    bwd_rejection,
+    bwd_space_for,
+    default_bwd_schedule,
+)
+from tiledattention.schedules.schedule import Schedule
+from tiledattention.schedules.table import Bucket, BwdEntry, Entry, ScheduleTable, TableError
+from tiledattention.tune import build_table, merge_into, paper_grid, tune_config, tune_plan
+
+
+def bucket(**kw):
+    base = dict(cc="9.0", dtype="float16", head_dim=128, causal=False, s_bucket=4096, gqa=1)
+    return Bucket(**{**base, **kw})
+
+
+def test_kernel_room_re_exports_the_schedule_room_s_class():
+    from tiledattention.kernel import bwd_plan
+
+    assert bwd_plan.BwdSchedule is BwdSchedule
+    assert bwd_plan.default_bwd_schedule is default_bwd_schedule
+
+
+@pytest.mark.parametrize("s", [*BWD_QUICK_SPACE, BwdSchedule(dq="atomic")],
+                         ids=lambda s: s.label())
+def test_backward_labels_round_trip(s):
+    assert BwdSchedule.from_label(s.label()) == s
+
+
+@pytest.mark.parametrize("label,words", [
+    ("kv64x64_q64x64", "not like kv64x64_q64x64_o1"),
+    ("kv64x64_q64x64_o1_fast", "not like"),
+    ("kv48x64_q64x64_o1", "dkdv_m=48 is not one of"),
+    ("kv64x64_q64x64_o9", "occupancy=9 is not in"),
+])
+def test_bad_backward_labels_are_one_line_schedule_errors(label, words):
+    with pytest.raises(ScheduleError, match=words) as info:
+        BwdSchedule.from_label(label)
+    assert "\n" not in str(info.value)
+
+
+def test_default_follows_the_measurement_and_fits_every_head_dim():
+    assert default_bwd_schedule(64, False).label() == "kv64x128_q128x64_o1"
+    assert default_bwd_schedule(128, False).label() == "kv128x64_q64x128_o1"
+    assert default_bwd_schedule(160, False).label() == "kv128x64_q64x128_o1"
+    for d in (64, 128):  # causal: unmeasured for the larger tiles, stays at 64x64
+        assert default_bwd_schedule(d, True).label() == "kv64x64_q64x64_o1"
+    for d in range(8, 257, 8):
+        for causal in (False, True):
+            s = default_bwd_schedule(d, causal)
+            assert s.deterministic
+            assert d > 192 or bwd_rejection(s, d) is None, (d, causal, s.label())
+
+
+def test_128_key_tiles_are_refused_where_they_measured_slow():
+    s = BwdSchedule.from_label("kv64x128_q128x64_o1")
+    assert bwd_rejection(s, 64) is None  # the fastest at D=64
+    assert "spill" in bwd_rejection(s, 128)  # 1.49-1.57x slower at D=128
+    assert "tensor cores" in bwd_rejection(BwdSchedule(64, 32, 64, 64, 1), 64)
+
+
+def test_backward_search_space_per_head_dim():
+    assert len(bwd_space_for(64, "quick")) == 6
+    assert [s.label() for s in bwd_space_for(128, "quick")] == [
+        "kv64x64_q64x64_o1", "kv64x64_q64x64_o2", "kv128x64_q64x128_o1", "kv128x64_q64x128_o2"]
+    assert bwd_space_for(256, "quick") == [default_bwd_schedule(256, False)]  # none fits
+    assert all(bwd_rejection(s, 96) is None for s in bwd_space_for(96, "full"))
+    with pytest.raises(ValueError, match="valid"):
+        bwd_space_for(64, "huge")
+
+
+def bwd_entry(b, label, tflops=300.0):
+    return BwdEntry(bucket=b, best=BwdSchedule.from_label(label), best_tflops=tflops,
+                    runner_up=BwdSchedule(), runner_up_tflops=tflops * 0.9, gpu="H100",
+                    candidates=4, failed=("kv128x64_q64x128_o2:error",))
+
+
+def test_table_round_trips_backward_entries_next_to_forward_ones(tmp_path):
+    t = ScheduleTable(meta={"gpu": "H100"})
+    t.add(Entry(bucket=bucket(), best=Schedule(64, 128, 2), best_tflops=600.0))
+    t.add(bwd_entry(bucket(), "kv128x64_q64x128_o1"))
+    t.save(str(tmp_path / "t.json"))
+    raw = json.loads((tmp_path / "t.json").read_text())
+    assert raw["backward"][0]["best"] == "kv128x64_q64x128_o1"
+    back = ScheduleTable.load(str(tmp_path / "t.json"))
+    assert back.entries == t.entries and back.backward == t.backward
+    assert back.lookup_bwd(bucket()) == (BwdSchedule(128, 64, 64, 128, 1), "exact")
+    assert back.lookup_bwd(bucket(s_bucket=1024))[1] == "nearest"
+    assert back.lookup_bwd(bucket(cc="12.0")) is None
+
+
+def test_tables_without_backward_entries_load_and_write_as_before(tmp_path):
+    for path in policy.shipped_table_paths():
+        table = ScheduleTable.load(path)
+        assert table.entries
+        assert all(bwd_rejection(e.best, e.bucket.head_dim) is None
+                   for e in table.backward.values())
+    t = ScheduleTable()
+    t.add(Entry(bucket=bucket(), best=Schedule(), best_tflops=1.0))
+    assert "backward" not in t.to_json()
+
+
+def test_a_malformed_backward_entry_names_the_file_and_item(tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps({"format": "tiledattention-schedule-table/1", "entries": [],
+                                "backward": [{"bucket": bucket().__dict__, "best": "kv1",
+                                              "best_tflops": 1}]}))
+    with pytest.raises(TableError, match="backward entry 0 is malformed") as info:
+        ScheduleTable.load(str(path))
+    assert str(path) in str(info.value)
+
+
+def test_policy_picks_exact_then_nearest_then_the_default(tmp_path, monkeypatch):
+    monkeypatch.setattr(policy, "_capability", lambda index: "9.0")
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    q = torch.empty(4, 16, 4096, 128, dtype=torch.float16, device="meta")
+    t = ScheduleTable()
+    t.add(bwd_entry(bucket(), "kv64x64_q64x64_o2"))
+    # a pick that does not fit its head dim (128-key tiles at D=128) is not used
+    t.add(bwd_entry(bucket(causal=True), "kv64x128_q128x64_o1"))
+    t.save(str(tmp_path / "mine.json"))
+    try:
+        ta.set_schedule_table(str(tmp_path / "mine.json"))
+        mine = BwdSchedule.from_label("kv64x64_q64x64_o2")
+        assert policy.choose_bwd_schedule(q, q, False) == (mine, "exact")
+        short = q[:, :, :1000]
+        assert policy.choose_bwd_schedule(short, short, False) == (mine, "nearest")
+        assert policy.choose_bwd_schedule(q, q, True) == (default_bwd_schedule(128, True),
+                                                          "default")
+        monkeypatch.setattr(policy, "_capability", lambda index: "12.0")
+        policy._choose_bwd.cache_clear()
+        assert policy.choose_bwd_schedule(q, q, False) == (default_bwd_schedule(128, False),
+                                                           "default")
+    finally:
+        ta.set_schedule_table(None)
+
+
+def test_pinned_backward_method_names_round_trip_and_bad_ones_are_one_line():
+    name = pinned_bwd("kv64x64_q64x64_o2")
+    assert name == "tiledattention@bwd:kv64x64_q64x64_o2"
+    assert pinned_bwd_label(name) == "kv64x64_q64x64_o2"
+    assert pinned_bwd_label(pinned("64x64_o4_c1_lk2_lv4")) is None
+    assert pinned_label(name) == "bwd:kv64x64_q64x64_o2"  # still one of ours in the tables
+    assert get_method(name).has_backward
+    with pytest.raises(ConfigError, match="^methods: backward schedule label 'kv64' is not"):
+        validate(BenchConfig(methods=("tiledattention@bwd:kv64",)))
+
+
+def test_backward_tuning_plan_times_pinned_backward_schedules_with_fwd_bwd():
+    points = paper_grid(seqs=(1024,), head_dims=(64, 128), dtypes=("float16",))
+    plan = tune_plan(points, "quick", "fwd+bwd")
+    assert [p.pass_ for p, _ in plan] == ["fwd+bwd"] * len(points)
+    assert [(p.causal, p.head_dim) for p, _ in plan] == [(p.causal, p.head_dim) for p in points]
+    for p, methods in plan:
+        assert methods == [pinned_bwd(s.label()) for s in bwd_space_for(p.head_dim, "quick")]
+    with pytest.raises(ConfigError, match="not one of"):
+        tune_plan(points, "quick", "bwd")
+
+
+def test_backward_tuning_runs_through_the_harness_and_resumes(tmp_path):
+    point = Point("float16", False, 64, 128, 128, 1, 4)
+    plan = tune_plan([point], "quick", "fwd+bwd")
+    store = ResultStore(str(tmp_path / "state.jsonl"))
+    cfg = tune_config(warmup=1, reps=2)
+    assert measure(plan, cfg, store, torch.device("cpu"), io.StringIO()) is False
+    assert {r["status"] for r in store.rows.values()} == {"unavailable"}
+    assert {r["pass"] for r in store.rows.values()} == {"fwd+bwd"}
+    measure(plan, cfg, ResultStore(store.path), torch.device("cpu"), io.StringIO())
+    assert len((tmp_path / "state.jsonl").read_text().splitlines()) == len(plan[0][1])
+
+
+def test_backward_winners_become_backward_entries_merged_into_the_forward_table(tmp_path):
+    (p,) = paper_grid(seqs=(1024,), head_dims=(64,), dtypes=("float16",))[:1]
+    (pb, _), = tune_plan([p], "quick", "fwd+bwd")
+    store = ResultStore(str(tmp_path / "state.jsonl"))
+    for label, status, tf in (("kv64x64_q64x64_o1", "ok", 300.0),
+                              ("kv64x128_q128x64_o1", "ok", 370.0),
+                              ("kv64x128_q128x64_o2", "wrong", None)):
+        store.append({"point_key": pb.key(), "method": pinned_bwd(label), "status": status,
+                      **({"tflops": tf} if tf else {})})
+    store.append({"point_key": pb.key(), "method": "tiledattention", "status": "ok",
+                  "tflops": 999.0})
+    table = build_table([p], store.rows.values(), "9.0", "H100")
+    assert not table.entries
+    (entry,) = table.backward.values()
+    assert entry.best.label() == "kv64x128_q128x64_o1"
+    assert entry.runner_up.label() == "kv64x64_q64x64_o1"
+    assert entry.failed == ("kv64x128_q128x64_o2:wrong",) and entry.candidates == 3
+    fwd = ScheduleTable(meta={"gpu": "H100", "note": "forward"})
+    fwd.add(Entry(bucket=entry.bucket, best=Schedule(64, 128, 2), best_tflops=600.0))
+    fwd.save(str(tmp_path / "h100.json"))
+    merged = merge_into(str(tmp_path / "h100.json"), table, "fwd+bwd")
+    assert merged.entries == fwd.entries and merged.backward == table.backward
+    assert merged.meta["note"] == "forward" and merged.meta["backward"]["gpu"] == "H100"
+    merged.save(str(tmp_path / "h100.json"))
+    # and a later forward run keeps the backward half
+    again = merge_into(str(tmp_path / "h100.json"), ScheduleTable(), "fwd")
+    assert again.backward == table.backward and not again.entries
+
+
+def test_tune_refuses_a_malformed_out_table_before_measuring(tmp_path):
+    bad = tmp_path / "t.json"
+    bad.write_text("{not json")
+    out = subprocess.run([sys.executable, "-m", "tiledattention.cli", "tune", "--pass",
+                          "fwd+bwd", "--seqs", "1024", "--head-dims", "64", "--out", str(bad),
+                          "--state", str(tmp_path / "s.jsonl")], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 2
+    (line,) = out.stderr.strip().splitlines()
+    assert line.startswith(f"tiledattn tune: --out schedule table {bad}: not valid JSON")
+    assert bad.read_text() == "{not json"  # nothing the user wrote is lost
