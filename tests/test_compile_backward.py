@@ -46,6 +46,9 @@ HOPPER = [
     variant("float16", 120, True, "full"),  # three chunks, the last padded
     variant("float16", 256, False, even=False),
     variant("bfloat16", 96, True, schedule=BwdSchedule(dq="atomic")),
+    # the tuning space's occupancy-2 schedules (schedules.backward.BWD_QUICK_SPACE)
+    variant("float16", 128, False, schedule=BwdSchedule.from_label("kv128x64_q64x128_o2")),
+    variant("bfloat16", 64, True, schedule=BwdSchedule.from_label("kv64x128_q128x64_o2")),
 ]
 BLACKWELL = [HOPPER[1], HOPPER[2]]
 CASES = ([(v, "sm_90") for v in HOPPER] + [(v, t) for t in ("sm_100", "sm_120")
