@@ -1,5 +1,7 @@
 """Benchmark configs: validated once, unknown keys rejected with the valid ones."""
 
+import dataclasses
+
 import pytest
 
 from tiledattention.bench.config import BenchConfig, ConfigError, from_dict, load_config
@@ -56,6 +58,13 @@ def test_the_smoke_config_loads():
 def test_the_sdpa_comparison_config_is_the_paper_grid_against_fused_backends():
     cfg = load_config("config/bench-sdpa.yaml")
     assert expand(cfg) == expand(from_dict({}))
+    assert cfg.methods == ("tiledattention", "torch_sdpa", "flash", "cudnn")
+
+
+def test_the_backward_config_is_the_paper_grid_timed_forward_plus_backward():
+    cfg = load_config("config/bench-backward.yaml")
+    assert [dataclasses.replace(p, pass_="fwd") for p in expand(cfg)] == expand(from_dict({}))
+    assert {p.pass_ for p in expand(cfg)} == {"fwd+bwd"}
     assert cfg.methods == ("tiledattention", "torch_sdpa", "flash", "cudnn")
 
 
