@@ -120,6 +120,19 @@ def test_other_backward_schedules_agree(label, causal):
         check_grads(2, 4, 2, 300, 300, 96, torch.float16, causal=causal)
 
 
+def test_a_backward_schedule_pinned_around_the_forward_holds_for_its_backward():
+    from tiledattention.kernel import bwd_plan
+    from tiledattention.schedules.backward import BwdSchedule
+
+    pinned = BwdSchedule.from_label("kv64x64_q64x64_o2")
+    q, k, v = (_rand(1, 2, 256, 64, dtype=torch.float16).requires_grad_() for _ in range(3))
+    with bwd_plan.pinned_bwd_schedule(pinned):
+        out = ta.sdpa(q, k, v)
+    bwd_plan._plans.clear()
+    out.sum().backward()  # outside the block: the harness' bwd pass replays it like this
+    assert [p.variant.schedule for p in bwd_plan._plans.values()] == [pinned]
+
+
 def test_backward_is_deterministic():
     def grads():
         torch.manual_seed(3)
