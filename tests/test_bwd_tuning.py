@@ -231,3 +231,20 @@ def test_tune_refuses_a_malformed_out_table_before_measuring(tmp_path):
     (line,) = out.stderr.strip().splitlines()
     assert line.startswith(f"tiledattn tune: --out schedule table {bad}: not valid JSON")
     assert bad.read_text() == "{not json"  # nothing the user wrote is lost
+
+
+def test_rows_of_backward_passes_name_the_backward_schedule_in_documented_columns(monkeypatch):
+    from tiledattention.bench.methods import _tiled_describe
+    from tiledattention.study.frame import columns_of
+
+    monkeypatch.setattr(policy, "_capability", lambda index: "9.0")
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    q = torch.empty(4, 16, 4096, 128, dtype=torch.float16, device="meta")
+    point = Point("float16", True, 128, 4096, 4096, 4, 16, 1, "fwd+bwd")
+    details = _tiled_describe(q, q, q, point)
+    assert details["bwd_schedule"] == policy.choose_bwd_schedule(q, q, True)[0].label()
+    assert "bwd_schedule" not in _tiled_describe(q, q, q, Point("float16", True, 128, 4096,
+                                                                4096, 4, 16))
+    pinned_details = get_method(pinned_bwd("kv64x64_q64x64_o2")).describe(q, q, q, point)
+    assert pinned_details["bwd_schedule_source"] == "pinned"
+    assert "details.bwd_schedule_source" in columns_of([{"details": pinned_details}])

@@ -77,6 +77,10 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "details.schedule": ("", "tiledattention schedule label (tile_m x tile_n, occupancy, ...)"),
     "details.schedule_source": ("", "where the schedule came from: table, nearest, default, "
                                     "pinned"),
+    "details.bwd_schedule": ("", "tiledattention backward schedule label (bwd and fwd+bwd "
+                                 "passes: dK/dV tile, dQ tile, occupancy)"),
+    "details.bwd_schedule_source": ("", "where the backward schedule came from: exact, "
+                                        "nearest, default, pinned"),
     # Launch geometry of tiledattention rows (tiledattention/kernel/geometry.py).
     "geometry.programs": ("", "programs launched: the product of the plan's grid (query "
                               "tiles x heads x batch)"),
