@@ -61,12 +61,11 @@ def test_bad_backward_labels_are_one_line_schedule_errors(label, words):
     assert "\n" not in str(info.value)
 
 
-def test_default_follows_the_measurement_and_fits_every_head_dim():
-    assert default_bwd_schedule(64, False).label() == "kv64x128_q128x64_o1"
-    assert default_bwd_schedule(128, False).label() == "kv128x64_q64x128_o1"
-    assert default_bwd_schedule(160, False).label() == "kv128x64_q64x128_o1"
-    for d in (64, 128):  # causal: unmeasured for the larger tiles, stays at 64x64
-        assert default_bwd_schedule(d, True).label() == "kv64x64_q64x64_o1"
+def test_default_follows_the_backward_tune_and_fits_every_head_dim():
+    for causal in (False, True):
+        assert default_bwd_schedule(64, causal).label() == "kv128x64_q64x128_o2"
+        assert default_bwd_schedule(128, causal).label() == "kv64x64_q64x64_o2"
+        assert default_bwd_schedule(160, causal).label() == "kv128x64_q64x128_o2"
     for d in range(8, 257, 8):
         for causal in (False, True):
             s = default_bwd_schedule(d, causal)

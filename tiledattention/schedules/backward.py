@@ -101,20 +101,23 @@ def bwd_rejection(schedule: BwdSchedule, head_dim: int) -> str | None:
 
 
 def default_bwd_schedule(head_dim: int, causal: bool) -> BwdSchedule:
-    """The backward schedule where the table has none (benchmarks/NOTES.md §17).
+    """The backward schedule where the table has none (benchmarks/NOTES.md §17b).
 
-    Measured on the H100 (fp16, non-causal, S 1024 and 4096, fwd+bwd time relative to
-    kv64x64_q64x64_o1): D=64 kv64x128_q128x64_o1 0.81x (the best of five); D=128
-    kv128x64_q64x128_o1 0.91-0.93x (128-key dK/dV tiles there 1.49-1.57x: they spill).
-    Non-causal D above 64 takes the D=128 winner where it fits (``bwd_rejection``: up to
-    D=160), else 64x64. Causal keeps 64x64: its 128-tile variants were 2-3x slower at D=64
-    (the first measurement) and the new ones are unmeasured.
+    From the H100 backward tune (fp16, D 64/96/128/160, causal and not, S 1024 and 4096,
+    fwd+bwd TFLOP/s): D <= 64 kv128x64_q64x128_o2 won all 4 buckets (e.g. causal S=4096
+    335 vs 145 for the first default kv64x64_q64x64_o1); D 96-128 kv64x64_q64x64_o2 won 7 of
+    8 and was within 0.2% in the 8th; D=160 kv128x64_q64x128_o2 won causal (184 vs 153) and
+    was within 2% non-causal. Occupancy 2 wins everywhere under causality. Larger D keeps
+    64x64 at occupancy 1, the only tiles that fit (``bwd_rejection``).
     """
+    del causal  # the same schedule won causal and non-causal buckets per head dim
     base = BwdSchedule(64, 64, 64, 64, 1)
-    if causal:
-        return base
-    best = BwdSchedule(64, 128, 128, 64, 1) if head_dim <= 64 else BwdSchedule(128, 64, 64,
-                                                                                128, 1)
+    if head_dim <= 64:
+        best = BwdSchedule(128, 64, 64, 128, 2)
+    elif head_dim <= 128:
+        best = BwdSchedule(64, 64, 64, 64, 2)
+    else:
+        best = BwdSchedule(128, 64, 64, 128, 2)
     return base if bwd_rejection(best, head_dim) else best
 
 
