@@ -23,6 +23,7 @@ include: "workflow/rules/bench.smk"
 include: "workflow/rules/tune.smk"
 include: "workflow/rules/aggregate.smk"
 include: "workflow/rules/profile.smk"
+include: "workflow/rules/model.smk"
 include: "workflow/rules/bundle.smk"
 
 

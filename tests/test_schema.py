@@ -10,7 +10,13 @@ import pytest
 import yaml
 from jsonschema import Draft202012Validator
 
-from tiledattention.bench.config import ConfigError, from_dict, json_schema
+from tiledattention.bench.config import (
+    ConfigError,
+    from_dict,
+    json_schema,
+    model_from_dict,
+    model_json_schema,
+)
 
 SCHEMA_PATH = "workflow/schemas/config.schema.yaml"
 
@@ -24,6 +30,22 @@ def schema():
 def test_bench_section_is_generated_from_the_dataclasses(schema):
     assert schema["properties"]["bench"] == json_schema(), (
         "regenerate the bench section: python -m tiledattention.bench.config")
+
+
+def test_model_section_is_generated_from_the_dataclasses(schema):
+    assert schema["properties"]["model"] == model_json_schema(), (
+        "regenerate the model section: python -m tiledattention.bench.config")
+
+
+@pytest.mark.parametrize("model", [
+    {"batches": [0]}, {"batches": []}, {"batches": [1, 1]}, {"prompt": 0},
+    {"prompt": 8000}, {"steps": True}, {"reps": 0}, {"enabled": "yes"}, {"layers": 2},
+])
+def test_schema_and_python_refuse_the_same_model_sections(schema, model):
+    config = {"results_dir": "r", "shards": 1, "launcher": "local", "model": model}
+    assert list(Draft202012Validator(schema).iter_errors(config)), f"the schema accepts {model}"
+    with pytest.raises(ConfigError, match=r"^model"):
+        model_from_dict(model)
 
 
 def study(bench: dict) -> dict:

@@ -156,6 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tune-table", help="the study's tuning table for Table 5 (default: none)")
     p.add_argument("--shapes", nargs="+", metavar="DIR", help="directories of the shapes "
                    "grids' rows for the shapes tables (default: none)")
+    p.add_argument("--model", metavar="DIR", help="directory of the model benchmark's rows "
+                   "for the model_e2e table (default: none)")
     p.add_argument("--rows-only", action="store_true",
                    help="only rows.jsonl and rows.csv (no pandas/pyarrow needed)")
 
@@ -183,6 +185,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--width", type=_count(1), default=WIDTH, help="H*D of the profiled point")
     p.add_argument("--launcher", choices=LAUNCHERS, help="run the profiling as a job of this "
                    "launcher (slurm: on a GPU node) (default: in this process)")
+    _launcher_options(p)
+
+    p = _verb(sub, "model", _model, "prefill and decode tokens/s of a tiny random Llama per "
+              "attention implementation (tiledattention, sdpa, eager); records why when it "
+              "cannot run")
+    p.add_argument("--out", required=True, help="directory for rows.jsonl and the manifest")
+    p.add_argument("--batches", type=_count(1), nargs="+", default=[1, 8], help="batch sizes")
+    p.add_argument("--prompt", type=_count(1), default=2048, help="prompt tokens per sequence")
+    p.add_argument("--steps", type=_count(1), default=64, help="greedy decode steps timed")
+    p.add_argument("--reps", type=_count(1), default=5, help="interleaved reps per "
+                   "implementation")
+    p.add_argument("--seed", type=_count(0), default=0, help="seed of weights and prompt")
+    p.add_argument("--launcher", choices=LAUNCHERS, help="run it as a job of this launcher "
+                   "(slurm: on a GPU node) (default: in this process)")
     _launcher_options(p)
 
     p = _verb(sub, "manifest", _manifest, "merge run manifests into the study manifest and "
@@ -436,10 +452,25 @@ def _aggregate(args) -> int:
     table = write_rows_table(rows, args.out)["csv"]
     ladder = concat(args.ladder) if args.ladder else []
     paths = write_all(rows, os.path.join(args.out, "tables"), tune_table=args.tune_table,
-                      ladder_rows=ladder, shape_rows=_shape_rows(args.shapes))
+                      ladder_rows=ladder, shape_rows=_shape_rows(args.shapes),
+                      model_rows=_model_rows(args.model))
     print(f"aggregate: {len(rows)} rows ({counts}) -> {table}; {len(paths)} table files in "
           f"{args.out}/tables", file=sys.stderr)
     return 0
+
+
+def _model_rows(path: str | None) -> list[dict]:
+    """The model benchmark's rows (``--model DIR``: its rows.jsonl must exist)."""
+    import os
+
+    from .bench.model import ROWS, load_rows
+    from .bench.store import RowsError
+
+    if not path:
+        return []
+    if not os.path.exists(os.path.join(path, ROWS)):
+        raise RowsError(f"--model {path}: no {ROWS} there")
+    return load_rows(path)
 
 
 def _shape_rows(dirs: list[str] | None) -> list[dict]:
@@ -505,6 +536,27 @@ def _profile(args) -> int:
     with open(os.path.join(args.out, "summary.md")) as f:
         print(f.read())
     return code
+
+
+def _model(args) -> int:
+    import os
+
+    from .bench.config import model_from_dict
+    from .bench.model import ModelTask, load_rows, run_model, summary
+
+    cfg = model_from_dict({"enabled": True, "batches": args.batches, "prompt": args.prompt,
+                           "steps": args.steps, "reps": args.reps, "seed": args.seed})
+    out = os.path.abspath(args.out)
+    if args.launcher:
+        from .launchers import run_step
+
+        options = _json_object(args.launcher_options, "--launcher-options")
+        run_step(args.launcher, options, os.path.join(out, "logs"),
+                 ModelTask(out, tuple(cfg.as_dict().items())))
+    else:
+        run_model(cfg, out)
+    print(summary(load_rows(out)))
+    return 0
 
 
 def _manifest(args) -> int:

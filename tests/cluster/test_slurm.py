@@ -58,15 +58,15 @@ def test_smoke_study_runs_every_gpu_step_as_a_slurm_job(tmp_path):
     with open(results / "aggregate" / "rows.csv") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 24 and {r["status"] for r in rows} <= {"ok", "unavailable"}
-    # From SLURM's own accounting: tune, ladder, profile, the shapes grid and every bench
+    # From SLURM's own accounting: tune, ladder, profile, the shapes grid, the model and every bench
     # shard ran as a job named after its step, on the gpu partition, and completed.
     ids = _job_ids(results)
     jobs = _sacct(ids)
     print("\n".join("|".join(j.values()) for j in jobs))  # the listing, for the record
     assert sorted(j["name"] for j in jobs) == [
         "tiledattn-bench-shard0of2", "tiledattn-bench-shard1of2",
-        "tiledattn-ladder-shard0of1", "tiledattn-profile", "tiledattn-shapes-g0-shard0of1",
-        "tiledattn-tune"], jobs
+        "tiledattn-ladder-shard0of1", "tiledattn-model", "tiledattn-profile",
+        "tiledattn-shapes-g0-shard0of1", "tiledattn-tune"], jobs
     assert all(j["state"] == "COMPLETED" and j["partition"] == "gpu" for j in jobs), jobs
     # Each GPU step was given the GPU it asked for (start-slurm.sh accounts gres/gpu).
     assert all("gres/gpu=1" in j["tres"] for j in jobs), jobs

@@ -206,7 +206,8 @@ def _readme(pub: Publication, rows: list[dict], manifest: dict, table4: str,
         "- `data/rows.parquet`, `data/rows.csv`, `data/rows.jsonl`: every row; "
         "`data/columns.md`: the column dictionary (also below)",
         "- `tables/`: Table 4 (ratios against each baseline), per-D and per-regime ratios, "
-        "Table 5 (schedules), Table 6 (schedule ladder), throughput, status — Markdown, CSV, "
+        "Table 5 (schedules), Table 6 (schedule ladder), throughput, status, model_e2e (tiny "
+        "Llama tokens/s per attention implementation) — Markdown, CSV, "
         "LaTeX",
         "- `figures/`: PNG and PDF", "- `profiles.zip`: Nsight Compute reports, raw CSV "
         "exports and `summary.md`", "- `manifest.json`: merged version manifest",
@@ -234,6 +235,14 @@ def not_run(study_dir: str, rows: list[dict]) -> list[str]:
         for (method, status), group in sorted(by_method.items()):
             out.append(f"- {step}: {method} {status} at {len(group)} point(s): "
                        f"{group[0].get('reason') or group[0].get('error') or '—'}")
+    model = os.path.join(study_dir, "model", "rows.jsonl")
+    if os.path.exists(model):
+        from ..bench.model import load_rows
+
+        skipped = [r for r in load_rows(os.path.dirname(model)) if r.get("status") != "ok"]
+        if skipped:
+            out.append(f"- model benchmark (model_e2e): {skipped[0]['status']} at "
+                       f"{len(skipped)} row(s): {skipped[0].get('reason') or '—'}")
     tune = os.path.join(study_dir, "tune", "schedule-table.json")
     if os.path.exists(tune):
         with open(tune) as f:

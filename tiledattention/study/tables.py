@@ -5,7 +5,8 @@ by kernel time and by call latency (``ratios.MEASURES``); per head dim and per r
 (mask x S), both measures per cell; call latency per point; Table 5: best and
 runner-up schedule per tuned bucket with the sensitivity; Table 6: a schedule ladder on a
 reduced grid; the rows whose status is not ``ok``, listed with their reasons; and the
-shapes grid's geometry and unaligned-shape cost (``study/shapes.py``).
+shapes grid's geometry and unaligned-shape cost (``study/shapes.py``); the tiny Llama's
+tokens/s per attention implementation (``model_e2e``).
 """
 
 from __future__ import annotations
@@ -300,15 +301,41 @@ def table6(ladder_rows: list[dict]) -> Table:
     return t
 
 
+def model_e2e(model_rows: list[dict]) -> Table:
+    """Tokens/s of the tiny Llama per batch, phase and attention implementation, and the
+    ratio to transformers' built-in sdpa (``bench/model.py``)."""
+    t = Table("model_e2e", "Tiny Llama end to end: tokens/s per attention implementation",
+              ["B", "phase", "implementation", "tokens/s", "÷ sdpa", "status"])
+    if not model_rows:
+        t.notes.append("no model benchmark in this study (config model.enabled: false).")
+        return t
+    ref = {(r["batch"], r["phase"]): r["tokens_per_s"] for r in model_rows
+           if r["method"] == "sdpa" and r["status"] == "ok"}
+    for r in sorted(model_rows, key=lambda r: (r["batch"], r["phase"] != "prefill")):
+        ok = r["status"] == "ok"
+        base = ref.get((r["batch"], r["phase"]))
+        t.rows.append([r["batch"], r["phase"], r["method"], r["tokens_per_s"] if ok else None,
+                       r["tokens_per_s"] / base if ok and base else None,
+                       "ok" if ok else f"{r['status']}: {r.get('reason', '')}"])
+    first = model_rows[0]
+    t.notes.append(f"4 layers, hidden 2048, 16/4 heads, D 128, bf16, random weights; prompt "
+                   f"{first['prompt']} tokens, {first.get('steps') or '—'} greedy decode "
+                   f"steps, median of {first['reps']} interleaved reps. prefill: one forward "
+                   "(CUDA events); decode: the step loop with a KV cache, host included. "
+                   "÷ sdpa > 1: faster than transformers' built-in sdpa path.")
+    return t
+
+
 # The tables write_all writes, by file stem (the workflow lists its outputs from here).
 NAMES = ("headline", "table4_ratios", "ratios_by_head_dim", "ratios_by_regime",
          "table5_schedules", "table6_ladder", "throughput", "call_latency", "status",
-         "shapes", "shapes_cost")
+         "shapes", "shapes_cost", "model_e2e")
 
 
 def write_all(rows: list[dict], out_dir: str, *, tune_table: str | None = None,
               ladder_rows: list[dict] | None = None,
-              shape_rows: list[dict] | None = None) -> list[str]:
+              shape_rows: list[dict] | None = None,
+              model_rows: list[dict] | None = None) -> list[str]:
     from .shapes import shapes_cost_table, shapes_table
 
     paths = []
@@ -318,6 +345,6 @@ def write_all(rows: list[dict], out_dir: str, *, tune_table: str | None = None,
     for table in (headline(rows), table4(fwd), by_head_dim(fwd), by_regime(fwd),
                   table5(tune_table), table6(ladder_rows or []), throughput(rows),
                   call_latency(rows), status(rows), shapes_table(shape_rows or []),
-                  shapes_cost_table(shape_rows or [])):
+                  shapes_cost_table(shape_rows or []), model_e2e(model_rows or [])):
         paths += table.write(out_dir)
     return paths

@@ -23,11 +23,12 @@ rule aggregate:
         out=lambda wildcards, output: os.path.dirname(output.table),
         shards=SHARDS,
         extra=study_extras,
+        model=model_rows_arg,
     conda:
         "../envs/tiledattn.yaml"
     shell:
         "tiledattn aggregate --rows {params.rows:q} --out {params.out:q}"
-        " --expect-shards {params.shards} {params.extra} > {log:q} 2>&1"
+        " --expect-shards {params.shards} {params.extra} {params.model} > {log:q} 2>&1"
 
 
 rule figures:
@@ -62,7 +63,8 @@ rule manifest:
         f"{RESULTS}/logs/manifest.log",
     params:
         runs=lambda wildcards, input: sorted(
-            {os.path.dirname(p) for k in ("shards", "ladder", "shapes") if k in input.keys()
+            {os.path.dirname(p) for k in ("shards", "ladder", "shapes", "model")
+             if k in input.keys()
              for p in ([input[k]] if isinstance(input[k], str) else input[k])}
         ),
         image=lambda wildcards: (

@@ -10,6 +10,7 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 from tiledattention.bench.config import from_dict as _bench_config
+from tiledattention.bench.config import model_from_dict as _model_config
 from tiledattention.bench.grid import expand as _expand_points
 from tiledattention.bench.grid import pinned as _pinned
 from tiledattention.launchers import LauncherError
@@ -65,8 +66,10 @@ def shapes_bench(i):
             "methods": ["tiledattention", "torch_sdpa"]}
 
 
-# The bench section first: tiledattention's errors name the key and list the valid ones.
+# The bench and model sections first: tiledattention's errors name the key and list the
+# valid ones.
 BENCH = _bench_config(config.get("bench") or {})
+_model_config(config.get("model"))
 validate(config, "../schemas/config.schema.yaml")
 for _shape in config["profile"]["shapes"]:
     _ProfileShape.parse(_shape)  # a bad shape fails here, naming the expected form
@@ -75,6 +78,7 @@ LADDER = _bench_config(ladder_bench()) if config["ladder"]["enabled"] else None
 SHAPE_GRIDS = (list(range(len(config["shapes"]["grids"]))) if config["shapes"]["enabled"]
                else [])
 SHAPES = {i: _bench_config(shapes_bench(i)) for i in SHAPE_GRIDS}  # bad grids fail here
+MODEL = _model_config(config.get("model"))
 
 RESULTS = config["results_dir"]
 SHARDS = config["shards"]
@@ -111,11 +115,14 @@ def aggregate_inputs(wildcards):
         out["tune"] = f"{RESULTS}/tune/schedule-table.json"
     if SHAPE_GRIDS:
         out["shapes"] = [f"{RESULTS}/shapes/g{g}/shapes.done" for g in SHAPE_GRIDS]
+    if MODEL.enabled:
+        out["model"] = f"{RESULTS}/model/rows.jsonl"
     return out
 
 
 def study_extras(wildcards, input):
-    """--ladder/--tune-table for aggregate and figures, when the study ran those stages."""
+    """--ladder/--tune-table/--shapes for aggregate and figures, when the study ran those
+    stages."""
     extra = []
     if "ladder" in input.keys():
         extra.append(f"--ladder {shlex.quote(os.path.dirname(input.ladder))}")
@@ -125,6 +132,12 @@ def study_extras(wildcards, input):
         extra.append("--shapes " + " ".join(shlex.quote(os.path.dirname(p))
                                             for p in input.shapes))
     return " ".join(extra)
+
+
+def model_rows_arg(wildcards, input):
+    """--model for aggregate (the model_e2e table), when the study ran the model stage."""
+    return (f"--model {shlex.quote(os.path.dirname(input.model))}" if "model" in input.keys()
+            else "")
 
 
 def tune_restrictions():

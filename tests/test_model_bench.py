@@ -1,0 +1,77 @@
+"""The end-to-end model benchmark as study rows: where it cannot run its rows say why,
+the model_e2e table reads ratios to transformers' sdpa from the rows, and the CLI refuses
+a bad section in one line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tiledattention.bench import model as model_bench
+from tiledattention.bench.config import model_from_dict
+from tiledattention.cli import main
+from tiledattention.study.tables import NAMES, model_e2e
+
+CFG = model_from_dict({"enabled": True, "batches": [1, 8], "prompt": 16, "steps": 2,
+                       "reps": 1})
+
+
+def test_without_a_gpu_every_row_is_unavailable_with_the_reason(tmp_path, monkeypatch):
+    monkeypatch.setattr("tiledattention.tune.no_gpu_reason", lambda: "no CUDA GPU visible on x")
+    result = model_bench.run_model(CFG, str(tmp_path))
+    assert result["status"] == "unavailable"
+    rows = model_bench.load_rows(str(tmp_path))
+    assert len(rows) == 2 * 2 * 3  # batches x phases x implementations
+    assert {r["status"] for r in rows} == {"unavailable"}
+    assert {r["reason"] for r in rows} == {"no CUDA GPU visible on x"}
+    assert {r["config_hash"] for r in rows} == {CFG.digest()}
+    assert len({r["point_key"] for r in rows}) == 4
+    manifest = json.loads((tmp_path / "manifest-model.json").read_text())
+    assert manifest["config"]["batches"] == [1, 8] and manifest["torch"]
+
+
+def test_transformers_missing_is_recorded_as_unavailable(monkeypatch):
+    import builtins
+
+    real = builtins.__import__
+
+    def no_transformers(name, *args, **kwargs):
+        if name == "transformers":
+            raise ImportError("no transformers")
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr("tiledattention.tune.no_gpu_reason", lambda: None)
+    monkeypatch.setattr(builtins, "__import__", no_transformers)
+    rows = model_bench.measure_model(CFG)
+    assert {r["reason"] for r in rows} == {
+        "transformers is not installed (pip install 'tiledattention[hf]')"}
+
+
+def _ok(batch, phase, method, tps):
+    return {"batch": batch, "phase": phase, "method": method, "status": "ok",
+            "tokens_per_s": tps, "prompt": 16, "steps": 2, "reps": 3}
+
+
+def test_model_table_gives_tokens_per_second_and_the_ratio_to_sdpa():
+    rows = [_ok(1, "decode", "tiledattention", 90.0), _ok(1, "decode", "sdpa", 100.0),
+            _ok(1, "prefill", "tiledattention", 300.0), _ok(1, "prefill", "sdpa", 200.0),
+            {**_ok(1, "decode", "eager", 0), "status": "error", "reason": "boom"}]
+    t = model_e2e(rows)
+    assert "model_e2e" in NAMES
+    cells = {(r[0], r[1], r[2]): r for r in t.rows}
+    assert cells[1, "decode", "tiledattention"][4] == pytest.approx(0.9)
+    assert cells[1, "prefill", "tiledattention"][4] == pytest.approx(1.5)
+    assert cells[1, "decode", "eager"][3:] == [None, None, "error: boom"]
+    assert [r[1] for r in t.rows[:2]] == ["prefill", "prefill"]  # prefill before decode
+
+
+def test_an_empty_study_says_the_model_stage_was_off():
+    assert "model.enabled: false" in model_e2e([]).to_markdown()
+
+
+def test_cli_refuses_a_bad_model_option_in_one_line(tmp_path, capsys):
+    assert main(["model", "--out", str(tmp_path), "--prompt", "9000"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["tiledattn model: model.prompt: 9000 must be <= 7168"]
+    assert not (tmp_path / "rows.jsonl").exists()

@@ -1,0 +1,189 @@
+"""End to end: prefill and decode tokens/s of the tiny Llama (4 layers, hidden 2048,
+16 heads / 4 KV heads, D = 128, bf16, random weights, no download) with each attention
+implementation, measured side by side in one process: ours (``tiledattention``),
+transformers' built-in ``sdpa`` and ``eager``.
+
+prefill: one forward over B x prompt tokens (CUDA events); decode: a greedy loop of
+``steps`` steps with a DynamicCache after the prompt, tokens/s = B * steps / time of the
+steps (host included: what a caller gets from eager HF decode). Reps interleave the
+implementations, order alternating; each row holds the median and every rep.
+
+One row per (batch, phase, implementation), in the bench rows' format (point_key, method,
+status, reason, recorded, config_hash), next to a ``manifest-model.json`` (GPU, torch,
+tileiras, git revision) like a bench shard's. Where no GPU is visible or transformers is
+missing, every row is ``unavailable`` with the reason and the study goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+
+from .config import ModelConfig, model_from_dict
+
+IMPLS = ("tiledattention", "sdpa", "eager")
+PHASES = ("prefill", "decode")
+FORMAT = 1
+ROWS = "rows.jsonl"
+
+
+def point_key(batch: int, phase: str, cfg: ModelConfig) -> str:
+    return f"llama-tiny|b{batch}|p{cfg.prompt}|{phase}" + (
+        f"|n{cfg.steps}" if phase == "decode" else "")
+
+
+def _base_rows(cfg: ModelConfig, device: str) -> list[dict]:
+    return [{"format": FORMAT, "point_key": point_key(b, ph, cfg), "method": impl,
+             "model": "llama-tiny", "phase": ph, "batch": b, "prompt": cfg.prompt,
+             "steps": cfg.steps if ph == "decode" else None, "reps": cfg.reps,
+             "dtype": "bfloat16", "device": device, "seed": cfg.seed}
+            for b in cfg.batches for ph in PHASES for impl in IMPLS]
+
+
+def unavailable_reason() -> str | None:
+    """Why the model benchmark cannot run here (None where it can)."""
+    from ..tune import no_gpu_reason
+
+    reason = no_gpu_reason()
+    if reason:
+        return reason
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        return "transformers is not installed (pip install 'tiledattention[hf]')"
+    return None
+
+
+def _prefill_s(model, ids) -> float:
+    import torch
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    model(ids, use_cache=False)
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / 1e3
+
+
+def _decode_s(model, ids, steps: int) -> float:
+    import torch
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    out = model(ids, past_key_values=cache, use_cache=True)
+    nxt = out.logits[:, -1:].argmax(-1)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(steps):
+        out = model(nxt, past_key_values=cache, use_cache=True)
+        nxt = out.logits[:, -1:].argmax(-1)
+    torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def measure_model(cfg: ModelConfig, log=sys.stderr) -> list[dict]:
+    """Every (batch, phase, implementation) row of ``cfg``; unavailable rows where the
+    benchmark cannot run here."""
+    reason = unavailable_reason()
+    if reason:
+        return [{**r, "status": "unavailable", "reason": reason}
+                for r in _base_rows(cfg, "cpu")]
+    import torch
+
+    from ..integrations.transformers import register, tiny_llama
+
+    name = register()
+    with torch.inference_mode():
+        models = {impl: tiny_llama(name if impl == "tiledattention" else impl, seed=cfg.seed)
+                  for impl in IMPLS}
+        rows = {(r["batch"], r["phase"], r["method"]): r
+                for r in _base_rows(cfg, str(torch.device("cuda")))}
+        gen = torch.Generator(device="cuda").manual_seed(cfg.seed)
+        for b in cfg.batches:
+            ids = torch.randint(0, 1024, (b, cfg.prompt), device="cuda", generator=gen)
+            for m in models.values():  # warm-up: compiles, allocator, cache growth
+                _prefill_s(m, ids)
+                _decode_s(m, ids, min(4, cfg.steps))
+            times = {(ph, i): [] for ph in PHASES for i in IMPLS}
+            for rep in range(cfg.reps):
+                for impl in IMPLS if rep % 2 == 0 else IMPLS[::-1]:
+                    times["prefill", impl].append(_prefill_s(models[impl], ids))
+                    times["decode", impl].append(_decode_s(models[impl], ids, cfg.steps))
+            for (ph, impl), secs in times.items():
+                med = statistics.median(secs)
+                tokens = b * (cfg.prompt if ph == "prefill" else cfg.steps)
+                rows[b, ph, impl].update(status="ok", tokens_per_s=tokens / med,
+                                         time_ms=med * 1e3,
+                                         times_ms=[s * 1e3 for s in secs])
+                print(f"model: b{b} {ph:7s} {impl:15s} {tokens / med:12.1f} tok/s", file=log,
+                      flush=True)
+    return list(rows.values())
+
+
+def run_model(cfg: ModelConfig, out_dir: str, log=sys.stderr) -> dict:
+    """Measure and write ``out_dir``/rows.jsonl (replaced whole) and manifest-model.json."""
+    from .manifest import capture, now
+
+    os.makedirs(out_dir, exist_ok=True)
+    started = now()
+    rows = measure_model(cfg, log)
+    finished = now()
+    for r in rows:
+        r.update(recorded=finished, config_hash=cfg.digest())
+    _write(os.path.join(out_dir, "manifest-model.json"),
+           json.dumps(capture(cfg, started=started, finished=finished), indent=1, default=str))
+    _write(os.path.join(out_dir, ROWS), "".join(json.dumps(r, sort_keys=True) + "\n"
+                                                for r in rows))
+    bad = [r for r in rows if r["status"] != "ok"]
+    if bad:
+        print(f"model: not run: {bad[0]['reason']}", file=log)
+        return {"status": bad[0]["status"], "reason": bad[0]["reason"], "out": out_dir}
+    return {"status": "ok", "out": out_dir}
+
+
+def _write(path: str, text: str) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def load_rows(out_dir: str) -> list[dict]:
+    with open(os.path.join(out_dir, ROWS)) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def summary(rows: list[dict]) -> str:
+    """tokens/s per (batch, phase, implementation) and the ratio to transformers' sdpa."""
+    ref = {(r["batch"], r["phase"]): r.get("tokens_per_s") for r in rows
+           if r["method"] == "sdpa" and r["status"] == "ok"}
+    lines = [f"{'impl':15s} {'B':>3s} {'phase':8s} {'tok/s':>12s} {'x sdpa':>7s}"]
+    for r in rows:
+        if r["status"] != "ok":
+            lines.append(f"{r['method']:15s} {r['batch']:3d} {r['phase']:8s} {r['status']}: "
+                         f"{r['reason']}")
+            continue
+        base = ref.get((r["batch"], r["phase"]))
+        ratio = f"{r['tokens_per_s'] / base:7.3f}" if base else "      —"
+        lines.append(f"{r['method']:15s} {r['batch']:3d} {r['phase']:8s} "
+                     f"{r['tokens_per_s']:12.1f} {ratio}")
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class ModelTask:
+    """``run_model`` as a picklable job, so a launcher puts it on a GPU (a SLURM GPU node,
+    a local GPU); the config travels as a dict and is validated again on the node."""
+
+    out_dir: str
+    config: tuple  # ModelConfig.as_dict() items (hashable, picklable)
+    job_name: str = "tiledattn-model"
+
+    def __call__(self) -> dict:
+        return run_model(model_from_dict(dict(self.config)), self.out_dir)
