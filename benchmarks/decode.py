@@ -1,9 +1,18 @@
 """Decode and small grids: kernel time of tiledattention vs torch SDPA side by side
 (CUDA-graph replay, L2 flushed before each replay, methods interleaved over rounds), every
-output checked against the float64 reference first. Also the D = 256/224/192 schedule
-candidates (``--headdim``).
+output checked against the float64 reference first.
 
-    python benchmarks/decode.py [--targets] [--grid] [--headdim] [--out rows.json]
+The decode grid has one definition, the ``decode`` section of a bench config
+(``tiledattention.bench.grid.decode_points``): ``--grid`` reads it from
+config/bench-decode.yaml (or ``--grid-config``), the same points the study's
+``tiledattn bench --config config/bench-decode.yaml`` measures into rows. What this script
+adds that the harness cannot: ``--targets``, the issue's explicit cases (B4 H8 is not on
+the H 32 grid; D = 256 prefill); ``--sweep``, split counts and tiles pinned per case with
+the plan's split count and packing printed (``--cases worst --splits 1 2 4 8``: the grid's
+two weakest points); ``--headdim``, the D = 256/192 schedule candidates with worker-warp
+hints.
+
+    python benchmarks/decode.py [--targets] [--grid] [--headdim] [--sweep] [--out rows.json]
 """
 
 from __future__ import annotations
@@ -32,20 +41,20 @@ TARGETS = [
     ("D256 B2 H8 S1000", 2, 8, 8, 1000, 1000, 256, "bfloat16", False),
     ("D256 B2 H8 S1000 causal", 2, 8, 8, 1000, 1000, 256, "bfloat16", True),
 ]
-KV_BYTES_CAP = 4 << 30
+GRID_CONFIG = "config/bench-decode.yaml"
 
 
-def decode_grid():
-    out = []
-    for sq in (1, 4, 16):
-        for skv in (1024, 8192, 32768):
-            for b in (1, 8, 64):
-                for hkv in (32, 8):
-                    if 2 * b * hkv * skv * 128 * 2 > KV_BYTES_CAP:
-                        continue
-                    out.append((f"grid sq{sq} skv{skv} b{b} h32/{hkv}", b, 32, hkv, sq, skv,
-                                128, "bfloat16", False))
-    return out
+def decode_grid(path: str = GRID_CONFIG):
+    """The decode section's points of the bench config at ``path``, as cases."""
+    from tiledattention.bench.config import load_config
+    from tiledattention.bench.grid import decode_points
+
+    cfg = load_config(path)
+    if not cfg.decode.enabled:
+        raise SystemExit(f"{path}: decode.enabled is false; no decode grid to run")
+    return [(f"grid sq{p.seq_q} skv{p.seq_kv} b{p.batch} h{p.heads}/{p.heads // p.gqa}",
+             p.batch, p.heads, p.heads // p.gqa, p.seq_q, p.seq_kv, p.head_dim, p.dtype,
+             p.causal) for p in decode_points(cfg.decode)]
 
 
 def inputs(b, hq, hkv, sq, skv, d, dtype):
@@ -138,10 +147,18 @@ SWEEP_CASES = TARGETS[:3] + [
 ]
 
 
-def sweep_variants():
+# The decode grid's two weakest points on the H100 (NOTES §14): packed GQA, one program
+# per KV head, 4 and 32 splits of 2 key tiles each chosen by the policy.
+WORST_CASES = SWEEP_CASES[3:5]
+SPLITS = (1, 4, 8, 16, 32)
+
+
+def sweep_variants(splits=SPLITS):
+    """The tuned plan, then 64x128 o3 at each split count (and 64x64 o4 at the larger
+    ones: twice the key tiles, so the same split count keeps more tiles per split)."""
     S = ta.Schedule
     out = [("ours", None, None)]
-    for base, counts in ((S(64, 128, 3), (1, 4, 8, 16, 32)), (S(64, 64, 4), (8, 16, 32))):
+    for base, counts in ((S(64, 128, 3), splits), (S(64, 64, 4), [k for k in splits if k >= 8])):
         for k in counts:
             s = dataclasses.replace(base, splits=k)
             out.append((s.label(), s, None))
@@ -154,9 +171,13 @@ def main():
     ap.add_argument("--grid", action="store_true")
     ap.add_argument("--headdim", action="store_true")
     ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--grid-config", default=GRID_CONFIG,
+                    help="bench config whose decode section --grid runs")
     ap.add_argument("--grid-from", type=int, default=0, help="skip the first N grid points")
-    ap.add_argument("--sweep-cases", type=int, default=len(SWEEP_CASES),
-                    help="sweep only the first N cases")
+    ap.add_argument("--cases", choices=("all", "worst"), default="all",
+                    help="--sweep: every sweep case, or the grid's two weakest points")
+    ap.add_argument("--splits", type=int, nargs="+", default=list(SPLITS),
+                    help="--sweep: the split counts to pin")
     ap.add_argument("--out")
     args = ap.parse_args()
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
@@ -174,12 +195,12 @@ def main():
                 except Exception as exc:  # a candidate that fails to compile: say so, go on
                     print(f"{case[0]}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
     if args.sweep:
-        for case in SWEEP_CASES[:args.sweep_cases]:
-            rows += run_case(case, sweep_variants())
+        for case in WORST_CASES if args.cases == "worst" else SWEEP_CASES:
+            rows += run_case(case, sweep_variants(args.splits))
             best = max((r for r in rows if r["case"] == case[0]), key=lambda r: r["ratio"])
             print(f"  best: {best['desc']} ratio {best['ratio']:.2f}", flush=True)
     if args.grid:
-        for case in decode_grid()[args.grid_from:]:
+        for case in decode_grid(args.grid_config)[args.grid_from:]:
             rows += run_case(case)
         worst = min((r for r in rows if r["case"].startswith("grid")), key=lambda r: r["ratio"])
         print(f"worst grid point: {worst['case']} ratio {worst['ratio']:.2f}")

@@ -67,7 +67,7 @@ def register(name: str = NAME) -> str:
 
 def tiny_llama(attn_implementation: str, *, dtype=torch.bfloat16, device="cuda", seed: int = 0,
                layers: int = 4):
-    """The Llama-shaped model the GPU test and ``benchmarks/model_e2e.py`` run: random
+    """The Llama-shaped model the GPU test and the model benchmark (``bench/model.py``) run: random
     weights (no download), hidden 2048, 16 heads / 4 KV heads (D = 128), a 1024-token
     vocabulary, ``layers`` layers. Same ``seed``, same weights, whatever the attention."""
     from transformers import LlamaConfig, LlamaForCausalLM
