@@ -98,7 +98,11 @@ def run_case(case, variants=None):
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
 
     fns = {"torch": torch_fn}
+    tuned = planning.plan_for(q, k, v, None, causal, None, gqa, False, None).variant.schedule
     for label, sched, hints in (variants or [("ours", None, None)]):
+        if isinstance(sched, int):  # a split count on the tuned table's schedule
+            sched = dataclasses.replace(tuned, splits=sched)
+            label = f"tuned_k{sched.splits}"
         p = planning.plan_for(q, k, v, None, causal, None, gqa, False, sched)
         if hints:
             p = dataclasses.replace(p, kernel=p.kernel.replace_hints(**hints))
@@ -154,10 +158,11 @@ SPLITS = (1, 4, 8, 16, 32)
 
 
 def sweep_variants(splits=SPLITS):
-    """The tuned plan, then 64x128 o3 at each split count (and 64x64 o4 at the larger
-    ones: twice the key tiles, so the same split count keeps more tiles per split)."""
+    """The tuned plan; its schedule at each split count (only the split count changes);
+    64x128 o3 at each split count and 64x64 o4 at the larger ones (twice the key tiles, so
+    the same split count keeps more tiles per split)."""
     S = ta.Schedule
-    out = [("ours", None, None)]
+    out = [("ours", None, None)] + [(f"tuned_k{k}", k, None) for k in splits]
     for base, counts in ((S(64, 128, 3), splits), (S(64, 64, 4), [k for k in splits if k >= 8])):
         for k in counts:
             s = dataclasses.replace(base, splits=k)
