@@ -163,6 +163,7 @@ def test_smoke_study_runs_end_to_end_with_the_local_profile(tmp_path):
     assert (bundle / "figures" / "shapes.png").stat().st_size > 0
     model = (bundle / "tables" / "model_e2e.md").read_text()
     assert "| 1 | decode | tiledattention |" in model  # the model job ran (rows either way)
+    assert (bundle / "data" / "model-rows.jsonl").stat().st_size > 0
     table5 = (results / "aggregate" / "tables" / "table5_schedules.md").read_text()
     readme = (bundle / "README.md").read_text()
     gpu = "| float16 | full | 64 |" in table5

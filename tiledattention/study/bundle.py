@@ -204,7 +204,8 @@ def _readme(pub: Publication, rows: list[dict], manifest: dict, table4: str,
         "tiledattn bundle verify results/<study>/bundle", "```", "",
         "## Files", "",
         "- `data/rows.parquet`, `data/rows.csv`, `data/rows.jsonl`: every row; "
-        "`data/columns.md`: the column dictionary (also below)",
+        "`data/columns.md`: the column dictionary (also below); `data/model-rows.jsonl`: the "
+        "tiny Llama's tokens/s rows, when the study ran the model stage",
         "- `tables/`: Table 4 (ratios against each baseline), per-D and per-regime ratios, "
         "Table 5 (schedules), Table 6 (schedule ladder), throughput, status, model_e2e (tiny "
         "Llama tokens/s per attention implementation) — Markdown, CSV, "
@@ -354,6 +355,9 @@ def _build(out_dir: str, study_dir: str, rows: list[dict], manifest: dict, *, co
         src = os.path.join(agg, name)
         if os.path.exists(src):
             _copy(src, os.path.join(out_dir, "data", name))
+    model_rows = os.path.join(study_dir, "model", "rows.jsonl")
+    if os.path.exists(model_rows):  # the model stage's own rows (another row format)
+        _copy(model_rows, os.path.join(out_dir, "data", "model-rows.jsonl"))
     for sub in ("tables", "figures"):
         src_dir = os.path.join(study_dir, sub) if sub == "figures" else os.path.join(agg, sub)
         if os.path.isdir(src_dir):
