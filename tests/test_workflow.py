@@ -110,6 +110,8 @@ def test_an_empty_or_non_mapping_config_fails_with_one_line(text, words, tmp_pat
     ('bench={"methods": ["triton"]}', "methods: 'triton' is not one of"),
     ('profile={"shapes": ["float16:causal:128"]}', "expected dtype:mask:D:S"),
     ('ladder={"steps": ["64x64"]}', "is not like 64x128_o2_c1_lk2_lv4"),
+    ('model={"batches": []}', "model.batches: must not be empty"),
+    ('model={"layers": 2}', "model: unknown key(s) ['layers']; valid keys are"),
 ])
 def test_bad_config_fails_before_any_job_naming_the_key(override, words, tmp_path):
     out = smk("-n", "--configfile", "config/smoke.yaml", "--config",

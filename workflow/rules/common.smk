@@ -69,7 +69,7 @@ def shapes_bench(i):
 # The bench and model sections first: tiledattention's errors name the key and list the
 # valid ones.
 BENCH = _bench_config(config.get("bench") or {})
-_model_config(config.get("model"))
+MODEL = _model_config(config.get("model"))
 validate(config, "../schemas/config.schema.yaml")
 for _shape in config["profile"]["shapes"]:
     _ProfileShape.parse(_shape)  # a bad shape fails here, naming the expected form
@@ -78,7 +78,6 @@ LADDER = _bench_config(ladder_bench()) if config["ladder"]["enabled"] else None
 SHAPE_GRIDS = (list(range(len(config["shapes"]["grids"]))) if config["shapes"]["enabled"]
                else [])
 SHAPES = {i: _bench_config(shapes_bench(i)) for i in SHAPE_GRIDS}  # bad grids fail here
-MODEL = _model_config(config.get("model"))
 
 RESULTS = config["results_dir"]
 SHARDS = config["shards"]
