@@ -75,3 +75,32 @@ def test_cli_refuses_a_bad_model_option_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["tiledattn model: model.prompt: 9000 must be <= 7168"]
     assert not (tmp_path / "rows.jsonl").exists()
+
+
+def test_an_implementation_that_fails_is_recorded_and_the_others_are_measured(monkeypatch):
+    # The GPU parts replaced by stand-ins on the CPU: eager runs out of memory at B8.
+    import torch
+
+    import tiledattention.integrations.transformers as hf
+
+    monkeypatch.setattr(model_bench, "unavailable_reason", lambda: None)
+    monkeypatch.setattr(hf, "register", lambda: "tiledattention")
+    monkeypatch.setattr(hf, "tiny_llama", lambda impl, seed=0: impl)
+    gen, randint = torch.Generator, torch.randint
+    monkeypatch.setattr(torch, "Generator", lambda device=None: gen())
+    monkeypatch.setattr(torch, "randint", lambda *a, device=None, generator=None:
+                        randint(*a, generator=generator))
+
+    def prefill(model, ids):
+        if model == "eager" and ids.shape[0] == 8:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 1 GiB")
+        return 0.01
+
+    monkeypatch.setattr(model_bench, "_prefill_s", prefill)
+    monkeypatch.setattr(model_bench, "_decode_s", lambda model, ids, steps: 0.001 * steps)
+    rows = {(r["batch"], r["phase"], r["method"]): r for r in model_bench.measure_model(CFG)}
+    assert {k: r["status"] for k, r in rows.items() if r["status"] != "ok"} == {
+        (8, "prefill", "eager"): "oom", (8, "decode", "eager"): "oom"}
+    assert rows[8, "decode", "sdpa"]["tokens_per_s"] == pytest.approx(8 * 2 / 0.002)
+    assert rows[1, "prefill", "eager"]["tokens_per_s"] == pytest.approx(16 / 0.01)
+    assert len(rows[1, "decode", "tiledattention"]["times_ms"]) == CFG.reps

@@ -95,6 +95,7 @@ def measure_model(cfg: ModelConfig, log=sys.stderr) -> list[dict]:
     import torch
 
     from ..integrations.transformers import register, tiny_llama
+    from .runner import _classify
 
     name = register()
     with torch.inference_mode():
@@ -105,15 +106,29 @@ def measure_model(cfg: ModelConfig, log=sys.stderr) -> list[dict]:
         gen = torch.Generator(device="cuda").manual_seed(cfg.seed)
         for b in cfg.batches:
             ids = torch.randint(0, 1024, (b, cfg.prompt), device="cuda", generator=gen)
-            for m in models.values():  # warm-up: compiles, allocator, cache growth
-                _prefill_s(m, ids)
-                _decode_s(m, ids, min(4, cfg.steps))
+            failed: dict[str, tuple[str, str]] = {}  # an implementation that raised: why
             times = {(ph, i): [] for ph in PHASES for i in IMPLS}
-            for rep in range(cfg.reps):
+            for rep in range(-1, cfg.reps):  # rep -1: warm-up (compiles, allocator, cache)
                 for impl in IMPLS if rep % 2 == 0 else IMPLS[::-1]:
-                    times["prefill", impl].append(_prefill_s(models[impl], ids))
-                    times["decode", impl].append(_decode_s(models[impl], ids, cfg.steps))
+                    if impl in failed:
+                        continue
+                    try:
+                        pre = _prefill_s(models[impl], ids)
+                        dec = _decode_s(models[impl], ids, cfg.steps if rep >= 0
+                                        else min(4, cfg.steps))
+                    except Exception as exc:  # OOM, a refusal: this row says so, others go on
+                        failed[impl] = _classify(exc)
+                        torch.cuda.empty_cache()
+                        continue
+                    if rep >= 0:
+                        times["prefill", impl].append(pre)
+                        times["decode", impl].append(dec)
+            for impl, (status, reason) in failed.items():
+                for ph in PHASES:
+                    rows[b, ph, impl].update(status=status, reason=reason)
             for (ph, impl), secs in times.items():
+                if impl in failed:
+                    continue
                 med = statistics.median(secs)
                 tokens = b * (cfg.prompt if ph == "prefill" else cfg.steps)
                 rows[b, ph, impl].update(status="ok", tokens_per_s=tokens / med,
