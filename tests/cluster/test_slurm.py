@@ -127,9 +127,11 @@ def test_a_shard_hitting_its_time_limit_is_requeued_and_resumes(tmp_path):
                       "methods: [eager, math]\ntiming: {warmup: 1, reps: 60, rounds: 2}\n"
                       "device: cpu\n")
     out = tmp_path / "out"
-    # Each run gets ~25 s before the signal and a requeued job waits cred_expire (60 s) to
-    # restart; on a loaded CI machine the shard needs several runs, hence the generous limits.
-    options = {**SMALL_JOBS, "time_min": 1, "signal_delay_s": 40, "timeout_s": 1200,
+    # Each run gets ~45 s before the signal (the shard needs ~55 s on an idle 2-core
+    # machine, so at least one requeue) and a requeued job waits cred_expire (60 s) to
+    # restart. A 1-minute limit left ~20 s per run: under CI's load (two test workers and
+    # tileiras compiles) a run made 1-3 rows and the shard outlasted 10 requeues.
+    options = {**SMALL_JOBS, "time_min": 2, "signal_delay_s": 75, "timeout_s": 1200,
                "array": False, "max_requeue": 10}
     run = subprocess.run(
         [sys.executable, "-m", "tiledattention.cli", "sweep", "--config", str(config),
