@@ -112,6 +112,7 @@ def test_an_empty_or_non_mapping_config_fails_with_one_line(text, words, tmp_pat
     ('ladder={"steps": ["64x64"]}', "is not like 64x128_o2_c1_lk2_lv4"),
     ('model={"batches": []}', "model.batches: must not be empty"),
     ('model={"layers": 2}', "model: unknown key(s) ['layers']; valid keys are"),
+    ('tune={"passes": ["bwd"]}', "'bwd' is not one of ['fwd', 'fwd+bwd']"),
 ])
 def test_bad_config_fails_before_any_job_naming_the_key(override, words, tmp_path):
     out = smk("-n", "--configfile", "config/smoke.yaml", "--config",
@@ -119,6 +120,17 @@ def test_bad_config_fails_before_any_job_naming_the_key(override, words, tmp_pat
     assert out.returncode != 0
     assert words in out.stdout + out.stderr
     assert "bench_shard" not in out.stdout
+
+
+def test_tune_passes_run_the_backward_tune_into_the_same_table(tmp_path):
+    passes = tmp_path / "passes.yaml"
+    passes.write_text("tune: {enabled: true, head_dims: [64], passes: [fwd, fwd+bwd]}\n")
+    out = smk("-n", "-p", "--configfile", "config/smoke.yaml", str(passes), "--config",
+              f"results_dir={tmp_path}")
+    assert out.returncode == 0, out.stderr[-2000:]
+    tune = next(ln for ln in out.stdout.splitlines() if "tiledattn tune" in ln)
+    assert "for p in fwd fwd+bwd;" in tune and "--pass $p" in tune
+    assert f"--out {tmp_path}/tune/schedule-table.json" in tune
 
 
 def _readme_report_command() -> list[str]:
