@@ -235,18 +235,9 @@ def run_backward(q, k, v, out, lse, dout, dlse, attn_mask, causal: bool, scale: 
 def signature_for(variant: BwdVariant, kernel: str):
     """Export signature of one backward kernel for contiguous, 16-byte aligned tensors."""
     import cuda.tile as ct
-    from cuda.tile.compilation import (
-        ArrayConstraint,
-        CallingConvention,
-        KernelSignature,
-        ScalarConstraint,
-    )
+    from cuda.tile.compilation import CallingConvention, KernelSignature, ScalarConstraint
 
-    def array(dtype, ndim):
-        return ArrayConstraint(
-            dtype, ndim, index_dtype=ct.int32, stride_lower_bound_incl=0, alias_groups=(),
-            may_alias_internally=False, stride_constant=[None] * (ndim - 1) + [1],
-            stride_divisible_by=[8] * (ndim - 1) + [1], base_addr_divisible_by=16)
+    from .compile import export_array as array
 
     io = getattr(ct, variant.dtype)
     mask = getattr(ct, variant.mask_dtype or "float32")

@@ -62,23 +62,26 @@ class CompiledCubin:
     seconds: float
 
 
+def export_array(dtype, ndim: int, *, stride_divisible_by: int = 8):
+    """The export constraint of a contiguous-last-axis, 16-byte aligned tensor argument
+    (what a launch passes); ``stride_divisible_by`` applies to the outer axes."""
+    import cuda.tile as ct
+    from cuda.tile.compilation import ArrayConstraint
+
+    return ArrayConstraint(
+        dtype, ndim, index_dtype=ct.int32, stride_lower_bound_incl=0, alias_groups=(),
+        may_alias_internally=False, stride_constant=[None] * (ndim - 1) + [1],
+        stride_divisible_by=[stride_divisible_by] * (ndim - 1) + [1],
+        base_addr_divisible_by=16,
+    )
+
+
 def signature_for(variant: Variant):
     """The export signature matching a launch with contiguous, 16-byte aligned tensors."""
     import cuda.tile as ct
-    from cuda.tile.compilation import (
-        ArrayConstraint,
-        CallingConvention,
-        KernelSignature,
-        ScalarConstraint,
-    )
+    from cuda.tile.compilation import CallingConvention, KernelSignature, ScalarConstraint
 
-    def array(dtype, ndim):
-        return ArrayConstraint(
-            dtype, ndim, index_dtype=ct.int32, stride_lower_bound_incl=0, alias_groups=(),
-            may_alias_internally=False, stride_constant=[None] * (ndim - 1) + [1],
-            stride_divisible_by=[8] * (ndim - 1) + [1], base_addr_divisible_by=16,
-        )
-
+    array = export_array
     io_dtype = getattr(ct, variant.dtype)
     mask_dtype = getattr(ct, variant.mask_dtype or "float32")
     params = ordered(dict(
@@ -98,7 +101,6 @@ def export_combine_cubin(dtype: str, head_dim: int, return_lse: bool,
     """Compile the combine kernel for one dtype and head dim (rows: a decode tile)."""
     import cuda.tile as ct
     from cuda.tile.compilation import (
-        ArrayConstraint,
         CallingConvention,
         KernelSignature,
         ScalarConstraint,
@@ -106,11 +108,7 @@ def export_combine_cubin(dtype: str, head_dim: int, return_lse: bool,
     )
 
     def array(dt, ndim):
-        return ArrayConstraint(
-            dt, ndim, index_dtype=ct.int32, stride_lower_bound_incl=0, alias_groups=(),
-            may_alias_internally=False, stride_constant=[None] * (ndim - 1) + [1],
-            stride_divisible_by=[1] * ndim, base_addr_divisible_by=16,
-        )
+        return export_array(dt, ndim, stride_divisible_by=1)
 
     consts = combine_constants(head_dim, 4, return_lse)
     params = [array(ct.float32, 4), array(ct.float32, 3), array(getattr(ct, dtype), 4),
