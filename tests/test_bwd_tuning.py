@@ -219,6 +219,34 @@ def test_backward_winners_become_backward_entries_merged_into_the_forward_table(
     assert again.backward == table.backward and not again.entries
 
 
+def test_tune_passes_run_in_order_into_one_table_and_stop_at_the_first_failure(monkeypatch):
+    import tiledattention.tune as tune
+
+    calls = []
+
+    def fake_run_tune(points, *, pass_, **kwargs):
+        calls.append((pass_, kwargs["out_path"]))
+        return 130 if pass_ == "fwd" and kwargs["state_path"] == "stop" else 0
+
+    monkeypatch.setattr(tune, "run_tune", fake_run_tune)
+    assert tune.run_passes([], passes=("fwd", "fwd+bwd"), state_path="s", out_path="t") == 0
+    assert calls == [("fwd", "t"), ("fwd+bwd", "t")]
+    calls.clear()
+    assert tune.run_passes([], passes=("fwd", "fwd+bwd"), state_path="stop",
+                           out_path="t") == 130
+    assert calls == [("fwd", "t")]  # an interrupted forward pass does not start the backward
+
+
+def test_tune_refuses_an_unknown_pass_with_the_valid_list(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "tiledattention.cli", "tune", "--pass", "fwd",
+                          "bwd", "--out", str(tmp_path / "t.json")], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 2
+    (line,) = out.stderr.strip().splitlines()  # argparse quotes the choices by version
+    assert "--pass: invalid choice: 'bwd'" in line and "fwd+bwd" in line
+    assert not (tmp_path / "t.json").exists()
+
+
 def test_tune_refuses_a_malformed_out_table_before_measuring(tmp_path):
     bad = tmp_path / "t.json"
     bad.write_text("{not json")

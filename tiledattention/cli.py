@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .bench.grid import PAPER_DTYPES, PAPER_HEAD_DIMS, PAPER_SEQS, TOKENS, WIDTH
+from .bench.grid import PAPER_DTYPES, PAPER_HEAD_DIMS, PAPER_SEQS, TOKENS, TUNE_PASSES, WIDTH
 from .launchers.base import LAUNCHERS
 from .schedules.space import SPACES
 from .study.profile import CLOCK_CONTROL, KERNEL_FILTERS
@@ -108,10 +108,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the grid's dtypes")
     p.add_argument("--space", choices=SPACES, default="quick",
                    help="candidate schedules per point: quick (8 that won in sweeps) or full")
-    p.add_argument("--pass", dest="pass_", choices=("fwd", "fwd+bwd"), default="fwd",
-                   help="fwd: tune the forward's schedule; fwd+bwd: the backward's, timed with "
-                   "forward+backward (written as the table's backward entries; an existing "
-                   "--out keeps its other half)")
+    p.add_argument("--pass", dest="passes", nargs="+", choices=TUNE_PASSES, default=["fwd"],
+                   help="one or more, run in order: fwd tunes the forward's schedule; fwd+bwd "
+                   "the backward's, timed with forward+backward (written as the table's "
+                   "backward entries; an existing --out keeps its other half)")
     p.add_argument("--state", default="results/tune-state.jsonl",
                    help="the harness' row file of finished measurements (resume from it)")
     p.add_argument("--out", default="results/schedule-table.json", help="tuning table to write")
@@ -357,13 +357,13 @@ def _tune(args) -> int:
 
     if args.launcher:
         return _tune_through_launcher(args)
-    from .tune import paper_grid, run_tune
+    from .tune import paper_grid, run_passes
 
     points = paper_grid(seqs=args.seqs, head_dims=args.head_dims, dtypes=args.dtypes)
     for path in (args.state, args.out):
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    return run_tune(points, space=args.space, state_path=args.state, out_path=args.out,
-                    reps=args.reps, compile_timeout=args.compile_timeout, pass_=args.pass_)
+    return run_passes(points, passes=args.passes, space=args.space, state_path=args.state,
+                      out_path=args.out, reps=args.reps, compile_timeout=args.compile_timeout)
 
 
 def _tune_through_launcher(args) -> int:
@@ -374,7 +374,7 @@ def _tune_through_launcher(args) -> int:
 
     task = TuneTask(os.path.abspath(args.out), os.path.abspath(args.state), args.space,
                     tuple(args.seqs), tuple(args.head_dims), tuple(args.dtypes), args.reps,
-                    args.compile_timeout, pass_=args.pass_)
+                    args.compile_timeout, passes=tuple(args.passes))
     folder = os.path.join(os.path.dirname(task.out_path), "logs")
     options = _json_object(args.launcher_options, "--launcher-options")
     result = run_step(args.launcher, options, folder, task)

@@ -32,6 +32,7 @@ from .bench.grid import (
     PAPER_DTYPES,
     PAPER_HEAD_DIMS,
     PAPER_SEQS,
+    TUNE_PASSES,
     Point,
     expand,
     pinned,
@@ -49,7 +50,6 @@ from .schedules.space import space_for
 from .schedules.table import BwdEntry, Entry, ScheduleTable, TableError
 
 ROUNDS = 2  # candidates interleaved round by round, order alternating
-TUNE_PASSES = ("fwd", "fwd+bwd")  # fwd: the forward's schedule; fwd+bwd: the backward's
 
 
 def paper_grid(seqs=PAPER_SEQS, head_dims=PAPER_HEAD_DIMS, dtypes=PAPER_DTYPES) -> list[Point]:
@@ -176,6 +176,17 @@ def run_tune(points, *, space: str, state_path: str, out_path: str, warmup: int 
     return 0
 
 
+def run_passes(points, *, passes: Iterable[str], **kwargs) -> int:
+    """``run_tune`` for each pass in order into the same table (the state file holds both:
+    a point's key names its pass); the first exit code other than 0 stops it."""
+    points = list(points)
+    for pass_ in passes:
+        code = run_tune(points, pass_=pass_, **kwargs)
+        if code != 0:
+            return code
+    return 0
+
+
 def no_gpu_reason() -> str | None:
     """Why tuning cannot measure here (None where a CUDA GPU is visible)."""
     if torch.cuda.is_available():
@@ -201,7 +212,7 @@ class TuneTask:
     reps: int = 20
     compile_timeout: float = 120.0
     job_name: str = "tiledattn-tune"
-    pass_: str = "fwd"
+    passes: tuple[str, ...] = ("fwd",)
 
     def __call__(self) -> dict:
         for path in (self.state_path, self.out_path):
@@ -212,9 +223,9 @@ class TuneTask:
             print(f"tune: not run: {reason}", file=sys.stderr)
             return {"status": "unavailable", "reason": reason, "out": self.out_path}
         points = paper_grid(seqs=self.seqs, head_dims=self.head_dims, dtypes=self.dtypes)
-        code = run_tune(points, space=self.space, state_path=self.state_path,
-                        out_path=self.out_path, reps=self.reps,
-                        compile_timeout=self.compile_timeout, pass_=self.pass_)
+        code = run_passes(points, passes=self.passes, space=self.space,
+                          state_path=self.state_path, out_path=self.out_path, reps=self.reps,
+                          compile_timeout=self.compile_timeout)
         if code != 0:
             raise RuntimeError(f"tiledattn tune stopped with exit code {code}")
         return {"status": "ok", "out": self.out_path}

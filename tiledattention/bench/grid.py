@@ -13,6 +13,9 @@ from dataclasses import asdict, dataclass
 from ..errors import ConfigError
 from ..flops import PASSES
 
+# The passes tuning knows: fwd tunes the forward's schedule, fwd+bwd the backward's.
+TUNE_PASSES = ("fwd", "fwd+bwd")
+
 # The paper's grid: S x D x dtype x causal = 80 points, B*S = 16384 tokens, H*D = 2048.
 PAPER_SEQS = (512, 1024, 2048, 4096, 8192)
 PAPER_HEAD_DIMS = (64, 96, 128, 160)

@@ -1,7 +1,7 @@
 # Optional (tune.enabled): tune schedules (Table 5's winners, runners-up and sensitivity)
 # as one job of the configured launcher, on a GPU node under SLURM or a free local GPU.
 # Where the job finds no GPU the table records why and the study goes on. With
-# tune.passes [fwd, fwd+bwd] a second job tunes the backward into the same table.
+# tune.passes [fwd, fwd+bwd] the same job then tunes the backward into the same table.
 rule tune:
     output:
         f"{RESULTS}/tune/schedule-table.json",
@@ -9,7 +9,7 @@ rule tune:
         f"{RESULTS}/logs/tune.log",
     params:
         space=config["tune"]["space"],
-        state=lambda wildcards, output: os.path.join(os.path.dirname(output[0]), "state"),
+        state=lambda wildcards, output: os.path.join(os.path.dirname(output[0]), "state.jsonl"),
         passes=" ".join(config["tune"]["passes"]),
         restrict=tune_restrictions(),
         launcher=launcher_args(),
@@ -18,7 +18,5 @@ rule tune:
     conda:
         "../envs/tiledattn.yaml"
     shell:
-        "for p in {params.passes}; do"
-        " tiledattn tune {params.launcher} --pass $p --space {params.space}"
-        " --state {params.state:q}-$p.jsonl --out {output:q} {params.restrict} || exit 1;"
-        " done > {log:q} 2>&1"
+        "tiledattn tune {params.launcher} --pass {params.passes} --space {params.space}"
+        " --state {params.state:q} --out {output:q} {params.restrict} > {log:q} 2>&1"
