@@ -1,5 +1,5 @@
 """Print containers/requirements.lock from the running environment: the exact version of
-every distribution tiledattention[gpu,workflow] needs, except torch and numpy (a GPU
+every distribution tiledattention[gpu,workflow,hf] needs, except torch and numpy (a GPU
 node's or base image's own builds).
 
     python containers/lock.py > containers/requirements.lock
@@ -13,7 +13,7 @@ from importlib.metadata import PackageNotFoundError, distribution
 
 from packaging.requirements import Requirement
 
-ROOTS = ("tiledattention[gpu,workflow]",)
+ROOTS = ("tiledattention[gpu,workflow,hf]",)
 BASE = {"torch", "numpy", "tiledattention"}  # from the image / node, or the project itself
 
 
@@ -45,7 +45,7 @@ def closure(roots=ROOTS) -> dict[str, str]:
 
 
 HEADER = """\
-# Exact versions of everything tiledattention[gpu,workflow] needs beside torch and numpy
+# Exact versions of everything tiledattention[gpu,workflow,hf] needs beside torch and numpy
 # (the base image's or the node's). Installed with --no-deps into the containers and packed
 # by `tiledattn offline pack`. Regenerate: python containers/lock.py > containers/requirements.lock
 # (tests check that the cuTile pins agree with pyproject.toml and containers/versions.env)."""

@@ -1,6 +1,7 @@
 """The built images, run: the Docker image (podman, no network) and the SIF (Apptainer)
 each pass `tiledattn check`, benchmark the smoke grid into a bound directory, and the SIF
-aggregates, records its own digest in the study manifest and bundles the result.
+aggregates, records its own digest in the study manifest and bundles the result; both carry
+the locked transformers that the model stage needs.
 
 The images come from containers/ci.sh (CI's container stage), which builds them over a
 locally made CPU base and then runs these tests; elsewhere they skip with that reason."""
@@ -149,6 +150,23 @@ def _decoy(tmp_path: Path) -> Path:
 
 
 WHERE = "import tiledattention; print(tiledattention.__file__)"
+
+# The model stage (`tiledattn model`) needs the transformers integration in the image.
+HF = ("import transformers; from tiledattention.integrations import transformers as hf; "
+      "hf.register(); print(transformers.__version__)")
+
+
+def _locked(name: str) -> str:
+    lock = Path(__file__).resolve().parents[2] / "containers" / "requirements.lock"
+    return next(ln.split("==")[1] for ln in lock.read_text().splitlines()
+                if ln.startswith(f"{name}=="))
+
+
+def test_both_images_carry_the_locked_transformers_and_register_the_integration(images):
+    sif = ok(apptainer(images, "exec", images["TILEDATTN_CI_SIF"], "python3", "-c", HF))
+    docker = ok(["podman", "run", "--rm", "--network", "none", "--entrypoint", "python",
+                 images["TILEDATTN_CI_IMAGE"], "-c", HF])
+    assert sif.stdout.split()[-1] == docker.stdout.split()[-1] == _locked("transformers")
 
 
 def test_a_checkout_in_the_working_directory_does_not_shadow_the_images_package(
