@@ -4,8 +4,8 @@ A slice in which every compile-time flag of the three backward kernels takes eac
 values at least once on sm_90 (dtype, causal, even key tail, the three mask layouts, the
 LSE gradient, one to three head-dim chunks, dQ by kernel or by atomics), and a smaller
 slice for sm_100 and sm_120, each into a fresh cuTile cache (tests/conftest.py). The full
-dtype x causal x mask x D matrix (``bwd_variant_matrix``, 60 variants) would take over an
-hour per target on CI's two cores.
+dtype x causal x mask x D matrix (60 variants) would take over an hour per target on CI's
+two cores.
 """
 
 from __future__ import annotations

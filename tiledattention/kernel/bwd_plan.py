@@ -272,20 +272,3 @@ def export_cubins(variant: BwdVariant, gpu_code: str) -> dict[str, bytes]:
                                f"failed: {exc}") from exc
         out[name] = buf.getvalue()
     return out
-
-
-def bwd_variant_matrix(head_dims=(64, 96, 128, 160, 256)) -> list[BwdVariant]:
-    """dtype x causal x mask kind x head dim (the forward's matrix), for compile-only checks."""
-    from .variant import DTYPES, MASK_KINDS, mask_axes_for
-
-    out = []
-    for dtype in DTYPES:
-        for causal in (False, True):
-            for kind in MASK_KINDS:
-                for d in head_dims:
-                    out.append(BwdVariant(
-                        dtype=dtype, head_dim=d, causal=causal,
-                        schedule=default_bwd_schedule(d, causal), even_n=kind == "none",
-                        mask_dtype=None if kind == "none" else dtype,
-                        mask_axes=mask_axes_for(kind), has_dlse=kind == "full"))
-    return out
