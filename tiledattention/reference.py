@@ -39,10 +39,8 @@ def causal_keep(seq_q, seq_kv, device=None):
     return j <= i
 
 
-def naive_attention(q, k, v, *, causal=False, scale=None, attn_mask=None):
-    """softmax(q k^T * scale + mask) v in float64; fully masked rows give 0, lse -inf."""
-    q, k, v = q.double(), k.double(), v.double()
-    k, v = _expand_kv(k, v, q.shape[1])
+def _scores(q, k, causal, scale, attn_mask):
+    """(q k^T * scale + mask, with -inf above the causal diagonal; the scale used)."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     s = q @ k.transpose(-1, -2) * scale
     bias = additive_mask(attn_mask)
@@ -50,6 +48,14 @@ def naive_attention(q, k, v, *, causal=False, scale=None, attn_mask=None):
         s = s + bias
     if causal:
         s = s.masked_fill(~causal_keep(s.shape[-2], s.shape[-1], s.device), float("-inf"))
+    return s, scale
+
+
+def naive_attention(q, k, v, *, causal=False, scale=None, attn_mask=None):
+    """softmax(q k^T * scale + mask) v in float64; fully masked rows give 0, lse -inf."""
+    q, k, v = q.double(), k.double(), v.double()
+    k, v = _expand_kv(k, v, q.shape[1])
+    s, _ = _scores(q, k, causal, scale, attn_mask)
     lse = torch.logsumexp(s, dim=-1)
     p = torch.exp(s - lse[..., None].masked_fill(lse[..., None] == float("-inf"), 0.0))
     out = p @ v
@@ -69,13 +75,7 @@ def attention_backward(q, k, v, dout, *, causal=False, scale=None, attn_mask=Non
     q, k, v, dout = q.double(), k.double(), v.double(), dout.double()
     group = q.shape[1] // k.shape[1]
     ke, ve = _expand_kv(k, v, q.shape[1])
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    s = q @ ke.transpose(-1, -2) * scale
-    bias = additive_mask(attn_mask)
-    if bias is not None:
-        s = s + bias
-    if causal:
-        s = s.masked_fill(~causal_keep(s.shape[-2], s.shape[-1], s.device), float("-inf"))
+    s, scale = _scores(q, ke, causal, scale, attn_mask)
     lse = torch.logsumexp(s, dim=-1, keepdim=True)
     p = torch.exp(s - lse.masked_fill(lse == float("-inf"), float("inf")))
     out = p @ ve
