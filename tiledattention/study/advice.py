@@ -139,7 +139,7 @@ def _geometry(shape: Shape, data: dict):
 
 
 def _flags(shape: Shape, schedule, geo) -> list[str]:
-    from ..headdim import plan_head_dim
+    from ..kernel.headdim import plan_head_dim
 
     flags = []
     hd = plan_head_dim(shape.head_dim)
@@ -164,7 +164,7 @@ def _flags(shape: Shape, schedule, geo) -> list[str]:
 def advise(shape: Shape, gpu: str = "h100", data: dict | None = None) -> str:
     """The advice as printed text; AdviceError when the data cannot stand for the shape.
     ``data``: a measurements dict (default: the shipped one for ``gpu``)."""
-    from ..headdim import supported_head_dim
+    from ..kernel.headdim import supported_head_dim
 
     data = data if data is not None else load(gpu)
     if not supported_head_dim(shape.head_dim):
