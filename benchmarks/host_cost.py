@@ -42,9 +42,8 @@ def callables(q, k, v, causal):
     def via_op():
         p = api.check_inputs(q, k, v, causal=causal, scale=None, attn_mask=None,
                              enable_gqa=False)
-        # schedule hints all 0 ("pick for me"), heavy_first, splits 0, worker_warps 0
-        return api._attention_fwd(q, k, v, None, causal, p.scale, False, 0, 0, 0, 0, 0, 0,
-                                  True, 0, 0)[0]
+        # schedule "" ("pick for me"), no variant
+        return api._attention_fwd(q, k, v, None, [], causal, p.scale, False, "", "")[0]
 
     return {
         "ta.sdpa": lambda: ta.sdpa(q, k, v, causal=causal),

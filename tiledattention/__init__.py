@@ -1,4 +1,5 @@
-"""TiledAttention: scaled-dot-product attention forward as a cuTile tile program."""
+"""TiledAttention: scaled-dot-product attention (forward, backward, decode, variants) as
+cuTile tile programs."""
 
 from .errors import (
     BackwardNotSupportedError,
@@ -23,7 +24,9 @@ __version__ = "0.1.0"
 # config checks do not pay for importing torch.
 _LAZY = {"sdpa": ".api", "timed_call": ".api", "set_schedule_table": ".schedules.policy",
          "Schedule": ".schedules.schedule", "default_schedule": ".schedules.schedule",
-         "TableError": ".schedules.table"}
+         "TableError": ".schedules.table", "block_mask": ".kernel.blockmask",
+         "BlockMask": ".kernel.blockmask", "ScoreMod": ".kernel.mods",
+         "VariantError": ".kernel.mods", "pinned_bwd_schedule": ".kernel.plan"}
 
 
 def __getattr__(name: str):
@@ -36,8 +39,9 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
-    "BackwardNotSupportedError", "CompileError", "DTypeError", "DeviceError", "GPUTooOldError",
-    "InputError", "MaskError", "NoGPUError", "PlatformError", "Schedule", "ScheduleError",
-    "ShapeError", "TableError", "TiledAttentionError", "ToolchainMissingError",
-    "UnsupportedHeadDimError", "default_schedule", "sdpa", "set_schedule_table", "timed_call",
+    "BackwardNotSupportedError", "BlockMask", "CompileError", "DTypeError", "DeviceError",
+    "GPUTooOldError", "InputError", "MaskError", "NoGPUError", "PlatformError", "Schedule",
+    "ScheduleError", "ScoreMod", "ShapeError", "TableError", "TiledAttentionError",
+    "ToolchainMissingError", "UnsupportedHeadDimError", "VariantError", "block_mask",
+    "default_schedule", "pinned_bwd_schedule", "sdpa", "set_schedule_table", "timed_call",
 ]

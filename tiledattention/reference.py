@@ -39,10 +39,26 @@ def causal_keep(seq_q, seq_kv, device=None):
     return j <= i
 
 
-def _scores(q, k, causal, scale, attn_mask):
-    """(q k^T * scale + mask, with -inf above the causal diagonal; the scale used)."""
+def _indices(s):
+    """Broadcast index tensors (b, h, q_idx, kv_idx) over a [B, H, Sq, Skv] score tensor."""
+    b, h, sq, sk = s.shape
+    dev = s.device
+    return (torch.arange(b, device=dev)[:, None, None, None],
+            torch.arange(h, device=dev)[None, :, None, None],
+            torch.arange(sq, device=dev)[None, None, :, None],
+            torch.arange(sk, device=dev)[None, None, None, :])
+
+
+def _scores(q, k, causal, scale, attn_mask, score_ref=None, keep_ref=None):
+    """(score_ref(q k^T * scale) + mask, -inf above the causal diagonal and where
+    ``keep_ref`` is False; the scale used). ``score_ref(s, b, h, q_idx, kv_idx)`` and
+    ``keep_ref(b, h, q_idx, kv_idx)``: a variant's modification in torch (``variants``)."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     s = q @ k.transpose(-1, -2) * scale
+    if score_ref is not None:
+        s = score_ref(s, *_indices(s))
+    if keep_ref is not None:
+        s = s.masked_fill(~keep_ref(*_indices(s)), float("-inf"))
     bias = additive_mask(attn_mask)
     if bias is not None:
         s = s + bias
@@ -51,11 +67,12 @@ def _scores(q, k, causal, scale, attn_mask):
     return s, scale
 
 
-def naive_attention(q, k, v, *, causal=False, scale=None, attn_mask=None):
+def naive_attention(q, k, v, *, causal=False, scale=None, attn_mask=None, score_ref=None,
+                    keep_ref=None):
     """softmax(q k^T * scale + mask) v in float64; fully masked rows give 0, lse -inf."""
     q, k, v = q.double(), k.double(), v.double()
     k, v = _expand_kv(k, v, q.shape[1])
-    s, _ = _scores(q, k, causal, scale, attn_mask)
+    s, _ = _scores(q, k, causal, scale, attn_mask, score_ref, keep_ref)
     lse = torch.logsumexp(s, dim=-1)
     p = torch.exp(s - lse[..., None].masked_fill(lse[..., None] == float("-inf"), 0.0))
     out = p @ v

@@ -90,8 +90,9 @@ def _function_node(fn: Callable, nargs: int) -> ast.FunctionDef | ast.Lambda:
         if tree is None:
             raise VariantError(f"{_name(fn)}: its source could not be parsed") from None
     if fn.__name__ == "<lambda>":
-        nodes = [n for n in ast.walk(tree) if isinstance(n, ast.Lambda)
-                 and len(n.args.args) == nargs]
+        nodes = [n for n in ast.walk(tree) if isinstance(n, ast.Lambda)]
+        if len(nodes) > 1:
+            nodes = [n for n in nodes if len(n.args.args) == nargs]
     else:
         nodes = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)
                  and n.name == fn.__name__]

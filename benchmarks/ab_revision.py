@@ -1,0 +1,117 @@
+"""A/B of this tree's kernels against another revision's, side by side in one process.
+
+The other revision's ``tiledattention`` package (a directory, e.g. from ``git archive REV
+tiledattention | tar -x -C .ab/REV``) is imported under the name ``tiledattention_ab`` with
+its custom-op namespace renamed, so both register and run. Each point is timed through
+the harness's ``time_cuda`` (CUDA events, L2 flushed before each call), the two sides
+interleaved over rounds; the forward is checked against float64 and the two sides'
+outputs against each other. Prints per-point ratios (this tree / other: > 1 means this
+tree is slower) and their geometric mean per pass.
+
+    python benchmarks/ab_revision.py --other .ab/c0601be/tiledattention --grid paper
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import math
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+import tiledattention as ta  # noqa: E402
+from tiledattention.timing import L2Flusher, time_cuda  # noqa: E402
+
+TOKENS, WIDTH = 16384, 2048  # the paper grid's B*S and H*D
+
+
+def load_other(path: str):
+    """The other revision's package under a new name and op namespace."""
+    tmp = Path(tempfile.mkdtemp()) / "tiledattention_ab"
+    shutil.copytree(path, tmp)
+    for f in tmp.rglob("*.py"):
+        text = f.read_text()
+        text = text.replace('"tiledattention::', '"tiledattention_ab::')
+        text = text.replace("from tiledattention.", "from tiledattention_ab.")
+        f.write_text(text)
+    sys.path.insert(0, str(tmp.parent))
+    return importlib.import_module("tiledattention_ab")
+
+
+def points(grid: str):
+    ds = (64, 96, 128, 160) if grid == "paper" else (64, 128)
+    ss = (512, 1024, 2048, 4096, 8192) if grid == "paper" else (1024, 4096)
+    for dtype in ("float16", "bfloat16"):
+        for causal in (False, True):
+            for d in ds:
+                for s in ss:
+                    yield dtype, d, causal, s, TOKENS // s, WIDTH // d if WIDTH % d == 0 else 16
+
+
+def measure(fns: dict, rounds: int, reps: int) -> dict:
+    flush = L2Flusher()
+    samples = {n: [] for n in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            samples[name] += time_cuda(fn, warmup=2, reps=reps, flush=flush)
+    return {n: sorted(v)[len(v) // 2] for n, v in samples.items()}
+
+
+def case(other, dtype, d, causal, s, b, h, passes, rounds, reps):
+    dt = getattr(torch, dtype)
+    q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=dt) for _ in range(3))
+    new = ta.sdpa(q, k, v, is_causal=causal)
+    old = other.sdpa(q, k, v, causal=causal)
+    diff = ((new.double() - old.double()).norm() / old.double().norm()).item()
+    rows = {"fwd": measure({"new": lambda: ta.sdpa(q, k, v, is_causal=causal),
+                            "old": lambda: other.sdpa(q, k, v, causal=causal)}, rounds, reps)}
+    if "fwd+bwd" in passes:
+        qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+        dout = torch.randn_like(q)
+
+        def step(fn):
+            def run():
+                qg.grad = kg.grad = vg.grad = None
+                fn(qg, kg, vg).backward(dout)
+            return run
+
+        rows["fwd+bwd"] = measure({
+            "new": step(lambda a, b_, c: ta.sdpa(a, b_, c, is_causal=causal)),
+            "old": step(lambda a, b_, c: other.sdpa(a, b_, c, causal=causal))}, rounds, reps)
+    return diff, rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--other", required=True, help="the other revision's tiledattention dir")
+    ap.add_argument("--grid", choices=("paper", "quick"), default="quick")
+    ap.add_argument("--passes", nargs="+", default=["fwd", "fwd+bwd"])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=10)
+    args = ap.parse_args()
+    other = load_other(args.other)
+    ratios: dict[str, list[float]] = {p: [] for p in args.passes}
+    print(f"{'point':34s} {'pass':8s} {'new ms':>8s} {'old ms':>8s} {'new/old':>8s} diff")
+    for dtype, d, causal, s, b, h in points(args.grid):
+        diff, rows = case(other, dtype, d, causal, s, b, h, args.passes, args.rounds,
+                          args.reps)
+        for p, t in rows.items():
+            r = t["new"] / t["old"]
+            ratios[p].append(r)
+            name = f"{dtype} D{d} {'causal' if causal else 'full'} S{s} B{b} H{h}"
+            print(f"{name:34s} {p:8s} {t['new']:8.3f} {t['old']:8.3f} {r:8.3f} {diff:.1e}",
+                  flush=True)
+    for p, rs in ratios.items():
+        gm = math.exp(sum(math.log(r) for r in rs) / len(rs))
+        print(f"{p}: new/old kernel time geomean {gm:.4f} over {len(rs)} points "
+              f"(min {min(rs):.3f}, max {max(rs):.3f})")
+
+
+if __name__ == "__main__":
+    main()

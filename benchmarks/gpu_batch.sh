@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# One device call's worth of GPU work, logs under $OUT (the device tool brings them back).
+#   bash benchmarks/gpu_batch.sh tests      # the GPU tests (variants, sdpa, backward, decode, HF)
+#   bash benchmarks/gpu_batch.sh ab-fwd     # A/B against .ab/<rev>/tiledattention, forward grid
+#   bash benchmarks/gpu_batch.sh ab-bwd     # the same, forward+backward
+#   bash benchmarks/gpu_batch.sh variants   # sparsity targets and FlexAttention comparison
+# Start each device command with `. .toolchain/activate.sh &&`.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:${PYTHONPATH:-}
+nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv,noheader | tee -a "$OUT/device.txt"
+python -c "import torch, cuda.tile as ct; print('torch', torch.__version__, 'cudnn',
+torch.backends.cudnn.version(), 'cuda.tile', ct.__version__)" | tee -a "$OUT/device.txt"
+AB=${AB:-.ab/c0601be/tiledattention}
+case "${1:?what to run}" in
+  tests)
+    shift
+    python -m pytest -q -n "${WORKERS:-8}" -p no:cacheprovider "${@:-tests/gpu}" 2>&1 \
+      | tee "$OUT/gpu-tests.log" | tail -40 ;;
+  ab-fwd)
+    python benchmarks/ab_revision.py --other "$AB" --grid "${GRID:-paper}" --passes fwd \
+      2>&1 | tee "$OUT/ab-fwd.log" ;;
+  ab-bwd)
+    python benchmarks/ab_revision.py --other "$AB" --grid "${GRID:-quick}" --passes fwd+bwd \
+      2>&1 | tee "$OUT/ab-bwd.log" ;;
+  variants)
+    python benchmarks/variants.py --sparsity --flex 2>&1 | tee "$OUT/variants.log" ;;
+  *) echo "gpu_batch.sh: unknown step $1" >&2; exit 2 ;;
+esac
