@@ -23,7 +23,8 @@ __version__ = "0.1.0"
 # config checks do not pay for importing torch.
 _LAZY = {"sdpa": ".api", "timed_call": ".api", "set_schedule_table": ".schedules.policy",
          "Schedule": ".schedules.schedule", "default_schedule": ".schedules.schedule",
-         "TableError": ".schedules.table"}
+         "TableError": ".schedules.table", "BwdSchedule": ".schedules.backward",
+         "default_bwd_schedule": ".schedules.backward"}
 
 
 def __getattr__(name: str):
@@ -36,8 +37,8 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
-    "BackwardNotSupportedError", "CompileError", "DTypeError", "DeviceError", "GPUTooOldError",
+    "BackwardNotSupportedError", "BwdSchedule", "CompileError", "DTypeError", "DeviceError", "GPUTooOldError",
     "InputError", "MaskError", "NoGPUError", "PlatformError", "Schedule", "ScheduleError",
     "ShapeError", "TableError", "TiledAttentionError", "ToolchainMissingError",
-    "UnsupportedHeadDimError", "default_schedule", "sdpa", "set_schedule_table", "timed_call",
+    "UnsupportedHeadDimError", "default_bwd_schedule", "default_schedule", "sdpa", "set_schedule_table", "timed_call",
 ]
