@@ -37,8 +37,9 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
-    "BackwardNotSupportedError", "BwdSchedule", "CompileError", "DTypeError", "DeviceError", "GPUTooOldError",
-    "InputError", "MaskError", "NoGPUError", "PlatformError", "Schedule", "ScheduleError",
-    "ShapeError", "TableError", "TiledAttentionError", "ToolchainMissingError",
-    "UnsupportedHeadDimError", "default_bwd_schedule", "default_schedule", "sdpa", "set_schedule_table", "timed_call",
+    "BackwardNotSupportedError", "BwdSchedule", "CompileError", "DTypeError", "DeviceError",
+    "GPUTooOldError", "InputError", "MaskError", "NoGPUError", "PlatformError", "Schedule",
+    "ScheduleError", "ShapeError", "TableError", "TiledAttentionError", "ToolchainMissingError",
+    "UnsupportedHeadDimError", "default_bwd_schedule", "default_schedule", "sdpa",
+    "set_schedule_table", "timed_call",
 ]
