@@ -231,8 +231,13 @@ def build_parser() -> argparse.ArgumentParser:
               "for a model's attention shape from the nearest measured points, flag tile and "
               "wave quantization, and list same-hidden-size shapes that measured faster")
     p.add_argument("--heads", type=_count(1), required=True, help="query heads H")
+    p.add_argument("--kv-heads", type=_count(1), help="key/value heads Hkv, dividing H (GQA, "
+                   "e.g. 8 for Llama-3-8B's 32 query heads) (default: H, MHA)")
     p.add_argument("--head-dim", type=_count(1), required=True, help="head dim D")
-    p.add_argument("--seq", type=_count(1), required=True, help="sequence length S (Sq = Skv)")
+    p.add_argument("--seq", type=_count(1), required=True, help="sequence length S: the "
+                   "key/value length (the KV cache when decoding)")
+    p.add_argument("--seq-q", type=_count(1), help="query length Sq, e.g. 1 for a decode step "
+                   "against a cache of --seq tokens (default: S, self attention)")
     p.add_argument("--batch", type=_count(1), default=1, help="batch size B")
     p.add_argument("--gpu", choices=_advice_gpus(), default="h100",
                    help="whose measurements (shipped with the package)")
@@ -618,7 +623,7 @@ def _advise(args) -> int:
     from .study.advice import Shape, advise
 
     print(advise(Shape(args.heads, args.head_dim, args.seq, args.batch, args.dtype,
-                       args.causal), args.gpu))
+                       args.causal, kv_heads=args.kv_heads, seq_q=args.seq_q), args.gpu))
     return 0
 
 

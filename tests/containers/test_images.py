@@ -134,8 +134,8 @@ def test_both_images_run_every_cli_verb(images):
         docker = run(podman_run(images, verb, "--help"))
         assert docker.returncode == 0 and f"usage: tiledattn {verb}" in docker.stdout, \
             docker.stderr
-    advice = ok(apptainer(images, "run", images["TILEDATTN_CI_SIF"], "advise", "--heads", "12",
-                          "--head-dim", "64", "--seq", "197"))
+    advice = ok(apptainer(images, "run", images["TILEDATTN_CI_SIF"], "advise", "--heads", "16",
+                          "--head-dim", "128", "--seq", "4096", "--batch", "4"))
     assert "prediction" in advice.stdout
 
 
