@@ -503,7 +503,7 @@ def _figures(args) -> int:
 
     if not os.path.isfile(args.rows):
         raise RowsError(f"--rows {args.rows}: no such file")
-    tune = []
+    tune, tune_reason = [], None
     if args.tune_table and os.path.exists(args.tune_table):
         with open(args.tune_table) as f:
             table = json.load(f)
@@ -511,12 +511,15 @@ def _figures(args) -> int:
         if not isinstance(tune, list):
             raise RowsError(f"--tune-table {args.tune_table}: not a tuning table (no "
                             "\"entries\" list)")
+        meta = table.get("meta")
+        tune_reason = meta.get("unavailable") if isinstance(meta, dict) else None
     rows = read_rows(args.rows)
     if not rows:
         raise RowsError(f"--rows {args.rows}: no rows (empty, or no line is a row)")
     paths = write_all(rows, args.out,
                       ladder_rows=concat(args.ladder) if args.ladder else [],
-                      tune_entries=tune, shape_rows=_shape_rows(args.shapes))
+                      tune_entries=tune, shape_rows=_shape_rows(args.shapes),
+                      tune_reason=tune_reason if isinstance(tune_reason, str) else None)
     print(f"figures: {len(paths)} files in {args.out}", file=sys.stderr)
     return 0
 
