@@ -120,3 +120,19 @@ def test_torch_sdpa_is_not_hidden_under_cudnn(drawn, tmp_path):
     assert sdpa.get_linestyle() != cudnn.get_linestyle()
     assert sdpa.get_markerfacecolor() == "none"  # hollow: cudnn's crosses show through
     assert sdpa.get_zorder() > cudnn.get_zorder()
+
+
+def test_figures_cli_passes_on_why_the_tuning_table_is_empty(drawn, tmp_path):
+    import json
+
+    from tiledattention.cli import main
+
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps(r) + "\n" for r in CPU))
+    table = tmp_path / "table.json"
+    table.write_text(json.dumps({"entries": [], "meta": {
+        "unavailable": "no CUDA GPU visible on node7"}}))
+    assert main(["figures", "--rows", str(rows), "--out", str(tmp_path / "f"),
+                 "--tune-table", str(table)]) == 0
+    tune_ax = drawn["tile_sensitivity"].axes[1]
+    assert "no data (no GPU)" in texts(tune_ax) and "node7" in texts(tune_ax)

@@ -503,7 +503,7 @@ def _figures(args) -> int:
 
     if not os.path.isfile(args.rows):
         raise RowsError(f"--rows {args.rows}: no such file")
-    tune, tune_reason = [], None
+    tune = []
     if args.tune_table and os.path.exists(args.tune_table):
         with open(args.tune_table) as f:
             table = json.load(f)
@@ -511,15 +511,17 @@ def _figures(args) -> int:
         if not isinstance(tune, list):
             raise RowsError(f"--tune-table {args.tune_table}: not a tuning table (no "
                             "\"entries\" list)")
-        meta = table.get("meta")
-        tune_reason = meta.get("unavailable") if isinstance(meta, dict) else None
+    # An empty table, written where tuning could not run, says why (meta.unavailable).
+    read = tune == [] and args.tune_table and os.path.exists(args.tune_table)
+    meta = table.get("meta") if read else None
+    why = meta.get("unavailable") if isinstance(meta, dict) else None
     rows = read_rows(args.rows)
     if not rows:
         raise RowsError(f"--rows {args.rows}: no rows (empty, or no line is a row)")
     paths = write_all(rows, args.out,
                       ladder_rows=concat(args.ladder) if args.ladder else [],
                       tune_entries=tune, shape_rows=_shape_rows(args.shapes),
-                      tune_reason=tune_reason if isinstance(tune_reason, str) else None)
+                      tune_reason=why if isinstance(why, str) else None)
     print(f"figures: {len(paths)} files in {args.out}", file=sys.stderr)
     return 0
 
