@@ -48,7 +48,10 @@ def drawn(monkeypatch):
         return [name]
 
     monkeypatch.setattr(figures, "_save", save)
-    return figs
+    yield figs
+    import matplotlib.pyplot as plt
+
+    plt.close("all")
 
 
 def texts(ax) -> str:
