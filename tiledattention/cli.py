@@ -81,6 +81,18 @@ def _launcher_options(p) -> None:
                    help='launcher options as a JSON object, e.g. \'{"partition": "gpu"}\'')
 
 
+# What `tiledattn bundle create|verify --help` says above the options.
+BUNDLE_CREATE = ("Gather a finished study (its aggregate rows, tables, figures, profiles and "
+                 "manifest) with the exact config and a snapshot of the workflow into the "
+                 "directory --out and the zip next to it: README, Zenodo and CFF metadata, an "
+                 "RO-Crate and SHA256SUMS. Run it after the study's last step; it reads the "
+                 "study and never changes it.")
+BUNDLE_VERIFY = ("Check a bundle (directory or zip) as a reader would: every file against "
+                 "SHA256SUMS (a changed, missing or unlisted file is named), and the Zenodo, "
+                 "CFF and RO-Crate metadata against their schemas. Exit 0: OK; 1: a problem "
+                 "found; 2: not a bundle.")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="tiledattn", description=__doc__.splitlines()[0],
                      formatter_class=_Formatter)
@@ -215,7 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
     bsub = p.add_subparsers(dest="bundle_command", required=True, metavar="ACTION",
                             help="create or verify")
     b = bsub.add_parser("create", help="gather a finished study into DIR and DIR.zip",
-                        formatter_class=_Formatter)
+                        formatter_class=_Formatter, description=BUNDLE_CREATE)
     b.add_argument("--study", required=True, help="the study's results directory")
     b.add_argument("--config", required=True, help="the study config (YAML)")
     b.add_argument("--out", required=True, help="bundle directory (DIR.zip next to it); "
@@ -224,7 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "they hold files that are not a previous bundle's (never the study or the "
                    "source checkout)")
     b = bsub.add_parser("verify", help="recompute checksums, validate the metadata",
-                        formatter_class=_Formatter)
+                        formatter_class=_Formatter, description=BUNDLE_VERIFY)
     b.add_argument("path", help="bundle directory or zip")
 
     p = _verb(sub, "advise", _advise, "predict TiledAttention's and PyTorch SDPA's throughput "
@@ -249,7 +261,10 @@ def build_parser() -> argparse.ArgumentParser:
                             help="pack")
     o = osub.add_parser("pack", help="the project, its locked dependencies and the cuTile "
                         "toolchain as wheels for one Python version and platform",
-                        formatter_class=_Formatter)
+                        formatter_class=_Formatter, description="Download the project, its "
+                        "locked dependencies and the cuTile toolchain as wheels for one Python "
+                        "version and platform into DEST, with SHA256SUMS and install.sh, which "
+                        "installs them on a node without network (pip --no-index).")
     o.add_argument("dest", help="directory for the wheels, SHA256SUMS and install.sh")
     o.add_argument("--python", default=f"{sys.version_info.major}.{sys.version_info.minor}",
                    help="target Python version (this interpreter's by default)")
