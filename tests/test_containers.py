@@ -273,9 +273,10 @@ def test_def_help_examples_bind_every_directory_they_write_or_read():
     assert any(" advise " in c for c in commands) and any(" model " in c for c in commands)
 
 
-def test_def_help_examples_are_valid_cli_invocations():
-    # Each example's verb and options parse with the real CLI (parsed only, not run).
-    from tiledattention.cli import build_parser
+def test_def_help_examples_are_valid_cli_invocations(capsys):
+    # Each example's verb and options parse with the real CLI (parsed only, not run); the
+    # advise example, which needs neither a GPU nor files, runs and answers.
+    from tiledattention.cli import build_parser, main
 
     for cmd in _help_commands():
         args = cmd.split("tiledattn.sif", 1)[1].split()
@@ -283,6 +284,9 @@ def test_def_help_examples_are_valid_cli_invocations():
             build_parser().parse_args(args)
         except SystemExit as exc:
             pytest.fail(f"%help: {cmd!r} does not parse (exit {exc.code})")
+        if args[0] == "advise":
+            assert main(args) == 0, capsys.readouterr().err
+            assert "prediction = the nearest measured point" in capsys.readouterr().out
 
 
 # containers/build, with docker and apptainer replaced by scripts that log their arguments.
