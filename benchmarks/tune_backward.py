@@ -34,7 +34,7 @@ def _warm(tasks):
     import torch
 
     import tiledattention as ta
-    from tiledattention.kernel.bwd_plan import pinned_bwd_schedule
+    from tiledattention.kernel.plan import pinned_bwd_schedule
     from tiledattention.schedules.backward import BwdSchedule
 
     bad = []

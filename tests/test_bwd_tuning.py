@@ -36,13 +36,6 @@ def bucket(**kw):
     return Bucket(**{**base, **kw})
 
 
-def test_kernel_room_re_exports_the_schedule_room_s_class():
-    from tiledattention.kernel import bwd_plan
-
-    assert bwd_plan.BwdSchedule is BwdSchedule
-    assert bwd_plan.default_bwd_schedule is default_bwd_schedule
-
-
 @pytest.mark.parametrize("s", [*BWD_QUICK_SPACE, BwdSchedule(dq="atomic")],
                          ids=lambda s: s.label())
 def test_backward_labels_round_trip(s):

@@ -16,15 +16,12 @@ import pytest
 
 pytest.importorskip("cuda.tile", reason="cuTile not installed: pip install 'cuda-tile[tileiras]'")
 
-from tiledattention.kernel.bwd_plan import (  # noqa: E402
-    KERNELS,
-    BwdSchedule,
-    BwdVariant,
-    default_bwd_schedule,
-    param_names,
-)
+from tiledattention.kernel.spec import DELTA, DKDV, DQ  # noqa: E402
 from tiledattention.kernel.toolchain import tileiras_path  # noqa: E402
-from tiledattention.kernel.variant import mask_axes_for  # noqa: E402
+from tiledattention.kernel.variant import BwdVariant, mask_axes_for  # noqa: E402
+from tiledattention.schedules.backward import BwdSchedule, default_bwd_schedule  # noqa: E402
+
+KERNELS = tuple(s.name for s in (DELTA, DKDV, DQ))
 
 if tileiras_path() is None:
     pytest.skip("tileiras not found: pip install 'cuda-tile[tileiras]'", allow_module_level=True)
@@ -69,16 +66,16 @@ def test_the_slice_covers_every_flag_value():
 
 def test_backward_constants_are_the_kernels_constant_parameters():
     v = HOPPER[2]
-    for k in KERNELS:
-        assert set(v.constants(k)) <= set(param_names(k))
+    for spec in (DELTA, DKDV, DQ):
+        assert set(v.constants(spec.name)) == spec.constants()
 
 
 @pytest.mark.compile
 @pytest.mark.parametrize("v,target", CASES, ids=lambda x: x.label() if hasattr(x, "label") else x)
 def test_backward_kernels_compile_to_cuda_cubins(v, target):
-    from tiledattention.kernel.bwd_plan import export_cubins
+    from tiledattention.kernel.compile import export_bwd_cubins
 
-    cubins = export_cubins(v, target)
+    cubins = export_bwd_cubins(v, target)
     assert set(cubins) == set(KERNELS)
     for name, cubin in cubins.items():
         assert cubin[:4] == b"\x7fELF", f"{name}: not an ELF file"

@@ -25,26 +25,25 @@ EM_CUDA = 190
 
 
 def test_variant_constants_are_named_as_the_kernels_constant_parameters():
-    from tiledattention.kernel.params import kernel_params
+    from tiledattention.kernel.spec import FWD
 
-    params = kernel_params()
-    assert len(params.constants) > 10
+    assert len(FWD.constants()) > 10
     for variant in variant_matrix()[:3]:
-        assert set(variant.constants()) == params.constants
+        assert set(variant.constants()) == FWD.constants()
 
 
 def test_kernel_arguments_are_placed_by_name_in_declaration_order():
-    from tiledattention.kernel.params import TENSORS, kernel_params, ordered
+    from tiledattention.kernel.spec import FWD
 
-    names = kernel_params().names
+    names = FWD.names()
     values = {n: i for i, n in enumerate(names)}
-    assert ordered(dict(reversed(values.items()))) == tuple(range(len(names)))
-    tail = {n: i for n, i in values.items() if n not in TENSORS}
-    assert ordered(tail, skip=TENSORS) == tuple(range(len(TENSORS), len(names)))
+    assert FWD.ordered(dict(reversed(values.items()))) == tuple(range(len(names)))
+    tail = {n: i for n, i in values.items() if n not in FWD.tensors}
+    assert FWD.ordered(tail, skip_tensors=True) == tuple(range(len(FWD.tensors), len(names)))
     with pytest.raises(TypeError, match="missing"):
-        ordered({n: 0 for n in names[1:]})
+        FWD.ordered({n: 0 for n in names[1:]})
     with pytest.raises(TypeError, match="unknown"):
-        ordered({**values, "NOT_A_PARAMETER": 1})
+        FWD.ordered({**values, "NOT_A_PARAMETER": 1})
 
 
 @pytest.mark.compile

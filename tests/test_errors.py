@@ -96,7 +96,7 @@ def test_cpu_tensors_with_a_gpu_present_raise_device_error(monkeypatch):
 
 
 def test_bad_schedule_is_refused_before_compiling():
-    from tiledattention.validate import Problem, resolve_schedule
+    from tiledattention.kernel.validate import Problem, resolve_schedule
 
     problem = Problem(2, 4, 4, 16, 16, 64, False, 0.125)
     with pytest.raises(ta.ScheduleError, match="tile_m"):

@@ -143,7 +143,7 @@ def seeded(monkeypatch):
     planning._plans[key] = sentinel = object()
     launches = []
 
-    def fake_launch(p, q, k, v, mask, fresh_lse=True):
+    def fake_launch(p, q, k, v, mask, fresh_lse=True, aux=()):
         launches.append(p)
         return torch.empty(q.shape, dtype=q.dtype), torch.empty(1, 1, 1)
 
@@ -199,53 +199,57 @@ def test_eager_calls_skip_the_op_but_tracers_and_modes_do_not():
 
 def test_a_plan_holds_grid_and_arguments_placed_by_name():
     pytest.importorskip("cuda.tile", reason="cuTile (cuda-tile) is not installed")
-    from tiledattention.validate import Problem
+    from tiledattention.kernel.validate import Problem
 
     problem = Problem(2, 8, 2, 100, 300, 96, True, 0.125)
     p = planning.make_plan(problem, torch.float16, torch.device("cpu"), Schedule(64, 128),
                            False, copy_qkv=False, mask=("float16", (True, False, False)),
-                           kernel=None)
+                           build_kernels=False)
     assert p.grid == (2, 8, 2)  # ceil(100 / 64) query tiles, heads, batch
     assert p.out_shape == (2, 8, 100, 96) and p.lse_shape == (1, 1, 1)
-    assert p.tail == (0.125 * planning.LOG2E, 8.0, 4,  # scale*log2e, 1/scale, GROUP
+    assert p.tail == (0.125 * planning.LOG2E, 8.0, 0.125, 4,  # scale*log2e, 1/scale, scale, G
                       100, 1, 1,  # SEQ_Q, one split of one tile run (sm_count 0: no split-K)
                       64, 128, 2, 64, 32, 32,  # tiles, chunks of D=96 (64 + 32)
                       True, True, False,  # causal, heavy first, Skv % 128 != 0
                       True, True, False, False,  # key-padding mask: batch axis only
                       False, 2, 4,  # no LSE, latency hints
                       False, False,  # no split-K, no GQA packing
-                      False)  # no programmatic dependent launch
-    assert p.part_shape is None and p.packed_shape is None and p.splits_per_head == 1
-    assert not p.pdl
+                      False,  # no programmatic dependent launch
+                      False, False,  # no score_mod, no mask_mod
+                      False, False, False)  # no block mask
 
 
 def test_a_pdl_schedule_sets_the_kernel_flag_and_the_launch_flag_together():
     pytest.importorskip("cuda.tile", reason="cuTile (cuda-tile) is not installed")
-    from tiledattention.validate import Problem
+    from tiledattention.kernel.spec import FWD
+    from tiledattention.kernel.validate import Problem
 
     problem = Problem(1, 32, 32, 512, 512, 128, True, 0.125)
     p = planning.make_plan(problem, torch.float16, torch.device("cpu"),
                            Schedule(64, 128, 2, pdl=True), False, copy_qkv=False, mask=None,
-                           kernel=None)
+                           build_kernels=False)
     # The kernel waits before its first load exactly when it is launched as a dependent.
-    assert p.pdl and p.tail[-1] is True and p.variant.constants()["PDL"] is True
+    pdl_index = FWD.names()[len(FWD.tensors):].index("PDL")
+    assert p.pdl and p.tail[pdl_index] is True and p.variant.constants()["PDL"] is True
     split = _decode_plan(1, 32, 32, 1, 4096, schedule=Schedule(64, 64, 2, pdl=True))
     assert split.part_shape is not None and split.pdl  # the combine launches plainly
 
 
-def test_the_op_passes_the_pdl_field_and_old_positional_calls_default_it_off():
+def test_the_op_carries_a_schedule_as_one_label_and_a_variant_as_its_key():
     schema = str(api._attention_fwd._opoverload._schema)
-    assert schema.endswith("SymInt worker_warps, bool pdl=False) -> (Tensor, Tensor)")
+    assert schema.endswith("str schedule, str variant) -> (Tensor, Tensor)")
+    label = Schedule(64, 128, 2, worker_warps=8, pdl=True).label()
+    assert Schedule.from_label(label) == Schedule(64, 128, 2, worker_warps=8, pdl=True)
 
 
 def _decode_plan(b, hq, hkv, sq, skv, *, causal=False, schedule=None, mask=None, sms=132,
                  viewable=True):
-    from tiledattention.validate import Problem
+    from tiledattention.kernel.validate import Problem
 
     schedule = schedule or Schedule(64, 64, 2)
     problem = Problem(b, hq, hkv, sq, skv, 128, causal, 0.125)
     return planning.make_plan(problem, torch.bfloat16, torch.device("cpu"), schedule, False,
-                              copy_qkv=False, mask=mask, kernel=None, sm_count=sms,
+                              copy_qkv=False, mask=mask, build_kernels=False, sm_count=sms,
                               q_viewable=viewable)
 
 
@@ -254,7 +258,7 @@ def test_a_grid_under_one_wave_splits_the_keys_to_about_two_waves():
     p = _decode_plan(4, 8, 8, 1, 4096)  # 32 programs on 132 SMs, 64 key tiles
     assert p.splits_per_head == 8 and p.grid == (1, 64, 4)  # ceil(64/9)=8 tiles per split
     assert p.part_shape == (4, 64, 1, 128) and p.combine_grid == (1, 8, 4)
-    assert p.variant.split_k and p.tail[3:6] == (1, 8, 8)  # SEQ_Q, NUM_SPLITS, SPLIT_TILES
+    assert p.variant.split_k and p.tail[4:7] == (1, 8, 8)  # SEQ_Q, NUM_SPLITS, SPLIT_TILES
     full = _decode_plan(64, 32, 32, 1, 4096)  # 2048 programs: no split
     assert full.part_shape is None and full.grid == (1, 32, 64)
     short = _decode_plan(1, 8, 8, 1, 100)  # 2 key tiles: too few to split
@@ -277,7 +281,7 @@ def test_gqa_decode_packs_query_heads_into_the_rows_of_one_tile():
     pytest.importorskip("cuda.tile", reason="cuTile (cuda-tile) is not installed")
     p = _decode_plan(16, 32, 8, 1, 8192)
     assert p.packed_shape == (16, 8, 4, 128) and p.variant.packed
-    assert p.tail[2] == 1  # GROUP: the packed view is MHA over the K/V heads
+    assert p.tail[3] == 1  # GROUP: the packed view is MHA over the K/V heads
     assert p.grid[0] == 1 and p.grid[1] % 8 == 0
     assert _decode_plan(2, 32, 8, 16, 1024).packed_shape == (2, 8, 64, 128)
     assert _decode_plan(2, 32, 8, 17, 1024).packed_shape is None  # past speculative lengths

@@ -140,7 +140,7 @@ def test_search_space_rejects_with_reasons(d):
 
 
 def test_explicit_schedule_past_the_register_file_is_refused():
-    from tiledattention.validate import Problem, resolve_schedule
+    from tiledattention.kernel.validate import Problem, resolve_schedule
 
     problem = Problem(1, 1, 1, 16, 16, 256, False, 0.0625)
     with pytest.raises(ta.ScheduleError, match="register"):

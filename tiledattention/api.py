@@ -1,35 +1,64 @@
-"""The public entry point, ``sdpa``, and its ``torch.library`` custom op."""
+"""The public entry point, ``sdpa``: the eager paths, the ``torch.library`` custom ops that
+tracing and compiling see, and autograd for both.
+
+Three ways through, one plan cache and one launch underneath (``kernel.plan``,
+``kernel.launch``):
+
+- an eager call without a gradient runs the plan directly;
+- an eager call that needs a gradient runs ``_Attention`` (an ``autograd.Function``): the
+  plan, the launch and the backward's plan without the custom op's dispatch;
+- everything a tracer, compiler, mode or tensor subclass must see goes through the custom
+  ops ``tiledattention::attention_fwd`` / ``attention_bwd`` (fake kernels, autograd
+  registered), so ``torch.compile`` (fullgraph) and CUDA graphs work.
+
+A schedule crosses the op boundary as one string, its label ("" = the policy's choice); a
+variant (``score_mod`` / ``mask_mod`` / ``block_mask``) as the key of a registry entry plus
+the tensors its functions capture, which are op inputs so tracers see them.
+"""
 
 from __future__ import annotations
 
 import torch
 
-from .kernel.launch import launch
-from .kernel.plan import plan_for
+from .errors import BackwardNotSupportedError, InputError
+from .kernel import mods as _mods
+from .kernel.launch import launch, run_backward
+from .kernel.plan import pinned_schedule, plan_for
+from .kernel.validate import check_inputs, resolve_schedule
+from .schedules.backward import BwdSchedule
 from .schedules.schedule import Schedule
-from .validate import check_inputs, resolve_schedule
+
+_variants: dict[str, tuple] = {"": (_mods.NONE, None)}
+
+
+def _variant_key(mods, block) -> str:
+    """The registry key of a (Mods, BlockMask) pair; the registry holds them, so the ids in
+    the key stay theirs."""
+    if not mods.key and block is None:
+        return ""
+    key = f"{id(mods)}:{id(block)}"
+    _variants.setdefault(key, (mods, block))
+    return key
 
 
 @torch.library.custom_op("tiledattention::attention_fwd", mutates_args=(), device_types="cuda")
 def _attention_fwd(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None,
-    causal: bool, scale: float, return_lse: bool, tile_m: int, tile_n: int, occupancy: int,
-    num_ctas: int, latency_k: int, latency_v: int, heavy_first: bool, splits: int,
-    worker_warps: int, pdl: bool = False,
+    aux: list[torch.Tensor], causal: bool, scale: float, return_lse: bool, schedule: str,
+    variant: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    # tile_m == 0 means "pick for me": resolved here, at run time, so that tracing under
-    # torch.compile never queries the device. worker_warps == 0: the compiler's choice.
-    schedule = None if tile_m == 0 else Schedule(tile_m, tile_n, occupancy, num_ctas,
-                                                 latency_k, latency_v, heavy_first, splits,
-                                                 worker_warps or None, pdl)
-    # sdpa checked the arguments while tracing; GQA is allowed here because it passed.
-    plan = plan_for(q, k, v, attn_mask, causal, scale, True, return_lse, schedule)
-    return launch(plan, q, k, v, attn_mask)
+    # schedule "" means "pick for me": resolved here, at run time, so that tracing under
+    # torch.compile never queries the device. sdpa checked the arguments while tracing;
+    # GQA is allowed here because it passed.
+    mods, block = _variants[variant]
+    plan = plan_for(q, k, v, attn_mask, causal, scale, True, return_lse,
+                    Schedule.from_label(schedule) if schedule else None,
+                    (mods, block) if variant else None)
+    return launch(plan, q, k, v, attn_mask, aux=tuple(aux))
 
 
 @_attention_fwd.register_fake
-def _(q, k, v, attn_mask, causal, scale, return_lse, tile_m, tile_n, occupancy, num_ctas,
-      latency_k, latency_v, heavy_first, splits, worker_warps, pdl=False):
+def _(q, k, v, attn_mask, aux, causal, scale, return_lse, schedule, variant):
     b, hq, sq, d = q.shape
     out = q.new_empty((b, hq, sq, d))
     lse = q.new_empty((b, hq, sq) if return_lse else (1, 1, 1), dtype=torch.float32)
@@ -40,57 +69,80 @@ def _(q, k, v, attn_mask, causal, scale, return_lse, tile_m, tile_n, occupancy, 
 def _attention_bwd(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
     dout: torch.Tensor, dlse: torch.Tensor | None, attn_mask: torch.Tensor | None,
-    causal: bool, scale: float, bwd_schedule: str,
+    aux: list[torch.Tensor], causal: bool, scale: float, bwd_schedule: str, variant: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    from .kernel.bwd_plan import run_backward
-    from .schedules.backward import BwdSchedule
-
     # bwd_schedule: a BwdSchedule label, or "" for the policy's choice (table, default).
-    schedule = BwdSchedule.from_label(bwd_schedule) if bwd_schedule else None
-    return run_backward(q, k, v, out, lse, dout, dlse, attn_mask, causal, scale, schedule)
+    mods, block = _variants[variant]
+    return run_backward(q, k, v, out, lse, dout, dlse, attn_mask, causal, scale,
+                        BwdSchedule.from_label(bwd_schedule) if bwd_schedule else None,
+                        mods, block, aux=tuple(aux))
 
 
 @_attention_bwd.register_fake
-def _(q, k, v, out, lse, dout, dlse, attn_mask, causal, scale, bwd_schedule):
+def _(q, k, v, out, lse, dout, dlse, attn_mask, aux, causal, scale, bwd_schedule, variant):
     return (torch.empty_like(q, memory_format=torch.contiguous_format),
             torch.empty_like(k, memory_format=torch.contiguous_format),
             torch.empty_like(v, memory_format=torch.contiguous_format))
 
 
-def _setup_context(ctx, inputs, output):
-    q, k, v, attn_mask, causal, scale, return_lse = inputs[:7]
-    out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, attn_mask)
-    ctx.causal, ctx.scale, ctx.return_lse = causal, scale, return_lse
-    ctx.n_inputs = len(inputs)
-    # A backward schedule pinned around the forward (``pinned_bwd_schedule``) holds for
-    # its backward too, whenever that runs (benchmarks pin it this way).
-    from .kernel.bwd_plan import pinned_schedule
-
+def _pinned_label() -> str:
+    # A backward schedule pinned around the forward (``pinned_bwd_schedule``) holds for its
+    # backward too, whenever that runs (benchmarks pin it this way).
     pinned = pinned_schedule()
-    ctx.bwd_schedule = "" if pinned is None else pinned.label()
+    return "" if pinned is None else pinned.label()
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, attn_mask, aux, causal, scale, return_lse, _, variant = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, attn_mask, *aux)
+    ctx.causal, ctx.scale, ctx.return_lse, ctx.variant = causal, scale, return_lse, variant
+    ctx.bwd_schedule = _pinned_label()
     # An output nobody used gets None, not zeros: an unused LSE costs no extra pass.
     ctx.set_materialize_grads(False)
 
 
 def _backward(ctx, dout, dlse):
-    q, k, v, out, lse, attn_mask = ctx.saved_tensors
+    q, k, v, out, lse, attn_mask, *aux = ctx.saved_tensors
     if not ctx.return_lse:
         # sdpa always asks for the LSE when a gradient is needed; a direct op call did not.
-        from .errors import BackwardNotSupportedError
-
         raise BackwardNotSupportedError("attention_fwd was called with return_lse=False; the "
                                         "backward needs the log-sum-exp (call sdpa)")
     if dout is None:
         dout = torch.zeros_like(out)
-    dq, dk, dv = _attention_bwd(q, k, v, out, lse, dout, dlse, attn_mask, ctx.causal,
-                                ctx.scale, ctx.bwd_schedule)
-    # No gradient for the mask and the scalar arguments.
-    return dq, dk, dv, *([None] * (ctx.n_inputs - 3))
+    dq, dk, dv = _attention_bwd(q, k, v, out, lse, dout, dlse, attn_mask, aux, ctx.causal,
+                                ctx.scale, ctx.bwd_schedule, ctx.variant)
+    # No gradient for the mask, the captured tensors and the other arguments.
+    return dq, dk, dv, None, None, None, None, None, None, None
 
 
 torch.library.register_autograd("tiledattention::attention_fwd", _backward,
                                 setup_context=_setup_context)
+
+
+class _Attention(torch.autograd.Function):
+    """The eager path of a call that needs a gradient: the same plans and launches as the
+    custom op, without its dispatch (NOTES: ~21 us an op call on the H100 host)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, plan, attn_mask, mods, block, causal, scale):
+        aux = mods.tensors()
+        out, lse = launch(plan, q, k, v, attn_mask, aux=aux)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.mask, ctx.aux, ctx.mods, ctx.block = attn_mask, aux, mods, block
+        ctx.causal, ctx.scale, ctx.pinned = causal, scale, pinned_schedule()
+        ctx.set_materialize_grads(False)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        if dout is None:
+            dout = torch.zeros_like(out)
+        dq, dk, dv = run_backward(q, k, v, out, lse, dout, dlse, ctx.mask, ctx.causal,
+                                  ctx.scale, ctx.pinned, ctx.mods, ctx.block, aux=ctx.aux)
+        return dq, dk, dv, None, None, None, None, None, None
+
 
 _Tensor = torch.Tensor
 _grad_enabled = torch.is_grad_enabled
@@ -103,32 +155,63 @@ _function_modes = torch._C._is_torch_function_mode_enabled
 def _plain_eager(q) -> bool:
     """True for a call that no tracer, compiler, mode or tensor subclass needs to see.
 
-    Such calls skip the custom op's dispatch (~21 us per call on the H100 host) and run
-    the plan directly; everything else goes through the op, as torch.compile, CUDA-graph
-    trees, fake tensors, jit tracing and dispatch modes expect.
+    Such calls skip the custom op's dispatch and run the plan directly; everything else
+    goes through the op, as torch.compile, CUDA-graph trees, fake tensors, jit tracing and
+    dispatch modes expect.
     """
     return (type(q) is _Tensor and not _is_compiling() and _tracing_state() is None
             and not _dispatch_modes() and not _function_modes())
 
 
-def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
-         scale: float | None = None, attn_mask: torch.Tensor | None = None,
-         enable_gqa: bool = False, return_lse: bool = False,
-         schedule: Schedule | dict | None = None):
-    """Scaled-dot-product attention forward with a cuTile kernel.
+def _variant(score_mod, mask_mod, block_mask, needs_grad: bool):
+    """(Mods, BlockMask or None) of a call, checked before anything runs."""
+    from .kernel.blockmask import BlockMask
+
+    if block_mask is not None:
+        if not isinstance(block_mask, BlockMask):
+            raise InputError(f"block_mask must be made by tiledattention.block_mask(...), got "
+                             f"{type(block_mask).__name__}")
+        if mask_mod is not None and mask_mod is not block_mask.mask_mod:
+            raise InputError("pass the mask_mod through block_mask only (it carries its own "
+                             "mask_mod), or the block_mask of this mask_mod")
+        mask_mod = block_mask.mask_mod
+    mods = _mods.mods_for(score_mod, mask_mod)
+    if needs_grad and mods.grad_error:
+        raise BackwardNotSupportedError(mods.grad_error)
+    return mods, block_mask
+
+
+def _check_block(block, q, k) -> None:
+    b, h, sq, _ = q.shape
+    want = (block.batch or 1, block.heads or 1, block.seq_q, block.seq_kv)
+    if want[2:] != (sq, k.shape[2]) or want[0] not in (1, b) or want[1] not in (1, h):
+        raise InputError(f"block_mask was made for [B, H, Sq, Skv] = {list(block.shape)} "
+                         f"(None/1: broadcast), the call has {[b, h, sq, k.shape[2]]}")
+
+
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+         attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0,
+         is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False, *,
+         causal: bool | None = None, return_lse: bool = False,
+         schedule: Schedule | dict | None = None, score_mod=None, mask_mod=None,
+         block_mask=None):
+    """Scaled-dot-product attention with cuTile kernels, forward and backward.
+
+    The first eight parameters are ``torch.nn.functional.scaled_dot_product_attention``'s,
+    in its order, so ``sdpa`` is a drop-in for it.
 
     ``q``: [B, Hq, Sq, D]; ``k``, ``v``: [B, Hkv, Skv, D]; fp16 or bf16 CUDA tensors of one
     dtype and device. D is any multiple of 8 up to 256 (96 and 160 run without padding).
     Scores, softmax statistics and the accumulator are fp32.
 
-    causal: as ``torch.nn.functional.scaled_dot_product_attention(is_causal=True)``:
-        query i attends keys j <= i (top-left aligned, also when Sq != Skv). Unlike
-        PyTorch, it may be combined with ``attn_mask``.
-    scale: multiplies q @ k^T; default 1/sqrt(D); must be finite and > 0.
     attn_mask: bool (True = attend) or additive (q's dtype or float32), broadcastable
         to [B, Hq, Sq, Skv]. Key-padding masks [B, 1, 1, Skv] are read one row per key
         tile. A bool mask is turned into an additive one of q's dtype first (one pass
         over the mask), and a mask whose key axis is broadcast is expanded along it.
+    dropout_p: must be 0.0 (the kernels have no dropout).
+    is_causal (or ``causal``): query i attends keys j <= i (top-left aligned, also when
+        Sq != Skv), as PyTorch's. Unlike PyTorch, it may be combined with ``attn_mask``.
+    scale: multiplies q @ k^T; default 1/sqrt(D); must be finite and > 0.
     enable_gqa: allow Hq to be a multiple of Hkv (grouped-query / multi-query).
     return_lse: also return the natural-log log-sum-exp of each query row's scaled
         scores, fp32 [B, Hq, Sq].
@@ -136,46 +219,72 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = Fa
         default the schedule comes from the tuning table for this GPU and shape bucket
         (exact bucket, else the nearest tuned one, else ``default_schedule``); see
         ``set_schedule_table`` and ``$TILEDATTENTION_SCHEDULE_TABLE``.
+    score_mod: ``score_mod(score, b, h, q_idx, kv_idx)`` returns the modified fp32 score
+        tile; ``score`` is ``scale * q.k`` (so a modified score is not scaled again),
+        ``q_idx`` a [TILE_M, 1] and ``kv_idx`` a [1, TILE_N] tile of absolute positions.
+        It is cuTile tile code compiled into the forward and backward kernels
+        (``kernel.mods``); tensors it captures are indexed with subscripts. An additive
+        ``attn_mask`` is added after it. Its gradient: ``ScoreMod(fn, grad=dfn)``, or
+        derived symbolically from a one-expression body (``+ - * /``, ``ct.tanh``,
+        ``ct.exp``, ``ct.where``); a ``score_mod`` with neither is refused, before
+        anything runs, when an input requires grad. Captured tensors get no gradient.
+    mask_mod: ``mask_mod(b, h, q_idx, kv_idx)`` returns a bool tile (True: attend),
+        evaluated on every tile the kernels visit.
+    block_mask: ``tiledattention.block_mask(mask_mod, B, H, Sq, Skv)``: the same mask,
+        classified per tile once, so empty tiles are never loaded and full tiles skip the
+        mask (the fast way to run a sparse mask_mod).
 
     Fully masked rows (every key masked out) are defined as zeros, with log-sum-exp
-    -inf; PyTorch's math backend returns NaN there.
+    -inf, and get zero gradients; PyTorch's math backend returns NaN there.
 
-    A repeat call with the same shapes, strides, dtypes, devices, flags, mask layout and
-    schedule (and the same schedule table) reuses the launch plan of the first: one dict
-    lookup and one launch (``kernel.plan``).
+    A repeat call with the same shapes, strides, dtypes, devices, flags, mask layout,
+    variant and schedule (and the same schedule table) reuses the launch plans of the
+    first: one dict lookup and one launch per kernel (``kernel.plan``).
 
     Any strides are accepted: a tensor is copied only when its last (head-dim) axis is
     not unit-stride. The output is a new contiguous tensor allocated by PyTorch, and the
-    kernel runs on PyTorch's current CUDA stream; it works under ``torch.compile``
-    (fullgraph) and CUDA-graph capture.
+    kernels run on PyTorch's current CUDA stream, also under ``torch.compile`` (fullgraph)
+    and CUDA-graph capture.
 
-    Differentiable in q, k and v (``torch.library.register_autograd`` on the custom op, so
-    it also trains under torch.compile): cuTile backward kernels recompute the softmax
-    from the saved log-sum-exp (``kernel.backward``); GQA's dK/dV are summed over each
-    group; the LSE output, when returned, is differentiable too. ``attn_mask`` gets no
-    gradient: a mask that requires grad is refused (``BackwardNotSupportedError``); an
-    additive mask is a constant. Fully masked rows get zero gradients. The backward's
-    schedule comes from the table's backward entries (``choose_bwd_schedule``: exact
-    bucket, nearest, else ``default_bwd_schedule``) unless ``pinned_bwd_schedule`` pins
-    one; every shipped choice is deterministic (no atomics).
+    Differentiable in q, k and v, and in the LSE output when returned. ``attn_mask`` gets
+    no gradient: a mask that requires grad is refused (``BackwardNotSupportedError``).
+    The backward's schedule comes from the table's backward entries unless
+    ``pinned_bwd_schedule`` pins one; every shipped choice is deterministic (no atomics).
 
     Returns ``out``, or ``(out, lse)`` when ``return_lse``.
     """
+    if causal is not None:
+        if is_causal and not causal:
+            raise InputError("is_causal=True and causal=False disagree; pass one of them")
+        is_causal = causal
+    if dropout_p != 0.0:
+        raise InputError(f"dropout_p={dropout_p!r}: tiledattention has no dropout (pass 0.0, "
+                         "or use torch's scaled_dot_product_attention for dropout)")
     needs_grad = _grad_enabled() and (getattr(q, "requires_grad", False) or getattr(
         k, "requires_grad", False) or getattr(v, "requires_grad", False))
-    if _plain_eager(q) and not needs_grad:
-        plan = plan_for(q, k, v, attn_mask, causal, scale, enable_gqa, return_lse, schedule)
-        out, lse = launch(plan, q, k, v, attn_mask, fresh_lse=False)
+    variant = None
+    mods, block = _mods.NONE, None
+    if score_mod is not None or mask_mod is not None or block_mask is not None:
+        mods, block = _variant(score_mod, mask_mod, block_mask, needs_grad)
+        if block is not None and isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor):
+            _check_block(block, q, k)
+        variant = (mods, block)
+    if _plain_eager(q):
+        plan = plan_for(q, k, v, attn_mask, is_causal, scale, enable_gqa,
+                        bool(return_lse) or needs_grad, schedule, variant)
+        if not needs_grad:
+            out, lse = launch(plan, q, k, v, attn_mask, fresh_lse=False, aux=mods.tensors())
+        else:
+            out, lse = _Attention.apply(q, k, v, plan, attn_mask, mods, block,
+                                        plan.variant.causal, plan.scale)
         return (out, lse) if return_lse else out
-    problem = check_inputs(q, k, v, causal=causal, scale=scale, attn_mask=attn_mask,
+    problem = check_inputs(q, k, v, causal=is_causal, scale=scale, attn_mask=attn_mask,
                            enable_gqa=enable_gqa)
     s = resolve_schedule(schedule, problem)
-    hints = (0, 0, 0, 0, 0, 0, True, 0, 0) if s is None else (
-        s.tile_m, s.tile_n, s.occupancy, s.num_ctas, s.latency_k, s.latency_v, s.heavy_first,
-        s.splits, s.worker_warps or 0, s.pdl)
     # With a gradient to compute, the forward always keeps the LSE: the backward needs it.
-    out, lse = _attention_fwd(q, k, v, attn_mask, problem.causal, problem.scale,
-                              bool(return_lse) or needs_grad, *hints)
+    out, lse = _attention_fwd(q, k, v, attn_mask, list(mods.tensors()), problem.causal,
+                              problem.scale, bool(return_lse) or needs_grad,
+                              "" if s is None else s.label(), _variant_key(mods, block))
     return (out, lse) if return_lse else out
 
 

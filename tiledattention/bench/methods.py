@@ -42,7 +42,7 @@ def _gqa(point: Point) -> bool:
 
 
 def _tiled_check(point, device):
-    from ..headdim import supported_head_dim
+    from ..kernel.headdim import supported_head_dim
     from ..kernel.toolchain import tileiras_path
 
     if device.type != "cuda":
@@ -64,7 +64,7 @@ def _tiled_run(q, k, v, point, schedule=None):
 def _tiled_bwd_run(q, k, v, point, bwd_schedule):
     """The forward as the table picks it; its backward, whenever it runs, with
     ``bwd_schedule`` (the autograd context keeps the schedule in force at the forward)."""
-    from ..kernel.bwd_plan import pinned_bwd_schedule
+    from ..kernel.plan import pinned_bwd_schedule
 
     with pinned_bwd_schedule(bwd_schedule):
         return _tiled_run(q, k, v, point)

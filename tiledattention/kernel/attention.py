@@ -1,51 +1,113 @@
 """The cuTile forward kernel: one tile program, specialised by compile-time flags.
 
-One program instance computes a ``TILE_M`` block of query rows of one (batch, head):
-it streams K/V tiles of ``TILE_N`` keys, keeps the running max ``m`` and running sum
-``l`` of the online softmax in fp32 (in log2 units: ``log2(e)`` is folded into the
-scale, so ``exp2`` replaces ``exp``) and accumulates ``P @ V`` in fp32.
+One program instance computes a ``TILE_M`` block of query rows of one (batch, head): it
+streams K/V tiles of ``TILE_N`` keys through the shared body (``body``): chunked loads,
+``Q K^T``, score modification and masking, the online softmax in fp32 log2 units, ``P V``.
 
-Head dims that are not a power of two are split into at most three power-of-two
-chunks (``headdim.plan_head_dim``): 96 = 64 + 32 and 160 = 128 + 32 are exact, so no
-multiply-accumulate work is spent on padding. Out-of-range rows, keys and head-dim
-columns are loaded as explicit zeros and masked, never read as undefined padding.
+Which key tiles a program visits:
+
+- dense (no block mask): tiles ``[0, n_tiles)``; under causality (top-left aligned, as
+  torch's ``is_causal``) the tiles wholly above the diagonal are never visited, and only
+  tiles from ``mask_start`` on (the diagonal, the key tail) are masked. This is the closed
+  form of a block mask for causality, so it costs no lists.
+- ``BLOCK_SPARSE``: a block mask's lists (``blockmask``): first the partial tiles of this
+  query tile (every mask applied), then the full ones (no mask at all); empty tiles are
+  never loaded.
 
 Two flags reshape the grid for small ones (decode):
 
 - ``SPLIT_K`` (flash-decoding): grid axis 1 runs over heads x ``NUM_SPLITS`` key splits;
-  each program visits ``SPLIT_TILES`` key tiles and writes its normalised partial output
-  (fp32, into ``Out`` of shape [B, H * NUM_SPLITS, Sq, D]) and its log-sum-exp (into
-  ``Lse``); ``combine.attention_combine`` merges them. A split past a row's last key
-  (causal) leaves that row's partial at zero with log-sum-exp -inf.
+  each program visits ``SPLIT_TILES`` of the tiles it would visit and writes its normalised
+  partial output (fp32, into ``Out`` of shape [B, H * NUM_SPLITS, Sq, D]) and its
+  log-sum-exp (into ``Lse``); ``combine.attention_combine`` merges them. A split past a
+  row's last key leaves that row's partial at zero with log-sum-exp -inf.
 - ``PACKED`` (GQA decode): the launch views q as [B, Hkv, GROUP * Sq, D], so the query
   heads of one K/V head share the rows of a tile and K/V are read once per group; row r
   is query position ``r % SEQ_Q`` of head ``r // SEQ_Q``.
 
-``PDL`` (``Schedule.pdl``): the kernel is launched as a programmatic dependent and waits for
-the previous kernel's grid before its first load (benchmarks/NOTES.md §20).
+``SCORE_MOD`` / ``MASK_MOD`` are the variant's functions (``mods``): module globals here,
+replaced per variant in a copy of this kernel, and inlined by cuTile. ``A0..A3`` are the
+tensors they capture. ``PDL`` (``Schedule.pdl``): launched as a programmatic dependent, the
+kernel waits for the previous kernel's grid before its first load (benchmarks/NOTES.md §20).
 """
 
 from __future__ import annotations
 
-import math
-
 import cuda.tile as ct
 import numpy as np
-from cuda.tile import RoundingMode
 
-LOG2E = 1.0 / math.log(2.0)
-LN2 = math.log(2.0)
-_ZERO = ct.PaddingMode.ZERO
+from .body import (
+    block_at,
+    block_range,
+    divide_chunks,
+    dot_streamed,
+    keep_tile,
+    load_bias,
+    load_rows,
+    masked,
+    mma_streamed,
+    modified,
+    no_mask_mod,
+    no_score_mod,
+    online_softmax,
+    row_lse,
+    safe_divisor,
+    scale_chunks,
+    softmax_init,
+    store_rows,
+    zeros_chunks,
+)
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
 
+# The variant's functions; ``mods.with_mods`` compiles a copy of the kernel against others.
+SCORE_MOD = no_score_mod
+MASK_MOD = no_mask_mod
+
+
+def fwd_tile(q, arrays, fns, aux, where, state, j, diag, ALL_MASKS, cfg):
+    """One key tile ``j`` of the forward: scores, masks, online softmax, P V.
+
+    Grouped arguments (tuples of compile-time constants stay constants): ``q`` the query
+    chunks; ``arrays`` (K, V, Mask); ``fns`` (score_mod, mask_mod); ``aux`` A0..A3;
+    ``where`` (b, h, hk, bid_m, offs_m, seq_k, c, inv_scale, scale); ``state`` (m, l,
+    acc0..2); ``diag`` whether causality or the key tail may mask this tile; ``ALL_MASKS``
+    apply every mask (a partial block, or a mask_mod without block mask); ``cfg`` the
+    kernel's constants."""
+    (TILE_M, TILE_N, NCHUNK, W0, W1, W2, CAUSAL, TAIL, HAS_MASK, MASK_BATCH, MASK_HEAD,
+     MASK_ROWS, LAT_K, LAT_V, HAS_SCORE_MOD, HAS_MASK_MOD, ZERO_SAFE) = cfg
+    q0, q1, q2 = q
+    K, V, Mask = arrays
+    score_mod, mask_mod = fns
+    A0, A1, A2, A3 = aux
+    b, h, hk, bid_m, offs_m, seq_k, c, inv_scale, scale = where
+    m_i, l_i, acc0, acc1, acc2 = state
+    qk = dot_streamed(q0, q1, q2, K, b, hk, j, TILE_N, TILE_M, W0, W1, W2, NCHUNK, LAT_K)
+    kv_idx = j * TILE_N + ct.arange(TILE_N, dtype=np.int32)[None, :]
+    s = modified(qk, b, h, offs_m, kv_idx, score_mod, A0, A1, A2, A3, scale, HAS_SCORE_MOD)
+    if HAS_MASK:
+        s = s + load_bias(Mask, b, h, bid_m, j, TILE_M, TILE_N, MASK_BATCH, MASK_HEAD,
+                          MASK_ROWS) * inv_scale
+    if ALL_MASKS:
+        s = masked(s, keep_tile(b, h, offs_m, kv_idx, seq_k, mask_mod, A0, A1, A2, A3,
+                                TILE_M, TILE_N, CAUSAL, TAIL, HAS_MASK_MOD))
+    elif (CAUSAL or TAIL) and diag:
+        s = masked(s, keep_tile(b, h, offs_m, kv_idx, seq_k, mask_mod, A0, A1, A2, A3,
+                                TILE_M, TILE_N, CAUSAL, TAIL, False))
+    p, alpha, m_i, l_i = online_softmax(s, m_i, l_i, c, ZERO_SAFE)
+    acc0, acc1, acc2 = scale_chunks(acc0, acc1, acc2, alpha, NCHUNK)
+    acc0, acc1, acc2 = mma_streamed(p.astype(K.dtype), V, b, hk, j, TILE_N, acc0, acc1, acc2,
+                                    W0, W1, W2, NCHUNK, LAT_V)
+    return m_i, l_i, acc0, acc1, acc2
+
 
 @ct.kernel
 def attention_fwd(
-    Q, K, V, Out, Lse, Mask,
-    qk_scale_log2: float,  # scale * log2(e)
-    inv_scale: float,  # 1 / scale: additive masks are added to raw scores
+    Q, K, V, Out, Lse, Mask, BlkCnt, BlkIdx, A0, A1, A2, A3,
+    qk_scale_log2: float,  # the softmax units' factor: scale * log2(e), or log2(e) with a mod
+    inv_scale: float,  # additive masks are added as bias * inv_scale (1 with a score_mod)
+    scale: float,
     GROUP: int,  # query heads per K/V head (GQA); 1 for MHA (and when PACKED)
     SEQ_Q: int,  # query positions per head (PACKED: rows per head in the packed tile)
     NUM_SPLITS: int,  # SPLIT_K: key splits per (batch, head)
@@ -69,6 +131,11 @@ def attention_fwd(
     SPLIT_K: ConstBool,  # write per-split partials (fp32 Out, Lse) for the combine kernel
     PACKED: ConstBool,  # rows are (query head in group, query position) pairs
     PDL: ConstBool,  # launched as a programmatic dependent: wait before the first load
+    HAS_SCORE_MOD: ConstBool,
+    HAS_MASK_MOD: ConstBool,
+    BLOCK_SPARSE: ConstBool,  # visit the tiles a block mask lists (BlkCnt, BlkIdx)
+    BLK_BATCH: ConstBool,  # the block mask has a batch axis (else broadcast)
+    BLK_HEAD: ConstBool,  # the block mask has a head axis
 ):
     # Grid (query tiles, heads, batch): query tiles of one head are adjacent, so
     # they share its K/V in L2.
@@ -84,11 +151,10 @@ def attention_fwd(
     b = ct.bid(2)
     hk = h // GROUP
     seq_k = K.shape[2]
-
-    # Head-dim chunk c starts at column OFF_c; its tile index is OFF_c // W_c, exact
-    # because the widths are non-increasing powers of two.
-    OFF1 = W0
-    OFF2 = W0 + W1
+    TAIL = not EVEN_N
+    # Rows may end up fully masked: a user mask, a mask_mod, causal keys past the row in a
+    # later split, or a block mask that lists no tile for the row.
+    ZERO_SAFE = HAS_MASK or SPLIT_K or HAS_MASK_MOD or BLOCK_SPARSE
 
     if PDL:
         # Programmatic dependent launch: the CTA's setup and the index math (no memory
@@ -99,136 +165,65 @@ def attention_fwd(
         ct.grid_dependency_control_launch_dependents()
         ct.grid_dependency_control_wait()
 
-    q0 = ct.load(Q, index=(b, h, bid_m, 0), shape=(1, 1, TILE_M, W0),
-                 padding_mode=_ZERO).reshape((TILE_M, W0))
-    q1 = q0
-    q2 = q0
-    if NCHUNK > 1:
-        q1 = ct.load(Q, index=(b, h, bid_m, OFF1 // W1), shape=(1, 1, TILE_M, W1),
-                     padding_mode=_ZERO).reshape((TILE_M, W1))
-    if NCHUNK > 2:
-        q2 = ct.load(Q, index=(b, h, bid_m, OFF2 // W2), shape=(1, 1, TILE_M, W2),
-                     padding_mode=_ZERO).reshape((TILE_M, W2))
-
-    m_i = ct.full((TILE_M, 1), -np.inf, dtype=np.float32)
-    l_i = ct.full((TILE_M, 1), 0.0, dtype=np.float32)
-    acc0 = ct.full((TILE_M, W0), 0.0, dtype=np.float32)
-    acc1 = ct.full((TILE_M, W1), 0.0, dtype=np.float32)
-    acc2 = ct.full((TILE_M, W2), 0.0, dtype=np.float32)
+    q = load_rows(Q, b, h, bid_m, TILE_M, W0, W1, W2, NCHUNK, None)
+    m_i, l_i = softmax_init(TILE_M)
+    acc0, acc1, acc2 = zeros_chunks(TILE_M, W0, W1, W2)
+    state = (m_i, l_i, acc0, acc1, acc2)
 
     q_start = bid_m * TILE_M
     offs_m = (q_start + ct.arange(TILE_M, dtype=np.int32))[:, None]
     if PACKED:
         offs_m = offs_m % SEQ_Q  # query position of each packed row
-    offs_n_tile = ct.arange(TILE_N, dtype=np.int32)[None, :]
+    arrays = (K, V, Mask)
+    fns = (SCORE_MOD, MASK_MOD)
+    aux = (A0, A1, A2, A3)
+    where = (b, h, hk, bid_m, offs_m, seq_k, qk_scale_log2, inv_scale, scale)
+    cfg = (TILE_M, TILE_N, NCHUNK, W0, W1, W2, CAUSAL, TAIL, HAS_MASK, MASK_BATCH, MASK_HEAD,
+           MASK_ROWS, LAT_K, LAT_V, HAS_SCORE_MOD, HAS_MASK_MOD, ZERO_SAFE)
 
-    # Key tiles [0, n_tiles) are visited; from mask_start on, some element of the
-    # tile may be masked by causality or the key tail. Causal tiles wholly above
-    # the diagonal (top-left aligned, as torch's is_causal) are never visited.
-    n_tiles = ct.cdiv(seq_k, TILE_N)
-    mask_start = n_tiles
-    if not EVEN_N:
-        mask_start = seq_k // TILE_N
-    if CAUSAL:
-        if PACKED:
-            # Packed rows hold positions 0..SEQ_Q-1 of several heads: every tile the
-            # last position sees is visited and masked.
-            n_tiles = ct.cdiv(min(SEQ_Q, seq_k), TILE_N)
-            mask_start = 0
-        else:
-            n_tiles = ct.cdiv(min(q_start + TILE_M, seq_k), TILE_N)
-            mask_start = min(mask_start, q_start // TILE_N)
-    j_start = 0
-    if SPLIT_K:
-        j_start = (hb % NUM_SPLITS) * SPLIT_TILES
-        # Never below j_start: a split past a causal row's keys runs no iteration.
-        n_tiles = max(min(n_tiles, j_start + SPLIT_TILES), j_start)
-
-    mb = 0
-    mh = 0
-    mq = 0
-    if MASK_BATCH:
-        mb = b
-    if MASK_HEAD:
-        mh = h
-    if MASK_ROWS:
-        mq = bid_m
-
-    for j in range(j_start, n_tiles):
-        k0 = ct.load(K, index=(b, hk, 0, j), shape=(1, 1, W0, TILE_N), order=(0, 1, 3, 2),
-                     padding_mode=_ZERO, latency=LAT_K).reshape((W0, TILE_N))
-        qk = ct.mma(q0, k0, ct.full((TILE_M, TILE_N), 0.0, dtype=np.float32))
-        if NCHUNK > 1:
-            k1 = ct.load(K, index=(b, hk, OFF1 // W1, j), shape=(1, 1, W1, TILE_N),
-                         order=(0, 1, 3, 2), padding_mode=_ZERO,
-                         latency=LAT_K).reshape((W1, TILE_N))
-            qk = ct.mma(q1, k1, qk)
-        if NCHUNK > 2:
-            k2 = ct.load(K, index=(b, hk, OFF2 // W2, j), shape=(1, 1, W2, TILE_N),
-                         order=(0, 1, 3, 2), padding_mode=_ZERO,
-                         latency=LAT_K).reshape((W2, TILE_N))
-            qk = ct.mma(q2, k2, qk)
-
-        if HAS_MASK:
-            if MASK_ROWS:
-                bias = ct.load(Mask, index=(mb, mh, mq, j), shape=(1, 1, TILE_M, TILE_N),
-                               padding_mode=_ZERO).reshape((TILE_M, TILE_N))
+    if BLOCK_SPARSE:
+        # Positions [0, n_part) of this tile's list are partial tiles, [n_part, total) full
+        # ones; a split takes its share of the positions.
+        n_part, n_full = block_range(BlkCnt, b, h, bid_m, BLK_BATCH, BLK_HEAD)
+        lo = 0
+        hi = n_part + n_full
+        if SPLIT_K:
+            lo = (hb % NUM_SPLITS) * SPLIT_TILES
+            hi = max(min(hi, lo + SPLIT_TILES), lo)
+        for t in range(lo, min(hi, n_part)):
+            j = block_at(BlkIdx, b, h, bid_m, t, BLK_BATCH, BLK_HEAD)
+            state = fwd_tile(q, arrays, fns, aux, where, state, j, True, True, cfg)
+        for t in range(max(lo, n_part), hi):
+            j = block_at(BlkIdx, b, h, bid_m, t, BLK_BATCH, BLK_HEAD)
+            state = fwd_tile(q, arrays, fns, aux, where, state, j, False, False, cfg)
+    else:
+        # Key tiles [0, n_tiles) are visited; from mask_start on, some element of the tile
+        # may be masked by causality or the key tail.
+        n_tiles = ct.cdiv(seq_k, TILE_N)
+        mask_start = n_tiles
+        if TAIL:
+            mask_start = seq_k // TILE_N
+        if CAUSAL:
+            if PACKED:
+                # Packed rows hold positions 0..SEQ_Q-1 of several heads: every tile the
+                # last position sees is visited and masked.
+                n_tiles = ct.cdiv(min(SEQ_Q, seq_k), TILE_N)
+                mask_start = 0
             else:
-                bias = ct.load(Mask, index=(mb, mh, 0, j), shape=(1, 1, 1, TILE_N),
-                               padding_mode=_ZERO).reshape((1, TILE_N))
-            qk = qk + bias.astype(np.float32) * inv_scale
+                n_tiles = ct.cdiv(min(q_start + TILE_M, seq_k), TILE_N)
+                mask_start = min(mask_start, q_start // TILE_N)
+        j_start = 0
+        if SPLIT_K:
+            j_start = (hb % NUM_SPLITS) * SPLIT_TILES
+            # Never below j_start: a split past a causal row's keys runs no iteration.
+            n_tiles = max(min(n_tiles, j_start + SPLIT_TILES), j_start)
+        for j in range(j_start, n_tiles):
+            state = fwd_tile(q, arrays, fns, aux, where, state, j, j >= mask_start,
+                             HAS_MASK_MOD, cfg)
 
-        if (CAUSAL or not EVEN_N) and j >= mask_start:
-            offs_n = j * TILE_N + offs_n_tile
-            keep = ct.full((TILE_M, TILE_N), True, dtype=np.bool_)
-            if not EVEN_N:
-                keep = keep & (offs_n < seq_k)
-            if CAUSAL:
-                keep = keep & (offs_m >= offs_n)
-            qk = qk + ct.where(keep, 0.0, -np.inf)
-
-        # Online softmax in log2 units; the scale is applied after the row max so it
-        # fuses into the subtraction.
-        m_ij = max(m_i, ct.max(qk, axis=-1, keepdims=True) * qk_scale_log2)
-        m_sub = m_ij
-        if HAS_MASK or SPLIT_K:
-            # A row masked so far has m = -inf (a user mask, or causal keys past the row
-            # in a later split); subtracting 0 keeps p = 0, not NaN.
-            m_sub = ct.where(m_ij == -np.inf, 0.0, m_ij)
-        p = ct.exp2(qk * qk_scale_log2 - m_sub, flush_to_zero=True)
-        alpha = ct.exp2(m_i - m_sub, flush_to_zero=True)
-        l_i = l_i * alpha + ct.sum(p, axis=-1, keepdims=True)
-        p = p.astype(Q.dtype)
-
-        v0 = ct.load(V, index=(b, hk, j, 0), shape=(1, 1, TILE_N, W0), padding_mode=_ZERO,
-                     latency=LAT_V).reshape((TILE_N, W0))
-        acc0 = ct.mma(p, v0, acc0 * alpha)
-        if NCHUNK > 1:
-            v1 = ct.load(V, index=(b, hk, j, OFF1 // W1), shape=(1, 1, TILE_N, W1),
-                         padding_mode=_ZERO, latency=LAT_V).reshape((TILE_N, W1))
-            acc1 = ct.mma(p, v1, acc1 * alpha)
-        if NCHUNK > 2:
-            v2 = ct.load(V, index=(b, hk, j, OFF2 // W2), shape=(1, 1, TILE_N, W2),
-                         padding_mode=_ZERO, latency=LAT_V).reshape((TILE_N, W2))
-            acc2 = ct.mma(p, v2, acc2 * alpha)
-        m_i = m_ij
-
-    # Fully masked rows (a user mask, or a split past the row's last key) have l = 0:
-    # they are written as zeros, and their log-sum-exp as -inf.
-    l_div = l_i
-    if HAS_MASK or SPLIT_K:
-        l_div = ct.where(l_i == 0.0, 1.0, l_i)
-    out0 = ct.truediv(acc0, l_div, flush_to_zero=True, rounding_mode=RoundingMode.APPROX)
-    ct.store(Out, index=(b, hb, bid_m, 0),
-             tile=out0.reshape((1, 1, TILE_M, W0)).astype(Out.dtype))
-    if NCHUNK > 1:
-        out1 = ct.truediv(acc1, l_div, flush_to_zero=True, rounding_mode=RoundingMode.APPROX)
-        ct.store(Out, index=(b, hb, bid_m, OFF1 // W1),
-                 tile=out1.reshape((1, 1, TILE_M, W1)).astype(Out.dtype))
-    if NCHUNK > 2:
-        out2 = ct.truediv(acc2, l_div, flush_to_zero=True, rounding_mode=RoundingMode.APPROX)
-        ct.store(Out, index=(b, hb, bid_m, OFF2 // W2),
-                 tile=out2.reshape((1, 1, TILE_M, W2)).astype(Out.dtype))
+    # Fully masked rows (l = 0) are written as zeros, and their log-sum-exp as -inf.
+    m_i, l_i, acc0, acc1, acc2 = state
+    o0, o1, o2 = divide_chunks(acc0, acc1, acc2, safe_divisor(l_i, ZERO_SAFE), NCHUNK)
+    store_rows(Out, b, hb, bid_m, o0, o1, o2, TILE_M, W0, W1, W2, NCHUNK)
     if RETURN_LSE or SPLIT_K:
-        lse = (m_i + ct.log2(l_i)) * LN2
-        ct.store(Lse, index=(b, hb, bid_m), tile=lse.reshape((1, 1, TILE_M)))
+        ct.store(Lse, index=(b, hb, bid_m), tile=row_lse(m_i, l_i).reshape((1, 1, TILE_M)))

@@ -1,12 +1,12 @@
 """The cuTile backward kernels: delta, dK/dV over key tiles, dQ over query tiles.
 
-With ``S = scale * Q K^T + bias`` (raw scores plus the additive mask), ``P = exp(S - lse)``
-(recomputed from the forward's saved natural-log log-sum-exp, never stored) and the
-upstream gradient ``dO``::
+With ``S`` the scores in softmax units (``body``: raw ``q.k`` or ``score_mod(scale * q.k)``,
+plus the additive mask, masked), ``P = exp(S - lse)`` recomputed from the forward's saved
+log-sum-exp (never stored) and the upstream gradient ``dO``::
 
     delta = rowsum(dO * O)            attention_bwd_delta (fp32, one pass over dO and O)
     dP    = dO V^T
-    dS    = P * (dP - delta)          the gradient of the scores
+    dS    = P * (dP - delta) [* score_mod'(scale * q.k)]
     dV    = P^T dO                    attention_bwd_dkdv, one program per key tile
     dK    = scale * dS^T Q            (of one K/V head: GQA sums its query heads inside)
     dQ    = scale * dS K              attention_bwd_dq, one program per query tile
@@ -17,31 +17,53 @@ an fp32 buffer with atomics (5 matmuls; the order of the additions, and so the r
 varies from run to run). Which one runs is the schedule's choice (``BwdSchedule.dq``);
 benchmarks/NOTES.md records the measurement behind the default.
 
-All accumulators are fp32; P and dS are rounded to the input dtype for the tensor-core
-MMAs, as FlashAttention does. Head dims are split into the forward's power-of-two chunks
-(``headdim.plan_head_dim``: 96 = 64 + 32 and 160 = 128 + 32 without padding); products
-over the head dim sum their chunks, products into it write one chunk each.
+Both score kernels visit tiles as the forward does: dense with the causal skip, or the
+partial-then-full lists of a block mask (dK/dV reads the transposed lists: query tiles per
+key tile). All accumulators are fp32; P and dS are rounded to the input dtype for the
+tensor-core MMAs, as FlashAttention does.
 
-Masks get no gradient (an ``attn_mask`` that requires grad is refused by ``sdpa``): a bool
-mask has none, and an additive mask is treated as a constant. Rows the forward found fully
-masked (log-sum-exp -inf) have P = 0, so their dQ is zero and they add nothing to dK/dV;
-no NaN arises. Out-of-range query rows and key columns are loaded as explicit zeros; the
-key tail is masked, so padded keys add nothing to dQ.
+Masks get no gradient (an ``attn_mask`` that requires grad is refused by ``sdpa``), nor do
+the tensors a ``score_mod`` captures. Rows the forward found fully masked (log-sum-exp
+-inf) have P = 0, so their dQ is zero and they add nothing to dK/dV; no NaN arises.
+Out-of-range rows and keys load as explicit zeros; the key tail is masked.
 """
 
 from __future__ import annotations
 
-import math
-
 import cuda.tile as ct
 import numpy as np
 
-LOG2E = 1.0 / math.log(2.0)
-_ZERO = ct.PaddingMode.ZERO
+from .body import (
+    block_at,
+    block_range,
+    dot,
+    dots_streamed,
+    keep_tile,
+    load_bias,
+    load_cols,
+    load_row_stats,
+    load_rows,
+    masked,
+    mma_into,
+    mma_streamed,
+    modified,
+    no_mask_mod,
+    no_score_mod,
+    scale_chunks,
+    score_gradient,
+    store_rows,
+    zeros_chunks,
+)
+
 _RELAXED = ct.MemoryOrder.RELAXED
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
+
+# The variant's functions and the score modification's derivative (``mods.with_mods``).
+SCORE_MOD = no_score_mod
+SCORE_GRAD = no_score_mod
+MASK_MOD = no_mask_mod
 
 
 @ct.kernel
@@ -55,102 +77,142 @@ def attention_bwd_delta(
     bid_m = ct.bid(0)
     h = ct.bid(1)
     b = ct.bid(2)
-    o = ct.load(Out, index=(b, h, bid_m, 0), shape=(1, 1, TILE_M, WD),
-                padding_mode=_ZERO).reshape((TILE_M, WD)).astype(np.float32)
-    do = ct.load(dOut, index=(b, h, bid_m, 0), shape=(1, 1, TILE_M, WD),
-                 padding_mode=_ZERO).reshape((TILE_M, WD)).astype(np.float32)
-    delta = ct.sum(o * do, axis=-1, keepdims=False)
+    o, _, _ = load_rows(Out, b, h, bid_m, TILE_M, WD, WD, WD, 1, None)
+    do, _, _ = load_rows(dOut, b, h, bid_m, TILE_M, WD, WD, WD, 1, None)
+    delta = ct.sum(o.astype(np.float32) * do.astype(np.float32), axis=-1, keepdims=False)
     if HAS_DLSE:
         # d lse / d S = P, so the LSE's gradient enters dS = P * (dP - delta) as -dlse.
         dlse = ct.load(Dlse, index=(b, h, bid_m), shape=(1, 1, TILE_M),
-                       padding_mode=_ZERO).reshape((TILE_M,))
+                       padding_mode=ct.PaddingMode.ZERO).reshape((TILE_M,))
         delta = delta - dlse
     ct.store(Delta, index=(b, h, bid_m), tile=delta.reshape((1, 1, TILE_M)))
 
 
+def grad_scores(qk, dp, arrays, fns, aux, where, i, j, diag, ALL_MASKS, cfg):
+    """P and dS of query tile ``i`` against key tile ``j`` from its products ``qk = Q K^T``
+    and ``dp = dO V^T``, both rounded to the input dtype for the MMAs: the shared step of
+    the dK/dV and dQ kernels. Grouped arguments as the forward's ``fwd_tile``: ``arrays``
+    (Q, K, V, dO, Lse, Delta, Mask); ``fns`` (score_mod, its derivative, mask_mod);
+    ``where`` (b, h, hk, seq_k, c, inv_scale, scale); ``cfg`` the kernel's constants."""
+    (TILE_M, TILE_N, NCHUNK, W0, W1, W2, CAUSAL, TAIL, HAS_MASK, MASK_BATCH, MASK_HEAD,
+     MASK_ROWS, HAS_SCORE_MOD, HAS_MASK_MOD, ZERO_SAFE) = cfg
+    Q, K, V, dOut, Lse, Delta, Mask = arrays
+    score_mod, score_grad, mask_mod = fns
+    A0, A1, A2, A3 = aux
+    b, h, hk, seq_k, c, inv_scale, scale = where
+    q_idx = (i * TILE_M + ct.arange(TILE_M, dtype=np.int32))[:, None]
+    kv_idx = (j * TILE_N + ct.arange(TILE_N, dtype=np.int32))[None, :]
+    s = modified(qk, b, h, q_idx, kv_idx, score_mod, A0, A1, A2, A3, scale, HAS_SCORE_MOD)
+    if HAS_MASK:
+        s = s + load_bias(Mask, b, h, i, j, TILE_M, TILE_N, MASK_BATCH, MASK_HEAD,
+                          MASK_ROWS) * inv_scale
+    if ALL_MASKS:
+        s = masked(s, keep_tile(b, h, q_idx, kv_idx, seq_k, mask_mod, A0, A1, A2, A3, TILE_M,
+                                TILE_N, CAUSAL, TAIL, HAS_MASK_MOD))
+    elif (CAUSAL or TAIL) and diag:
+        s = masked(s, keep_tile(b, h, q_idx, kv_idx, seq_k, mask_mod, A0, A1, A2, A3, TILE_M,
+                                TILE_N, CAUSAL, TAIL, False))
+    lse, delta = load_row_stats(Lse, Delta, b, h, i, TILE_M, ZERO_SAFE)
+    p = ct.exp2(s * c - lse, flush_to_zero=True)
+    ds = score_gradient(p, dp, delta, qk, b, h, q_idx, kv_idx, score_grad, A0, A1, A2, A3,
+                        scale, HAS_SCORE_MOD)
+    return p.astype(Q.dtype), ds.astype(Q.dtype)
+
+
+def dkdv_tile(kv, acc, arrays, fns, aux, where, i, bid_n, diag, ALL_MASKS, cfg, dq_atomic):
+    """Query tile ``i`` of one key tile's dK/dV program (and its dQ share by atomics).
+    ``kv``: the key tile's (K^T, V^T, K) chunks kept on chip; ``acc`` (dk0..2, dv0..2);
+    ``dq_atomic`` (DQ_ATOMIC, the fp32 dQ accumulator)."""
+    TILE_M, TILE_N, NCHUNK, W0, W1, W2 = cfg[:6]
+    Q, K, V, dOut, Lse, Delta, Mask = arrays
+    b, h = where[:2]
+    (kt0, kt1, kt2), (vt0, vt1, vt2), (k0, k1, k2) = kv
+    dk0, dk1, dk2, dv0, dv1, dv2 = acc
+    DQ_ATOMIC, dQacc = dq_atomic
+    q0, q1, q2 = load_rows(Q, b, h, i, TILE_M, W0, W1, W2, NCHUNK, None)
+    do0, do1, do2 = load_rows(dOut, b, h, i, TILE_M, W0, W1, W2, NCHUNK, None)
+    qk = dot(q0, q1, q2, kt0, kt1, kt2, TILE_M, TILE_N, NCHUNK)
+    dp = dot(do0, do1, do2, vt0, vt1, vt2, TILE_M, TILE_N, NCHUNK)
+    p, ds = grad_scores(qk, dp, arrays, fns, aux, where, i, bid_n, diag, ALL_MASKS, cfg)
+    if DQ_ATOMIC:
+        rows = i * TILE_M + ct.arange(TILE_M, dtype=np.int32)[:, None]
+        z0, z1, z2 = zeros_chunks(TILE_M, W0, W1, W2)
+        dq0, dq1, dq2 = mma_into(ds, k0, k1, k2, z0, z1, z2, NCHUNK)
+        scale = where[6]
+        ct.atomic_add(dQacc, (b, h, rows, ct.arange(W0, dtype=np.int32)[None, :]),
+                      dq0 * scale, memory_order=_RELAXED)
+        if NCHUNK > 1:
+            ct.atomic_add(dQacc, (b, h, rows, W0 + ct.arange(W1, dtype=np.int32)[None, :]),
+                          dq1 * scale, memory_order=_RELAXED)
+        if NCHUNK > 2:
+            ct.atomic_add(dQacc, (b, h, rows,
+                                  W0 + W1 + ct.arange(W2, dtype=np.int32)[None, :]),
+                          dq2 * scale, memory_order=_RELAXED)
+    dv0, dv1, dv2 = mma_into(ct.transpose(p), do0, do1, do2, dv0, dv1, dv2, NCHUNK)
+    dk0, dk1, dk2 = mma_into(ct.transpose(ds), q0, q1, q2, dk0, dk1, dk2, NCHUNK)
+    return dk0, dk1, dk2, dv0, dv1, dv2
+
+
+def dq_tile(q, do, acc, arrays, fns, aux, where, bid_m, j, diag, ALL_MASKS, cfg):
+    """Key tile ``j`` of one query tile's dQ program; ``acc`` (dq0..2)."""
+    TILE_M, TILE_N, NCHUNK, W0, W1, W2 = cfg[:6]
+    K, V = arrays[1], arrays[2]
+    b, hk = where[0], where[2]
+    q0, q1, q2 = q
+    do0, do1, do2 = do
+    dq0, dq1, dq2 = acc
+    qk, dp = dots_streamed(q0, q1, q2, do0, do1, do2, K, V, b, hk, j, TILE_N, TILE_M, W0, W1,
+                           W2, NCHUNK)
+    _, ds = grad_scores(qk, dp, arrays, fns, aux, where, bid_m, j, diag, ALL_MASKS, cfg)
+    return mma_streamed(ds, K, b, hk, j, TILE_N, dq0, dq1, dq2, W0, W1, W2, NCHUNK, None)
+
+
 @ct.kernel
 def attention_bwd_dkdv(
-    Q, K, V, dOut, Lse, Delta, Mask, dK, dV, dQacc,
-    qk_scale_log2: float,  # scale * log2(e)
-    inv_scale: float,  # 1 / scale: additive masks are added to raw scores
+    Q, K, V, dOut, Lse, Delta, Mask, BlkCnt, BlkIdx, A0, A1, A2, A3, dK, dV, dQacc,
+    qk_scale_log2: float,  # the forward's softmax-units factor
+    inv_scale: float,  # the forward's additive-mask factor
     scale: float,
     GROUP: int,  # query heads per K/V head; this program sums their contributions
     TILE_M: ConstInt,  # query rows per inner step
     TILE_N: ConstInt,  # keys per program
-    NCHUNK: ConstInt,
-    W0: ConstInt,
-    W1: ConstInt,
-    W2: ConstInt,
-    CAUSAL: ConstBool,
-    EVEN_N: ConstBool,
-    HAS_MASK: ConstBool,
-    MASK_BATCH: ConstBool,
-    MASK_HEAD: ConstBool,
-    MASK_ROWS: ConstBool,
+    NCHUNK: ConstInt, W0: ConstInt, W1: ConstInt, W2: ConstInt,  # head-dim chunks
+    CAUSAL: ConstBool, EVEN_N: ConstBool,
+    HAS_MASK: ConstBool, MASK_BATCH: ConstBool, MASK_HEAD: ConstBool, MASK_ROWS: ConstBool,
     DQ_ATOMIC: ConstBool,  # also add scale * dS K into the fp32 dQacc with atomics
+    HAS_SCORE_MOD: ConstBool, HAS_MASK_MOD: ConstBool,
+    # the block mask's transposed lists: query tiles per key tile
+    BLOCK_SPARSE: ConstBool, BLK_BATCH: ConstBool, BLK_HEAD: ConstBool,
 ):
     # Grid (key tiles, K/V heads, batch).
     bid_n = ct.bid(0)
     hk = ct.bid(1)
     b = ct.bid(2)
     seq_q = Q.shape[2]
-    OFF1 = W0
-    OFF2 = W0 + W1
+    TAIL = not EVEN_N
+    ZERO_SAFE = HAS_MASK or HAS_MASK_MOD or BLOCK_SPARSE
 
     # K and V of this key tile stay on chip: K^T and V^T for the score products
-    # (Q K^T, dO V^T), as the forward loads K.
-    kt0 = ct.load(K, index=(b, hk, 0, bid_n), shape=(1, 1, W0, TILE_N), order=(0, 1, 3, 2),
-                  padding_mode=_ZERO).reshape((W0, TILE_N))
-    vt0 = ct.load(V, index=(b, hk, 0, bid_n), shape=(1, 1, W0, TILE_N), order=(0, 1, 3, 2),
-                  padding_mode=_ZERO).reshape((W0, TILE_N))
-    kt1 = kt0
-    vt1 = vt0
-    kt2 = kt0
-    vt2 = vt0
-    if NCHUNK > 1:
-        kt1 = ct.load(K, index=(b, hk, OFF1 // W1, bid_n), shape=(1, 1, W1, TILE_N),
-                      order=(0, 1, 3, 2), padding_mode=_ZERO).reshape((W1, TILE_N))
-        vt1 = ct.load(V, index=(b, hk, OFF1 // W1, bid_n), shape=(1, 1, W1, TILE_N),
-                      order=(0, 1, 3, 2), padding_mode=_ZERO).reshape((W1, TILE_N))
-    if NCHUNK > 2:
-        kt2 = ct.load(K, index=(b, hk, OFF2 // W2, bid_n), shape=(1, 1, W2, TILE_N),
-                      order=(0, 1, 3, 2), padding_mode=_ZERO).reshape((W2, TILE_N))
-        vt2 = ct.load(V, index=(b, hk, OFF2 // W2, bid_n), shape=(1, 1, W2, TILE_N),
-                      order=(0, 1, 3, 2), padding_mode=_ZERO).reshape((W2, TILE_N))
-
-    # K in [keys, D] layout for dS K (atomic dQ only).
-    k0 = kt0
-    k1 = kt1
-    k2 = kt2
+    # (Q K^T, dO V^T), as the forward loads K; K itself for dS K (atomic dQ only).
+    kt = load_cols(K, b, hk, bid_n, TILE_N, W0, W1, W2, NCHUNK, None)
+    vt = load_cols(V, b, hk, bid_n, TILE_N, W0, W1, W2, NCHUNK, None)
+    k_rows = kt
     if DQ_ATOMIC:
-        k0 = ct.load(K, index=(b, hk, bid_n, 0), shape=(1, 1, TILE_N, W0),
-                     padding_mode=_ZERO).reshape((TILE_N, W0))
-        if NCHUNK > 1:
-            k1 = ct.load(K, index=(b, hk, bid_n, OFF1 // W1), shape=(1, 1, TILE_N, W1),
-                         padding_mode=_ZERO).reshape((TILE_N, W1))
-        if NCHUNK > 2:
-            k2 = ct.load(K, index=(b, hk, bid_n, OFF2 // W2), shape=(1, 1, TILE_N, W2),
-                         padding_mode=_ZERO).reshape((TILE_N, W2))
-    cols0 = ct.arange(W0, dtype=np.int32)[None, :]
-    cols1 = OFF1 + ct.arange(W1, dtype=np.int32)[None, :]
-    cols2 = OFF2 + ct.arange(W2, dtype=np.int32)[None, :]
+        k_rows = load_rows(K, b, hk, bid_n, TILE_N, W0, W1, W2, NCHUNK, None)
+    kv = (kt, vt, k_rows)
+    dk0, dk1, dk2 = zeros_chunks(TILE_N, W0, W1, W2)
+    dv0, dv1, dv2 = zeros_chunks(TILE_N, W0, W1, W2)
+    acc = (dk0, dk1, dk2, dv0, dv1, dv2)
+    arrays = (Q, K, V, dOut, Lse, Delta, Mask)
+    fns = (SCORE_MOD, SCORE_GRAD, MASK_MOD)
+    aux = (A0, A1, A2, A3)
+    cfg = (TILE_M, TILE_N, NCHUNK, W0, W1, W2, CAUSAL, TAIL, HAS_MASK, MASK_BATCH, MASK_HEAD,
+           MASK_ROWS, HAS_SCORE_MOD, HAS_MASK_MOD, ZERO_SAFE)
+    dq_atomic = (DQ_ATOMIC, dQacc)
 
-    dk0 = ct.full((TILE_N, W0), 0.0, dtype=np.float32)
-    dk1 = ct.full((TILE_N, W1), 0.0, dtype=np.float32)
-    dk2 = ct.full((TILE_N, W2), 0.0, dtype=np.float32)
-    dv0 = ct.full((TILE_N, W0), 0.0, dtype=np.float32)
-    dv1 = ct.full((TILE_N, W1), 0.0, dtype=np.float32)
-    dv2 = ct.full((TILE_N, W2), 0.0, dtype=np.float32)
-
+    # Dense: query tiles [m_lo, m_hi); causal: those wholly above this key tile's diagonal
+    # are skipped, and only tiles starting before the key tile ends cross the diagonal.
     k_start = bid_n * TILE_N
-    offs_n = (k_start + ct.arange(TILE_N, dtype=np.int32))[None, :]
-    seq_k = K.shape[2]
-    # The key tail: masked so that no padded key reaches dQ (and no inf arises there).
-    tail = ct.where(offs_n < seq_k, 0.0, -np.inf)
-    offs_m_tile = ct.arange(TILE_M, dtype=np.int32)[:, None]
-
-    # Query tiles [m_lo, m_hi); causal: those wholly above this key tile's diagonal are
-    # skipped, and only tiles starting before the key tile ends cross the diagonal.
     m_hi = ct.cdiv(seq_q, TILE_M)
     m_lo = 0
     mask_end = 0
@@ -158,122 +220,46 @@ def attention_bwd_dkdv(
         m_lo = k_start // TILE_M
         mask_end = ct.cdiv(k_start + TILE_N, TILE_M)
 
-    mb = 0
-    if MASK_BATCH:
-        mb = b
-
     for g in range(GROUP):
         h = hk * GROUP + g
-        mh = 0
-        if MASK_HEAD:
-            mh = h
-        for i in range(m_lo, m_hi):
-            q0 = ct.load(Q, index=(b, h, i, 0), shape=(1, 1, TILE_M, W0),
-                         padding_mode=_ZERO).reshape((TILE_M, W0))
-            do0 = ct.load(dOut, index=(b, h, i, 0), shape=(1, 1, TILE_M, W0),
-                          padding_mode=_ZERO).reshape((TILE_M, W0))
-            qk = ct.mma(q0, kt0, ct.full((TILE_M, TILE_N), 0.0, dtype=np.float32))
-            dp = ct.mma(do0, vt0, ct.full((TILE_M, TILE_N), 0.0, dtype=np.float32))
-            q1 = q0
-            q2 = q0
-            do1 = do0
-            do2 = do0
-            if NCHUNK > 1:
-                q1 = ct.load(Q, index=(b, h, i, OFF1 // W1), shape=(1, 1, TILE_M, W1),
-                             padding_mode=_ZERO).reshape((TILE_M, W1))
-                do1 = ct.load(dOut, index=(b, h, i, OFF1 // W1), shape=(1, 1, TILE_M, W1),
-                              padding_mode=_ZERO).reshape((TILE_M, W1))
-                qk = ct.mma(q1, kt1, qk)
-                dp = ct.mma(do1, vt1, dp)
-            if NCHUNK > 2:
-                q2 = ct.load(Q, index=(b, h, i, OFF2 // W2), shape=(1, 1, TILE_M, W2),
-                             padding_mode=_ZERO).reshape((TILE_M, W2))
-                do2 = ct.load(dOut, index=(b, h, i, OFF2 // W2), shape=(1, 1, TILE_M, W2),
-                              padding_mode=_ZERO).reshape((TILE_M, W2))
-                qk = ct.mma(q2, kt2, qk)
-                dp = ct.mma(do2, vt2, dp)
+        where = (b, h, hk, K.shape[2], qk_scale_log2, inv_scale, scale)
+        if BLOCK_SPARSE:
+            n_part, n_full = block_range(BlkCnt, b, h, bid_n, BLK_BATCH, BLK_HEAD)
+            for t in range(0, n_part):
+                i = block_at(BlkIdx, b, h, bid_n, t, BLK_BATCH, BLK_HEAD)
+                acc = dkdv_tile(kv, acc, arrays, fns, aux, where, i, bid_n, True, True, cfg,
+                                dq_atomic)
+            for t in range(n_part, n_part + n_full):
+                i = block_at(BlkIdx, b, h, bid_n, t, BLK_BATCH, BLK_HEAD)
+                acc = dkdv_tile(kv, acc, arrays, fns, aux, where, i, bid_n, False, False, cfg,
+                                dq_atomic)
+        else:
+            for i in range(m_lo, m_hi):
+                # The key tail is masked on every query tile (no padded key reaches dQ).
+                acc = dkdv_tile(kv, acc, arrays, fns, aux, where, i, bid_n,
+                                TAIL or i < mask_end, HAS_MASK_MOD, cfg, dq_atomic)
 
-            if HAS_MASK:
-                mq = 0
-                if MASK_ROWS:
-                    mq = i
-                    bias = ct.load(Mask, index=(mb, mh, mq, bid_n),
-                                   shape=(1, 1, TILE_M, TILE_N),
-                                   padding_mode=_ZERO).reshape((TILE_M, TILE_N))
-                else:
-                    bias = ct.load(Mask, index=(mb, mh, 0, bid_n), shape=(1, 1, 1, TILE_N),
-                                   padding_mode=_ZERO).reshape((1, TILE_N))
-                qk = qk + bias.astype(np.float32) * inv_scale
-            if CAUSAL and i < mask_end:
-                offs_m = i * TILE_M + offs_m_tile
-                qk = qk + ct.where(offs_m >= offs_n, 0.0, -np.inf)
-            if not EVEN_N:
-                qk = qk + tail
-
-            lse = ct.load(Lse, index=(b, h, i), shape=(1, 1, TILE_M),
-                          padding_mode=_ZERO).reshape((TILE_M, 1)) * LOG2E
-            if HAS_MASK:
-                # Fully masked rows (lse = -inf): P = exp2(s - inf) = 0, not NaN.
-                lse = ct.where(lse == -np.inf, np.inf, lse)
-            delta = ct.load(Delta, index=(b, h, i), shape=(1, 1, TILE_M),
-                            padding_mode=_ZERO).reshape((TILE_M, 1))
-            p = ct.exp2(qk * qk_scale_log2 - lse, flush_to_zero=True)
-            ds = (p * (dp - delta)).astype(Q.dtype)
-            pt = ct.transpose(p.astype(Q.dtype))
-            dst = ct.transpose(ds)
-            if DQ_ATOMIC:
-                rows = i * TILE_M + offs_m_tile
-                dq0 = ct.mma(ds, k0, ct.full((TILE_M, W0), 0.0, dtype=np.float32)) * scale
-                ct.atomic_add(dQacc, (b, h, rows, cols0), dq0, memory_order=_RELAXED)
-                if NCHUNK > 1:
-                    dq1 = ct.mma(ds, k1, ct.full((TILE_M, W1), 0.0, dtype=np.float32)) * scale
-                    ct.atomic_add(dQacc, (b, h, rows, cols1), dq1, memory_order=_RELAXED)
-                if NCHUNK > 2:
-                    dq2 = ct.mma(ds, k2, ct.full((TILE_M, W2), 0.0, dtype=np.float32)) * scale
-                    ct.atomic_add(dQacc, (b, h, rows, cols2), dq2, memory_order=_RELAXED)
-            dv0 = ct.mma(pt, do0, dv0)
-            dk0 = ct.mma(dst, q0, dk0)
-            if NCHUNK > 1:
-                dv1 = ct.mma(pt, do1, dv1)
-                dk1 = ct.mma(dst, q1, dk1)
-            if NCHUNK > 2:
-                dv2 = ct.mma(pt, do2, dv2)
-                dk2 = ct.mma(dst, q2, dk2)
-
-    ct.store(dV, index=(b, hk, bid_n, 0), tile=dv0.reshape((1, 1, TILE_N, W0)).astype(dV.dtype))
-    ct.store(dK, index=(b, hk, bid_n, 0),
-             tile=(dk0 * scale).reshape((1, 1, TILE_N, W0)).astype(dK.dtype))
-    if NCHUNK > 1:
-        ct.store(dV, index=(b, hk, bid_n, OFF1 // W1),
-                 tile=dv1.reshape((1, 1, TILE_N, W1)).astype(dV.dtype))
-        ct.store(dK, index=(b, hk, bid_n, OFF1 // W1),
-                 tile=(dk1 * scale).reshape((1, 1, TILE_N, W1)).astype(dK.dtype))
-    if NCHUNK > 2:
-        ct.store(dV, index=(b, hk, bid_n, OFF2 // W2),
-                 tile=dv2.reshape((1, 1, TILE_N, W2)).astype(dV.dtype))
-        ct.store(dK, index=(b, hk, bid_n, OFF2 // W2),
-                 tile=(dk2 * scale).reshape((1, 1, TILE_N, W2)).astype(dK.dtype))
+    dk0, dk1, dk2, dv0, dv1, dv2 = acc
+    dk0, dk1, dk2 = scale_chunks(dk0, dk1, dk2, scale, NCHUNK)
+    store_rows(dV, b, hk, bid_n, dv0, dv1, dv2, TILE_N, W0, W1, W2, NCHUNK)
+    store_rows(dK, b, hk, bid_n, dk0, dk1, dk2, TILE_N, W0, W1, W2, NCHUNK)
 
 
 @ct.kernel
 def attention_bwd_dq(
-    Q, K, V, dOut, Lse, Delta, Mask, dQ,
+    Q, K, V, dOut, Lse, Delta, Mask, BlkCnt, BlkIdx, A0, A1, A2, A3, dQ,
     qk_scale_log2: float,
     inv_scale: float,
     scale: float,
     GROUP: int,
     TILE_M: ConstInt,  # query rows per program
     TILE_N: ConstInt,  # keys per inner step
-    NCHUNK: ConstInt,
-    W0: ConstInt,
-    W1: ConstInt,
-    W2: ConstInt,
-    CAUSAL: ConstBool,
-    EVEN_N: ConstBool,
-    HAS_MASK: ConstBool,
-    MASK_BATCH: ConstBool,
-    MASK_HEAD: ConstBool,
-    MASK_ROWS: ConstBool,
+    NCHUNK: ConstInt, W0: ConstInt, W1: ConstInt, W2: ConstInt,  # head-dim chunks
+    CAUSAL: ConstBool, EVEN_N: ConstBool,
+    HAS_MASK: ConstBool, MASK_BATCH: ConstBool, MASK_HEAD: ConstBool, MASK_ROWS: ConstBool,
+    HAS_SCORE_MOD: ConstBool, HAS_MASK_MOD: ConstBool,
+    # the block mask's lists: key tiles per query tile
+    BLOCK_SPARSE: ConstBool, BLK_BATCH: ConstBool, BLK_HEAD: ConstBool,
 ):
     # Grid (query tiles, query heads, batch), as the forward.
     bid_m = ct.bid(0)
@@ -281,117 +267,40 @@ def attention_bwd_dq(
     b = ct.bid(2)
     hk = h // GROUP
     seq_k = K.shape[2]
-    OFF1 = W0
-    OFF2 = W0 + W1
+    TAIL = not EVEN_N
+    ZERO_SAFE = HAS_MASK or HAS_MASK_MOD or BLOCK_SPARSE
 
-    q0 = ct.load(Q, index=(b, h, bid_m, 0), shape=(1, 1, TILE_M, W0),
-                 padding_mode=_ZERO).reshape((TILE_M, W0))
-    do0 = ct.load(dOut, index=(b, h, bid_m, 0), shape=(1, 1, TILE_M, W0),
-                  padding_mode=_ZERO).reshape((TILE_M, W0))
-    q1 = q0
-    q2 = q0
-    do1 = do0
-    do2 = do0
-    if NCHUNK > 1:
-        q1 = ct.load(Q, index=(b, h, bid_m, OFF1 // W1), shape=(1, 1, TILE_M, W1),
-                     padding_mode=_ZERO).reshape((TILE_M, W1))
-        do1 = ct.load(dOut, index=(b, h, bid_m, OFF1 // W1), shape=(1, 1, TILE_M, W1),
-                      padding_mode=_ZERO).reshape((TILE_M, W1))
-    if NCHUNK > 2:
-        q2 = ct.load(Q, index=(b, h, bid_m, OFF2 // W2), shape=(1, 1, TILE_M, W2),
-                     padding_mode=_ZERO).reshape((TILE_M, W2))
-        do2 = ct.load(dOut, index=(b, h, bid_m, OFF2 // W2), shape=(1, 1, TILE_M, W2),
-                      padding_mode=_ZERO).reshape((TILE_M, W2))
-    lse = ct.load(Lse, index=(b, h, bid_m), shape=(1, 1, TILE_M),
-                  padding_mode=_ZERO).reshape((TILE_M, 1)) * LOG2E
-    if HAS_MASK:
-        lse = ct.where(lse == -np.inf, np.inf, lse)
-    delta = ct.load(Delta, index=(b, h, bid_m), shape=(1, 1, TILE_M),
-                    padding_mode=_ZERO).reshape((TILE_M, 1))
+    q = load_rows(Q, b, h, bid_m, TILE_M, W0, W1, W2, NCHUNK, None)
+    do = load_rows(dOut, b, h, bid_m, TILE_M, W0, W1, W2, NCHUNK, None)
+    acc = zeros_chunks(TILE_M, W0, W1, W2)
+    arrays = (Q, K, V, dOut, Lse, Delta, Mask)
+    fns = (SCORE_MOD, SCORE_GRAD, MASK_MOD)
+    aux = (A0, A1, A2, A3)
+    where = (b, h, hk, seq_k, qk_scale_log2, inv_scale, scale)
+    cfg = (TILE_M, TILE_N, NCHUNK, W0, W1, W2, CAUSAL, TAIL, HAS_MASK, MASK_BATCH, MASK_HEAD,
+           MASK_ROWS, HAS_SCORE_MOD, HAS_MASK_MOD, ZERO_SAFE)
 
-    dq0 = ct.full((TILE_M, W0), 0.0, dtype=np.float32)
-    dq1 = ct.full((TILE_M, W1), 0.0, dtype=np.float32)
-    dq2 = ct.full((TILE_M, W2), 0.0, dtype=np.float32)
+    if BLOCK_SPARSE:
+        n_part, n_full = block_range(BlkCnt, b, h, bid_m, BLK_BATCH, BLK_HEAD)
+        for t in range(0, n_part):
+            j = block_at(BlkIdx, b, h, bid_m, t, BLK_BATCH, BLK_HEAD)
+            acc = dq_tile(q, do, acc, arrays, fns, aux, where, bid_m, j, True, True, cfg)
+        for t in range(n_part, n_part + n_full):
+            j = block_at(BlkIdx, b, h, bid_m, t, BLK_BATCH, BLK_HEAD)
+            acc = dq_tile(q, do, acc, arrays, fns, aux, where, bid_m, j, False, False, cfg)
+    else:
+        q_start = bid_m * TILE_M
+        n_tiles = ct.cdiv(seq_k, TILE_N)
+        mask_start = n_tiles
+        if TAIL:
+            mask_start = seq_k // TILE_N
+        if CAUSAL:
+            n_tiles = ct.cdiv(min(q_start + TILE_M, seq_k), TILE_N)
+            mask_start = min(mask_start, q_start // TILE_N)
+        for j in range(0, n_tiles):
+            acc = dq_tile(q, do, acc, arrays, fns, aux, where, bid_m, j, j >= mask_start,
+                          HAS_MASK_MOD, cfg)
 
-    q_start = bid_m * TILE_M
-    offs_m = (q_start + ct.arange(TILE_M, dtype=np.int32))[:, None]
-    offs_n_tile = ct.arange(TILE_N, dtype=np.int32)[None, :]
-    n_tiles = ct.cdiv(seq_k, TILE_N)
-    mask_start = n_tiles
-    if not EVEN_N:
-        mask_start = seq_k // TILE_N
-    if CAUSAL:
-        n_tiles = ct.cdiv(min(q_start + TILE_M, seq_k), TILE_N)
-        mask_start = min(mask_start, q_start // TILE_N)
-
-    mb = 0
-    mh = 0
-    mq = 0
-    if MASK_BATCH:
-        mb = b
-    if MASK_HEAD:
-        mh = h
-    if MASK_ROWS:
-        mq = bid_m
-
-    for j in range(0, n_tiles):
-        kt0 = ct.load(K, index=(b, hk, 0, j), shape=(1, 1, W0, TILE_N), order=(0, 1, 3, 2),
-                      padding_mode=_ZERO).reshape((W0, TILE_N))
-        vt0 = ct.load(V, index=(b, hk, 0, j), shape=(1, 1, W0, TILE_N), order=(0, 1, 3, 2),
-                      padding_mode=_ZERO).reshape((W0, TILE_N))
-        qk = ct.mma(q0, kt0, ct.full((TILE_M, TILE_N), 0.0, dtype=np.float32))
-        dp = ct.mma(do0, vt0, ct.full((TILE_M, TILE_N), 0.0, dtype=np.float32))
-        if NCHUNK > 1:
-            kt1 = ct.load(K, index=(b, hk, OFF1 // W1, j), shape=(1, 1, W1, TILE_N),
-                          order=(0, 1, 3, 2), padding_mode=_ZERO).reshape((W1, TILE_N))
-            vt1 = ct.load(V, index=(b, hk, OFF1 // W1, j), shape=(1, 1, W1, TILE_N),
-                          order=(0, 1, 3, 2), padding_mode=_ZERO).reshape((W1, TILE_N))
-            qk = ct.mma(q1, kt1, qk)
-            dp = ct.mma(do1, vt1, dp)
-        if NCHUNK > 2:
-            kt2 = ct.load(K, index=(b, hk, OFF2 // W2, j), shape=(1, 1, W2, TILE_N),
-                          order=(0, 1, 3, 2), padding_mode=_ZERO).reshape((W2, TILE_N))
-            vt2 = ct.load(V, index=(b, hk, OFF2 // W2, j), shape=(1, 1, W2, TILE_N),
-                          order=(0, 1, 3, 2), padding_mode=_ZERO).reshape((W2, TILE_N))
-            qk = ct.mma(q2, kt2, qk)
-            dp = ct.mma(do2, vt2, dp)
-
-        if HAS_MASK:
-            if MASK_ROWS:
-                bias = ct.load(Mask, index=(mb, mh, mq, j), shape=(1, 1, TILE_M, TILE_N),
-                               padding_mode=_ZERO).reshape((TILE_M, TILE_N))
-            else:
-                bias = ct.load(Mask, index=(mb, mh, 0, j), shape=(1, 1, 1, TILE_N),
-                               padding_mode=_ZERO).reshape((1, TILE_N))
-            qk = qk + bias.astype(np.float32) * inv_scale
-        if (CAUSAL or not EVEN_N) and j >= mask_start:
-            offs_n = j * TILE_N + offs_n_tile
-            keep = ct.full((TILE_M, TILE_N), True, dtype=np.bool_)
-            if not EVEN_N:
-                keep = keep & (offs_n < seq_k)
-            if CAUSAL:
-                keep = keep & (offs_m >= offs_n)
-            qk = qk + ct.where(keep, 0.0, -np.inf)
-
-        p = ct.exp2(qk * qk_scale_log2 - lse, flush_to_zero=True)
-        ds = (p * (dp - delta)).astype(Q.dtype)
-        k0 = ct.load(K, index=(b, hk, j, 0), shape=(1, 1, TILE_N, W0),
-                     padding_mode=_ZERO).reshape((TILE_N, W0))
-        dq0 = ct.mma(ds, k0, dq0)
-        if NCHUNK > 1:
-            k1 = ct.load(K, index=(b, hk, j, OFF1 // W1), shape=(1, 1, TILE_N, W1),
-                         padding_mode=_ZERO).reshape((TILE_N, W1))
-            dq1 = ct.mma(ds, k1, dq1)
-        if NCHUNK > 2:
-            k2 = ct.load(K, index=(b, hk, j, OFF2 // W2), shape=(1, 1, TILE_N, W2),
-                         padding_mode=_ZERO).reshape((TILE_N, W2))
-            dq2 = ct.mma(ds, k2, dq2)
-
-    ct.store(dQ, index=(b, h, bid_m, 0),
-             tile=(dq0 * scale).reshape((1, 1, TILE_M, W0)).astype(dQ.dtype))
-    if NCHUNK > 1:
-        ct.store(dQ, index=(b, h, bid_m, OFF1 // W1),
-                 tile=(dq1 * scale).reshape((1, 1, TILE_M, W1)).astype(dQ.dtype))
-    if NCHUNK > 2:
-        ct.store(dQ, index=(b, h, bid_m, OFF2 // W2),
-                 tile=(dq2 * scale).reshape((1, 1, TILE_M, W2)).astype(dQ.dtype))
+    dq0, dq1, dq2 = acc
+    dq0, dq1, dq2 = scale_chunks(dq0, dq1, dq2, scale, NCHUNK)
+    store_rows(dQ, b, h, bid_m, dq0, dq1, dq2, TILE_M, W0, W1, W2, NCHUNK)

@@ -10,11 +10,18 @@ from __future__ import annotations
 
 import cuda.tile as ct
 import numpy as np
-from cuda.tile import RoundingMode
 
-from .attention import LN2, LOG2E, ConstBool, ConstInt
+from .body import LOG2E, divide_chunks, load_rows, row_lse, store_rows, zeros_chunks
 
 _ZERO = ct.PaddingMode.ZERO
+ConstInt = ct.Constant[int]
+ConstBool = ct.Constant[bool]
+
+
+def split_lse(PartLse, b, hs, rt, TILE_R):
+    """One split's log-sum-exps of ``TILE_R`` rows, in log2 units, as [TILE_R, 1]."""
+    return ct.load(PartLse, index=(b, hs, rt), shape=(1, 1, TILE_R),
+                   padding_mode=_ZERO).reshape((TILE_R, 1)) * LOG2E
 
 
 @ct.kernel
@@ -22,59 +29,35 @@ def attention_combine(
     Part, PartLse, Out, Lse,  # [B, H*NUM_SPLITS, R, D] fp32, [B, H*NUM_SPLITS, R]; Out, Lse
     NUM_SPLITS: int,
     TILE_R: ConstInt,  # rows per program
-    NCHUNK: ConstInt,  # head-dim chunks, as in attention_fwd
-    W0: ConstInt,
-    W1: ConstInt,
-    W2: ConstInt,
+    NCHUNK: ConstInt, W0: ConstInt, W1: ConstInt, W2: ConstInt,  # as in attention_fwd
     RETURN_LSE: ConstBool,
 ):
     rt = ct.bid(0)
     h = ct.bid(1)
     b = ct.bid(2)
-    OFF1 = W0
-    OFF2 = W0 + W1
 
     # Pass 1: the row max of the splits' log-sum-exps (log2 units).
     m = ct.full((TILE_R, 1), -np.inf, dtype=np.float32)
     for s in range(NUM_SPLITS):
-        lse_s = ct.load(PartLse, index=(b, h * NUM_SPLITS + s, rt), shape=(1, 1, TILE_R),
-                        padding_mode=_ZERO).reshape((TILE_R, 1))
-        m = max(m, lse_s * LOG2E)
+        m = max(m, split_lse(PartLse, b, h * NUM_SPLITS + s, rt, TILE_R))
     m_sub = ct.where(m == -np.inf, 0.0, m)
 
-    # Pass 2: the weighted sum.
+    # Pass 2: the weighted sum .
     l_sum = ct.full((TILE_R, 1), 0.0, dtype=np.float32)
-    acc0 = ct.full((TILE_R, W0), 0.0, dtype=np.float32)
-    acc1 = ct.full((TILE_R, W1), 0.0, dtype=np.float32)
-    acc2 = ct.full((TILE_R, W2), 0.0, dtype=np.float32)
+    acc0, acc1, acc2 = zeros_chunks(TILE_R, W0, W1, W2)
     for s in range(NUM_SPLITS):
         hs = h * NUM_SPLITS + s
-        lse_s = ct.load(PartLse, index=(b, hs, rt), shape=(1, 1, TILE_R),
-                        padding_mode=_ZERO).reshape((TILE_R, 1))
-        w = ct.exp2(lse_s * LOG2E - m_sub, flush_to_zero=True)
+        w = ct.exp2(split_lse(PartLse, b, hs, rt, TILE_R) - m_sub, flush_to_zero=True)
         l_sum = l_sum + w
-        acc0 = acc0 + w * ct.load(Part, index=(b, hs, rt, 0), shape=(1, 1, TILE_R, W0),
-                                  padding_mode=_ZERO).reshape((TILE_R, W0))
+        p0, p1, p2 = load_rows(Part, b, hs, rt, TILE_R, W0, W1, W2, NCHUNK, None)
+        acc0 = acc0 + w * p0
         if NCHUNK > 1:
-            acc1 = acc1 + w * ct.load(Part, index=(b, hs, rt, OFF1 // W1),
-                                      shape=(1, 1, TILE_R, W1),
-                                      padding_mode=_ZERO).reshape((TILE_R, W1))
+            acc1 = acc1 + w * p1
         if NCHUNK > 2:
-            acc2 = acc2 + w * ct.load(Part, index=(b, hs, rt, OFF2 // W2),
-                                      shape=(1, 1, TILE_R, W2),
-                                      padding_mode=_ZERO).reshape((TILE_R, W2))
+            acc2 = acc2 + w * p2
 
     l_div = ct.where(l_sum == 0.0, 1.0, l_sum)
-    out0 = ct.truediv(acc0, l_div, rounding_mode=RoundingMode.APPROX)
-    ct.store(Out, index=(b, h, rt, 0), tile=out0.reshape((1, 1, TILE_R, W0)).astype(Out.dtype))
-    if NCHUNK > 1:
-        out1 = ct.truediv(acc1, l_div, rounding_mode=RoundingMode.APPROX)
-        ct.store(Out, index=(b, h, rt, OFF1 // W1),
-                 tile=out1.reshape((1, 1, TILE_R, W1)).astype(Out.dtype))
-    if NCHUNK > 2:
-        out2 = ct.truediv(acc2, l_div, rounding_mode=RoundingMode.APPROX)
-        ct.store(Out, index=(b, h, rt, OFF2 // W2),
-                 tile=out2.reshape((1, 1, TILE_R, W2)).astype(Out.dtype))
+    o0, o1, o2 = divide_chunks(acc0, acc1, acc2, l_div, NCHUNK)
+    store_rows(Out, b, h, rt, o0, o1, o2, TILE_R, W0, W1, W2, NCHUNK)
     if RETURN_LSE:
-        lse = (m + ct.log2(l_sum)) * LN2
-        ct.store(Lse, index=(b, h, rt), tile=lse.reshape((1, 1, TILE_R)))
+        ct.store(Lse, index=(b, h, rt), tile=row_lse(m, l_sum).reshape((1, 1, TILE_R)))

@@ -1,57 +1,24 @@
-"""Compiling kernel variants: the launch-time kernel cache and ahead-of-time export.
+"""Ahead-of-time compiles: every kernel of a variant to a cubin for any target, no GPU needed.
 
 cuTile compiles on first launch and caches per specialisation in memory; it also keeps
 cubins on disk under ``$CUDA_TILE_CACHE_DIR`` (default ``~/.cache/cutile-python``, one per
-user), so a new process reuses them. ``export_cubin`` runs the same compiler for any
+user), so a new process reuses them. ``export_kernel`` runs the same compiler for any
 target without a GPU, which is how CI proves every variant compiles for Hopper and
-Blackwell.
+Blackwell. Signatures are built by parameter name through the kernels' specs, as launches
+are.
 """
 
 from __future__ import annotations
 
-import functools
 import io
 import time
 from dataclasses import dataclass
 
 from ..errors import CompileError
-from ..schedules.schedule import Schedule
-from .params import ordered
-from .toolchain import kernel_module
-from .variant import Variant
-
-
-@functools.cache
-def _kernel_for_hints(occupancy: int, num_ctas: int, worker_warps: int | None = None):
-    return kernel_module().attention_fwd.replace_hints(
-        occupancy=occupancy, num_ctas=num_ctas, num_worker_warps=worker_warps)
-
-
-def kernel_for(schedule: Schedule):
-    """The cuTile kernel object carrying this schedule's compiler hints (cached)."""
-    return _kernel_for_hints(schedule.occupancy, schedule.num_ctas, schedule.worker_warps)
-
-
-@functools.cache
-def combine_kernel():
-    """The split-K combine kernel (``combine.attention_combine``)."""
-    kernel_module()  # cuTile importable, or the install line
-    from .combine import attention_combine
-
-    return attention_combine
-
-
-def combine_constants(head_dim: int, rows: int, return_lse: bool) -> dict[str, int | bool]:
-    """The combine kernel's ``ct.Constant`` arguments for ``rows`` query rows per head."""
-    from ..headdim import plan_head_dim
-
-    plan = plan_head_dim(head_dim)
-    w0, w1, w2 = plan.kernel_widths()
-    # A power of two covering small row counts (decode) without idle lanes; 32 rows of
-    # fp32 accumulators (32 x 256) stay within one CTA's registers.
-    tile_r = min(1 << max(rows - 1, 0).bit_length(), 32)
-    return dict(TILE_R=tile_r, NCHUNK=len(plan.widths), W0=w0, W1=w1, W2=w2,
-                RETURN_LSE=return_lse)
+from . import mods as _mods
+from .plan import combine_constants, fwd_hints
+from .spec import CLASSIFY, COMBINE, DELTA, DKDV, DQ, FWD, KernelSpec
+from .variant import BwdVariant, Variant
 
 
 @dataclass(frozen=True)
@@ -76,63 +43,118 @@ def export_array(dtype, ndim: int, *, stride_divisible_by: int = 8):
     )
 
 
-def signature_for(variant: Variant):
-    """The export signature matching a launch with contiguous, 16-byte aligned tensors."""
+def _gathered(dtype, ndim: int):
+    """An array only read by ``ct.gather`` (block lists, captured tensors): any strides."""
     import cuda.tile as ct
-    from cuda.tile.compilation import CallingConvention, KernelSignature, ScalarConstraint
+    from cuda.tile.compilation import ArrayConstraint
 
-    array = export_array
-    io_dtype = getattr(ct, variant.dtype)
-    mask_dtype = getattr(ct, variant.mask_dtype or "float32")
-    params = ordered(dict(
-        Q=array(io_dtype, 4), K=array(io_dtype, 4), V=array(io_dtype, 4),
-        Out=array(ct.float32 if variant.split_k else io_dtype, 4), Lse=array(ct.float32, 3),
-        Mask=array(mask_dtype, 4),
-        qk_scale_log2=ScalarConstraint(ct.float32), inv_scale=ScalarConstraint(ct.float32),
-        GROUP=ScalarConstraint(ct.int32), SEQ_Q=ScalarConstraint(ct.int32),
-        NUM_SPLITS=ScalarConstraint(ct.int32), SPLIT_TILES=ScalarConstraint(ct.int32),
-        **variant.constants(),
-    ))
-    return KernelSignature(list(params), CallingConvention.cutile_python_v1())
+    return ArrayConstraint(dtype, ndim, index_dtype=ct.int32, stride_lower_bound_incl=0,
+                           alias_groups=(), may_alias_internally=False)
+
+
+def _arrays(io_name: str, mask_name: str | None, aux: tuple = ()) -> dict:
+    """Export constraints of every tensor parameter name the kernels use."""
+    import cuda.tile as ct
+
+    io_dtype, f32 = getattr(ct, io_name), ct.float32
+    arrays = {n: export_array(io_dtype, 4) for n in
+              ("Q", "K", "V", "Out", "dOut", "dQ", "dK", "dV")}
+    arrays.update(dQacc=export_array(f32, 4), Lse=export_array(f32, 3),
+                  Delta=export_array(f32, 3), Dlse=export_array(f32, 3),
+                  Mask=export_array(getattr(ct, mask_name or "float32"), 4),
+                  BlkCnt=_gathered(ct.int32, 4), BlkIdx=_gathered(ct.int32, 4))
+    for i in range(_mods.MAX_TENSORS):
+        dtype, ndim = aux[i] if i < len(aux) else (ct.int32, 4)
+        arrays[f"A{i}"] = _gathered(dtype, ndim)
+    return arrays
+
+
+def _scalars() -> dict:
+    import cuda.tile as ct
+    from cuda.tile.compilation import ScalarConstraint
+
+    f32, i32 = ScalarConstraint(ct.float32), ScalarConstraint(ct.int32)
+    return dict(qk_scale_log2=f32, inv_scale=f32, scale=f32, GROUP=i32, SEQ_Q=i32,
+                NUM_SPLITS=i32, SPLIT_TILES=i32, seq_q=i32, seq_k=i32, HEADS=i32)
+
+
+def signature(spec: KernelSpec, arrays: dict, constants: dict):
+    """The export signature of ``spec`` with these tensor constraints and constants."""
+    from cuda.tile.compilation import CallingConvention, KernelSignature
+
+    pool = {**arrays, **_scalars(), **constants}
+    return KernelSignature([pool[n] for n in spec.names()], CallingConvention.cutile_python_v1())
+
+
+def _export(spec: KernelSpec, kernel, sig, gpu_code: str, what: str) -> bytes:
+    from cuda.tile.compilation import export_kernel
+
+    buf = io.BytesIO()
+    try:
+        export_kernel(kernel, [sig], buf, gpu_code=gpu_code, output_format="cubin")
+    except Exception as exc:  # cuTile raises several types; name the variant
+        raise CompileError(f"compiling {spec.name} of {what} for {gpu_code} failed: "
+                           f"{exc}") from exc
+    return buf.getvalue()
+
+
+def signature_for(variant: Variant, aux: tuple = ()):
+    """The forward's export signature for contiguous, 16-byte aligned tensors."""
+    import cuda.tile as ct
+
+    arrays = _arrays(variant.dtype, variant.mask_dtype, aux)
+    if variant.split_k:
+        arrays["Out"] = export_array(ct.float32, 4)
+    return signature(FWD, arrays, variant.constants())
+
+
+def kernel_for(schedule, mods=None):
+    """The forward kernel object carrying this schedule's hints (and a variant's mods)."""
+    return FWD.kernel(mods, **fwd_hints(schedule))
+
+
+def export_cubin(variant: Variant, gpu_code: str, mods=None, aux: tuple = ()) -> CompiledCubin:
+    """Compile one forward variant to a cubin for ``gpu_code`` (e.g. ``"sm_90"``).
+    ``mods``/``aux``: a variant's functions and its captured tensors' (dtype, ndim)."""
+    start = time.perf_counter()
+    cubin = _export(FWD, kernel_for(variant.schedule, mods), signature_for(variant, aux),
+                    gpu_code, variant.label())
+    return CompiledCubin(variant, gpu_code, cubin, time.perf_counter() - start)
+
+
+def export_bwd_cubins(variant: BwdVariant, gpu_code: str, mods=None,
+                      aux: tuple = ()) -> dict[str, bytes]:
+    """Compile the three backward kernels of ``variant`` for ``gpu_code``."""
+    arrays = _arrays(variant.dtype, variant.mask_dtype, aux)
+    out = {}
+    for spec in (DELTA, DKDV, DQ):
+        occ = variant.schedule.occupancy if spec is not DELTA else 1
+        kernel = spec.kernel(mods if spec is not DELTA else None, occupancy=occ)
+        out[spec.name] = _export(spec, kernel,
+                                 signature(spec, arrays, variant.constants(spec.name)),
+                                 gpu_code, variant.label())
+    return out
 
 
 def export_combine_cubin(dtype: str, head_dim: int, return_lse: bool,
                          gpu_code: str) -> bytes:
     """Compile the combine kernel for one dtype and head dim (rows: a decode tile)."""
     import cuda.tile as ct
-    from cuda.tile.compilation import (
-        CallingConvention,
-        KernelSignature,
-        ScalarConstraint,
-        export_kernel,
-    )
 
-    def array(dt, ndim):
-        return export_array(dt, ndim, stride_divisible_by=1)
-
-    consts = combine_constants(head_dim, 4, return_lse)
-    params = [array(ct.float32, 4), array(ct.float32, 3), array(getattr(ct, dtype), 4),
-              array(ct.float32, 3), ScalarConstraint(ct.int32), *consts.values()]
-    buf = io.BytesIO()
-    try:
-        export_kernel(combine_kernel(), [KernelSignature(
-            params, CallingConvention.cutile_python_v1())], buf, gpu_code=gpu_code,
-            output_format="cubin")
-    except Exception as exc:
-        raise CompileError(f"compiling the combine kernel ({dtype}, D={head_dim}) for "
-                           f"{gpu_code} failed: {exc}") from exc
-    return buf.getvalue()
+    arrays = dict(Part=export_array(ct.float32, 4, stride_divisible_by=1),
+                  PartLse=export_array(ct.float32, 3, stride_divisible_by=1),
+                  Out=export_array(getattr(ct, dtype), 4, stride_divisible_by=1),
+                  Lse=export_array(ct.float32, 3, stride_divisible_by=1))
+    sig = signature(COMBINE, arrays, combine_constants(head_dim, 4, return_lse))
+    return _export(COMBINE, COMBINE.kernel(), sig, gpu_code, f"{dtype} D={head_dim}")
 
 
-def export_cubin(variant: Variant, gpu_code: str) -> CompiledCubin:
-    """Compile one variant to a cubin for ``gpu_code`` (e.g. ``"sm_90"``); no GPU needed."""
-    from cuda.tile.compilation import export_kernel
+def export_classify_cubin(mods, gpu_code: str, tile_m: int = 64, tile_n: int = 64,
+                          causal: bool = False, aux: tuple = ()) -> bytes:
+    """Compile a block mask's classification kernel for a ``mask_mod``."""
+    import cuda.tile as ct
 
-    buf = io.BytesIO()
-    start = time.perf_counter()
-    try:
-        export_kernel(kernel_for(variant.schedule), [signature_for(variant)], buf,
-                      gpu_code=gpu_code, output_format="cubin")
-    except Exception as exc:  # cuTile raises several types; keep the variant in the message
-        raise CompileError(f"compiling {variant.label()} for {gpu_code} failed: {exc}") from exc
-    return CompiledCubin(variant, gpu_code, buf.getvalue(), time.perf_counter() - start)
+    arrays = _arrays("float16", None, aux)
+    arrays["Cls"] = _gathered(ct.int32, 4)
+    sig = signature(CLASSIFY, arrays, dict(TILE_M=tile_m, TILE_N=tile_n, CAUSAL=causal))
+    return _export(CLASSIFY, CLASSIFY.kernel(mods), sig, gpu_code, "a block mask")

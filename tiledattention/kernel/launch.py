@@ -64,6 +64,7 @@ def mask_layout(mask: torch.Tensor, dtype: torch.dtype, target) -> tuple[str, tu
 
 
 _scratch: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+_int_pads: dict[torch.device, torch.Tensor] = {}
 
 
 def _placeholders(device: torch.device, fresh: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -83,11 +84,33 @@ def _placeholders(device: torch.device, fresh: bool) -> tuple[torch.Tensor, torc
     return pair
 
 
-def launch(plan, q, k, v, attn_mask, *, fresh_lse: bool = True):
+def _int_pad(device: torch.device) -> torch.Tensor:
+    """A one-element int32 array for block lists and captured tensors a kernel never reads
+    (made once per device, outside any graph capture: it is only ever read as an address)."""
+    pad = _int_pads.get(device)
+    if pad is None:
+        pad = torch.zeros((1, 1, 1, 1), dtype=torch.int32, device=device)
+        if not torch.cuda.is_current_stream_capturing():
+            _int_pads[device] = pad
+    return pad
+
+
+def variant_arrays(plan_blocks, aux, device) -> tuple:
+    """(BlkCnt, BlkIdx, A0..A3): a block mask's lists and the tensors the variant functions
+    capture, padded with placeholders the kernel never reads."""
+    from .mods import MAX_TENSORS
+
+    pad = _int_pad(device)
+    blocks = plan_blocks or (pad, pad)
+    return (*blocks, *aux, *([pad] * (MAX_TENSORS - len(aux))))
+
+
+def launch(plan, q, k, v, attn_mask, *, fresh_lse: bool = True, aux: tuple = ()):
     """Launch ``plan`` on PyTorch's current stream; returns (out, lse), both new unless
     ``fresh_lse`` is False and the plan returns no LSE (then lse is a shared placeholder).
 
-    A split-K plan launches the attention kernel into fp32 partials, then the combine."""
+    A split-K plan launches the attention kernel into fp32 partials, then the combine.
+    ``aux``: the tensors the call's variant functions capture."""
     if plan.copy_qkv:
         q, k, v = _addressable(q), _addressable(k), _addressable(v)
     device = plan.device
@@ -99,6 +122,7 @@ def launch(plan, q, k, v, attn_mask, *, fresh_lse: bool = True):
         lse, mask = _placeholders(device, fresh_lse)
     if plan.mask_target is not None:
         mask = prepare_mask(attn_mask, plan.dtype, plan.mask_target)
+    extra = variant_arrays(plan.blocks, aux, device)
     kout, klse = out, lse
     if plan.packed_shape is not None:
         # GQA packing: the heads of a group are consecutive rows of one K/V head.
@@ -107,19 +131,58 @@ def launch(plan, q, k, v, attn_mask, *, fresh_lse: bool = True):
         if plan.variant.return_lse:
             klse = lse.view(plan.packed_shape[:3])
     if plan.part_shape is None:
-        _launch(device, plan.grid, plan.kernel, (q, k, v, kout, klse, mask, *plan.tail),
-                plan.pdl)
+        launch_kernel(device, plan.grid, plan.kernel,
+                      (q, k, v, kout, klse, mask, *extra, *plan.tail), plan.pdl)
     else:
         part = torch.empty(plan.part_shape, dtype=torch.float32, device=device)
         part_lse = torch.empty(plan.part_shape[:3], dtype=torch.float32, device=device)
-        _launch(device, plan.grid, plan.kernel, (q, k, v, part, part_lse, mask, *plan.tail),
-                plan.pdl)
-        _launch(device, plan.combine_grid, plan.combine,
-                (part, part_lse, kout, klse, *plan.combine_tail))
+        launch_kernel(device, plan.grid, plan.kernel,
+                      (q, k, v, part, part_lse, mask, *extra, *plan.tail), plan.pdl)
+        launch_kernel(device, plan.combine_grid, plan.combine,
+                      (part, part_lse, kout, klse, *plan.combine_tail))
     return out, lse
 
 
-def _launch(device, grid, kernel, args, pdl: bool = False) -> None:
+def run_backward(q, k, v, out, lse, dout, dlse, attn_mask, causal: bool, scale: float,
+                 schedule=None, mods=None, block=None, aux: tuple | None = None):
+    """(dq, dk, dv) of ``sdpa``'s forward, given its output and natural-log LSE: delta, then
+    dK/dV, then dQ (or dQ by atomics inside dK/dV), on PyTorch's current stream."""
+    from . import mods as _mods
+    from .plan import bwd_plan_for, pinned_schedule
+
+    mods = mods or _mods.NONE
+    q, k, v, out, dout = (_addressable(t) for t in (q, k, v, out, dout))
+    plan = bwd_plan_for(q, k, attn_mask, causal, scale, dlse is not None,
+                        schedule or pinned_schedule(), mods, block)
+    b, hq, sq, _ = q.shape
+    dev = q.device
+    delta = torch.empty((b, hq, sq), dtype=torch.float32, device=dev)
+    lse = lse.contiguous()
+    dlse_arg = delta if dlse is None else dlse.to(torch.float32).contiguous()
+    mask = lse.view(1, 1, 1, -1)[..., :1]  # never read without HAS_MASK
+    if plan.mask_target is not None:
+        mask = prepare_mask(attn_mask, plan.dtype, plan.mask_target)
+    atomic = plan.variant.schedule.dq == "atomic"
+    dq = torch.empty_like(q, memory_format=torch.contiguous_format)
+    dk = torch.empty_like(k, memory_format=torch.contiguous_format)
+    dv = torch.empty_like(v, memory_format=torch.contiguous_format)
+    dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=dev) if atomic else \
+        delta.view(b, hq, sq, 1)  # never read without DQ_ATOMIC
+    aux = mods.tensors() if aux is None else aux
+    dkdv_extra = variant_arrays(plan.blocks[0], aux, dev)
+    dq_extra = variant_arrays(plan.blocks[1], aux, dev)
+    tensors = ((out, dout, delta, dlse_arg),
+               (q, k, v, dout, lse, delta, mask, *dkdv_extra, dk, dv, dq_acc),
+               (q, k, v, dout, lse, delta, mask, *dq_extra, dq))
+    for (kernel, grid, tail), args in zip(plan.launches[:2 if atomic else 3], tensors):
+        launch_kernel(dev, grid, kernel, (*args, *tail))
+    if atomic:
+        dq.copy_(dq_acc)
+    return dq, dk, dv
+
+
+def launch_kernel(device, grid, kernel, args, pdl: bool = False) -> None:
+    """The one launch of every kernel: PyTorch's current stream on ``device``."""
     import cuda.tile as ct
 
     index = device.index

@@ -1,12 +1,13 @@
-"""The per-call plan: what a launch needs, worked out once per set of launch-determining facts.
+"""The per-call plans: what a launch needs, worked out once per set of launch-determining facts.
 
-A call's key holds every fact that decides the launch: each tensor's type, shape, strides,
-dtype and device (the mask's too), ``causal`` and ``scale`` with their types, the GQA and
-LSE flags, the schedule, and the generation of the schedule table. The first call with a
-key runs the checks (typed errors), picks the schedule, and fixes the variant, grid,
-compiled kernel and scalar arguments; a repeat call finds the plan in one dict lookup.
-Tensor data and addresses are not facts of the plan: they are read at every launch, and
-the output is a new tensor each call.
+One cache holds the forward's and the backward's plans. A call's key holds every fact that
+decides the launch: each tensor's type, shape, strides, dtype and device (the mask's too),
+``causal`` and ``scale`` with their types, the GQA and LSE flags, the schedule, the variant
+(``score_mod`` / ``mask_mod`` identity and block mask) and the generation of the schedule
+table. The first call with a key runs the checks (typed errors), picks the schedule, and
+fixes the variant, grid, compiled kernels and scalar arguments; a repeat call finds the plan
+in one dict lookup. Tensor data and addresses are not facts of the plan: they are read at
+every launch.
 """
 
 from __future__ import annotations
@@ -18,11 +19,13 @@ from dataclasses import dataclass
 import torch
 
 from ..schedules import policy
+from ..schedules.backward import BwdSchedule
 from ..schedules.schedule import Schedule
-from ..validate import check_inputs, resolve_schedule
+from . import mods as _mods
 from .geometry import grid_for
-from .params import TENSORS, ordered
-from .variant import Variant
+from .spec import COMBINE, DELTA, DKDV, DQ, FWD
+from .validate import check_inputs, resolve_schedule
+from .variant import DELTA_TILE_M, BwdVariant, Flags, Variant
 
 LOG2E = 1.0 / math.log(2.0)
 PACK_MAX_SEQ_Q = 16  # GQA packing up to speculative-decode lengths
@@ -31,16 +34,16 @@ TARGET_WAVES = 2  # split-K: aim the grid at about two programs per SM
 MIN_SPLIT_TILES = 2  # split-K: key tiles per split at least (each split writes partials)
 MAX_PLANS = 4096  # a process that sees ever new shapes (growing decode) must not grow without end
 
-_plans: dict[tuple, Plan] = {}
+_plans: dict[tuple, object] = {}
 _Tensor = torch.Tensor
 
 
 @dataclass(frozen=True, eq=False)
 class Plan:
-    """One launch, fixed but for the tensors' data."""
+    """One forward launch, fixed but for the tensors' data."""
 
     variant: Variant
-    kernel: object  # the cuTile kernel carrying the schedule's hints
+    kernel: object  # the cuTile kernel carrying the schedule's hints and variant functions
     grid: tuple[int, int, int]
     tail: tuple  # the kernel's arguments after the per-call tensors, in its order
     out_shape: tuple[int, int, int, int]
@@ -60,6 +63,8 @@ class Plan:
     # Programmatic dependent launch of the attention kernel (the schedule's ``pdl``; the
     # kernel then waits before its first load). The combine kernel launches plainly.
     pdl: bool = False
+    blocks: tuple = ()  # the block mask's (count, index) lists at this plan's tiles
+    scale: float = 1.0  # the call's softmax scale (the backward needs it)
 
     @property
     def splits_per_head(self) -> int:
@@ -69,17 +74,31 @@ class Plan:
         return self.grid[1] // self.combine_grid[1]
 
 
+@dataclass(frozen=True, eq=False)
+class BwdPlan:
+    """The three backward launches of one call: (kernel, grid, tail) for delta, dK/dV, dQ,
+    and each score kernel's block lists (() without a block mask)."""
+
+    variant: BwdVariant
+    launches: tuple
+    dtype: torch.dtype
+    device: torch.device
+    mask_target: tuple[int, int, int, int] | None
+    blocks: tuple = ((), ())  # (dK/dV's transposed lists, dQ's lists)
+
+
 def _facts(t) -> tuple:
     return (type(t), t.shape, t.stride(), t.dtype, t.device)
 
 
-def call_key(q, k, v, attn_mask, causal, scale, enable_gqa, return_lse, schedule) -> tuple | None:
+def call_key(q, k, v, attn_mask, causal, scale, enable_gqa, return_lse, schedule,
+             variant=None) -> tuple | None:
     """The plan key, or None for a call that is not cached (not plain tensors, a mask that
     requires grad: its check depends on grad mode).
 
     ``type(x)`` is part of the key so that ``causal=1`` or ``scale=True`` never finds the
     plan of ``causal=True`` / ``scale=1.0`` (equal and equally hashed in Python) and still
-    gets its typed error.
+    gets its typed error. ``variant``: (Mods, BlockMask or None), keyed by identity.
     """
     if not (type(q) is _Tensor and type(k) is _Tensor and type(v) is _Tensor):
         return None
@@ -95,18 +114,18 @@ def call_key(q, k, v, attn_mask, causal, scale, enable_gqa, return_lse, schedule
             hash(schedule)
         except TypeError:
             return None
+    if variant is not None:
+        variant = (variant[0].key, id(variant[1]))
     return (_facts(q), _facts(k), _facts(v), mask, type(causal), causal, type(scale), scale,
-            bool(enable_gqa), bool(return_lse), schedule, policy.generation())
+            bool(enable_gqa), bool(return_lse), schedule, variant, policy.generation())
 
 
-def plan_for(q, k, v, attn_mask, causal, scale, enable_gqa, return_lse, schedule) -> Plan:
-    """The cached plan of this call, built (and every argument checked) on first sight."""
-    key = call_key(q, k, v, attn_mask, causal, scale, enable_gqa, return_lse, schedule)
+def _cached(key, build):
     if key is not None:
         plan = _plans.get(key)
         if plan is not None:
             return plan
-    plan = build_plan(q, k, v, attn_mask, causal, scale, enable_gqa, return_lse, schedule)
+    plan = build()
     if key is not None:
         if len(_plans) >= MAX_PLANS:
             _plans.clear()
@@ -114,12 +133,22 @@ def plan_for(q, k, v, attn_mask, causal, scale, enable_gqa, return_lse, schedule
     return plan
 
 
+def plan_for(q, k, v, attn_mask, causal, scale, enable_gqa, return_lse, schedule,
+             variant=None) -> Plan:
+    """The cached forward plan of this call, built (and every argument checked) on first
+    sight. ``variant``: (Mods, BlockMask or None) of a call with score/mask mods."""
+    return _cached(
+        call_key(q, k, v, attn_mask, causal, scale, enable_gqa, return_lse, schedule, variant),
+        lambda: build_plan(q, k, v, attn_mask, causal, scale, enable_gqa, return_lse,
+                           schedule, variant))
+
+
 def clear() -> None:
     _plans.clear()
 
 
-def build_plan(q, k, v, attn_mask, causal, scale, enable_gqa, return_lse, schedule) -> Plan:
-    from .compile import kernel_for
+def build_plan(q, k, v, attn_mask, causal, scale, enable_gqa, return_lse, schedule,
+               variant=None) -> Plan:
     from .launch import check_device, mask_layout
 
     problem = check_inputs(q, k, v, causal=causal, scale=scale, attn_mask=attn_mask,
@@ -132,11 +161,12 @@ def build_plan(q, k, v, attn_mask, causal, scale, enable_gqa, return_lse, schedu
     copy_qkv = any(t.stride(-1) != 1 for t in (q, k, v))
     # q.view(B, Hkv, GROUP * Sq, D) needs the head axis to step over whole sequences.
     viewable = copy_qkv or q.shape[2] == 1 or q.stride(1) == q.shape[2] * q.stride(2)
+    mods, block = variant or (_mods.NONE, None)
     return make_plan(problem, q.dtype, q.device, chosen, bool(return_lse),
                      copy_qkv=copy_qkv,
                      mask=None if attn_mask is None else mask_layout(attn_mask, q.dtype, (
                          problem.batch, problem.heads_q, problem.seq_q, problem.seq_kv)),
-                     kernel=kernel_for(chosen), sm_count=sm_count(index), q_viewable=viewable)
+                     mods=mods, block=block, sm_count=sm_count(index), q_viewable=viewable)
 
 
 @functools.cache
@@ -144,10 +174,12 @@ def sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-def packs(problem, mask_axes: tuple[bool, bool, bool] | None, q_viewable: bool) -> bool:
+def packs(problem, mask_axes: tuple[bool, bool, bool] | None, q_viewable: bool,
+          plain: bool = True) -> bool:
     """GQA packing: small Sq (decode, speculative lengths), no mask that varies per head
-    or query row (a key-padding mask is shared by the packed rows), a viewable q."""
-    return (problem.group > 1 and problem.seq_q <= PACK_MAX_SEQ_Q and q_viewable
+    or query row (a key-padding mask is shared by the packed rows), a viewable q, and no
+    variant functions or block mask (they see one query head per program)."""
+    return (plain and problem.group > 1 and problem.seq_q <= PACK_MAX_SEQ_Q and q_viewable
             and (mask_axes is None or not (mask_axes[1] or mask_axes[2])))
 
 
@@ -164,15 +196,37 @@ def split_count(schedule: Schedule, programs: int, key_tiles: int, sms: int) -> 
     return max(1, min(want, key_tiles))
 
 
+def flags_for(problem, dtype: torch.dtype, mask, mods, block) -> Flags:
+    """The compile-time facts the forward and backward kernels of a call share."""
+    return Flags(dtype=str(dtype).removeprefix("torch."), head_dim=problem.head_dim,
+                 causal=problem.causal, mask_dtype=None if mask is None else mask[0],
+                 mask_axes=(False, False, False) if mask is None else mask[1],
+                 mods=mods.key, has_score_mod=mods.has_score_mod,
+                 has_mask_mod=mods.has_mask_mod,
+                 block_axes=None if block is None else block.axes)
+
+
+def scalars(scale: float, mods) -> dict[str, float]:
+    """The softmax units (``body``): a score_mod sees scaled scores, so the exponent's
+    factor is log2(e) and an additive mask adds as is."""
+    if mods.has_score_mod:
+        return dict(qk_scale_log2=LOG2E, inv_scale=1.0, scale=scale)
+    return dict(qk_scale_log2=scale * LOG2E, inv_scale=1.0 / scale, scale=scale)
+
+
 def make_plan(problem, dtype: torch.dtype, device, schedule: Schedule, return_lse: bool, *,
               copy_qkv: bool, mask: tuple[str, tuple[bool, bool, bool]] | None,
-              kernel, sm_count: int = 0, q_viewable: bool = False) -> Plan:
+              mods=_mods.NONE, block=None, sm_count: int = 0, q_viewable: bool = False,
+              build_kernels: bool = True) -> Plan:
     """The plan of a validated problem; ``mask`` is the prepared mask's (dtype, axes).
 
     ``sm_count`` (0: unknown) lets a ``splits=0`` schedule split the keys; ``q_viewable``
-    says q may be viewed packed (GQA decode)."""
+    says q may be viewed packed (GQA decode); ``build_kernels`` False leaves the kernel
+    objects out (plans made without cuTile, for tests and geometry)."""
     p = problem
-    packed = packs(p, None if mask is None else mask[1], q_viewable)
+    flags = flags_for(p, dtype, mask, mods, block)
+    plain = not (mods.key or block is not None)
+    packed = packs(p, None if mask is None else mask[1], q_viewable, plain)
     heads, rows, group = (p.heads_kv, p.group * p.seq_q, 1) if packed else (
         p.heads_q, p.seq_q, p.group)
     m_tiles = math.ceil(rows / schedule.tile_m)
@@ -183,27 +237,26 @@ def make_plan(problem, dtype: torch.dtype, device, schedule: Schedule, return_ls
     split_tiles = math.ceil(key_tiles / splits)
     splits = math.ceil(key_tiles / split_tiles)  # no split left without a key tile
     variant = Variant(
-        dtype=str(dtype).removeprefix("torch."), head_dim=p.head_dim, causal=p.causal,
-        schedule=schedule, even_n=p.seq_kv % schedule.tile_n == 0,
-        mask_dtype=None if mask is None else mask[0],
-        mask_axes=(False, False, False) if mask is None else mask[1],
-        return_lse=return_lse, split_k=splits > 1, packed=packed,
-    )
-    tail = ordered(dict(qk_scale_log2=p.scale * LOG2E, inv_scale=1.0 / p.scale,
-                        GROUP=group, SEQ_Q=p.seq_q, NUM_SPLITS=splits,
-                        SPLIT_TILES=split_tiles, **variant.constants()), skip=TENSORS)
+        dtype=flags.dtype, head_dim=p.head_dim, causal=p.causal, schedule=schedule,
+        even_n=p.seq_kv % schedule.tile_n == 0, mask_dtype=flags.mask_dtype,
+        mask_axes=flags.mask_axes, return_lse=return_lse, split_k=splits > 1, packed=packed,
+        flags=None if plain else flags)
+    tail = FWD.ordered(dict(**scalars(p.scale, mods), GROUP=group, SEQ_Q=p.seq_q,
+                            NUM_SPLITS=splits, SPLIT_TILES=split_tiles, **variant.constants()),
+                       skip_tensors=True)
     combine = {}
     if splits > 1:
-        from .compile import combine_constants, combine_kernel
-
         consts = combine_constants(p.head_dim, rows, return_lse)
         combine = dict(
             part_shape=(p.batch, heads * splits, rows, p.head_dim),
-            combine=combine_kernel() if kernel is not None else None,
+            combine=COMBINE.kernel() if build_kernels else None,
             combine_grid=(math.ceil(rows / consts["TILE_R"]), heads, p.batch),
-            combine_tail=(splits, *consts.values()))
+            combine_tail=COMBINE.ordered(dict(NUM_SPLITS=splits, **consts),
+                                         skip_tensors=True))
+    blocks = () if block is None else block.lists(schedule.tile_m, schedule.tile_n, p.causal)
     return Plan(
-        variant=variant, kernel=kernel,
+        variant=variant,
+        kernel=FWD.kernel(mods, **fwd_hints(schedule)) if build_kernels else None,
         # Split-K multiplies the head axis; packing makes heads K/V heads of GROUP*Sq rows.
         grid=grid_for(batch=p.batch, heads=heads * splits, seq_q=rows, tile_m=schedule.tile_m),
         tail=tail,
@@ -212,5 +265,91 @@ def make_plan(problem, dtype: torch.dtype, device, schedule: Schedule, return_ls
         dtype=dtype, device=device, copy_qkv=copy_qkv,
         mask_target=None if mask is None else (p.batch, p.heads_q, p.seq_q, p.seq_kv),
         packed_shape=(p.batch, heads, rows, p.head_dim) if packed else None,
-        pdl=schedule.pdl, **combine,
+        pdl=schedule.pdl, blocks=blocks, scale=p.scale, **combine,
     )
+
+
+def fwd_hints(schedule: Schedule) -> dict:
+    return dict(occupancy=schedule.occupancy, num_ctas=schedule.num_ctas,
+                num_worker_warps=schedule.worker_warps)
+
+
+def combine_constants(head_dim: int, rows: int, return_lse: bool) -> dict[str, int | bool]:
+    """The combine kernel's ``ct.Constant`` arguments for ``rows`` query rows per head."""
+    from .headdim import plan_head_dim
+
+    plan = plan_head_dim(head_dim)
+    w0, w1, w2 = plan.kernel_widths()
+    # A power of two covering small row counts (decode) without idle lanes; 32 rows of
+    # fp32 accumulators (32 x 256) stay within one CTA's registers.
+    tile_r = min(1 << max(rows - 1, 0).bit_length(), 32)
+    return dict(TILE_R=tile_r, NCHUNK=len(plan.widths), W0=w0, W1=w1, W2=w2,
+                RETURN_LSE=return_lse)
+
+
+# ----------------------------------------------------------------------------- backward
+_pinned: list[BwdSchedule | None] = [None]
+
+
+class pinned_bwd_schedule:  # noqa: N801 - used as a context manager, like torch's
+    """Within ``with pinned_bwd_schedule(s):`` every backward runs with schedule ``s``, and
+    so does the backward of every forward run within it, whenever it runs (benchmarks
+    compare backward schedules with it; None: the policy's choice, ``choose_bwd_schedule``)."""
+
+    def __init__(self, schedule: BwdSchedule | None):
+        self.schedule, self.saved = schedule, None
+
+    def __enter__(self):
+        self.saved, _pinned[0] = _pinned[0], self.schedule
+        return self
+
+    def __exit__(self, *exc):
+        _pinned[0] = self.saved
+
+
+def pinned_schedule() -> BwdSchedule | None:
+    """The schedule of the innermost ``pinned_bwd_schedule``, or None."""
+    return _pinned[0]
+
+
+def bwd_plan_for(q, k, attn_mask, causal, scale, has_dlse, schedule, mods=_mods.NONE,
+                 block=None) -> BwdPlan:
+    """The cached backward plan of a call (its forward was checked already)."""
+    key = ("bwd", _facts(q), _facts(k), None if attn_mask is None else _facts(attn_mask),
+           causal, scale, has_dlse, schedule, mods.key, id(block), policy.generation())
+    return _cached(key, lambda: make_bwd_plan(q, k, attn_mask, causal, scale, has_dlse,
+                                              schedule, mods, block))
+
+
+def make_bwd_plan(q, k, attn_mask, causal: bool, scale: float, has_dlse: bool,
+                  schedule: BwdSchedule | None, mods=_mods.NONE, block=None) -> BwdPlan:
+    from .launch import mask_layout
+    from .validate import Problem
+
+    b, hq, sq, d = q.shape
+    hk, sk = k.shape[1], k.shape[2]
+    s = schedule or policy.choose_bwd_schedule(q, k, causal)[0]
+    target = (b, hq, sq, sk)
+    mask = None if attn_mask is None else mask_layout(attn_mask, q.dtype, target)
+    problem = Problem(b, hq, hk, sq, sk, d, causal, scale)
+    flags = flags_for(problem, q.dtype, mask, mods, block)
+    plain = not (mods.key or block is not None)
+    v = BwdVariant(dtype=flags.dtype, head_dim=d, causal=causal, schedule=s,
+                   even_n=sk % max(s.dkdv_n, s.dq_n) == 0, mask_dtype=flags.mask_dtype,
+                   mask_axes=flags.mask_axes, has_dlse=has_dlse,
+                   flags=None if plain else flags)
+    grids = {DELTA: (math.ceil(sq / DELTA_TILE_M), hq, b), DKDV: (math.ceil(sk / s.dkdv_n), hk, b),
+             DQ: (math.ceil(sq / s.dq_m), hq, b)}
+    launches = []
+    for spec in (DELTA, DKDV, DQ):
+        values = dict(v.constants(spec.name))
+        if spec is not DELTA:
+            values.update(scalars(scale, mods), GROUP=hq // hk)
+        kernel = spec.kernel(mods if spec is not DELTA else None,
+                             occupancy=s.occupancy if spec is not DELTA else 1)
+        launches.append((kernel, grids[spec], spec.ordered(values, skip_tensors=True)))
+    blocks = ((), ()) if block is None else (
+        block.lists(s.dkdv_m, s.dkdv_n, causal, transposed=True),
+        block.lists(s.dq_m, s.dq_n, causal))
+    return BwdPlan(v, tuple(launches), q.dtype, q.device,
+                   None if mask is None else target, blocks)

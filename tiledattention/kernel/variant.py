@@ -1,23 +1,83 @@
-"""A kernel variant: everything that is fixed at compile time for one launch."""
+"""Kernel variants: everything fixed at compile time for one launch, forward and backward.
+
+A variant names its kernels' ``ct.Constant`` values by parameter name (``constants``);
+``spec.KernelSpec.ordered`` places them. The flags every score kernel shares (head-dim
+chunks, causality, the additive mask's layout, the variant functions, block sparsity) come
+from one place, ``Flags``.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..headdim import plan_head_dim
+from ..schedules.backward import BwdSchedule
 from ..schedules.schedule import Schedule
+from .headdim import plan_head_dim
 
 DTYPES = ("float16", "bfloat16")
 MASK_KINDS = ("none", "key_padding", "full")
+DELTA_TILE_M = 64
 
 
 @dataclass(frozen=True)
-class Variant:
-    """Compile-time identity of the kernel: the in-memory cache key besides hints.
+class Flags:
+    """Compile-time facts every score kernel of a call shares.
 
-    ``mask_axes`` says which of the mask's (batch, head, query) axes are real (True)
-    or broadcast (False); ``mask_dtype`` is the additive mask's dtype name.
+    ``mask_axes`` says which of the additive mask's (batch, head, query) axes are real
+    (True) or broadcast; ``mods`` is the variant functions' compile identity (``mods.Mods.
+    key``; () for none); ``block_axes`` the block mask's (batch, head) axes, None without
+    one.
     """
+
+    dtype: str
+    head_dim: int
+    causal: bool
+    mask_dtype: str | None = None
+    mask_axes: tuple[bool, bool, bool] = (False, False, False)
+    mods: tuple = ()
+    has_score_mod: bool = False
+    has_mask_mod: bool = False
+    block_axes: tuple[bool, bool] | None = None
+
+    @property
+    def has_mask(self) -> bool:
+        return self.mask_dtype is not None
+
+    def constants(self) -> dict[str, int | bool]:
+        plan = plan_head_dim(self.head_dim)
+        w0, w1, w2 = plan.kernel_widths()
+        mb, mh, mq = self.mask_axes
+        bb, bh = self.block_axes or (False, False)
+        return dict(NCHUNK=len(plan.widths), W0=w0, W1=w1, W2=w2, CAUSAL=self.causal,
+                    HAS_MASK=self.has_mask, MASK_BATCH=mb, MASK_HEAD=mh, MASK_ROWS=mq,
+                    HAS_SCORE_MOD=self.has_score_mod, HAS_MASK_MOD=self.has_mask_mod,
+                    BLOCK_SPARSE=self.block_axes is not None, BLK_BATCH=bb, BLK_HEAD=bh)
+
+    def label(self) -> str:
+        mask = "nomask" if not self.has_mask else "mask_" + "".join(
+            a for a, on in zip("bhq", self.mask_axes) if on)
+        mods = "".join(f"_{n}" for n, on in (("smod", self.has_score_mod),
+                                               ("mmod", self.has_mask_mod)) if on)
+        sparse = "" if self.block_axes is None else "_sparse"
+        return (f"{self.dtype}_d{self.head_dim}_{'causal' if self.causal else 'full'}_{mask}"
+                f"{mods}{sparse}")
+
+
+class _Shared:
+    """What the forward and backward variants derive alike from their fields."""
+
+    @property
+    def has_mask(self) -> bool:
+        return self.mask_dtype is not None
+
+    def shared(self) -> Flags:
+        return self.flags or Flags(self.dtype, self.head_dim, self.causal, self.mask_dtype,
+                                   self.mask_axes)
+
+
+@dataclass(frozen=True)
+class Variant(_Shared):
+    """Compile-time identity of the forward kernel (the in-memory cache key besides hints)."""
 
     dtype: str
     head_dim: int
@@ -29,33 +89,51 @@ class Variant:
     return_lse: bool = False
     split_k: bool = False  # partial outputs per key split (then the combine kernel)
     packed: bool = False  # GQA query heads packed into the rows of one tile
-
-    @property
-    def has_mask(self) -> bool:
-        return self.mask_dtype is not None
+    flags: Flags | None = None  # variant functions and block sparsity (None: plain)
 
     def constants(self) -> dict[str, int | bool]:
-        """The kernel's ``ct.Constant`` arguments by parameter name (see ``params``)."""
+        """The kernel's ``ct.Constant`` arguments by parameter name."""
         s = self.schedule
-        plan = plan_head_dim(self.head_dim)
-        w0, w1, w2 = plan.kernel_widths()
-        mask_batch, mask_head, mask_rows = self.mask_axes
         return dict(
-            TILE_M=s.tile_m, TILE_N=s.tile_n, NCHUNK=len(plan.widths), W0=w0, W1=w1, W2=w2,
-            CAUSAL=self.causal, HEAVY_FIRST=s.heavy_first, EVEN_N=self.even_n,
-            HAS_MASK=self.has_mask, MASK_BATCH=mask_batch, MASK_HEAD=mask_head,
-            MASK_ROWS=mask_rows, RETURN_LSE=self.return_lse,
-            LAT_K=s.latency_k, LAT_V=s.latency_v, SPLIT_K=self.split_k, PACKED=self.packed,
-            PDL=s.pdl,
-        )
+            TILE_M=s.tile_m, TILE_N=s.tile_n, HEAVY_FIRST=s.heavy_first, EVEN_N=self.even_n,
+            RETURN_LSE=self.return_lse, LAT_K=s.latency_k, LAT_V=s.latency_v,
+            SPLIT_K=self.split_k, PACKED=self.packed, PDL=s.pdl, **self.shared().constants())
 
     def label(self) -> str:
-        mask = "nomask" if not self.has_mask else "mask_" + "".join(
-            a for a, on in zip("bhq", self.mask_axes) if on)
-        return (f"{self.dtype}_d{self.head_dim}_{'causal' if self.causal else 'full'}_{mask}"
-                f"{'_even' if self.even_n else ''}{'_lse' if self.return_lse else ''}"
-                f"{'_splitk' if self.split_k else ''}{'_packed' if self.packed else ''}"
-                f"_{self.schedule.label()}")
+        return (f"{self.shared().label()}{'_even' if self.even_n else ''}"
+                f"{'_lse' if self.return_lse else ''}{'_splitk' if self.split_k else ''}"
+                f"{'_packed' if self.packed else ''}_{self.schedule.label()}")
+
+
+@dataclass(frozen=True)
+class BwdVariant(_Shared):
+    """Compile-time identity of the backward kernels of one call."""
+
+    dtype: str
+    head_dim: int
+    causal: bool
+    schedule: BwdSchedule
+    even_n: bool = False  # Skv a multiple of both kernels' key tiles
+    mask_dtype: str | None = None
+    mask_axes: tuple[bool, bool, bool] = (False, False, False)
+    has_dlse: bool = False
+    flags: Flags | None = None
+
+    def constants(self, kernel: str) -> dict:
+        """The ``ct.Constant`` arguments of one of the three backward kernels."""
+        s = self.schedule
+        if kernel == "attention_bwd_delta":
+            return dict(TILE_M=DELTA_TILE_M, WD=1 << (self.head_dim - 1).bit_length(),
+                        HAS_DLSE=self.has_dlse)
+        if kernel == "attention_bwd_dkdv":
+            return dict(TILE_M=s.dkdv_m, TILE_N=s.dkdv_n, EVEN_N=self.even_n,
+                        DQ_ATOMIC=s.dq == "atomic", **self.shared().constants())
+        return dict(TILE_M=s.dq_m, TILE_N=s.dq_n, EVEN_N=self.even_n,
+                    **self.shared().constants())
+
+    def label(self) -> str:
+        return (f"bwd_{self.shared().label()}{'_even' if self.even_n else ''}"
+                f"{'_dlse' if self.has_dlse else ''}_{self.schedule.label()}")
 
 
 def mask_axes_for(kind: str) -> tuple[bool, bool, bool]:

@@ -1,7 +1,7 @@
 """The backward's schedule: tiles and occupancy of the dK/dV and dQ kernels, its label,
 the rules that reject one for a head dim, its search space and its default.
 
-The kernels and their launch plan live in ``kernel.bwd_plan`` / ``kernel.backward``; this
+The kernels and their launch plan live in ``kernel.plan`` / ``kernel.backward``; this
 room only says how they are tiled, as ``schedule.py`` and ``space.py`` do for the forward.
 """
 
@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 
 from ..errors import ScheduleError
-from ..headdim import plan_head_dim
+from ..kernel.headdim import plan_head_dim
 from .space import DEFAULT_WORKER_WARPS, MAX_REGISTERS_PER_THREAD, REGISTER_BYTES_PER_SM
 
 DQ_MODES = ("kernel", "atomic")

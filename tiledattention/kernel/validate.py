@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .errors import (
+from ..errors import (
     BackwardNotSupportedError,
     DeviceError,
     DTypeError,
@@ -18,9 +18,9 @@ from .errors import (
     ShapeError,
     UnsupportedHeadDimError,
 )
+from ..schedules.schedule import Schedule
+from ..schedules.space import rejection
 from .headdim import MAX_HEAD_DIM, supported_head_dim
-from .schedules.schedule import Schedule
-from .schedules.space import rejection
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 

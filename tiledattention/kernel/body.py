@@ -1,0 +1,322 @@
+"""The one kernel body: tile functions every attention kernel is built from.
+
+cuTile inlines plain Python functions called from a ``@ct.kernel`` (TileGym's attention
+kernel calls ``fmha_kernel_impl`` the same way), so the forward, split-K, combine, delta,
+dK/dV and dQ kernels share these: head-dim chunk loads and stores, the score products,
+score modification and masking in one place, the online-softmax update and the recomputed
+probabilities of the backward.
+
+Head dims that are not a power of two are split into at most three power-of-two chunks of
+widths ``W0 >= W1 >= W2`` (``headdim.plan_head_dim``: 96 = 64 + 32, 160 = 128 + 32, no
+padding). Chunk c starts at column ``OFF_c`` and its tile index along the head dim is
+``OFF_c // W_c``, exact because the widths are non-increasing powers of two. A product over
+the head dim sums its chunks; a product into it writes one chunk each. Unused chunks repeat
+the first tile and are never read (``NCHUNK`` is a compile-time constant, so the branches
+below fold away).
+
+Scores are kept in "softmax units" ``s``: ``p = exp2(s * c - m)`` with ``c`` the kernel's
+``qk_scale_log2``. Without a ``score_mod``, ``s`` is the raw ``q.k`` and ``c = scale *
+log2(e)`` (the scale fuses into the exponent); with one, ``s = score_mod(scale * q.k, ...)``
+and ``c = log2(e)``. An additive mask enters as ``bias * inv_scale`` (the host sets
+``inv_scale`` to 1 with a ``score_mod``), after the modification, so a ``-inf`` mask stays
+``-inf`` whatever the modification does.
+"""
+
+from __future__ import annotations
+
+import math
+
+import cuda.tile as ct
+import numpy as np
+
+LOG2E = 1.0 / math.log(2.0)
+LN2 = math.log(2.0)
+_ZERO = ct.PaddingMode.ZERO
+_T = (0, 1, 3, 2)  # load order of a transposed [W, TILE] chunk (K^T, V^T)
+
+
+# ----------------------------------------------------------------------------- chunks
+def load_rows(T, b, h, tile, TILE, W0, W1, W2, NCHUNK, latency):
+    """Rows ``tile`` of ``T[b, h]`` as [TILE, W] chunks (Q, dO, V, K for dS K)."""
+    c0 = ct.load(T, index=(b, h, tile, 0), shape=(1, 1, TILE, W0), padding_mode=_ZERO,
+                 latency=latency).reshape((TILE, W0))
+    c1 = c0
+    c2 = c0
+    if NCHUNK > 1:
+        c1 = ct.load(T, index=(b, h, tile, W0 // W1), shape=(1, 1, TILE, W1),
+                     padding_mode=_ZERO, latency=latency).reshape((TILE, W1))
+    if NCHUNK > 2:
+        c2 = ct.load(T, index=(b, h, tile, (W0 + W1) // W2), shape=(1, 1, TILE, W2),
+                     padding_mode=_ZERO, latency=latency).reshape((TILE, W2))
+    return c0, c1, c2
+
+
+def load_cols(T, b, h, tile, TILE, W0, W1, W2, NCHUNK, latency):
+    """Rows ``tile`` of ``T[b, h]`` transposed, as [W, TILE] chunks (K^T, V^T)."""
+    c0 = ct.load(T, index=(b, h, 0, tile), shape=(1, 1, W0, TILE), order=_T,
+                 padding_mode=_ZERO, latency=latency).reshape((W0, TILE))
+    c1 = c0
+    c2 = c0
+    if NCHUNK > 1:
+        c1 = ct.load(T, index=(b, h, W0 // W1, tile), shape=(1, 1, W1, TILE), order=_T,
+                     padding_mode=_ZERO, latency=latency).reshape((W1, TILE))
+    if NCHUNK > 2:
+        c2 = ct.load(T, index=(b, h, (W0 + W1) // W2, tile), shape=(1, 1, W2, TILE), order=_T,
+                     padding_mode=_ZERO, latency=latency).reshape((W2, TILE))
+    return c0, c1, c2
+
+
+def store_rows(T, b, h, tile, c0, c1, c2, TILE, W0, W1, W2, NCHUNK):
+    """Store [TILE, W] chunks into rows ``tile`` of ``T[b, h]`` in T's dtype."""
+    ct.store(T, index=(b, h, tile, 0), tile=c0.reshape((1, 1, TILE, W0)).astype(T.dtype))
+    if NCHUNK > 1:
+        ct.store(T, index=(b, h, tile, W0 // W1),
+                 tile=c1.reshape((1, 1, TILE, W1)).astype(T.dtype))
+    if NCHUNK > 2:
+        ct.store(T, index=(b, h, tile, (W0 + W1) // W2),
+                 tile=c2.reshape((1, 1, TILE, W2)).astype(T.dtype))
+
+
+def zeros_chunks(TILE, W0, W1, W2):
+    """fp32 accumulators of one [TILE, D] block, chunked."""
+    return (ct.full((TILE, W0), 0.0, dtype=np.float32), ct.full((TILE, W1), 0.0, dtype=np.float32),
+            ct.full((TILE, W2), 0.0, dtype=np.float32))
+
+
+def dot(a0, a1, a2, b0, b1, b2, M, N, NCHUNK):
+    """sum_c a_c @ b_c over the head-dim chunks: a [M, N] fp32 product (Q K^T, dO V^T)."""
+    acc = ct.mma(a0, b0, ct.full((M, N), 0.0, dtype=np.float32))
+    if NCHUNK > 1:
+        acc = ct.mma(a1, b1, acc)
+    if NCHUNK > 2:
+        acc = ct.mma(a2, b2, acc)
+    return acc
+
+
+def dot_streamed(a0, a1, a2, T, b, h, tile, TILE, M, W0, W1, W2, NCHUNK, latency):
+    """sum_c a_c @ T[b, h, tile]^T_c, each transposed chunk loaded right before its MMA
+    (the order the compiler pipelines best: one chunk's buffer in flight at a time)."""
+    t0 = ct.load(T, index=(b, h, 0, tile), shape=(1, 1, W0, TILE), order=_T,
+                 padding_mode=_ZERO, latency=latency).reshape((W0, TILE))
+    acc = ct.mma(a0, t0, ct.full((M, TILE), 0.0, dtype=np.float32))
+    if NCHUNK > 1:
+        t1 = ct.load(T, index=(b, h, W0 // W1, tile), shape=(1, 1, W1, TILE), order=_T,
+                     padding_mode=_ZERO, latency=latency).reshape((W1, TILE))
+        acc = ct.mma(a1, t1, acc)
+    if NCHUNK > 2:
+        t2 = ct.load(T, index=(b, h, (W0 + W1) // W2, tile), shape=(1, 1, W2, TILE), order=_T,
+                     padding_mode=_ZERO, latency=latency).reshape((W2, TILE))
+        acc = ct.mma(a2, t2, acc)
+    return acc
+
+
+def dots_streamed(a0, a1, a2, c0, c1, c2, T, U, b, h, tile, TILE, M, W0, W1, W2, NCHUNK):
+    """(sum_c a_c @ T^T_c, sum_c c_c @ U^T_c) with the chunks of T and U loaded in pairs
+    right before their MMAs (Q K^T and dO V^T of the dQ kernel, in the old kernel's order:
+    the compiler keeps one pair of buffers in flight)."""
+    t0 = ct.load(T, index=(b, h, 0, tile), shape=(1, 1, W0, TILE), order=_T,
+                 padding_mode=_ZERO).reshape((W0, TILE))
+    u0 = ct.load(U, index=(b, h, 0, tile), shape=(1, 1, W0, TILE), order=_T,
+                 padding_mode=_ZERO).reshape((W0, TILE))
+    x = ct.mma(a0, t0, ct.full((M, TILE), 0.0, dtype=np.float32))
+    y = ct.mma(c0, u0, ct.full((M, TILE), 0.0, dtype=np.float32))
+    if NCHUNK > 1:
+        t1 = ct.load(T, index=(b, h, W0 // W1, tile), shape=(1, 1, W1, TILE), order=_T,
+                     padding_mode=_ZERO).reshape((W1, TILE))
+        u1 = ct.load(U, index=(b, h, W0 // W1, tile), shape=(1, 1, W1, TILE), order=_T,
+                     padding_mode=_ZERO).reshape((W1, TILE))
+        x = ct.mma(a1, t1, x)
+        y = ct.mma(c1, u1, y)
+    if NCHUNK > 2:
+        t2 = ct.load(T, index=(b, h, (W0 + W1) // W2, tile), shape=(1, 1, W2, TILE), order=_T,
+                     padding_mode=_ZERO).reshape((W2, TILE))
+        u2 = ct.load(U, index=(b, h, (W0 + W1) // W2, tile), shape=(1, 1, W2, TILE), order=_T,
+                     padding_mode=_ZERO).reshape((W2, TILE))
+        x = ct.mma(a2, t2, x)
+        y = ct.mma(c2, u2, y)
+    return x, y
+
+
+def mma_streamed(a, T, b, h, tile, TILE, acc0, acc1, acc2, W0, W1, W2, NCHUNK, latency):
+    """acc_c += a @ T[b, h, tile]_c, each row chunk loaded right before its MMA (P V, dS K)."""
+    t0 = ct.load(T, index=(b, h, tile, 0), shape=(1, 1, TILE, W0), padding_mode=_ZERO,
+                 latency=latency).reshape((TILE, W0))
+    acc0 = ct.mma(a, t0, acc0)
+    if NCHUNK > 1:
+        t1 = ct.load(T, index=(b, h, tile, W0 // W1), shape=(1, 1, TILE, W1),
+                     padding_mode=_ZERO, latency=latency).reshape((TILE, W1))
+        acc1 = ct.mma(a, t1, acc1)
+    if NCHUNK > 2:
+        t2 = ct.load(T, index=(b, h, tile, (W0 + W1) // W2), shape=(1, 1, TILE, W2),
+                     padding_mode=_ZERO, latency=latency).reshape((TILE, W2))
+        acc2 = ct.mma(a, t2, acc2)
+    return acc0, acc1, acc2
+
+
+def mma_into(a, b0, b1, b2, acc0, acc1, acc2, NCHUNK):
+    """acc_c += a @ b_c for each head-dim chunk (P V, dS K, P^T dO, dS^T Q)."""
+    acc0 = ct.mma(a, b0, acc0)
+    if NCHUNK > 1:
+        acc1 = ct.mma(a, b1, acc1)
+    if NCHUNK > 2:
+        acc2 = ct.mma(a, b2, acc2)
+    return acc0, acc1, acc2
+
+
+def scale_chunks(c0, c1, c2, factor, NCHUNK):
+    """Each chunk times ``factor`` (a scalar or a broadcastable tile)."""
+    c0 = c0 * factor
+    if NCHUNK > 1:
+        c1 = c1 * factor
+    if NCHUNK > 2:
+        c2 = c2 * factor
+    return c0, c1, c2
+
+
+def divide_chunks(c0, c1, c2, l_div, NCHUNK):
+    """Each chunk over the row sums (the approximate divide of the epilogue)."""
+    c0 = ct.truediv(c0, l_div, flush_to_zero=True, rounding_mode=ct.RoundingMode.APPROX)
+    if NCHUNK > 1:
+        c1 = ct.truediv(c1, l_div, flush_to_zero=True, rounding_mode=ct.RoundingMode.APPROX)
+    if NCHUNK > 2:
+        c2 = ct.truediv(c2, l_div, flush_to_zero=True, rounding_mode=ct.RoundingMode.APPROX)
+    return c0, c1, c2
+
+
+# ----------------------------------------------------------------------------- scores
+def load_bias(Mask, b, h, row_tile, j, TILE_M, TILE_N, MASK_BATCH, MASK_HEAD, MASK_ROWS):
+    """The additive mask's [TILE_M, TILE_N] (or key-padding [1, TILE_N]) tile, fp32."""
+    mb = 0
+    mh = 0
+    if MASK_BATCH:
+        mb = b
+    if MASK_HEAD:
+        mh = h
+    if MASK_ROWS:
+        bias = ct.load(Mask, index=(mb, mh, row_tile, j), shape=(1, 1, TILE_M, TILE_N),
+                       padding_mode=_ZERO).reshape((TILE_M, TILE_N))
+    else:
+        bias = ct.load(Mask, index=(mb, mh, 0, j), shape=(1, 1, 1, TILE_N),
+                       padding_mode=_ZERO).reshape((1, TILE_N))
+    return bias.astype(np.float32)
+
+
+def modified(qk, b, h, q_idx, kv_idx, score_mod, A0, A1, A2, A3, scale, HAS_SCORE_MOD):
+    """The score in softmax units before masking: raw q.k, or ``score_mod(scale * q.k)``."""
+    if HAS_SCORE_MOD:
+        return score_mod(qk * scale, b, h, q_idx, kv_idx, A0, A1, A2, A3)
+    return qk
+
+
+def keep_tile(b, h, q_idx, kv_idx, seq_k, mask_mod, A0, A1, A2, A3, TILE_M, TILE_N,
+              CAUSAL, TAIL, HAS_MASK_MOD):
+    """Which (query, key) pairs of a tile attend: causality (top-left aligned, as torch's
+    ``is_causal``), the key tail past ``seq_k``, and the user's ``mask_mod``."""
+    keep = ct.full((TILE_M, TILE_N), True, dtype=np.bool_)
+    if TAIL:
+        keep = keep & (kv_idx < seq_k)
+    if CAUSAL:
+        keep = keep & (q_idx >= kv_idx)
+    if HAS_MASK_MOD:
+        keep = keep & mask_mod(b, h, q_idx, kv_idx, A0, A1, A2, A3)
+    return keep
+
+
+def masked(s, keep):
+    """-inf where a pair does not attend."""
+    return s + ct.where(keep, 0.0, -np.inf)
+
+
+def no_score_mod(score, b, h, q_idx, kv_idx, A0, A1, A2, A3):
+    """The identity modification: the kernel's ``score_mod`` when none is given (never
+    called then: ``HAS_SCORE_MOD`` is off), so the name always resolves."""
+    return score
+
+
+def no_mask_mod(b, h, q_idx, kv_idx, A0, A1, A2, A3):
+    """Attend everywhere: the kernel's ``mask_mod`` when none is given (never called)."""
+    return q_idx >= 0
+
+
+# ----------------------------------------------------------------------------- softmax
+def online_softmax(s, m_i, l_i, c, ZERO_SAFE):
+    """One key tile of the online softmax in log2 units.
+
+    Returns (p, alpha, m, l): the tile's unnormalised probabilities, the factor that
+    rescales what was accumulated so far, and the new running max and sum. The scale is
+    applied after the row max so it fuses into the subtraction. ``ZERO_SAFE``: a row may be
+    fully masked so far (m = -inf); subtracting 0 then keeps p = 0, not NaN.
+    """
+    m_ij = max(m_i, ct.max(s, axis=-1, keepdims=True) * c)
+    m_sub = m_ij
+    if ZERO_SAFE:
+        m_sub = ct.where(m_ij == -np.inf, 0.0, m_ij)
+    p = ct.exp2(s * c - m_sub, flush_to_zero=True)
+    alpha = ct.exp2(m_i - m_sub, flush_to_zero=True)
+    l_i = l_i * alpha + ct.sum(p, axis=-1, keepdims=True)
+    return p, alpha, m_ij, l_i
+
+
+def softmax_init(TILE_M):
+    return (ct.full((TILE_M, 1), -np.inf, dtype=np.float32),
+            ct.full((TILE_M, 1), 0.0, dtype=np.float32))
+
+
+def row_lse(m_i, l_i):
+    """The natural-log log-sum-exp of each row from the log2 running max and sum."""
+    return (m_i + ct.log2(l_i)) * LN2
+
+
+def safe_divisor(l_i, ZERO_SAFE):
+    """Fully masked rows have l = 0: divide by 1 so they are written as zeros."""
+    if ZERO_SAFE:
+        return ct.where(l_i == 0.0, 1.0, l_i)
+    return l_i
+
+
+# ----------------------------------------------------------------------------- backward
+def load_row_stats(Lse, Delta, b, h, tile, TILE_M, ZERO_SAFE):
+    """The saved log-sum-exp (log2 units) and delta of rows ``tile``, as [TILE_M, 1].
+
+    A fully masked row has lse -inf: +inf makes its P = exp2(s - inf) = 0, not NaN."""
+    lse = ct.load(Lse, index=(b, h, tile), shape=(1, 1, TILE_M),
+                  padding_mode=_ZERO).reshape((TILE_M, 1)) * LOG2E
+    if ZERO_SAFE:
+        lse = ct.where(lse == -np.inf, np.inf, lse)
+    delta = ct.load(Delta, index=(b, h, tile), shape=(1, 1, TILE_M),
+                    padding_mode=_ZERO).reshape((TILE_M, 1))
+    return lse, delta
+
+
+def score_gradient(p, dp, delta, qk, b, h, q_idx, kv_idx, score_grad, A0, A1, A2, A3, scale,
+                   HAS_SCORE_MOD):
+    """dS = P * (dP - delta), times d score_mod / d score with a ``score_mod`` (chain rule
+    through the modification; the remaining factor ``scale`` is applied at the store)."""
+    ds = p * (dp - delta)
+    if HAS_SCORE_MOD:
+        ds = ds * score_grad(qk * scale, b, h, q_idx, kv_idx, A0, A1, A2, A3)
+    return ds
+
+
+# ----------------------------------------------------------------------------- block lists
+def block_row(b, h, BLK_BATCH, BLK_HEAD):
+    """The (batch, head) index of a block mask's lists: 0 on a broadcast axis."""
+    bb = 0
+    hh = 0
+    if BLK_BATCH:
+        bb = b
+    if BLK_HEAD:
+        hh = h
+    return bb, hh
+
+
+def block_range(Cnt, b, h, tile, BLK_BATCH, BLK_HEAD):
+    """(partial, full) tile counts of one row of a block mask's lists (see ``blockmask``)."""
+    bb, hh = block_row(b, h, BLK_BATCH, BLK_HEAD)
+    return ct.gather(Cnt, (bb, hh, tile, 0)), ct.gather(Cnt, (bb, hh, tile, 1))
+
+
+def block_at(Idx, b, h, tile, t, BLK_BATCH, BLK_HEAD):
+    """The ``t``-th listed tile of one row of a block mask's lists."""
+    bb, hh = block_row(b, h, BLK_BATCH, BLK_HEAD)
+    return ct.gather(Idx, (bb, hh, tile, t))

@@ -1,0 +1,114 @@
+"""One host path for every kernel: a spec per kernel, arguments placed by parameter name,
+one cache of compiled kernel objects (hints x variant functions).
+
+Each ``@ct.kernel`` declares its per-call tensors first, then scalars, then ``ct.Constant``
+parameters. A ``KernelSpec`` reads the declaration once; a plan builds a dict of values by
+name and ``spec.ordered`` places them, so adding, removing or reordering a parameter changes
+one place, the kernel. ``spec.kernel(mods, **hints)`` is the kernel object carrying the
+schedule's compiler hints, compiled against the variant's ``score_mod`` / ``mask_mod``
+(``mods.with_mods``); cuTile then caches the specialisations per constants in memory and on
+disk (``$CUDA_TILE_CACHE_DIR``).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ..errors import CompileError
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    module: str  # module of tiledattention.kernel holding the kernel
+    name: str
+    tensors: tuple[str, ...]  # the per-call array parameters, first in the declaration
+
+    def pyfunc(self):
+        from .toolchain import kernel_module
+
+        kernel_module()  # cuTile importable, or the install line
+        return getattr(importlib.import_module(f"{__package__}.{self.module}"),
+                       self.name)._pyfunc
+
+    def names(self) -> tuple[str, ...]:
+        return _params(self)[0]
+
+    def constants(self) -> frozenset[str]:
+        return _params(self)[1]
+
+    def ordered(self, values: Mapping[str, object], *, skip_tensors: bool = False) -> tuple:
+        """``values`` as the kernel's positional arguments (without the tensors when
+        ``skip_tensors``). A missing or unknown name raises TypeError naming it."""
+        names = self.names()[len(self.tensors):] if skip_tensors else self.names()
+        if len(values) != len(names) or not set(names).issuperset(values):
+            missing = [n for n in names if n not in values]
+            unknown = sorted(set(values) - set(names))
+            raise TypeError(f"{self.name} arguments: missing {missing}, unknown {unknown}")
+        return tuple(values[n] for n in names)
+
+    def kernel(self, mods=None, **hints):
+        """The kernel object for a variant's functions and compiler hints (cached)."""
+        from .mods import NONE
+
+        mods = mods or NONE
+        return _kernel(self, mods.key, mods, tuple(sorted(hints.items())))
+
+
+@functools.cache
+def _params(spec: KernelSpec) -> tuple[tuple[str, ...], frozenset[str]]:
+    import cuda.tile as ct
+
+    params = inspect.signature(spec.pyfunc(), eval_str=True).parameters
+    names = tuple(params)
+    if names[:len(spec.tensors)] != spec.tensors:
+        raise TypeError(f"{spec.name} must begin with the parameters {spec.tensors}, got "
+                        f"{names[:len(spec.tensors)]}")
+
+    def constant(annotation) -> bool:
+        return typing.get_origin(annotation) is typing.Annotated and any(
+            isinstance(m, ct.ConstantAnnotation) for m in annotation.__metadata__)
+
+    return names, frozenset(n for n, p in params.items() if constant(p.annotation))
+
+
+_kernels: dict[tuple, object] = {}
+
+
+def _kernel(spec: KernelSpec, key: tuple, mods, hints: tuple):
+    found = _kernels.get((spec, key, hints))
+    if found is None:
+        import cuda.tile as ct
+
+        from .mods import with_mods
+
+        pyfunc = spec.pyfunc()
+        if key:
+            pyfunc = with_mods(pyfunc, mods)
+        try:
+            found = ct.kernel(pyfunc)
+            if hints:
+                found = found.replace_hints(**dict(hints))
+        except Exception as exc:  # cuTile raises several types; name the kernel
+            raise CompileError(f"building {spec.name} failed: {exc}") from exc
+        _kernels[(spec, key, hints)] = found
+    return found
+
+
+_ATT = ("Q", "K", "V")
+_AUX = ("A0", "A1", "A2", "A3")
+FWD = KernelSpec("attention", "attention_fwd",
+                 (*_ATT, "Out", "Lse", "Mask", "BlkCnt", "BlkIdx", *_AUX))
+COMBINE = KernelSpec("combine", "attention_combine", ("Part", "PartLse", "Out", "Lse"))
+DELTA = KernelSpec("backward", "attention_bwd_delta", ("Out", "dOut", "Delta", "Dlse"))
+DKDV = KernelSpec("backward", "attention_bwd_dkdv",
+                  (*_ATT, "dOut", "Lse", "Delta", "Mask", "BlkCnt", "BlkIdx", *_AUX, "dK", "dV",
+                   "dQacc"))
+DQ = KernelSpec("backward", "attention_bwd_dq",
+                (*_ATT, "dOut", "Lse", "Delta", "Mask", "BlkCnt", "BlkIdx", *_AUX, "dQ"))
+CLASSIFY = KernelSpec("blockmask", "classify_tiles", ("Cls", *_AUX))
+SPECS = (FWD, COMBINE, DELTA, DKDV, DQ, CLASSIFY)
