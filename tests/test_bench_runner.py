@@ -212,3 +212,26 @@ def test_ctrl_c_stops_after_the_current_point_with_complete_rows(tmp_path):
     assert "stopping after the current point" in err
     rows = [json.loads(ln) for ln in rows_file.read_text().splitlines()]
     assert 2 <= len(rows) < 24 and len(rows) % 2 == 0  # whole points only: 2 methods each
+
+
+def test_bench_summary_says_its_units_and_never_cuts_a_header():
+    from tiledattention.bench.runner import summary_table
+
+    pinned = "tiledattention@64x128_o2_c1_lk2_lv4"
+    methods = ["tiledattention", "torch_sdpa", pinned, "eager"]
+    key = "float16-full-d128-sq4096-skv4096-b4-h16-g1"
+    rows = [{"point_key": key, "method": m, "status": "ok", "tflops": t, "call_us": c}
+            for m, t, c in (("tiledattention", 600.0, 100.0), ("torch_sdpa", 640.0, 110.0),
+                            (pinned, 590.0, 101.0))]
+    rows.append({"point_key": key, "method": "eager", "status": "unavailable"})
+    text = summary_table(rows, methods)
+    title, ratios, head, line, status = text.splitlines()
+    assert "TFLOP/s per point" in title and "> 1: tiledattention faster" in ratios
+    for m in methods:
+        assert f" {m}" in head, m  # whole names, not cut to 12 characters
+    # every value ends under the end of its column's header
+    for label, value in (("tiledattention", "600.00"), ("torch_sdpa", "640.00"),
+                         (pinned, "590.00"), ("eager", "unavailable"),
+                         ("kernel ÷", "0.938"), ("call ÷", "1.100")):
+        assert head.index(label) + len(label) == line.index(value) + len(value), label
+    assert status == "rows by status: ok 3, unavailable 1"

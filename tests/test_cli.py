@@ -62,6 +62,19 @@ def test_every_subcommand_and_option_has_help_and_shows_its_default():
     assert "(default: [512, 1024, 2048, 4096, 8192])" in _help(parser, "tune")
 
 
+def test_every_subcommand_help_has_a_description_above_its_options():
+    # `tiledattn bundle create --help` once printed only its usage and options.
+    from tiledattention.cli import _subparsers, build_parser
+
+    for p in _subparsers(build_parser()):
+        text = p.format_help()
+        usage, rest = text.split("\n\n", 1)
+        assert not rest.lstrip().startswith(("positional arguments", "options")), p.prog
+        assert p.description and len(p.description) > 20, p.prog
+    assert "SHA256SUMS" in _help(build_parser(), "bundle verify")
+    assert "never changes it" in _help(build_parser(), "bundle create")
+
+
 def _help(parser, verb):
     from tiledattention.cli import _subparsers
 

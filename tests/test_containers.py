@@ -189,9 +189,12 @@ def test_def_file_parses_and_has_every_required_section():
     assert {d.rstrip("/") for d in dock} - {"containers/requirements.lock"} <= files
 
 
-def _runscript_commands() -> list[str]:
-    case = re.search(r"^\s+([a-z|]+)\)\s*$", def_section("runscript"), re.M).group(1)
-    return sorted(case.split("|"))
+def _cli_verbs() -> list[str]:
+    """Every verb of the CLI (the one list the images must pass through)."""
+    from tiledattention.cli import build_parser
+
+    action = next(a for a in build_parser()._actions if a.dest == "command")
+    return sorted(action.choices)
 
 
 def _apps() -> dict[str, str]:
@@ -216,8 +219,8 @@ def _sh(body: str, args: list[str], env: dict[str, str]) -> subprocess.Completed
                           text=True, timeout=120, env=env, cwd="/")
 
 
-@pytest.mark.parametrize("command", _runscript_commands())
-def test_runscript_dispatches_each_command_to_the_cli(command, shim):
+@pytest.mark.parametrize("command", _cli_verbs())
+def test_runscript_dispatches_every_cli_verb_to_the_cli(command, shim):
     out = _sh(def_section("runscript"), [command, "--help"], shim)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith(f"usage: tiledattn {command}"), out.stdout[:200]
@@ -234,12 +237,56 @@ def test_runscript_without_a_command_prints_help_and_refuses_an_unknown_one(shim
     bare = _sh(def_section("runscript"), [], shim)
     assert bare.returncode == 0 and bare.stdout.startswith("usage: tiledattn"), bare.stderr
     wrong = _sh(def_section("runscript"), ["bnech", "--out", "x"], shim)
-    assert wrong.returncode == 2 and "unknown command 'bnech'" in wrong.stderr
+    assert wrong.returncode == 2 and "invalid choice: 'bnech'" in wrong.stderr, wrong.stderr
+    assert wrong.stderr.count("\n") == 1 and "Traceback" not in wrong.stderr
 
 
 def test_runscript_and_apps_cover_the_issue_commands():
-    assert {"bench", "tune", "profile", "bundle"} <= set(_runscript_commands())
+    assert {"advise", "model", "offline", "bench", "tune", "profile", "bundle"} <= set(
+        _cli_verbs())
     assert {"bench", "tune", "profile", "bundle"} <= set(_apps())
+
+
+def test_dockerfile_entry_point_is_the_cli_itself():
+    # No wrapper with a verb list of its own: every verb the CLI has reaches it.
+    text = (C / "Dockerfile").read_text()
+    assert re.findall(r"^ENTRYPOINT (.+)$", text, re.M) == ['["tiledattn"]']
+    assert re.findall(r"^CMD (.+)$", text, re.M) == ['["--help"]']
+
+
+def _help_commands() -> list[str]:
+    return [ln.strip() for ln in def_section("help").splitlines()
+            if ln.strip().startswith("apptainer run")]
+
+
+def test_def_help_examples_bind_every_directory_they_write_or_read():
+    # The image is read-only: an --out (or a bundle path) under /work/results only works
+    # where the host's results directory is bound there.
+    commands = _help_commands()
+    assert len(commands) >= 5, commands
+    for cmd in commands:
+        inside = set(re.findall(r"(/work/results)\b", cmd))
+        binds = set(re.findall(r'-B "?\$PWD/results:(/work/results)"?', cmd))
+        assert inside <= binds, f"%help: {cmd!r} uses /work/results without binding it"
+        if "--out" in cmd:
+            assert "--out /work/results" in cmd, f"%help: {cmd!r} writes outside the bind"
+    assert any(" advise " in c for c in commands) and any(" model " in c for c in commands)
+
+
+def test_def_help_examples_are_valid_cli_invocations(capsys):
+    # Each example's verb and options parse with the real CLI (parsed only, not run); the
+    # advise example, which needs neither a GPU nor files, runs and answers.
+    from tiledattention.cli import build_parser, main
+
+    for cmd in _help_commands():
+        args = cmd.split("tiledattn.sif", 1)[1].split()
+        try:
+            build_parser().parse_args(args)
+        except SystemExit as exc:
+            pytest.fail(f"%help: {cmd!r} does not parse (exit {exc.code})")
+        if args[0] == "advise":
+            assert main(args) == 0, capsys.readouterr().err
+            assert "prediction = the nearest measured point" in capsys.readouterr().out
 
 
 # containers/build, with docker and apptainer replaced by scripts that log their arguments.

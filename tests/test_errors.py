@@ -134,3 +134,16 @@ def test_every_error_is_a_tiledattention_error():
         obj = getattr(ta, name)
         if isinstance(obj, type) and issubclass(obj, Exception):
             assert issubclass(obj, ta.TiledAttentionError), name
+
+
+def test_backward_schedule_names_the_readme_uses_are_exported_lazily():
+    # README: `BwdSchedule(dq="atomic")`, `default_bwd_schedule`; as ta.* without torch.
+    import subprocess
+
+    code = ("import sys, tiledattention as ta; assert 'BwdSchedule' in ta.__all__; "
+            "assert 'default_bwd_schedule' in ta.__all__; "
+            "s = ta.default_bwd_schedule(128, True); assert isinstance(s, ta.BwdSchedule); "
+            "ta.BwdSchedule(dq='atomic'); print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"  # still no torch import for schedules

@@ -22,11 +22,21 @@ __version__ = "0.1.0"
 
 # The call path (torch, cuTile) loads on first use, so `tiledattn --help` and the workflow's
 # config checks do not pay for importing torch.
-_LAZY = {"sdpa": ".api", "timed_call": ".api", "set_schedule_table": ".schedules.policy",
-         "Schedule": ".schedules.schedule", "default_schedule": ".schedules.schedule",
-         "TableError": ".schedules.table", "block_mask": ".kernel.blockmask",
-         "BlockMask": ".kernel.blockmask", "ScoreMod": ".kernel.mods",
-         "VariantError": ".kernel.mods", "pinned_bwd_schedule": ".kernel.plan"}
+_LAZY = {
+    "BlockMask": ".kernel.blockmask",
+    "BwdSchedule": ".schedules.backward",
+    "Schedule": ".schedules.schedule",
+    "ScoreMod": ".kernel.mods",
+    "TableError": ".schedules.table",
+    "VariantError": ".kernel.mods",
+    "block_mask": ".kernel.blockmask",
+    "default_bwd_schedule": ".schedules.backward",
+    "default_schedule": ".schedules.schedule",
+    "pinned_bwd_schedule": ".kernel.plan",
+    "sdpa": ".api",
+    "set_schedule_table": ".schedules.policy",
+    "timed_call": ".api",
+}
 
 
 def __getattr__(name: str):
@@ -39,9 +49,10 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
-    "BackwardNotSupportedError", "BlockMask", "CompileError", "DTypeError", "DeviceError",
-    "GPUTooOldError", "InputError", "MaskError", "NoGPUError", "PlatformError", "Schedule",
-    "ScheduleError", "ScoreMod", "ShapeError", "TableError", "TiledAttentionError",
+    "BackwardNotSupportedError", "BlockMask", "BwdSchedule", "CompileError", "DTypeError",
+    "DeviceError", "GPUTooOldError", "InputError", "MaskError", "NoGPUError", "PlatformError",
+    "Schedule", "ScheduleError", "ScoreMod", "ShapeError", "TableError", "TiledAttentionError",
     "ToolchainMissingError", "UnsupportedHeadDimError", "VariantError", "block_mask",
-    "default_schedule", "pinned_bwd_schedule", "sdpa", "set_schedule_table", "timed_call",
+    "default_bwd_schedule", "default_schedule", "pinned_bwd_schedule", "sdpa",
+    "set_schedule_table", "timed_call",
 ]

@@ -81,6 +81,18 @@ def _launcher_options(p) -> None:
                    help='launcher options as a JSON object, e.g. \'{"partition": "gpu"}\'')
 
 
+# What `tiledattn bundle create|verify --help` says above the options.
+BUNDLE_CREATE = ("Gather a finished study (its aggregate rows, tables, figures, profiles and "
+                 "manifest) with the exact config and a snapshot of the workflow into the "
+                 "directory --out and the zip next to it: README, Zenodo and CFF metadata, an "
+                 "RO-Crate and SHA256SUMS. Run it after the study's last step; it reads the "
+                 "study and never changes it.")
+BUNDLE_VERIFY = ("Check a bundle (directory or zip) as a reader would: every file against "
+                 "SHA256SUMS (a changed, missing or unlisted file is named), and the Zenodo, "
+                 "CFF and RO-Crate metadata against their schemas. Exit 0: OK; 1: a problem "
+                 "found; 2: not a bundle.")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="tiledattn", description=__doc__.splitlines()[0],
                      formatter_class=_Formatter)
@@ -215,7 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
     bsub = p.add_subparsers(dest="bundle_command", required=True, metavar="ACTION",
                             help="create or verify")
     b = bsub.add_parser("create", help="gather a finished study into DIR and DIR.zip",
-                        formatter_class=_Formatter)
+                        formatter_class=_Formatter, description=BUNDLE_CREATE)
     b.add_argument("--study", required=True, help="the study's results directory")
     b.add_argument("--config", required=True, help="the study config (YAML)")
     b.add_argument("--out", required=True, help="bundle directory (DIR.zip next to it); "
@@ -224,15 +236,20 @@ def build_parser() -> argparse.ArgumentParser:
                    "they hold files that are not a previous bundle's (never the study or the "
                    "source checkout)")
     b = bsub.add_parser("verify", help="recompute checksums, validate the metadata",
-                        formatter_class=_Formatter)
+                        formatter_class=_Formatter, description=BUNDLE_VERIFY)
     b.add_argument("path", help="bundle directory or zip")
 
     p = _verb(sub, "advise", _advise, "predict TiledAttention's and PyTorch SDPA's throughput "
               "for a model's attention shape from the nearest measured points, flag tile and "
               "wave quantization, and list same-hidden-size shapes that measured faster")
     p.add_argument("--heads", type=_count(1), required=True, help="query heads H")
+    p.add_argument("--kv-heads", type=_count(1), help="key/value heads Hkv, dividing H (GQA, "
+                   "e.g. 8 for Llama-3-8B's 32 query heads) (default: H, MHA)")
     p.add_argument("--head-dim", type=_count(1), required=True, help="head dim D")
-    p.add_argument("--seq", type=_count(1), required=True, help="sequence length S (Sq = Skv)")
+    p.add_argument("--seq", type=_count(1), required=True, help="sequence length S: the "
+                   "key/value length (the KV cache when decoding)")
+    p.add_argument("--seq-q", type=_count(1), help="query length Sq, e.g. 1 for a decode step "
+                   "against a cache of --seq tokens (default: S, self attention)")
     p.add_argument("--batch", type=_count(1), default=1, help="batch size B")
     p.add_argument("--gpu", choices=_advice_gpus(), default="h100",
                    help="whose measurements (shipped with the package)")
@@ -244,7 +261,10 @@ def build_parser() -> argparse.ArgumentParser:
                             help="pack")
     o = osub.add_parser("pack", help="the project, its locked dependencies and the cuTile "
                         "toolchain as wheels for one Python version and platform",
-                        formatter_class=_Formatter)
+                        formatter_class=_Formatter, description="Download the project, its "
+                        "locked dependencies and the cuTile toolchain as wheels for one Python "
+                        "version and platform into DEST, with SHA256SUMS and install.sh, which "
+                        "installs them on a node without network (pip --no-index).")
     o.add_argument("dest", help="directory for the wheels, SHA256SUMS and install.sh")
     o.add_argument("--python", default=f"{sys.version_info.major}.{sys.version_info.minor}",
                    help="target Python version (this interpreter's by default)")
@@ -506,12 +526,17 @@ def _figures(args) -> int:
         if not isinstance(tune, list):
             raise RowsError(f"--tune-table {args.tune_table}: not a tuning table (no "
                             "\"entries\" list)")
+    # An empty table, written where tuning could not run, says why (meta.unavailable).
+    read = tune == [] and args.tune_table and os.path.exists(args.tune_table)
+    meta = table.get("meta") if read else None
+    why = meta.get("unavailable") if isinstance(meta, dict) else None
     rows = read_rows(args.rows)
     if not rows:
         raise RowsError(f"--rows {args.rows}: no rows (empty, or no line is a row)")
     paths = write_all(rows, args.out,
                       ladder_rows=concat(args.ladder) if args.ladder else [],
-                      tune_entries=tune, shape_rows=_shape_rows(args.shapes))
+                      tune_entries=tune, shape_rows=_shape_rows(args.shapes),
+                      tune_reason=why if isinstance(why, str) else None)
     print(f"figures: {len(paths)} files in {args.out}", file=sys.stderr)
     return 0
 
@@ -618,7 +643,7 @@ def _advise(args) -> int:
     from .study.advice import Shape, advise
 
     print(advise(Shape(args.heads, args.head_dim, args.seq, args.batch, args.dtype,
-                       args.causal), args.gpu))
+                       args.causal, kv_heads=args.kv_heads, seq_q=args.seq_q), args.gpu))
     return 0
 
 

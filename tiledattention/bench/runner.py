@@ -310,25 +310,34 @@ class Progress:
 
 def summary_table(rows: list[dict], methods: list[str]) -> str:
     """TFLOP/s per point and method (status where not ok), and the ratios to torch_sdpa by
-    kernel time (= TFLOP/s) and by call latency (> 1: tiledattention faster)."""
+    kernel time (= TFLOP/s) and by call latency (> 1: tiledattention faster). Columns are
+    as wide as their full header (method names are never cut)."""
     by_point: dict[str, dict[str, dict]] = {}
     for r in rows:
         by_point.setdefault(r["point_key"], {})[r["method"]] = r
-    head = f"{'point':44s} " + " ".join(f"{m[:12]:>12s}" for m in methods)
+    key_w = max([len("point"), *map(len, by_point)])
+    widths = [max(len("unavailable"), len(m)) for m in methods]  # widest status too
     show_ratio = "tiledattention" in methods and "torch_sdpa" in methods
-    lines = [head + ("  ta/sdpa   call" if show_ratio else "")]
+    ratios = ("kernel ÷", "call ÷")  # torch_sdpa's time ÷ tiledattention's
+    head = f"{'point':{key_w}s} " + " ".join(f"{m:>{w}s}" for m, w in zip(methods, widths))
+    lines = ["TFLOP/s per point and method (median kernel time; a method that did not run "
+             "shows its status)"]
+    if show_ratio:
+        lines.append("kernel ÷, call ÷: torch_sdpa's kernel time, call latency ÷ "
+                     "tiledattention's (> 1: tiledattention faster)")
+    lines.append(head + ("  " + "  ".join(ratios) if show_ratio else ""))
     for key, cells in by_point.items():
         vals = []
-        for m in methods:
+        for m, w in zip(methods, widths):
             r = cells.get(m)
-            vals.append(f"{r['tflops']:12.2f}" if r and r.get("status") == "ok"
-                        else f"{(r or {}).get('status', '-'):>12s}")
-        line = f"{key:44s} " + " ".join(vals)
+            vals.append(f"{r['tflops']:{w}.2f}" if r and r.get("status") == "ok"
+                        else f"{(r or {}).get('status', '-'):>{w}s}")
+        line = f"{key:{key_w}s} " + " ".join(vals)
         a, b = cells.get("tiledattention"), cells.get("torch_sdpa")
         if show_ratio and a and b and a.get("status") == b.get("status") == "ok":
-            line += f"  {a['tflops'] / b['tflops']:7.3f}"
+            line += f"  {a['tflops'] / b['tflops']:{len(ratios[0])}.3f}"
             if a.get("call_us") and b.get("call_us"):
-                line += f"  {b['call_us'] / a['call_us']:5.3f}"
+                line += f"  {b['call_us'] / a['call_us']:{len(ratios[1])}.3f}"
         lines.append(line)
     counts: dict[str, int] = {}
     for r in rows:

@@ -8,6 +8,11 @@ nearest point is too far on any axis is refused, not guessed. Tile and wave quan
 come from the launch geometry (``kernel/geometry.py``) of the schedule the shipped table
 picks for the shape; suggestions keep the hidden size H·D and list only alternatives whose
 own nearest measured point is faster.
+
+A shape is (H, Hkv, D, Sq, Skv, B, dtype, mask): GQA (Hkv < H) and decode (Sq < Skv, a
+KV-cache step) are axes of their own, matched like S and B·H, so a GQA or decode shape
+needs GQA or decode measurements near it (the shapes grids of config/shapes-models.yaml:
+ViT, Llama/Mistral GQA prefill, decode) and an MHA prefill point never stands for it.
 """
 
 from __future__ import annotations
@@ -22,12 +27,18 @@ from ..errors import TiledAttentionError
 
 FORMAT = "tiledattention-measured/1"
 SUBJECT, FUSED = "tiledattention", "torch_sdpa"
-# How near a measured point must be to stand for a shape: S and B·H within a factor 2,
-# D within 25 % (a different D is a different chunking of the head dim).
-MAX_LOG2 = {"head_dim": math.log2(1.25), "seq": 1.0, "batch_heads": 1.0}
+# How near a measured point must be to stand for a shape: Sq, Skv, B·H and the GQA ratio
+# H/Hkv within a factor 2, D within 25 % (a different D is a different chunking of the
+# head dim).
+MAX_LOG2 = {"head_dim": math.log2(1.25), "seq_q": 1.0, "seq_kv": 1.0, "batch_heads": 1.0,
+            "gqa": 1.0}
 # Distance weights: a different D is a different kernel variant, a different S a different
-# key-loop length; B·H only changes how many programs run side by side.
-WEIGHTS = {"head_dim": 2.0, "seq": 1.5, "batch_heads": 1.0}
+# key-loop length (Sq also the number of query tiles); B·H only changes how many programs
+# run side by side, the GQA ratio how often K/V are re-read.
+WEIGHTS = {"head_dim": 2.0, "seq_q": 1.0, "seq_kv": 1.0, "batch_heads": 1.0, "gqa": 1.0}
+# Query lengths up to this against a longer cache take the decode path (split-K, packed
+# GQA), whose programs are chosen per call: no static geometry flags for them.
+DECODE_MAX_SQ = 16
 # Tail effects matter while the launch has few waves.
 FEW_WAVES = 8
 
@@ -38,16 +49,53 @@ class AdviceError(TiledAttentionError, ValueError):
 
 @dataclass(frozen=True)
 class Shape:
+    """``seq`` is the key/value length S; ``seq_q`` the query length (None: S, self
+    attention; 1: a decode step); ``kv_heads`` the K/V heads (None: H, MHA)."""
+
     heads: int
     head_dim: int
     seq: int
     batch: int
     dtype: str = "float16"
     causal: bool = False
+    kv_heads: int | None = None
+    seq_q: int | None = None
+
+    @property
+    def hkv(self) -> int:
+        return self.heads if self.kv_heads is None else self.kv_heads
+
+    @property
+    def sq(self) -> int:
+        return self.seq if self.seq_q is None else self.seq_q
+
+    @property
+    def gqa(self) -> int:
+        return self.heads // self.hkv
 
     def describe(self) -> str:
-        return (f"H={self.heads} D={self.head_dim} S={self.seq} B={self.batch} {self.dtype} "
+        heads = f"H={self.heads}" + (f" Hkv={self.hkv}" if self.hkv != self.heads else "")
+        seqs = f"S={self.seq}" if self.sq == self.seq else f"Sq={self.sq} Skv={self.seq}"
+        return (f"{heads} D={self.head_dim} {seqs} B={self.batch} {self.dtype} "
                 f"{'causal' if self.causal else 'no mask'}")
+
+    def check(self) -> None:
+        """Refuse what is not one attention shape (one line each)."""
+        from ..kernel.headdim import supported_head_dim
+
+        if not supported_head_dim(self.head_dim):
+            raise AdviceError(f"--head-dim {self.head_dim}: the kernel takes multiples of 8 "
+                              "up to 256")
+        if self.hkv > self.heads or self.heads % self.hkv:
+            raise AdviceError(f"--kv-heads {self.hkv}: must divide --heads {self.heads} "
+                              "(GQA: each K/V head serves H/Hkv query heads)")
+        if self.sq > self.seq:
+            raise AdviceError(f"--seq-q {self.sq}: longer than --seq {self.seq} (the K/V "
+                              "length); for self attention leave --seq-q out")
+        if self.causal and self.sq < self.seq:
+            raise AdviceError(f"--causal with --seq-q {self.sq} < --seq {self.seq}: causal is "
+                              "top-left aligned (query i sees keys <= i), a KV-cache step "
+                              "attends the whole cache: leave --causal out")
 
 
 def gpus() -> list[str]:
@@ -68,9 +116,16 @@ def load(gpu: str) -> dict:
     return data
 
 
+def _seq_kv(p: dict) -> int:
+    """A point's K/V length (points of self attention may leave it out: Skv = S)."""
+    return p.get("seq_kv") or p["seq"]
+
+
 def _axes(p: dict) -> dict[str, float]:
-    return {"head_dim": math.log2(p["head_dim"]), "seq": math.log2(p["seq"]),
-            "batch_heads": math.log2(p["batch"] * p["heads"])}
+    return {"head_dim": math.log2(p["head_dim"]), "seq_q": math.log2(p["seq"]),
+            "seq_kv": math.log2(_seq_kv(p)),
+            "batch_heads": math.log2(p["batch"] * p["heads"]),
+            "gqa": math.log2(p.get("gqa") or 1)}
 
 
 def _distance(a: dict, b: dict) -> tuple[float, dict[str, float]]:
@@ -81,8 +136,8 @@ def _distance(a: dict, b: dict) -> tuple[float, dict[str, float]]:
 
 
 def _as_point(shape: Shape) -> dict:
-    return {"head_dim": shape.head_dim, "seq": shape.seq, "batch": shape.batch,
-            "heads": shape.heads}
+    return {"head_dim": shape.head_dim, "seq": shape.sq, "seq_kv": shape.seq,
+            "batch": shape.batch, "heads": shape.heads, "gqa": shape.gqa}
 
 
 def nearest(points: list[dict], shape: Shape, *, exact_head_dim: bool = False,
@@ -106,16 +161,24 @@ def nearest(points: list[dict], shape: Shape, *, exact_head_dim: bool = False,
 
 
 def _how_near(shape: Shape, p: dict) -> str:
-    parts = []
-    for name, mine, theirs in (("D", shape.head_dim, p["head_dim"]), ("S", shape.seq, p["seq"]),
-                               ("B·H", shape.batch * shape.heads, p["batch"] * p["heads"])):
-        parts.append(f"{name} same" if mine == theirs else f"{name} {theirs} vs {mine} "
-                     f"(x{theirs / mine:.2f})")
-    return ", ".join(parts)
+    axes = [("D", shape.head_dim, p["head_dim"])]
+    if shape.sq == shape.seq and p["seq"] == _seq_kv(p):
+        axes.append(("S", shape.seq, p["seq"]))
+    else:
+        axes += [("Sq", shape.sq, p["seq"]), ("Skv", shape.seq, _seq_kv(p))]
+    axes.append(("B·H", shape.batch * shape.heads, p["batch"] * p["heads"]))
+    if shape.gqa != 1 or (p.get("gqa") or 1) != 1:
+        axes.append(("H/Hkv", shape.gqa, p.get("gqa") or 1))
+    return ", ".join(f"{name} same" if mine == theirs else
+                     f"{name} {theirs} vs {mine} (x{theirs / mine:.2f})"
+                     for name, mine, theirs in axes)
 
 
 def _point_label(p: dict) -> str:
-    return f"D={p['head_dim']} S={p['seq']} B={p['batch']} H={p['heads']} [{p['source']}]"
+    seqs = (f"S={p['seq']}" if p["seq"] == _seq_kv(p) else f"Sq={p['seq']} Skv={_seq_kv(p)}")
+    gqa = p.get("gqa") or 1
+    heads = f"H={p['heads']}" + (f" Hkv={p['heads'] // gqa}" if gqa != 1 else "")
+    return f"D={p['head_dim']} {seqs} B={p['batch']} {heads} [{p['source']}]"
 
 
 def _fmt(x) -> str:
@@ -129,10 +192,10 @@ def _geometry(shape: Shape, data: dict):
 
     schedule, how = policy._choose(Bucket(data["compute_capability"], shape.dtype,
                                           shape.head_dim, shape.causal,
-                                          seq_bucket(shape.seq, shape.seq), 1))
-    grid = grid_for(batch=shape.batch, heads=shape.heads, seq_q=shape.seq,
+                                          seq_bucket(shape.sq, shape.seq), shape.gqa))
+    grid = grid_for(batch=shape.batch, heads=shape.heads, seq_q=shape.sq,
                     tile_m=schedule.tile_m)
-    geo = launch_geometry(grid, head_dim=shape.head_dim, seq_q=shape.seq, seq_kv=shape.seq,
+    geo = launch_geometry(grid, head_dim=shape.head_dim, seq_q=shape.sq, seq_kv=shape.seq,
                           tile_m=schedule.tile_m, tile_n=schedule.tile_n, sms=data["sms"],
                           per_sm=schedule.occupancy, num_ctas=schedule.num_ctas)
     return schedule, how, geo
@@ -152,7 +215,9 @@ def _flags(shape: Shape, schedule, geo) -> list[str]:
             ("query", geo.seq_q_pad_fraction, geo.seq_q_padded, schedule.tile_m),
             ("key", geo.seq_kv_pad_fraction, geo.seq_kv_padded, schedule.tile_n)):
         if frac:
-            flags.append(f"tile quantization: S={shape.seq} is not a multiple of the {tile}-wide "
+            n = shape.sq if name == "query" else shape.seq
+            axis = "S" if shape.sq == shape.seq else ("Sq" if name == "query" else "Skv")
+            flags.append(f"tile quantization: {axis}={n} is not a multiple of the {tile}-wide "
                          f"{name} tile; {padded} computed, {frac:.1%} padding")
     if geo.waves < FEW_WAVES and geo.tail_efficiency < 0.5:
         flags.append(f"wave quantization: {geo.programs} programs on {geo.slots} slots = "
@@ -161,29 +226,48 @@ def _flags(shape: Shape, schedule, geo) -> list[str]:
     return flags
 
 
+def _measured_ranges(points: list[dict], shape: Shape) -> str:
+    """What was measured for the shape's dtype and mask, per regime, for a refusal."""
+    same = [p for p in points if p["dtype"] == shape.dtype and p["causal"] == shape.causal]
+    parts = []
+    for name, chosen in (("self attention", [p for p in same if p["seq"] == _seq_kv(p)]),
+                         ("Sq < Skv", [p for p in same if p["seq"] < _seq_kv(p)])):
+        if not chosen:
+            continue
+
+        def span(f, chosen=chosen):
+            lo, hi = min(map(f, chosen)), max(map(f, chosen))
+            return f"{lo}" if lo == hi else f"{lo}..{hi}"
+
+        seqs = (f"S {span(lambda p: p['seq'])}" if name == "self attention" else
+                f"Sq {span(lambda p: p['seq'])}, Skv {span(_seq_kv)}")
+        parts.append(f"{name}: D {sorted({p['head_dim'] for p in chosen})}, {seqs}, B·H "
+                     f"{span(lambda p: p['batch'] * p['heads'])}, H/Hkv "
+                     f"{sorted({p.get('gqa') or 1 for p in chosen})}")
+    return "; ".join(parts)
+
+
+def _refuse(shape: Shape, points: list[dict], gpu: str) -> AdviceError:
+    mask = "causal" if shape.causal else "unmasked"
+    measured = _measured_ranges(points, shape)
+    if not measured:
+        other = sorted({p["dtype"] for p in points if p["causal"] == shape.causal})
+        return AdviceError(f"no {shape.dtype} {mask} points measured on {gpu} (measured "
+                           f"dtypes: {other}); not guessing")
+    return AdviceError(f"{shape.describe()}: no measured point on {gpu} within 25% on D and a "
+                       f"factor 2 on Sq, Skv, B·H and H/Hkv (measured {shape.dtype} {mask}: "
+                       f"{measured}); not guessing")
+
+
 def advise(shape: Shape, gpu: str = "h100", data: dict | None = None) -> str:
     """The advice as printed text; AdviceError when the data cannot stand for the shape.
     ``data``: a measurements dict (default: the shipped one for ``gpu``)."""
-    from ..kernel.headdim import supported_head_dim
-
     data = data if data is not None else load(gpu)
-    if not supported_head_dim(shape.head_dim):
-        raise AdviceError(f"--head-dim {shape.head_dim}: the kernel takes multiples of 8 up to "
-                          "256")
+    shape.check()
     points = data["points"]
     near = nearest(points, shape)
     if not near:
-        same = [p for p in points if p["dtype"] == shape.dtype and p["causal"] == shape.causal]
-        if not same:
-            raise AdviceError(f"no {shape.dtype} {'causal' if shape.causal else 'unmasked'} "
-                              f"points measured on {gpu}; not guessing")
-        rng = {k: (min(p[k] for p in same), max(p[k] for p in same))
-               for k in ("head_dim", "seq")}
-        bh = (min(p["batch"] * p["heads"] for p in same),
-              max(p["batch"] * p["heads"] for p in same))
-        raise AdviceError(f"{shape.describe()}: no measured point on {gpu} within 25% on D and "
-                          f"a factor 2 on S and B·H (measured D {rng['head_dim']}, S "
-                          f"{rng['seq']}, B·H {bh}); not guessing")
+        raise _refuse(shape, points, gpu)
     _, _, best = near[0]
     out = [f"tiledattn advise: {shape.describe()} on {data['gpu']} ({gpu}, {data['sms']} SMs)",
            f"numbers: TFLOP/s measured on that GPU, from {'; '.join(data['sources'].values())}",
@@ -195,25 +279,34 @@ def advise(shape: Shape, gpu: str = "h100", data: dict | None = None) -> str:
     for _, _, p in near[1:]:
         out.append(f"  also near: {_point_label(p)}: {SUBJECT} {_fmt(p[SUBJECT])}, {FUSED} "
                    f"{_fmt(p.get(FUSED))} ({_how_near(shape, p)})")
-    schedule, how, geo = _geometry(shape, data)
-    out.append(f"geometry (schedule {schedule.label()}, {how} in the active table): "
-               f"{geo.programs} programs, {geo.sms} SMs x {geo.per_sm} per SM = {geo.slots} "
-               f"slots -> {geo.waves:.2f} waves, last wave {geo.tail_efficiency:.0%} full")
-    flags = _flags(shape, schedule, geo)
-    out += [f"  ! {f}" for f in flags] or ["  no tile or wave quantization flagged"]
+    if shape.sq <= DECODE_MAX_SQ < shape.seq:
+        out.append(f"geometry: Sq={shape.sq} against Skv={shape.seq} takes the decode path "
+                   "(keys split across programs, GQA heads packed), sized per call: no "
+                   "static tile or wave flags")
+    else:
+        schedule, how, geo = _geometry(shape, data)
+        out.append(f"geometry (schedule {schedule.label()}, {how} in the active table): "
+                   f"{geo.programs} programs, {geo.sms} SMs x {geo.per_sm} per SM = "
+                   f"{geo.slots} slots -> {geo.waves:.2f} waves, last wave "
+                   f"{geo.tail_efficiency:.0%} full")
+        flags = _flags(shape, schedule, geo)
+        out += [f"  ! {f}" for f in flags] or ["  no tile or wave quantization flagged"]
     out += _suggestions(shape, points, best)
     return "\n".join(out)
 
 
 def _suggestions(shape: Shape, points: list[dict], best: dict) -> list[str]:
-    """Other (H', D') with H'·D' = H·D whose own nearest point (measured at D' exactly)
-    ran faster; FLOPs are equal, so the TFLOP/s ratio is the time ratio."""
+    """Other (H', D') with H'·D' = H·D (and the same H/Hkv) whose own nearest point
+    (measured at D' exactly) ran faster; FLOPs are equal, so the TFLOP/s ratio is the time
+    ratio."""
     hidden = shape.heads * shape.head_dim
     lines = []
     for d in sorted({p["head_dim"] for p in points}):
-        if d == shape.head_dim or hidden % d:
+        if d == shape.head_dim or hidden % d or (hidden // d) % shape.gqa:
             continue
-        alt = Shape(hidden // d, d, shape.seq, shape.batch, shape.dtype, shape.causal)
+        heads = hidden // d
+        alt = Shape(heads, d, shape.seq, shape.batch, shape.dtype, shape.causal,
+                    kv_heads=heads // shape.gqa, seq_q=shape.seq_q)
         near = nearest(points, alt, exact_head_dim=True, k=1)
         if not near:
             continue
@@ -222,7 +315,8 @@ def _suggestions(shape: Shape, points: list[dict], best: dict) -> list[str]:
         if gain > 0:
             sdpa = (f"; {FUSED} there {_fmt(p.get(FUSED))} vs {_fmt(best.get(FUSED))}"
                     if p.get(FUSED) else "")
-            lines.append(f"  H={alt.heads} D={d}: {SUBJECT} {p[SUBJECT]:.1f} vs "
+            kv = f" Hkv={alt.hkv}" if alt.hkv != alt.heads else ""
+            lines.append(f"  H={alt.heads}{kv} D={d}: {SUBJECT} {p[SUBJECT]:.1f} vs "
                          f"{best[SUBJECT]:.1f} TFLOP/s, {gain:+.1%} (measured at "
                          f"{_point_label(p)}){sdpa}")
     head = f"same hidden size H·D = {hidden}, measured faster for {SUBJECT}:"
@@ -244,29 +338,59 @@ def _from_throughput(path: str) -> list[dict]:
                     return None  # a status (not ok) or empty
             out.append({"source": "reference", "dtype": r["dtype"],
                         "causal": r["mask"] == "causal", "head_dim": int(r["D"]),
-                        "seq": int(r["S"]), "batch": int(r["B"]), "heads": int(r["H"]),
+                        "seq": int(r["S"]), "seq_kv": int(r["S"]), "batch": int(r["B"]),
+                        "heads": int(r["H"]), "gqa": 1,
                         SUBJECT: num(r.get(SUBJECT)), FUSED: num(r.get(FUSED))})
     return out
 
 
 def _from_rows(rows: list[dict]) -> list[dict]:
+    """One point per forward point key: Sq as ``seq``, Skv and the GQA ratio with it."""
     by: dict[str, dict] = {}
     for r in rows:
-        if r["seq_q"] != r["seq_kv"] or r.get("gqa", 1) != 1:
+        if r.get("pass", "fwd") != "fwd":
             continue
         p = by.setdefault(r["point_key"], {
             "source": "shapes", "dtype": r["dtype"], "causal": r["causal"],
-            "head_dim": r["head_dim"], "seq": r["seq_q"], "batch": r["batch"],
-            "heads": r["heads"], SUBJECT: None, FUSED: None})
+            "head_dim": r["head_dim"], "seq": r["seq_q"], "seq_kv": r["seq_kv"],
+            "batch": r["batch"], "heads": r["heads"], "gqa": r.get("gqa", 1),
+            SUBJECT: None, FUSED: None})
         if r["method"] in (SUBJECT, FUSED) and r.get("status") == "ok":
             p[r["method"]] = round(r["tflops"], 2)
     return list(by.values())
 
 
-def build(reference_dir: str, out_path: str) -> dict:
+def _model_rows(path: str, gpu_name: str) -> list[dict]:
+    """Rows of one more shapes run (config/shapes-models.yaml): a directory of
+    rows-*.jsonl with its run manifests (their GPU must be the reference's), or a
+    rows-*.jsonl[.gz] file as committed under benchmarks/results/."""
+    import glob
+    import gzip
+    import tempfile
+
+    from ..bench.store import read_rows
+
+    if not os.path.isdir(path):
+        if not path.endswith(".gz"):
+            return read_rows(path)
+        with gzip.open(path, "rb") as src, tempfile.NamedTemporaryFile(suffix=".jsonl") as tmp:
+            tmp.write(src.read())
+            tmp.flush()
+            return read_rows(tmp.name)
+    for m in sorted(glob.glob(os.path.join(path, "manifest-*.json"))):
+        with open(m) as f:
+            name = (json.load(f).get("gpu") or {}).get("name")
+        if name != gpu_name:
+            raise AdviceError(f"{m}: measured on {name}, not on the reference's {gpu_name}")
+    return [r for f in sorted(glob.glob(os.path.join(path, "rows-*.jsonl")))
+            for r in read_rows(f)]
+
+
+def build(reference_dir: str, out_path: str, models: list[str] = ()) -> dict:
     """study/measured/<gpu>.json from ``results/reference/<gpu>/``: tables/throughput.csv,
     manifest.json and shapes/g*/rows-*.jsonl (one directory per shapes grid, as the study
-    writes them)."""
+    writes them); ``models``: the rows of config/shapes-models.yaml's grids (directories
+    shapes/g*/ of that study, or the rows file committed from them)."""
     import glob
 
     from ..bench.store import read_rows
@@ -278,13 +402,19 @@ def build(reference_dir: str, out_path: str) -> dict:
                                                            "rows-*.jsonl")))
                   for r in read_rows(p)]
     shapes = _from_rows(shape_rows)
+    model = [dict(p, source="models") for p in
+             _from_rows([r for m in models for r in _model_rows(m, gpu["name"])])]
     rel = os.path.relpath(reference_dir)
+    sources = {"reference": f"{rel}/tables/throughput.csv (the reference study, "
+                            f"{len(points)} points)",
+               "shapes": f"{rel}/shapes/ (the shapes grids, {len(shapes)} points)"}
+    if model:
+        sources["models"] = (f"{', '.join(os.path.relpath(m) for m in models)} "
+                             f"(config/shapes-models.yaml: ViT, GQA, decode; {len(model)} "
+                             "points)")
     data = {"format": FORMAT, "gpu": gpu["name"], "sms": gpu["sm_count"],
-            "compute_capability": gpu["compute_capability"],
-            "sources": {"reference": f"{rel}/tables/throughput.csv (the reference study, "
-                                     f"{len(points)} points)",
-                        "shapes": f"{rel}/shapes/ (the shapes grids, {len(shapes)} points)"},
-            "points": points + shapes}
+            "compute_capability": gpu["compute_capability"], "sources": sources,
+            "points": points + shapes + model}
     with open(out_path, "w") as f:
         json.dump(data, f, indent=0, sort_keys=True)
         f.write("\n")
@@ -294,7 +424,8 @@ def build(reference_dir: str, out_path: str) -> dict:
 if __name__ == "__main__":
     import sys
 
-    if len(sys.argv) != 4 or sys.argv[1] != "build":
-        sys.exit("usage: python -m tiledattention.study.advice build REFERENCE_DIR OUT.json")
-    d = build(sys.argv[2], sys.argv[3])
+    if len(sys.argv) < 4 or sys.argv[1] != "build":
+        sys.exit("usage: python -m tiledattention.study.advice build REFERENCE_DIR OUT.json "
+                 "[MODELS_ROWS ...]")
+    d = build(sys.argv[2], sys.argv[3], sys.argv[4:])
     print(f"{len(d['points'])} points -> {sys.argv[3]}")

@@ -1,8 +1,9 @@
 """The study's figures (PNG for screens, PDF for print), from the rows alone.
 
 A figure whose data is missing (e.g. no GPU methods ran on a CPU smoke study) is still
-written, with the reason in place of the plot, so the bundle and the report never point at
-a file that is not there.
+written, with "no data" and the reason in place of the plot ("no GPU" where that is it),
+so the bundle and the report never point at a file that is not there. Legends sit below
+the panels, never over data; every measured S is a labelled tick.
 """
 
 from __future__ import annotations
@@ -26,10 +27,30 @@ def names(head_dims) -> list[str]:
         "shapes"]
 
 
+# One look per method in every figure. torch_sdpa (automatic dispatch) usually runs cuDNN
+# and lands exactly on the cudnn line: a hollow square on a dashed line, drawn above it,
+# keeps both visible (cudnn: crosses on a dotted line).
+STYLE = {"tiledattention": {"marker": "o", "ls": "-", "lw": 1.6, "zorder": 6},
+         "torch_sdpa": {"marker": "s", "ls": "--", "lw": 1.2, "mfc": "none", "ms": 5.5,
+                        "zorder": 5},
+         "cudnn": {"marker": "x", "ls": ":", "lw": 1.2, "ms": 5, "zorder": 4},
+         "flash": {"marker": "^", "ls": "-.", "zorder": 3},
+         "efficient": {"marker": "v", "ls": "-", "zorder": 3},
+         "flash_attn": {"marker": "D", "ls": "--", "zorder": 3},
+         "math": {"marker": "P", "ls": ":", "zorder": 3},
+         "eager": {"marker": "*", "ls": "-.", "zorder": 3}}
+
+
 def _color(method: str):
     # One colour per method in every figure.
     order = BASELINES_D128
     return f"C{order.index(method) % 10}" if method in order else None
+
+
+def _style(method: str) -> dict:
+    """Colour, marker, line style and drawing order of a method's line."""
+    return {"ms": 3.5, "lw": 1.0, "marker": "o", "ls": "-", **STYLE.get(method, {}),
+            "color": _color(method)}
 
 
 def _plt():
@@ -65,10 +86,50 @@ def _save(fig, out_dir, name) -> list[str]:
 
 
 def _no_data(ax, why):
-    ax.text(0.5, 0.5, f"no data:\n{why}", ha="center", va="center", transform=ax.transAxes,
-            fontsize=8, wrap=True)
+    import textwrap
+
+    head = "no data (no GPU)" if "gpu" in why.lower() else "no data"
+    # Wrapped by hand: matplotlib's wrap=True wraps at the figure's edge, not the panel's.
+    ax.text(0.5, 0.5, f"{head}:\n{textwrap.fill(why, 44)}", ha="center", va="center",
+            transform=ax.transAxes, fontsize=8)
     ax.set_xticks([])
     ax.set_yticks([])
+
+
+def _why_empty(rows, keep=lambda r: True) -> str:
+    """Why nothing could be drawn from the rows a panel takes (``keep``): none at all, or
+    none ok, by status, with the first reason (e.g. "needs a CUDA GPU")."""
+    mine = [r for r in rows if keep(r)]
+    if not mine:
+        return "no rows for this panel"
+    counts: dict[str, int] = {}
+    for r in mine:
+        counts[r.get("status", "?")] = counts.get(r.get("status", "?"), 0) + 1
+    reasons = [str(r["reason"]) for r in mine if r.get("reason")]
+    listing = ", ".join(f"{n} {st}" for st, n in sorted(counts.items()))
+    return f"no ok rows ({listing})" + (f": {' '.join(reasons[0].split())}" if reasons else "")
+
+
+def _legend(fig, axes, ncol: int = 4) -> None:
+    """One legend for the figure, below the panels (never over data): each label once."""
+    seen: dict[str, object] = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            seen.setdefault(label, handle)
+    if seen:
+        fig.legend(list(seen.values()), list(seen), loc="outside lower center",
+                   ncol=min(ncol, len(seen)), frameon=False)
+
+
+def _seq_axis(ax, seqs, label="sequence length S") -> None:
+    """Log-2 S axis whose ticks are exactly the measured S, each labelled (S=200 too)."""
+    from matplotlib.ticker import NullLocator
+
+    seqs = sorted(set(seqs))
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(seqs, [str(s) for s in seqs], rotation=45 if len(seqs) > 6 else 0)
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xlabel(label)
 
 
 def _by_seq(rows, **match):
@@ -101,7 +162,7 @@ def throughput_vs_seq(rows, out_dir) -> list[str]:
         panels = _panels(rows)
         fig, axes = _grid(plt, len(panels))
         for ax, (dtype, causal) in zip(axes, panels):
-            drawn = 0
+            seqs = []
             for m in methods:
                 ok = _by_seq(rows, method=m, head_dim=d, dtype=dtype, causal=causal)
                 if not ok:
@@ -110,17 +171,16 @@ def throughput_vs_seq(rows, out_dir) -> list[str]:
                 y = [r["tflops"] for r in ok]
                 p95 = [r["flops"] / (r["time_ms"]["p95_ms"] * 1e-3) / 1e12 for r in ok]
                 ax.errorbar(s, y, yerr=[[a - b for a, b in zip(y, p95)], [0] * len(y)],
-                            marker="o", ms=3, capsize=2, lw=1.2 if m == SUBJECT else 0.9,
-                            label=m, color=_color(m))
-                drawn += 1
+                            capsize=2, label=m, **_style(m))
+                seqs += s
             ax.set_title(_title(dtype, causal))
-            if drawn:
-                ax.set_xscale("log", base=2)
-                ax.set_xlabel("sequence length S")
+            if seqs:
+                _seq_axis(ax, seqs)
                 ax.set_ylabel("TFLOP/s")
-                ax.legend(loc="best")
             else:
-                _no_data(ax, "no ok rows")
+                _no_data(ax, _why_empty(rows, lambda r, d=d, dt=dtype, c=causal: (
+                    r.get("head_dim"), r.get("dtype"), r.get("causal")) == (d, dt, c)))
+        _legend(fig, axes)
         fig.suptitle(f"Throughput vs S, D={d} (whisker: p95 time)")
         paths += _save(fig, out_dir, f"throughput_vs_seq_d{d}")
     return paths
@@ -138,7 +198,9 @@ def regime_map(rows, out_dir) -> list[str]:
         per.pop(None, None)
         cells = {k: s.geomean for k, s in per.items() if s.n}
         if not cells:
-            _no_data(ax, f"{SUBJECT} and {FUSED} never both ok")
+            _no_data(ax, f"{SUBJECT} and {FUSED} never both ok; " + _why_empty(
+                rows, lambda r, dt=dtype, c=causal: r.get("method") in (SUBJECT, FUSED)
+                and (r.get("dtype"), r.get("causal")) == (dt, c)))
             ax.set_title(_title(dtype, causal))
             continue
         ds = sorted({k[0] for k in cells})
@@ -168,7 +230,7 @@ def ratios_vs_seq(rows, out_dir) -> list[str]:
     fig, axes = _grid(plt, len(panels))
     ds = sorted({p["head_dim"] for p in points_of(rows).values()})
     for ax, (dtype, causal) in zip(axes, panels):
-        drawn = 0
+        seqs = []
         for i, d in enumerate(ds):
             for measure, style in (("kernel", "-"), ("call", "--")):
                 per = compare_by(rows, SUBJECT, FUSED,
@@ -180,44 +242,47 @@ def ratios_vs_seq(rows, out_dir) -> list[str]:
                 if pts:
                     ax.plot(*zip(*pts), style, marker="o", ms=3, color=f"C{i % 10}",
                             label=f"D={d} {MEASURES[measure][0]}")
-                    drawn += 1
+                    seqs += [s for s, _ in pts]
         ax.set_title(_title(dtype, causal))
-        if drawn:
+        if seqs:
             ax.axhline(1.0, color="0.4", lw=0.8)
-            ax.set_xscale("log", base=2)
-            ax.set_xlabel("sequence length S")
+            _seq_axis(ax, seqs)
             ax.set_ylabel(f"÷ {FUSED} (> 1: faster)")
-            ax.legend(loc="best", ncol=2)
         else:
-            _no_data(ax, f"{SUBJECT} and {FUSED} never both ok")
+            _no_data(ax, f"{SUBJECT} and {FUSED} never both ok; " + _why_empty(
+                rows, lambda r, dt=dtype, c=causal: r.get("method") in (SUBJECT, FUSED)
+                and (r.get("dtype"), r.get("causal")) == (dt, c)))
+    _legend(fig, axes)
     fig.suptitle(f"{SUBJECT} ÷ {FUSED}: kernel time (solid) and call latency (dashed)")
     return _save(fig, out_dir, "ratios_vs_seq")
 
 
 def baselines_at_d128(rows, out_dir) -> list[str]:
-    """Every method at D=128 (or the largest D present) vs S, log scale."""
+    """Every method at D=128 vs S, log scale (a study without D=128 says so per panel)."""
     plt = _plt()
+    d = 128
     ds = sorted({p["head_dim"] for p in points_of(rows).values()})
-    d = 128 if 128 in ds else (ds[-1] if ds else 128)
     panels = _panels(rows)
     fig, axes = _grid(plt, len(panels))
     for ax, (dtype, causal) in zip(axes, panels):
-        drawn = 0
+        seqs = []
         for m in [m for m in BASELINES_D128 if m in methods_in(rows)]:
             ok = _by_seq(rows, method=m, head_dim=d, dtype=dtype, causal=causal)
             if ok:
-                ax.plot([r["seq_q"] for r in ok], [r["tflops"] for r in ok], marker="o", ms=3,
-                        label=m, color=_color(m))
-                drawn += 1
+                ax.plot([r["seq_q"] for r in ok], [r["tflops"] for r in ok], label=m,
+                        **_style(m))
+                seqs += [r["seq_q"] for r in ok]
         ax.set_title(_title(dtype, causal))
-        if drawn:
-            ax.set_xscale("log", base=2)
+        if seqs:
+            _seq_axis(ax, seqs, "S")
             ax.set_yscale("log")
-            ax.set_xlabel("S")
             ax.set_ylabel("TFLOP/s")
-            ax.legend(loc="best", ncol=2)
+        elif d not in ds:
+            _no_data(ax, f"no D={d} points in this study (D measured: {ds})")
         else:
-            _no_data(ax, "no ok rows")
+            _no_data(ax, _why_empty(rows, lambda r, dt=dtype, c=causal: (
+                r.get("head_dim"), r.get("dtype"), r.get("causal")) == (d, dt, c)))
+    _legend(fig, axes)
     fig.suptitle(f"All baselines at D={d}")
     return _save(fig, out_dir, "baselines_d128")
 
@@ -228,35 +293,40 @@ def bandwidth_vs_seq(rows, out_dir) -> list[str]:
     ds = sorted({p["head_dim"] for p in points_of(rows).values()}) or [0]
     fig, axes = _grid(plt, len(ds))
     for ax, d in zip(axes, ds):
-        drawn = 0
+        seqs = []
         for m in (SUBJECT, FUSED):
             for dtype, causal in _panels(rows):
                 ok = _by_seq(rows, method=m, head_dim=d, dtype=dtype, causal=causal)
                 if ok:
                     ax.plot([r["seq_q"] for r in ok], [r["gbytes_per_s"] for r in ok],
-                            marker="o", ms=3, ls="-" if m == SUBJECT else "--",
+                            marker="o" if m == SUBJECT else "s", ms=3.5,
+                            mfc=None if m == SUBJECT else "none",
+                            ls="-" if m == SUBJECT else "--",
                             label=f"{m} {_title(dtype, causal)}")
-                    drawn += 1
+                    seqs += [r["seq_q"] for r in ok]
         ax.set_title(f"D={d}")
-        if drawn:
-            ax.set_xscale("log", base=2)
-            ax.set_xlabel("S")
+        if seqs:
+            _seq_axis(ax, seqs, "S")
             ax.set_ylabel("GB/s (q, k, v, out once)")
-            ax.legend(loc="best", fontsize=6)
         else:
-            _no_data(ax, "no ok rows")
+            _no_data(ax, _why_empty(rows, lambda r, d=d: r.get("method") in (SUBJECT, FUSED)
+                                    and r.get("head_dim") == d))
+    _legend(fig, axes, ncol=2)
     fig.suptitle("Bandwidth proxy vs S")
     return _save(fig, out_dir, "bandwidth_vs_seq")
 
 
-def tile_sensitivity(ladder_rows, tune_entries, out_dir) -> list[str]:
-    """Ladder steps' TFLOP/s per point, and the tuned buckets' runner-up sensitivity."""
+def tile_sensitivity(ladder_rows, tune_entries, out_dir, tune_reason=None) -> list[str]:
+    """Ladder steps' TFLOP/s per point, and the tuned buckets' runner-up sensitivity.
+    ``tune_reason``: why the tuning table is empty (its ``meta.unavailable``)."""
     plt = _plt()
     fig, axes = _grid(plt, 2)
     ax = axes[0]
     steps = [m for m in methods_in(ladder_rows or []) if pinned_label(m) is not None
              or m == SUBJECT]
-    if steps:
+    ladder_ok = [r for r in ladder_rows or [] if r.get("method") in steps
+                 and r.get("status") == "ok"]
+    if ladder_ok:
         keys = list(points_of(ladder_rows))
         width = 0.8 / len(steps)
         for i, m in enumerate(steps):
@@ -267,7 +337,9 @@ def tile_sensitivity(ladder_rows, tune_entries, out_dir) -> list[str]:
         ax.set_xticks([k + 0.4 - width / 2 for k in range(len(keys))],
                       [k.split("-b")[0] for k in keys], rotation=30, ha="right", fontsize=6)
         ax.set_ylabel("TFLOP/s")
-        ax.legend(fontsize=6)
+        _legend(fig, [ax])
+    elif steps:
+        _no_data(ax, _why_empty(ladder_rows, lambda r: r.get("method") in steps))
     else:
         _no_data(ax, "no schedule ladder in this study")
     ax.set_title("Schedule ladder")
@@ -278,6 +350,8 @@ def tile_sensitivity(ladder_rows, tune_entries, out_dir) -> list[str]:
         ax.hist(vals, bins=20)
         ax.set_xlabel("runner-up slower by (%)")
         ax.set_ylabel("tuned buckets")
+    elif tune_reason:
+        _no_data(ax, f"tuning did not run: {' '.join(str(tune_reason).split())}")
     else:
         _no_data(ax, "tuning did not run in this study")
     ax.set_title("Tuning sensitivity")
@@ -285,12 +359,12 @@ def tile_sensitivity(ladder_rows, tune_entries, out_dir) -> list[str]:
     return _save(fig, out_dir, "tile_sensitivity")
 
 
-def write_all(rows, out_dir, *, ladder_rows=None, tune_entries=None,
-              shape_rows=None) -> list[str]:
+def write_all(rows, out_dir, *, ladder_rows=None, tune_entries=None, shape_rows=None,
+              tune_reason=None) -> list[str]:
     from .shapes import shapes_figure
 
     return (throughput_vs_seq(rows, out_dir) + regime_map(rows, out_dir)
             + ratios_vs_seq(rows, out_dir) + baselines_at_d128(rows, out_dir)
             + bandwidth_vs_seq(rows, out_dir)
-            + tile_sensitivity(ladder_rows or [], tune_entries or [], out_dir)
+            + tile_sensitivity(ladder_rows or [], tune_entries or [], out_dir, tune_reason)
             + shapes_figure(shape_rows or [], out_dir))

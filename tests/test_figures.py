@@ -1,0 +1,141 @@
+"""What a reader sees in the study's figures: an empty panel says "no data" and why ("no
+GPU" where that is the reason), baselines_d128 is about D=128, every measured S is a
+labelled tick, legends sit outside the panels, and torch_sdpa stays visible on cudnn."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("matplotlib")
+
+from tiledattention.study import figures  # noqa: E402
+
+GPU_REASON = "needs a CUDA GPU"
+
+
+def row(method, d, s, ms, *, status="ok", dtype="float16", causal=False):
+    key = f"{dtype}-{'causal' if causal else 'full'}-d{d}-sq{s}-skv{s}-b1-h8-g1"
+    r = {"point_key": key, "method": method, "status": status, "dtype": dtype,
+         "causal": causal, "head_dim": d, "seq_q": s, "seq_kv": s, "batch": 1, "heads": 8,
+         "gqa": 1}
+    if status == "ok":
+        flops = 4 * 8 * s * s * d
+        r.update(time_ms={"median_ms": ms, "p95_ms": ms * 1.1}, flops=flops,
+                 tflops=flops / (ms * 1e-3) / 1e12, gbytes_per_s=1.0)
+    else:
+        r["reason"] = GPU_REASON
+    return r
+
+
+# A GPU run: cudnn and torch_sdpa (which dispatched to cuDNN) with identical times.
+GPU = [row(m, d, s, ms * s / 512) for d in (64, 128) for s in (64, 200, 512)
+       for m, ms in (("tiledattention", 1.0), ("torch_sdpa", 0.9), ("cudnn", 0.9),
+                     ("math", 5.0))]
+# A CPU smoke run: eager ran, the GPU methods are unavailable; D=64 only.
+CPU = [row("eager", 64, s, 1.0) for s in (64, 200)] + [
+    row(m, 64, s, 0, status="unavailable") for m in ("tiledattention", "torch_sdpa")
+    for s in (64, 200)]
+
+
+@pytest.fixture
+def drawn(monkeypatch):
+    """The figures as drawn (rendered, not saved), by name."""
+    figs = {}
+
+    def save(fig, out_dir, name):
+        fig.canvas.draw()
+        figs[name] = fig
+        return [name]
+
+    monkeypatch.setattr(figures, "_save", save)
+    yield figs
+    import matplotlib.pyplot as plt
+
+    plt.close("all")
+
+
+def texts(ax) -> str:
+    """The panel's text, unwrapped."""
+    return " ".join(" ".join(t.get_text().split()) for t in ax.texts)
+
+
+def test_an_empty_ladder_panel_says_no_data_and_no_gpu(drawn, tmp_path):
+    ladder = [row("tiledattention@64x64_o1_c1_lk2_lv4_natural", 64, 128, 0,
+                  status="unavailable"), row("tiledattention", 64, 128, 0, status="unavailable")]
+    figures.tile_sensitivity(ladder, [], str(tmp_path),
+                             tune_reason="no CUDA GPU visible on node1")
+    ladder_ax, tune_ax = drawn["tile_sensitivity"].axes[:2]
+    assert "no data (no GPU)" in texts(ladder_ax) and GPU_REASON in texts(ladder_ax)
+    assert not ladder_ax.patches  # no zero-height bars pretending to be data
+    assert "no data (no GPU)" in texts(tune_ax) and "node1" in texts(tune_ax)
+    figures.tile_sensitivity([], [], str(tmp_path))
+    assert "no schedule ladder" in texts(drawn["tile_sensitivity"].axes[0])
+
+
+def test_a_panel_without_gpu_rows_says_no_gpu(drawn, tmp_path):
+    figures.ratios_vs_seq(CPU, str(tmp_path))
+    (ax,) = [a for a in drawn["ratios_vs_seq"].axes if a.get_visible()]
+    assert "no data (no GPU)" in texts(ax) and GPU_REASON in texts(ax)
+    figures.throughput_vs_seq(CPU, str(tmp_path))
+    assert "no data" not in texts(drawn["throughput_vs_seq_d64"].axes[0])  # eager ran
+
+
+def test_baselines_d128_is_about_d128_and_says_so_without_d128(drawn, tmp_path):
+    figures.baselines_at_d128(CPU, str(tmp_path))
+    fig = drawn["baselines_d128"]
+    assert fig._suptitle.get_text() == "All baselines at D=128"
+    assert "no D=128 points in this study (D measured: [64])" in texts(fig.axes[0])
+    assert not fig.axes[0].lines
+    figures.baselines_at_d128(GPU, str(tmp_path))
+    fig = drawn["baselines_d128"]
+    assert fig._suptitle.get_text() == "All baselines at D=128" and fig.axes[0].lines
+
+
+def test_every_measured_seq_is_a_labelled_tick(drawn, tmp_path):
+    figures.throughput_vs_seq(GPU, str(tmp_path))
+    figures.baselines_at_d128(GPU, str(tmp_path))
+    for name in ("throughput_vs_seq_d64", "baselines_d128"):
+        ax = drawn[name].axes[0]
+        labels = [t.get_text() for t in ax.get_xticklabels()]
+        assert labels == ["64", "200", "512"], (name, labels)
+        assert not ax.xaxis.get_minorticklocs().size
+
+
+def test_legends_sit_below_the_panels_not_over_data(drawn, tmp_path):
+    figures.throughput_vs_seq(GPU, str(tmp_path))
+    figures.baselines_at_d128(GPU, str(tmp_path))
+    figures.ratios_vs_seq(GPU, str(tmp_path))
+    figures.bandwidth_vs_seq(GPU, str(tmp_path))
+    for name, fig in drawn.items():
+        assert len(fig.legends) == 1, name
+        box = fig.legends[0].get_window_extent()
+        for ax in fig.axes:
+            assert ax.get_legend() is None, name
+            assert not box.overlaps(ax.get_window_extent()), name
+
+
+def test_torch_sdpa_is_not_hidden_under_cudnn(drawn, tmp_path):
+    figures.baselines_at_d128(GPU, str(tmp_path))
+    lines = {ln.get_label(): ln for ln in drawn["baselines_d128"].axes[0].lines}
+    sdpa, cudnn = lines["torch_sdpa"], lines["cudnn"]
+    assert list(sdpa.get_ydata()) == list(cudnn.get_ydata())  # the same numbers ...
+    assert sdpa.get_marker() != cudnn.get_marker()  # ... drawn distinctly
+    assert sdpa.get_linestyle() != cudnn.get_linestyle()
+    assert sdpa.get_markerfacecolor() == "none"  # hollow: cudnn's crosses show through
+    assert sdpa.get_zorder() > cudnn.get_zorder()
+
+
+def test_figures_cli_passes_on_why_the_tuning_table_is_empty(drawn, tmp_path):
+    import json
+
+    from tiledattention.cli import main
+
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps(r) + "\n" for r in CPU))
+    table = tmp_path / "table.json"
+    table.write_text(json.dumps({"entries": [], "meta": {
+        "unavailable": "no CUDA GPU visible on node7"}}))
+    assert main(["figures", "--rows", str(rows), "--out", str(tmp_path / "f"),
+                 "--tune-table", str(table)]) == 0
+    tune_ax = drawn["tile_sensitivity"].axes[1]
+    assert "no data (no GPU)" in texts(tune_ax) and "node7" in texts(tune_ax)
