@@ -23,7 +23,8 @@ __version__ = "0.1.0"
 # config checks do not pay for importing torch.
 _LAZY = {"sdpa": ".api", "timed_call": ".api", "set_schedule_table": ".schedules.policy",
          "Schedule": ".schedules.schedule", "default_schedule": ".schedules.schedule",
-         "TableError": ".schedules.table"}
+         "TableError": ".schedules.table", "sdpa_mode": ".integrations.dropin",
+         "SDPAMode": ".integrations.dropin"}
 
 
 def __getattr__(name: str):
@@ -37,7 +38,8 @@ def __getattr__(name: str):
 
 __all__ = [
     "BackwardNotSupportedError", "CompileError", "DTypeError", "DeviceError", "GPUTooOldError",
-    "InputError", "MaskError", "NoGPUError", "PlatformError", "Schedule", "ScheduleError",
-    "ShapeError", "TableError", "TiledAttentionError", "ToolchainMissingError",
-    "UnsupportedHeadDimError", "default_schedule", "sdpa", "set_schedule_table", "timed_call",
+    "InputError", "MaskError", "NoGPUError", "PlatformError", "SDPAMode", "Schedule",
+    "ScheduleError", "ShapeError", "TableError", "TiledAttentionError", "ToolchainMissingError",
+    "UnsupportedHeadDimError", "default_schedule", "sdpa", "sdpa_mode", "set_schedule_table",
+    "timed_call",
 ]
