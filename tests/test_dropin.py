@@ -235,7 +235,7 @@ def test_multihead_attention_calls_are_seen_inside_the_mode(routed_on_cpu):
     assert routed_on_cpu.calls[0]["is_causal"] is False
 
 
-def test_an_unmodified_hf_model_runs_inside_the_mode():
+def _tiny_hf_llama():
     transformers = pytest.importorskip("transformers", reason="transformers not installed")
     cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128,
                                    num_hidden_layers=2, num_attention_heads=4,
@@ -243,13 +243,35 @@ def test_an_unmodified_hf_model_runs_inside_the_mode():
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(cfg).eval()
     model.set_attn_implementation("sdpa")
+    return model
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled-fullgraph"])
+def test_an_unmodified_hf_model_runs_inside_the_mode(compiled):
+    model = _tiny_hf_llama()
     ids = torch.randint(0, 64, (2, 12))
     with torch.no_grad():
         want = model(ids).logits
+        torch._dynamo.reset()
+        run = torch.compile(model, fullgraph=True, backend="aot_eager") if compiled else model
         with ta.sdpa_mode() as mode:
-            got = model(ids).logits
-    assert torch.equal(got, want)
+            got = run(ids).logits
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-6)
     assert mode.fallbacks == {"dtype float32": 2} and mode.routed == 0  # one call per layer
+
+
+def test_multihead_attention_compiles_inside_the_mode():
+    """Not fullgraph: Dynamo (torch 2.13) cannot trace Tensor.unflatten, which MHA calls,
+    under any TorchFunctionMode (a pass-through mode fails alike); it breaks the graph."""
+    torch.manual_seed(0)
+    mha = torch.nn.MultiheadAttention(64, 4, batch_first=True)
+    x = torch.randn(2, 10, 64)
+    want, _ = mha(x, x, x, need_weights=False)
+    torch._dynamo.reset()
+    with ta.sdpa_mode() as mode:
+        got, _ = torch.compile(mha, backend="aot_eager")(x, x, x, need_weights=False)
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert set(mode.fallbacks) == {"dtype float32"}
 
 
 def _compiled_counts(fn, args, calls=3):

@@ -33,6 +33,9 @@ another mode counts nothing for it.
 ``F.multi_head_attention_forward`` (what ``nn.MultiheadAttention`` runs when its fast path
 is off, as it is under any mode) calls SDPA from Python; a mode does not see calls made
 inside a function it handles, so that one function runs with the mode active again.
+Under torch.compile it compiles with graph breaks only: Dynamo (torch 2.13) cannot trace
+the ``Tensor.unflatten`` MHA calls under any TorchFunctionMode, so ``fullgraph=True``
+fails there (an unmodified HF model and a ViT calling SDPA directly compile fullgraph).
 
 Cost: the mode sees every torch function call inside it (about a microsecond of Python per
 call, in eager), so enter it around the model call, not around a whole program.
@@ -155,7 +158,7 @@ class SDPAMode(TorchFunctionMode):
         if func is _MHA:
             # The mode is off inside its own handler; MHA's SDPA call must still see it.
             with self:
-                return _mha_body()(*args, **kwargs)
+                return _MHA_BODY(*args, **kwargs)
         return func(*args, **kwargs)
 
     def _record(self, reason: str | None, detail: str) -> None:
@@ -186,21 +189,18 @@ class SDPAMode(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-_mha_copy = None
+def _without_torch_function_check(fn):
+    """``fn`` (a torch.nn.functional function) with its torch-function check answering
+    False, so that run with the mode active it does not hand itself back to the mode."""
+    import types
+
+    env = dict(fn.__globals__, has_torch_function=lambda *_: False)
+    copy = types.FunctionType(fn.__code__, env, fn.__name__, fn.__defaults__, fn.__closure__)
+    copy.__kwdefaults__ = fn.__kwdefaults__
+    return copy
 
 
-def _mha_body():
-    """``F.multi_head_attention_forward`` without its torch-function check, so that, run
-    with the mode active, it does not hand itself back to the mode (built once)."""
-    global _mha_copy
-    if _mha_copy is None:
-        import types
-
-        env = dict(_MHA.__globals__, has_torch_function=lambda *_: False)
-        _mha_copy = types.FunctionType(_MHA.__code__, env, _MHA.__name__, _MHA.__defaults__,
-                                       _MHA.__closure__)
-        _mha_copy.__kwdefaults__ = _MHA.__kwdefaults__
-    return _mha_copy
+_MHA_BODY = _without_torch_function_check(_MHA)
 
 
 def sdpa_mode() -> SDPAMode:
