@@ -9,7 +9,9 @@ decides (bf16, D 128): prefill B1 H16 S512 causal and decode B1 H32/8 Sq1 Skv102
 
 - eager, no grad; eager, forward+backward (dO given, gradients reset per call);
 - torch.compile (fullgraph, static shapes), no grad and forward+backward;
-- torch.compile(mode="reduce-overhead") (CUDA graphs), forward and forward+backward.
+- torch.compile(mode="reduce-overhead") (CUDA graphs), forward and forward+backward;
+- the drop-in: F.scaled_dot_product_attention inside ``ta.sdpa_mode()`` (entered per
+  call), eager, no grad and forward+backward: ours through the mode vs torch without it.
 
 Each cell is "ours vs torch us (ratio)"; the targets: <= 1.3x on every path, <= 1.1x under
 torch.compile. Each (shape, path, implementation) is built, checked against torch (output
@@ -70,6 +72,9 @@ PATHS = {
     "torch.compile, forward+backward": ("default", True),
     'mode="reduce-overhead", forward': ("reduce-overhead", False),
     'mode="reduce-overhead", forward+backward': ("reduce-overhead", True),
+    # Ours: F.scaled_dot_product_attention inside ta.sdpa_mode() (entered per call).
+    "drop-in sdpa_mode(), eager, no grad": ("dropin", False),
+    "drop-in sdpa_mode(), eager, forward+backward": ("dropin", True),
 }
 
 
@@ -183,28 +188,35 @@ def _path_call(impl: str, shape, path: str, inputs):
     b, hq, hkv, sq, skv, d, causal = shape
     mode, backward = PATHS[path]
     q, k, v, dout = inputs
-    attend = _attention(impl, causal, hq != hkv)
-    if mode is not None:
+    dropin = mode == "dropin" and impl == "ta"
+    attend = _attention("torch" if dropin else impl, causal, hq != hkv)
+    if mode not in (None, "dropin"):
         attend = torch.compile(attend, fullgraph=True, dynamic=False, mode=mode)
     graphs = mode == "reduce-overhead"
+    routing = ta.sdpa_mode() if dropin else None
 
     def forward():
         if graphs:  # each call a new step of the CUDA-graph tree
             torch.compiler.cudagraph_mark_step_begin()
+        if routing is not None:
+            with routing:
+                return attend(q, k, v)
         return attend(q, k, v)
 
     if not backward:
         def call():
             with torch.no_grad():
                 return forward()
-        out = call()
-        return call, (out.clone(),)
-    step = pass_callable(forward, q, k, v, dout, "fwd+bwd")
-    step()
-    grads = tuple(t.grad.clone() for t in (q, k, v))
-    with torch.no_grad():
-        out = forward().clone()
-    return step, (out, *grads)
+        first = (call().clone(),)
+    else:
+        call = pass_callable(forward, q, k, v, dout, "fwd+bwd")
+        call()
+        grads = tuple(t.grad.clone() for t in (q, k, v))
+        with torch.no_grad():
+            first = (forward().clone(), *grads)
+    if routing is not None and (routing.fallbacks or not routing.routed):
+        raise RuntimeError(f"the mode did not route the call: {routing!r}")
+    return call, first
 
 
 def _path_inputs(shape, backward: bool):
@@ -300,7 +312,7 @@ def paths_table(args, deadline: float) -> tuple[dict, list[str]]:
     for path in args.paths:
         row = [_cell(results[name][path]) for name in PATH_SHAPES]
         lines.append(f"| {path} | " + " | ".join(text for text, _ in row) + " |")
-        target = TARGET if PATHS[path][0] is None else COMPILED_TARGET
+        target = COMPILED_TARGET if PATHS[path][0] in ("default", "reduce-overhead") else TARGET
         ratios = [r for _, r in row if r is not None]
         if len(ratios) < len(row):
             verdicts.append(f"{path}: not measured on every shape")
