@@ -14,8 +14,8 @@ reason at DEBUG on the ``tiledattention.dropin`` logger:
 - ``device cpu`` (any non-CUDA device), ``dtype float32`` (anything but fp16/bf16),
   ``dtypes differ``, ``dropout`` (dropout_p > 0), ``head dim N`` (the kernel takes
   multiples of 8 up to 256), ``rank N`` (the kernel takes [B, H, S, D]), ``nested or
-  subclass tensor``, ``attn_mask requires grad``, ``is_causal with attn_mask`` (PyTorch
-  refuses that pair: its error is kept), ``unknown argument``;
+  subclass tensor``, ``attn_mask requires grad``, ``is_causal with attn_mask`` (PyTorch's
+  answer is kept: its CUDA backends refuse the pair), ``unknown argument``;
 - ``rejected: <Error>``: any other refusal of ``tiledattention.sdpa``'s argument checks
   (an ``InputError``: shapes, GQA, mask layout). Only argument checks, which run before
   any kernel: a kernel or compiler failure is raised, never hidden by a fallback.
@@ -33,6 +33,8 @@ another mode counts nothing for it.
 ``F.multi_head_attention_forward`` (what ``nn.MultiheadAttention`` runs when its fast path
 is off, as it is under any mode) calls SDPA from Python; a mode does not see calls made
 inside a function it handles, so that one function runs with the mode active again.
+(With ``need_weights=True``, MHA's default, it computes the weights itself and calls no
+SDPA at all: torchvision's ViT passes ``need_weights=False``.)
 Under torch.compile it compiles with graph breaks only: Dynamo (torch 2.13) cannot trace
 the ``Tensor.unflatten`` MHA calls under any TorchFunctionMode, so ``fullgraph=True``
 fails there (an unmodified HF model and a ViT calling SDPA directly compile fullgraph).
@@ -64,6 +66,7 @@ _DEFAULTS = (None, None, None, None, 0.0, False, None, False)
 # The devices whose calls are routed; a module attribute so the CPU tests can route CPU
 # tensors to a stand-in kernel.
 ROUTED_DEVICES = ("cuda",)
+
 
 def _count(mode: SDPAMode, reason: str | None = None, detail: str = "") -> None:
     """One more call routed (reason None) or handed to PyTorch under ``reason``."""
@@ -122,7 +125,7 @@ def fallback_reason(q, k, v, attn_mask, dropout_p, is_causal) -> tuple[str, str]
         return f"head dim {d}", "the kernel takes head dims that are multiples of 8 up to 256"
     if attn_mask is not None:
         if is_causal:
-            return "is_causal with attn_mask", "PyTorch refuses the pair; its error is kept"
+            return "is_causal with attn_mask", "PyTorch's answer to the pair is kept"
         if attn_mask.requires_grad and torch.is_grad_enabled():
             return "attn_mask requires grad", "the kernel computes no gradient for the mask"
     if q.device.type not in ROUTED_DEVICES:
