@@ -34,7 +34,8 @@ class Recorder:
             raise type(self.raise_for)(*self.raise_for.args)
         if not torch.compiler.is_compiling():  # a list Dynamo saw grow would recompile
             self.calls.append(dict(attn_mask=attn_mask, dropout_p=dropout_p,
-                                   is_causal=is_causal, scale=scale, enable_gqa=enable_gqa))
+                                   is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
+                                   mode_on=torch._C._is_torch_function_mode_enabled()))
         return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
                                               scale=scale, enable_gqa=enable_gqa)
 
@@ -132,6 +133,8 @@ def test_calls_torch_may_refuse_keep_torchs_outcome_and_are_counted(routed_on_cp
 
 
 def test_supported_calls_are_routed_with_torchs_arguments(routed_on_cpu):
+    """...and with the mode off while the kernel runs: sdpa takes its plain eager path
+    (no custom-op dispatch), as a call outside any mode would."""
     q, k, v = qkv(h=4, hkv=2)
     mask = torch.rand(16, 16) > 0.3
     with ta.sdpa_mode() as mode:
@@ -141,7 +144,7 @@ def test_supported_calls_are_routed_with_torchs_arguments(routed_on_cpu):
     assert mode.routed == 3 and not mode.fallbacks
     first, second, third = routed_on_cpu.calls
     assert first == dict(attn_mask=None, dropout_p=0.0, is_causal=True, scale=0.3,
-                         enable_gqa=True)
+                         enable_gqa=True, mode_on=False)
     assert second["attn_mask"] is mask and second["enable_gqa"] and not second["is_causal"]
     assert third["attn_mask"] is mask and third["scale"] is None
 

@@ -174,10 +174,16 @@ def test_what_the_kernel_does_not_do_on_the_gpu_goes_to_pytorch_counted():
         dropped = F.scaled_dot_product_attention(q.to(DTYPE), k.to(DTYPE), v.to(DTYPE),
                                                  dropout_p=0.3)
         odd = F.scaled_dot_product_attention(*(t[..., :20].to(DTYPE) for t in (q, k, v)))
+        # PyTorch takes a value head dim unlike the query's; sdpa's checks refuse it.
+        narrow = F.scaled_dot_product_attention(q.to(DTYPE), k.to(DTYPE),
+                                                v[..., :32].to(DTYPE))
+    assert torch.equal(narrow, F.scaled_dot_product_attention(q.to(DTYPE), k.to(DTYPE),
+                                                              v[..., :32].to(DTYPE)))
     torch.manual_seed(1)
     assert torch.equal(dropped, F.scaled_dot_product_attention(
         q.to(DTYPE), k.to(DTYPE), v.to(DTYPE), dropout_p=0.3))
     assert torch.equal(fp32, F.scaled_dot_product_attention(q, k, v))
     assert odd.shape[-1] == 20
-    assert mode.fallbacks == {"dtype float32": 1, "dropout": 1, "head dim 20": 1}
+    assert mode.fallbacks == {"dtype float32": 1, "dropout": 1, "head dim 20": 1,
+                              "rejected: ShapeError": 1}
     assert mode.routed == 0
