@@ -208,12 +208,12 @@ def _path_call(impl: str, shape, path: str, inputs):
             with torch.no_grad():
                 return forward()
         first = (call().clone(),)
-    else:
+    else:  # the first step by hand, to keep its output (no extra no-grad compile)
+        q.grad = k.grad = v.grad = None  # the inputs are shared with the other side
+        out = forward()
+        out.backward(dout)
+        first = (out.detach().clone(), *(t.grad.clone() for t in (q, k, v)))
         call = pass_callable(forward, q, k, v, dout, "fwd+bwd")
-        call()
-        grads = tuple(t.grad.clone() for t in (q, k, v))
-        with torch.no_grad():
-            first = (forward().clone(), *grads)
     if routing is not None and (routing.fallbacks or not routing.routed):
         raise RuntimeError(f"the mode did not route the call: {routing!r}")
     return call, first
