@@ -9,7 +9,7 @@ import json
 import pytest
 
 from tiledattention.bench import model as model_bench
-from tiledattention.bench.config import model_from_dict
+from tiledattention.bench.config import ConfigError, model_from_dict
 from tiledattention.cli import main
 from tiledattention.study.tables import NAMES, model_e2e
 
@@ -22,11 +22,15 @@ def test_without_a_gpu_every_row_is_unavailable_with_the_reason(tmp_path, monkey
     result = model_bench.run_model(CFG, str(tmp_path))
     assert result["status"] == "unavailable"
     rows = model_bench.load_rows(str(tmp_path))
-    assert len(rows) == 2 * 2 * 3  # batches x phases x implementations
+    # batches x (3 eager phases x 3 implementations + 2 compiled phases x 2)
+    assert len(rows) == 2 * (3 * 3 + 2 * 2)
     assert {r["status"] for r in rows} == {"unavailable"}
     assert {r["reason"] for r in rows} == {"no CUDA GPU visible on x"}
     assert {r["config_hash"] for r in rows} == {CFG.digest()}
-    assert len({r["point_key"] for r in rows}) == 4
+    assert len({r["point_key"] for r in rows}) == 2 * 5
+    assert {(r["phase"], r["compiled"]) for r in rows} == {
+        ("prefill", False), ("decode", False), ("train", False), ("prefill_compiled", True),
+        ("train_compiled", True)}
     manifest = json.loads((tmp_path / "manifest-model.json").read_text())
     assert manifest["config"]["batches"] == [1, 8] and manifest["torch"]
 
@@ -78,29 +82,68 @@ def test_cli_refuses_a_bad_model_option_in_one_line(tmp_path, capsys):
 
 
 def test_an_implementation_that_fails_is_recorded_and_the_others_are_measured(monkeypatch):
-    # The GPU parts replaced by stand-ins on the CPU: eager runs out of memory at B8.
+    """The GPU parts replaced by stand-ins on the CPU: eager runs out of memory in its B8
+    prefill, and our compiled training step fails to compile; only those rows say so."""
     import torch
 
-    import tiledattention.integrations.transformers as hf
+    calls = []
+
+    class Runners:
+        def __init__(self, cfg):
+            self.cfg = cfg
+
+        def new_batch(self):
+            calls.append("new_batch")
+
+        def __call__(self, phase, impl, ids, warmup):
+            calls.append((phase, impl, ids.shape[0], warmup))
+            if impl == "eager" and phase == "prefill" and ids.shape[0] == 8:
+                raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 1 GiB")
+            if impl == "tiledattention" and phase == "train_compiled":
+                raise RuntimeError("compile failed")
+            return 0.001 * self.cfg.steps if phase == "decode" else 0.01
 
     monkeypatch.setattr(model_bench, "unavailable_reason", lambda: None)
-    monkeypatch.setattr(hf, "register", lambda: "tiledattention")
-    monkeypatch.setattr(hf, "tiny_llama", lambda impl, seed=0: impl)
+    monkeypatch.setattr(model_bench, "_Runners", Runners)
     gen, randint = torch.Generator, torch.randint
     monkeypatch.setattr(torch, "Generator", lambda device=None: gen())
     monkeypatch.setattr(torch, "randint", lambda *a, device=None, generator=None:
                         randint(*a, generator=generator))
-
-    def prefill(model, ids):
-        if model == "eager" and ids.shape[0] == 8:
-            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 1 GiB")
-        return 0.01
-
-    monkeypatch.setattr(model_bench, "_prefill_s", prefill)
-    monkeypatch.setattr(model_bench, "_decode_s", lambda model, ids, steps: 0.001 * steps)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     rows = {(r["batch"], r["phase"], r["method"]): r for r in model_bench.measure_model(CFG)}
     assert {k: r["status"] for k, r in rows.items() if r["status"] != "ok"} == {
-        (8, "prefill", "eager"): "oom", (8, "decode", "eager"): "oom"}
+        (8, "prefill", "eager"): "oom", (1, "train_compiled", "tiledattention"): "error",
+        (8, "train_compiled", "tiledattention"): "error"}
+    assert "compile failed" in rows[1, "train_compiled", "tiledattention"]["reason"]
+    assert rows[8, "decode", "eager"]["status"] == "ok"  # its other phases go on
     assert rows[8, "decode", "sdpa"]["tokens_per_s"] == pytest.approx(8 * 2 / 0.002)
     assert rows[1, "prefill", "eager"]["tokens_per_s"] == pytest.approx(16 / 0.01)
+    assert rows[8, "train", "tiledattention"]["tokens_per_s"] == pytest.approx(8 * 16 / 0.01)
+    assert rows[1, "prefill_compiled", "sdpa"]["compiled"]
     assert len(rows[1, "decode", "tiledattention"]["times_ms"]) == CFG.reps
+    assert calls.count("new_batch") == 2  # compiled afresh per batch size
+    assert not any(impl == "eager" and phase.endswith("_compiled")
+                   for phase, impl, *_ in (c for c in calls if c != "new_batch"))
+    # The warm-up rep runs every phase first, then the timed reps.
+    assert {c[3] for c in calls if c != "new_batch"} == {True, False}
+
+
+def test_phases_are_chosen_in_the_config_and_checked(tmp_path, capsys):
+    cfg = model_from_dict({"enabled": True, "phases": ["train", "train_compiled"]})
+    rows = model_bench._base_rows(cfg, "cpu")
+    assert {r["phase"] for r in rows} == {"train", "train_compiled"}
+    with pytest.raises(SystemExit) as exit_:
+        main(["model", "--out", str(tmp_path), "--phases", "warp"])
+    assert exit_.value.code == 2
+    assert "invalid choice: 'warp'" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="model.phases: 'warp' is not one of"):
+        model_from_dict({"phases": ["warp"]})
+
+
+def test_model_table_keeps_eager_and_compiled_phases_apart():
+    rows = [_ok(1, "train", "tiledattention", 90.0), _ok(1, "train", "sdpa", 100.0),
+            _ok(1, "train_compiled", "tiledattention", 220.0),
+            _ok(1, "train_compiled", "sdpa", 200.0)]
+    cells = {(r[1], r[2]): r[4] for r in model_e2e(rows).rows}
+    assert cells["train", "tiledattention"] == pytest.approx(0.9)
+    assert cells["train_compiled", "tiledattention"] == pytest.approx(1.1)

@@ -53,6 +53,44 @@ def test_backward_rows_check_every_gradient_and_count_backward_flops(pass_):
     assert row["flops"] == attention_flops(1, 4, 48, 40, 32, True, pass_)
 
 
+class _SlowBackward(torch.autograd.Function):
+    """Identity whose backward sleeps 2 ms and counts itself."""
+
+    runs = 0
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        import time
+
+        _SlowBackward.runs += 1
+        time.sleep(0.002)
+        return grad
+
+
+@pytest.mark.parametrize("pass_", ["fwd+bwd", "bwd"])
+def test_backward_rows_carry_the_call_latency_of_their_whole_pass(monkeypatch, pass_):
+    """Like forward rows, backward rows time back-to-back calls (timing.time_calls) of what
+    the pass runs, the backward included: each timed call ran it, and its 2 ms show."""
+    def slow_backward(q, k, v, p):
+        return _SlowBackward.apply(M.eager_attention(q, k, v, p))
+
+    monkeypatch.setitem(M.METHODS, "slow_bwd", M.Method("slow_bwd", "", False, slow_backward))
+    monkeypatch.setattr(_SlowBackward, "runs", 0)
+    config = cfg(["slow_bwd"])
+    (row,) = run_point(dataclasses.replace(FWD, pass_=pass_), ["slow_bwd"], config, CPU, None)
+    assert row["status"] == "ok" and row["call_calls"] >= 10
+    assert row["call_us"] >= 2000
+    # The gradient check, warm-up and kernel timing run it too; the call timing adds at
+    # least call_calls per round.
+    timing = config.timing
+    before_calls = (pass_ == "fwd+bwd") + timing.warmup + timing.reps
+    assert _SlowBackward.runs >= before_calls + row["call_calls"] * timing.rounds
+
+
 def test_wrong_gradients_are_wrong_rows(monkeypatch):
     def detached_v(q, k, v, p):  # right output, but v gets no gradient
         return M.eager_attention(q, k, v.detach(), p) + 0 * v.sum()

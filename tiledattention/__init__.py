@@ -25,6 +25,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "BlockMask": ".kernel.blockmask",
     "BwdSchedule": ".schedules.backward",
+    "SDPAMode": ".integrations.dropin",
     "Schedule": ".schedules.schedule",
     "ScoreMod": ".kernel.mods",
     "TableError": ".schedules.table",
@@ -34,6 +35,7 @@ _LAZY = {
     "default_schedule": ".schedules.schedule",
     "pinned_bwd_schedule": ".kernel.plan",
     "sdpa": ".api",
+    "sdpa_mode": ".integrations.dropin",
     "set_schedule_table": ".schedules.policy",
     "timed_call": ".api",
 }
@@ -51,8 +53,8 @@ def __getattr__(name: str):
 __all__ = [
     "BackwardNotSupportedError", "BlockMask", "BwdSchedule", "CompileError", "DTypeError",
     "DeviceError", "GPUTooOldError", "InputError", "MaskError", "NoGPUError", "PlatformError",
-    "Schedule", "ScheduleError", "ScoreMod", "ShapeError", "TableError", "TiledAttentionError",
-    "ToolchainMissingError", "UnsupportedHeadDimError", "VariantError", "block_mask",
-    "default_bwd_schedule", "default_schedule", "pinned_bwd_schedule", "sdpa",
-    "set_schedule_table", "timed_call",
+    "SDPAMode", "Schedule", "ScheduleError", "ScoreMod", "ShapeError", "TableError",
+    "TiledAttentionError", "ToolchainMissingError", "UnsupportedHeadDimError", "VariantError",
+    "block_mask", "default_bwd_schedule", "default_schedule", "pinned_bwd_schedule", "sdpa",
+    "sdpa_mode", "set_schedule_table", "timed_call",
 ]

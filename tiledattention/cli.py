@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .bench.config import MODEL_PHASES
 from .bench.grid import PAPER_DTYPES, PAPER_HEAD_DIMS, PAPER_SEQS, TOKENS, TUNE_PASSES, WIDTH
 from .launchers.base import LAUNCHERS
 from .schedules.space import SPACES
@@ -199,9 +200,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "launcher (slurm: on a GPU node) (default: in this process)")
     _launcher_options(p)
 
-    p = _verb(sub, "model", _model, "prefill and decode tokens/s of a tiny random Llama per "
-              "attention implementation (tiledattention, sdpa, eager); records why when it "
-              "cannot run")
+    p = _verb(sub, "model", _model, "prefill, decode and training-step tokens/s (eager and "
+              "compiled) of a tiny random Llama per attention implementation (tiledattention, "
+              "sdpa, eager); records why when it cannot run")
     p.add_argument("--out", required=True, help="directory for rows.jsonl and the manifest")
     p.add_argument("--batches", type=_count(1), nargs="+", default=[1, 8], help="batch sizes")
     p.add_argument("--prompt", type=_count(1), default=2048, help="prompt tokens per sequence")
@@ -209,6 +210,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reps", type=_count(1), default=5, help="interleaved reps per "
                    "implementation")
     p.add_argument("--seed", type=_count(0), default=0, help="seed of weights and prompt")
+    p.add_argument("--phases", nargs="+", default=list(MODEL_PHASES), choices=MODEL_PHASES,
+                   help="what to time (default: all)")
     p.add_argument("--launcher", choices=LAUNCHERS, help="run it as a job of this launcher "
                    "(slurm: on a GPU node) (default: in this process)")
     _launcher_options(p)
@@ -570,7 +573,8 @@ def _model(args) -> int:
     from .bench.model import ModelTask, load_rows, run_model, summary
 
     cfg = model_from_dict({"enabled": True, "batches": args.batches, "prompt": args.prompt,
-                           "steps": args.steps, "reps": args.reps, "seed": args.seed})
+                           "steps": args.steps, "reps": args.reps, "seed": args.seed,
+                           "phases": args.phases})
     out = os.path.abspath(args.out)
     if args.launcher:
         from .launchers import run_step

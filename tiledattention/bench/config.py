@@ -29,6 +29,7 @@ __all__ = ["BenchConfig", "ConfigError", "CorrectnessConfig", "DecodeConfig", "G
 DTYPES = ("float16", "bfloat16", "float32")
 SHAPE_POLICIES = ("tokens", "explicit")
 DEVICES = ("auto", "cuda", "cpu")
+MODEL_PHASES = ("prefill", "decode", "train", "prefill_compiled", "train_compiled")
 INT32 = 2**31 - 1  # grid sizes reach int32 kernel arguments
 
 
@@ -106,9 +107,15 @@ class CorrectnessConfig:
 class ModelConfig:
     """The study's end-to-end model benchmark (``tiledattention/bench/model.py``)."""
 
-    enabled: bool = _opt(False, "Time prefill and decode tokens/s of the tiny Llama (4 layers, "
-                         "hidden 2048, 16/4 heads, D 128, random weights) per attention "
-                         "implementation (tiledattention, sdpa, eager), as one launcher job.")
+    enabled: bool = _opt(False, "Time prefill, decode and training-step tokens/s of the tiny "
+                         "Llama (4 layers, hidden 2048, 16/4 heads, D 128, random weights) per "
+                         "attention implementation (tiledattention, sdpa, eager), as one "
+                         "launcher job.")
+    phases: tuple[str, ...] = _opt(MODEL_PHASES, "What is timed - prefill, decode (eager); "
+                                   "train, a training step (forward, loss, backward, SGD step) "
+                                   "on B x prompt tokens; prefill_compiled, train_compiled: the "
+                                   "same under torch.compile (tiledattention and sdpa).",
+                                   choices=MODEL_PHASES, unique=True)
     batches: tuple[int, ...] = _opt((1, 8), "Batch sizes B.", min=1, max=4096, unique=True)
     prompt: int = _opt(2048, "Prompt tokens per sequence (prefill length; the decode "
                        "steps start after it).", min=1, max=8192 - 1024)

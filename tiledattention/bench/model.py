@@ -1,17 +1,27 @@
-"""End to end: prefill and decode tokens/s of the tiny Llama (4 layers, hidden 2048,
-16 heads / 4 KV heads, D = 128, bf16, random weights, no download) with each attention
-implementation, measured side by side in one process: ours (``tiledattention``),
-transformers' built-in ``sdpa`` and ``eager``.
+"""End to end: prefill, decode and training-step tokens/s of the tiny Llama (4 layers,
+hidden 2048, 16 heads / 4 KV heads, D = 128, bf16, random weights, no download) with each
+attention implementation, measured side by side in one process: ours (``tiledattention``,
+through ``integrations.transformers``), transformers' built-in ``sdpa`` and ``eager``.
 
-prefill: one forward over B x prompt tokens (CUDA events); decode: a greedy loop of
-``steps`` steps with a DynamicCache after the prompt, tokens/s = B * steps / time of the
-steps (host included: what a caller gets from eager HF decode). Reps interleave the
-implementations, order alternating; each row holds the median and every rep.
+Phases (``model.phases``):
+- prefill: one forward over B x prompt tokens (CUDA events around the call, so host time
+  counts where the host is slower);
+- decode: a greedy loop of ``steps`` steps with a DynamicCache after the prompt, tokens/s
+  = B * steps / time of the steps (host included: what a caller gets from eager HF decode);
+- train: one training step on B x prompt tokens: forward with the next-token loss,
+  backward, an SGD step (lr 0: the weights, and so every later phase, stay as they were)
+  and zero_grad; tokens/s = B * prompt / step time (CUDA events, host included);
+- prefill_compiled, train_compiled: the same through ``torch.compile(model)`` (static
+  shapes, compiled afresh per batch size; compilation is in the warm-up rep), for
+  tiledattention and sdpa.
 
-One row per (batch, phase, implementation), in the bench rows' format (point_key, method,
-status, reason, recorded, config_hash), next to a ``manifest-model.json`` (GPU, torch,
-tileiras, git revision) like a bench shard's. Where no GPU is visible or transformers is
-missing, every row is ``unavailable`` with the reason and the study goes on.
+Reps interleave the implementations, order alternating; each row holds the median and every
+rep. One row per (batch, phase, implementation), in the bench rows' format (point_key,
+method, status, reason, recorded, config_hash), next to a ``manifest-model.json`` (GPU,
+torch, tileiras, git revision) like a bench shard's. Where no GPU is visible or transformers
+is missing, every row is ``unavailable`` with the reason and the study goes on; an
+implementation that fails in one phase gets that phase's row marked with the reason and
+keeps its other phases.
 """
 
 from __future__ import annotations
@@ -23,10 +33,13 @@ import sys
 import time
 from dataclasses import dataclass
 
-from .config import ModelConfig, model_from_dict
+from .config import MODEL_PHASES, ModelConfig, model_from_dict
 
 IMPLS = ("tiledattention", "sdpa", "eager")
-PHASES = ("prefill", "decode")
+PHASES = MODEL_PHASES
+# torch.compile of transformers' eager attention is nobody's baseline: compiled phases time
+# ours against sdpa.
+COMPILED_IMPLS = ("tiledattention", "sdpa")
 FORMAT = 1
 ROWS = "rows.jsonl"
 
@@ -36,12 +49,21 @@ def point_key(batch: int, phase: str, cfg: ModelConfig) -> str:
         f"|n{cfg.steps}" if phase == "decode" else "")
 
 
+def impls_of(phase: str) -> tuple[str, ...]:
+    return COMPILED_IMPLS if phase.endswith("_compiled") else IMPLS
+
+
+def tokens_of(batch: int, phase: str, cfg: ModelConfig) -> int:
+    return batch * (cfg.steps if phase == "decode" else cfg.prompt)
+
+
 def _base_rows(cfg: ModelConfig, device: str) -> list[dict]:
     return [{"format": FORMAT, "point_key": point_key(b, ph, cfg), "method": impl,
-             "model": "llama-tiny", "phase": ph, "batch": b, "prompt": cfg.prompt,
+             "model": "llama-tiny", "phase": ph, "compiled": ph.endswith("_compiled"),
+             "batch": b, "prompt": cfg.prompt,
              "steps": cfg.steps if ph == "decode" else None, "reps": cfg.reps,
              "dtype": "bfloat16", "device": device, "seed": cfg.seed}
-            for b in cfg.batches for ph in PHASES for impl in IMPLS]
+            for b in cfg.batches for ph in cfg.phases for impl in impls_of(ph)]
 
 
 def unavailable_reason() -> str | None:
@@ -58,31 +80,84 @@ def unavailable_reason() -> str | None:
     return None
 
 
-def _prefill_s(model, ids) -> float:
+def _events_s(fn) -> float:
+    """Seconds of one call of ``fn`` between CUDA events recorded around it (the GPU waits
+    for the host's enqueueing, so a host-bound call counts its host time)."""
     import torch
 
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
-    model(ids, use_cache=False)
+    fn()
     end.record()
     torch.cuda.synchronize()
     return start.elapsed_time(end) / 1e3
+
+
+def _prefill_s(model, ids) -> float:
+    import torch
+
+    with torch.inference_mode():
+        return _events_s(lambda: model(ids, use_cache=False))
 
 
 def _decode_s(model, ids, steps: int) -> float:
     import torch
     from transformers import DynamicCache
 
-    cache = DynamicCache()
-    out = model(ids, past_key_values=cache, use_cache=True)
-    nxt = out.logits[:, -1:].argmax(-1)
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(steps):
-        out = model(nxt, past_key_values=cache, use_cache=True)
+    with torch.inference_mode():
+        cache = DynamicCache()
+        out = model(ids, past_key_values=cache, use_cache=True)
         nxt = out.logits[:, -1:].argmax(-1)
-    torch.cuda.synchronize()
-    return time.perf_counter() - start
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(steps):
+            out = model(nxt, past_key_values=cache, use_cache=True)
+            nxt = out.logits[:, -1:].argmax(-1)
+        torch.cuda.synchronize()
+        return time.perf_counter() - start
+
+
+def _train_s(model, ids, optimizer) -> float:
+    def step():
+        model(ids, labels=ids, use_cache=False).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return _events_s(step)
+
+
+class _Runners:
+    """Each phase's timed call per implementation: eager models built once, their compiled
+    wrappers afresh per batch size (``new_batch``)."""
+
+    def __init__(self, cfg: ModelConfig):
+        import torch
+
+        from ..integrations.transformers import register, tiny_llama
+
+        name = register()
+        self.cfg = cfg
+        self.models = {impl: tiny_llama(name if impl == "tiledattention" else impl,
+                                        seed=cfg.seed) for impl in IMPLS}
+        # lr 0: the step's work, without changing the weights the other phases use.
+        self.optimizers = {impl: torch.optim.SGD(m.parameters(), lr=0.0, foreach=True)
+                           for impl, m in self.models.items()}
+        self.compiled: dict = {}
+
+    def new_batch(self) -> None:
+        import torch
+
+        torch._dynamo.reset()  # recompile per batch size: no dynamic shapes, no cache limit
+        self.compiled = {impl: torch.compile(self.models[impl], dynamic=False)
+                         for impl in COMPILED_IMPLS}
+
+    def __call__(self, phase: str, impl: str, ids, warmup: bool) -> float:
+        model = self.compiled[impl] if phase.endswith("_compiled") else self.models[impl]
+        if phase.startswith("prefill"):
+            return _prefill_s(model, ids)
+        if phase == "decode":
+            return _decode_s(model, ids, min(4, self.cfg.steps) if warmup else self.cfg.steps)
+        return _train_s(model, ids, self.optimizers[impl])
 
 
 def measure_model(cfg: ModelConfig, log=sys.stderr) -> list[dict]:
@@ -94,48 +169,41 @@ def measure_model(cfg: ModelConfig, log=sys.stderr) -> list[dict]:
                 for r in _base_rows(cfg, "cpu")]
     import torch
 
-    from ..integrations.transformers import register, tiny_llama
     from .runner import _classify
 
-    name = register()
-    with torch.inference_mode():
-        models = {impl: tiny_llama(name if impl == "tiledattention" else impl, seed=cfg.seed)
-                  for impl in IMPLS}
-        rows = {(r["batch"], r["phase"], r["method"]): r
-                for r in _base_rows(cfg, str(torch.device("cuda")))}
-        gen = torch.Generator(device="cuda").manual_seed(cfg.seed)
-        for b in cfg.batches:
-            ids = torch.randint(0, 1024, (b, cfg.prompt), device="cuda", generator=gen)
-            failed: dict[str, tuple[str, str]] = {}  # an implementation that raised: why
-            times = {(ph, i): [] for ph in PHASES for i in IMPLS}
-            for rep in range(-1, cfg.reps):  # rep -1: warm-up (compiles, allocator, cache)
-                for impl in IMPLS if rep % 2 == 0 else IMPLS[::-1]:
-                    if impl in failed:
+    run = _Runners(cfg)
+    rows = {(r["batch"], r["phase"], r["method"]): r
+            for r in _base_rows(cfg, str(torch.device("cuda")))}
+    gen = torch.Generator(device="cuda").manual_seed(cfg.seed)
+    for b in cfg.batches:
+        ids = torch.randint(0, 1024, (b, cfg.prompt), device="cuda", generator=gen)
+        run.new_batch()
+        failed: dict[tuple[str, str], tuple[str, str]] = {}  # (impl, phase) that raised: why
+        times = {(ph, i): [] for ph in cfg.phases for i in impls_of(ph)}
+        for rep in range(-1, cfg.reps):  # rep -1: warm-up (compiles, allocator, cache)
+            for impl in IMPLS if rep % 2 == 0 else IMPLS[::-1]:
+                for ph in cfg.phases:
+                    if impl not in impls_of(ph) or (impl, ph) in failed:
                         continue
                     try:
-                        pre = _prefill_s(models[impl], ids)
-                        dec = _decode_s(models[impl], ids, cfg.steps if rep >= 0
-                                        else min(4, cfg.steps))
+                        secs = run(ph, impl, ids, warmup=rep < 0)
                     except Exception as exc:  # OOM, a refusal: this row says so, others go on
-                        failed[impl] = _classify(exc)
+                        failed[impl, ph] = _classify(exc)
                         torch.cuda.empty_cache()
                         continue
                     if rep >= 0:
-                        times["prefill", impl].append(pre)
-                        times["decode", impl].append(dec)
-            for impl, (status, reason) in failed.items():
-                for ph in PHASES:
-                    rows[b, ph, impl].update(status=status, reason=reason)
-            for (ph, impl), secs in times.items():
-                if impl in failed:
-                    continue
-                med = statistics.median(secs)
-                tokens = b * (cfg.prompt if ph == "prefill" else cfg.steps)
-                rows[b, ph, impl].update(status="ok", tokens_per_s=tokens / med,
-                                         time_ms=med * 1e3,
-                                         times_ms=[s * 1e3 for s in secs])
-                print(f"model: b{b} {ph:7s} {impl:15s} {tokens / med:12.1f} tok/s", file=log,
-                      flush=True)
+                        times[ph, impl].append(secs)
+        for (impl, ph), (status, why) in failed.items():
+            rows[b, ph, impl].update(status=status, reason=why)
+        for (ph, impl), secs in times.items():
+            if (impl, ph) in failed:
+                continue
+            med = statistics.median(secs)
+            tokens = tokens_of(b, ph, cfg)
+            rows[b, ph, impl].update(status="ok", tokens_per_s=tokens / med,
+                                     time_ms=med * 1e3, times_ms=[s * 1e3 for s in secs])
+            print(f"model: b{b} {ph:16s} {impl:15s} {tokens / med:12.1f} tok/s", file=log,
+                  flush=True)
     return list(rows.values())
 
 
@@ -178,15 +246,15 @@ def summary(rows: list[dict]) -> str:
     """tokens/s per (batch, phase, implementation) and the ratio to transformers' sdpa."""
     ref = {(r["batch"], r["phase"]): r.get("tokens_per_s") for r in rows
            if r["method"] == "sdpa" and r["status"] == "ok"}
-    lines = [f"{'impl':15s} {'B':>3s} {'phase':8s} {'tok/s':>12s} {'x sdpa':>7s}"]
+    lines = [f"{'impl':15s} {'B':>3s} {'phase':16s} {'tok/s':>12s} {'x sdpa':>7s}"]
     for r in rows:
         if r["status"] != "ok":
-            lines.append(f"{r['method']:15s} {r['batch']:3d} {r['phase']:8s} {r['status']}: "
+            lines.append(f"{r['method']:15s} {r['batch']:3d} {r['phase']:16s} {r['status']}: "
                          f"{r['reason']}")
             continue
         base = ref.get((r["batch"], r["phase"]))
         ratio = f"{r['tokens_per_s'] / base:7.3f}" if base else "      —"
-        lines.append(f"{r['method']:15s} {r['batch']:3d} {r['phase']:8s} "
+        lines.append(f"{r['method']:15s} {r['batch']:3d} {r['phase']:16s} "
                      f"{r['tokens_per_s']:12.1f} {ratio}")
     return "\n".join(lines)
 

@@ -14,8 +14,11 @@ How calls map onto ``tiledattention.sdpa`` (the same decisions as transformers' 
   new query sees the whole cache;
 - GQA: K/V are passed with their own heads and ``enable_gqa=True`` (no repeat_kv copy).
 
-Needs the ``hf`` extra (``pip install 'tiledattention[hf]'``); dropout must be 0 (there
-is no backward, so training is out of scope).
+Needs the ``hf`` extra (``pip install 'tiledattention[hf]'``); dropout must be 0. It
+trains (``sdpa`` is differentiable) and compiles (``torch.compile``); ``bench/model.py``
+times prefill, decode and a training step, eager and compiled. For a model left on
+``attn_implementation="sdpa"``, ``tiledattention.sdpa_mode()`` routes PyTorch's SDPA calls
+instead (``integrations/dropin.py``).
 """
 
 from __future__ import annotations

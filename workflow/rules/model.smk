@@ -1,5 +1,5 @@
-# Optional (model.enabled): the tiny Llama end to end, prefill and decode tokens/s per
-# attention implementation, as one job of the configured launcher (a GPU node under
+# Optional (model.enabled): the tiny Llama end to end, prefill, decode and training-step
+# tokens/s (eager and compiled: model.phases) per attention implementation, as one job of the configured launcher (a GPU node under
 # SLURM, a free local GPU). Where the job finds no GPU or no transformers its rows record
 # why and the study goes on.
 rule model:
@@ -10,6 +10,7 @@ rule model:
     params:
         m=MODEL,
         batches=" ".join(map(str, MODEL.batches)),
+        phases=" ".join(MODEL.phases),
         out=lambda wildcards, output: os.path.dirname(output[0]),
         launcher=launcher_args(),
     resources:
@@ -19,4 +20,5 @@ rule model:
     shell:
         "tiledattn model --batches {params.batches} --prompt {params.m.prompt}"
         " --steps {params.m.steps} --reps {params.m.reps} --seed {params.m.seed}"
+        " --phases {params.phases}"
         " {params.launcher} --out {params.out:q} > {log:q} 2>&1"
