@@ -82,6 +82,10 @@ def definitions(b, h, s, device="cuda"):
 def flex_callable(s, score_mod, mask_mod, batch):
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
+    # Every variant (and grad mode) is a recompile of the one flex_attention: without a
+    # higher limit Dynamo falls back to eager after 8 and times the unfused math.
+    torch._dynamo.config.recompile_limit = 256
+    torch._dynamo.config.accumulated_recompile_limit = 4096
     compiled = torch.compile(flex_attention)
     bm = create_block_mask(mask_mod, batch, None, s, s)
     return lambda q, k, v: compiled(q, k, v, score_mod=score_mod, block_mask=bm)

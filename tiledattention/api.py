@@ -97,6 +97,7 @@ def _setup_context(ctx, inputs, output):
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, attn_mask, *aux)
     ctx.causal, ctx.scale, ctx.return_lse, ctx.variant = causal, scale, return_lse, variant
+    ctx.n_aux = len(aux)
     ctx.bwd_schedule = _pinned_label()
     # An output nobody used gets None, not zeros: an unused LSE costs no extra pass.
     ctx.set_materialize_grads(False)
@@ -112,8 +113,9 @@ def _backward(ctx, dout, dlse):
         dout = torch.zeros_like(out)
     dq, dk, dv = _attention_bwd(q, k, v, out, lse, dout, dlse, attn_mask, aux, ctx.causal,
                                 ctx.scale, ctx.bwd_schedule, ctx.variant)
-    # No gradient for the mask, the captured tensors and the other arguments.
-    return dq, dk, dv, None, None, None, None, None, None, None
+    # No gradient for the mask, the captured tensors (one None each: autograd matches the
+    # inputs' structure) and the other arguments.
+    return dq, dk, dv, None, [None] * ctx.n_aux, None, None, None, None, None
 
 
 torch.library.register_autograd("tiledattention::attention_fwd", _backward,
@@ -161,6 +163,15 @@ def _plain_eager(q) -> bool:
     """
     return (type(q) is _Tensor and not _is_compiling() and _tracing_state() is None
             and not _dispatch_modes() and not _function_modes())
+
+
+@torch.compiler.disable
+def _traced_variant(score_mod, mask_mod, block_mask, needs_grad: bool):
+    """The op's (variant key, captured tensors) of a call under a tracer. Lifting reads
+    source code, which Dynamo cannot trace: a variant call under ``torch.compile`` costs
+    one graph break here, and the op after it is compiled as usual."""
+    mods, block = _variant(score_mod, mask_mod, block_mask, needs_grad)
+    return _variant_key(mods, block), list(mods.tensors())
 
 
 def _variant(score_mod, mask_mod, block_mask, needs_grad: bool):
@@ -244,7 +255,9 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     Any strides are accepted: a tensor is copied only when its last (head-dim) axis is
     not unit-stride. The output is a new contiguous tensor allocated by PyTorch, and the
     kernels run on PyTorch's current CUDA stream, also under ``torch.compile`` (fullgraph)
-    and CUDA-graph capture.
+    and CUDA-graph capture. A call with a variant costs one graph break under
+    ``torch.compile`` (lifting reads the functions' source, which Dynamo cannot trace);
+    the op itself is compiled as usual.
 
     Differentiable in q, k and v, and in the LSE output when returned. ``attn_mask`` gets
     no gradient: a mask that requires grad is refused (``BackwardNotSupportedError``).
@@ -262,29 +275,31 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                          "or use torch's scaled_dot_product_attention for dropout)")
     needs_grad = _grad_enabled() and (getattr(q, "requires_grad", False) or getattr(
         k, "requires_grad", False) or getattr(v, "requires_grad", False))
-    variant = None
-    mods, block = _mods.NONE, None
-    if score_mod is not None or mask_mod is not None or block_mask is not None:
-        mods, block = _variant(score_mod, mask_mod, block_mask, needs_grad)
-        if block is not None and isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor):
-            _check_block(block, q, k)
-        variant = (mods, block)
+    has_variant = score_mod is not None or mask_mod is not None or block_mask is not None
+    if block_mask is not None and isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor):
+        _check_block(block_mask, q, k)
     if _plain_eager(q):
+        variant = _variant(score_mod, mask_mod, block_mask, needs_grad) if has_variant else None
+        mods = _mods.NONE if variant is None else variant[0]
         plan = plan_for(q, k, v, attn_mask, is_causal, scale, enable_gqa,
                         bool(return_lse) or needs_grad, schedule, variant)
         if not needs_grad:
             out, lse = launch(plan, q, k, v, attn_mask, fresh_lse=False, aux=mods.tensors())
         else:
-            out, lse = _Attention.apply(q, k, v, plan, attn_mask, mods, block,
+            out, lse = _Attention.apply(q, k, v, plan, attn_mask, mods,
+                                        None if variant is None else variant[1],
                                         plan.variant.causal, plan.scale)
         return (out, lse) if return_lse else out
     problem = check_inputs(q, k, v, causal=is_causal, scale=scale, attn_mask=attn_mask,
                            enable_gqa=enable_gqa)
     s = resolve_schedule(schedule, problem)
+    key, aux = "", []
+    if has_variant:
+        key, aux = _traced_variant(score_mod, mask_mod, block_mask, needs_grad)
     # With a gradient to compute, the forward always keeps the LSE: the backward needs it.
-    out, lse = _attention_fwd(q, k, v, attn_mask, list(mods.tensors()), problem.causal,
-                              problem.scale, bool(return_lse) or needs_grad,
-                              "" if s is None else s.label(), _variant_key(mods, block))
+    out, lse = _attention_fwd(q, k, v, attn_mask, aux, problem.causal, problem.scale,
+                              bool(return_lse) or needs_grad, "" if s is None else s.label(),
+                              key)
     return (out, lse) if return_lse else out
 
 
