@@ -420,7 +420,7 @@ def _aggregate(args) -> int:
     import glob
     import os
 
-    from .bench.aggregate import concat, write
+    from .bench.aggregate import load_checked, write
     from .bench.store import RowsError, check_one_config
 
     if not os.path.isdir(args.rows):
@@ -430,7 +430,7 @@ def _aggregate(args) -> int:
         raise RowsError(f"expected {args.expect_shards} shard files in {args.rows}, found "
                         f"{len(found)}")
     skipped: list[int] = []
-    rows = concat(args.rows, skipped=skipped)
+    rows = load_checked(args.rows, skipped=skipped)
     if not rows:
         raise RowsError(f"no rows in {args.rows} ({len(found)} rows-shard*.jsonl files, "
                         f"{sum(skipped)} unreadable lines)")
@@ -450,7 +450,7 @@ def _aggregate(args) -> int:
 
     write(rows, args.out, csv_table=False)  # rows.csv comes next, dictionary order
     table = write_rows_table(rows, args.out)["csv"]
-    ladder = concat(args.ladder) if args.ladder else []
+    ladder = load_checked(args.ladder) if args.ladder else []
     paths = write_all(rows, os.path.join(args.out, "tables"), tune_table=args.tune_table,
                       ladder_rows=ladder, shape_rows=_shape_rows(args.shapes),
                       model_rows=_model_rows(args.model))
@@ -477,40 +477,41 @@ def _shape_rows(dirs: list[str] | None) -> list[dict]:
     """The rows of every shapes grid directory named (each must exist)."""
     import os
 
-    from .bench.aggregate import concat
+    from .bench.aggregate import load_checked
     from .bench.store import RowsError
 
     rows: list[dict] = []
     for d in dirs or ():
         if not os.path.isdir(d):
             raise RowsError(f"--shapes {d}: not a directory")
-        rows += concat(d)
+        rows += load_checked(d)
     return rows
 
 
 def _figures(args) -> int:
-    import json
     import os
 
-    from .bench.aggregate import concat
-    from .bench.store import RowsError, read_rows
+    from .bench.aggregate import load_checked
+    from .bench.store import ResultStore, RowsError, check_rows
+    from .safeio import load_json
     from .study.figures import write_all
 
     if not os.path.isfile(args.rows):
         raise RowsError(f"--rows {args.rows}: no such file")
     tune = []
     if args.tune_table and os.path.exists(args.tune_table):
-        with open(args.tune_table) as f:
-            table = json.load(f)
+        table = load_json(args.tune_table, what="--tune-table")
         tune = table.get("entries") if isinstance(table, dict) else None
         if not isinstance(tune, list):
             raise RowsError(f"--tune-table {args.tune_table}: not a tuning table (no "
                             "\"entries\" list)")
-    rows = read_rows(args.rows)
+    store = ResultStore(args.rows)
+    rows = list(store.rows.values())
     if not rows:
         raise RowsError(f"--rows {args.rows}: no rows (empty, or no line is a row)")
+    check_rows(rows, args.rows, store.conflicts)  # nothing impossible is plotted
     paths = write_all(rows, args.out,
-                      ladder_rows=concat(args.ladder) if args.ladder else [],
+                      ladder_rows=load_checked(args.ladder) if args.ladder else [],
                       tune_entries=tune, shape_rows=_shape_rows(args.shapes))
     print(f"figures: {len(paths)} files in {args.out}", file=sys.stderr)
     return 0
