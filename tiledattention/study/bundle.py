@@ -394,6 +394,7 @@ def create(study_dir: str, out_dir: str, *, config: dict, config_name: str, repo
     manifest = _load_json(_source(manifest_path, study_dir), "manifest")
     if not isinstance(manifest, dict):
         raise StudyError(f"{manifest_path}: not a manifest (expected a JSON object)")
+    _check_config(manifest, config, manifest_path)
     parent = os.path.dirname(os.path.abspath(out_dir))
     os.makedirs(parent, exist_ok=True)
     base = os.path.basename(os.path.abspath(out_dir))
@@ -416,6 +417,18 @@ def create(study_dir: str, out_dir: str, *, config: dict, config_name: str, repo
             shutil.rmtree(work, ignore_errors=True)
             raise
     return {"dir": out_dir, "zip": zip_path, "files": files}
+
+
+def _check_config(manifest: dict, config: dict, manifest_path: str) -> None:
+    """The config given is the one the study's manifest recorded (when it recorded one)."""
+    from .manifest import config_hash
+
+    want = manifest.get("study_config_hash")
+    if want is not None and config_hash(config) != want:
+        raise StudyError(f"--config: not the config this study ran with ({manifest_path} "
+                         f"records study_config_hash {want[:12]}…, this one hashes to "
+                         f"{config_hash(config)[:12]}…); pass the study's own config "
+                         "(results/<study>/plan/study-config.yaml)")
 
 
 def _published_rows(study_dir: str) -> list[dict]:
