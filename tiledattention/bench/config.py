@@ -247,7 +247,12 @@ def validate(cfg: BenchConfig) -> BenchConfig:
     from ..errors import ScheduleError
     from .methods import get_method
 
+    from .grid import impossible
+
     _validate_section(cfg, "")
+    why = impossible(cfg)
+    if why:
+        raise ConfigError(why)
     for m in cfg.methods:
         try:
             get_method(m)
