@@ -409,6 +409,11 @@ def _sweep(args) -> int:
                           f"{args.shards - 1} (--shards {args.shards})")
     options = _json_object(args.launcher_options, "--launcher-options")
     launcher = get_launcher(args.launcher, os.path.join(args.out, "logs"), options)
+    from .bench.store import ensure_unlocked
+
+    os.makedirs(args.out, exist_ok=True)
+    for i in indices:  # another sweep or bench writing a shard: one line, nothing submitted
+        ensure_unlocked(os.path.join(args.out, f"rows-shard{i}of{args.shards}.jsonl"))
     tasks = [ShardTask(os.path.abspath(args.config), os.path.abspath(args.out), i,
                        args.shards, args.step) for i in indices]
     for r in launcher.run(tasks):
@@ -561,7 +566,6 @@ def _model(args) -> int:
 
 
 def _manifest(args) -> int:
-    import json
     import os
 
     from .study.manifest import load_manifests, merge
@@ -570,8 +574,9 @@ def _manifest(args) -> int:
     config = load_yaml(args.config) if args.config else None
     merged = merge(load_manifests(args.runs), config=config, image=args.image,
                    base_dir=os.path.dirname(os.path.abspath(args.out)))
-    with open(args.out, "w") as f:
-        json.dump(merged, f, indent=1)
+    from .safeio import write_json
+
+    write_json(args.out, merged, indent=1)  # atomic: bundle create trusts it
     if not merged["consistent"]:
         print(f"manifest: MIXED study — runs differ in {sorted(merged['mismatches'])}",
               file=sys.stderr)

@@ -40,12 +40,13 @@ def read_bytes(path: str, *, cap: int, what: str = "") -> bytes:
         raise UnsafeFileError(f"{name}: is a directory, not a file") from None
     except OSError as exc:
         raise UnsafeFileError(f"{name}: cannot read it ({exc.strerror})") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = "a directory" if stat.S_ISDIR(mode) else "a special file (FIFO, device or " \
+            "socket)"
+        raise UnsafeFileError(f"{name}: is {kind}, not a regular file")
     with os.fdopen(fd, "rb") as f:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            kind = "a directory" if stat.S_ISDIR(mode) else "a special file (FIFO, device " \
-                "or socket)"
-            raise UnsafeFileError(f"{name}: is {kind}, not a regular file")
         data = f.read(cap + 1)
     if len(data) > cap:
         raise UnsafeFileError(f"{name}: larger than the {cap} bytes allowed")

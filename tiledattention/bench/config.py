@@ -245,9 +245,8 @@ def _validate_section(obj, where: str) -> None:
 
 def validate(cfg: BenchConfig) -> BenchConfig:
     from ..errors import ScheduleError
-    from .methods import get_method
-
     from .grid import impossible
+    from .methods import get_method
 
     _validate_section(cfg, "")
     why = impossible(cfg)

@@ -45,10 +45,8 @@ class ResultStore:
                 if key in self.rows and self.rows[key] != row:
                     self.conflicts.append(key)
                 self.rows[key] = row
-            if data and not data.endswith(b"\n"):
-                # Terminate a torn tail so the next record starts on its own line.
-                with open(path, "ab") as f:
-                    f.write(b"\n")
+            # A torn tail is terminated before the next record (reading never writes).
+            self._torn_tail = bool(data) and not data.endswith(b"\n")
 
     @property
     def torn_lines(self) -> int:  # the older name
@@ -57,8 +55,12 @@ class ResultStore:
     def done(self, point_key: str, method: str) -> bool:
         return (point_key, method) in self.rows
 
+    _torn_tail = False
+
     def append(self, row: dict) -> None:
         line = (json.dumps(row, sort_keys=True) + "\n").encode()
+        if self._torn_tail:  # so this record starts on its own line
+            line, self._torn_tail = b"\n" + line, False
         with open(self.path, "ab") as f:
             f.write(line)
             f.flush()
@@ -81,7 +83,7 @@ class ResultStore:
         aside = os.path.join(head, f"stale-{name[:-len('.jsonl')]}-{time.time_ns()}.jsonl")
         os.replace(self.path, aside)
         keep = [r for r in self.rows.values() if r.get("config_hash") == digest]
-        self.rows = {}
+        self.rows, self._torn_tail = {}, False
         for r in keep:
             self.append(r)
         return aside
