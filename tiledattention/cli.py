@@ -222,7 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "must be new, empty or a previous bundle")
     b.add_argument("--force", action="store_true", help="replace --out and DIR.zip even when "
                    "they hold files that are not a previous bundle's (never the study or the "
-                   "source checkout)")
+                   "source checkout, nor anything inside them)")
     b = bsub.add_parser("verify", help="recompute checksums, validate the metadata",
                         formatter_class=_Formatter)
     b.add_argument("path", help="bundle directory or zip")
