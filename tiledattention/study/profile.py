@@ -228,8 +228,7 @@ def _capture(ncu, shape, method, out_dir, clock_control, warmup, tokens, width,
     except subprocess.TimeoutExpired:
         return Capture(shape.tag(), method, "failed", f"ncu ran over {timeout_s:.0f}s")
     log = run.stdout + run.stderr
-    with open(base + ".log", "w") as f:
-        f.write(" ".join(cmd) + "\n" + log)
+    write_text(base + ".log", " ".join(cmd) + "\n" + log)
     report = base + ".ncu-rep"
     if "ERR_NVGPUCTRPERM" in log:
         return Capture(shape.tag(), method, "failed", "ERR_NVGPUCTRPERM")
@@ -239,8 +238,7 @@ def _capture(ncu, shape, method, out_dir, clock_control, warmup, tokens, width,
                        f"ncu exit {run.returncode}: {' | '.join(tail)}")
     exp = subprocess.run([ncu, "--import", report, "--csv", "--page", "raw"],
                          capture_output=True, text=True, timeout=timeout_s)
-    with open(base + ".csv", "w") as f:
-        f.write(exp.stdout)
+    write_text(base + ".csv", exp.stdout)
     kernels, units = parse_raw_csv(exp.stdout)
     if not kernels:
         return Capture(shape.tag(), method, "failed", "no kernel matched the filter "
