@@ -47,9 +47,11 @@ def one_line(code_err, code: int = 2) -> str:
 
 
 def _row(key: str, method: str = "eager", **extra) -> dict:
+    point = {"dtype": "float32", "causal": False, "head_dim": 32, "seq_q": 32, "seq_kv": 32,
+             "batch": 1, "heads": 2, "gqa": 1}
     return {"format": "tiledattention-bench-row/1", "point_key": key, "method": method,
-            "status": "ok", "config_hash": "h", "seq_q": 32, "tflops": 1.0,
-            "time_ms": {"median_ms": 2.0}, **extra}
+            "status": "ok", "config_hash": "h", "tflops": 1.0,
+            "time_ms": {"median_ms": 2.0}, **point, **extra}
 
 
 def _shard(d: Path, rows: list[dict], name: str = "rows-shard0of1.jsonl") -> Path:
@@ -274,6 +276,7 @@ def test_the_shipped_snapshot_allow_list_names_every_tracked_config_and_profile(
     ({"seq_q": 0}, "seq_q is 0"),
     ({"tflops": "12.5"}, "tflops is '12.5', not a number"),
     ({"status": None}, "'status' is missing"),
+    ({"head_dim": None}, "head_dim is None (must be an integer >= 1)"),
 ])
 def test_a_row_with_an_impossible_or_mistyped_value_is_refused_naming_it(tmp_path, bad,
                                                                          why):
@@ -288,6 +291,21 @@ def test_a_row_with_an_impossible_or_mistyped_value_is_refused_naming_it(tmp_pat
     err = one_line(cli("figures", "--rows", str(tmp_path / "a" / "rows.jsonl"), "--out",
                        str(tmp_path / "f")))
     assert why in err and not (tmp_path / "f").exists()  # refused before plotting
+
+
+def test_a_wrong_rows_infinite_error_is_published_as_why_it_is_wrong(tmp_path):
+    # A kernel that returns NaN: the harness records rel_err NaN and grad errors inf, status
+    # wrong. That is the measurement, listed in the status table, not a fault of the file.
+    wrong = {**_row("p1"), "status": "wrong", "reason": "output not finite",
+             "rel_err": float("nan"), "grad_rel_err": {"dq": float("inf")}}
+    rows = _shard(tmp_path / "rows", [_row("p0"), wrong])
+    code, _ = cli("aggregate", "--rows", str(rows), "--out", str(tmp_path / "a"))
+    assert code == 0
+    status = (tmp_path / "a" / "tables" / "status.md").read_text()
+    assert "| p1 | eager | wrong | output not finite |" in status
+    _shard(rows, [_row("p0"), {**wrong, "status": "ok"}])  # but never in an ok row
+    err = one_line(cli("aggregate", "--rows", str(rows), "--out", str(tmp_path / "b")))
+    assert "rel_err is nan" in err
 
 
 def test_a_pair_measured_twice_with_different_values_is_reported_not_picked(tmp_path):

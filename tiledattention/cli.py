@@ -450,12 +450,14 @@ def _aggregate(args) -> int:
         _, table = write(rows, args.out)
         print(f"aggregate: {len(rows)} rows ({counts}) -> {table}", file=sys.stderr)
         return 0
+    from .bench.store import check_rows
     from .study.frame import write_rows_table
     from .study.tables import write_all
 
+    check_rows(rows, args.rows, point=True)  # the tables group rows by their point
     write(rows, args.out, csv_table=False)  # rows.csv comes next, dictionary order
     table = write_rows_table(rows, args.out)["csv"]
-    ladder = load_checked(args.ladder) if args.ladder else []
+    ladder = load_checked(args.ladder, point=True) if args.ladder else []
     paths = write_all(rows, os.path.join(args.out, "tables"), tune_table=args.tune_table,
                       ladder_rows=ladder, shape_rows=_shape_rows(args.shapes),
                       model_rows=_model_rows(args.model))
@@ -489,7 +491,7 @@ def _shape_rows(dirs: list[str] | None) -> list[dict]:
     for d in dirs or ():
         if not os.path.isdir(d):
             raise RowsError(f"--shapes {d}: not a directory")
-        rows += load_checked(d)
+        rows += load_checked(d, point=True)
     return rows
 
 
@@ -514,9 +516,9 @@ def _figures(args) -> int:
     rows = list(store.rows.values())
     if not rows:
         raise RowsError(f"--rows {args.rows}: no rows (empty, or no line is a row)")
-    check_rows(rows, args.rows, store.conflicts)  # nothing impossible is plotted
+    check_rows(rows, args.rows, store.conflicts, point=True)  # nothing impossible is plotted
     paths = write_all(rows, args.out,
-                      ladder_rows=load_checked(args.ladder) if args.ladder else [],
+                      ladder_rows=load_checked(args.ladder, point=True) if args.ladder else [],
                       tune_entries=tune, shape_rows=_shape_rows(args.shapes))
     print(f"figures: {len(paths)} files in {args.out}", file=sys.stderr)
     return 0

@@ -60,12 +60,14 @@ def write(rows: list[dict], out_dir: str, *, csv_table: bool = True) -> tuple[st
     return jsonl, table
 
 
-def load_checked(rows_dir: str, skipped: list[int] | None = None) -> list[dict]:
+def load_checked(rows_dir: str, skipped: list[int] | None = None,
+                 point: bool = False) -> list[dict]:
     """``concat``'s rows, refused in one line (``store.check_rows``) when any cannot be
-    published: an impossible number, a mistyped field, a pair given twice differently."""
+    published: an impossible number, a mistyped field, a pair given twice differently (with
+    ``point``, a missing point field)."""
     from .store import check_rows
 
     conflicts: list[tuple[str, str]] = []
     rows = concat(rows_dir, skipped=skipped, conflicts=conflicts)
-    check_rows(rows, rows_dir, conflicts)
+    check_rows(rows, rows_dir, conflicts, point)
     return rows

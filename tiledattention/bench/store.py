@@ -145,9 +145,13 @@ def check_one_config(rows: list[dict], where: str) -> None:
 SHAPE_FIELDS = ("head_dim", "seq_q", "seq_kv", "batch", "heads", "gqa")
 TIME_FIELDS = ("time_ms.median_ms", "time_ms.mean_ms", "time_ms.min_ms", "time_ms.p95_ms",
                "call_us")
-NUMBER_FIELDS = SHAPE_FIELDS + TIME_FIELDS + (
-    "tflops", "tokens_per_s", "gbytes_per_s", "flops", "bytes_moved", "rel_err",
-    "max_abs_err", "rtol", "time_ms.std_ms", "time_ms.reps", "call_calls", "seed")
+# A non-finite output makes these errors NaN or infinite: in a row that is not ok that is the
+# measurement (why the row is wrong), not a fault of the file.
+ERROR_FIELDS = ("rel_err", "max_abs_err", "grad_rel_err.dq", "grad_rel_err.dk",
+                "grad_rel_err.dv")
+NUMBER_FIELDS = SHAPE_FIELDS + TIME_FIELDS + ERROR_FIELDS + (
+    "tflops", "tokens_per_s", "gbytes_per_s", "flops", "bytes_moved", "rtol",
+    "time_ms.std_ms", "time_ms.reps", "call_calls", "seed")
 
 
 def _leaves(row: dict, prefix: str = ""):
@@ -158,25 +162,35 @@ def _leaves(row: dict, prefix: str = ""):
             yield f"{prefix}{key}", value
 
 
-def row_problem(row: dict) -> str | None:
+def row_problem(row: dict, point: bool = False) -> str | None:
     """Why ``row`` cannot be published (a missing or mistyped field, a number that is not
     finite or not physical), or None. Every number in a row is a count, a size, a time, a
-    rate or an error: finite and >= 0; shapes and an ok row's times and TFLOP/s are > 0."""
-    for need in ("point_key", "method", "status"):
+    rate or an error: finite and >= 0; shapes and an ok row's times and TFLOP/s are > 0.
+    With ``point`` (the tables and figures group rows by them) the point's fields must be
+    there too."""
+    for need in ("point_key", "method", "status") + (("dtype",) if point else ()):
         if not isinstance(row.get(need), str) or not row[need]:
             return f"{need!r} is missing or not a non-empty string"
+    if point:
+        if not isinstance(row.get("causal"), bool):
+            return "'causal' is missing or not true/false"
+        missing = [f for f in SHAPE_FIELDS if f not in row]
+        if missing:
+            return f"point field(s) {missing} missing"  # None is refused below
     for name, value in _leaves(row):
         if isinstance(value, bool) or value is None:
             continue
         if isinstance(value, (int, float)):
-            if not math.isfinite(value) or value < 0:
+            measured_wrong = name in ERROR_FIELDS and row["status"] != "ok" and (
+                math.isnan(value) or value == math.inf)
+            if not measured_wrong and (not math.isfinite(value) or value < 0):
                 return f"{name} is {value!r} (must be finite and >= 0)"
         elif name in NUMBER_FIELDS:
             return f"{name} is {value!r}, not a number"
     for name in SHAPE_FIELDS:
         value = row.get(name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                  or value < 1):
+        if (value is not None or point) and (isinstance(value, bool)
+                                             or not isinstance(value, int) or value < 1):
             return f"{name} is {value!r} (must be an integer >= 1)"
     if row["status"] == "ok":
         flat = dict(_leaves(row))
@@ -186,12 +200,13 @@ def row_problem(row: dict) -> str | None:
     return None
 
 
-def check_rows(rows: list[dict], where: str, conflicts: list[tuple[str, str]] = ()) -> None:
+def check_rows(rows: list[dict], where: str, conflicts: list[tuple[str, str]] = (),
+               point: bool = False) -> None:
     """Refuse rows that cannot be published, in one line naming the first few and why:
     unphysical or mistyped values (``row_problem``) and (point, method) pairs given twice
     with different values. Nothing is dropped or picked silently."""
     bad = [(r.get("point_key"), r.get("method"), why) for r in rows
-           if (why := row_problem(r)) is not None]
+           if (why := row_problem(r, point)) is not None]
     bad += [(k, m, "given more than once with different values") for k, m in conflicts]
     if bad:
         listing = "; ".join(f"{k} {m}: {why}" for k, m, why in bad[:3])
