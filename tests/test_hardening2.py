@@ -100,6 +100,8 @@ def test_a_fifo_dev_zero_or_deep_json_is_refused_in_one_line_wherever_a_command_
         for table in ("/dev/zero", "deep.json"):
             one_line(cli("figures", "--rows", "agg/rows.jsonl", "--out", "f",
                          "--tune-table", table))
+        one_line(cli("sweep", "--config", str(tiny_config(tmp_path)), "--launcher-options",
+                     "[" * 50_000 + "]" * 50_000))
         os.makedirs("runs")
         os.mkfifo("runs/manifest-shard0of1.json")
         one_line(cli("manifest", "--runs", "runs", "--out", "m.json"))

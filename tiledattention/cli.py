@@ -340,6 +340,8 @@ def _json_object(text: str, option: str) -> dict:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{option}: not valid JSON ({exc.msg})") from None
+    except RecursionError:
+        raise ConfigError(f"{option}: JSON nested too deeply") from None
     if not isinstance(value, dict):
         raise ConfigError(f"{option}: expected a JSON object, e.g. '{{\"partition\": "
                           "\"gpu\"}'")
