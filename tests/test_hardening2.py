@@ -295,6 +295,19 @@ def test_a_row_with_an_impossible_or_mistyped_value_is_refused_naming_it(tmp_pat
     assert why in err and not (tmp_path / "f").exists()  # refused before plotting
 
 
+def test_a_resumed_bench_refuses_a_row_it_could_not_publish_before_printing_it(tmp_path):
+    config = tiny_config(tmp_path)
+    out = tmp_path / "o"
+    assert cli("bench", "--config", str(config), "--out", str(out))[0] == 0
+    rows = out / "rows-shard0of1.jsonl"
+    digest = json.loads(rows.read_text())["config_hash"]
+    with rows.open("a") as f:
+        f.write(json.dumps({"point_key": "zz", "method": "eager", "tflops": "12",
+                            "config_hash": digest}) + "\n")
+    err = one_line(cli("bench", "--config", str(config), "--out", str(out)))
+    assert "zz eager: 'status' is missing" in err
+
+
 def test_a_wrong_rows_infinite_error_is_published_as_why_it_is_wrong(tmp_path):
     # A kernel that returns NaN: the harness records rel_err NaN and grad errors inf, status
     # wrong. That is the measurement, listed in the status table, not a fault of the file.

@@ -41,7 +41,7 @@ from .bench.grid import (
     pinned_label,
 )
 from .bench.runner import measure, resolve_device
-from .bench.store import ResultStore
+from .bench.store import ResultStore, check_rows
 from .errors import ConfigError
 from .schedules.backward import BwdSchedule, bwd_space_for
 from .schedules.policy import bucket_for
@@ -161,6 +161,7 @@ def run_tune(points, *, space: str, state_path: str, out_path: str, warmup: int 
     points = list(points)
     plan = tune_plan(points, space, pass_)
     store = ResultStore(state_path)
+    check_rows(list(store.rows.values()), state_path, store.conflicts)  # they pick winners
     total = sum(len(methods) for _, methods in plan)
     done = sum(store.done(p.key(), m) for p, methods in plan for m in methods)
     print(f"tune: {len(points)} points, {total} measurements, {done} already in {state_path}",

@@ -21,7 +21,7 @@ from .config import BenchConfig
 from .grid import Point, expand, left_out, shard
 from .manifest import capture, now
 from .methods import Unavailable, Unsupported, get_method
-from .store import Lock, ResultStore, RowsError
+from .store import Lock, ResultStore, RowsError, check_rows
 
 FORMAT = "tiledattention-bench-row/1"
 # Call latency: back-to-back calls per round, enough for ~50 ms at the point's fastest
@@ -410,6 +410,7 @@ def _run_locked(cfg, out_dir, shard_index, shard_count, log, device, remeasure) 
     open(store.path, "ab").close()
     digest = cfg.measure_digest()
     _resume(store, digest, remeasure, log)
+    check_rows(list(store.rows.values()), store.path, store.conflicts)  # resumed rows count
     if store.skipped_lines:
         print(f"bench: skipped {store.skipped_lines} unreadable line(s) of {store.path} (torn "
               "or not a row); their measurements are redone", file=log, flush=True)
