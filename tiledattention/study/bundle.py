@@ -746,7 +746,7 @@ def _check_rows(view) -> list[str]:
         if not isinstance(row, dict):
             return [f"{rel} line {n}: not a row (JSON object)"]
         key = (row.get("point_key"), row.get("method"))
-        if key in seen:
+        if key in seen and seen[key] != row:
             conflicts.append(key)
         seen[key] = row
         rows.append(row)
