@@ -509,6 +509,9 @@ def _figures(args) -> int:
         raise RowsError(f"--rows {args.rows}: no such file")
     tune = []
     if args.tune_table and os.path.exists(args.tune_table):
+        from .schedules.table import ScheduleTable
+
+        ScheduleTable.load(args.tune_table)  # bounded and validated: finite TFLOP/s
         table = load_json(args.tune_table, what="--tune-table")
         tune = table.get("entries") if isinstance(table, dict) else None
         if not isinstance(tune, list):
