@@ -113,7 +113,7 @@ def test_the_decode_section_adds_capped_non_causal_points_only_when_enabled():
     assert len(expand(from_dict(base))) == 1
     cfg = from_dict({**base, "decode": {"enabled": True, "seqs_q": [1, 4],
                                         "seqs_kv": [1024, 32768], "batches": [1, 64],
-                                        "gqa": [1, 4, 5], "max_kv_gib": 4}})
+                                        "gqa": [1, 4], "max_kv_gib": 4}})
     dec = expand(cfg)[1:]
     assert all(not p.causal and p.heads == 32 and p.gqa in (1, 4) for p in dec)
     # B64 x 32 heads x 32k x 128 x bf16 x (K, V) = 32 GiB (MHA) and 8 GiB (GQA 4): over 4

@@ -144,8 +144,11 @@ def test_table5_reads_winner_runner_up_and_sensitivity(tmp_path):
     best = Schedule(64, 128, 2).as_dict()
     ru = Schedule(64, 64, 4).as_dict()
     path = tmp_path / "t.json"
-    path.write_text(json.dumps({"entries": [{"bucket": {"dtype": "float16", "causal": True,
-                                                        "head_dim": 128, "s_bucket": 4096},
+    # Read through ScheduleTable.load (bounded, validated): a real table's format and cc.
+    path.write_text(json.dumps({"format": "tiledattention-schedule-table/1",
+                                "entries": [{"bucket": {"dtype": "float16", "causal": True,
+                                                        "head_dim": 128, "s_bucket": 4096,
+                                                        "cc": "9.0"},
                                              "gpu": "H100", "best": best, "best_tflops": 500.0,
                                              "runner_up": ru, "runner_up_tflops": 450.0,
                                              "sensitivity": 0.1}]}))
@@ -241,7 +244,8 @@ def _study(tmp_path):
     figures.write_all(HAND, str(study / "figures"))
     (study / "profile").mkdir()
     (study / "profile" / "summary.md").write_text("# Nsight Compute summary\n")
-    merged = manifest.merge({"a": _run_manifest()}, config={"x": 1})
+    # The config the bundle is made with (bundle verify checks the recorded hash).
+    merged = manifest.merge({"a": _run_manifest()}, config={"results_dir": "x"})
     (study / "manifest.json").write_text(json.dumps(merged))
     return study
 

@@ -9,7 +9,6 @@ fails below ``MIN_SPEED_RATIO`` of SDPA's throughput.
 
 from __future__ import annotations
 
-import json
 import platform
 import time
 from dataclasses import asdict, dataclass, field
@@ -171,7 +170,8 @@ def run_check(json_path: str | None = None, min_speed_ratio: float = MIN_SPEED_R
     print(f"{passed} passed, {len(report.results) - passed} failed "
           f"({time.perf_counter() - start:.1f}s)")
     if json_path:
-        with open(json_path, "w") as f:
-            json.dump({"environment": report.environment,
-                       "results": [asdict(r) for r in report.results]}, f, indent=1)
+        from .safeio import write_json
+
+        write_json(json_path, {"environment": report.environment,
+                               "results": [asdict(r) for r in report.results]}, indent=1)
     return 0 if report.ok else 1

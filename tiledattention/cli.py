@@ -237,7 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "must be new, empty or a previous bundle")
     b.add_argument("--force", action="store_true", help="replace --out and DIR.zip even when "
                    "they hold files that are not a previous bundle's (never the study or the "
-                   "source checkout)")
+                   "source checkout, nor anything inside them)")
     b = bsub.add_parser("verify", help="recompute checksums, validate the metadata",
                         formatter_class=_Formatter, description=BUNDLE_VERIFY)
     b.add_argument("path", help="bundle directory or zip")
@@ -363,6 +363,8 @@ def _json_object(text: str, option: str) -> dict:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{option}: not valid JSON ({exc.msg})") from None
+    except RecursionError:
+        raise ConfigError(f"{option}: JSON nested too deeply") from None
     if not isinstance(value, dict):
         raise ConfigError(f"{option}: expected a JSON object, e.g. '{{\"partition\": "
                           "\"gpu\"}'")
@@ -432,6 +434,11 @@ def _sweep(args) -> int:
                           f"{args.shards - 1} (--shards {args.shards})")
     options = _json_object(args.launcher_options, "--launcher-options")
     launcher = get_launcher(args.launcher, os.path.join(args.out, "logs"), options)
+    from .bench.store import ensure_unlocked
+
+    os.makedirs(args.out, exist_ok=True)
+    for i in indices:  # another sweep or bench writing a shard: one line, nothing submitted
+        ensure_unlocked(os.path.join(args.out, f"rows-shard{i}of{args.shards}.jsonl"))
     tasks = [ShardTask(os.path.abspath(args.config), os.path.abspath(args.out), i,
                        args.shards, args.step) for i in indices]
     for r in launcher.run(tasks):
@@ -443,7 +450,7 @@ def _aggregate(args) -> int:
     import glob
     import os
 
-    from .bench.aggregate import concat, write
+    from .bench.aggregate import load_checked, write
     from .bench.store import RowsError, check_one_config
 
     if not os.path.isdir(args.rows):
@@ -453,7 +460,7 @@ def _aggregate(args) -> int:
         raise RowsError(f"expected {args.expect_shards} shard files in {args.rows}, found "
                         f"{len(found)}")
     skipped: list[int] = []
-    rows = concat(args.rows, skipped=skipped)
+    rows = load_checked(args.rows, skipped=skipped)
     if not rows:
         raise RowsError(f"no rows in {args.rows} ({len(found)} rows-shard*.jsonl files, "
                         f"{sum(skipped)} unreadable lines)")
@@ -468,12 +475,14 @@ def _aggregate(args) -> int:
         _, table = write(rows, args.out)
         print(f"aggregate: {len(rows)} rows ({counts}) -> {table}", file=sys.stderr)
         return 0
+    from .bench.store import check_rows
     from .study.frame import write_rows_table
     from .study.tables import write_all
 
+    check_rows(rows, args.rows, point=True)  # the tables group rows by their point
     write(rows, args.out, csv_table=False)  # rows.csv comes next, dictionary order
     table = write_rows_table(rows, args.out)["csv"]
-    ladder = concat(args.ladder) if args.ladder else []
+    ladder = load_checked(args.ladder, point=True) if args.ladder else []
     paths = write_all(rows, os.path.join(args.out, "tables"), tune_table=args.tune_table,
                       ladder_rows=ladder, shape_rows=_shape_rows(args.shapes),
                       model_rows=_model_rows(args.model))
@@ -500,31 +509,33 @@ def _shape_rows(dirs: list[str] | None) -> list[dict]:
     """The rows of every shapes grid directory named (each must exist)."""
     import os
 
-    from .bench.aggregate import concat
+    from .bench.aggregate import load_checked
     from .bench.store import RowsError
 
     rows: list[dict] = []
     for d in dirs or ():
         if not os.path.isdir(d):
             raise RowsError(f"--shapes {d}: not a directory")
-        rows += concat(d)
+        rows += load_checked(d, point=True)
     return rows
 
 
 def _figures(args) -> int:
-    import json
     import os
 
-    from .bench.aggregate import concat
-    from .bench.store import RowsError, read_rows
+    from .bench.aggregate import load_checked
+    from .bench.store import ResultStore, RowsError, check_rows
+    from .safeio import load_json
     from .study.figures import write_all
 
     if not os.path.isfile(args.rows):
         raise RowsError(f"--rows {args.rows}: no such file")
     tune = []
     if args.tune_table and os.path.exists(args.tune_table):
-        with open(args.tune_table) as f:
-            table = json.load(f)
+        from .schedules.table import ScheduleTable
+
+        ScheduleTable.load(args.tune_table)  # bounded and validated: finite TFLOP/s
+        table = load_json(args.tune_table, what="--tune-table")
         tune = table.get("entries") if isinstance(table, dict) else None
         if not isinstance(tune, list):
             raise RowsError(f"--tune-table {args.tune_table}: not a tuning table (no "
@@ -533,11 +544,13 @@ def _figures(args) -> int:
     read = tune == [] and args.tune_table and os.path.exists(args.tune_table)
     meta = table.get("meta") if read else None
     why = meta.get("unavailable") if isinstance(meta, dict) else None
-    rows = read_rows(args.rows)
+    store = ResultStore(args.rows)
+    rows = list(store.rows.values())
     if not rows:
         raise RowsError(f"--rows {args.rows}: no rows (empty, or no line is a row)")
+    check_rows(rows, args.rows, store.conflicts, point=True)  # nothing impossible is plotted
     paths = write_all(rows, args.out,
-                      ladder_rows=concat(args.ladder) if args.ladder else [],
+                      ladder_rows=load_checked(args.ladder, point=True) if args.ladder else [],
                       tune_entries=tune, shape_rows=_shape_rows(args.shapes),
                       tune_reason=why if isinstance(why, str) else None)
     print(f"figures: {len(paths)} files in {args.out}", file=sys.stderr)
@@ -589,7 +602,6 @@ def _model(args) -> int:
 
 
 def _manifest(args) -> int:
-    import json
     import os
 
     from .study.manifest import load_manifests, merge
@@ -598,8 +610,9 @@ def _manifest(args) -> int:
     config = load_yaml(args.config) if args.config else None
     merged = merge(load_manifests(args.runs), config=config, image=args.image,
                    base_dir=os.path.dirname(os.path.abspath(args.out)))
-    with open(args.out, "w") as f:
-        json.dump(merged, f, indent=1)
+    from .safeio import write_json
+
+    write_json(args.out, merged, indent=1)  # atomic: bundle create trusts it
     if not merged["consistent"]:
         print(f"manifest: MIXED study — runs differ in {sorted(merged['mismatches'])}",
               file=sys.stderr)

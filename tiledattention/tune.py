@@ -41,7 +41,7 @@ from .bench.grid import (
     pinned_label,
 )
 from .bench.runner import measure, resolve_device
-from .bench.store import ResultStore
+from .bench.store import ResultStore, check_rows
 from .errors import ConfigError
 from .schedules.backward import BwdSchedule, bwd_space_for
 from .schedules.policy import bucket_for
@@ -120,16 +120,20 @@ def build_table(points: Iterable[Point], rows: Iterable[dict], cc: str,
 
 
 def merge_into(path: str, tuned: ScheduleTable, pass_: str) -> ScheduleTable:
-    """``tuned``'s half (forward or backward entries) over the table at ``path``, whose
-    other half (and, for a backward run, meta) is kept; ``tuned`` alone when no file."""
+    """``tuned``'s half (forward or backward entries) over the table at ``path``, bucket by
+    bucket: a bucket tuned now replaces its entry, every other entry is kept (the other
+    half, and buckets this run did not tune or found no correct candidate for), so no run
+    ever empties a table; ``tuned`` alone when no file."""
     if not os.path.exists(path):
         return tuned
     old = ScheduleTable.load(path)
     if pass_ == "fwd":
-        tuned.backward = old.backward
-        return tuned
+        meta = {k: v for k, v in {**old.meta, **tuned.meta}.items() if k != "unavailable"}
+        return ScheduleTable(entries={**old.entries, **tuned.entries}, meta=meta,
+                             backward=old.backward)
     meta = {**old.meta, "backward": {k: tuned.meta.get(k) for k in ("gpu", "cc", "torch")}}
-    return ScheduleTable(entries=old.entries, meta=meta, backward=tuned.backward)
+    return ScheduleTable(entries=old.entries, meta=meta,
+                         backward={**old.backward, **tuned.backward})
 
 
 def _compiler_timeout(seconds: float):
@@ -157,6 +161,7 @@ def run_tune(points, *, space: str, state_path: str, out_path: str, warmup: int 
     points = list(points)
     plan = tune_plan(points, space, pass_)
     store = ResultStore(state_path)
+    check_rows(list(store.rows.values()), state_path, store.conflicts)  # they pick winners
     total = sum(len(methods) for _, methods in plan)
     done = sum(store.done(p.key(), m) for p, methods in plan for m in methods)
     print(f"tune: {len(points)} points, {total} measurements, {done} already in {state_path}",
@@ -219,7 +224,10 @@ class TuneTask:
             os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         reason = no_gpu_reason()
         if reason:
-            ScheduleTable(meta={"unavailable": reason}).save(self.out_path)
+            if os.path.lexists(self.out_path):  # a table tuned before: never replaced by none
+                reason += f"; {self.out_path} is kept as it was"
+            else:
+                ScheduleTable(meta={"unavailable": reason}).save(self.out_path)
             print(f"tune: not run: {reason}", file=sys.stderr)
             return {"status": "unavailable", "reason": reason, "out": self.out_path}
         points = paper_grid(seqs=self.seqs, head_dims=self.head_dims, dtypes=self.dtypes)

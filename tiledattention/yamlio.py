@@ -70,13 +70,12 @@ def parse_yaml(text: str | bytes, where: str = "<string>"):
 def load_yaml(path: str, *, mapping: bool = True):
     """The data of the YAML file at ``path``; with ``mapping`` (default) it must be a
     non-empty mapping. Every failure is one YAMLInputError naming the path."""
-    try:
-        with open(path, "rb") as f:
-            text = f.read(MAX_BYTES + 1)
-    except IsADirectoryError:
-        raise YAMLInputError(f"{path}: is a directory, not a YAML file") from None
-    except OSError as exc:
-        raise YAMLInputError(f"{path}: cannot read ({exc.strerror})") from None
+    from .safeio import UnsafeFileError, read_bytes
+
+    try:  # a FIFO or /dev/zero is refused before a byte is read
+        text = read_bytes(path, cap=MAX_BYTES)
+    except UnsafeFileError as exc:
+        raise YAMLInputError(str(exc).replace("larger than the", "more than the")) from None
     data = parse_yaml(text, path)
     if mapping and not isinstance(data, dict):
         got = "an empty file" if data is None else f"a {type(data).__name__}"

@@ -7,6 +7,7 @@ import glob
 import json
 import os
 
+from ..safeio import atomic_write
 from .store import ResultStore
 
 
@@ -21,22 +22,30 @@ def flatten(row: dict, prefix: str = "") -> dict:
     return out
 
 
-def concat(rows_dir: str, skipped: list[int] | None = None) -> list[dict]:
-    """Every shard's rows; the count of unreadable lines per file goes to ``skipped``."""
-    rows = []
+def concat(rows_dir: str, skipped: list[int] | None = None,
+           conflicts: list[tuple[str, str]] | None = None) -> list[dict]:
+    """Every shard's rows; the count of unreadable lines per file goes to ``skipped``, and
+    each (point, method) given twice with different values (in one file or two) to
+    ``conflicts`` (an identical repeat is one row)."""
+    rows: dict[tuple[str, str], dict] = {}
     for path in sorted(glob.glob(os.path.join(rows_dir, "rows-shard*.jsonl"))):
         store = ResultStore(path)
-        rows += list(store.rows.values())
+        if conflicts is not None:
+            conflicts += store.conflicts
+        for key, row in store.rows.items():
+            if key in rows and rows[key] != row and conflicts is not None:
+                conflicts.append(key)
+            rows.setdefault(key, row)
         if skipped is not None:
             skipped.append(store.skipped_lines)
-    return rows
+    return list(rows.values())
 
 
 def write(rows: list[dict], out_dir: str, *, csv_table: bool = True) -> tuple[str, str]:
     """rows.jsonl and (unless the caller writes its own) rows.csv in ``out_dir``."""
     os.makedirs(out_dir, exist_ok=True)
     jsonl = os.path.join(out_dir, "rows.jsonl")
-    with open(jsonl, "w") as f:
+    with atomic_write(jsonl) as f:  # a killed aggregate never leaves half a table
         for r in rows:
             f.write(json.dumps(r, sort_keys=True) + "\n")
     table = os.path.join(out_dir, "rows.csv")
@@ -44,8 +53,21 @@ def write(rows: list[dict], out_dir: str, *, csv_table: bool = True) -> tuple[st
         return jsonl, table
     flat = [flatten(r) for r in rows]
     columns = sorted({k for r in flat for k in r})
-    with open(table, "w", newline="") as f:
+    with atomic_write(table, newline="") as f:
         w = csv.DictWriter(f, fieldnames=columns)
         w.writeheader()
         w.writerows(flat)
     return jsonl, table
+
+
+def load_checked(rows_dir: str, skipped: list[int] | None = None,
+                 point: bool = False) -> list[dict]:
+    """``concat``'s rows, refused in one line (``store.check_rows``) when any cannot be
+    published: an impossible number, a mistyped field, a pair given twice differently (with
+    ``point``, a missing point field)."""
+    from .store import check_rows
+
+    conflicts: list[tuple[str, str]] = []
+    rows = concat(rows_dir, skipped=skipped, conflicts=conflicts)
+    check_rows(rows, rows_dir, conflicts, point)
+    return rows

@@ -252,9 +252,13 @@ def _validate_section(obj, where: str) -> None:
 
 def validate(cfg: BenchConfig) -> BenchConfig:
     from ..errors import ScheduleError
+    from .grid import impossible
     from .methods import get_method
 
     _validate_section(cfg, "")
+    why = impossible(cfg)
+    if why:
+        raise ConfigError(why)
     for m in cfg.methods:
         try:
             get_method(m)

@@ -113,7 +113,7 @@ class Point:
 
 def expand(cfg) -> list[Point]:
     """All points of a BenchConfig in a fixed order (dtype, causal, D, S, Skv, GQA, pass);
-    heads not divisible by the GQA ratio are skipped."""
+    heads not divisible by the GQA ratio are skipped (``left_out`` says which)."""
     g = cfg.grid
     points = []
     for dtype in g.dtypes:
@@ -155,6 +155,55 @@ def decode_points(dec) -> list[Point]:
                                 continue
                             points.append(Point(dtype, False, d, sq, skv, b, dec.heads, gqa))
     return points
+
+
+def _grid_heads(g) -> dict[int, int]:
+    """Query heads per head dim under the grid's shape policy."""
+    return {d: (tokens_shape(1, d, tokens=g.tokens, width=g.width,
+                             heads_fallback=g.heads_fallback)[1]
+                if g.shape_policy == "tokens" else g.heads) for d in g.head_dims}
+
+
+def impossible(cfg) -> str | None:
+    """Why the config asks for a GQA ratio that no point can have (it would vanish from
+    the grid entirely), or None."""
+    heads = _grid_heads(cfg.grid)
+    for gqa in cfg.grid.gqa:
+        if all(h % gqa for h in heads.values()):
+            return (f"grid.gqa: ratio {gqa} divides no query head count of the grid "
+                    f"(H = {sorted(set(heads.values()))}); use a divisor of H")
+    dec = cfg.decode
+    if dec.enabled:
+        bad = [g for g in dec.gqa if dec.heads % g]
+        if bad:
+            return (f"decode.gqa: {bad} do not divide decode.heads = {dec.heads}; use "
+                    "divisors of it")
+        if not decode_points(dec):
+            return (f"decode: every point's K and V exceed decode.max_kv_gib = "
+                    f"{dec.max_kv_gib}; raise it or shorten decode.seqs_kv")
+    return None
+
+
+def left_out(cfg) -> list[str]:
+    """One line per class of point the config names but ``expand`` leaves out (a GQA ratio
+    that does not divide a head dim's H; decode points over the K/V cap), with counts."""
+    g, lines = cfg.grid, []
+    per = len(g.dtypes) * len(g.causal) * len(g.seqs) * len(g.seqs_kv or (None,)) * \
+        len(g.passes)
+    for d, h in _grid_heads(g).items():
+        bad = [gqa for gqa in g.gqa if h % gqa]
+        if bad:
+            lines.append(f"left out {per * len(bad)} grid point(s) at D={d}: GQA ratio(s) "
+                         f"{bad} do not divide H={h}")
+    dec = cfg.decode
+    if dec.enabled:
+        total = len(dec.dtypes) * len(dec.head_dims) * len(dec.seqs_q) * len(dec.seqs_kv) * \
+            len(dec.batches) * len([g for g in dec.gqa if dec.heads % g == 0])
+        over = total - len(decode_points(dec))
+        if over:
+            lines.append(f"left out {over} decode point(s) whose K and V exceed "
+                         f"decode.max_kv_gib = {dec.max_kv_gib}")
+    return lines
 
 
 def parse_shard(text: str) -> tuple[int, int]:

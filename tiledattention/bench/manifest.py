@@ -82,6 +82,8 @@ def capture(config, *, started: str, finished: str | None = None) -> dict:
         "git_dirty": bool(status) if status is not None else None,
         "config": config.as_dict(),
         "config_hash": config.digest(),
+        # The rows' config_hash: bundle verify checks published rows against it.
+        "measure_hash": config.measure_digest() if hasattr(config, "measure_digest") else None,
         "seed": config.seed,
         "started": started,
         "finished": finished,

@@ -18,10 +18,10 @@ from ..flops import attention_flops, tflops_per_s
 from ..timing import L2Flusher, as_cuda_graph, summarize, time_calls, time_cpu, time_cuda
 from ..tolerance import relative_error, rtol_bwd
 from .config import BenchConfig
-from .grid import Point, expand, shard
+from .grid import Point, expand, left_out, shard
 from .manifest import capture, now
 from .methods import Unavailable, Unsupported, get_method
-from .store import Lock, ResultStore, RowsError
+from .store import Lock, ResultStore, RowsError, check_rows
 
 FORMAT = "tiledattention-bench-row/1"
 # Call latency: back-to-back calls per round, enough for ~50 ms at the point's fastest
@@ -414,11 +414,17 @@ def _resume(store: ResultStore, digest: str, remeasure: bool, log) -> None:
 def _run_locked(cfg, out_dir, shard_index, shard_count, log, device, remeasure) -> int:
     tag = f"shard{shard_index}of{shard_count}"
     store = ResultStore(os.path.join(out_dir, f"rows-{tag}.jsonl"))
+    # The file exists even when this shard has no points (more shards than points), so
+    # aggregate --expect-shards counts every shard that ran.
+    open(store.path, "ab").close()
     digest = cfg.measure_digest()
     _resume(store, digest, remeasure, log)
+    check_rows(list(store.rows.values()), store.path, store.conflicts)  # resumed rows count
     if store.skipped_lines:
         print(f"bench: skipped {store.skipped_lines} unreadable line(s) of {store.path} (torn "
               "or not a row); their measurements are redone", file=log, flush=True)
+    for line in left_out(cfg):  # never vanished without a word
+        print(f"bench: {line}", file=log, flush=True)
     points = shard(expand(cfg), shard_index, shard_count)
     done = sum(all(store.done(p.key(), m) for m in cfg.methods) for p in points)
     started = now()

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import fcntl
 import json
+import math
 import os
 import time
 
 from ..errors import TiledAttentionError
+from ..safeio import ROWS_MAX, read_bytes
 
 
 class RowsError(TiledAttentionError, ValueError):
@@ -26,21 +28,25 @@ class ResultStore:
         self.path = path
         self.rows: dict[tuple[str, str], dict] = {}
         self.skipped_lines = 0
-        if os.path.exists(path):
-            with open(path, "rb") as f:
-                data = f.read()
+        # (point_key, method) given twice with different values: the later line is kept
+        # here (as before), and publishing refuses the file (``check_rows``).
+        self.conflicts: list[tuple[str, str]] = []
+        if os.path.lexists(path):
+            data = read_bytes(path, cap=ROWS_MAX, what="rows file")
             for line in data.split(b"\n"):
                 if not line.strip():
                     continue
                 try:
                     row = json.loads(line)
-                    self.rows[(str(row["point_key"]), str(row["method"]))] = row
-                except (ValueError, KeyError, TypeError):  # torn, not JSON, not an object
-                    self.skipped_lines += 1
-            if data and not data.endswith(b"\n"):
-                # Terminate a torn tail so the next record starts on its own line.
-                with open(path, "ab") as f:
-                    f.write(b"\n")
+                    key = (str(row["point_key"]), str(row["method"]))
+                except (ValueError, KeyError, TypeError, RecursionError):
+                    self.skipped_lines += 1  # torn, not JSON, too deep, not an object
+                    continue
+                if key in self.rows and self.rows[key] != row:
+                    self.conflicts.append(key)
+                self.rows[key] = row
+            # A torn tail is terminated before the next record (reading never writes).
+            self._torn_tail = bool(data) and not data.endswith(b"\n")
 
     @property
     def torn_lines(self) -> int:  # the older name
@@ -49,8 +55,12 @@ class ResultStore:
     def done(self, point_key: str, method: str) -> bool:
         return (point_key, method) in self.rows
 
+    _torn_tail = False
+
     def append(self, row: dict) -> None:
         line = (json.dumps(row, sort_keys=True) + "\n").encode()
+        if self._torn_tail:  # so this record starts on its own line
+            line, self._torn_tail = b"\n" + line, False
         with open(self.path, "ab") as f:
             f.write(line)
             f.flush()
@@ -73,28 +83,39 @@ class ResultStore:
         aside = os.path.join(head, f"stale-{name[:-len('.jsonl')]}-{time.time_ns()}.jsonl")
         os.replace(self.path, aside)
         keep = [r for r in self.rows.values() if r.get("config_hash") == digest]
-        self.rows = {}
+        self.rows, self._torn_tail = {}, False
         for r in keep:
             self.append(r)
         return aside
+
+
+def ensure_unlocked(path: str) -> None:
+    """Refuse at once (RowsError, one line) when a bench holds ``path``'s lock: a check
+    before jobs are submitted; each job still takes the lock itself."""
+    with Lock(path):
+        pass
 
 
 class Lock:
     """An exclusive flock on ``<dir>/.<name>.lock`` for as long as the ``with`` block runs;
     a second holder is refused at once, not queued."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, what: str = "tiledattn bench"):
         head, name = os.path.split(path)
         self.target, self.path = path, os.path.join(head, f".{name}.lock")
+        self.what = what
         self.fd: int | None = None
 
     def __enter__(self) -> Lock:
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise RowsError(f"{self.path}: cannot create the lock ({exc.strerror})") from None
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(self.fd)
-            raise RowsError(f"another tiledattn bench is writing {self.target} (lock "
+            raise RowsError(f"another {self.what} is writing {self.target} (lock "
                             f"{self.path}); wait for it or use another --out") from None
         return self
 
@@ -117,3 +138,79 @@ def check_one_config(rows: list[dict], where: str) -> None:
         raise RowsError(f"{where}: rows measured under {len(hashes)} different configs "
                         f"({listing}); re-run the stale shards with one config "
                         "(tiledattn bench --remeasure) before publishing")
+
+
+# Row fields that hold a number when present (flattened names), and which of them must be
+# above zero: a timing of 0 is an infinite throughput, a shape of 0 no point at all.
+SHAPE_FIELDS = ("head_dim", "seq_q", "seq_kv", "batch", "heads", "gqa")
+TIME_FIELDS = ("time_ms.median_ms", "time_ms.mean_ms", "time_ms.min_ms", "time_ms.p95_ms",
+               "call_us")
+# A non-finite output makes these errors NaN or infinite: in a row that is not ok that is the
+# measurement (why the row is wrong), not a fault of the file.
+ERROR_FIELDS = ("rel_err", "max_abs_err", "grad_rel_err.dq", "grad_rel_err.dk",
+                "grad_rel_err.dv")
+NUMBER_FIELDS = SHAPE_FIELDS + TIME_FIELDS + ERROR_FIELDS + (
+    "tflops", "tokens_per_s", "gbytes_per_s", "flops", "bytes_moved", "rtol",
+    "time_ms.std_ms", "time_ms.reps", "call_calls", "seed")
+
+
+def _leaves(row: dict, prefix: str = ""):
+    for key, value in row.items():
+        if isinstance(value, dict):
+            yield from _leaves(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
+
+
+def row_problem(row: dict, point: bool = False) -> str | None:
+    """Why ``row`` cannot be published (a missing or mistyped field, a number that is not
+    finite or not physical), or None. Every number in a row is a count, a size, a time, a
+    rate or an error: finite and >= 0; shapes and an ok row's times and TFLOP/s are > 0.
+    With ``point`` (the tables and figures group rows by them) the point's fields must be
+    there too."""
+    for need in ("point_key", "method", "status") + (("dtype",) if point else ()):
+        if not isinstance(row.get(need), str) or not row[need]:
+            return f"{need!r} is missing or not a non-empty string"
+    if point:
+        if not isinstance(row.get("causal"), bool):
+            return "'causal' is missing or not true/false"
+        missing = [f for f in SHAPE_FIELDS if f not in row]
+        if missing:
+            return f"point field(s) {missing} missing"  # None is refused below
+    for name, value in _leaves(row):
+        if isinstance(value, bool) or value is None:
+            continue
+        if isinstance(value, (int, float)):
+            measured_wrong = name in ERROR_FIELDS and row["status"] != "ok" and (
+                math.isnan(value) or value == math.inf)
+            if not measured_wrong and (not math.isfinite(value) or value < 0):
+                return f"{name} is {value!r} (must be finite and >= 0)"
+        elif name in NUMBER_FIELDS:
+            return f"{name} is {value!r}, not a number"
+    for name in SHAPE_FIELDS:
+        value = row.get(name)
+        if (value is not None or point) and (isinstance(value, bool)
+                                             or not isinstance(value, int) or value < 1):
+            return f"{name} is {value!r} (must be an integer >= 1)"
+    if row["status"] == "ok":
+        flat = dict(_leaves(row))
+        for name in TIME_FIELDS + ("tflops",):
+            if flat.get(name) is not None and flat[name] <= 0:
+                return f"{name} is {flat[name]!r} in an ok row (must be > 0)"
+    return None
+
+
+def check_rows(rows: list[dict], where: str, conflicts: list[tuple[str, str]] = (),
+               point: bool = False) -> None:
+    """Refuse rows that cannot be published, in one line naming the first few and why:
+    unphysical or mistyped values (``row_problem``) and (point, method) pairs given twice
+    with different values. Nothing is dropped or picked silently."""
+    bad = [(r.get("point_key"), r.get("method"), why) for r in rows
+           if (why := row_problem(r, point)) is not None]
+    bad += [(k, m, "given more than once with different values") for k, m in conflicts]
+    if bad:
+        listing = "; ".join(f"{k} {m}: {why}" for k, m, why in bad[:3])
+        more = f" (and {len(bad) - 3} more)" if len(bad) > 3 else ""
+        raise RowsError(f"{where}: {len(bad)} row(s) cannot be published: {listing}{more}; "
+                        "delete those lines from the shard's rows file and run the shard "
+                        "again to measure them anew")

@@ -52,6 +52,11 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
 
 def register(name: str = NAME) -> str:
     """Register the kernel (and transformers' sdpa mask function) under ``name``."""
+    if not isinstance(name, str) or not name.strip() or name != name.strip():
+        from ..errors import InputError
+
+        raise InputError(f"register: name {name!r} must be a non-empty string without "
+                         "surrounding spaces (it is what attn_implementation= names)")
     try:
         from transformers import AttentionInterface
     except ImportError as exc:

@@ -123,5 +123,15 @@ def wait(jobs, describe, timeout_s: float | None, poll_s: float = 1.0) -> list:
         try:
             results.append(j.result())
         except Exception as exc:
-            raise LauncherError(f"{describe(j)} failed: {str(exc).strip()[-1500:]}") from exc
+            raise LauncherError(f"{describe(j)} failed: {job_error(str(exc))}") from exc
     return results
+
+
+def job_error(text: str) -> str:
+    """The error a failed job raised, without the traceback submitit wraps it in (the full
+    trace stays in the job's log): its last ``SomeError: message`` line."""
+    import re
+
+    found = [m for m in re.finditer(r"^(?:[\w.]+\.)?(\w+(?:Error|Exception|Exit|Interrupt)"
+                                    r"\b.*)$", text, re.M)]
+    return found[-1].group(1).strip()[-1500:] if found else text.strip()[-1500:]

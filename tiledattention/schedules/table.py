@@ -10,17 +10,17 @@ before, and readers that predate it ignore it.
 
 from __future__ import annotations
 
-import json
 import math
-import os
 from dataclasses import asdict, dataclass, field
 
 from ..errors import TiledAttentionError
+from ..safeio import UnsafeFileError, load_json, write_json
 from .backward import BwdSchedule
 from .schedule import Schedule
 
 FORMAT = "tiledattention-schedule-table/1"
 S_BUCKETS = (256, 512, 1024, 2048, 4096, 8192, 16384)
+TABLE_MAX = 16 << 20  # a full table of every GPU is well under 1 MiB
 
 
 class TableError(TiledAttentionError, ValueError):
@@ -83,6 +83,7 @@ class Entry:
 
     @classmethod
     def from_json(cls, d: dict) -> Entry:
+        _check_tflops(d)
         return cls(bucket=Bucket(**d["bucket"]), best=Schedule.from_dict(d["best"]),
                    best_tflops=float(d["best_tflops"]),
                    runner_up=Schedule.from_dict(d["runner_up"]) if d.get("runner_up") else None,
@@ -115,12 +116,24 @@ class BwdEntry:
 
     @classmethod
     def from_json(cls, d: dict) -> BwdEntry:
+        _check_tflops(d)
         return cls(bucket=Bucket(**d["bucket"]), best=BwdSchedule.from_label(d["best"]),
                    best_tflops=float(d["best_tflops"]),
                    runner_up=BwdSchedule.from_label(d["runner_up"]) if d.get("runner_up")
                    else None,
                    runner_up_tflops=d.get("runner_up_tflops"), gpu=d.get("gpu", ""),
                    candidates=int(d.get("candidates", 0)), failed=tuple(d.get("failed", ())))
+
+
+def _check_tflops(d: dict) -> None:
+    """A tuned TFLOP/s is a finite number > 0 (Table 5 publishes it)."""
+    for key in ("best_tflops", "runner_up_tflops", "sensitivity"):
+        value = d.get(key)
+        if value is None and key != "best_tflops":
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                not math.isfinite(value) or value < 0 or (value == 0 and key != "sensitivity"):
+            raise ValueError(f"{key} is {value!r}, not a finite number > 0")
 
 
 def _nearest(entries: dict, bucket: Bucket):
@@ -164,30 +177,26 @@ class ScheduleTable:
         return d
 
     def save(self, path: str) -> None:
-        tmp = f"{path}.tmp{os.getpid()}"
-        with open(tmp, "w") as f:
-            json.dump(self.to_json(), f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)  # readers never see a half-written table
+        write_json(path, self.to_json(), indent=1)  # readers never see a half-written table
 
     @classmethod
     def load(cls, path: str) -> ScheduleTable:
-        try:
-            with open(path) as f:
-                data = json.load(f)
-        except OSError as exc:
-            raise TableError(f"schedule table {path}: cannot read it ({exc.strerror})") from exc
-        except json.JSONDecodeError as exc:
-            raise TableError(f"schedule table {path}: not valid JSON ({exc})") from exc
+        try:  # a FIFO, /dev/zero or JSON nested a million deep: one TableError
+            data = load_json(path, cap=TABLE_MAX, what="schedule table")
+        except UnsafeFileError as exc:
+            raise TableError(str(exc)) from None
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise TableError(f"schedule table {path}: 'format' must be {FORMAT!r}")
+        if not isinstance(data.get("meta", {}), dict):
+            raise TableError(f"schedule table {path}: 'meta' must be a mapping")
         table = cls(meta=data.get("meta", {}), source=path)
         for key, kind in (("entries", Entry), ("backward", BwdEntry)):
+            if not isinstance(data.get(key, []), list):
+                raise TableError(f"schedule table {path}: {key!r} must be a list")
             for i, raw in enumerate(data.get(key, [])):
                 try:
                     table.add(kind.from_json(raw))
-                except (KeyError, TypeError, ValueError) as exc:
+                except (KeyError, TypeError, ValueError, AttributeError) as exc:
                     what = "backward entry" if key == "backward" else "entry"
                     raise TableError(f"schedule table {path}: {what} {i} is malformed "
                                      f"({exc})") from exc

@@ -9,6 +9,7 @@ and a zip, with README, .zenodo.json, CITATION.cff, ro-crate-metadata.json and S
 from __future__ import annotations
 
 import contextlib
+import glob
 import hashlib
 import json
 import os
@@ -21,6 +22,15 @@ import threading
 import zipfile
 
 from ..errors import StudyError
+from ..safeio import (
+    JSON_MAX,
+    ROWS_MAX,
+    UnsafeFileError,
+    load_json,
+    parse_json,
+    read_bytes,
+    regular_file,
+)
 from .frame import columns_markdown, columns_of
 from .metadata import (
     Publication,
@@ -38,8 +48,17 @@ SUMS = "SHA256SUMS"
 # is a bundle of ours holding nothing else (or with force).
 MARKER = ".tiledattention-bundle"
 # What the workflow snapshot holds, relative to the repository root: only what git tracks
-# there; without git, only files of the kinds below (never dotfiles such as config/.env).
+# there; without git, an allow-list: in config/ and profiles/, where users keep their own
+# files (a cluster account, a token), only the files the project ships, by name; in the
+# code directories, files of the kinds below (never dotfiles such as config/.env).
 SNAPSHOT = ("Snakefile", "workflow", "config", "profiles", "containers", "pyproject.toml")
+SNAPSHOT_SHIPPED = (
+    "Snakefile", "pyproject.toml", "config/README.md", "config/config.yaml",
+    "config/smoke.yaml", "config/bench-backward.yaml", "config/bench-decode.yaml",
+    "config/bench-h100-small.yaml", "config/bench-sdpa.yaml", "config/bench-smoke.yaml",
+    "config/shapes-head-dims.yaml", "config/shapes-seqs.yaml", "profiles/README.md",
+    "profiles/local/config.yaml", "profiles/slurm/config.yaml")
+SNAPSHOT_CODE = ("workflow", "containers")
 SNAPSHOT_SUFFIXES = (".smk", ".py", ".yaml", ".yml", ".json", ".lock", ".def", ".md", ".txt",
                      ".sh", ".toml", ".cfg", ".tsv", ".csv", ".rst")
 SNAPSHOT_NAMES = ("Snakefile", "Dockerfile", "Containerfile")
@@ -66,9 +85,10 @@ def _files(root: str) -> list[str]:
     return sorted(out)
 
 
-def _zip_dir(src: str, dest_zip: str, arc_root: str = "", skip: tuple[str, ...] = ()) -> None:
+def _zip_dir(src: str, dest_zip: str, arc_root: str = "", skip: tuple[str, ...] = (),
+             files: list[str] | None = None) -> None:
     with zipfile.ZipFile(dest_zip, "w", zipfile.ZIP_DEFLATED) as z:
-        for rel in _files(src):
+        for rel in _files(src) if files is None else files:
             if rel not in skip:
                 z.write(os.path.join(src, rel), os.path.join(arc_root, rel))
 
@@ -91,12 +111,10 @@ def snapshot_files(repo_root: str) -> tuple[list[str], str]:
     if tracked:
         return sorted(f for f in tracked if _plain_file(os.path.join(repo_root, f))), \
             "the files git tracks"
-    chosen = []
-    for item in SNAPSHOT:
+    chosen = [rel for rel in SNAPSHOT_SHIPPED if _plain_file(os.path.join(repo_root, rel))]
+    for item in SNAPSHOT_CODE:
         path = os.path.join(repo_root, item)
-        rels = [item] if os.path.isfile(path) else \
-            [os.path.join(item, r) for r in _files(path)] if os.path.isdir(path) else []
-        for rel in rels:
+        for rel in [os.path.join(item, r) for r in _files(path)] if os.path.isdir(path) else []:
             parts = rel.split(os.sep)
             name = parts[-1]
             if any(p.startswith(".") or p == "__pycache__" for p in parts):
@@ -104,15 +122,40 @@ def snapshot_files(repo_root: str) -> tuple[list[str], str]:
             if (name in SNAPSHOT_NAMES or name.endswith(SNAPSHOT_SUFFIXES)) and \
                     _plain_file(os.path.join(repo_root, rel)):
                 chosen.append(rel)
-    return sorted(chosen), "the allow-listed kinds of file (no git checkout: " + \
+    return sorted(chosen), "an allow-list (no git checkout: the shipped files of config/ " \
+        "and profiles/ by name; in " + ", ".join(SNAPSHOT_CODE) + " the kinds " + \
         ", ".join(SNAPSHOT_NAMES + SNAPSHOT_SUFFIXES) + "; never dotfiles)"
 
 
-def _plain_file(path: str) -> bool:
-    try:
-        return stat.S_ISREG(os.lstat(path).st_mode)
-    except OSError:
-        return False
+_plain_file = regular_file
+
+
+def _source(path: str, study_dir: str) -> str:
+    """``path`` (inside the study) if it may go into the bundle: a regular file, or a link
+    that stays inside the study; a link out of it (it would publish an outside file) or a
+    FIFO or device (reading it hangs or never ends) is one StudyError."""
+    real, study = os.path.realpath(path), os.path.realpath(study_dir)
+    if os.path.islink(path) and not real.startswith(study.rstrip(os.sep) + os.sep):
+        raise StudyError(f"bundle: {path} is a link to {real}, outside the study; copy the "
+                         "file into the study if it belongs to it, or remove the link")
+    if not regular_file(real):
+        raise StudyError(f"bundle: {path} is not a regular file (a FIFO, device or "
+                         "dangling link); only regular files go into a bundle")
+    return path
+
+
+def _study_files(root: str, study_dir: str) -> list[str]:
+    """``_files`` of a directory in the study, each file checked by ``_source``; a linked
+    directory is refused (it may lead anywhere)."""
+    rels = []
+    for d, dirs, names in os.walk(root):
+        for n in dirs + [""]:  # "": the directory itself
+            if os.path.islink(os.path.join(d, n).rstrip(os.sep)):
+                raise StudyError(f"bundle: {os.path.join(d, n)} is a linked directory; only "
+                                 "regular files go into a bundle")
+        for n in names:
+            rels.append(os.path.relpath(_source(os.path.join(d, n), study_dir), root))
+    return sorted(rels)
 
 
 def _snapshot(repo_root: str, dest_zip: str) -> tuple[int, str]:
@@ -223,11 +266,11 @@ def not_run(study_dir: str, rows: list[dict]) -> list[str]:
     """One Markdown bullet per study step (or method) that did not run, with the reason
     its job recorded: GPU methods without a GPU, tuning and profiles on a node without
     one."""
-    from ..bench.aggregate import concat
+    from ..bench.aggregate import load_checked
 
     out = []
     for step, step_rows in (("benchmark", rows),
-                            ("schedule ladder", concat(os.path.join(study_dir, "ladder"))
+                            ("schedule ladder", load_checked(os.path.join(study_dir, "ladder"))
                              if os.path.isdir(os.path.join(study_dir, "ladder")) else [])):
         by_method: dict[tuple[str, str], list[dict]] = {}
         for r in step_rows:
@@ -235,38 +278,51 @@ def not_run(study_dir: str, rows: list[dict]) -> list[str]:
                 by_method.setdefault((r["method"], r["status"]), []).append(r)
         for (method, status), group in sorted(by_method.items()):
             out.append(f"- {step}: {method} {status} at {len(group)} point(s): "
-                       f"{group[0].get('reason') or group[0].get('error') or '—'}")
+                       f"{_line(group[0].get('reason') or group[0].get('error') or '—')}")
     model = os.path.join(study_dir, "model", "rows.jsonl")
-    if os.path.exists(model):
+    if os.path.lexists(model):
         from ..bench.model import load_rows
 
         skipped = [r for r in load_rows(os.path.dirname(model)) if r.get("status") != "ok"]
         if skipped:
             out.append(f"- model benchmark (model_e2e): {skipped[0]['status']} at "
-                       f"{len(skipped)} row(s): {skipped[0].get('reason') or '—'}")
+                       f"{len(skipped)} row(s): {_line(skipped[0].get('reason') or '—')}")
     tune = os.path.join(study_dir, "tune", "schedule-table.json")
-    if os.path.exists(tune):
-        with open(tune) as f:
-            why = (json.load(f).get("meta") or {}).get("unavailable")
+    if os.path.lexists(tune):
+        from ..schedules.table import ScheduleTable
+
+        why = ScheduleTable.load(_source(tune, study_dir)).meta.get("unavailable")
         if why:
-            out.append(f"- tuning (Table 5): not run: {why}")
+            out.append(f"- tuning (Table 5): not run: {_line(why)}")
     prof = os.path.join(study_dir, "profile", "summary.json")
-    if os.path.exists(prof):
-        with open(prof) as f:
-            caps = json.load(f).get("captures", [])
-        for c in caps:
-            if c.get("status") != "ok":
-                out.append(f"- profile {c['shape']} {c['method']}: {c['status']}: {c['reason']}")
+    if os.path.lexists(prof):
+        caps = _load_json(_source(prof, study_dir), "profile summary")
+        caps = caps.get("captures") if isinstance(caps, dict) else None
+        for c in caps if isinstance(caps, list) else []:
+            if isinstance(c, dict) and c.get("status") != "ok":
+                out.append(f"- profile {c.get('shape')} {c.get('method')}: {c.get('status')}: "
+                           f"{_line(c.get('reason'))}")
     return out
+
+
+def _line(text) -> str:
+    """A reason as one Markdown line (a newline would end the bullet)."""
+    return " ".join(str(text).split())
+
+
+def _load_json(path: str, what: str):
+    try:
+        return load_json(path, cap=JSON_MAX, what=what)
+    except UnsafeFileError as exc:
+        raise StudyError(str(exc)) from None
 
 
 def _is_ours(out_dir: str) -> bool:
     """A bundle this module wrote, holding nothing else (SHA256SUMS may be gone: Snakemake
     removes a rule's declared outputs before re-running it)."""
     try:
-        with open(os.path.join(out_dir, MARKER)) as f:
-            listed = set(json.load(f)["files"])
-    except (OSError, ValueError, KeyError, TypeError):
+        listed = set(load_json(os.path.join(out_dir, MARKER), cap=JSON_MAX)["files"])
+    except (UnsafeFileError, KeyError, TypeError):
         return False
     return set(_files(out_dir)) <= listed | {SUMS, MARKER}
 
@@ -277,6 +333,11 @@ def _zip_is_ours(zip_path: str, base: str) -> bool:
             return f"{base}/{MARKER}" in z.namelist()
     except (OSError, zipfile.BadZipFile):
         return False
+
+
+def _replaces(out_dir: str) -> bool:
+    """Replacing ``out_dir`` would delete files that are not a bundle of ours."""
+    return os.path.isdir(out_dir) and bool(os.listdir(out_dir)) and not _is_ours(out_dir)
 
 
 def _check_out(out_dir: str, study_dir: str, repo_root: str, force: bool) -> None:
@@ -292,7 +353,17 @@ def _check_out(out_dir: str, study_dir: str, repo_root: str, force: bool) -> Non
     zip_path = out_dir.rstrip("/") + ".zip"
     if os.path.lexists(out_dir) and (os.path.islink(out_dir) or not os.path.isdir(out_dir)):
         raise StudyError(f"--out {out_dir}: exists and is not a directory")
-    if os.path.isdir(out_dir) and os.listdir(out_dir) and not _is_ours(out_dir) and not force:
+    # Inside the study or the checkout --force does not apply: what is there (the study's
+    # own results, untracked files) is never replaced, only a bundle of ours.
+    for what, path in (("the study directory", study_dir), ("the source checkout", repo_root)):
+        inside = os.path.realpath(path).rstrip(os.sep) + os.sep
+        if force and out.startswith(inside) and (
+                _replaces(out_dir) or os.path.lexists(zip_path)
+                and not _zip_is_ours(zip_path, os.path.basename(out))):
+            raise StudyError(f"--out {out_dir}: inside {what}, --force never replaces what is "
+                             "there; name a new directory (or a previous bundle) for the "
+                             "bundle")
+    if _replaces(out_dir) and not force:
         raise StudyError(f"--out {out_dir}: not empty and not a bundle of tiledattn's alone "
                          f"(no {MARKER}, or files it did not write); name a new directory, or "
                          "pass --force to replace it and everything in it")
@@ -309,64 +380,120 @@ def create(study_dir: str, out_dir: str, *, config: dict, config_name: str, repo
     Built beside ``out_dir`` and moved into place at the end, so a failure leaves any previous
     bundle as it was; an existing ``out_dir`` is replaced only when it is a previous bundle
     (or with ``force``), never when it is or holds the study or the source."""
-    from ..bench.store import read_rows
+    from ..bench.store import Lock
 
     agg = os.path.join(study_dir, "aggregate")
     rows_jsonl = os.path.join(agg, "rows.jsonl")
     manifest_path = os.path.join(study_dir, "manifest.json")
     for need in (rows_jsonl, manifest_path):
-        if not os.path.exists(need):
+        if not os.path.lexists(need):
             raise StudyError(f"bundle: {need} is missing (run the aggregate and manifest "
                              "steps first)")
     _check_out(out_dir, study_dir, repo_root, force)
-    rows = read_rows(rows_jsonl)
-    from ..bench.store import check_one_config
-
-    check_one_config(rows, rows_jsonl)
-    with open(manifest_path) as f:
-        manifest = json.load(f)
+    rows = _published_rows(study_dir)
+    manifest = _load_json(_source(manifest_path, study_dir), "manifest")
     if not isinstance(manifest, dict):
         raise StudyError(f"{manifest_path}: not a manifest (expected a JSON object)")
+    _check_config(manifest, config, manifest_path)
     parent = os.path.dirname(os.path.abspath(out_dir))
     os.makedirs(parent, exist_ok=True)
     base = os.path.basename(os.path.abspath(out_dir))
-    work = tempfile.mkdtemp(prefix=f".{base}.building-", dir=parent)
-    try:
-        files = _build(work, study_dir, rows, manifest, config=config, config_name=config_name,
-                       repo_root=repo_root, publication=publication, command=command)
-        zip_path = out_dir.rstrip("/") + ".zip"
-        tmp_zip = os.path.join(work, ".bundle.zip")
-        _zip_dir(work, tmp_zip, base, skip=(".bundle.zip",))
-        os.replace(tmp_zip, zip_path)
-        if os.path.isdir(out_dir) and not os.path.islink(out_dir):
-            shutil.rmtree(out_dir)  # checked above: a previous bundle, empty, or forced
-        os.replace(work, out_dir)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
+    with Lock(os.path.join(parent, base), what="tiledattn bundle create"), _exit_on_signals():
+        for stale in glob.glob(os.path.join(parent, glob.escape(f".{base}.building-") + "*")):
+            shutil.rmtree(stale, ignore_errors=True)  # a killed run's; we hold the lock
+        work = tempfile.mkdtemp(prefix=f".{base}.building-", dir=parent)
+        try:
+            files = _build(work, study_dir, rows, manifest, config=config,
+                           config_name=config_name, repo_root=repo_root,
+                           publication=publication, command=command)
+            zip_path = out_dir.rstrip("/") + ".zip"
+            tmp_zip = os.path.join(work, ".bundle.zip")
+            _zip_dir(work, tmp_zip, base, skip=(".bundle.zip",))
+            os.replace(tmp_zip, zip_path)
+            if os.path.isdir(out_dir) and not os.path.islink(out_dir):
+                shutil.rmtree(out_dir)  # checked above: a previous bundle, empty, or forced
+            os.replace(work, out_dir)
+        except BaseException:
+            shutil.rmtree(work, ignore_errors=True)
+            raise
     return {"dir": out_dir, "zip": zip_path, "files": files}
+
+
+def _check_config(manifest: dict, config: dict, manifest_path: str) -> None:
+    """The config given is the one the study's manifest recorded (when it recorded one)."""
+    from .manifest import config_hash
+
+    want = manifest.get("study_config_hash")
+    if want is not None and config_hash(config) != want:
+        raise StudyError(f"--config: not the config this study ran with ({manifest_path} "
+                         f"records study_config_hash {want[:12]}…, this one hashes to "
+                         f"{config_hash(config)[:12]}…); pass the study's own config "
+                         "(results/<study>/plan/study-config.yaml)")
+
+
+def _published_rows(study_dir: str) -> list[dict]:
+    """The aggregated rows, refused in one line unless every one can be published: no torn
+    or unreadable line (a killed aggregate), one config, finite and physical numbers, no
+    pair twice, and rows.csv (when there) listing the same rows."""
+    from ..bench.store import ResultStore, check_one_config, check_rows
+
+    agg = os.path.join(study_dir, "aggregate")
+    path = _source(os.path.join(agg, "rows.jsonl"), study_dir)
+    store = ResultStore(path)
+    if store.skipped_lines:
+        raise StudyError(f"bundle: {path} has {store.skipped_lines} unreadable line(s) (torn "
+                         "by a killed aggregate?); run the aggregate step again")
+    rows = list(store.rows.values())
+    check_one_config(rows, path)
+    check_rows(rows, path, store.conflicts)
+    table = os.path.join(agg, "rows.csv")
+    if os.path.lexists(table):
+        problem = _csv_disagrees(rows, read_bytes(_source(table, study_dir), cap=ROWS_MAX))
+        if problem:
+            raise StudyError(f"bundle: {table} and rows.jsonl disagree ({problem}); run the "
+                             "aggregate step again")
+    return rows
+
+
+def _csv_disagrees(rows: list[dict], data: bytes) -> str | None:
+    """Why rows.csv does not list ``rows`` (same pairs, same order), or None."""
+    import csv
+    import io
+
+    try:
+        listed = [(r.get("point_key"), r.get("method"))
+                  for r in csv.DictReader(io.StringIO(data.decode("utf-8")))]
+    except (UnicodeDecodeError, csv.Error) as exc:
+        return f"rows.csv unreadable: {exc}"
+    want = [(r.get("point_key"), r.get("method")) for r in rows]
+    if listed != want:
+        return f"rows.csv has {len(listed)} rows, rows.jsonl {len(want)}" if \
+            len(listed) != len(want) else "rows.csv lists other points or methods"
+    return None
 
 
 def _build(out_dir: str, study_dir: str, rows: list[dict], manifest: dict, *, config: dict,
            config_name: str, repo_root: str, publication: Publication, command: str) -> int:
     agg = os.path.join(study_dir, "aggregate")
     manifest_path = os.path.join(study_dir, "manifest.json")
+    # Every source is checked by _source: a link out of the study or a FIFO is refused.
     for name in ("rows.parquet", "rows.csv", "rows.jsonl", "columns.md"):
         src = os.path.join(agg, name)
-        if os.path.exists(src):
-            _copy(src, os.path.join(out_dir, "data", name))
+        if os.path.lexists(src):
+            _copy(_source(src, study_dir), os.path.join(out_dir, "data", name))
     model_rows = os.path.join(study_dir, "model", "rows.jsonl")
-    if os.path.exists(model_rows):  # the model stage's own rows (another row format)
-        _copy(model_rows, os.path.join(out_dir, "data", "model-rows.jsonl"))
+    if os.path.lexists(model_rows):  # the model stage's own rows (another row format)
+        _copy(_source(model_rows, study_dir), os.path.join(out_dir, "data", "model-rows.jsonl"))
     for sub in ("tables", "figures"):
         src_dir = os.path.join(study_dir, sub) if sub == "figures" else os.path.join(agg, sub)
-        if os.path.isdir(src_dir):
-            for rel in _files(src_dir):
+        if os.path.lexists(src_dir):
+            for rel in _study_files(src_dir, study_dir):
                 _copy(os.path.join(src_dir, rel), os.path.join(out_dir, sub, rel))
     prof = os.path.join(study_dir, "profile")
-    if os.path.isdir(prof):
-        _zip_dir(prof, os.path.join(out_dir, "profiles.zip"), "profiles")
-    _copy(manifest_path, os.path.join(out_dir, "manifest.json"))
+    if os.path.lexists(prof):
+        _zip_dir(prof, os.path.join(out_dir, "profiles.zip"), "profiles",
+                 files=_study_files(prof, study_dir))
+    _copy(_source(manifest_path, study_dir), os.path.join(out_dir, "manifest.json"))
     import yaml
 
     os.makedirs(os.path.join(out_dir, "config"))
@@ -383,9 +510,9 @@ def _build(out_dir: str, study_dir: str, rows: list[dict], manifest: dict, *, co
             shutil.rmtree(os.path.join(out_dir, sub))
     t4 = os.path.join(agg, "tables", "table4_ratios.md")
     table4 = ""
-    if os.path.exists(t4):
-        with open(t4) as f:
-            table4 = "\n" + f.read()
+    if os.path.lexists(t4):
+        table4 = "\n" + read_bytes(_source(t4, study_dir), cap=JSON_MAX).decode("utf-8",
+                                                                               "replace")
     readme = _readme(publication, rows, manifest, table4, f"config/{config_name}", snap)
     missing = not_run(study_dir, rows)
     if missing:  # before the column dictionary: what a reader must know first
@@ -532,6 +659,8 @@ def _verify(view, *, scratch: str | None, root: str | None) -> list[str]:
             problems.append(f"{SUMS} line {n} is malformed")
         elif not _confined(parts[1]):
             problems.append(f"{SUMS} line {n}: {parts[1]!r} is not a path inside the bundle")
+        elif parts[1] in listed:
+            problems.append(f"{SUMS} line {n}: {parts[1]} is listed twice")
         else:
             listed[parts[1]] = parts[0]
         if n > MAX_MEMBERS:
@@ -555,49 +684,128 @@ def _verify(view, *, scratch: str | None, root: str | None) -> list[str]:
     problems += [f"not in {SUMS}: {rel}" for rel in sorted(present - set(listed))]
     if len(present) + 1 > ZENODO_MAX_FILES:
         problems.append(f"{len(present) + 1} files exceed Zenodo's {ZENODO_MAX_FILES}")
+    problems += _check_listing(view, listed)
     problems += _check_rows(view)
-    if scratch is not None:  # the metadata checkers read files: write out just those
-        for name in (".zenodo.json", "CITATION.cff", "ro-crate-metadata.json"):
-            if name in view.names:
-                try:
-                    with open(os.path.join(scratch, name), "wb") as f:
-                        f.write(_read_capped(view, name, MAX_META_BYTES))
-                except StudyError as exc:
-                    problems.append(str(exc))
+    meta = {}
+    for name in (".zenodo.json", "CITATION.cff", "ro-crate-metadata.json"):
+        if name in view.names:  # regular files only: a FIFO is a finding, never opened
+            try:
+                meta[name] = _read_capped(view, name, MAX_META_BYTES)
+            except StudyError as exc:
+                problems.append(str(exc))
+    if scratch is not None and "ro-crate-metadata.json" in meta:  # rocrate reads a dir
+        with open(os.path.join(scratch, "ro-crate-metadata.json"), "wb") as f:
+            f.write(meta["ro-crate-metadata.json"])
         root = scratch
-    return problems + _check_metadata(root)
+    return problems + _check_metadata(meta, root)
+
+
+def _check_listing(view, listed: dict[str, str]) -> list[str]:
+    """Every file the bundle's own list (MARKER) names is in SHA256SUMS and present: a line
+    deleted from SHA256SUMS with its file is found."""
+    if MARKER not in view.names:
+        return []
+    try:
+        files = _json_of(view, MARKER).get("files")
+    except (StudyError, AttributeError) as exc:
+        return [f"{MARKER}: unreadable ({exc})"]
+    if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
+        return [f"{MARKER}: 'files' is not a list of names"]
+    return [f"deleted from {SUMS}: {rel} (the bundle lists it)" for rel in files
+            if rel not in (SUMS, MARKER) and rel not in listed]
+
+
+def _json_of(view, rel: str, cap: int = MAX_META_BYTES):
+    try:
+        return parse_json(_read_capped(view, rel, cap), rel)
+    except UnsafeFileError as exc:
+        raise StudyError(str(exc)) from None
 
 
 def _check_rows(view) -> list[str]:
-    """Published rows must come from one config (see ``bench.store.check_one_config``)."""
-    from ..bench.store import RowsError, check_one_config
+    """Published rows: whole lines (none torn), finite and physical numbers, one config,
+    no pair twice, the same rows as rows.csv, and measured under a config the manifest
+    names (its runs' measure hashes, its study config's hash)."""
+    from ..bench.store import RowsError, check_one_config, check_rows
 
     rel = "data/rows.jsonl"
     if rel not in view.names:
         return []
-    rows = []
-    with view.open(rel) as f:
-        for line in f:
-            try:
-                row = json.loads(line)
-            except ValueError:
-                return [f"{rel}: a line is not JSON"]
-            if not isinstance(row, dict):
-                return [f"{rel}: a line is not a row (JSON object)"]
-            rows.append(row)
+    try:
+        data = _read_capped(view, rel, ROWS_MAX)
+    except StudyError as exc:
+        return [str(exc)]
+    if data and not data.endswith(b"\n"):
+        return [f"{rel}: the last line is cut short (a truncated file)"]
+    rows, seen, conflicts = [], {}, []
+    for n, line in enumerate(data.splitlines(), 1):
+        try:
+            row = parse_json(line, f"{rel} line {n}")
+        except UnsafeFileError as exc:
+            return [str(exc)]
+        if not isinstance(row, dict):
+            return [f"{rel} line {n}: not a row (JSON object)"]
+        key = (row.get("point_key"), row.get("method"))
+        if key in seen and seen[key] != row:
+            conflicts.append(key)
+        seen[key] = row
+        rows.append(row)
+    problems = []
     try:
         check_one_config(rows, rel)
+        check_rows(rows, rel, conflicts)
     except RowsError as exc:
+        problems.append(str(exc))
+    if "data/rows.csv" in view.names:
+        try:
+            why = _csv_disagrees(rows, _read_capped(view, "data/rows.csv", ROWS_MAX))
+        except StudyError as exc:
+            why = str(exc)
+        if why:
+            problems.append(f"data/rows.csv and {rel} disagree: {why}")
+    return problems + _check_manifest(view, rows)
+
+
+def _check_manifest(view, rows: list[dict]) -> list[str]:
+    """The manifest's hashes against what the bundle holds: the study config's hash against
+    config/study-config.yaml, its runs' measure hashes against the rows' config_hash."""
+    from ..yamlio import YAMLInputError, parse_yaml
+    from .manifest import config_hash
+
+    if "manifest.json" not in view.names:
+        return ["manifest.json is missing"]
+    try:
+        manifest = _json_of(view, "manifest.json")
+    except StudyError as exc:
         return [str(exc)]
-    return []
+    if not isinstance(manifest, dict):
+        return ["manifest.json: not a JSON object"]
+    problems = []
+    want = manifest.get("study_config_hash")
+    cfg = "config/study-config.yaml"
+    if want is not None:
+        try:
+            got = config_hash(parse_yaml(_read_capped(view, cfg, MAX_META_BYTES), cfg)) \
+                if cfg in view.names else None
+        except (StudyError, YAMLInputError) as exc:
+            got = f"unreadable: {exc}"
+        if got != want:
+            problems.append(f"manifest.json: study_config_hash {want} does not match {cfg} "
+                            f"({'missing' if got is None else got})")
+    runs = manifest.get("runs") if isinstance(manifest.get("runs"), list) else []
+    measured = {r.get("measure_hash") for r in runs if isinstance(r, dict)} - {None}
+    if measured:
+        stray = sorted({str(r.get("config_hash")) for r in rows} - measured)
+        if stray:
+            problems.append(f"data/rows.jsonl: rows measured under config hash(es) {stray} "
+                            f"that no run in manifest.json measured ({sorted(measured)})")
+    return problems
 
 
 @contextlib.contextmanager
-def _scratch():
-    """A temporary directory removed on return, on exceptions, on Ctrl-C and on SIGTERM or
-    SIGHUP (turned into SystemExit so the cleanup below runs)."""
-    tmp = tempfile.mkdtemp(prefix="tiledattn-verify-")
-
+def _exit_on_signals():
+    """SIGTERM and SIGHUP (a scancel, a closed terminal) raise SystemExit inside the block,
+    so its cleanup runs as on Ctrl-C."""
     def on_signal(signum, frame):
         raise SystemExit(128 + signum)
 
@@ -606,29 +814,53 @@ def _scratch():
         for sig in (signal.SIGTERM, signal.SIGHUP):
             old[sig] = signal.signal(sig, on_signal)
     try:
-        yield tmp
+        yield
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
         for sig, handler in old.items():
             signal.signal(sig, handler)
 
 
-def _check_metadata(path: str) -> list[str]:
-    import yaml
+@contextlib.contextmanager
+def _scratch():
+    """A temporary directory removed on return, on exceptions, on Ctrl-C and on SIGTERM or
+    SIGHUP."""
+    with _exit_on_signals():
+        tmp = tempfile.mkdtemp(prefix="tiledattn-verify-")
+        try:
+            yield tmp
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _check_metadata(meta: dict[str, bytes], root: str | None) -> list[str]:
+    """The three metadata files' contents (read bounded by the caller) against their
+    schemas; the RO-Crate from ``root``, where its file lies."""
+    from ..yamlio import YAMLInputError, parse_yaml
 
     problems = []
-    try:
-        with open(os.path.join(path, ".zenodo.json")) as f:
-            validate_zenodo(json.load(f))
-    except (OSError, json.JSONDecodeError, StudyError) as exc:
-        problems.append(f".zenodo.json: {exc}")
-    try:
-        with open(os.path.join(path, "CITATION.cff")) as f:
-            validate_cff(yaml.safe_load(f))
-    except (OSError, yaml.YAMLError, StudyError, AttributeError) as exc:
-        problems.append(f"CITATION.cff: {exc}")
-    if not os.path.exists(os.path.join(path, "ro-crate-metadata.json")):
+    if ".zenodo.json" not in meta:
+        problems.append(".zenodo.json is missing")
+    else:
+        try:
+            validate_zenodo(parse_json(meta[".zenodo.json"], ".zenodo.json"))
+        except UnsafeFileError as exc:
+            problems.append(str(exc))
+        except StudyError as exc:
+            problems.append(f".zenodo.json: {exc}")
+    if "CITATION.cff" not in meta:
+        problems.append("CITATION.cff is missing")
+    else:
+        try:
+            cff = parse_yaml(meta["CITATION.cff"], "CITATION.cff")
+            if not isinstance(cff, dict):
+                raise StudyError("not a mapping")
+            validate_cff(cff)
+        except YAMLInputError as exc:
+            problems.append(str(exc))
+        except StudyError as exc:
+            problems.append(f"CITATION.cff: {exc}")
+    if "ro-crate-metadata.json" not in meta or root is None:
         problems.append("ro-crate-metadata.json is missing")
     else:
-        problems += check_ro_crate(path)
+        problems += check_ro_crate(root)
     return problems

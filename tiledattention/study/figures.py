@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 
 from ..bench.grid import pinned_label
+from ..safeio import atomic_path
 from .ratios import MEASURES, compare_by, points_of
 from .tables import FUSED, SUBJECT, methods_in
 
@@ -78,7 +79,8 @@ def _save(fig, out_dir, name) -> list[str]:
     os.makedirs(out_dir, exist_ok=True)
     paths = [os.path.join(out_dir, f"{name}.{ext}") for ext in ("png", "pdf")]
     for p in paths:
-        fig.savefig(p, bbox_inches="tight")
+        with atomic_path(p) as tmp:  # never a truncated figure after a kill
+            fig.savefig(tmp, bbox_inches="tight", format=p.rsplit(".", 1)[1])
     import matplotlib.pyplot as plt
 
     plt.close(fig)

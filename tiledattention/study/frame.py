@@ -12,6 +12,7 @@ import os
 
 from ..bench.aggregate import flatten
 from ..errors import StudyError
+from ..safeio import atomic_path, write_text
 
 __all__ = ["COLUMNS", "StudyError", "columns_markdown", "columns_of", "write_rows_table"]
 
@@ -126,10 +127,12 @@ def write_rows_table(rows: list[dict], out_dir: str) -> dict[str, str]:
     paths = {"parquet": os.path.join(out_dir, "rows.parquet"),
              "csv": os.path.join(out_dir, "rows.csv"),
              "columns": os.path.join(out_dir, "columns.md")}
-    frame.to_parquet(paths["parquet"], index=False)
-    frame.to_csv(paths["csv"], index=False, quoting=csv.QUOTE_MINIMAL)
-    with open(paths["columns"], "w") as f:
-        f.write(columns_markdown(cols))
+    # Each file appears whole or not at all: a killed aggregate leaves no truncated table.
+    with atomic_path(paths["parquet"]) as tmp:
+        frame.to_parquet(tmp, index=False)
+    with atomic_path(paths["csv"]) as tmp:
+        frame.to_csv(tmp, index=False, quoting=csv.QUOTE_MINIMAL)
+    write_text(paths["columns"], columns_markdown(cols))
     return paths
 
 

@@ -15,6 +15,7 @@ import os
 from importlib.metadata import PackageNotFoundError, version
 
 from ..errors import StudyError
+from ..safeio import UnsafeFileError, load_json
 
 # Fields that must agree across every run of one study.
 STACK_FIELDS = ("tiledattention", "python", "torch", "cuda_runtime", "cudnn", "cuda_tile",
@@ -35,10 +36,11 @@ def load_manifests(dirs: list[str]) -> dict[str, dict]:
     for d in dirs:
         for path in sorted(glob.glob(os.path.join(d, "manifest-*.json"))):
             try:
-                with open(path) as f:
-                    found[path] = json.load(f)
-            except (OSError, json.JSONDecodeError) as exc:
-                raise StudyError(f"{path}: not a readable manifest ({exc})") from exc
+                found[path] = load_json(path, what="run manifest")
+            except UnsafeFileError as exc:
+                raise StudyError(str(exc)) from None
+            if not isinstance(found[path], dict):
+                raise StudyError(f"{path}: not a run manifest (expected a JSON object)")
     return found
 
 
@@ -90,6 +92,7 @@ def merge(manifests: dict[str, dict], *, config: dict | None = None,
         "runs": [{"manifest": os.path.relpath(p, base_dir) if base_dir else p,
                   "host": m.get("host"), "started": m.get("started"),
                   "finished": m.get("finished"), "config_hash": m.get("config_hash"),
+                  "measure_hash": m.get("measure_hash"),
                   "slurm_job": (m.get("environment") or {}).get("SLURM_JOB_ID")}
                  for p, m in manifests.items()],
         "runs_from_dirty_tree": dirty,

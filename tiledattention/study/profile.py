@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 
 from ..bench.grid import TOKENS, WIDTH, Point
 from ..errors import StudyError
+from ..safeio import write_json, write_text
 
 # Kernel-name filters: ours is one cuTile kernel; PyTorch's fused kernels by backend.
 KERNEL_FILTERS = {
@@ -197,10 +198,8 @@ def run_profile(shapes: list[Shape], methods: list[str], out_dir: str, *,
                "clock_control": clock_control, "warmup_launches_skipped": warmup,
                "launches_captured": 1, "kernel_filters": {m: KERNEL_FILTERS[m] for m in methods},
                "captures": [asdict(c) for c in captures]}
-    with open(os.path.join(out_dir, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=1)
-    with open(os.path.join(out_dir, "summary.md"), "w") as f:
-        f.write(summary_markdown(summary))
+    write_json(os.path.join(out_dir, "summary.json"), summary, indent=1)
+    write_text(os.path.join(out_dir, "summary.md"), summary_markdown(summary))
     failed = [c for c in captures if c.status == "failed"]
     for c in failed:
         print(f"profile: {c.shape} {c.method} failed: {c.reason}", file=sys.stderr)
@@ -229,8 +228,7 @@ def _capture(ncu, shape, method, out_dir, clock_control, warmup, tokens, width,
     except subprocess.TimeoutExpired:
         return Capture(shape.tag(), method, "failed", f"ncu ran over {timeout_s:.0f}s")
     log = run.stdout + run.stderr
-    with open(base + ".log", "w") as f:
-        f.write(" ".join(cmd) + "\n" + log)
+    write_text(base + ".log", " ".join(cmd) + "\n" + log)
     report = base + ".ncu-rep"
     if "ERR_NVGPUCTRPERM" in log:
         return Capture(shape.tag(), method, "failed", "ERR_NVGPUCTRPERM")
@@ -240,8 +238,7 @@ def _capture(ncu, shape, method, out_dir, clock_control, warmup, tokens, width,
                        f"ncu exit {run.returncode}: {' | '.join(tail)}")
     exp = subprocess.run([ncu, "--import", report, "--csv", "--page", "raw"],
                          capture_output=True, text=True, timeout=timeout_s)
-    with open(base + ".csv", "w") as f:
-        f.write(exp.stdout)
+    write_text(base + ".csv", exp.stdout)
     kernels, units = parse_raw_csv(exp.stdout)
     if not kernels:
         return Capture(shape.tag(), method, "failed", "no kernel matched the filter "

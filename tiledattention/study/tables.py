@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import os
 from dataclasses import dataclass, field
 
 from ..bench.grid import pinned_label
+from ..safeio import write_text
 from .ratios import (
     MEASURES,
     RatioSummary,
@@ -47,10 +47,10 @@ class Table:
     def to_markdown(self) -> str:
         out = [f"### {self.title}", "", "| " + " | ".join(self.columns) + " |",
                "|" + "---|" * len(self.columns)]
-        out += ["| " + " | ".join(r) + " |" for r in self.cells()]
+        out += ["| " + " | ".join(_md_cell(c) for c in r) + " |" for r in self.cells()]
         if not self.rows:
             out.append("| " + " | ".join(["—"] * len(self.columns)) + " |")
-        out += [""] + [f"{n}  " for n in self.notes]
+        out += [""] + [f"{' '.join(n.split())}  " for n in self.notes]
         return "\n".join(out).rstrip() + "\n"
 
     def to_csv(self) -> str:
@@ -77,8 +77,7 @@ class Table:
         for ext, text in (("md", self.to_markdown()), ("csv", self.to_csv()),
                           ("tex", self.to_latex())):
             path = os.path.join(out_dir, f"{self.name}.{ext}")
-            with open(path, "w") as f:
-                f.write(text)
+            write_text(path, text)  # atomic: a killed aggregate leaves no half table
             paths.append(path)
         return paths
 
@@ -91,7 +90,13 @@ def _fmt(v) -> str:
     return str(v)
 
 
+def _md_cell(text: str) -> str:
+    """A Markdown table cell: one line (a newline would end the row), pipes escaped."""
+    return " ".join(text.split()).replace("|", "\\|")
+
+
 def _latex_escape(text: str) -> str:
+    text = " ".join(text.split())  # a blank line inside a tabular is a LaTeX error
     for a, b in (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("_", r"\_"),
                  ("#", r"\#"), ("$", r"\$"), ("{", r"\{"), ("}", r"\}"), ("—", "--"),
                  ("×", r"$\times$"), ("≥", r"$\geq$"), ("·", r"$\cdot$")):
@@ -261,22 +266,20 @@ def table5(tune_table: str | None) -> Table:
         t.notes.append("tuning did not run in this study (config tune.enabled: false); the "
                        "shipped table's own winners are in tiledattention/schedules/tables/.")
         return t
-    from ..schedules.schedule import Schedule
+    from ..schedules.table import ScheduleTable
 
-    with open(tune_table) as f:
-        data = json.load(f)
-    entries = data["entries"]
-    if (data.get("meta") or {}).get("unavailable"):  # the tuning job found no GPU
-        t.notes.append(f"tuning did not run: {data['meta']['unavailable']}.")
+    table = ScheduleTable.load(tune_table)  # bounded, validated: a bad table is one line
+    if table.meta.get("unavailable"):  # the tuning job found no GPU
+        t.notes.append(f"tuning did not run: {table.meta['unavailable']}.")
         return t
-    for e in sorted(entries, key=lambda e: (e["bucket"]["dtype"], e["bucket"]["causal"],
-                                            e["bucket"]["head_dim"], e["bucket"]["s_bucket"])):
-        b = e["bucket"]
-        ru = e.get("runner_up")
-        t.rows.append([e.get("gpu"), b["dtype"], "causal" if b["causal"] else "full",
-                       b["head_dim"], b["s_bucket"], Schedule.from_dict(e["best"]).label(),
-                       e["best_tflops"], Schedule.from_dict(ru).label() if ru else None,
-                       e.get("runner_up_tflops"), e.get("sensitivity")])
+    for e in sorted(table.entries.values(), key=lambda e: (
+            e.bucket.dtype, e.bucket.causal, e.bucket.head_dim, e.bucket.s_bucket)):
+        b = e.bucket
+        t.rows.append([e.gpu, b.dtype, "causal" if b.causal else "full", b.head_dim,
+                       b.s_bucket, e.best.label(), round(e.best_tflops, 2),
+                       e.runner_up.label() if e.runner_up else None,
+                       round(e.runner_up_tflops, 2) if e.runner_up else None,
+                       round(e.sensitivity, 4) if e.sensitivity is not None else None])
     t.notes.append(f"from {os.path.basename(tune_table)}; sensitivity: how much slower the "
                    "runner-up is (1 - runner-up / best).")
     return t
