@@ -124,8 +124,8 @@ def _snapshot(repo_root: str, dest_zip: str) -> tuple[int, str]:
 
 
 def headline(rows: list[dict], manifest: dict) -> str:
+    from ..bench.methods import FUSED, SUBJECT
     from .ratios import compare, pass_of
-    from .tables import FUSED, SUBJECT
 
     gpu = (manifest.get("gpu") or {}).get("name") or "a CPU (no GPU)"
     train = [r for r in rows if pass_of(r) == "fwd+bwd"]
@@ -150,8 +150,9 @@ def headline(rows: list[dict], manifest: dict) -> str:
 
 def _training_headline(rows: list[dict]) -> str:
     """Forward+backward against every baseline measured with a backward, if any."""
+    from ..bench.methods import SUBJECT
     from .ratios import compare
-    from .tables import SUBJECT, baselines
+    from .tables import baselines
 
     parts = []
     for b in baselines(rows):

@@ -7,15 +7,17 @@ a file that is not there.
 
 from __future__ import annotations
 
-import os
-
 from ..bench.grid import pinned_label
-from .ratios import MEASURES, compare_by, points_of
-from .tables import FUSED, SUBJECT, methods_in
+from ..bench.methods import FUSED, METHODS, SUBJECT
+from .plotting import color as _color
+from .plotting import grid as _grid
+from .plotting import no_data as _no_data
+from .plotting import plt as _plt
+from .plotting import save as _save
+from .ratios import MEASURES, compare_by, methods_in, points_of
+from .shapes import shapes_figure
 
 PANELS = [(dt, c) for dt in ("float16", "bfloat16") for c in (False, True)]
-BASELINES_D128 = ("tiledattention", "torch_sdpa", "flash", "cudnn", "efficient", "flash_attn",
-                  "math", "eager")
 
 
 def names(head_dims) -> list[str]:
@@ -24,24 +26,6 @@ def names(head_dims) -> list[str]:
     return [f"throughput_vs_seq_d{d}" for d in sorted(set(head_dims))] + [
         "regime_map", "ratios_vs_seq", "baselines_d128", "bandwidth_vs_seq", "tile_sensitivity",
         "shapes"]
-
-
-def _color(method: str):
-    # One colour per method in every figure.
-    order = BASELINES_D128
-    return f"C{order.index(method) % 10}" if method in order else None
-
-
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    plt.rcParams.update({"font.size": 9, "axes.titlesize": 9, "legend.fontsize": 7,
-                         "figure.dpi": 110, "savefig.dpi": 150, "axes.grid": True,
-                         "grid.alpha": 0.3})
-    return plt
 
 
 def _panels(rows):
@@ -53,24 +37,6 @@ def _title(dtype, causal):
     return f"{dtype}, {'causal' if causal else 'no mask'}"
 
 
-def _save(fig, out_dir, name) -> list[str]:
-    os.makedirs(out_dir, exist_ok=True)
-    paths = [os.path.join(out_dir, f"{name}.{ext}") for ext in ("png", "pdf")]
-    for p in paths:
-        fig.savefig(p, bbox_inches="tight")
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
-    return paths
-
-
-def _no_data(ax, why):
-    ax.text(0.5, 0.5, f"no data:\n{why}", ha="center", va="center", transform=ax.transAxes,
-            fontsize=8, wrap=True)
-    ax.set_xticks([])
-    ax.set_yticks([])
-
-
 def _by_seq(rows, **match):
     """The ok rows matching ``match``, in order of S: one line of a throughput plot."""
     return sorted(_ok(rows, **match), key=lambda r: r["seq_q"])
@@ -79,17 +45,6 @@ def _by_seq(rows, **match):
 def _ok(rows, **match):
     return [r for r in rows if r["status"] == "ok"
             and all(r[k] == v for k, v in match.items())]
-
-
-def _grid(plt, n):
-    cols = 2 if n > 1 else 1
-    nrows = (n + cols - 1) // cols
-    fig, axes = plt.subplots(nrows, cols, figsize=(3.6 * cols, 2.8 * nrows), squeeze=False,
-                             layout="constrained")
-    flat = [a for row in axes for a in row]
-    for a in flat[n:]:
-        a.set_visible(False)
-    return fig, flat
 
 
 def throughput_vs_seq(rows, out_dir) -> list[str]:
@@ -203,7 +158,7 @@ def baselines_at_d128(rows, out_dir) -> list[str]:
     fig, axes = _grid(plt, len(panels))
     for ax, (dtype, causal) in zip(axes, panels):
         drawn = 0
-        for m in [m for m in BASELINES_D128 if m in methods_in(rows)]:
+        for m in [m for m in METHODS if m in methods_in(rows)]:
             ok = _by_seq(rows, method=m, head_dim=d, dtype=dtype, causal=causal)
             if ok:
                 ax.plot([r["seq_q"] for r in ok], [r["tflops"] for r in ok], marker="o", ms=3,
@@ -287,8 +242,6 @@ def tile_sensitivity(ladder_rows, tune_entries, out_dir) -> list[str]:
 
 def write_all(rows, out_dir, *, ladder_rows=None, tune_entries=None,
               shape_rows=None) -> list[str]:
-    from .shapes import shapes_figure
-
     return (throughput_vs_seq(rows, out_dir) + regime_map(rows, out_dir)
             + ratios_vs_seq(rows, out_dir) + baselines_at_d128(rows, out_dir)
             + bandwidth_vs_seq(rows, out_dir)

@@ -1,0 +1,75 @@
+"""One study table, written as Markdown, CSV and LaTeX (its own module: the tables, the
+shapes tables and the comparison all write through it, without importing each other)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Table:
+    name: str  # file stem
+    title: str
+    columns: list[str]
+    rows: list[list] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def cells(self) -> list[list[str]]:
+        return [[_fmt(v) for v in r] for r in self.rows]
+
+    def to_markdown(self) -> str:
+        out = [f"### {self.title}", "", "| " + " | ".join(self.columns) + " |",
+               "|" + "---|" * len(self.columns)]
+        out += ["| " + " | ".join(r) + " |" for r in self.cells()]
+        if not self.rows:
+            out.append("| " + " | ".join(["—"] * len(self.columns)) + " |")
+        out += [""] + [f"{n}  " for n in self.notes]
+        return "\n".join(out).rstrip() + "\n"
+
+    def to_csv(self) -> str:
+        buf = io.StringIO()
+        w = csv.writer(buf)
+        w.writerow(self.columns)
+        w.writerows(["" if v is None else v for v in r] for r in self.rows)
+        return buf.getvalue()
+
+    def to_latex(self) -> str:
+        esc = _latex_escape
+        out = [r"\begin{table}[t]", r"\centering", f"\\caption{{{esc(self.title)}}}",
+               f"\\label{{tab:{self.name}}}", r"\begin{tabular}{" + "l" * len(self.columns)
+               + "}", r"\hline", " & ".join(esc(c) for c in self.columns) + r" \\", r"\hline"]
+        out += [" & ".join(esc(c) for c in r) + r" \\" for r in self.cells()]
+        out += [r"\hline", r"\end{tabular}"]
+        out += [f"\\par\\footnotesize {esc(n)}" for n in self.notes]
+        out.append(r"\end{table}")
+        return "\n".join(out) + "\n"
+
+    def write(self, out_dir: str) -> list[str]:
+        os.makedirs(out_dir, exist_ok=True)
+        paths = []
+        for ext, text in (("md", self.to_markdown()), ("csv", self.to_csv()),
+                          ("tex", self.to_latex())):
+            path = os.path.join(out_dir, f"{self.name}.{ext}")
+            with open(path, "w") as f:
+                f.write(text)
+            paths.append(path)
+        return paths
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "—"
+    if isinstance(v, float):
+        return f"{v:.3f}" if abs(v) < 100 else f"{v:.1f}"
+    return str(v)
+
+
+def _latex_escape(text: str) -> str:
+    for a, b in (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("_", r"\_"),
+                 ("#", r"\#"), ("$", r"\$"), ("{", r"\{"), ("}", r"\}"), ("—", "--"),
+                 ("×", r"$\times$"), ("≥", r"$\geq$"), ("·", r"$\cdot$")):
+        text = text.replace(a, b)
+    return text
