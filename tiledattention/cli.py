@@ -227,6 +227,19 @@ def build_parser() -> argparse.ArgumentParser:
                         formatter_class=_Formatter)
     b.add_argument("path", help="bundle directory or zip")
 
+    p = _verb(sub, "compare", _compare, "hold a study against a reference: per point and "
+              "method, kernel time, call latency and the speed ratio to each baseline against "
+              "the reference's (value, lower, upper); exit 1 on a regression")
+    p.add_argument("new", help="the study: a bundle (directory or zip), a results directory "
+                   "or a rows file")
+    p.add_argument("reference", help="the reference: a shipped system (e.g. h100) or another "
+                   "study (bundle, results directory, rows file)")
+    p.add_argument("--tolerance", nargs="+", metavar="PCT", help="percent, both measures "
+                   "(15) or per measure (kernel=10 call=25) (default: a shipped system's own "
+                   "bounds; for a study, kernel 10, call 25)")
+    p.add_argument("--out", help="directory for compare.md/.csv/.png/.pdf (default: compare/ "
+                   "in the new study's directory)")
+
     p = _verb(sub, "advise", _advise, "predict TiledAttention's and PyTorch SDPA's throughput "
               "for a model's attention shape from the nearest measured points, flag tile and "
               "wave quantization, and list same-hidden-size shapes that measured faster")
@@ -612,6 +625,18 @@ def _bundle(args) -> int:
                  force=args.force)
     print(f"bundle: {out['files']} files in {out['dir']} and {out['zip']}", file=sys.stderr)
     return 0
+
+
+def _compare(args) -> int:
+    from .study.compare import failed, run, verdict_line
+
+    checks, paths = run(args.new, args.reference, tolerance=args.tolerance, out=args.out)
+    print(f"compare: {verdict_line(checks)}; {paths[1]}")
+    for c in failed(checks)[:10]:
+        print(f"compare: {c.verdict}: {c.point} {c.method} {c.measure} "
+              f"{'—' if c.diff_pct is None else f'{c.diff_pct:+.1f} %'} {c.why}".rstrip(),
+              file=sys.stderr)
+    return FAILED if failed(checks) else 0
 
 
 def _advise(args) -> int:

@@ -29,7 +29,7 @@ FORMAT = "tiledattention-reference/1"
 # Kernel time on one H100, run to run: p95 2-3 %, max 4 % (benchmarks/results, bench80 runs);
 # call latency adds the host (CPU, Python, driver): p95 4-7 %, max 17 %.
 TOLERANCE = {"kernel": 0.10, "call": 0.25}
-VERDICTS = ("pass", "faster", "regression", "missing")
+VERDICTS = ("pass", "faster", "slower", "regression", "not ok", "not measured")
 MAX_ROWS_BYTES = 256 << 20
 
 
@@ -43,7 +43,8 @@ class Check:
     reference: float
     lower: float  # fractions of the reference value, e.g. -0.10
     upper: float
-    why: str = ""  # for a missing check: the new row's status
+    why: str = ""  # where there is no new value: why (the new row's status and reason)
+    measured: bool = True  # the new study has a row for this point and method
 
     @property
     def diff_pct(self) -> float | None:
@@ -52,12 +53,15 @@ class Check:
     @property
     def verdict(self) -> str:
         if self.new is None:
-            return "missing"
+            return "not ok" if self.measured else "not measured"
         rel = self.new / self.reference - 1
         # A time regresses upward, a speed ratio downward.
         worse, better = (rel > self.upper, rel < self.lower) if self.quantity == "time" \
             else (rel < self.lower, rel > self.upper)
-        return "regression" if worse else "faster" if better else "pass"
+        if worse:  # a baseline's own time is reported: its slowdown is not ours to fail
+            return "regression" if self.quantity == "ratio" or self.method == SUBJECT \
+                else "slower"
+        return "faster" if better else "pass"
 
 
 # --- reading studies and references ---------------------------------------------------------
@@ -164,7 +168,7 @@ def load_reference(name_or_path: str, tolerance: dict[str, float] | None = None)
                          f"a shipped system (shipped: {', '.join(systems()) or 'none'})")
     rows, gpu = load_study(name_or_path)
     return build(rows, system=gpu, source={"study": os.path.abspath(name_or_path)},
-                 tolerance=tolerance or TOLERANCE)
+                 tolerance=tolerance)
 
 
 def _with_tolerance(ref: dict, tolerance: dict[str, float]) -> dict:
@@ -182,7 +186,7 @@ def build(rows: list[dict], *, system: str, source: dict,
           tolerance: dict[str, float] | None = None) -> dict:
     """Reference tuples from ok rows: per (point, method), each measure's time as
     [value, lower, upper] (kernel: ms; call: us)."""
-    tolerance = tolerance or TOLERANCE
+    tolerance = {**TOLERANCE, **(tolerance or {})}
     entries = []
     for r in rows:
         if r.get("status") != "ok":
@@ -216,7 +220,7 @@ def compare(rows: list[dict], ref: dict) -> list[Check]:
     speed ratio to each baseline at each point where the reference has both."""
     _check_reference(ref, "reference")
     by_key = {(r["point_key"], r["method"]): r for r in rows}
-    times = {}
+    times, rows_of = {}, {}
     checks = []
     for e in ref["entries"]:
         row = by_key.get((e["point"], e["method"]))
@@ -228,9 +232,10 @@ def compare(rows: list[dict], ref: dict) -> list[Check]:
             new = new if new and new > 0 else None
             times[(e["point"], e["method"], m)] = (new, value, lower, upper)
             why = "" if new is not None else (f"{row['status']}: {row.get('reason', '')}"
-                                              if row else "not measured")
+                                              if row else "not in the new study")
             checks.append(Check(e["point"], e["method"], "time", m, new, value, lower,
-                                upper, why))
+                                upper, why, row is not None))
+            rows_of[(e["point"], e["method"])] = row is not None
     for (point, method, m), (new_b, ref_b, lo, up) in sorted(times.items()):
         if method == SUBJECT or (point, SUBJECT, m) not in times:
             continue
@@ -238,8 +243,9 @@ def compare(rows: list[dict], ref: dict) -> list[Check]:
         new = new_b / new_s if new_b and new_s else None
         # The ratio's bounds: the wider of its two times' (a shipped tuple may be tighter).
         tol_lo, tol_up = min(lo, lo_s), max(up, up_s)
+        measured = rows_of[(point, method)] and rows_of[(point, SUBJECT)]
         checks.append(Check(point, f"{SUBJECT} ÷ {method}", "ratio", m, new, ref_b / ref_s,
-                            tol_lo, tol_up, "" if new else "a time is missing"))
+                            tol_lo, tol_up, "" if new else "a time is missing", measured))
     return checks
 
 
@@ -251,7 +257,9 @@ def summary(checks: list[Check]) -> dict[str, int]:
 
 
 def failed(checks: list[Check]) -> list[Check]:
-    return [c for c in checks if c.verdict in ("regression", "missing")]
+    """The checks that fail the comparison, regressions first."""
+    return sorted((c for c in checks if c.verdict in ("regression", "not ok")),
+                  key=lambda c: c.verdict != "regression")
 
 
 def _geomean(values: list[float]) -> float | None:
@@ -271,7 +279,8 @@ def per_method(checks: list[Check]) -> list[list]:
         out.append([method, MEASURES[measure][0], len(cs),
                     None if g is None else round(100 * (g - 1), 2),
                     sum(c.verdict == "regression" for c in cs),
-                    sum(c.verdict == "missing" for c in cs)])
+                    sum(c.verdict == "not ok" for c in cs),
+                    sum(c.verdict == "not measured" for c in cs)])
     return out
 
 
@@ -306,10 +315,13 @@ def write(checks: list[Check], out_dir: str, *, new_name: str, ref: dict) -> lis
 
 def verdict_line(checks: list[Check]) -> str:
     s = summary(checks)
-    bad = s["regression"] + s["missing"]
+    bad = s["regression"] + s["not ok"]
     head = "FAIL" if bad else "PASS"
-    return (f"{head}: {len(checks)} checks, {s['pass']} within tolerance, {s['faster']} "
-            f"faster than the bounds, {s['regression']} regressions, {s['missing']} missing")
+    return (f"{head}: {len(checks) - s['not measured']} checks, {s['pass']} within tolerance, "
+            f"{s['faster']} faster and {s['slower']} baseline times slower than the bounds, "
+            f"{s['regression']} regressions, "
+            f"{s['not ok']} not ok here ({s['not measured']} reference entries not in this "
+            "study)")
 
 
 def markdown(checks: list[Check], *, new_name: str, ref: dict) -> str:
@@ -321,14 +333,16 @@ def markdown(checks: list[Check], *, new_name: str, ref: dict) -> str:
              f"Reference: {ref.get('system')} ({src.get('rows') or src.get('study') or '—'}"
              f"{', revision ' + src['git_commit'] if src.get('git_commit') else ''}); "
              f"tolerances: {tol or 'per tuple'}. A time above its upper bound or a speed "
-             "ratio (TiledAttention ÷ baseline) below its lower bound is a regression; a "
-             "point the reference measured that is not ok here is missing.", "",
+             "ratio (TiledAttention ÷ baseline) below its lower bound is a regression (a "
+             "baseline's own time above its bound is reported as slower, not failed); a "
+             "row measured here that is not ok fails too; points or methods this study did "
+             "not run are not measured (no failure).", "",
              "## Per method", "",
              "| method | measure | checks | geomean new ÷ reference − 1 (%) | regressions "
-             "| missing |", "|---|---|---|---|---|---|"]
+             "| not ok | not measured |", "|---|---|---|---|---|---|---|"]
     lines += ["| " + " | ".join("—" if v is None else str(v) for v in r) + " |"
               for r in per_method(checks)]
-    bad = [c for c in checks if c.verdict != "pass"]
+    bad = [c for c in checks if c.verdict not in ("pass", "not measured")]
     lines += ["", "## Checks not within tolerance", ""]
     if not bad:
         lines.append("(none)")
@@ -342,7 +356,7 @@ def markdown(checks: list[Check], *, new_name: str, ref: dict) -> str:
 def figure(checks: list[Check], out_dir: str) -> list[str]:
     """Percent difference per point: times (top) and ratios (bottom), kernel time (left)
     and call latency (right), the tolerance band shaded."""
-    from .plotting import grid, no_data, plt, save
+    from .plotting import color, grid, no_data, plt, save
 
     p = plt()
     fig, axes = grid(p, 4)
@@ -363,7 +377,7 @@ def figure(checks: list[Check], out_dir: str) -> list[str]:
         for i, method in enumerate(sorted({c.method for c in drawn})):
             mine = [c for c in drawn if c.method == method]
             ax.plot([x[c.point] for c in mine], [c.diff_pct for c in mine], "o", ms=3,
-                    color=f"C{i % 10}", label=method)
+                    color=color(method.split(" ÷ ")[-1]) or f"C{i % 10}", label=method)
         bad = [c for c in drawn if c.verdict == "regression"]
         if bad:
             ax.plot([x[c.point] for c in bad], [c.diff_pct for c in bad], "x", color="red",
@@ -376,26 +390,78 @@ def figure(checks: list[Check], out_dir: str) -> list[str]:
     return save(fig, out_dir, "compare")
 
 
+# --- the command ------------------------------------------------------------------------------
+
+def parse_tolerance(items: list[str] | None) -> dict[str, float] | None:
+    """``--tolerance 15`` (percent, both measures) or ``kernel=10 call=30``; None: keep the
+    reference's own bounds (a shipped system's) or TOLERANCE."""
+    if not items:
+        return None
+    out: dict[str, float] = {}
+    for item in items:
+        measure, _, pct = item.rpartition("=")
+        targets = [measure] if measure else list(MEASURES)
+        if any(t not in MEASURES for t in targets):
+            raise StudyError(f"--tolerance {item}: the measure must be one of "
+                             f"{', '.join(MEASURES)} (e.g. kernel=10)")
+        try:
+            value = float(pct)
+        except ValueError:
+            raise StudyError(f"--tolerance {item}: {pct!r} is not a number of percent") \
+                from None
+        if not (math.isfinite(value) and 0 < value < 1000):
+            raise StudyError(f"--tolerance {item}: a percentage above 0 and below 1000")
+        out.update({t: value / 100 for t in targets})
+    return out
+
+
+def run(new: str, reference: str, *, tolerance: list[str] | None, out: str | None) -> tuple[
+        list[Check], list[str]]:
+    """The comparison of ``new`` against ``reference``, written to ``out`` (default: a
+    ``compare/`` directory beside the new study's rows); (checks, files written)."""
+    tol = parse_tolerance(tolerance)
+    rows, gpu = load_study(new)
+    ref = load_reference(reference, tol)
+    checks = compare(rows, ref)
+    if all(c.verdict == "not measured" for c in checks):
+        raise StudyError(f"{new} and {reference} share no point and method measured ok in "
+                         "the reference: nothing to compare (a different grid?)")
+    out = out or default_out(new)
+    return checks, write(checks, out, new_name=f"{new} ({gpu})", ref=ref)
+
+
+def default_out(new: str) -> str:
+    if os.path.isdir(new):
+        return os.path.join(new, "compare")
+    return os.path.join(os.path.dirname(os.path.abspath(new)), "compare")
+
+
 # --- building a shipped reference -------------------------------------------------------------
 
 def _build_main(argv: list[str]) -> int:
-    """python -m tiledattention.study.compare build ROWS SYSTEM OUT: reference tuples for
-    SYSTEM from committed rows (a bundle, study directory or rows file)."""
+    """python -m tiledattention.study.compare build SYSTEM OUT ROWS...: reference tuples
+    for SYSTEM from committed rows (bundles, study directories or rows files)."""
     import argparse
 
     p = argparse.ArgumentParser(prog="python -m tiledattention.study.compare build")
-    p.add_argument("rows")
     p.add_argument("system")
     p.add_argument("out")
+    p.add_argument("rows", nargs="+")
+    p.add_argument("--gpu", help="the GPU the rows were measured on (rows name only cuda)")
     a = p.parse_args(argv)
-    rows, gpu = load_study(a.rows)
-    commits = sorted({r.get("git_commit") for r in rows if r.get("git_commit")})
-    ref = build(rows, system=a.system, source={"rows": a.rows, "gpu": gpu,
-                                                 "git_commit": commits[0] if commits else None})
+    rows, gpus = [], set()
+    for path in a.rows:
+        r, gpu = load_study(path)
+        rows += r
+        gpus.add(gpu)
+    gpu = a.gpu or ", ".join(sorted(gpus))
+    ref = build(rows, system=a.system, source={"rows": a.rows, "gpu": gpu})
+    entries = ref.pop("entries")
+    head = json.dumps(ref, indent=1)[:-2]  # one entry a line: small diffs when re-generated
     with open(a.out, "w") as f:
-        json.dump(ref, f, indent=0, sort_keys=False)
-        f.write("\n")
-    print(f"{a.out}: {len(ref['entries'])} entries for {a.system} ({gpu})")
+        f.write(head + ',\n "entries": [\n' + ",\n".join(json.dumps(e) for e in entries)
+                + "\n ]\n}\n")
+    print(f"{a.out}: {len(entries)} entries for {a.system} ({gpu})")
     return 0
 
 
@@ -403,5 +469,5 @@ if __name__ == "__main__":
     import sys
 
     if sys.argv[1:2] != ["build"]:
-        sys.exit("usage: python -m tiledattention.study.compare build ROWS SYSTEM OUT")
+        sys.exit("usage: python -m tiledattention.study.compare build SYSTEM OUT ROWS...")
     sys.exit(_build_main(sys.argv[2:]))
