@@ -9,6 +9,7 @@ and a zip, with README, .zenodo.json, CITATION.cff, ro-crate-metadata.json and S
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -26,6 +27,7 @@ from .metadata import (
     Publication,
     check_ro_crate,
     citation_cff,
+    repository_url,
     validate_cff,
     validate_zenodo,
     write_ro_crate,
@@ -191,18 +193,14 @@ def _readme(pub: Publication, rows: list[dict], manifest: dict, table4: str,
         f" (CUDA {stack.get('cuda_runtime')}, cuDNN {stack.get('cudnn')}), cuda-tile "
         f"{stack.get('cuda_tile')}, tileiras {stack.get('tileiras')}, Python "
         f"{stack.get('python')}",
-        f"- Source revision: {stack.get('git_commit')}",
+        f"- Source: {pub.repository or 'repository not recorded (set publication.repository)'}"
+        f" at revision {stack.get('git_commit')}"
+        + (" (some runs from a tree with uncommitted changes: manifest.json)"
+           if manifest.get("runs_from_dirty_tree") else ""),
         f"- One software stack and GPU across all runs: "
         f"{'yes' if manifest.get('consistent') else 'NO — see manifest.json mismatches'}",
         f"- Container: {(manifest.get('container') or {}).get('image') or 'none'}", "",
-        "## How to reproduce", "",
-        "Unpack `workflow-snapshot.zip` (the Snakefile, rules, configs, profiles and "
-        "container definitions of this run) over a checkout of the recorded source "
-        "revision, then:", "", f"The snapshot holds {snapshot[0]} files: {snapshot[1]} under "
-        f"{', '.join(SNAPSHOT)} — untracked and ignored files (a local `.env`, credentials) "
-        "are never included.", "", "```bash",
-        f"snakemake --profile profiles/local --configfile {config_name}   # or profiles/slurm",
-        "tiledattn bundle verify results/<study>/bundle", "```", "",
+        *reproduce_section(pub, manifest, snapshot),
         "## Files", "",
         "- `data/rows.parquet`, `data/rows.csv`, `data/rows.jsonl`: every row; "
         "`data/columns.md`: the column dictionary (also below); `data/model-rows.jsonl`: the "
@@ -218,6 +216,40 @@ def _readme(pub: Publication, rows: list[dict], manifest: dict, table4: str,
         "`tiledattn bundle verify`)", "", "## Column dictionary", "",
         columns_markdown(columns_of(rows)) if rows else "(no rows)", ""]
     return "\n".join(lines)
+
+
+def install_line(pub: Publication, manifest: dict) -> str:
+    """The README's install step: the recorded revision from the recorded repository."""
+    stack = manifest.get("stack") or {}
+    commit, repo = stack.get("git_commit"), pub.repository
+    if repo and commit:
+        return f'python -m pip install "tiledattention[workflow] @ git+{repo}@{commit}"'
+    version = stack.get("tiledattention") or pub.version
+    return (f'python -m pip install "tiledattention[workflow]=={version}"   # no repository '
+            "and revision recorded: the same version from your package index")
+
+
+def reproduce_section(pub: Publication, manifest: dict, snapshot: tuple[int, str]) -> list[str]:
+    """## How to reproduce: the install step and the one command (tests/test_reproduce.py
+    follows these lines literally)."""
+    image = (manifest.get("container") or {}).get("image")
+    return [
+        "## How to reproduce", "",
+        "In the directory holding this README (the unpacked bundle), install the recorded "
+        "revision with its workflow tools, then re-run the study: the same config and grid "
+        "(`config/study-config.yaml`), the workflow of this run (`workflow-snapshot.zip`), "
+        "through a Snakemake profile (`local`, `slurm`, or the path of your own). It ends "
+        "with a verified bundle of the new run and `tiledattn compare` of it against this "
+        "one (exit 1 on a regression beyond the tolerances; `--source checkout` takes the "
+        "workflow from a checkout of the recorded revision instead).", "",
+        "```bash", install_line(pub, manifest),
+        "tiledattn reproduce . --out ../reproduction --profile local", "```", "",
+        (f"The jobs ran in the container image `{image}` (the config's "
+         "`launcher_options.image`), so the reproduction's jobs do too." if image else
+         "The jobs ran without a container image (the config names none)."), "",
+        f"The snapshot holds {snapshot[0]} files: {snapshot[1]} under "
+        f"{', '.join(SNAPSHOT)} — untracked and ignored files (a local `.env`, credentials) "
+        "are never included. `tiledattn bundle verify .` checks this bundle's files.", ""]
 
 
 def not_run(study_dir: str, rows: list[dict]) -> list[str]:
@@ -305,7 +337,8 @@ def _check_out(out_dir: str, study_dir: str, repo_root: str, force: bool) -> Non
 
 def create(study_dir: str, out_dir: str, *, config: dict, config_name: str, repo_root: str,
            publication: Publication, command: str = "snakemake", force: bool = False) -> dict:
-    """Build ``out_dir`` (a directory) and ``out_dir + '.zip'`` from a finished study.
+    """Build ``out_dir`` (a directory) and ``out_dir + '.zip'`` from a finished study
+    (and its ``compare/`` directory, when ``tiledattn compare`` wrote one).
 
     Built beside ``out_dir`` and moved into place at the end, so a failure leaves any previous
     bundle as it was; an existing ``out_dir`` is replaced only when it is a previous bundle
@@ -320,6 +353,8 @@ def create(study_dir: str, out_dir: str, *, config: dict, config_name: str, repo
             raise StudyError(f"bundle: {need} is missing (run the aggregate and manifest "
                              "steps first)")
     _check_out(out_dir, study_dir, repo_root, force)
+    publication = dataclasses.replace(
+        publication, repository=repository_url(publication.repository, repo_root))
     rows = read_rows(rows_jsonl)
     from ..bench.store import check_one_config
 
@@ -359,8 +394,8 @@ def _build(out_dir: str, study_dir: str, rows: list[dict], manifest: dict, *, co
     model_rows = os.path.join(study_dir, "model", "rows.jsonl")
     if os.path.exists(model_rows):  # the model stage's own rows (another row format)
         _copy(model_rows, os.path.join(out_dir, "data", "model-rows.jsonl"))
-    for sub in ("tables", "figures"):
-        src_dir = os.path.join(study_dir, sub) if sub == "figures" else os.path.join(agg, sub)
+    for sub in ("tables", "figures", "compare"):  # compare: tiledattn compare's table, figure
+        src_dir = os.path.join(study_dir, sub) if sub != "tables" else os.path.join(agg, sub)
         if os.path.isdir(src_dir):
             for rel in _files(src_dir):
                 _copy(os.path.join(src_dir, rel), os.path.join(out_dir, sub, rel))
