@@ -240,6 +240,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="directory for compare.md/.csv/.png/.pdf (default: compare/ "
                    "in the new study's directory)")
 
+    p = _verb(sub, "reproduce", _reproduce, "re-run the study a bundle records (its config, "
+              "grid and workflow) through a Snakemake profile, then verify the new bundle and "
+              "compare it against the original")
+    p.add_argument("bundle", help="the bundle (directory or zip) whose study to re-run")
+    p.add_argument("--out", help="new directory for the re-run (default: reproduction-<bundle "
+                   "name> here)")
+    p.add_argument("--profile", default="local", help="Snakemake profile: local or slurm "
+                   "(the workflow's), or the path of your own")
+    p.add_argument("--source", choices=("snapshot", "checkout"), default="snapshot",
+                   help="the workflow: the bundle's snapshot, or a checkout of the recorded "
+                   "revision from the recorded repository (needs git and the repository)")
+    p.add_argument("--reference", help="compare against this instead of the original "
+                   "bundle: a shipped system (e.g. h100) or another study")
+    p.add_argument("--tolerance", nargs="+", metavar="PCT", help="as tiledattn compare's "
+                   "(default: kernel 10, call 25 percent)")
+    p.add_argument("--snakemake-args", nargs="+", default=[], metavar="ARG",
+                   help="passed on to snakemake, e.g. --snakemake-args=-n")
+
     p = _verb(sub, "advise", _advise, "predict TiledAttention's and PyTorch SDPA's throughput "
               "for a model's attention shape from the nearest measured points, flag tile and "
               "wave quantization, and list same-hidden-size shapes that measured faster")
@@ -619,7 +637,10 @@ def _bundle(args) -> int:
 
     config = load_yaml(args.config)
     pub = Publication.from_dict(config.get("publication"), __version__)
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    # The workflow snapshot comes from the workflow that ran (Snakemake's working directory,
+    # holding the Snakefile), else from the checkout this package is installed from.
+    repo = os.getcwd() if os.path.isfile("Snakefile") else \
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = create(args.study, args.out, config=config, config_name=os.path.basename(args.config),
                  repo_root=repo, publication=pub, command="tiledattn bundle create",
                  force=args.force)
@@ -637,6 +658,17 @@ def _compare(args) -> int:
               f"{'—' if c.diff_pct is None else f'{c.diff_pct:+.1f} %'} {c.why}".rstrip(),
               file=sys.stderr)
     return FAILED if failed(checks) else 0
+
+
+def _reproduce(args) -> int:
+    import os
+
+    from .study.reproduce import reproduce
+
+    name = os.path.basename(os.path.abspath(args.bundle)).removesuffix(".zip")
+    return reproduce(args.bundle, args.out or f"reproduction-{name}", source=args.source,
+                     profile=args.profile, reference=args.reference,
+                     tolerance=args.tolerance, snakemake_args=tuple(args.snakemake_args))
 
 
 def _advise(args) -> int:

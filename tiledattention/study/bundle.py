@@ -209,7 +209,9 @@ def _readme(pub: Publication, rows: list[dict], manifest: dict, table4: str,
         "Table 5 (schedules), Table 6 (schedule ladder), throughput, status, model_e2e (tiny "
         "Llama tokens/s per attention implementation) — Markdown, CSV, "
         "LaTeX",
-        "- `figures/`: PNG and PDF", "- `profiles.zip`: Nsight Compute reports, raw CSV "
+        "- `figures/`: PNG and PDF", "- `compare/`: `tiledattn compare` against a "
+        "reference (table and figure), when the study was compared (`tiledattn reproduce`)",
+        "- `profiles.zip`: Nsight Compute reports, raw CSV "
         "exports and `summary.md`", "- `manifest.json`: merged version manifest",
         "- `config/`: the exact study config", "- `.zenodo.json`, `CITATION.cff`, "
         "`ro-crate-metadata.json`, `SHA256SUMS` (check: `sha256sum -c SHA256SUMS` or "
