@@ -126,6 +126,19 @@ def _profile(profile: str, out: str) -> str:
     return path
 
 
+def _profile_in_snapshot(profile: str, snapshot: bytes) -> None:
+    import io
+
+    with zipfile.ZipFile(io.BytesIO(snapshot)) as z:
+        have = sorted({n.split("/")[1] for n in z.namelist()
+                       if n.startswith("profiles/") and n.endswith("/config.yaml")})
+    if profile in have and os.sep not in profile:
+        return
+    if not os.path.isfile(os.path.join(profile, "config.yaml")):
+        raise StudyError(f"--profile {profile}: neither a profile of the workflow "
+                         f"({', '.join(have) or 'none'}) nor a directory with a config.yaml")
+
+
 def _results_dir(config: dict) -> str:
     d = config.get("results_dir") if isinstance(config, dict) else None
     if not isinstance(d, str) or not d:
@@ -143,6 +156,8 @@ def prepare(bundle_path: str, out: str, *, source: str = "snapshot",
 
     rec = read_bundle(bundle_path)
     results = _results_dir(yaml.safe_load(rec.config))
+    if source == "snapshot":  # a bad --profile fails before anything is written
+        _profile_in_snapshot(profile, rec.snapshot)
     if source == "checkout":
         if os.path.lexists(out) and (not os.path.isdir(out) or os.listdir(out)):
             _fresh(out)  # raises: git clone needs it new or empty
