@@ -98,8 +98,8 @@ def test_following_the_bundle_readme_in_a_fresh_directory_reproduces_the_study(
     # the same config, byte for byte; the same grid and methods
     assert (new / "config" / "study-config.yaml").read_bytes() == \
         (original / "config" / "study-config.yaml").read_bytes()
-    keys = [{(r["point_key"], r["method"]) for r in map(json.loads, open(b / "data" /
-                                                                         "rows.jsonl"))}
+    keys = [{(r["point_key"], r["method"])
+             for r in map(json.loads, (b / "data" / "rows.jsonl").read_text().splitlines())}
             for b in (original, new)]
     assert keys[0] == keys[1]
     # the comparison against the original, in the new bundle

@@ -226,6 +226,10 @@ def build_parser() -> argparse.ArgumentParser:
     b = bsub.add_parser("verify", help="recompute checksums, validate the metadata",
                         formatter_class=_Formatter)
     b.add_argument("path", help="bundle directory or zip")
+    b.add_argument("--partial", action="store_true", help="the path is a committed summary "
+                   "of a bundle (e.g. results/reference/h100): check every file present that "
+                   "SHA256SUMS lists and the metadata present; list the withheld and the extra "
+                   "files instead of failing on them")
 
     p = _verb(sub, "compare", _compare, "hold a study against a reference: per point and "
               "method, kernel time, call latency and the speed ratio to each baseline against "
@@ -622,14 +626,22 @@ def _bundle(args) -> int:
             raise StudyError(f"{args.path}: no such bundle directory or zip")
         if os.path.isfile(args.path) and not zipfile.is_zipfile(args.path):
             raise StudyError(f"{args.path}: not a zip file (nor a bundle directory)")
-        problems = verify(args.path)
+        partial = {} if args.partial else None
+        problems = verify(args.path, partial)
+        if partial is not None:
+            for key, what in (("withheld", "listed in SHA256SUMS, not here"),
+                              ("extra", "here, not in SHA256SUMS (not part of the bundle)")):
+                names = partial.get(key, [])
+                print(f"bundle verify: {len(names)} {what}" + (f": {', '.join(names)}"
+                                                             if names else ""))
         for p in problems:
             print(f"bundle verify: {p}", file=sys.stderr)
         if problems:
             print(f"bundle verify: FAILED, {len(problems)} problem(s) in {args.path}",
                   file=sys.stderr)
             return FAILED
-        print(f"bundle verify: OK, every checksum and the metadata of {args.path} check out")
+        print(f"bundle verify: OK, every checksum and the metadata of {args.path} check out"
+              + (" (partial: only the files present)" if args.partial else ""))
         return 0
     from . import __version__
     from .study.metadata import Publication

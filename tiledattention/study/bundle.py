@@ -533,28 +533,32 @@ def _read_capped(view, rel: str, cap: int) -> bytes:
     return data
 
 
-def verify(path: str) -> list[str]:
+def verify(path: str, partial: dict | None = None) -> list[str]:
     """Problems found in the bundle at ``path`` (a directory or its zip); empty: verified.
 
     The bundle may come from anyone: every path in SHA256SUMS must name a regular file
     inside it, and a zip is read in place under size, count and ratio limits; only the
     three metadata files are written out (to a scratch dir removed even on SIGTERM)."""
     if os.path.isdir(path):
-        return _verify(_DirView(path), scratch=None, root=path)
+        return _verify(_DirView(path), scratch=None, root=path, partial=partial)
     if not os.path.isfile(path) or not zipfile.is_zipfile(path):
         return [f"{path}: not a bundle directory or zip"]
     try:
         with zipfile.ZipFile(path) as z:
             view = _ZipView(z)
             with _scratch() as tmp:
-                return _verify(view, scratch=tmp, root=None)
+                return _verify(view, scratch=tmp, root=None, partial=partial)
     except (zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, EOFError) as exc:
         return [f"{path}: unreadable zip ({exc})"]
     except StudyError as exc:
         return [f"{path}: {exc}"]
 
 
-def _verify(view, *, scratch: str | None, root: str | None) -> list[str]:
+def _verify(view, *, scratch: str | None, root: str | None,
+            partial: dict | None = None) -> list[str]:
+    """``partial`` (a dict): a committed summary of a bundle, not the bundle: files SHA256SUMS
+    lists that are absent go to partial["withheld"], files it does not list to
+    partial["extra"]; every file present that it lists must still match."""
     problems = list(view.problems)
     if SUMS not in view.names:
         return problems + [f"{SUMS} is missing"]
@@ -576,7 +580,10 @@ def _verify(view, *, scratch: str | None, root: str | None) -> list[str]:
             return problems + [f"{SUMS}: more than {MAX_MEMBERS} lines"]
     for rel, digest in listed.items():
         if rel not in view.names:
-            problems.append(f"missing: {rel}")
+            if partial is not None:
+                partial.setdefault("withheld", []).append(rel)
+            else:
+                problems.append(f"missing: {rel}")
             continue
         h, size = hashlib.sha256(), 0
         with view.open(rel) as f:
@@ -590,7 +597,10 @@ def _verify(view, *, scratch: str | None, root: str | None) -> list[str]:
         elif h.hexdigest() != digest:
             problems.append(f"changed: {rel} (checksum differs)")
     present = view.names - {SUMS}
-    problems += [f"not in {SUMS}: {rel}" for rel in sorted(present - set(listed))]
+    if partial is not None:
+        partial["extra"] = sorted(present - set(listed))
+    else:
+        problems += [f"not in {SUMS}: {rel}" for rel in sorted(present - set(listed))]
     if len(present) + 1 > ZENODO_MAX_FILES:
         problems.append(f"{len(present) + 1} files exceed Zenodo's {ZENODO_MAX_FILES}")
     problems += _check_rows(view)
@@ -603,7 +613,12 @@ def _verify(view, *, scratch: str | None, root: str | None) -> list[str]:
                 except StudyError as exc:
                     problems.append(str(exc))
         root = scratch
-    return problems + _check_metadata(root)
+    meta = _check_metadata(root)
+    if partial is not None:  # a metadata file withheld is listed there, not a problem
+        meta = [m for m in meta if not any(m.startswith(w) and ("missing" in m or
+                                                                 "No such file" in m)
+                                           for w in partial.get("withheld", []))]
+    return problems + meta
 
 
 def _check_rows(view) -> list[str]:

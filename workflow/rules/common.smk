@@ -85,6 +85,20 @@ TABLES = list(_tables.NAMES)  # the modules that write them name them
 FIGURES = _figures.names(BENCH.grid.head_dims)
 
 
+# The report's key figures (category "2. Key figures", after the headline); every figure
+# has its own caption, workflow/report/figures/<name>.rst (one for all throughput_vs_seq_d*).
+KEY_FIGURES = ("regime_map", "ratios_vs_seq", "baselines_d128")
+
+
+def figure_caption(name):
+    stem = "throughput_vs_seq" if name.startswith("throughput_vs_seq_d") else name
+    return f"../report/figures/{stem}.rst"
+
+
+def figure_category(name):
+    return "2. Key figures" if name in KEY_FIGURES else "3. More figures"
+
+
 def n_points(bench):
     """Points of a validated bench config (the plan logs it), 0 for a stage that is off."""
     return len(_expand_points(bench)) if bench else 0

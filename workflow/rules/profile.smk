@@ -7,7 +7,7 @@ rule profile:
         report(
             f"{RESULTS}/profile/summary.md",
             caption="../report/profile.rst",
-            category="Profiles",
+            category="6. Profiles",
         ),
     log:
         f"{RESULTS}/logs/profile.log",
