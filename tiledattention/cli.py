@@ -10,10 +10,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .bench.grid import PAPER_DTYPES, PAPER_HEAD_DIMS, PAPER_SEQS, TOKENS, TUNE_PASSES, WIDTH
+from .bench.config import CLOCK_CONTROL, ModelConfig, ProfileConfig, TuneConfig
+from .bench.grid import PAPER_DTYPES, PAPER_HEAD_DIMS, PAPER_SEQS, TUNE_PASSES
 from .launchers.base import LAUNCHERS
 from .schedules.space import SPACES
-from .study.profile import CLOCK_CONTROL, KERNEL_FILTERS
+from .study.profile import KERNEL_FILTERS
 
 # Exit codes: 2 for bad input (a config, an option, a file the user named), 1 for a step
 # that ran and failed (a job, a build); a bug still ends in a traceback.
@@ -70,6 +71,15 @@ class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
+def _default(cls, name: str):
+    """A GPU stage option's default: its config dataclass's (bench/config.py), the one
+    source the workflow's schema and rules read too."""
+    from dataclasses import fields
+
+    value = next(f.default for f in fields(cls) if f.name == name)
+    return list(value) if isinstance(value, tuple) else value
+
+
 def _verb(sub, name: str, handler, help: str) -> argparse.ArgumentParser:
     p = sub.add_parser(name, help=help, description=help, formatter_class=_Formatter)
     p.set_defaults(handler=handler)
@@ -106,9 +116,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the grid's D values")
     p.add_argument("--dtypes", nargs="+", choices=PAPER_DTYPES, default=list(PAPER_DTYPES),
                    help="the grid's dtypes")
-    p.add_argument("--space", choices=SPACES, default="quick",
+    p.add_argument("--space", choices=SPACES, default=_default(TuneConfig, "space"),
                    help="candidate schedules per point: quick (8 that won in sweeps) or full")
-    p.add_argument("--pass", dest="passes", nargs="+", choices=TUNE_PASSES, default=["fwd"],
+    p.add_argument("--pass", dest="passes", nargs="+", choices=TUNE_PASSES,
+                   default=_default(TuneConfig, "passes"),
                    help="one or more, run in order: fwd tunes the forward's schedule; fwd+bwd "
                    "the backward's, timed with forward+backward (written as the table's "
                    "backward entries; an existing --out keeps its other half)")
@@ -173,16 +184,19 @@ def build_parser() -> argparse.ArgumentParser:
               "representative shapes (records why when it cannot run)")
     p.add_argument("--shape", action="append", required=True,
                    help="dtype:mask:D:S, e.g. float16:causal:128:4096 (repeatable)")
-    p.add_argument("--methods", nargs="+", default=["tiledattention", "torch_sdpa"],
+    p.add_argument("--methods", nargs="+", default=_default(ProfileConfig, "methods"),
                    help=f"whose kernels to capture, of {sorted(KERNEL_FILTERS)}")
     p.add_argument("--out", required=True, help="directory for reports and summary.md")
-    p.add_argument("--clock-control", choices=CLOCK_CONTROL, default="base",
+    p.add_argument("--clock-control", choices=CLOCK_CONTROL,
+                   default=_default(ProfileConfig, "clock_control"),
                    help="base (locked base clocks, ncu's default) or none (boost clocks, as "
                    "the benchmark runs)")
-    p.add_argument("--warmup", type=_count(0), default=5, help="launches skipped before the "
-                   "captured one")
-    p.add_argument("--tokens", type=_count(1), default=TOKENS, help="B*S of the profiled point")
-    p.add_argument("--width", type=_count(1), default=WIDTH, help="H*D of the profiled point")
+    p.add_argument("--warmup", type=_count(0), default=_default(ProfileConfig, "warmup"),
+                   help="launches skipped before the captured one")
+    p.add_argument("--tokens", type=_count(1), default=_default(ProfileConfig, "tokens"),
+                   help="B*S of the profiled point")
+    p.add_argument("--width", type=_count(1), default=_default(ProfileConfig, "width"),
+                   help="H*D of the profiled point")
     p.add_argument("--launcher", choices=LAUNCHERS, help="run the profiling as a job of this "
                    "launcher (slurm: on a GPU node) (default: in this process)")
     _launcher_options(p)
@@ -191,12 +205,16 @@ def build_parser() -> argparse.ArgumentParser:
               "attention implementation (tiledattention, sdpa, eager); records why when it "
               "cannot run")
     p.add_argument("--out", required=True, help="directory for rows.jsonl and the manifest")
-    p.add_argument("--batches", type=_count(1), nargs="+", default=[1, 8], help="batch sizes")
-    p.add_argument("--prompt", type=_count(1), default=2048, help="prompt tokens per sequence")
-    p.add_argument("--steps", type=_count(1), default=64, help="greedy decode steps timed")
-    p.add_argument("--reps", type=_count(1), default=5, help="interleaved reps per "
-                   "implementation")
-    p.add_argument("--seed", type=_count(0), default=0, help="seed of weights and prompt")
+    p.add_argument("--batches", type=_count(1), nargs="+",
+                   default=_default(ModelConfig, "batches"), help="batch sizes")
+    p.add_argument("--prompt", type=_count(1), default=_default(ModelConfig, "prompt"),
+                   help="prompt tokens per sequence")
+    p.add_argument("--steps", type=_count(1), default=_default(ModelConfig, "steps"),
+                   help="greedy decode steps timed")
+    p.add_argument("--reps", type=_count(1), default=_default(ModelConfig, "reps"),
+                   help="interleaved reps per implementation")
+    p.add_argument("--seed", type=_count(0), default=_default(ModelConfig, "seed"),
+                   help="seed of weights and prompt")
     p.add_argument("--launcher", choices=LAUNCHERS, help="run it as a job of this launcher "
                    "(slurm: on a GPU node) (default: in this process)")
     _launcher_options(p)
@@ -255,8 +273,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--source", choices=("snapshot", "checkout"), default="snapshot",
                    help="the workflow: the bundle's snapshot, or a checkout of the recorded "
                    "revision from the recorded repository (needs git and the repository)")
-    p.add_argument("--reference", help="compare against this instead of the original "
-                   "bundle: a shipped system (e.g. h100) or another study")
+    p.add_argument("--reference", help="compare against this: a shipped system (e.g. h100) "
+                   "or another study (default: the original bundle)")
     p.add_argument("--tolerance", nargs="+", metavar="PCT", help="as tiledattn compare's "
                    "(default: kernel 10, call 25 percent)")
     p.add_argument("--snakemake-args", nargs="+", default=[], metavar="ARG",

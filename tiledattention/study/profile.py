@@ -22,6 +22,7 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass
 
+from ..bench.config import CLOCK_CONTROL
 from ..bench.grid import TOKENS, WIDTH, Point
 from ..bench.methods import METHODS, profilable
 from ..errors import StudyError
@@ -36,7 +37,6 @@ def kernel_filters() -> dict[str, str]:
 
 
 KERNEL_FILTERS = kernel_filters()  # at import, for the command line's help
-CLOCK_CONTROL = ("base", "none")
 
 _METRICS = {  # summary key: (ncu metric, kind of unit)
     "duration_us": ("gpu__time_duration.sum", "time"),

@@ -8,8 +8,7 @@ rule model:
     log:
         f"{RESULTS}/logs/model.log",
     params:
-        m=MODEL,
-        batches=" ".join(map(str, MODEL.batches)),
+        stage=stage_args(MODEL),
         out=lambda wildcards, output: os.path.dirname(output[0]),
         launcher=launcher_args(),
     resources:
@@ -17,6 +16,4 @@ rule model:
     conda:
         "../envs/tiledattn.yaml"
     shell:
-        "tiledattn model --batches {params.batches} --prompt {params.m.prompt}"
-        " --steps {params.m.steps} --reps {params.m.reps} --seed {params.m.seed}"
-        " {params.launcher} --out {params.out:q} > {log:q} 2>&1"
+        "tiledattn model {params.stage} {params.launcher} --out {params.out:q} > {log:q} 2>&1"
