@@ -269,6 +269,9 @@ def test_a_fresh_bundle_verifies_as_directory_and_zip(built):
     assert "by call latency" in readme and "geometric mean is 0.679x" in readme
     with zipfile.ZipFile(os.path.join(built["dir"], "workflow-snapshot.zip")) as z:
         assert "Snakefile" in z.namelist() and "workflow/rules/common.smk" in z.namelist()
+        # the exact config travels with the workflow: the unpacked snapshot runs as it is
+        assert z.read("config/study-config.yaml") == \
+            Path(built["dir"], "config", "study-config.yaml").read_bytes()
 
 
 def test_a_tampered_missing_or_added_file_fails_verify_naming_it(built, tmp_path):

@@ -45,6 +45,7 @@ SNAPSHOT = ("Snakefile", "workflow", "config", "profiles", "containers", "pyproj
 SNAPSHOT_SUFFIXES = (".smk", ".py", ".yaml", ".yml", ".json", ".lock", ".def", ".md", ".txt",
                      ".sh", ".toml", ".cfg", ".tsv", ".csv", ".rst")
 SNAPSHOT_NAMES = ("Snakefile", "Dockerfile", "Containerfile")
+STUDY_CONFIG = "config/study-config.yaml"  # in the bundle and in its workflow snapshot
 # Limits for verifying a bundle nobody vouches for: far above a real study's.
 MAX_MEMBERS = 1000
 MAX_FILE_BYTES = 2 << 30
@@ -117,12 +118,17 @@ def _plain_file(path: str) -> bool:
         return False
 
 
-def _snapshot(repo_root: str, dest_zip: str) -> tuple[int, str]:
+def _snapshot(repo_root: str, dest_zip: str, config: str | None = None) -> tuple[int, str]:
+    """The workflow snapshot, with the study's exact config as config/study-config.yaml
+    (so the unpacked snapshot runs with --configfile config/study-config.yaml)."""
     files, how = snapshot_files(repo_root)
     with zipfile.ZipFile(dest_zip, "w", zipfile.ZIP_DEFLATED) as z:
         for rel in files:
-            z.write(os.path.join(repo_root, rel), rel)
-    return len(files), how
+            if rel != STUDY_CONFIG or config is None:
+                z.write(os.path.join(repo_root, rel), rel)
+        if config is not None:
+            z.write(config, STUDY_CONFIG)
+    return len(set(files) | ({STUDY_CONFIG} if config else set())), how
 
 
 def headline(rows: list[dict], manifest: dict) -> str:
@@ -410,7 +416,8 @@ def _build(out_dir: str, study_dir: str, rows: list[dict], manifest: dict, *, co
     os.makedirs(os.path.join(out_dir, "config"))
     with open(os.path.join(out_dir, "config", "study-config.yaml"), "w") as f:
         yaml.safe_dump(config, f, sort_keys=False)
-    snap = _snapshot(repo_root, os.path.join(out_dir, "workflow-snapshot.zip"))
+    snap = _snapshot(repo_root, os.path.join(out_dir, "workflow-snapshot.zip"),
+                     os.path.join(out_dir, STUDY_CONFIG))
     # Zenodo takes at most 100 files per record: group directories into archives until the
     # bundle fits (metadata files stay loose so Zenodo and readers see them).
     for sub in ("figures", "tables"):

@@ -307,12 +307,13 @@ def check_ro_crate(bundle_dir: str) -> list[str]:
     problems = []
     conforms = [c.get("@id") if isinstance(c, dict) else getattr(c, "id", c)
                 for c in _as_list(crate.root_dataset.get("conformsTo"))]
-    for profile in (PROCESS_RUN_CRATE, WORKFLOW_RUN_CRATE):
-        if profile not in conforms:
-            problems.append(f"ro-crate: root dataset does not conform to {profile}")
+    if PROCESS_RUN_CRATE not in conforms:
+        problems.append(f"ro-crate: root dataset does not conform to {PROCESS_RUN_CRATE}")
     actions = [e for e in crate.get_entities() if e.type == "CreateAction"]
     if not actions:
         problems.append("ro-crate: no CreateAction describes the run")
+    if WORKFLOW_RUN_CRATE not in conforms:  # a bundle from before the Workflow Run Crate
+        return problems
     main = crate.root_dataset.get("mainEntity")
     if main is None or "ComputationalWorkflow" not in _as_list(getattr(main, "type", None)):
         problems.append("ro-crate: no main entity of type ComputationalWorkflow (the workflow)")
