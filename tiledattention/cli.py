@@ -422,12 +422,14 @@ def _tune(args) -> int:
 def _tune_through_launcher(args) -> int:
     import os
 
+    from .bench.config import stage_from_dict
     from .launchers import run_step
-    from .tune import TuneTask
 
-    task = TuneTask(os.path.abspath(args.out), os.path.abspath(args.state), args.space,
-                    tuple(args.seqs), tuple(args.head_dims), tuple(args.dtypes), args.reps,
-                    args.compile_timeout, passes=tuple(args.passes))
+    cfg = stage_from_dict("tune", {"space": args.space, "seqs": args.seqs,
+                                   "head_dims": args.head_dims, "dtypes": args.dtypes,
+                                   "passes": args.passes})
+    task = cfg.task(os.path.abspath(args.out), os.path.abspath(args.state), args.reps,
+                    args.compile_timeout)
     folder = os.path.join(os.path.dirname(task.out_path), "logs")
     options = _json_object(args.launcher_options, "--launcher-options")
     result = run_step(args.launcher, options, folder, task)
@@ -572,15 +574,18 @@ def _figures(args) -> int:
 def _profile(args) -> int:
     import os
 
-    from .study.profile import ProfileTask, Shape, run_profile
+    from .study.profile import Shape, run_profile
 
     shapes = [Shape.parse(s) for s in args.shape]
     code = 0
     if args.launcher:
+        from .bench.config import stage_from_dict
         from .launchers import get_launcher
 
-        task = ProfileTask(tuple(args.shape), tuple(args.methods), os.path.abspath(args.out),
-                           args.clock_control, args.warmup, args.tokens, args.width)
+        task = stage_from_dict("profile", {
+            "shapes": args.shape, "methods": args.methods, "clock_control": args.clock_control,
+            "warmup": args.warmup, "tokens": args.tokens, "width": args.width,
+        }).task(os.path.abspath(args.out))
         options = _json_object(args.launcher_options, "--launcher-options")
         get_launcher(args.launcher, os.path.join(args.out, "logs"), options).run([task])
     else:
@@ -595,7 +600,7 @@ def _model(args) -> int:
     import os
 
     from .bench.config import model_from_dict
-    from .bench.model import ModelTask, load_rows, run_model, summary
+    from .bench.model import load_rows, run_model, summary
 
     cfg = model_from_dict({"enabled": True, "batches": args.batches, "prompt": args.prompt,
                            "steps": args.steps, "reps": args.reps, "seed": args.seed})
@@ -604,8 +609,7 @@ def _model(args) -> int:
         from .launchers import run_step
 
         options = _json_object(args.launcher_options, "--launcher-options")
-        run_step(args.launcher, options, os.path.join(out, "logs"),
-                 ModelTask(out, tuple(cfg.as_dict().items())))
+        run_step(args.launcher, options, os.path.join(out, "logs"), cfg.task(out))
     else:
         run_model(cfg, out)
     print(summary(load_rows(out)))

@@ -125,6 +125,12 @@ class ModelConfig:
     def as_dict(self) -> dict:
         return asdict(self)
 
+    def task(self, out_dir: str):
+        """The stage's launcher job (the config travels as items, validated on the node)."""
+        from .model import ModelTask
+
+        return ModelTask(out_dir, tuple(self.as_dict().items()))
+
     def digest(self) -> str:
         return hashlib.sha256(json.dumps(self.as_dict(), sort_keys=True).encode()
                               ).hexdigest()[:16]
@@ -163,6 +169,15 @@ class TuneConfig:
     def as_dict(self) -> dict:
         return asdict(self)
 
+    def task(self, out_path: str, state_path: str, reps: int = 20,
+             compile_timeout: float = 120.0):
+        """The stage's launcher job (a GPU node under SLURM, a free local GPU)."""
+        from ..tune import TuneTask
+
+        return TuneTask(out_path, state_path, self.space, self.seqs or PAPER_SEQS,
+                        self.head_dims or PAPER_HEAD_DIMS, self.dtypes or PAPER_DTYPES, reps,
+                        compile_timeout, passes=self.passes)
+
 
 @dataclass(frozen=True)
 class ProfileConfig:
@@ -189,6 +204,13 @@ class ProfileConfig:
     def as_dict(self) -> dict:
         return asdict(self)
 
+    def task(self, out_dir: str):
+        """The stage's launcher job."""
+        from ..study.profile import ProfileTask
+
+        return ProfileTask(self.shapes, self.methods, out_dir, self.clock_control, self.warmup,
+                           self.tokens, self.width)
+
 
 @dataclass(frozen=True)
 class BenchConfig:
@@ -208,6 +230,12 @@ class BenchConfig:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+    def task(self, out_dir: str):
+        """The stage's launcher job (the config travels as items, validated on the node)."""
+        from .model import ModelTask
+
+        return ModelTask(out_dir, tuple(self.as_dict().items()))
 
     def digest(self) -> str:
         blob = json.dumps(self.as_dict(), sort_keys=True).encode()
