@@ -22,8 +22,10 @@ from tiledattention.study import bundle
 
 ROOT = Path(__file__).resolve().parent.parent
 SNAKEMAKE = shutil.which("snakemake") or str(Path(sys.executable).with_name("snakemake"))
-pytestmark = pytest.mark.skipif(not Path(SNAKEMAKE).exists(),
-                                reason="snakemake not installed (pip install '.[workflow]')")
+pytestmark = [pytest.mark.skipif(not Path(SNAKEMAKE).exists(),
+                                 reason="snakemake not installed (pip install '.[workflow]')"),
+              # one worker: the tests share the original study (a module fixture)
+              pytest.mark.xdist_group("reproduce")]
 WORKFLOW = ("Snakefile", "workflow", "config", "profiles", "containers", "pyproject.toml")
 
 
