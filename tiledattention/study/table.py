@@ -17,6 +17,22 @@ class Table:
     rows: list[list] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
+    @classmethod
+    def from_markdown(cls, name: str, text: str) -> Table:
+        """The table ``to_markdown`` wrote, its cells as the formatted strings (so
+        ``to_latex`` of it is byte for byte the LaTeX written with it: a summary that keeps
+        the Markdown need not keep the LaTeX)."""
+        lines = text.splitlines()
+        columns = lines[2][2:-2].split(" | ")
+        i, rows = 4, []
+        while i < len(lines) and lines[i].startswith("|"):
+            rows.append(lines[i][2:-2].split(" | "))
+            i += 1
+        if rows == [["—"] * len(columns)]:  # an empty table's placeholder row
+            rows = []
+        notes = [ln.removesuffix("  ") for ln in lines[i + 1:] if ln.strip()]
+        return cls(name, lines[0].removeprefix("### "), columns, rows, notes)
+
     def cells(self) -> list[list[str]]:
         return [[_fmt(v) for v in r] for r in self.rows]
 
