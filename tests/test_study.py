@@ -411,3 +411,27 @@ def test_ncu_units_row_is_honoured():
     m = summarize_metrics(raw, units)
     assert m["duration_us"] == 980.352 and m["shared_mem_per_block_bytes"] == 81976
     assert m["grid_size"] == 4096
+
+
+def test_the_repository_url_comes_from_config_then_pyproject_then_git_remote(tmp_path):
+    import subprocess
+
+    from tiledattention.study.metadata import repository_url
+
+    assert repository_url("https://example.org/r", str(tmp_path)) == "https://example.org/r"
+    assert repository_url(None, str(tmp_path)) is None  # nothing says: none recorded
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    subprocess.run(["git", "-C", str(tmp_path), "remote", "add", "origin",
+                    "git@github.com:org/repo.git"], check=True)
+    assert repository_url(None, str(tmp_path)) == "https://github.com/org/repo"
+    (tmp_path / "pyproject.toml").write_text(
+        '[project]\nname = "x"\n[project.urls]\nRepository = "https://example.org/x"\n')
+    assert repository_url(None, str(tmp_path)) == "https://example.org/x"
+
+
+def test_citation_and_zenodo_name_the_repository():
+    pub = Publication(repository="https://example.org/tiledattention")
+    assert citation_cff(pub)["repository-code"] == "https://example.org/tiledattention"
+    related = zenodo(pub, "h")["related_identifiers"]
+    assert {"identifier": "https://example.org/tiledattention", "relation": "isSupplementTo",
+            "scheme": "url", "resource_type": "software"} in related

@@ -173,7 +173,20 @@ def repository_url(configured: str | None, repo_root: str) -> str | None:
                              capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return run.stdout.strip() or None if run.returncode == 0 else None
+    return _as_url(run.stdout.strip()) if run.returncode == 0 else None
+
+
+def _as_url(remote: str) -> str | None:
+    """A git remote as a URL pip and readers understand: a local path as file://, scp-like
+    git@host:org/repo.git as https://host/org/repo."""
+    if not remote:
+        return None
+    if os.path.isabs(remote):
+        return "file://" + remote
+    if "://" not in remote and ":" in remote and "@" in remote.split(":", 1)[0]:
+        host, path = remote.split("@", 1)[1].split(":", 1)
+        return f"https://{host}/{path.removesuffix('.git')}"
+    return remote
 
 
 def _profile(uri: str, name: str) -> dict:
