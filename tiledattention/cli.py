@@ -266,8 +266,8 @@ def build_parser() -> argparse.ArgumentParser:
               "grid and workflow) through a Snakemake profile, then verify the new bundle and "
               "compare it against the original")
     p.add_argument("bundle", help="the bundle (directory or zip) whose study to re-run")
-    p.add_argument("--out", help="new directory for the re-run (default: reproduction-<bundle "
-                   "name> here)")
+    p.add_argument("--out", help="new directory for the re-run (default: "
+                   "reproduction-<bundle name> beside the bundle)")
     p.add_argument("--profile", default="local", help="Snakemake profile: local or slurm "
                    "(the workflow's), or the path of your own")
     p.add_argument("--source", choices=("snapshot", "checkout"), default="snapshot",
@@ -699,8 +699,11 @@ def _reproduce(args) -> int:
 
     from .study.reproduce import reproduce
 
-    name = os.path.basename(os.path.abspath(args.bundle)).removesuffix(".zip")
-    return reproduce(args.bundle, args.out or f"reproduction-{name}", source=args.source,
+    # Default: beside the bundle, never inside it (its files are checksummed).
+    path = os.path.abspath(args.bundle)
+    out = args.out or os.path.join(os.path.dirname(path),
+                                   "reproduction-" + os.path.basename(path).removesuffix(".zip"))
+    return reproduce(args.bundle, out, source=args.source,
                      profile=args.profile, reference=args.reference,
                      tolerance=args.tolerance, snakemake_args=tuple(args.snakemake_args))
 
