@@ -105,3 +105,12 @@ def test_a_second_h100_run_passes_the_shipped_h100_reference(tmp_path):
     checks, _ = compare.run(H100_RERUN, "h100", tolerance=None, out=str(tmp_path))
     assert not compare.failed(checks)
     assert sum(c.verdict == "pass" for c in checks) > 700
+
+
+def test_compare_never_writes_into_a_bundle_by_default(tmp_path):
+    study = tmp_path / "study"
+    (study / "bundle").mkdir(parents=True)
+    (study / "bundle" / "SHA256SUMS").write_text("")
+    assert compare.default_out(str(study / "bundle")) == str(study / "compare")
+    assert compare.default_out(str(study)) == str(study / "compare")
+    assert compare.default_out(str(tmp_path / "study" / "bundle.zip")) == str(study / "compare")

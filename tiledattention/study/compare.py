@@ -431,9 +431,12 @@ def run(new: str, reference: str, *, tolerance: list[str] | None, out: str | Non
 
 
 def default_out(new: str) -> str:
-    if os.path.isdir(new):
+    """compare/ in the study's results directory, where the next ``tiledattn bundle
+    create`` picks it up; never inside a bundle (its files are checksummed)."""
+    new = os.path.abspath(new)
+    if os.path.isdir(new) and not os.path.isfile(os.path.join(new, "SHA256SUMS")):
         return os.path.join(new, "compare")
-    return os.path.join(os.path.dirname(os.path.abspath(new)), "compare")
+    return os.path.join(os.path.dirname(new), "compare")
 
 
 # --- building a shipped reference -------------------------------------------------------------
