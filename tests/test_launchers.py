@@ -183,16 +183,28 @@ def test_the_profiles_config_is_read_as_snakemake_reads_it(monkeypatch):
 
 
 def test_a_failed_gpu_step_job_fails_naming_its_job_and_log(tmp_path):
-    # The profiling job raises on the node (an unknown method): the step exits 1 and names
-    # the job and its log, as the rule's log then shows.
+    # The profiling job raises on the node (its summary.json cannot be written: a directory
+    # is in the way): the step exits 1 and names the job and its log, as the rule's log
+    # then shows.
     import subprocess
     import sys
 
+    (tmp_path / "profile" / "summary.json").mkdir(parents=True)
     out = subprocess.run(
         [sys.executable, "-m", "tiledattention.cli", "profile", "--shape",
-         "bfloat16:full:64:256", "--methods", "nonesuch", "--launcher", "local",
+         "bfloat16:full:64:256", "--launcher", "local",
          "--launcher-options", '{"timeout_s": 120}', "--out", str(tmp_path / "profile")],
         capture_output=True, text=True, timeout=180)
     assert out.returncode == 1
     assert re.search(r"tiledattn profile: local job \S+ \(log \S+_log\.err\) failed: .*"
-                     r"nonesuch", out.stderr, re.S), out.stderr[-2000:]
+                     r"summary\.json", out.stderr, re.S), out.stderr[-2000:]
+
+
+def test_an_unknown_profile_method_is_refused_before_any_job(tmp_path, capsys):
+    from tiledattention.cli import main
+
+    code = main(["profile", "--shape", "bfloat16:full:64:256", "--methods", "nonesuch",
+                 "--launcher", "local", "--out", str(tmp_path / "profile")])
+    assert code == 2
+    assert "profile.methods: 'nonesuch' is not one of" in capsys.readouterr().err
+    assert not (tmp_path / "profile" / "logs").exists()

@@ -32,6 +32,37 @@ def test_bench_section_is_generated_from_the_dataclasses(schema):
         "regenerate the bench section: python -m tiledattention.bench.config")
 
 
+@pytest.mark.parametrize("stage", ["tune", "profile"])
+def test_gpu_stage_sections_are_generated_from_their_dataclasses(schema, stage):
+    from tiledattention.bench.config import stage_json_schema
+
+    assert schema["properties"][stage] == stage_json_schema(stage), (
+        "regenerate the stage sections: python -m tiledattention.bench.config")
+
+
+@pytest.mark.parametrize("stage,section", [
+    ("tune", {"space": "huge"}), ("tune", {"passes": ["bwd"]}), ("tune", {"seqs": [0]}),
+    ("profile", {"methods": ["eager"]}), ("profile", {"warmup": -1}),
+    ("profile", {"clock_control": "boost"}), ("profile", {"tokenz": 1})])
+def test_schema_and_python_refuse_the_same_stage_sections(schema, stage, section):
+    from tiledattention.bench.config import stage_from_dict
+
+    config = {"results_dir": "r", "shards": 1, "launcher": "local", stage: section}
+    assert list(Draft202012Validator(schema).iter_errors(config)), f"the schema accepts {section}"
+    with pytest.raises(ConfigError, match=rf"^{stage}"):
+        stage_from_dict(stage, section)
+
+
+def test_a_stage_command_line_is_written_from_its_config():
+    from tiledattention.bench.config import stage_args, stage_from_dict
+
+    tune = stage_from_dict("tune", {"seqs": [512], "passes": ["fwd", "fwd+bwd"]})
+    assert stage_args(tune) == "--space quick --seqs 512 --pass fwd fwd+bwd"
+    prof = stage_from_dict("profile", {"shapes": ["float16:causal:128:4096"]})
+    assert stage_args(prof).startswith("--shape float16:causal:128:4096 --methods "
+                                       "tiledattention torch_sdpa --clock-control base")
+
+
 def test_model_section_is_generated_from_the_dataclasses(schema):
     assert schema["properties"]["model"] == model_json_schema(), (
         "regenerate the model section: python -m tiledattention.bench.config")
@@ -85,9 +116,10 @@ def test_schema_and_python_accept_the_shipped_study_configs(schema, path):
 
 
 def test_the_schemas_enums_are_the_ones_python_holds(schema):
+    from tiledattention.bench.config import CLOCK_CONTROL
     from tiledattention.launchers.base import LAUNCHERS
     from tiledattention.schedules.space import SPACES
-    from tiledattention.study.profile import CLOCK_CONTROL, KERNEL_FILTERS
+    from tiledattention.study.profile import KERNEL_FILTERS
 
     props = schema["properties"]
     assert sorted(props["launcher"]["enum"]) == sorted(LAUNCHERS)

@@ -273,6 +273,9 @@ def test_a_fresh_bundle_verifies_as_directory_and_zip(built):
     assert "by call latency" in readme and "geometric mean is 0.679x" in readme
     with zipfile.ZipFile(os.path.join(built["dir"], "workflow-snapshot.zip")) as z:
         assert "Snakefile" in z.namelist() and "workflow/rules/common.smk" in z.namelist()
+        # the exact config travels with the workflow: the unpacked snapshot runs as it is
+        assert z.read("config/study-config.yaml") == \
+            Path(built["dir"], "config", "study-config.yaml").read_bytes()
 
 
 def test_a_tampered_missing_or_added_file_fails_verify_naming_it(built, tmp_path):
@@ -313,14 +316,62 @@ def test_zenodo_and_cff_metadata_validate_and_bad_ones_do_not():
         Publication.from_dict({"author": "me"}, "0.1")
 
 
-def test_ro_crate_parses_and_describes_the_run(built):
+def test_ro_crate_describes_the_run_as_a_create_action_of_the_workflow(built):
     from rocrate.rocrate import ROCrate
 
     crate = ROCrate(built["dir"])
     actions = [e for e in crate.get_entities() if e.type == "CreateAction"]
-    assert len(actions) == 1 and actions[0]["instrument"].id == "#tiledattention"
+    assert len(actions) == 1 and actions[0]["instrument"].id == "workflow-snapshot.zip"
+    assert crate.root_dataset["mainEntity"].id == "workflow-snapshot.zip"
+    assert [e.id for e in actions[0]["object"]] == ["config/study-config.yaml"]
     results = {e.id for e in actions[0]["result"]}
     assert "data/rows.parquet" in results and "manifest.json" in results
+
+
+def _validate_crate(path):
+    """roc-validator (PyPI, the RO-Crate community's validator) offline, against the
+    Workflow Run Crate 0.5 profile and the profiles it builds on (Process Run Crate,
+    Workflow RO-Crate, RO-Crate 1.1). Skipped: the two checks that fetch the JSON-LD context
+    from w3id.org (no network here); every other REQUIRED check runs."""
+    services = pytest.importorskip("rocrate_validator.services",
+                                   reason="roc-validator not installed (pip install "
+                                   "'tiledattention[dev]')")
+    result = services.validate({"rocrate_uri": path,
+                                "profile_identifier": "workflow-run-crate-0.5",
+                                "requirement_severity": "REQUIRED", "offline": True,
+                                "skip_checks": ["ro-crate-1.1_3.1", "ro-crate-1.1_3.2"]})
+    return result.passed(), [f"{i.check.identifier}: {i.message}"
+                             for i in result.get_issues()]
+
+
+def test_ro_crate_passes_the_workflow_run_crate_validator(built):
+    passed, issues = _validate_crate(built["dir"])
+    assert passed, issues
+
+
+def test_the_crate_validator_refuses_a_crate_without_its_workflow(built, tmp_path):
+    copy = tmp_path / "b"
+    shutil.copytree(built["dir"], copy)
+    meta = json.loads((copy / "ro-crate-metadata.json").read_text())
+    root = next(e for e in meta["@graph"] if e["@id"] == "./")
+    del root["mainEntity"]
+    (copy / "ro-crate-metadata.json").write_text(json.dumps(meta))
+    passed, issues = _validate_crate(str(copy))
+    assert not passed and any("Main Workflow" in i or "mainEntity" in i for i in issues), issues
+
+
+def test_ro_crate_names_the_container_image(tmp_path):
+    from tiledattention.study.metadata import write_ro_crate
+
+    (tmp_path / "manifest.json").write_text("{}")
+    write_ro_crate(str(tmp_path), Publication(), ["manifest.json"],
+                   {"container": {"image": "ghcr.io/x/tiledattn:1.0",
+                                  "digest": "sha256:" + "b" * 64}}, "snakemake", None, None)
+    graph = json.loads((tmp_path / "ro-crate-metadata.json").read_text())["@graph"]
+    action = next(e for e in graph if e["@type"] == "CreateAction")
+    image = next(e for e in graph if e["@id"] == action["containerImage"]["@id"])
+    assert image["@type"] == "ContainerImage" and image["sha256"] == "b" * 64
+    assert image["tag"] == "1.0"
 
 
 def test_profile_without_ncu_records_why_and_succeeds(tmp_path, monkeypatch):
@@ -364,3 +415,27 @@ def test_ncu_units_row_is_honoured():
     m = summarize_metrics(raw, units)
     assert m["duration_us"] == 980.352 and m["shared_mem_per_block_bytes"] == 81976
     assert m["grid_size"] == 4096
+
+
+def test_the_repository_url_comes_from_config_then_pyproject_then_git_remote(tmp_path):
+    import subprocess
+
+    from tiledattention.study.metadata import repository_url
+
+    assert repository_url("https://example.org/r", str(tmp_path)) == "https://example.org/r"
+    assert repository_url(None, str(tmp_path)) is None  # nothing says: none recorded
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    subprocess.run(["git", "-C", str(tmp_path), "remote", "add", "origin",
+                    "git@github.com:org/repo.git"], check=True)
+    assert repository_url(None, str(tmp_path)) == "https://github.com/org/repo"
+    (tmp_path / "pyproject.toml").write_text(
+        '[project]\nname = "x"\n[project.urls]\nRepository = "https://example.org/x"\n')
+    assert repository_url(None, str(tmp_path)) == "https://example.org/x"
+
+
+def test_citation_and_zenodo_name_the_repository():
+    pub = Publication(repository="https://example.org/tiledattention")
+    assert citation_cff(pub)["repository-code"] == "https://example.org/tiledattention"
+    related = zenodo(pub, "h")["related_identifiers"]
+    assert {"identifier": "https://example.org/tiledattention", "relation": "isSupplementTo",
+            "scheme": "url", "resource_type": "software"} in related

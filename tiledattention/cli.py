@@ -10,11 +10,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .bench.config import MODEL_PHASES
-from .bench.grid import PAPER_DTYPES, PAPER_HEAD_DIMS, PAPER_SEQS, TOKENS, TUNE_PASSES, WIDTH
+from .bench.config import CLOCK_CONTROL, MODEL_PHASES, ModelConfig, ProfileConfig, TuneConfig
+from .bench.grid import PAPER_DTYPES, PAPER_HEAD_DIMS, PAPER_SEQS, TUNE_PASSES
 from .launchers.base import LAUNCHERS
 from .schedules.space import SPACES
-from .study.profile import CLOCK_CONTROL, KERNEL_FILTERS
+from .study.profile import KERNEL_FILTERS
 
 # Exit codes: 2 for bad input (a config, an option, a file the user named), 1 for a step
 # that ran and failed (a job, a build); a bug still ends in a traceback.
@@ -71,6 +71,15 @@ class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
+def _default(cls, name: str):
+    """A GPU stage option's default: its config dataclass's (bench/config.py), the one
+    source the workflow's schema and rules read too."""
+    from dataclasses import fields
+
+    value = next(f.default for f in fields(cls) if f.name == name)
+    return list(value) if isinstance(value, tuple) else value
+
+
 def _verb(sub, name: str, handler, help: str) -> argparse.ArgumentParser:
     p = sub.add_parser(name, help=help, description=help, formatter_class=_Formatter)
     p.set_defaults(handler=handler)
@@ -119,9 +128,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the grid's D values")
     p.add_argument("--dtypes", nargs="+", choices=PAPER_DTYPES, default=list(PAPER_DTYPES),
                    help="the grid's dtypes")
-    p.add_argument("--space", choices=SPACES, default="quick",
+    p.add_argument("--space", choices=SPACES, default=_default(TuneConfig, "space"),
                    help="candidate schedules per point: quick (8 that won in sweeps) or full")
-    p.add_argument("--pass", dest="passes", nargs="+", choices=TUNE_PASSES, default=["fwd"],
+    p.add_argument("--pass", dest="passes", nargs="+", choices=TUNE_PASSES,
+                   default=_default(TuneConfig, "passes"),
                    help="one or more, run in order: fwd tunes the forward's schedule; fwd+bwd "
                    "the backward's, timed with forward+backward (written as the table's "
                    "backward entries; an existing --out keeps its other half)")
@@ -186,16 +196,19 @@ def build_parser() -> argparse.ArgumentParser:
               "representative shapes (records why when it cannot run)")
     p.add_argument("--shape", action="append", required=True,
                    help="dtype:mask:D:S, e.g. float16:causal:128:4096 (repeatable)")
-    p.add_argument("--methods", nargs="+", default=["tiledattention", "torch_sdpa"],
+    p.add_argument("--methods", nargs="+", default=_default(ProfileConfig, "methods"),
                    help=f"whose kernels to capture, of {sorted(KERNEL_FILTERS)}")
     p.add_argument("--out", required=True, help="directory for reports and summary.md")
-    p.add_argument("--clock-control", choices=CLOCK_CONTROL, default="base",
+    p.add_argument("--clock-control", choices=CLOCK_CONTROL,
+                   default=_default(ProfileConfig, "clock_control"),
                    help="base (locked base clocks, ncu's default) or none (boost clocks, as "
                    "the benchmark runs)")
-    p.add_argument("--warmup", type=_count(0), default=5, help="launches skipped before the "
-                   "captured one")
-    p.add_argument("--tokens", type=_count(1), default=TOKENS, help="B*S of the profiled point")
-    p.add_argument("--width", type=_count(1), default=WIDTH, help="H*D of the profiled point")
+    p.add_argument("--warmup", type=_count(0), default=_default(ProfileConfig, "warmup"),
+                   help="launches skipped before the captured one")
+    p.add_argument("--tokens", type=_count(1), default=_default(ProfileConfig, "tokens"),
+                   help="B*S of the profiled point")
+    p.add_argument("--width", type=_count(1), default=_default(ProfileConfig, "width"),
+                   help="H*D of the profiled point")
     p.add_argument("--launcher", choices=LAUNCHERS, help="run the profiling as a job of this "
                    "launcher (slurm: on a GPU node) (default: in this process)")
     _launcher_options(p)
@@ -204,14 +217,18 @@ def build_parser() -> argparse.ArgumentParser:
               "compiled) of a tiny random Llama per attention implementation (tiledattention, "
               "sdpa, eager); records why when it cannot run")
     p.add_argument("--out", required=True, help="directory for rows.jsonl and the manifest")
-    p.add_argument("--batches", type=_count(1), nargs="+", default=[1, 8], help="batch sizes")
-    p.add_argument("--prompt", type=_count(1), default=2048, help="prompt tokens per sequence")
-    p.add_argument("--steps", type=_count(1), default=64, help="greedy decode steps timed")
-    p.add_argument("--reps", type=_count(1), default=5, help="interleaved reps per "
-                   "implementation")
-    p.add_argument("--seed", type=_count(0), default=0, help="seed of weights and prompt")
-    p.add_argument("--phases", nargs="+", default=list(MODEL_PHASES), choices=MODEL_PHASES,
-                   help="what to time (default: all)")
+    p.add_argument("--batches", type=_count(1), nargs="+",
+                   default=_default(ModelConfig, "batches"), help="batch sizes")
+    p.add_argument("--prompt", type=_count(1), default=_default(ModelConfig, "prompt"),
+                   help="prompt tokens per sequence")
+    p.add_argument("--steps", type=_count(1), default=_default(ModelConfig, "steps"),
+                   help="greedy decode steps timed")
+    p.add_argument("--reps", type=_count(1), default=_default(ModelConfig, "reps"),
+                   help="interleaved reps per implementation")
+    p.add_argument("--seed", type=_count(0), default=_default(ModelConfig, "seed"),
+                   help="seed of weights and prompt")
+    p.add_argument("--phases", nargs="+", default=list(_default(ModelConfig, "phases")),
+                   choices=MODEL_PHASES, help="what to time (default: all)")
     p.add_argument("--launcher", choices=LAUNCHERS, help="run it as a job of this launcher "
                    "(slurm: on a GPU node) (default: in this process)")
     _launcher_options(p)
@@ -241,6 +258,41 @@ def build_parser() -> argparse.ArgumentParser:
     b = bsub.add_parser("verify", help="recompute checksums, validate the metadata",
                         formatter_class=_Formatter, description=BUNDLE_VERIFY)
     b.add_argument("path", help="bundle directory or zip")
+    b.add_argument("--partial", action="store_true", help="the path is a committed summary "
+                   "of a bundle (e.g. results/reference/h100): check every file present that "
+                   "SHA256SUMS lists and the metadata present; list the withheld and the extra "
+                   "files instead of failing on them")
+
+    p = _verb(sub, "compare", _compare, "hold a study against a reference: per point and "
+              "method, kernel time, call latency and the speed ratio to each baseline against "
+              "the reference's (value, lower, upper); exit 1 on a regression")
+    p.add_argument("new", help="the study: a bundle (directory or zip), a results directory "
+                   "or a rows file")
+    p.add_argument("reference", help="the reference: a shipped system (e.g. h100) or another "
+                   "study (bundle, results directory, rows file)")
+    p.add_argument("--tolerance", nargs="+", metavar="PCT", help="percent, both measures "
+                   "(15) or per measure (kernel=10 call=25) (default: a shipped system's own "
+                   "bounds; for a study, kernel 10, call 25)")
+    p.add_argument("--out", help="directory for compare.md/.csv/.png/.pdf (default: compare/ "
+                   "in the new study's directory)")
+
+    p = _verb(sub, "reproduce", _reproduce, "re-run the study a bundle records (its config, "
+              "grid and workflow) through a Snakemake profile, then verify the new bundle and "
+              "compare it against the original")
+    p.add_argument("bundle", help="the bundle (directory or zip) whose study to re-run")
+    p.add_argument("--out", help="new directory for the re-run (default: "
+                   "reproduction-<bundle name> beside the bundle)")
+    p.add_argument("--profile", default="local", help="Snakemake profile: local or slurm "
+                   "(the workflow's), or the path of your own")
+    p.add_argument("--source", choices=("snapshot", "checkout"), default="snapshot",
+                   help="the workflow: the bundle's snapshot, or a checkout of the recorded "
+                   "revision from the recorded repository (needs git and the repository)")
+    p.add_argument("--reference", help="compare against this: a shipped system (e.g. h100) "
+                   "or another study (default: the original bundle)")
+    p.add_argument("--tolerance", nargs="+", metavar="PCT", help="as tiledattn compare's "
+                   "(default: kernel 10, call 25 percent)")
+    p.add_argument("--snakemake-args", nargs="+", default=[], metavar="ARG",
+                   help="passed on to snakemake, e.g. --snakemake-args=-n")
 
     p = _verb(sub, "advise", _advise, "predict TiledAttention's and PyTorch SDPA's throughput "
               "for a model's attention shape from the nearest measured points, flag tile and "
@@ -394,12 +446,14 @@ def _tune(args) -> int:
 def _tune_through_launcher(args) -> int:
     import os
 
+    from .bench.config import stage_from_dict
     from .launchers import run_step
-    from .tune import TuneTask
 
-    task = TuneTask(os.path.abspath(args.out), os.path.abspath(args.state), args.space,
-                    tuple(args.seqs), tuple(args.head_dims), tuple(args.dtypes), args.reps,
-                    args.compile_timeout, passes=tuple(args.passes))
+    cfg = stage_from_dict("tune", {"space": args.space, "seqs": args.seqs,
+                                   "head_dims": args.head_dims, "dtypes": args.dtypes,
+                                   "passes": args.passes})
+    task = cfg.task(os.path.abspath(args.out), os.path.abspath(args.state), args.reps,
+                    args.compile_timeout)
     folder = os.path.join(os.path.dirname(task.out_path), "logs")
     options = _json_object(args.launcher_options, "--launcher-options")
     result = run_step(args.launcher, options, folder, task)
@@ -560,15 +614,18 @@ def _figures(args) -> int:
 def _profile(args) -> int:
     import os
 
-    from .study.profile import ProfileTask, Shape, run_profile
+    from .study.profile import Shape, run_profile
 
     shapes = [Shape.parse(s) for s in args.shape]
     code = 0
     if args.launcher:
+        from .bench.config import stage_from_dict
         from .launchers import get_launcher
 
-        task = ProfileTask(tuple(args.shape), tuple(args.methods), os.path.abspath(args.out),
-                           args.clock_control, args.warmup, args.tokens, args.width)
+        task = stage_from_dict("profile", {
+            "shapes": args.shape, "methods": args.methods, "clock_control": args.clock_control,
+            "warmup": args.warmup, "tokens": args.tokens, "width": args.width,
+        }).task(os.path.abspath(args.out))
         options = _json_object(args.launcher_options, "--launcher-options")
         get_launcher(args.launcher, os.path.join(args.out, "logs"), options).run([task])
     else:
@@ -583,7 +640,7 @@ def _model(args) -> int:
     import os
 
     from .bench.config import model_from_dict
-    from .bench.model import ModelTask, load_rows, run_model, summary
+    from .bench.model import load_rows, run_model, summary
 
     cfg = model_from_dict({"enabled": True, "batches": args.batches, "prompt": args.prompt,
                            "steps": args.steps, "reps": args.reps, "seed": args.seed,
@@ -593,8 +650,7 @@ def _model(args) -> int:
         from .launchers import run_step
 
         options = _json_object(args.launcher_options, "--launcher-options")
-        run_step(args.launcher, options, os.path.join(out, "logs"),
-                 ModelTask(out, tuple(cfg.as_dict().items())))
+        run_step(args.launcher, options, os.path.join(out, "logs"), cfg.task(out))
     else:
         run_model(cfg, out)
     print(summary(load_rows(out)))
@@ -633,14 +689,22 @@ def _bundle(args) -> int:
             raise StudyError(f"{args.path}: no such bundle directory or zip")
         if os.path.isfile(args.path) and not zipfile.is_zipfile(args.path):
             raise StudyError(f"{args.path}: not a zip file (nor a bundle directory)")
-        problems = verify(args.path)
+        partial = {} if args.partial else None
+        problems = verify(args.path, partial)
+        if partial is not None:
+            for key, what in (("withheld", "listed in SHA256SUMS, not here"),
+                              ("extra", "here, not in SHA256SUMS (not part of the bundle)")):
+                names = partial.get(key, [])
+                print(f"bundle verify: {len(names)} {what}" + (f": {', '.join(names)}"
+                                                             if names else ""))
         for p in problems:
             print(f"bundle verify: {p}", file=sys.stderr)
         if problems:
             print(f"bundle verify: FAILED, {len(problems)} problem(s) in {args.path}",
                   file=sys.stderr)
             return FAILED
-        print(f"bundle verify: OK, every checksum and the metadata of {args.path} check out")
+        print(f"bundle verify: OK, every checksum and the metadata of {args.path} check out"
+              + (" (partial: only the files present)" if args.partial else ""))
         return 0
     from . import __version__
     from .study.metadata import Publication
@@ -648,12 +712,41 @@ def _bundle(args) -> int:
 
     config = load_yaml(args.config)
     pub = Publication.from_dict(config.get("publication"), __version__)
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    # The workflow snapshot comes from the workflow that ran (Snakemake's working directory,
+    # holding the Snakefile), else from the checkout this package is installed from.
+    repo = os.getcwd() if os.path.isfile("Snakefile") else \
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = create(args.study, args.out, config=config, config_name=os.path.basename(args.config),
                  repo_root=repo, publication=pub, command="tiledattn bundle create",
                  force=args.force)
     print(f"bundle: {out['files']} files in {out['dir']} and {out['zip']}", file=sys.stderr)
     return 0
+
+
+def _compare(args) -> int:
+    from .study.compare import failed, run, verdict_line
+
+    checks, paths = run(args.new, args.reference, tolerance=args.tolerance, out=args.out)
+    print(f"compare: {verdict_line(checks)}; {paths[1]}")
+    for c in failed(checks)[:10]:
+        print(f"compare: {c.verdict}: {c.point} {c.method} {c.measure} "
+              f"{'—' if c.diff_pct is None else f'{c.diff_pct:+.1f} %'} {c.why}".rstrip(),
+              file=sys.stderr)
+    return FAILED if failed(checks) else 0
+
+
+def _reproduce(args) -> int:
+    import os
+
+    from .study.reproduce import reproduce
+
+    # Default: beside the bundle, never inside it (its files are checksummed).
+    path = os.path.abspath(args.bundle)
+    out = args.out or os.path.join(os.path.dirname(path),
+                                   "reproduction-" + os.path.basename(path).removesuffix(".zip"))
+    return reproduce(args.bundle, out, source=args.source,
+                     profile=args.profile, reference=args.reference,
+                     tolerance=args.tolerance, snakemake_args=tuple(args.snakemake_args))
 
 
 def _advise(args) -> int:

@@ -19,11 +19,13 @@ from .grid import (
     PAPER_HEAD_DIMS,
     PAPER_SEQS,
     TOKENS,
+    TUNE_PASSES,
     WIDTH,
 )
+from .methods import profilable
 
 __all__ = ["BenchConfig", "ConfigError", "CorrectnessConfig", "DecodeConfig", "GridConfig",
-           "ModelConfig", "TimingConfig",
+           "ModelConfig", "ProfileConfig", "TimingConfig", "TuneConfig",
            "from_dict", "load_config", "model_from_dict", "validate"]
 
 DTYPES = ("float16", "bfloat16", "float32")
@@ -105,7 +107,7 @@ class CorrectnessConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """The study's end-to-end model benchmark (``tiledattention/bench/model.py``)."""
+    """Optional end-to-end model benchmark (the `model_e2e` table), one launcher job."""
 
     enabled: bool = _opt(False, "Time prefill, decode and training-step tokens/s of the tiny "
                          "Llama (4 layers, hidden 2048, 16/4 heads, D 128, random weights) per "
@@ -115,21 +117,106 @@ class ModelConfig:
                                    "train, a training step (forward, loss, backward, SGD step) "
                                    "on B x prompt tokens; prefill_compiled, train_compiled: the "
                                    "same under torch.compile (tiledattention and sdpa).",
-                                   choices=MODEL_PHASES, unique=True)
-    batches: tuple[int, ...] = _opt((1, 8), "Batch sizes B.", min=1, max=4096, unique=True)
+                                   choices=MODEL_PHASES, unique=True, flag="--phases")
+    batches: tuple[int, ...] = _opt((1, 8), "Batch sizes B.", min=1, max=4096, unique=True,
+                                    flag="--batches")
     prompt: int = _opt(2048, "Prompt tokens per sequence (prefill length; the decode "
-                       "steps start after it).", min=1, max=8192 - 1024)
-    steps: int = _opt(64, "Greedy decode steps timed per rep.", min=1, max=1024)
+                       "steps start after it).", min=1, max=8192 - 1024, flag="--prompt")
+    steps: int = _opt(64, "Greedy decode steps timed per rep.", min=1, max=1024,
+                      flag="--steps")
     reps: int = _opt(5, "Timed reps per implementation, interleaved, order alternating.",
-                     min=1, max=1000)
-    seed: int = _opt(0, "Seed of the weights and the prompt.", min=0, max=2**63 - 1)
+                     min=1, max=1000, flag="--reps")
+    seed: int = _opt(0, "Seed of the weights and the prompt.", min=0, max=2**63 - 1,
+                     flag="--seed")
 
     def as_dict(self) -> dict:
         return asdict(self)
 
+    def task(self, out_dir: str):
+        """The stage's launcher job (the config travels as items, validated on the node)."""
+        from .model import ModelTask
+
+        return ModelTask(out_dir, tuple(self.as_dict().items()))
+
     def digest(self) -> str:
         return hashlib.sha256(json.dumps(self.as_dict(), sort_keys=True).encode()
                               ).hexdigest()[:16]
+
+
+# The GPU stages besides the benchmark (tune, profile, model): each one frozen dataclass,
+# from which the workflow schema's section is generated, the workflow validates the
+# config's section once (``stage_from_dict``) and the rule's command line is written
+# (``stage_args``); the ``tiledattn`` verbs take their defaults from here.
+TUNE_SPACES = ("quick", "full")  # schedules.space.SPACES (tests/test_schema.py)
+CLOCK_CONTROL = ("base", "none")
+
+
+@dataclass(frozen=True)
+class TuneConfig:
+    """Optional schedule tuning (Table 5), as one launcher job (`tiledattn tune`)."""
+
+    enabled: bool = _opt(False, "Run `tiledattn tune` and write a schedule table (one launcher "
+                         "job: a GPU node under SLURM, a free local GPU; where it finds no GPU "
+                         "the table records why).")
+    space: str = _opt("quick", "Candidate schedules to time per shape (quick: 8 that won in "
+                      "sweeps; full: every one).", choices=TUNE_SPACES, flag="--space")
+    seqs: tuple[int, ...] | None = _opt(None, "Restrict tuning to these S values (null: the "
+                                        "paper's 512..8192).", min=1, max=INT32,
+                                        flag="--seqs")
+    head_dims: tuple[int, ...] | None = _opt(None, "Restrict tuning to these head dims (null: "
+                                             "64, 96, 128, 160).", min=8, max=INT32,
+                                             flag="--head-dims")
+    dtypes: tuple[str, ...] | None = _opt(None, "Restrict tuning to these dtypes (null: "
+                                          "both).", choices=PAPER_DTYPES, flag="--dtypes")
+    passes: tuple[str, ...] = _opt(("fwd",), "What is tuned, in order, into one table - fwd, "
+                                   "the forward's schedules (Table 5); fwd+bwd, the backward's, "
+                                   "timed with forward and backward (the table's backward "
+                                   "entries).", choices=TUNE_PASSES, unique=True, flag="--pass")
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def task(self, out_path: str, state_path: str, reps: int = 20,
+             compile_timeout: float = 120.0):
+        """The stage's launcher job (a GPU node under SLURM, a free local GPU)."""
+        from ..tune import TuneTask
+
+        return TuneTask(out_path, state_path, self.space, self.seqs or PAPER_SEQS,
+                        self.head_dims or PAPER_HEAD_DIMS, self.dtypes or PAPER_DTYPES, reps,
+                        compile_timeout, passes=self.passes)
+
+
+@dataclass(frozen=True)
+class ProfileConfig:
+    """Nsight Compute on representative shapes, one launcher job (`tiledattn profile`)."""
+
+    enabled: bool = _opt(True, "Run the profile rule (without ncu, a GPU or counter "
+                         "permission the job records why).")
+    shapes: tuple[str, ...] = _opt(("float16:full:128:4096", "float16:causal:128:4096"),
+                                   "dtype:mask:D:S, with B*S = tokens and H*D = width (checked "
+                                   "by tiledattention).", flag="--shape", repeat=True)
+    methods: tuple[str, ...] = _opt(("tiledattention", "torch_sdpa"), "Methods whose attention "
+                                    "kernel is captured (those with a kernel filter in the "
+                                    "method registry).", choices=tuple(profilable()),
+                                    unique=True, flag="--methods")
+    clock_control: str = _opt("base", "ncu clock control (base - locked base clocks; none - "
+                              "boost, as the benchmark runs).", choices=CLOCK_CONTROL,
+                              flag="--clock-control")
+    warmup: int = _opt(5, "Launches skipped before the captured one.", min=0, max=10**6,
+                       flag="--warmup")
+    tokens: int = _opt(TOKENS, "B*S of the profiled points.", min=1, max=INT32,
+                       flag="--tokens")
+    width: int = _opt(WIDTH, "H*D of the profiled points.", min=1, max=INT32, flag="--width")
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def task(self, out_dir: str):
+        """The stage's launcher job."""
+        from ..study.profile import ProfileTask
+
+        return ProfileTask(self.shapes, self.methods, out_dir, self.clock_control, self.warmup,
+                           self.tokens, self.width)
 
 
 @dataclass(frozen=True)
@@ -150,6 +237,12 @@ class BenchConfig:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+    def task(self, out_dir: str):
+        """The stage's launcher job (the config travels as items, validated on the node)."""
+        from .model import ModelTask
+
+        return ModelTask(out_dir, tuple(self.as_dict().items()))
 
     def digest(self) -> str:
         blob = json.dumps(self.as_dict(), sort_keys=True).encode()
@@ -312,16 +405,47 @@ def from_dict(data: dict) -> BenchConfig:
 
 def model_json_schema() -> dict:
     """The study config's ``model`` section, from ``ModelConfig`` (like ``bench``)."""
-    return _section_schema(ModelConfig, "Optional end-to-end model benchmark (the "
-                           "`model_e2e` table): generated by `python -m "
-                           "tiledattention.bench.config`.")
+    return stage_json_schema("model")
 
 
 def model_from_dict(data: dict | None) -> ModelConfig:
     """The ``model`` section, validated; errors name ``model.<key>``."""
-    cfg = _build(ModelConfig, data or {}, "model")
-    _validate_section(cfg, "model.")
+    return stage_from_dict("model", data)
+
+
+STAGES = {"tune": TuneConfig, "profile": ProfileConfig, "model": ModelConfig}
+
+
+def stage_json_schema(name: str) -> dict:
+    """The study config's ``name`` section (tune, profile, model), from its dataclass."""
+    cls = STAGES[name]
+    return _section_schema(cls, f"{cls.__doc__.split(chr(10))[0].rstrip('.')}: generated by "
+                           "`python -m tiledattention.bench.config`.")
+
+
+def stage_from_dict(name: str, data: dict | None):
+    """The config's ``name`` section, validated once; errors name ``<name>.<key>``."""
+    cfg = _build(STAGES[name], data or {}, name)
+    _validate_section(cfg, f"{name}.")
     return cfg
+
+
+def stage_args(cfg) -> str:
+    """The stage's ``tiledattn`` options for its config, quoted for the shell (a field with
+    a ``flag``; lists space-separated, or the flag repeated; null fields left out)."""
+    import shlex
+
+    out = []
+    for f in fields(cfg):
+        value, flag = getattr(cfg, f.name), f.metadata.get("flag")
+        if flag is None or value is None:
+            continue
+        items = [str(v) for v in (value if isinstance(value, tuple) else (value,))]
+        if f.metadata.get("repeat"):
+            out += [f"{flag} {shlex.quote(v)}" for v in items]
+        else:
+            out.append(f"{flag} " + " ".join(shlex.quote(v) for v in items))
+    return " ".join(out)
 
 
 def load_config(path: str) -> BenchConfig:
@@ -340,6 +464,7 @@ def load_config(path: str) -> BenchConfig:
 if __name__ == "__main__":
     import yaml
 
-    print(yaml.safe_dump({"bench": json_schema(), "model": model_json_schema()},
+    print(yaml.safe_dump({"bench": json_schema(),
+                          **{name: stage_json_schema(name) for name in STAGES}},
                          sort_keys=False, width=90,
                          default_flow_style=None), end="")

@@ -11,8 +11,6 @@ import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import torch
-
 from .grid import PINNED_PREFIX, Point, pinned_bwd_label, pinned_label
 
 
@@ -35,6 +33,16 @@ class Method:
     # (q, k, v, point) -> the launch geometry columns (kernel.geometry), or None
     geometry: Callable = lambda q, k, v, point: None
     has_backward: bool = True  # differentiable in q, k, v (the bwd and fwd+bwd passes)
+    # What the study needs, so a method added here reaches its tables, figures and profiles:
+    color: str | None = None  # its colour in every figure (a matplotlib colour)
+    kernel_filter: str | None = None  # Nsight Compute --kernel-name; None: not profiled
+    headline: str | None = None  # its row label in the headline table; None: not there
+    headline_by_head_dim: bool = False  # also one headline row per head dim
+    display: str = ""  # its name in table and figure labels (default: ``name``)
+
+    @property
+    def label(self) -> str:
+        return self.display or self.name
 
 
 def _gqa(point: Point) -> bool:
@@ -118,6 +126,8 @@ def _auto_describe(q, k, v, point):
 
 def eager_attention(q, k, v, point):
     """matmul, fp32 softmax, matmul: what a framework without fused attention does."""
+    import torch
+
     if point.gqa > 1:
         k = k.repeat_interleave(point.gqa, dim=1)
         v = v.repeat_interleave(point.gqa, dim=1)
@@ -142,22 +152,43 @@ def _flash_attn_run(q, k, v, point):
     return out.transpose(1, 2)
 
 
+# The study's subject, and the baseline its headline ratio is taken against (PyTorch's
+# automatic dispatch: "fused SDPA" in the paper).
+SUBJECT = "tiledattention"
+FUSED = "torch_sdpa"
+
+# Registry order is the order of the headline's rows and of the figures' legends.
 METHODS: dict[str, Method] = {m.name: m for m in (
     Method("tiledattention", "this project's cuTile kernel", True, _tiled_run, _tiled_check,
-           _tiled_describe, _tiled_geometry),
+           _tiled_describe, _tiled_geometry, color="C0", kernel_filter="regex:attention_fwd"),
     Method("torch_sdpa", "torch SDPA, automatic backend dispatch", False, _torch_run(None),
-           describe=_auto_describe),
+           describe=_auto_describe, color="C1", kernel_filter="regex:sdpa|flash|fmha|attention",
+           headline="torch_sdpa (fused SDPA), all points", headline_by_head_dim=True),
     Method("flash", "torch SDPA forced to FLASH_ATTENTION", True, _torch_run("flash"),
-           _cuda_only),
+           _cuda_only, color="C2", kernel_filter="regex:flash",
+           headline="flash (forced FlashAttention-2)"),
     Method("cudnn", "torch SDPA forced to CUDNN_ATTENTION", True, _torch_run("cudnn"),
-           _cuda_only),
+           _cuda_only, color="C3", kernel_filter="regex:sdpa", headline="cudnn (forced)"),
     Method("efficient", "torch SDPA forced to EFFICIENT_ATTENTION", True,
-           _torch_run("efficient"), _cuda_only),
-    Method("math", "torch SDPA forced to MATH", False, _torch_run("math")),
-    Method("eager", "explicit matmul + fp32 softmax + matmul", False, eager_attention),
+           _torch_run("efficient"), _cuda_only, color="C4", kernel_filter="regex:fmha"),
     Method("flash_attn", "the flash_attn package (FlashAttention-2)", True, _flash_attn_run,
-           _flash_attn_check),
+           _flash_attn_check, color="C5"),
+    Method("math", "torch SDPA forced to MATH", False, _torch_run("math"), color="C6",
+           headline="math SDPA"),
+    Method("eager", "explicit matmul + fp32 softmax + matmul", False, eager_attention,
+           color="C7", headline="eager attention"),
 )}
+
+
+def profilable() -> list[str]:
+    """The methods whose kernels ``tiledattn profile`` can capture (a kernel filter)."""
+    return [m.name for m in METHODS.values() if m.kernel_filter]
+
+
+def color_of(name: str) -> str | None:
+    """A method's colour (a pinned tiledattention schedule has none: the ladder's own)."""
+    m = METHODS.get(name)
+    return m.color if m else None
 
 
 def get_method(name: str) -> Method:

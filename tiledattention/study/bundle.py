@@ -9,6 +9,7 @@ and a zip, with README, .zenodo.json, CITATION.cff, ro-crate-metadata.json and S
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import glob
 import hashlib
 import json
@@ -36,6 +37,7 @@ from .metadata import (
     Publication,
     check_ro_crate,
     citation_cff,
+    repository_url,
     validate_cff,
     validate_zenodo,
     write_ro_crate,
@@ -62,6 +64,7 @@ SNAPSHOT_CODE = ("workflow", "containers")
 SNAPSHOT_SUFFIXES = (".smk", ".py", ".yaml", ".yml", ".json", ".lock", ".def", ".md", ".txt",
                      ".sh", ".toml", ".cfg", ".tsv", ".csv", ".rst")
 SNAPSHOT_NAMES = ("Snakefile", "Dockerfile", "Containerfile")
+STUDY_CONFIG = "config/study-config.yaml"  # in the bundle and in its workflow snapshot
 # Limits for verifying a bundle nobody vouches for: far above a real study's.
 MAX_MEMBERS = 1000
 MAX_FILE_BYTES = 2 << 30
@@ -158,17 +161,22 @@ def _study_files(root: str, study_dir: str) -> list[str]:
     return sorted(rels)
 
 
-def _snapshot(repo_root: str, dest_zip: str) -> tuple[int, str]:
+def _snapshot(repo_root: str, dest_zip: str, config: str | None = None) -> tuple[int, str]:
+    """The workflow snapshot, with the study's exact config as config/study-config.yaml
+    (so the unpacked snapshot runs with --configfile config/study-config.yaml)."""
     files, how = snapshot_files(repo_root)
     with zipfile.ZipFile(dest_zip, "w", zipfile.ZIP_DEFLATED) as z:
         for rel in files:
-            z.write(os.path.join(repo_root, rel), rel)
-    return len(files), how
+            if rel != STUDY_CONFIG or config is None:
+                z.write(os.path.join(repo_root, rel), rel)
+        if config is not None:
+            z.write(config, STUDY_CONFIG)
+    return len(set(files) | ({STUDY_CONFIG} if config else set())), how
 
 
 def headline(rows: list[dict], manifest: dict) -> str:
+    from ..bench.methods import FUSED, SUBJECT
     from .ratios import compare, pass_of
-    from .tables import FUSED, SUBJECT
 
     gpu = (manifest.get("gpu") or {}).get("name") or "a CPU (no GPU)"
     train = [r for r in rows if pass_of(r) == "fwd+bwd"]
@@ -193,8 +201,9 @@ def headline(rows: list[dict], manifest: dict) -> str:
 
 def _training_headline(rows: list[dict]) -> str:
     """Forward+backward against every baseline measured with a backward, if any."""
+    from ..bench.methods import SUBJECT
     from .ratios import compare
-    from .tables import SUBJECT, baselines
+    from .tables import baselines
 
     parts = []
     for b in baselines(rows):
@@ -233,18 +242,14 @@ def _readme(pub: Publication, rows: list[dict], manifest: dict, table4: str,
         f" (CUDA {stack.get('cuda_runtime')}, cuDNN {stack.get('cudnn')}), cuda-tile "
         f"{stack.get('cuda_tile')}, tileiras {stack.get('tileiras')}, Python "
         f"{stack.get('python')}",
-        f"- Source revision: {stack.get('git_commit')}",
+        f"- Source: {pub.repository or 'repository not recorded (set publication.repository)'}"
+        f" at revision {stack.get('git_commit')}"
+        + (" (some runs from a tree with uncommitted changes: manifest.json)"
+           if manifest.get("runs_from_dirty_tree") else ""),
         f"- One software stack and GPU across all runs: "
         f"{'yes' if manifest.get('consistent') else 'NO — see manifest.json mismatches'}",
         f"- Container: {(manifest.get('container') or {}).get('image') or 'none'}", "",
-        "## How to reproduce", "",
-        "Unpack `workflow-snapshot.zip` (the Snakefile, rules, configs, profiles and "
-        "container definitions of this run) over a checkout of the recorded source "
-        "revision, then:", "", f"The snapshot holds {snapshot[0]} files: {snapshot[1]} under "
-        f"{', '.join(SNAPSHOT)} — untracked and ignored files (a local `.env`, credentials) "
-        "are never included.", "", "```bash",
-        f"snakemake --profile profiles/local --configfile {config_name}   # or profiles/slurm",
-        "tiledattn bundle verify results/<study>/bundle", "```", "",
+        *reproduce_section(pub, manifest, snapshot),
         "## Files", "",
         "- `data/rows.parquet`, `data/rows.csv`, `data/rows.jsonl`: every row; "
         "`data/columns.md`: the column dictionary (also below); `data/model-rows.jsonl`: the "
@@ -253,13 +258,49 @@ def _readme(pub: Publication, rows: list[dict], manifest: dict, table4: str,
         "Table 5 (schedules), Table 6 (schedule ladder), throughput, status, model_e2e (tiny "
         "Llama tokens/s per attention implementation) — Markdown, CSV, "
         "LaTeX",
-        "- `figures/`: PNG and PDF", "- `profiles.zip`: Nsight Compute reports, raw CSV "
+        "- `figures/`: PNG and PDF", "- `compare/`: `tiledattn compare` against a "
+        "reference (table and figure), when the study was compared (`tiledattn reproduce`)",
+        "- `profiles.zip`: Nsight Compute reports, raw CSV "
         "exports and `summary.md`", "- `manifest.json`: merged version manifest",
         "- `config/`: the exact study config", "- `.zenodo.json`, `CITATION.cff`, "
         "`ro-crate-metadata.json`, `SHA256SUMS` (check: `sha256sum -c SHA256SUMS` or "
         "`tiledattn bundle verify`)", "", "## Column dictionary", "",
         columns_markdown(columns_of(rows)) if rows else "(no rows)", ""]
     return "\n".join(lines)
+
+
+def install_line(pub: Publication, manifest: dict) -> str:
+    """The README's install step: the recorded revision from the recorded repository."""
+    stack = manifest.get("stack") or {}
+    commit, repo = stack.get("git_commit"), pub.repository
+    if repo and commit:
+        return f'python -m pip install "tiledattention[workflow] @ git+{repo}@{commit}"'
+    version = stack.get("tiledattention") or pub.version
+    return (f'python -m pip install "tiledattention[workflow]=={version}"   # no repository '
+            "and revision recorded: the same version from your package index")
+
+
+def reproduce_section(pub: Publication, manifest: dict, snapshot: tuple[int, str]) -> list[str]:
+    """## How to reproduce: the install step and the one command (tests/test_reproduce.py
+    follows these lines literally)."""
+    image = (manifest.get("container") or {}).get("image")
+    return [
+        "## How to reproduce", "",
+        "In the directory holding this README (the unpacked bundle), install the recorded "
+        "revision with its workflow tools, then re-run the study: the same config and grid "
+        "(`config/study-config.yaml`), the workflow of this run (`workflow-snapshot.zip`), "
+        "through a Snakemake profile (`local`, `slurm`, or the path of your own). It ends "
+        "with a verified bundle of the new run and `tiledattn compare` of it against this "
+        "one (exit 1 on a regression beyond the tolerances; `--source checkout` takes the "
+        "workflow from a checkout of the recorded revision instead).", "",
+        "```bash", install_line(pub, manifest),
+        "tiledattn reproduce . --out ../reproduction --profile local", "```", "",
+        (f"The jobs ran in the container image `{image}` (the config's "
+         "`launcher_options.image`), so the reproduction's jobs do too." if image else
+         "The jobs ran without a container image (the config names none)."), "",
+        f"The snapshot holds {snapshot[0]} files: {snapshot[1]} under "
+        f"{', '.join(SNAPSHOT)} — untracked and ignored files (a local `.env`, credentials) "
+        "are never included. `tiledattn bundle verify .` checks this bundle's files.", ""]
 
 
 def not_run(study_dir: str, rows: list[dict]) -> list[str]:
@@ -375,7 +416,8 @@ def _check_out(out_dir: str, study_dir: str, repo_root: str, force: bool) -> Non
 
 def create(study_dir: str, out_dir: str, *, config: dict, config_name: str, repo_root: str,
            publication: Publication, command: str = "snakemake", force: bool = False) -> dict:
-    """Build ``out_dir`` (a directory) and ``out_dir + '.zip'`` from a finished study.
+    """Build ``out_dir`` (a directory) and ``out_dir + '.zip'`` from a finished study
+    (and its ``compare/`` directory, when ``tiledattn compare`` wrote one).
 
     Built beside ``out_dir`` and moved into place at the end, so a failure leaves any previous
     bundle as it was; an existing ``out_dir`` is replaced only when it is a previous bundle
@@ -390,6 +432,8 @@ def create(study_dir: str, out_dir: str, *, config: dict, config_name: str, repo
             raise StudyError(f"bundle: {need} is missing (run the aggregate and manifest "
                              "steps first)")
     _check_out(out_dir, study_dir, repo_root, force)
+    publication = dataclasses.replace(
+        publication, repository=repository_url(publication.repository, repo_root))
     rows = _published_rows(study_dir)
     manifest = _load_json(_source(manifest_path, study_dir), "manifest")
     if not isinstance(manifest, dict):
@@ -484,8 +528,8 @@ def _build(out_dir: str, study_dir: str, rows: list[dict], manifest: dict, *, co
     model_rows = os.path.join(study_dir, "model", "rows.jsonl")
     if os.path.lexists(model_rows):  # the model stage's own rows (another row format)
         _copy(_source(model_rows, study_dir), os.path.join(out_dir, "data", "model-rows.jsonl"))
-    for sub in ("tables", "figures"):
-        src_dir = os.path.join(study_dir, sub) if sub == "figures" else os.path.join(agg, sub)
+    for sub in ("tables", "figures", "compare"):  # compare: tiledattn compare's table, figure
+        src_dir = os.path.join(study_dir, sub) if sub != "tables" else os.path.join(agg, sub)
         if os.path.lexists(src_dir):
             for rel in _study_files(src_dir, study_dir):
                 _copy(os.path.join(src_dir, rel), os.path.join(out_dir, sub, rel))
@@ -499,7 +543,8 @@ def _build(out_dir: str, study_dir: str, rows: list[dict], manifest: dict, *, co
     os.makedirs(os.path.join(out_dir, "config"))
     with open(os.path.join(out_dir, "config", "study-config.yaml"), "w") as f:
         yaml.safe_dump(config, f, sort_keys=False)
-    snap = _snapshot(repo_root, os.path.join(out_dir, "workflow-snapshot.zip"))
+    snap = _snapshot(repo_root, os.path.join(out_dir, "workflow-snapshot.zip"),
+                     os.path.join(out_dir, STUDY_CONFIG))
     # Zenodo takes at most 100 files per record: group directories into archives until the
     # bundle fits (metadata files stay loose so Zenodo and readers see them).
     for sub in ("figures", "tables"):
@@ -622,28 +667,32 @@ def _read_capped(view, rel: str, cap: int) -> bytes:
     return data
 
 
-def verify(path: str) -> list[str]:
+def verify(path: str, partial: dict | None = None) -> list[str]:
     """Problems found in the bundle at ``path`` (a directory or its zip); empty: verified.
 
     The bundle may come from anyone: every path in SHA256SUMS must name a regular file
     inside it, and a zip is read in place under size, count and ratio limits; only the
     three metadata files are written out (to a scratch dir removed even on SIGTERM)."""
     if os.path.isdir(path):
-        return _verify(_DirView(path), scratch=None, root=path)
+        return _verify(_DirView(path), scratch=None, root=path, partial=partial)
     if not os.path.isfile(path) or not zipfile.is_zipfile(path):
         return [f"{path}: not a bundle directory or zip"]
     try:
         with zipfile.ZipFile(path) as z:
             view = _ZipView(z)
             with _scratch() as tmp:
-                return _verify(view, scratch=tmp, root=None)
+                return _verify(view, scratch=tmp, root=None, partial=partial)
     except (zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, EOFError) as exc:
         return [f"{path}: unreadable zip ({exc})"]
     except StudyError as exc:
         return [f"{path}: {exc}"]
 
 
-def _verify(view, *, scratch: str | None, root: str | None) -> list[str]:
+def _verify(view, *, scratch: str | None, root: str | None,
+            partial: dict | None = None) -> list[str]:
+    """``partial`` (a dict): a committed summary of a bundle, not the bundle: files SHA256SUMS
+    lists that are absent go to partial["withheld"], files it does not list to
+    partial["extra"]; every file present that it lists must still match."""
     problems = list(view.problems)
     if SUMS not in view.names:
         return problems + [f"{SUMS} is missing"]
@@ -667,7 +716,10 @@ def _verify(view, *, scratch: str | None, root: str | None) -> list[str]:
             return problems + [f"{SUMS}: more than {MAX_MEMBERS} lines"]
     for rel, digest in listed.items():
         if rel not in view.names:
-            problems.append(f"missing: {rel}")
+            if partial is not None:
+                partial.setdefault("withheld", []).append(rel)
+            else:
+                problems.append(f"missing: {rel}")
             continue
         h, size = hashlib.sha256(), 0
         with view.open(rel) as f:
@@ -681,7 +733,10 @@ def _verify(view, *, scratch: str | None, root: str | None) -> list[str]:
         elif h.hexdigest() != digest:
             problems.append(f"changed: {rel} (checksum differs)")
     present = view.names - {SUMS}
-    problems += [f"not in {SUMS}: {rel}" for rel in sorted(present - set(listed))]
+    if partial is not None:
+        partial["extra"] = sorted(present - set(listed))
+    else:
+        problems += [f"not in {SUMS}: {rel}" for rel in sorted(present - set(listed))]
     if len(present) + 1 > ZENODO_MAX_FILES:
         problems.append(f"{len(present) + 1} files exceed Zenodo's {ZENODO_MAX_FILES}")
     problems += _check_listing(view, listed)
@@ -697,7 +752,11 @@ def _verify(view, *, scratch: str | None, root: str | None) -> list[str]:
         with open(os.path.join(scratch, "ro-crate-metadata.json"), "wb") as f:
             f.write(meta["ro-crate-metadata.json"])
         root = scratch
-    return problems + _check_metadata(meta, root)
+    found = _check_metadata(meta, root)
+    if partial is not None:  # a metadata file withheld is listed there, not a problem
+        found = [m for m in found if not any(m.startswith(w) and "missing" in m
+                                             for w in partial.get("withheld", []))]
+    return problems + found
 
 
 def _check_listing(view, listed: dict[str, str]) -> list[str]:

@@ -8,16 +8,17 @@ the panels, never over data; every measured S is a labelled tick.
 
 from __future__ import annotations
 
-import os
-
 from ..bench.grid import pinned_label
-from ..safeio import atomic_path
-from .ratios import MEASURES, compare_by, points_of
-from .tables import FUSED, SUBJECT, methods_in
+from ..bench.methods import FUSED, METHODS, SUBJECT
+from .plotting import color as _color
+from .plotting import grid as _grid
+from .plotting import no_data as _no_data
+from .plotting import plt as _plt
+from .plotting import save as _save
+from .ratios import MEASURES, compare_by, methods_in, points_of
+from .shapes import shapes_figure
 
 PANELS = [(dt, c) for dt in ("float16", "bfloat16") for c in (False, True)]
-BASELINES_D128 = ("tiledattention", "torch_sdpa", "flash", "cudnn", "efficient", "flash_attn",
-                  "math", "eager")
 
 
 def names(head_dims) -> list[str]:
@@ -42,28 +43,10 @@ STYLE = {"tiledattention": {"marker": "o", "ls": "-", "lw": 1.6, "zorder": 6},
          "eager": {"marker": "*", "ls": "-.", "zorder": 3}}
 
 
-def _color(method: str):
-    # One colour per method in every figure.
-    order = BASELINES_D128
-    return f"C{order.index(method) % 10}" if method in order else None
-
-
 def _style(method: str) -> dict:
     """Colour, marker, line style and drawing order of a method's line."""
     return {"ms": 3.5, "lw": 1.0, "marker": "o", "ls": "-", **STYLE.get(method, {}),
             "color": _color(method)}
-
-
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    plt.rcParams.update({"font.size": 9, "axes.titlesize": 9, "legend.fontsize": 7,
-                         "figure.dpi": 110, "savefig.dpi": 150, "axes.grid": True,
-                         "grid.alpha": 0.3})
-    return plt
 
 
 def _panels(rows):
@@ -73,29 +56,6 @@ def _panels(rows):
 
 def _title(dtype, causal):
     return f"{dtype}, {'causal' if causal else 'no mask'}"
-
-
-def _save(fig, out_dir, name) -> list[str]:
-    os.makedirs(out_dir, exist_ok=True)
-    paths = [os.path.join(out_dir, f"{name}.{ext}") for ext in ("png", "pdf")]
-    for p in paths:
-        with atomic_path(p) as tmp:  # never a truncated figure after a kill
-            fig.savefig(tmp, bbox_inches="tight", format=p.rsplit(".", 1)[1])
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
-    return paths
-
-
-def _no_data(ax, why):
-    import textwrap
-
-    head = "no data (no GPU)" if "gpu" in why.lower() else "no data"
-    # Wrapped by hand: matplotlib's wrap=True wraps at the figure's edge, not the panel's.
-    ax.text(0.5, 0.5, f"{head}:\n{textwrap.fill(why, 44)}", ha="center", va="center",
-            transform=ax.transAxes, fontsize=8)
-    ax.set_xticks([])
-    ax.set_yticks([])
 
 
 def _why_empty(rows, keep=lambda r: True) -> str:
@@ -142,17 +102,6 @@ def _by_seq(rows, **match):
 def _ok(rows, **match):
     return [r for r in rows if r["status"] == "ok"
             and all(r[k] == v for k, v in match.items())]
-
-
-def _grid(plt, n):
-    cols = 2 if n > 1 else 1
-    nrows = (n + cols - 1) // cols
-    fig, axes = plt.subplots(nrows, cols, figsize=(3.6 * cols, 2.8 * nrows), squeeze=False,
-                             layout="constrained")
-    flat = [a for row in axes for a in row]
-    for a in flat[n:]:
-        a.set_visible(False)
-    return fig, flat
 
 
 def throughput_vs_seq(rows, out_dir) -> list[str]:
@@ -268,7 +217,7 @@ def baselines_at_d128(rows, out_dir) -> list[str]:
     fig, axes = _grid(plt, len(panels))
     for ax, (dtype, causal) in zip(axes, panels):
         seqs = []
-        for m in [m for m in BASELINES_D128 if m in methods_in(rows)]:
+        for m in [m for m in METHODS if m in methods_in(rows)]:
             ok = _by_seq(rows, method=m, head_dim=d, dtype=dtype, causal=causal)
             if ok:
                 ax.plot([r["seq_q"] for r in ok], [r["tflops"] for r in ok], label=m,
@@ -363,8 +312,6 @@ def tile_sensitivity(ladder_rows, tune_entries, out_dir, tune_reason=None) -> li
 
 def write_all(rows, out_dir, *, ladder_rows=None, tune_entries=None, shape_rows=None,
               tune_reason=None) -> list[str]:
-    from .shapes import shapes_figure
-
     return (throughput_vs_seq(rows, out_dir) + regime_map(rows, out_dir)
             + ratios_vs_seq(rows, out_dir) + baselines_at_d128(rows, out_dir)
             + bandwidth_vs_seq(rows, out_dir)

@@ -22,19 +22,22 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass
 
+from ..bench.config import CLOCK_CONTROL
 from ..bench.grid import TOKENS, WIDTH, Point
+from ..bench.methods import METHODS, profilable
 from ..errors import StudyError
 from ..safeio import write_json, write_text
 
-# Kernel-name filters: ours is one cuTile kernel; PyTorch's fused kernels by backend.
-KERNEL_FILTERS = {
-    "tiledattention": "regex:attention_fwd",
-    "torch_sdpa": "regex:sdpa|flash|fmha|attention",
-    "cudnn": "regex:sdpa",
-    "flash": "regex:flash",
-    "efficient": "regex:fmha",
-}
-CLOCK_CONTROL = ("base", "none")
+
+# Kernel-name filters, from the method registry: ours is one cuTile kernel; PyTorch's
+# fused kernels by backend.
+def kernel_filters() -> dict[str, str]:
+    """method -> Nsight Compute --kernel-name filter, read from the registry when asked (a
+    method added there is profiled without touching this module)."""
+    return {name: METHODS[name].kernel_filter for name in profilable()}
+
+
+KERNEL_FILTERS = kernel_filters()  # at import, for the command line's help
 
 _METRICS = {  # summary key: (ncu metric, kind of unit)
     "duration_us": ("gpu__time_duration.sum", "time"),
@@ -176,9 +179,9 @@ def run_profile(shapes: list[Shape], methods: list[str], out_dir: str, *,
                 width: int = WIDTH, ncu: str | None = None, timeout_s: float = 600) -> int:
     if clock_control not in CLOCK_CONTROL:
         raise StudyError(f"clock control {clock_control!r} is not one of {list(CLOCK_CONTROL)}")
-    unknown = [m for m in methods if m not in KERNEL_FILTERS]
+    unknown = [m for m in methods if m not in kernel_filters()]
     if unknown:
-        raise StudyError(f"profile methods {unknown}: valid are {sorted(KERNEL_FILTERS)}")
+        raise StudyError(f"profile methods {unknown}: valid are {sorted(kernel_filters())}")
     os.makedirs(out_dir, exist_ok=True)
     ncu = ncu or find_ncu()
     reason = why_not(ncu)
@@ -196,7 +199,8 @@ def run_profile(shapes: list[Shape], methods: list[str], out_dir: str, *,
                 captures[-1].reason = reason
     summary = {"ncu": ncu, "ncu_version": _ncu_version(ncu) if ncu else None,
                "clock_control": clock_control, "warmup_launches_skipped": warmup,
-               "launches_captured": 1, "kernel_filters": {m: KERNEL_FILTERS[m] for m in methods},
+               "launches_captured": 1,
+               "kernel_filters": {m: kernel_filters()[m] for m in methods},
                "captures": [asdict(c) for c in captures]}
     write_json(os.path.join(out_dir, "summary.json"), summary, indent=1)
     write_text(os.path.join(out_dir, "summary.md"), summary_markdown(summary))
@@ -218,7 +222,7 @@ def _capture(ncu, shape, method, out_dir, clock_control, warmup, tokens, width,
              timeout_s) -> Capture:
     name = f"{shape.tag()}-{method}"
     base = os.path.join(out_dir, name)
-    cmd = [ncu, "--kernel-name", KERNEL_FILTERS[method], "--launch-skip", str(warmup),
+    cmd = [ncu, "--kernel-name", kernel_filters()[method], "--launch-skip", str(warmup),
            "--launch-count", "1", "--clock-control", clock_control, "--set", "full",
            "--export", base, "--force-overwrite",
            sys.executable, "-m", "tiledattention.study.profile_target", "--method", method,
@@ -242,7 +246,7 @@ def _capture(ncu, shape, method, out_dir, clock_control, warmup, tokens, width,
     kernels, units = parse_raw_csv(exp.stdout)
     if not kernels:
         return Capture(shape.tag(), method, "failed", "no kernel matched the filter "
-                       f"{KERNEL_FILTERS[method]} after {warmup} launches", report)
+                       f"{kernel_filters()[method]} after {warmup} launches", report)
     return Capture(shape.tag(), method, "ok", None, os.path.basename(report),
                    os.path.basename(base + ".csv"), summarize_metrics(kernels[0], units))
 

@@ -55,6 +55,14 @@ def index_rows(rows: list[dict]) -> dict[tuple[str, str], dict]:
     return {(r["point_key"], r["method"]): r for r in rows}
 
 
+def methods_in(rows: list[dict]) -> list[str]:
+    """The methods of ``rows``, in first-seen order."""
+    seen: dict[str, None] = {}
+    for r in rows:
+        seen.setdefault(r["method"], None)
+    return list(seen)
+
+
 def points_of(rows: list[dict]) -> dict[str, dict]:
     """point_key -> one row of that point (for its shape fields), in first-seen order."""
     out: dict[str, dict] = {}

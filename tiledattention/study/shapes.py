@@ -10,10 +10,11 @@ its aligned neighbour) and one figure (``shapes``).
 
 from __future__ import annotations
 
+from ..bench.methods import FUSED, SUBJECT
+from .plotting import color, grid, no_data, plt, save
 from .ratios import index_rows, points_of
+from .table import Table
 
-SUBJECT = "tiledattention"
-FUSED = "torch_sdpa"
 NO_SHAPES = "no shapes grid in this study (config shapes.enabled: false)"
 # A head dim is aligned at a multiple of 64 (the MMA-friendly width the co-design
 # guidelines name); a sequence at a multiple of 128 (the largest tile our schedules use).
@@ -31,8 +32,6 @@ def _pair(rows):
 
 
 def shapes_table(rows: list[dict]):
-    from .tables import Table
-
     t = Table("shapes", "Shapes grid: throughput and launch geometry per point",
               ["dtype", "mask", "D", "S", "B", "H", "schedule", "programs", "per SM", "waves",
                "tail eff.", "D pad", "Sq pad", "Skv pad", f"{SUBJECT} TFLOP/s",
@@ -84,8 +83,6 @@ def _aligned(p, axis: str) -> bool:
 def shapes_cost_table(rows: list[dict]):
     """Each unaligned shape's throughput as a share of its aligned neighbour's (same
     everything else): < 1 means the unaligned shape computes less efficiently."""
-    from .tables import Table
-
     t = Table("shapes_cost", "Measured cost of unaligned shapes: TFLOP/s ÷ the aligned "
               "neighbour's", ["dtype", "mask", "D", "S", "B", "H", "axis", "aligned",
                               "FLOP ratio", f"{SUBJECT} TFLOP/s ratio", f"{FUSED} TFLOP/s ratio",
@@ -137,10 +134,7 @@ def _groups(rows, vary: str, fixed: tuple[str, ...]):
 def shapes_figure(rows: list[dict], out_dir: str) -> list[str]:
     """TFLOP/s vs D and vs S (ours solid, SDPA dashed), and ours against waves coloured by
     the last wave's fill."""
-    from .figures import _color, _grid, _no_data, _plt, _save
-
-    plt = _plt()
-    fig, axes = _grid(plt, 3)
+    fig, axes = grid(plt(), 3)
     idx = index_rows(rows)
     for ax, vary, fixed, xlabel, align in (
             (axes[0], "head_dim", ("dtype", "causal", "seq_q", "seq_kv", "batch", "heads"),
@@ -166,21 +160,21 @@ def shapes_figure(rows: list[dict], out_dir: str) -> list[str]:
             ax.set_ylabel("TFLOP/s")
             ax.legend(loc="best", fontsize=6)
         else:
-            _no_data(ax, NO_SHAPES if not rows else f"no points differing only in {xlabel}")
+            no_data(ax, NO_SHAPES if not rows else f"no points differing only in {xlabel}")
         ax.set_title(f"Throughput vs {xlabel}")
     ax = axes[2]
     ours = [r for r in rows if r.get("method") == SUBJECT and _ok(r) and r.get("geometry")]
     if ours:
         sc = ax.scatter([r["geometry"]["waves"] for r in ours], [r["tflops"] for r in ours],
                         c=[r["geometry"]["tail_efficiency"] for r in ours], cmap="viridis",
-                        vmin=0, vmax=1, s=14, edgecolors=_color(SUBJECT), linewidths=0.4)
+                        vmin=0, vmax=1, s=14, edgecolors=color(SUBJECT), linewidths=0.4)
         fig.colorbar(sc, ax=ax, label="tail efficiency (last wave's fill)")
         for w in range(1, int(max(r["geometry"]["waves"] for r in ours)) + 2):
             ax.axvline(w, color="0.7", lw=0.6, zorder=0)
         ax.set_xlabel("waves = programs ÷ (SMs × per SM)")
         ax.set_ylabel(f"{SUBJECT} TFLOP/s")
     else:
-        _no_data(ax, NO_SHAPES if not rows else f"no ok {SUBJECT} rows with geometry")
+        no_data(ax, NO_SHAPES if not rows else f"no ok {SUBJECT} rows with geometry")
     ax.set_title("Throughput vs waves")
     fig.suptitle("Shapes: tile and wave quantization (TiledAttention solid, PyTorch SDPA dashed)")
-    return _save(fig, out_dir, "shapes")
+    return save(fig, out_dir, "shapes")

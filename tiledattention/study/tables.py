@@ -11,104 +11,22 @@ tokens/s per attention implementation (``model_e2e``).
 
 from __future__ import annotations
 
-import csv
-import io
 import os
-from dataclasses import dataclass, field
 
 from ..bench.grid import pinned_label
-from ..safeio import write_text
+from ..bench.methods import FUSED, METHODS, SUBJECT
 from .ratios import (
     MEASURES,
     RatioSummary,
     compare,
     compare_by,
     index_rows,
+    methods_in,
     pass_of,
     passes_in,
     points_of,
 )
-
-SUBJECT = "tiledattention"
-FUSED = "torch_sdpa"  # PyTorch's automatic dispatch: "fused SDPA" in the paper
-
-
-@dataclass
-class Table:
-    name: str  # file stem
-    title: str
-    columns: list[str]
-    rows: list[list] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-
-    def cells(self) -> list[list[str]]:
-        return [[_fmt(v) for v in r] for r in self.rows]
-
-    def to_markdown(self) -> str:
-        out = [f"### {self.title}", "", "| " + " | ".join(self.columns) + " |",
-               "|" + "---|" * len(self.columns)]
-        out += ["| " + " | ".join(_md_cell(c) for c in r) + " |" for r in self.cells()]
-        if not self.rows:
-            out.append("| " + " | ".join(["—"] * len(self.columns)) + " |")
-        out += [""] + [f"{' '.join(n.split())}  " for n in self.notes]
-        return "\n".join(out).rstrip() + "\n"
-
-    def to_csv(self) -> str:
-        buf = io.StringIO()
-        w = csv.writer(buf)
-        w.writerow(self.columns)
-        w.writerows(["" if v is None else v for v in r] for r in self.rows)
-        return buf.getvalue()
-
-    def to_latex(self) -> str:
-        esc = _latex_escape
-        out = [r"\begin{table}[t]", r"\centering", f"\\caption{{{esc(self.title)}}}",
-               f"\\label{{tab:{self.name}}}", r"\begin{tabular}{" + "l" * len(self.columns)
-               + "}", r"\hline", " & ".join(esc(c) for c in self.columns) + r" \\", r"\hline"]
-        out += [" & ".join(esc(c) for c in r) + r" \\" for r in self.cells()]
-        out += [r"\hline", r"\end{tabular}"]
-        out += [f"\\par\\footnotesize {esc(n)}" for n in self.notes]
-        out.append(r"\end{table}")
-        return "\n".join(out) + "\n"
-
-    def write(self, out_dir: str) -> list[str]:
-        os.makedirs(out_dir, exist_ok=True)
-        paths = []
-        for ext, text in (("md", self.to_markdown()), ("csv", self.to_csv()),
-                          ("tex", self.to_latex())):
-            path = os.path.join(out_dir, f"{self.name}.{ext}")
-            write_text(path, text)  # atomic: a killed aggregate leaves no half table
-            paths.append(path)
-        return paths
-
-
-def _fmt(v) -> str:
-    if v is None:
-        return "—"
-    if isinstance(v, float):
-        return f"{v:.3f}" if abs(v) < 100 else f"{v:.1f}"
-    return str(v)
-
-
-def _md_cell(text: str) -> str:
-    """A Markdown table cell: one line (a newline would end the row), pipes escaped."""
-    return " ".join(text.split()).replace("|", "\\|")
-
-
-def _latex_escape(text: str) -> str:
-    text = " ".join(text.split())  # a blank line inside a tabular is a LaTeX error
-    for a, b in (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("_", r"\_"),
-                 ("#", r"\#"), ("$", r"\$"), ("{", r"\{"), ("}", r"\}"), ("—", "--"),
-                 ("×", r"$\times$"), ("≥", r"$\geq$"), ("·", r"$\cdot$")):
-        text = text.replace(a, b)
-    return text
-
-
-def methods_in(rows: list[dict]) -> list[str]:
-    seen: dict[str, None] = {}
-    for r in rows:
-        seen.setdefault(r["method"], None)
-    return list(seen)
+from .table import Table
 
 
 def baselines(rows: list[dict]) -> list[str]:
@@ -195,13 +113,14 @@ def headline(rows: list[dict]) -> Table:
             t.rows.append([label, k.n, k.mean, k.geomean, k.min, f"{k.wins}/{k.n}",
                            c.geomean, c.min, f"{c.wins}/{c.n}"])
 
-    add(f"{FUSED} (fused SDPA), all points", FUSED)
-    for d in sorted({p["head_dim"] for p in points_of(rows).values()}):
-        add(f"{FUSED}, D={d}", FUSED, lambda p, d=d: p["head_dim"] == d)
-    add("cudnn (forced)", "cudnn")
-    add("flash (forced FlashAttention-2)", "flash")
-    add("math SDPA", "math")
-    add("eager attention", "eager")
+    # One row per method the registry puts in the headline, in registry order.
+    for m in METHODS.values():
+        if m.headline is None:
+            continue
+        add(m.headline, m.name)
+        if m.headline_by_head_dim:
+            for d in sorted({p["head_dim"] for p in points_of(rows).values()}):
+                add(f"{m.label}, D={d}", m.name, lambda p, d=d: p["head_dim"] == d)
     # Backward passes: against every baseline measured there (all of them have a backward).
     for pass_ in training:
         sub = [r for r in everything if pass_of(r) == pass_]

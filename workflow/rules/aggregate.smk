@@ -6,21 +6,27 @@ rule aggregate:
         table=report(
             f"{RESULTS}/aggregate/rows.csv",
             caption="../report/rows.rst",
-            category="Data",
+            category="5. Data",
         ),
         jsonl=f"{RESULTS}/aggregate/rows.jsonl",
         parquet=f"{RESULTS}/aggregate/rows.parquet",
         columns=f"{RESULTS}/aggregate/columns.md",
+        headline=report(
+            f"{RESULTS}/aggregate/tables/headline.csv",
+            caption="../report/headline.rst",
+            category="1. Headline",
+        ),
         tables=report(
-            expand(f"{RESULTS}/aggregate/tables/{{name}}.csv", name=TABLES),
+            expand(f"{RESULTS}/aggregate/tables/{{name}}.csv",
+                   name=[t for t in TABLES if t != "headline"]),
             caption="../report/tables.rst",
-            category="Tables",
+            category="4. Tables",
         ),
     log:
         f"{RESULTS}/logs/aggregate.log",
     params:
         rows=lambda wildcards, input: os.path.dirname(input.shards[0]),
-        out=lambda wildcards, output: os.path.dirname(output.table),
+        out=lambda wildcards, output: os.path.dirname(output.table),  # tables/ below it
         shards=SHARDS,
         extra=study_extras,
         model=model_rows_arg,
@@ -36,11 +42,9 @@ rule figures:
         unpack(aggregate_inputs),
         rows=rules.aggregate.output.jsonl,
     output:
-        report(
-            expand(f"{RESULTS}/figures/{{name}}.png", name=FIGURES),
-            caption="../report/figures.rst",
-            category="Figures",
-        ),
+        # One report entry per figure, each with its own caption; the key ones first.
+        **{name: report(f"{RESULTS}/figures/{name}.png", caption=figure_caption(name),
+                        category=figure_category(name)) for name in FIGURES},
     log:
         f"{RESULTS}/logs/figures.log",
     params:

@@ -10,7 +10,8 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 from tiledattention.bench.config import from_dict as _bench_config
-from tiledattention.bench.config import model_from_dict as _model_config
+from tiledattention.bench.config import stage_args as _stage_args
+from tiledattention.bench.config import stage_from_dict as _stage_config
 from tiledattention.bench.grid import expand as _expand_points
 from tiledattention.bench.grid import pinned as _pinned
 from tiledattention.launchers import LauncherError
@@ -66,12 +67,15 @@ def shapes_bench(i):
             "methods": ["tiledattention", "torch_sdpa"]}
 
 
-# The bench and model sections first: tiledattention's errors name the key and list the
-# valid ones.
+# The bench section and the GPU stages' sections first, each from its dataclass (the
+# schema's sections are generated from them): tiledattention's errors name the key and list
+# the valid ones.
 BENCH = _bench_config(config.get("bench") or {})
-MODEL = _model_config(config.get("model"))
+TUNE = _stage_config("tune", config.get("tune"))
+PROFILE = _stage_config("profile", config.get("profile"))
+MODEL = _stage_config("model", config.get("model"))
 validate(config, "../schemas/config.schema.yaml")
-for _shape in config["profile"]["shapes"]:
+for _shape in PROFILE.shapes:
     _ProfileShape.parse(_shape)  # a bad shape fails here, naming the expected form
 # A bad step label fails here, before any job.
 LADDER = _bench_config(ladder_bench()) if config["ladder"]["enabled"] else None
@@ -83,6 +87,20 @@ RESULTS = config["results_dir"]
 SHARDS = config["shards"]
 TABLES = list(_tables.NAMES)  # the modules that write them name them
 FIGURES = _figures.names(BENCH.grid.head_dims)
+
+
+# The report's key figures (category "2. Key figures", after the headline); every figure
+# has its own caption, workflow/report/figures/<name>.rst (one for all throughput_vs_seq_d*).
+KEY_FIGURES = ("regime_map", "ratios_vs_seq", "baselines_d128")
+
+
+def figure_caption(name):
+    stem = "throughput_vs_seq" if name.startswith("throughput_vs_seq_d") else name
+    return f"../report/figures/{stem}.rst"
+
+
+def figure_category(name):
+    return "2. Key figures" if name in KEY_FIGURES else "3. More figures"
 
 
 def n_points(bench):
@@ -110,7 +128,7 @@ def aggregate_inputs(wildcards):
     out = {"shards": [shard_marker(i) for i in range(SHARDS)]}
     if config["ladder"]["enabled"]:
         out["ladder"] = f"{RESULTS}/ladder/ladder.done"
-    if config["tune"]["enabled"]:
+    if TUNE.enabled:
         out["tune"] = f"{RESULTS}/tune/schedule-table.json"
     if SHAPE_GRIDS:
         out["shapes"] = [f"{RESULTS}/shapes/g{g}/shapes.done" for g in SHAPE_GRIDS]
@@ -139,14 +157,13 @@ def model_rows_arg(wildcards, input):
             else "")
 
 
-def tune_restrictions():
-    flags = (("seqs", "--seqs"), ("head_dims", "--head-dims"), ("dtypes", "--dtypes"))
-    return " ".join(f"{flag} {' '.join(map(str, config['tune'][key]))}"
-                    for key, flag in flags if config["tune"].get(key))
+def stage_args(stage):
+    """A GPU stage's tiledattn options, from its config dataclass (TUNE, PROFILE, MODEL)."""
+    return _stage_args(stage)
 
 
 def bundle_profile_input():
-    return [f"{RESULTS}/profile/summary.md"] if config["profile"]["enabled"] else []
+    return [f"{RESULTS}/profile/summary.md"] if PROFILE.enabled else []
 
 
 def all_outputs():

@@ -1,6 +1,6 @@
 # Optional (model.enabled): the tiny Llama end to end, prefill, decode and training-step
-# tokens/s (eager and compiled: model.phases) per attention implementation, as one job of the configured launcher (a GPU node under
-# SLURM, a free local GPU). Where the job finds no GPU or no transformers its rows record
+# tokens/s (eager and compiled: model.phases) per attention implementation, as one job of
+# the configured launcher (a GPU node under SLURM, a free local GPU). Where the job finds no GPU or no transformers its rows record
 # why and the study goes on.
 rule model:
     output:
@@ -8,9 +8,7 @@ rule model:
     log:
         f"{RESULTS}/logs/model.log",
     params:
-        m=MODEL,
-        batches=" ".join(map(str, MODEL.batches)),
-        phases=" ".join(MODEL.phases),
+        stage=stage_args(MODEL),
         out=lambda wildcards, output: os.path.dirname(output[0]),
         launcher=launcher_args(),
     resources:
@@ -18,7 +16,4 @@ rule model:
     conda:
         "../envs/tiledattn.yaml"
     shell:
-        "tiledattn model --batches {params.batches} --prompt {params.m.prompt}"
-        " --steps {params.m.steps} --reps {params.m.reps} --seed {params.m.seed}"
-        " --phases {params.phases}"
-        " {params.launcher} --out {params.out:q} > {log:q} 2>&1"
+        "tiledattn model {params.stage} {params.launcher} --out {params.out:q} > {log:q} 2>&1"

@@ -7,14 +7,12 @@ rule profile:
         report(
             f"{RESULTS}/profile/summary.md",
             caption="../report/profile.rst",
-            category="Profiles",
+            category="6. Profiles",
         ),
     log:
         f"{RESULTS}/logs/profile.log",
     params:
-        shapes=" ".join(f"--shape {s}" for s in config["profile"]["shapes"]),
-        methods=" ".join(config["profile"]["methods"]),
-        p=config["profile"],
+        stage=stage_args(PROFILE),
         out=lambda wildcards, output: os.path.dirname(output[0]),
         launcher=launcher_args(),
     resources:
@@ -22,7 +20,5 @@ rule profile:
     conda:
         "../envs/tiledattn.yaml"
     shell:
-        "tiledattn profile {params.shapes} --methods {params.methods}"
-        " --clock-control {params.p[clock_control]} --warmup {params.p[warmup]}"
-        " --tokens {params.p[tokens]} --width {params.p[width]} {params.launcher}"
+        "tiledattn profile {params.stage} {params.launcher}"
         " --out {params.out:q} > {log:q} 2>&1"

@@ -8,15 +8,13 @@ rule tune:
     log:
         f"{RESULTS}/logs/tune.log",
     params:
-        space=config["tune"]["space"],
         state=lambda wildcards, output: os.path.join(os.path.dirname(output[0]), "state.jsonl"),
-        passes=" ".join(config["tune"]["passes"]),
-        restrict=tune_restrictions(),
+        stage=stage_args(TUNE),
         launcher=launcher_args(),
     resources:
         gpu=gpu_slots(),
     conda:
         "../envs/tiledattn.yaml"
     shell:
-        "tiledattn tune {params.launcher} --pass {params.passes} --space {params.space}"
-        " --state {params.state:q} --out {output:q} {params.restrict} > {log:q} 2>&1"
+        "tiledattn tune {params.launcher} {params.stage}"
+        " --state {params.state:q} --out {output:q} > {log:q} 2>&1"

@@ -1,0 +1,476 @@
+"""A study held against a reference: per point and method, kernel time and call latency,
+and TiledAttention's speed ratio to each baseline, each checked against a reference tuple
+(value, lower, upper) as ReFrame writes them (bounds as fractions of the value).
+
+The reference is another study (a bundle, its zip, a results directory, a rows file) or a
+system whose tuples ship in the package (``references/<system>.json``, built from committed
+rows by ``python -m tiledattention.study.compare build``). A time above its upper bound, or
+a ratio below its lower bound, is a regression; a point the reference measured that the new
+study did not measure ok is one too. Faster than the lower bound is reported, not failed.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import json
+import math
+import os
+import zipfile
+from dataclasses import dataclass
+from importlib import resources
+
+from ..errors import StudyError
+from .ratios import MEASURES
+
+FORMAT = "tiledattention-reference/1"
+# Default tolerances, as fractions: the README's "Comparing against a reference" says why.
+# Kernel time on one H100, run to run: p95 2-3 %, max 4 % (benchmarks/results, bench80 runs);
+# call latency adds the host (CPU, Python, driver): p95 4-7 %, max 17 %.
+TOLERANCE = {"kernel": 0.10, "call": 0.25}
+VERDICTS = ("pass", "faster", "slower", "regression", "not ok", "not measured")
+MAX_ROWS_BYTES = 256 << 20
+
+
+@dataclass(frozen=True)
+class Check:
+    point: str
+    method: str  # a method, or "subject ÷ baseline" for a ratio
+    quantity: str  # "time" or "ratio"
+    measure: str  # "kernel" or "call"
+    new: float | None
+    reference: float
+    lower: float  # fractions of the reference value, e.g. -0.10
+    upper: float
+    why: str = ""  # where there is no new value: why (the new row's status and reason)
+    measured: bool = True  # the new study has a row for this point and method
+
+    @property
+    def diff_pct(self) -> float | None:
+        return None if self.new is None else 100 * (self.new / self.reference - 1)
+
+    @property
+    def verdict(self) -> str:
+        if self.new is None:
+            return "not ok" if self.measured else "not measured"
+        rel = self.new / self.reference - 1
+        # A time regresses upward, a speed ratio downward.
+        worse, better = (rel > self.upper, rel < self.lower) if self.quantity == "time" \
+            else (rel < self.lower, rel > self.upper)
+        if worse:  # a baseline's own time is reported: its slowdown is not ours to fail
+            return "regression" if self.quantity == "ratio" or self.method == SUBJECT \
+                else "slower"
+        return "faster" if better else "pass"
+
+
+# --- reading studies and references ---------------------------------------------------------
+
+def _json_lines(data: bytes, where: str) -> list[dict]:
+    rows = []
+    for n, line in enumerate(data.decode("utf-8", "replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            raise StudyError(f"{where}: line {n} is not JSON") from None
+        if not isinstance(row, dict) or "point_key" not in row or "method" not in row:
+            raise StudyError(f"{where}: line {n} is not a benchmark row")
+        rows.append(row)
+    return rows
+
+
+def _read(path: str) -> bytes:
+    if os.path.getsize(path) > MAX_ROWS_BYTES:
+        raise StudyError(f"{path}: larger than the {MAX_ROWS_BYTES} bytes allowed")
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rb") as f:
+        return f.read(MAX_ROWS_BYTES + 1)
+
+
+def _from_zip(path: str) -> tuple[list[dict], dict]:
+    with zipfile.ZipFile(path) as z:
+        names = {n.split("/", 1)[1] if "/" in n else n: n for n in z.namelist()}
+        if "data/rows.jsonl" not in names:
+            raise StudyError(f"{path}: a zip without data/rows.jsonl (not a study bundle)")
+        info = z.getinfo(names["data/rows.jsonl"])
+        if info.file_size > MAX_ROWS_BYTES:
+            raise StudyError(f"{path}: data/rows.jsonl over {MAX_ROWS_BYTES} bytes")
+        rows = _json_lines(z.read(info), f"{path}:data/rows.jsonl")
+        manifest = json.loads(z.read(names["manifest.json"])) if "manifest.json" in names \
+            else {}
+    return rows, manifest
+
+
+def _manifest_near(*candidates: str) -> dict:
+    for c in candidates:
+        if os.path.isfile(c):
+            with open(c) as f:
+                return json.load(f)
+    return {}
+
+
+def load_study(path: str) -> tuple[list[dict], str]:
+    """(rows, GPU name) of a bundle directory or zip, a study's results directory (its
+    aggregate/rows.jsonl) or a rows file (.jsonl, .jsonl.gz)."""
+    try:
+        if os.path.isdir(path):
+            for rel, man in (("data/rows.jsonl", "manifest.json"),
+                             ("aggregate/rows.jsonl", "manifest.json"),
+                             ("bundle/data/rows.jsonl", "bundle/manifest.json")):
+                if os.path.isfile(os.path.join(path, rel)):
+                    rows = _json_lines(_read(os.path.join(path, rel)), os.path.join(path, rel))
+                    manifest = _manifest_near(os.path.join(path, man))
+                    break
+            else:
+                raise StudyError(f"{path}: no data/rows.jsonl (a bundle) nor "
+                                 "aggregate/rows.jsonl (a study's results directory) there")
+        elif zipfile.is_zipfile(path):
+            rows, manifest = _from_zip(path)
+        elif os.path.isfile(path):
+            rows = _json_lines(_read(path), path)
+            manifest = {}
+        else:
+            raise StudyError(f"{path}: no such bundle, study directory or rows file")
+    except (OSError, zipfile.BadZipFile, EOFError, ValueError) as exc:
+        if isinstance(exc, StudyError):
+            raise
+        raise StudyError(f"{path}: unreadable ({exc})") from None
+    gpu = (manifest.get("gpu") or {}).get("name") or _row_device(rows)
+    return rows, gpu
+
+
+def _row_device(rows: list[dict]) -> str:
+    devices = {r.get("device") for r in rows if r.get("device")}
+    return ", ".join(sorted(devices)) or "unknown"
+
+
+def systems() -> list[str]:
+    """The systems whose reference tuples ship in the package."""
+    root = resources.files("tiledattention.study") / "references"
+    return sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".json"))
+
+
+def load_reference(name_or_path: str, tolerance: dict[str, float] | None = None) -> dict:
+    """A reference: the tuples of a shipped system (``h100``), or tuples built from another
+    study with ``tolerance`` (default TOLERANCE). ``tolerance`` also overrides a shipped
+    system's own bounds."""
+    if not os.path.exists(name_or_path) and name_or_path.lower() in systems():
+        ref_file = resources.files("tiledattention.study") / "references" / \
+            f"{name_or_path.lower()}.json"
+        ref = json.loads(ref_file.read_text())
+        if tolerance:
+            ref = _with_tolerance(ref, tolerance)
+        return ref
+    if not os.path.exists(name_or_path):
+        raise StudyError(f"{name_or_path}: neither a bundle, study directory or rows file nor "
+                         f"a shipped system (shipped: {', '.join(systems()) or 'none'})")
+    rows, gpu = load_study(name_or_path)
+    return build(rows, system=gpu, source={"study": os.path.abspath(name_or_path)},
+                 tolerance=tolerance)
+
+
+def _with_tolerance(ref: dict, tolerance: dict[str, float]) -> dict:
+    out = dict(ref, tolerance={**ref.get("tolerance", {}), **tolerance}, entries=[])
+    for e in ref["entries"]:
+        e = dict(e)
+        for m, tol in tolerance.items():
+            if m in e:
+                e[m] = [e[m][0], -tol, tol]
+        out["entries"].append(e)
+    return out
+
+
+def build(rows: list[dict], *, system: str, source: dict,
+          tolerance: dict[str, float] | None = None) -> dict:
+    """Reference tuples from ok rows: per (point, method), each measure's time as
+    [value, lower, upper] (kernel: ms; call: us)."""
+    tolerance = {**TOLERANCE, **(tolerance or {})}
+    entries = []
+    for r in rows:
+        if r.get("status") != "ok":
+            continue
+        e = {"point": r["point_key"], "method": r["method"]}
+        for m, (_, time_of) in MEASURES.items():
+            t = time_of(r)
+            if t and t > 0:
+                e[m] = [float(f"{t:.6g}"), -tolerance[m], tolerance[m]]
+        if len(e) > 2:
+            entries.append(e)
+    entries.sort(key=lambda e: (e["point"], e["method"]))
+    return {"format": FORMAT, "system": system, "source": source,
+            "units": {"kernel": "ms (median CUDA-event time)", "call": "us per call"},
+            "tolerance": tolerance, "entries": entries}
+
+
+def _check_reference(ref: dict, where: str) -> None:
+    if not isinstance(ref, dict) or ref.get("format") != FORMAT or \
+            not isinstance(ref.get("entries"), list):
+        raise StudyError(f"{where}: not a reference ({FORMAT})")
+
+
+# --- the comparison ---------------------------------------------------------------------------
+
+SUBJECT = "tiledattention"
+
+
+def compare(rows: list[dict], ref: dict) -> list[Check]:
+    """Every check of ``rows`` against ``ref``: each reference time, then TiledAttention's
+    speed ratio to each baseline at each point where the reference has both."""
+    _check_reference(ref, "reference")
+    by_key = {(r["point_key"], r["method"]): r for r in rows}
+    times, rows_of = {}, {}
+    checks = []
+    for e in ref["entries"]:
+        row = by_key.get((e["point"], e["method"]))
+        for m, (_, time_of) in MEASURES.items():
+            if m not in e:
+                continue
+            value, lower, upper = e[m]
+            new = time_of(row) if row and row.get("status") == "ok" else None
+            new = new if new and new > 0 else None
+            times[(e["point"], e["method"], m)] = (new, value, lower, upper)
+            why = "" if new is not None else (f"{row['status']}: {row.get('reason', '')}"
+                                              if row else "not in the new study")
+            checks.append(Check(e["point"], e["method"], "time", m, new, value, lower,
+                                upper, why, row is not None))
+            rows_of[(e["point"], e["method"])] = row is not None
+    for (point, method, m), (new_b, ref_b, lo, up) in sorted(times.items()):
+        if method == SUBJECT or (point, SUBJECT, m) not in times:
+            continue
+        new_s, ref_s, lo_s, up_s = times[(point, SUBJECT, m)]
+        new = new_b / new_s if new_b and new_s else None
+        # The ratio's bounds: the wider of its two times' (a shipped tuple may be tighter).
+        tol_lo, tol_up = min(lo, lo_s), max(up, up_s)
+        measured = rows_of[(point, method)] and rows_of[(point, SUBJECT)]
+        checks.append(Check(point, f"{SUBJECT} ÷ {method}", "ratio", m, new, ref_b / ref_s,
+                            tol_lo, tol_up, "" if new else "a time is missing", measured))
+    return checks
+
+
+def summary(checks: list[Check]) -> dict[str, int]:
+    out = dict.fromkeys(VERDICTS, 0)
+    for c in checks:
+        out[c.verdict] += 1
+    return out
+
+
+def failed(checks: list[Check]) -> list[Check]:
+    """The checks that fail the comparison, regressions first."""
+    return sorted((c for c in checks if c.verdict in ("regression", "not ok")),
+                  key=lambda c: c.verdict != "regression")
+
+
+def _geomean(values: list[float]) -> float | None:
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
+
+
+def per_method(checks: list[Check]) -> list[list]:
+    """Per method (or ratio) and measure: checks, geometric mean of new ÷ reference,
+    regressions."""
+    groups: dict[tuple, list[Check]] = {}
+    for c in checks:
+        groups.setdefault((c.method, c.measure), []).append(c)
+    out = []
+    for (method, measure), cs in sorted(groups.items()):
+        rel = [c.new / c.reference for c in cs if c.new is not None]
+        g = _geomean(rel)
+        out.append([method, MEASURES[measure][0], len(cs),
+                    None if g is None else round(100 * (g - 1), 2),
+                    sum(c.verdict == "regression" for c in cs),
+                    sum(c.verdict == "not ok" for c in cs),
+                    sum(c.verdict == "not measured" for c in cs)])
+    return out
+
+
+# --- outputs ----------------------------------------------------------------------------------
+
+COLUMNS = ["point", "method", "quantity", "measure", "new", "reference", "diff %", "lower %",
+           "upper %", "verdict", "why"]
+
+
+def _cells(c: Check) -> list:
+    return [c.point, c.method, c.quantity, c.measure,
+            None if c.new is None else float(f"{c.new:.6g}"), float(f"{c.reference:.6g}"),
+            None if c.diff_pct is None else round(c.diff_pct, 2), round(100 * c.lower, 1),
+            round(100 * c.upper, 1), c.verdict, c.why]
+
+
+def write(checks: list[Check], out_dir: str, *, new_name: str, ref: dict) -> list[str]:
+    """compare.csv (every check), compare.md (the verdict, per method, then the checks that
+    did not pass) and compare.png/.pdf (percent differences against the bounds)."""
+    os.makedirs(out_dir, exist_ok=True)
+    paths = [os.path.join(out_dir, n) for n in ("compare.csv", "compare.md")]
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(COLUMNS)
+    w.writerows(["" if v is None else v for v in _cells(c)] for c in checks)
+    with open(paths[0], "w") as f:
+        f.write(buf.getvalue())
+    with open(paths[1], "w") as f:
+        f.write(markdown(checks, new_name=new_name, ref=ref))
+    return paths + figure(checks, out_dir)
+
+
+def verdict_line(checks: list[Check]) -> str:
+    s = summary(checks)
+    bad = s["regression"] + s["not ok"]
+    head = "FAIL" if bad else "PASS"
+    return (f"{head}: {len(checks) - s['not measured']} checks, {s['pass']} within tolerance, "
+            f"{s['faster']} faster and {s['slower']} baseline times slower than the bounds, "
+            f"{s['regression']} regressions, "
+            f"{s['not ok']} not ok here ({s['not measured']} reference entries not in this "
+            "study)")
+
+
+def markdown(checks: list[Check], *, new_name: str, ref: dict) -> str:
+    tol = ", ".join(f"{MEASURES[m][0]} ±{100 * v:g} %" for m, v in
+                    (ref.get("tolerance") or {}).items() if m in MEASURES)
+    src = ref.get("source") or {}
+    lines = [f"# {new_name} against the {ref.get('system')} reference", "",
+             verdict_line(checks), "",
+             f"Reference: {ref.get('system')} ({src.get('rows') or src.get('study') or '—'}"
+             f"{', revision ' + src['git_commit'] if src.get('git_commit') else ''}); "
+             f"tolerances: {tol or 'per tuple'}. A time above its upper bound or a speed "
+             "ratio (TiledAttention ÷ baseline) below its lower bound is a regression (a "
+             "baseline's own time above its bound is reported as slower, not failed); a "
+             "row measured here that is not ok fails too; points or methods this study did "
+             "not run are not measured (no failure).", "",
+             "## Per method", "",
+             "| method | measure | checks | geomean new ÷ reference − 1 (%) | regressions "
+             "| not ok | not measured |", "|---|---|---|---|---|---|---|"]
+    lines += ["| " + " | ".join("—" if v is None else str(v) for v in r) + " |"
+              for r in per_method(checks)]
+    bad = [c for c in checks if c.verdict not in ("pass", "not measured")]
+    lines += ["", "## Checks not within tolerance", ""]
+    if not bad:
+        lines.append("(none)")
+    else:
+        lines += ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+        lines += ["| " + " | ".join("—" if v is None or v == "" else str(v)
+                                    for v in _cells(c)) + " |" for c in bad]
+    return "\n".join(lines) + "\n"
+
+
+def figure(checks: list[Check], out_dir: str) -> list[str]:
+    """Percent difference per point: times (top) and ratios (bottom), kernel time (left)
+    and call latency (right), the tolerance band shaded."""
+    from .plotting import color, grid, no_data, plt, save
+
+    p = plt()
+    fig, axes = grid(p, 4)
+    points = sorted({c.point for c in checks})
+    x = {k: i for i, k in enumerate(points)}
+    for ax, (quantity, measure) in zip(axes, [(q, m) for q in ("time", "ratio")
+                                              for m in MEASURES]):
+        cs = [c for c in checks if (c.quantity, c.measure) == (quantity, measure)]
+        ax.set_title(f"{'time' if quantity == 'time' else 'speed ratio'}: "
+                     f"{MEASURES[measure][0]}")
+        drawn = [c for c in cs if c.new is not None]
+        if not drawn:
+            no_data(ax, "nothing to compare")
+            continue
+        lo = min(100 * c.lower for c in cs)
+        up = max(100 * c.upper for c in cs)
+        ax.axhspan(lo, up, color="0.85", zorder=0)
+        for i, method in enumerate(sorted({c.method for c in drawn})):
+            mine = [c for c in drawn if c.method == method]
+            ax.plot([x[c.point] for c in mine], [c.diff_pct for c in mine], "o", ms=3,
+                    color=color(method.split(" ÷ ")[-1]) or f"C{i % 10}", label=method)
+        bad = [c for c in drawn if c.verdict == "regression"]
+        if bad:
+            ax.plot([x[c.point] for c in bad], [c.diff_pct for c in bad], "x", color="red",
+                    ms=6, label="regression")
+        ax.axhline(0, color="0.4", lw=0.8)
+        ax.set_xlabel("point (sorted by key)")
+        ax.set_ylabel("new ÷ reference − 1 (%)")
+        ax.legend(loc="best", fontsize=6)
+    fig.suptitle("Against the reference (grey: tolerance band)")
+    return save(fig, out_dir, "compare")
+
+
+# --- the command ------------------------------------------------------------------------------
+
+def parse_tolerance(items: list[str] | None) -> dict[str, float] | None:
+    """``--tolerance 15`` (percent, both measures) or ``kernel=10 call=30``; None: keep the
+    reference's own bounds (a shipped system's) or TOLERANCE."""
+    if not items:
+        return None
+    out: dict[str, float] = {}
+    for item in items:
+        measure, _, pct = item.rpartition("=")
+        targets = [measure] if measure else list(MEASURES)
+        if any(t not in MEASURES for t in targets):
+            raise StudyError(f"--tolerance {item}: the measure must be one of "
+                             f"{', '.join(MEASURES)} (e.g. kernel=10)")
+        try:
+            value = float(pct)
+        except ValueError:
+            raise StudyError(f"--tolerance {item}: {pct!r} is not a number of percent") \
+                from None
+        if not (math.isfinite(value) and 0 < value < 1000):
+            raise StudyError(f"--tolerance {item}: a percentage above 0 and below 1000")
+        out.update({t: value / 100 for t in targets})
+    return out
+
+
+def run(new: str, reference: str, *, tolerance: list[str] | None, out: str | None) -> tuple[
+        list[Check], list[str]]:
+    """The comparison of ``new`` against ``reference``, written to ``out`` (default: a
+    ``compare/`` directory beside the new study's rows); (checks, files written)."""
+    tol = parse_tolerance(tolerance)
+    rows, gpu = load_study(new)
+    ref = load_reference(reference, tol)
+    checks = compare(rows, ref)
+    if all(c.verdict == "not measured" for c in checks):
+        raise StudyError(f"{new} and {reference} share no point and method measured ok in "
+                         "the reference: nothing to compare (a different grid?)")
+    out = out or default_out(new)
+    return checks, write(checks, out, new_name=f"{new} ({gpu})", ref=ref)
+
+
+def default_out(new: str) -> str:
+    """compare/ in the study's results directory, where the next ``tiledattn bundle
+    create`` picks it up; never inside a bundle (its files are checksummed)."""
+    new = os.path.abspath(new)
+    if os.path.isdir(new) and not os.path.isfile(os.path.join(new, "SHA256SUMS")):
+        return os.path.join(new, "compare")
+    return os.path.join(os.path.dirname(new), "compare")
+
+
+# --- building a shipped reference -------------------------------------------------------------
+
+def _build_main(argv: list[str]) -> int:
+    """python -m tiledattention.study.compare build SYSTEM OUT ROWS...: reference tuples
+    for SYSTEM from committed rows (bundles, study directories or rows files)."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m tiledattention.study.compare build")
+    p.add_argument("system")
+    p.add_argument("out")
+    p.add_argument("rows", nargs="+")
+    p.add_argument("--gpu", help="the GPU the rows were measured on (rows name only cuda)")
+    a = p.parse_args(argv)
+    rows, gpus = [], set()
+    for path in a.rows:
+        r, gpu = load_study(path)
+        rows += r
+        gpus.add(gpu)
+    gpu = a.gpu or ", ".join(sorted(gpus))
+    ref = build(rows, system=a.system, source={"rows": a.rows, "gpu": gpu})
+    entries = ref.pop("entries")
+    head = json.dumps(ref, indent=1)[:-2]  # one entry a line: small diffs when re-generated
+    with open(a.out, "w") as f:
+        f.write(head + ',\n "entries": [\n' + ",\n".join(json.dumps(e) for e in entries)
+                + "\n ]\n}\n")
+    print(f"{a.out}: {len(entries)} entries for {a.system} ({gpu})")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:2] != ["build"]:
+        sys.exit("usage: python -m tiledattention.study.compare build SYSTEM OUT ROWS...")
+    sys.exit(_build_main(sys.argv[2:]))

@@ -1,0 +1,233 @@
+"""Re-run the study a bundle records, and hold the new run against it.
+
+``tiledattn reproduce BUNDLE --out DIR``: the bundle is verified first; DIR gets the
+workflow (the bundle's ``workflow-snapshot.zip``, or with ``--source checkout`` a checkout
+of the recorded revision from the recorded repository) and the bundle's exact study config
+(``config/study-config.yaml``); Snakemake runs it there through the chosen profile
+(``local``, ``slurm`` from the workflow, or the path of the user's own), so the jobs run
+where that profile sends them and in the container image the config names. The new
+study's bundle is verified, compared against the original (or ``--reference``) with
+``tiledattn compare``, rebuilt with the comparison in it, and verified again.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass
+
+from ..errors import StudyError
+from . import bundle as _bundle
+
+CONFIG = "config/study-config.yaml"
+SOURCES = ("snapshot", "checkout")
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """What the bundle records of its run."""
+
+    config: bytes  # config/study-config.yaml, byte for byte
+    snapshot: bytes  # workflow-snapshot.zip
+    commit: str | None
+    repository: str | None
+    version: str | None
+    image: str | None
+
+
+def _read_member(path: str, rel: str) -> bytes:
+    if os.path.isdir(path):
+        with open(os.path.join(path, rel), "rb") as f:
+            return f.read()
+    with zipfile.ZipFile(path) as z:
+        names = {n.split("/", 1)[1] if "/" in n else n: n for n in z.namelist()}
+        return z.read(names[rel])
+
+
+def read_bundle(path: str) -> Recorded:
+    """The recorded run of a bundle that verifies (bad input otherwise)."""
+    import json
+
+    if not os.path.exists(path):
+        raise StudyError(f"{path}: no such bundle directory or zip")
+    problems = _bundle.verify(path)
+    if problems:
+        raise StudyError(f"{path}: the bundle does not verify ({len(problems)} problem(s), "
+                         f"first: {problems[0]}); see tiledattn bundle verify {path}")
+    try:
+        manifest = json.loads(_read_member(path, "manifest.json"))
+        config = _read_member(path, CONFIG)
+        snapshot = _read_member(path, "workflow-snapshot.zip")
+        crate = json.loads(_read_member(path, "ro-crate-metadata.json"))
+    except KeyError as exc:
+        raise StudyError(f"{path}: the bundle lacks {exc.args[0]} (made before tiledattn "
+                         "reproduce existed?)") from None
+    except FileNotFoundError as exc:
+        raise StudyError(f"{path}: the bundle lacks {exc.filename}") from None
+    stack = manifest.get("stack") or {}
+    workflow = next((e for e in crate.get("@graph", []) if isinstance(e, dict)
+                     and "ComputationalWorkflow" in (e.get("@type") or [])), {})
+    return Recorded(config, snapshot, stack.get("git_commit"), workflow.get("codeRepository"),
+                    stack.get("tiledattention"),
+                    (manifest.get("container") or {}).get("image"))
+
+
+def _fresh(out: str) -> None:
+    if os.path.lexists(out) and (not os.path.isdir(out) or os.listdir(out)):
+        raise StudyError(f"--out {out}: exists and is not an empty directory; name a new one "
+                         "(nothing there is replaced)")
+    os.makedirs(out, exist_ok=True)
+
+
+def _unpack_snapshot(data: bytes, out: str) -> int:
+    import io
+
+    with zipfile.ZipFile(io.BytesIO(data)) as z:
+        names = [n for n in z.namelist() if not n.endswith("/")]
+        bad = [n for n in names if not _bundle._confined(n)]
+        if bad:
+            raise StudyError(f"workflow-snapshot.zip: unsafe member name {bad[0]!r}")
+        for n in names:
+            dest = os.path.join(out, n)
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            with z.open(n) as src, open(dest, "wb") as f:
+                f.write(src.read())
+    return len(names)
+
+
+def _checkout(rec: Recorded, out: str) -> None:
+    if not rec.repository or not rec.commit:
+        raise StudyError("--source checkout: the bundle records no repository and revision; "
+                         "use --source snapshot")
+
+    def git(*args: str) -> None:
+        run = subprocess.run(["git", *args], capture_output=True, text=True, timeout=600)
+        if run.returncode != 0:
+            last = (run.stderr.strip().splitlines() or ["(no message)"])[-1]
+            raise StudyError(f"--source checkout: git {args[0]} failed: {last}; use "
+                             "--source snapshot (the bundle's own copy of the workflow)")
+
+    git("clone", "--quiet", "--no-checkout", rec.repository, out)
+    git("-C", out, "checkout", "--quiet", rec.commit)
+
+
+def _profile(profile: str, out: str) -> str:
+    """A profile name of the workflow's (profiles/<name>) or the path of the user's own."""
+    if os.sep not in profile and os.path.isdir(os.path.join(out, "profiles", profile)):
+        return os.path.join("profiles", profile)
+    path = os.path.abspath(profile)
+    if not os.path.isfile(os.path.join(path, "config.yaml")):
+        have = sorted(os.listdir(os.path.join(out, "profiles"))) \
+            if os.path.isdir(os.path.join(out, "profiles")) else []
+        raise StudyError(f"--profile {profile}: neither a profile of the workflow "
+                         f"({', '.join(have) or 'none'}) nor a directory with a config.yaml")
+    return path
+
+
+def _profile_in_snapshot(profile: str, snapshot: bytes) -> None:
+    import io
+
+    with zipfile.ZipFile(io.BytesIO(snapshot)) as z:
+        have = sorted({n.split("/")[1] for n in z.namelist()
+                       if n.startswith("profiles/") and n.endswith("/config.yaml")})
+    if profile in have and os.sep not in profile:
+        return
+    if not os.path.isfile(os.path.join(profile, "config.yaml")):
+        raise StudyError(f"--profile {profile}: neither a profile of the workflow "
+                         f"({', '.join(have) or 'none'}) nor a directory with a config.yaml")
+
+
+def _results_dir(config: dict) -> str:
+    d = config.get("results_dir") if isinstance(config, dict) else None
+    if not isinstance(d, str) or not d:
+        raise StudyError(f"{CONFIG}: no results_dir")
+    if os.path.isabs(d) or ".." in d.split("/"):
+        raise StudyError(f"{CONFIG}: results_dir {d!r} is outside the workflow directory; "
+                         "reproduce keeps the config as it is, so it would write there")
+    return d
+
+
+def prepare(bundle_path: str, out: str, *, source: str = "snapshot",
+            profile: str = "local") -> tuple[Recorded, str, str]:
+    """DIR with the workflow and the study config in place: (recorded, profile, results)."""
+    import yaml
+
+    rec = read_bundle(bundle_path)
+    results = _results_dir(yaml.safe_load(rec.config))
+    if source == "snapshot":  # a bad --profile fails before anything is written
+        _profile_in_snapshot(profile, rec.snapshot)
+    if source == "checkout":
+        if os.path.lexists(out) and (not os.path.isdir(out) or os.listdir(out)):
+            _fresh(out)  # raises: git clone needs it new or empty
+        _checkout(rec, out)
+    else:
+        _fresh(out)
+        _unpack_snapshot(rec.snapshot, out)
+    os.makedirs(os.path.join(out, "config"), exist_ok=True)
+    with open(os.path.join(out, CONFIG), "wb") as f:
+        f.write(rec.config)  # the exact config, byte for byte (the snapshot lacks it)
+    return rec, _profile(profile, out), results
+
+
+def _say(text: str) -> None:
+    print(f"reproduce: {text}", file=sys.stderr, flush=True)
+
+
+def reproduce(bundle_path: str, out: str, *, source: str = "snapshot", profile: str = "local",
+              reference: str | None = None, tolerance: list[str] | None = None,
+              snakemake_args: tuple[str, ...] = ()) -> int:
+    """Re-run, verify, compare, re-bundle; 0 when the new run is within tolerance, 1 when
+    a step failed or compare found a regression (bad input raises StudyError)."""
+    from .. import __version__
+    from . import compare as _compare
+
+    rec, prof, results = prepare(bundle_path, out, source=source, profile=profile)
+    _say(f"workflow from the bundle's {'snapshot' if source == 'snapshot' else 'checkout of '}"
+         f"{'' if source == 'snapshot' else f'{rec.repository} at {rec.commit}'} in {out}; "
+         f"recorded revision {rec.commit or '—'}, tiledattention {rec.version or '—'} "
+         f"(installed: {__version__}); image {rec.image or 'none'}; profile {prof}")
+    if rec.version and rec.version != __version__:
+        _say(f"note: the bundle ran tiledattention {rec.version}, this is {__version__}: "
+             "install the recorded revision (the bundle README's install step)")
+    cmd = [sys.executable, "-m", "snakemake", "--profile", prof, "--configfile", CONFIG,
+           *snakemake_args]
+    _say("running " + " ".join(cmd[2:]))
+    if subprocess.run(cmd, cwd=out).returncode != 0:
+        _say(f"snakemake failed (its log: {os.path.join(out, '.snakemake', 'log')})")
+        return 1
+    if any(a in ("-n", "--dry-run", "--dryrun") for a in snakemake_args):
+        return 0
+    study = os.path.join(out, results)
+    new_bundle = os.path.join(study, "bundle")
+    problems = _bundle.verify(new_bundle)
+    if problems:
+        for p in problems:
+            _say(f"new bundle: {p}")
+        return 1
+    reference = reference or os.path.abspath(bundle_path)
+    checks, paths = _compare.run(study, reference,
+                                 tolerance=tolerance, out=os.path.join(study, "compare"))
+    _rebundle(study, out)
+    problems = _bundle.verify(new_bundle)
+    for p in problems:
+        _say(f"new bundle with the comparison: {p}")
+    _say(f"new bundle {new_bundle} (and .zip) {'FAILED' if problems else 'verified'}; "
+         f"compare against {reference}: {_compare.verdict_line(checks)} "
+         f"({paths[1]})")
+    return 1 if problems or _compare.failed(checks) else 0
+
+
+def _rebundle(study: str, workdir: str) -> None:
+    """The study's bundle again, now holding compare/ (as the workflow's bundle rule makes
+    it: the snapshot from the workflow directory, the publication from the config)."""
+    from .. import __version__
+    from ..yamlio import load_yaml
+    from .metadata import Publication
+
+    config = load_yaml(os.path.join(study, "plan", "study-config.yaml"))  # the rule's
+    pub = Publication.from_dict(config.get("publication"), __version__)
+    _bundle.create(study, os.path.join(study, "bundle"), config=config,
+                   config_name=os.path.basename(CONFIG), repo_root=workdir, publication=pub,
+                   command="tiledattn reproduce")
