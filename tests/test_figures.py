@@ -133,7 +133,8 @@ def test_figures_cli_passes_on_why_the_tuning_table_is_empty(drawn, tmp_path):
     rows = tmp_path / "rows.jsonl"
     rows.write_text("".join(json.dumps(r) + "\n" for r in CPU))
     table = tmp_path / "table.json"
-    table.write_text(json.dumps({"entries": [], "meta": {
+    table.write_text(json.dumps({"format": "tiledattention-schedule-table/1", "entries": [],
+                                 "meta": {
         "unavailable": "no CUDA GPU visible on node7"}}))
     assert main(["figures", "--rows", str(rows), "--out", str(tmp_path / "f"),
                  "--tune-table", str(table)]) == 0
