@@ -33,11 +33,16 @@ def visible_gpus() -> list[str]:
         return []
 
 
+def check(options: dict) -> LocalOptions:
+    """The typed options, or LauncherOptionError naming the option and the valid ones."""
+    return check_options(LocalOptions, options, "local")
+
+
 class Launcher:
     name = "local"
 
     def __init__(self, folder: str, options: dict):
-        self.options = check_options(LocalOptions, options, self.name)
+        self.options = check(options)
         self.folder = folder
 
     def run(self, tasks: list[ShardTask]) -> list[dict]:
