@@ -398,10 +398,11 @@ def _sweep(args) -> int:
     import os
 
     from .bench.config import load_config
+    from .bench.reshard import reshard
     from .errors import ConfigError
     from .launchers import ShardTask, get_launcher
 
-    load_config(args.config)  # fail before anything is submitted
+    cfg = load_config(args.config)  # fail before anything is submitted
     indices = args.only if args.only is not None else list(range(args.shards))
     bad = sorted({i for i in indices if not 0 <= i < args.shards})
     if bad or len(set(indices)) != len(indices):
@@ -409,6 +410,7 @@ def _sweep(args) -> int:
                           f"{args.shards - 1} (--shards {args.shards})")
     options = _json_object(args.launcher_options, "--launcher-options")
     launcher = get_launcher(args.launcher, os.path.join(args.out, "logs"), options)
+    reshard(cfg, args.out, args.shards, sys.stderr)  # a changed count keeps measured rows
     tasks = [ShardTask(os.path.abspath(args.config), os.path.abspath(args.out), i,
                        args.shards, args.step) for i in indices]
     for r in launcher.run(tasks):

@@ -18,6 +18,7 @@ from tiledattention.bench.grid import expand as _expand_points
 from tiledattention.bench.grid import pinned as _pinned
 from tiledattention.launchers import LauncherError
 from tiledattention.launchers import check_launcher as _check_launcher
+from tiledattention.launchers import interrupt as _interrupt
 from tiledattention.launchers import profiles as _profiles
 from tiledattention.study import figures as _figures
 from tiledattention.study import tables as _tables
@@ -80,7 +81,7 @@ check_config_files(workflow.configfiles)
 check_config_shape(config)
 # A --config on the command line must not drop the profile's launcher: config files <
 # profile < command line, key by key, and each value that lost is named.
-os.environ["TILEDATTN_WORKFLOW_PID"] = str(os.getpid())  # jobs of a run that died: cancelled
+_interrupt.export_pid()  # the steps of a run that has died cancel their jobs
 try:
     _RESTORED, _LOST = _profiles.apply(config, sys.argv[1:],
                                        dict(workflow.config_settings.config),
@@ -198,3 +199,8 @@ def bundle_profile_input():
 
 def all_outputs():
     return [f"{RESULTS}/bundle/SHA256SUMS", f"{RESULTS}/bundle.verified"]
+
+
+onstart:
+    # Ctrl-C / SIGTERM: the GPU steps' launchers cancel their jobs, then Snakemake stops.
+    _interrupt.forward()

@@ -19,4 +19,5 @@ rule tune:
         "../envs/tiledattn.yaml"
     shell:
         "tiledattn tune {params.launcher} --pass {params.passes} --space {params.space}"
-        " --state {params.state:q} --out {output:q} {params.restrict} > {log:q} 2>&1"
+        " --state {params.state:q} --out {output:q} {params.restrict}"
+        " 2>&1 | tee {log:q} >&2"
