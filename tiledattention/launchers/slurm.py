@@ -7,6 +7,7 @@ COMPLETED, and cancels the jobs on SIGINT/SIGTERM."""
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import re
 import shlex
@@ -140,7 +141,8 @@ class Launcher:
 
     def _submit(self, submit) -> list:
         try:
-            jobs = submit()
+            with contextlib.redirect_stderr(io.StringIO()):  # submitit echoes sbatch's errors
+                jobs = submit()
         except Exception as exc:  # noqa: BLE001 - submitit wraps sbatch's failure variously
             raise LauncherOptionError(f"slurm launcher: sbatch refused the job: "
                                       f"{_sbatch_error(exc)} ({_settings(self.options)})"
