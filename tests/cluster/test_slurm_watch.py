@@ -16,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 SNAKEMAKE = shutil.which("snakemake") or str(Path(sys.executable).with_name("snakemake"))
 SMALL = {"partition": "gpu", "gpus_per_job": 1, "cpus_per_job": 1, "mem_gb": 1,
@@ -153,7 +155,9 @@ def test_a_cancel_inside_the_grace_period_fails_the_step_though_it_finished(tmp_
 
 # 3. Ctrl-C / SIGTERM cancels the jobs; a rerun resumes ------------------------------------
 
-def test_sigint_to_a_running_study_cancels_its_jobs_and_a_rerun_resumes(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_interrupting_a_running_study_cancels_its_jobs_and_a_rerun_resumes(sig, tmp_path):
+    # To Snakemake alone (as `kill` does; a terminal's Ctrl-C also reaches the steps).
     study = _study(tmp_path, [256, 384, 512, 640, 768, 896], reps=40)
     shards = tmp_path / "out" / "shards"
     run = _snakemake(study)
@@ -163,7 +167,7 @@ def test_sigint_to_a_running_study_cancels_its_jobs_and_a_rerun_resumes(tmp_path
             _rows(shards / f"rows-shard{i}of2.jsonl") for i in range(2)), "running shards",
             400)
         ids = _job_ids(shards)
-        run.send_signal(signal.SIGINT)
+        run.send_signal(sig)
         _, err = run.communicate(timeout=300)
     finally:
         run.kill()

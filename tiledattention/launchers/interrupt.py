@@ -2,8 +2,8 @@
 
 Snakemake on SIGTERM only stops scheduling and waits for running jobs (a SLURM step may wait
 a day); on SIGINT sent to it alone it stops without telling the steps. The workflow calls
-``forward`` at start: either signal is passed on as SIGTERM to every process Snakemake
-started (each launcher then cancels what it submitted, see slurm._cancel_on_signal) and
+``forward`` at start: either signal is passed on as SIGTERM to every ``tiledattn`` process
+Snakemake started (each launcher then cancels what it submitted, see slurm._cancel_on_signal) and
 Snakemake stops as on Ctrl-C. A launcher whose Snakemake has gone altogether (SIGKILL)
 notices on its next poll (slurm.workflow_gone).
 """
@@ -36,13 +36,25 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+def is_step(pid: int) -> bool:
+    """A ``tiledattn`` process (a GPU step's launcher): only those are signalled, so the
+    rule's shell and its ``tee`` stay to carry the launcher's last lines to the terminal."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().decode(errors="replace").split("\0")[:3]
+    except OSError:
+        return False
+    return any(os.path.basename(a) == "tiledattn" or a == "tiledattention.cli" for a in argv)
+
+
 def _handler(signum, frame):
     for sig in (signal.SIGINT, signal.SIGTERM):  # a second signal stops Snakemake as usual
         signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT
                       else signal.SIG_DFL)
     for pid in descendants(os.getpid()):
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGTERM)
+        if is_step(pid):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGTERM)
     raise KeyboardInterrupt
 
 
