@@ -262,3 +262,51 @@ def test_sweep_when_sbatch_refuses_gives_one_line_and_exit_2(tmp_path):
     assert out.returncode == 2, out.stderr
     assert out.stderr.count("\n") == 1 and "sbatch refused the job" in out.stderr
     assert "invalid partition" in out.stderr.lower(), out.stderr
+
+
+# 3b. A rows lock held by a job that no longer runs is reclaimed -----------------------------
+
+_HOLD = """
+import fcntl, json, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
+fcntl.flock(fd, fcntl.LOCK_EX)
+os.pwrite(fd, json.dumps({"host": "n", "pid": os.getpid(), "slurm_job": sys.argv[2]}).encode(), 0)
+print("held", flush=True)
+sys.stdin.read()  # hold until the test closes stdin
+"""
+
+
+def test_a_rows_lock_names_its_jobs_real_state_and_is_reclaimed_once_it_ended(tmp_path):
+    # A cancelled job's process can outlive its cancel (KillWait): the rerun's bench meets
+    # its lock. Held by a running job it is refused naming the job and RUNNING; once the
+    # job is cancelled the bench waits for the lock and takes it over.
+    config = tmp_path / "bench.yaml"
+    config.write_text(_grid([64]))
+    out = tmp_path / "out"
+    out.mkdir()
+    job = subprocess.run(["sbatch", "--parsable", "-p", "gpu", "--mem=100M", "-o", "/dev/null",
+                          "--wrap", "sleep 600"], capture_output=True, text=True, check=True,
+                         timeout=60).stdout.strip().split(";")[0]
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(out / ".rows-shard0of1.jsonl.lock"),
+                               job], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        _wait_for(lambda: _states([job]).get(job) == "RUNNING", "running job", 120)
+        bench = [sys.executable, "-m", "tiledattention.cli", "bench", "--config", str(config),
+                 "--out", str(out)]
+        refused = subprocess.run(bench, capture_output=True, text=True, timeout=300)
+        assert refused.returncode == 2
+        _one_line(refused.stderr, f"(SLURM job {job}, which is RUNNING; lock")
+        subprocess.run(["scancel", job], check=True, timeout=60)
+        _wait_for(lambda: _states([job]).get(job) == "CANCELLED", "cancelled job", 120)
+        resumed = subprocess.Popen(bench, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   text=True)
+        time.sleep(5)
+        holder.stdin.close()  # the ended job's process finally lets go
+        _, err = resumed.communicate(timeout=300)
+    finally:
+        holder.kill()
+        subprocess.run(["scancel", job], timeout=60)
+    assert resumed.returncode == 0, err[-2000:]
+    _one_line(err, f"from SLURM job {job} (CANCELLED)")
+    assert len(_rows(out / "rows-shard0of1.jsonl")) == 2
