@@ -23,7 +23,9 @@ from . import slurm_jobs
 from .base import LauncherError, LauncherOptionError, check_options, job_name
 
 # Status lines go to stderr, which the workflow's rules show on the terminal.
-HEARTBEAT_S = 60.0  # a job that stays pending is reported again this often
+# A job that stays pending is reported again this often (with its reason), one that
+# runs less often.
+HEARTBEAT_S = {"PENDING": 60.0, "RUNNING": 600.0}
 
 
 @dataclass(frozen=True)
@@ -181,6 +183,7 @@ class Launcher:
         ids = [j.job_id for j in jobs]
         deadline = None if o.timeout_s is None else time.monotonic() + o.timeout_s
         shown: dict[str, tuple] = {}
+        started = time.monotonic()
         final_seen: dict[str, str] = {}
         while True:
             if workflow_gone():
@@ -193,8 +196,10 @@ class Launcher:
                 s = states[j.job_id]
                 last = shown.get(j.job_id)
                 if last is None or last[0] != s.describe() or (
-                        not s.final and now - last[1] > HEARTBEAT_S):
-                    _say(f"slurm: job {j.job_id} {s.describe()}")
+                        now - last[1] > HEARTBEAT_S.get(s.state, float("inf"))):
+                    again = f" (still, after {now - started:.0f}s)" if last and \
+                        last[0] == s.describe() else ""
+                    _say(f"slurm: job {j.job_id} {s.describe()}{again}")
                     shown[j.job_id] = (s.describe(), now)
                 why = s.never_starts()
                 if why:

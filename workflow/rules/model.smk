@@ -19,4 +19,4 @@ rule model:
     shell:
         "tiledattn model --batches {params.batches} --prompt {params.m.prompt}"
         " --steps {params.m.steps} --reps {params.m.reps} --seed {params.m.seed}"
-        " {params.launcher} --out {params.out:q} 2>&1 | tee {log:q} >&2"
+        " {params.launcher} --out {params.out:q} 2>&1 | tee -i {log:q} >&2"

@@ -25,4 +25,4 @@ rule profile:
         "tiledattn profile {params.shapes} --methods {params.methods}"
         " --clock-control {params.p[clock_control]} --warmup {params.p[warmup]}"
         " --tokens {params.p[tokens]} --width {params.p[width]} {params.launcher}"
-        " --out {params.out:q} 2>&1 | tee {log:q} >&2"
+        " --out {params.out:q} 2>&1 | tee -i {log:q} >&2"

@@ -20,4 +20,4 @@ rule tune:
     shell:
         "tiledattn tune {params.launcher} --pass {params.passes} --space {params.space}"
         " --state {params.state:q} --out {output:q} {params.restrict}"
-        " 2>&1 | tee {log:q} >&2"
+        " 2>&1 | tee -i {log:q} >&2"
