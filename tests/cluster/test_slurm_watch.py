@@ -9,6 +9,7 @@ Each wait has a bound, generous for two shared cores; run this file on its own."
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -155,19 +156,23 @@ def test_a_cancel_inside_the_grace_period_fails_the_step_though_it_finished(tmp_
 
 # 3. Ctrl-C / SIGTERM cancels the jobs; a rerun resumes ------------------------------------
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_interrupting_a_running_study_cancels_its_jobs_and_a_rerun_resumes(sig, tmp_path):
-    # To Snakemake alone (as `kill` does; a terminal's Ctrl-C also reaches the steps).
+@pytest.mark.parametrize("sig,group", [(signal.SIGINT, False), (signal.SIGTERM, False),
+                                       (signal.SIGINT, True)],
+                         ids=["SIGINT", "SIGTERM", "Ctrl-C"])
+def test_interrupting_a_running_study_cancels_its_jobs_and_a_rerun_resumes(sig, group,
+                                                                           tmp_path):
+    # To Snakemake alone (as `kill` does), or to its whole process group (as a terminal's
+    # Ctrl-C does: the steps get it too).
     study = _study(tmp_path, [256, 384, 512, 640, 768, 896], reps=40)
     shards = tmp_path / "out" / "shards"
-    run = _snakemake(study)
+    run = _snakemake(study, start_new_session=group)
     try:
         # Both shard jobs running and writing rows: then Ctrl-C to Snakemake alone.
         _wait_for(lambda: len(_job_ids(shards)) == 2 and all(
             _rows(shards / f"rows-shard{i}of2.jsonl") for i in range(2)), "running shards",
             400)
         ids = _job_ids(shards)
-        run.send_signal(sig)
+        os.killpg(run.pid, sig) if group else run.send_signal(sig)
         _, err = run.communicate(timeout=300)
     finally:
         run.kill()
