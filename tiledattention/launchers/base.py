@@ -145,17 +145,45 @@ def get_launcher(name: str, folder: str, options: dict | None = None):
     return module.Launcher(folder, options or {})
 
 
+class interrupts_raise:
+    """SIGTERM and SIGHUP raise KeyboardInterrupt while the block runs (as Ctrl-C does), so
+    a launcher stopped by Snakemake cancels its jobs on the way out instead of dying."""
+
+    def __enter__(self):
+        import signal
+
+        def stop(signum, frame):
+            raise KeyboardInterrupt
+
+        self.previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM,
+                                                                    signal.SIGHUP)}
+        return self
+
+    def __exit__(self, *exc):
+        import signal
+
+        for sig, old in self.previous.items():
+            signal.signal(sig, old)
+        return False
+
+
 def wait(jobs, describe, timeout_s: float | None, poll_s: float = 1.0) -> list:
     """Results of submitit jobs in order; a failed job raises naming its state and log."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    while not all(j.done() for j in jobs):
-        if deadline is not None and time.monotonic() > deadline:
-            for j in jobs:
-                if not j.done():
-                    j.cancel(check=False)
-            raise LauncherError(f"shards did not finish within {timeout_s:.0f}s; cancelled "
-                                f"{[describe(j) for j in jobs if not j.done()]}")
-        time.sleep(poll_s)
+    try:
+        while not all(j.done() for j in jobs):
+            if deadline is not None and time.monotonic() > deadline:
+                for j in jobs:
+                    if not j.done():
+                        j.cancel(check=False)
+                raise LauncherError(f"shards did not finish within {timeout_s:.0f}s; "
+                                    f"cancelled {[describe(j) for j in jobs if not j.done()]}")
+            time.sleep(poll_s)
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM through interrupts_raise: no orphans
+        for j in jobs:
+            if not j.done():
+                j.cancel(check=False)
+        raise
     results = []
     for j in jobs:
         try:

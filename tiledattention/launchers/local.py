@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import submitit
 
-from .base import LauncherError, ShardTask, check_options, wait
+from .base import LauncherError, ShardTask, check_options, interrupts_raise, wait
 from .gpu_lock import reserve
 
 
@@ -46,6 +46,10 @@ class Launcher:
         self.folder = folder
 
     def run(self, tasks: list[ShardTask]) -> list[dict]:
+        with interrupts_raise():
+            return self._run(tasks)
+
+    def _run(self, tasks: list[ShardTask]) -> list[dict]:
         gpus = visible_gpus()
         if gpus:
             return self._run_on_gpus(tasks, gpus)
