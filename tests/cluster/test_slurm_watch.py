@@ -315,3 +315,14 @@ def test_a_rows_lock_names_its_jobs_real_state_and_is_reclaimed_once_it_ended(tm
     assert resumed.returncode == 0, err[-2000:]
     _one_line(err, f"from SLURM job {job} (CANCELLED)")
     assert len(_rows(out / "rows-shard0of1.jsonl")) == 2
+
+
+def test_req_node_not_avail_is_fatal_only_for_a_node_the_cluster_does_not_have():
+    # A down, drained or reserved node comes back; one SLURM has never heard of does not.
+    from tiledattention.launchers.slurm_jobs import JobState
+
+    node = subprocess.run(["sinfo", "-h", "-o", "%N"], capture_output=True, text=True,
+                          timeout=60).stdout.split()[0]
+    gone = JobState("1", "PENDING", "ReqNodeNotAvail, UnavailableNodes:nosuchnode7")
+    down = JobState("1", "PENDING", f"ReqNodeNotAvail, UnavailableNodes:{node}")
+    assert "nosuchnode7" in gone.never_starts() and down.never_starts() is None

@@ -55,11 +55,26 @@ class JobState:
         if _PER_JOB.match(self.reason):
             return ("the request is above a per-job limit of your account or QOS: lower "
                     "cpus_per_job / mem_gb / gpus_per_job / time_min, or set qos / account")
+        nodes = self.reason.partition("UnavailableNodes:")[2].strip()
+        if self.reason.startswith("ReqNodeNotAvail") and nodes and not _nodes_exist(nodes):
+            # A down or reserved node comes back; a node the cluster no longer has does not.
+            return (f"it asks for node(s) {nodes}, which this cluster does not have: drop "
+                    "nodelist from extra_sbatch")
         return None
 
     def describe(self) -> str:
         return f"{self.state} ({self.reason})" if self.reason and self.reason != "None" \
             else self.state
+
+
+def _nodes_exist(nodes: str) -> bool:
+    """Whether scontrol knows the nodes (True when it cannot be asked: never guess fatal)."""
+    try:
+        out = subprocess.run(["scontrol", "show", "node", nodes], capture_output=True,
+                             text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return True
+    return not (out.returncode != 0 and "not found" in (out.stderr + out.stdout).lower())
 
 
 def _run(cmd: list[str]) -> str:
