@@ -166,7 +166,7 @@ class Launcher:
             raise LauncherOptionError(
                 f"slurm launcher: sbatch --test-only refuses the request: "
                 f"{_sbatch_error(out.stderr + out.stdout)} ({_settings(self.options)}; "
-                f"{slurm_jobs.partition_limits(self.options.partition) or 'sinfo unavailable'});"
+                f"{slurm_jobs.partition_limits(self.options.partition) or 'sinfo unavailable'}); "
                 "change these launcher_options (see profiles/slurm/README.md)")
 
     def _name(self, job) -> str:
