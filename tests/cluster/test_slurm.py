@@ -129,7 +129,12 @@ def test_a_cancelled_shard_fails_clearly_and_a_rerun_completes_it(tmp_path):
         lines = [ln for ln in path.read_text().split("\n") if ln.strip()]
         keys += [(r["point_key"], r["method"]) for r in map(json.loads, lines)]
     assert len(keys) == len(set(keys)) == 12 * 2  # every row exactly once
-    assert rows0.read_text().count("\n") > before  # the cancelled shard was resumed
+    after = rows0.read_text().count("\n")
+    if before < 12:  # stopped mid-way: the rerun resumed the cancelled shard
+        assert after > before
+    else:  # it outlived its cancel inside SLURM's grace period (still a failure, above;
+        # test_slurm_watch pins that case): the rerun measured nothing again
+        assert after == before
 
 
 def _wait_for(found, what: str, limit_s: float, poll_s: float = 0.5):
