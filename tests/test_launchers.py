@@ -208,3 +208,87 @@ def test_an_unknown_profile_method_is_refused_before_any_job(tmp_path, capsys):
     assert code == 2
     assert "profile.methods: 'nonesuch' is not one of" in capsys.readouterr().err
     assert not (tmp_path / "profile" / "logs").exists()
+
+
+@pytest.mark.parametrize("reason,never", [
+    ("PartitionConfig", True), ("PartitionTimeLimit", True), ("InvalidAccount", True),
+    ("InvalidQOS", True), ("QOSMaxWallDurationPerJobLimit", True),
+    ("AssocMaxCpuPerJobLimit", True), ("QOSMaxGRESPerJob", True),
+    # These clear as other jobs end or nodes come back: reported, never fatal.
+    ("AssocMaxJobsLimit", False), ("QOSMaxJobsPerUserLimit", False), ("Resources", False),
+    ("Priority", False), ("AssocGrpCPULimit", False), ("ReqNodeNotAvail", False),
+    ("None", False),
+])
+def test_only_pending_reasons_that_can_never_resolve_fail_a_job(reason, never):
+    from tiledattention.launchers.slurm_jobs import JobState
+
+    assert bool(JobState("1", "PENDING", reason).never_starts()) is never
+    assert JobState("1", "RUNNING", reason).never_starts() is None
+
+
+@pytest.mark.parametrize("options", [
+    {"partition": "gpu\ntouch /tmp/x"}, {"account": "a\rb"}, {"qos": "q\x00"},
+    {"image": "x.sif\nrm -rf ~"}, {"extra_sbatch": {"comment": "x\ntouch /tmp/x"}},
+    {"extra_sbatch": {"x\ny": 1}}, {"extra_sbatch": {"--exclusive; touch": 1}},
+    {"extra_sbatch": ["exclusive"]}, {"gpus_per_job": True}, {"mem_gb": "2G"},
+])
+def test_a_launcher_option_that_could_inject_a_script_line_or_is_mistyped_is_refused(options):
+    from tiledattention.launchers import LauncherOptionError, check_launcher
+
+    with pytest.raises(LauncherOptionError, match="slurm launcher option"):
+        check_launcher("slurm", options)
+
+
+def test_the_image_reaches_the_job_script_quoted():
+    from tiledattention.launchers.slurm import SlurmOptions, job_python
+
+    assert job_python(SlurmOptions(image="/a b/x.sif")) == \
+        "apptainer exec --nv '/a b/x.sif' python3"
+
+
+def test_sweep_option_errors_exit_2_in_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    config = tmp_path / "bench.yaml"
+    config.write_text("grid: {seqs: [64], head_dims: [32], dtypes: [float32], causal: [false],"
+                      " shape_policy: explicit, batch: 1, heads: 2}\nmethods: [eager]\n"
+                      "device: cpu\n")
+    for options in ('{"gpu_per_job": 1}', '{"partition": "a\\nb"}', "not json"):
+        out = subprocess.run(
+            [sys.executable, "-m", "tiledattention.cli", "sweep", "--config", str(config),
+             "--launcher", "slurm", "--launcher-options", options, "--out",
+             str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 2, out.stderr
+        assert out.stderr.count("\n") == 1 and out.stderr.startswith("tiledattn sweep: ")
+
+
+def test_config_files_lose_to_the_profile_which_loses_to_the_command_line_and_say_so():
+    from tiledattention.launchers.profiles import losing, restore
+
+    files = {"launcher": "local", "launcher_options": {"partition": "nosuchpart",
+                                                        "mem_gb": 1, "qos": "high"}}
+    profile = {"launcher": "slurm", "launcher_options": {"partition": "gpu", "mem_gb": 64}}
+    cli = {"launcher_options": {"mem_gb": 2}}
+    config = {"launcher": "local", "launcher_options": {"partition": "nosuchpart",
+                                                         "mem_gb": 2, "qos": "high"}}
+    assert restore(config, profile, cli) == ["launcher"]
+    # Key by key: the profile's partition, the command line's memory, the file's qos.
+    assert config == {"launcher": "slurm", "launcher_options": {
+        "partition": "gpu", "mem_gb": 2, "qos": "high"}}
+    lines = losing(files, profile, config)
+    assert [ln.split(" from ")[0] for ln in lines] == [
+        "config: launcher: 'local'", "config: launcher_options.partition: 'nosuchpart'"]
+    assert "overridden by the profile ('gpu')" in lines[1]
+
+
+def test_a_launcher_mismatch_gives_advice_that_works(tmp_path):
+    from tiledattention.launchers.profiles import restore
+
+    (tmp_path / "local").mkdir()
+    with pytest.raises(LauncherError, match="use --profile .*/local instead"):
+        restore({}, PROFILE, {"launcher": "local"}, str(tmp_path))
+    with pytest.raises(LauncherError, match="run without a profile"):
+        restore({}, PROFILE, {"launcher": "debug"}, str(tmp_path))
+    with pytest.raises(LauncherError, match="launcher=slrum: unknown launcher; valid"):
+        restore({}, PROFILE, {"launcher": "slrum"}, str(tmp_path))

@@ -113,6 +113,10 @@ def test_an_empty_or_non_mapping_config_fails_with_one_line(text, words, tmp_pat
     ('model={"batches": []}', "model.batches: must not be empty"),
     ('model={"layers": 2}', "model: unknown key(s) ['layers']; valid keys are"),
     ('tune={"passes": ["bwd"]}', "'bwd' is not one of ['fwd', 'fwd+bwd']"),
+    ("shardz=3", "config: unknown key(s) ['shardz']; valid keys are ['bench', 'ladder'"),
+    ('launcher_options={"timeout_mins": 1}', "local launcher: unknown option(s) "
+     "['timeout_mins']; valid options are ['timeout_s', 'timeout_min', 'python']"),
+    ('launcher_options={"timeout_min": "ten"}', "option timeout_min: 'ten' is not a valid int"),
 ])
 def test_bad_config_fails_before_any_job_naming_the_key(override, words, tmp_path):
     out = smk("-n", "--configfile", "config/smoke.yaml", "--config",
@@ -120,6 +124,8 @@ def test_bad_config_fails_before_any_job_naming_the_key(override, words, tmp_pat
     assert out.returncode != 0
     assert words in out.stdout + out.stderr
     assert "bench_shard" not in out.stdout
+    # One line, not the schema: the error and Snakemake's few lines of where it was raised.
+    assert len((out.stdout + out.stderr).splitlines()) < 15, out.stderr[-3000:]
 
 
 def test_tune_passes_run_the_backward_tune_into_the_same_table(tmp_path):

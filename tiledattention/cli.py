@@ -477,10 +477,11 @@ def _sweep(args) -> int:
     import os
 
     from .bench.config import load_config
+    from .bench.reshard import reshard
     from .errors import ConfigError
     from .launchers import ShardTask, get_launcher
 
-    load_config(args.config)  # fail before anything is submitted
+    cfg = load_config(args.config)  # fail before anything is submitted
     indices = args.only if args.only is not None else list(range(args.shards))
     bad = sorted({i for i in indices if not 0 <= i < args.shards})
     if bad or len(set(indices)) != len(indices):
@@ -493,6 +494,7 @@ def _sweep(args) -> int:
     os.makedirs(args.out, exist_ok=True)
     for i in indices:  # another sweep or bench writing a shard: one line, nothing submitted
         ensure_unlocked(os.path.join(args.out, f"rows-shard{i}of{args.shards}.jsonl"))
+    reshard(cfg, args.out, args.shards, sys.stderr)  # a changed count keeps measured rows
     tasks = [ShardTask(os.path.abspath(args.config), os.path.abspath(args.out), i,
                        args.shards, args.step) for i in indices]
     for r in launcher.run(tasks):

@@ -43,14 +43,29 @@ def _sacct(ids: list[str]) -> list[dict]:
         time.sleep(2)
 
 
+def site_profile(tmp_path: Path) -> Path:
+    """profiles/slurm as a site would adapt it: only the lines between its site-specific
+    markers replaced (here by what the 2-CPU CI node can hold), the rest as shipped."""
+    shipped = (ROOT / "profiles" / "slurm" / "config.yaml").read_text().splitlines()
+    start = next(i for i, ln in enumerate(shipped) if "--- site-specific" in ln)
+    end = next(i for i, ln in enumerate(shipped) if "--- end site-specific" in ln)
+    site = {**SMALL_JOBS, "account": "ci-account"}
+    lines = [*shipped[:start + 1], f"  - 'launcher_options={json.dumps(site)}'",
+             *shipped[end:]]
+    profile = tmp_path / "site-profile"
+    profile.mkdir()
+    (profile / "config.yaml").write_text("\n".join(lines) + "\n")
+    return profile
+
+
 def test_smoke_study_runs_every_gpu_step_as_a_slurm_job(tmp_path):
-    # The supported override: the grid from a --configfile, small jobs through --config.
-    # The profile's launcher (slurm) survives the command line's --config.
+    # The shipped profile with only its site-specific lines changed; the grid from a
+    # --configfile, the results directory through --config: the profile's launcher and
+    # options survive the command line's --config.
     results = tmp_path / "smoke study"
     out = subprocess.run(
-        [SNAKEMAKE, "--nolock", "--profile", "profiles/slurm", "--configfile",
-         "config/smoke.yaml", "--config", f"results_dir={results}",
-         f"launcher_options={json.dumps(SMALL_JOBS)}"],
+        [SNAKEMAKE, "--nolock", "--profile", str(site_profile(tmp_path)), "--configfile",
+         "config/smoke.yaml", "--config", f"results_dir={results}"],
         cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "launcher from the profile" in out.stderr or "launcher," in out.stderr
@@ -114,7 +129,12 @@ def test_a_cancelled_shard_fails_clearly_and_a_rerun_completes_it(tmp_path):
         lines = [ln for ln in path.read_text().split("\n") if ln.strip()]
         keys += [(r["point_key"], r["method"]) for r in map(json.loads, lines)]
     assert len(keys) == len(set(keys)) == 12 * 2  # every row exactly once
-    assert rows0.read_text().count("\n") > before  # the cancelled shard was resumed
+    after = rows0.read_text().count("\n")
+    if before < 12:  # stopped mid-way: the rerun resumed the cancelled shard
+        assert after > before
+    else:  # it outlived its cancel inside SLURM's grace period (still a failure, above;
+        # test_slurm_watch pins that case): the rerun measured nothing again
+        assert after == before
 
 
 def _wait_for(found, what: str, limit_s: float, poll_s: float = 0.5):

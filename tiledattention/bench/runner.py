@@ -392,7 +392,7 @@ def run_bench(cfg: BenchConfig, out_dir: str, *, shard_index: int = 0, shard_cou
     device = resolve_device(cfg.device)
     os.makedirs(out_dir, exist_ok=True)
     rows_path = os.path.join(out_dir, f"rows-shard{shard_index}of{shard_count}.jsonl")
-    with Lock(rows_path):
+    with Lock(rows_path, log):
         return _run_locked(cfg, out_dir, shard_index, shard_count, log, device, remeasure)
 
 

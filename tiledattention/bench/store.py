@@ -98,29 +98,81 @@ def ensure_unlocked(path: str) -> None:
 
 class Lock:
     """An exclusive flock on ``<dir>/.<name>.lock`` for as long as the ``with`` block runs;
-    a second holder is refused at once, not queued."""
+    the file names its holder (host, pid, SLURM job). A second holder is refused at once,
+    naming the holder and, for a SLURM job, its real state; a lock still held by a SLURM
+    job that is no longer running (cancelled, ending) is waited for and reclaimed."""
 
-    def __init__(self, path: str, what: str = "tiledattn bench"):
+    RECLAIM_S = 180.0  # a cancelled job's process may take SLURM's KillWait and more to end
+
+    def __init__(self, path: str, log=None, what: str = "tiledattn bench"):
         head, name = os.path.split(path)
         self.target, self.path = path, os.path.join(head, f".{name}.lock")
         self.what = what
         self.fd: int | None = None
+        self.log = log
 
     def __enter__(self) -> Lock:
         try:
             self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
             raise RowsError(f"{self.path}: cannot create the lock ({exc.strerror})") from None
+        if not self._try():
+            self._reclaim(_holder(self.fd))
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, json.dumps(_me()).encode(), 0)
+        return self
+
+    def _try(self) -> bool:
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            os.close(self.fd)
-            raise RowsError(f"another {self.what} is writing {self.target} (lock "
-                            f"{self.path}); wait for it or use another --out") from None
-        return self
+            return False
+        return True
+
+    def _reclaim(self, holder: dict) -> None:
+        job = holder.get("slurm_job")
+        state = _job_state(job) if job else None
+        if state is not None and state.state not in ("RUNNING", "PENDING", "SUSPENDED",
+                                                     "REQUEUED", "CONFIGURING"):
+            # The holder's job has ended (or is ending): its process lets go shortly.
+            deadline = time.monotonic() + self.RECLAIM_S
+            while time.monotonic() < deadline:
+                time.sleep(1.0)
+                if self._try():
+                    if self.log is not None:
+                        print(f"bench: reclaimed {self.path} from SLURM job {job} "
+                              f"({state.state})", file=self.log, flush=True)
+                    return
+        os.close(self.fd)
+        who = (f"SLURM job {job}, which is {state.state if state else 'of unknown state'}"
+               if job else f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}")
+        raise RowsError(f"another {self.what} is writing {self.target} ({who}; lock "
+                        f"{self.path}); wait for it, scancel it, or use another --out")
 
     def __exit__(self, *exc) -> None:
         os.close(self.fd)
+
+
+def _me() -> dict:
+    env = os.environ
+    job = env.get("SLURM_JOB_ID")
+    if env.get("SLURM_ARRAY_JOB_ID") and env.get("SLURM_ARRAY_TASK_ID"):
+        job = f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"  # as squeue names it
+    return {"host": os.uname().nodename, "pid": os.getpid(), "slurm_job": job}
+
+
+def _holder(fd: int) -> dict:
+    try:
+        found = json.loads(os.pread(fd, 4096, 0) or b"{}")
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def _job_state(job_id: str):
+    from ..launchers.slurm_jobs import state_of
+
+    return state_of(str(job_id))
 
 
 def read_rows(path: str) -> list[dict]:

@@ -1,5 +1,15 @@
 """Where benchmark shards run: one submitit backend per module (slurm, local, debug)."""
 
-from .base import LAUNCHERS, LauncherError, ShardTask, get_launcher, job_name, run_step
+from .base import (
+    LAUNCHERS,
+    LauncherError,
+    LauncherOptionError,
+    ShardTask,
+    check_launcher,
+    get_launcher,
+    job_name,
+    run_step,
+)
 
-__all__ = ["LAUNCHERS", "LauncherError", "ShardTask", "get_launcher", "job_name", "run_step"]
+__all__ = ["LAUNCHERS", "LauncherError", "LauncherOptionError", "ShardTask", "check_launcher",
+           "get_launcher", "job_name", "run_step"]

@@ -15,6 +15,11 @@ class LauncherError(TiledAttentionError, RuntimeError):
     """A launcher was misconfigured, or a shard's job failed (state and log path named)."""
 
 
+class LauncherOptionError(LauncherError, ValueError):
+    """A launcher option (or the request it makes of the cluster) is invalid: bad input,
+    exit 2, with the option and what would be accepted."""
+
+
 @dataclass(frozen=True)
 class ShardTask:
     """One benchmark shard, picklable for submitit. Rerunning resumes from finished rows,
@@ -81,43 +86,104 @@ def _typed(value, annotation: str, where: str):
                 return text.lower() == "true"
             raise ValueError(text)
     except ValueError as exc:
-        raise LauncherError(f"{where}: {value!r} is not a valid {annotation}") from exc
+        raise LauncherOptionError(f"{where}: {value!r} is not a valid {annotation}") from exc
+    return value
+
+
+_TYPES = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,), "dict": (dict,)}
+
+
+def _checked(value, annotation: str, where: str):
+    # A value of the wrong type (a list, a bool for a count) and any text with a line
+    # break or control character (it would become its own line of a job script) refused.
+    if value is None:
+        if "None" not in annotation:
+            raise LauncherOptionError(f"{where}: may not be null")
+        return value
+    kind = annotation.split("|")[0].strip()
+    allowed = _TYPES.get(kind)
+    if allowed and (not isinstance(value, allowed) or (kind != "bool" and isinstance(value, bool))):
+        raise LauncherOptionError(f"{where}: {value!r} is not a valid {annotation}")
+    if isinstance(value, str) and any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise LauncherOptionError(f"{where}: {value!r} contains a line break or control "
+                                  "character; give it on one line")
     return value
 
 
 def check_options(cls, options: dict, launcher: str):
     """Build a typed options dataclass, refusing unknown keys with the valid ones."""
     if not isinstance(options, dict):
-        raise LauncherError(f"{launcher} launcher: options must be a mapping, got {options!r}")
+        raise LauncherOptionError(f"{launcher} launcher: options must be a mapping, got "
+                                  f"{options!r}")
     valid = [f.name for f in fields(cls)]
-    unknown = sorted(set(options) - set(valid))
+    unknown = sorted(set(map(str, options)) - set(valid))
     if unknown:
-        raise LauncherError(f"{launcher} launcher: unknown option(s) {unknown}; valid options "
-                            f"are {valid}")
+        raise LauncherOptionError(f"{launcher} launcher: unknown option(s) {unknown}; valid "
+                                  f"options are {valid}")
     types = {f.name: str(f.type) for f in fields(cls)}
-    return cls(**{k: _typed(v, types[k], f"{launcher} launcher option {k}")
+    return cls(**{k: _checked(_typed(v, types[k], f"{launcher} launcher option {k}"), types[k],
+                              f"{launcher} launcher option {k}")
                   for k, v in options.items()})
+
+
+def check_launcher(name: str, options: dict) -> None:
+    """Validate ``options`` for launcher ``name`` without starting anything (the workflow
+    calls this once, before the first rule)."""
+    if name not in LAUNCHERS:
+        raise LauncherOptionError(f"unknown launcher {name!r}; valid launchers are "
+                                  f"{sorted(LAUNCHERS)}")
+    module = importlib.import_module(f"{__package__}.{name}")
+    module.check(options or {})
 
 
 def get_launcher(name: str, folder: str, options: dict | None = None):
     """The launcher called ``name`` (slurm, local, debug), its logs under ``folder``."""
     if name not in LAUNCHERS:
-        raise LauncherError(f"unknown launcher {name!r}; valid launchers are {sorted(LAUNCHERS)}")
+        raise LauncherOptionError(f"unknown launcher {name!r}; valid launchers are "
+                                  f"{sorted(LAUNCHERS)}")
     module = importlib.import_module(f"{__package__}.{name}")
     return module.Launcher(folder, options or {})
+
+
+class interrupts_raise:
+    """SIGTERM and SIGHUP raise KeyboardInterrupt while the block runs (as Ctrl-C does), so
+    a launcher stopped by Snakemake cancels its jobs on the way out instead of dying."""
+
+    def __enter__(self):
+        import signal
+
+        def stop(signum, frame):
+            raise KeyboardInterrupt
+
+        self.previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM,
+                                                                    signal.SIGHUP)}
+        return self
+
+    def __exit__(self, *exc):
+        import signal
+
+        for sig, old in self.previous.items():
+            signal.signal(sig, old)
+        return False
 
 
 def wait(jobs, describe, timeout_s: float | None, poll_s: float = 1.0) -> list:
     """Results of submitit jobs in order; a failed job raises naming its state and log."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    while not all(j.done() for j in jobs):
-        if deadline is not None and time.monotonic() > deadline:
-            for j in jobs:
-                if not j.done():
-                    j.cancel(check=False)
-            raise LauncherError(f"shards did not finish within {timeout_s:.0f}s; cancelled "
-                                f"{[describe(j) for j in jobs if not j.done()]}")
-        time.sleep(poll_s)
+    try:
+        while not all(j.done() for j in jobs):
+            if deadline is not None and time.monotonic() > deadline:
+                for j in jobs:
+                    if not j.done():
+                        j.cancel(check=False)
+                raise LauncherError(f"shards did not finish within {timeout_s:.0f}s; "
+                                    f"cancelled {[describe(j) for j in jobs if not j.done()]}")
+            time.sleep(poll_s)
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM through interrupts_raise: no orphans
+        for j in jobs:
+            if not j.done():
+                j.cancel(check=False)
+        raise
     results = []
     for j in jobs:
         try:

@@ -14,11 +14,16 @@ class DebugOptions:
     timeout_s: float | None = None
 
 
+def check(options: dict) -> DebugOptions:
+    """The typed options, or LauncherOptionError naming the option and the valid ones."""
+    return check_options(DebugOptions, options, "debug")
+
+
 class Launcher:
     name = "debug"
 
     def __init__(self, folder: str, options: dict):
-        self.options = check_options(DebugOptions, options, self.name)
+        self.options = check(options)
         self.executor = submitit.DebugExecutor(folder=folder)
 
     def run(self, tasks: list[ShardTask]) -> list[dict]:

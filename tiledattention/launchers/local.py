@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import submitit
 
-from .base import LauncherError, ShardTask, check_options, wait
+from .base import LauncherError, ShardTask, check_options, interrupts_raise, wait
 from .gpu_lock import reserve
 
 
@@ -33,14 +33,23 @@ def visible_gpus() -> list[str]:
         return []
 
 
+def check(options: dict) -> LocalOptions:
+    """The typed options, or LauncherOptionError naming the option and the valid ones."""
+    return check_options(LocalOptions, options, "local")
+
+
 class Launcher:
     name = "local"
 
     def __init__(self, folder: str, options: dict):
-        self.options = check_options(LocalOptions, options, self.name)
+        self.options = check(options)
         self.folder = folder
 
     def run(self, tasks: list[ShardTask]) -> list[dict]:
+        with interrupts_raise():
+            return self._run(tasks)
+
+    def _run(self, tasks: list[ShardTask]) -> list[dict]:
         gpus = visible_gpus()
         if gpus:
             return self._run_on_gpus(tasks, gpus)

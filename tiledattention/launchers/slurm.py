@@ -1,13 +1,31 @@
-"""Shards as SLURM jobs through submitit: sbatch, requeue on preemption/time limit, and
-the job's Python inside a container image when one is configured."""
+"""Shards as SLURM jobs through submitit: sbatch (its request checked with ``sbatch
+--test-only`` first), requeue on preemption/time limit, the job's Python inside a container
+image when one is configured, and a watch that shows each job's state on the terminal,
+fails at once on a job that can never start, fails every job SLURM did not report
+COMPLETED, and cancels the jobs on SIGINT/SIGTERM."""
 
 from __future__ import annotations
 
+import contextlib
+import io
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
 from dataclasses import dataclass, field
 
 import submitit
 
-from .base import LauncherError, ShardTask, check_options, job_name, wait
+from . import slurm_jobs
+from .base import LauncherError, LauncherOptionError, check_options, job_name
+
+# Status lines go to stderr, which the workflow's rules show on the terminal.
+# A job that stays pending is reported again this often (with its reason), one that
+# runs less often.
+HEARTBEAT_S = {"PENDING": 60.0, "RUNNING": 600.0}
 
 
 @dataclass(frozen=True)
@@ -27,11 +45,39 @@ class SlurmOptions:
     signal_delay_s: int = 90  # USR2 this long before the time limit: checkpoint + requeue
     timeout_s: float | None = None  # give up waiting (jobs are cancelled)
     poll_s: float = 5.0
+    test_only: bool = True  # sbatch --test-only before the first real submission
+
+
+# An sbatch option name as sbatch spells it (extra_sbatch keys become `#SBATCH --<key>=`).
+_SBATCH_KEY = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
+
+
+def check(options: dict) -> SlurmOptions:
+    """The typed options, or LauncherOptionError naming the option and what is allowed."""
+    o = check_options(SlurmOptions, options, "slurm")
+    if (o.gpus_per_job < 0 or o.cpus_per_job < 1 or o.mem_gb < 1 or o.time_min < 1
+            or o.signal_delay_s < 0 or o.max_requeue < 0 or o.poll_s <= 0):
+        raise LauncherOptionError("slurm launcher: gpus_per_job, signal_delay_s, max_requeue "
+                                  ">= 0; cpus_per_job, mem_gb and time_min >= 1; poll_s > 0")
+    if not isinstance(o.extra_sbatch, dict):
+        raise LauncherOptionError("slurm launcher option extra_sbatch: expected a mapping of "
+                                  f"sbatch options, e.g. {{\"reservation\": \"x\"}}, got "
+                                  f"{o.extra_sbatch!r}")
+    for key, value in o.extra_sbatch.items():
+        if not (isinstance(key, str) and _SBATCH_KEY.match(key)):
+            raise LauncherOptionError(f"slurm launcher option extra_sbatch: {key!r} is not an "
+                                      "sbatch option name (letters, digits, - and _)")
+        if not isinstance(value, (str, int, float, bool)) or "\n" in str(value) \
+                or "\r" in str(value):
+            raise LauncherOptionError(f"slurm launcher option extra_sbatch.{key}: {value!r} "
+                                      "must be one line of text or a number")
+    return o
 
 
 def job_python(o: SlurmOptions) -> str | None:
-    """The interpreter a job runs: inside the image when one is configured."""
-    return f"apptainer exec --nv {o.image} python3" if o.image else None
+    """The interpreter a job runs: inside the image when one is configured (quoted: the
+    command is a line of the sbatch script)."""
+    return f"apptainer exec --nv {shlex.quote(o.image)} python3" if o.image else None
 
 
 def sbatch_parameters(o: SlurmOptions) -> dict:
@@ -45,41 +91,186 @@ def sbatch_parameters(o: SlurmOptions) -> dict:
     return {k: v for k, v in params.items() if v is not None}
 
 
+def _settings(o: SlurmOptions) -> str:
+    shown = {k: getattr(o, k) for k in ("partition", "account", "qos", "constraint",
+                                        "gpus_per_job", "cpus_per_job", "mem_gb", "time_min")}
+    return ", ".join(f"{k}={v}" for k, v in shown.items() if v is not None)
+
+
+def _sbatch_error(text: str) -> str:
+    """sbatch's own complaint out of its output (the last 'error' line)."""
+    lines = [ln.strip() for ln in str(text).splitlines() if ln.strip()]
+    errors = [ln for ln in lines if "error" in ln.lower() or "failure" in ln.lower()]
+    return (errors or lines or ["no output"])[-1][-300:]
+
+
 class Launcher:
     name = "slurm"
 
     def __init__(self, folder: str, options: dict):
-        self.options = check_options(SlurmOptions, options, self.name)
-        o = self.options
-        if (o.gpus_per_job < 0 or o.cpus_per_job < 1 or o.mem_gb < 1 or o.time_min < 1
-                or o.signal_delay_s < 0 or o.max_requeue < 0):
-            raise LauncherError("slurm launcher: gpus_per_job, signal_delay_s, max_requeue >= 0;"
-                                " cpus_per_job, mem_gb and time_min >= 1")
+        self.options = o = check(options)
+        self.folder = folder
         try:
             self.executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=o.max_requeue,
                                                    python=job_python(o))
         except RuntimeError as exc:  # submitit: "Could not detect srun"
-            raise LauncherError(f"slurm launcher: no SLURM client on this machine ({exc}); "
-                                "run from a cluster login node or use --launcher local") from exc
+            raise LauncherOptionError(f"slurm launcher: no SLURM client on this machine ({exc});"
+                                      " run from a cluster login node or use --launcher local"
+                                      ) from exc
         self.executor.update_parameters(**sbatch_parameters(o))
+        self._jobs: list = []
 
-    def run(self, tasks: list[ShardTask]) -> list[dict]:
+    def run(self, tasks: list) -> list:
         # Each job is named after its step (tiledattn-tune, tiledattn-bench-shard0of8, ...)
         # so sacct shows what ran where; an array carries the name of its step.
-        if self.options.array and len(tasks) > 1:
-            self.executor.update_parameters(job_name=job_name(tasks[0]).rsplit("-shard", 1)[0])
-            jobs = self.executor.submit_array(tasks)
-        else:
-            jobs = []
-            for t in tasks:
-                self.executor.update_parameters(job_name=job_name(t))
-                jobs.append(self.executor.submit(t))
-        return wait(jobs, self._describe, self.options.timeout_s, self.options.poll_s)
+        with _cancel_on_signal(self):
+            if self.options.test_only:
+                self._test_only()
+            if self.options.array and len(tasks) > 1:
+                self.executor.update_parameters(
+                    job_name=job_name(tasks[0]).rsplit("-shard", 1)[0])
+                self._jobs = self._submit(lambda: self.executor.submit_array(tasks))
+            else:
+                for t in tasks:
+                    self.executor.update_parameters(job_name=job_name(t))
+                    self._jobs += self._submit(lambda t=t: [self.executor.submit(t)])
+            return self._watch(self._jobs)
 
-    @staticmethod
-    def _describe(job) -> str:
+    def cancel_all(self) -> list[str]:
+        ids = [j.job_id for j in self._jobs]
+        slurm_jobs.cancel(ids)
+        return ids
+
+    def _submit(self, submit) -> list:
         try:
-            state = job.state
-        except Exception:  # sacct unreachable: say so rather than hide the log path
-            state = "UNKNOWN"
-        return f"SLURM job {job.job_id} (state {state}, log {job.paths.stderr})"
+            with contextlib.redirect_stderr(io.StringIO()):  # submitit echoes sbatch's errors
+                jobs = submit()
+        except Exception as exc:  # noqa: BLE001 - submitit wraps sbatch's failure variously
+            raise LauncherOptionError(f"slurm launcher: sbatch refused the job: "
+                                      f"{_sbatch_error(exc)} ({_settings(self.options)})"
+                                      ) from None
+        for j in jobs:
+            _say(f"slurm: submitted job {j.job_id} ({self._name(j)}), log {j.paths.stderr}")
+        return jobs
+
+    def _test_only(self) -> None:
+        """Ask sbatch whether the request could ever run, before anything is queued."""
+        script = self.executor._make_submission_file_text("true", "test-only")
+        try:
+            out = subprocess.run(["sbatch", "--test-only"], input=script, capture_output=True,
+                                 text=True, timeout=120)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise LauncherError(f"slurm launcher: sbatch --test-only did not answer ({exc})"
+                                ) from None
+        if out.returncode != 0:
+            raise LauncherOptionError(
+                f"slurm launcher: sbatch --test-only refuses the request: "
+                f"{_sbatch_error(out.stderr + out.stdout)} ({_settings(self.options)}; "
+                f"{slurm_jobs.partition_limits(self.options.partition) or 'sinfo unavailable'}); "
+                "change these launcher_options (see profiles/slurm/README.md)")
+
+    def _name(self, job) -> str:
+        sub = getattr(self.executor, "parameters", {}).get("job_name", "tiledattn")
+        return sub if "_" not in str(job.job_id) else f"{sub} task {job.job_id.split('_')[1]}"
+
+    def _describe(self, job, state) -> str:
+        return f"SLURM job {job.job_id} ({state.describe()}, log {job.paths.stderr})"
+
+    def _watch(self, jobs: list) -> list:
+        """Poll until every job has ended; report changes; fail fast on a job that can
+        never start; then every job not COMPLETED fails the run, whatever it wrote."""
+        o = self.options
+        ids = [j.job_id for j in jobs]
+        deadline = None if o.timeout_s is None else time.monotonic() + o.timeout_s
+        shown: dict[str, tuple] = {}
+        started = time.monotonic()
+        final_seen: dict[str, str] = {}
+        while True:
+            if workflow_gone():
+                slurm_jobs.cancel(ids)
+                raise LauncherError("slurm launcher: the Snakemake run that started this step "
+                                    f"has ended; cancelled {' '.join(ids)}")
+            states = slurm_jobs.query(ids)
+            now = time.monotonic()
+            for j in jobs:
+                s = states[j.job_id]
+                last = shown.get(j.job_id)
+                if last is None or last[0] != s.describe() or (
+                        now - last[1] > HEARTBEAT_S.get(s.state, float("inf"))):
+                    again = f" (still, after {now - started:.0f}s)" if last and \
+                        last[0] == s.describe() else ""
+                    _say(f"slurm: job {j.job_id} {s.describe()}{again}")
+                    shown[j.job_id] = (s.describe(), now)
+                why = s.never_starts()
+                if why:
+                    slurm_jobs.cancel(ids)
+                    raise LauncherOptionError(
+                        f"slurm launcher: job {j.job_id} can never start: pending "
+                        f"({s.reason}): {why} ({_settings(o)}; "
+                        f"{slurm_jobs.partition_limits(o.partition) or 'sinfo unavailable'}); "
+                        f"cancelled {' '.join(ids)}")
+            # A final state counts once it is seen on two polls in a row: a job being
+            # requeued (preemption, time limit) passes through such states.
+            done = {j: s.state for j, s in states.items()
+                    if s.final and final_seen.get(j) == s.state}
+            final_seen = {j: s.state for j, s in states.items() if s.final}
+            if len(done) == len(ids):
+                break
+            if deadline is not None and now > deadline:
+                slurm_jobs.cancel(ids)
+                raise LauncherError(f"slurm launcher: jobs did not finish within "
+                                    f"{o.timeout_s:.0f}s (timeout_s); cancelled "
+                                    f"{[self._describe(j, states[j.job_id]) for j in jobs]}")
+            time.sleep(o.poll_s)
+        failed = [self._describe(j, states[j.job_id]) for j in jobs
+                  if states[j.job_id].state != "COMPLETED"]
+        if failed:
+            raise LauncherError(f"{'; '.join(failed)}: SLURM did not report COMPLETED, so the "
+                                "step failed whatever it wrote (a rerun resumes it)")
+        results = []
+        for j in jobs:
+            try:
+                results.append(j.result())
+            except Exception as exc:  # noqa: BLE001 - the job's own error, shortened
+                last = [ln for ln in str(exc).strip().splitlines() if ln.strip()][-1:]
+                raise LauncherError(f"{self._describe(j, states[j.job_id])} failed: "
+                                    f"{(last or ['no error text'])[0][-500:]}") from None
+        return results
+
+
+def _say(line: str) -> None:
+    with contextlib.suppress(OSError):  # the terminal's pipe is gone (an interrupt)
+        print(line, file=sys.stderr, flush=True)
+
+
+class _cancel_on_signal:
+    """While jobs are submitted and watched, SIGINT/SIGTERM (Ctrl-C, Snakemake stopping)
+    and the workflow's process going away cancel this launcher's jobs before it exits."""
+
+    def __init__(self, launcher: Launcher):
+        self.launcher = launcher
+        self.previous: dict = {}
+
+    def _handler(self, signum, frame):
+        for sig in self.previous:  # one cancel, however many signals follow
+            signal.signal(sig, signal.SIG_IGN)
+        ids = self.launcher.cancel_all()
+        _say(f"slurm: {signal.Signals(signum).name}: cancelled jobs {' '.join(ids) or '(none)'}")
+        raise KeyboardInterrupt
+
+    def __enter__(self):
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            self.previous[sig] = signal.signal(sig, self._handler)
+        return self
+
+    def __exit__(self, *exc):
+        for sig, old in self.previous.items():
+            signal.signal(sig, old)
+        return False
+
+
+def workflow_gone() -> bool:
+    """True when the Snakemake process that started this step has exited (it exports its
+    pid as TILEDATTN_WORKFLOW_PID): its jobs are then orphans and are cancelled."""
+    pid = os.environ.get("TILEDATTN_WORKFLOW_PID", "")
+    return pid.isdigit() and not os.path.exists(f"/proc/{pid}")

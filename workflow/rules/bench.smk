@@ -1,7 +1,9 @@
 # One job per shard. The job submits its shard through the configured launcher and waits.
 # Rows land in shards/rows-shard<i>of<n>.jsonl, which is deliberately not a declared
 # output: Snakemake deletes the outputs of a failed job, and a rerun must resume from the
-# finished rows. The marker file says the shard completed.
+# finished rows. The marker file says the shard completed. Every GPU step tees its output
+# to its log and the terminal (stderr): job ids, states, pending reasons, log paths (tee -i:
+# a Ctrl-C leaves it to carry the launcher's last lines, the jobs it cancelled).
 rule bench_shard:
     input:
         rules.plan.output.bench,
@@ -19,7 +21,8 @@ rule bench_shard:
         "../envs/tiledattn.yaml"
     shell:
         "tiledattn sweep --config {input:q} {params.launcher} --step bench"
-        " --shards {params.shards} --only {wildcards.i} --out {params.out:q} > {log:q} 2>&1"
+        " --shards {params.shards} --only {wildcards.i} --out {params.out:q}"
+        " 2>&1 | tee -i {log:q} >&2"
 
 
 # Table 6: the schedule ladder, one job through the same launcher (a GPU node under SLURM).
@@ -39,7 +42,7 @@ rule ladder:
         "../envs/tiledattn.yaml"
     shell:
         "tiledattn sweep --config {input:q} {params.launcher} --step ladder --shards 1"
-        " --out {params.out:q} > {log:q} 2>&1"
+        " --out {params.out:q} 2>&1 | tee -i {log:q} >&2"
 
 
 # The shapes grids (tile and wave quantization), one job each through the same launcher.
@@ -61,4 +64,4 @@ rule shapes:
         "../envs/tiledattn.yaml"
     shell:
         "tiledattn sweep --config {input:q} {params.launcher} --step shapes-g{wildcards.g}"
-        " --shards 1 --out {params.out:q} > {log:q} 2>&1"
+        " --shards 1 --out {params.out:q} 2>&1 | tee -i {log:q} >&2"

@@ -6,8 +6,11 @@ import os
 import shlex
 import sys
 
+import yaml
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import best_match
 from snakemake.exceptions import WorkflowError
-from snakemake.utils import validate
+from snakemake.utils import update_config, validate
 
 from tiledattention.bench.config import from_dict as _bench_config
 from tiledattention.bench.config import stage_args as _stage_args
@@ -15,6 +18,8 @@ from tiledattention.bench.config import stage_from_dict as _stage_config
 from tiledattention.bench.grid import expand as _expand_points
 from tiledattention.bench.grid import pinned as _pinned
 from tiledattention.launchers import LauncherError
+from tiledattention.launchers import check_launcher as _check_launcher
+from tiledattention.launchers import interrupt as _interrupt
 from tiledattention.launchers import profiles as _profiles
 from tiledattention.study import figures as _figures
 from tiledattention.study import tables as _tables
@@ -39,16 +44,57 @@ def check_config_shape(config):
                             "--configfile (see config/README.md), e.g. config/smoke.yaml")
 
 
+def config_files(paths):
+    """The config files merged in order, as Snakemake merged them (for naming overrides)."""
+    merged = {}
+    for path in paths:
+        loaded = load_yaml(path)
+        if isinstance(loaded, dict):
+            update_config(merged, loaded)
+    return merged
+
+
+def check_study_keys(config):
+    """Every study key known, every value as the schema says: one line naming the key
+    (and the valid keys), not the whole schema (Snakemake's validate prints all of it)."""
+    with open(os.path.join(workflow.basedir, "workflow", "schemas", "config.schema.yaml")) as f:
+        schema = yaml.safe_load(f)
+    valid = sorted(schema["properties"])
+    unknown = sorted(set(map(str, config)) - set(valid))
+    if unknown:
+        raise WorkflowError(f"config: unknown key(s) {unknown}; valid keys are {valid}")
+    error = best_match(Draft202012Validator(schema).iter_errors(config))
+    if error is not None:
+        where = ".".join(map(str, error.absolute_path)) or "config"
+        raise WorkflowError(f"config: {where}: {' '.join(error.message.split())[:400]}")
+
+
+def check_launcher_options(config):
+    """The launcher's options through its own dataclass (the one definition of them), so
+    a mistyped option stops the study here, before the first rule."""
+    try:
+        _check_launcher(config["launcher"], config["launcher_options"])
+    except LauncherError as exc:
+        raise WorkflowError(f"config: launcher_options: {exc}") from None
+
+
 check_config_files(workflow.configfiles)
 check_config_shape(config)
-try:  # a --config on the command line must not drop the profile's launcher
-    _RESTORED = _profiles.apply(config, sys.argv[1:], dict(workflow.config_settings.config),
-                                _profiles.env_profile())
+# A --config on the command line must not drop the profile's launcher: config files <
+# profile < command line, key by key, and each value that lost is named.
+_interrupt.export_pid()  # the steps of a run that has died cancel their jobs
+try:
+    _RESTORED, _LOST = _profiles.apply(config, sys.argv[1:],
+                                       dict(workflow.config_settings.config),
+                                       _profiles.env_profile(),
+                                       config_files(workflow.configfiles))
 except LauncherError as exc:
     raise WorkflowError(str(exc)) from None
 if _RESTORED:
     print(f"config: {', '.join(_RESTORED)} from the profile, under the command line's "
           "--config", file=sys.stderr)
+for _line in _LOST:
+    print(_line, file=sys.stderr)
 
 
 def ladder_bench():
@@ -74,7 +120,9 @@ BENCH = _bench_config(config.get("bench") or {})
 TUNE = _stage_config("tune", config.get("tune"))
 PROFILE = _stage_config("profile", config.get("profile"))
 MODEL = _stage_config("model", config.get("model"))
-validate(config, "../schemas/config.schema.yaml")
+check_study_keys(config)
+validate(config, "../schemas/config.schema.yaml")  # fills the schema's defaults
+check_launcher_options(config)
 for _shape in PROFILE.shapes:
     _ProfileShape.parse(_shape)  # a bad shape fails here, naming the expected form
 # A bad step label fails here, before any job.
@@ -168,3 +216,8 @@ def bundle_profile_input():
 
 def all_outputs():
     return [f"{RESULTS}/bundle/SHA256SUMS", f"{RESULTS}/bundle.verified"]
+
+
+onstart:
+    # Ctrl-C / SIGTERM: the GPU steps' launchers cancel their jobs, then Snakemake stops.
+    _interrupt.forward()

@@ -16,4 +16,5 @@ rule model:
     conda:
         "../envs/tiledattn.yaml"
     shell:
-        "tiledattn model {params.stage} {params.launcher} --out {params.out:q} > {log:q} 2>&1"
+        "tiledattn model {params.stage} {params.launcher} --out {params.out:q}"
+        " 2>&1 | tee -i {log:q} >&2"

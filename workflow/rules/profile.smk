@@ -21,4 +21,4 @@ rule profile:
         "../envs/tiledattn.yaml"
     shell:
         "tiledattn profile {params.stage} {params.launcher}"
-        " --out {params.out:q} > {log:q} 2>&1"
+        " --out {params.out:q} 2>&1 | tee -i {log:q} >&2"

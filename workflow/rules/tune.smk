@@ -17,4 +17,4 @@ rule tune:
         "../envs/tiledattn.yaml"
     shell:
         "tiledattn tune {params.launcher} {params.stage}"
-        " --state {params.state:q} --out {output:q} > {log:q} 2>&1"
+        " --state {params.state:q} --out {output:q} 2>&1 | tee -i {log:q} >&2"

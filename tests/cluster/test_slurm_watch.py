@@ -1,0 +1,328 @@
+"""A cluster run the user can watch, stop and change, against the real SLURM cluster
+(tests/cluster/start-slurm.sh): a request that can never start fails at once in one
+line; a cancel inside SLURM's grace period still fails its step; SIGINT to a running
+study cancels its jobs and a rerun resumes; a changed shard count re-shards the measured
+rows; a typo'd launcher option stops the study before any job.
+
+Each wait has a bound, generous for two shared cores; run this file on its own."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SNAKEMAKE = shutil.which("snakemake") or str(Path(sys.executable).with_name("snakemake"))
+SMALL = {"partition": "gpu", "gpus_per_job": 1, "cpus_per_job": 1, "mem_gb": 1,
+         "time_min": 10, "timeout_s": 600, "poll_s": 1}
+ACTIVE = {"PENDING", "RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "REQUEUED"}
+
+
+def _grid(seqs: list[int], reps: int = 2) -> str:
+    return (f"grid: {{seqs: {seqs}, head_dims: [32], dtypes: [float32], causal: [false], "
+            "shape_policy: explicit, batch: 1, heads: 2}\nmethods: [eager, math]\n"
+            f"timing: {{warmup: 1, reps: {reps}, rounds: 2}}\ndevice: cpu\n")
+
+
+def _study(tmp_path: Path, seqs: list[int], reps: int = 2, shards: int = 2) -> Path:
+    """A study config with only the bench shards as GPU steps (the rest off)."""
+    study = tmp_path / "study.yaml"
+    bench = "\n".join("  " + ln for ln in _grid(seqs, reps).splitlines())
+    study.write_text(f"results_dir: {tmp_path / 'out'}\nshards: {shards}\nlauncher: slurm\n"
+                     "tune: {enabled: false}\nladder: {enabled: false}\n"
+                     "shapes: {enabled: false}\nmodel: {enabled: false}\n"
+                     f"profile: {{enabled: false}}\nbench:\n{bench}\n")
+    return study
+
+
+def _snakemake(study: Path, *config: str, options=SMALL, **kw):
+    cmd = [SNAKEMAKE, "--nolock", "--profile", "profiles/slurm", "--configfile", str(study),
+           "--config", *config]
+    if options is not None:
+        cmd.append(f"launcher_options={json.dumps(options)}")
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, **kw)
+
+
+def _sweep(config: Path, out: Path, options: dict, shards: int = 1):
+    return subprocess.run(
+        [sys.executable, "-m", "tiledattention.cli", "sweep", "--config", str(config),
+         "--launcher", "slurm", "--launcher-options", json.dumps(options), "--shards",
+         str(shards), "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
+        timeout=600)
+
+
+def _job_ids(results: Path) -> list[str]:
+    return sorted({p.name.split("_")[0] for p in results.rglob("logs/*_submitted.pkl")})
+
+
+def _states(ids: list[str]) -> dict[str, str]:
+    out = subprocess.run(["squeue", "-h", "--states=all", "-j", ",".join(ids), "-o", "%i|%T"],
+                         capture_output=True, text=True, timeout=60).stdout
+    return dict(ln.split("|") for ln in out.split() if "|" in ln)
+
+
+def _wait_for(found, what: str, limit_s: float, poll_s: float = 0.5):
+    deadline = time.monotonic() + limit_s
+    while not (value := found()):
+        assert time.monotonic() < deadline, f"no {what} within {limit_s:.0f}s"
+        time.sleep(poll_s)
+    return value
+
+
+def _rows(path: Path) -> list[dict]:
+    text = path.read_text() if path.exists() else ""
+    return [json.loads(ln) for ln in text.split("\n") if ln.strip()]
+
+
+def _one_line(err: str, words: str) -> None:
+    hits = [ln for ln in err.splitlines() if words in ln]
+    assert len(hits) == 1, err[-3000:]
+
+
+# 1. Jobs that can never start ------------------------------------------------------------
+
+def test_the_shipped_profile_on_a_node_too_small_fails_at_once_before_any_job(tmp_path):
+    # The profile as shipped asks each job for 8 CPUs and 64 GB; the CI node has 2 CPUs.
+    # sbatch --test-only refuses it before anything is queued, in one line on the terminal.
+    started = time.monotonic()
+    run = _snakemake(_study(tmp_path, [64], shards=1), options=None)
+    _, err = run.communicate(timeout=600)
+    assert run.returncode != 0
+    _one_line(err, "tiledattn sweep: slurm launcher: sbatch --test-only refuses the request")
+    assert "Requested node configuration is not available" in err
+    assert "cpus_per_job=8, mem_gb=64" in err and "partition gpu: time limit" in err
+    assert not _job_ids(tmp_path / "out"), "a job was queued"
+    assert time.monotonic() - started < 300
+
+
+def test_a_job_pending_for_a_reason_that_never_resolves_fails_naming_it(tmp_path):
+    # time_min above the partition's MaxTime (60): sbatch --test-only lets it through,
+    # SLURM queues it PENDING (PartitionConfig) for ever. The step fails on the first
+    # poll that sees the reason, names job, reason and setting, and cancels the job.
+    config = tmp_path / "bench.yaml"
+    config.write_text(_grid([64]))
+    out = _sweep(config, tmp_path / "out", {**SMALL, "time_min": 120})
+    assert out.returncode == 2, out.stderr[-2000:]
+    _one_line(out.stderr, "can never start: pending (Partition")
+    assert "time_min" in out.stderr and "time limit 1:00:00" in out.stderr
+    ids = _job_ids(tmp_path / "out")
+    assert len(ids) == 1 and f"slurm: job {ids[0]} PENDING (Partition" in out.stderr
+    # Cancelled, not left in the queue.
+    states = _wait_for(lambda: (s := _states(ids)) and not (set(s.values()) & ACTIVE) and s,
+                       "cancelled job", 60)
+    assert set(states.values()) == {"CANCELLED"}, states
+
+
+# 2. Every outcome not COMPLETED fails its step --------------------------------------------
+
+def test_a_cancel_inside_the_grace_period_fails_the_step_though_it_finished(tmp_path):
+    # scancel sends SIGTERM, which submitit's job bypasses; with little work left the step
+    # finishes inside SLURM's KillWait and writes its result, yet sacct says CANCELLED:
+    # the sweep must fail, naming the job, its state and its log.
+    config = tmp_path / "bench.yaml"
+    seqs = [64, 128, 192, 256, 320, 384]
+    config.write_text(_grid(seqs, reps=20))
+    out = tmp_path / "out"
+    rows = out / "rows-shard0of1.jsonl"
+    sweep = subprocess.Popen(
+        [sys.executable, "-m", "tiledattention.cli", "sweep", "--config", str(config),
+         "--launcher", "slurm", "--launcher-options", json.dumps({**SMALL, "array": False}),
+         "--shards", "1", "--out", str(out)], cwd=ROOT, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    try:
+        # Cancel once all but the last point are measured: what is left fits KillWait.
+        _wait_for(lambda: len(_rows(rows)) >= 2 * (len(seqs) - 1), "rows", 400, 0.1)
+        job = _job_ids(out)[0]
+        subprocess.run(["scancel", job], check=True, timeout=60)
+        _, err = sweep.communicate(timeout=300)
+    finally:
+        sweep.kill()
+    log = (out / "logs" / f"{job}_0_log.err").read_text()
+    assert "Bypassing signal SIGTERM" in log
+    assert list((out / "logs").glob(f"{job}_0_result.pkl")), "the step did not finish: " \
+        "not the grace-period case this test is about"
+    assert sweep.returncode == 1, err[-2000:]
+    _one_line(err, f"SLURM job {job} (CANCELLED, log {out / 'logs'}")
+
+
+# 3. Ctrl-C / SIGTERM cancels the jobs; a rerun resumes ------------------------------------
+
+@pytest.mark.parametrize("sig,group", [(signal.SIGINT, False), (signal.SIGTERM, False),
+                                       (signal.SIGINT, True)],
+                         ids=["SIGINT", "SIGTERM", "Ctrl-C"])
+def test_interrupting_a_running_study_cancels_its_jobs_and_a_rerun_resumes(sig, group,
+                                                                           tmp_path):
+    # To Snakemake alone (as `kill` does), or to its whole process group (as a terminal's
+    # Ctrl-C does: the steps get it too).
+    study = _study(tmp_path, [256, 384, 512, 640, 768, 896], reps=40)
+    shards = tmp_path / "out" / "shards"
+    run = _snakemake(study, start_new_session=group)
+    try:
+        # Both shard jobs running and writing rows: then Ctrl-C to Snakemake alone.
+        _wait_for(lambda: len(_job_ids(shards)) == 2 and all(
+            _rows(shards / f"rows-shard{i}of2.jsonl") for i in range(2)), "running shards",
+            400)
+        ids = _job_ids(shards)
+        os.killpg(run.pid, sig) if group else run.send_signal(sig)
+        _, err = run.communicate(timeout=300)
+    finally:
+        run.kill()
+    assert run.returncode != 0
+    assert "cancelled jobs" in err, err[-3000:]
+    states = _wait_for(lambda: (s := _states(ids)) and not (set(s.values()) & ACTIVE) and s,
+                       "ended jobs", 120)
+    assert set(states.values()) == {"CANCELLED"}, states
+    measured = sum(len(_rows(shards / f"rows-shard{i}of2.jsonl")) for i in range(2))
+    # The rerun resumes at once: the cancelled jobs' locks do not stop it.
+    rerun = _snakemake(study)
+    _, err2 = rerun.communicate(timeout=900)
+    assert rerun.returncode == 0, err2[-3000:]
+    keys = [(r["point_key"], r["method"]) for i in range(2)
+            for r in _rows(shards / f"rows-shard{i}of2.jsonl")]
+    assert len(keys) == len(set(keys)) == 6 * 2  # every row once
+    log = "".join(p.read_text() for p in shards.glob("logs/*_log.err"))
+    assert "already done" in log and measured > 0
+
+
+# 4. A changed shard count re-shards the measured rows -------------------------------------
+
+def test_a_changed_shard_count_reshards_the_measured_rows_and_both_counts_work(tmp_path):
+    study = _study(tmp_path, [64, 128, 192], shards=2)
+    shards = tmp_path / "out" / "shards"
+    for count, expect_reshard in ((2, False), (3, True), (2, True)):
+        run = _snakemake(study, f"shards={count}")
+        _, err = run.communicate(timeout=900)
+        assert run.returncode == 0, (count, err[-3000:])
+        assert ("re-sharded 6 measured rows" in err) == expect_reshard, err[-3000:]
+        files = sorted(p.name for p in shards.glob("rows-shard*.jsonl"))
+        assert files == [f"rows-shard{i}of{count}.jsonl" for i in range(count)]
+    rows = [r for p in shards.glob("rows-shard*.jsonl") for r in _rows(p)]
+    first = [r for p in shards.glob("resharded-of2-*/rows-shard*.jsonl") for r in _rows(p)]
+    # Nothing measured twice: the rows are the first run's, value for value.
+    assert sorted(json.dumps(r, sort_keys=True) for r in rows) == sorted(
+        json.dumps(r, sort_keys=True) for r in first)
+    assert len(rows) == 3 * 2
+
+
+# 5. Launcher options checked before anything is submitted ----------------------------------
+
+def test_a_typod_launcher_option_stops_the_study_before_the_first_rule(tmp_path):
+    study = _study(tmp_path, [64])
+    study.write_text(study.read_text().replace("launcher: slurm\n", "launcher: slurm\n"
+                                               "launcher_options: {acount: ci-account}\n"))
+    run = _snakemake(study)
+    _, err = run.communicate(timeout=300)
+    assert run.returncode != 0
+    _one_line(err, "config: launcher_options: slurm launcher: unknown option(s) ['acount']; "
+                   "valid options are ['partition', 'account'")
+    assert not (tmp_path / "out" / "plan").exists(), "a rule ran"
+    assert not _job_ids(tmp_path / "out")
+
+
+def test_a_config_file_value_the_profile_replaces_is_named(tmp_path):
+    # The config file asks for partition nosuchpart; the profile's gpu wins (config files <
+    # profile < command line) and the terminal says so, before the jobs run with it.
+    study = _study(tmp_path, [64], shards=1)
+    study.write_text(study.read_text().replace("launcher: slurm\n", "launcher: slurm\n"
+                                               "launcher_options: {partition: nosuchpart}\n"))
+    run = _snakemake(study)
+    _, err = run.communicate(timeout=600)
+    assert run.returncode == 0, err[-3000:]
+    _one_line(err, "config: launcher_options.partition: 'nosuchpart' from the config file is "
+                   "overridden by the profile ('gpu')")
+    ids = _job_ids(tmp_path / "out")
+    part = subprocess.run(["sacct", "-X", "-n", "-P", "-j", ",".join(ids), "-o", "Partition"],
+                          capture_output=True, text=True, timeout=60).stdout.split()
+    assert part and set(part) == {"gpu"}
+
+
+def test_a_newline_in_a_launcher_option_is_refused_before_sbatch(tmp_path):
+    config = tmp_path / "bench.yaml"
+    config.write_text(_grid([64]))
+    marker = tmp_path / "ran"
+    for options in ({"partition": f"gpu\ntouch {marker}"},
+                    {"extra_sbatch": {"comment": f"x\ntouch {marker}"}},
+                    {"image": f"x\ntouch {marker}"}):
+        out = _sweep(config, tmp_path / "out", {**SMALL, **options})
+        assert out.returncode == 2, out.stderr
+        assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+        assert "line break" in out.stderr or "one line" in out.stderr
+    assert not _job_ids(tmp_path / "out") and not marker.exists()
+
+
+def test_sweep_when_sbatch_refuses_gives_one_line_and_exit_2(tmp_path):
+    config = tmp_path / "bench.yaml"
+    config.write_text(_grid([64]))
+    out = _sweep(config, tmp_path / "out", {**SMALL, "partition": "nosuchpart",
+                                            "test_only": False})
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.count("\n") == 1 and "sbatch refused the job" in out.stderr
+    assert "invalid partition" in out.stderr.lower(), out.stderr
+
+
+# 3b. A rows lock held by a job that no longer runs is reclaimed -----------------------------
+
+_HOLD = """
+import fcntl, json, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
+fcntl.flock(fd, fcntl.LOCK_EX)
+os.pwrite(fd, json.dumps({"host": "n", "pid": os.getpid(), "slurm_job": sys.argv[2]}).encode(), 0)
+print("held", flush=True)
+sys.stdin.read()  # hold until the test closes stdin
+"""
+
+
+def test_a_rows_lock_names_its_jobs_real_state_and_is_reclaimed_once_it_ended(tmp_path):
+    # A cancelled job's process can outlive its cancel (KillWait): the rerun's bench meets
+    # its lock. Held by a running job it is refused naming the job and RUNNING; once the
+    # job is cancelled the bench waits for the lock and takes it over.
+    config = tmp_path / "bench.yaml"
+    config.write_text(_grid([64]))
+    out = tmp_path / "out"
+    out.mkdir()
+    job = subprocess.run(["sbatch", "--parsable", "-p", "gpu", "--mem=100M", "-o", "/dev/null",
+                          "--wrap", "sleep 600"], capture_output=True, text=True, check=True,
+                         timeout=60).stdout.strip().split(";")[0]
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(out / ".rows-shard0of1.jsonl.lock"),
+                               job], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        _wait_for(lambda: _states([job]).get(job) == "RUNNING", "running job", 120)
+        bench = [sys.executable, "-m", "tiledattention.cli", "bench", "--config", str(config),
+                 "--out", str(out)]
+        refused = subprocess.run(bench, capture_output=True, text=True, timeout=300)
+        assert refused.returncode == 2
+        _one_line(refused.stderr, f"(SLURM job {job}, which is RUNNING; lock")
+        subprocess.run(["scancel", job], check=True, timeout=60)
+        _wait_for(lambda: _states([job]).get(job) == "CANCELLED", "cancelled job", 120)
+        resumed = subprocess.Popen(bench, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   text=True)
+        time.sleep(5)
+        holder.stdin.close()  # the ended job's process finally lets go
+        _, err = resumed.communicate(timeout=300)
+    finally:
+        holder.kill()
+        subprocess.run(["scancel", job], timeout=60)
+    assert resumed.returncode == 0, err[-2000:]
+    _one_line(err, f"from SLURM job {job} (CANCELLED)")
+    assert len(_rows(out / "rows-shard0of1.jsonl")) == 2
+
+
+def test_req_node_not_avail_is_fatal_only_for_a_node_the_cluster_does_not_have():
+    # A down, drained or reserved node comes back; one SLURM has never heard of does not.
+    from tiledattention.launchers.slurm_jobs import JobState
+
+    node = subprocess.run(["sinfo", "-h", "-o", "%N"], capture_output=True, text=True,
+                          timeout=60).stdout.split()[0]
+    gone = JobState("1", "PENDING", "ReqNodeNotAvail, UnavailableNodes:nosuchnode7")
+    down = JobState("1", "PENDING", f"ReqNodeNotAvail, UnavailableNodes:{node}")
+    assert "nosuchnode7" in gone.never_starts() and down.never_starts() is None

@@ -1,0 +1,69 @@
+"""Ctrl-C or SIGTERM to Snakemake reaches the GPU steps' launchers, which cancel their jobs.
+
+Snakemake on SIGTERM only stops scheduling and waits for running jobs (a SLURM step may wait
+a day); on SIGINT sent to it alone it stops without telling the steps. The workflow calls
+``forward`` at start: either signal is passed on as SIGTERM to every ``tiledattn`` process
+Snakemake started (each launcher then cancels what it submitted, see slurm._cancel_on_signal) and
+Snakemake stops as on Ctrl-C. A launcher whose Snakemake has gone altogether (SIGKILL)
+notices on its next poll (slurm.workflow_gone).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+
+
+def descendants(pid: int) -> list[int]:
+    """Every living process below ``pid`` (from /proc), children first."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                # comm may hold spaces and parentheses: the ppid follows the last ")".
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def is_step(pid: int) -> bool:
+    """A ``tiledattn`` process (a GPU step's launcher): only those are signalled, so the
+    rule's shell and its ``tee`` stay to carry the launcher's last lines to the terminal."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().decode(errors="replace").split("\0")[:3]
+    except OSError:
+        return False
+    return any(os.path.basename(a) == "tiledattn" or a == "tiledattention.cli" for a in argv)
+
+
+def _handler(signum, frame):
+    for sig in (signal.SIGINT, signal.SIGTERM):  # a second signal stops Snakemake as usual
+        signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT
+                      else signal.SIG_DFL)
+    for pid in descendants(os.getpid()):
+        if is_step(pid):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGTERM)
+    raise KeyboardInterrupt
+
+
+def forward() -> None:
+    """Install the handlers (in Snakemake's main thread, after its scheduler set its own)."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _handler)
+
+
+def export_pid() -> None:
+    """Tell the steps which process is the workflow's (see slurm.workflow_gone)."""
+    os.environ["TILEDATTN_WORKFLOW_PID"] = str(os.getpid())

@@ -1,0 +1,131 @@
+"""What SLURM says about a job: its state and pending reason (squeue, then sacct once the
+controller has forgotten it), which reasons can never resolve, and the one line that
+tells the user what to change."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import subprocess
+from dataclasses import dataclass
+
+# States after which the job never runs again (unless requeued, which squeue then shows).
+FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL",
+         "BOOT_FAIL", "DEADLINE", "PREEMPTED", "REVOKED", "SPECIAL_EXIT"}
+
+# Pending reasons that no amount of waiting resolves: the request itself is beyond what the
+# partition, account or QOS allows (or names something that does not exist), so only a
+# changed setting helps. Limits on jobs *in flight* (AssocMaxJobsLimit, QOSMaxJobsPerUser,
+# AssocGrp*, Resources, Priority, ReqNodeNotAvail of a node that is down or reserved) clear
+# as other jobs end, and are only reported.
+_NEVER = {
+    "PartitionConfig": "the request does not fit the partition (its time limit, or its "
+                       "nodes' CPUs, memory, GPUs): lower time_min / cpus_per_job / mem_gb / "
+                       "gpus_per_job or pick another partition",
+    "PartitionTimeLimit": "time_min is above the partition's MaxTime: lower time_min or pick "
+                          "another partition",
+    "PartitionNodeLimit": "the node count is outside the partition's limits: pick another "
+                          "partition",
+    "InvalidAccount": "the account does not exist or you are not in it: set account",
+    "InvalidQOS": "the QOS does not exist or your account may not use it: set qos",
+    "BadConstraints": "no node satisfies the constraint / GRES request: change constraint or "
+                      "gpus_per_job",
+    "DependencyNeverSatisfied": "a dependency can never be satisfied: drop it from extra_sbatch",
+}
+# A limit on the job's own size (not on how many run at once): it never clears.
+_PER_JOB = re.compile(r"^(Assoc|QOS)(Max|Min)\w*PerJob(Limit)?$|^(Assoc|QOS)MaxWallDuration")
+
+
+@dataclass(frozen=True)
+class JobState:
+    job_id: str
+    state: str  # PENDING, RUNNING, COMPLETED, CANCELLED, ... (UNKNOWN: SLURM has no record)
+    reason: str = ""
+
+    @property
+    def final(self) -> bool:
+        return self.state in FINAL
+
+    def never_starts(self) -> str | None:
+        """Why this pending job can never start (and what to change), or None."""
+        if self.state != "PENDING":
+            return None
+        if self.reason in _NEVER:
+            return _NEVER[self.reason]
+        if _PER_JOB.match(self.reason):
+            return ("the request is above a per-job limit of your account or QOS: lower "
+                    "cpus_per_job / mem_gb / gpus_per_job / time_min, or set qos / account")
+        nodes = self.reason.partition("UnavailableNodes:")[2].strip()
+        if self.reason.startswith("ReqNodeNotAvail") and nodes and not _nodes_exist(nodes):
+            # A down or reserved node comes back; a node the cluster no longer has does not.
+            return (f"it asks for node(s) {nodes}, which this cluster does not have: drop "
+                    "nodelist from extra_sbatch")
+        return None
+
+    def describe(self) -> str:
+        return f"{self.state} ({self.reason})" if self.reason and self.reason != "None" \
+            else self.state
+
+
+def _nodes_exist(nodes: str) -> bool:
+    """Whether scontrol knows the nodes (True when it cannot be asked: never guess fatal)."""
+    try:
+        out = subprocess.run(["scontrol", "show", "node", nodes], capture_output=True,
+                             text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return True
+    return not (out.returncode != 0 and "not found" in (out.stderr + out.stdout).lower())
+
+
+def _run(cmd: list[str]) -> str:
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return out.stdout if out.returncode == 0 else ""
+
+
+def _base(job_id: str) -> str:
+    return job_id.split("_")[0]
+
+
+def query(job_ids: list[str]) -> dict[str, JobState]:
+    """The state of each job: the controller's view (squeue, which keeps ended jobs for
+    MinJobAge), else accounting (sacct); UNKNOWN where neither knows the job yet."""
+    found: dict[str, JobState] = {}
+    bases = ",".join(sorted({_base(j) for j in job_ids}))
+    # -r: one line per array task; --states=all: ended jobs too, with their final state.
+    for line in _run(["squeue", "-h", "-r", "--states=all", "-j", bases,
+                      "-o", "%i|%T|%r"]).splitlines():
+        parts = line.strip().split("|")
+        if len(parts) == 3 and parts[0] in job_ids:
+            found[parts[0]] = JobState(parts[0], parts[1], parts[2])
+    missing = [j for j in job_ids if j not in found]
+    if missing:
+        for line in _run(["sacct", "-X", "-n", "-P", "-j", ",".join(missing),
+                          "-o", "JobID,State,Reason"]).splitlines():
+            parts = line.strip().split("|")
+            if len(parts) == 3 and parts[0] in missing:
+                # "CANCELLED by 0": the state is the first word.
+                found[parts[0]] = JobState(parts[0], parts[1].split()[0], parts[2])
+    return {j: found.get(j, JobState(j, "UNKNOWN")) for j in job_ids}
+
+
+def partition_limits(partition: str | None) -> str:
+    """What the partition offers (its time limit; its nodes' CPUs, memory, GRES), to name
+    next to a request it cannot hold; empty when sinfo does not answer."""
+    args = ["sinfo", "-h", "-o", "%P|%l|%c|%m|%G"] + (["-p", partition] if partition else [])
+    rows = {tuple(ln.split("|")) for ln in _run(args).splitlines() if ln.count("|") == 4}
+    return "; ".join(f"partition {p.rstrip('*')}: time limit {t}, nodes with {c} CPUs, "
+                     f"{m} MB, gres {g}" for p, t, c, m, g in sorted(rows))
+
+
+def state_of(job_id: str) -> JobState:
+    return query([job_id])[job_id]
+
+
+def cancel(job_ids: list[str]) -> None:
+    """scancel, best effort (the jobs may have ended meanwhile)."""
+    if job_ids:
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+            subprocess.run(["scancel", *job_ids], capture_output=True, timeout=60)
