@@ -207,16 +207,15 @@ def test_a_plan_holds_grid_and_arguments_placed_by_name():
                            build_kernels=False)
     assert p.grid == (2, 8, 2)  # ceil(100 / 64) query tiles, heads, batch
     assert p.out_shape == (2, 8, 100, 96) and p.lse_shape == (1, 1, 1)
-    assert p.tail == (0.125 * planning.LOG2E, 8.0, 0.125, 4,  # scale*log2e, 1/scale, scale, G
+    assert p.tail == (0.125 * planning.LOG2E, 8.0, 4,  # scale*log2e, 1/scale, GROUP
                       100, 1, 1,  # SEQ_Q, one split of one tile run (sm_count 0: no split-K)
                       64, 128, 2, 64, 32, 32,  # tiles, chunks of D=96 (64 + 32)
                       True, True, False,  # causal, heavy first, Skv % 128 != 0
                       True, True, False, False,  # key-padding mask: batch axis only
                       False, 2, 4,  # no LSE, latency hints
                       False, False,  # no split-K, no GQA packing
-                      False,  # no programmatic dependent launch
-                      False, False,  # no score_mod, no mask_mod
-                      False, False, False)  # no block mask
+                      False)  # no programmatic dependent launch (the plain kernel: no
+    # variant flags, and no block lists or captured tensors among its arrays)
 
 
 def test_a_pdl_schedule_sets_the_kernel_flag_and_the_launch_flag_together():
@@ -258,7 +257,7 @@ def test_a_grid_under_one_wave_splits_the_keys_to_about_two_waves():
     p = _decode_plan(4, 8, 8, 1, 4096)  # 32 programs on 132 SMs, 64 key tiles
     assert p.splits_per_head == 8 and p.grid == (1, 64, 4)  # ceil(64/9)=8 tiles per split
     assert p.part_shape == (4, 64, 1, 128) and p.combine_grid == (1, 8, 4)
-    assert p.variant.split_k and p.tail[4:7] == (1, 8, 8)  # SEQ_Q, NUM_SPLITS, SPLIT_TILES
+    assert p.variant.split_k and p.tail[3:6] == (1, 8, 8)  # SEQ_Q, NUM_SPLITS, SPLIT_TILES
     full = _decode_plan(64, 32, 32, 1, 4096)  # 2048 programs: no split
     assert full.part_shape is None and full.grid == (1, 32, 64)
     short = _decode_plan(1, 8, 8, 1, 100)  # 2 key tiles: too few to split
@@ -281,7 +280,7 @@ def test_gqa_decode_packs_query_heads_into_the_rows_of_one_tile():
     pytest.importorskip("cuda.tile", reason="cuTile (cuda-tile) is not installed")
     p = _decode_plan(16, 32, 8, 1, 8192)
     assert p.packed_shape == (16, 8, 4, 128) and p.variant.packed
-    assert p.tail[3] == 1  # GROUP: the packed view is MHA over the K/V heads
+    assert p.tail[2] == 1  # GROUP: the packed view is MHA over the K/V heads
     assert p.grid[0] == 1 and p.grid[1] % 8 == 0
     assert _decode_plan(2, 32, 8, 16, 1024).packed_shape == (2, 8, 64, 128)
     assert _decode_plan(2, 32, 8, 17, 1024).packed_shape is None  # past speculative lengths
@@ -306,3 +305,21 @@ def test_mask_layout_follows_from_shape_strides_and_dtype(mask, want):
     from tiledattention.kernel.launch import mask_layout
 
     assert mask_layout(mask, torch.float16, (2, 4, 16, 16)) == want
+
+
+@pytest.mark.parametrize("variant", [False, True])
+def test_backward_plans_place_every_kernels_arguments_by_name(variant):
+    pytest.importorskip("cuda.tile", reason="cuTile (cuda-tile) is not installed")
+    from tiledattention import variants
+    from tiledattention.kernel import mods as M
+    from tiledattention.schedules.backward import BwdSchedule
+
+    q = torch.randn(2, 4, 100, 96, dtype=torch.float16)
+    k = torch.randn(2, 2, 130, 96, dtype=torch.float16)
+    mods = M.mods_for(variants.softcap(5.0), None) if variant else M.NONE
+    plan = planning.make_bwd_plan(q, k, None, True, 0.125, False, BwdSchedule(), mods)
+    names = [kernel._pyfunc.__name__ for kernel, _, _ in plan.launches]
+    suffix = "_variant" if variant else ""
+    assert names == ["attention_bwd_delta", f"attention_bwd_dkdv{suffix}",
+                     f"attention_bwd_dq{suffix}"]
+    assert plan.launches[1][1] == (3, 2, 2)  # key tiles of 64, K/V heads, batch

@@ -102,41 +102,18 @@ def fwd_tile(q, arrays, fns, aux, where, state, j, diag, ALL_MASKS, cfg):
     return m_i, l_i, acc0, acc1, acc2
 
 
-@ct.kernel
-def attention_fwd(
-    Q, K, V, Out, Lse, Mask, BlkCnt, BlkIdx, A0, A1, A2, A3,
-    qk_scale_log2: float,  # the softmax units' factor: scale * log2(e), or log2(e) with a mod
-    inv_scale: float,  # additive masks are added as bias * inv_scale (1 with a score_mod)
-    scale: float,
-    GROUP: int,  # query heads per K/V head (GQA); 1 for MHA (and when PACKED)
-    SEQ_Q: int,  # query positions per head (PACKED: rows per head in the packed tile)
-    NUM_SPLITS: int,  # SPLIT_K: key splits per (batch, head)
-    SPLIT_TILES: int,  # SPLIT_K: key tiles per split
-    TILE_M: ConstInt,
-    TILE_N: ConstInt,
-    NCHUNK: ConstInt,  # head-dim chunks used (1..3)
-    W0: ConstInt,  # chunk widths, powers of two; unused ones are ignored
-    W1: ConstInt,
-    W2: ConstInt,
-    CAUSAL: ConstBool,
-    HEAVY_FIRST: ConstBool,  # causal: launch the longest query tiles (last rows) first
-    EVEN_N: ConstBool,  # Skv % TILE_N == 0: no key-tail masking needed
-    HAS_MASK: ConstBool,
-    MASK_BATCH: ConstBool,  # mask has a batch axis (else broadcast)
-    MASK_HEAD: ConstBool,  # mask has a head axis
-    MASK_ROWS: ConstBool,  # mask has a query axis (False: key-padding mask, one row)
-    RETURN_LSE: ConstBool,
-    LAT_K: ConstInt,
-    LAT_V: ConstInt,
-    SPLIT_K: ConstBool,  # write per-split partials (fp32 Out, Lse) for the combine kernel
-    PACKED: ConstBool,  # rows are (query head in group, query position) pairs
-    PDL: ConstBool,  # launched as a programmatic dependent: wait before the first load
-    HAS_SCORE_MOD: ConstBool,
-    HAS_MASK_MOD: ConstBool,
-    BLOCK_SPARSE: ConstBool,  # visit the tiles a block mask lists (BlkCnt, BlkIdx)
-    BLK_BATCH: ConstBool,  # the block mask has a batch axis (else broadcast)
-    BLK_HEAD: ConstBool,  # the block mask has a head axis
-):
+def fwd_program(Q, K, V, Out, Lse, Mask, extra, scalars, consts, vconsts, fns):
+    """The forward program both entry points run (grouped arguments: tuples of
+    compile-time constants stay constants). ``extra`` (BlkCnt, BlkIdx, A0..A3): a block
+    mask's lists and the captured tensors, None in the plain kernel; ``scalars``
+    (qk_scale_log2, inv_scale, scale, GROUP, SEQ_Q, NUM_SPLITS, SPLIT_TILES); ``consts`` the
+    kernels' shared constants in declaration order; ``vconsts`` (HAS_SCORE_MOD,
+    HAS_MASK_MOD, BLOCK_SPARSE, BLK_BATCH, BLK_HEAD); ``fns`` (score_mod, mask_mod)."""
+    BlkCnt, BlkIdx, A0, A1, A2, A3 = extra
+    qk_scale_log2, inv_scale, scale, GROUP, SEQ_Q, NUM_SPLITS, SPLIT_TILES = scalars
+    (TILE_M, TILE_N, NCHUNK, W0, W1, W2, CAUSAL, HEAVY_FIRST, EVEN_N, HAS_MASK, MASK_BATCH,
+     MASK_HEAD, MASK_ROWS, RETURN_LSE, LAT_K, LAT_V, SPLIT_K, PACKED, PDL) = consts
+    HAS_SCORE_MOD, HAS_MASK_MOD, BLOCK_SPARSE, BLK_BATCH, BLK_HEAD = vconsts
     # Grid (query tiles, heads, batch): query tiles of one head are adjacent, so
     # they share its K/V in L2.
     bid_m = ct.bid(0)
@@ -175,7 +152,6 @@ def attention_fwd(
     if PACKED:
         offs_m = offs_m % SEQ_Q  # query position of each packed row
     arrays = (K, V, Mask)
-    fns = (SCORE_MOD, MASK_MOD)
     aux = (A0, A1, A2, A3)
     where = (b, h, hk, bid_m, offs_m, seq_k, qk_scale_log2, inv_scale, scale)
     cfg = (TILE_M, TILE_N, NCHUNK, W0, W1, W2, CAUSAL, TAIL, HAS_MASK, MASK_BATCH, MASK_HEAD,
@@ -227,3 +203,63 @@ def attention_fwd(
     store_rows(Out, b, hb, bid_m, o0, o1, o2, TILE_M, W0, W1, W2, NCHUNK)
     if RETURN_LSE or SPLIT_K:
         ct.store(Lse, index=(b, hb, bid_m), tile=row_lse(m_i, l_i).reshape((1, 1, TILE_M)))
+
+
+@ct.kernel
+def attention_fwd(
+    Q, K, V, Out, Lse, Mask,
+    qk_scale_log2: float,  # scale * log2(e): the softmax units' factor
+    inv_scale: float,  # 1 / scale: additive masks are added to raw scores
+    GROUP: int,  # query heads per K/V head (GQA); 1 for MHA (and when PACKED)
+    SEQ_Q: int,  # query positions per head (PACKED: rows per head in the packed tile)
+    NUM_SPLITS: int, SPLIT_TILES: int,  # SPLIT_K: key splits per (batch, head), tiles each
+    TILE_M: ConstInt, TILE_N: ConstInt,
+    NCHUNK: ConstInt, W0: ConstInt, W1: ConstInt, W2: ConstInt,  # head-dim chunks (1..3)
+    CAUSAL: ConstBool,
+    HEAVY_FIRST: ConstBool,  # causal: launch the longest query tiles (last rows) first
+    EVEN_N: ConstBool,  # Skv % TILE_N == 0: no key-tail masking needed
+    HAS_MASK: ConstBool,
+    MASK_BATCH: ConstBool, MASK_HEAD: ConstBool,  # the mask's real axes (else broadcast)
+    MASK_ROWS: ConstBool,  # mask has a query axis (False: key-padding mask, one row)
+    RETURN_LSE: ConstBool,
+    LAT_K: ConstInt, LAT_V: ConstInt,
+    SPLIT_K: ConstBool,  # write per-split partials (fp32 Out, Lse) for the combine kernel
+    PACKED: ConstBool,  # rows are (query head in group, query position) pairs
+    PDL: ConstBool,  # launched as a programmatic dependent: wait before the first load
+):
+    """Plain attention (no variant functions, no block mask): only the arrays it reads."""
+    fwd_program(
+        Q, K, V, Out, Lse, Mask, (None, None, None, None, None, None),
+        (qk_scale_log2, inv_scale, 1.0, GROUP, SEQ_Q, NUM_SPLITS, SPLIT_TILES),
+        (TILE_M, TILE_N, NCHUNK, W0, W1, W2, CAUSAL, HEAVY_FIRST, EVEN_N, HAS_MASK,
+         MASK_BATCH, MASK_HEAD, MASK_ROWS, RETURN_LSE, LAT_K, LAT_V, SPLIT_K, PACKED, PDL),
+        (False, False, False, False, False), (no_score_mod, no_mask_mod))
+
+
+@ct.kernel
+def attention_fwd_variant(
+    Q, K, V, Out, Lse, Mask, BlkCnt, BlkIdx, A0, A1, A2, A3,
+    qk_scale_log2: float,  # log2(e) with a score_mod (it sees scaled scores), else as above
+    inv_scale: float,  # 1 with a score_mod: an additive mask is added as is
+    scale: float,
+    GROUP: int, SEQ_Q: int, NUM_SPLITS: int, SPLIT_TILES: int,
+    TILE_M: ConstInt, TILE_N: ConstInt, NCHUNK: ConstInt,
+    W0: ConstInt, W1: ConstInt, W2: ConstInt,
+    CAUSAL: ConstBool, HEAVY_FIRST: ConstBool, EVEN_N: ConstBool,
+    HAS_MASK: ConstBool, MASK_BATCH: ConstBool, MASK_HEAD: ConstBool, MASK_ROWS: ConstBool,
+    RETURN_LSE: ConstBool, LAT_K: ConstInt, LAT_V: ConstInt,
+    SPLIT_K: ConstBool, PACKED: ConstBool, PDL: ConstBool,
+    HAS_SCORE_MOD: ConstBool,
+    HAS_MASK_MOD: ConstBool,
+    BLOCK_SPARSE: ConstBool,  # visit the tiles a block mask lists (BlkCnt, BlkIdx)
+    BLK_BATCH: ConstBool, BLK_HEAD: ConstBool,  # the block mask's real axes
+):
+    """Attention with the variant's functions (``SCORE_MOD``, ``MASK_MOD``), the tensors
+    they capture (``A0..A3``) and a block mask's lists."""
+    fwd_program(
+        Q, K, V, Out, Lse, Mask, (BlkCnt, BlkIdx, A0, A1, A2, A3),
+        (qk_scale_log2, inv_scale, scale, GROUP, SEQ_Q, NUM_SPLITS, SPLIT_TILES),
+        (TILE_M, TILE_N, NCHUNK, W0, W1, W2, CAUSAL, HEAVY_FIRST, EVEN_N, HAS_MASK,
+         MASK_BATCH, MASK_HEAD, MASK_ROWS, RETURN_LSE, LAT_K, LAT_V, SPLIT_K, PACKED, PDL),
+        (HAS_SCORE_MOD, HAS_MASK_MOD, BLOCK_SPARSE, BLK_BATCH, BLK_HEAD),
+        (SCORE_MOD, MASK_MOD))

@@ -167,23 +167,18 @@ def dq_tile(q, do, acc, arrays, fns, aux, where, bid_m, j, diag, ALL_MASKS, cfg)
     return mma_streamed(ds, K, b, hk, j, TILE_N, dq0, dq1, dq2, W0, W1, W2, NCHUNK, None)
 
 
-@ct.kernel
-def attention_bwd_dkdv(
-    Q, K, V, dOut, Lse, Delta, Mask, BlkCnt, BlkIdx, A0, A1, A2, A3, dK, dV, dQacc,
-    qk_scale_log2: float,  # the forward's softmax-units factor
-    inv_scale: float,  # the forward's additive-mask factor
-    scale: float,
-    GROUP: int,  # query heads per K/V head; this program sums their contributions
-    TILE_M: ConstInt,  # query rows per inner step
-    TILE_N: ConstInt,  # keys per program
-    NCHUNK: ConstInt, W0: ConstInt, W1: ConstInt, W2: ConstInt,  # head-dim chunks
-    CAUSAL: ConstBool, EVEN_N: ConstBool,
-    HAS_MASK: ConstBool, MASK_BATCH: ConstBool, MASK_HEAD: ConstBool, MASK_ROWS: ConstBool,
-    DQ_ATOMIC: ConstBool,  # also add scale * dS K into the fp32 dQacc with atomics
-    HAS_SCORE_MOD: ConstBool, HAS_MASK_MOD: ConstBool,
-    # the block mask's transposed lists: query tiles per key tile
-    BLOCK_SPARSE: ConstBool, BLK_BATCH: ConstBool, BLK_HEAD: ConstBool,
-):
+def dkdv_program(Q, K, V, dOut, Lse, Delta, Mask, extra, dK, dV, dQacc, scalars, consts,
+                 vconsts, fns):
+    """One key tile's dK/dV (both entry points run it). Grouped arguments as the forward's
+    ``fwd_program``: ``extra`` (BlkCnt, BlkIdx, A0..A3), None in the plain kernel;
+    ``scalars`` (qk_scale_log2, inv_scale, scale, GROUP); ``consts`` the shared constants
+    in declaration order; ``vconsts`` the variant's; ``fns`` (score_mod, its derivative,
+    mask_mod)."""
+    BlkCnt, BlkIdx, A0, A1, A2, A3 = extra
+    qk_scale_log2, inv_scale, scale, GROUP = scalars
+    (TILE_M, TILE_N, NCHUNK, W0, W1, W2, CAUSAL, EVEN_N, HAS_MASK, MASK_BATCH, MASK_HEAD,
+     MASK_ROWS, DQ_ATOMIC) = consts
+    HAS_SCORE_MOD, HAS_MASK_MOD, BLOCK_SPARSE, BLK_BATCH, BLK_HEAD = vconsts
     # Grid (key tiles, K/V heads, batch).
     bid_n = ct.bid(0)
     hk = ct.bid(1)
@@ -204,7 +199,6 @@ def attention_bwd_dkdv(
     dv0, dv1, dv2 = zeros_chunks(TILE_N, W0, W1, W2)
     acc = (dk0, dk1, dk2, dv0, dv1, dv2)
     arrays = (Q, K, V, dOut, Lse, Delta, Mask)
-    fns = (SCORE_MOD, SCORE_GRAD, MASK_MOD)
     aux = (A0, A1, A2, A3)
     cfg = (TILE_M, TILE_N, NCHUNK, W0, W1, W2, CAUSAL, TAIL, HAS_MASK, MASK_BATCH, MASK_HEAD,
            MASK_ROWS, HAS_SCORE_MOD, HAS_MASK_MOD, ZERO_SAFE)
@@ -245,22 +239,13 @@ def attention_bwd_dkdv(
     store_rows(dK, b, hk, bid_n, dk0, dk1, dk2, TILE_N, W0, W1, W2, NCHUNK)
 
 
-@ct.kernel
-def attention_bwd_dq(
-    Q, K, V, dOut, Lse, Delta, Mask, BlkCnt, BlkIdx, A0, A1, A2, A3, dQ,
-    qk_scale_log2: float,
-    inv_scale: float,
-    scale: float,
-    GROUP: int,
-    TILE_M: ConstInt,  # query rows per program
-    TILE_N: ConstInt,  # keys per inner step
-    NCHUNK: ConstInt, W0: ConstInt, W1: ConstInt, W2: ConstInt,  # head-dim chunks
-    CAUSAL: ConstBool, EVEN_N: ConstBool,
-    HAS_MASK: ConstBool, MASK_BATCH: ConstBool, MASK_HEAD: ConstBool, MASK_ROWS: ConstBool,
-    HAS_SCORE_MOD: ConstBool, HAS_MASK_MOD: ConstBool,
-    # the block mask's lists: key tiles per query tile
-    BLOCK_SPARSE: ConstBool, BLK_BATCH: ConstBool, BLK_HEAD: ConstBool,
-):
+def dq_program(Q, K, V, dOut, Lse, Delta, Mask, extra, dQ, scalars, consts, vconsts, fns):
+    """One query tile's dQ (both entry points run it); arguments as ``dkdv_program``'s."""
+    BlkCnt, BlkIdx, A0, A1, A2, A3 = extra
+    qk_scale_log2, inv_scale, scale, GROUP = scalars
+    (TILE_M, TILE_N, NCHUNK, W0, W1, W2, CAUSAL, EVEN_N, HAS_MASK, MASK_BATCH, MASK_HEAD,
+     MASK_ROWS) = consts
+    HAS_SCORE_MOD, HAS_MASK_MOD, BLOCK_SPARSE, BLK_BATCH, BLK_HEAD = vconsts
     # Grid (query tiles, query heads, batch), as the forward.
     bid_m = ct.bid(0)
     h = ct.bid(1)
@@ -274,7 +259,6 @@ def attention_bwd_dq(
     do = load_rows(dOut, b, h, bid_m, TILE_M, W0, W1, W2, NCHUNK, None)
     acc = zeros_chunks(TILE_M, W0, W1, W2)
     arrays = (Q, K, V, dOut, Lse, Delta, Mask)
-    fns = (SCORE_MOD, SCORE_GRAD, MASK_MOD)
     aux = (A0, A1, A2, A3)
     where = (b, h, hk, seq_k, qk_scale_log2, inv_scale, scale)
     cfg = (TILE_M, TILE_N, NCHUNK, W0, W1, W2, CAUSAL, TAIL, HAS_MASK, MASK_BATCH, MASK_HEAD,
@@ -304,3 +288,84 @@ def attention_bwd_dq(
     dq0, dq1, dq2 = acc
     dq0, dq1, dq2 = scale_chunks(dq0, dq1, dq2, scale, NCHUNK)
     store_rows(dQ, b, h, bid_m, dq0, dq1, dq2, TILE_M, W0, W1, W2, NCHUNK)
+
+
+@ct.kernel
+def attention_bwd_dkdv(
+    Q, K, V, dOut, Lse, Delta, Mask, dK, dV, dQacc,
+    qk_scale_log2: float,  # scale * log2(e), the forward's softmax-units factor
+    inv_scale: float,  # 1 / scale: the forward's additive-mask factor
+    scale: float,
+    GROUP: int,  # query heads per K/V head; this program sums their contributions
+    TILE_M: ConstInt,  # query rows per inner step
+    TILE_N: ConstInt,  # keys per program
+    NCHUNK: ConstInt, W0: ConstInt, W1: ConstInt, W2: ConstInt,  # head-dim chunks
+    CAUSAL: ConstBool, EVEN_N: ConstBool,
+    HAS_MASK: ConstBool, MASK_BATCH: ConstBool, MASK_HEAD: ConstBool, MASK_ROWS: ConstBool,
+    DQ_ATOMIC: ConstBool,  # also add scale * dS K into the fp32 dQacc with atomics
+):
+    """Plain dK/dV (no variant functions, no block mask): only the arrays it reads."""
+    dkdv_program(Q, K, V, dOut, Lse, Delta, Mask, (None, None, None, None, None, None), dK, dV,
+                 dQacc, (qk_scale_log2, inv_scale, scale, GROUP),
+                 (TILE_M, TILE_N, NCHUNK, W0, W1, W2, CAUSAL, EVEN_N, HAS_MASK, MASK_BATCH,
+                  MASK_HEAD, MASK_ROWS, DQ_ATOMIC),
+                 (False, False, False, False, False), (no_score_mod, no_score_mod, no_mask_mod))
+
+
+@ct.kernel
+def attention_bwd_dkdv_variant(
+    Q, K, V, dOut, Lse, Delta, Mask, BlkCnt, BlkIdx, A0, A1, A2, A3, dK, dV, dQacc,
+    qk_scale_log2: float, inv_scale: float, scale: float, GROUP: int,
+    TILE_M: ConstInt, TILE_N: ConstInt, NCHUNK: ConstInt,
+    W0: ConstInt, W1: ConstInt, W2: ConstInt, CAUSAL: ConstBool, EVEN_N: ConstBool,
+    HAS_MASK: ConstBool, MASK_BATCH: ConstBool, MASK_HEAD: ConstBool,
+    MASK_ROWS: ConstBool, DQ_ATOMIC: ConstBool,
+    HAS_SCORE_MOD: ConstBool, HAS_MASK_MOD: ConstBool,
+    # the block mask's transposed lists: query tiles per key tile
+    BLOCK_SPARSE: ConstBool, BLK_BATCH: ConstBool, BLK_HEAD: ConstBool,
+):
+    """dK/dV with the variant's functions, captured tensors and block lists."""
+    dkdv_program(Q, K, V, dOut, Lse, Delta, Mask, (BlkCnt, BlkIdx, A0, A1, A2, A3), dK, dV,
+                 dQacc, (qk_scale_log2, inv_scale, scale, GROUP),
+                 (TILE_M, TILE_N, NCHUNK, W0, W1, W2, CAUSAL, EVEN_N, HAS_MASK, MASK_BATCH,
+                  MASK_HEAD, MASK_ROWS, DQ_ATOMIC),
+                 (HAS_SCORE_MOD, HAS_MASK_MOD, BLOCK_SPARSE, BLK_BATCH, BLK_HEAD),
+                 (SCORE_MOD, SCORE_GRAD, MASK_MOD))
+
+
+@ct.kernel
+def attention_bwd_dq(
+    Q, K, V, dOut, Lse, Delta, Mask, dQ,
+    qk_scale_log2: float, inv_scale: float, scale: float, GROUP: int,
+    TILE_M: ConstInt,  # query rows per program
+    TILE_N: ConstInt,  # keys per inner step
+    NCHUNK: ConstInt, W0: ConstInt, W1: ConstInt, W2: ConstInt,
+    CAUSAL: ConstBool, EVEN_N: ConstBool,
+    HAS_MASK: ConstBool, MASK_BATCH: ConstBool, MASK_HEAD: ConstBool, MASK_ROWS: ConstBool,
+):
+    """Plain dQ: only the arrays it reads."""
+    dq_program(Q, K, V, dOut, Lse, Delta, Mask, (None, None, None, None, None, None), dQ,
+               (qk_scale_log2, inv_scale, scale, GROUP),
+               (TILE_M, TILE_N, NCHUNK, W0, W1, W2, CAUSAL, EVEN_N, HAS_MASK, MASK_BATCH,
+                MASK_HEAD, MASK_ROWS),
+               (False, False, False, False, False), (no_score_mod, no_score_mod, no_mask_mod))
+
+
+@ct.kernel
+def attention_bwd_dq_variant(
+    Q, K, V, dOut, Lse, Delta, Mask, BlkCnt, BlkIdx, A0, A1, A2, A3, dQ,
+    qk_scale_log2: float, inv_scale: float, scale: float, GROUP: int,
+    TILE_M: ConstInt, TILE_N: ConstInt, NCHUNK: ConstInt,
+    W0: ConstInt, W1: ConstInt, W2: ConstInt, CAUSAL: ConstBool, EVEN_N: ConstBool,
+    HAS_MASK: ConstBool, MASK_BATCH: ConstBool, MASK_HEAD: ConstBool,
+    MASK_ROWS: ConstBool, HAS_SCORE_MOD: ConstBool, HAS_MASK_MOD: ConstBool,
+    # the block mask's lists: key tiles per query tile
+    BLOCK_SPARSE: ConstBool, BLK_BATCH: ConstBool, BLK_HEAD: ConstBool,
+):
+    """dQ with the variant's functions, captured tensors and block lists."""
+    dq_program(Q, K, V, dOut, Lse, Delta, Mask, (BlkCnt, BlkIdx, A0, A1, A2, A3), dQ,
+               (qk_scale_log2, inv_scale, scale, GROUP),
+               (TILE_M, TILE_N, NCHUNK, W0, W1, W2, CAUSAL, EVEN_N, HAS_MASK, MASK_BATCH,
+                MASK_HEAD, MASK_ROWS),
+               (HAS_SCORE_MOD, HAS_MASK_MOD, BLOCK_SPARSE, BLK_BATCH, BLK_HEAD),
+               (SCORE_MOD, SCORE_GRAD, MASK_MOD))

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from ..errors import CompileError
 from . import mods as _mods
 from .plan import combine_constants, fwd_hints
-from .spec import CLASSIFY, COMBINE, DELTA, DKDV, DQ, FWD, KernelSpec
+from .spec import CLASSIFY, COMBINE, DELTA, KernelSpec, score_specs
 from .variant import BwdVariant, Variant
 
 
@@ -105,20 +105,21 @@ def signature_for(variant: Variant, aux: tuple = ()):
     arrays = _arrays(variant.dtype, variant.mask_dtype, aux)
     if variant.split_k:
         arrays["Out"] = export_array(ct.float32, 4)
-    return signature(FWD, arrays, variant.constants())
+    return signature(score_specs(variant.flags is None)[0], arrays, variant.constants())
 
 
-def kernel_for(schedule, mods=None):
+def kernel_for(schedule, mods=None, plain: bool = True):
     """The forward kernel object carrying this schedule's hints (and a variant's mods)."""
-    return FWD.kernel(mods, **fwd_hints(schedule))
+    return score_specs(plain)[0].kernel(mods, **fwd_hints(schedule))
 
 
 def export_cubin(variant: Variant, gpu_code: str, mods=None, aux: tuple = ()) -> CompiledCubin:
     """Compile one forward variant to a cubin for ``gpu_code`` (e.g. ``"sm_90"``).
     ``mods``/``aux``: a variant's functions and its captured tensors' (dtype, ndim)."""
     start = time.perf_counter()
-    cubin = _export(FWD, kernel_for(variant.schedule, mods), signature_for(variant, aux),
-                    gpu_code, variant.label())
+    plain = variant.flags is None
+    cubin = _export(score_specs(plain)[0], kernel_for(variant.schedule, mods, plain),
+                    signature_for(variant, aux), gpu_code, variant.label())
     return CompiledCubin(variant, gpu_code, cubin, time.perf_counter() - start)
 
 
@@ -127,7 +128,8 @@ def export_bwd_cubins(variant: BwdVariant, gpu_code: str, mods=None,
     """Compile the three backward kernels of ``variant`` for ``gpu_code``."""
     arrays = _arrays(variant.dtype, variant.mask_dtype, aux)
     out = {}
-    for spec in (DELTA, DKDV, DQ):
+    _, dkdv, dq = score_specs(variant.flags is None)
+    for spec in (DELTA, dkdv, dq):
         occ = variant.schedule.occupancy if spec is not DELTA else 1
         kernel = spec.kernel(mods if spec is not DELTA else None, occupancy=occ)
         out[spec.name] = _export(spec, kernel,

@@ -122,7 +122,8 @@ def launch(plan, q, k, v, attn_mask, *, fresh_lse: bool = True, aux: tuple = ())
         lse, mask = _placeholders(device, fresh_lse)
     if plan.mask_target is not None:
         mask = prepare_mask(attn_mask, plan.dtype, plan.mask_target)
-    extra = variant_arrays(plan.blocks, aux, device)
+    # The variant kernels take the block lists and captured tensors; plain ones do not.
+    extra = () if plan.variant.flags is None else variant_arrays(plan.blocks, aux, device)
     kout, klse = out, lse
     if plan.packed_shape is not None:
         # GQA packing: the heads of a group are consecutive rows of one K/V head.
@@ -169,8 +170,10 @@ def run_backward(q, k, v, out, lse, dout, dlse, attn_mask, causal: bool, scale: 
     dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=dev) if atomic else \
         delta.view(b, hq, sq, 1)  # never read without DQ_ATOMIC
     aux = mods.tensors() if aux is None else aux
-    dkdv_extra = variant_arrays(plan.blocks[0], aux, dev)
-    dq_extra = variant_arrays(plan.blocks[1], aux, dev)
+    dkdv_extra = dq_extra = ()
+    if plan.variant.flags is not None:
+        dkdv_extra = variant_arrays(plan.blocks[0], aux, dev)
+        dq_extra = variant_arrays(plan.blocks[1], aux, dev)
     tensors = ((out, dout, delta, dlse_arg),
                (q, k, v, dout, lse, delta, mask, *dkdv_extra, dk, dv, dq_acc),
                (q, k, v, dout, lse, delta, mask, *dq_extra, dq))

@@ -23,7 +23,7 @@ from ..schedules.backward import BwdSchedule
 from ..schedules.schedule import Schedule
 from . import mods as _mods
 from .geometry import grid_for
-from .spec import COMBINE, DELTA, DKDV, DQ, FWD
+from .spec import COMBINE, DELTA, score_specs
 from .validate import check_inputs, resolve_schedule
 from .variant import DELTA_TILE_M, BwdVariant, Flags, Variant
 
@@ -206,12 +206,15 @@ def flags_for(problem, dtype: torch.dtype, mask, mods, block) -> Flags:
                  block_axes=None if block is None else block.axes)
 
 
-def scalars(scale: float, mods) -> dict[str, float]:
-    """The softmax units (``body``): a score_mod sees scaled scores, so the exponent's
-    factor is log2(e) and an additive mask adds as is."""
+def scalars(scale: float, mods, spec) -> dict[str, float]:
+    """The softmax units (``body``) of the scalars ``spec``'s kernel declares: a score_mod
+    sees scaled scores, so the exponent's factor is log2(e) and an additive mask adds as
+    is (the plain forward folds ``scale`` into the other two and does not take it)."""
     if mods.has_score_mod:
-        return dict(qk_scale_log2=LOG2E, inv_scale=1.0, scale=scale)
-    return dict(qk_scale_log2=scale * LOG2E, inv_scale=1.0 / scale, scale=scale)
+        out = dict(qk_scale_log2=LOG2E, inv_scale=1.0, scale=scale)
+    else:
+        out = dict(qk_scale_log2=scale * LOG2E, inv_scale=1.0 / scale, scale=scale)
+    return {k: v for k, v in out.items() if k in spec.names()}
 
 
 def make_plan(problem, dtype: torch.dtype, device, schedule: Schedule, return_lse: bool, *,
@@ -241,7 +244,8 @@ def make_plan(problem, dtype: torch.dtype, device, schedule: Schedule, return_ls
         even_n=p.seq_kv % schedule.tile_n == 0, mask_dtype=flags.mask_dtype,
         mask_axes=flags.mask_axes, return_lse=return_lse, split_k=splits > 1, packed=packed,
         flags=None if plain else flags)
-    tail = FWD.ordered(dict(**scalars(p.scale, mods), GROUP=group, SEQ_Q=p.seq_q,
+    fwd = score_specs(plain)[0]
+    tail = fwd.ordered(dict(**scalars(p.scale, mods, fwd), GROUP=group, SEQ_Q=p.seq_q,
                             NUM_SPLITS=splits, SPLIT_TILES=split_tiles, **variant.constants()),
                        skip_tensors=True)
     combine = {}
@@ -256,7 +260,7 @@ def make_plan(problem, dtype: torch.dtype, device, schedule: Schedule, return_ls
     blocks = () if block is None else block.lists(schedule.tile_m, schedule.tile_n, p.causal)
     return Plan(
         variant=variant,
-        kernel=FWD.kernel(mods, **fwd_hints(schedule)) if build_kernels else None,
+        kernel=fwd.kernel(mods, **fwd_hints(schedule)) if build_kernels else None,
         # Split-K multiplies the head axis; packing makes heads K/V heads of GROUP*Sq rows.
         grid=grid_for(batch=p.batch, heads=heads * splits, seq_q=rows, tile_m=schedule.tile_m),
         tail=tail,
@@ -338,13 +342,14 @@ def make_bwd_plan(q, k, attn_mask, causal: bool, scale: float, has_dlse: bool,
                    even_n=sk % max(s.dkdv_n, s.dq_n) == 0, mask_dtype=flags.mask_dtype,
                    mask_axes=flags.mask_axes, has_dlse=has_dlse,
                    flags=None if plain else flags)
-    grids = {DELTA: (math.ceil(sq / DELTA_TILE_M), hq, b), DKDV: (math.ceil(sk / s.dkdv_n), hk, b),
-             DQ: (math.ceil(sq / s.dq_m), hq, b)}
+    _, dkdv, dq = score_specs(plain)
+    grids = {DELTA: (math.ceil(sq / DELTA_TILE_M), hq, b), dkdv: (math.ceil(sk / s.dkdv_n), hk, b),
+             dq: (math.ceil(sq / s.dq_m), hq, b)}
     launches = []
-    for spec in (DELTA, DKDV, DQ):
+    for spec in (DELTA, dkdv, dq):
         values = dict(v.constants(spec.name))
         if spec is not DELTA:
-            values.update(scalars(scale, mods), GROUP=hq // hk)
+            values.update(scalars(scale, mods, spec), GROUP=hq // hk)
         kernel = spec.kernel(mods if spec is not DELTA else None,
                              occupancy=s.occupancy if spec is not DELTA else 1)
         launches.append((kernel, grids[spec], spec.ordered(values, skip_tensors=True)))

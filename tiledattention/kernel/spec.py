@@ -99,16 +99,26 @@ def _kernel(spec: KernelSpec, key: tuple, mods, hints: tuple):
     return found
 
 
+# Each score kernel has a plain entry point (only the arrays a plain call reads: fewer
+# arguments for the launch to pack) and a variant one (block lists and captured tensors);
+# both run one program (``attention.fwd_program``, ``backward.dkdv_program``, ...).
 _ATT = ("Q", "K", "V")
-_AUX = ("A0", "A1", "A2", "A3")
-FWD = KernelSpec("attention", "attention_fwd",
-                 (*_ATT, "Out", "Lse", "Mask", "BlkCnt", "BlkIdx", *_AUX))
+_EXTRA = ("BlkCnt", "BlkIdx", "A0", "A1", "A2", "A3")
+_BWD = (*_ATT, "dOut", "Lse", "Delta", "Mask")
+FWD = KernelSpec("attention", "attention_fwd", (*_ATT, "Out", "Lse", "Mask"))
+FWD_VARIANT = KernelSpec("attention", "attention_fwd_variant",
+                         (*_ATT, "Out", "Lse", "Mask", *_EXTRA))
 COMBINE = KernelSpec("combine", "attention_combine", ("Part", "PartLse", "Out", "Lse"))
 DELTA = KernelSpec("backward", "attention_bwd_delta", ("Out", "dOut", "Delta", "Dlse"))
-DKDV = KernelSpec("backward", "attention_bwd_dkdv",
-                  (*_ATT, "dOut", "Lse", "Delta", "Mask", "BlkCnt", "BlkIdx", *_AUX, "dK", "dV",
-                   "dQacc"))
-DQ = KernelSpec("backward", "attention_bwd_dq",
-                (*_ATT, "dOut", "Lse", "Delta", "Mask", "BlkCnt", "BlkIdx", *_AUX, "dQ"))
-CLASSIFY = KernelSpec("blockmask", "classify_tiles", ("Cls", *_AUX))
-SPECS = (FWD, COMBINE, DELTA, DKDV, DQ, CLASSIFY)
+DKDV = KernelSpec("backward", "attention_bwd_dkdv", (*_BWD, "dK", "dV", "dQacc"))
+DKDV_VARIANT = KernelSpec("backward", "attention_bwd_dkdv_variant",
+                          (*_BWD, *_EXTRA, "dK", "dV", "dQacc"))
+DQ = KernelSpec("backward", "attention_bwd_dq", (*_BWD, "dQ"))
+DQ_VARIANT = KernelSpec("backward", "attention_bwd_dq_variant", (*_BWD, *_EXTRA, "dQ"))
+CLASSIFY = KernelSpec("blockmask", "classify_tiles", ("Cls", *_EXTRA[2:]))
+SPECS = (FWD, FWD_VARIANT, COMBINE, DELTA, DKDV, DKDV_VARIANT, DQ, DQ_VARIANT, CLASSIFY)
+
+
+def score_specs(plain: bool) -> tuple[KernelSpec, KernelSpec, KernelSpec]:
+    """(forward, dK/dV, dQ) entry points of a plain call or a variant call."""
+    return (FWD, DKDV, DQ) if plain else (FWD_VARIANT, DKDV_VARIANT, DQ_VARIANT)

@@ -43,15 +43,24 @@ class Flags:
     def has_mask(self) -> bool:
         return self.mask_dtype is not None
 
+    @property
+    def plain(self) -> bool:
+        """No variant functions and no block mask: the plain kernels run."""
+        return not self.mods and self.block_axes is None
+
     def constants(self) -> dict[str, int | bool]:
+        """The constants of the score kernels; the variant kernels' flags only when the
+        variant kernels run (the plain ones do not declare them)."""
         plan = plan_head_dim(self.head_dim)
         w0, w1, w2 = plan.kernel_widths()
         mb, mh, mq = self.mask_axes
-        bb, bh = self.block_axes or (False, False)
-        return dict(NCHUNK=len(plan.widths), W0=w0, W1=w1, W2=w2, CAUSAL=self.causal,
-                    HAS_MASK=self.has_mask, MASK_BATCH=mb, MASK_HEAD=mh, MASK_ROWS=mq,
-                    HAS_SCORE_MOD=self.has_score_mod, HAS_MASK_MOD=self.has_mask_mod,
-                    BLOCK_SPARSE=self.block_axes is not None, BLK_BATCH=bb, BLK_HEAD=bh)
+        out = dict(NCHUNK=len(plan.widths), W0=w0, W1=w1, W2=w2, CAUSAL=self.causal,
+                   HAS_MASK=self.has_mask, MASK_BATCH=mb, MASK_HEAD=mh, MASK_ROWS=mq)
+        if not self.plain:
+            bb, bh = self.block_axes or (False, False)
+            out.update(HAS_SCORE_MOD=self.has_score_mod, HAS_MASK_MOD=self.has_mask_mod,
+                       BLOCK_SPARSE=self.block_axes is not None, BLK_BATCH=bb, BLK_HEAD=bh)
+        return out
 
     def label(self) -> str:
         mask = "nomask" if not self.has_mask else "mask_" + "".join(
@@ -125,7 +134,7 @@ class BwdVariant(_Shared):
         if kernel == "attention_bwd_delta":
             return dict(TILE_M=DELTA_TILE_M, WD=1 << (self.head_dim - 1).bit_length(),
                         HAS_DLSE=self.has_dlse)
-        if kernel == "attention_bwd_dkdv":
+        if kernel.startswith("attention_bwd_dkdv"):
             return dict(TILE_M=s.dkdv_m, TILE_N=s.dkdv_n, EVEN_N=self.even_n,
                         DQ_ATOMIC=s.dq == "atomic", **self.shared().constants())
         return dict(TILE_M=s.dq_m, TILE_N=s.dq_n, EVEN_N=self.even_n,
