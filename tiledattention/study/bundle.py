@@ -59,8 +59,8 @@ SNAPSHOT_SHIPPED = (
     "config/smoke.yaml", "config/bench-backward.yaml", "config/bench-decode.yaml",
     "config/bench-h100-small.yaml", "config/bench-sdpa.yaml", "config/bench-smoke.yaml",
     "config/shapes-head-dims.yaml", "config/shapes-models.yaml", "config/shapes-seqs.yaml",
-    "profiles/README.md",
-    "profiles/local/config.yaml", "profiles/slurm/config.yaml")
+    "profiles/README.md", "profiles/local/config.yaml", "profiles/slurm/README.md",
+    "profiles/slurm/config.yaml")
 SNAPSHOT_CODE = ("workflow", "containers")
 SNAPSHOT_SUFFIXES = (".smk", ".py", ".yaml", ".yml", ".json", ".lock", ".def", ".md", ".txt",
                      ".sh", ".toml", ".cfg", ".tsv", ".csv", ".rst")
