@@ -1,0 +1,79 @@
+"""Host cost and call latency of this tree's ``sdpa`` against another revision's and
+torch's, side by side in one process (eager; no grad and forward+backward), bf16.
+
+Host: ``time_host`` (calls enqueued behind a GPU spin, so only host time counts); call:
+``time_calls`` (back-to-back calls, one sync per round). Medians of 5 rounds, µs per call.
+
+    python benchmarks/ab_host.py --other .ab/c0601be/tiledattention
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from ab_revision import load_other  # noqa: E402
+
+import tiledattention as ta  # noqa: E402
+from tiledattention.timing import time_calls, time_host  # noqa: E402
+
+SHAPES = {  # name: (B, H, Sq, Skv, D, causal)
+    "tiny": (1, 1, 128, 128, 64, False),
+    "prefill B1 H16 S512": (1, 16, 512, 512, 128, True),
+    "decode B1 H32 Skv1024": (1, 32, 1, 1024, 128, False),
+}
+
+
+def median(x):
+    return sorted(x)[len(x) // 2]
+
+
+def callables(old, shape):
+    b, h, sq, skv, d, causal = shape
+    q = torch.randn(b, h, sq, d, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(b, h, skv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    sides = {"new": lambda a, b_, c: ta.sdpa(a, b_, c, is_causal=causal),
+             "old": lambda a, b_, c: old.sdpa(a, b_, c, causal=causal),
+             "torch": lambda a, b_, c: F.scaled_dot_product_attention(a, b_, c,
+                                                                       is_causal=causal)}
+    qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+    dout = torch.randn_like(q)
+
+    def fwd_bwd(f):
+        def run():
+            qg.grad = kg.grad = vg.grad = None
+            f(qg, kg, vg).backward(dout)
+        return run
+
+    fns = {n: (lambda f=f: f(q, k, v)) for n, f in sides.items()}
+    fns.update({f"{n} fwd+bwd": fwd_bwd(f) for n, f in sides.items()})
+    return fns
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--other", required=True, help="the other revision's tiledattention dir")
+    args = ap.parse_args()
+    old = load_other(args.other)
+    for name, shape in SHAPES.items():
+        fns = callables(old, shape)
+        for f in fns.values():
+            f()
+        torch.cuda.synchronize()
+        host = {n: median(time_host(f, calls=50 if "bwd" in n else 200,
+                                    busy_us_per_call=3000 if "bwd" in n else 300)[0])
+                for n, f in fns.items()}
+        call = {n: median(time_calls(f, calls=50 if "bwd" in n else 200,
+                                     sync=torch.cuda.synchronize)) for n, f in fns.items()}
+        print(name, "host us:", {n: round(x, 1) for n, x in host.items()})
+        print(name, "call us:", {n: round(x, 1) for n, x in call.items()})
+
+
+if __name__ == "__main__":
+    main()
