@@ -21,6 +21,7 @@ import torch.nn.functional as F  # noqa: E402
 from ab_revision import load_other  # noqa: E402
 
 import tiledattention as ta  # noqa: E402
+from tiledattention.bench.runner import pass_callable  # noqa: E402
 from tiledattention.timing import time_calls, time_host  # noqa: E402
 
 SHAPES = {  # name: (B, H, Sq, Skv, D, causal)
@@ -44,15 +45,9 @@ def callables(old, shape):
                                                                        is_causal=causal)}
     qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
     dout = torch.randn_like(q)
-
-    def fwd_bwd(f):
-        def run():
-            qg.grad = kg.grad = vg.grad = None
-            f(qg, kg, vg).backward(dout)
-        return run
-
     fns = {n: (lambda f=f: f(q, k, v)) for n, f in sides.items()}
-    fns.update({f"{n} fwd+bwd": fwd_bwd(f) for n, f in sides.items()})
+    fns.update({f"{n} fwd+bwd": pass_callable(lambda f=f: f(qg, kg, vg), qg, kg, vg, dout,
+                                              "fwd+bwd") for n, f in sides.items()})
     return fns
 
 

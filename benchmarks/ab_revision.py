@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 import tiledattention as ta  # noqa: E402
+from tiledattention.bench.runner import pass_callable  # noqa: E402
 from tiledattention.timing import L2Flusher, time_cuda  # noqa: E402
 
 TOKENS, WIDTH = 16384, 2048  # the paper grid's B*S and H*D
@@ -76,16 +77,11 @@ def case(other, dtype, d, causal, s, b, h, passes, rounds, reps):
     if "fwd+bwd" in passes:
         qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
         dout = torch.randn_like(q)
-
-        def step(fn):
-            def run():
-                qg.grad = kg.grad = vg.grad = None
-                fn(qg, kg, vg).backward(dout)
-            return run
-
         rows["fwd+bwd"] = measure({
-            "new": step(lambda a, b_, c: ta.sdpa(a, b_, c, is_causal=causal)),
-            "old": step(lambda a, b_, c: other.sdpa(a, b_, c, causal=causal))}, rounds, reps)
+            "new": pass_callable(lambda: ta.sdpa(qg, kg, vg, is_causal=causal), qg, kg, vg,
+                                 dout, "fwd+bwd"),
+            "old": pass_callable(lambda: other.sdpa(qg, kg, vg, causal=causal), qg, kg, vg,
+                                 dout, "fwd+bwd")}, rounds, reps)
     return diff, rows
 
 

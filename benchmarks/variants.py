@@ -24,6 +24,7 @@ import torch.nn.functional as F  # noqa: E402
 
 import tiledattention as ta  # noqa: E402
 from tiledattention import variants  # noqa: E402
+from tiledattention.bench.runner import pass_callable  # noqa: E402
 from tiledattention.timing import L2Flusher, time_cuda  # noqa: E402
 
 
@@ -41,12 +42,7 @@ def measure(fns: dict, rounds: int = 3, reps: int = 10) -> dict:
 
 def with_grad(fn, q, k, v):
     qg, kg, vg = (t.detach().clone().requires_grad_() for t in (q, k, v))
-    dout = torch.randn_like(q)
-
-    def run():
-        qg.grad = kg.grad = vg.grad = None
-        fn(qg, kg, vg).backward(dout)
-    return run
+    return pass_callable(lambda: fn(qg, kg, vg), qg, kg, vg, torch.randn_like(q), "fwd+bwd")
 
 
 def definitions(b, h, s, device="cuda"):

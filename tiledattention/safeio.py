@@ -81,20 +81,12 @@ def regular_file(path: str) -> bool:
 
 @contextlib.contextmanager
 def atomic_write(path: str, mode: str = "w", **open_kwargs):
-    """A file object whose content replaces ``path`` only when the block ends normally."""
-    head = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=head)
-    try:
-        with os.fdopen(fd, mode, **open_kwargs) as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, _file_mode())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    """A file object whose content replaces ``path`` only when the block ends normally
+    (flushed to disk first, so a crash after the rename leaves the whole file)."""
+    with atomic_path(path) as tmp, open(tmp, mode, **open_kwargs) as f:
+        yield f
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def _file_mode() -> int:
