@@ -284,7 +284,8 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         plan = plan_for(q, k, v, attn_mask, is_causal, scale, enable_gqa,
                         bool(return_lse) or needs_grad, schedule, variant)
         if not needs_grad:
-            out, lse = launch(plan, q, k, v, attn_mask, fresh_lse=False, aux=mods.tensors())
+            out, lse = launch(plan, q, k, v, attn_mask, fresh_lse=False,
+                              aux=() if variant is None else mods.tensors())
         else:
             out, lse = _Attention.apply(q, k, v, plan, attn_mask, mods,
                                         None if variant is None else variant[1],
