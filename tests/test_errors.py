@@ -147,3 +147,17 @@ def test_backward_schedule_names_the_readme_uses_are_exported_lazily():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"  # still no torch import for schedules
+
+
+@pytest.mark.parametrize("fullgraph", [False, True])
+def test_a_compiled_call_on_cpu_tensors_raises_the_typed_device_error(fullgraph):
+    # The device is refused at run time (the op's CPU kernel), so a fullgraph compile ends
+    # in sdpa's own one-line error, not in Dynamo's "Observed exception".
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine without a CUDA GPU (NoGPUError)")
+    from tiledattention.errors import NoGPUError
+
+    q = torch.randn(1, 2, 64, 64, dtype=torch.float16)
+    fn = torch.compile(lambda q, k, v: ta.sdpa(q, k, v, is_causal=True), fullgraph=fullgraph)
+    with pytest.raises(NoGPUError, match="no CUDA GPU is visible"):
+        fn(q, q, q)

@@ -24,7 +24,7 @@ from .errors import BackwardNotSupportedError, InputError
 from .kernel import mods as _mods
 from .kernel.launch import launch, run_backward
 from .kernel.plan import pinned_schedule, plan_for
-from .kernel.validate import check_inputs, resolve_schedule
+from .kernel.validate import check_device, check_inputs, resolve_schedule
 from .schedules.backward import BwdSchedule
 from .schedules.schedule import Schedule
 
@@ -55,6 +55,14 @@ def _attention_fwd(
                     Schedule.from_label(schedule) if schedule else None,
                     (mods, block) if variant else None)
     return launch(plan, q, k, v, attn_mask, aux=tuple(aux))
+
+
+@_attention_fwd.register_kernel("cpu")
+def _(q, k, v, attn_mask, aux, causal, scale, return_lse, schedule, variant):
+    # Reached from a compiled graph traced on CPU tensors: the device is refused at run
+    # time, with sdpa's typed error (raising while tracing would end fullgraph compiles in
+    # Dynamo's own error instead).
+    check_device(q)
 
 
 @_attention_fwd.register_fake
@@ -292,7 +300,7 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                         plan.variant.causal, plan.scale)
         return (out, lse) if return_lse else out
     problem = check_inputs(q, k, v, causal=is_causal, scale=scale, attn_mask=attn_mask,
-                           enable_gqa=enable_gqa)
+                           enable_gqa=enable_gqa, device=not _is_compiling())
     s = resolve_schedule(schedule, problem)
     key, aux = "", []
     if has_variant:

@@ -47,7 +47,10 @@ def _dtype_names() -> str:
     return ", ".join(str(d).removeprefix("torch.") for d in SUPPORTED_DTYPES)
 
 
-def check_inputs(q, k, v, *, causal, scale, attn_mask, enable_gqa) -> Problem:
+def check_inputs(q, k, v, *, causal, scale, attn_mask, enable_gqa,
+                 device: bool = True) -> Problem:
+    """The validated problem of a call, or its typed error. ``device`` False leaves the
+    device check to run time (a trace under torch.compile: ``check_device``)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise InputError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -93,6 +96,13 @@ def check_inputs(q, k, v, *, causal, scale, attn_mask, enable_gqa) -> Problem:
     if attn_mask is not None:
         check_mask(attn_mask, q, (b, hq, sq, sk))
     # Last, so every other check also runs (and is tested) on machines without a GPU.
+    if device:
+        check_device(q)
+    return Problem(b, hq, hk, sq, sk, d, causal, float(scale))
+
+
+def check_device(q) -> None:
+    """CUDA tensors, or NoGPUError / DeviceError naming where they are."""
     if q.device.type != "cuda":
         if not torch.cuda.is_available():
             raise NoGPUError(
@@ -100,7 +110,6 @@ def check_inputs(q, k, v, *, causal, scale, attn_mask, enable_gqa) -> Problem:
                 "(torch.cuda.is_available() is False); tiledattention runs on CUDA GPUs")
         raise DeviceError(f"q, k, v are on {q.device}; tiledattention needs CUDA tensors "
                           "(move them with .cuda())")
-    return Problem(b, hq, hk, sq, sk, d, causal, float(scale))
 
 
 def check_mask(mask, q, target: tuple[int, int, int, int]) -> None:
