@@ -16,6 +16,9 @@ import sys
 import time
 from pathlib import Path
 
+from waiting import rows as _rows  # tests/cluster/waiting.py
+from waiting import wait_for as _wait_for
+
 ROOT = Path(__file__).resolve().parents[2]
 SNAKEMAKE = shutil.which("snakemake") or str(Path(sys.executable).with_name("snakemake"))
 SMALL_JOBS = {"partition": "gpu", "gpus_per_job": 1, "cpus_per_job": 1, "mem_gb": 1,
@@ -137,17 +140,6 @@ def test_a_cancelled_shard_fails_clearly_and_a_rerun_completes_it(tmp_path):
         assert after == before
 
 
-def _wait_for(found, what: str, limit_s: float, poll_s: float = 0.5):
-    deadline = time.monotonic() + limit_s
-    while not (value := found()):
-        assert time.monotonic() < deadline, f"no {what} within {limit_s:.0f}s"
-        time.sleep(poll_s)
-    return value
-
-
-def _rows(path: Path) -> list[dict]:
-    text = path.read_text() if path.exists() else ""
-    return [json.loads(ln) for ln in text.split("\n") if ln.strip()]
 
 
 def test_a_shard_signalled_before_its_time_limit_is_requeued_and_resumes(tmp_path):

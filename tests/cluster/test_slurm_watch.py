@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 
 import pytest
+from waiting import rows as _rows  # tests/cluster/waiting.py
+from waiting import wait_for as _wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 SNAKEMAKE = shutil.which("snakemake") or str(Path(sys.executable).with_name("snakemake"))
@@ -70,17 +72,6 @@ def _states(ids: list[str]) -> dict[str, str]:
     return dict(ln.split("|") for ln in out.split() if "|" in ln)
 
 
-def _wait_for(found, what: str, limit_s: float, poll_s: float = 0.5):
-    deadline = time.monotonic() + limit_s
-    while not (value := found()):
-        assert time.monotonic() < deadline, f"no {what} within {limit_s:.0f}s"
-        time.sleep(poll_s)
-    return value
-
-
-def _rows(path: Path) -> list[dict]:
-    text = path.read_text() if path.exists() else ""
-    return [json.loads(ln) for ln in text.split("\n") if ln.strip()]
 
 
 def _one_line(err: str, words: str) -> None:
