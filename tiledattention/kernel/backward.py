@@ -177,7 +177,7 @@ def dkdv_program(Q, K, V, dOut, Lse, Delta, Mask, extra, dK, dV, dQacc, scalars,
     BlkCnt, BlkIdx, A0, A1, A2, A3 = extra
     qk_scale_log2, inv_scale, scale, GROUP = scalars
     (TILE_M, TILE_N, NCHUNK, W0, W1, W2, CAUSAL, EVEN_N, HAS_MASK, MASK_BATCH, MASK_HEAD,
-     MASK_ROWS, DQ_ATOMIC) = consts
+     MASK_ROWS, DQ_ATOMIC, MASK_ALL) = consts
     HAS_SCORE_MOD, HAS_MASK_MOD, BLOCK_SPARSE, BLK_BATCH, BLK_HEAD = vconsts
     # Grid (key tiles, K/V heads, batch).
     bid_n = ct.bid(0)
@@ -230,8 +230,10 @@ def dkdv_program(Q, K, V, dOut, Lse, Delta, Mask, extra, dK, dV, dQacc, scalars,
         else:
             for i in range(m_lo, m_hi):
                 # The key tail is masked on every query tile (no padded key reaches dQ).
+                # MASK_ALL: one loop body (the causal mask past the diagonal adds nothing)
+                # instead of a masked and an unmasked version of it, which spill at D > 128.
                 acc = dkdv_tile(kv, acc, arrays, fns, aux, where, i, bid_n,
-                                TAIL or i < mask_end, HAS_MASK_MOD, cfg, dq_atomic)
+                                TAIL or MASK_ALL or i < mask_end, HAS_MASK_MOD, cfg, dq_atomic)
 
     dk0, dk1, dk2, dv0, dv1, dv2 = acc
     dk0, dk1, dk2 = scale_chunks(dk0, dk1, dk2, scale, NCHUNK)
@@ -303,12 +305,13 @@ def attention_bwd_dkdv(
     CAUSAL: ConstBool, EVEN_N: ConstBool,
     HAS_MASK: ConstBool, MASK_BATCH: ConstBool, MASK_HEAD: ConstBool, MASK_ROWS: ConstBool,
     DQ_ATOMIC: ConstBool,  # also add scale * dS K into the fp32 dQacc with atomics
+    MASK_ALL: ConstBool,  # apply the causal mask on every query tile (one loop body)
 ):
     """Plain dK/dV (no variant functions, no block mask): only the arrays it reads."""
     dkdv_program(Q, K, V, dOut, Lse, Delta, Mask, (None, None, None, None, None, None), dK, dV,
                  dQacc, (qk_scale_log2, inv_scale, scale, GROUP),
                  (TILE_M, TILE_N, NCHUNK, W0, W1, W2, CAUSAL, EVEN_N, HAS_MASK, MASK_BATCH,
-                  MASK_HEAD, MASK_ROWS, DQ_ATOMIC),
+                  MASK_HEAD, MASK_ROWS, DQ_ATOMIC, MASK_ALL),
                  (False, False, False, False, False), (no_score_mod, no_score_mod, no_mask_mod))
 
 
@@ -319,7 +322,7 @@ def attention_bwd_dkdv_variant(
     TILE_M: ConstInt, TILE_N: ConstInt, NCHUNK: ConstInt,
     W0: ConstInt, W1: ConstInt, W2: ConstInt, CAUSAL: ConstBool, EVEN_N: ConstBool,
     HAS_MASK: ConstBool, MASK_BATCH: ConstBool, MASK_HEAD: ConstBool,
-    MASK_ROWS: ConstBool, DQ_ATOMIC: ConstBool,
+    MASK_ROWS: ConstBool, DQ_ATOMIC: ConstBool, MASK_ALL: ConstBool,
     HAS_SCORE_MOD: ConstBool, HAS_MASK_MOD: ConstBool,
     # the block mask's transposed lists: query tiles per key tile
     BLOCK_SPARSE: ConstBool, BLK_BATCH: ConstBool, BLK_HEAD: ConstBool,
@@ -328,7 +331,7 @@ def attention_bwd_dkdv_variant(
     dkdv_program(Q, K, V, dOut, Lse, Delta, Mask, (BlkCnt, BlkIdx, A0, A1, A2, A3), dK, dV,
                  dQacc, (qk_scale_log2, inv_scale, scale, GROUP),
                  (TILE_M, TILE_N, NCHUNK, W0, W1, W2, CAUSAL, EVEN_N, HAS_MASK, MASK_BATCH,
-                  MASK_HEAD, MASK_ROWS, DQ_ATOMIC),
+                  MASK_HEAD, MASK_ROWS, DQ_ATOMIC, MASK_ALL),
                  (HAS_SCORE_MOD, HAS_MASK_MOD, BLOCK_SPARSE, BLK_BATCH, BLK_HEAD),
                  (SCORE_MOD, SCORE_GRAD, MASK_MOD))
 

@@ -130,8 +130,8 @@ def export_bwd_cubins(variant: BwdVariant, gpu_code: str, mods=None,
     out = {}
     _, dkdv, dq = score_specs(variant.flags is None)
     for spec in (DELTA, dkdv, dq):
-        occ = variant.schedule.occupancy if spec is not DELTA else 1
-        kernel = spec.kernel(mods if spec is not DELTA else None, occupancy=occ)
+        kernel = DELTA.kernel() if spec is DELTA else spec.kernel(
+            mods, **variant.schedule.hints())
         out[spec.name] = _export(spec, kernel,
                                  signature(spec, arrays, variant.constants(spec.name)),
                                  gpu_code, variant.label())

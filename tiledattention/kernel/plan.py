@@ -350,8 +350,7 @@ def make_bwd_plan(q, k, attn_mask, causal: bool, scale: float, has_dlse: bool,
         values = dict(v.constants(spec.name))
         if spec is not DELTA:
             values.update(scalars(scale, mods, spec), GROUP=hq // hk)
-        kernel = spec.kernel(mods if spec is not DELTA else None,
-                             occupancy=s.occupancy if spec is not DELTA else 1)
+        kernel = DELTA.kernel() if spec is DELTA else spec.kernel(mods, **s.hints())
         launches.append((kernel, grids[spec], spec.ordered(values, skip_tensors=True)))
     blocks = ((), ()) if block is None else (
         block.lists(s.dkdv_m, s.dkdv_n, causal, transposed=True),

@@ -16,7 +16,7 @@ from .space import DEFAULT_WORKER_WARPS, MAX_REGISTERS_PER_THREAD, REGISTER_BYTE
 
 DQ_MODES = ("kernel", "atomic")
 BWD_TILES = (32, 64, 128)
-_LABEL = re.compile(r"kv(\d+)x(\d+)_q(\d+)x(\d+)_o(\d+)(_atomic)?")
+_LABEL = re.compile(r"kv(\d+)x(\d+)_q(\d+)x(\d+)_o(\d+)(_w8)?(_atomic)?")
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,9 @@ class BwdSchedule:
     dq_n: int = 64
     occupancy: int = 1
     dq: str = "kernel"  # "kernel": its own program over query tiles; "atomic": fp32 atomics
+    # cuTile's num_worker_warps for both score kernels: None = the compiler's default (4),
+    # 8 = two consumer warp groups sharing the CTA's fp32 state (half the registers each).
+    worker_warps: int | None = None
 
     def __post_init__(self) -> None:
         if self.dq not in DQ_MODES:
@@ -43,10 +46,18 @@ class BwdSchedule:
                                     f"{BWD_TILES}")
         if not 1 <= self.occupancy <= 4:
             raise ScheduleError(f"BwdSchedule.occupancy={self.occupancy} is not in [1, 4]")
+        if self.worker_warps not in (None, 8):
+            raise ScheduleError(f"BwdSchedule.worker_warps={self.worker_warps} is not None "
+                                "or 8")
 
     def label(self) -> str:
         return (f"kv{self.dkdv_m}x{self.dkdv_n}_q{self.dq_m}x{self.dq_n}_o{self.occupancy}"
+                f"{'_w8' if self.worker_warps == 8 else ''}"
                 f"{'_atomic' if self.dq == 'atomic' else ''}")
+
+    def hints(self) -> dict:
+        """cuTile's compiler hints of the dK/dV and dQ kernels."""
+        return dict(occupancy=self.occupancy, num_worker_warps=self.worker_warps)
 
     @property
     def deterministic(self) -> bool:
@@ -54,14 +65,14 @@ class BwdSchedule:
 
     @classmethod
     def from_label(cls, label: str) -> BwdSchedule:
-        """Inverse of :meth:`label`, e.g. ``kv64x128_q128x64_o1`` (``_atomic``: dQ by
-        atomics)."""
+        """Inverse of :meth:`label`, e.g. ``kv64x128_q128x64_o1`` (``_w8``: eight worker
+        warps; ``_atomic``: dQ by atomics)."""
         m = _LABEL.fullmatch(label)
         if m is None:
             raise ScheduleError(f"backward schedule label {label!r} is not like "
-                                "kv64x64_q64x64_o1 (optionally ending in _atomic)")
-        return cls(*(int(x) for x in m.groups()[:5]),
-                   dq="atomic" if m.group(6) else "kernel")
+                                "kv64x64_q64x64_o1 (optionally ending in _w8, _atomic)")
+        return cls(*(int(x) for x in m.groups()[:5]), dq="atomic" if m.group(7) else "kernel",
+                   worker_warps=8 if m.group(6) else None)
 
 
 def _live_bytes(schedule: BwdSchedule, head_dim: int) -> dict[str, int]:
@@ -78,10 +89,10 @@ def bwd_rejection(schedule: BwdSchedule, head_dim: int) -> str | None:
     """Why ``schedule`` cannot run the backward well for ``head_dim``, or None when it may.
 
     The forward's register reasoning per kernel: the fp32 state must fit the CTA's share of
-    the register file at the schedule's occupancy and the 255 registers of each of the 4
-    worker warps' threads. It matches the measurement (NOTES §17): 128-key dK/dV tiles
-    count 192 registers per thread at D=64 (the fastest there) and 320 at D=128, where they
-    ran 1.49-1.57x slower than the default.
+    the register file at the schedule's occupancy and the 255 registers of each of the
+    worker warps' threads (4, or the schedule's 8). It matches the measurement (NOTES §17):
+    128-key dK/dV tiles over 4 worker warps count 192 registers per thread at D=64 (the
+    fastest there) and 320 at D=128, where they ran 1.49-1.57x slower than the default.
     """
     for kernel, live in _live_bytes(schedule, head_dim).items():
         budget = REGISTER_BYTES_PER_SM // schedule.occupancy
@@ -89,7 +100,7 @@ def bwd_rejection(schedule: BwdSchedule, head_dim: int) -> str | None:
             return (f"{schedule.label()}: {kernel} keeps {live // 1024} KiB of fp32 state per "
                     f"CTA at D={head_dim}, over the {budget // 1024} KiB register share at "
                     f"occupancy {schedule.occupancy}")
-        per_thread = live // (4 * 32 * DEFAULT_WORKER_WARPS)
+        per_thread = live // (4 * 32 * (schedule.worker_warps or DEFAULT_WORKER_WARPS))
         if per_thread > MAX_REGISTERS_PER_THREAD:
             return (f"{schedule.label()}: {kernel} needs {per_thread} registers of fp32 state "
                     f"per thread at D={head_dim}, over {MAX_REGISTERS_PER_THREAD} (it would "
@@ -122,10 +133,14 @@ def default_bwd_schedule(head_dim: int, causal: bool) -> BwdSchedule:
 
 
 # The quick backward space: the measured schedules (NOTES §17) and their occupancy-2
-# versions; full: every tile combination of 64 and 128 at occupancy 1 and 2.
+# versions, plus 128-key dK/dV and 128-row dQ tiles over eight worker warps (FA3's tiling
+# at D=128: two consumer warp groups over 128 keys). 128 x 128 dK/dV tiles compile to a
+# spilling kernel without warp-group MMAs at D=128 (offline): left out. Full: every tile
+# combination of 64 and 128 at occupancy 1 and 2, with 4 or 8 worker warps.
 BWD_QUICK_SPACE = tuple(BwdSchedule.from_label(label) for label in (
     "kv64x64_q64x64_o1", "kv64x64_q64x64_o2", "kv128x64_q64x128_o1", "kv64x128_q128x64_o1",
-    "kv128x64_q64x128_o2", "kv64x128_q128x64_o2"))
+    "kv128x64_q64x128_o2", "kv64x128_q128x64_o2", "kv64x128_q128x64_o1_w8",
+    "kv64x128_q128x128_o1_w8"))
 
 
 def bwd_space_for(head_dim: int, space: str) -> list[BwdSchedule]:
@@ -134,8 +149,9 @@ def bwd_space_for(head_dim: int, space: str) -> list[BwdSchedule]:
     if space == "quick":
         pool = BWD_QUICK_SPACE
     elif space == "full":
-        pool = tuple(BwdSchedule(a, b, c, e, o) for a in (64, 128) for b in (64, 128)
-                     for c in (64, 128) for e in (64, 128) for o in (1, 2))
+        pool = tuple(BwdSchedule(a, b, c, e, o, worker_warps=w) for a in (64, 128)
+                     for b in (64, 128) for c in (64, 128) for e in (64, 128) for o in (1, 2)
+                     for w in (None, 8))
     else:
         raise ValueError(f"unknown search space {space!r}; valid: ['quick', 'full']")
     valid = [s for s in pool if bwd_rejection(s, head_dim) is None]
