@@ -39,6 +39,8 @@ def load_other(path: str):
     for f in tmp.rglob("*.py"):
         text = f.read_text()
         text = text.replace('"tiledattention::', '"tiledattention_ab::')
+        text = text.replace('Library("tiledattention"', 'Library("tiledattention_ab"')
+        text = text.replace('torch.ops.tiledattention.', 'torch.ops.tiledattention_ab.')
         text = text.replace("from tiledattention.", "from tiledattention_ab.")
         f.write_text(text)
     sys.path.insert(0, str(tmp.parent))

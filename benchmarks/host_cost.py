@@ -90,7 +90,7 @@ def callables(q, k, v, causal):
         p = api.check_inputs(q, k, v, causal=causal, scale=None, attn_mask=None,
                              enable_gqa=False)
         # schedule "" ("pick for me"), no variant
-        return api._attention_fwd(q, k, v, None, [], causal, p.scale, False, "", "")[0]
+        return api._attention(q, k, v, None, [], causal, p.scale, False, "", "")[0]
 
     kw = _ta_causal(causal)
     return {

@@ -235,7 +235,7 @@ def test_a_pdl_schedule_sets_the_kernel_flag_and_the_launch_flag_together():
 
 
 def test_the_op_carries_a_schedule_as_one_label_and_a_variant_as_its_key():
-    schema = str(api._attention_fwd._opoverload._schema)
+    schema = str(api._attention_fwd._schema)
     assert schema.endswith("str schedule, str variant) -> (Tensor, Tensor)")
     label = Schedule(64, 128, 2, worker_warps=8, pdl=True).label()
     assert Schedule.from_label(label) == Schedule(64, 128, 2, worker_warps=8, pdl=True)

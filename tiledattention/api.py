@@ -7,9 +7,10 @@ Three ways through, one plan cache and one launch underneath (``kernel.plan``,
 - an eager call without a gradient runs the plan directly;
 - an eager call that needs a gradient runs ``_Attention`` (an ``autograd.Function``): the
   plan, the launch and the backward's plan without the custom op's dispatch;
-- everything a tracer, compiler, mode or tensor subclass must see goes through the custom
-  ops ``tiledattention::attention_fwd`` / ``attention_bwd`` (fake kernels, autograd
-  registered), so ``torch.compile`` (fullgraph) and CUDA graphs work.
+- everything a tracer, compiler, mode or tensor subclass must see goes through the ops
+  ``tiledattention::attention`` (no gradient), ``attention_fwd`` (autograd registered) and
+  ``attention_bwd``, with fake kernels, so ``torch.compile`` (fullgraph) and CUDA graphs
+  work.
 
 A schedule crosses the op boundary as one string, its label ("" = the policy's choice); a
 variant (``score_mod`` / ``mask_mod`` / ``block_mask``) as the key of a registry entry plus
@@ -41,12 +42,22 @@ def _variant_key(mods, block) -> str:
     return key
 
 
-@torch.library.custom_op("tiledattention::attention_fwd", mutates_args=(), device_types="cuda")
-def _attention_fwd(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None,
-    aux: list[torch.Tensor], causal: bool, scale: float, return_lse: bool, schedule: str,
-    variant: str,
-) -> tuple[torch.Tensor, torch.Tensor]:
+# The ops are defined with ``torch.library.Library`` rather than ``torch.library.custom_op``:
+# the latter wraps every call in Python autograd and aliasing checks (~13 us a call on the
+# CPU, ~21 us for an empty op on the H100 host: NOTES §25). ``attention`` has no autograd
+# kernel and serves traced calls that need no gradient (a compiled inference graph pays
+# only the dispatcher); ``attention_fwd`` is the same forward with autograd registered.
+_FWD_ARGS = ("Tensor q, Tensor k, Tensor v, Tensor? attn_mask, Tensor[] aux, bool causal, "
+             "float scale, bool return_lse, str schedule, str variant")
+_lib = torch.library.Library("tiledattention", "DEF")
+_lib.define(f"attention({_FWD_ARGS}) -> (Tensor, Tensor)")
+_lib.define(f"attention_fwd({_FWD_ARGS}) -> (Tensor, Tensor)")
+_lib.define("attention_bwd(Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor dout, "
+            "Tensor? dlse, Tensor? attn_mask, Tensor[] aux, bool causal, float scale, "
+            "str bwd_schedule, str variant) -> (Tensor, Tensor, Tensor)")
+
+
+def _fwd_cuda(q, k, v, attn_mask, aux, causal, scale, return_lse, schedule, variant):
     # schedule "" means "pick for me": resolved here, at run time, so that tracing under
     # torch.compile never queries the device. sdpa checked the arguments while tracing;
     # GQA is allowed here because it passed.
@@ -57,28 +68,22 @@ def _attention_fwd(
     return launch(plan, q, k, v, attn_mask, aux=tuple(aux))
 
 
-@_attention_fwd.register_kernel("cpu")
-def _(q, k, v, attn_mask, aux, causal, scale, return_lse, schedule, variant):
+def _fwd_cpu(q, k, v, attn_mask, aux, causal, scale, return_lse, schedule, variant):
     # Reached from a compiled graph traced on CPU tensors: the device is refused at run
     # time, with sdpa's typed error (raising while tracing would end fullgraph compiles in
     # Dynamo's own error instead).
     check_device(q)
 
 
-@_attention_fwd.register_fake
-def _(q, k, v, attn_mask, aux, causal, scale, return_lse, schedule, variant):
+def _fwd_fake(q, k, v, attn_mask, aux, causal, scale, return_lse, schedule, variant):
     b, hq, sq, d = q.shape
     out = q.new_empty((b, hq, sq, d))
     lse = q.new_empty((b, hq, sq) if return_lse else (1, 1, 1), dtype=torch.float32)
     return out, lse
 
 
-@torch.library.custom_op("tiledattention::attention_bwd", mutates_args=(), device_types="cuda")
-def _attention_bwd(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-    dout: torch.Tensor, dlse: torch.Tensor | None, attn_mask: torch.Tensor | None,
-    aux: list[torch.Tensor], causal: bool, scale: float, bwd_schedule: str, variant: str,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _bwd_cuda(q, k, v, out, lse, dout, dlse, attn_mask, aux, causal, scale, bwd_schedule,
+              variant):
     # bwd_schedule: a BwdSchedule label, or "" for the policy's choice (table, default).
     mods, block = _variants[variant]
     return run_backward(q, k, v, out, lse, dout, dlse, attn_mask, causal, scale,
@@ -86,11 +91,22 @@ def _attention_bwd(
                         mods, block, aux=tuple(aux))
 
 
-@_attention_bwd.register_fake
-def _(q, k, v, out, lse, dout, dlse, attn_mask, aux, causal, scale, bwd_schedule, variant):
+def _bwd_fake(q, k, v, out, lse, dout, dlse, attn_mask, aux, causal, scale, bwd_schedule,
+              variant):
     return (torch.empty_like(q, memory_format=torch.contiguous_format),
             torch.empty_like(k, memory_format=torch.contiguous_format),
             torch.empty_like(v, memory_format=torch.contiguous_format))
+
+
+for _name in ("attention", "attention_fwd"):
+    _lib.impl(_name, _fwd_cuda, "CUDA")
+    _lib.impl(_name, _fwd_cpu, "CPU")
+    torch.library.register_fake(f"tiledattention::{_name}", _fwd_fake, lib=_lib)
+_lib.impl("attention_bwd", _bwd_cuda, "CUDA")
+torch.library.register_fake("tiledattention::attention_bwd", _bwd_fake, lib=_lib)
+_attention = torch.ops.tiledattention.attention.default
+_attention_fwd = torch.ops.tiledattention.attention_fwd.default
+_attention_bwd = torch.ops.tiledattention.attention_bwd.default
 
 
 def _pinned_label() -> str:
@@ -127,7 +143,7 @@ def _backward(ctx, dout, dlse):
 
 
 torch.library.register_autograd("tiledattention::attention_fwd", _backward,
-                                setup_context=_setup_context)
+                                setup_context=_setup_context, lib=_lib)
 
 
 class _Attention(torch.autograd.Function):
@@ -306,9 +322,9 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if has_variant:
         key, aux = _traced_variant(score_mod, mask_mod, block_mask, needs_grad)
     # With a gradient to compute, the forward always keeps the LSE: the backward needs it.
-    out, lse = _attention_fwd(q, k, v, attn_mask, aux, problem.causal, problem.scale,
-                              bool(return_lse) or needs_grad, "" if s is None else s.label(),
-                              key)
+    op = _attention_fwd if needs_grad else _attention
+    out, lse = op(q, k, v, attn_mask, aux, problem.causal, problem.scale,
+                  bool(return_lse) or needs_grad, "" if s is None else s.label(), key)
     return (out, lse) if return_lse else out
 
 
