@@ -48,6 +48,12 @@ def load_other(path: str):
 
 
 def points(grid: str):
+    if grid == "d160":  # the causal dK/dV spill (NOTES §23) and controls beside it
+        for dtype in ("float16", "bfloat16"):
+            for d, causal, s in ((160, True, 1024), (160, True, 2048), (160, True, 4096),
+                                 (160, False, 4096), (128, True, 4096), (256, True, 2048)):
+                yield dtype, d, causal, s, TOKENS // s, 16 if d in (160, 96) else WIDTH // d
+        return
     ds = (64, 96, 128, 160) if grid == "paper" else (64, 128)
     ss = (512, 1024, 2048, 4096, 8192) if grid == "paper" else (1024, 4096)
     for dtype in ("float16", "bfloat16"):
@@ -90,7 +96,7 @@ def case(other, dtype, d, causal, s, b, h, passes, rounds, reps):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--other", required=True, help="the other revision's tiledattention dir")
-    ap.add_argument("--grid", choices=("paper", "quick"), default="quick")
+    ap.add_argument("--grid", choices=("paper", "quick", "d160"), default="quick")
     ap.add_argument("--passes", nargs="+", default=["fwd", "fwd+bwd"])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--reps", type=int, default=10)

@@ -4,6 +4,8 @@
 #   bash benchmarks/gpu_batch.sh ab-fwd     # A/B against .ab/<rev>/tiledattention, forward grid
 #   bash benchmarks/gpu_batch.sh ab-bwd     # the same, forward+backward
 #   bash benchmarks/gpu_batch.sh variants   # sparsity targets and FlexAttention comparison
+#   bash benchmarks/gpu_batch.sh tune-bwd   # backward tune (quick space) into $OUT/h100.json
+#   bash benchmarks/gpu_batch.sh host       # host cost table + profiler attribution
 # Start each device command with `. .toolchain/activate.sh &&`.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -13,7 +15,7 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:${PYTHONPATH:-}
 nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv,noheader | tee -a "$OUT/device.txt"
 python -c "import torch, cuda.tile as ct; print('torch', torch.__version__, 'cudnn',
 torch.backends.cudnn.version(), 'cuda.tile', ct.__version__)" | tee -a "$OUT/device.txt"
-AB=${AB:-.ab/c0601be/tiledattention}
+AB=${AB:-.ab/455dac2/tiledattention}
 case "${1:?what to run}" in
   tests)
     shift
@@ -27,5 +29,13 @@ case "${1:?what to run}" in
       2>&1 | tee "$OUT/ab-bwd.log" ;;
   variants)
     python benchmarks/variants.py --sparsity --flex 2>&1 | tee "$OUT/variants.log" ;;
+  tune-bwd)
+    python benchmarks/tune_backward.py --table tiledattention/schedules/tables/h100.json \
+      --out "$OUT/h100.json" --state "$OUT/tune-bwd-state.jsonl" \
+      --head-dims ${DIMS:-64 128} --seqs ${SEQS:-1024 4096} --dtypes float16 bfloat16 \
+      2>&1 | tee "$OUT/tune-bwd.log" | tail -60 ;;
+  host)
+    python benchmarks/host_cost.py --tables paths 2>&1 | tee "$OUT/host-cost.log"
+    python benchmarks/host_profile.py 2>&1 | tee "$OUT/host-profile.log" | grep "===\|GPU kernels" ;;
   *) echo "gpu_batch.sh: unknown step $1" >&2; exit 2 ;;
 esac
