@@ -34,62 +34,67 @@ def us(fn, calls=300) -> float:
     return statistics.median(samples) if busy else float("nan")
 
 
-def main() -> None:
-    for name, (b, hq, hk, sq, sk, d, causal) in SHAPES.items():
-        dt, dev = torch.bfloat16, "cuda"
-        q = torch.randn(b, hq, sq, d, device=dev, dtype=dt)
-        k = torch.randn(b, hk, sk, d, device=dev, dtype=dt)
-        v = torch.randn(b, hk, sk, d, device=dev, dtype=dt)
-        dout = torch.randn_like(q)
-        gqa = hq != hk
-        scale = d ** -0.5
-        plan = plan_for(q, k, v, None, causal, None, gqa, True, None)
-        out, lse = L.launch(plan, q, k, v, None)
-        bplan = bwd_plan_for(q, k, None, causal, scale, False, None)
-        delta = torch.empty((b, hq, sq), dtype=torch.float32, device=dev)
-        mask = lse.view(1, 1, 1, -1)[..., :1]
-        dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
-        args = ((out, dout, delta, delta),
-                (q, k, v, dout, lse, delta, mask, dk, dv, delta.view(b, hq, sq, 1)),
-                (q, k, v, dout, lse, delta, mask, dq))
-        rows = {
-            "fwd plan_for (lookup)": lambda: plan_for(q, k, v, None, causal, None, gqa, True,
+def run_shape(name, shape) -> None:
+    b, hq, hk, sq, sk, d, causal = shape
+    dt, dev = torch.bfloat16, "cuda"
+    q = torch.randn(b, hq, sq, d, device=dev, dtype=dt)
+    k = torch.randn(b, hk, sk, d, device=dev, dtype=dt)
+    v = torch.randn(b, hk, sk, d, device=dev, dtype=dt)
+    dout = torch.randn_like(q)
+    gqa = hq != hk
+    scale = d ** -0.5
+    plan = plan_for(q, k, v, None, causal, None, gqa, True, None)
+    out, lse = L.launch(plan, q, k, v, None)
+    bplan = bwd_plan_for(q, k, None, causal, scale, False, None)
+    delta = torch.empty((b, hq, sq), dtype=torch.float32, device=dev)
+    mask = lse.view(1, 1, 1, -1)[..., :1]
+    dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
+    args = ((out, dout, delta, delta),
+            (q, k, v, dout, lse, delta, mask, dk, dv, delta.view(b, hq, sq, 1)),
+            (q, k, v, dout, lse, delta, mask, dq))
+    rows = {
+        "fwd plan_for (lookup)": lambda: plan_for(q, k, v, None, causal, None, gqa, True,
+                                                  None),
+        "fwd launch (with allocs)": lambda: L.launch(plan, q, k, v, None),
+        "bwd_plan_for (lookup)": lambda: bwd_plan_for(q, k, None, causal, scale, False,
                                                       None),
-            "fwd launch (with allocs)": lambda: L.launch(plan, q, k, v, None),
-            "bwd_plan_for (lookup)": lambda: bwd_plan_for(q, k, None, causal, scale, False,
-                                                          None),
-            "6 allocations": lambda: [torch.empty_like(q) for _ in range(6)],
-        }
-        for (kernel, grid, tail), a, kname in zip(bplan.launches, args,
-                                                  ("delta", "dkdv", "dq")):
-            full = (*a, *tail)
-            rows[f"launch {kname} ({len(a)} arrays, {len(tail)} scalars)"] = (
-                lambda kernel=kernel, grid=grid, full=full:
-                L.launch_kernel(q.device, grid, kernel, full))
-        rows["run_backward whole"] = lambda: L.run_backward(q, k, v, out, lse, dout, None,
-                                                            None, causal, scale, None,
-                                                            _mods.NONE, None)
-        qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+        "6 allocations": lambda: [torch.empty_like(q) for _ in range(6)],
+    }
+    for (kernel, grid, tail), a, kname in zip(bplan.launches, args,
+                                              ("delta", "dkdv", "dq")):
+        full = (*a, *tail)
+        rows[f"launch {kname} ({len(a)} arrays, {len(tail)} scalars)"] = (
+            lambda kernel=kernel, grid=grid, full=full:
+            L.launch_kernel(q.device, grid, kernel, full))
+    rows["run_backward whole"] = lambda: L.run_backward(q, k, v, out, lse, dout, None,
+                                                        None, causal, scale, None,
+                                                        _mods.NONE, None)
+    qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
 
-        def ours():
-            ta.sdpa(qg, kg, vg, is_causal=causal, enable_gqa=gqa).backward(dout)
-            qg.grad = kg.grad = vg.grad = None
+    def ours():
+        ta.sdpa(qg, kg, vg, is_causal=causal, enable_gqa=gqa).backward(dout)
+        qg.grad = kg.grad = vg.grad = None
 
-        def theirs():
-            F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal,
-                                           enable_gqa=gqa).backward(dout)
-            qg.grad = kg.grad = vg.grad = None
+    def theirs():
+        F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal,
+                                       enable_gqa=gqa).backward(dout)
+        qg.grad = kg.grad = vg.grad = None
 
-        def ours_nograd():
-            with torch.no_grad():
-                ta.sdpa(q, k, v, is_causal=causal, enable_gqa=gqa)
+    def ours_nograd():
+        with torch.no_grad():
+            ta.sdpa(q, k, v, is_causal=causal, enable_gqa=gqa)
 
-        rows["sdpa no-grad whole"] = ours_nograd
-        rows["sdpa fwd+bwd whole (autograd)"] = ours
-        rows["torch SDPA fwd+bwd whole"] = theirs
-        print(f"\n{name}: host us per call, GPU kept busy")
-        for label, fn in rows.items():
-            print(f"  {label:44s} {us(fn, 100 if 'whole' in label else 300):8.1f}", flush=True)
+    rows["sdpa no-grad whole"] = ours_nograd
+    rows["sdpa fwd+bwd whole (autograd)"] = ours
+    rows["torch SDPA fwd+bwd whole"] = theirs
+    print(f"\n{name}: host us per call, GPU kept busy")
+    for label, fn in rows.items():
+        print(f"  {label:44s} {us(fn, 100 if 'whole' in label else 300):8.1f}", flush=True)
+
+
+def main() -> None:
+    for name, shape in SHAPES.items():
+        run_shape(name, shape)
 
 
 if __name__ == "__main__":
