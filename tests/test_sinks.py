@@ -143,3 +143,9 @@ def test_a_sink_that_is_not_one_logit_per_query_head_is_refused(stand_in, bad):
     with pytest.raises(InputError, match=r"sink must be a tensor of shape \[Hq\] = \[4\]"):
         variants.sinks(q, k, v, bad)
     assert stand_in == []  # refused before attention ran
+
+
+def test_the_variants_module_is_reachable_as_ta_variants():
+    import tiledattention as ta
+
+    assert ta.variants.sinks is variants.sinks and "variants" in ta.__all__
