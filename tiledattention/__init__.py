@@ -41,11 +41,17 @@ _LAZY = {
 }
 
 
+_LAZY_MODULES = ("variants",)  # ta.variants.sliding_window(...), ta.variants.sinks(...)
+
+
 def __getattr__(name: str):
-    if name in _LAZY:
+    if name in _LAZY or name in _LAZY_MODULES:
         import importlib
 
-        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+        if name in _LAZY:
+            value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+        else:
+            value = importlib.import_module(f".{name}", __name__)
         globals()[name] = value
         return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -56,5 +62,5 @@ __all__ = [
     "SDPAMode", "Schedule", "ScheduleError", "ScoreMod", "ShapeError", "TableError",
     "TiledAttentionError", "ToolchainMissingError", "UnsupportedHeadDimError", "VariantError",
     "block_mask", "default_bwd_schedule", "default_schedule", "pinned_bwd_schedule", "sdpa",
-    "sdpa_mode", "set_schedule_table", "timed_call",
+    "sdpa_mode", "set_schedule_table", "timed_call", "variants",
 ]

@@ -6,6 +6,10 @@ and carries ``.reference``: the same modification in plain PyTorch over broadcas
 tensors (b [B,1,1,1], h [1,H,1,1], q_idx [1,1,Sq,1], kv_idx [1,1,1,Skv]), which the tests
 compare against (``reference.naive_attention(score_ref=..., keep_ref=...)``).
 
+``sinks`` is the one variant that is not a modification of scores: it wraps ``sdpa``
+(``return_lse=True``) and rescales the output, and its ``.reference`` is a whole float64
+attention.
+
     import tiledattention as ta
     from tiledattention import variants
 
@@ -26,14 +30,33 @@ def _with_reference(fn, reference):
     return fn
 
 
-def sliding_window(left: int, right: int = 0):
+def _ref_offset(q_offset):
+    """The torch references' q_idx shift: 0, or q_offset [B] broadcast as [B, 1, 1, 1]."""
+    return 0 if q_offset is None else q_offset.long()[:, None, None, None]
+
+
+def sliding_window(left: int, right: int = 0, *, q_offset: torch.Tensor | None = None):
     """Query i attends keys j with i - left < j <= i + right (``right=0``: causal window of
-    ``left`` keys, Mistral's and Gemma's; a ``right`` > 0 looks ahead)."""
+    ``left`` keys including itself, Mistral's and Gemma's ``sliding_window``; a ``right`` >
+    0 looks ahead).
 
-    def window_mask(b, h, q_idx, kv_idx):
-        return (q_idx - kv_idx < left) & (kv_idx - q_idx <= right)
+    ``q_offset`` (every positional variant here takes it): int32 [B] on the device, the
+    position of each row's first query, i.e. a KV cache's length before these queries
+    (transformers' bottom-right alignment: decode with Sq = 1 is query Skv - 1). A tensor,
+    not a number, so a growing cache does not compile a kernel per step."""
+    if q_offset is None:
+        def window_mask(b, h, q_idx, kv_idx):
+            return (q_idx - kv_idx < left) & (kv_idx - q_idx <= right)
+    else:
+        def window_mask(b, h, q_idx, kv_idx):
+            return (q_idx + q_offset[b] - kv_idx < left) & (kv_idx - q_idx - q_offset[b]
+                                                            <= right)
 
-    return _with_reference(window_mask, lambda b, h, q, k: (q - k < left) & (k - q <= right))
+    def reference(b, h, q, k):
+        q = q + _ref_offset(q_offset)
+        return (q - k < left) & (k - q <= right)
+
+    return _with_reference(window_mask, reference)
 
 
 def softcap(cap: float) -> ScoreMod:
@@ -48,14 +71,21 @@ def softcap(cap: float) -> ScoreMod:
                                     lambda s, b, h, q, k: cap * torch.tanh(s / cap)))
 
 
-def alibi(slopes: torch.Tensor):
+def alibi(slopes: torch.Tensor, *, q_offset: torch.Tensor | None = None):
     """ALiBi (BLOOM, MPT): ``score - slope[h] * (i - j)``, a per-head linear distance
-    penalty; ``slopes`` fp32 [H] on the device (see ``alibi_slopes``)."""
+    penalty; ``slopes`` fp32 [H] on the device (see ``alibi_slopes``); ``q_offset`` as
+    for ``sliding_window``."""
+    if q_offset is None:
+        def alibi_score(score, b, h, q_idx, kv_idx):
+            return score + slopes[h] * (kv_idx - q_idx)
+    else:
+        def alibi_score(score, b, h, q_idx, kv_idx):
+            return score + slopes[h] * (kv_idx - q_idx - q_offset[b])
 
-    def alibi_score(score, b, h, q_idx, kv_idx):
-        return score + slopes[h] * (kv_idx - q_idx)
+    def reference(s, b, h, q, k):
+        return s + slopes.double()[h] * (k - q - _ref_offset(q_offset))
 
-    return _with_reference(alibi_score, lambda s, b, h, q, k: s + slopes.double()[h] * (k - q))
+    return _with_reference(alibi_score, reference)
 
 
 def alibi_slopes(heads: int, device="cuda") -> torch.Tensor:
@@ -64,16 +94,23 @@ def alibi_slopes(heads: int, device="cuda") -> torch.Tensor:
                         dtype=torch.float32, device=device)
 
 
-def document(segment_ids: torch.Tensor):
+def document(segment_ids: torch.Tensor, *, q_offset: torch.Tensor | None = None):
     """Packed sequences: a token attends only tokens of its own document; ``segment_ids``
-    int32 [B, S] (one id per token, e.g. from ``segments_from_lengths``). Combine with
-    ``causal=True`` for packed causal training."""
-
-    def document_mask(b, h, q_idx, kv_idx):
-        return segment_ids[b, q_idx] == segment_ids[b, kv_idx]
+    int32 [B, Skv] (one id per token, e.g. from ``segments_from_lengths``). Combine with
+    ``causal=True`` for packed causal training; ``q_offset`` as for ``sliding_window``."""
+    if q_offset is None:
+        def document_mask(b, h, q_idx, kv_idx):
+            return segment_ids[b, q_idx] == segment_ids[b, kv_idx]
+    else:
+        def document_mask(b, h, q_idx, kv_idx):
+            return segment_ids[b, q_idx + q_offset[b]] == segment_ids[b, kv_idx]
 
     ids = segment_ids.long()
-    return _with_reference(document_mask, lambda b, h, q, k: ids[b, q] == ids[b, k])
+
+    def reference(b, h, q, k):
+        return ids[b, q + _ref_offset(q_offset)] == ids[b, k]
+
+    return _with_reference(document_mask, reference)
 
 
 def segments_from_lengths(lengths: list[int], device="cuda") -> torch.Tensor:
@@ -84,12 +121,65 @@ def segments_from_lengths(lengths: list[int], device="cuda") -> torch.Tensor:
     return ids[None].to(device)
 
 
-def prefix_lm(prefix_lengths: torch.Tensor):
+def prefix_lm(prefix_lengths: torch.Tensor, *, q_offset: torch.Tensor | None = None):
     """T5/UL2 prefix-LM: every token sees the whole prefix of its row (bidirectional), the
-    rest is causal; ``prefix_lengths`` int32 [B]."""
-
-    def prefix_mask(b, h, q_idx, kv_idx):
-        return (kv_idx <= q_idx) | (kv_idx < prefix_lengths[b])
+    rest is causal; ``prefix_lengths`` int32 [B]; ``q_offset`` as for ``sliding_window``."""
+    if q_offset is None:
+        def prefix_mask(b, h, q_idx, kv_idx):
+            return (kv_idx <= q_idx) | (kv_idx < prefix_lengths[b])
+    else:
+        def prefix_mask(b, h, q_idx, kv_idx):
+            return (kv_idx <= q_idx + q_offset[b]) | (kv_idx < prefix_lengths[b])
 
     lens = prefix_lengths.long()
-    return _with_reference(prefix_mask, lambda b, h, q, k: (k <= q) | (k < lens[b]))
+
+    def reference(b, h, q, k):
+        return (k <= q + _ref_offset(q_offset)) | (k < lens[b])
+
+    return _with_reference(prefix_mask, reference)
+
+
+def sinks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sink: torch.Tensor,
+          **sdpa_kwargs):
+    """Attention sinks as gpt-oss trains them: a learnable per-head logit ``sink`` [Hq]
+    that joins each softmax denominator and nothing else (it has no value row).
+
+    ``softmax([s, sink])`` over the keys is ``softmax(s) * exp(lse) / (exp(lse) +
+    exp(sink))`` = ``out * sigmoid(lse - sink)``, so the call is ``sdpa(...,
+    return_lse=True)`` and one rescale: q, k, v get their gradient through ``out`` and the
+    LSE (the kernels take dLSE), ``sink`` (which may require grad) through torch. Any other
+    ``sdpa`` argument (causal, masks, GQA, a score_mod / block_mask, a KV cache) composes.
+    With ``return_lse=True`` the LSE returned includes the sink. Reference:
+    ``sinks.reference(q, k, v, sink, **naive_attention_kwargs)``.
+    """
+    from .api import sdpa
+    from .errors import InputError
+
+    want_lse = sdpa_kwargs.pop("return_lse", False)
+    heads = q.shape[1]
+    if not isinstance(sink, torch.Tensor) or tuple(sink.shape) != (heads,):
+        raise InputError(f"sinks: sink must be a tensor of shape [Hq] = [{heads}] (one logit "
+                         f"per query head), got {getattr(sink, 'shape', type(sink).__name__)}")
+    out, lse = sdpa(q, k, v, return_lse=True, **sdpa_kwargs)
+    # fp32 factor (LSE is fp32), cast once to the output's dtype.
+    logit = sink.to(device=lse.device, dtype=torch.float32)[None, :, None]
+    out = out * torch.sigmoid(lse - logit).to(out.dtype).unsqueeze(-1)
+    return (out, torch.logaddexp(lse, logit)) if want_lse else out
+
+
+def _sinks_reference(q, k, v, sink, *, causal=False, scale=None, attn_mask=None,
+                     score_ref=None, keep_ref=None):
+    """float64 (out, lse): the sink appended to the score matrix as one more column,
+    softmax, the column dropped (``naive_attention``'s scores and arguments)."""
+    from .reference import _expand_kv, _scores
+
+    q, k, v = q.double(), k.double(), v.double()
+    k, v = _expand_kv(k, v, q.shape[1])
+    s, _ = _scores(q, k, causal, scale, attn_mask, score_ref, keep_ref)
+    col = sink.double().to(s.device)[None, :, None, None].expand(*s.shape[:-1], 1)
+    full = torch.cat([s, col], dim=-1)
+    lse = torch.logsumexp(full, dim=-1)
+    return torch.exp(full - lse[..., None])[..., :-1] @ v, lse
+
+
+sinks.reference = _sinks_reference

@@ -14,18 +14,37 @@ How calls map onto ``tiledattention.sdpa`` (the same decisions as transformers' 
   new query sees the whole cache;
 - GQA: K/V are passed with their own heads and ``enable_gqa=True`` (no repeat_kv copy).
 
+The model's attention arguments map onto ``tiledattention.variants``:
+- ``softcap`` (Gemma 2's ``attn_logit_softcapping``): ``variants.softcap`` as score_mod;
+- ``s_aux`` (gpt-oss's per-head sinks, a parameter that trains): ``variants.sinks``;
+- ``sliding_window`` (Mistral, Gemma 2/3, gpt-oss: W keys including the query itself):
+  transformers' mask holds the window wherever one is needed (its mask function has it;
+  with a KV cache its offsets too), so the mask stays; in a prefill (Sq = Skv: positions
+  are the indices, as in transformers' mask) with Skv > W the window's left edge,
+  ``variants.sliding_window(W, _AHEAD)``, is added as a block mask, so key tiles older
+  than the window are never loaded. Only the left edge: a mask that lets a query see
+  later keys (Gemma 3's bidirectional image tokens) keeps them. A decode step (Sq < Skv:
+  only transformers knows the cache's positions) uses the mask alone. The mask itself is
+  not skipped: some models (PhiMoE, Doge, BLT) build the window mask without passing
+  ``sliding_window`` to the attention.
+A call without them takes the plain path, unchanged.
+
 Needs the ``hf`` extra (``pip install 'tiledattention[hf]'``); dropout must be 0. It
-trains (``sdpa`` is differentiable) and compiles (``torch.compile``); ``bench/model.py``
-times prefill, decode and a training step, eager and compiled. For a model left on
-``attn_implementation="sdpa"``, ``tiledattention.sdpa_mode()`` routes PyTorch's SDPA calls
-instead (``integrations/dropin.py``).
+trains (``sdpa`` is differentiable) and compiles (``torch.compile``; a variant call costs
+one graph break); ``bench/model.py`` times prefill, decode and a training step, eager and
+compiled. For a model left on ``attn_implementation="sdpa"``,
+``tiledattention.sdpa_mode()`` routes PyTorch's SDPA calls instead
+(``integrations/dropin.py``).
 """
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 NAME = "tiledattention"
+_AHEAD = 2**30  # a window's right extent that rules nothing out (one compile per W)
 
 
 def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
@@ -40,14 +59,57 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     if dropout:
         raise InputError(f"tiledattention has no attention dropout (got dropout={dropout}); "
                          "use it for inference (model.eval())")
-    if kwargs.get("position_bias") is not None or kwargs.get("s_aux") is not None:
-        raise InputError("tiledattention does not take position_bias or attention sinks "
-                         "(s_aux); use attn_implementation='sdpa' for this model")
+    if kwargs.get("position_bias") is not None:
+        raise InputError("tiledattention does not take position_bias; use "
+                         "attn_implementation='sdpa' for this model")
     is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     causal = bool(query.shape[2] > 1 and attention_mask is None and is_causal)
-    out = sdpa(query, key, value, causal=causal, scale=scaling, attn_mask=attention_mask,
-               enable_gqa=query.shape[1] != key.shape[1])
+    softcap, window, sink = kwargs.get("softcap"), kwargs.get("sliding_window"), kwargs.get(
+        "s_aux")
+    if softcap is None and window is None and sink is None:
+        out = sdpa(query, key, value, causal=causal, scale=scaling, attn_mask=attention_mask,
+                   enable_gqa=query.shape[1] != key.shape[1])
+    else:
+        out = _with_variants(query, key, value, attention_mask, causal, scaling, softcap,
+                             window, sink)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _with_variants(query, key, value, attention_mask, causal, scaling, softcap, window, sink):
+    """A call carrying softcap, a sliding window and/or sinks (see the module docstring)."""
+    from .. import variants
+    from ..api import sdpa
+
+    kw = dict(causal=causal, scale=scaling, attn_mask=attention_mask,
+              enable_gqa=query.shape[1] != key.shape[1])
+    if softcap:
+        kw["score_mod"] = _softcap(float(softcap))
+    sq, skv = query.shape[2], key.shape[2]
+    # The mask (or causality) already decides; in a prefill the positions are the indices,
+    # so the window's left edge as a block mask only skips the tiles it rules out.
+    if window is not None and sq == skv > window:
+        kw["block_mask"] = _window_blocks(int(window), sq, skv, query.device)
+    if sink is None:
+        return sdpa(query, key, value, **kw)
+    return variants.sinks(query, key, value, sink, **kw)
+
+
+@functools.lru_cache(maxsize=16)
+def _softcap(cap: float):
+    from .. import variants
+
+    return variants.softcap(cap)
+
+
+@functools.lru_cache(maxsize=32)
+def _window_blocks(window: int, sq: int, skv: int, device: torch.device):
+    """The window's left edge as a block mask, shared by every sliding layer of a forward
+    (and later calls of the same length): classified once, not once per layer."""
+    from .. import variants
+    from ..kernel.blockmask import block_mask
+
+    return block_mask(variants.sliding_window(window, _AHEAD), None, None, sq, skv,
+                      device=device)
 
 
 def register(name: str = NAME) -> str:
