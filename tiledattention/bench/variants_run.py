@@ -64,6 +64,7 @@ def _forget_no_gpu_rows(store, log) -> None:
     head, name = os.path.split(store.path)
     aside = os.path.join(head, f"stale-{name[:-len('.jsonl')]}-{time.time_ns()}.jsonl")
     os.replace(store.path, aside)
+    open(store.path, "ab").close()
     store.rows, store._torn_tail = {}, False
     for r in keep:
         store.append(r)
@@ -71,8 +72,9 @@ def _forget_no_gpu_rows(store, log) -> None:
           file=log, flush=True)
 
 
-def run_variants(cfg: VariantsConfig, out_dir: str, log=sys.stderr) -> dict:
+def run_variants(cfg: VariantsConfig, out_dir: str, log=None) -> dict:
     """Measure (or resume) the stage into ``out_dir``; returns its status."""
+    log = log or sys.stderr
     from ..tune import no_gpu_reason
     from .manifest import capture, now
     from .runner import _resume, _write_json, measure, resolve_device
