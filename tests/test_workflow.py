@@ -39,7 +39,7 @@ def test_dry_run_plans_one_job_per_shard(configfile, shards, tmp_path):
     assert counts["bench_shard"] == str(shards)
     # The smoke study is the default study in miniature: the same steps.
     for rule in ("plan", "tune", "ladder", "aggregate", "figures", "manifest", "profile",
-                 "model", "bundle", "bundle_verify"):
+                 "model", "variants", "bundle", "bundle_verify"):
         assert counts.get(rule) == "1", (rule, counts)
     # One job per shapes grid (two in the paper's study, one in the smoke study).
     assert counts.get("shapes") == str(2 if configfile == "config/config.yaml" else 1)
@@ -47,7 +47,7 @@ def test_dry_run_plans_one_job_per_shard(configfile, shards, tmp_path):
 
 def _gpu_commands(out) -> list[str]:
     return [ln for ln in (out.stdout + out.stderr).splitlines()
-            if re.match(r"(Shell command: )?tiledattn (sweep|tune|profile|model) ", ln)]
+            if re.match(r"(Shell command: )?tiledattn (sweep|tune|profile|model|variants) ", ln)]
 
 
 def test_a_command_line_config_keeps_the_profiles_launcher(tmp_path):
@@ -57,7 +57,8 @@ def test_a_command_line_config_keeps_the_profiles_launcher(tmp_path):
               "--config", "shards=3", f"results_dir={tmp_path}")
     assert out.returncode == 0, out.stderr[-2000:]
     commands = _gpu_commands(out)
-    assert len(commands) == 3 + 5  # three shards, ladder, tune, profile, one shapes grid, model
+    # three shards, ladder, tune, profile, one shapes grid, model, variants
+    assert len(commands) == 3 + 6
     assert all("--launcher slurm" in c and '"partition": "gpu"' in c for c in commands), commands
     assert "config: launcher, launcher_options from the profile" in out.stderr
 
@@ -75,7 +76,7 @@ def test_without_a_profile_the_configs_launcher_runs_every_gpu_step(tmp_path):
     out = smk("-n", "-p", "--configfile", "config/smoke.yaml", "--config",
               f"results_dir={tmp_path}")
     commands = _gpu_commands(out)
-    assert len(commands) == 2 + 5 and all("--launcher local" in c for c in commands), commands
+    assert len(commands) == 2 + 6 and all("--launcher local" in c for c in commands), commands
 
 
 def test_a_configfile_replaces_the_default_config(tmp_path):
