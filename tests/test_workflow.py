@@ -165,7 +165,7 @@ def test_smoke_study_runs_end_to_end_with_the_local_profile(tmp_path):
     assert all(r["status"] in ("ok", "unavailable") for r in rows)
     assert (results / "shards" / "manifest-shard0of2.json").exists()
     # Every GPU step ran as a local launcher job (submitit's files in its log folder).
-    for step in ("shards", "ladder", "tune", "profile", "shapes/g0", "model"):
+    for step in ("shards", "ladder", "tune", "profile", "shapes/g0", "model", "variants"):
         assert list((results / step / "logs").glob("*_submitted.pkl")), step
     # It ends with a verified bundle: tables, figures, the profile step's reason, metadata.
     assert "bundle verify: OK" in (results / "bundle.verified").read_text()
@@ -185,6 +185,10 @@ def test_smoke_study_runs_end_to_end_with_the_local_profile(tmp_path):
     model = (bundle / "tables" / "model_e2e.md").read_text()
     assert "| 1 | decode | tiledattention |" in model  # the model job ran (rows either way)
     assert (bundle / "data" / "model-rows.jsonl").stat().st_size > 0
+    variants = (bundle / "tables" / "variants.md").read_text()
+    assert "| window | bfloat16 | 64 | 256 | 2 | 2 | fwd |" in variants  # the variants job ran
+    assert (bundle / "figures" / "variants.png").stat().st_size > 0
+    assert (bundle / "data" / "variants-rows.jsonl").stat().st_size > 0
     table5 = (results / "aggregate" / "tables" / "table5_schedules.md").read_text()
     readme = (bundle / "README.md").read_text()
     gpu = "| float16 | full | 64 |" in table5
@@ -193,6 +197,8 @@ def test_smoke_study_runs_end_to_end_with_the_local_profile(tmp_path):
         assert "- tuning (Table 5): not run: no CUDA GPU visible" in readme
         assert "- benchmark: tiledattention unavailable at 4 point(s)" in readme
         assert "- model benchmark (model_e2e): unavailable at 9 row(s): no CUDA GPU" in readme
+        assert "- variants: flex unavailable at 4 point(s): no CUDA GPU" in readme
+        assert "no speedup over FlexAttention measured (flex unavailable: no CUDA GPU" in readme
     # The exact config is the smoke config's own: nothing of config/config.yaml's grid.
     exact = (bundle / "config" / "study-config.yaml").read_text()
     for key in ("flush_l2", "tokens: 16384", "width: 2048", "seqs: [4096]", "- 4096"):

@@ -166,8 +166,13 @@ def _parts(name: str, batch: int, heads: int, seq: int, device: str) -> Parts:
 
 def parts_for(point, device) -> Parts:
     """The variant of a variants-stage point, built once for its shape and device."""
+    import torch
+
     if point.seq_q != point.seq_kv:
         raise ValueError("variants are measured as self-attention (Sq = Skv)")
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:  # one cache entry per GPU, not two
+        device = torch.device("cuda", torch.cuda.current_device())
     return _parts(point.variant, point.batch, point.heads, point.seq_q, str(device))
 
 
