@@ -187,6 +187,13 @@ def test_table_headline_and_figure_from_synthetic_rows(tmp_path):
     line = headline(_synthetic())
     assert "fwd 2.000x (min 2.000x, faster at 4/4 points)" in line
     assert "fwd+bwd 2.000x" in line and "Variants (window, alibi)" in line
+    from tiledattention.study.variants import headline_rows
+
+    assert [r[:6] for r in headline_rows(_synthetic())] == [
+        ["FlexAttention (variants), fwd", 4, 2.0, 2.0, 2.0, "4/4"],
+        ["FlexAttention (variants), fwd+bwd", 4, 2.0, 2.0, 2.0, "4/4"],
+        ["SDPA + mask (variants), fwd", 4, 4.0, 4.0, 4.0, "4/4"],
+        ["SDPA + mask (variants), fwd+bwd", 4, 4.0, 4.0, 4.0, "4/4"]]
     paths = variants_figure(_synthetic(), str(tmp_path))
     assert sorted(Path(p).name for p in paths) == ["variants.pdf", "variants.png"]
     assert all(Path(p).stat().st_size > 1000 for p in paths)

@@ -261,13 +261,20 @@ def write_all(rows: list[dict], out_dir: str, *, tune_table: str | None = None,
               model_rows: list[dict] | None = None,
               variant_rows: list[dict] | None = None) -> list[str]:
     from .shapes import shapes_cost_table, shapes_table
-    from .variants import variants_table
+    from .variants import headline_rows, variants_table
 
     paths = []
     # The ratio tables compare forward rows, as before the pass axis; the headline adds
     # the backward passes, and the per-point tables list every pass's rows.
     fwd = [r for r in rows if pass_of(r) == "fwd"]
-    for table in (headline(rows), table4(fwd), by_head_dim(fwd), by_regime(fwd),
+    head = headline(rows)
+    extra = headline_rows(variant_rows or [])  # the variants stage's own points
+    if extra:
+        head.rows += extra
+        head.notes.append("'(variants)' rows: tiledattention's built-in variants against "
+                          "FlexAttention and SDPA with a materialised mask over the variants "
+                          "stage's points (table variants).")
+    for table in (head, table4(fwd), by_head_dim(fwd), by_regime(fwd),
                   table5(tune_table), table6(ladder_rows or []), throughput(rows),
                   call_latency(rows), status(rows), shapes_table(shape_rows or []),
                   shapes_cost_table(shape_rows or []), model_e2e(model_rows or []),

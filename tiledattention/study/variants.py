@@ -112,6 +112,26 @@ def headline(rows: list[dict]) -> str:
             + "; ".join(parts) + ".")
 
 
+def headline_rows(rows: list[dict]) -> list[list]:
+    """The headline table's rows for the variants stage: ours against FlexAttention and SDPA
+    + mask per pass, by kernel time and call latency (the headline's columns)."""
+    from .ratios import compare
+
+    out = []
+    for baseline, label in ((FLEX, "FlexAttention"), (SDPA_MASK, "SDPA + mask")):
+        for p in PASSES:
+            def where(point, p=p):
+                return point.get("pass", "fwd") == p
+
+            k = compare(rows, SUBJECT, baseline, where)
+            if not k.n:
+                continue
+            c = compare(rows, SUBJECT, baseline, where, "call")
+            out.append([f"{label} (variants), {p}", k.n, k.mean, k.geomean, k.min,
+                        f"{k.wins}/{k.n}", c.geomean, c.min, f"{c.wins}/{c.n}"])
+    return out
+
+
 def variants_figure(rows: list[dict], out_dir: str) -> list[str]:
     """Speedup over FlexAttention vs S, one line per variant (and D, dtype), one panel per
     pass; written with the reason where nothing was measured."""
