@@ -19,6 +19,7 @@ from .bench.config import (
     ModelConfig,
     ProfileConfig,
     TuneConfig,
+    VariantsConfig,
 )
 from .bench.grid import PAPER_DTYPES, PAPER_HEAD_DIMS, PAPER_SEQS, TUNE_PASSES
 from .launchers.base import LAUNCHERS
@@ -254,18 +255,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="YAML with the stage's settings: a `variants:` section "
                    "(a study config) or the section itself; the options below override it "
                    "(default: the stage's defaults)")
-    # Each option's default is the config's: left out, the --config file's value stands.
-    p.add_argument("--variants", nargs="+", choices=VARIANT_NAMES, help="variants measured")
-    p.add_argument("--methods", nargs="+", choices=VARIANT_METHODS, help="methods compared")
-    p.add_argument("--seqs", type=_count(1), nargs="+", help="sequence lengths S")
-    p.add_argument("--head-dims", type=_count(1), nargs="+", help="head dims D")
-    p.add_argument("--dtypes", nargs="+", choices=PAPER_DTYPES, help="element types")
-    p.add_argument("--passes", nargs="+", choices=VARIANT_PASSES, help="passes timed")
+    # Left out, an option keeps the --config file's value, else the stage's default.
+    def stage_opt(flag, what, **kw):
+        name = flag[2:].replace("-", "_")
+        value = _default(VariantsConfig, name)
+        shown = " ".join(map(str, value)) if isinstance(value, list) else value
+        p.add_argument(flag, help=f"{what} (default: the --config file's, else {shown})",
+                       **kw)
+
+    stage_opt("--variants", "variants measured", nargs="+", choices=VARIANT_NAMES)
+    stage_opt("--methods", "methods compared", nargs="+", choices=VARIANT_METHODS)
+    stage_opt("--seqs", "sequence lengths S", type=_count(1), nargs="+")
+    stage_opt("--head-dims", "head dims D", type=_count(1), nargs="+")
+    stage_opt("--dtypes", "element types", nargs="+", choices=PAPER_DTYPES)
+    stage_opt("--passes", "passes timed", nargs="+", choices=VARIANT_PASSES)
     for flag, what in (("--tokens", "B*S"), ("--width", "H*D"), ("--warmup", "untimed calls"),
                        ("--reps", "timed calls per method"), ("--rounds", "interleaved rounds"),
                        ("--max-ref-heads", "heads checked against float64"),
                        ("--seed", "seed of the inputs")):
-        p.add_argument(flag, type=_count(0), help=what)
+        stage_opt(flag, what, type=_count(0))
     p.add_argument("--launcher", choices=LAUNCHERS, help="run it as a job of this launcher "
                    "(slurm: on a GPU node) (default: in this process)")
     _launcher_options(p)
