@@ -260,8 +260,9 @@ class VariantsConfig:
                      flag="--reps")
     rounds: int = _opt(2, "Rounds, methods interleaved, order alternating.", min=1,
                        max=10**4, flag="--rounds")
-    max_ref_heads: int = _opt(2, "Heads of batch 0 checked against the float64 reference "
-                              "(forward and gradients), every row.", min=1, max=INT32,
+    max_ref_heads: int = _opt(1, "Heads of batch 0 checked against the float64 reference "
+                              "(forward and gradients), every row (its S x S float64 "
+                              "scores: 2 GiB a head at S 16k).", min=1, max=INT32,
                               flag="--max-ref-heads")
     seed: int = _opt(0, "Seed of the inputs.", min=0, max=2**63 - 1, flag="--seed")
 

@@ -36,6 +36,7 @@ class Parts:
     # SDPA's materialised mask broadcast over it).
     mask_batch: int | None = None
     mask_heads: int | None = None
+    bias_heads: int | None = None  # the score modification depends on h (SDPA's bias shape)
     sdpa: str | None = None  # how SDPA takes it: "bias" (additive float) or "bool"; None:
     no_sdpa: str = ""  # why SDPA cannot express it
     cache: dict = field(default_factory=dict)  # masks made once per point (not timed)
@@ -98,7 +99,7 @@ def _build_alibi(batch, heads, seq, device):
     return Parts({"is_causal": True, "score_mod": alibi},
                  {"causal": True, "score_ref": alibi.reference},
                  score=lambda s, b, h, q, k: s + slopes[h] * (k - q), mask=_causal,
-                 mask_heads=heads, sdpa="bias")
+                 bias_heads=heads, sdpa="bias")
 
 
 def _build_documents(batch, heads, seq, device):
@@ -217,7 +218,7 @@ def sdpa_mask(parts: Parts, point, dtype, device):
         for other in [k for k in parts.cache if k[0] == "sdpa"]:
             del parts.cache[other]  # one dtype at a time: a mask may take gigabytes
         b = parts.mask_batch or 1
-        h = parts.mask_heads or 1
+        h = max(parts.mask_heads or 1, parts.bias_heads or 1 if parts.sdpa == "bias" else 1)
         idx = indices(b, h, point.seq_q, device)
         keep = parts.mask(*idx).expand(b, h, point.seq_q, point.seq_kv) \
             if parts.mask is not None else None
