@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .grid import PINNED_PREFIX, Point, pinned_bwd_label, pinned_label
+from .variants import flex_block_mask, modified_scores, parts_for, sdpa_mask, variant_of
 
 
 class Unavailable(Exception):
@@ -66,7 +67,6 @@ def _tiled_check(point, device):
 
 def _tiled_run(q, k, v, point, schedule=None):
     from ..api import sdpa
-    from .variants import parts_for, variant_of
 
     if variant_of(point) is not None:  # the built-in variant, through the public API
         return sdpa(q, k, v, enable_gqa=_gqa(point), schedule=schedule,
@@ -102,7 +102,6 @@ def _tiled_geometry(q, k, v, point, schedule=None):
 
     from ..kernel.geometry import plan_geometry
     from ..kernel.plan import plan_for
-    from .variants import variant_of
 
     if variant_of(point) is not None:
         return None  # a variant's plan walks its block lists: no closed-form geometry
@@ -136,8 +135,6 @@ def eager_attention(q, k, v, point):
     """matmul, fp32 softmax, matmul: what a framework without fused attention does."""
     import torch
 
-    from .variants import modified_scores, parts_for, variant_of
-
     if point.gqa > 1:
         k = k.repeat_interleave(point.gqa, dim=1)
         v = v.repeat_interleave(point.gqa, dim=1)
@@ -165,8 +162,6 @@ def _flash_attn_run(q, k, v, point):
 
 
 def _variant_only(name: str, point):
-    from .variants import variant_of
-
     if variant_of(point) is None:
         raise Unsupported(f"{name} runs the variants stage's points (tiledattn variants)")
 
@@ -179,8 +174,6 @@ _EAGER_BYTES = {"fwd": 14, "bwd": 28, "fwd+bwd": 28}
 def _eager_check(point, device):
     """Eager attention where the device's memory allows (variants stage): its B·H·S²
     score matrices must fit in the free memory, else the row says how much it needs."""
-    from .variants import variant_of
-
     if variant_of(point) is None or device.type != "cuda":
         return
     import torch
@@ -195,7 +188,8 @@ def _eager_check(point, device):
 def _flex_check(point, device):
     _variant_only("flex", point)
     if device.type != "cuda":
-        raise Unavailable("FlexAttention is compiled here for a CUDA GPU (needs one)")
+        raise Unavailable("FlexAttention runs here on a CUDA GPU only (torch.compile's "
+                          "Triton backend)")
     if importlib.util.find_spec("triton") is None:
         raise Unavailable("FlexAttention needs Triton (torch.compile's GPU backend), which "
                           "is not installed")
@@ -222,8 +216,6 @@ def _compiled_flex():
 
 
 def _flex_run(q, k, v, point):
-    from .variants import flex_block_mask, parts_for
-
     parts = parts_for(point, q.device)
     return _compiled_flex()(q, k, v, score_mod=parts.score,
                             block_mask=flex_block_mask(parts, point, q.device),
@@ -231,8 +223,6 @@ def _flex_run(q, k, v, point):
 
 
 def _sdpa_mask_check(point, device):
-    from .variants import parts_for
-
     _variant_only("sdpa_mask", point)
     parts = parts_for(point, device)
     if parts.sdpa is None:
@@ -242,15 +232,11 @@ def _sdpa_mask_check(point, device):
 def _sdpa_mask_run(q, k, v, point):
     import torch.nn.functional as F
 
-    from .variants import parts_for, sdpa_mask
-
     mask = sdpa_mask(parts_for(point, q.device), point, q.dtype, q.device)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=_gqa(point))
 
 
 def _sdpa_mask_describe(q, k, v, point):
-    from .variants import parts_for
-
     return {"mask": parts_for(point, q.device).sdpa}
 
 
