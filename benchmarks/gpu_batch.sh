@@ -26,6 +26,6 @@ case "${1:?what to run}" in
     python benchmarks/ab_revision.py --other "$AB" --grid "${GRID:-quick}" --passes fwd+bwd \
       2>&1 | tee "$OUT/ab-bwd.log" ;;
   variants)
-    python benchmarks/variants.py --sparsity --flex --out "$OUT/variants" 2>&1 | tee "$OUT/variants.log" ;;
+    python benchmarks/variants.py --sparsity --flex 2>&1 | tee "$OUT/variants.log" ;;
   *) echo "gpu_batch.sh: unknown step $1" >&2; exit 2 ;;
 esac
