@@ -194,6 +194,13 @@ def test_table_headline_and_figure_from_synthetic_rows(tmp_path):
         ["FlexAttention (variants), fwd+bwd", 4, 2.0, 2.0, 2.0, "4/4"],
         ["SDPA + mask (variants), fwd", 4, 4.0, 4.0, 4.0, "4/4"],
         ["SDPA + mask (variants), fwd+bwd", 4, 4.0, 4.0, 4.0, "4/4"]]
+    from tiledattention.study.variants import variants_summary
+
+    summary = variants_summary(_synthetic())
+    assert summary.rows[0] == ["window", "fwd", "2/2", 2.0, 2.0, "≥ 1.5x, min ≥ 1x", 4.0, "yes"]
+    slow = [{**r, "time_ms": {"median_ms": r["time_ms"]["median_ms"] * 1.5}}
+            if r["method"] == "tiledattention" else r for r in _synthetic()]
+    assert [r[-1] for r in variants_summary(slow).rows] == ["no", "yes"] * 2
     paths = variants_figure(_synthetic(), str(tmp_path))
     assert sorted(Path(p).name for p in paths) == ["variants.pdf", "variants.png"]
     assert all(Path(p).stat().st_size > 1000 for p in paths)
@@ -209,6 +216,10 @@ def test_unavailable_rows_give_an_empty_table_with_the_reason_and_no_ratio(tmp_p
     assert "no speedup over FlexAttention measured (flex unavailable: no CUDA GPU" in \
         headline(rows)
     assert variants_figure(rows, str(tmp_path))  # written, with the reason in place
+    from tiledattention.study.variants import variants_summary
+
+    assert variants_summary(rows).rows == [["window", "fwd", "0/1", None, None,
+                                            "≥ 1.5x, min ≥ 1x", None, "not measured"]]
     assert variants_table([]).notes == [
         "no variants stage in this study (config variants.enabled: false)."]
     assert headline([]) == ""

@@ -259,7 +259,8 @@ def _readme(pub: Publication, rows: list[dict], manifest: dict, table4: str,
         "`data/variants-rows.jsonl`: the variants stage's rows, when it ran",
         "- `tables/`: Table 4 (ratios against each baseline), per-D and per-regime ratios, "
         "Table 5 (schedules), Table 6 (schedule ladder), throughput, status, model_e2e (tiny "
-        "Llama tokens/s per attention implementation), variants (against FlexAttention) — "
+        "Llama tokens/s per attention implementation), variants and variants_summary (against "
+        "FlexAttention and SDPA + mask, and the targets) — "
         "Markdown, CSV, "
         "LaTeX",
         "- `figures/`: PNG and PDF", "- `compare/`: `tiledattn compare` against a "

@@ -252,7 +252,8 @@ def model_e2e(model_rows: list[dict]) -> Table:
 # The tables write_all writes, by file stem (the workflow lists its outputs from here).
 NAMES = ("headline", "table4_ratios", "ratios_by_head_dim", "ratios_by_regime",
          "table5_schedules", "table6_ladder", "throughput", "call_latency", "status",
-         "shapes", "shapes_cost", "model_e2e", "variants")
+         "shapes", "shapes_cost", "model_e2e", "variants",
+         "variants_summary")
 
 
 def write_all(rows: list[dict], out_dir: str, *, tune_table: str | None = None,
@@ -261,7 +262,7 @@ def write_all(rows: list[dict], out_dir: str, *, tune_table: str | None = None,
               model_rows: list[dict] | None = None,
               variant_rows: list[dict] | None = None) -> list[str]:
     from .shapes import shapes_cost_table, shapes_table
-    from .variants import headline_rows, variants_table
+    from .variants import headline_rows, variants_summary, variants_table
 
     paths = []
     # The ratio tables compare forward rows, as before the pass axis; the headline adds
@@ -278,6 +279,6 @@ def write_all(rows: list[dict], out_dir: str, *, tune_table: str | None = None,
                   table5(tune_table), table6(ladder_rows or []), throughput(rows),
                   call_latency(rows), status(rows), shapes_table(shape_rows or []),
                   shapes_cost_table(shape_rows or []), model_e2e(model_rows or []),
-                  variants_table(variant_rows or [])):
+                  variants_table(variant_rows or []), variants_summary(variant_rows or [])):
         paths += table.write(out_dir)
     return paths

@@ -14,6 +14,10 @@ from .table import Table
 
 FLEX, SDPA_MASK = "flex", "sdpa_mask"
 PASSES = ("fwd", "fwd+bwd")
+# Issue 23's targets: geometric mean over the stage's grid per variant, no point below 1x;
+# faster than SDPA with the materialised mask at every S >= 2048.
+TARGET = {"fwd": 1.5, "fwd+bwd": 1.2}
+SDPA_FROM_S = 2048
 
 
 def _ms(row: dict | None) -> float | None:
@@ -84,6 +88,37 @@ def variants_table(rows: list[dict]) -> Table:
                    "Every row's output (and gradients) checked against float64; L2 flushed "
                    "before each timed call, methods interleaved.")
     t.notes += _reasons(rows)
+    return t
+
+
+def variants_summary(rows: list[dict]) -> Table:
+    """Per variant and pass: the speedup over FlexAttention (geometric mean, min) and over
+    SDPA + mask (min at S >= 2048), each against the issue's target: met or not."""
+    t = Table("variants_summary", "Variants against their targets: speedup over "
+              "FlexAttention and SDPA + mask (kernel time)",
+              ["variant", "pass", "points", "× flex geomean", "× flex min", "flex target",
+               f"× sdpa+mask min (S ≥ {SDPA_FROM_S})", "met"])
+    if not rows:
+        t.notes.append("no variants stage in this study (config variants.enabled: false).")
+        return t
+    recs = ratio_rows(rows)
+    for name in sorted({r["variant"] for r in recs}, key=_order):
+        for p in PASSES:
+            mine = [r for r in recs if (r["variant"], r["pass"]) == (name, p)]
+            if not mine:
+                continue
+            flex = [r["x_flex"] for r in mine if r["x_flex"]]
+            sdpa = [r["x_sdpa_mask"] for r in mine if r["x_sdpa_mask"]
+                    and r["seq"] >= SDPA_FROM_S]
+            geo = geomean(flex)
+            met = None if not flex else "yes" if (
+                geo >= TARGET[p] and min(flex) >= 1.0 and all(x > 1.0 for x in sdpa)) else "no"
+            t.rows.append([name, p, f"{len(flex)}/{len(mine)}", geo,
+                           min(flex) if flex else None, f"≥ {TARGET[p]}x, min ≥ 1x",
+                           min(sdpa) if sdpa else None, met or "not measured"])
+    t.notes.append(f"points: compared with FlexAttention / in the grid. met: geometric mean "
+                   f"≥ the target, no point below 1x, and faster than SDPA + mask at every "
+                   f"S ≥ {SDPA_FROM_S} where a mask expresses the variant (issue 23's targets).")
     return t
 
 
