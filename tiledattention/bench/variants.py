@@ -37,8 +37,8 @@ class Parts:
     mask_batch: int | None = None
     mask_heads: int | None = None
     bias_heads: int | None = None  # the score modification depends on h (SDPA's bias shape)
-    sdpa: str | None = None  # how SDPA takes it: "bias" (additive float) or "bool"; None:
-    no_sdpa: str = ""  # why SDPA cannot express it
+    sdpa: str | None = None  # how SDPA takes it: "bias" (additive float), "bool"; None: no
+    no_sdpa: str = ""  # mask expresses it, and this says why
     cache: dict = field(default_factory=dict)  # masks made once per point (not timed)
 
 
