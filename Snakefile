@@ -24,6 +24,7 @@ include: "workflow/rules/tune.smk"
 include: "workflow/rules/aggregate.smk"
 include: "workflow/rules/profile.smk"
 include: "workflow/rules/model.smk"
+include: "workflow/rules/variants.smk"
 include: "workflow/rules/bundle.smk"
 
 

@@ -32,7 +32,7 @@ def test_bench_section_is_generated_from_the_dataclasses(schema):
         "regenerate the bench section: python -m tiledattention.bench.config")
 
 
-@pytest.mark.parametrize("stage", ["tune", "profile"])
+@pytest.mark.parametrize("stage", ["tune", "profile", "variants"])
 def test_gpu_stage_sections_are_generated_from_their_dataclasses(schema, stage):
     from tiledattention.bench.config import stage_json_schema
 
@@ -43,7 +43,9 @@ def test_gpu_stage_sections_are_generated_from_their_dataclasses(schema, stage):
 @pytest.mark.parametrize("stage,section", [
     ("tune", {"space": "huge"}), ("tune", {"passes": ["bwd"]}), ("tune", {"seqs": [0]}),
     ("profile", {"methods": ["eager"]}), ("profile", {"warmup": -1}),
-    ("profile", {"clock_control": "boost"}), ("profile", {"tokenz": 1})])
+    ("profile", {"clock_control": "boost"}), ("profile", {"tokenz": 1}),
+    ("variants", {"variants": ["sinkz"]}), ("variants", {"seqs": [0]}),
+    ("variants", {"passes": ["bwd"]}), ("variants", {"head_dims": [512]})])
 def test_schema_and_python_refuse_the_same_stage_sections(schema, stage, section):
     from tiledattention.bench.config import stage_from_dict
 

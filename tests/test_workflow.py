@@ -39,7 +39,7 @@ def test_dry_run_plans_one_job_per_shard(configfile, shards, tmp_path):
     assert counts["bench_shard"] == str(shards)
     # The smoke study is the default study in miniature: the same steps.
     for rule in ("plan", "tune", "ladder", "aggregate", "figures", "manifest", "profile",
-                 "model", "bundle", "bundle_verify"):
+                 "model", "variants", "bundle", "bundle_verify"):
         assert counts.get(rule) == "1", (rule, counts)
     # One job per shapes grid (two in the paper's study, one in the smoke study).
     assert counts.get("shapes") == str(2 if configfile == "config/config.yaml" else 1)
@@ -47,7 +47,7 @@ def test_dry_run_plans_one_job_per_shard(configfile, shards, tmp_path):
 
 def _gpu_commands(out) -> list[str]:
     return [ln for ln in (out.stdout + out.stderr).splitlines()
-            if re.match(r"(Shell command: )?tiledattn (sweep|tune|profile|model) ", ln)]
+            if re.match(r"(Shell command: )?tiledattn (sweep|tune|profile|model|variants) ", ln)]
 
 
 def test_a_command_line_config_keeps_the_profiles_launcher(tmp_path):
@@ -57,7 +57,8 @@ def test_a_command_line_config_keeps_the_profiles_launcher(tmp_path):
               "--config", "shards=3", f"results_dir={tmp_path}")
     assert out.returncode == 0, out.stderr[-2000:]
     commands = _gpu_commands(out)
-    assert len(commands) == 3 + 5  # three shards, ladder, tune, profile, one shapes grid, model
+    # three shards, ladder, tune, profile, one shapes grid, model, variants
+    assert len(commands) == 3 + 6
     assert all("--launcher slurm" in c and '"partition": "gpu"' in c for c in commands), commands
     assert "config: launcher, launcher_options from the profile" in out.stderr
 
@@ -75,7 +76,7 @@ def test_without_a_profile_the_configs_launcher_runs_every_gpu_step(tmp_path):
     out = smk("-n", "-p", "--configfile", "config/smoke.yaml", "--config",
               f"results_dir={tmp_path}")
     commands = _gpu_commands(out)
-    assert len(commands) == 2 + 5 and all("--launcher local" in c for c in commands), commands
+    assert len(commands) == 2 + 6 and all("--launcher local" in c for c in commands), commands
 
 
 def test_a_configfile_replaces_the_default_config(tmp_path):
@@ -164,7 +165,7 @@ def test_smoke_study_runs_end_to_end_with_the_local_profile(tmp_path):
     assert all(r["status"] in ("ok", "unavailable") for r in rows)
     assert (results / "shards" / "manifest-shard0of2.json").exists()
     # Every GPU step ran as a local launcher job (submitit's files in its log folder).
-    for step in ("shards", "ladder", "tune", "profile", "shapes/g0", "model"):
+    for step in ("shards", "ladder", "tune", "profile", "shapes/g0", "model", "variants"):
         assert list((results / step / "logs").glob("*_submitted.pkl")), step
     # It ends with a verified bundle: tables, figures, the profile step's reason, metadata.
     assert "bundle verify: OK" in (results / "bundle.verified").read_text()
@@ -184,6 +185,10 @@ def test_smoke_study_runs_end_to_end_with_the_local_profile(tmp_path):
     model = (bundle / "tables" / "model_e2e.md").read_text()
     assert "| 1 | decode | tiledattention |" in model  # the model job ran (rows either way)
     assert (bundle / "data" / "model-rows.jsonl").stat().st_size > 0
+    variants = (bundle / "tables" / "variants.md").read_text()
+    assert "| window | bfloat16 | 64 | 256 | 2 | 2 | fwd |" in variants  # the variants job ran
+    assert (bundle / "figures" / "variants.png").stat().st_size > 0
+    assert (bundle / "data" / "variants-rows.jsonl").stat().st_size > 0
     table5 = (results / "aggregate" / "tables" / "table5_schedules.md").read_text()
     readme = (bundle / "README.md").read_text()
     gpu = "| float16 | full | 64 |" in table5
@@ -192,6 +197,8 @@ def test_smoke_study_runs_end_to_end_with_the_local_profile(tmp_path):
         assert "- tuning (Table 5): not run: no CUDA GPU visible" in readme
         assert "- benchmark: tiledattention unavailable at 4 point(s)" in readme
         assert "- model benchmark (model_e2e): unavailable at 9 row(s): no CUDA GPU" in readme
+        assert "- variants: flex unavailable at 4 point(s): no CUDA GPU" in readme
+        assert "no speedup over FlexAttention measured (flex unavailable: no CUDA GPU" in readme
     # The exact config is the smoke config's own: nothing of config/config.yaml's grid.
     exact = (bundle / "config" / "study-config.yaml").read_text()
     for key in ("flush_l2", "tokens: 16384", "width: 2048", "seqs: [4096]", "- 4096"):

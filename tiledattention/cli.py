@@ -10,7 +10,17 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .bench.config import CLOCK_CONTROL, MODEL_PHASES, ModelConfig, ProfileConfig, TuneConfig
+from .bench.config import (
+    CLOCK_CONTROL,
+    MODEL_PHASES,
+    VARIANT_METHODS,
+    VARIANT_NAMES,
+    VARIANT_PASSES,
+    ModelConfig,
+    ProfileConfig,
+    TuneConfig,
+    VariantsConfig,
+)
 from .bench.grid import PAPER_DTYPES, PAPER_HEAD_DIMS, PAPER_SEQS, TUNE_PASSES
 from .launchers.base import LAUNCHERS
 from .schedules.space import SPACES
@@ -181,6 +191,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "grids' rows for the shapes tables (default: none)")
     p.add_argument("--model", metavar="DIR", help="directory of the model benchmark's rows "
                    "for the model_e2e table (default: none)")
+    p.add_argument("--variants", metavar="DIR", help="directory of the variants stage's rows "
+                   "for the variants table (default: none)")
     p.add_argument("--rows-only", action="store_true",
                    help="only rows.jsonl and rows.csv (no pandas/pyarrow needed)")
 
@@ -191,6 +203,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tune-table", help="the study's tuning table (default: none)")
     p.add_argument("--shapes", nargs="+", metavar="DIR", help="directories of the shapes "
                    "grids' rows for the shapes figure (default: none)")
+    p.add_argument("--variants", metavar="DIR", help="directory of the variants stage's rows "
+                   "for the variants figure (default: none)")
 
     p = _verb(sub, "profile", _profile, "Nsight Compute on the attention kernels of "
               "representative shapes (records why when it cannot run)")
@@ -229,6 +243,37 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seed of weights and prompt")
     p.add_argument("--phases", nargs="+", default=list(_default(ModelConfig, "phases")),
                    choices=MODEL_PHASES, help="what to time (default: all)")
+    p.add_argument("--launcher", choices=LAUNCHERS, help="run it as a job of this launcher "
+                   "(slurm: on a GPU node) (default: in this process)")
+    _launcher_options(p)
+
+    p = _verb(sub, "variants", _variants, "each attention variant (sliding window, softcap, "
+              "ALiBi, documents, prefix-LM) against FlexAttention, SDPA with a materialised "
+              "mask and eager attention, forward and forward+backward; records why when it "
+              "cannot run (resumable)")
+    p.add_argument("--out", required=True, help="directory for rows.jsonl and the manifest")
+    p.add_argument("--config", help="YAML with the stage's settings: a `variants:` section "
+                   "(a study config) or the section itself; the options below override it "
+                   "(default: the stage's defaults)")
+    # Left out, an option keeps the --config file's value, else the stage's default.
+    def stage_opt(flag, what, **kw):
+        name = flag[2:].replace("-", "_")
+        value = _default(VariantsConfig, name)
+        shown = " ".join(map(str, value)) if isinstance(value, list) else value
+        p.add_argument(flag, help=f"{what} (default: the --config file's, else {shown})",
+                       **kw)
+
+    stage_opt("--variants", "variants measured", nargs="+", choices=VARIANT_NAMES)
+    stage_opt("--methods", "methods compared", nargs="+", choices=VARIANT_METHODS)
+    stage_opt("--seqs", "sequence lengths S", type=_count(1), nargs="+")
+    stage_opt("--head-dims", "head dims D", type=_count(1), nargs="+")
+    stage_opt("--dtypes", "element types", nargs="+", choices=PAPER_DTYPES)
+    stage_opt("--passes", "passes timed", nargs="+", choices=VARIANT_PASSES)
+    for flag, what in (("--tokens", "B*S"), ("--width", "H*D"), ("--warmup", "untimed calls"),
+                       ("--reps", "timed calls per method"), ("--rounds", "interleaved rounds"),
+                       ("--max-ref-heads", "heads checked against float64"),
+                       ("--seed", "seed of the inputs")):
+        stage_opt(flag, what, type=_count(0))
     p.add_argument("--launcher", choices=LAUNCHERS, help="run it as a job of this launcher "
                    "(slurm: on a GPU node) (default: in this process)")
     _launcher_options(p)
@@ -541,7 +586,8 @@ def _aggregate(args) -> int:
     ladder = load_checked(args.ladder, point=True) if args.ladder else []
     paths = write_all(rows, os.path.join(args.out, "tables"), tune_table=args.tune_table,
                       ladder_rows=ladder, shape_rows=_shape_rows(args.shapes),
-                      model_rows=_model_rows(args.model))
+                      model_rows=_model_rows(args.model),
+                      variant_rows=_variant_rows(args.variants))
     print(f"aggregate: {len(rows)} rows ({counts}) -> {table}; {len(paths)} table files in "
           f"{args.out}/tables", file=sys.stderr)
     return 0
@@ -558,6 +604,20 @@ def _model_rows(path: str | None) -> list[dict]:
         return []
     if not os.path.exists(os.path.join(path, ROWS)):
         raise RowsError(f"--model {path}: no {ROWS} there")
+    return load_rows(path)
+
+
+def _variant_rows(path: str | None) -> list[dict]:
+    """The variants stage's rows (``--variants DIR``: its rows.jsonl must exist)."""
+    import os
+
+    from .bench.store import RowsError
+    from .bench.variants_run import ROWS, load_rows
+
+    if not path:
+        return []
+    if not os.path.exists(os.path.join(path, ROWS)):
+        raise RowsError(f"--variants {path}: no {ROWS} there")
     return load_rows(path)
 
 
@@ -608,7 +668,8 @@ def _figures(args) -> int:
     paths = write_all(rows, args.out,
                       ladder_rows=load_checked(args.ladder, point=True) if args.ladder else [],
                       tune_entries=tune, shape_rows=_shape_rows(args.shapes),
-                      tune_reason=why if isinstance(why, str) else None)
+                      tune_reason=why if isinstance(why, str) else None,
+                      variant_rows=_variant_rows(args.variants))
     print(f"figures: {len(paths)} files in {args.out}", file=sys.stderr)
     return 0
 
@@ -657,6 +718,50 @@ def _model(args) -> int:
         run_model(cfg, out)
     print(summary(load_rows(out)))
     return 0
+
+
+def _variants(args) -> int:
+    import os
+
+    from .bench.config import stage_from_dict
+    from .bench.variants_run import load_rows, run_variants, summary
+
+    cfg = stage_from_dict("variants", _variants_section(args))
+    out = os.path.abspath(args.out)
+    if args.launcher:
+        from .launchers import run_step
+
+        options = _json_object(args.launcher_options, "--launcher-options")
+        run_step(args.launcher, options, os.path.join(out, "logs"), cfg.task(out))
+        print(summary(load_rows(out)))
+    else:
+        run_variants(cfg, out, sys.stdout)
+    return 0
+
+
+def _variants_section(args) -> dict:
+    """The --config file's variants section with the options given on top."""
+    from .errors import ConfigError
+
+    data = {}
+    if args.config:
+        from .yamlio import YAMLInputError, load_yaml
+
+        try:
+            loaded = load_yaml(args.config)
+        except YAMLInputError as exc:
+            raise ConfigError(str(exc)) from None
+        if isinstance(loaded, dict) and isinstance(loaded.get("variants"), dict):
+            loaded = loaded["variants"]
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{args.config}: expected a mapping of the variants stage's "
+                              "settings (or a study config with a variants section)")
+        data = dict(loaded)
+    for key in ("variants", "methods", "seqs", "head_dims", "dtypes", "passes", "tokens",
+                "width", "warmup", "reps", "rounds", "max_ref_heads", "seed"):
+        if getattr(args, key) is not None:
+            data[key] = getattr(args, key)
+    return {**data, "enabled": True}
 
 
 def _manifest(args) -> int:

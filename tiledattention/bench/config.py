@@ -23,9 +23,10 @@ from .grid import (
     WIDTH,
 )
 from .methods import profilable
+from .variants import VARIANT_NAMES
 
 __all__ = ["BenchConfig", "ConfigError", "CorrectnessConfig", "DecodeConfig", "GridConfig",
-           "ModelConfig", "ProfileConfig", "TimingConfig", "TuneConfig",
+           "ModelConfig", "ProfileConfig", "TimingConfig", "TuneConfig", "VariantsConfig",
            "from_dict", "load_config", "model_from_dict", "validate"]
 
 DTYPES = ("float16", "bfloat16", "float32")
@@ -217,6 +218,76 @@ class ProfileConfig:
 
         return ProfileTask(self.shapes, self.methods, out_dir, self.clock_control, self.warmup,
                            self.tokens, self.width)
+
+
+VARIANT_METHODS = ("tiledattention", "flex", "sdpa_mask", "eager")  # bench/methods.py
+VARIANT_PASSES = ("fwd", "fwd+bwd")
+
+
+@dataclass(frozen=True)
+class VariantsConfig:
+    """Variants against FlexAttention and SDPA, one launcher job (`tiledattn variants`)."""
+
+    enabled: bool = _opt(False, "Time each variant (tiledattention's built-in, through the "
+                         "public API) against FlexAttention, SDPA with the variant as a "
+                         "materialised mask and eager attention, as one launcher job; where "
+                         "the job finds no GPU its rows say why.")
+    variants: tuple[str, ...] = _opt(VARIANT_NAMES, "Variants measured (bench/variants.py's "
+                                     "registry).", choices=VARIANT_NAMES, unique=True,
+                                     flag="--variants")
+    methods: tuple[str, ...] = _opt(VARIANT_METHODS, "tiledattention; flex, torch.compile'd "
+                                    "flex_attention with the same score_mod and a block mask; "
+                                    "sdpa_mask, torch SDPA with an explicit mask (where one "
+                                    "expresses the variant); eager, matmul + softmax + matmul "
+                                    "(where the device's memory holds its scores).",
+                                    choices=VARIANT_METHODS, unique=True, flag="--methods")
+    seqs: tuple[int, ...] = _opt((1024, 2048, 4096, 8192, 16384), "Sequence lengths S.",
+                                 min=1, max=INT32, unique=True, flag="--seqs")
+    head_dims: tuple[int, ...] = _opt((64, 128), "Head dims D.", min=8, max=256, unique=True,
+                                      flag="--head-dims")
+    dtypes: tuple[str, ...] = _opt(PAPER_DTYPES, "Element types.", choices=PAPER_DTYPES,
+                                   unique=True, flag="--dtypes")
+    passes: tuple[str, ...] = _opt(VARIANT_PASSES, "fwd, the forward; fwd+bwd, forward and "
+                                   "backward (a training step's attention).",
+                                   choices=VARIANT_PASSES, unique=True, flag="--passes")
+    tokens: int = _opt(TOKENS, "B*S (B = tokens // S, as the paper's grid).", min=1,
+                       max=INT32, flag="--tokens")
+    width: int = _opt(WIDTH, "H*D (H = width // D).", min=8, max=INT32, flag="--width")
+    warmup: int = _opt(5, "Untimed calls before the first round (FlexAttention compiles "
+                       "in the point's correctness call, before them).", min=0, max=10**6,
+                       flag="--warmup")
+    reps: int = _opt(20, "Timed calls per method, over all rounds.", min=1, max=10**6,
+                     flag="--reps")
+    rounds: int = _opt(2, "Rounds, methods interleaved, order alternating.", min=1,
+                       max=10**4, flag="--rounds")
+    max_ref_heads: int = _opt(1, "Heads of batch 0 checked against the float64 reference "
+                              "(forward and gradients), every row (its S x S float64 "
+                              "scores: 2 GiB a head at S 16k).", min=1, max=INT32,
+                              flag="--max-ref-heads")
+    seed: int = _opt(0, "Seed of the inputs.", min=0, max=2**63 - 1, flag="--seed")
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def bench_config(self) -> BenchConfig:
+        """The harness' config of the stage's rows: its timing and correctness (the L2
+        flushed before each timed call, as every benchmark row)."""
+        return BenchConfig(timing=TimingConfig(self.warmup, self.reps, self.rounds),
+                           correctness=CorrectnessConfig(self.max_ref_heads),
+                           seed=self.seed, methods=self.methods)
+
+    def measure_digest(self) -> str:
+        return self.bench_config().measure_digest()
+
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(self.as_dict(), sort_keys=True).encode()
+                              ).hexdigest()[:16]
+
+    def task(self, out_dir: str):
+        """The stage's launcher job (the config travels as items, validated on the node)."""
+        from .variants_run import VariantsTask
+
+        return VariantsTask(out_dir, tuple(self.as_dict().items()))
 
 
 @dataclass(frozen=True)
@@ -413,11 +484,13 @@ def model_from_dict(data: dict | None) -> ModelConfig:
     return stage_from_dict("model", data)
 
 
-STAGES = {"tune": TuneConfig, "profile": ProfileConfig, "model": ModelConfig}
+STAGES = {"tune": TuneConfig, "profile": ProfileConfig, "model": ModelConfig,
+          "variants": VariantsConfig}
 
 
 def stage_json_schema(name: str) -> dict:
-    """The study config's ``name`` section (tune, profile, model), from its dataclass."""
+    """The study config's ``name`` section (tune, profile, model, variants), from its
+    dataclass."""
     cls = STAGES[name]
     return _section_schema(cls, f"{cls.__doc__.split(chr(10))[0].rstrip('.')}: generated by "
                            "`python -m tiledattention.bench.config`.")

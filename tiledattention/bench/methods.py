@@ -7,11 +7,13 @@ runs it, and describes what it ran (the schedule, the backend actually dispatche
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from .grid import PINNED_PREFIX, Point, pinned_bwd_label, pinned_label
+from .variants import flex_block_mask, modified_scores, parts_for, sdpa_mask, variant_of
 
 
 class Unavailable(Exception):
@@ -66,6 +68,9 @@ def _tiled_check(point, device):
 def _tiled_run(q, k, v, point, schedule=None):
     from ..api import sdpa
 
+    if variant_of(point) is not None:  # the built-in variant, through the public API
+        return sdpa(q, k, v, enable_gqa=_gqa(point), schedule=schedule,
+                    **parts_for(point, q.device).ours)
     return sdpa(q, k, v, causal=point.causal, enable_gqa=_gqa(point), schedule=schedule)
 
 
@@ -98,6 +103,8 @@ def _tiled_geometry(q, k, v, point, schedule=None):
     from ..kernel.geometry import plan_geometry
     from ..kernel.plan import plan_for
 
+    if variant_of(point) is not None:
+        return None  # a variant's plan walks its block lists: no closed-form geometry
     plan = plan_for(q, k, v, None, point.causal, None, _gqa(point), False, schedule)
     sms = torch.cuda.get_device_properties(q.device).multi_processor_count
     return plan_geometry(plan, point.seq_kv, sms).as_dict()
@@ -132,7 +139,9 @@ def eager_attention(q, k, v, point):
         k = k.repeat_interleave(point.gqa, dim=1)
         v = v.repeat_interleave(point.gqa, dim=1)
     s = (q @ k.transpose(-1, -2)).float() * q.shape[-1] ** -0.5
-    if point.causal:
+    if variant_of(point) is not None:  # the variant's torch mods over the whole score matrix
+        s = modified_scores(s, parts_for(point, q.device))
+    elif point.causal:
         keep = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril()
         s = s.masked_fill(~keep, float("-inf"))
     return torch.softmax(s, dim=-1).to(q.dtype) @ v
@@ -150,6 +159,85 @@ def _flash_attn_run(q, k, v, point):
     out = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                           causal=point.causal)
     return out.transpose(1, 2)
+
+
+def _variant_only(name: str, point):
+    if variant_of(point) is None:
+        raise Unsupported(f"{name} runs the variants stage's points (tiledattn variants)")
+
+
+# Bytes per score element eager attention holds at once (fp32 scores, the modified copy,
+# the softmax, its low-precision copy; twice that with the backward's saved tensors).
+_EAGER_BYTES = {"fwd": 14, "bwd": 28, "fwd+bwd": 28}
+
+
+def _eager_check(point, device):
+    """Eager attention where the device's memory allows (variants stage): its B·H·S²
+    score matrices must fit in the free memory, else the row says how much it needs."""
+    if variant_of(point) is None or device.type != "cuda":
+        return
+    import torch
+
+    need = point.batch * point.heads * point.seq_q * point.seq_kv * _EAGER_BYTES[point.pass_]
+    free, _ = torch.cuda.mem_get_info(device)
+    if need > 0.9 * free:
+        raise Unsupported(f"eager needs ~{need / 2**30:.1f} GiB for its B·H·S² score "
+                          f"matrices ({point.pass_}), {free / 2**30:.1f} GiB free")
+
+
+def _flex_check(point, device):
+    _variant_only("flex", point)
+    if device.type != "cuda":
+        raise Unavailable("FlexAttention runs here on a CUDA GPU only (torch.compile's "
+                          "Triton backend)")
+    if importlib.util.find_spec("triton") is None:
+        raise Unavailable("FlexAttention needs Triton (torch.compile's GPU backend), which "
+                          "is not installed")
+    try:
+        from torch.nn.attention import flex_attention  # noqa: F401
+    except Exception as exc:  # an old torch, a broken install
+        raise Unavailable(f"torch.nn.attention.flex_attention cannot be imported: "
+                          f"{type(exc).__name__}: {exc}") from None
+
+
+@functools.lru_cache(maxsize=1)
+def _compiled_flex():
+    import torch
+    from torch.nn.attention.flex_attention import flex_attention
+
+    # Every variant, shape and grad mode is a recompile of the one flex_attention: without
+    # higher limits Dynamo falls back to eager after 8 and times the unfused math.
+    for name, value in (("cache_size_limit", 1024), ("recompile_limit", 1024),
+                        ("accumulated_cache_size_limit", 8192),
+                        ("accumulated_recompile_limit", 8192)):
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, value)
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def _flex_run(q, k, v, point):
+    parts = parts_for(point, q.device)
+    return _compiled_flex()(q, k, v, score_mod=parts.score,
+                            block_mask=flex_block_mask(parts, point, q.device),
+                            enable_gqa=_gqa(point))
+
+
+def _sdpa_mask_check(point, device):
+    _variant_only("sdpa_mask", point)
+    parts = parts_for(point, device)
+    if parts.sdpa is None:
+        raise Unsupported(parts.no_sdpa or "SDPA cannot express this variant as a mask")
+
+
+def _sdpa_mask_run(q, k, v, point):
+    import torch.nn.functional as F
+
+    mask = sdpa_mask(parts_for(point, q.device), point, q.dtype, q.device)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=_gqa(point))
+
+
+def _sdpa_mask_describe(q, k, v, point):
+    return {"mask": parts_for(point, q.device).sdpa}
 
 
 # The study's subject, and the baseline its headline ratio is taken against (PyTorch's
@@ -176,7 +264,13 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("math", "torch SDPA forced to MATH", False, _torch_run("math"), color="C6",
            headline="math SDPA"),
     Method("eager", "explicit matmul + fp32 softmax + matmul", False, eager_attention,
-           color="C7", headline="eager attention"),
+           _eager_check, color="C7", headline="eager attention"),
+    # The variants stage's baselines (their points only).
+    Method("flex", "torch.compile'd FlexAttention with the variant's score_mod and block "
+           "mask", True, _flex_run, _flex_check, color="C8", display="FlexAttention"),
+    Method("sdpa_mask", "torch SDPA with the variant as an explicit materialised mask",
+           False, _sdpa_mask_run, _sdpa_mask_check, _sdpa_mask_describe, color="C9",
+           display="SDPA + mask"),
 )}
 
 

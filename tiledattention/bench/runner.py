@@ -22,6 +22,7 @@ from .grid import Point, expand, left_out, shard
 from .manifest import capture, now
 from .methods import Unavailable, Unsupported, get_method
 from .store import Lock, ResultStore, RowsError, check_rows
+from .variants import reference_kwargs
 
 FORMAT = "tiledattention-bench-row/1"
 # Call latency: back-to-back calls per round, enough for ~50 ms at the point's fastest
@@ -67,7 +68,8 @@ def reference(q, k, v, point: Point, max_heads: int):
     from ..reference import naive_attention
 
     hq, hk = _ref_slice(point, max_heads)
-    ref, _ = naive_attention(q[:1, :hq], k[:1, :hk], v[:1, :hk], causal=point.causal)
+    ref, _ = naive_attention(q[:1, :hq], k[:1, :hk], v[:1, :hk],
+                             **reference_kwargs(point, q.device))
     return ref, hq
 
 
@@ -85,7 +87,7 @@ def reference_grads(q, k, v, dout, point: Point, max_heads: int):
     hq, hk = _ref_slice(point, max_heads)
     q64, k64, v64 = (t.detach()[:1, :h].double().requires_grad_()
                      for t, h in ((q, hq), (k, hk), (v, hk)))
-    out, _ = naive_attention(q64, k64, v64, causal=point.causal)
+    out, _ = naive_attention(q64, k64, v64, **reference_kwargs(point, q.device))
     out.backward(dout[:1, :hq].double())
     return q64.grad, k64.grad, v64.grad
 

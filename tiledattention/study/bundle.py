@@ -59,6 +59,7 @@ SNAPSHOT_SHIPPED = (
     "config/smoke.yaml", "config/bench-backward.yaml", "config/bench-decode.yaml",
     "config/bench-h100-small.yaml", "config/bench-sdpa.yaml", "config/bench-smoke.yaml",
     "config/shapes-head-dims.yaml", "config/shapes-models.yaml", "config/shapes-seqs.yaml",
+    "config/variants-h100.yaml",
     "profiles/README.md", "profiles/local/config.yaml", "profiles/slurm/README.md",
     "profiles/slurm/config.yaml")
 SNAPSHOT_CODE = ("workflow", "containers")
@@ -218,15 +219,15 @@ def _training_headline(rows: list[dict]) -> str:
 
 
 def _readme(pub: Publication, rows: list[dict], manifest: dict, table4: str,
-            config_name: str, snapshot: tuple[int, str]) -> str:
+            config_name: str, snapshot: tuple[int, str], variants_line: str = "") -> str:
     stack = manifest.get("stack") or {}
     gpu = manifest.get("gpu") or {}
     statuses: dict[str, int] = {}
     for r in rows:
         statuses[r["status"]] = statuses.get(r["status"], 0) + 1
     lines = [
-        f"# {pub.title}", "", pub.description, "", "## Headline", "", headline(rows, manifest),
-        table4, "", "## What was measured", "",
+        f"# {pub.title}", "", pub.description, "", "## Headline", "",
+        headline(rows, manifest) + variants_line, table4, "", "## What was measured", "",
         f"{len({r['point_key'] for r in rows})} benchmark points × "
         f"{len({r['method'] for r in rows})} methods = {len(rows)} rows; rows by status: "
         + ", ".join(f"{k} {v}" for k, v in sorted(statuses.items()))
@@ -254,10 +255,13 @@ def _readme(pub: Publication, rows: list[dict], manifest: dict, table4: str,
         "## Files", "",
         "- `data/rows.parquet`, `data/rows.csv`, `data/rows.jsonl`: every row; "
         "`data/columns.md`: the column dictionary (also below); `data/model-rows.jsonl`: the "
-        "tiny Llama's tokens/s rows, when the study ran the model stage",
+        "tiny Llama's tokens/s rows, when the study ran the model stage; "
+        "`data/variants-rows.jsonl`: the variants stage's rows, when it ran",
         "- `tables/`: Table 4 (ratios against each baseline), per-D and per-regime ratios, "
         "Table 5 (schedules), Table 6 (schedule ladder), throughput, status, model_e2e (tiny "
-        "Llama tokens/s per attention implementation) — Markdown, CSV, "
+        "Llama tokens/s per attention implementation), variants and variants_summary (against "
+        "FlexAttention and SDPA + mask, and the targets) — "
+        "Markdown, CSV, "
         "LaTeX",
         "- `figures/`: PNG and PDF", "- `compare/`: `tiledattn compare` against a "
         "reference (table and figure), when the study was compared (`tiledattn reproduce`)",
@@ -304,6 +308,27 @@ def reproduce_section(pub: Publication, manifest: dict, snapshot: tuple[int, str
         "are never included. `tiledattn bundle verify .` checks this bundle's files.", ""]
 
 
+def _variant_rows(study_dir: str) -> list[dict]:
+    """The variants stage's rows, when the study ran it."""
+    path = os.path.join(study_dir, "variants", "rows.jsonl")
+    if not os.path.lexists(path):
+        return []
+    from ..bench.variants_run import load_rows
+
+    _source(path, study_dir)  # a link out of the study or a FIFO is refused
+    return load_rows(os.path.dirname(path))
+
+
+def _variants_not_run(study_dir: str) -> list[str]:
+    """One bullet per variants method and status that did not run, with its reason."""
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for r in _variant_rows(study_dir):
+        if r.get("status") != "ok":
+            groups.setdefault((r["method"], r["status"]), []).append(r)
+    return [f"- variants: {m} {st} at {len(g)} point(s): {_line(g[0].get('reason') or '—')}"
+            for (m, st), g in sorted(groups.items())]
+
+
 def not_run(study_dir: str, rows: list[dict]) -> list[str]:
     """One Markdown bullet per study step (or method) that did not run, with the reason
     its job recorded: GPU methods without a GPU, tuning and profiles on a node without
@@ -329,6 +354,7 @@ def not_run(study_dir: str, rows: list[dict]) -> list[str]:
         if skipped:
             out.append(f"- model benchmark (model_e2e): {skipped[0]['status']} at "
                        f"{len(skipped)} row(s): {_line(skipped[0].get('reason') or '—')}")
+    out += _variants_not_run(study_dir)
     tune = os.path.join(study_dir, "tune", "schedule-table.json")
     if os.path.lexists(tune):
         from ..schedules.table import ScheduleTable
@@ -529,6 +555,10 @@ def _build(out_dir: str, study_dir: str, rows: list[dict], manifest: dict, *, co
     model_rows = os.path.join(study_dir, "model", "rows.jsonl")
     if os.path.lexists(model_rows):  # the model stage's own rows (another row format)
         _copy(_source(model_rows, study_dir), os.path.join(out_dir, "data", "model-rows.jsonl"))
+    variant_rows = os.path.join(study_dir, "variants", "rows.jsonl")
+    if os.path.lexists(variant_rows):  # the variants stage's rows (its own points)
+        _copy(_source(variant_rows, study_dir),
+              os.path.join(out_dir, "data", "variants-rows.jsonl"))
     for sub in ("tables", "figures", "compare"):  # compare: tiledattn compare's table, figure
         src_dir = os.path.join(study_dir, sub) if sub != "tables" else os.path.join(agg, sub)
         if os.path.lexists(src_dir):
@@ -559,7 +589,11 @@ def _build(out_dir: str, study_dir: str, rows: list[dict], manifest: dict, *, co
     if os.path.lexists(t4):
         table4 = "\n" + read_bytes(_source(t4, study_dir), cap=JSON_MAX).decode("utf-8",
                                                                                "replace")
-    readme = _readme(publication, rows, manifest, table4, f"config/{config_name}", snap)
+    from .variants import headline as variants_headline
+
+    variants_line = variants_headline(_variant_rows(study_dir))
+    readme = _readme(publication, rows, manifest, table4, f"config/{config_name}", snap,
+                     variants_line)
     missing = not_run(study_dir, rows)
     if missing:  # before the column dictionary: what a reader must know first
         cut = readme.index("## How to reproduce")
@@ -567,7 +601,7 @@ def _build(out_dir: str, study_dir: str, rows: list[dict], manifest: dict, *, co
                   + readme[cut:])
     with open(os.path.join(out_dir, "README.md"), "w") as f:
         f.write(readme)
-    head = headline(rows, manifest)
+    head = headline(rows, manifest) + variants_line
     with open(os.path.join(out_dir, ".zenodo.json"), "w") as f:
         json.dump(zenodo(publication, head), f, indent=2)
     with open(os.path.join(out_dir, "CITATION.cff"), "w") as f:

@@ -26,7 +26,7 @@ def names(head_dims) -> list[str]:
     workflow lists its outputs from here)."""
     return [f"throughput_vs_seq_d{d}" for d in sorted(set(head_dims))] + [
         "regime_map", "ratios_vs_seq", "baselines_d128", "bandwidth_vs_seq", "tile_sensitivity",
-        "shapes"]
+        "shapes", "variants"]
 
 
 # One look per method in every figure. torch_sdpa (automatic dispatch) usually runs cuDNN
@@ -311,9 +311,12 @@ def tile_sensitivity(ladder_rows, tune_entries, out_dir, tune_reason=None) -> li
 
 
 def write_all(rows, out_dir, *, ladder_rows=None, tune_entries=None, shape_rows=None,
-              tune_reason=None) -> list[str]:
+              tune_reason=None, variant_rows=None) -> list[str]:
+    from .variants import variants_figure
+
     return (throughput_vs_seq(rows, out_dir) + regime_map(rows, out_dir)
             + ratios_vs_seq(rows, out_dir) + baselines_at_d128(rows, out_dir)
             + bandwidth_vs_seq(rows, out_dir)
             + tile_sensitivity(ladder_rows or [], tune_entries or [], out_dir, tune_reason)
-            + shapes_figure(shape_rows or [], out_dir))
+            + shapes_figure(shape_rows or [], out_dir)
+            + variants_figure(variant_rows or [], out_dir))

@@ -6,7 +6,8 @@ by kernel time and by call latency (``ratios.MEASURES``); per head dim and per r
 runner-up schedule per tuned bucket with the sensitivity; Table 6: a schedule ladder on a
 reduced grid; the rows whose status is not ``ok``, listed with their reasons; and the
 shapes grid's geometry and unaligned-shape cost (``study/shapes.py``); the tiny Llama's
-tokens/s per attention implementation (``model_e2e``).
+tokens/s per attention implementation (``model_e2e``); the variants against FlexAttention
+(``variants``, ``study/variants.py``).
 """
 
 from __future__ import annotations
@@ -251,22 +252,33 @@ def model_e2e(model_rows: list[dict]) -> Table:
 # The tables write_all writes, by file stem (the workflow lists its outputs from here).
 NAMES = ("headline", "table4_ratios", "ratios_by_head_dim", "ratios_by_regime",
          "table5_schedules", "table6_ladder", "throughput", "call_latency", "status",
-         "shapes", "shapes_cost", "model_e2e")
+         "shapes", "shapes_cost", "model_e2e", "variants",
+         "variants_summary")
 
 
 def write_all(rows: list[dict], out_dir: str, *, tune_table: str | None = None,
               ladder_rows: list[dict] | None = None,
               shape_rows: list[dict] | None = None,
-              model_rows: list[dict] | None = None) -> list[str]:
+              model_rows: list[dict] | None = None,
+              variant_rows: list[dict] | None = None) -> list[str]:
     from .shapes import shapes_cost_table, shapes_table
+    from .variants import headline_rows, variants_summary, variants_table
 
     paths = []
     # The ratio tables compare forward rows, as before the pass axis; the headline adds
     # the backward passes, and the per-point tables list every pass's rows.
     fwd = [r for r in rows if pass_of(r) == "fwd"]
-    for table in (headline(rows), table4(fwd), by_head_dim(fwd), by_regime(fwd),
+    head = headline(rows)
+    extra = headline_rows(variant_rows or [])  # the variants stage's own points
+    if extra:
+        head.rows += extra
+        head.notes.append("'(variants)' rows: tiledattention's built-in variants against "
+                          "FlexAttention and SDPA with a materialised mask over the variants "
+                          "stage's points (table variants).")
+    for table in (head, table4(fwd), by_head_dim(fwd), by_regime(fwd),
                   table5(tune_table), table6(ladder_rows or []), throughput(rows),
                   call_latency(rows), status(rows), shapes_table(shape_rows or []),
-                  shapes_cost_table(shape_rows or []), model_e2e(model_rows or [])):
+                  shapes_cost_table(shape_rows or []), model_e2e(model_rows or []),
+                  variants_table(variant_rows or []), variants_summary(variant_rows or [])):
         paths += table.write(out_dir)
     return paths

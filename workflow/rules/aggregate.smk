@@ -67,7 +67,8 @@ rule manifest:
         f"{RESULTS}/logs/manifest.log",
     params:
         runs=lambda wildcards, input: sorted(
-            {os.path.dirname(p) for k in ("shards", "ladder", "shapes", "model")
+            {os.path.dirname(p)
+             for k in ("shards", "ladder", "shapes", "model", "variants")
              if k in input.keys()
              for p in ([input[k]] if isinstance(input[k], str) else input[k])}
         ),

@@ -120,6 +120,7 @@ BENCH = _bench_config(config.get("bench") or {})
 TUNE = _stage_config("tune", config.get("tune"))
 PROFILE = _stage_config("profile", config.get("profile"))
 MODEL = _stage_config("model", config.get("model"))
+VARIANTS = _stage_config("variants", config.get("variants"))
 check_study_keys(config)
 validate(config, "../schemas/config.schema.yaml")  # fills the schema's defaults
 check_launcher_options(config)
@@ -182,12 +183,14 @@ def aggregate_inputs(wildcards):
         out["shapes"] = [f"{RESULTS}/shapes/g{g}/shapes.done" for g in SHAPE_GRIDS]
     if MODEL.enabled:
         out["model"] = f"{RESULTS}/model/rows.jsonl"
+    if VARIANTS.enabled:
+        out["variants"] = f"{RESULTS}/variants/rows.jsonl"
     return out
 
 
 def study_extras(wildcards, input):
-    """--ladder/--tune-table/--shapes for aggregate and figures, when the study ran those
-    stages."""
+    """--ladder/--tune-table/--shapes/--variants for aggregate and figures, when the study
+    ran those stages."""
     extra = []
     if "ladder" in input.keys():
         extra.append(f"--ladder {shlex.quote(os.path.dirname(input.ladder))}")
@@ -196,6 +199,8 @@ def study_extras(wildcards, input):
     if "shapes" in input.keys():
         extra.append("--shapes " + " ".join(shlex.quote(os.path.dirname(p))
                                             for p in input.shapes))
+    if "variants" in input.keys():
+        extra.append(f"--variants {shlex.quote(os.path.dirname(input.variants))}")
     return " ".join(extra)
 
 
@@ -206,7 +211,8 @@ def model_rows_arg(wildcards, input):
 
 
 def stage_args(stage):
-    """A GPU stage's tiledattn options, from its config dataclass (TUNE, PROFILE, MODEL)."""
+    """A GPU stage's tiledattn options, from its config dataclass (TUNE, PROFILE, MODEL,
+    VARIANTS)."""
     return _stage_args(stage)
 
 

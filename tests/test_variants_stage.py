@@ -1,0 +1,282 @@
+"""The variants stage on a CPU: its config refuses bad input in one line (exit 2), every
+variant's eager and SDPA-mask rows pass the harness' float64 check, FlexAttention and ours
+are `unavailable` with the reason, a study without a GPU gets unavailable rows (measured
+later where a GPU is), the table, figure and headline from synthetic rows, and the
+workflow's wiring (dry runs)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("cuda.tile", reason="cuTile not installed: pip install 'cuda-tile[tileiras]'")
+
+import torch  # noqa: E402
+
+from tiledattention.bench import variants as registry  # noqa: E402
+from tiledattention.bench.config import ConfigError, stage_from_dict  # noqa: E402
+from tiledattention.bench.methods import METHODS, Unavailable  # noqa: E402
+from tiledattention.bench.runner import run_point  # noqa: E402
+from tiledattention.bench.variants import VARIANT_NAMES, VariantPoint  # noqa: E402
+from tiledattention.cli import main  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+METHOD_NAMES = ["tiledattention", "flex", "sdpa_mask", "eager"]
+
+
+def _cfg(**kw):
+    return stage_from_dict("variants", {"warmup": 0, "reps": 1, "rounds": 1, **kw})
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["--variants", "sinkz"], "argument --variants: invalid choice: 'sinkz'"),
+    (["--seqs", "0"], "argument --seqs: 0 must be >= 1"),
+    (["--config", "{cfg}"], "variants: unknown key(s) ['seqz']; valid keys are"),
+    (["--head-dims", "512"], "variants.head_dims: 512 must be <= 256"),
+    (["--passes", "bwd"], "argument --passes: invalid choice: 'bwd'"),
+])
+def test_bad_input_is_one_line_and_exit_2(argv, words, tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("variants: {seqz: [1024]}\n")
+    argv = [a.replace("{cfg}", str(bad)) for a in argv]
+    with pytest.raises(SystemExit) as exc:
+        raise SystemExit(main(["variants", "--out", str(tmp_path / "out"), *argv]))
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tiledattn variants") and words in err, err
+    assert len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "out" / "rows.jsonl").exists()
+
+
+def test_config_errors_name_the_key():
+    with pytest.raises(ConfigError, match=r"^variants.methods: 'flash' is not one of"):
+        stage_from_dict("variants", {"methods": ["flash"]})
+    with pytest.raises(ConfigError, match=r"^variants.variants: listed more than once"):
+        stage_from_dict("variants", {"variants": ["alibi", "alibi"]})
+
+
+@pytest.mark.parametrize("name", VARIANT_NAMES)
+def test_every_variant_eager_and_sdpa_mask_rows_match_float64(name):
+    registry._parts.cache_clear()
+    causal = registry.VARIANTS[name].causal
+    for pass_ in ("fwd", "fwd+bwd"):
+        point = VariantPoint("float32", causal, 16, 96, 96, 2, 4, 1, pass_, variant=name)
+        rows = {r["method"]: r for r in run_point(point, METHOD_NAMES, _cfg().bench_config(),
+                                                  torch.device("cpu"), None)}
+        assert rows["eager"]["status"] == "ok" and rows["eager"]["correct"], rows["eager"]
+        if name == "softcap":  # no mask expresses a score modification
+            assert rows["sdpa_mask"]["status"] == "unsupported"
+            assert "softcapping is not a mask" in rows["sdpa_mask"]["reason"]
+        else:
+            assert rows["sdpa_mask"]["status"] == "ok" and rows["sdpa_mask"]["correct"]
+        if pass_ == "fwd+bwd":
+            assert rows["eager"]["grads_correct"], rows["eager"]["grad_rel_err"]
+        for m in ("tiledattention", "flex"):
+            assert (rows[m]["status"], rows[m]["reason"]) == ("unavailable", "needs a CUDA GPU")
+    registry._parts.cache_clear()
+
+
+def test_a_torch_mod_that_disagrees_with_the_reference_is_a_wrong_row(monkeypatch):
+    def wrong(batch, heads, seq, device):  # ALiBi's reference, the bias the wrong way
+        parts = registry._build_alibi(batch, heads, seq, device)
+        slopes = registry.VARIANTS  # keep the linter quiet about the closure below
+        del slopes
+        good = parts.score
+        parts.score = lambda s, b, h, q, k: 2 * s - good(s, b, h, q, k)
+        return parts
+
+    monkeypatch.setitem(registry.VARIANTS, "alibi",
+                        registry.Variant("alibi", "wrong", True, wrong))
+    registry._parts.cache_clear()
+    point = VariantPoint("float32", True, 16, 96, 96, 1, 4, 1, "fwd", variant="alibi")
+    rows = {r["method"]: r for r in run_point(point, ["eager"], _cfg().bench_config(),
+                                              torch.device("cpu"), None)}
+    assert rows["eager"]["status"] == "wrong", rows["eager"]
+    registry._parts.cache_clear()
+
+
+def test_flex_without_triton_is_unavailable_with_the_reason(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "triton" else real(name, *a))
+    point = VariantPoint("bfloat16", True, 64, 256, 256, 1, 2, variant="window")
+    with pytest.raises(Unavailable, match="FlexAttention needs Triton"):
+        METHODS["flex"].check(point, torch.device("cuda"))
+    with pytest.raises(Unavailable, match="on a CUDA GPU only"):
+        METHODS["flex"].check(point, torch.device("cpu"))
+
+
+def test_without_a_gpu_every_row_is_unavailable_and_measured_once_a_gpu_is_there(
+        tmp_path, monkeypatch):
+    from tiledattention import tune
+    from tiledattention.bench import runner
+    from tiledattention.bench.variants_run import load_rows, points, run_variants
+
+    cfg = _cfg(variants=["window", "alibi"], seqs=[256], head_dims=[64], dtypes=["bfloat16"])
+    monkeypatch.setattr(tune, "no_gpu_reason", lambda: "no CUDA GPU visible on node7")
+    out = run_variants(cfg, str(tmp_path))
+    rows = load_rows(str(tmp_path))
+    assert out["status"] == "unavailable"
+    assert len(rows) == len(points(cfg)) * 4 == 16
+    assert {(r["status"], r["reason"]) for r in rows} == {
+        ("unavailable", "no CUDA GPU visible on node7")}
+    manifest = json.loads((tmp_path / "manifest-variants.json").read_text())
+    assert manifest["config"] == json.loads(json.dumps(cfg.as_dict()))
+    # Where a GPU is, those rows are measured (the harness gets every point again).
+    planned = []
+    monkeypatch.setattr(tune, "no_gpu_reason", lambda: None)
+    monkeypatch.setattr(runner, "resolve_device", lambda name: torch.device("cpu"))
+    monkeypatch.setattr(runner, "measure", lambda plan, *a: planned.extend(plan))
+    run_variants(cfg, str(tmp_path))
+    assert [p.key() for p, _ in planned] == [p.key() for p in points(cfg)]
+    assert load_rows(str(tmp_path)) == [] and list(tmp_path.glob("stale-rows-*.jsonl"))
+
+
+def test_points_keep_b_times_s_and_name_the_variant():
+    from tiledattention.bench.variants_run import points
+
+    pts = points(_cfg(seqs=[1024, 16384], head_dims=[128], dtypes=["float16"]))
+    assert {(p.seq_q, p.batch, p.heads) for p in pts} == {(1024, 16, 16), (16384, 1, 16)}
+    assert len({p.key() for p in pts}) == len(pts) == 2 * len(VARIANT_NAMES) * 2
+    assert pts[0].key().startswith("causal-float16-causal-d128-sq1024")
+    assert [p for p in pts if p.variant == "prefix_lm"][0].causal is False
+
+
+def _row(variant, seq, pass_, method, ms=None, status="ok", reason=None):
+    key = f"{variant}-bfloat16-d128-s{seq}-{pass_}"
+    row = {"point_key": key, "variant": variant, "dtype": "bfloat16", "head_dim": 128,
+           "seq_q": seq, "seq_kv": seq, "batch": 16384 // seq, "heads": 16, "pass": pass_,
+           "method": method, "status": status}
+    if ms is not None:
+        row["time_ms"] = {"median_ms": ms}
+    if reason:
+        row["reason"] = reason
+    return row
+
+
+def _synthetic():
+    rows = []
+    for variant, ours in (("window", 1.0), ("alibi", 2.0)):
+        for seq in (1024, 4096):
+            for pass_, k in (("fwd", 1.0), ("fwd+bwd", 3.0)):
+                rows += [_row(variant, seq, pass_, "tiledattention", ours * k),
+                         _row(variant, seq, pass_, "flex", ours * k * 2.0),
+                         _row(variant, seq, pass_, "sdpa_mask", ours * k * 4.0),
+                         _row(variant, seq, pass_, "eager", status="unsupported",
+                              reason="eager needs ~70.0 GiB")]
+    return rows
+
+
+def test_table_headline_and_figure_from_synthetic_rows(tmp_path):
+    from tiledattention.study.variants import headline, variants_figure, variants_table
+
+    t = variants_table(_synthetic())
+    assert t.columns[-4:] == ["ours ms", "flex ms", "× flex", "× sdpa+mask"]
+    assert len(t.rows) == 8 and t.rows[0][:7] == ["window", "bfloat16", 128, 1024, 16, 16,
+                                                  "fwd"]
+    assert [r[-2:] for r in t.rows] == [[2.0, 4.0]] * 8
+    assert "eager unsupported: eager needs ~70.0 GiB" in t.notes
+    line = headline(_synthetic())
+    assert "fwd 2.000x (min 2.000x, faster at 4/4 points)" in line
+    assert "fwd+bwd 2.000x" in line and "Variants (window, alibi)" in line
+    from tiledattention.study.variants import headline_rows
+
+    assert [r[:6] for r in headline_rows(_synthetic())] == [
+        ["FlexAttention (variants), fwd", 4, 2.0, 2.0, 2.0, "4/4"],
+        ["FlexAttention (variants), fwd+bwd", 4, 2.0, 2.0, 2.0, "4/4"],
+        ["SDPA + mask (variants), fwd", 4, 4.0, 4.0, 4.0, "4/4"],
+        ["SDPA + mask (variants), fwd+bwd", 4, 4.0, 4.0, 4.0, "4/4"]]
+    from tiledattention.study.variants import variants_summary
+
+    summary = variants_summary(_synthetic())
+    assert summary.rows[0] == ["window", "fwd", "2/2", 2.0, 2.0, "≥ 1.5x, min ≥ 1x", 4.0, "yes"]
+    slow = [{**r, "time_ms": {"median_ms": r["time_ms"]["median_ms"] * 1.5}}
+            if r["method"] == "tiledattention" else r for r in _synthetic()]
+    assert [r[-1] for r in variants_summary(slow).rows] == ["no", "yes"] * 2
+    paths = variants_figure(_synthetic(), str(tmp_path))
+    assert sorted(Path(p).name for p in paths) == ["variants.pdf", "variants.png"]
+    assert all(Path(p).stat().st_size > 1000 for p in paths)
+
+
+def test_unavailable_rows_give_an_empty_table_with_the_reason_and_no_ratio(tmp_path):
+    from tiledattention.study.variants import headline, variants_figure, variants_table
+
+    rows = [_row("window", 1024, "fwd", m, status="unavailable", reason="no CUDA GPU visible")
+            for m in METHOD_NAMES]
+    t = variants_table(rows)
+    assert t.rows[0][7:] == ["unavailable", "unavailable", None, None]
+    assert "no speedup over FlexAttention measured (flex unavailable: no CUDA GPU" in \
+        headline(rows)
+    assert variants_figure(rows, str(tmp_path))  # written, with the reason in place
+    from tiledattention.study.variants import variants_summary
+
+    assert variants_summary(rows).rows == [["window", "fwd", "0/1", None, None,
+                                            "≥ 1.5x, min ≥ 1x", None, "not measured"]]
+    assert variants_table([]).notes == [
+        "no variants stage in this study (config variants.enabled: false)."]
+    assert headline([]) == ""
+
+
+SNAKEMAKE = shutil.which("snakemake") or str(Path(sys.executable).with_name("snakemake"))
+needs_snakemake = pytest.mark.skipif(not Path(SNAKEMAKE).exists(),
+                                     reason="snakemake not installed (pip install '.[workflow]')")
+
+
+def _dry_run(tmp_path, variants: str | None = None):
+    """A dry run of the smoke study; ``variants``: its variants section replaced (a config
+    file on top: --config passes nested values as strings)."""
+    files = ["config/smoke.yaml"]
+    if variants is not None:
+        (tmp_path / "variants.yaml").write_text(f"variants: {variants}\n")
+        files.append(str(tmp_path / "variants.yaml"))
+    return subprocess.run([SNAKEMAKE, "--nolock", "-n", "-p", "--configfile", *files,
+                           "--config", f"results_dir={tmp_path}/out"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+
+
+@needs_snakemake
+def test_the_stage_is_one_launcher_job_feeding_aggregate_figures_and_manifest(tmp_path):
+    out = _dry_run(tmp_path)
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-2000:]
+    assert re.search(r"^variants\s+1$", text, re.M)
+    (job,) = [ln for ln in text.splitlines() if ln.startswith("Shell command: tiledattn "
+                                                              "variants ")]
+    assert "--variants window softcap --methods tiledattention flex sdpa_mask eager " \
+           "--seqs 256" in job and "--launcher local" in job
+    assert f"--out {tmp_path}/out/variants" in job
+    for verb in ("aggregate", "figures", "manifest"):
+        (cmd,) = [ln for ln in text.splitlines() if ln.startswith(f"Shell command: "
+                                                                  f"tiledattn {verb} ")]
+        assert f"{tmp_path}/out/variants" in cmd, (verb, cmd)
+
+
+@needs_snakemake
+def test_a_study_without_the_stage_plans_no_job_and_passes_no_rows(tmp_path):
+    out = _dry_run(tmp_path, "{enabled: false}")
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-2000:]
+    assert not re.search(r"^variants\s+\d+$", text, re.M)
+    assert "--variants" not in text
+
+
+@needs_snakemake
+def test_a_bad_variants_section_stops_the_study_in_one_line(tmp_path):
+    out = _dry_run(tmp_path, "{enabled: true, seqs: [0]}")
+    text = out.stdout + out.stderr
+    assert out.returncode != 0 and "variants.seqs: 0 must be >= 1" in text, text[-2000:]
+    assert len(text.splitlines()) < 15 and "bench_shard" not in out.stdout
+
+
+def test_geomean_is_the_geometric_mean():
+    from tiledattention.study.variants import geomean
+
+    assert math.isclose(geomean([1.0, 4.0]), 2.0) and geomean([]) is None
