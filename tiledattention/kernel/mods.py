@@ -265,6 +265,10 @@ def _times(a, b):
     return _bin(a, ast.Mult(), b)
 
 
+# Keywords that change a call's precision, not its value: the derivative keeps them.
+_PRECISION_KWARGS = frozenset({"rounding_mode", "flush_to_zero"})
+
+
 def _d(e: ast.expr, x: str):
     """d e / d x as an expression, _ZERO, or None (outside the closed set)."""
     if not _uses(e, x):
@@ -292,7 +296,7 @@ def _d(e: ast.expr, x: str):
         if isinstance(e.op, ast.Div) and db is _ZERO:
             return _bin(da, ast.Div(), e.right)
         return None
-    if isinstance(e, ast.Call) and not e.keywords:
+    if isinstance(e, ast.Call) and all(kw.arg in _PRECISION_KWARGS for kw in e.keywords):
         name = _call_name(e)
         if name in ("tanh", "exp", "exp2") and len(e.args) == 1:
             da = _d(e.args[0], x)
