@@ -276,6 +276,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="directory for compare.md/.csv/.png/.pdf (default: compare/ "
                    "in the new study's directory)")
 
+    p = _verb(sub, "systems", _systems, "one table across systems: per point, each study's "
+              "TiledAttention kernel time and ratio to PyTorch SDPA, each system's time over "
+              "the first's, geomeans (e.g. the H100 and the H200 reference studies)")
+    p.add_argument("studies", nargs="+", metavar="STUDY", help="two or more studies: bundles "
+                   "(directory or zip), results directories or rows files, the first the "
+                   "reference system")
+    p.add_argument("--names", nargs="+", help="a name per study, in order (default: the "
+                   "paths' last parts)")
+    p.add_argument("--out", required=True, help="directory for systems.md and systems.csv")
+
+    p = _verb(sub, "scaling", _scaling, "study wall time against GPU count, and what stays "
+              "serial, from the studies' run records (logs/runs.jsonl): table and figure")
+    p.add_argument("studies", nargs="+", metavar="STUDY", help="results directories of the "
+                   "same study run on different GPU counts (e.g. --config results_dir=... "
+                   "per count)")
+    p.add_argument("--out", required=True, help="directory for scaling.md/.csv/.png/.pdf")
+
     p = _verb(sub, "reproduce", _reproduce, "re-run the study a bundle records (its config, "
               "grid and workflow) through a Snakemake profile, then verify the new bundle and "
               "compare it against the original")
@@ -735,6 +752,21 @@ def _compare(args) -> int:
               f"{'—' if c.diff_pct is None else f'{c.diff_pct:+.1f} %'} {c.why}".rstrip(),
               file=sys.stderr)
     return FAILED if failed(checks) else 0
+
+
+def _systems(args) -> int:
+    from .study.systems import write
+
+    print(f"systems: {write(args.studies, args.names, args.out)[1]}")
+    return 0
+
+
+def _scaling(args) -> int:
+    from .study.scaling import write
+
+    runs, paths = write(args.studies, args.out)
+    print(f"scaling: {len(runs)} run(s), GPUs {sorted({r.count for r in runs})}; {paths[1]}")
+    return 0
 
 
 def _reproduce(args) -> int:
