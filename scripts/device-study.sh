@@ -6,7 +6,8 @@
 #
 # 1. installs the wheel kit (.whl, from scripts/pack-study-wheels.sh) into $SITE and puts a
 #    `tiledattn` command there that runs this checkout (skipped when already installed);
-# 2. activates the carried cuTile toolchain (.toolchain/activate.sh) when there is one;
+# 2. activates the carried cuTile toolchain (.toolchain/activate.sh) when there is one, and
+#    on a GPU compiles the planned points' kernels in parallel first (tiledattn precompile);
 # 3. runs `snakemake --profile profiles/local --configfile CONFIG` on $GPUS GPUs (default:
 #    every visible one; the first $GPUS are made visible, `--resources gpu=$GPUS`), stopped
 #    with SIGTERM after BUDGET_S seconds (default 530: with the
@@ -80,6 +81,23 @@ say "$GPUS GPU(s) (CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-}), budget ${bud
 smk=(snakemake --profile profiles/local --configfile "$config" --resources "gpu=$GPUS"
      --cores $(( GPUS + 1 )) "$@")
 "${smk[@]}" --unlock >/dev/null 2>&1  # a run stopped at its budget leaves the lock behind
+# The kernels of every planned point, compiled into cuTile's disk cache by all CPU cores
+# before the GPU steps run (once per machine and study; PRECOMPILE=0 skips it).
+stamp="$CUDA_TILE_CACHE_DIR/.precompiled-$(basename "$results")"
+if [ "$visible" -gt 0 ] && [ "${PRECOMPILE:-1}" = 1 ] && [ ! -f "$stamp" ]; then
+  "${smk[@]}" --until plan plan_ladder plan_shapes >"$OUT/plan.log" 2>&1 \
+    || say "planning failed (plan.log); the study reports why"
+  plans=()
+  for f in "$results"/plan/bench.yaml "$results"/plan/ladder.yaml "$results"/plan/shapes-g*.yaml; do
+    [ -f "$f" ] && plans+=("$f")
+  done
+  if [ "${#plans[@]}" -gt 0 ] && tiledattn precompile --config "${plans[@]}" 2>&1 \
+       | tee "$OUT/precompile.log" >&2; then  # pipefail: precompile's own status
+    mkdir -p "$CUDA_TILE_CACHE_DIR" && touch "$stamp"
+  else
+    say "precompile did not finish; the study compiles as it goes"
+  fi
+fi
 left=$(( budget - ($(date +%s) - t0) ))
 [ "$left" -gt 30 ] || { echo "device-study: no time left for the study" >&2; exit 3; }
 timeout --signal=TERM --kill-after=30 "$left" "${smk[@]}" 2>&1 | tee "$OUT/snakemake.log" >&2

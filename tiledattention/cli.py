@@ -168,6 +168,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--step", default="bench", help="the study step the shards belong to "
                    "(names the jobs, e.g. tiledattn-ladder-shard0of1)")
 
+    p = _verb(sub, "precompile", _precompile, "compile the kernels of benchmark configs' points "
+              "into cuTile's disk cache in parallel processes, before the study measures them "
+              "(e.g. a study's plan/bench.yaml, plan/ladder.yaml, plan/shapes-g*.yaml)")
+    p.add_argument("--config", nargs="+", required=True, metavar="YAML",
+                   help="benchmark configs whose points to compile")
+    p.add_argument("--workers", type=_count(1), help="processes, spread over the visible "
+                   "GPUs (default: one per CPU core less one, at most 16)")
+
     p = _verb(sub, "aggregate", _aggregate, "all shard rows into one table (JSON lines, CSV, "
               "Parquet, column dictionary) and the summary tables (Markdown, CSV, LaTeX)")
     p.add_argument("--rows", required=True, help="directory holding rows-shard*.jsonl")
@@ -752,6 +760,13 @@ def _compare(args) -> int:
               f"{'—' if c.diff_pct is None else f'{c.diff_pct:+.1f} %'} {c.why}".rstrip(),
               file=sys.stderr)
     return FAILED if failed(checks) else 0
+
+
+def _precompile(args) -> int:
+    from .bench.precompile import default_workers, precompile
+
+    precompile(args.config, args.workers or default_workers())
+    return 0  # a point that failed here is measured, and its failure recorded, by the study
 
 
 def _systems(args) -> int:

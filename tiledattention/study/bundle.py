@@ -243,7 +243,7 @@ def _readme(pub: Publication, rows: list[dict], manifest: dict, table4: str,
         f" (CUDA {stack.get('cuda_runtime')}, cuDNN {stack.get('cudnn')}), cuda-tile "
         f"{stack.get('cuda_tile')}, tileiras {stack.get('tileiras')}, Python "
         f"{stack.get('python')}",
-        f"- Source: {pub.repository or 'repository not recorded (set publication.repository)'}"
+        f"- Source: {pub.repository or NO_REPOSITORY}"
         f" at revision {stack.get('git_commit')}"
         + (" (some runs from a tree with uncommitted changes: manifest.json)"
            if manifest.get("runs_from_dirty_tree") else ""),
@@ -261,6 +261,8 @@ def _readme(pub: Publication, rows: list[dict], manifest: dict, table4: str,
         "LaTeX",
         "- `figures/`: PNG and PDF", "- `compare/`: `tiledattn compare` against a "
         "reference (table and figure), when the study was compared (`tiledattn reproduce`)",
+        "- `scaling/`: `tiledattn scaling`, study wall time against GPU count (table and "
+        "figure), when the study's runs were set side by side",
         "- `profiles.zip`: Nsight Compute reports, raw CSV "
         "exports and `summary.md`", "- `manifest.json`: merged version manifest",
         "- `config/`: the exact study config", "- `.zenodo.json`, `CITATION.cff`, "
@@ -270,6 +272,12 @@ def _readme(pub: Publication, rows: list[dict], manifest: dict, table4: str,
     return "\n".join(lines)
 
 
+# What the README says where no repository URL was known when the bundle was made.
+NO_REPOSITORY = ("no repository URL recorded (set `publication.repository` in the study config, "
+                 "or `Repository` under `[project.urls]` in pyproject.toml, or a git remote "
+                 "`origin`, then rebuild the bundle)")
+
+
 def install_line(pub: Publication, manifest: dict) -> str:
     """The README's install step: the recorded revision from the recorded repository."""
     stack = manifest.get("stack") or {}
@@ -277,8 +285,10 @@ def install_line(pub: Publication, manifest: dict) -> str:
     if repo and commit:
         return f'python -m pip install "tiledattention[workflow] @ git+{repo}@{commit}"'
     version = stack.get("tiledattention") or pub.version
-    return (f'python -m pip install "tiledattention[workflow]=={version}"   # no repository '
-            "and revision recorded: the same version from your package index")
+    missing = " and ".join(w for w, v in (("repository URL", repo), ("revision", commit))
+                           if not v)
+    return (f'python -m pip install "tiledattention[workflow]=={version}"   # no {missing} '
+            "recorded: the same version from your package index")
 
 
 def reproduce_section(pub: Publication, manifest: dict, snapshot: tuple[int, str]) -> list[str]:
@@ -529,7 +539,8 @@ def _build(out_dir: str, study_dir: str, rows: list[dict], manifest: dict, *, co
     model_rows = os.path.join(study_dir, "model", "rows.jsonl")
     if os.path.lexists(model_rows):  # the model stage's own rows (another row format)
         _copy(_source(model_rows, study_dir), os.path.join(out_dir, "data", "model-rows.jsonl"))
-    for sub in ("tables", "figures", "compare"):  # compare: tiledattn compare's table, figure
+    # compare, scaling: tiledattn compare's and tiledattn scaling's table and figure
+    for sub in ("tables", "figures", "compare", "scaling"):
         src_dir = os.path.join(study_dir, sub) if sub != "tables" else os.path.join(agg, sub)
         if os.path.lexists(src_dir):
             for rel in _study_files(src_dir, study_dir):

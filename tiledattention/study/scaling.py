@@ -2,20 +2,21 @@
 
 ``tiledattn scaling STUDY... --out DIR``: each study's finished runs (``logs/runs.jsonl``,
 written by the workflow, see ``timeline``) give a run's wall time, its GPU count (the
-``gpu`` slots of ``profiles/local``; under SLURM the jobs in flight, which the cluster
-decides) and its jobs' start and end. Per run:
+``gpu`` slots of ``profiles/local``; under SLURM the most GPU steps in flight, which the
+cluster decides) and its jobs' start and end. Per run:
 
-- the GPU phase: from the first GPU step's start to the last one's end; GPU work: the sum
-  of the GPU steps' times (what more GPUs share out); mean and peak GPU steps in flight;
-- serial: the run's wall time less its GPU phase (Snakemake's start, the plan before the
-  first GPU step; aggregate, figures, manifest, bundle and its verification after the last);
-  the CPU rules' own times are listed by rule. Kernel compiles happen inside each GPU step
-  (each process compiles the variants its points use), so they are GPU work, repeated in
-  each shard that needs the same variant.
+- GPU work: the sum of the GPU steps' times (what more GPUs share out); GPU busy: the time
+  at least one GPU step ran; mean in flight = work / busy; peak in flight;
+- serial: Snakemake's own start (before its first job) plus every CPU rule's time (plan,
+  aggregate, figures, manifest, bundle, bundle_verify): what more GPUs do not shorten. At
+  low GPU counts some CPU rules overlap a GPU step still running (e.g. aggregate beside the
+  profile), so this is the serial part's upper bound. Kernel compiles happen inside each
+  GPU step (each process compiles the variants its points use): GPU work, repeated in each
+  shard that needs the same variant.
 
 Against the run with the fewest GPUs (n0): speedup = wall(n0) / wall(n), efficiency =
 speedup × n0 / n, ideal (linear) = wall(n0) × n0 / n, and Amdahl's bound = serial(n0) +
-GPU phase(n0) × n0 / n. Written as scaling.md, scaling.csv and scaling.png/.pdf.
+(wall(n0) - serial(n0)) × n0 / n. Written as scaling.md, scaling.csv and scaling.png/.pdf.
 """
 
 from __future__ import annotations
@@ -35,16 +36,20 @@ class Run:
     gpus: int | None  # the gpu slots the run had (None: not a local run)
     launcher: str | None
     wall_s: float
-    gpu_phase_s: float
+    startup_s: float  # run start to its first job's start
     gpu_work_s: float
+    gpu_busy_s: float
     gpu_steps: int
     peak: int  # most GPU steps in flight at once
-    serial_s: float
     cpu_rules: dict[str, float]  # rule -> seconds (sum over its jobs)
 
     @property
+    def serial_s(self) -> float:
+        return self.startup_s + sum(self.cpu_rules.values())
+
+    @property
     def mean_busy(self) -> float | None:
-        return self.gpu_work_s / self.gpu_phase_s if self.gpu_phase_s > 0 else None
+        return self.gpu_work_s / self.gpu_busy_s if self.gpu_busy_s > 0 else None
 
     @property
     def count(self) -> int:
@@ -52,13 +57,19 @@ class Run:
         return self.gpus if self.gpus else self.peak
 
 
-def _peak(intervals: list[tuple[float, float]]) -> int:
+def _sweep(intervals: list[tuple[float, float]]) -> tuple[int, float]:
+    """(most intervals overlapping at once, length of their union)."""
     events = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals])
     peak = now = 0
-    for _, step in events:  # an end sorts before a start at the same instant
+    covered, since = 0.0, None
+    for t, step in events:  # an end sorts before a start at the same instant
+        if now == 0 and step > 0:
+            since = t
         now += step
         peak = max(peak, now)
-    return peak
+        if now == 0 and since is not None:
+            covered += t - since
+    return peak, covered
 
 
 def run_of(study: str, run: dict) -> Run | None:
@@ -72,15 +83,15 @@ def run_of(study: str, run: dict) -> Run | None:
     gpu = [j for j in jobs if j.get("gpu")]
     if not gpu:
         return None
-    phase = max(j["end"] for j in gpu) - min(j["start"] for j in gpu)
     cpu: dict[str, float] = {}
     for j in jobs:
         if not j.get("gpu") and j["rule"] != "all":
             cpu[j["rule"]] = cpu.get(j["rule"], 0.0) + (j["end"] - j["start"])
+    peak, busy = _sweep([(j["start"], j["end"]) for j in gpu])
     gpus = run.get("gpus") if run.get("launcher") == "local" else None
-    return Run(study, int(gpus) if gpus else None, run.get("launcher"), t1 - t0, phase,
-               sum(j["end"] - j["start"] for j in gpu), len(gpu),
-               _peak([(j["start"], j["end"]) for j in gpu]), (t1 - t0) - phase, cpu)
+    return Run(study, int(gpus) if gpus else None, run.get("launcher"), t1 - t0,
+               max(0.0, min(j["start"] for j in jobs) - t0),
+               sum(j["end"] - j["start"] for j in gpu), busy, len(gpu), peak, cpu)
 
 
 def collect(studies: list[str]) -> tuple[list[Run], list[str]]:
@@ -102,7 +113,7 @@ def collect(studies: list[str]) -> tuple[list[Run], list[str]]:
 
 
 COLUMNS = ["study", "launcher", "GPUs", "wall s", "speedup", "efficiency", "ideal s",
-           "Amdahl s", "GPU phase s", "GPU work s", "GPU steps", "mean in flight",
+           "Amdahl s", "GPU work s", "GPU busy s", "GPU steps", "mean in flight",
            "peak in flight", "serial s", "serial %"]
 
 
@@ -118,9 +129,9 @@ def table(runs: list[Run]) -> list[list]:
                     None if speedup is None else round(speedup, 3),
                     None if speedup is None or scale is None else round(speedup * scale, 3),
                     None if scale is None else round(base.wall_s * scale, 1),
-                    None if scale is None else round(base.serial_s
-                                                     + base.gpu_phase_s * scale, 1),
-                    round(r.gpu_phase_s, 1), round(r.gpu_work_s, 1), r.gpu_steps,
+                    None if scale is None else round(base.serial_s + max(
+                        0.0, base.wall_s - base.serial_s) * scale, 1),
+                    round(r.gpu_work_s, 1), round(r.gpu_busy_s, 1), r.gpu_steps,
                     None if r.mean_busy is None else round(r.mean_busy, 2), r.peak,
                     round(r.serial_s, 1),
                     round(100 * r.serial_s / r.wall_s, 1) if r.wall_s > 0 else None])
@@ -135,11 +146,12 @@ def markdown(runs: list[Run], notes: list[str]) -> str:
         lines += ["| " + " | ".join("—" if v is None else str(v) for v in r) + " |"
                   for r in rows]
         lines += ["", f"Against the run with the fewest GPUs ({runs[0].count}): ideal = its "
-                  "wall time shared linearly; Amdahl = its serial part plus its GPU phase "
-                  "shared linearly. Serial = wall time less the GPU phase (Snakemake's "
-                  "start and plan before the first GPU step; aggregate, figures, manifest, "
-                  "bundle and verify after the last). Kernel compiles run inside the GPU "
-                  "steps (each process compiles the variants it uses) and count as GPU work.",
+                  "wall time shared linearly; Amdahl = its serial part plus the rest of "
+                  "its wall time shared linearly. Serial = Snakemake's start before its first "
+                  "job plus the CPU rules' times (plan, aggregate, figures, manifest, "
+                  "bundle, verify; an upper bound where they overlap a GPU step). Kernel "
+                  "compiles run inside the GPU steps (each process compiles the variants "
+                  "it uses) and count as GPU work.",
                   "", "CPU rules' own times (s), per run:", ""]
         for r in runs:
             parts = ", ".join(f"{k} {v:.1f}" for k, v in sorted(r.cpu_rules.items()))
@@ -167,8 +179,8 @@ def figure(runs: list[Run], out_dir: str) -> list[str]:
         labels = [str(x) for x in xs]
         pos = list(range(len(runs)))
         ax.bar(pos, [r.serial_s for r in runs], color="0.6", label="serial")
-        ax.bar(pos, [r.gpu_phase_s for r in runs], bottom=[r.serial_s for r in runs],
-               color="C0", label="GPU phase")
+        ax.bar(pos, [max(0.0, r.wall_s - r.serial_s) for r in runs],
+               bottom=[r.serial_s for r in runs], color="C0", label="rest (GPU steps)")
         ax.plot(pos, [row[6] for row in rows], "k--", marker="o", ms=3, label="ideal (linear)")
         ax.plot(pos, [row[7] for row in rows], "r:", marker="s", ms=3, label="Amdahl")
         ax.set_xticks(pos, labels)
