@@ -59,6 +59,7 @@ SNAPSHOT_SHIPPED = (
     "config/smoke.yaml", "config/bench-backward.yaml", "config/bench-decode.yaml",
     "config/bench-h100-small.yaml", "config/bench-sdpa.yaml", "config/bench-smoke.yaml",
     "config/shapes-head-dims.yaml", "config/shapes-models.yaml", "config/shapes-seqs.yaml",
+    "config/reference.yaml", "config/scaling.yaml",
     "profiles/README.md", "profiles/local/config.yaml", "profiles/slurm/README.md",
     "profiles/slurm/config.yaml")
 SNAPSHOT_CODE = ("workflow", "containers")
