@@ -85,8 +85,14 @@ smk=(snakemake --profile profiles/local --configfile "$config" --resources "gpu=
 # before the GPU steps run (once per machine and study; PRECOMPILE=0 skips it).
 stamp="$CUDA_TILE_CACHE_DIR/.precompiled-$(basename "$results")"
 if [ "$visible" -gt 0 ] && [ "${PRECOMPILE:-1}" = 1 ] && [ ! -f "$stamp" ]; then
-  "${smk[@]}" --until plan plan_ladder plan_shapes >"$OUT/plan.log" 2>&1 \
+  "${smk[@]}" --until plan plan_shapes >"$OUT/plan.log" 2>&1 \
     || say "planning failed (plan.log); the study reports why"
+  # plan_ladder names no wildcard, so --until would plan it even for a study without one.
+  if python3 -c "import sys, yaml; c = yaml.safe_load(open(sys.argv[1])); \
+sys.exit(0 if (c.get('ladder') or {}).get('enabled') else 1)" \
+       "$results/plan/study-config.yaml" 2>/dev/null; then
+    "${smk[@]}" --until plan_ladder >>"$OUT/plan.log" 2>&1
+  fi
   plans=()
   for f in "$results"/plan/bench.yaml "$results"/plan/ladder.yaml "$results"/plan/shapes-g*.yaml; do
     [ -f "$f" ] && plans+=("$f")
