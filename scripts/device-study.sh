@@ -121,6 +121,13 @@ if [ -d "$results" ]; then
   tar -czf "$OUT/$name-results.tar.gz" --exclude="$name/bundle.zip" \
     -C "$(cd "$(dirname "$results")" && pwd)" "$name" "${logs[@]}"
   [ -f "$results/bundle.zip" ] && cp "$results/bundle.zip" "$OUT/$name-bundle.zip"
+  # The device tool brings back files of at most 16 MiB: larger ones go in 15 MiB parts
+  # (cat NAME.part* > NAME to join them).
+  for f in "$OUT"/*; do
+    if [ -f "$f" ] && [ "$(stat -c %s "$f")" -gt $(( 16 << 20 )) ]; then
+      split -b 15M -d "$f" "$f.part" && rm "$f"
+    fi
+  done
   ls -la "$OUT" >&2
 fi
 exit "$rc"
