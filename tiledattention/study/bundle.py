@@ -56,10 +56,10 @@ MARKER = ".tiledattention-bundle"
 SNAPSHOT = ("Snakefile", "workflow", "config", "profiles", "containers", "pyproject.toml")
 SNAPSHOT_SHIPPED = (
     "Snakefile", "pyproject.toml", "config/README.md", "config/config.yaml",
+    "config/reference.yaml", "config/scaling.yaml",
     "config/smoke.yaml", "config/bench-backward.yaml", "config/bench-decode.yaml",
     "config/bench-h100-small.yaml", "config/bench-sdpa.yaml", "config/bench-smoke.yaml",
     "config/shapes-head-dims.yaml", "config/shapes-models.yaml", "config/shapes-seqs.yaml",
-    "config/reference.yaml", "config/scaling.yaml",
     "profiles/README.md", "profiles/local/config.yaml", "profiles/slurm/README.md",
     "profiles/slurm/config.yaml")
 SNAPSHOT_CODE = ("workflow", "containers")
@@ -262,11 +262,11 @@ def _readme(pub: Publication, rows: list[dict], manifest: dict, table4: str,
         "LaTeX",
         "- `figures/`: PNG and PDF", "- `compare/`: `tiledattn compare` against a "
         "reference (table and figure), when the study was compared (`tiledattn reproduce`)",
-        "- `scaling/`: `tiledattn scaling`, study wall time against GPU count (table and "
-        "figure), when the study's runs were set side by side",
         "- `profiles.zip`: Nsight Compute reports, raw CSV "
         "exports and `summary.md`", "- `manifest.json`: merged version manifest",
-        "- `config/`: the exact study config", "- `.zenodo.json`, `CITATION.cff`, "
+        "- `config/`: the exact study config",
+        "- `scaling/`: `tiledattn scaling`, study wall time against GPU count (table and "
+        "figure), when the study's runs were set side by side", "- `.zenodo.json`, `CITATION.cff`, "
         "`ro-crate-metadata.json`, `SHA256SUMS` (check: `sha256sum -c SHA256SUMS` or "
         "`tiledattn bundle verify`)", "", "## Column dictionary", "",
         columns_markdown(columns_of(rows)) if rows else "(no rows)", ""]
