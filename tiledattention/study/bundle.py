@@ -266,7 +266,8 @@ def _readme(pub: Publication, rows: list[dict], manifest: dict, table4: str,
         "exports and `summary.md`", "- `manifest.json`: merged version manifest",
         "- `config/`: the exact study config",
         "- `scaling/`: `tiledattn scaling`, study wall time against GPU count (table and "
-        "figure), when the study's runs were set side by side", "- `.zenodo.json`, `CITATION.cff`, "
+        "figure), when the study's runs were set side by side",
+        "- `.zenodo.json`, `CITATION.cff`, "
         "`ro-crate-metadata.json`, `SHA256SUMS` (check: `sha256sum -c SHA256SUMS` or "
         "`tiledattn bundle verify`)", "", "## Column dictionary", "",
         columns_markdown(columns_of(rows)) if rows else "(no rows)", ""]
@@ -540,12 +541,15 @@ def _build(out_dir: str, study_dir: str, rows: list[dict], manifest: dict, *, co
     model_rows = os.path.join(study_dir, "model", "rows.jsonl")
     if os.path.lexists(model_rows):  # the model stage's own rows (another row format)
         _copy(_source(model_rows, study_dir), os.path.join(out_dir, "data", "model-rows.jsonl"))
-    # compare, scaling: tiledattn compare's and tiledattn scaling's table and figure
-    for sub in ("tables", "figures", "compare", "scaling"):
+    for sub in ("tables", "figures", "compare"):  # compare: tiledattn compare's table, figure
         src_dir = os.path.join(study_dir, sub) if sub != "tables" else os.path.join(agg, sub)
         if os.path.lexists(src_dir):
             for rel in _study_files(src_dir, study_dir):
                 _copy(os.path.join(src_dir, rel), os.path.join(out_dir, sub, rel))
+    scaling_dir = os.path.join(study_dir, "scaling")  # tiledattn scaling's table, figure
+    if os.path.lexists(scaling_dir):
+        for rel in _study_files(scaling_dir, study_dir):
+            _copy(os.path.join(scaling_dir, rel), os.path.join(out_dir, "scaling", rel))
     prof = os.path.join(study_dir, "profile")
     if os.path.lexists(prof):
         _zip_dir(prof, os.path.join(out_dir, "profiles.zip"), "profiles",
