@@ -97,6 +97,13 @@ def test_a_two_gpu_run_records_itself_and_runs_two_gpu_steps_at_once(tmp_path):
     found, notes = scaling.collect([str(results)])
     assert notes == [] and found[0].count == 2 and found[0].peak == 2
     assert found[0].gpu_steps == 7
+    # The table in the study's scaling/ goes into the bundle made next, which verifies.
+    assert main(["scaling", str(results), "--out", str(results / "scaling")]) == 0
+    assert main(["bundle", "create", "--study", str(results), "--config",
+                 str(results / "plan" / "study-config.yaml"), "--out",
+                 str(results / "bundle")]) == 0
+    assert "| local | 2 |" in (results / "bundle" / "scaling" / "scaling.md").read_text()
+    assert main(["bundle", "verify", str(results / "bundle")]) == 0
 
 
 def _pins(text: str) -> dict[str, str]:
