@@ -10,19 +10,21 @@
 #   bash scripts/pack-study-wheels.sh [DEST] [PYTHON_VERSION]     # default: .whl 3.12
 #
 # Left out, each checked by running the CPU study without it: pulp (the ILP scheduler; the
-# profile's `scheduler: greedy` never imports it), docutils and yte's report path (only
-# `--report`), gitpython, and sqlmodel/SQLAlchemy/pydantic: Snakemake >= 9.17 keeps its
-# metadata in SQLite through them (~5 MB of wheels), so the kit pins 9.16.3, the newest 9.x
-# without them. The other pins are containers/requirements.lock's. ~2.9 MB in all.
+# profile's `scheduler: greedy` never imports it), docutils (only `--report`), gitpython, and
+# sqlmodel/SQLAlchemy/pydantic, through which Snakemake >= 9.17 keeps its metadata in SQLite
+# (~5 MB of wheels). The kit pins Snakemake 9.9.0: before that store, and the newest 9.x
+# whose greedy scheduler keeps to `--resources gpu=N` (from 9.10 it can start a job past a
+# resource limit, snakemake issue 3913: two GPU steps at once on one GPU slot, seen here with
+# 9.16.3). The other pins are containers/requirements.lock's. ~2.9 MB in all.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dest=${1:-.whl}
 py=${2:-3.12}
 pins=(
-  snakemake==9.16.3
+  snakemake==9.9.0
   snakemake-interface-common==1.23.0 snakemake-interface-executor-plugins==9.4.0
   snakemake-interface-storage-plugins==4.4.1 snakemake-interface-report-plugins==1.3.0
-  snakemake-interface-logger-plugins==2.1.0 snakemake-interface-scheduler-plugins==2.0.2
+  snakemake-interface-logger-plugins==1.2.4
   configargparse==1.9.0 argparse-dataclass==2.0.0 immutables==0.21 humanfriendly==10.0
   throttler==1.2.3 tenacity==9.2.1 reretry==0.11.8 appdirs==1.4.4 dpath==2.2.0 yte==1.9.4
   conda-inject==1.3.2 smart-open==7.7.1
@@ -33,7 +35,7 @@ pins=(
   submitit==1.5.4
   rocrate==0.16.0 arcp==0.2.1
 )
-# connection-pool 0.0.3 (snakemake 9.16 needs >= 0.0.3) is published as a source archive
+# connection-pool 0.0.3 (snakemake 9.9 needs >= 0.0.3) is published as a source archive
 # only: built here into a pure-Python wheel.
 built=(connection-pool==0.0.3)
 mkdir -p "$dest"
