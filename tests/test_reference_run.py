@@ -126,3 +126,14 @@ def test_device_study_refuses_bad_arguments_in_one_line(args, words):
                          env={"PATH": "/usr/bin:/bin", "OUT": "/tmp/device-study-test"})
     assert out.returncode == 2 and out.stderr.strip().splitlines() == [
         next(ln for ln in out.stderr.splitlines() if words in ln)]
+
+
+@pytest.mark.parametrize("args,words", [(["config/scaling.yaml"], "name one or more GPU counts"),
+                                        (["config/scaling.yaml", "1", "two"],
+                                         "GPU counts are positive integers, got two")])
+def test_device_scaling_refuses_bad_counts_in_one_line(args, words):
+    out = subprocess.run(["bash", "scripts/device-scaling.sh", *args], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60,
+                         env={"PATH": "/usr/bin:/bin", "OUT": "/tmp/device-scaling-test"})
+    assert out.returncode == 2 and out.stderr.strip().splitlines() == [
+        f"device-scaling: {words}"]
