@@ -97,7 +97,9 @@ sys.exit(0 if (c.get('ladder') or {}).get('enabled') else 1)" \
   for f in "$results"/plan/bench.yaml "$results"/plan/ladder.yaml "$results"/plan/shapes-g*.yaml; do
     [ -f "$f" ] && plans+=("$f")
   done
-  if [ "${#plans[@]}" -gt 0 ] && tiledattn precompile --config "${plans[@]}" 2>&1 \
+  # At most a third of the budget: what is not compiled by then compiles in the study.
+  if [ "${#plans[@]}" -gt 0 ] && timeout --kill-after=10 $(( budget / 3 )) \
+       tiledattn precompile --config "${plans[@]}" 2>&1 \
        | tee "$OUT/precompile.log" >&2; then  # pipefail: precompile's own status
     mkdir -p "$CUDA_TILE_CACHE_DIR" && touch "$stamp"
   else
