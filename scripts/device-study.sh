@@ -7,7 +7,8 @@
 # 1. installs the wheel kit (.whl, from scripts/pack-study-wheels.sh) into $SITE and puts a
 #    `tiledattn` command there that runs this checkout (skipped when already installed);
 # 2. activates the carried cuTile toolchain (.toolchain/activate.sh) when there is one, and
-#    on a GPU compiles the planned points' kernels in parallel first (tiledattn precompile);
+#    on a GPU compiles the planned points' kernels in parallel first (tiledattn precompile,
+#    once per machine and set of plans);
 # 3. runs `snakemake --profile profiles/local --configfile CONFIG` on $GPUS GPUs (default:
 #    every visible one; the first $GPUS are made visible, `--resources gpu=$GPUS`), stopped
 #    with SIGTERM after BUDGET_S seconds (default 530: with the
@@ -82,9 +83,8 @@ smk=(snakemake --profile profiles/local --configfile "$config" --resources "gpu=
      --cores $(( GPUS + 1 )) "$@")
 "${smk[@]}" --unlock >/dev/null 2>&1  # a run stopped at its budget leaves the lock behind
 # The kernels of every planned point, compiled into cuTile's disk cache by all CPU cores
-# before the GPU steps run (once per machine and study; PRECOMPILE=0 skips it).
-stamp="$CUDA_TILE_CACHE_DIR/.precompiled-$(basename "$results")"
-if [ "$visible" -gt 0 ] && [ "${PRECOMPILE:-1}" = 1 ] && [ ! -f "$stamp" ]; then
+# before the GPU steps run (once per machine and set of plans; PRECOMPILE=0 skips it).
+if [ "$visible" -gt 0 ] && [ "${PRECOMPILE:-1}" = 1 ]; then
   "${smk[@]}" --until plan plan_shapes >"$OUT/plan.log" 2>&1 \
     || say "planning failed (plan.log); the study reports why"
   # plan_ladder names no wildcard, so --until would plan it even for a study without one.
@@ -97,10 +97,12 @@ sys.exit(0 if (c.get('ladder') or {}).get('enabled') else 1)" \
   for f in "$results"/plan/bench.yaml "$results"/plan/ladder.yaml "$results"/plan/shapes-g*.yaml; do
     [ -f "$f" ] && plans+=("$f")
   done
+  stamp="$CUDA_TILE_CACHE_DIR/.precompiled-$(cat "${plans[@]}" /dev/null | sha256sum | cut -c1-16)"
+  if [ "${#plans[@]}" -eq 0 ] || [ -f "$stamp" ]; then
+    :  # nothing planned, or these plans' kernels are in the cache already
   # At most a third of the budget: what is not compiled by then compiles in the study.
-  if [ "${#plans[@]}" -gt 0 ] && timeout --kill-after=10 $(( budget / 3 )) \
-       tiledattn precompile --config "${plans[@]}" 2>&1 \
-       | tee "$OUT/precompile.log" >&2; then  # pipefail: precompile's own status
+  elif timeout --kill-after=10 $(( budget / 3 )) tiledattn precompile --config "${plans[@]}" \
+       2>&1 | tee "$OUT/precompile.log" >&2; then  # pipefail: precompile's own status
     mkdir -p "$CUDA_TILE_CACHE_DIR" && touch "$stamp"
   else
     say "precompile did not finish; the study compiles as it goes"
