@@ -178,6 +178,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--step", default="bench", help="the study step the shards belong to "
                    "(names the jobs, e.g. tiledattn-ladder-shard0of1)")
 
+    p = _verb(sub, "precompile", _precompile, "compile the kernels of benchmark configs' points "
+              "into cuTile's disk cache in parallel processes, before the study measures them "
+              "(e.g. a study's plan/bench.yaml, plan/ladder.yaml, plan/shapes-g*.yaml)")
+    p.add_argument("--config", nargs="+", required=True, metavar="YAML",
+                   help="benchmark configs whose points to compile")
+    p.add_argument("--workers", type=_count(1), help="processes, spread over the visible "
+                   "GPUs (default: one per CPU core less one, at most 16)")
+
     p = _verb(sub, "aggregate", _aggregate, "all shard rows into one table (JSON lines, CSV, "
               "Parquet, column dictionary) and the summary tables (Markdown, CSV, LaTeX)")
     p.add_argument("--rows", required=True, help="directory holding rows-shard*.jsonl")
@@ -320,6 +328,23 @@ def build_parser() -> argparse.ArgumentParser:
                    "bounds; for a study, kernel 10, call 25)")
     p.add_argument("--out", help="directory for compare.md/.csv/.png/.pdf (default: compare/ "
                    "in the new study's directory)")
+
+    p = _verb(sub, "systems", _systems, "one table across systems: per point, each study's "
+              "TiledAttention kernel time and ratio to PyTorch SDPA, each system's time over "
+              "the first's, geomeans (e.g. the H100 and the H200 reference studies)")
+    p.add_argument("studies", nargs="+", metavar="STUDY", help="two or more studies: bundles "
+                   "(directory or zip), results directories or rows files, the first the "
+                   "reference system")
+    p.add_argument("--names", nargs="+", help="a name per study, in order (default: the "
+                   "paths' last parts)")
+    p.add_argument("--out", required=True, help="directory for systems.md and systems.csv")
+
+    p = _verb(sub, "scaling", _scaling, "study wall time against GPU count, and what stays "
+              "serial, from the studies' run records (logs/runs.jsonl): table and figure")
+    p.add_argument("studies", nargs="+", metavar="STUDY", help="results directories of the "
+                   "same study run on different GPU counts (e.g. --config results_dir=... "
+                   "per count)")
+    p.add_argument("--out", required=True, help="directory for scaling.md/.csv/.png/.pdf")
 
     p = _verb(sub, "reproduce", _reproduce, "re-run the study a bundle records (its config, "
               "grid and workflow) through a Snakemake profile, then verify the new bundle and "
@@ -840,6 +865,28 @@ def _compare(args) -> int:
               f"{'—' if c.diff_pct is None else f'{c.diff_pct:+.1f} %'} {c.why}".rstrip(),
               file=sys.stderr)
     return FAILED if failed(checks) else 0
+
+
+def _precompile(args) -> int:
+    from .bench.precompile import default_workers, precompile
+
+    precompile(args.config, args.workers or default_workers())
+    return 0  # a point that failed here is measured, and its failure recorded, by the study
+
+
+def _systems(args) -> int:
+    from .study.systems import write
+
+    print(f"systems: {write(args.studies, args.names, args.out)[1]}")
+    return 0
+
+
+def _scaling(args) -> int:
+    from .study.scaling import write
+
+    runs, paths = write(args.studies, args.out)
+    print(f"scaling: {len(runs)} run(s), GPUs {sorted({r.count for r in runs})}; {paths[1]}")
+    return 0
 
 
 def _reproduce(args) -> int:

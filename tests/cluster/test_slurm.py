@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from waiting import rows as _rows  # tests/cluster/waiting.py
 from waiting import wait_for as _wait_for
 
@@ -61,15 +62,24 @@ def site_profile(tmp_path: Path) -> Path:
     return profile
 
 
-def test_smoke_study_runs_every_gpu_step_as_a_slurm_job(tmp_path):
+@pytest.fixture(scope="module")
+def slurm_smoke(tmp_path_factory):
+    """The smoke study (two bench shards) through the site's SLURM profile, run once for
+    the tests that read it: (its results directory, Snakemake's output)."""
+    tmp = tmp_path_factory.mktemp("slurm-smoke")
     # The shipped profile with only its site-specific lines changed; the grid from a
     # --configfile, the results directory through --config: the profile's launcher and
     # options survive the command line's --config.
-    results = tmp_path / "smoke study"
+    results = tmp / "smoke study"
     out = subprocess.run(
-        [SNAKEMAKE, "--nolock", "--profile", str(site_profile(tmp_path)), "--configfile",
+        [SNAKEMAKE, "--nolock", "--profile", str(site_profile(tmp)), "--configfile",
          "config/smoke.yaml", "--config", f"results_dir={results}"],
         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    return results, out
+
+
+def test_smoke_study_runs_every_gpu_step_as_a_slurm_job(slurm_smoke):
+    results, out = slurm_smoke
     assert out.returncode == 0, out.stderr[-3000:]
     assert "launcher from the profile" in out.stderr or "launcher," in out.stderr
     assert "bundle verify: OK" in (results / "bundle.verified").read_text()
@@ -93,6 +103,26 @@ def test_smoke_study_runs_every_gpu_step_as_a_slurm_job(tmp_path):
     assert "## What did not run" in readme
     assert "tuning (Table 5): not run: no CUDA GPU visible" in readme
     assert "profile bfloat16-full-d64-s256 tiledattention: skipped" in readme
+
+
+def test_the_sharded_slurm_study_yields_the_scaling_table(slurm_smoke, tmp_path):
+    # The same shards as SLURM jobs: the run's record (logs/runs.jsonl) holds every job's
+    # start and end, and `tiledattn scaling` makes the table and figure from it, the GPU
+    # count being the most GPU steps the cluster ran at once.
+    results, out = slurm_smoke
+    assert out.returncode == 0, out.stderr[-3000:]
+    table = tmp_path / "scaling"
+    run = subprocess.run([sys.executable, "-m", "tiledattention.cli", "scaling", str(results),
+                          "--out", str(table)], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr
+    with open(table / "scaling.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 1 and rows[0]["launcher"] == "slurm"
+    assert rows[0]["GPU steps"] == "7"  # two bench shards, ladder, tune, profile, shapes, model
+    assert int(rows[0]["GPUs"]) == int(rows[0]["peak in flight"]) >= 1
+    assert 0 < float(rows[0]["serial s"]) < float(rows[0]["wall s"])
+    assert (table / "scaling.png").stat().st_size > 0
 
 
 def _sweep(config, out):

@@ -56,6 +56,7 @@ MARKER = ".tiledattention-bundle"
 SNAPSHOT = ("Snakefile", "workflow", "config", "profiles", "containers", "pyproject.toml")
 SNAPSHOT_SHIPPED = (
     "Snakefile", "pyproject.toml", "config/README.md", "config/config.yaml",
+    "config/reference.yaml", "config/scaling.yaml",
     "config/smoke.yaml", "config/bench-backward.yaml", "config/bench-decode.yaml",
     "config/bench-h100-small.yaml", "config/bench-sdpa.yaml", "config/bench-smoke.yaml",
     "config/shapes-head-dims.yaml", "config/shapes-models.yaml", "config/shapes-seqs.yaml",
@@ -244,7 +245,7 @@ def _readme(pub: Publication, rows: list[dict], manifest: dict, table4: str,
         f" (CUDA {stack.get('cuda_runtime')}, cuDNN {stack.get('cudnn')}), cuda-tile "
         f"{stack.get('cuda_tile')}, tileiras {stack.get('tileiras')}, Python "
         f"{stack.get('python')}",
-        f"- Source: {pub.repository or 'repository not recorded (set publication.repository)'}"
+        f"- Source: {pub.repository or NO_REPOSITORY}"
         f" at revision {stack.get('git_commit')}"
         + (" (some runs from a tree with uncommitted changes: manifest.json)"
            if manifest.get("runs_from_dirty_tree") else ""),
@@ -267,11 +268,20 @@ def _readme(pub: Publication, rows: list[dict], manifest: dict, table4: str,
         "reference (table and figure), when the study was compared (`tiledattn reproduce`)",
         "- `profiles.zip`: Nsight Compute reports, raw CSV "
         "exports and `summary.md`", "- `manifest.json`: merged version manifest",
-        "- `config/`: the exact study config", "- `.zenodo.json`, `CITATION.cff`, "
+        "- `config/`: the exact study config",
+        "- `scaling/`: `tiledattn scaling`, study wall time against GPU count (table and "
+        "figure), when the study's runs were set side by side",
+        "- `.zenodo.json`, `CITATION.cff`, "
         "`ro-crate-metadata.json`, `SHA256SUMS` (check: `sha256sum -c SHA256SUMS` or "
         "`tiledattn bundle verify`)", "", "## Column dictionary", "",
         columns_markdown(columns_of(rows)) if rows else "(no rows)", ""]
     return "\n".join(lines)
+
+
+# What the README says where no repository URL was known when the bundle was made.
+NO_REPOSITORY = ("no repository URL recorded (set `publication.repository` in the study config, "
+                 "or `Repository` under `[project.urls]` in pyproject.toml, or a git remote "
+                 "`origin`, then rebuild the bundle)")
 
 
 def install_line(pub: Publication, manifest: dict) -> str:
@@ -281,8 +291,10 @@ def install_line(pub: Publication, manifest: dict) -> str:
     if repo and commit:
         return f'python -m pip install "tiledattention[workflow] @ git+{repo}@{commit}"'
     version = stack.get("tiledattention") or pub.version
-    return (f'python -m pip install "tiledattention[workflow]=={version}"   # no repository '
-            "and revision recorded: the same version from your package index")
+    missing = " and ".join(w for w, v in (("repository URL", repo), ("revision", commit))
+                           if not v)
+    return (f'python -m pip install "tiledattention[workflow]=={version}"   # no {missing} '
+            "recorded: the same version from your package index")
 
 
 def reproduce_section(pub: Publication, manifest: dict, snapshot: tuple[int, str]) -> list[str]:
@@ -564,6 +576,10 @@ def _build(out_dir: str, study_dir: str, rows: list[dict], manifest: dict, *, co
         if os.path.lexists(src_dir):
             for rel in _study_files(src_dir, study_dir):
                 _copy(os.path.join(src_dir, rel), os.path.join(out_dir, sub, rel))
+    scaling_dir = os.path.join(study_dir, "scaling")  # tiledattn scaling's table, figure
+    if os.path.lexists(scaling_dir):
+        for rel in _study_files(scaling_dir, study_dir):
+            _copy(os.path.join(scaling_dir, rel), os.path.join(out_dir, "scaling", rel))
     prof = os.path.join(study_dir, "profile")
     if os.path.lexists(prof):
         _zip_dir(prof, os.path.join(out_dir, "profiles.zip"), "profiles",

@@ -98,9 +98,13 @@ def _unpack_snapshot(data: bytes, out: str) -> int:
 
 
 def _checkout(rec: Recorded, out: str) -> None:
-    if not rec.repository or not rec.commit:
-        raise StudyError("--source checkout: the bundle records no repository and revision; "
-                         "use --source snapshot")
+    if not rec.repository:
+        raise StudyError("--source checkout: the bundle records no repository URL (it is set "
+                         "by publication.repository in the study config when the bundle is "
+                         "made); use --source snapshot, the bundle's own copy of the workflow")
+    if not rec.commit:
+        raise StudyError("--source checkout: the bundle records no revision to check out; "
+                         "use --source snapshot, the bundle's own copy of the workflow")
 
     def git(*args: str) -> None:
         run = subprocess.run(["git", *args], capture_output=True, text=True, timeout=600)

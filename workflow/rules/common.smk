@@ -23,6 +23,7 @@ from tiledattention.launchers import interrupt as _interrupt
 from tiledattention.launchers import profiles as _profiles
 from tiledattention.study import figures as _figures
 from tiledattention.study import tables as _tables
+from tiledattention.study import timeline as _timeline
 from tiledattention.study.profile import Shape as _ProfileShape
 from tiledattention.yamlio import YAMLInputError, load_yaml
 
@@ -102,14 +103,20 @@ def ladder_bench():
     tiledattention method per step next to the tuned table and PyTorch SDPA."""
     ladder = config["ladder"]
     steps = [_pinned(s) for s in ladder["steps"]]
-    return {**config["bench"], "grid": ladder["grid"],
+    return {**_bench_timing(), "grid": ladder["grid"],
             "methods": steps + ["tiledattention", "torch_sdpa"]}
+
+
+def _bench_timing():
+    """The bench section less its grids: a stage with its own grid (ladder, shapes) takes
+    the study's timing, seed and checks, not the main grid's decode points."""
+    return {k: v for k, v in config["bench"].items() if k not in ("grid", "decode")}
 
 
 def shapes_bench(i):
     """Shapes grid ``i`` as a bench config: the study's timing, the kernel next to PyTorch
     SDPA's automatic dispatch."""
-    return {**config["bench"], "grid": config["shapes"]["grids"][i],
+    return {**_bench_timing(), "grid": config["shapes"]["grids"][i],
             "methods": ["tiledattention", "torch_sdpa"]}
 
 
@@ -224,6 +231,20 @@ def all_outputs():
     return [f"{RESULTS}/bundle/SHA256SUMS", f"{RESULTS}/bundle.verified"]
 
 
+# The study's timeline (logs/runs.jsonl): each run's start, end, GPUs and job times, for
+# `tiledattn scaling` (study wall time against GPU count, and what stays serial).
+_RUN = _timeline.run_id()
+
+
 onstart:
     # Ctrl-C / SIGTERM: the GPU steps' launchers cancel their jobs, then Snakemake stops.
     _interrupt.forward()
+    _timeline.start(RESULTS, workflow, config, _RUN)
+
+
+onsuccess:
+    _timeline.end(RESULTS, workflow, _RUN, "ok")
+
+
+onerror:
+    _timeline.end(RESULTS, workflow, _RUN, "failed")

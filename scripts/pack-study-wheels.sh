@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The wheels a GPU machine without a package index needs to run the study through
+# `snakemake --profile profiles/local` (scripts/device-study.sh installs them): Snakemake and
+# what it imports on that path, jsonschema (the config check), submitit (the local launcher)
+# and rocrate (bundle verify). Everything else the study uses -- torch, numpy, pandas, pyarrow,
+# matplotlib, pyyaml, jinja2, requests, psutil, wrapt, tabulate, click, python-dateutil,
+# cloudpickle, transformers -- is in the GPU image already (its package list is read before
+# anything is added here), and the cuTile toolchain travels as .toolchain.
+#
+#   bash scripts/pack-study-wheels.sh [DEST] [PYTHON_VERSION]     # default: .whl 3.12
+#
+# Left out, each checked by running the CPU study without it: pulp (the ILP scheduler; the
+# profile's `scheduler: greedy` never imports it), docutils (only `--report`), gitpython, and
+# sqlmodel/SQLAlchemy/pydantic, through which Snakemake >= 9.17 keeps its metadata in SQLite
+# (~5 MB of wheels). The kit pins Snakemake 9.9.0: before that store, and the newest 9.x
+# whose greedy scheduler keeps to `--resources gpu=N` (from 9.10 it can start a job past a
+# resource limit, snakemake issue 3913: two GPU steps at once on one GPU slot, seen here with
+# 9.16.3). The other pins are containers/requirements.lock's. ~2.9 MB in all.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+dest=${1:-.whl}
+py=${2:-3.12}
+pins=(
+  snakemake==9.9.0
+  snakemake-interface-common==1.23.0 snakemake-interface-executor-plugins==9.4.0
+  snakemake-interface-storage-plugins==4.4.1 snakemake-interface-report-plugins==1.3.0
+  snakemake-interface-logger-plugins==1.2.4
+  configargparse==1.9.0 argparse-dataclass==2.0.0 immutables==0.21 humanfriendly==10.0
+  throttler==1.2.3 tenacity==9.2.1 reretry==0.11.8 appdirs==1.4.4 dpath==2.2.0 yte==1.9.4
+  conda-inject==1.3.2 smart-open==7.7.1
+  # snakemake.script (the plan rules' `script:`) imports nbformat
+  nbformat==5.11.1 fastjsonschema==2.22.3 traitlets==5.16.1 jupyter-core==5.9.1
+  platformdirs==4.14.7
+  jsonschema==4.26.0 referencing==0.37.0 rpds-py==2026.9.1 jsonschema-specifications==2025.9.1
+  submitit==1.5.4
+  rocrate==0.16.0 arcp==0.2.1
+)
+# connection-pool 0.0.3 (snakemake 9.9 needs >= 0.0.3) is published as a source archive
+# only: built here into a pure-Python wheel.
+built=(connection-pool==0.0.3)
+mkdir -p "$dest"
+rm -f "$dest"/*.whl
+# The kit ignores itself (git never tracks it; the device tool's `carry` brings it along).
+printf '*\n' > "$dest/.gitignore"
+platforms=()
+for p in manylinux_2_28_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux_2_5_x86_64 \
+         manylinux1_x86_64 any; do
+  platforms+=(--platform "$p")
+done
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$py" \
+  --implementation cp "${platforms[@]}" -d "$dest" "${pins[@]}"
+python3 -m pip wheel -q --no-deps --no-binary=:all: -w "$dest" "${built[@]}"
+rm -f "$dest"/*.tar.gz
+count=$(ls "$dest"/*.whl | wc -l)
+expected=$(( ${#pins[@]} + ${#built[@]} ))
+if [ "$count" -ne "$expected" ]; then
+  echo "pack-study-wheels: $count wheels in $dest, expected $expected" >&2
+  exit 1
+fi
+echo "$dest: $count wheels, $(du -cb "$dest"/*.whl | tail -1 | cut -f1) bytes, Python $py"

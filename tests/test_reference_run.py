@@ -1,0 +1,139 @@
+"""What the reference runs need besides the study: the two-system table (`tiledattn
+systems`), the bundle's words where no repository URL is known, `tiledattn precompile`'s
+refusal without a GPU, and scripts/device-study.sh's refusals of bad arguments."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from tiledattention.cli import main
+from tiledattention.errors import StudyError
+from tiledattention.study import bundle, reproduce
+from tiledattention.study.metadata import Publication
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _row(point, method, ms, pass_="fwd", status="ok"):
+    d, s = point
+    return {"point_key": f"float16-full-d{d}-s{s}-{pass_}", "method": method, "status": status,
+            "dtype": "float16", "causal": False, "head_dim": d, "seq_q": s, "seq_kv": s,
+            "batch": 2, "heads": 16, "gqa": 1, "pass": pass_,
+            "time_ms": {"median_ms": ms}}
+
+
+def _study(tmp_path, name, rows):
+    path = tmp_path / f"{name}.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def test_systems_table_sets_each_systems_time_and_ratio_side_by_side(tmp_path):
+    # h100: ours 2 ms and 1 ms, SDPA 2 ms and 2 ms; h200: ours 1 ms and 0.5 ms, SDPA 1 and 1.
+    h100 = _study(tmp_path, "h100", [_row((64, 512), "tiledattention", 2.0),
+                                     _row((64, 512), "torch_sdpa", 2.0),
+                                     _row((128, 512), "tiledattention", 1.0),
+                                     _row((128, 512), "torch_sdpa", 2.0),
+                                     _row((64, 512), "tiledattention", 8.0, "fwd+bwd")])
+    h200 = _study(tmp_path, "h200", [_row((64, 512), "tiledattention", 1.0),
+                                     _row((64, 512), "torch_sdpa", 1.0),
+                                     _row((128, 512), "tiledattention", 0.5),
+                                     _row((128, 512), "torch_sdpa", 1.0),
+                                     _row((64, 512), "tiledattention", 1.0, "fwd+bwd",
+                                          status="oom")])
+    out = tmp_path / "two"
+    assert main(["systems", h100, h200, "--names", "H100", "H200", "--out", str(out)]) == 0
+    lines = (out / "systems.csv").read_text().splitlines()
+    assert lines[0] == ("pass,point,H100 ms,H100 ratio to SDPA,H200 ms,H200 ratio to SDPA,"
+                        "H200 ÷ H100 time")
+    # geomeans first: fwd over both points (ratios 1 and 2 -> 1.414; time ratio 0.5)
+    fwd = lines[1].split(",")
+    assert fwd[:2] == ["fwd", "geomean over 2 points"]
+    assert float(fwd[3]) == pytest.approx(1.414, abs=1e-3) and float(fwd[6]) == 0.5
+    # a pass measured on one system only: its geomean covers no point, its row stays
+    bwd = lines[2].split(",")
+    assert bwd[:2] == ["fwd+bwd", "geomean over 0 points"] and bwd[2] == ""
+    assert any(ln.startswith("fwd+bwd,float16 full D64 S512 B2 H16,8.0,,,,") for ln in lines)
+    md = (out / "systems.md").read_text()
+    assert "Systems: H100 (unknown); H200 (unknown)." in md  # rows files name no GPU
+    assert "| fwd | geomean over 2 points | 1.4142 | 1.414 | 0.7071 | 1.414 | 0.5 |" in md
+
+
+@pytest.mark.parametrize("args,words", [
+    (["only-one.jsonl"], "name two or more studies"),
+    (["a.jsonl", "b.jsonl", "--names", "x"], "1 name(s) for 2 studies"),
+])
+def test_systems_refuses_bad_input_in_one_line(tmp_path, capsys, args, words):
+    for a in args:
+        if a.endswith(".jsonl"):
+            _study(tmp_path, a[:-6], [_row((64, 512), "tiledattention", 1.0)])
+    args = [str(tmp_path / a) if a.endswith(".jsonl") else a for a in args]
+    assert main(["systems", *args, "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and words in err[0]
+
+
+def test_without_a_repository_url_the_readme_says_how_to_set_it():
+    pub = Publication.from_dict({"title": "t"}, "0.1.0")
+    line = bundle.install_line(pub, {"stack": {"git_commit": "abc", "tiledattention": "0.1.0"}})
+    assert line.startswith('python -m pip install "tiledattention[workflow]==0.1.0"')
+    assert "# no repository URL recorded" in line and "revision" not in line
+    assert "publication.repository" in bundle.NO_REPOSITORY
+
+
+def test_reproduce_from_a_checkout_without_a_repository_url_says_so(tmp_path):
+    rec = reproduce.Recorded(b"", b"", "abc123", None, "0.1.0", None)
+    with pytest.raises(StudyError, match="records no repository URL .*publication.repository"
+                       ".*--source snapshot"):
+        reproduce._checkout(rec, str(tmp_path / "out"))
+    assert not (tmp_path / "out").exists()  # nothing cloned, nothing written
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible: precompile runs")
+def test_precompile_without_a_gpu_is_one_line_exit_2(tmp_path, capsys):
+    cfg = tmp_path / "bench.yaml"
+    cfg.write_text("grid: {seqs: [64], head_dims: [64], dtypes: [bfloat16], causal: [false],"
+                   " shape_policy: explicit}\nmethods: [tiledattention, torch_sdpa]\n")
+    assert main(["precompile", "--config", str(cfg)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no CUDA GPU visible" in err[0]
+
+
+def test_precompile_takes_each_point_once_with_its_tiledattention_methods(tmp_path):
+    from tiledattention.bench.precompile import _items
+
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    grid = ("grid: {seqs: [64, 128], head_dims: [64], dtypes: [bfloat16], causal: [false], "
+            "shape_policy: explicit}\n")
+    a.write_text(grid + "methods: [tiledattention, torch_sdpa]\n")
+    b.write_text(grid + "methods: [tiledattention@64x64_o1_c1_lk2_lv4, torch_sdpa]\n")
+    items = _items([str(a), str(b)])
+    assert len(items) == 2  # two points, each once
+    assert all(m == ("tiledattention", "tiledattention@64x64_o1_c1_lk2_lv4")
+               for _, m, _ in items)
+
+
+@pytest.mark.parametrize("args,words", [(["config/nope.yaml"], "no config config/nope.yaml"),
+                                        (["config/smoke.yaml", "soon"], "BUDGET_S must be")])
+def test_device_study_refuses_bad_arguments_in_one_line(args, words):
+    out = subprocess.run(["bash", "scripts/device-study.sh", *args], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60,
+                         env={"PATH": "/usr/bin:/bin", "OUT": "/tmp/device-study-test"})
+    assert out.returncode == 2 and out.stderr.strip().splitlines() == [
+        next(ln for ln in out.stderr.splitlines() if words in ln)]
+
+
+@pytest.mark.parametrize("args,words", [(["config/scaling.yaml"], "name one or more GPU counts"),
+                                        (["config/scaling.yaml", "1", "two"],
+                                         "GPU counts are positive integers, got two")])
+def test_device_scaling_refuses_bad_counts_in_one_line(args, words):
+    out = subprocess.run(["bash", "scripts/device-scaling.sh", *args], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60,
+                         env={"PATH": "/usr/bin:/bin", "OUT": "/tmp/device-scaling-test"})
+    assert out.returncode == 2 and out.stderr.strip().splitlines() == [
+        f"device-scaling: {words}"]

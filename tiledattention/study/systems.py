@@ -1,0 +1,127 @@
+"""One table across systems: the same study's points on several GPUs side by side.
+
+``tiledattn systems STUDY STUDY... [--names h100 h200] --out DIR``: per point (and pass),
+each system's TiledAttention kernel time and its speed ratio to PyTorch SDPA (auto
+dispatch) there, the time ratio of each system to the first, and the geometric means over
+the points every system measured ok. Rows come from each study's own measurements (a
+bundle, its zip, a results directory or a rows file, as ``tiledattn compare`` reads them).
+Written as systems.md and systems.csv.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import os
+
+from ..errors import StudyError
+from .compare import load_study
+from .ratios import index_rows, pass_of, points_of
+
+SUBJECT, BASELINE = "tiledattention", "torch_sdpa"
+
+
+def _kernel_ms(row: dict | None) -> float | None:
+    if not row or row.get("status") != "ok":
+        return None
+    t = (row.get("time_ms") or {}).get("median_ms")
+    return t if t and t > 0 else None
+
+
+def _geomean(values: list[float]) -> float | None:
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
+
+
+def _label(point: dict) -> str:
+    shape = (f"S{point['seq_q']}" if point["seq_q"] == point["seq_kv"]
+             else f"Sq{point['seq_q']} Skv{point['seq_kv']}")
+    gqa = f" GQA{point['gqa']}" if point.get("gqa", 1) != 1 else ""
+    return (f"{point['dtype']} {'causal' if point['causal'] else 'full'} D{point['head_dim']} "
+            f"{shape} B{point['batch']} H{point['heads']}{gqa}")
+
+
+def side_by_side(studies: list[tuple[str, list[dict]]]) -> tuple[list[str], list[list]]:
+    """(columns, rows): per point of the first study, in its order, each system's kernel
+    time (ms) and ratio (SDPA time / ours, > 1: ours faster), and each later system's time
+    over the first's."""
+    names = [n for n, _ in studies]
+    idx = [index_rows(rows) for _, rows in studies]
+    columns = ["pass", "point"]
+    for n in names:
+        columns += [f"{n} ms", f"{n} ratio to SDPA"]
+    columns += [f"{n} ÷ {names[0]} time" for n in names[1:]]
+    out = []
+    for key, point in points_of(studies[0][1]).items():
+        times = [_kernel_ms(i.get((key, SUBJECT))) for i in idx]
+        if all(t is None for t in times):
+            continue
+        base = [_kernel_ms(i.get((key, BASELINE))) for i in idx]
+        row = [pass_of(point), _label(point)]
+        for t, b in zip(times, base):
+            row += [None if t is None else round(t, 4),
+                    None if t is None or b is None else round(b / t, 3)]
+        row += [None if t is None or times[0] is None else round(t / times[0], 3)
+                for t in times[1:]]
+        out.append(row)
+    return columns, out
+
+
+def geomeans(columns: list[str], rows: list[list]) -> list[list]:
+    """Per pass: the geometric mean of every numeric column over the points where every
+    column of the table has a value (the same points for each system)."""
+    out = []
+    for pass_ in sorted({r[0] for r in rows}, key=lambda p: (p != "fwd", p)):
+        full = [r for r in rows if r[0] == pass_ and all(v is not None for v in r[2:])]
+        means = [_geomean([r[i] for r in full]) for i in range(2, len(columns))]
+        out.append([pass_, f"geomean over {len(full)} points"]
+                   + [None if m is None else round(m, 4 if "ms" in c else 3)
+                      for m, c in zip(means, columns[2:])])
+    return out
+
+
+def _fmt(v) -> str:
+    return "—" if v is None else str(v)
+
+
+def markdown(names: list[str], gpus: list[str], columns: list[str], rows: list[list],
+             means: list[list]) -> str:
+    lines = ["# " + " and ".join(names) + ": TiledAttention side by side", "",
+             "Systems: " + "; ".join(f"{n} ({g})" for n, g in zip(names, gpus)) + ".", "",
+             "Kernel time: TiledAttention's median CUDA-event time (ms). Ratio to SDPA: "
+             "PyTorch SDPA's (automatic dispatch) kernel time over ours on the same system "
+             "(> 1: ours faster). Last columns: each system's time over the first's. "
+             "Geomeans are over the points every system measured ok.", "",
+             "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(_fmt(v) for v in r) + " |" for r in means]
+    lines += ["", "## Per point", "", "| " + " | ".join(columns) + " |",
+              "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(_fmt(v) for v in r) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def write(paths: list[str], names: list[str] | None, out_dir: str) -> list[str]:
+    if len(paths) < 2:
+        raise StudyError("systems: name two or more studies (e.g. the H100 and H200 ones)")
+    if names and len(names) != len(paths):
+        raise StudyError(f"--names: {len(names)} name(s) for {len(paths)} studies")
+    loaded = [load_study(p) for p in paths]
+    names = names or [os.path.basename(os.path.normpath(p)) for p in paths]
+    if len(set(names)) != len(names):
+        raise StudyError(f"--names: each system needs its own name, got {names}")
+    columns, rows = side_by_side([(n, r) for n, (r, _) in zip(names, loaded)])
+    if not rows:
+        raise StudyError(f"{paths[0]}: no {SUBJECT} row measured ok: nothing to set side by "
+                         "side")
+    means = geomeans(columns, rows)
+    os.makedirs(out_dir, exist_ok=True)
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(columns)
+    w.writerows([["" if v is None else v for v in r] for r in means + rows])
+    out = [os.path.join(out_dir, "systems.csv"), os.path.join(out_dir, "systems.md")]
+    with open(out[0], "w") as f:
+        f.write(buf.getvalue())
+    with open(out[1], "w") as f:
+        f.write(markdown(names, [g for _, g in loaded], columns, rows, means))
+    return out
