@@ -46,7 +46,8 @@ if [ -d "$KIT" ] && ! cmp -s <(ls "$KIT") "$SITE/.kit" 2>/dev/null; then
   say "installed $(ls "$KIT"/*.whl | wc -l) wheels from $KIT into $SITE"
 fi
 mkdir -p "$SITE/bin"
-printf '#!/usr/bin/env python3\nimport sys\nfrom tiledattention.cli import main\nsys.exit(main())\n' \
+# The __main__ guard: tiledattn precompile's worker processes (spawn) import this script.
+printf '#!/usr/bin/env python3\nimport sys\nfrom tiledattention.cli import main\nif __name__ == "__main__":\n    sys.exit(main())\n' \
   > "$SITE/bin/tiledattn"
 chmod +x "$SITE/bin/tiledattn"
 export PATH="$SITE/bin:$PATH" PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
