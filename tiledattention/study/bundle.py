@@ -203,8 +203,9 @@ def headline(rows: list[dict], manifest: dict) -> str:
 
 
 def _training_headline(rows: list[dict]) -> str:
-    """Forward+backward against every baseline measured with a backward, if any."""
-    from ..bench.methods import SUBJECT
+    """Forward+backward against every baseline measured with a backward, if any: kernel
+    time and call latency, and against automatic dispatch per dtype."""
+    from ..bench.methods import FUSED, SUBJECT
     from .ratios import compare
     from .tables import baselines
 
@@ -212,11 +213,20 @@ def _training_headline(rows: list[dict]) -> str:
     for b in baselines(rows):
         s = compare(rows, SUBJECT, b)
         if s.n:
-            parts.append(f"{s.geomean:.3f}x {b} (min {s.min:.3f}x, {s.n} points)")
+            c = compare(rows, SUBJECT, b, measure="call")
+            call = f", call latency {c.geomean:.3f}x" if c.n else ""
+            parts.append(f"{s.geomean:.3f}x {b} (min {s.min:.3f}x, {s.n} points{call})")
     if not parts:
         return ""
+    per_dtype = []
+    for dtype in sorted({r.get("dtype") for r in rows if r.get("dtype")}):
+        s = compare(rows, SUBJECT, FUSED, lambda p, d=dtype: p.get("dtype") == d)
+        if s.n:
+            per_dtype.append(f"{dtype} {s.geomean:.3f}x")
+    by_dtype = (f" Against {FUSED} per dtype: " + ", ".join(per_dtype) + ".") if len(
+        per_dtype) > 1 else ""
     return (" Forward+backward (a training step's attention), geometric mean by kernel time: "
-            + "; ".join(parts) + ".")
+            + "; ".join(parts) + "." + by_dtype)
 
 
 def _readme(pub: Publication, rows: list[dict], manifest: dict, table4: str,
