@@ -214,6 +214,36 @@ def test_ctrl_c_stops_after_the_current_point_with_complete_rows(tmp_path):
     assert 2 <= len(rows) < 24 and len(rows) % 2 == 0  # whole points only: 2 methods each
 
 
+def test_sigterm_stops_without_storing_the_point_it_cut(tmp_path, monkeypatch):
+    """A budget's SIGTERM also kills the point's compiler; that point's rows (an error) are
+    not stored, so a resumed run measures it again."""
+    c = from_dict({"grid": {"seqs": [32, 64], "head_dims": [32], "dtypes": ["float32"],
+                            "causal": [False], "shape_policy": "explicit"},
+                   "methods": ["eager"], "timing": {"warmup": 0, "reps": 2, "rounds": 1},
+                   "device": "cpu"})
+    real = runner.run_point
+    calls = []
+
+    def cut_second(point, methods, cfg, device, flush):
+        calls.append(point.key())
+        rows = real(point, methods, cfg, device, flush)
+        if len(calls) == 2:  # the signal lands while the second point runs
+            os.kill(os.getpid(), signal.SIGTERM)
+            rows = [dict(r, status="error", reason="CompilerExecutionError: Return code -15")
+                    for r in rows]
+        return rows
+
+    monkeypatch.setattr(runner, "run_point", cut_second)
+    run_bench(c, str(tmp_path))
+    rows = read_rows(str(tmp_path / "rows-shard0of1.jsonl"))
+    assert [r["point_key"] for r in rows] == calls[:1] and rows[0]["status"] == "ok"
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # restored
+    monkeypatch.setattr(runner, "run_point", real)
+    assert run_bench(c, str(tmp_path)) == 0  # the resumed run measures the cut point
+    keys = [r["point_key"] for r in read_rows(str(tmp_path / "rows-shard0of1.jsonl"))]
+    assert sorted(keys) == sorted(calls)
+
+
 def test_bench_summary_says_its_units_and_never_cuts_a_header():
     from tiledattention.bench.runner import summary_table
 

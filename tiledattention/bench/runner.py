@@ -353,7 +353,10 @@ def measure(plan: list[tuple[Point, list[str]]], cfg: BenchConfig, store: Result
     """Measure every (point, method) of ``plan`` not yet in ``store``, appending each
     point's rows as it finishes. The one measurement loop: ``tiledattn bench`` and
     ``tiledattn tune`` both run through it. Ctrl-C stops after the current point (twice
-    aborts); returns True when stopped early."""
+    aborts); returns True when stopped early. SIGTERM (a workflow or job stopped at its time
+    limit) stops too, and the point it cut is not stored: the signal also reaches the
+    point's child processes (a kernel compile), whose failure would otherwise be recorded
+    as an error row that a resumed run never measures again."""
     todo = [(p, [m for m in methods if not store.done(p.key(), m)]) for p, methods in plan]
     todo = [(p, methods) for p, methods in todo if methods]
     stop = {"requested": False}
@@ -365,8 +368,12 @@ def measure(plan: list[tuple[Point, list[str]]], cfg: BenchConfig, store: Result
         print("\nstopping after the current point (Ctrl-C again to abort)", file=log,
               flush=True)
 
+    def on_sigterm(signum, frame):
+        stop["requested"] = stop["terminated"] = True
+
     digest = cfg.measure_digest()
     previous = signal.signal(signal.SIGINT, on_sigint)
+    previous_term = signal.signal(signal.SIGTERM, on_sigterm)
     flush = L2Flusher() if device.type == "cuda" and cfg.timing.flush_l2 else None
     progress = Progress(len(todo), log)
     try:
@@ -374,6 +381,10 @@ def measure(plan: list[tuple[Point, list[str]]], cfg: BenchConfig, store: Result
             if stop["requested"]:
                 break
             rows = run_point(p, methods, cfg, device, flush)
+            if stop.get("terminated"):
+                print(f"\nSIGTERM: stopped; {p.key()} is measured again on resume", file=log,
+                      flush=True)
+                break
             for row in rows:
                 row["recorded"] = now()
                 row["config_hash"] = digest
@@ -381,6 +392,7 @@ def measure(plan: list[tuple[Point, list[str]]], cfg: BenchConfig, store: Result
             progress.step(p.key(), rows)
     finally:
         signal.signal(signal.SIGINT, previous)
+        signal.signal(signal.SIGTERM, previous_term)
     return stop["requested"]
 
 
