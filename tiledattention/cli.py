@@ -316,7 +316,8 @@ def build_parser() -> argparse.ArgumentParser:
                         formatter_class=_Formatter, description=BUNDLE_VERIFY)
     b.add_argument("path", help="bundle directory or zip")
     b.add_argument("--partial", action="store_true", help="the path is a committed summary "
-                   "of a bundle (e.g. results/reference/h100): check every file present that "
+                   "of a bundle (as results/reference/h100 was up to c17f956): check every file "
+                   "present that "
                    "SHA256SUMS lists and the metadata present; list the withheld and the extra "
                    "files instead of failing on them")
 
