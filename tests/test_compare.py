@@ -4,7 +4,6 @@ input; a table and a figure."""
 
 from __future__ import annotations
 
-import gzip
 import json
 
 import pytest
@@ -89,22 +88,32 @@ def test_compare_refuses_a_study_with_no_point_in_the_reference(tmp_path, refere
     assert "nothing to compare" in capsys.readouterr().err
 
 
-def test_the_shipped_h100_reference_is_built_from_the_committed_rows():
-    ref = compare.load_reference("h100")
-    with gzip.open(H100_RUN, "rt") as f:
-        rows = [json.loads(line) for line in f]
-    built = compare.build(rows, system="h100", source={})
-    shipped = {(e["point"], e["method"]): e for e in ref["entries"]}
-    for e in built["entries"]:
-        assert shipped[(e["point"], e["method"])]["kernel"] == e["kernel"]
+@pytest.mark.parametrize("system", ["h100", "h200"])
+def test_each_shipped_reference_is_built_from_the_committed_reference_rows(system):
+    """references/<system>.json.gz holds compare.build of results/reference/<system>'s rows
+    (a compact bundle: data/rows.jsonl.gz), tuple for tuple."""
+    ref = compare.load_reference(system)
+    rows, gpu = compare.load_study(f"results/reference/{system}")
+    built = compare.build(rows, system=system, source={})
+    assert ref["source"]["gpu"] == gpu and ref["tolerance"] == compare.TOLERANCE
+    assert ref["entries"] == built["entries"]
 
 
-def test_a_second_h100_run_passes_the_shipped_h100_reference(tmp_path):
-    """The shipped tolerances hold for a real repeat on the same kind of machine (another
-    day's run of the paper grid, with a re-tuned schedule table)."""
-    checks, _ = compare.run(H100_RERUN, "h100", tolerance=None, out=str(tmp_path))
+def test_a_second_h100_run_passes_a_first_within_the_shipped_tolerances(tmp_path):
+    """The shipped tolerances hold for a real repeat on the same kind of machine: another
+    day's run of the paper grid, with a re-tuned schedule table, against the first."""
+    checks, _ = compare.run(H100_RERUN, H100_RUN, tolerance=None, out=str(tmp_path))
     assert not compare.failed(checks)
     assert sum(c.verdict == "pass" for c in checks) > 700
+
+
+def test_a_compact_bundle_reads_as_a_study_from_its_directory_and_its_zip(tmp_path):
+    import shutil
+
+    rows, gpu = compare.load_study("results/reference/h200")
+    assert gpu == "NVIDIA H200" and len(rows) > 800
+    zipped = shutil.make_archive(str(tmp_path / "h200"), "zip", "results/reference", "h200")
+    assert compare.load_study(zipped) == (rows, gpu)
 
 
 def test_compare_never_writes_into_a_bundle_by_default(tmp_path):

@@ -302,6 +302,91 @@ def test_invalid_metadata_fails_verify(built, tmp_path):
                problems)
 
 
+@pytest.fixture(scope="module")
+def compact(tmp_path_factory):
+    """A compact bundle of the hand-made study, through the CLI as a user makes one."""
+    from tiledattention.cli import main
+
+    tmp = tmp_path_factory.mktemp("compact")
+    study = _study(tmp)
+    (tmp / "config.yaml").write_text("results_dir: x\n")
+    assert main(["bundle", "create", "--compact", "--study", str(study), "--config",
+                 str(tmp / "config.yaml"), "--out", str(tmp / "bundle")]) == 0
+    return tmp
+
+
+def _resum(out: Path, rel: str) -> None:
+    """SHA256SUMS made to vouch for ``rel`` as it is now (a forger's bundle)."""
+    import hashlib
+
+    digest = hashlib.sha256((out / rel).read_bytes()).hexdigest()
+    lines = [f"{digest}  {rel}" if ln.endswith(f"  {rel}") else ln
+             for ln in (out / "SHA256SUMS").read_text().splitlines()]
+    (out / "SHA256SUMS").write_text("\n".join(lines) + "\n")
+
+
+def test_a_compact_bundle_verifies_and_holds_the_rows_gzipped_without_figures(compact):
+    import gzip
+
+    out = compact / "bundle"
+    assert bundle.verify(str(out)) == [] and bundle.verify(str(compact / "bundle.zip")) == []
+    names = set(bundle._files(str(out)))
+    assert "data/rows.jsonl.gz" in names and "workflow-snapshot.zip" in names
+    assert not [n for n in names if n.startswith("figures/") or n in (
+        "data/rows.jsonl", "data/rows.csv", "data/rows.parquet")]
+    assert gzip.decompress((out / "data" / "rows.jsonl.gz").read_bytes()) == \
+        (compact / "study" / "aggregate" / "rows.jsonl").read_bytes()
+    # the marker, SHA256SUMS and the RO-Crate list exactly what is there
+    listed = {ln.split("  ", 1)[1] for ln in (out / "SHA256SUMS").read_text().splitlines()}
+    assert listed == names - {"SHA256SUMS"}
+    assert set(json.loads((out / bundle.MARKER).read_text())["files"]) == names
+    crate = json.loads((out / "ro-crate-metadata.json").read_text())
+    ids = {e["@id"] for e in crate["@graph"]}
+    assert "data/rows.jsonl.gz" in ids and not [i for i in ids if i.startswith("figures/")]
+    readme = (out / "README.md").read_text()
+    assert "gunzip -c data/rows.jsonl.gz > $R/rows/rows-shard0of1.jsonl" in readme
+    assert "tiledattn figures --rows $R/rows/rows-shard0of1.jsonl --out $R/figures" in readme
+
+
+def test_a_corrupted_gz_row_file_fails_verify_with_one_clear_line(compact, tmp_path):
+    out = tmp_path / "b"
+    shutil.copytree(compact / "bundle", out)
+    gz = out / "data" / "rows.jsonl.gz"
+    data = bytearray(gz.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    gz.write_bytes(bytes(data))
+    assert bundle.verify(str(out)) == ["changed: data/rows.jsonl.gz (checksum differs)"]
+    _resum(out, "data/rows.jsonl.gz")  # SHA256SUMS forged too: the content check finds it
+    problems = bundle.verify(str(out))
+    assert len(problems) == 1 and problems[0].startswith(
+        "data/rows.jsonl.gz: not a whole gzip file"), problems
+
+
+def test_a_tampered_row_in_a_compact_bundle_fails_verify_with_one_clear_line(compact,
+                                                                             tmp_path):
+    import gzip
+
+    out = tmp_path / "b"
+    shutil.copytree(compact / "bundle", out)
+    gz = out / "data" / "rows.jsonl.gz"
+    rows = [json.loads(ln) for ln in gzip.decompress(gz.read_bytes()).splitlines()]
+    rows[0]["tflops"] = -rows[0]["tflops"]
+    gz.write_bytes(gzip.compress("".join(json.dumps(r) + "\n" for r in rows).encode()))
+    _resum(out, "data/rows.jsonl.gz")
+    problems = bundle.verify(str(out))
+    assert len(problems) == 1 and "data/rows.jsonl.gz" in problems[0] and \
+        "tflops" in problems[0], problems
+
+
+def test_verify_decompresses_a_gz_row_file_no_further_than_the_cap(compact, tmp_path,
+                                                                  monkeypatch):
+    out = tmp_path / "b"
+    shutil.copytree(compact / "bundle", out)
+    monkeypatch.setattr(bundle, "ROWS_MAX", 100)
+    problems = bundle.verify(str(out))
+    assert problems == ["data/rows.jsonl.gz: over the 100 bytes allowed once decompressed"]
+
+
 def test_zenodo_and_cff_metadata_validate_and_bad_ones_do_not():
     pub = Publication(title="T")
     validate_zenodo(zenodo(pub, "headline"))

@@ -308,11 +308,16 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--force", action="store_true", help="replace --out and DIR.zip even when "
                    "they hold files that are not a previous bundle's (never the study or the "
                    "source checkout, nor anything inside them)")
+    b.add_argument("--compact", action="store_true", help="a bundle small enough to commit "
+                   "(a reference): the rows gzipped (data/*.jsonl.gz, with the schedule "
+                   "ladder's and the shapes grids' rows), no rows.csv/parquet, no figures (its "
+                   "README gives the commands that rebuild them from the rows)")
     b = bsub.add_parser("verify", help="recompute checksums, validate the metadata",
                         formatter_class=_Formatter, description=BUNDLE_VERIFY)
     b.add_argument("path", help="bundle directory or zip")
     b.add_argument("--partial", action="store_true", help="the path is a committed summary "
-                   "of a bundle (e.g. results/reference/h100): check every file present that "
+                   "of a bundle (as results/reference/h100 was up to c17f956): check every file "
+                   "present that "
                    "SHA256SUMS lists and the metadata present; list the withheld and the extra "
                    "files instead of failing on them")
 
@@ -850,7 +855,7 @@ def _bundle(args) -> int:
         os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = create(args.study, args.out, config=config, config_name=os.path.basename(args.config),
                  repo_root=repo, publication=pub, command="tiledattn bundle create",
-                 force=args.force)
+                 force=args.force, compact=args.compact)
     print(f"bundle: {out['files']} files in {out['dir']} and {out['zip']}", file=sys.stderr)
     return 0
 

@@ -387,27 +387,38 @@ def _model_rows(path: str, gpu_name: str) -> list[dict]:
 
 
 def build(reference_dir: str, out_path: str, models: list[str] = ()) -> dict:
-    """study/measured/<gpu>.json from ``results/reference/<gpu>/``: tables/throughput.csv,
-    manifest.json and shapes/g*/rows-*.jsonl (one directory per shapes grid, as the study
-    writes them); ``models``: the rows of config/shapes-models.yaml's grids (directories
-    shapes/g*/ of that study, or the rows file committed from them)."""
+    """study/measured/<gpu>.json from ``results/reference/<gpu>/``: its rows
+    (data/rows.jsonl.gz; an older summary: tables/throughput.csv), manifest.json and the
+    shapes grids' rows: a compact bundle's
+    data/shapes-g*-rows.jsonl.gz, or shapes/g*/rows-*.jsonl (one directory per shapes grid,
+    as the study writes them); ``models``: the rows of config/shapes-models.yaml's grids
+    (directories shapes/g*/ of that study, or the rows file committed from them)."""
     import glob
 
     from ..bench.store import read_rows
 
     with open(os.path.join(reference_dir, "manifest.json")) as f:
         gpu = json.load(f)["gpu"]
-    points = _from_throughput(os.path.join(reference_dir, "tables", "throughput.csv"))
-    shape_rows = [r for p in sorted(glob.glob(os.path.join(reference_dir, "shapes", "g*",
-                                                           "rows-*.jsonl")))
-                  for r in read_rows(p)]
+    rows = os.path.join(reference_dir, "data", "rows.jsonl.gz")
+    # The committed rows where the reference has them: the forward points with their Skv
+    # and GQA ratio (tables/throughput.csv lists S alone, and forward+backward rows too).
+    points = [dict(p, source="reference") for p in _from_rows(_model_rows(rows, gpu["name"]))] \
+        if os.path.isfile(rows) else \
+        _from_throughput(os.path.join(reference_dir, "tables", "throughput.csv"))
+    compact = sorted(glob.glob(os.path.join(reference_dir, "data", "shapes-g*-rows.jsonl.gz")))
+    shape_rows = [r for p in compact for r in _model_rows(p, gpu["name"])] if compact else \
+        [r for p in sorted(glob.glob(os.path.join(reference_dir, "shapes", "g*",
+                                                  "rows-*.jsonl")))
+         for r in read_rows(p)]
     shapes = _from_rows(shape_rows)
     model = [dict(p, source="models") for p in
              _from_rows([r for m in models for r in _model_rows(m, gpu["name"])])]
     rel = os.path.relpath(reference_dir)
-    sources = {"reference": f"{rel}/tables/throughput.csv (the reference study, "
-                            f"{len(points)} points)",
-               "shapes": f"{rel}/shapes/ (the shapes grids, {len(shapes)} points)"}
+    table = "data/rows.jsonl.gz" if os.path.isfile(rows) else "tables/throughput.csv"
+    sources = {"reference": f"{rel}/{table} (the reference study's forward points, "
+                            f"{len(points)})",
+               "shapes": f"{rel}/{'data/shapes-g*-rows.jsonl.gz' if compact else 'shapes/'} "
+                         f"(the shapes grids, {len(shapes)} points)"}
     if model:
         sources["models"] = (f"{', '.join(os.path.relpath(m) for m in models)} "
                              f"(config/shapes-models.yaml: ViT, GQA, decode; {len(model)} "

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import glob
+import gzip
 import hashlib
 import json
 import os
@@ -21,6 +22,7 @@ import subprocess
 import tempfile
 import threading
 import zipfile
+import zlib
 
 from ..errors import StudyError
 from ..safeio import (
@@ -74,6 +76,10 @@ MAX_FILE_BYTES = 2 << 30
 MAX_TOTAL_BYTES = 4 << 30
 MAX_RATIO = 200  # uncompressed / compressed, for members over 1 MiB
 MAX_META_BYTES = 16 << 20  # SHA256SUMS and each metadata file
+# A compact bundle (a reference committed to git): every row file gzipped, no figures (they
+# regenerate from the rows). The stage rows: (study subdirectory, name in data/).
+COMPACT_STAGE_ROWS = (("model", "model-rows.jsonl.gz"), ("variants", "variants-rows.jsonl.gz"))
+REBUILT = "../rebuilt"  # where the README's commands unpack the rows: outside the bundle
 
 
 def sha256(path: str) -> str:
@@ -230,7 +236,10 @@ def _training_headline(rows: list[dict]) -> str:
 
 
 def _readme(pub: Publication, rows: list[dict], manifest: dict, table4: str,
-            config_name: str, snapshot: tuple[int, str], variants_line: str = "") -> str:
+            config_name: str, snapshot: tuple[int, str], variants_line: str = "",
+            compact: list[str] | None = None) -> str:
+    """The bundle's README; ``compact``: the data files of a compact bundle (its Files
+    section names them, and how the figures and tables rebuild from them)."""
     stack = manifest.get("stack") or {}
     gpu = manifest.get("gpu") or {}
     statuses: dict[str, int] = {}
@@ -264,18 +273,20 @@ def _readme(pub: Publication, rows: list[dict], manifest: dict, table4: str,
         f"- Container: {(manifest.get('container') or {}).get('image') or 'none'}", "",
         *reproduce_section(pub, manifest, snapshot),
         "## Files", "",
-        "- `data/rows.parquet`, `data/rows.csv`, `data/rows.jsonl`: every row; "
-        "`data/columns.md`: the column dictionary (also below); `data/model-rows.jsonl`: the "
-        "tiny Llama's tokens/s rows, when the study ran the model stage; "
-        "`data/variants-rows.jsonl`: the variants stage's rows, when it ran",
+        *(_compact_files(compact) if compact is not None else [
+            "- `data/rows.parquet`, `data/rows.csv`, `data/rows.jsonl`: every row; "
+            "`data/columns.md`: the column dictionary (also below); `data/model-rows.jsonl`: "
+            "the tiny Llama's tokens/s rows, when the study ran the model stage; "
+            "`data/variants-rows.jsonl`: the variants stage's rows, when it ran"]),
         "- `tables/`: Table 4 (ratios against each baseline), per-D and per-regime ratios, "
         "Table 5 (schedules), Table 6 (schedule ladder), throughput, status, model_e2e (tiny "
         "Llama tokens/s per attention implementation), variants and variants_summary (against "
         "FlexAttention and SDPA + mask, and the targets) — "
         "Markdown, CSV, "
         "LaTeX",
-        "- `figures/`: PNG and PDF", "- `compare/`: `tiledattn compare` against a "
-        "reference (table and figure), when the study was compared (`tiledattn reproduce`)",
+        *([] if compact is not None else ["- `figures/`: PNG and PDF"]),
+        "- `compare/`: `tiledattn compare` against a reference (table and figure), when the "
+        "study was compared (`tiledattn reproduce`)",
         "- `profiles.zip`: Nsight Compute reports, raw CSV "
         "exports and `summary.md`", "- `manifest.json`: merged version manifest",
         "- `config/`: the exact study config",
@@ -285,7 +296,37 @@ def _readme(pub: Publication, rows: list[dict], manifest: dict, table4: str,
         "`ro-crate-metadata.json`, `SHA256SUMS` (check: `sha256sum -c SHA256SUMS` or "
         "`tiledattn bundle verify`)", "", "## Column dictionary", "",
         columns_markdown(columns_of(rows)) if rows else "(no rows)", ""]
+    if compact is not None:
+        cut = lines.index("## Column dictionary")
+        lines[cut:cut] = _rebuild_section(compact)
     return "\n".join(lines)
+
+
+def _compact_files(data_files: list[str]) -> list[str]:
+    """The Files bullet of a compact bundle's data/."""
+    what = {"data/rows.jsonl.gz": "every row (the aggregate's rows.jsonl, gzipped)",
+            "data/model-rows.jsonl.gz": "the tiny Llama's tokens/s rows (model stage)",
+            "data/variants-rows.jsonl.gz": "the variants stage's rows",
+            "data/ladder-rows.jsonl.gz": "the schedule ladder's rows (Table 6, tile "
+                                         "sensitivity)",
+            "data/schedule-table.json": "the study's tuning table (Table 5)",
+            "data/columns.md": "the column dictionary (also below)"}
+    return ["- " + "; ".join(
+        f"`{f}`: " + what.get(f, "a shapes grid's rows (tables/shapes*, the shapes figure)")
+        for f in data_files) + ". A compact bundle: the rows gzipped (`gunzip -c`), "
+        "no figures (they rebuild from the rows, below)"]
+
+
+def _rebuild_section(data_files: list[str]) -> list[str]:
+    """## Figures and tables from the rows: the exact commands (tests run them)."""
+    return ["## Figures and tables from the rows", "",
+            "This compact bundle holds the measurements, not the figures. In the directory "
+            "holding this README, with tiledattention installed (above), these lines unpack the "
+            "rows beside the bundle and rebuild every figure (`$R/figures`, PNG and PDF) and "
+            "every table (`$R/aggregate/tables`: `tables/` again, `diff -r` shows at most a "
+            "float's last digit where another machine's math library rounds differently) from "
+            "them:", "",
+            "```bash", *rebuild_commands(data_files), "```", ""]
 
 
 # What the README says where no repository URL was known when the bundle was made.
@@ -464,9 +505,11 @@ def _check_out(out_dir: str, study_dir: str, repo_root: str, force: bool) -> Non
 
 
 def create(study_dir: str, out_dir: str, *, config: dict, config_name: str, repo_root: str,
-           publication: Publication, command: str = "snakemake", force: bool = False) -> dict:
+           publication: Publication, command: str = "snakemake", force: bool = False,
+           compact: bool = False) -> dict:
     """Build ``out_dir`` (a directory) and ``out_dir + '.zip'`` from a finished study
-    (and its ``compare/`` directory, when ``tiledattn compare`` wrote one).
+    (and its ``compare/`` directory, when ``tiledattn compare`` wrote one). ``compact``: the
+    rows gzipped (with the ladder's and the shapes grids'), no figures (``_build_compact``).
 
     Built beside ``out_dir`` and moved into place at the end, so a failure leaves any previous
     bundle as it was; an existing ``out_dir`` is replaced only when it is a previous bundle
@@ -498,7 +541,7 @@ def create(study_dir: str, out_dir: str, *, config: dict, config_name: str, repo
         try:
             files = _build(work, study_dir, rows, manifest, config=config,
                            config_name=config_name, repo_root=repo_root,
-                           publication=publication, command=command)
+                           publication=publication, command=command, compact=compact)
             zip_path = out_dir.rstrip("/") + ".zip"
             tmp_zip = os.path.join(work, ".bundle.zip")
             _zip_dir(work, tmp_zip, base, skip=(".bundle.zip",))
@@ -565,10 +608,9 @@ def _csv_disagrees(rows: list[dict], data: bytes) -> str | None:
     return None
 
 
-def _build(out_dir: str, study_dir: str, rows: list[dict], manifest: dict, *, config: dict,
-           config_name: str, repo_root: str, publication: Publication, command: str) -> int:
+def _copy_data(out_dir: str, study_dir: str) -> None:
+    """data/ of a full bundle: the rows as Parquet, CSV and JSONL, and the stages' rows."""
     agg = os.path.join(study_dir, "aggregate")
-    manifest_path = os.path.join(study_dir, "manifest.json")
     # Every source is checked by _source: a link out of the study or a FIFO is refused.
     for name in ("rows.parquet", "rows.csv", "rows.jsonl", "columns.md"):
         src = os.path.join(agg, name)
@@ -581,7 +623,95 @@ def _build(out_dir: str, study_dir: str, rows: list[dict], manifest: dict, *, co
     if os.path.lexists(variant_rows):  # the variants stage's rows (its own points)
         _copy(_source(variant_rows, study_dir),
               os.path.join(out_dir, "data", "variants-rows.jsonl"))
-    for sub in ("tables", "figures", "compare"):  # compare: tiledattn compare's table, figure
+
+
+def _gzip_to(dest: str, data: bytes) -> None:
+    """``data`` gzipped at ``dest``, byte for byte the same each time (no name, no time)."""
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    with open(dest, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw,
+                                                mtime=0, compresslevel=9) as g:
+        g.write(data)
+
+
+def _shard_rows(rows_dir: str, study_dir: str) -> bytes:
+    """A stage's shard files (rows-shard*.jsonl) as one JSONL: its checked rows."""
+    from ..bench.aggregate import load_checked
+
+    for path in glob.glob(os.path.join(rows_dir, "rows-shard*.jsonl")):
+        _source(path, study_dir)
+    return "".join(json.dumps(r) + "\n" for r in load_checked(rows_dir, point=True)).encode()
+
+
+def _compact_data(out_dir: str, study_dir: str) -> list[str]:
+    """data/ of a compact bundle: every row file gzipped (the aggregate's rows.jsonl byte for
+    byte; the ladder's and each shapes grid's shards as one file each, so that every table
+    and figure rebuilds from the bundle), the tuning table, the column dictionary. Returns
+    the data files written, relative to ``out_dir``."""
+    agg = os.path.join(study_dir, "aggregate")
+    data = os.path.join(out_dir, "data")
+    srcs = [(os.path.join(agg, "rows.jsonl"), "rows.jsonl.gz")] + [
+        (os.path.join(study_dir, sub, "rows.jsonl"), name) for sub, name in COMPACT_STAGE_ROWS]
+    for src, name in srcs:
+        if os.path.lexists(src):
+            _gzip_to(os.path.join(data, name), read_bytes(_source(src, study_dir), cap=ROWS_MAX))
+    grids = sorted(d for d in glob.glob(os.path.join(study_dir, "shapes", "g*"))
+                   if glob.glob(os.path.join(d, "rows-shard*.jsonl")))
+    for name, rows_dir in [("ladder", os.path.join(study_dir, "ladder"))] + \
+            [(f"shapes-{os.path.basename(g)}", g) for g in grids]:
+        if glob.glob(os.path.join(rows_dir, "rows-shard*.jsonl")):
+            _gzip_to(os.path.join(data, f"{name}-rows.jsonl.gz"),
+                     _shard_rows(rows_dir, study_dir))
+    tune = os.path.join(study_dir, "tune", "schedule-table.json")
+    if os.path.lexists(tune):
+        _copy(_source(tune, study_dir), os.path.join(data, "schedule-table.json"))
+    columns = os.path.join(agg, "columns.md")
+    if os.path.lexists(columns):
+        _copy(_source(columns, study_dir), os.path.join(data, "columns.md"))
+    return ["data/" + rel for rel in _files(data)]
+
+
+def rebuild_commands(data_files: list[str]) -> list[str]:
+    """The shell lines that unpack a compact bundle's rows (outside it, in REBUILT) and
+    rebuild its figures and tables with ``tiledattn figures`` and ``tiledattn aggregate``."""
+    have = set(data_files)
+    grids = sorted(f[len("data/shapes-"):-len("-rows.jsonl.gz")] for f in have
+                   if f.startswith("data/shapes-") and f.endswith("-rows.jsonl.gz"))
+    unpack = [("rows.jsonl.gz", "rows/rows-shard0of1.jsonl"),
+              ("ladder-rows.jsonl.gz", "ladder/rows-shard0of1.jsonl"),
+              *[(f"shapes-{g}-rows.jsonl.gz", f"shapes/{g}/rows-shard0of1.jsonl")
+                for g in grids],
+              ("model-rows.jsonl.gz", "model/rows.jsonl"),
+              ("variants-rows.jsonl.gz", "variants/rows.jsonl")]
+    unpack = [(src, dest) for src, dest in unpack if f"data/{src}" in have]
+    r = REBUILT
+    lines = [f"R={r}   # outside the bundle: SHA256SUMS lists exactly what is in it",
+             "mkdir -p " + " ".join(sorted({f"$R/{os.path.dirname(d)}" for _, d in unpack}))]
+    lines += [f"gunzip -c data/{src} > $R/{dest}" for src, dest in unpack]
+    extra = []
+    if "data/ladder-rows.jsonl.gz" in have:
+        extra.append("--ladder $R/ladder")
+    if "data/schedule-table.json" in have:
+        extra.append("--tune-table data/schedule-table.json")
+    if grids:
+        extra.append("--shapes " + " ".join(f"$R/shapes/{g}" for g in grids))
+    if "data/variants-rows.jsonl.gz" in have:
+        extra.append("--variants $R/variants")
+    model = " --model $R/model" if "data/model-rows.jsonl.gz" in have else ""
+    opts = (" " + " ".join(extra)) if extra else ""
+    lines += [f"tiledattn figures --rows $R/rows/rows-shard0of1.jsonl --out $R/figures{opts}",
+              f"tiledattn aggregate --rows $R/rows --out $R/aggregate{opts}{model}"]
+    return lines
+
+
+def _build(out_dir: str, study_dir: str, rows: list[dict], manifest: dict, *, config: dict,
+           config_name: str, repo_root: str, publication: Publication, command: str,
+           compact: bool = False) -> int:
+    agg = os.path.join(study_dir, "aggregate")
+    manifest_path = os.path.join(study_dir, "manifest.json")
+    data_files = _compact_data(out_dir, study_dir) if compact else \
+        _copy_data(out_dir, study_dir)
+    # compare: tiledattn compare's table, figure; a compact bundle's figures regenerate.
+    for sub in ("tables", "compare") if compact else ("tables", "figures", "compare"):
         src_dir = os.path.join(study_dir, sub) if sub != "tables" else os.path.join(agg, sub)
         if os.path.lexists(src_dir):
             for rel in _study_files(src_dir, study_dir):
@@ -619,7 +749,7 @@ def _build(out_dir: str, study_dir: str, rows: list[dict], manifest: dict, *, co
 
     variants_line = variants_headline(_variant_rows(study_dir))
     readme = _readme(publication, rows, manifest, table4, f"config/{config_name}", snap,
-                     variants_line)
+                     variants_line, data_files if compact else None)
     missing = not_run(study_dir, rows)
     if missing:  # before the column dictionary: what a reader must know first
         cut = readme.index("## How to reproduce")
@@ -728,6 +858,22 @@ def _read_capped(view, rel: str, cap: int) -> bytes:
     return data
 
 
+def _read_gz_capped(view, rel: str, cap: int) -> bytes:
+    """A gzipped member's content, decompressed no further than ``cap`` bytes (a gzip bomb
+    stops there); a file that is not whole gzip (bad header, torn, wrong CRC) is one
+    StudyError."""
+    with view.open(rel) as f:
+        try:
+            with gzip.GzipFile(fileobj=f, mode="rb") as g:
+                data = g.read(cap + 1)  # reaching the end checks the CRC and the length
+        except (OSError, EOFError, zlib.error) as exc:  # BadGzipFile is an OSError
+            raise StudyError(f"{rel}: not a whole gzip file ({exc or type(exc).__name__})") \
+                from None
+    if len(data) > cap:
+        raise StudyError(f"{rel}: over the {cap} bytes allowed once decompressed")
+    return data
+
+
 def verify(path: str, partial: dict | None = None) -> list[str]:
     """Problems found in the bundle at ``path`` (a directory or its zip); empty: verified.
 
@@ -775,6 +921,7 @@ def _verify(view, *, scratch: str | None, root: str | None,
             listed[parts[1]] = parts[0]
         if n > MAX_MEMBERS:
             return problems + [f"{SUMS}: more than {MAX_MEMBERS} lines"]
+    changed: set[str] = set()  # their content is not the published one: nothing more to say
     for rel, digest in listed.items():
         if rel not in view.names:
             if partial is not None:
@@ -791,8 +938,10 @@ def _verify(view, *, scratch: str | None, root: str | None,
                 h.update(block)
         if size > MAX_FILE_BYTES:
             problems.append(f"too large: {rel} (over {MAX_FILE_BYTES} bytes)")
+            changed.add(rel)
         elif h.hexdigest() != digest:
             problems.append(f"changed: {rel} (checksum differs)")
+            changed.add(rel)
     present = view.names - {SUMS}
     if partial is not None:
         partial["extra"] = sorted(present - set(listed))
@@ -801,7 +950,7 @@ def _verify(view, *, scratch: str | None, root: str | None,
     if len(present) + 1 > ZENODO_MAX_FILES:
         problems.append(f"{len(present) + 1} files exceed Zenodo's {ZENODO_MAX_FILES}")
     problems += _check_listing(view, listed)
-    problems += _check_rows(view)
+    problems += _check_rows(view, changed)
     meta = {}
     for name in (".zenodo.json", "CITATION.cff", "ro-crate-metadata.json"):
         if name in view.names:  # regular files only: a FIFO is a finding, never opened
@@ -842,41 +991,63 @@ def _json_of(view, rel: str, cap: int = MAX_META_BYTES):
         raise StudyError(str(exc)) from None
 
 
-def _check_rows(view) -> list[str]:
-    """Published rows: whole lines (none torn), finite and physical numbers, one config,
-    no pair twice, the same rows as rows.csv, and measured under a config the manifest
-    names (its runs' measure hashes, its study config's hash)."""
-    from ..bench.store import RowsError, check_one_config, check_rows
-
-    rel = "data/rows.jsonl"
-    if rel not in view.names:
-        return []
-    try:
-        data = _read_capped(view, rel, ROWS_MAX)
-    except StudyError as exc:
-        return [str(exc)]
+def _jsonl_of(view, rel: str) -> tuple[list[dict], list]:
+    """(rows, conflicting (point, method) pairs) of a rows file of the bundle, plain or
+    gzipped (decompressed under ROWS_MAX); StudyError names the first thing wrong."""
+    data = _read_gz_capped(view, rel, ROWS_MAX) if rel.endswith(".gz") else \
+        _read_capped(view, rel, ROWS_MAX)
     if data and not data.endswith(b"\n"):
-        return [f"{rel}: the last line is cut short (a truncated file)"]
+        raise StudyError(f"{rel}: the last line is cut short (a truncated file)")
     rows, seen, conflicts = [], {}, []
     for n, line in enumerate(data.splitlines(), 1):
         try:
             row = parse_json(line, f"{rel} line {n}")
         except UnsafeFileError as exc:
-            return [str(exc)]
+            raise StudyError(str(exc)) from None
         if not isinstance(row, dict):
-            return [f"{rel} line {n}: not a row (JSON object)"]
+            raise StudyError(f"{rel} line {n}: not a row (JSON object)")
         key = (row.get("point_key"), row.get("method"))
         if key in seen and seen[key] != row:
             conflicts.append(key)
         seen[key] = row
         rows.append(row)
+    return rows, conflicts
+
+
+def _check_rows(view, changed: set[str] = frozenset()) -> list[str]:
+    """Published rows (data/rows.jsonl, or a compact bundle's data/rows.jsonl.gz): whole
+    lines (none torn), finite and physical numbers, one config, no pair twice, the same rows
+    as rows.csv, and measured under a config the manifest names (its runs' measure hashes,
+    its study config's hash). A compact bundle's other row files: whole gzip of JSON rows.
+    A file whose checksum already failed (``changed``) is not read again."""
+    problems = []
+    for rel in sorted(n for n in view.names - changed
+                      if n.startswith("data/") and n.endswith(".jsonl.gz")
+                      and n != "data/rows.jsonl.gz"):
+        try:
+            _jsonl_of(view, rel)
+        except StudyError as exc:
+            problems.append(str(exc))
+    rels = [r for r in ("data/rows.jsonl", "data/rows.jsonl.gz")
+            if r in view.names and r not in changed]
+    return problems + (_check_published(view, rels[0], changed) if rels else [])
+
+
+def _check_published(view, rel: str, changed: set[str]) -> list[str]:
+    """``_check_rows`` of the published rows file ``rel``."""
+    from ..bench.store import RowsError, check_one_config, check_rows
+
+    try:
+        rows, conflicts = _jsonl_of(view, rel)
+    except StudyError as exc:
+        return [str(exc)]
     problems = []
     try:
         check_one_config(rows, rel)
         check_rows(rows, rel, conflicts)
     except RowsError as exc:
         problems.append(str(exc))
-    if "data/rows.csv" in view.names:
+    if "data/rows.csv" in view.names and "data/rows.csv" not in changed:
         try:
             why = _csv_disagrees(rows, _read_capped(view, "data/rows.csv", ROWS_MAX))
         except StudyError as exc:

@@ -3,7 +3,7 @@ and TiledAttention's speed ratio to each baseline, each checked against a refere
 (value, lower, upper) as ReFrame writes them (bounds as fractions of the value).
 
 The reference is another study (a bundle, its zip, a results directory, a rows file) or a
-system whose tuples ship in the package (``references/<system>.json``, built from committed
+system whose tuples ship in the package (``references/<system>.json.gz``, built from committed
 rows by ``python -m tiledattention.study.compare build``). A time above its upper bound, or
 a ratio below its lower bound, is a regression; a point the reference measured that the new
 study did not measure ok is one too. Faster than the lower bound is reported, not failed.
@@ -11,6 +11,7 @@ study did not measure ok is one too. Faster than the lower bound is reported, no
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import gzip
 import io
@@ -31,6 +32,9 @@ FORMAT = "tiledattention-reference/1"
 TOLERANCE = {"kernel": 0.10, "call": 0.25}
 VERDICTS = ("pass", "faster", "slower", "regression", "not ok", "not measured")
 MAX_ROWS_BYTES = 256 << 20
+# The shipped tuples, one file per system, gzipped (a whole study's points: ~150 KB a system
+# as JSON, which the tracked tree's 3 MB cannot hold for several).
+REF_SUFFIX = ".json.gz"
 
 
 @dataclass(frozen=True)
@@ -92,12 +96,18 @@ def _read(path: str) -> bytes:
 def _from_zip(path: str) -> tuple[list[dict], dict]:
     with zipfile.ZipFile(path) as z:
         names = {n.split("/", 1)[1] if "/" in n else n: n for n in z.namelist()}
-        if "data/rows.jsonl" not in names:
+        rel = next((r for r in ("data/rows.jsonl", "data/rows.jsonl.gz") if r in names), None)
+        if rel is None:
             raise StudyError(f"{path}: a zip without data/rows.jsonl (not a study bundle)")
-        info = z.getinfo(names["data/rows.jsonl"])
+        info = z.getinfo(names[rel])
         if info.file_size > MAX_ROWS_BYTES:
-            raise StudyError(f"{path}: data/rows.jsonl over {MAX_ROWS_BYTES} bytes")
-        rows = _json_lines(z.read(info), f"{path}:data/rows.jsonl")
+            raise StudyError(f"{path}: {rel} over {MAX_ROWS_BYTES} bytes")
+        with z.open(info) as f, (gzip.GzipFile(fileobj=f) if rel.endswith(".gz")
+                                 else contextlib.nullcontext(f)) as g:
+            data = g.read(MAX_ROWS_BYTES + 1)  # a compact bundle's rows: capped as a file's
+        if len(data) > MAX_ROWS_BYTES:
+            raise StudyError(f"{path}: {rel} over {MAX_ROWS_BYTES} bytes decompressed")
+        rows = _json_lines(data, f"{path}:{rel}")
         manifest = json.loads(z.read(names["manifest.json"])) if "manifest.json" in names \
             else {}
     return rows, manifest
@@ -112,11 +122,12 @@ def _manifest_near(*candidates: str) -> dict:
 
 
 def load_study(path: str) -> tuple[list[dict], str]:
-    """(rows, GPU name) of a bundle directory or zip, a study's results directory (its
+    """(rows, GPU name) of a bundle directory or zip (compact too), a study's results directory (its
     aggregate/rows.jsonl) or a rows file (.jsonl, .jsonl.gz)."""
     try:
         if os.path.isdir(path):
             for rel, man in (("data/rows.jsonl", "manifest.json"),
+                             ("data/rows.jsonl.gz", "manifest.json"),  # a compact bundle
                              ("aggregate/rows.jsonl", "manifest.json"),
                              ("bundle/data/rows.jsonl", "bundle/manifest.json")):
                 if os.path.isfile(os.path.join(path, rel)):
@@ -149,7 +160,8 @@ def _row_device(rows: list[dict]) -> str:
 def systems() -> list[str]:
     """The systems whose reference tuples ship in the package."""
     root = resources.files("tiledattention.study") / "references"
-    return sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".json"))
+    return sorted(p.name[:-len(REF_SUFFIX)] for p in root.iterdir()
+                  if p.name.endswith(REF_SUFFIX))
 
 
 def load_reference(name_or_path: str, tolerance: dict[str, float] | None = None) -> dict:
@@ -158,8 +170,8 @@ def load_reference(name_or_path: str, tolerance: dict[str, float] | None = None)
     system's own bounds."""
     if not os.path.exists(name_or_path) and name_or_path.lower() in systems():
         ref_file = resources.files("tiledattention.study") / "references" / \
-            f"{name_or_path.lower()}.json"
-        ref = json.loads(ref_file.read_text())
+            f"{name_or_path.lower()}{REF_SUFFIX}"
+        ref = json.loads(gzip.decompress(ref_file.read_bytes()))
         if tolerance:
             ref = _with_tolerance(ref, tolerance)
         return ref
@@ -460,10 +472,15 @@ def _build_main(argv: list[str]) -> int:
     gpu = a.gpu or ", ".join(sorted(gpus))
     ref = build(rows, system=a.system, source={"rows": a.rows, "gpu": gpu})
     entries = ref.pop("entries")
-    head = json.dumps(ref, indent=1)[:-2]  # one entry a line: small diffs when re-generated
-    with open(a.out, "w") as f:
-        f.write(head + ',\n "entries": [\n' + ",\n".join(json.dumps(e) for e in entries)
-                + "\n ]\n}\n")
+    head = json.dumps(ref, indent=1)[:-2]  # one entry a line: `zdiff` shows what changed
+    text = (head + ',\n "entries": [\n' + ",\n".join(json.dumps(e) for e in entries)
+            + "\n ]\n}\n").encode()
+    with open(a.out, "wb") as raw:  # OUT.json.gz (shipped) gzipped, byte-stable; else plain
+        if a.out.endswith(".gz"):
+            with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as g:
+                g.write(text)
+        else:
+            raw.write(text)
     print(f"{a.out}: {len(entries)} entries for {a.system} ({gpu})")
     return 0
 

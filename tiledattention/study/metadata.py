@@ -197,7 +197,8 @@ def _encoding(rel: str) -> str | None:
     return {".json": "application/json", ".jsonl": "application/jsonl", ".csv": "text/csv",
             ".md": "text/markdown", ".png": "image/png", ".pdf": "application/pdf",
             ".zip": "application/zip", ".yaml": "application/yaml", ".tex": "text/x-tex",
-            ".parquet": "application/vnd.apache.parquet", ".cff": "application/yaml"}.get(
+            ".parquet": "application/vnd.apache.parquet", ".cff": "application/yaml",
+            ".gz": "application/gzip"}.get(
         os.path.splitext(rel)[1])
 
 
