@@ -1,8 +1,9 @@
-"""The README's "since the reference study" table: each line names its rows file, and its
-numbers are what `tiledattention.study.ratios` computes from that file."""
+"""The README's results table: every number is what `tiledattention.study.ratios` computes
+from the committed reference rows (results/reference/<system>/data/rows.jsonl.gz)."""
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import re
@@ -10,46 +11,52 @@ from pathlib import Path
 
 import pytest
 
-from tiledattention.study.ratios import compare
+from tiledattention.study.ratios import compare, pass_of
 
 ROOT = Path(__file__).resolve().parent.parent
-BASELINE = {"fused SDPA": ["torch_sdpa"],
-            "forced cuDNN / FlashAttention-2": ["cudnn", "flash"],
-            "forced FlashAttention-2": ["flash"]}
+BASELINES = {"fused SDPA": "torch_sdpa", "forced FlashAttention-2": "flash"}
+SCOPES = {"forward, paper grid": ("fwd", False), "forward+backward, paper grid":
+          ("fwd+bwd", False), "decode": ("fwd", True)}  # (pass, decode points)
+SYSTEMS = ("h100", "h200")  # the table's column pairs, in order
 
 
-def _since_table() -> list[list[str]]:
+def _table() -> list[list[str]]:
     text = (ROOT / "README.md").read_text()
-    section = text.split("### Since the reference study", 1)[1].split("\n\n", 2)[1]
-    lines = [ln for ln in section.splitlines() if ln.startswith("| ")][1:]
+    section = text.split("## Results: the reference study on an H100 and an H200", 1)[1]
+    lines = [ln for ln in section.split("\n\n| TiledAttention ÷", 1)[1].splitlines()
+             if ln.startswith("| ")]
     return [[c.strip() for c in ln.strip("|").split("|")] for ln in lines]
+
+
+@functools.cache
+def _rows(system: str) -> tuple[dict, ...]:
+    path = ROOT / "results" / "reference" / system / "data" / "rows.jsonl.gz"
+    with gzip.open(path, "rt") as f:
+        return tuple(json.loads(line) for line in f if line.strip())
 
 
 def _numbers(cell: str) -> list[float]:
     return [float(x) for x in re.findall(r"\d+\.\d+", cell)]
 
 
-def _rows(name: str) -> list[dict]:
-    with gzip.open(ROOT / "benchmarks" / "results" / name, "rt") as f:
-        return [json.loads(line) for line in f if line.strip()]
+def test_the_results_table_has_a_line_per_scope_and_baseline():
+    assert len(_table()) == 5
 
 
-@pytest.mark.parametrize("line", _since_table(), ids=lambda ln: ln[0][:40])
-def test_each_since_number_is_computed_from_the_rows_file_it_names(line):
-    what, kernel, call, rows_file, _ = line
-    rows = _rows(rows_file.strip("`"))
-    baselines = next(v for k, v in BASELINE.items() if what.endswith(f"÷ {k}")
-                     or f"÷ {k}," in what)
-    want_kernel, want_call = _numbers(kernel), _numbers(call)
-    got_kernel, got_call = [], []
-    for b in baselines:
-        k, c = compare(rows, "tiledattention", b), compare(rows, "tiledattention", b,
-                                                           measure="call")
-        got_kernel.append(k.geomean)
-        got_call.append(c.geomean)
-        if len(baselines) == 1:
-            got_kernel.append(k.min)
-            got_call.append(c.min)
-            assert f"{k.wins}/{k.n}" in kernel, (kernel, k.wins, k.n)
-    assert want_kernel == pytest.approx(got_kernel, abs=6e-4), what
-    assert want_call == pytest.approx(got_call, abs=6e-4), what
+@pytest.mark.parametrize("line", _table(), ids=lambda ln: ln[0][:50])
+def test_each_results_number_is_computed_from_the_committed_rows(line):
+    what, cells = line[0], line[1:]
+    baseline = next(v for k, v in BASELINES.items() if what.startswith(k + ","))
+    pass_, decode = next(v for k, v in SCOPES.items() if what.endswith(", " + k))
+    for i, system in enumerate(SYSTEMS):
+        rows = [r for r in _rows(system) if pass_of(r) == pass_]
+
+        def where(p):
+            return (p["seq_q"] != p["seq_kv"]) == decode
+
+        k = compare(rows, "tiledattention", baseline, where)
+        c = compare(rows, "tiledattention", baseline, where, "call")
+        kernel, call = cells[2 * i], cells[2 * i + 1]
+        assert _numbers(kernel) == pytest.approx([k.geomean, k.min], abs=6e-4), (what, system)
+        assert f"{k.wins}/{k.n})" in kernel, (what, system, k.wins, k.n)
+        assert _numbers(call) == pytest.approx([c.geomean, c.min], abs=6e-4), (what, system)

@@ -3,7 +3,7 @@ how the integration maps them onto ``tiledattention.variants``, with the kernel 
 a float64 torch stand-in of ``sdpa`` that applies exactly the mapped arguments (variants
 through their ``.reference``), so tiny Gemma-2-, Mistral- and gpt-oss-style models must
 reproduce transformers' eager path: prefill, a left-padded batch, greedy generation with a
-cache. The kernel itself runs in tests/gpu/test_transformers_variants.py."""
+cache. The kernel itself runs in tests/gpu/test_transformers_variants_gpu.py."""
 
 from __future__ import annotations
 
