@@ -71,6 +71,26 @@ def load_json(path: str, *, cap: int = JSON_MAX, what: str = ""):
     return parse_json(read_bytes(path, cap=cap, what=what), f"{what} {path}".strip())
 
 
+def read_row_objects(path: str, what: str, keys: tuple[str, ...]) -> list[dict]:
+    """The JSON rows of a stage's rows file (bounded, regular file only): every line an
+    object whose ``keys`` are strings, else one StudyError naming the file and line."""
+    from .errors import StudyError
+
+    rows = []
+    for n, line in enumerate(read_bytes(path, cap=ROWS_MAX, what=what).splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = parse_json(line, f"{path} line {n}")
+        except UnsafeFileError as exc:
+            raise StudyError(str(exc)) from None
+        if not isinstance(row, dict) or not all(isinstance(row.get(k), str) for k in keys):
+            raise StudyError(f"{path} line {n}: not a {what[:-1]} (an object with "
+                             f"{', '.join(keys)})")
+        rows.append(row)
+    return rows
+
+
 def regular_file(path: str) -> bool:
     """A regular file itself (not a link to one, not a FIFO or device)."""
     try:

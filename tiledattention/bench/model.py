@@ -240,24 +240,10 @@ def _write(path: str, text: str) -> None:
 def load_rows(out_dir: str) -> list[dict]:
     """The model benchmark's rows (bounded, regular file only); a line that is not a row
     object is one StudyError naming the file and line."""
-    from ..errors import StudyError
-    from ..safeio import ROWS_MAX, UnsafeFileError, parse_json, read_bytes
+    from ..safeio import read_row_objects
 
-    path = os.path.join(out_dir, ROWS)
-    rows = []
-    for n, line in enumerate(read_bytes(path, cap=ROWS_MAX, what="model rows").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = parse_json(line, f"{path} line {n}")
-        except UnsafeFileError as exc:
-            raise StudyError(str(exc)) from None
-        if not isinstance(row, dict) or not all(isinstance(row.get(k), str) for k in (
-                "method", "status", "phase")):
-            raise StudyError(f"{path} line {n}: not a model row (an object with method, "
-                             "status and phase)")
-        rows.append(row)
-    return rows
+    return read_row_objects(os.path.join(out_dir, ROWS), "model rows",
+                            ("method", "status", "phase"))
 
 
 def summary(rows: list[dict]) -> str:

@@ -108,26 +108,12 @@ def run_variants(cfg: VariantsConfig, out_dir: str, log=None) -> dict:
 
 def load_rows(out_dir: str) -> list[dict]:
     """The stage's rows (bounded, regular file only); a line that is not a variants row is
-    one StudyError naming the file and line."""
-    from ..errors import StudyError
-    from ..safeio import ROWS_MAX, UnsafeFileError, parse_json, read_bytes
+    one StudyError naming the file and line. A resumed point keeps its last rows."""
+    from ..safeio import read_row_objects
 
-    path = os.path.join(out_dir, ROWS)
-    rows = {}
-    for n, line in enumerate(read_bytes(path, cap=ROWS_MAX, what="variants rows")
-                             .splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = parse_json(line, f"{path} line {n}")
-        except UnsafeFileError as exc:
-            raise StudyError(str(exc)) from None
-        if not isinstance(row, dict) or not all(isinstance(row.get(k), str) for k in (
-                "point_key", "method", "status", "variant", "pass")):
-            raise StudyError(f"{path} line {n}: not a variants row (an object with "
-                             "point_key, method, status, variant and pass)")
-        rows[row["point_key"], row["method"]] = row  # a resumed point: its last rows
-    return list(rows.values())
+    rows = read_row_objects(os.path.join(out_dir, ROWS), "variants rows",
+                            ("point_key", "method", "status", "variant", "pass"))
+    return list({(r["point_key"], r["method"]): r for r in rows}.values())
 
 
 def summary(rows: list[dict]) -> str:
