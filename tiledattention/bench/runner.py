@@ -370,10 +370,13 @@ def measure(plan: list[tuple[Point, list[str]]], cfg: BenchConfig, store: Result
 
     def on_sigterm(signum, frame):
         stop["requested"] = stop["terminated"] = True
+        if callable(previous_term):  # a job environment's own handler (submitit's) runs too
+            previous_term(signum, frame)
 
     digest = cfg.measure_digest()
     previous = signal.signal(signal.SIGINT, on_sigint)
-    previous_term = signal.signal(signal.SIGTERM, on_sigterm)
+    previous_term = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, on_sigterm)
     flush = L2Flusher() if device.type == "cuda" and cfg.timing.flush_l2 else None
     progress = Progress(len(todo), log)
     try:
