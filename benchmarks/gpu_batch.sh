@@ -5,6 +5,7 @@
 #   bash benchmarks/gpu_batch.sh ab-bwd     # the same, forward+backward
 #   bash benchmarks/gpu_batch.sh variants   # sparsity targets and FlexAttention comparison
 #   bash benchmarks/gpu_batch.sh tune-bwd   # backward tune (quick space) into $OUT/h100.json
+#   bash benchmarks/gpu_batch.sh launch     # host cost of each step of a training call
 #   bash benchmarks/gpu_batch.sh host       # host cost table + profiler attribution
 # Start each device command with `. .toolchain/activate.sh &&`.
 set -uo pipefail
@@ -34,6 +35,8 @@ case "${1:?what to run}" in
       --out "$OUT/h100.json" --state "$OUT/tune-bwd-state.jsonl" \
       --head-dims ${DIMS:-64 128} --seqs ${SEQS:-1024 4096} --dtypes float16 bfloat16 \
       2>&1 | tee "$OUT/tune-bwd.log" | tail -60 ;;
+  launch)
+    python benchmarks/launch_cost.py 2>&1 | tee "$OUT/launch-cost.log" ;;
   host)
     python benchmarks/host_cost.py --tables paths 2>&1 | tee "$OUT/host-cost.log"
     python benchmarks/host_profile.py 2>&1 | tee "$OUT/host-profile.log" | grep "===\|GPU kernels" ;;

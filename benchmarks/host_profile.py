@@ -11,13 +11,14 @@ call latency and kernel time can be attributed (op dispatch, Python, allocation,
 from __future__ import annotations
 
 import argparse
-import time
+import statistics
 
 import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
 import tiledattention as ta
+from tiledattention.timing import time_calls
 
 SHAPES = {  # name: (B, Hq, Hkv, Sq, Skv, D, causal), bf16
     "prefill B1 H16 S512 D128 causal": (1, 16, 16, 512, 512, 128, True),
@@ -67,19 +68,13 @@ def main() -> None:
         for path in PATHS:
             for impl in ("ours", "torch"):
                 step = make_step(impl, shape, path)
-                for _ in range(20):
-                    step()
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                for _ in range(args.calls * 4):
-                    step()
-                torch.cuda.synchronize()
-                wall = (time.perf_counter() - t0) / (args.calls * 4) * 1e6
+                wall = statistics.median(time_calls(step, calls=args.calls, warmup=20,
+                                                    sync=torch.cuda.synchronize))
                 with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
                     for _ in range(args.calls):
                         step()
                     torch.cuda.synchronize()
-                print(f"\n=== {sname} | {path} | {impl}: {wall:.1f} us per call (wall) ===")
+                print(f"\n=== {sname} | {path} | {impl}: {wall:.1f} us per call (call latency) ===")
                 avg = prof.key_averages()
                 print(avg.table(sort_by="self_cpu_time_total", row_limit=args.rows,
                                 max_name_column_width=60))

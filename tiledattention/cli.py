@@ -623,32 +623,30 @@ def _aggregate(args) -> int:
     return 0
 
 
-def _model_rows(path: str | None) -> list[dict]:
-    """The model benchmark's rows (``--model DIR``: its rows.jsonl must exist)."""
+def _stage_rows(path: str | None, flag: str, stage) -> list[dict]:
+    """A GPU stage's rows (``--model DIR`` / ``--variants DIR``: its rows file must exist);
+    ``stage``: the stage's module (its ``ROWS`` name and ``load_rows``)."""
     import os
 
-    from .bench.model import ROWS, load_rows
     from .bench.store import RowsError
 
     if not path:
         return []
-    if not os.path.exists(os.path.join(path, ROWS)):
-        raise RowsError(f"--model {path}: no {ROWS} there")
-    return load_rows(path)
+    if not os.path.exists(os.path.join(path, stage.ROWS)):
+        raise RowsError(f"{flag} {path}: no {stage.ROWS} there")
+    return stage.load_rows(path)
+
+
+def _model_rows(path: str | None) -> list[dict]:
+    from .bench import model
+
+    return _stage_rows(path, "--model", model)
 
 
 def _variant_rows(path: str | None) -> list[dict]:
-    """The variants stage's rows (``--variants DIR``: its rows.jsonl must exist)."""
-    import os
+    from .bench import variants_run
 
-    from .bench.store import RowsError
-    from .bench.variants_run import ROWS, load_rows
-
-    if not path:
-        return []
-    if not os.path.exists(os.path.join(path, ROWS)):
-        raise RowsError(f"--variants {path}: no {ROWS} there")
-    return load_rows(path)
+    return _stage_rows(path, "--variants", variants_run)
 
 
 def _shape_rows(dirs: list[str] | None) -> list[dict]:
