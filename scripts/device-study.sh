@@ -3,6 +3,13 @@
 # device tool's machines), resumable within a per-command time limit:
 #
 #   bash scripts/device-study.sh CONFIG [BUDGET_S] [SNAKEMAKE ARGS...]
+#   bash scripts/device-study.sh --reproduce BUNDLE [BUDGET_S] [SNAKEMAKE ARGS...]
+#
+# With --reproduce, the study is the one BUNDLE records: `tiledattn reproduce BUNDLE --out
+# $WORKDIR` lays out its workflow and exact config (default /tmp/reproduction; the same
+# command again continues there), steps 2-3 run in $WORKDIR, and once Snakemake finishes
+# `tiledattn reproduce` ends the re-run as it does anywhere: the new bundle verified,
+# compared against BUNDLE (exit 1 on a regression), rebuilt with compare/ and verified again.
 #
 # 1. installs the wheel kit (.whl, from scripts/pack-study-wheels.sh) into $SITE and puts a
 #    `tiledattn` command there that runs this checkout (skipped when already installed);
@@ -24,15 +31,25 @@
 # Exit: 0 finished, 3 stopped at the budget (run it again), else the failure's code.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-config=${1:?usage: scripts/device-study.sh CONFIG [BUDGET_S] [SNAKEMAKE ARGS...]}
+repo=$PWD
+usage="usage: scripts/device-study.sh CONFIG|--reproduce BUNDLE [BUDGET_S] [SNAKEMAKE ARGS...]"
+bundle=
+if [ "${1:-}" = --reproduce ]; then
+  bundle=${2:?$usage}; shift
+  [ -d "$bundle" ] || [ -f "$bundle" ] || { echo "device-study: no bundle $bundle" >&2; exit 2; }
+  bundle=$(cd "$(dirname "$bundle")" && pwd)/$(basename "$bundle")
+  config=config/study-config.yaml  # tiledattn reproduce puts the bundle's there
+else
+  config=${1:?$usage}
+  [ -f "$config" ] || { echo "device-study: no config $config" >&2; exit 2; }
+fi
 budget=${2:-530}
 shift $(( $# >= 2 ? 2 : 1 ))
-[ -f "$config" ] || { echo "device-study: no config $config" >&2; exit 2; }
 case "$budget" in ''|*[!0-9]*) echo "device-study: BUDGET_S must be seconds, got $budget" >&2
                                exit 2 ;; esac
 OUT=${OUT:-/tmp/out}
 SITE=${SITE:-/tmp/site}
-mkdir -p "$OUT"
+mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)  # absolute: --reproduce runs elsewhere
 t0=$(date +%s)
 say() { echo "device-study [$(( $(date +%s) - t0 ))s]: $*" >&2; }
 
@@ -50,7 +67,7 @@ mkdir -p "$SITE/bin"
 printf '#!/usr/bin/env python3\nimport sys\nfrom tiledattention.cli import main\nif __name__ == "__main__":\n    sys.exit(main())\n' \
   > "$SITE/bin/tiledattn"
 chmod +x "$SITE/bin/tiledattn"
-export PATH="$SITE/bin:$PATH" PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export PATH="$SITE/bin:$PATH" PYTHONPATH="$SITE:$repo${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1 CUDA_TILE_CACHE_DIR=${CUDA_TILE_CACHE_DIR:-/tmp/cutile-cache}
 # Multi-GPU kinds: NVLink multicast stays off (the device README says why).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -61,6 +78,16 @@ if [ -f .toolchain/activate.sh ]; then
 fi
 command -v snakemake >/dev/null || { echo "device-study: no snakemake (carry .whl)" >&2
                                      exit 2; }
+if [ -z "${TILEDATTENTION_SOURCE_REVISION:-}" ]; then
+  rev=$(git rev-parse HEAD 2>/dev/null) && export TILEDATTENTION_SOURCE_REVISION=$rev \
+    || say "no TILEDATTENTION_SOURCE_REVISION and no .git: manifests record no revision"
+fi
+if [ -n "$bundle" ]; then  # the bundle's workflow and config, laid out (or continued)
+  WORKDIR=${WORKDIR:-/tmp/reproduction}
+  tiledattn reproduce "$bundle" --out "$WORKDIR" --snakemake-args=-n >"$OUT/reproduce-plan.log" \
+    2>&1 || { tail -3 "$OUT/reproduce-plan.log" >&2; exit 2; }
+  cd "$WORKDIR"
+fi
 
 # 3. The study, on the first $GPUS GPUs.
 visible=$(python3 -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
@@ -71,10 +98,6 @@ fi
 if [ "$visible" -gt 0 ] && [ -z "${CUDA_VISIBLE_DEVICES:-}" ]; then
   CUDA_VISIBLE_DEVICES=$(seq -s, 0 $(( GPUS - 1 )))
   export CUDA_VISIBLE_DEVICES
-fi
-if [ -z "${TILEDATTENTION_SOURCE_REVISION:-}" ]; then
-  rev=$(git rev-parse HEAD 2>/dev/null) && export TILEDATTENTION_SOURCE_REVISION=$rev \
-    || say "no TILEDATTENTION_SOURCE_REVISION and no .git: manifests record no revision"
 fi
 results=${RESULTS:-$(python3 -c "import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))\
 ['results_dir'])" "$config")}
@@ -113,6 +136,10 @@ left=$(( budget - ($(date +%s) - t0) ))
 [ "$left" -gt 30 ] || { echo "device-study: no time left for the study" >&2; exit 3; }
 timeout --signal=TERM --kill-after=30 "$left" "${smk[@]}" 2>&1 | tee "$OUT/snakemake.log" >&2
 rc=${PIPESTATUS[0]}
+if [ "$rc" = 0 ] && [ -n "$bundle" ]; then  # Snakemake has nothing left: verify, compare
+  tiledattn reproduce "$bundle" --out "$WORKDIR" 2>&1 | tee "$OUT/reproduce.log" >&2
+  rc=${PIPESTATUS[0]}
+fi
 case $rc in
   0) say "study finished: $(cat "$results/bundle.verified" 2>/dev/null)" ;;
   124|137) say "stopped at the budget; the same command continues the study"; rc=3 ;;

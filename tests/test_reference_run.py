@@ -119,7 +119,9 @@ def test_precompile_takes_each_point_once_with_its_tiledattention_methods(tmp_pa
 
 
 @pytest.mark.parametrize("args,words", [(["config/nope.yaml"], "no config config/nope.yaml"),
-                                        (["config/smoke.yaml", "soon"], "BUDGET_S must be")])
+                                        (["config/smoke.yaml", "soon"], "BUDGET_S must be"),
+                                        (["--reproduce", "results/nope"],
+                                         "no bundle results/nope")])
 def test_device_study_refuses_bad_arguments_in_one_line(args, words):
     out = subprocess.run(["bash", "scripts/device-study.sh", *args], cwd=ROOT,
                          capture_output=True, text=True, timeout=60,

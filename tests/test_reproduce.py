@@ -125,6 +125,33 @@ def test_reproduce_from_a_checkout_of_the_recorded_revision(original, tmp_path):
         (original / "config" / "study-config.yaml").read_bytes()
 
 
+def test_reproduce_again_into_its_own_out_continues_there_and_keeps_what_is_there(
+        original, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["reproduce", str(original), "--out", str(out), "--snakemake-args=-n"]) == 0
+    (out / "results").mkdir(exist_ok=True)
+    (out / "results" / "measured-so-far.txt").write_text("rows")  # as a stopped run leaves
+    (out / "config" / "study-config.yaml").write_bytes(b"# edited\n" + (
+        original / "config" / "study-config.yaml").read_bytes())
+    capsys.readouterr()
+    assert main(["reproduce", str(original), "--out", str(out), "--snakemake-args=-n"]) == 0
+    assert "holds this bundle's re-run already: continuing it" in capsys.readouterr().err
+    assert (out / "results" / "measured-so-far.txt").read_text() == "rows"
+    assert (out / "config" / "study-config.yaml").read_bytes().startswith(b"# edited")
+
+
+def test_reproduce_refuses_an_out_that_holds_another_bundles_re_run(original, tmp_path,
+                                                                     capsys):
+    out = tmp_path / "out"
+    assert main(["reproduce", str(original), "--out", str(out), "--snakemake-args=-n"]) == 0
+    mark = out / ".tiledattn-reproduce.json"
+    mark.write_text(json.dumps(dict(json.loads(mark.read_text()), config_sha256="0" * 64)))
+    capsys.readouterr()
+    assert main(["reproduce", str(original), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "holds the re-run of another bundle" in err[0], err
+
+
 @pytest.mark.parametrize("case", ["tampered", "not-empty-out", "unknown-profile"])
 def test_reproduce_refuses_bad_input_with_one_line(original, tmp_path, capsys, case):
     src, out, profile = original, tmp_path / "out", "local"

@@ -355,7 +355,8 @@ def build_parser() -> argparse.ArgumentParser:
               "grid and workflow) through a Snakemake profile, then verify the new bundle and "
               "compare it against the original")
     p.add_argument("bundle", help="the bundle (directory or zip) whose study to re-run")
-    p.add_argument("--out", help="new directory for the re-run (default: "
+    p.add_argument("--out", help="new directory for the re-run, or one this command laid "
+                   "out for the same bundle before (the re-run continues there; default: "
                    "reproduction-<bundle name> beside the bundle)")
     p.add_argument("--profile", default="local", help="Snakemake profile: local or slurm "
                    "(the workflow's), or the path of your own")

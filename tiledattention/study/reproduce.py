@@ -23,6 +23,9 @@ from . import bundle as _bundle
 
 CONFIG = "config/study-config.yaml"
 SOURCES = ("snapshot", "checkout")
+# What a prepared --out records of its bundle, so that the same command again continues the
+# re-run there (an allocation that ended mid-study) instead of refusing a non-empty directory.
+MARK = ".tiledattn-reproduce.json"
 
 
 @dataclass(frozen=True)
@@ -76,8 +79,9 @@ def read_bundle(path: str) -> Recorded:
 
 def _fresh(out: str) -> None:
     if os.path.lexists(out) and (not os.path.isdir(out) or os.listdir(out)):
-        raise StudyError(f"--out {out}: exists and is not an empty directory; name a new one "
-                         "(nothing there is replaced)")
+        raise StudyError(f"--out {out}: exists and is neither empty nor a re-run of this "
+                         "bundle that this command laid out; name a new one (nothing there "
+                         "is replaced)")
     os.makedirs(out, exist_ok=True)
 
 
@@ -153,15 +157,43 @@ def _results_dir(config: dict) -> str:
     return d
 
 
+def _mark(rec: Recorded, source: str) -> dict:
+    import hashlib
+
+    return {"config_sha256": hashlib.sha256(rec.config).hexdigest(),
+            "snapshot_sha256": hashlib.sha256(rec.snapshot).hexdigest(),
+            "commit": rec.commit, "source": source}
+
+
+def _prepared_from(out: str, rec: Recorded, source: str) -> bool:
+    """Whether OUT is a re-run of this bundle laid out earlier (then it continues there)."""
+    import json
+
+    try:
+        with open(os.path.join(out, MARK), encoding="utf-8") as f:
+            mark = json.load(f)
+    except (OSError, ValueError):
+        return False
+    if mark != _mark(rec, source):
+        raise StudyError(f"--out {out}: holds the re-run of another bundle (or of this one "
+                         f"from another --source); name a new directory")
+    return True
+
+
 def prepare(bundle_path: str, out: str, *, source: str = "snapshot",
-            profile: str = "local") -> tuple[Recorded, str, str]:
-    """DIR with the workflow and the study config in place: (recorded, profile, results)."""
+            profile: str = "local") -> tuple[Recorded, str, str, bool]:
+    """DIR with the workflow and the study config in place: (recorded, profile, results,
+    continued), continued when DIR already held this bundle's re-run."""
+    import json
+
     import yaml
 
     rec = read_bundle(bundle_path)
     results = _results_dir(yaml.safe_load(rec.config))
     if source == "snapshot":  # a bad --profile fails before anything is written
         _profile_in_snapshot(profile, rec.snapshot)
+    if os.path.isdir(out) and _prepared_from(out, rec, source):
+        return rec, _profile(profile, out), results, True
     if source == "checkout":
         if os.path.lexists(out) and (not os.path.isdir(out) or os.listdir(out)):
             _fresh(out)  # raises: git clone needs it new or empty
@@ -172,7 +204,9 @@ def prepare(bundle_path: str, out: str, *, source: str = "snapshot",
     os.makedirs(os.path.join(out, "config"), exist_ok=True)
     with open(os.path.join(out, CONFIG), "wb") as f:
         f.write(rec.config)  # the exact config, byte for byte (the snapshot lacks it)
-    return rec, _profile(profile, out), results
+    with open(os.path.join(out, MARK), "w", encoding="utf-8") as f:
+        json.dump(_mark(rec, source), f)
+    return rec, _profile(profile, out), results, False
 
 
 def _say(text: str) -> None:
@@ -187,7 +221,10 @@ def reproduce(bundle_path: str, out: str, *, source: str = "snapshot", profile: 
     from .. import __version__
     from . import compare as _compare
 
-    rec, prof, results = prepare(bundle_path, out, source=source, profile=profile)
+    rec, prof, results, continued = prepare(bundle_path, out, source=source, profile=profile)
+    if continued:
+        _say(f"{out} holds this bundle's re-run already: continuing it (Snakemake reruns only "
+             "what is missing; a GPU step resumes from its finished rows)")
     _say(f"workflow from the bundle's {'snapshot' if source == 'snapshot' else 'checkout of '}"
          f"{'' if source == 'snapshot' else f'{rec.repository} at {rec.commit}'} in {out}; "
          f"recorded revision {rec.commit or '—'}, tiledattention {rec.version or '—'} "
