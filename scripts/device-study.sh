@@ -104,7 +104,11 @@ results=${RESULTS:-$(python3 -c "import sys, yaml; print(yaml.safe_load(open(sys
 say "$GPUS GPU(s) (CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-}), budget ${budget}s," \
     "results in $results, snakemake $(snakemake --version)"
 smk=(snakemake --profile profiles/local --configfile "$config" --resources "gpu=$GPUS"
-     --cores $(( GPUS + 1 )) "$@")
+     --cores $(( GPUS + 1 )))
+# As tiledattn reproduce runs it: a re-run continued from its carried results directory
+# (a fresh machine, no .snakemake records) reruns only missing or older outputs.
+[ -n "$bundle" ] && smk+=(--rerun-triggers mtime)
+smk+=("$@")
 "${smk[@]}" --unlock >/dev/null 2>&1  # a run stopped at its budget leaves the lock behind
 # The kernels of every planned point, compiled into cuTile's disk cache by all CPU cores
 # before the GPU steps run (once per machine and set of plans; PRECOMPILE=0 skips it).

@@ -232,8 +232,11 @@ def reproduce(bundle_path: str, out: str, *, source: str = "snapshot", profile: 
     if rec.version and rec.version != __version__:
         _say(f"note: the bundle ran tiledattention {rec.version}, this is {__version__}: "
              "install the recorded revision (the bundle README's install step)")
+    # The bundle's workflow and config do not change under a re-run: only a missing or older
+    # output reruns a step, so a re-run continued elsewhere (another node, a lost .snakemake
+    # with its records) does not start over.
     cmd = [sys.executable, "-m", "snakemake", "--profile", prof, "--configfile", CONFIG,
-           *snakemake_args]
+           "--rerun-triggers", "mtime", *snakemake_args]
     _say("running " + " ".join(cmd[2:]))
     if subprocess.run(cmd, cwd=out).returncode != 0:
         _say(f"snakemake failed (its log: {os.path.join(out, '.snakemake', 'log')})")
