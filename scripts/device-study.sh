@@ -143,11 +143,13 @@ rc=${PIPESTATUS[0]}
 if [ "$rc" = 0 ] && [ -n "$bundle" ]; then  # Snakemake has nothing left: verify, compare
   tiledattn reproduce "$bundle" --out "$WORKDIR" 2>&1 | tee "$OUT/reproduce.log" >&2
   rc=${PIPESTATUS[0]}
+  [ "$rc" = 0 ] || { say "tiledattn reproduce exited $rc (reproduce.log: a regression, or" \
+                         "a step failed)"; rc=1; reproduced=no; }
 fi
 case $rc in
   0) say "study finished: $(cat "$results/bundle.verified" 2>/dev/null)" ;;
   124|137) say "stopped at the budget; the same command continues the study"; rc=3 ;;
-  *) say "snakemake exited $rc (see snakemake.log)" ;;
+  *) [ -n "${reproduced:-}" ] || say "snakemake exited $rc (see snakemake.log)" ;;
 esac
 
 # 4. What comes back: the results directory (the zip beside it, separately) and the logs.

@@ -192,6 +192,34 @@ def test_run_bench_writes_rows_manifest_and_skips_what_is_done(tmp_path, capsys)
     assert len(expand(c)) == 1
 
 
+def test_a_resumed_run_keeps_the_earlier_runs_stack_and_the_study_sees_them(tmp_path,
+                                                                            monkeypatch):
+    """Rows measured at one revision and resumed at another: the manifest keeps both, and
+    the study's manifest reports the two revisions instead of the last one alone."""
+    from tiledattention.study.manifest import load_manifests, merge
+
+    grid = {"seqs": [32, 64], "head_dims": [32], "dtypes": ["float32"], "causal": [False],
+            "shape_policy": "explicit"}
+    timing = {"warmup": 0, "reps": 2, "rounds": 1}
+    first = from_dict({"grid": dict(grid, seqs=[32]), "methods": ["eager"], "timing": timing,
+                       "device": "cpu"})
+    whole = from_dict({"grid": grid, "methods": ["eager"], "timing": timing, "device": "cpu"})
+    monkeypatch.setenv("TILEDATTENTION_SOURCE_REVISION", "a" * 40)
+    assert run_bench(first, str(tmp_path)) == 0
+    monkeypatch.setenv("TILEDATTENTION_SOURCE_REVISION", "b" * 40)
+    assert run_bench(whole, str(tmp_path)) == 0
+    manifest = json.loads((tmp_path / "manifest-shard0of1.json").read_text())
+    assert manifest["git_commit"] == "b" * 40
+    assert [e["git_commit"] for e in manifest["earlier_runs"]] == ["a" * 40]
+    study = merge(load_manifests([str(tmp_path)]))
+    assert not study["consistent"] and study["mismatches"]["git_commit"] == ["a" * 40, "b" * 40]
+    assert study["runs"][0]["resumed"][0]["git_commit"] == "a" * 40
+    # a fresh rows file has no earlier runs
+    fresh = tmp_path / "fresh"
+    assert run_bench(first, str(fresh)) == 0
+    assert json.loads((fresh / "manifest-shard0of1.json").read_text())["earlier_runs"] == []
+
+
 def test_ctrl_c_stops_after_the_current_point_with_complete_rows(tmp_path):
     config = tmp_path / "c.yaml"
     config.write_text("grid: {seqs: [128, 256, 384], head_dims: [32, 64], dtypes: [float32],"

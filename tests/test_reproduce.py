@@ -140,6 +140,22 @@ def test_reproduce_again_into_its_own_out_continues_there_and_keeps_what_is_ther
     assert (out / "config" / "study-config.yaml").read_bytes().startswith(b"# edited")
 
 
+def test_the_laid_out_workflow_keeps_the_snapshots_file_times(original, tmp_path):
+    """Snakemake reruns a script's outputs when they are older than the script: laid out
+    with today's times, a re-run continued in a new layout would start over."""
+    import time
+    import zipfile
+
+    out = tmp_path / "out"
+    assert main(["reproduce", str(original), "--out", str(out), "--snakemake-args=-n"]) == 0
+    with zipfile.ZipFile(original / "workflow-snapshot.zip") as z:
+        for info in z.infolist():
+            if info.filename.endswith("/") or info.filename == "config/study-config.yaml":
+                continue  # the bundle's exact config is written over the snapshot's
+            recorded = time.mktime((*info.date_time, 0, 0, -1))
+            assert (out / info.filename).stat().st_mtime == recorded, info.filename
+
+
 def test_reproduce_refuses_an_out_that_holds_another_bundles_re_run(original, tmp_path,
                                                                      capsys):
     out = tmp_path / "out"
@@ -150,6 +166,26 @@ def test_reproduce_refuses_an_out_that_holds_another_bundles_re_run(original, tm
     assert main(["reproduce", str(original), "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "holds the re-run of another bundle" in err[0], err
+
+
+def test_device_study_reproduce_re_runs_a_bundle_and_continues_a_stopped_re_run(
+        original, tmp_path):
+    """scripts/device-study.sh --reproduce (the GPU machines' route, here on the CPU): the
+    bundle's study laid out in $WORKDIR, run, verified and compared; run again, it continues
+    the finished re-run instead of refusing its directory."""
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+               KIT=str(tmp_path / "no-kit"), SITE=str(tmp_path / "site"),
+               WORKDIR=str(tmp_path / "work"), OUT=str(tmp_path / "out"), PRECOMPILE="0")
+    for _ in range(2):
+        run = subprocess.run(["bash", "scripts/device-study.sh", "--reproduce", str(original),
+                              "300"], cwd=ROOT, env=env, capture_output=True, text=True,
+                             timeout=900)
+        assert run.returncode == 0, run.stderr[-3000:]
+        assert "verified; compare against" in run.stderr and ": PASS: " in run.stderr
+    assert "holds this bundle's re-run already: continuing it" in run.stderr
+    new = tmp_path / "work" / "results" / "smoke" / "bundle"
+    assert bundle.verify(str(new)) == [] and (new / "compare" / "compare.md").is_file()
+    assert (tmp_path / "out" / "smoke-results.tar.gz").stat().st_size > 0
 
 
 @pytest.mark.parametrize("case", ["tampered", "not-empty-out", "unknown-profile"])

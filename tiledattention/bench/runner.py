@@ -446,15 +446,37 @@ def _run_locked(cfg, out_dir, shard_index, shard_count, log, device, remeasure) 
     done = sum(all(store.done(p.key(), m) for m in cfg.methods) for p in points)
     started = now()
     manifest_path = os.path.join(out_dir, f"manifest-{tag}.json")
-    _write_json(manifest_path, capture(cfg, started=started))
+    earlier = _earlier_runs(manifest_path) if store.rows else []
+    _write_json(manifest_path, dict(capture(cfg, started=started), earlier_runs=earlier))
     print(f"bench: {len(points)} points in {tag} on {device}, {done} already "
           f"done in {store.path}", file=log, flush=True)
     try:
         stopped = measure([(p, list(cfg.methods)) for p in points], cfg, store, device, log)
     finally:
-        _write_json(manifest_path, capture(cfg, started=started, finished=now()))
+        _write_json(manifest_path, dict(capture(cfg, started=started, finished=now()),
+                                        earlier_runs=earlier))
     print(summary_table(list(store.rows.values()), list(cfg.methods)), file=log, flush=True)
     return 130 if stopped else 0
+
+
+# What a resumed run keeps of the runs that measured its earlier rows: their software stack,
+# GPU, revision and times (the study's manifest checks the stack across all of them).
+EARLIER_FIELDS = ("tiledattention", "python", "torch", "cuda_runtime", "cudnn", "cuda_tile",
+                  "tileiras", "triton", "gpu", "git_commit", "git_dirty", "host", "started",
+                  "finished")
+
+
+def _earlier_runs(manifest_path: str) -> list[dict]:
+    """The runs before this one on the same rows file, from the manifest it replaces."""
+    try:
+        with open(manifest_path, encoding="utf-8") as f:
+            prev = json.load(f)
+    except (OSError, ValueError):
+        return []
+    if not isinstance(prev, dict):
+        return []
+    runs = [r for r in prev.get("earlier_runs") or [] if isinstance(r, dict)]
+    return runs + [{k: prev.get(k) for k in EARLIER_FIELDS}]
 
 
 def _write_json(path: str, data: dict) -> None:

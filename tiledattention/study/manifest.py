@@ -70,19 +70,27 @@ def config_hash(config: dict) -> str:
     return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()
 
 
+def _earlier(manifest: dict) -> list[dict]:
+    """The runs a resumed run continued (bench/runner.py keeps them in its manifest)."""
+    return [e for e in manifest.get("earlier_runs") or [] if isinstance(e, dict)]
+
+
 def merge(manifests: dict[str, dict], *, config: dict | None = None,
           image: str | None = None, base_dir: str | None = None) -> dict:
     if not manifests:
         raise StudyError("no run manifests (manifest-*.json) found: did the benchmark run?")
     mismatches = {}
+    # A resumed run's earlier runs measured some of its rows: their stacks count too.
+    every = [r for m in manifests.values() for r in [m, *_earlier(m)]]
     for field in STACK_FIELDS:
-        values = {json.dumps(_get(m, field)) for m in manifests.values()}
+        values = {json.dumps(_get(m, field)) for m in every}
         if len(values) > 1:
             mismatches[field] = sorted(json.loads(v) if v != "null" else None
                                        for v in values)
     first = next(iter(manifests.values()))
     dirty = sorted({os.path.relpath(p, base_dir) if base_dir else p
-                    for p, m in manifests.items() if m.get("git_dirty")})
+                    for p, m in manifests.items()
+                    if any(r.get("git_dirty") for r in [m, *_earlier(m)])})
     return {
         "format": "tiledattention-study-manifest/1",
         "consistent": not mismatches,
@@ -93,7 +101,9 @@ def merge(manifests: dict[str, dict], *, config: dict | None = None,
                   "host": m.get("host"), "started": m.get("started"),
                   "finished": m.get("finished"), "config_hash": m.get("config_hash"),
                   "measure_hash": m.get("measure_hash"),
-                  "slurm_job": (m.get("environment") or {}).get("SLURM_JOB_ID")}
+                  "slurm_job": (m.get("environment") or {}).get("SLURM_JOB_ID"),
+                  "resumed": [{k: e.get(k) for k in ("host", "started", "finished",
+                                                      "git_commit")} for e in _earlier(m)]}
                  for p, m in manifests.items()],
         "runs_from_dirty_tree": dirty,
         "workflow": {"snakemake": _dist_version("snakemake"),

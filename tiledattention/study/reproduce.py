@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 import zipfile
 from dataclasses import dataclass
 
@@ -98,6 +99,11 @@ def _unpack_snapshot(data: bytes, out: str) -> int:
             os.makedirs(os.path.dirname(dest), exist_ok=True)
             with z.open(n) as src, open(dest, "wb") as f:
                 f.write(src.read())
+            # The snapshot's own times: a workflow script laid out now would be newer than
+            # every output of a re-run continued here, and Snakemake reruns a script's
+            # outputs when they are older than it (whatever --rerun-triggers says).
+            t = time.mktime((*z.getinfo(n).date_time, 0, 0, -1))
+            os.utime(dest, (t, t))
     return len(names)
 
 
