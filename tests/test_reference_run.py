@@ -118,14 +118,19 @@ def test_precompile_takes_each_point_once_with_its_tiledattention_methods(tmp_pa
                for _, m, _ in items)
 
 
+def _device_script(name: str, args: list[str]) -> subprocess.CompletedProcess:
+    """scripts/NAME.sh with ARGS, in a bare environment (no kit, no GPU tools on PATH)."""
+    return subprocess.run(["bash", f"scripts/{name}.sh", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60,
+                          env={"PATH": "/usr/bin:/bin", "OUT": f"/tmp/{name}-test"})
+
+
 @pytest.mark.parametrize("args,words", [(["config/nope.yaml"], "no config config/nope.yaml"),
                                         (["config/smoke.yaml", "soon"], "BUDGET_S must be"),
                                         (["--reproduce", "results/nope"],
                                          "no bundle results/nope")])
 def test_device_study_refuses_bad_arguments_in_one_line(args, words):
-    out = subprocess.run(["bash", "scripts/device-study.sh", *args], cwd=ROOT,
-                         capture_output=True, text=True, timeout=60,
-                         env={"PATH": "/usr/bin:/bin", "OUT": "/tmp/device-study-test"})
+    out = _device_script("device-study", args)
     assert out.returncode == 2 and out.stderr.strip().splitlines() == [
         next(ln for ln in out.stderr.splitlines() if words in ln)]
 
@@ -134,8 +139,6 @@ def test_device_study_refuses_bad_arguments_in_one_line(args, words):
                                         (["config/scaling.yaml", "1", "two"],
                                          "GPU counts are positive integers, got two")])
 def test_device_scaling_refuses_bad_counts_in_one_line(args, words):
-    out = subprocess.run(["bash", "scripts/device-scaling.sh", *args], cwd=ROOT,
-                         capture_output=True, text=True, timeout=60,
-                         env={"PATH": "/usr/bin:/bin", "OUT": "/tmp/device-scaling-test"})
+    out = _device_script("device-scaling", args)
     assert out.returncode == 2 and out.stderr.strip().splitlines() == [
         f"device-scaling: {words}"]

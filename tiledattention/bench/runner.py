@@ -468,10 +468,11 @@ EARLIER_FIELDS = ("tiledattention", "python", "torch", "cuda_runtime", "cudnn", 
 
 def _earlier_runs(manifest_path: str) -> list[dict]:
     """The runs before this one on the same rows file, from the manifest it replaces."""
+    from ..safeio import UnsafeFileError, load_json
+
     try:
-        with open(manifest_path, encoding="utf-8") as f:
-            prev = json.load(f)
-    except (OSError, ValueError):
+        prev = load_json(manifest_path, what="run manifest")
+    except (OSError, UnsafeFileError):  # none yet, or unreadable: no earlier runs to keep
         return []
     if not isinstance(prev, dict):
         return []
