@@ -154,15 +154,19 @@ def test_interrupting_a_running_study_cancels_its_jobs_and_a_rerun_resumes(sig, 
                                                                            tmp_path):
     # To Snakemake alone (as `kill` does), or to its whole process group (as a terminal's
     # Ctrl-C does: the steps get it too).
-    study = _study(tmp_path, [256, 384, 512, 640, 768, 896], reps=40)
+    # reps=2000: each shard measures for ~25 s after its first row (~1 s at reps=40, when
+    # a shard could finish before the signal reached it and end COMPLETED).
+    study = _study(tmp_path, [256, 384, 512, 640, 768, 896], reps=2000)
     shards = tmp_path / "out" / "shards"
     run = _snakemake(study, start_new_session=group)
     try:
-        # Both shard jobs running and writing rows: then Ctrl-C to Snakemake alone.
-        _wait_for(lambda: len(_job_ids(shards)) == 2 and all(
-            _rows(shards / f"rows-shard{i}of2.jsonl") for i in range(2)), "running shards",
-            400)
+        # Both shard jobs running and writing rows: then the signal.
+        def counts():
+            return [len(_rows(shards / f"rows-shard{i}of2.jsonl")) for i in range(2)]
+        _wait_for(lambda: len(_job_ids(shards)) == 2 and all(counts()), "running shards", 400)
         ids = _job_ids(shards)
+        assert max(at_signal := counts()) < 6, f"a shard finished before the signal " \
+            f"{at_signal}: not the case this test is about"
         os.killpg(run.pid, sig) if group else run.send_signal(sig)
         _, err = run.communicate(timeout=300)
     finally:
