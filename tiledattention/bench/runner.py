@@ -472,7 +472,7 @@ def _earlier_runs(manifest_path: str) -> list[dict]:
 
     try:
         prev = load_json(manifest_path, what="run manifest")
-    except (OSError, UnsafeFileError):  # none yet, or unreadable: no earlier runs to keep
+    except UnsafeFileError:  # none yet, or unreadable: no earlier runs to keep
         return []
     if not isinstance(prev, dict):
         return []

@@ -12,6 +12,8 @@ study's bundle is verified, compared against the original (or ``--reference``) w
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -20,6 +22,7 @@ import zipfile
 from dataclasses import dataclass
 
 from ..errors import StudyError
+from ..safeio import UnsafeFileError, load_json
 from . import bundle as _bundle
 
 CONFIG = "config/study-config.yaml"
@@ -52,8 +55,6 @@ def _read_member(path: str, rel: str) -> bytes:
 
 def read_bundle(path: str) -> Recorded:
     """The recorded run of a bundle that verifies (bad input otherwise)."""
-    import json
-
     if not os.path.exists(path):
         raise StudyError(f"{path}: no such bundle directory or zip")
     problems = _bundle.verify(path)
@@ -164,8 +165,6 @@ def _results_dir(config: dict) -> str:
 
 
 def _mark(rec: Recorded, source: str) -> dict:
-    import hashlib
-
     return {"config_sha256": hashlib.sha256(rec.config).hexdigest(),
             "snapshot_sha256": hashlib.sha256(rec.snapshot).hexdigest(),
             "commit": rec.commit, "source": source}
@@ -173,12 +172,9 @@ def _mark(rec: Recorded, source: str) -> dict:
 
 def _prepared_from(out: str, rec: Recorded, source: str) -> bool:
     """Whether OUT is a re-run of this bundle laid out earlier (then it continues there)."""
-    import json
-
     try:
-        with open(os.path.join(out, MARK), encoding="utf-8") as f:
-            mark = json.load(f)
-    except (OSError, ValueError):
+        mark = load_json(os.path.join(out, MARK), what="re-run marker")
+    except UnsafeFileError:  # none, or not ours: the directory is not a prepared re-run
         return False
     if mark != _mark(rec, source):
         raise StudyError(f"--out {out}: holds the re-run of another bundle (or of this one "
@@ -190,8 +186,6 @@ def prepare(bundle_path: str, out: str, *, source: str = "snapshot",
             profile: str = "local") -> tuple[Recorded, str, str, bool]:
     """DIR with the workflow and the study config in place: (recorded, profile, results,
     continued), continued when DIR already held this bundle's re-run."""
-    import json
-
     import yaml
 
     rec = read_bundle(bundle_path)
