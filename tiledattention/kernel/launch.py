@@ -180,7 +180,7 @@ def run_backward(q, k, v, out, lse, dout, dlse, attn_mask, causal: bool, scale: 
     for (kernel, grid, tail), args in zip(plan.launches[:2 if atomic else 3], tensors):
         launch_kernel(dev, grid, kernel, (*args, *tail))
     if atomic:
-        dq.copy_(dq_acc)
+        torch.mul(dq_acc, scale, out=dq)  # the reduce-add summed dS K unscaled
     return dq, dk, dv
 
 
