@@ -67,10 +67,11 @@ MASK_MOD = no_mask_mod
 
 @ct.kernel
 def attention_bwd_delta(
-    Out, dOut, Delta, Dlse,
+    Out, dOut, Delta, Dlse, dQacc,
     TILE_M: ConstInt,
     WD: ConstInt,  # a power of two >= D: the columns past D load as zeros
     HAS_DLSE: ConstBool,  # the log-sum-exp output has a gradient: delta -= dlse
+    ZERO_DQ: ConstBool,  # also zero these rows of the fp32 dQacc (dQ by reduce-add)
 ):
     """delta[b, h, i] = sum_d dO * O in fp32, minus the gradient of the LSE output."""
     bid_m = ct.bid(0)
@@ -85,6 +86,11 @@ def attention_bwd_delta(
                        padding_mode=ct.PaddingMode.ZERO).reshape((TILE_M,))
         delta = delta - dlse
     ct.store(Delta, index=(b, h, bid_m), tile=delta.reshape((1, 1, TILE_M)))
+    if ZERO_DQ:
+        # The pass that reads every row anyway clears the reduce-add's target: no memset
+        # launch. Columns past D fall outside the array and are not written.
+        ct.store(dQacc, index=(b, h, bid_m, 0),
+                 tile=ct.full((1, 1, TILE_M, WD), 0.0, dtype=np.float32))
 
 
 def grad_scores(qk, dp, arrays, fns, aux, where, i, j, diag, ALL_MASKS, cfg):
