@@ -16,6 +16,7 @@ parallel processes into cuTile's disk cache (``bench.precompile``).
     python benchmarks/bwd_compare.py            # 26 points, ~5 min on an H100
     python benchmarks/bwd_compare.py --quick    # 3 points
     python benchmarks/bwd_compare.py --fa4-site /tmp/site   # FA4 installed with --target
+    python benchmarks/bwd_compare.py --head-dims 256       # one head dim's points
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ SEED = 0
 BASELINES = ("cudnn", "fa4")
 
 
-def grid(quick: bool):
+def grid(quick: bool, head_dims=None):
     from tiledattention.bench.grid import Point
 
     if quick:
@@ -47,7 +48,8 @@ def grid(quick: bool):
         spec += [("bfloat16", c, 192, 4096) for c in (False, True)]
     from dataclasses import replace
 
-    return [replace(Point.of_tokens(dt, c, d, s), pass_="fwd+bwd") for dt, c, d, s in spec]
+    return [replace(Point.of_tokens(dt, c, d, s), pass_="fwd+bwd") for dt, c, d, s in spec
+            if head_dims is None or d in head_dims]
 
 
 def ours_methods(head_dim: int) -> dict[str, str]:
@@ -211,6 +213,7 @@ def main(argv=None) -> int:
     ap.add_argument("--workers", type=int, default=max(1, min(12, (os.cpu_count() or 2) - 2)))
     ap.add_argument("--no-precompile", action="store_true")
     ap.add_argument("--fa4-site", help="a pip --target directory holding flash-attn-4")
+    ap.add_argument("--head-dims", help="only these head dims, e.g. 128,256")
     args = ap.parse_args(argv)
     if args.fa4_site:
         sys.path[:0] = [args.fa4_site, os.path.join(args.fa4_site, "nvidia_cutlass_dsl",
@@ -220,10 +223,11 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("bwd_compare: no CUDA GPU visible")
         return 2
+    from tiledattention.bench.methods import Unavailable
     from tiledattention.flops import attention_flops, tflops_per_s
     from tiledattention.timing import L2Flusher
 
-    points = grid(args.quick)
+    points = grid(args.quick, args.head_dims and {int(x) for x in args.head_dims.split(",")})
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, cuDNN "
           f"{torch.backends.cudnn.version()}; fwd+bwd kernel time, median of "
           f"{args.rounds}x{args.reps}, L2 flushed; ratio = best baseline ms / ours ms",
@@ -232,12 +236,19 @@ def main(argv=None) -> int:
         precompile(points, args.workers)
     flush = L2Flusher()
     fa4 = FA4()
+    try:
+        fa4.check(points[0], torch.device("cuda"))
+    except Unavailable as exc:
+        print(f"# fa4: skipped, {exc}", flush=True)
+        fa4 = None
     ratios: dict[str, list[float]] = {}
     start = time.monotonic()
     for p in points:
         ours = ours_methods(p.head_dim)
         harnesses = {col: Harness(name) for col, name in ours.items()}
-        harnesses.update(cudnn=Harness("cudnn"), fa4=fa4)
+        harnesses["cudnn"] = Harness("cudnn")
+        if fa4 is not None:
+            harnesses["fa4"] = fa4
         ms, why = measure(p, harnesses, args, flush)
         flops = attention_flops(p.batch, p.heads, p.seq_q, p.seq_kv, p.head_dim, p.causal,
                                 "fwd+bwd")
