@@ -162,8 +162,10 @@ def dq_reduce(dQacc, ds, k0, k1, k2, b, h, i, TILE_M, W0, W1, W2, NCHUNK):
 
 def reduce_add(T, tile, b, h, i, c, TILE_M, W):
     """T[b, h, rows i, columns chunk c of width W] += tile (fp32, one TMA reduce-add). A
-    256-wide chunk goes as two 128-wide boxes: the single 1 KiB-row box compiled to
-    per-element REDG, not UTMAREDG (tileiras 13.4, sm_90, D = 256)."""
+    256-wide chunk goes as two 128-wide halves: with one 256-wide box the D = 256 dK/dV
+    program compiled to per-element REDG and no HGMMA at all (1248-byte stack; tileiras
+    13.4, sm_90), with halves to UTMAREDG and its warp-group MMAs (104-byte stack). Alone,
+    a 256-wide reduce-add does compile to UTMAREDG: the compiler's choice in context."""
     if W > 128:
         half = W // 2
         T.tiled_view((1, 1, TILE_M, half)).atomic_store_add(
