@@ -10,8 +10,8 @@ are checked against the float64 reference (``bench.runner``: one head of batch 0
 project's tolerance table); a wrong method prints FAIL instead of a time. Times:
 ``timing.time_cuda`` (CUDA events, L2 flushed, host hidden), methods interleaved by round,
 the median. TFLOP/s by ``flops.attention_flops`` (fwd+bwd = 3.5x the forward). The ratio is
-best baseline time / ours (> 1: ours faster). TiledAttention's kernels are compiled first in
-parallel processes into cuTile's disk cache (``bench.precompile``).
+best baseline time / ours (> 1: ours faster). The kernels (ours and FA4's) are compiled
+first by parallel processes into the compilers' disk caches (``bench.precompile``'s worker).
 
     python benchmarks/bwd_compare.py            # 26 points, ~5 min on an H100
     python benchmarks/bwd_compare.py --quick    # 3 points
@@ -131,31 +131,57 @@ def checked(point, harness, leaves, dout, ref, grad_refs) -> str | None:
     return ", ".join(bad) or None
 
 
-def precompile(points, workers: int) -> None:
-    """TiledAttention's kernels of every point into cuTile's disk cache, in parallel: one
-    worker per (dtype, causal, D, method) group at a time, so no two workers compile the
-    same backward kernels (the points of a group differ in S only)."""
+def _warm_fa4(items: list[dict]) -> list[str]:
+    """FA4's kernels of these points into its disk cache (one fwd+bwd call each)."""
+    import torch
+
+    from tiledattention.bench.grid import Point
+    from tiledattention.bench.runner import make_dout, make_inputs, pass_callable
+
+    fa4, device, bad = FA4(), torch.device("cuda"), []
+    for data in items:
+        point = Point.from_dict(data)
+        try:
+            fa4.check(point, device)
+            leaves = fa4.leaves(*make_inputs(point, SEED, device))
+            pass_callable(lambda x=leaves, p=point: fa4.run(x, p), *leaves,
+                          make_dout(point, SEED, device), "fwd+bwd")()
+            torch.cuda.synchronize()
+        except Exception as exc:  # noqa: BLE001 - the timed run reports it again, per point
+            bad.append(f"fa4 {point.key()}: {type(exc).__name__}: {str(exc)[:160]}")
+    return bad
+
+
+def _warm_group(task) -> list[str]:
+    from tiledattention.bench.precompile import _warm
+
+    kind, items, cap = task
+    return _warm((items, 0, cap)) if kind == "ours" else _warm_fa4([d for d, _, _ in items])
+
+
+def precompile(points, workers: int, with_fa4: bool) -> None:
+    """Every kernel the run will launch, compiled first by parallel processes: ours into
+    cuTile's disk cache, FA4's into its own (FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED). One
+    task per (dtype, causal, D, method) group, so no two processes compile the same kernels
+    (the points of a group differ in S only)."""
     import multiprocessing as mp
 
     import torch
 
-    from tiledattention.bench.precompile import _warm
-
     groups: dict[tuple, list] = {}
     for p in points:
-        for m in ours_methods(p.head_dim).values():
-            groups.setdefault((p.dtype, p.causal, p.head_dim, m), []).append(
+        names = [("ours", m) for m in ours_methods(p.head_dim).values()]
+        for kind, m in names + ([("fa4", "fa4")] if with_fa4 else []):
+            groups.setdefault((kind, p.dtype, p.causal, p.head_dim, m), []).append(
                 (p.as_dict(), (m,), SEED))
     workers = max(1, min(workers, len(groups)))
-    chunks = [[] for _ in range(workers)]
-    for i, items in enumerate(groups.values()):
-        chunks[i % workers] += items
     cap = torch.cuda.mem_get_info()[0] // (2 * workers)
+    tasks = [(key[0], items, cap) for key, items in groups.items()]
     start = time.monotonic()
     with mp.get_context("spawn").Pool(workers) as pool:
-        bad = [b for part in pool.map(_warm, [(c, 0, cap) for c in chunks]) for b in part]
-    print(f"# precompile: {len(groups)} (dtype, causal, D, method) groups, {workers} "
-          f"workers, {time.monotonic() - start:.0f}s, {len(bad)} failed", flush=True)
+        bad = [b for part in pool.imap_unordered(_warm_group, tasks) for b in part]
+    print(f"# precompile: {len(groups)} (method, dtype, causal, D) groups, {workers} "
+          f"processes, {time.monotonic() - start:.0f}s, {len(bad)} failed", flush=True)
     for b in bad:
         print(f"#   {b}", flush=True)
 
@@ -216,8 +242,14 @@ def main(argv=None) -> int:
     ap.add_argument("--head-dims", help="only these head dims, e.g. 128,256")
     args = ap.parse_args(argv)
     if args.fa4_site:
-        sys.path[:0] = [args.fa4_site, os.path.join(args.fa4_site, "nvidia_cutlass_dsl",
-                                                    "dsl_packages")]
+        extra = [args.fa4_site, os.path.join(args.fa4_site, "nvidia_cutlass_dsl",
+                                             "dsl_packages")]
+        sys.path[:0] = extra
+        # the precompile processes too
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            [*extra, *filter(None, [os.environ.get("PYTHONPATH")])])
+    # FA4 keeps its compiled kernels on disk, so its precompile processes help this one.
+    os.environ.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "1")
     import torch
 
     if not torch.cuda.is_available():
@@ -232,15 +264,15 @@ def main(argv=None) -> int:
           f"{torch.backends.cudnn.version()}; fwd+bwd kernel time, median of "
           f"{args.rounds}x{args.reps}, L2 flushed; ratio = best baseline ms / ours ms",
           flush=True)
-    if not args.no_precompile:
-        precompile(points, args.workers)
-    flush = L2Flusher()
     fa4 = FA4()
     try:
         fa4.check(points[0], torch.device("cuda"))
     except Unavailable as exc:
         print(f"# fa4: skipped, {exc}", flush=True)
         fa4 = None
+    if not args.no_precompile:
+        precompile(points, args.workers, fa4 is not None)
+    flush = L2Flusher()
     ratios: dict[str, list[float]] = {}
     start = time.monotonic()
     for p in points:
