@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 SEED = 0
 BASELINES = ("cudnn", "fa4")
+SHORT = {"bfloat16": "bf16", "float16": "fp16"}
 
 
 def grid(quick: bool, head_dims=None):
@@ -187,7 +188,8 @@ def precompile(points, workers: int, with_fa4: bool) -> None:
 
 
 def measure(point, harnesses, args, flush) -> tuple[dict, dict]:
-    """(ms or None per column, failure text per column) at one point."""
+    """(ms per column that ran, failure text per column that did not; "today": the
+    table's backward schedule) at one point."""
     import torch
 
     from tiledattention.bench.methods import Unavailable, Unsupported
@@ -198,6 +200,7 @@ def measure(point, harnesses, args, flush) -> tuple[dict, dict]:
         reference,
         reference_grads,
     )
+    from tiledattention.schedules.policy import choose_bwd_schedule
     from tiledattention.timing import time_cuda
 
     device = torch.device("cuda")
@@ -227,6 +230,8 @@ def measure(point, harnesses, args, flush) -> tuple[dict, dict]:
         for col, fn in fns.items():
             samples[col] += time_cuda(fn, warmup=args.warmup if r == 0 else 1, reps=args.reps,
                                       flush=flush)
+    schedule, how = choose_bwd_schedule(q, k, point.causal)
+    why["today"] = f"{schedule.label()} ({how})"  # the backward ours-7mm ran
     return {c: statistics.median(s) for c, s in samples.items()}, why
 
 
@@ -284,8 +289,8 @@ def main(argv=None) -> int:
         ms, why = measure(p, harnesses, args, flush)
         flops = attention_flops(p.batch, p.heads, p.seq_q, p.seq_kv, p.head_dim, p.causal,
                                 "fwd+bwd")
-        name = (f"{p.dtype[:4]} {'causal' if p.causal else 'full'} D{p.head_dim} S{p.seq_q} "
-                f"B{p.batch} H{p.heads}")
+        name = (f"{SHORT[p.dtype]} {'causal' if p.causal else 'full'} D{p.head_dim} "
+                f"S{p.seq_q} B{p.batch} H{p.heads} [7mm: {why['today']}]")
         cells = [f"{c} {ms[c]:.3f}ms {tflops_per_s(flops, ms[c]):.0f}TF" if c in ms
                  else f"{c} {why[c]}" for c in harnesses]
         base = min((ms[b] for b in BASELINES if b in ms), default=None)
