@@ -49,7 +49,7 @@ def run_shape(name, shape) -> None:
     delta = torch.empty((b, hq, sq), dtype=torch.float32, device=dev)
     mask = lse.view(1, 1, 1, -1)[..., :1]
     dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
-    args = ((out, dout, delta, delta),
+    args = ((out, dout, delta, delta, delta.view(b, hq, sq, 1)),
             (q, k, v, dout, lse, delta, mask, dk, dv, delta.view(b, hq, sq, 1)),
             (q, k, v, dout, lse, delta, mask, dq))
     rows = {

@@ -279,3 +279,31 @@ def test_rows_of_backward_passes_name_the_backward_schedule_in_documented_column
     pinned_details = get_method(pinned_bwd("kv64x64_q64x64_o2")).describe(q, q, q, point)
     assert pinned_details["bwd_schedule_source"] == "pinned"
     assert "details.bwd_schedule_source" in columns_of([{"details": pinned_details}])
+
+
+@pytest.mark.parametrize("d", [64, 96, 128, 160, 192, 256])
+def test_every_head_dim_has_five_matmul_candidates_the_register_count_admits(d):
+    from tiledattention.schedules.backward import bwd_candidates, bwd_rejection
+
+    named = bwd_candidates(d)
+    assert any(s.dq == "atomic" for s in named.values()), named
+    for name, s in named.items():
+        assert bwd_rejection(s, d) is None, name
+        assert name.startswith("5mm") == (s.dq == "atomic"), name
+
+
+def test_the_reduce_add_share_counts_against_the_dkdv_registers():
+    from tiledattention.schedules.backward import _live_bytes
+
+    kernel = BwdSchedule.from_label("kv64x64_q64x64_o1_w8")
+    reduce = BwdSchedule.from_label("kv64x64_q64x64_o1_w8_atomic")
+    extra = _live_bytes(reduce, 256)["dK/dV"] - _live_bytes(kernel, 256)["dK/dV"]
+    assert extra == 4 * 64 * 256
+
+
+def test_the_delta_pass_zeroes_the_dq_accumulator_only_for_reduce_add():
+    from tiledattention.kernel.variant import BwdVariant
+
+    for dq in ("kernel", "atomic"):
+        v = BwdVariant("bfloat16", 128, False, BwdSchedule(dq=dq))
+        assert v.constants("attention_bwd_delta")["ZERO_DQ"] == (dq == "atomic")

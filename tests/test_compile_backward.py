@@ -27,6 +27,8 @@ if tileiras_path() is None:
     pytest.skip("tileiras not found: pip install 'cuda-tile[tileiras]'", allow_module_level=True)
 
 EM_CUDA = 190
+REDUCE_128 = "kv64x128_q128x64_o1_w8_atomic"
+REDUCE_256 = "kv64x64_q64x64_o1_w8_atomic"
 
 
 def variant(dtype, d, causal, mask="none", *, even=True, dlse=False, schedule=None):
@@ -46,6 +48,10 @@ HOPPER = [
     # the tuning space's occupancy-2 schedules (schedules.backward.BWD_QUICK_SPACE)
     variant("float16", 128, False, schedule=BwdSchedule.from_label("kv128x64_q64x128_o2")),
     variant("bfloat16", 64, True, schedule=BwdSchedule.from_label("kv64x128_q128x64_o2")),
+    # dQ by TMA reduce-add (issue 37): 128-key programs over two warp groups; D = 256 (its
+    # 256-wide chunk reduced as two 128-wide boxes) with a key tail
+    variant("bfloat16", 128, True, schedule=BwdSchedule.from_label(REDUCE_128)),
+    variant("float16", 256, False, even=False, schedule=BwdSchedule.from_label(REDUCE_256)),
 ]
 BLACKWELL = [HOPPER[1], HOPPER[2]]
 CASES = ([(v, "sm_90") for v in HOPPER] + [(v, t) for t in ("sm_100", "sm_120")
@@ -62,6 +68,7 @@ def test_the_slice_covers_every_flag_value():
         assert seen[f"attention_bwd_dkdv.{key}"] == {False, True}, key
     assert seen["attention_bwd_dkdv.NCHUNK"] == {1, 2, 3}
     assert seen["attention_bwd_delta.HAS_DLSE"] == {False, True}
+    assert seen["attention_bwd_delta.ZERO_DQ"] == {False, True}
 
 
 def test_backward_constants_are_the_kernels_constant_parameters():
@@ -82,3 +89,29 @@ def test_backward_kernels_compile_to_cuda_cubins(v, target):
         (machine,) = struct.unpack_from("<H", cubin, 18)
         assert machine == EM_CUDA, f"{name}: ELF machine {machine}"
         assert name.encode() in cubin
+
+
+@pytest.mark.compile
+def test_dq_reduce_add_compiles_to_tma_reductions_without_spills():
+    """The five-matmul dK/dV program adds dQ with UTMAREDG (cp.reduce.async.bulk.tensor),
+    keeps its warp-group MMAs, and neither emits per-element atomics nor spills (read from
+    the sm_90 SASS; needs cuobjdump and nvdisasm, e.g. pip nvidia-cuda-cuobjdump)."""
+    import shutil
+
+    from tiledattention.kernel.compile import export_bwd_cubins
+
+    cuobjdump = shutil.which("cuobjdump")
+    if cuobjdump is None or shutil.which("nvdisasm") is None:
+        pytest.skip("cuobjdump/nvdisasm not on PATH (pip nvidia-cuda-cuobjdump, "
+                    "nvidia-cuda-nvdisasm)")
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from bwd_sass import sass_counts
+
+    v = variant("bfloat16", 128, False, schedule=BwdSchedule.from_label(REDUCE_128))
+    counts = sass_counts(export_bwd_cubins(v, "sm_90")["attention_bwd_dkdv"], cuobjdump)
+    assert counts["UTMAREDG"] > 0 and counts["HGMMA"] > 0, counts
+    assert counts["ATOMG"] == counts["REDG"] == 0, counts
+    assert counts["STL"] == counts["LDL"] == 0, counts

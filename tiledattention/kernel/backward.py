@@ -13,8 +13,9 @@ log-sum-exp (never stored) and the upstream gradient ``dO``::
 
 dQ comes either from its own kernel (deterministic: no atomics; it recomputes S and dP,
 7 matmuls in all) or, with ``DQ_ATOMIC``, from the dK/dV programs adding their share into
-an fp32 buffer with atomics (5 matmuls; the order of the additions, and so the rounding,
-varies from run to run). Which one runs is the schedule's choice (``BwdSchedule.dq``);
+an fp32 buffer by TMA bulk reduce-add (5 matmuls; the order of the additions, and so the
+rounding, varies from run to run; the host converts it, times ``scale``). Which one runs
+is the schedule's choice (``BwdSchedule.dq``);
 benchmarks/NOTES.md records the measurement behind the default.
 
 Both score kernels visit tiles as the forward does: dense with the causal skip, or the
@@ -55,8 +56,6 @@ from .body import (
     zeros_chunks,
 )
 
-_RELAXED = ct.MemoryOrder.RELAXED
-
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
 
@@ -68,10 +67,11 @@ MASK_MOD = no_mask_mod
 
 @ct.kernel
 def attention_bwd_delta(
-    Out, dOut, Delta, Dlse,
+    Out, dOut, Delta, Dlse, dQacc,
     TILE_M: ConstInt,
     WD: ConstInt,  # a power of two >= D: the columns past D load as zeros
     HAS_DLSE: ConstBool,  # the log-sum-exp output has a gradient: delta -= dlse
+    ZERO_DQ: ConstBool,  # also zero these rows of the fp32 dQacc (dQ by reduce-add)
 ):
     """delta[b, h, i] = sum_d dO * O in fp32, minus the gradient of the LSE output."""
     bid_m = ct.bid(0)
@@ -86,6 +86,11 @@ def attention_bwd_delta(
                        padding_mode=ct.PaddingMode.ZERO).reshape((TILE_M,))
         delta = delta - dlse
     ct.store(Delta, index=(b, h, bid_m), tile=delta.reshape((1, 1, TILE_M)))
+    if ZERO_DQ:
+        # The pass that reads every row anyway clears the reduce-add's target: no memset
+        # launch. Columns past D fall outside the array and are not written.
+        ct.store(dQacc, index=(b, h, bid_m, 0),
+                 tile=ct.full((1, 1, TILE_M, WD), 0.0, dtype=np.float32))
 
 
 def grad_scores(qk, dp, arrays, fns, aux, where, i, j, diag, ALL_MASKS, cfg):
@@ -135,22 +140,56 @@ def dkdv_tile(kv, acc, arrays, fns, aux, where, i, bid_n, diag, ALL_MASKS, cfg, 
     dp = dot(do0, do1, do2, vt0, vt1, vt2, TILE_M, TILE_N, NCHUNK)
     p, ds = grad_scores(qk, dp, arrays, fns, aux, where, i, bid_n, diag, ALL_MASKS, cfg)
     if DQ_ATOMIC:
-        rows = i * TILE_M + ct.arange(TILE_M, dtype=np.int32)[:, None]
-        z0, z1, z2 = zeros_chunks(TILE_M, W0, W1, W2)
-        dq0, dq1, dq2 = mma_into(ds, k0, k1, k2, z0, z1, z2, NCHUNK)
-        scale = where[6]
-        ct.atomic_add(dQacc, (b, h, rows, ct.arange(W0, dtype=np.int32)[None, :]),
-                      dq0 * scale, memory_order=_RELAXED)
-        if NCHUNK > 1:
-            ct.atomic_add(dQacc, (b, h, rows, W0 + ct.arange(W1, dtype=np.int32)[None, :]),
-                          dq1 * scale, memory_order=_RELAXED)
-        if NCHUNK > 2:
-            ct.atomic_add(dQacc, (b, h, rows,
-                                  W0 + W1 + ct.arange(W2, dtype=np.int32)[None, :]),
-                          dq2 * scale, memory_order=_RELAXED)
+        dq_reduce(dQacc, ds, k0, k1, k2, b, h, i, TILE_M, W0, W1, W2, NCHUNK)
     dv0, dv1, dv2 = mma_into(ct.transpose(p), do0, do1, do2, dv0, dv1, dv2, NCHUNK)
     dk0, dk1, dk2 = mma_into(ct.transpose(ds), q0, q1, q2, dk0, dk1, dk2, NCHUNK)
     return dk0, dk1, dk2, dv0, dv1, dv2
+
+
+def dq_reduce(dQacc, ds, k0, k1, k2, b, h, i, TILE_M, W0, W1, W2, NCHUNK):
+    """dQacc[b, h, tile i] += dS K (unscaled: the conversion applies ``scale``), one TMA
+    bulk reduce-add per head-dim chunk (``tiled_view(...).atomic_store_add``: sm_90's
+    ``UTMAREDG``, as FlashAttention-3 adds dQ) instead of per-element atomics. Rows and
+    columns past the array's end are dropped by the TMA unit."""
+    z0, z1, z2 = zeros_chunks(TILE_M, W0, W1, W2)
+    dq0, dq1, dq2 = mma_into(ds, k0, k1, k2, z0, z1, z2, NCHUNK)
+    reduce_add(dQacc, dq0, b, h, i, 0, TILE_M, W0)
+    if NCHUNK > 1:
+        reduce_add(dQacc, dq1, b, h, i, W0 // W1, TILE_M, W1)
+    if NCHUNK > 2:
+        reduce_add(dQacc, dq2, b, h, i, (W0 + W1) // W2, TILE_M, W2)
+
+
+def reduce_add(T, tile, b, h, i, c, TILE_M, W):
+    """T[b, h, rows i, columns chunk c of width W] += tile (fp32, one TMA reduce-add). A
+    256-wide chunk goes as two 128-wide halves: with one 256-wide box the D = 256 dK/dV
+    program compiled to per-element REDG and no HGMMA at all (1248-byte stack; tileiras
+    13.4, sm_90), with halves to UTMAREDG and its warp-group MMAs (104-byte stack). Alone,
+    a 256-wide reduce-add does compile to UTMAREDG: the compiler's choice in context."""
+    if W > 128:
+        half = W // 2
+        T.tiled_view((1, 1, TILE_M, half)).atomic_store_add(
+            (b, h, i, 2 * c), ct.extract(tile, (0, 0), (TILE_M, half)))
+        T.tiled_view((1, 1, TILE_M, half)).atomic_store_add(
+            (b, h, i, 2 * c + 1), ct.extract(tile, (0, 1), (TILE_M, half)))
+    else:
+        T.tiled_view((1, 1, TILE_M, W)).atomic_store_add((b, h, i, c), tile)
+
+
+def dkdv_staggered(kv, acc, arrays, fns, aux, where, bid_n, m_lo, m_hi, mask_end, masked_all,
+                   ALL_MASKS, cfg, dq_atomic):
+    """The dense query loop of a dK/dV program that reduces dQ: query tiles [m_lo, m_hi)
+    from a start that depends on the key tile, wrapping, so the programs of one head add
+    into different dQ tiles at a time instead of all into tile 0, then 1, ..."""
+    n = m_hi - m_lo
+    start = bid_n % max(n, 1)
+    for t in range(0, n):
+        i = m_lo + start + t
+        if i >= m_hi:
+            i = i - n
+        acc = dkdv_tile(kv, acc, arrays, fns, aux, where, i, bid_n,
+                        masked_all or i < mask_end, ALL_MASKS, cfg, dq_atomic)
+    return acc
 
 
 def dq_tile(q, do, acc, arrays, fns, aux, where, bid_m, j, diag, ALL_MASKS, cfg):
@@ -227,6 +266,9 @@ def dkdv_program(Q, K, V, dOut, Lse, Delta, Mask, extra, dK, dV, dQacc, scalars,
                 i = block_at(BlkIdx, b, h, bid_n, t, BLK_BATCH, BLK_HEAD)
                 acc = dkdv_tile(kv, acc, arrays, fns, aux, where, i, bid_n, False, False, cfg,
                                 dq_atomic)
+        elif DQ_ATOMIC:
+            acc = dkdv_staggered(kv, acc, arrays, fns, aux, where, bid_n, m_lo, m_hi, mask_end,
+                                 TAIL or MASK_ALL, HAS_MASK_MOD, cfg, dq_atomic)
         else:
             for i in range(m_lo, m_hi):
                 # The key tail is masked on every query tile (no padded key reaches dQ).
@@ -304,7 +346,7 @@ def attention_bwd_dkdv(
     NCHUNK: ConstInt, W0: ConstInt, W1: ConstInt, W2: ConstInt,  # head-dim chunks
     CAUSAL: ConstBool, EVEN_N: ConstBool,
     HAS_MASK: ConstBool, MASK_BATCH: ConstBool, MASK_HEAD: ConstBool, MASK_ROWS: ConstBool,
-    DQ_ATOMIC: ConstBool,  # also add scale * dS K into the fp32 dQacc with atomics
+    DQ_ATOMIC: ConstBool,  # also reduce-add dS K into the fp32 dQacc (TMA)
     MASK_ALL: ConstBool,  # apply the causal mask on every query tile (one loop body)
 ):
     """Plain dK/dV (no variant functions, no block mask): only the arrays it reads."""

@@ -167,20 +167,21 @@ def run_backward(q, k, v, out, lse, dout, dlse, attn_mask, causal: bool, scale: 
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)
     dv = torch.empty_like(v, memory_format=torch.contiguous_format)
-    dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=dev) if atomic else \
+    # dQ by reduce-add: the delta kernel zeroes dQacc (ZERO_DQ) before dK/dV adds into it.
+    dq_acc = torch.empty(q.shape, dtype=torch.float32, device=dev) if atomic else \
         delta.view(b, hq, sq, 1)  # never read without DQ_ATOMIC
     aux = mods.tensors() if aux is None else aux
     dkdv_extra = dq_extra = ()
     if plan.variant.flags is not None:
         dkdv_extra = variant_arrays(plan.blocks[0], aux, dev)
         dq_extra = variant_arrays(plan.blocks[1], aux, dev)
-    tensors = ((out, dout, delta, dlse_arg),
+    tensors = ((out, dout, delta, dlse_arg, dq_acc),
                (q, k, v, dout, lse, delta, mask, *dkdv_extra, dk, dv, dq_acc),
                (q, k, v, dout, lse, delta, mask, *dq_extra, dq))
     for (kernel, grid, tail), args in zip(plan.launches[:2 if atomic else 3], tensors):
         launch_kernel(dev, grid, kernel, (*args, *tail))
     if atomic:
-        dq.copy_(dq_acc)
+        torch.mul(dq_acc, scale, out=dq)  # the reduce-add summed dS K unscaled
     return dq, dk, dv
 
 

@@ -109,7 +109,8 @@ FWD = KernelSpec("attention", "attention_fwd", (*_ATT, "Out", "Lse", "Mask"))
 FWD_VARIANT = KernelSpec("attention", "attention_fwd_variant",
                          (*_ATT, "Out", "Lse", "Mask", *_EXTRA))
 COMBINE = KernelSpec("combine", "attention_combine", ("Part", "PartLse", "Out", "Lse"))
-DELTA = KernelSpec("backward", "attention_bwd_delta", ("Out", "dOut", "Delta", "Dlse"))
+DELTA = KernelSpec("backward", "attention_bwd_delta",
+                   ("Out", "dOut", "Delta", "Dlse", "dQacc"))
 DKDV = KernelSpec("backward", "attention_bwd_dkdv", (*_BWD, "dK", "dV", "dQacc"))
 DKDV_VARIANT = KernelSpec("backward", "attention_bwd_dkdv_variant",
                           (*_BWD, *_EXTRA, "dK", "dV", "dQacc"))

@@ -133,7 +133,7 @@ class BwdVariant(_Shared):
         s = self.schedule
         if kernel == "attention_bwd_delta":
             return dict(TILE_M=DELTA_TILE_M, WD=1 << (self.head_dim - 1).bit_length(),
-                        HAS_DLSE=self.has_dlse)
+                        HAS_DLSE=self.has_dlse, ZERO_DQ=s.dq == "atomic")
         if kernel.startswith("attention_bwd_dkdv"):
             return dict(TILE_M=s.dkdv_m, TILE_N=s.dkdv_n, EVEN_N=self.even_n,
                         DQ_ATOMIC=s.dq == "atomic", MASK_ALL=self.causal and self.head_dim > 128,

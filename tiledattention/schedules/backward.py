@@ -32,7 +32,10 @@ class BwdSchedule:
     dq_m: int = 64
     dq_n: int = 64
     occupancy: int = 1
-    dq: str = "kernel"  # "kernel": its own program over query tiles; "atomic": fp32 atomics
+    # "kernel": dQ in its own program over query tiles (deterministic, seven matmuls);
+    # "atomic": the dK/dV programs reduce-add dS K into an fp32 buffer by TMA (five
+    # matmuls; the order of the additions varies between runs), converted after.
+    dq: str = "kernel"
     # cuTile's num_worker_warps for both score kernels: None = the compiler's default (4),
     # 8 = two consumer warp groups sharing the CTA's fp32 state (half the registers each).
     worker_warps: int | None = None
@@ -77,11 +80,13 @@ class BwdSchedule:
 
 def _live_bytes(schedule: BwdSchedule, head_dim: int) -> dict[str, int]:
     """fp32 bytes a CTA of each kernel keeps live: its accumulators plus one score tile
-    (the forward's count, ``space.rejection``). dK/dV: dK and dV [keys, D] plus [M, keys];
-    dQ: dQ [M, D] plus [M, N]."""
+    (the forward's count, ``space.rejection``). dK/dV: dK and dV [keys, D] plus [M, keys],
+    plus the [M, D] dQ share it reduce-adds when dQ is ``atomic``; dQ: dQ [M, D] plus
+    [M, N]."""
     d = plan_head_dim(head_dim).padded
     s = schedule
-    return {"dK/dV": 4 * (2 * s.dkdv_n * d + s.dkdv_m * s.dkdv_n),
+    share = s.dkdv_m * d if s.dq == "atomic" else 0
+    return {"dK/dV": 4 * (2 * s.dkdv_n * d + s.dkdv_m * s.dkdv_n + share),
             "dQ": 4 * (s.dq_m * d + s.dq_m * s.dq_n)}
 
 
@@ -156,3 +161,31 @@ def bwd_space_for(head_dim: int, space: str) -> list[BwdSchedule]:
         raise ValueError(f"unknown search space {space!r}; valid: ['quick', 'full']")
     valid = [s for s in pool if bwd_rejection(s, head_dim) is None]
     return valid or [default_bwd_schedule(head_dim, False)]
+
+
+# Candidates that benchmarks/bwd_compare.py times side by side with the table's choice
+# (issue 37), not table entries until measured. Picked from the sm_90 SASS of each
+# (benchmarks/bwd_sass.py; counts in benchmarks/notes-drafts/i37.md): warp-group MMAs
+# kept, the dQ share by UTMAREDG, no (or, at D = 256, little) local-memory spilling of the
+# fp32 accumulators. Where the register count admits more, the SASS did not: 128-key
+# programs at D = 160 lost every HGMMA (1960-byte stack), 64 keys at occupancy 2 spilled.
+# "5mm": dQ reduce-added from the dK/dV program (five matmuls); "7mm": its own kernel.
+BWD_CANDIDATES = (
+    # D <= 128: 128 keys per program over two warp groups (half the reduction traffic of
+    # 64 keys), and 64 keys at occupancy 2.
+    (128, {"5mm-k128w8": BwdSchedule.from_label("kv64x128_q128x64_o1_w8_atomic"),
+           "5mm-k64o2": BwdSchedule.from_label("kv64x64_q64x64_o2_atomic")}),
+    (160, {"5mm-k64w8": BwdSchedule.from_label("kv64x64_q64x64_o1_w8_atomic")}),
+    # D > 160: 64 keys, the fp32 dK and dV [64, D] over two warp groups (eight worker
+    # warps: 128 registers of state per thread at D = 256 where today's four spill).
+    (256, {"7mm-w8": BwdSchedule.from_label("kv64x64_q64x64_o1_w8"),
+           "5mm-k64w8": BwdSchedule.from_label("kv64x64_q64x64_o1_w8_atomic")}),
+)
+
+
+def bwd_candidates(head_dim: int) -> dict[str, BwdSchedule]:
+    """The named candidate schedules worth timing at ``head_dim`` (issue 37)."""
+    for up_to, named in BWD_CANDIDATES:
+        if head_dim <= up_to:
+            return {name: s for name, s in named.items() if bwd_rejection(s, head_dim) is None}
+    return {}
