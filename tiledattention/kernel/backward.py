@@ -22,10 +22,12 @@ partial-then-full lists of a block mask (dK/dV reads the transposed lists: query
 key tile). All accumulators are fp32; P and dS are rounded to the input dtype for the
 tensor-core MMAs, as FlashAttention does.
 
-Masks get no gradient (an ``attn_mask`` that requires grad is refused by ``sdpa``), nor do
-the tensors a ``score_mod`` captures. Rows the forward found fully masked (log-sum-exp
--inf) have P = 0, so their dQ is zero and they add nothing to dK/dV; no NaN arises.
-Out-of-range rows and keys load as explicit zeros; the key tail is masked.
+Masks get no gradient (an ``attn_mask`` that requires grad is refused by ``sdpa``). Rows
+the forward found fully masked (log-sum-exp -inf, whatever masked them: a mask, a block
+list, a score_mod returning -inf) have P = 0, so their dQ is zero and they add nothing to
+dK/dV; no NaN arises. Out-of-range rows and keys load as explicit zeros; the key tail is
+masked, and with a score_mod so are the padded query rows of the dK/dV program; dS is 0
+wherever P is.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from .body import (
     load_row_stats,
     load_rows,
     masked,
+    masked_rows,
     mma_into,
     mma_streamed,
     modified,
@@ -95,7 +98,7 @@ def grad_scores(qk, dp, arrays, fns, aux, where, i, j, diag, ALL_MASKS, cfg):
     (Q, K, V, dO, Lse, Delta, Mask); ``fns`` (score_mod, its derivative, mask_mod);
     ``where`` (b, h, hk, seq_k, c, inv_scale, scale); ``cfg`` the kernel's constants."""
     (TILE_M, TILE_N, NCHUNK, W0, W1, W2, CAUSAL, TAIL, HAS_MASK, MASK_BATCH, MASK_HEAD,
-     MASK_ROWS, HAS_SCORE_MOD, HAS_MASK_MOD, ZERO_SAFE) = cfg
+     MASK_ROWS, HAS_SCORE_MOD, HAS_MASK_MOD, ZERO_SAFE, ROW_TAIL) = cfg
     Q, K, V, dOut, Lse, Delta, Mask = arrays
     score_mod, score_grad, mask_mod = fns
     A0, A1, A2, A3 = aux
@@ -112,6 +115,7 @@ def grad_scores(qk, dp, arrays, fns, aux, where, i, j, diag, ALL_MASKS, cfg):
     elif (CAUSAL or TAIL) and diag:
         s = masked(s, keep_tile(b, h, q_idx, kv_idx, seq_k, mask_mod, A0, A1, A2, A3, TILE_M,
                                 TILE_N, CAUSAL, TAIL, False))
+    s = masked_rows(s, q_idx, Q.shape[2], ROW_TAIL)
     lse, delta = load_row_stats(Lse, Delta, b, h, i, TILE_M, ZERO_SAFE)
     p = ct.exp2(s * c - lse, flush_to_zero=True)
     ds = score_gradient(p, dp, delta, qk, b, h, q_idx, kv_idx, score_grad, A0, A1, A2, A3,
@@ -185,7 +189,7 @@ def dkdv_program(Q, K, V, dOut, Lse, Delta, Mask, extra, dK, dV, dQacc, scalars,
     b = ct.bid(2)
     seq_q = Q.shape[2]
     TAIL = not EVEN_N
-    ZERO_SAFE = HAS_MASK or HAS_MASK_MOD or BLOCK_SPARSE
+    ZERO_SAFE = HAS_MASK or HAS_MASK_MOD or BLOCK_SPARSE or HAS_SCORE_MOD
 
     # K and V of this key tile stay on chip: K^T and V^T for the score products
     # (Q K^T, dO V^T), as the forward loads K; K itself for dS K (atomic dQ only).
@@ -200,8 +204,10 @@ def dkdv_program(Q, K, V, dOut, Lse, Delta, Mask, extra, dK, dV, dQacc, scalars,
     acc = (dk0, dk1, dk2, dv0, dv1, dv2)
     arrays = (Q, K, V, dOut, Lse, Delta, Mask)
     aux = (A0, A1, A2, A3)
+    # A score_mod may give the padded query rows of the last query tile large scores:
+    # they are masked (``masked_rows``); the plain kernels' padded rows add zeros anyway.
     cfg = (TILE_M, TILE_N, NCHUNK, W0, W1, W2, CAUSAL, TAIL, HAS_MASK, MASK_BATCH, MASK_HEAD,
-           MASK_ROWS, HAS_SCORE_MOD, HAS_MASK_MOD, ZERO_SAFE)
+           MASK_ROWS, HAS_SCORE_MOD, HAS_MASK_MOD, ZERO_SAFE, HAS_SCORE_MOD)
     dq_atomic = (DQ_ATOMIC, dQacc)
 
     # Dense: query tiles [m_lo, m_hi); causal: those wholly above this key tile's diagonal
@@ -255,7 +261,7 @@ def dq_program(Q, K, V, dOut, Lse, Delta, Mask, extra, dQ, scalars, consts, vcon
     hk = h // GROUP
     seq_k = K.shape[2]
     TAIL = not EVEN_N
-    ZERO_SAFE = HAS_MASK or HAS_MASK_MOD or BLOCK_SPARSE
+    ZERO_SAFE = HAS_MASK or HAS_MASK_MOD or BLOCK_SPARSE or HAS_SCORE_MOD
 
     q = load_rows(Q, b, h, bid_m, TILE_M, W0, W1, W2, NCHUNK, None)
     do = load_rows(dOut, b, h, bid_m, TILE_M, W0, W1, W2, NCHUNK, None)
@@ -263,8 +269,9 @@ def dq_program(Q, K, V, dOut, Lse, Delta, Mask, extra, dQ, scalars, consts, vcon
     arrays = (Q, K, V, dOut, Lse, Delta, Mask)
     aux = (A0, A1, A2, A3)
     where = (b, h, hk, seq_k, qk_scale_log2, inv_scale, scale)
+    # Padded query rows of dQ are never stored and stay in their own rows: no row mask.
     cfg = (TILE_M, TILE_N, NCHUNK, W0, W1, W2, CAUSAL, TAIL, HAS_MASK, MASK_BATCH, MASK_HEAD,
-           MASK_ROWS, HAS_SCORE_MOD, HAS_MASK_MOD, ZERO_SAFE)
+           MASK_ROWS, HAS_SCORE_MOD, HAS_MASK_MOD, ZERO_SAFE, False)
 
     if BLOCK_SPARSE:
         n_part, n_full = block_range(BlkCnt, b, h, bid_m, BLK_BATCH, BLK_HEAD)
