@@ -112,3 +112,110 @@ def test_captured_int_and_bool_masks_through_the_score_compile(score):
 @_needs_tileiras
 def test_a_split_k_forward_with_a_minus_inf_score_mod_compiles():
     _compile_both(inverse_causal, split_k=True)
+
+
+# ----------------------------------------------------------------------------- captured grads
+_BIAS = torch.zeros(4, 333, 333, requires_grad=True)
+_SLOPES = torch.rand(4, requires_grad=True)
+_GATE = torch.ones(4, requires_grad=True)
+_KB = torch.zeros(333, requires_grad=True)
+_QB = torch.zeros(2, 333, requires_grad=True)
+
+
+def learnable(score, b, h, q_idx, kv_idx):
+    return score * _GATE[h] + _SLOPES[h] * (kv_idx - q_idx) + _KB[kv_idx] + _QB[b, q_idx]
+
+
+def full_bias(score, b, h, q_idx, kv_idx):
+    """A docstring and an assignment: still one expression to differentiate."""
+    x = score + _BIAS[h, q_idx, kv_idx]
+    return ct.tanh(x / 30.0) * 30.0
+
+
+def _slots(mods) -> dict[str, int]:
+    return {name: i for i, (name, _) in enumerate(mods.score_mod.cells)}
+
+
+def test_each_read_is_summed_over_the_axes_its_index_does_not_use():
+    mods = M.mods_for(learnable, None)
+    src = M.with_captured_grads(mods, (True,) * 4).captured_grad.key[1]
+    slot = _slots(mods)
+    lines = {n: next(ln for ln in src.splitlines() if f"atomic_add(_ta_grad{i}," in ln)
+             for n, i in slot.items()}
+    assert "(h,)" in lines["_GATE"] and "axis" not in lines["_GATE"]  # one scalar a tile
+    assert "_ta_ds * score" in lines["_GATE"]
+    assert "(kv_idx - q_idx)" in lines["_SLOPES"] and "axis" not in lines["_SLOPES"]
+    assert "(kv_idx,)" in lines["_KB"] and "axis=0" in lines["_KB"]  # per key: sum over q
+    assert "(b, q_idx)" in lines["_QB"] and "axis=1" in lines["_QB"]  # per query: over kv
+    assert all("RELAXED" in ln for ln in lines.values())
+
+
+def test_only_the_tensors_that_need_a_gradient_are_accumulated():
+    mods = M.mods_for(learnable, None)
+    slot = _slots(mods)
+    needs = tuple(name == "_KB" for name in sorted(slot, key=slot.get))
+    src = M.with_captured_grads(mods, needs).captured_grad.key[1]
+    assert src.count("atomic_add") == 1 and f"atomic_add(_ta_grad{slot['_KB']}," in src
+    assert M.with_captured_grads(mods, (False,) * 4) is mods
+
+
+def test_a_full_bias_under_tanh_in_a_multi_statement_body_is_differentiated_elementwise():
+    src = M.with_captured_grads(M.mods_for(full_bias, None), (True,)).captured_grad.key[1]
+    assert "(h, q_idx, kv_idx)" in src and "sum" not in src and "tanh" in src
+
+
+def test_the_symbolic_derivative_covers_the_torch_ops_a_mod_uses():
+    import ast
+
+    cases = {"ct.where(score > 0, score, 0.1 * score)": "ct.where(score > 0, 1.0, 0.1)",
+             "ct.maximum(score, 0.0)": "ct.where(score >= 0.0, 1.0, 0.0)",
+             "ct.log(score)": "1.0 / score", "score / (2.0 + score)": None,
+             "score ** 2": "2.0 * score ** 1", "ct.sin(score)": "ct.cos(score)"}
+    for src, want in cases.items():
+        d = M._d(ast.parse(src, mode="eval").body, "score")
+        assert d is not None, src
+        if want is not None:
+            assert ast.unparse(d) == want, (src, ast.unparse(d))
+
+
+def test_a_captured_tensor_read_where_the_derivative_cannot_follow_is_refused_typed():
+    def opaque(score, b, h, q_idx, kv_idx):
+        return score + ct.floor(_KB[kv_idx])
+
+    with pytest.raises(M.VariantError, match="_KB.*requires grad"):
+        M.with_captured_grads(M.mods_for(opaque, None), (True,))
+
+
+@pytest.mark.compile
+@_needs_tileiras
+@pytest.mark.parametrize("score", [learnable, full_bias], ids=lambda f: f.__name__)
+def test_the_captured_gradient_backward_compiles(score):
+    mods = M.mods_for(score, None)
+    bwd_mods = M.with_captured_grads(mods, (True,) * len(mods.tensors()))
+    aux = tuple((*a, True) for a in _aux(mods))
+    flags = Flags("bfloat16", 128, True, mods=bwd_mods.key, has_score_mod=True)
+    bwd = export_bwd_cubins(BwdVariant("bfloat16", 128, True, default_bwd_schedule(128, True),
+                                       flags=flags), "sm_90", mods=bwd_mods, aux=aux)
+    assert all(c[:4] == b"\x7fELF" for c in bwd.values())
+    assert b"attention_bwd_dkdv" in bwd["attention_bwd_dkdv_variant"]
+
+
+def test_a_block_masks_plan_key_is_a_serial_never_reused_and_does_not_keep_it_alive():
+    import gc
+    import weakref
+
+    from tiledattention.kernel.blockmask import BlockMask
+    from tiledattention.kernel.plan import block_token
+
+    def make():
+        return BlockMask(None, None, None, 64, 64, torch.device("cpu"))
+
+    first = make()
+    token = block_token(first)
+    assert block_token(first) == token  # stable while the mask lives
+    alive = weakref.ref(first)
+    del first
+    gc.collect()
+    assert alive() is None  # the token table holds no reference
+    later = [block_token(make()) for _ in range(200)]  # whatever ids these land on
+    assert min(later) > token and len(set(later)) == len(later)

@@ -244,6 +244,13 @@ def no_score_mod(score, b, h, q_idx, kv_idx, A0, A1, A2, A3):
     return score
 
 
+def no_captured_grad(score, b, h, q_idx, kv_idx, A0, A1, A2, A3, G0, G1, G2, G3, ds):
+    """No captured tensor needs a gradient: the kernels' ``captured_grad`` then (a
+    variant's adds ``ds * d score_mod / d T[idx]`` into ``G`` at ``idx``: ``mods.
+    with_captured_grads``). Returns ``ds`` so that every such function returns a value."""
+    return ds
+
+
 def no_mask_mod(b, h, q_idx, kv_idx, A0, A1, A2, A3):
     """Attend everywhere: the kernel's ``mask_mod`` when none is given (never called)."""
     return q_idx >= 0
