@@ -219,3 +219,80 @@ def test_a_block_masks_plan_key_is_a_serial_never_reused_and_does_not_keep_it_al
     assert alive() is None  # the token table holds no reference
     later = [block_token(make()) for _ in range(200)]  # whatever ids these land on
     assert min(later) > token and len(set(later)) == len(later)
+
+
+# ----------------------------------------------------------------------------- autograd wiring
+class _FakeKernels:
+    """The eager path's plan, launch and backward replaced by stand-ins on the CPU: what
+    is checked is the autograd wiring around them (which tensors get which gradient)."""
+
+    def __init__(self, monkeypatch):
+        from types import SimpleNamespace
+
+        from tiledattention import api
+
+        self.launched, self.captured = 0, None
+        monkeypatch.setattr(api, "plan_for", lambda *a, **k: SimpleNamespace(
+            variant=SimpleNamespace(causal=False), scale=1.0))
+        monkeypatch.setattr(api, "launch", self.launch)
+        monkeypatch.setattr(api, "run_backward", self.run_backward)
+
+    def launch(self, plan, q, k, v, attn_mask, fresh_lse=True, aux=()):
+        self.launched += 1
+        return q * 1.0, torch.zeros(q.shape[:3])
+
+    def run_backward(self, q, k, v, out, lse, dout, dlse, *args, aux=(), captured=(), **kw):
+        self.captured = captured
+        for i, g in enumerate(captured):
+            if g is not None:
+                g.fill_(float(i + 1))
+        return dout, torch.zeros_like(k), torch.zeros_like(v)
+
+
+def test_captured_tensors_that_require_grad_get_theirs_in_their_dtype(monkeypatch):
+    import tiledattention as ta
+
+    fake = _FakeKernels(monkeypatch)
+    slopes = torch.rand(4, dtype=torch.bfloat16, requires_grad=True)
+    fixed = torch.rand(4)  # no grad wanted: no buffer, no atomics
+    gate = torch.ones(4, requires_grad=True)
+
+    def mod(score, b, h, q_idx, kv_idx):
+        return score * gate[h] + slopes[h] * (kv_idx - q_idx) + fixed[h]
+
+    q = torch.randn(1, 4, 8, 64)  # q, k, v need no gradient: the captured ones make it
+    ta.sdpa(q, q, q, score_mod=mod).sum().backward()
+    slot = _slots(M.mods_for(mod, None))
+    assert fake.captured[slot["fixed"]] is None
+    for t, name in ((slopes, "slopes"), (gate, "gate")):
+        assert t.grad is not None and t.grad.dtype == t.dtype, name
+        assert torch.equal(t.grad, torch.full_like(t, slot[name] + 1.0)), name
+
+
+def test_a_captured_tensor_only_a_mask_mod_reads_gets_none_as_in_torch(monkeypatch):
+    import tiledattention as ta
+
+    fake = _FakeKernels(monkeypatch)
+    lengths = torch.tensor([5.0], requires_grad=True)
+    q = torch.randn(1, 2, 8, 64, requires_grad=True)
+    ta.sdpa(q, q, q, mask_mod=lambda b, h, q_idx, kv_idx: kv_idx < lengths[b]).sum().backward()
+    assert lengths.grad is None and q.grad is not None and fake.captured == ()
+
+
+def test_an_underivable_captured_read_is_refused_before_anything_runs(monkeypatch):
+    import tiledattention as ta
+
+    fake = _FakeKernels(monkeypatch)
+    kb = torch.zeros(8, requires_grad=True)
+
+    def floored(score, b, h, q_idx, kv_idx):
+        return score + ct.floor(kb[kv_idx])
+
+    with pytest.raises(M.VariantError, match="'kb' requires grad"):
+        ta.sdpa(torch.randn(1, 1, 8, 64), torch.randn(1, 1, 8, 64), torch.randn(1, 1, 8, 64),
+                score_mod=floored)
+    assert fake.launched == 0
+    with torch.no_grad():  # no gradient wanted: it runs
+        ta.sdpa(torch.randn(1, 1, 8, 64), torch.randn(1, 1, 8, 64), torch.randn(1, 1, 8, 64),
+                score_mod=floored)
+    assert fake.launched == 1

@@ -252,7 +252,7 @@ def test_a_learnable_bias_trains_along_the_references_trajectory():
     def key_bias(score, b, h, q_idx, kv_idx):
         return score + bias[h, kv_idx]
 
-    opt, opt64 = torch.optim.SGD([bias], lr=5.0), torch.optim.SGD([b64], lr=5.0)
+    opt, opt64 = torch.optim.SGD([bias], lr=50.0), torch.optim.SGD([b64], lr=50.0)
     for _ in range(5):
         out = ta.sdpa(q, k, v, score_mod=key_bias)
         ref, _ = naive_attention(q, k, v, score_ref=lambda s, b, h, qi, ki: s + b64[h, ki])
