@@ -323,8 +323,10 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         classified per tile once, so empty tiles are never loaded and full tiles skip the
         mask (the fast way to run a sparse mask_mod).
 
-    Fully masked rows (every key masked out) are defined as zeros, with log-sum-exp
-    -inf, and get zero gradients; PyTorch's math backend returns NaN there.
+    Fully masked rows (every key masked out, by a mask, a mask_mod, a block mask or a
+    score_mod returning -inf, FlexAttention's idiom) are defined as zeros, with
+    log-sum-exp -inf, and get zero gradients; PyTorch's math backend returns NaN there. A
+    score_mod returning +inf makes that row NaN, as torch's softmax does.
 
     A repeat call with the same shapes, strides, dtypes, devices, flags, mask layout,
     variant and schedule (and the same schedule table) reuses the launch plans of the
