@@ -33,6 +33,7 @@ once, like any other flag, and equal variants share kernels.
 from __future__ import annotations
 
 import ast
+import copy
 import dataclasses
 import functools
 import inspect
@@ -452,8 +453,8 @@ def _accumulate(slot: int, index: ast.expr, value: ast.expr, params: list[str]) 
     on_q = any(_uses(e, q) or _uses(e, score) for e in elts)
     on_kv = any(_uses(e, kv) or _uses(e, score) for e in elts)
     ct_ = ast.Name(_CT, ast.Load())
-    value = ast.Call(ast.Attribute(value, "astype", ast.Load()),
-                     [ast.Attribute(ct_, "float32", ast.Load())], [])
+    value = ast.Call(ast.Attribute(ct_, "astype", ast.Load()),
+                     [value, ast.Attribute(ct_, "float32", ast.Load())], [])
     if not (on_q and on_kv):
         axis = [] if not (on_q or on_kv) else [ast.keyword("axis", ast.Constant(
             1 if on_q else 0)), ast.keyword("keepdims", ast.Constant(True))]
@@ -493,8 +494,9 @@ def captured_grad_body(lifted_fn: Callable, needs: tuple[bool, ...], names: list
                 "that closed set")
         if d is _ZERO:
             continue
-        d = _Substitute(originals).visit(d)
-        index = _Substitute(originals).visit(call.args[1])
+        # copies: ``d`` shares subtrees with ``expr``, which later reads still differentiate
+        d = _Substitute(originals).visit(copy.deepcopy(d))
+        index = _Substitute(originals).visit(copy.deepcopy(call.args[1]))
         value = _bin(ast.Name(_DS, ast.Load()), ast.Mult(), d)
         body.append(_accumulate(slot, index, value, params))
     if not namer.reads:
