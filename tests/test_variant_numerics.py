@@ -71,8 +71,16 @@ def integer_terms(score, b, h, q_idx, kv_idx):
     return score + (q_idx - kv_idx) / 64 + (q_idx // 64 - kv_idx // 64) + _POS[kv_idx] * 0.001
 
 
+_SCALE64 = torch.ones(4, dtype=torch.float64)
+
+
+def float64_gate(score, b, h, q_idx, kv_idx):  # float64 arithmetic: the score is f64
+    return score * _SCALE64[h] + (q_idx - kv_idx) * 0.5
+
+
 def _aux(mods):
     dt = {torch.float32: ct.float32, torch.int32: ct.int32, torch.int64: ct.int64,
+          torch.float64: ct.float64,
           torch.bool: ct.bool_, torch.float16: ct.float16}
     return tuple((dt[t.dtype], t.dim()) for t in mods.tensors())
 
@@ -95,7 +103,8 @@ def _compile_both(score, d=64, causal=False, split_k=False, even=False):
 
 @pytest.mark.compile
 @_needs_tileiras
-@pytest.mark.parametrize("score", [inverse_causal, relative_bias, integer_terms],
+@pytest.mark.parametrize("score", [inverse_causal, relative_bias, integer_terms,
+                                   float64_gate],
                          ids=lambda f: f.__name__)
 def test_minus_inf_relative_and_integer_score_mods_compile_forward_and_backward(score):
     _compile_both(score)

@@ -202,9 +202,11 @@ def load_bias(Mask, b, h, row_tile, j, TILE_M, TILE_N, MASK_BATCH, MASK_HEAD, MA
 
 
 def modified(qk, b, h, q_idx, kv_idx, score_mod, A0, A1, A2, A3, scale, HAS_SCORE_MOD):
-    """The score in softmax units before masking: raw q.k, or ``score_mod(scale * q.k)``."""
+    """The score in softmax units before masking: raw q.k, or ``score_mod(scale * q.k)``
+    in fp32 whatever dtype the modification's arithmetic promoted to (a float64 or
+    integer captured tensor gives float64 / stays exact in it; the softmax state is fp32)."""
     if HAS_SCORE_MOD:
-        return score_mod(qk * scale, b, h, q_idx, kv_idx, A0, A1, A2, A3)
+        return score_mod(qk * scale, b, h, q_idx, kv_idx, A0, A1, A2, A3).astype(np.float32)
     return qk
 
 
@@ -318,8 +320,8 @@ def score_gradient(p, dp, delta, qk, b, h, q_idx, kv_idx, score_grad, A0, A1, A2
     padded row): 0 * inf would otherwise be NaN and reach dQ and dK through the MMAs."""
     ds = p * (dp - delta)
     if HAS_SCORE_MOD:
-        ds = ct.where(p == 0.0, 0.0,
-                      ds * score_grad(qk * scale, b, h, q_idx, kv_idx, A0, A1, A2, A3))
+        grad = score_grad(qk * scale, b, h, q_idx, kv_idx, A0, A1, A2, A3)
+        ds = ct.where(p == 0.0, 0.0, ds * ct.astype(grad, np.float32))
     return ds
 
 
