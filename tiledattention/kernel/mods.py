@@ -22,8 +22,10 @@ pairs the function with ``g(score, b, h, q_idx, kv_idx) = d fn / d score``; with
 function whose body is one ``return`` expression built from ``+ - * /``, unary minus,
 ``ct.tanh``, ``ct.exp``, ``ct.exp2``, ``ct.where`` and score-free terms is differentiated
 symbolically (softcapping, ALiBi and other biases need nothing). A ``score_mod`` with no
-derivative is refused before anything runs when an input requires grad. Captured tensors
-get no gradient.
+derivative is refused before anything runs when an input requires grad. A captured
+tensor of the score_mod that requires grad gets its gradient from the dK/dV kernel
+(``with_captured_grads``: each read differentiated by the same rules), or a VariantError
+before anything runs.
 
 The compile identity of a variant (``Lifted.key``) is the generated source (the function's
 code after lifting) plus the values of its captured constants, so a new variant compiles
