@@ -375,3 +375,22 @@ def test_the_generated_captured_gradient_equals_torch_autograd_on_a_tile(fn):
     for n, w in zip(names, want):
         assert grads[n].abs().sum() > 0, n
         assert torch.allclose(grads[n], w, atol=1e-10), n
+
+
+@pytest.mark.compile
+@_needs_tileiras
+def test_captured_gradients_compile_with_a_block_sparse_mask_mod_and_atomic_dq():
+    from tiledattention.schedules.backward import BwdSchedule
+
+    def doc_mask(b, h, q_idx, kv_idx):
+        return _DOC[q_idx] == _DOC[kv_idx]
+
+    mods = M.mods_for(full_bias, doc_mask)
+    n_score = len(mods.score_mod.cells)
+    bwd_mods = M.with_captured_grads(mods, (True,) * n_score + (False,))
+    aux = tuple((*a, i < n_score) for i, a in enumerate(_aux(mods)))
+    flags = Flags("float16", 64, False, mods=bwd_mods.key, has_score_mod=True,
+                  has_mask_mod=True, block_axes=(False, False))
+    bwd = export_bwd_cubins(BwdVariant("float16", 64, False, BwdSchedule(dq="atomic"),
+                                       flags=flags), "sm_90", mods=bwd_mods, aux=aux)
+    assert all(c[:4] == b"\x7fELF" for c in bwd.values())
