@@ -394,3 +394,25 @@ def test_captured_gradients_compile_with_a_block_sparse_mask_mod_and_atomic_dq()
     bwd = export_bwd_cubins(BwdVariant("float16", 64, False, BwdSchedule(dq="atomic"),
                                        flags=flags), "sm_90", mods=bwd_mods, aux=aux)
     assert all(c[:4] == b"\x7fELF" for c in bwd.values())
+
+
+def test_the_ops_variant_registry_is_bounded_and_never_reuses_a_key():
+    import gc
+
+    from tiledattention import api
+    from tiledattention.kernel.blockmask import BlockMask
+
+    mods = M.mods_for(inverse_causal, None)
+    keys, ids = [], []
+    for _ in range(api.MAX_VARIANTS + 300):  # a new block mask per step, each dropped
+        block = BlockMask(None, None, None, 64, 64, torch.device("cpu"))
+        keys.append(api._variant_key(mods, block))
+        ids.append(id(block))
+        del block
+        gc.collect(0)
+    assert len(api._variants) <= api.MAX_VARIANTS
+    assert len(set(ids)) < len(ids)  # freed masks' ids came back (evicted ones are freed)
+    assert len(set(keys)) == len(keys)  # their keys did not
+    assert api._entry(keys[-1])[0] is mods and api._entry("")[1] is None
+    with pytest.raises(api.InputError, match="no longer registered"):
+        api._entry(keys[0])

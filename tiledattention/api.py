@@ -19,29 +19,57 @@ the tensors its functions capture, which are op inputs so tracers see them.
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import torch
 
 from .errors import BackwardNotSupportedError, InputError
 from .kernel import mods as _mods
 from .kernel.launch import captured_buffers, launch, run_backward
-from .kernel.plan import pinned_schedule, plan_for
+from .kernel.plan import block_token, pinned_schedule, plan_for
 from .kernel.validate import check_device, check_inputs, resolve_schedule
 from .schedules.backward import BwdSchedule
 from .schedules.schedule import Schedule
 
-# key -> (Mods, BlockMask or None, the backward's Mods, which captured tensors get a gradient)
-_variants: dict[str, tuple] = {"": (_mods.NONE, None, _mods.NONE, ())}
+# The variant registry of the ops: key -> (Mods, BlockMask or None, the backward's Mods,
+# which captured tensors get a gradient). Bounded: the least recently used entry goes
+# (a process making a new block mask per step must not keep them all); every traced call
+# re-registers its entry right before its op runs, and the eager op's backward re-registers
+# the one its forward used. Keys are serials, never ids, so an evicted key is never reused.
+MAX_VARIANTS = 1024
+_PLAIN = (_mods.NONE, None, _mods.NONE, ())
+_variants: OrderedDict[str, tuple] = OrderedDict()
 
 
 def _variant_key(mods, block, bwd_mods=None, needs: tuple = ()) -> str:
-    """The registry key of a (Mods, BlockMask) pair and the backward's Mods; the registry
-    holds them, so the ids in the key stay theirs."""
+    """The registry key of a (Mods, BlockMask) pair and the backward's Mods."""
     if not mods.key and block is None:
         return ""
     bwd_mods = bwd_mods or mods
-    key = f"{id(mods)}:{id(block)}:{id(bwd_mods)}:{''.join('1' if n else '0' for n in needs)}"
-    _variants.setdefault(key, (mods, block, bwd_mods, needs))
+    key = (f"{block_token(mods)}:{block_token(block)}:{block_token(bwd_mods)}:"
+           f"{''.join('1' if n else '0' for n in needs)}")
+    _register(key, (mods, block, bwd_mods, needs))
     return key
+
+
+def _register(key: str, entry: tuple) -> None:
+    _variants[key] = entry
+    _variants.move_to_end(key)
+    while len(_variants) > MAX_VARIANTS:
+        _variants.popitem(last=False)
+
+
+def _entry(key: str) -> tuple:
+    """The registry entry of an op's ``variant`` argument."""
+    if not key:
+        return _PLAIN
+    found = _variants.get(key)
+    if found is None:
+        raise InputError(f"variant {key!r} is no longer registered: more than {MAX_VARIANTS} "
+                         "other variants were used since its call was traced; run the call "
+                         "again (a backward long after its forward: keep fewer variants "
+                         "alive in between)")
+    return found
 
 
 def _captured_needs(aux) -> tuple[bool, ...]:
@@ -72,7 +100,7 @@ def _fwd_cuda(q, k, v, attn_mask, aux, causal, scale, return_lse, schedule, vari
     # schedule "" means "pick for me": resolved here, at run time, so that tracing under
     # torch.compile never queries the device. sdpa checked the arguments while tracing;
     # GQA is allowed here because it passed.
-    mods, block = _variants[variant][:2]
+    mods, block = _entry(variant)[:2]
     plan = plan_for(q, k, v, attn_mask, causal, scale, True, return_lse,
                     Schedule.from_label(schedule) if schedule else None,
                     (mods, block) if variant else None)
@@ -96,7 +124,7 @@ def _fwd_fake(q, k, v, attn_mask, aux, causal, scale, return_lse, schedule, vari
 def _bwd_cuda(q, k, v, out, lse, dout, dlse, attn_mask, aux, causal, scale, bwd_schedule,
               variant):
     # bwd_schedule: a BwdSchedule label, or "" for the policy's choice (table, default).
-    _, block, bwd_mods, needs = _variants[variant]
+    _, block, bwd_mods, needs = _entry(variant)
     captured = captured_buffers(tuple(aux), needs)
     dq, dk, dv = run_backward(q, k, v, out, lse, dout, dlse, attn_mask, causal, scale,
                               BwdSchedule.from_label(bwd_schedule) if bwd_schedule else None,
@@ -112,7 +140,7 @@ def _captured_out(q, aux, captured) -> list:
 
 def _bwd_fake(q, k, v, out, lse, dout, dlse, attn_mask, aux, causal, scale, bwd_schedule,
               variant):
-    needs = _variants[variant][3]
+    needs = _entry(variant)[3]
     needs = (*needs, *([False] * (len(aux) - len(needs))))
     return (torch.empty_like(q, memory_format=torch.contiguous_format),
             torch.empty_like(k, memory_format=torch.contiguous_format),
@@ -144,6 +172,7 @@ def _setup_context(ctx, inputs, output):
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, attn_mask, *aux)
     ctx.causal, ctx.scale, ctx.return_lse, ctx.variant = causal, scale, return_lse, variant
+    ctx.entry = _entry(variant)
     ctx.n_aux = len(aux)
     ctx.bwd_schedule = _pinned_label()
     # An output nobody used gets None, not zeros: an unused LSE costs no extra pass.
@@ -158,12 +187,14 @@ def _backward(ctx, dout, dlse):
                                         "backward needs the log-sum-exp (call sdpa)")
     if dout is None:
         dout = torch.zeros_like(out)
+    if ctx.variant:
+        _register(ctx.variant, ctx.entry)  # the forward's entry, even if evicted since
     dq, dk, dv, daux = _attention_bwd(q, k, v, out, lse, dout, dlse, attn_mask, aux,
                                       ctx.causal, ctx.scale, ctx.bwd_schedule, ctx.variant)
     # No gradient for the mask and the other arguments; the captured tensors get theirs
     # where the variant's backward computes one (one entry each: autograd matches the
     # inputs' structure).
-    needs = _variants[ctx.variant][3]
+    needs = ctx.entry[3]
     daux = [g if i < len(needs) and needs[i] else None for i, g in enumerate(daux)]
     return dq, dk, dv, None, daux, None, None, None, None, None
 

@@ -130,7 +130,8 @@ _serials = itertools.count(1)
 def block_token(block) -> int | None:
     """A block mask's identity in plan keys: a serial number given on first sight and
     dropped with the mask, never its ``id`` (a freed mask's id is reused by the next
-    object, whose lists would then be read through a stale plan)."""
+    object, whose lists would then be read through a stale plan). Also the identity of
+    other objects keyed this way (the variant registry's ``Mods``)."""
     if block is None:
         return None
     token = _block_tokens.get(block)
