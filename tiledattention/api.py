@@ -19,27 +19,64 @@ the tensors its functions capture, which are op inputs so tracers see them.
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import torch
 
 from .errors import BackwardNotSupportedError, InputError
 from .kernel import mods as _mods
-from .kernel.launch import launch, run_backward
-from .kernel.plan import pinned_schedule, plan_for
+from .kernel.launch import captured_buffers, launch, run_backward
+from .kernel.plan import block_token, pinned_schedule, plan_for
 from .kernel.validate import check_device, check_inputs, resolve_schedule
 from .schedules.backward import BwdSchedule
 from .schedules.schedule import Schedule
 
-_variants: dict[str, tuple] = {"": (_mods.NONE, None)}
+# The variant registry of the ops: key -> (Mods, BlockMask or None, the backward's Mods,
+# which captured tensors get a gradient). Bounded: the least recently used entry goes
+# (a process making a new block mask per step must not keep them all); every traced call
+# re-registers its entry right before its op runs, and the eager op's backward re-registers
+# the one its forward used. Keys are serials, never ids, so an evicted key is never reused.
+MAX_VARIANTS = 1024
+_PLAIN = (_mods.NONE, None, _mods.NONE, ())
+_variants: OrderedDict[str, tuple] = OrderedDict()
 
 
-def _variant_key(mods, block) -> str:
-    """The registry key of a (Mods, BlockMask) pair; the registry holds them, so the ids in
-    the key stay theirs."""
+def _variant_key(mods, block, bwd_mods=None, needs: tuple = ()) -> str:
+    """The registry key of a (Mods, BlockMask) pair and the backward's Mods."""
     if not mods.key and block is None:
         return ""
-    key = f"{id(mods)}:{id(block)}"
-    _variants.setdefault(key, (mods, block))
+    bwd_mods = bwd_mods or mods
+    key = (f"{block_token(mods)}:{block_token(block)}:{block_token(bwd_mods)}:"
+           f"{''.join('1' if n else '0' for n in needs)}")
+    _register(key, (mods, block, bwd_mods, needs))
     return key
+
+
+def _register(key: str, entry: tuple) -> None:
+    _variants[key] = entry
+    _variants.move_to_end(key)
+    while len(_variants) > MAX_VARIANTS:
+        _variants.popitem(last=False)
+
+
+def _entry(key: str) -> tuple:
+    """The registry entry of an op's ``variant`` argument."""
+    if not key:
+        return _PLAIN
+    found = _variants.get(key)
+    if found is None:
+        raise InputError(f"variant {key!r} is no longer registered: more than {MAX_VARIANTS} "
+                         "other variants were used since its call was traced; run the call "
+                         "again (a backward long after its forward: keep fewer variants "
+                         "alive in between)")
+    return found
+
+
+def _captured_needs(aux) -> tuple[bool, ...]:
+    """Which captured tensors need a gradient (grad mode on and ``requires_grad``)."""
+    if not aux or not _grad_enabled():
+        return ()
+    return tuple(bool(getattr(t, "requires_grad", False)) for t in aux)
 
 
 # The ops are defined with ``torch.library.Library`` rather than ``torch.library.custom_op``:
@@ -52,16 +89,18 @@ _FWD_ARGS = ("Tensor q, Tensor k, Tensor v, Tensor? attn_mask, Tensor[] aux, boo
 _lib = torch.library.Library("tiledattention", "DEF")
 _lib.define(f"attention({_FWD_ARGS}) -> (Tensor, Tensor)")
 _lib.define(f"attention_fwd({_FWD_ARGS}) -> (Tensor, Tensor)")
+# The fourth output: one tensor per captured tensor, its gradient where the variant's
+# backward computes one, else an empty placeholder (None to autograd).
 _lib.define("attention_bwd(Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor dout, "
             "Tensor? dlse, Tensor? attn_mask, Tensor[] aux, bool causal, float scale, "
-            "str bwd_schedule, str variant) -> (Tensor, Tensor, Tensor)")
+            "str bwd_schedule, str variant) -> (Tensor, Tensor, Tensor, Tensor[])")
 
 
 def _fwd_cuda(q, k, v, attn_mask, aux, causal, scale, return_lse, schedule, variant):
     # schedule "" means "pick for me": resolved here, at run time, so that tracing under
     # torch.compile never queries the device. sdpa checked the arguments while tracing;
     # GQA is allowed here because it passed.
-    mods, block = _variants[variant]
+    mods, block = _entry(variant)[:2]
     plan = plan_for(q, k, v, attn_mask, causal, scale, True, return_lse,
                     Schedule.from_label(schedule) if schedule else None,
                     (mods, block) if variant else None)
@@ -85,17 +124,29 @@ def _fwd_fake(q, k, v, attn_mask, aux, causal, scale, return_lse, schedule, vari
 def _bwd_cuda(q, k, v, out, lse, dout, dlse, attn_mask, aux, causal, scale, bwd_schedule,
               variant):
     # bwd_schedule: a BwdSchedule label, or "" for the policy's choice (table, default).
-    mods, block = _variants[variant]
-    return run_backward(q, k, v, out, lse, dout, dlse, attn_mask, causal, scale,
-                        BwdSchedule.from_label(bwd_schedule) if bwd_schedule else None,
-                        mods, block, aux=tuple(aux))
+    _, block, bwd_mods, needs = _entry(variant)
+    captured = captured_buffers(tuple(aux), needs)
+    dq, dk, dv = run_backward(q, k, v, out, lse, dout, dlse, attn_mask, causal, scale,
+                              BwdSchedule.from_label(bwd_schedule) if bwd_schedule else None,
+                              bwd_mods, block, aux=tuple(aux), captured=captured)
+    return dq, dk, dv, _captured_out(q, aux, captured)
+
+
+def _captured_out(q, aux, captured) -> list:
+    """The op's fourth output: each captured tensor's gradient in its dtype, or empty."""
+    return [q.new_empty(0) if g is None else g.to(t.dtype)
+            for t, g in zip(aux, (*captured, *([None] * (len(aux) - len(captured)))))]
 
 
 def _bwd_fake(q, k, v, out, lse, dout, dlse, attn_mask, aux, causal, scale, bwd_schedule,
               variant):
+    needs = _entry(variant)[3]
+    needs = (*needs, *([False] * (len(aux) - len(needs))))
     return (torch.empty_like(q, memory_format=torch.contiguous_format),
             torch.empty_like(k, memory_format=torch.contiguous_format),
-            torch.empty_like(v, memory_format=torch.contiguous_format))
+            torch.empty_like(v, memory_format=torch.contiguous_format),
+            [torch.empty_like(t, memory_format=torch.contiguous_format) if n else q.new_empty(0)
+             for t, n in zip(aux, needs)])
 
 
 for _name in ("attention", "attention_fwd"):
@@ -121,6 +172,7 @@ def _setup_context(ctx, inputs, output):
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, attn_mask, *aux)
     ctx.causal, ctx.scale, ctx.return_lse, ctx.variant = causal, scale, return_lse, variant
+    ctx.entry = _entry(variant)
     ctx.n_aux = len(aux)
     ctx.bwd_schedule = _pinned_label()
     # An output nobody used gets None, not zeros: an unused LSE costs no extra pass.
@@ -135,11 +187,16 @@ def _backward(ctx, dout, dlse):
                                         "backward needs the log-sum-exp (call sdpa)")
     if dout is None:
         dout = torch.zeros_like(out)
-    dq, dk, dv = _attention_bwd(q, k, v, out, lse, dout, dlse, attn_mask, aux, ctx.causal,
-                                ctx.scale, ctx.bwd_schedule, ctx.variant)
-    # No gradient for the mask, the captured tensors (one None each: autograd matches the
-    # inputs' structure) and the other arguments.
-    return dq, dk, dv, None, [None] * ctx.n_aux, None, None, None, None, None
+    if ctx.variant:
+        _register(ctx.variant, ctx.entry)  # the forward's entry, even if evicted since
+    dq, dk, dv, daux = _attention_bwd(q, k, v, out, lse, dout, dlse, attn_mask, aux,
+                                      ctx.causal, ctx.scale, ctx.bwd_schedule, ctx.variant)
+    # No gradient for the mask and the other arguments; the captured tensors get theirs
+    # where the variant's backward computes one (one entry each: autograd matches the
+    # inputs' structure).
+    needs = ctx.entry[3]
+    daux = [g if i < len(needs) and needs[i] else None for i, g in enumerate(daux)]
+    return dq, dk, dv, None, daux, None, None, None, None, None
 
 
 torch.library.register_autograd("tiledattention::attention_fwd", _backward,
@@ -151,11 +208,14 @@ class _Attention(torch.autograd.Function):
     custom op, without its dispatch (NOTES: ~21 us an op call on the H100 host)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, plan, attn_mask, mods, block, causal, scale):
-        aux = mods.tensors()
+    def forward(ctx, q, k, v, plan, attn_mask, mods, block, causal, scale, bwd_mods, needs,
+                *aux):
+        # ``aux``: the captured tensors, inputs here so that those requiring grad get it;
+        # ``bwd_mods`` computes the gradients of those ``needs`` marks.
         out, lse = launch(plan, q, k, v, attn_mask, aux=aux)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.mask, ctx.aux, ctx.mods, ctx.block = attn_mask, aux, mods, block
+        ctx.mask, ctx.aux, ctx.mods, ctx.block = attn_mask, aux, bwd_mods, block
+        ctx.needs = needs
         ctx.causal, ctx.scale, ctx.pinned = causal, scale, pinned_schedule()
         ctx.set_materialize_grads(False)
         return out, lse
@@ -165,9 +225,13 @@ class _Attention(torch.autograd.Function):
         q, k, v, out, lse = ctx.saved_tensors
         if dout is None:
             dout = torch.zeros_like(out)
+        captured = captured_buffers(ctx.aux, ctx.needs)
         dq, dk, dv = run_backward(q, k, v, out, lse, dout, dlse, ctx.mask, ctx.causal,
-                                  ctx.scale, ctx.pinned, ctx.mods, ctx.block, aux=ctx.aux)
-        return dq, dk, dv, None, None, None, None, None, None
+                                  ctx.scale, ctx.pinned, ctx.mods, ctx.block, aux=ctx.aux,
+                                  captured=captured)
+        daux = tuple(None if g is None else g.to(t.dtype) for t, g in zip(ctx.aux, captured))
+        daux = (*daux, *([None] * (len(ctx.aux) - len(daux))))
+        return (dq, dk, dv, None, None, None, None, None, None, None, None, *daux)
 
 
 _Tensor = torch.Tensor
@@ -191,11 +255,28 @@ def _plain_eager(q) -> bool:
 
 @torch.compiler.disable
 def _traced_variant(score_mod, mask_mod, block_mask, needs_grad: bool):
-    """The op's (variant key, captured tensors) of a call under a tracer. Lifting reads
-    source code, which Dynamo cannot trace: a variant call under ``torch.compile`` costs
-    one graph break here, and the op after it is compiled as usual."""
+    """The op's (variant key, captured tensors, whether a gradient is needed) of a call
+    under a tracer. Lifting reads source code, which Dynamo cannot trace: a variant call
+    under ``torch.compile`` costs one graph break here, and the op after it is compiled as
+    usual."""
     mods, block = _variant(score_mod, mask_mod, block_mask, needs_grad)
-    return _variant_key(mods, block), list(mods.tensors())
+    aux = mods.tensors()
+    bwd_mods, needs = _backward_mods(mods, aux, needs_grad)
+    return _variant_key(mods, block, bwd_mods, needs), list(aux), needs_grad or any(needs)
+
+
+def _backward_mods(mods, aux, needs_grad: bool):
+    """(the backward's Mods, which captured tensors need a gradient), checked before
+    anything runs: a score_mod with no derivative, or a captured tensor requiring grad
+    whose gradient cannot be derived, is refused here (``VariantError``)."""
+    # Only the score_mod's tensors (first in A0.. order) can have one: a mask_mod's output
+    # is piecewise constant in them, so they get None, as torch gives them.
+    needs = _captured_needs(aux)[:len(mods.score_mod.cells) if mods.score_mod else 0]
+    if not any(needs):
+        return mods, ()
+    if mods.grad_error and not needs_grad:  # not checked by _variant then
+        raise BackwardNotSupportedError(mods.grad_error)
+    return _mods.with_captured_grads(mods, needs), needs
 
 
 def _variant(score_mod, mask_mod, block_mask, needs_grad: bool):
@@ -262,15 +343,21 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         ``attn_mask`` is added after it. Its gradient: ``ScoreMod(fn, grad=dfn)``, or
         derived symbolically from a one-expression body (``+ - * /``, ``ct.tanh``,
         ``ct.exp``, ``ct.where``); a ``score_mod`` with neither is refused, before
-        anything runs, when an input requires grad. Captured tensors get no gradient.
+        anything runs, when an input requires grad. A captured tensor that requires grad
+        (a learnable bias, ALiBi slopes, a per-head gate) gets its gradient from the
+        backward (``mods.with_captured_grads``), or the call is refused before anything
+        runs (``VariantError``) where it cannot be derived; a mask_mod's captured tensors
+        get none (a mask is piecewise constant), as in torch.
     mask_mod: ``mask_mod(b, h, q_idx, kv_idx)`` returns a bool tile (True: attend),
         evaluated on every tile the kernels visit.
     block_mask: ``tiledattention.block_mask(mask_mod, B, H, Sq, Skv)``: the same mask,
         classified per tile once, so empty tiles are never loaded and full tiles skip the
         mask (the fast way to run a sparse mask_mod).
 
-    Fully masked rows (every key masked out) are defined as zeros, with log-sum-exp
-    -inf, and get zero gradients; PyTorch's math backend returns NaN there.
+    Fully masked rows (every key masked out, by a mask, a mask_mod, a block mask or a
+    score_mod returning -inf, FlexAttention's idiom) are defined as zeros, with
+    log-sum-exp -inf, and get zero gradients; PyTorch's math backend returns NaN there. A
+    score_mod returning +inf makes that row NaN, as torch's softmax does.
 
     A repeat call with the same shapes, strides, dtypes, devices, flags, mask layout,
     variant and schedule (and the same schedule table) reuses the launch plans of the
@@ -305,22 +392,24 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if _plain_eager(q):
         variant = _variant(score_mod, mask_mod, block_mask, needs_grad) if has_variant else None
         mods = _mods.NONE if variant is None else variant[0]
+        aux = mods.tensors() if mods.key else ()
+        bwd_mods, needs = _backward_mods(mods, aux, needs_grad) if aux else (mods, ())
+        needs_grad = needs_grad or any(needs)
         plan = plan_for(q, k, v, attn_mask, is_causal, scale, enable_gqa,
                         bool(return_lse) or needs_grad, schedule, variant)
         if not needs_grad:
-            out, lse = launch(plan, q, k, v, attn_mask, fresh_lse=False,
-                              aux=() if variant is None else mods.tensors())
+            out, lse = launch(plan, q, k, v, attn_mask, fresh_lse=False, aux=aux)
         else:
             out, lse = _Attention.apply(q, k, v, plan, attn_mask, mods,
                                         None if variant is None else variant[1],
-                                        plan.variant.causal, plan.scale)
+                                        plan.variant.causal, plan.scale, bwd_mods, needs, *aux)
         return (out, lse) if return_lse else out
     problem = check_inputs(q, k, v, causal=is_causal, scale=scale, attn_mask=attn_mask,
                            enable_gqa=enable_gqa, device=not _is_compiling())
     s = resolve_schedule(schedule, problem)
     key, aux = "", []
     if has_variant:
-        key, aux = _traced_variant(score_mod, mask_mod, block_mask, needs_grad)
+        key, aux, needs_grad = _traced_variant(score_mod, mask_mod, block_mask, needs_grad)
     # With a gradient to compute, the forward always keeps the LSE: the backward needs it.
     op = _attention_fwd if needs_grad else _attention
     out, lse = op(q, k, v, attn_mask, aux, problem.causal, problem.scale,

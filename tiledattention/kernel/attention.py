@@ -130,8 +130,9 @@ def fwd_program(Q, K, V, Out, Lse, Mask, extra, scalars, consts, vconsts, fns):
     seq_k = K.shape[2]
     TAIL = not EVEN_N
     # Rows may end up fully masked: a user mask, a mask_mod, causal keys past the row in a
-    # later split, or a block mask that lists no tile for the row.
-    ZERO_SAFE = HAS_MASK or SPLIT_K or HAS_MASK_MOD or BLOCK_SPARSE
+    # later split, a block mask that lists no tile for the row, or a score_mod returning
+    # -inf (FlexAttention's masking idiom). The plain kernels without a mask have none.
+    ZERO_SAFE = HAS_MASK or SPLIT_K or HAS_MASK_MOD or BLOCK_SPARSE or HAS_SCORE_MOD
 
     if PDL:
         # Programmatic dependent launch: the CTA's setup and the index math (no memory

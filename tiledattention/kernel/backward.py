@@ -23,10 +23,15 @@ partial-then-full lists of a block mask (dK/dV reads the transposed lists: query
 key tile). All accumulators are fp32; P and dS are rounded to the input dtype for the
 tensor-core MMAs, as FlashAttention does.
 
-Masks get no gradient (an ``attn_mask`` that requires grad is refused by ``sdpa``), nor do
-the tensors a ``score_mod`` captures. Rows the forward found fully masked (log-sum-exp
--inf) have P = 0, so their dQ is zero and they add nothing to dK/dV; no NaN arises.
-Out-of-range rows and keys load as explicit zeros; the key tail is masked.
+Masks get no gradient (an ``attn_mask`` that requires grad is refused by ``sdpa``). The
+tensors a ``score_mod`` captures that require grad get theirs from the dK/dV program:
+``mods.with_captured_grads`` generates the function that adds ``d out / d (modified score)
+* d score_mod / d T[idx]`` into an fp32 ``G`` at ``idx`` with relaxed atomics. Rows
+the forward found fully masked (log-sum-exp -inf, whatever masked them: a mask, a block
+list, a score_mod returning -inf) have P = 0, so their dQ is zero and they add nothing to
+dK/dV; no NaN arises. Out-of-range rows and keys load as explicit zeros; the key tail is
+masked, and with a score_mod so are the padded query rows of the dK/dV program; dS is 0
+wherever P is.
 """
 
 from __future__ import annotations
@@ -45,9 +50,11 @@ from .body import (
     load_row_stats,
     load_rows,
     masked,
+    masked_rows,
     mma_into,
     mma_streamed,
     modified,
+    no_captured_grad,
     no_mask_mod,
     no_score_mod,
     scale_chunks,
@@ -59,10 +66,12 @@ from .body import (
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
 
-# The variant's functions and the score modification's derivative (``mods.with_mods``).
+# The variant's functions, the score modification's derivative and the captured tensors'
+# gradients (``mods.with_mods``).
 SCORE_MOD = no_score_mod
 SCORE_GRAD = no_score_mod
 MASK_MOD = no_mask_mod
+SCORE_CAPGRAD = no_captured_grad
 
 
 @ct.kernel
@@ -98,12 +107,14 @@ def grad_scores(qk, dp, arrays, fns, aux, where, i, j, diag, ALL_MASKS, cfg):
     and ``dp = dO V^T``, both rounded to the input dtype for the MMAs: the shared step of
     the dK/dV and dQ kernels. Grouped arguments as the forward's ``fwd_tile``: ``arrays``
     (Q, K, V, dO, Lse, Delta, Mask); ``fns`` (score_mod, its derivative, mask_mod);
-    ``where`` (b, h, hk, seq_k, c, inv_scale, scale); ``cfg`` the kernel's constants."""
+    ``where`` (b, h, hk, seq_k, c, inv_scale, scale); ``aux`` A0..A3 and G0..G3 (the
+    captured tensors and their gradients' fp32 accumulators); ``cfg`` the kernel's
+    constants."""
     (TILE_M, TILE_N, NCHUNK, W0, W1, W2, CAUSAL, TAIL, HAS_MASK, MASK_BATCH, MASK_HEAD,
-     MASK_ROWS, HAS_SCORE_MOD, HAS_MASK_MOD, ZERO_SAFE) = cfg
+     MASK_ROWS, HAS_SCORE_MOD, HAS_MASK_MOD, ZERO_SAFE, ROW_TAIL) = cfg
     Q, K, V, dOut, Lse, Delta, Mask = arrays
-    score_mod, score_grad, mask_mod = fns
-    A0, A1, A2, A3 = aux
+    score_mod, score_grad, mask_mod, captured_grad = fns
+    A0, A1, A2, A3, G0, G1, G2, G3 = aux
     b, h, hk, seq_k, c, inv_scale, scale = where
     q_idx = (i * TILE_M + ct.arange(TILE_M, dtype=np.int32))[:, None]
     kv_idx = (j * TILE_N + ct.arange(TILE_N, dtype=np.int32))[None, :]
@@ -117,8 +128,13 @@ def grad_scores(qk, dp, arrays, fns, aux, where, i, j, diag, ALL_MASKS, cfg):
     elif (CAUSAL or TAIL) and diag:
         s = masked(s, keep_tile(b, h, q_idx, kv_idx, seq_k, mask_mod, A0, A1, A2, A3, TILE_M,
                                 TILE_N, CAUSAL, TAIL, False))
+    s = masked_rows(s, q_idx, Q.shape[2], ROW_TAIL)
     lse, delta = load_row_stats(Lse, Delta, b, h, i, TILE_M, ZERO_SAFE)
     p = ct.exp2(s * c - lse, flush_to_zero=True)
+    # d out / d (modified score), 0 wherever P is, for the captured tensors' gradients
+    # (the dK/dV program's ``captured_grad`` adds it up; the others' does nothing).
+    captured_grad(qk * scale, b, h, q_idx, kv_idx, A0, A1, A2, A3, G0, G1, G2, G3,
+                  ct.where(p == 0.0, 0.0, p * (dp - delta)))
     ds = score_gradient(p, dp, delta, qk, b, h, q_idx, kv_idx, score_grad, A0, A1, A2, A3,
                         scale, HAS_SCORE_MOD)
     return p.astype(Q.dtype), ds.astype(Q.dtype)
@@ -209,11 +225,12 @@ def dq_tile(q, do, acc, arrays, fns, aux, where, bid_m, j, diag, ALL_MASKS, cfg)
 def dkdv_program(Q, K, V, dOut, Lse, Delta, Mask, extra, dK, dV, dQacc, scalars, consts,
                  vconsts, fns):
     """One key tile's dK/dV (both entry points run it). Grouped arguments as the forward's
-    ``fwd_program``: ``extra`` (BlkCnt, BlkIdx, A0..A3), None in the plain kernel;
+    ``fwd_program``: ``extra`` (BlkCnt, BlkIdx, A0..A3, G0..G3), None in the plain kernel;
     ``scalars`` (qk_scale_log2, inv_scale, scale, GROUP); ``consts`` the shared constants
     in declaration order; ``vconsts`` the variant's; ``fns`` (score_mod, its derivative,
-    mask_mod)."""
-    BlkCnt, BlkIdx, A0, A1, A2, A3 = extra
+    mask_mod, the captured tensors' gradients: this program visits every (query, key)
+    pair once, so it is the one that adds them up)."""
+    BlkCnt, BlkIdx, A0, A1, A2, A3, G0, G1, G2, G3 = extra
     qk_scale_log2, inv_scale, scale, GROUP = scalars
     (TILE_M, TILE_N, NCHUNK, W0, W1, W2, CAUSAL, EVEN_N, HAS_MASK, MASK_BATCH, MASK_HEAD,
      MASK_ROWS, DQ_ATOMIC, MASK_ALL) = consts
@@ -224,7 +241,7 @@ def dkdv_program(Q, K, V, dOut, Lse, Delta, Mask, extra, dK, dV, dQacc, scalars,
     b = ct.bid(2)
     seq_q = Q.shape[2]
     TAIL = not EVEN_N
-    ZERO_SAFE = HAS_MASK or HAS_MASK_MOD or BLOCK_SPARSE
+    ZERO_SAFE = HAS_MASK or HAS_MASK_MOD or BLOCK_SPARSE or HAS_SCORE_MOD
 
     # K and V of this key tile stay on chip: K^T and V^T for the score products
     # (Q K^T, dO V^T), as the forward loads K; K itself for dS K (atomic dQ only).
@@ -238,9 +255,11 @@ def dkdv_program(Q, K, V, dOut, Lse, Delta, Mask, extra, dK, dV, dQacc, scalars,
     dv0, dv1, dv2 = zeros_chunks(TILE_N, W0, W1, W2)
     acc = (dk0, dk1, dk2, dv0, dv1, dv2)
     arrays = (Q, K, V, dOut, Lse, Delta, Mask)
-    aux = (A0, A1, A2, A3)
+    aux = (A0, A1, A2, A3, G0, G1, G2, G3)
+    # A score_mod may give the padded query rows of the last query tile large scores:
+    # they are masked (``masked_rows``); the plain kernels' padded rows add zeros anyway.
     cfg = (TILE_M, TILE_N, NCHUNK, W0, W1, W2, CAUSAL, TAIL, HAS_MASK, MASK_BATCH, MASK_HEAD,
-           MASK_ROWS, HAS_SCORE_MOD, HAS_MASK_MOD, ZERO_SAFE)
+           MASK_ROWS, HAS_SCORE_MOD, HAS_MASK_MOD, ZERO_SAFE, HAS_SCORE_MOD)
     dq_atomic = (DQ_ATOMIC, dQacc)
 
     # Dense: query tiles [m_lo, m_hi); causal: those wholly above this key tile's diagonal
@@ -286,6 +305,8 @@ def dkdv_program(Q, K, V, dOut, Lse, Delta, Mask, extra, dK, dV, dQacc, scalars,
 def dq_program(Q, K, V, dOut, Lse, Delta, Mask, extra, dQ, scalars, consts, vconsts, fns):
     """One query tile's dQ (both entry points run it); arguments as ``dkdv_program``'s."""
     BlkCnt, BlkIdx, A0, A1, A2, A3 = extra
+    score_mod, score_grad, mask_mod = fns
+    fns = (score_mod, score_grad, mask_mod, no_captured_grad)
     qk_scale_log2, inv_scale, scale, GROUP = scalars
     (TILE_M, TILE_N, NCHUNK, W0, W1, W2, CAUSAL, EVEN_N, HAS_MASK, MASK_BATCH, MASK_HEAD,
      MASK_ROWS) = consts
@@ -297,16 +318,17 @@ def dq_program(Q, K, V, dOut, Lse, Delta, Mask, extra, dQ, scalars, consts, vcon
     hk = h // GROUP
     seq_k = K.shape[2]
     TAIL = not EVEN_N
-    ZERO_SAFE = HAS_MASK or HAS_MASK_MOD or BLOCK_SPARSE
+    ZERO_SAFE = HAS_MASK or HAS_MASK_MOD or BLOCK_SPARSE or HAS_SCORE_MOD
 
     q = load_rows(Q, b, h, bid_m, TILE_M, W0, W1, W2, NCHUNK, None)
     do = load_rows(dOut, b, h, bid_m, TILE_M, W0, W1, W2, NCHUNK, None)
     acc = zeros_chunks(TILE_M, W0, W1, W2)
     arrays = (Q, K, V, dOut, Lse, Delta, Mask)
-    aux = (A0, A1, A2, A3)
+    aux = (A0, A1, A2, A3, None, None, None, None)
     where = (b, h, hk, seq_k, qk_scale_log2, inv_scale, scale)
+    # Padded query rows of dQ are never stored and stay in their own rows: no row mask.
     cfg = (TILE_M, TILE_N, NCHUNK, W0, W1, W2, CAUSAL, TAIL, HAS_MASK, MASK_BATCH, MASK_HEAD,
-           MASK_ROWS, HAS_SCORE_MOD, HAS_MASK_MOD, ZERO_SAFE)
+           MASK_ROWS, HAS_SCORE_MOD, HAS_MASK_MOD, ZERO_SAFE, False)
 
     if BLOCK_SPARSE:
         n_part, n_full = block_range(BlkCnt, b, h, bid_m, BLK_BATCH, BLK_HEAD)
@@ -350,16 +372,19 @@ def attention_bwd_dkdv(
     MASK_ALL: ConstBool,  # apply the causal mask on every query tile (one loop body)
 ):
     """Plain dK/dV (no variant functions, no block mask): only the arrays it reads."""
-    dkdv_program(Q, K, V, dOut, Lse, Delta, Mask, (None, None, None, None, None, None), dK, dV,
+    dkdv_program(Q, K, V, dOut, Lse, Delta, Mask,
+                 (None, None, None, None, None, None, None, None, None, None), dK, dV,
                  dQacc, (qk_scale_log2, inv_scale, scale, GROUP),
                  (TILE_M, TILE_N, NCHUNK, W0, W1, W2, CAUSAL, EVEN_N, HAS_MASK, MASK_BATCH,
                   MASK_HEAD, MASK_ROWS, DQ_ATOMIC, MASK_ALL),
-                 (False, False, False, False, False), (no_score_mod, no_score_mod, no_mask_mod))
+                 (False, False, False, False, False),
+                 (no_score_mod, no_score_mod, no_mask_mod, no_captured_grad))
 
 
 @ct.kernel
 def attention_bwd_dkdv_variant(
-    Q, K, V, dOut, Lse, Delta, Mask, BlkCnt, BlkIdx, A0, A1, A2, A3, dK, dV, dQacc,
+    Q, K, V, dOut, Lse, Delta, Mask, BlkCnt, BlkIdx, A0, A1, A2, A3, G0, G1, G2, G3, dK, dV,
+    dQacc,
     qk_scale_log2: float, inv_scale: float, scale: float, GROUP: int,
     TILE_M: ConstInt, TILE_N: ConstInt, NCHUNK: ConstInt,
     W0: ConstInt, W1: ConstInt, W2: ConstInt, CAUSAL: ConstBool, EVEN_N: ConstBool,
@@ -369,13 +394,15 @@ def attention_bwd_dkdv_variant(
     # the block mask's transposed lists: query tiles per key tile
     BLOCK_SPARSE: ConstBool, BLK_BATCH: ConstBool, BLK_HEAD: ConstBool,
 ):
-    """dK/dV with the variant's functions, captured tensors and block lists."""
-    dkdv_program(Q, K, V, dOut, Lse, Delta, Mask, (BlkCnt, BlkIdx, A0, A1, A2, A3), dK, dV,
+    """dK/dV with the variant's functions, captured tensors (A0..A3), the fp32 gradients
+    of those that require grad (G0..G3, written by ``SCORE_CAPGRAD``) and block lists."""
+    dkdv_program(Q, K, V, dOut, Lse, Delta, Mask,
+                 (BlkCnt, BlkIdx, A0, A1, A2, A3, G0, G1, G2, G3), dK, dV,
                  dQacc, (qk_scale_log2, inv_scale, scale, GROUP),
                  (TILE_M, TILE_N, NCHUNK, W0, W1, W2, CAUSAL, EVEN_N, HAS_MASK, MASK_BATCH,
                   MASK_HEAD, MASK_ROWS, DQ_ATOMIC, MASK_ALL),
                  (HAS_SCORE_MOD, HAS_MASK_MOD, BLOCK_SPARSE, BLK_BATCH, BLK_HEAD),
-                 (SCORE_MOD, SCORE_GRAD, MASK_MOD))
+                 (SCORE_MOD, SCORE_GRAD, MASK_MOD, SCORE_CAPGRAD))
 
 
 @ct.kernel

@@ -202,9 +202,11 @@ def load_bias(Mask, b, h, row_tile, j, TILE_M, TILE_N, MASK_BATCH, MASK_HEAD, MA
 
 
 def modified(qk, b, h, q_idx, kv_idx, score_mod, A0, A1, A2, A3, scale, HAS_SCORE_MOD):
-    """The score in softmax units before masking: raw q.k, or ``score_mod(scale * q.k)``."""
+    """The score in softmax units before masking: raw q.k, or ``score_mod(scale * q.k)``
+    in fp32 whatever dtype the modification's arithmetic promoted to (a float64 or
+    integer captured tensor gives float64 / stays exact in it; the softmax state is fp32)."""
     if HAS_SCORE_MOD:
-        return score_mod(qk * scale, b, h, q_idx, kv_idx, A0, A1, A2, A3)
+        return score_mod(qk * scale, b, h, q_idx, kv_idx, A0, A1, A2, A3).astype(np.float32)
     return qk
 
 
@@ -223,14 +225,32 @@ def keep_tile(b, h, q_idx, kv_idx, seq_k, mask_mod, A0, A1, A2, A3, TILE_M, TILE
 
 
 def masked(s, keep):
-    """-inf where a pair does not attend."""
-    return s + ct.where(keep, 0.0, -np.inf)
+    """-inf where a pair does not attend. A select, not ``s + (0 or -inf)``: a score_mod
+    may return +inf (or NaN) at a masked pair, and +inf - inf would be NaN."""
+    return ct.where(keep, s, -np.inf)
+
+
+def masked_rows(s, q_idx, seq_q, ROW_TAIL):
+    """-inf on the padded query rows past ``seq_q`` (``ROW_TAIL``). Their Q and dO load as
+    zeros, which keeps the plain kernels' P^T dO and dS^T Q at zero; a score_mod may still
+    make their scores large (``score + q_idx - kv_idx``), and exp of that is inf, inf * 0
+    NaN in dK/dV."""
+    if ROW_TAIL:
+        return ct.where(q_idx < seq_q, s, -np.inf)
+    return s
 
 
 def no_score_mod(score, b, h, q_idx, kv_idx, A0, A1, A2, A3):
     """The identity modification: the kernel's ``score_mod`` when none is given (never
     called then: ``HAS_SCORE_MOD`` is off), so the name always resolves."""
     return score
+
+
+def no_captured_grad(score, b, h, q_idx, kv_idx, A0, A1, A2, A3, G0, G1, G2, G3, ds):
+    """No captured tensor needs a gradient: the kernels' ``captured_grad`` then (a
+    variant's adds ``ds * d score_mod / d T[idx]`` into ``G`` at ``idx``: ``mods.
+    with_captured_grads``). Returns ``ds`` so that every such function returns a value."""
+    return ds
 
 
 def no_mask_mod(b, h, q_idx, kv_idx, A0, A1, A2, A3):
@@ -245,7 +265,9 @@ def online_softmax(s, m_i, l_i, c, ZERO_SAFE):
     Returns (p, alpha, m, l): the tile's unnormalised probabilities, the factor that
     rescales what was accumulated so far, and the new running max and sum. The scale is
     applied after the row max so it fuses into the subtraction. ``ZERO_SAFE``: a row may be
-    fully masked so far (m = -inf); subtracting 0 then keeps p = 0, not NaN.
+    fully masked so far (m = -inf: every score -inf, from a mask, a block list or a
+    score_mod returning -inf); subtracting 0 then keeps p = 0 and l = 0, not NaN. A score
+    of +inf makes its row NaN, as in torch's softmax and FlexAttention (undefined).
     """
     m_ij = max(m_i, ct.max(s, axis=-1, keepdims=True) * c)
     m_sub = m_ij
@@ -291,10 +313,15 @@ def load_row_stats(Lse, Delta, b, h, tile, TILE_M, ZERO_SAFE):
 def score_gradient(p, dp, delta, qk, b, h, q_idx, kv_idx, score_grad, A0, A1, A2, A3, scale,
                    HAS_SCORE_MOD):
     """dS = P * (dP - delta), times d score_mod / d score with a ``score_mod`` (chain rule
-    through the modification; the remaining factor ``scale`` is applied at the store)."""
+    through the modification; the remaining factor ``scale`` is applied at the store).
+
+    Where P = 0 (masked, padded, or a score the modification sent to -inf) dS is 0 even
+    when the derivative there is inf or NaN (``1 / (q_idx - kv_idx)`` on the diagonal, a
+    padded row): 0 * inf would otherwise be NaN and reach dQ and dK through the MMAs."""
     ds = p * (dp - delta)
     if HAS_SCORE_MOD:
-        ds = ds * score_grad(qk * scale, b, h, q_idx, kv_idx, A0, A1, A2, A3)
+        grad = score_grad(qk * scale, b, h, q_idx, kv_idx, A0, A1, A2, A3)
+        ds = ct.where(p == 0.0, 0.0, ds * ct.astype(grad, np.float32))
     return ds
 
 

@@ -64,8 +64,11 @@ def _arrays(io_name: str, mask_name: str | None, aux: tuple = ()) -> dict:
                   Mask=export_array(getattr(ct, mask_name or "float32"), 4),
                   BlkCnt=_gathered(ct.int32, 4), BlkIdx=_gathered(ct.int32, 4))
     for i in range(_mods.MAX_TENSORS):
-        dtype, ndim = aux[i] if i < len(aux) else (ct.int32, 4)
+        dtype, ndim, *grad = aux[i] if i < len(aux) else (ct.int32, 4)
         arrays[f"A{i}"] = _gathered(dtype, ndim)
+        # (dtype, ndim, True): the tensor's gradient is computed, into an fp32 array of its
+        # rank; otherwise the launch passes a placeholder
+        arrays[f"G{i}"] = _gathered(f32, ndim) if grad and grad[0] else _gathered(ct.int32, 4)
     return arrays
 
 

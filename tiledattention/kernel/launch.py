@@ -63,6 +63,7 @@ def mask_layout(mask: torch.Tensor, dtype: torch.dtype, target) -> tuple[str, tu
             (prepared.shape[0] > 1, prepared.shape[1] > 1, prepared.shape[2] > 1))
 
 
+_MAX_TENSORS = 4  # mods.MAX_TENSORS: the kernels' A0..A3 and G0..G3
 _scratch: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 _int_pads: dict[torch.device, torch.Tensor] = {}
 
@@ -105,6 +106,13 @@ def variant_arrays(plan_blocks, aux, device) -> tuple:
     return (*blocks, *aux, *([pad] * (MAX_TENSORS - len(aux))))
 
 
+def captured_buffers(aux: tuple, needs: tuple) -> tuple:
+    """The fp32 zero accumulators of the captured tensors that ``needs`` a gradient (None
+    for the others), in A0.. order: ``run_backward(captured=...)`` adds into them."""
+    return tuple(torch.zeros(t.shape, dtype=torch.float32, device=t.device) if n else None
+                 for t, n in zip(aux, needs))
+
+
 def launch(plan, q, k, v, attn_mask, *, fresh_lse: bool = True, aux: tuple = ()):
     """Launch ``plan`` on PyTorch's current stream; returns (out, lse), both new unless
     ``fresh_lse`` is False and the plan returns no LSE (then lse is a shared placeholder).
@@ -145,9 +153,12 @@ def launch(plan, q, k, v, attn_mask, *, fresh_lse: bool = True, aux: tuple = ())
 
 
 def run_backward(q, k, v, out, lse, dout, dlse, attn_mask, causal: bool, scale: float,
-                 schedule=None, mods=None, block=None, aux: tuple | None = None):
+                 schedule=None, mods=None, block=None, aux: tuple | None = None,
+                 captured: tuple = ()):
     """(dq, dk, dv) of ``sdpa``'s forward, given its output and natural-log LSE: delta, then
-    dK/dV, then dQ (or dQ by atomics inside dK/dV), on PyTorch's current stream."""
+    dK/dV, then dQ (or dQ by atomics inside dK/dV), on PyTorch's current stream.
+    ``captured``: ``captured_buffers`` of the captured tensors that need a gradient (their
+    ``mods`` from ``mods.with_captured_grads``); the dK/dV kernel adds the gradients in."""
     from . import mods as _mods
     from .plan import bwd_plan_for, pinned_schedule
 
@@ -173,7 +184,10 @@ def run_backward(q, k, v, out, lse, dout, dlse, attn_mask, causal: bool, scale: 
     aux = mods.tensors() if aux is None else aux
     dkdv_extra = dq_extra = ()
     if plan.variant.flags is not None:
-        dkdv_extra = variant_arrays(plan.blocks[0], aux, dev)
+        pad = _int_pad(dev)
+        grads = tuple(pad if g is None else g for g in captured)
+        dkdv_extra = (*variant_arrays(plan.blocks[0], aux, dev), *grads,
+                      *([pad] * (_MAX_TENSORS - len(grads))))
         dq_extra = variant_arrays(plan.blocks[1], aux, dev)
     tensors = ((out, dout, delta, dlse_arg, dq_acc),
                (q, k, v, dout, lse, delta, mask, *dkdv_extra, dk, dv, dq_acc),

@@ -22,8 +22,10 @@ pairs the function with ``g(score, b, h, q_idx, kv_idx) = d fn / d score``; with
 function whose body is one ``return`` expression built from ``+ - * /``, unary minus,
 ``ct.tanh``, ``ct.exp``, ``ct.exp2``, ``ct.where`` and score-free terms is differentiated
 symbolically (softcapping, ALiBi and other biases need nothing). A ``score_mod`` with no
-derivative is refused before anything runs when an input requires grad. Captured tensors
-get no gradient.
+derivative is refused before anything runs when an input requires grad. A captured
+tensor of the score_mod that requires grad gets its gradient from the dK/dV kernel
+(``with_captured_grads``: each read differentiated by the same rules), or a VariantError
+before anything runs.
 
 The compile identity of a variant (``Lifted.key``) is the generated source (the function's
 code after lifting) plus the values of its captured constants, so a new variant compiles
@@ -33,6 +35,8 @@ once, like any other flag, and equal variants share kernels.
 from __future__ import annotations
 
 import ast
+import copy
+import dataclasses
 import functools
 import inspect
 import itertools
@@ -218,6 +222,9 @@ def lift(fn: Callable, nargs: int, role: str, derivative: bool = False,
 
 # ----------------------------------------------------------------------------- derivative
 _ONE = ast.Constant(1.0)
+CLOSED_SET = ("closed set: + - * /, ** with a constant exponent, unary -, comparisons, "
+              "ct.tanh, ct.exp, ct.exp2, ct.log, ct.log2, ct.sqrt, ct.sin, ct.cos, ct.abs, "
+              "ct.maximum, ct.minimum, ct.where")
 
 
 def _derivative_of(body: list[ast.stmt], wrt: str, fn) -> ast.expr:
@@ -230,7 +237,7 @@ def _derivative_of(body: list[ast.stmt], wrt: str, fn) -> ast.expr:
     if d is None:
         raise VariantError(
             f"score_mod {_name(fn)}: cannot differentiate `{ast.unparse(body[0].value)}` "
-            "(closed set: + - * /, unary -, ct.tanh, ct.exp, ct.exp2, ct.where); pass "
+            f"({CLOSED_SET}); pass "
             "ScoreMod(fn, grad=dfn) with dfn(score, b, h, q_idx, kv_idx) = d fn / d score")
     return d if d is not _ZERO else ast.Constant(0.0)
 
@@ -267,56 +274,284 @@ def _times(a, b):
 
 # Keywords that change a call's precision, not its value: the derivative keeps them.
 _PRECISION_KWARGS = frozenset({"rounding_mode", "flush_to_zero"})
+_LN2 = 0.6931471805599453
+
+
+def _neg(a):
+    return ast.UnaryOp(ast.USub(), a)
 
 
 def _d(e: ast.expr, x: str):
-    """d e / d x as an expression, _ZERO, or None (outside the closed set)."""
+    """d e / d x as an expression, _ZERO, or None (outside the closed set).
+
+    Comparisons (and so ``where`` conditions, ``abs``/``maximum`` branches) are piecewise
+    constant: their own derivative is 0 almost everywhere, as torch's autograd takes it."""
     if not _uses(e, x):
         return _ZERO
     if isinstance(e, ast.Name):
         return _ONE
+    if isinstance(e, ast.Compare):
+        return _ZERO
     if isinstance(e, ast.UnaryOp) and isinstance(e.op, (ast.USub, ast.UAdd)):
         da = _d(e.operand, x)
         if da is None or da is _ZERO or isinstance(e.op, ast.UAdd):
             return da
-        return ast.UnaryOp(ast.USub(), da)
+        return _neg(da)
     if isinstance(e, ast.BinOp):
-        da, db = _d(e.left, x), _d(e.right, x)
+        return _d_binop(e, x)
+    if isinstance(e, ast.Call) and all(kw.arg in _PRECISION_KWARGS for kw in e.keywords):
+        return _d_call(e, x)
+    return None
+
+
+def _d_binop(e: ast.BinOp, x: str):
+    da, db = _d(e.left, x), _d(e.right, x)
+    if da is None or db is None:
+        return None
+    if isinstance(e.op, (ast.Add, ast.Sub)):
+        if db is _ZERO:
+            return da
+        neg = _neg(db) if isinstance(e.op, ast.Sub) else db
+        return neg if da is _ZERO else _bin(da, e.op, db)
+    if isinstance(e.op, ast.Mult):
+        terms = [t for t in (None if da is _ZERO else _times(da, e.right),
+                             None if db is _ZERO else _times(e.left, db)) if t is not None]
+        return terms[0] if len(terms) == 1 else _bin(terms[0], ast.Add(), terms[1])
+    if isinstance(e.op, ast.Div):
+        if db is _ZERO:
+            return _bin(da, ast.Div(), e.right)
+        # quotient rule: (a' b - a b') / b^2
+        num = _neg(_times(e.left, db)) if da is _ZERO else _bin(
+            _times(da, e.right), ast.Sub(), _times(e.left, db))
+        return _bin(num, ast.Div(), _bin(e.right, ast.Mult(), e.right))
+    if (isinstance(e.op, ast.Pow) and db is _ZERO and isinstance(e.right, ast.Constant)
+            and isinstance(e.right.value, (int, float))):
+        n = e.right.value
+        return _times(_bin(ast.Constant(float(n)), ast.Mult(),
+                           _bin(e.left, ast.Pow(), ast.Constant(n - 1))), da)
+    return None
+
+
+def _d_call(e: ast.Call, x: str):
+    name = _call_name(e)
+    args = e.args
+    if name in ("tanh", "exp", "exp2", "log", "log2", "sqrt", "sin", "cos", "abs") \
+            and len(args) == 1:
+        da = _d(args[0], x)
+        if da is None or da is _ZERO:
+            return da
+        a = args[0]
+        if name == "abs":  # sign(a) a' (0 at a = 0, as torch)
+            return _where(e, ast.Compare(a, [ast.Gt()], [ast.Constant(0.0)]), da,
+                          _where(e, ast.Compare(a, [ast.Lt()], [ast.Constant(0.0)]),
+                                 _neg(da), ast.Constant(0.0)))
+        if name == "tanh":
+            outer = _bin(ast.Constant(1.0), ast.Sub(), _bin(e, ast.Mult(), e))
+        elif name == "exp":
+            outer = e
+        elif name == "exp2":
+            outer = _bin(e, ast.Mult(), ast.Constant(_LN2))
+        elif name == "log":
+            return _bin(da, ast.Div(), a)
+        elif name == "log2":
+            return _bin(da, ast.Div(), _bin(a, ast.Mult(), ast.Constant(_LN2)))
+        elif name == "sqrt":
+            return _bin(da, ast.Div(), _bin(ast.Constant(2.0), ast.Mult(), e))
+        elif name == "sin":
+            outer = _sibling(e, "cos", a)
+        else:
+            outer = _neg(_sibling(e, "sin", a))
+        return _times(outer, da)
+    if name in ("where", "maximum", "minimum") and len(args) == 3 - (name != "where"):
+        if name == "where":
+            cond, a, b = args
+        else:
+            a, b = args
+            cond = ast.Compare(a, [ast.GtE() if name == "maximum" else ast.LtE()], [b])
+        da, db = _d(a, x), _d(b, x)
         if da is None or db is None:
             return None
-        if isinstance(e.op, (ast.Add, ast.Sub)):
-            if db is _ZERO:
-                return da
-            neg = ast.UnaryOp(ast.USub(), db) if isinstance(e.op, ast.Sub) else db
-            return neg if da is _ZERO else _bin(da, e.op, db)
-        if isinstance(e.op, ast.Mult):
-            terms = [t for t in (None if da is _ZERO else _times(da, e.right),
-                                 None if db is _ZERO else _times(e.left, db)) if t is not None]
-            return terms[0] if len(terms) == 1 else _bin(terms[0], ast.Add(), terms[1])
-        if isinstance(e.op, ast.Div) and db is _ZERO:
-            return _bin(da, ast.Div(), e.right)
-        return None
-    if isinstance(e, ast.Call) and all(kw.arg in _PRECISION_KWARGS for kw in e.keywords):
-        name = _call_name(e)
-        if name in ("tanh", "exp", "exp2") and len(e.args) == 1:
-            da = _d(e.args[0], x)
-            if da is None:
-                return None
-            if name == "tanh":
-                outer = _bin(ast.Constant(1.0), ast.Sub(), _bin(e, ast.Mult(), e))
-            elif name == "exp":
-                outer = e
-            else:
-                outer = _bin(e, ast.Mult(), ast.Constant(0.6931471805599453))
-            return _times(outer, da)
-        if name == "where" and len(e.args) == 3 and not _uses(e.args[0], x):
-            da, db = _d(e.args[1], x), _d(e.args[2], x)
-            if da is None or db is None:
-                return None
-            zero = ast.Constant(0.0)
-            return ast.Call(e.func, [e.args[0], zero if da is _ZERO else da,
-                                     zero if db is _ZERO else db], [])
+        if da is _ZERO and db is _ZERO:
+            return _ZERO
+        zero = ast.Constant(0.0)
+        return _where(e, cond, zero if da is _ZERO else da, zero if db is _ZERO else db)
     return None
+
+
+def _where(call: ast.Call, cond, a, b) -> ast.Call:
+    """``<module of call>.where(cond, a, b)``."""
+    return _sibling(call, "where", cond, a, b)
+
+
+def _sibling(call: ast.Call, name: str, *args) -> ast.Call:
+    """A call of ``name`` from the module of ``call``'s function (``ct.tanh`` -> ``ct.name``)."""
+    return ast.Call(ast.Attribute(call.func.value, name, ast.Load()), list(args), [])
+
+
+# ----------------------------------------------------------------------------- captured grads
+GRADS = tuple(f"_ta_grad{i}" for i in range(MAX_TENSORS))  # the kernels' G0..G3
+_DS = "_ta_ds"
+_READ = "_ta_read"
+
+
+def _gather_slot(node) -> int | None:
+    """The A-slot of a lifted read ``_ta_ct.gather(_ta_auxI, index)``, else None."""
+    if (isinstance(node, ast.Call) and _call_name(node) == "gather" and len(node.args) == 2
+            and isinstance(node.args[0], ast.Name) and node.args[0].id in AUX):
+        return AUX.index(node.args[0].id)
+    return None
+
+
+class _NameReads(ast.NodeTransformer):
+    """Each read of a tensor that needs a gradient -> a fresh name (the variable the
+    derivative is taken by); ``reads`` keeps (slot, original call, name)."""
+
+    def __init__(self, needs: tuple[bool, ...]):
+        self.needs, self.reads = needs, []
+
+    def visit_Call(self, node):
+        self.generic_visit(node)
+        slot = _gather_slot(node)
+        if slot is None or slot >= len(self.needs) or not self.needs[slot]:
+            return node
+        name = f"{_READ}{len(self.reads)}"
+        self.reads.append((slot, node, name))
+        return ast.Name(name, ast.Load())
+
+
+class _Substitute(ast.NodeTransformer):
+    def __init__(self, values: dict[str, ast.expr]):
+        self.values = values
+
+    def visit_Name(self, node):
+        value = self.values.get(node.id)
+        return node if value is None or not isinstance(node.ctx, ast.Load) else \
+            ast.parse(ast.unparse(value), mode="eval").body
+
+
+def _one_expression(body: list[ast.stmt]) -> ast.expr | None:
+    """The returned expression of a body of single-name assignments and one final return
+    (assignments substituted in), skipping a docstring; None for any other form."""
+    bound: dict[str, ast.expr] = {}
+    for i, stmt in enumerate(body):
+        if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and i == 0:
+            continue
+        if (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1
+                and isinstance(stmt.targets[0], ast.Name)):
+            bound[stmt.targets[0].id] = _Substitute(bound).visit(stmt.value)
+        elif isinstance(stmt, ast.Return) and stmt.value is not None and i == len(body) - 1:
+            return _Substitute(bound).visit(stmt.value)
+        else:
+            return None
+    return None
+
+
+def _accumulate(slot: int, index: ast.expr, value: ast.expr, params: list[str]) -> ast.stmt:
+    """``G<slot>[index] += value`` by a relaxed atomic, the tile summed first over the axes
+    the index does not depend on: an index of b/h only adds one scalar per tile, of q_idx
+    only one per row, of kv_idx only one per column, of both (or the score) one each."""
+    score, _, _, q, kv = params
+    elts = index.elts if isinstance(index, ast.Tuple) else [index]
+    on_q = any(_uses(e, q) or _uses(e, score) for e in elts)
+    on_kv = any(_uses(e, kv) or _uses(e, score) for e in elts)
+    ct_ = ast.Name(_CT, ast.Load())
+    value = ast.Call(ast.Attribute(ct_, "astype", ast.Load()),
+                     [value, ast.Attribute(ct_, "float32", ast.Load())], [])
+    if not (on_q and on_kv):
+        axis = [] if not (on_q or on_kv) else [ast.keyword("axis", ast.Constant(
+            1 if on_q else 0)), ast.keyword("keepdims", ast.Constant(True))]
+        value = ast.Call(ast.Attribute(ct_, "sum", ast.Load()), [value], axis)
+    relaxed = ast.Attribute(ast.Attribute(ct_, "MemoryOrder", ast.Load()), "RELAXED",
+                            ast.Load())
+    return ast.Expr(ast.Call(ast.Attribute(ct_, "atomic_add", ast.Load()),
+                             [ast.Name(GRADS[slot], ast.Load()), index, value],
+                             [ast.keyword("memory_order", relaxed)]))
+
+
+def captured_grad_body(lifted_fn: Callable, needs: tuple[bool, ...], names: list[str],
+                       role: str) -> tuple[list[str], list[ast.stmt]]:
+    """(parameters, body) of the function that adds d out / d T into each G of a captured
+    tensor T that ``needs`` a gradient: for each read ``T[idx]`` of the (lifted)
+    score_mod, ``G[idx] += sum ds * d score_mod / d T[idx]`` with ``ds`` = d out / d
+    (modified score). VariantError (naming the tensor and the read) for a read the closed
+    set cannot differentiate."""
+    node = ast.parse(textwrap.dedent(inspect.getsource(lifted_fn))).body[0]
+    params = [a.arg for a in node.args.args][:5]
+    expr = _one_expression(node.body)
+    if expr is None:
+        raise VariantError(f"{role}: a captured tensor requires grad but the body is not "
+                           "assignments and one return expression; detach the tensor or "
+                           "write the score_mod as one expression")
+    namer = _NameReads(needs)
+    expr = namer.visit(expr)
+    originals = {name: call for _, call, name in namer.reads}
+    body = []
+    for slot, call, name in namer.reads:
+        d = _d(expr, name)
+        if d is None:
+            raise VariantError(
+                f"{role}: captured tensor {names[slot]!r} requires grad, and "
+                f"`{ast.unparse(expr)}` cannot be differentiated by its read "
+                f"`{ast.unparse(call)}` ({CLOSED_SET}); detach it or compute the score in "
+                "that closed set")
+        if d is _ZERO:
+            continue
+        # copies: ``d`` shares subtrees with ``expr``, which later reads still differentiate
+        d = _Substitute(originals).visit(copy.deepcopy(d))
+        index = _Substitute(originals).visit(copy.deepcopy(call.args[1]))
+        value = _bin(ast.Name(_DS, ast.Load()), ast.Mult(), d)
+        body.append(_accumulate(slot, index, value, params))
+    if not namer.reads:
+        raise VariantError(f"{role}: captured tensors {[n for n, w in zip(names, needs) if w]} "
+                           "require grad but are never read by subscript in it")
+    body.append(ast.Return(ast.Name(_DS, ast.Load())))
+    return params + list(AUX) + list(GRADS) + [_DS], body
+
+
+def with_captured_grads(mods: Mods, needs: tuple[bool, ...]) -> Mods:
+    """``mods`` whose backward also computes the gradients of the captured tensors that
+    ``needs`` marks (A0.. order; only the score_mod's can have one: a mask_mod is piecewise
+    constant, its tensors get None as in torch). Cached; VariantError before anything runs
+    when a gradient cannot be derived."""
+    n_score = len(mods.score_mod.cells) if mods.score_mod is not None else 0
+    needs = tuple(needs[:n_score])
+    if not any(needs):
+        return mods
+    key = (mods.key, needs)
+    found = _captured_cache.get(key)
+    if found is None:
+        names = [n for n, _ in mods.score_mod.cells]
+        role = "score_mod " + mods.score_mod.fn.__name__.removeprefix("score_mod_")
+        params, body = captured_grad_body(mods.score_mod.fn, needs, names, role)
+        import cuda.tile as ct
+
+        env = dict(mods.score_mod.fn.__globals__)
+        env[_CT] = ct
+        fn, source = _compile_raw("score_capgrad", params, body, env)
+        found = dataclasses.replace(mods, captured_grad=Lifted(fn, ("score_capgrad", source),
+                                                               mods.score_mod.cells),
+                                    key=(*mods.key, ("score_capgrad", source)))
+        if len(_captured_cache) >= 256:
+            _captured_cache.clear()
+        _captured_cache[key] = found
+    return found
+
+
+_captured_cache: dict[tuple, Mods] = {}
+
+
+def _compile_raw(name: str, params: list[str], body: list[ast.stmt], env: dict):
+    """Exec a generated function with exactly ``params`` (``_compile`` appends A0..A3)."""
+    fdef = ast.FunctionDef(name=name, args=ast.arguments(
+        posonlyargs=[], args=[ast.arg(p) for p in params], kwonlyargs=[], kw_defaults=[],
+        defaults=[]), body=body, decorator_list=[], returns=None, type_params=[])
+    module = ast.fix_missing_locations(ast.Module([fdef], type_ignores=[]))
+    source = ast.unparse(module) + "\n"
+    filename = f"<tiledattention variant {next(_counter)}: {name}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    scope: dict = {}
+    exec(compile(source, filename, "exec"), env, scope)  # noqa: S102 - our own generated code
+    return scope[name], source
 
 
 # ----------------------------------------------------------------------------- variants
@@ -329,6 +564,8 @@ class Mods:
     mask_mod: Lifted | None
     key: tuple  # compile identity of the three together
     grad_error: str | None = None  # why a score_mod has no derivative (None: it has one)
+    # the backward's captured-tensor gradients (``with_captured_grads``; None: none)
+    captured_grad: Lifted | None = None
 
     @property
     def has_score_mod(self) -> bool:
@@ -392,12 +629,13 @@ def _mods_cached(key, score_mod, grad, mask_mod) -> Mods:
 def with_mods(pyfunc: Callable, mods: Mods) -> Callable:
     """A copy of a kernel's Python function whose SCORE_MOD / SCORE_GRAD / MASK_MOD globals
     are this variant's (cuTile compiles a function against its globals)."""
-    from .body import no_mask_mod, no_score_mod
+    from .body import no_captured_grad, no_mask_mod, no_score_mod
 
     env = dict(pyfunc.__globals__)
     env["SCORE_MOD"] = mods.score_mod.fn if mods.score_mod else no_score_mod
     env["SCORE_GRAD"] = mods.score_grad.fn if mods.score_grad else no_score_mod
     env["MASK_MOD"] = mods.mask_mod.fn if mods.mask_mod else no_mask_mod
+    env["SCORE_CAPGRAD"] = mods.captured_grad.fn if mods.captured_grad else no_captured_grad
     clone = types.FunctionType(pyfunc.__code__, env, pyfunc.__name__, pyfunc.__defaults__,
                                pyfunc.__closure__)
     clone.__kwdefaults__ = pyfunc.__kwdefaults__

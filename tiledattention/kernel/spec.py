@@ -104,6 +104,7 @@ def _kernel(spec: KernelSpec, key: tuple, mods, hints: tuple):
 # both run one program (``attention.fwd_program``, ``backward.dkdv_program``, ...).
 _ATT = ("Q", "K", "V")
 _EXTRA = ("BlkCnt", "BlkIdx", "A0", "A1", "A2", "A3")
+GRADS = ("G0", "G1", "G2", "G3")  # fp32 gradients of the captured tensors (dK/dV only)
 _BWD = (*_ATT, "dOut", "Lse", "Delta", "Mask")
 FWD = KernelSpec("attention", "attention_fwd", (*_ATT, "Out", "Lse", "Mask"))
 FWD_VARIANT = KernelSpec("attention", "attention_fwd_variant",
@@ -113,7 +114,7 @@ DELTA = KernelSpec("backward", "attention_bwd_delta",
                    ("Out", "dOut", "Delta", "Dlse", "dQacc"))
 DKDV = KernelSpec("backward", "attention_bwd_dkdv", (*_BWD, "dK", "dV", "dQacc"))
 DKDV_VARIANT = KernelSpec("backward", "attention_bwd_dkdv_variant",
-                          (*_BWD, *_EXTRA, "dK", "dV", "dQacc"))
+                          (*_BWD, *_EXTRA, *GRADS, "dK", "dV", "dQacc"))
 DQ = KernelSpec("backward", "attention_bwd_dq", (*_BWD, "dQ"))
 DQ_VARIANT = KernelSpec("backward", "attention_bwd_dq_variant", (*_BWD, *_EXTRA, "dQ"))
 CLASSIFY = KernelSpec("blockmask", "classify_tiles", ("Cls", *_EXTRA[2:]))

@@ -1,0 +1,418 @@
+"""Variant numerics without a GPU: the kernels that FlexAttention's masking idiom (a
+score_mod returning -inf), relative biases at untiled lengths and integer index arithmetic
+run through compile with tileiras, forward and backward (tests/gpu/test_variant_numerics_gpu.py
+checks their values on the GPU); the float64 reference defines fully masked rows."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from tiledattention.reference import naive_attention
+
+NEG_INF = -math.inf
+
+
+def test_the_reference_gives_fully_masked_rows_zeros_and_lse_minus_inf():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 8, 16) for _ in range(3))
+
+    def score_ref(s, b, h, q_idx, kv_idx):  # rows 0..2 see no key at all
+        return s.masked_fill((q_idx < 3) & (kv_idx >= 0), NEG_INF)
+
+    out, lse = naive_attention(q, k, v, score_ref=score_ref)
+    assert torch.equal(out[:, :, :3], torch.zeros_like(out[:, :, :3]))
+    assert torch.isneginf(lse[:, :, :3]).all() and torch.isfinite(lse[:, :, 3:]).all()
+    assert torch.isfinite(out).all()
+
+
+def test_torch_softmax_of_a_row_holding_plus_inf_is_nan():
+    # The semantics the kernels keep for a score_mod returning +inf (documented in body).
+    assert torch.isnan(torch.softmax(torch.tensor([math.inf, 1.0]), -1)).all()
+
+
+# ----------------------------------------------------------------------------- compiles
+ct = pytest.importorskip("cuda.tile", reason="cuTile not installed")
+
+from tiledattention.kernel import mods as M  # noqa: E402
+from tiledattention.kernel.compile import export_bwd_cubins, export_cubin  # noqa: E402
+from tiledattention.kernel.toolchain import tileiras_path  # noqa: E402
+from tiledattention.kernel.variant import BwdVariant, Flags, Variant  # noqa: E402
+from tiledattention.schedules.backward import default_bwd_schedule  # noqa: E402
+from tiledattention.schedules.schedule import Schedule, default_schedule  # noqa: E402
+
+_needs_tileiras = pytest.mark.skipif(tileiras_path() is None, reason="tileiras not found")
+
+_DOC = torch.zeros(333, dtype=torch.int32)
+_POS = torch.arange(333, dtype=torch.int64)
+_VALID = torch.ones(2, 333, dtype=torch.bool)
+
+
+def inverse_causal(score, b, h, q_idx, kv_idx):
+    return ct.where(q_idx <= kv_idx, score, NEG_INF)
+
+
+def document_inf(score, b, h, q_idx, kv_idx):
+    return ct.where(_DOC[q_idx] == _DOC[kv_idx], score, NEG_INF)
+
+
+def sequence_mask(score, b, h, q_idx, kv_idx):
+    return ct.where(_VALID[b, kv_idx], score, NEG_INF)
+
+
+def relative_bias(score, b, h, q_idx, kv_idx):
+    return score + (q_idx - kv_idx)
+
+
+def integer_terms(score, b, h, q_idx, kv_idx):
+    # int / int is true division (float), // floors, an int64 tensor read mixes with fp32
+    return score + (q_idx - kv_idx) / 64 + (q_idx // 64 - kv_idx // 64) + _POS[kv_idx] * 0.001
+
+
+_SCALE64 = torch.ones(4, dtype=torch.float64)
+
+
+def float64_gate(score, b, h, q_idx, kv_idx):  # float64 arithmetic: the score is f64
+    return score * _SCALE64[h] + (q_idx - kv_idx) * 0.5
+
+
+def _aux(mods):
+    dt = {torch.float32: ct.float32, torch.int32: ct.int32, torch.int64: ct.int64,
+          torch.float64: ct.float64,
+          torch.bool: ct.bool_, torch.float16: ct.float16}
+    return tuple((dt[t.dtype], t.dim()) for t in mods.tensors())
+
+
+def _compile_both(score, d=64, causal=False, split_k=False, even=False):
+    mods = M.mods_for(score, None)
+    assert mods.grad_error is None, mods.grad_error
+    aux = _aux(mods)
+    flags = Flags("float16", d, causal, mods=mods.key, has_score_mod=True)
+    fwd = export_cubin(Variant("float16", d, causal, Schedule(64, 64, 2) if split_k else
+                               default_schedule(d, causal), even_n=even, return_lse=True,
+                               split_k=split_k, flags=flags), "sm_90", mods=mods, aux=aux)
+    assert fwd.cubin[:4] == b"\x7fELF"
+    if split_k:
+        return
+    bwd = export_bwd_cubins(BwdVariant("float16", d, causal, default_bwd_schedule(d, causal),
+                                       even_n=even, flags=flags), "sm_90", mods=mods, aux=aux)
+    assert all(c[:4] == b"\x7fELF" for c in bwd.values())
+
+
+@pytest.mark.compile
+@_needs_tileiras
+@pytest.mark.parametrize("score", [inverse_causal, relative_bias, integer_terms,
+                                   float64_gate],
+                         ids=lambda f: f.__name__)
+def test_minus_inf_relative_and_integer_score_mods_compile_forward_and_backward(score):
+    _compile_both(score)
+
+
+@pytest.mark.compile
+@_needs_tileiras
+@pytest.mark.parametrize("score", [document_inf, sequence_mask], ids=lambda f: f.__name__)
+def test_captured_int_and_bool_masks_through_the_score_compile(score):
+    _compile_both(score, d=128, causal=True)
+
+
+@pytest.mark.compile
+@_needs_tileiras
+def test_a_split_k_forward_with_a_minus_inf_score_mod_compiles():
+    _compile_both(inverse_causal, split_k=True)
+
+
+# ----------------------------------------------------------------------------- captured grads
+_BIAS = torch.zeros(4, 333, 333, requires_grad=True)
+_SLOPES = torch.rand(4, requires_grad=True)
+_GATE = torch.ones(4, requires_grad=True)
+_KB = torch.zeros(333, requires_grad=True)
+_QB = torch.zeros(2, 333, requires_grad=True)
+
+
+def learnable(score, b, h, q_idx, kv_idx):
+    return score * _GATE[h] + _SLOPES[h] * (kv_idx - q_idx) + _KB[kv_idx] + _QB[b, q_idx]
+
+
+def full_bias(score, b, h, q_idx, kv_idx):
+    """A docstring and an assignment: still one expression to differentiate."""
+    x = score + _BIAS[h, q_idx, kv_idx]
+    return ct.tanh(x / 30.0) * 30.0
+
+
+def _slots(mods) -> dict[str, int]:
+    return {name: i for i, (name, _) in enumerate(mods.score_mod.cells)}
+
+
+def test_each_read_is_summed_over_the_axes_its_index_does_not_use():
+    mods = M.mods_for(learnable, None)
+    src = M.with_captured_grads(mods, (True,) * 4).captured_grad.key[1]
+    slot = _slots(mods)
+    lines = {n: next(ln for ln in src.splitlines() if f"atomic_add(_ta_grad{i}," in ln)
+             for n, i in slot.items()}
+    assert "(h,)" in lines["_GATE"] and "axis" not in lines["_GATE"]  # one scalar a tile
+    assert "_ta_ds * score" in lines["_GATE"]
+    assert "(kv_idx - q_idx)" in lines["_SLOPES"] and "axis" not in lines["_SLOPES"]
+    assert "(kv_idx,)" in lines["_KB"] and "axis=0" in lines["_KB"]  # per key: sum over q
+    assert "(b, q_idx)" in lines["_QB"] and "axis=1" in lines["_QB"]  # per query: over kv
+    assert all("RELAXED" in ln for ln in lines.values())
+
+
+def test_only_the_tensors_that_need_a_gradient_are_accumulated():
+    mods = M.mods_for(learnable, None)
+    slot = _slots(mods)
+    needs = tuple(name == "_KB" for name in sorted(slot, key=slot.get))
+    src = M.with_captured_grads(mods, needs).captured_grad.key[1]
+    assert src.count("atomic_add") == 1 and f"atomic_add(_ta_grad{slot['_KB']}," in src
+    assert M.with_captured_grads(mods, (False,) * 4) is mods
+
+
+def test_a_full_bias_under_tanh_in_a_multi_statement_body_is_differentiated_elementwise():
+    src = M.with_captured_grads(M.mods_for(full_bias, None), (True,)).captured_grad.key[1]
+    assert "(h, q_idx, kv_idx)" in src and "sum" not in src and "tanh" in src
+
+
+def test_the_symbolic_derivative_covers_the_torch_ops_a_mod_uses():
+    import ast
+
+    cases = {"ct.where(score > 0, score, 0.1 * score)": "ct.where(score > 0, 1.0, 0.1)",
+             "ct.maximum(score, 0.0)": "ct.where(score >= 0.0, 1.0, 0.0)",
+             "ct.log(score)": "1.0 / score", "score / (2.0 + score)": None,
+             "score ** 2": "2.0 * score ** 1", "ct.sin(score)": "ct.cos(score)"}
+    for src, want in cases.items():
+        d = M._d(ast.parse(src, mode="eval").body, "score")
+        assert d is not None, src
+        if want is not None:
+            assert ast.unparse(d) == want, (src, ast.unparse(d))
+
+
+def test_a_captured_tensor_read_where_the_derivative_cannot_follow_is_refused_typed():
+    def opaque(score, b, h, q_idx, kv_idx):
+        return score + ct.floor(_KB[kv_idx])
+
+    with pytest.raises(M.VariantError, match="_KB.*requires grad"):
+        M.with_captured_grads(M.mods_for(opaque, None), (True,))
+
+
+@pytest.mark.compile
+@_needs_tileiras
+@pytest.mark.parametrize("score", [learnable, full_bias], ids=lambda f: f.__name__)
+def test_the_captured_gradient_backward_compiles(score):
+    mods = M.mods_for(score, None)
+    bwd_mods = M.with_captured_grads(mods, (True,) * len(mods.tensors()))
+    aux = tuple((*a, True) for a in _aux(mods))
+    flags = Flags("bfloat16", 128, True, mods=bwd_mods.key, has_score_mod=True)
+    bwd = export_bwd_cubins(BwdVariant("bfloat16", 128, True, default_bwd_schedule(128, True),
+                                       flags=flags), "sm_90", mods=bwd_mods, aux=aux)
+    assert all(c[:4] == b"\x7fELF" for c in bwd.values())
+    assert b"attention_bwd_dkdv" in bwd["attention_bwd_dkdv_variant"]
+
+
+def test_a_block_masks_plan_key_is_a_serial_never_reused_and_does_not_keep_it_alive():
+    import gc
+    import weakref
+
+    from tiledattention.kernel.blockmask import BlockMask
+    from tiledattention.kernel.plan import block_token
+
+    def make():
+        return BlockMask(None, None, None, 64, 64, torch.device("cpu"))
+
+    first = make()
+    token = block_token(first)
+    assert block_token(first) == token  # stable while the mask lives
+    alive = weakref.ref(first)
+    del first
+    gc.collect()
+    assert alive() is None  # the token table holds no reference
+    later = [block_token(make()) for _ in range(200)]  # whatever ids these land on
+    assert min(later) > token and len(set(later)) == len(later)
+
+
+# ----------------------------------------------------------------------------- autograd wiring
+class _FakeKernels:
+    """The eager path's plan, launch and backward replaced by stand-ins on the CPU: what
+    is checked is the autograd wiring around them (which tensors get which gradient)."""
+
+    def __init__(self, monkeypatch):
+        from types import SimpleNamespace
+
+        from tiledattention import api
+
+        self.launched, self.captured = 0, None
+        monkeypatch.setattr(api, "plan_for", lambda *a, **k: SimpleNamespace(
+            variant=SimpleNamespace(causal=False), scale=1.0))
+        monkeypatch.setattr(api, "launch", self.launch)
+        monkeypatch.setattr(api, "run_backward", self.run_backward)
+
+    def launch(self, plan, q, k, v, attn_mask, fresh_lse=True, aux=()):
+        self.launched += 1
+        return q * 1.0, torch.zeros(q.shape[:3])
+
+    def run_backward(self, q, k, v, out, lse, dout, dlse, *args, aux=(), captured=(), **kw):
+        self.captured = captured
+        for i, g in enumerate(captured):
+            if g is not None:
+                g.fill_(float(i + 1))
+        return dout, torch.zeros_like(k), torch.zeros_like(v)
+
+
+def test_captured_tensors_that_require_grad_get_theirs_in_their_dtype(monkeypatch):
+    import tiledattention as ta
+
+    fake = _FakeKernels(monkeypatch)
+    slopes = torch.rand(4, dtype=torch.bfloat16, requires_grad=True)
+    fixed = torch.rand(4)  # no grad wanted: no buffer, no atomics
+    gate = torch.ones(4, requires_grad=True)
+
+    def mod(score, b, h, q_idx, kv_idx):
+        return score * gate[h] + slopes[h] * (kv_idx - q_idx) + fixed[h]
+
+    q = torch.randn(1, 4, 8, 64)  # q, k, v need no gradient: the captured ones make it
+    ta.sdpa(q, q, q, score_mod=mod).sum().backward()
+    slot = _slots(M.mods_for(mod, None))
+    assert fake.captured[slot["fixed"]] is None
+    for t, name in ((slopes, "slopes"), (gate, "gate")):
+        assert t.grad is not None and t.grad.dtype == t.dtype, name
+        assert torch.equal(t.grad, torch.full_like(t, slot[name] + 1.0)), name
+
+
+def test_a_captured_tensor_only_a_mask_mod_reads_gets_none_as_in_torch(monkeypatch):
+    import tiledattention as ta
+
+    fake = _FakeKernels(monkeypatch)
+    lengths = torch.tensor([5.0], requires_grad=True)
+    q = torch.randn(1, 2, 8, 64, requires_grad=True)
+    ta.sdpa(q, q, q, mask_mod=lambda b, h, q_idx, kv_idx: kv_idx < lengths[b]).sum().backward()
+    assert lengths.grad is None and q.grad is not None and fake.captured == ()
+
+
+def test_an_underivable_captured_read_is_refused_before_anything_runs(monkeypatch):
+    import tiledattention as ta
+
+    fake = _FakeKernels(monkeypatch)
+    kb = torch.zeros(8, requires_grad=True)
+
+    def floored(score, b, h, q_idx, kv_idx):
+        return score + ct.floor(kb[kv_idx])
+
+    with pytest.raises(M.VariantError, match="'kb' requires grad"):
+        ta.sdpa(torch.randn(1, 1, 8, 64), torch.randn(1, 1, 8, 64), torch.randn(1, 1, 8, 64),
+                score_mod=floored)
+    assert fake.launched == 0
+    with torch.no_grad():  # no gradient wanted: it runs
+        ta.sdpa(torch.randn(1, 1, 8, 64), torch.randn(1, 1, 8, 64), torch.randn(1, 1, 8, 64),
+                score_mod=floored)
+    assert fake.launched == 1
+
+
+class _TorchTile:
+    """torch in place of cuTile for running a generated captured-gradient function on the
+    CPU: gather is indexing, atomic_add is index_put_ with accumulation."""
+
+    float32 = torch.float64
+    MemoryOrder = type("MemoryOrder", (), {"RELAXED": "relaxed"})
+    where, tanh, exp = staticmethod(torch.where), staticmethod(torch.tanh), staticmethod(
+        torch.exp)
+
+    @staticmethod
+    def _index(idx):
+        idx = idx if isinstance(idx, tuple) else (idx,)
+        return tuple(torch.as_tensor(i) for i in idx)
+
+    def gather(self, array, idx):
+        return array[self._index(idx)]
+
+    def atomic_add(self, array, idx, value, memory_order=None):
+        idx = torch.broadcast_tensors(*self._index(idx), torch.as_tensor(value))
+        array.index_put_(idx[:-1], idx[-1].to(array.dtype), accumulate=True)
+
+    @staticmethod
+    def sum(x, axis=None, keepdims=False):
+        return x.sum() if axis is None else x.sum(axis, keepdim=keepdims)
+
+    @staticmethod
+    def astype(x, dtype):
+        return torch.as_tensor(x).to(dtype)
+
+
+def squared_bias(score, b, h, q_idx, kv_idx):  # one tensor read twice, one read nested
+    return score + _KB[kv_idx] * (_KB[kv_idx] + score)
+
+
+_REFERENCES = {  # each mod in torch, its captured tensors from ``t``
+    learnable: lambda s, b, h, q, kv, t: (s * t["_GATE"][h] + t["_SLOPES"][h] * (kv - q)
+                                          + t["_KB"][kv] + t["_QB"][b, q]),
+    full_bias: lambda s, b, h, q, kv, t: torch.tanh((s + t["_BIAS"][h, q, kv]) / 30.0) * 30.0,
+    squared_bias: lambda s, b, h, q, kv, t: s + t["_KB"][kv] * (t["_KB"][kv] + s),
+}
+
+
+@pytest.mark.parametrize("fn", list(_REFERENCES), ids=lambda f: f.__name__)
+def test_the_generated_captured_gradient_equals_torch_autograd_on_a_tile(fn):
+    """The generated function run over one [5, 7] tile (torch standing in for cuTile)
+    against torch autograd of the same mod: every read, reduction and index."""
+    mods = M.mods_for(fn, None)
+    slot = _slots(mods)
+    names = sorted(slot, key=slot.get)
+    bwd = M.with_captured_grads(mods, (True,) * len(names))
+    shim = _TorchTile()
+    scope = {**bwd.captured_grad.fn.__globals__, "_ta_ct": shim, "ct": shim}
+    exec(compile(bwd.captured_grad.key[1], "<test>", "exec"), scope)  # noqa: S102
+    torch.manual_seed(1)
+    values = {n: (globals()[n].detach() + 0.3 * torch.randn_like(globals()[n])).double()
+              for n in names}
+    score, ds = torch.randn(5, 7, dtype=torch.float64), torch.randn(5, 7, dtype=torch.float64)
+    b, h, q_idx, kv_idx = 1, 2, torch.arange(5)[:, None] + 3, torch.arange(7)[None, :] + 11
+    grads = {n: torch.zeros_like(values[n]) for n in names}
+    pad = [None] * (4 - len(names))
+    scope["score_capgrad"](score, b, h, q_idx, kv_idx, *(values[n] for n in names), *pad,
+                           *(grads[n] for n in names), *pad, ds)
+    leaves = {n: values[n].clone().requires_grad_() for n in names}
+    ref = _REFERENCES[fn](score, b, h, q_idx, kv_idx, leaves)
+    want = torch.autograd.grad((ref * ds).sum(), [leaves[n] for n in names])
+    for n, w in zip(names, want):
+        assert grads[n].abs().sum() > 0, n
+        assert torch.allclose(grads[n], w, atol=1e-10), n
+
+
+@pytest.mark.compile
+@_needs_tileiras
+def test_captured_gradients_compile_with_a_block_sparse_mask_mod_and_atomic_dq():
+    from tiledattention.schedules.backward import BwdSchedule
+
+    def doc_mask(b, h, q_idx, kv_idx):
+        return _DOC[q_idx] == _DOC[kv_idx]
+
+    mods = M.mods_for(full_bias, doc_mask)
+    n_score = len(mods.score_mod.cells)
+    bwd_mods = M.with_captured_grads(mods, (True,) * n_score + (False,))
+    aux = tuple((*a, i < n_score) for i, a in enumerate(_aux(mods)))
+    flags = Flags("float16", 64, False, mods=bwd_mods.key, has_score_mod=True,
+                  has_mask_mod=True, block_axes=(False, False))
+    bwd = export_bwd_cubins(BwdVariant("float16", 64, False, BwdSchedule(dq="atomic"),
+                                       flags=flags), "sm_90", mods=bwd_mods, aux=aux)
+    assert all(c[:4] == b"\x7fELF" for c in bwd.values())
+
+
+def test_the_ops_variant_registry_is_bounded_and_never_reuses_a_key():
+    import gc
+
+    from tiledattention import api
+    from tiledattention.kernel.blockmask import BlockMask
+
+    mods = M.mods_for(inverse_causal, None)
+    keys, ids = [], []
+    for _ in range(api.MAX_VARIANTS + 300):  # a new block mask per step, each dropped
+        block = BlockMask(None, None, None, 64, 64, torch.device("cpu"))
+        keys.append(api._variant_key(mods, block))
+        ids.append(id(block))
+        del block
+        gc.collect(0)
+    assert len(api._variants) <= api.MAX_VARIANTS
+    assert len(set(ids)) < len(ids)  # freed masks' ids came back (evicted ones are freed)
+    assert len(set(keys)) == len(keys)  # their keys did not
+    assert api._entry(keys[-1])[0] is mods and api._entry("")[1] is None
+    with pytest.raises(api.InputError, match="no longer registered"):
+        api._entry(keys[0])
