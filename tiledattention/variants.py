@@ -19,6 +19,9 @@ attention.
 
 from __future__ import annotations
 
+import math
+import numbers
+
 import cuda.tile as ct
 import torch
 
@@ -28,6 +31,15 @@ from .kernel.mods import ScoreMod
 def _with_reference(fn, reference):
     fn.reference = reference
     return fn
+
+
+def _count(name: str, value, low: int) -> int:
+    """An int argument >= ``low`` (a window size), or VariantError in one line."""
+    from .kernel.mods import VariantError
+
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+        raise VariantError(f"{name} must be an int >= {low}, got {value!r}")
+    return int(value)
 
 
 def _ref_offset(q_offset):
@@ -44,6 +56,7 @@ def sliding_window(left: int, right: int = 0, *, q_offset: torch.Tensor | None =
     position of each row's first query, i.e. a KV cache's length before these queries
     (transformers' bottom-right alignment: decode with Sq = 1 is query Skv - 1). A tensor,
     not a number, so a growing cache does not compile a kernel per step."""
+    left, right = _count("sliding_window: left", left, 1), _count("sliding_window: right", right, 0)
     if q_offset is None:
         def window_mask(b, h, q_idx, kv_idx):
             return (q_idx - kv_idx < left) & (kv_idx - q_idx <= right)
@@ -64,6 +77,11 @@ def softcap(cap: float) -> ScoreMod:
     symbolically: ``1 - tanh^2``). The hardware tanh (``tanh.approx.f32``, one MUFU
     instruction, relative error ~2^-11, as FlashAttention-3's softcap) instead of the
     full-precision one: below the fp16/bf16 rounding of P."""
+    from .kernel.mods import VariantError
+
+    if isinstance(cap, bool) or not isinstance(cap, numbers.Real) or not (
+            math.isfinite(cap) and cap > 0):
+        raise VariantError(f"softcap: cap must be a finite number > 0, got {cap!r}")
     cap = float(cap)
 
     def softcap_score(score, b, h, q_idx, kv_idx):

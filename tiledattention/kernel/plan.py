@@ -117,7 +117,8 @@ def call_key(q, k, v, attn_mask, causal, scale, enable_gqa, return_lse, schedule
     if variant is not None:
         variant = (variant[0].key, id(variant[1]))
     return (_facts(q), _facts(k), _facts(v), mask, type(causal), causal, type(scale), scale,
-            bool(enable_gqa), bool(return_lse), schedule, variant, policy.generation())
+            type(enable_gqa), enable_gqa, bool(return_lse), schedule, variant,
+            policy.generation())
 
 
 def _cached(key, build):
