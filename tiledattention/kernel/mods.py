@@ -33,11 +33,14 @@ once, like any other flag, and equal variants share kernels.
 from __future__ import annotations
 
 import ast
+import builtins
+import copy
 import functools
 import inspect
 import itertools
 import linecache
 import textwrap
+import tokenize
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -77,31 +80,146 @@ class Lifted:
 
 
 # ----------------------------------------------------------------------------- source
-def _function_node(fn: Callable, nargs: int) -> ast.FunctionDef | ast.Lambda:
+# A function's source is found from its code object (file, first line) in the lines
+# linecache holds, and checked against that code object: what is lifted is the function
+# that runs, never a file edited since, and a decorator that replaced the function (a
+# ``functools.wraps`` wrapper) is refused, not silently dropped.
+_trees: dict[str, tuple[list, ast.Module | None]] = {}
+
+
+def _where(fn, node: ast.AST | None = None) -> str:
+    """``file:line`` of ``node`` in ``fn``'s source (its definition without a node)."""
+    code = fn.__code__
+    line = getattr(node, "lineno", None) or code.co_firstlineno
+    return f"{code.co_filename}:{line}"
+
+
+def _refuse(fn, node, what: str) -> VariantError:
+    return VariantError(f"{_where(fn, node)}: {_name(fn)}: {what}")
+
+
+def _module_tree(filename: str, lines: list[str]) -> ast.Module | None:
+    cached = _trees.get(filename)
+    if cached is not None and cached[0] is lines:
+        return cached[1]
     try:
-        src = textwrap.dedent(inspect.getsource(fn))
-    except (OSError, TypeError) as exc:
-        raise VariantError(f"{_name(fn)}: its source is not available ({exc}); define it in a "
-                           "file or a notebook cell") from exc
+        tree = ast.parse("".join(lines), filename)
+    except (SyntaxError, ValueError):
+        tree = None  # e.g. a notebook cell holding magics: fall back to the block
+    if len(_trees) > 64:
+        _trees.clear()
+    _trees[filename] = (lines, tree)
+    return tree
+
+
+def _block_tree(lines: list[str], first: int) -> ast.Module | None:
+    """The definition block starting at line ``first`` alone, line numbers kept."""
     try:
-        tree = ast.parse(src)
-    except SyntaxError:  # a lambda cut out of a longer expression
-        tree = ast.parse("(" + src.strip().rstrip(",") + ")") if "lambda" in src else None
-        if tree is None:
-            raise VariantError(f"{_name(fn)}: its source could not be parsed") from None
-    if fn.__name__ == "<lambda>":
-        nodes = [n for n in ast.walk(tree) if isinstance(n, ast.Lambda)]
-        if len(nodes) > 1:
-            nodes = [n for n in nodes if len(n.args.args) == nargs]
+        block = inspect.getblock(lines[first - 1:])
+    except (IndexError, SyntaxError, tokenize.TokenError):
+        return None
+    text = textwrap.dedent("".join(block))
+    for src in (text, "(" + text.strip().rstrip(",") + ")"):
+        try:
+            tree = ast.parse(src)
+        except SyntaxError:
+            continue
+        ast.increment_lineno(tree, first - 1)
+        return tree
+    return None
+
+
+def _candidates(tree: ast.AST, code) -> list:
+    first = code.co_firstlineno
+    if code.co_name == "<lambda>":
+        return [n for n in ast.walk(tree) if isinstance(n, ast.Lambda) and n.lineno == first]
+    return [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)
+            and n.name == code.co_name
+            and first in (n.lineno, *(d.lineno for d in n.decorator_list))]
+
+
+def _signature(code) -> tuple:
+    consts = tuple(_signature(c) if isinstance(c, types.CodeType) else (type(c), repr(c))
+                   for c in code.co_consts)
+    return (code.co_code, code.co_names, code.co_varnames, code.co_freevars,
+            code.co_cellvars, consts)
+
+
+def _imported_names(tree: ast.Module | None, fn) -> set[str]:
+    """Names the module binds by import (Python 3.11 compiles ``mod.f()`` differently
+    when ``mod`` is one); without the module's tree, its globals holding modules."""
+    if tree is None:
+        return {n for n, v in fn.__globals__.items() if isinstance(v, types.ModuleType)}
+    out, stack = set(), list(tree.body)
+    while stack:
+        st = stack.pop()
+        if isinstance(st, (ast.Import, ast.ImportFrom)):
+            out |= {(a.asname or a.name).split(".")[0] for a in st.names}
+        elif not isinstance(st, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            stack.extend(c for c in ast.iter_child_nodes(st) if isinstance(c, ast.stmt))
+    return out
+
+
+def _code_matches(node, code, imported: set[str] = frozenset()) -> bool:
+    """Whether ``node`` compiles to ``code`` (in a scope giving it the same free names,
+    in a module importing the same names)."""
+    node = copy.deepcopy(node)
+    if isinstance(node, ast.FunctionDef):
+        node.decorator_list = []
+        inner = node
     else:
-        nodes = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)
-                 and n.name == fn.__name__]
-    if len(nodes) != 1:
-        raise VariantError(f"{_name(fn)}: cannot single out its definition in its source "
-                           "(define it with def, or one lambda per line)")
-    node = nodes[0]
-    if len(node.args.args) != nargs or node.args.vararg or node.args.kwonlyargs:
-        raise VariantError(f"{_name(fn)} must take exactly {nargs} positional parameters")
+        inner = ast.Assign([ast.Name("_ta_lambda", ast.Store())], node)
+    outer = ast.FunctionDef(
+        name="_ta_outer", args=ast.arguments(posonlyargs=[], args=[], kwonlyargs=[],
+                                             kw_defaults=[], defaults=[]),
+        body=[ast.Assign([ast.Name(v, ast.Store())], ast.Constant(None))
+              for v in code.co_freevars] + [inner],
+        decorator_list=[], returns=None, type_params=[])
+    imports = [ast.Import([ast.alias("_ta_module", n)]) for n in sorted(imported)]
+    module = ast.fix_missing_locations(ast.Module([*imports, outer], type_ignores=[]))
+    try:
+        compiled = compile(module, code.co_filename, "exec", dont_inherit=True)
+    except (SyntaxError, ValueError, TypeError):
+        return False
+    want = _signature(code)
+    stack = [compiled]
+    while stack:
+        c = stack.pop()
+        if c.co_name == code.co_name and _signature(c) == want:
+            return True
+        stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
+    return False
+
+
+def _function_node(fn: Callable, nargs: int | None = None) -> ast.FunctionDef | ast.Lambda:
+    """The definition of ``fn`` in its source, checked to be the code that runs."""
+    if getattr(fn, "__wrapped__", None) is not None:
+        raise _refuse(fn, None, "it is wrapped by a decorator (it has __wrapped__, e.g. "
+                      "functools.wraps): the kernels would compile the wrapped body, not "
+                      "what the wrapper does; pass the undecorated function")
+    code = fn.__code__
+    lines = linecache.getlines(code.co_filename, fn.__globals__)
+    if not lines:
+        raise _refuse(fn, None, "its source is not available (defined in an interactive "
+                      "prompt or by exec?); define it in a file or a notebook cell")
+    found, module = [], _module_tree(code.co_filename, lines)
+    for tree in (module, _block_tree(lines, code.co_firstlineno)):
+        found = [n for n in _candidates(tree, code)] if tree is not None else []
+        if found:
+            break
+    imported = _imported_names(module, fn)
+    if not found:
+        raise _refuse(fn, None, "cannot find its definition in its source at this line "
+                      "(the file changed since import?); define it with def")
+    matching = [n for n in found if _code_matches(n, code, imported)]
+    if not matching:
+        raise _refuse(fn, None, "its source no longer matches the code that runs (the file "
+                      "was edited after import); re-import the module or restart")
+    node = matching[0]
+    args = node.args
+    if nargs is not None and (len(args.args) + len(args.posonlyargs) != nargs or args.vararg
+                              or args.kwonlyargs or args.kwarg):
+        raise _refuse(fn, node, f"must take exactly {nargs} positional parameters")
     return node
 
 
@@ -109,21 +227,44 @@ def _name(fn) -> str:
     return getattr(fn, "__qualname__", repr(fn))
 
 
+_EMPTY = object()  # an empty closure cell
+
+
+def _lookup(fn: Callable, name: str):
+    """The value ``name`` has for ``fn``: closure, then module globals, then builtins
+    (``_EMPTY`` for an empty cell, KeyError when undefined)."""
+    code = fn.__code__
+    if name in code.co_freevars:
+        try:
+            return fn.__closure__[code.co_freevars.index(name)].cell_contents
+        except ValueError:
+            return _EMPTY
+    if name in fn.__globals__:
+        return fn.__globals__[name]
+    builtins_ = fn.__globals__.get("__builtins__", builtins)
+    if isinstance(builtins_, dict):
+        return builtins_[name]
+    return getattr(builtins_, name) if hasattr(builtins_, name) else builtins.__dict__[name]
+
+
 def _captures(fn: Callable) -> dict[str, object]:
     """Names the function reads from its closure and its module, with their values."""
-    names = dict(zip(fn.__code__.co_freevars, (c.cell_contents for c in fn.__closure__ or ())))
+    names = {}
+    for name in fn.__code__.co_freevars:
+        names[name] = _lookup(fn, name)
     for name in _global_names(fn.__code__):
         if name in fn.__globals__ and name not in names:
             names[name] = fn.__globals__[name]
     return names
 
 
-def _global_names(code) -> set[str]:
+@functools.lru_cache(maxsize=1024)
+def _global_names(code) -> frozenset[str]:
     out = set(code.co_names)
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
             out |= _global_names(const)
-    return out
+    return frozenset(out)
 
 
 def _cell_getter(fn: Callable, name: str):
@@ -133,14 +274,18 @@ def _cell_getter(fn: Callable, name: str):
     return lambda: fn.__globals__[name]
 
 
-def _constant_key(value) -> object:
+def _constant_key(value, _seen: tuple = ()) -> object:
     if isinstance(value, (bool, int, float, str, type(None))):
         return (type(value), value)
     if isinstance(value, (tuple, list)):
-        return (type(value), tuple(_constant_key(v) for v in value))
+        if any(value is s for s in _seen):
+            return ("cyclic", id(value))
+        return (type(value), tuple(_constant_key(v, (*_seen, value)) for v in value))
     if isinstance(value, types.ModuleType):
         return ("module", value.__name__)
-    return ("object", id(value))  # functions and other objects: by identity
+    if isinstance(value, torch.dtype):
+        return ("dtype", str(value))
+    return ("object", id(value))  # other objects: by identity (the lifter refuses most)
 
 
 class _Lift(ast.NodeTransformer):
@@ -190,30 +335,24 @@ def _compile(name: str, params: list[str], body: list[ast.stmt], env: dict) -> C
 def lift(fn: Callable, nargs: int, role: str, derivative: bool = False,
          offset: int = 0) -> Lifted:
     """``fn`` as a kernel-callable function whose captured tensors are the arrays
-    ``A<offset>...``; ``derivative``: its d/d(first parameter), differentiated symbolically
-    (VariantError when its form is outside the closed set)."""
+    ``A<offset>...``: its body inlined into one expression (assignments, helpers,
+    constant branches), captured constants folded in, torch ops translated to ``ct``
+    (``lifting``); ``derivative``: its d/d(first parameter), differentiated symbolically
+    (VariantError when its form is outside the closed set). Everything the kernels
+    cannot compile is refused here, naming the user's file and line."""
+    from .lifting import Inliner
+
     node = _function_node(fn, nargs)
-    captured = _captures(fn)
-    tensor_names = [n for n, v in captured.items() if isinstance(v, torch.Tensor)]
-    if len(tensor_names) + offset > MAX_TENSORS:
-        raise VariantError(f"{role} {_name(fn)} captures {len(tensor_names)} tensors "
-                           f"({tensor_names}); at most {MAX_TENSORS} are supported per call "
-                           "(score_mod and mask_mod together)")
-    mapping = dict(zip(tensor_names, AUX[offset:]))
-    params = [a.arg for a in node.args.args]
-    body = _body(node)
+    params = [a.arg for a in (*node.args.posonlyargs, *node.args.args)]
+    inliner = Inliner(role, offset)
+    expr = inliner.top(fn, node, params)
     if derivative:
-        body = [ast.Return(_derivative_of(body, params[0], fn))]
-    body = [_Lift(mapping).visit(ast.parse(ast.unparse(stmt)).body[0]) for stmt in body]
-    env = {**fn.__globals__, **{n: v for n, v in captured.items() if n not in mapping}}
+        expr = _derivative_of([ast.Return(expr)], params[0], fn)
     import cuda.tile as ct
 
-    env[_CT] = ct
-    out, source = _compile(f"{role}_{fn.__name__.strip('<>')}", params, body, env)
-    constants = tuple(sorted((n, _constant_key(v)) for n, v in captured.items()
-                             if n not in mapping))
-    return Lifted(out, (role, source, constants),
-                  tuple((n, _cell_getter(fn, n)) for n in tensor_names))
+    out, source = _compile(f"{role}_{fn.__name__.strip('<>')}", params,
+                           [ast.Return(expr)], {_CT: ct})
+    return Lifted(out, (role, source), inliner.cells())
 
 
 # ----------------------------------------------------------------------------- derivative
@@ -348,10 +487,31 @@ class Mods:
 NONE = Mods(None, None, None, ())
 
 
-def _fn_key(fn: Callable) -> tuple:
-    cells = tuple(_constant_key(c.cell_contents) if not isinstance(
-        c.cell_contents, torch.Tensor) else "tensor" for c in fn.__closure__ or ())
-    return (fn.__code__, cells)
+def _fn_key(fn: Callable, _seen: tuple = ()) -> tuple:
+    """What the lifting of ``fn`` reads, by value: its code, its closure cells and the
+    module globals it names (helper functions by their own key, tensors by their rank:
+    their values are read at every launch). A changed global is a new variant."""
+    if fn in _seen:
+        return ("recursive", fn.__code__)
+    seen = (*_seen, fn)
+    code = fn.__code__
+    cells = []
+    for cell in fn.__closure__ or ():
+        try:
+            cells.append(_value_key(cell.cell_contents, seen))
+        except ValueError:  # an empty cell: the lifting refuses it, naming the variable
+            cells.append("empty")
+    glob = fn.__globals__
+    reads = tuple((n, _value_key(glob[n], seen)) for n in _global_names(code) if n in glob)
+    return (code, tuple(cells), reads, fn.__defaults__)
+
+
+def _value_key(value, seen: tuple) -> object:
+    if isinstance(value, torch.Tensor):
+        return ("tensor", value.dim())
+    if isinstance(value, types.FunctionType):
+        return ("function",) + _fn_key(value, seen)
+    return _constant_key(value)
 
 
 def mods_for(score_mod, mask_mod) -> Mods:
@@ -369,7 +529,7 @@ def mods_for(score_mod, mask_mod) -> Mods:
     return _mods_cached(key, score_mod, grad, mask_mod)
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=256)  # keyed by value (_fn_key) and bounded
 def _mods_cached(key, score_mod, grad, mask_mod) -> Mods:
     s = None if score_mod is None else lift(score_mod, 5, "score_mod")
     g, error = None, None
