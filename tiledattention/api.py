@@ -29,17 +29,49 @@ from .kernel.validate import check_device, check_inputs, resolve_schedule
 from .schedules.backward import BwdSchedule
 from .schedules.schedule import Schedule
 
-_variants: dict[str, tuple] = {"": (_mods.NONE, None)}
+
+class _Registry(dict):
+    """The variants traced calls name: key -> (Mods, BlockMask or None). Keyed by value
+    (the functions' compile identity, the block mask's ``key``), so equal variants share
+    one entry, and bounded: the least recently named of ``MAX`` entries go first. An
+    evicted key (only a graph that outlived ``MAX`` newer variants names one) is a
+    typed error, never another variant."""
+
+    MAX = 256
+
+    def __init__(self):
+        super().__init__({"": (_mods.NONE, None)})
+        self._names: dict[tuple, str] = {}
+        self._count = 0
+
+    def key(self, mods, block) -> str:
+        if not mods.key and block is None:
+            return ""
+        identity = (mods.key, None if block is None else block.key)
+        name = self._names.get(identity)
+        if name is None:
+            self._count += 1
+            name = self._names[identity] = f"v{self._count}"
+            super().__setitem__(name, (mods, block))
+            while len(self) > self.MAX:
+                old = next(k for k in self if k)
+                super().__delitem__(old)
+                del self._names[next(i for i, n in self._names.items() if n == old)]
+        else:  # most recently named last
+            super().__setitem__(name, super().pop(name))
+        return name
+
+    def __missing__(self, key):
+        raise InputError(f"variant {key!r} is no longer registered (more than {self.MAX} "
+                         "newer variants since the graph naming it was traced); trace again")
+
+
+_variants = _Registry()
 
 
 def _variant_key(mods, block) -> str:
-    """The registry key of a (Mods, BlockMask) pair; the registry holds them, so the ids in
-    the key stay theirs."""
-    if not mods.key and block is None:
-        return ""
-    key = f"{id(mods)}:{id(block)}"
-    _variants.setdefault(key, (mods, block))
-    return key
+    """The registry key of a (Mods, BlockMask) pair, by value."""
+    return _variants.key(mods, block)
 
 
 # The ops are defined with ``torch.library.Library`` rather than ``torch.library.custom_op``:

@@ -159,6 +159,42 @@ def prefix_lm(prefix_lengths: torch.Tensor, *, q_offset: torch.Tensor | None = N
     return _with_reference(prefix_mask, reference)
 
 
+def _combine(name: str, mask_mods: tuple, op):
+    from .kernel.mods import VariantError
+
+    if not mask_mods:
+        raise VariantError(f"{name} needs at least one mask_mod")
+    for m in mask_mods:
+        if not callable(m):
+            raise VariantError(f"{name}: every argument must be a mask_mod, got "
+                               f"{type(m).__name__}")
+    if len(mask_mods) == 1:
+        return mask_mods[0]
+    first, rest = mask_mods[0], _combine(name, mask_mods[1:], op)
+    if op == "and":
+        def combined(b, h, q_idx, kv_idx):
+            return first(b, h, q_idx, kv_idx) & rest(b, h, q_idx, kv_idx)
+    else:
+        def combined(b, h, q_idx, kv_idx):
+            return first(b, h, q_idx, kv_idx) | rest(b, h, q_idx, kv_idx)
+    refs = [getattr(m, "reference", None) for m in (first, rest)]
+    if None not in refs:
+        combined.reference = ((lambda *a: refs[0](*a) & refs[1](*a)) if op == "and"
+                              else (lambda *a: refs[0](*a) | refs[1](*a)))
+    return combined
+
+
+def and_masks(*mask_mods):
+    """FlexAttention's ``and_masks``: attend where every mask_mod attends (the helpers
+    are inlined into one mask_mod when lifted)."""
+    return _combine("and_masks", mask_mods, "and")
+
+
+def or_masks(*mask_mods):
+    """FlexAttention's ``or_masks``: attend where any mask_mod attends."""
+    return _combine("or_masks", mask_mods, "or")
+
+
 def sinks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sink: torch.Tensor,
           **sdpa_kwargs):
     """Attention sinks as gpt-oss trains them: a learnable per-head logit ``sink`` [Hq]

@@ -20,6 +20,7 @@ when a tensor the ``mask_mod`` captures changes.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 
@@ -34,6 +35,7 @@ ConstBool = ct.Constant[bool]
 
 EMPTY, PARTIAL, FULL = 0, 1, 2
 MASK_MOD = no_mask_mod
+_serial = itertools.count()
 
 
 @ct.kernel
@@ -74,6 +76,18 @@ class BlockMask:
     seq_kv: int
     device: torch.device
     _lists: dict = field(default_factory=dict, repr=False)
+    # Identity by value: a mask_mod that captures no tensor classifies the same way for
+    # the same shape, so equal masks share plans and registry entries; one that captures
+    # tensors is a snapshot of their values: a serial that is never reused (an id is).
+    key: tuple = field(default=(), repr=False)
+
+    def __post_init__(self):
+        if not self.key:
+            from .mods import mods_for
+
+            mods = mods_for(None, self.mask_mod)
+            value = (mods.key, self.batch, self.heads, self.seq_q, self.seq_kv, str(self.device))
+            self.key = value if not mods.tensors() else ("snapshot", next(_serial))
 
     @property
     def shape(self) -> tuple[int, int, int, int]:

@@ -115,7 +115,7 @@ def call_key(q, k, v, attn_mask, causal, scale, enable_gqa, return_lse, schedule
         except TypeError:
             return None
     if variant is not None:
-        variant = (variant[0].key, id(variant[1]))
+        variant = (variant[0].key, None if variant[1] is None else variant[1].key)
     return (_facts(q), _facts(k), _facts(v), mask, type(causal), causal, type(scale), scale,
             type(enable_gqa), enable_gqa, bool(return_lse), schedule, variant,
             policy.generation())
@@ -321,7 +321,8 @@ def bwd_plan_for(q, k, attn_mask, causal, scale, has_dlse, schedule, mods=_mods.
                  block=None) -> BwdPlan:
     """The cached backward plan of a call (its forward was checked already)."""
     key = ("bwd", _facts(q), _facts(k), None if attn_mask is None else _facts(attn_mask),
-           causal, scale, has_dlse, schedule, mods.key, id(block), policy.generation())
+           causal, scale, has_dlse, schedule, mods.key, None if block is None else block.key,
+           policy.generation())
     return _cached(key, lambda: make_bwd_plan(q, k, attn_mask, causal, scale, has_dlse,
                                               schedule, mods, block))
 
