@@ -521,7 +521,13 @@ class _Scope:
 
     def call(self, e, func: _Obj, args: list, kw: dict):
         f = func.value
-        if isinstance(f, types.FunctionType) and not _is_ct(f):
+        name = _TORCH.get(_ident(f))
+        if name is not None:
+            out = translate(name, [self.expr(a, e) for a in args], kw, self, e)
+            if out is not None:
+                return out
+        if isinstance(f, types.FunctionType) and not _is_ct(f) and not (
+                getattr(f, "__module__", None) or "").startswith("torch"):
             return self.lifter.inline(f, args, kw, self, e)
         consts = [self.constant(a, e, strict=False) for a in args]
         const_kw = {k: self.constant(v, e, strict=False) for k, v in kw.items()}
@@ -538,9 +544,8 @@ class _Scope:
         if getattr(f, "__module__", None) == "math" or getattr(f, "__self__", None) is math:
             if all_const:
                 return _const(f(*consts, **const_kw))
-            name = f.__name__
-            if name in _SAME:
-                return translate(name, [self.expr(a, e) for a in args], kw, self, e)
+            if f.__name__ in _SAME:
+                return translate(f.__name__, [self.expr(a, e) for a in args], kw, self, e)
         if f in (abs, min, max) and not kw:
             exprs = [self.expr(a, e) for a in args]
             if all_const:
@@ -552,11 +557,6 @@ class _Scope:
         if f in (float, int, bool) and len(args) == 1 and not kw:
             return _ct_call("astype", self.expr(args[0], e),
                             _ct_attr({float: "float32", int: "int32", bool: "bool_"}[f]))
-        name = _TORCH.get(_ident(f))
-        if name is not None:
-            out = translate(name, [self.expr(a, e) for a in args], kw, self, e)
-            if out is not None:
-                return out
         raise self.refuse(e, f"calls `{_src(e.func)}`, which has no translation to the "
                           "kernels; supported: ct.* functions, Python helpers returning one "
                           "expression, abs/min/max/float/int, math.*, and torch "

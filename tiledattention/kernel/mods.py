@@ -347,7 +347,10 @@ def lift(fn: Callable, nargs: int, role: str, derivative: bool = False,
     inliner = Inliner(role, offset)
     expr = inliner.top(fn, node, params)
     if derivative:
-        expr = _derivative_of([ast.Return(expr)], params[0], fn)
+        try:
+            expr = _derivative_of([ast.Return(expr)], params[0], fn)
+        except VariantError as exc:  # at the user's definition, as every refusal
+            raise VariantError(f"{_where(fn)}: {exc}") from None
     import cuda.tile as ct
 
     out, source = _compile(f"{role}_{fn.__name__.strip('<>')}", params,
