@@ -73,7 +73,9 @@ NEG_INF = float("-inf")
 class Made:
     fn: object  # the score_mod / mask_mod as the peer writes it
     reference: Callable  # float64 torch over broadcast indices
-    learnable: tuple[tuple[str, Tensor], ...] = ()  # captured tensors that require grad
+    # captured tensors that require grad: (name, tensor, slot); the reference reads
+    # slot["ref"], which a test may point at a float64 copy
+    learnable: tuple[tuple[str, Tensor, dict], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -586,9 +588,10 @@ def modular_indexing(device):
 def _learnable(name, shape, index, ref_index, source, dims):
     def make(device):
         bias_flex = torch.randn(*shape, device=device, dtype=torch.float16).requires_grad_(True)
-        fn = index(bias_flex)
-        return Made(fn, lambda s, b, h, q, k: s + ref_index(bias_flex, b, h, q, k),
-                    (("bias_flex", bias_flex),))
+        slot = {"ref": bias_flex}  # the reference reads slot["ref"]: a float64 copy in tests
+        return Made(index(bias_flex),
+                    lambda s, b, h, q, k: s + ref_index(slot["ref"], b, h, q, k),
+                    (("bias_flex", bias_flex, slot),))
     case("score", source, shape=dims, name=name)(make)
 
 
