@@ -182,10 +182,10 @@ _simple("rel_causal", _rel_causal, lambda s, b, h, q, k: _where(q >= k, s + (q -
 _simple("alibi_bias", _generate_alibi_bias(8),
         lambda s, b, h, q, k: s + (k - q) * torch.exp2(-((h + 1) * 8.0 / 8)))
 _simple("trig", _trig, lambda s, b, h, q, k: torch.sin(torch.cos(s)) + torch.tan(b.double()),
-        expect="forward", source="test_aot_eager_gradcheck")
+        source="test_aot_eager_gradcheck")
 _simple("trig2", _trig2,
         lambda s, b, h, q, k: torch.cos(s) * torch.sin(s) + torch.tan(b.double()),
-        expect="forward", source="test_aot_eager_gradcheck")
+        source="test_aot_eager_gradcheck")
 _simple("causal_mask", _causal_mask, lambda b, h, q, k: q >= k, kind="mask",
         source="test_builtin_score_mods_dynamic")
 _simple("inverse_causal_mask", _inverse_causal_mask, lambda b, h, q, k: q <= k, kind="mask",
@@ -402,7 +402,7 @@ def silu(device):
     return Made(silu_score, lambda s, b, h, q, k: torch.nn.functional.silu(s))
 
 
-@case("score", "test_padded_dense_causal", expect="forward")
+@case("score", "test_padded_dense_causal")
 def padded_dense_causal(device):
     seq_len = torch.arange(B, device=device, dtype=torch.int32) + 1
 

@@ -292,3 +292,51 @@ def test_ct_code_as_written_still_lifts():
         return 30.0 * ct.tanh(score / 30.0, rounding_mode=ct.RoundingMode.APPROX)
 
     assert "_ta_ct.RoundingMode.APPROX" in _src(M.mods_for(mod, None), "score_mod")
+
+
+def _shim(name):
+    def call(*args):
+        return getattr(torch, name)(*(torch.as_tensor(a, dtype=torch.float64)
+                                      if not isinstance(a, torch.Tensor) else a for a in args))
+    return staticmethod(call)
+
+
+_SHIM = type("Shim", (), {n: _shim(n) for n in (
+    "where", "tanh", "exp", "exp2", "sin", "cos", "tan", "log", "log2", "sqrt", "rsqrt",
+    "abs", "minimum", "maximum", "pow")})
+
+
+def _grad_of(lifted, score, q, k):
+    """The lifted derivative's generated source run with torch in place of cuTile."""
+    scope = {"_ta_ct": _SHIM}
+    exec(compile(lifted.key[1], "<test>", "exec"), scope)  # noqa: S102
+    fn = next(v for n, v in scope.items() if n.startswith("score_grad"))
+    return fn(score, 0, 0, q, k, None, None, None, None)
+
+
+def _mods_trig(score, b, h, q_idx, kv_idx):
+    return torch.sin(torch.cos(score)) + torch.tan(score * 0.1)
+
+
+def _mods_smooth(score, b, h, q_idx, kv_idx):
+    a = torch.sqrt(score * score + 1.0) + torch.log(score * score + 2.0)
+    return a / (1.0 + torch.abs(score)) + torch.clamp(score, min=-1.0, max=2.0)
+
+
+def _mods_gated(score, b, h, q_idx, kv_idx):
+    y = torch.nn.functional.silu(score)
+    return torch.where(score <= 1.5, torch.maximum(y, score * 0.5), float("-inf"))
+
+
+@pytest.mark.parametrize("fn", [_mods_trig, _mods_smooth, _mods_gated])
+def test_derivatives_of_translated_torch_ops_match_autograd(fn):
+    mods = M.mods_for(fn, None)
+    assert mods.grad_error is None, mods.grad_error
+    s = torch.linspace(-4, 4, 97, dtype=torch.float64, requires_grad=True)
+    q, k = torch.arange(97)[:, None] % 7, torch.arange(97)[:, None] % 5
+    out = fn(s, 0, 0, q, k)
+    want = torch.autograd.grad(out[torch.isfinite(out)].sum(), s)[0]
+    got = _grad_of(mods.score_grad, s.detach(), q, k)
+    got = torch.broadcast_to(torch.as_tensor(got, dtype=torch.float64), s.shape)
+    keep = torch.isfinite(out.detach()).reshape(-1)
+    assert torch.allclose(got.reshape(-1)[keep], want.reshape(-1)[keep], atol=1e-9)

@@ -437,7 +437,7 @@ def _d(e: ast.expr, x: str):
             return terms[0] if len(terms) == 1 else _bin(terms[0], ast.Add(), terms[1])
         if isinstance(e.op, ast.Div) and db is _ZERO:
             return _bin(da, ast.Div(), e.right)
-        return None
+        return _d_more(e, x)
     if isinstance(e, ast.Call) and all(kw.arg in _PRECISION_KWARGS for kw in e.keywords):
         name = _call_name(e)
         if name in ("tanh", "exp", "exp2") and len(e.args) == 1:
@@ -458,6 +458,61 @@ def _d(e: ast.expr, x: str):
             zero = ast.Constant(0.0)
             return ast.Call(e.func, [e.args[0], zero if da is _ZERO else da,
                                      zero if db is _ZERO else db], [])
+    return _d_more(e, x)
+
+
+# Derivative rules of the ops the lifter translates torch code into (``lifting``): sin,
+# cos, tan, log, log2, sqrt, rsqrt, abs, minimum / maximum, pow by a score-free exponent,
+# a quotient, and ct.where whose condition reads the score (piecewise, as autograd).
+def _d_more(e: ast.expr, x: str):
+    def both(a, b):
+        return None if a is None or b is None else (a, b)
+
+    def chain(outer, u):
+        du = _d(u, x)
+        return du if du is None or du is _ZERO else _times(outer, du)
+
+    def ct(name, *args):
+        return ast.Call(ast.Attribute(ast.Name(_CT, ast.Load()), name, ast.Load()),
+                        list(args), [])
+
+    def zero_or(d):
+        return ast.Constant(0.0) if d is _ZERO else d
+
+    if isinstance(e, ast.BinOp) and isinstance(e.op, ast.Div):
+        pair = both(_d(e.left, x), _d(e.right, x))
+        if pair is None:
+            return None
+        da, db = map(zero_or, pair)
+        return _bin(_bin(_bin(da, ast.Mult(), e.right), ast.Sub(), _bin(e.left, ast.Mult(), db)),
+                    ast.Div(), _bin(e.right, ast.Mult(), e.right))
+    if not isinstance(e, ast.Call) or e.keywords:
+        return None
+    name, args = _call_name(e), e.args
+    if len(args) == 1:
+        u = args[0]
+        outer = {"sin": lambda: ct("cos", u),
+                 "cos": lambda: ast.UnaryOp(ast.USub(), ct("sin", u)),
+                 "tan": lambda: _bin(ast.Constant(1.0), ast.Add(), _bin(e, ast.Mult(), e)),
+                 "log": lambda: _bin(ast.Constant(1.0), ast.Div(), u),
+                 "log2": lambda: _bin(ast.Constant(1.4426950408889634), ast.Div(), u),
+                 "sqrt": lambda: _bin(ast.Constant(0.5), ast.Div(), e),
+                 "rsqrt": lambda: _bin(_bin(ast.Constant(-0.5), ast.Mult(), e), ast.Div(), u),
+                 "abs": lambda: ct("where", ast.Compare(u, [ast.Lt()], [ast.Constant(0)]),
+                                   ast.Constant(-1.0), ast.Constant(1.0))}.get(name)
+        return None if outer is None else chain(outer(), u)
+    if name in ("minimum", "maximum") and len(args) == 2:
+        pair = both(_d(args[0], x), _d(args[1], x))
+        if pair is None:
+            return None
+        op = ast.LtE() if name == "minimum" else ast.GtE()
+        return ct("where", ast.Compare(args[0], [op], [args[1]]), *map(zero_or, pair))
+    if name == "pow" and len(args) == 2 and not _uses(args[1], x):
+        return chain(_bin(args[1], ast.Mult(), ct("pow", args[0], _bin(
+            args[1], ast.Sub(), ast.Constant(1.0)))), args[0])
+    if name == "where" and len(args) == 3:
+        pair = both(_d(args[1], x), _d(args[2], x))
+        return None if pair is None else ct("where", args[0], *map(zero_or, pair))
     return None
 
 
