@@ -54,6 +54,12 @@ Cases (name: source test in test_flex_attention.py):
   ``test_autograd_function_in_score_mod``
 - new_zeros_index (refuse: a tensor method on an index): ``test_new_empty_mask_mod``
 - partial_mask (refuse: ``functools.partial``): ``test_dynamic_shapes_bug_dynamic_batch``
+
+And the torch (eager) forms of FlashAttention-4's score_mods (Dao-AILab/flash-attention
+``tests/cute/score_mod_definitions.py``): fa4_rel_bias, fa4_rel_bias_x2, fa4_alibi,
+fa4_sliding_window, fa4_block_diagonal, fa4_causal_v2, fa4_dual_buffer
+(``test_score_mod.py``), fa4_packed_kv_bias (``test_score_mod_varlen.py``, as a padded
+batch: kv_idx clamped to each row's length, as there).
 """
 
 from __future__ import annotations
@@ -93,8 +99,9 @@ CASES: list[Case] = []
 
 def case(kind: str, source: str, shape=None, expect: str = "run", name: str | None = None):
     def register(make):
-        CASES.append(Case(name or make.__name__, f"test_flex_attention.py::{source}", kind,
-                          make, shape or (B, H, H, S, S, D), expect))
+        where = source if source.startswith("FA4") else f"test_flex_attention.py::{source}"
+        CASES.append(Case(name or make.__name__, where, kind, make,
+                          shape or (B, H, H, S, S, D), expect))
         return make
     return register
 
@@ -646,6 +653,94 @@ _learnable("rel_pos_2d_transposed", (256, 256), _rel_pos_2d_transposed,
 _learnable("rel_pos_3d_transposed", (8, 256, 256), _rel_pos_3d_transposed,
            lambda t, b, h, q, k: t.double()[h, k, q],
            "test_comparison_vs_sdpa_with_learnable_bias", (4, 8, 8, 256, 256, 64))
+
+
+# ----------------------------------------------------------------- FlashAttention-4
+# The torch forms of FA4's score_mods (``tests/cute/score_mod_definitions.py``, the eager
+# side of ``tests/cute/test_score_mod.py`` / ``test_score_mod_varlen.py``), at one shape.
+FA4 = (2, 4, 4, 1024, 1024, 128)
+
+
+def _fa4(name, fn, ref):
+    case("score", "FA4 tests/cute/test_score_mod.py", shape=FA4, name=name,
+         )(lambda device: Made(fn, ref))
+
+
+def rel_bias_eager(score, b, h, q_idx, kv_idx):
+    return score + torch.abs(q_idx - kv_idx)
+
+
+def rel_bias_x2_eager(score, b, h, q_idx, kv_idx):
+    return score + 2 * torch.abs(q_idx - kv_idx)
+
+
+def alibi_eager(score, b, h, q_idx, kv_idx):
+    slope = 2 ** (-8 * (h + 1) / 8)
+    return score - slope * torch.abs(q_idx - kv_idx)
+
+
+def sliding_window_eager(score, b, h, q_idx, kv_idx):
+    return torch.where(torch.abs(q_idx - kv_idx) <= 256, score, float("-inf"))
+
+
+def block_diagonal_eager(score, b, h, q_idx, kv_idx):
+    return torch.where(q_idx // 64 == kv_idx // 64, score, float("-inf"))
+
+
+def causal_v2_eager(score, b, h, q_idx, kv_idx):
+    return torch.where(q_idx - kv_idx >= 0, score, float("-inf"))
+
+
+_fa4("fa4_rel_bias", rel_bias_eager, lambda s, b, h, q, k: s + (q - k).abs())
+_fa4("fa4_rel_bias_x2", rel_bias_x2_eager, lambda s, b, h, q, k: s + 2 * (q - k).abs())
+_fa4("fa4_alibi", alibi_eager,
+     lambda s, b, h, q, k: s - 2.0 ** (-8 * (h + 1) / 8) * (q - k).abs())
+_fa4("fa4_sliding_window", sliding_window_eager,
+     lambda s, b, h, q, k: _where((q - k).abs() <= 256, s, NEG_INF))
+_fa4("fa4_block_diagonal", block_diagonal_eager,
+     lambda s, b, h, q, k: _where(q // 64 == k // 64, s, NEG_INF))
+_fa4("fa4_causal_v2", causal_v2_eager, lambda s, b, h, q, k: _where(q - k >= 0, s, NEG_INF))
+
+
+@case("score", "FA4 tests/cute/test_score_mod.py", shape=FA4)
+def fa4_dual_buffer(device):
+    head_bias = torch.randn(4, device=device)
+    pos_bias = torch.randn(1024, device=device)
+
+    def dual_buffer_factory(head_bias, pos_bias):
+        def mod(score, b, h, q_idx, kv_idx):
+            return score + head_bias[h] + pos_bias[q_idx]
+
+        return mod
+
+    return Made(dual_buffer_factory(head_bias, pos_bias),
+                lambda s, b, h, q, k: s + head_bias.double()[h] + pos_bias.double()[q])
+
+
+@case("score", "FA4 tests/cute/test_score_mod_varlen.py", shape=FA4)
+def fa4_packed_kv_bias(device):
+    cu_seqlens_k = torch.tensor([0, 700, 1724], device=device, dtype=torch.int32)
+    bias_tensor = torch.randn(1724, device=device)
+
+    def packed_kv_bias_factory(bias_tensor, cu_seqlens_k):
+        def mod(score, b, h, q_idx, kv_idx):
+            # Calculate valid length for this sequence
+            start = cu_seqlens_k[b]
+            seq_len = cu_seqlens_k[b+1] - start
+
+            # Clamp kv_idx.
+            safe_kv_idx = torch.clamp(kv_idx, max=seq_len - 1)
+
+            return score + bias_tensor[start + safe_kv_idx]
+        return mod
+
+    cu = cu_seqlens_k.long()
+
+    def ref(s, b, h, q, k):
+        start = cu[b]
+        return s + bias_tensor.double()[start + torch.minimum(k, cu[b + 1] - start - 1)]
+
+    return Made(packed_kv_bias_factory(bias_tensor, cu_seqlens_k), ref)
 
 
 # ----------------------------------------------------------------- refused, typed
