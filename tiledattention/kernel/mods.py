@@ -8,26 +8,29 @@ A ``score_mod(score, b, h, q_idx, kv_idx)`` returns a new fp32 score tile (``sco
 code (``import cuda.tile as ct``: ``ct.tanh``, ``ct.where``, ``ct.exp``, ...), compiled into
 the forward and backward kernels, which cuTile inlines.
 
-What a function may use:
+What a function may use (``lifting`` resolves it into one expression when it is lifted):
 
-- numbers, bools and functions it captures (closure or module globals) are compile-time
-  constants: a factory ``def window(n): return lambda b, h, q, k: q - k < n`` compiles once
-  per ``n``;
+- torch ops or their ``ct`` equivalents (``lifting.translate``), assignments, a docstring,
+  ``if``/``else`` and Python helpers returning one expression;
+- numbers, bools and functions it captures (closure or module globals) are folded in as
+  compile-time constants: a factory ``def window(n): return lambda b, h, q, k: q - k < n``
+  compiles once per ``n``, and a changed global is a new variant (``_fn_key``);
 - torch tensors it captures (per-head ALiBi slopes, per-token document ids) are passed to
-  the kernels as arrays (up to ``MAX_TENSORS`` per call) and indexed with subscripts, which
-  become ``ct.gather`` (out-of-range indices read 0): ``slopes[h]``, ``doc[b, q_idx]``.
+  the kernels as arrays (up to ``MAX_TENSORS`` per call) and indexed on every axis, which
+  becomes ``ct.gather`` (out-of-range indices read 0): ``slopes[h]``, ``doc[b, q_idx]``.
+
+Anything else is refused at lift time with a ``VariantError`` naming the user's file and
+line. The source lifted is checked against the function's code object (``_function_node``).
 
 The derivative (``score_mod`` only; ``mask_mod`` needs none): a ``ScoreMod(fn, grad=g)``
-pairs the function with ``g(score, b, h, q_idx, kv_idx) = d fn / d score``; without one, a
-function whose body is one ``return`` expression built from ``+ - * /``, unary minus,
-``ct.tanh``, ``ct.exp``, ``ct.exp2``, ``ct.where`` and score-free terms is differentiated
-symbolically (softcapping, ALiBi and other biases need nothing). A ``score_mod`` with no
-derivative is refused before anything runs when an input requires grad. Captured tensors
-get no gradient.
+pairs the function with ``g(score, b, h, q_idx, kv_idx) = d fn / d score``; without one,
+the lifted expression is differentiated symbolically (``_d``, ``_d_more``). A ``score_mod``
+with no derivative is refused before anything runs when an input requires grad.
 
-The compile identity of a variant (``Lifted.key``) is the generated source (the function's
-code after lifting) plus the values of its captured constants, so a new variant compiles
-once, like any other flag, and equal variants share kernels.
+The compile identity of a variant (``Lifted.key``) is the generated source, which holds
+the values of its captured constants, so a new variant compiles once, like any other
+flag, and equal variants share kernels. The lifted variants are cached by ``_fn_key``
+(code, closure and globals read, by value), bounded.
 """
 
 from __future__ import annotations
