@@ -340,3 +340,17 @@ def test_derivatives_of_translated_torch_ops_match_autograd(fn):
     got = torch.broadcast_to(torch.as_tensor(got, dtype=torch.float64), s.shape)
     keep = torch.isfinite(out.detach()).reshape(-1)
     assert torch.allclose(got.reshape(-1)[keep], want.reshape(-1)[keep], atol=1e-9)
+
+
+def test_unhashable_captures_and_defaults_still_key_the_cache():
+    table = [[1, 2], [3]]
+
+    def helper(x, pad=[0]):  # noqa: B006 - a user's mutable default
+        return x + pad[0]
+
+    def mask(b, h, q_idx, kv_idx):
+        return helper(q_idx) - kv_idx < table[0][1]
+
+    assert "q_idx + 0 - kv_idx < 2" in _src(M.mods_for(None, mask))
+    table[0][1] = 5
+    assert "< 5" in _src(M.mods_for(None, mask))

@@ -564,7 +564,8 @@ def _fn_key(fn: Callable, _seen: tuple = ()) -> tuple:
             cells.append("empty")
     glob = fn.__globals__
     reads = tuple((n, _value_key(glob[n], seen)) for n in _global_names(code) if n in glob)
-    return (code, tuple(cells), reads, fn.__defaults__)
+    defaults = tuple(_value_key(d, seen) for d in fn.__defaults__ or ())
+    return (code, tuple(cells), reads, defaults)
 
 
 def _value_key(value, seen: tuple) -> object:
