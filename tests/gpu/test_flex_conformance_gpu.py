@@ -9,10 +9,13 @@ before anything runs. The last test prints one summary line:
     M refused (typed) / 0 silently wrong / 0 failed
 
 Run with ``-s`` to see it. Masks go through ``block_mask`` as FlexAttention's do.
+``FLEX_SHARD=i/n`` runs every n-th case from the i-th (each case compiles its own
+kernels: the whole suite may outlast one 10-minute command), with its own summary line.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -29,6 +32,15 @@ from tiledattention.tolerance import relative_error, rtol, rtol_bwd  # noqa: E40
 
 DTYPE = torch.float16
 RESULTS: dict[str, str] = {}
+
+
+def _shard(cases: list) -> list:
+    spec = os.environ.get("FLEX_SHARD", "0/1")
+    i, n = (int(x) for x in spec.split("/"))
+    return cases[i::n]
+
+
+CASES = _shard(F.CASES)
 
 
 class SilentlyWrong(AssertionError):
@@ -101,7 +113,7 @@ def _run(c: F.Case) -> str:
     return "ran"
 
 
-@pytest.mark.parametrize("c", F.CASES, ids=lambda c: c.name)
+@pytest.mark.parametrize("c", CASES, ids=lambda c: c.name)
 def test_flexattention_case_runs_as_written_or_is_refused_typed(c):
     try:
         RESULTS[c.name] = _run(c)
@@ -135,5 +147,6 @@ def test_zz_summary_line():
     print(f"\nflex conformance: {counts['ran']} ran (fwd+bwd) / {counts['forward']} "
           f"forward-only (gradient refused, typed) / {counts['refused']} refused (typed) / "
           f"{counts['silently wrong']} silently wrong / {counts['failed']} failed "
-          f"(of {len(F.CASES)} cases, {len(RESULTS)} run)")
+          f"(of {len(F.CASES)} cases, {len(RESULTS)} run, FLEX_SHARD="
+          f"{os.environ.get('FLEX_SHARD', '0/1')})")
     assert counts["silently wrong"] == 0
