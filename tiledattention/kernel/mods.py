@@ -38,6 +38,7 @@ from __future__ import annotations
 import ast
 import builtins
 import copy
+import dis
 import functools
 import inspect
 import itertools
@@ -262,12 +263,13 @@ def _captures(fn: Callable) -> dict[str, object]:
 
 
 @functools.lru_cache(maxsize=1024)
-def _global_names(code) -> frozenset[str]:
-    out = set(code.co_names)
+def _global_names(code) -> tuple[str, ...]:
+    """The names ``code`` (and code nested in it) reads as globals, from its bytecode."""
+    out = {i.argval for i in dis.get_instructions(code) if i.opname == "LOAD_GLOBAL"}
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
-            out |= _global_names(const)
-    return frozenset(out)
+            out.update(_global_names(const))
+    return tuple(sorted(out))
 
 
 def _cell_getter(fn: Callable, name: str):
@@ -550,28 +552,48 @@ NONE = Mods(None, None, None, ())
 
 def _fn_key(fn: Callable, _seen: tuple = ()) -> tuple:
     """What the lifting of ``fn`` reads, by value: its code, its closure cells and the
-    module globals it names (helper functions by their own key, tensors by their rank:
-    their values are read at every launch). A changed global is a new variant."""
+    module globals it reads (helper functions by their own key, tensors by their rank:
+    their values are read at every launch), and its defaults. A changed global is a new
+    variant. On every call with a variant: kept to list comprehensions over what the
+    code names."""
     if fn in _seen:
         return ("recursive", fn.__code__)
     seen = (*_seen, fn)
-    code = fn.__code__
-    cells = []
-    for cell in fn.__closure__ or ():
+    code, closure, defaults = fn.__code__, fn.__closure__, fn.__defaults__
+    cells = ()
+    if closure:
         try:
-            cells.append(_value_key(cell.cell_contents, seen))
+            cells = tuple([_value_key(c.cell_contents, seen) for c in closure])
         except ValueError:  # an empty cell: the lifting refuses it, naming the variable
-            cells.append("empty")
-    glob = fn.__globals__
-    reads = tuple((n, _value_key(glob[n], seen)) for n in _global_names(code) if n in glob)
-    defaults = tuple(_value_key(d, seen) for d in fn.__defaults__ or ())
-    return (code, tuple(cells), reads, defaults)
+            cells = tuple(_cell_key(c, seen) for c in closure)
+    names = _global_names(code)
+    if names:
+        get = fn.__globals__.get
+        names = tuple([_value_key(get(n, _EMPTY), seen) for n in names])
+    if defaults:
+        defaults = tuple([_value_key(d, seen) for d in defaults])
+    return (code, cells, names, defaults)
+
+
+def _cell_key(cell, seen: tuple) -> object:
+    try:
+        return _value_key(cell.cell_contents, seen)
+    except ValueError:
+        return "empty"
+
+
+_PLAIN = frozenset({bool, int, float, str, type(None)})
 
 
 def _value_key(value, seen: tuple) -> object:
+    kind = type(value)
+    if kind in _PLAIN:
+        return (kind, value)
+    if kind is types.ModuleType:
+        return value  # modules are hashable and compared by identity
     if isinstance(value, torch.Tensor):
         return ("tensor", value.dim())
-    if isinstance(value, types.FunctionType):
+    if kind is types.FunctionType:
         return ("function",) + _fn_key(value, seen)
     return _constant_key(value)
 
