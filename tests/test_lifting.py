@@ -354,3 +354,15 @@ def test_unhashable_captures_and_defaults_still_key_the_cache():
     assert "q_idx + 0 - kv_idx < 2" in _src(M.mods_for(None, mask))
     table[0][1] = 5
     assert "< 5" in _src(M.mods_for(None, mask))
+
+
+def test_a_tensor_returned_by_a_helper_is_indexed():
+    bias = torch.rand(8)
+
+    def get_bias():
+        return bias
+
+    def mod(score, b, h, q_idx, kv_idx):
+        return score + get_bias()[h]
+
+    assert "_ta_ct.gather(_ta_aux0, (h,))" in _src(M.mods_for(mod, None), "score_mod")

@@ -252,7 +252,9 @@ class Inliner:
 
     def top(self, fn, node, params: list[str]) -> ast.expr:
         env = {p: ast.Name(p, ast.Load()) for p in params}
-        return _Scope(self, fn, env).block(_m._body(node))
+        scope = _Scope(self, fn, env)
+        body = _m._body(node)
+        return scope.expr(scope.block(body), body[-1] if body else node)
 
     def inline(self, fn, args: list, kw: dict, caller, at) -> ast.expr:
         """The body of helper ``fn`` with its parameters bound to ``args`` / ``kw``."""
@@ -337,7 +339,7 @@ class _Scope:
                 if st.value is None:
                     raise self.refuse(st, "returns nothing; return the score (score_mod) or "
                                       "a bool tile (mask_mod)")
-                return self.expr(self.value(st.value), st)
+                return self.value(st.value)  # a helper may return a tensor or object
             if isinstance(st, ast.If):
                 rest = stmts[i + 1:]
                 cond = self.value(st.test)
@@ -346,7 +348,8 @@ class _Scope:
                     return self.block((st.body if known else st.orelse) + rest)
                 yes = _Scope(self.lifter, self.fn, dict(self.env)).block(st.body + rest)
                 no = _Scope(self.lifter, self.fn, dict(self.env)).block(st.orelse + rest)
-                return _ct_call("where", self.expr(cond, st.test), yes, no)
+                return _ct_call("where", self.expr(cond, st.test), self.expr(yes, st),
+                                self.expr(no, st))
             raise self.refuse(st, f"a `{type(st).__name__}` statement cannot be compiled into "
                               "the kernels; write the body as assignments, if/else and one "
                               "return (loops: unroll them, or use ct.where)")
