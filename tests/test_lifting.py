@@ -366,3 +366,16 @@ def test_a_tensor_returned_by_a_helper_is_indexed():
         return score + get_bias()[h]
 
     assert "_ta_ct.gather(_ta_aux0, (h,))" in _src(M.mods_for(mod, None), "score_mod")
+
+
+def test_a_block_mask_refuses_a_mask_mod_whose_global_changed_since_it_was_made():
+    global W
+    bm = ta.block_mask(window_mask, None, None, 64, 64, device="cpu")
+    assert api._variant(None, None, bm, False)[1] is bm
+    try:
+        W = 7
+        with pytest.raises(ta.InputError, match="make the block mask again"):
+            api._variant(None, None, bm, False)
+    finally:
+        W = 128
+    assert api._variant(None, None, bm, False)[1] is bm

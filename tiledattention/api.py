@@ -241,7 +241,7 @@ def _variant(score_mod, mask_mod, block_mask, needs_grad: bool):
         if mask_mod is not None and mask_mod is not block_mask.mask_mod:
             raise InputError("pass the mask_mod through block_mask only (it carries its own "
                              "mask_mod), or the block_mask of this mask_mod")
-        mask_mod = block_mask.mask_mod
+        mask_mod = block_mask.checked_mask_mod()
     mods = _mods.mods_for(score_mod, mask_mod)
     if needs_grad and mods.grad_error:
         raise BackwardNotSupportedError(mods.grad_error)

@@ -82,12 +82,26 @@ class BlockMask:
     key: tuple = field(default=(), repr=False)
 
     def __post_init__(self):
-        if not self.key:
-            from .mods import mods_for
+        from .mods import mods_for
 
-            mods = mods_for(None, self.mask_mod)
+        mods = mods_for(None, self.mask_mod)
+        self._made_with = mods.key  # the constants it was classified with (a snapshot)
+        if not self.key:
             value = (mods.key, self.batch, self.heads, self.seq_q, self.seq_kv, str(self.device))
             self.key = value if not mods.tensors() else ("snapshot", next(_serial))
+
+    def checked_mask_mod(self):
+        """The mask_mod, refused when a constant it reads (a global, a closure cell)
+        changed since this block mask was made: its tile lists would skip tiles the
+        changed mask attends."""
+        from ..errors import InputError
+        from .mods import mods_for
+
+        if mods_for(None, self.mask_mod).key != self._made_with:
+            raise InputError("a constant the block mask's mask_mod reads (a global or a "
+                             "closure variable) changed since block_mask(...) made it; make "
+                             "the block mask again")
+        return self.mask_mod
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
@@ -104,7 +118,7 @@ class BlockMask:
         from .launch import launch_kernel, variant_arrays
         from .spec import CLASSIFY
 
-        m = _mods.mods_for(None, self.mask_mod)
+        m = _mods.mods_for(None, self.checked_mask_mod())
         b, h, sq, sk = self.shape
         grid = (math.ceil(sq / tile_m), math.ceil(sk / tile_n), b * h)
         cls = torch.empty((b, h, grid[0], grid[1]), dtype=torch.int32, device=self.device)
