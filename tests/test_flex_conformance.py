@@ -53,3 +53,41 @@ def test_a_changed_closure_constant_changes_the_variant():
     made.fn.flip()
     second = M.mods_for(made.fn, None)
     assert "qk +" in first.score_mod.key[1] and "qk *" in second.score_mod.key[1]
+
+
+# The translations most likely to meet a cuTile typing rule (int/float/bool mixtures,
+# 0-d and nested gathers, helpers, sin/cos chains, pow, clamp), compiled for Hopper with
+# tileiras (no GPU), forward and backward: the GPU half then tests numbers, not typing.
+COMPILED = ["trig2", "silu", "natten_2d", "captured_scale", "index_weird2", "seq_masking",
+            "floor_div", "padded_dense_causal", "fa4_alibi", "fa4_packed_kv_bias",
+            "non_divisible_seq", "and_masks_window"]
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("name", COMPILED)
+def test_translated_cases_compile_with_tileiras(name):
+    import cuda.tile as ct
+    import torch
+
+    from tiledattention.kernel.compile import export_bwd_cubins, export_cubin
+    from tiledattention.kernel.toolchain import tileiras_path
+    from tiledattention.kernel.variant import BwdVariant, Flags, Variant
+    from tiledattention.schedules.backward import default_bwd_schedule
+    from tiledattention.schedules.schedule import default_schedule
+
+    if tileiras_path() is None:
+        pytest.skip("tileiras not found: pip install 'cuda-tile[tileiras]'")
+    c = F.by_name()[name]
+    mods = _lift(c, c.make("cpu"))
+    dtypes = {torch.float32: ct.float32, torch.float16: ct.float16, torch.int32: ct.int32,
+              torch.int64: ct.int64, torch.bool: ct.bool_}
+    aux = tuple((dtypes[t.dtype], t.dim()) for t in mods.tensors())
+    flags = Flags("float16", 64, False, mods=mods.key, has_score_mod=mods.has_score_mod,
+                  has_mask_mod=mods.has_mask_mod)
+    fwd = export_cubin(Variant("float16", 64, False, default_schedule(64, False), flags=flags),
+                       "sm_90", mods=mods, aux=aux)
+    assert fwd.cubin[:4] == b"\x7fELF"
+    if c.kind == "score":
+        bwd = export_bwd_cubins(BwdVariant("float16", 64, False, default_bwd_schedule(64, False),
+                                           flags=flags), "sm_90", mods=mods, aux=aux)
+        assert all(x[:4] == b"\x7fELF" for x in bwd.values())
