@@ -379,3 +379,33 @@ def test_a_block_mask_refuses_a_mask_mod_whose_global_changed_since_it_was_made(
     finally:
         W = 128
     assert api._variant(None, None, bm, False)[1] is bm
+
+
+def _recurse(x):
+    return _recurse(x)
+
+
+def _recursive_mod(score, b, h, q_idx, kv_idx):
+    return _recurse(score)
+
+
+def test_python_forms_translate_or_are_refused_typed():
+    def chained(b, h, q_idx, kv_idx):
+        return 0 <= q_idx - kv_idx < 64 and not (kv_idx > q_idx)
+
+    def consts(score, b, h, q_idx, kv_idx):
+        return torch.where(q_idx >= kv_idx, score, torch.tensor(float("-inf"))) + \
+            torch.zeros_like(score)
+
+    def loop(score, b, h, q_idx, kv_idx):
+        for i in range(2):
+            score = score + i
+        return score
+
+    assert "(0 <= q_idx - kv_idx) & (q_idx - kv_idx < 64) & ~(kv_idx > q_idx)" in _src(
+        M.mods_for(None, chained))
+    assert "-1e309) + 0.0" in _src(M.mods_for(consts, None), "score_mod")
+    with pytest.raises(ta.VariantError, match=r"test_lifting\.py:\d+: .*`For` statement"):
+        M.mods_for(loop, None)
+    with pytest.raises(ta.VariantError, match=r"nest deeper than 16 \(recursion"):
+        M.mods_for(_recursive_mod, None)

@@ -539,6 +539,13 @@ class _Scope:
             exprs = [self.expr(a, e) for a in args]
             return ast.Call(self.expr(func, e), exprs,
                             [ast.keyword(k, self.expr(v, e)) for k, v in kw.items()])
+        if f in _TENSOR_OF and consts and _is_number(consts[0]):
+            return _const(consts[0])  # torch.tensor(-inf): the number itself
+        if f in _LIKE:
+            fill = _LIKE[f] if f is not torch.full_like else (
+                consts[1] if len(consts) > 1 else const_kw.get("fill_value", _m._EMPTY))
+            if fill is not _m._EMPTY and _is_number(fill):
+                return _const(fill)  # broadcasts like the tile it imitates
         if f in (float, int, bool) and all_const and not kw and len(consts) <= 1:
             try:
                 return _const(f(*consts))
@@ -688,5 +695,7 @@ def _torch_table() -> dict:
 
 
 _TORCH = _torch_table()
+_TENSOR_OF = {torch.tensor, torch.as_tensor, torch.scalar_tensor}
+_LIKE = {torch.zeros_like: 0.0, torch.ones_like: 1.0, torch.full_like: None}
 _METHOD_NAMES = frozenset({*_SAME, *_UNARY, "clamp", "clip", "clamp_min", "clamp_max", "div",
                            *_BINARY, *_COMPARE, *_CAST_METHODS, "to"})

@@ -168,16 +168,19 @@ def _code_matches(node, code, imported: set[str] = frozenset()) -> bool:
     """Whether ``node`` compiles to ``code`` (in a scope giving it the same free names,
     in a module importing the same names)."""
     node = copy.deepcopy(node)
+    scope: list[ast.stmt] = []
     if isinstance(node, ast.FunctionDef):
         node.decorator_list = []
         inner = node
+        if node.name not in code.co_freevars:  # its own name stays a global (recursion)
+            scope.append(ast.Global([node.name]))
     else:
         inner = ast.Assign([ast.Name("_ta_lambda", ast.Store())], node)
     outer = ast.FunctionDef(
         name="_ta_outer", args=ast.arguments(posonlyargs=[], args=[], kwonlyargs=[],
                                              kw_defaults=[], defaults=[]),
-        body=[ast.Assign([ast.Name(v, ast.Store())], ast.Constant(None))
-              for v in code.co_freevars] + [inner],
+        body=scope + [ast.Assign([ast.Name(v, ast.Store())], ast.Constant(None))
+                      for v in code.co_freevars] + [inner],
         decorator_list=[], returns=None, type_params=[])
     imports = [ast.Import([ast.alias("_ta_module", n)]) for n in sorted(imported)]
     module = ast.fix_missing_locations(ast.Module([*imports, outer], type_ignores=[]))
