@@ -11,7 +11,8 @@ The function's body is resolved at lift time into a single expression of its par
   folded in as literals: the generated source, and so the compile identity, holds them;
 - a captured tensor is an array indexed on every axis (``bias[b, q_idx]``; chained
   ``bias[b][q_idx]`` is the same); a 0-d tensor used as a number is read as element 0;
-- torch ops (``TORCH``) and tensor methods (``METHODS``) become ``ct`` code.
+- torch functions (``_TORCH``, by identity) and tensor methods (``_METHOD_NAMES``) become
+  ``ct`` code (``translate``).
 
 Everything else is refused here with a ``VariantError`` naming the user's file and line
 and what to write instead, never later inside the compiler.
@@ -69,10 +70,9 @@ def _ct_call(name: str, *args: ast.expr) -> ast.Call:
 
 
 def _is_ct(value) -> bool:
-    module = getattr(value, "__module__", None) or (
-        value.__name__ if isinstance(value, types.ModuleType) else "")
-    if isinstance(value, types.ModuleType):
-        module = value.__name__
+    """Whether ``value`` belongs to cuda.tile (the module, a function, a dtype, an enum)."""
+    module = (value.__name__ if isinstance(value, types.ModuleType)
+              else getattr(value, "__module__", None))
     return isinstance(module, str) and module.split(".")[:2] == ["cuda", "tile"]
 
 
