@@ -616,13 +616,18 @@ def mods_for(score_mod, mask_mod) -> Mods:
     return _mods_cached(key, score_mod, grad, mask_mod)
 
 
+def _storage(t: torch.Tensor) -> tuple:
+    # a 0-d capture is read through a fresh 1-element view: compare what it views
+    return (t.data_ptr(), tuple(t.shape), t.dtype)
+
+
 @functools.lru_cache(maxsize=256)  # keyed by value (_fn_key) and bounded
 def _mods_cached(key, score_mod, grad, mask_mod) -> Mods:
     s = None if score_mod is None else lift(score_mod, 5, "score_mod")
     g, error = None, None
     if score_mod is not None and grad is not None:
         g = lift(grad, 5, "score_grad")
-        if [id(t) for t in g.tensors()] != [id(t) for t in s.tensors()]:
+        if [_storage(t) for t in g.tensors()] != [_storage(t) for t in s.tensors()]:
             raise VariantError("a score_mod's grad must capture the same tensors as the "
                                "score_mod, in the same order (they share the kernel's arrays)")
     elif score_mod is not None:
