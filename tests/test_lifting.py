@@ -265,13 +265,13 @@ def test_and_or_masks_are_public_and_lift_into_one_mask():
 def test_the_registry_is_keyed_by_value_and_bounded():
     api._variants.__init__()
     ids = torch.zeros(1, 64, dtype=torch.int32)
+    keys = {api._traced_variant(None, None, ta.block_mask(  # what a traced call does
+        variants.sliding_window(8), None, None, 64, 64, device="cpu"), False)[0]
+        for _ in range(500)}
+    assert len(api._variants) == 2 and len(keys) == 1  # "" and one entry for 500 equal masks
     for _ in range(500):
-        api._variant_key(*api._variant(None, None, ta.block_mask(
-            variants.sliding_window(8), None, None, 64, 64, device="cpu"), False))
-    assert len(api._variants) == 2  # "" and one value-equal entry for 500 equal masks
-    for _ in range(500):
-        api._variant_key(*api._variant(None, None, ta.block_mask(
-            variants.document(ids), None, None, 64, 64, device="cpu"), False))
+        api._traced_variant(None, None, ta.block_mask(
+            variants.document(ids), None, None, 64, 64, device="cpu"), False)
     assert len(api._variants) == api._Registry.MAX
     with pytest.raises(ta.InputError, match="no longer registered"):
         api._variants["v1"]
