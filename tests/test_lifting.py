@@ -409,3 +409,19 @@ def test_python_forms_translate_or_are_refused_typed():
         M.mods_for(loop, None)
     with pytest.raises(ta.VariantError, match=r"nest deeper than 16 \(recursion"):
         M.mods_for(_recursive_mod, None)
+
+
+@pytest.mark.parametrize("magic", ["", "%time x = 1\n"])
+def test_a_function_from_a_notebook_cell_is_lifted(magic):
+    """IPython compiles a cell under a pseudo file name and puts its text in linecache;
+    a cell may hold lines that are not Python (magics): the definition block alone is
+    parsed then."""
+    import linecache
+
+    name = f"<ipython-input-{len(magic)}-test>"
+    cell = magic + "def cell_mod(score, b, h, q_idx, kv_idx):\n    return score * 3\n"
+    linecache.cache[name] = (len(cell), None, cell.splitlines(True), name)
+    code_text = cell.replace("%time x = 1", "x = 1")  # what IPython would run
+    scope: dict = {}
+    exec(compile(code_text, name, "exec"), scope)  # noqa: S102
+    assert "score * 3" in _src(M.mods_for(scope["cell_mod"], None), "score_mod")

@@ -611,7 +611,8 @@ def mods_for(score_mod, mask_mod) -> Mods:
     for role, f in (("score_mod", score_mod), ("mask_mod", mask_mod), ("grad", grad)):
         if f is not None and not isinstance(f, types.FunctionType):
             raise VariantError(f"{role} must be a Python function (def or lambda), got "
-                               f"{type(f).__name__}")
+                               f"{type(f).__name__}; bind extra arguments in a closure "
+                               "(def mod(b, h, q_idx, kv_idx): return f(..., x=x))")
     key = tuple(None if f is None else _fn_key(f) for f in (score_mod, grad, mask_mod))
     return _mods_cached(key, score_mod, grad, mask_mod)
 
