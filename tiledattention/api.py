@@ -19,6 +19,7 @@ the tensors its functions capture, which are op inputs so tracers see them.
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 
 import torch
@@ -26,37 +27,50 @@ import torch
 from .errors import BackwardNotSupportedError, InputError
 from .kernel import mods as _mods
 from .kernel.launch import captured_buffers, launch, run_backward
-from .kernel.plan import block_token, pinned_schedule, plan_for
+from .kernel.plan import pinned_schedule, plan_for
 from .kernel.validate import check_device, check_inputs, resolve_schedule
 from .schedules.backward import BwdSchedule
 from .schedules.schedule import Schedule
 
 # The variant registry of the ops: key -> (Mods, BlockMask or None, the backward's Mods,
-# which captured tensors get a gradient). Bounded: the least recently used entry goes
-# (a process making a new block mask per step must not keep them all); every traced call
-# re-registers its entry right before its op runs, and the eager op's backward re-registers
-# the one its forward used. Keys are serials, never ids, so an evicted key is never reused.
+# which captured tensors get a gradient). Keyed by value (the functions' compile identity,
+# the block mask's ``key``), so equal variants share one entry; bounded: the least recently
+# used entry goes (a process making a new block mask per step must not keep them all).
+# Every traced call re-registers its entry right before its op runs, and the eager op's
+# backward re-registers the one its forward used. Names are serials, never reused, so an
+# evicted name is a typed error, never another variant.
 MAX_VARIANTS = 1024
-_PLAIN = (_mods.NONE, None, _mods.NONE, ())
+_PLAIN = (_mods.NONE, None, _mods.NONE, (), None)  # the last field: the identity
 _variants: OrderedDict[str, tuple] = OrderedDict()
+_names: dict[tuple, str] = {}  # identity -> name, for the entries in _variants
+_serials = itertools.count(1)
 
 
 def _variant_key(mods, block, bwd_mods=None, needs: tuple = ()) -> str:
-    """The registry key of a (Mods, BlockMask) pair and the backward's Mods."""
+    """The registry key of a (Mods, BlockMask) pair, the backward's Mods and which captured
+    tensors need a gradient, by value."""
     if not mods.key and block is None:
         return ""
     bwd_mods = bwd_mods or mods
-    key = (f"{block_token(mods)}:{block_token(block)}:{block_token(bwd_mods)}:"
-           f"{''.join('1' if n else '0' for n in needs)}")
-    _register(key, (mods, block, bwd_mods, needs))
+    identity = (mods.key, None if block is None else block.key, bwd_mods.key,
+                tuple(bool(n) for n in needs))
+    key = _names.get(identity)
+    if key is None:
+        key = _names[identity] = f"v{next(_serials)}"
+    _register(key, (mods, block, bwd_mods, needs, identity))
     return key
 
 
 def _register(key: str, entry: tuple) -> None:
+    """Registers (or refreshes) ``key``; entries are (Mods, BlockMask, backward Mods, needs,
+    identity)."""
     _variants[key] = entry
     _variants.move_to_end(key)
+    _names.setdefault(entry[-1], key)
     while len(_variants) > MAX_VARIANTS:
-        _variants.popitem(last=False)
+        old_key, old = _variants.popitem(last=False)
+        if _names.get(old[-1]) == old_key:
+            del _names[old[-1]]
 
 
 def _entry(key: str) -> tuple:
@@ -124,7 +138,7 @@ def _fwd_fake(q, k, v, attn_mask, aux, causal, scale, return_lse, schedule, vari
 def _bwd_cuda(q, k, v, out, lse, dout, dlse, attn_mask, aux, causal, scale, bwd_schedule,
               variant):
     # bwd_schedule: a BwdSchedule label, or "" for the policy's choice (table, default).
-    _, block, bwd_mods, needs = _entry(variant)
+    _, block, bwd_mods, needs, _ = _entry(variant)
     captured = captured_buffers(tuple(aux), needs)
     dq, dk, dv = run_backward(q, k, v, out, lse, dout, dlse, attn_mask, causal, scale,
                               BwdSchedule.from_label(bwd_schedule) if bwd_schedule else None,
@@ -290,7 +304,7 @@ def _variant(score_mod, mask_mod, block_mask, needs_grad: bool):
         if mask_mod is not None and mask_mod is not block_mask.mask_mod:
             raise InputError("pass the mask_mod through block_mask only (it carries its own "
                              "mask_mod), or the block_mask of this mask_mod")
-        mask_mod = block_mask.mask_mod
+        mask_mod = block_mask.checked_mask_mod()
     mods = _mods.mods_for(score_mod, mask_mod)
     if needs_grad and mods.grad_error:
         raise BackwardNotSupportedError(mods.grad_error)

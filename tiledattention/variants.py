@@ -19,6 +19,9 @@ attention.
 
 from __future__ import annotations
 
+import math
+import numbers
+
 import cuda.tile as ct
 import torch
 
@@ -28,6 +31,15 @@ from .kernel.mods import ScoreMod
 def _with_reference(fn, reference):
     fn.reference = reference
     return fn
+
+
+def _count(name: str, value, low: int) -> int:
+    """An int argument >= ``low`` (a window size), or VariantError in one line."""
+    from .kernel.mods import VariantError
+
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+        raise VariantError(f"{name} must be an int >= {low}, got {value!r}")
+    return int(value)
 
 
 def _ref_offset(q_offset):
@@ -44,6 +56,7 @@ def sliding_window(left: int, right: int = 0, *, q_offset: torch.Tensor | None =
     position of each row's first query, i.e. a KV cache's length before these queries
     (transformers' bottom-right alignment: decode with Sq = 1 is query Skv - 1). A tensor,
     not a number, so a growing cache does not compile a kernel per step."""
+    left, right = _count("sliding_window: left", left, 1), _count("sliding_window: right", right, 0)
     if q_offset is None:
         def window_mask(b, h, q_idx, kv_idx):
             return (q_idx - kv_idx < left) & (kv_idx - q_idx <= right)
@@ -64,6 +77,11 @@ def softcap(cap: float) -> ScoreMod:
     symbolically: ``1 - tanh^2``). The hardware tanh (``tanh.approx.f32``, one MUFU
     instruction, relative error ~2^-11, as FlashAttention-3's softcap) instead of the
     full-precision one: below the fp16/bf16 rounding of P."""
+    from .kernel.mods import VariantError
+
+    if isinstance(cap, bool) or not isinstance(cap, numbers.Real) or not (
+            math.isfinite(cap) and cap > 0):
+        raise VariantError(f"softcap: cap must be a finite number > 0, got {cap!r}")
     cap = float(cap)
 
     def softcap_score(score, b, h, q_idx, kv_idx):
@@ -139,6 +157,42 @@ def prefix_lm(prefix_lengths: torch.Tensor, *, q_offset: torch.Tensor | None = N
         return (k <= q + _ref_offset(q_offset)) | (k < lens[b])
 
     return _with_reference(prefix_mask, reference)
+
+
+def _combine(name: str, mask_mods: tuple, op):
+    from .kernel.mods import VariantError
+
+    if not mask_mods:
+        raise VariantError(f"{name} needs at least one mask_mod")
+    for m in mask_mods:
+        if not callable(m):
+            raise VariantError(f"{name}: every argument must be a mask_mod, got "
+                               f"{type(m).__name__}")
+    if len(mask_mods) == 1:
+        return mask_mods[0]
+    first, rest = mask_mods[0], _combine(name, mask_mods[1:], op)
+    if op == "and":
+        def combined(b, h, q_idx, kv_idx):
+            return first(b, h, q_idx, kv_idx) & rest(b, h, q_idx, kv_idx)
+    else:
+        def combined(b, h, q_idx, kv_idx):
+            return first(b, h, q_idx, kv_idx) | rest(b, h, q_idx, kv_idx)
+    refs = [getattr(m, "reference", None) for m in (first, rest)]
+    if None not in refs:
+        combined.reference = ((lambda *a: refs[0](*a) & refs[1](*a)) if op == "and"
+                              else (lambda *a: refs[0](*a) | refs[1](*a)))
+    return combined
+
+
+def and_masks(*mask_mods):
+    """FlexAttention's ``and_masks``: attend where every mask_mod attends (the helpers
+    are inlined into one mask_mod when lifted)."""
+    return _combine("and_masks", mask_mods, "and")
+
+
+def or_masks(*mask_mods):
+    """FlexAttention's ``or_masks``: attend where any mask_mod attends."""
+    return _combine("or_masks", mask_mods, "or")
 
 
 def sinks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sink: torch.Tensor,

@@ -20,6 +20,7 @@ when a tensor the ``mask_mod`` captures changes.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 
@@ -34,6 +35,7 @@ ConstBool = ct.Constant[bool]
 
 EMPTY, PARTIAL, FULL = 0, 1, 2
 MASK_MOD = no_mask_mod
+_serial = itertools.count()
 
 
 @ct.kernel
@@ -74,6 +76,32 @@ class BlockMask:
     seq_kv: int
     device: torch.device
     _lists: dict = field(default_factory=dict, repr=False)
+    # Identity by value: a mask_mod that captures no tensor classifies the same way for
+    # the same shape, so equal masks share plans and registry entries; one that captures
+    # tensors is a snapshot of their values: a serial that is never reused (an id is).
+    key: tuple = field(default=(), repr=False)
+
+    def __post_init__(self):
+        from .mods import mods_for
+
+        mods = mods_for(None, self.mask_mod)
+        self._made_with = mods.key  # the constants it was classified with (a snapshot)
+        if not self.key:
+            value = (mods.key, self.batch, self.heads, self.seq_q, self.seq_kv, str(self.device))
+            self.key = value if not mods.tensors() else ("snapshot", next(_serial))
+
+    def checked_mask_mod(self):
+        """The mask_mod, refused when a constant it reads (a global, a closure cell)
+        changed since this block mask was made: its tile lists would skip tiles the
+        changed mask attends."""
+        from ..errors import InputError
+        from .mods import mods_for
+
+        if mods_for(None, self.mask_mod).key != self._made_with:
+            raise InputError("a constant the block mask's mask_mod reads (a global or a "
+                             "closure variable) changed since block_mask(...) made it; make "
+                             "the block mask again")
+        return self.mask_mod
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
@@ -90,7 +118,7 @@ class BlockMask:
         from .launch import launch_kernel, variant_arrays
         from .spec import CLASSIFY
 
-        m = _mods.mods_for(None, self.mask_mod)
+        m = _mods.mods_for(None, self.checked_mask_mod())
         b, h, sq, sk = self.shape
         grid = (math.ceil(sq / tile_m), math.ceil(sk / tile_n), b * h)
         cls = torch.empty((b, h, grid[0], grid[1]), dtype=torch.int32, device=self.device)

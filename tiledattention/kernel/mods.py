@@ -8,40 +8,47 @@ A ``score_mod(score, b, h, q_idx, kv_idx)`` returns a new fp32 score tile (``sco
 code (``import cuda.tile as ct``: ``ct.tanh``, ``ct.where``, ``ct.exp``, ...), compiled into
 the forward and backward kernels, which cuTile inlines.
 
-What a function may use:
+What a function may use (``lifting`` resolves it into one expression when it is lifted):
 
-- numbers, bools and functions it captures (closure or module globals) are compile-time
-  constants: a factory ``def window(n): return lambda b, h, q, k: q - k < n`` compiles once
-  per ``n``;
+- torch ops or their ``ct`` equivalents (``lifting.translate``), assignments, a docstring,
+  ``if``/``else`` and Python helpers returning one expression;
+- numbers, bools and functions it captures (closure or module globals) are folded in as
+  compile-time constants: a factory ``def window(n): return lambda b, h, q, k: q - k < n``
+  compiles once per ``n``, and a changed global is a new variant (``_fn_key``);
 - torch tensors it captures (per-head ALiBi slopes, per-token document ids) are passed to
-  the kernels as arrays (up to ``MAX_TENSORS`` per call) and indexed with subscripts, which
-  become ``ct.gather`` (out-of-range indices read 0): ``slopes[h]``, ``doc[b, q_idx]``.
+  the kernels as arrays (up to ``MAX_TENSORS`` per call) and indexed on every axis, which
+  becomes ``ct.gather`` (out-of-range indices read 0): ``slopes[h]``, ``doc[b, q_idx]``.
+
+Anything else is refused at lift time with a ``VariantError`` naming the user's file and
+line. The source lifted is checked against the function's code object (``_function_node``).
 
 The derivative (``score_mod`` only; ``mask_mod`` needs none): a ``ScoreMod(fn, grad=g)``
-pairs the function with ``g(score, b, h, q_idx, kv_idx) = d fn / d score``; without one, a
-function whose body is one ``return`` expression built from ``+ - * /``, unary minus,
-``ct.tanh``, ``ct.exp``, ``ct.exp2``, ``ct.where`` and score-free terms is differentiated
-symbolically (softcapping, ALiBi and other biases need nothing). A ``score_mod`` with no
-derivative is refused before anything runs when an input requires grad. A captured
+pairs the function with ``g(score, b, h, q_idx, kv_idx) = d fn / d score``; without one,
+the lifted expression is differentiated symbolically (``_d``, ``_d_more``). A ``score_mod``
+with no derivative is refused before anything runs when an input requires grad. A captured
 tensor of the score_mod that requires grad gets its gradient from the dK/dV kernel
 (``with_captured_grads``: each read differentiated by the same rules), or a VariantError
 before anything runs.
 
-The compile identity of a variant (``Lifted.key``) is the generated source (the function's
-code after lifting) plus the values of its captured constants, so a new variant compiles
-once, like any other flag, and equal variants share kernels.
+The compile identity of a variant (``Lifted.key``) is the generated source, which holds
+the values of its captured constants, so a new variant compiles once, like any other
+flag, and equal variants share kernels. The lifted variants are cached by ``_fn_key``
+(code, closure and globals read, by value), bounded.
 """
 
 from __future__ import annotations
 
 import ast
+import builtins
 import copy
 import dataclasses
+import dis
 import functools
 import inspect
 import itertools
 import linecache
 import textwrap
+import tokenize
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -81,31 +88,149 @@ class Lifted:
 
 
 # ----------------------------------------------------------------------------- source
-def _function_node(fn: Callable, nargs: int) -> ast.FunctionDef | ast.Lambda:
+# A function's source is found from its code object (file, first line) in the lines
+# linecache holds, and checked against that code object: what is lifted is the function
+# that runs, never a file edited since, and a decorator that replaced the function (a
+# ``functools.wraps`` wrapper) is refused, not silently dropped.
+_trees: dict[str, tuple[list, ast.Module | None]] = {}
+
+
+def _where(fn, node: ast.AST | None = None) -> str:
+    """``file:line`` of ``node`` in ``fn``'s source (its definition without a node)."""
+    code = fn.__code__
+    line = getattr(node, "lineno", None) or code.co_firstlineno
+    return f"{code.co_filename}:{line}"
+
+
+def _refuse(fn, node, what: str) -> VariantError:
+    return VariantError(f"{_where(fn, node)}: {_name(fn)}: {what}")
+
+
+def _module_tree(filename: str, lines: list[str]) -> ast.Module | None:
+    cached = _trees.get(filename)
+    if cached is not None and cached[0] is lines:
+        return cached[1]
     try:
-        src = textwrap.dedent(inspect.getsource(fn))
-    except (OSError, TypeError) as exc:
-        raise VariantError(f"{_name(fn)}: its source is not available ({exc}); define it in a "
-                           "file or a notebook cell") from exc
+        tree = ast.parse("".join(lines), filename)
+    except (SyntaxError, ValueError):
+        tree = None  # e.g. a notebook cell holding magics: fall back to the block
+    if len(_trees) > 64:
+        _trees.clear()
+    _trees[filename] = (lines, tree)
+    return tree
+
+
+def _block_tree(lines: list[str], first: int) -> ast.Module | None:
+    """The definition block starting at line ``first`` alone, line numbers kept."""
     try:
-        tree = ast.parse(src)
-    except SyntaxError:  # a lambda cut out of a longer expression
-        tree = ast.parse("(" + src.strip().rstrip(",") + ")") if "lambda" in src else None
-        if tree is None:
-            raise VariantError(f"{_name(fn)}: its source could not be parsed") from None
-    if fn.__name__ == "<lambda>":
-        nodes = [n for n in ast.walk(tree) if isinstance(n, ast.Lambda)]
-        if len(nodes) > 1:
-            nodes = [n for n in nodes if len(n.args.args) == nargs]
+        block = inspect.getblock(lines[first - 1:])
+    except (IndexError, SyntaxError, tokenize.TokenError):
+        return None
+    text = textwrap.dedent("".join(block))
+    for src in (text, "(" + text.strip().rstrip(",") + ")"):
+        try:
+            tree = ast.parse(src)
+        except SyntaxError:
+            continue
+        ast.increment_lineno(tree, first - 1)
+        return tree
+    return None
+
+
+def _candidates(tree: ast.AST, code) -> list:
+    first = code.co_firstlineno
+    if code.co_name == "<lambda>":
+        return [n for n in ast.walk(tree) if isinstance(n, ast.Lambda) and n.lineno == first]
+    return [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)
+            and n.name == code.co_name
+            and first in (n.lineno, *(d.lineno for d in n.decorator_list))]
+
+
+def _signature(code) -> tuple:
+    consts = tuple(_signature(c) if isinstance(c, types.CodeType) else (type(c), repr(c))
+                   for c in code.co_consts)
+    return (code.co_code, code.co_names, code.co_varnames, code.co_freevars,
+            code.co_cellvars, consts)
+
+
+def _imported_names(tree: ast.Module | None, fn) -> set[str]:
+    """Names the module binds by import (Python 3.11 compiles ``mod.f()`` differently
+    when ``mod`` is one); without the module's tree, its globals holding modules."""
+    if tree is None:
+        return {n for n, v in fn.__globals__.items() if isinstance(v, types.ModuleType)}
+    out, stack = set(), list(tree.body)
+    while stack:
+        st = stack.pop()
+        if isinstance(st, (ast.Import, ast.ImportFrom)):
+            out |= {(a.asname or a.name).split(".")[0] for a in st.names}
+        elif not isinstance(st, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            stack.extend(c for c in ast.iter_child_nodes(st) if isinstance(c, ast.stmt))
+    return out
+
+
+def _code_matches(node, code, imported: set[str] = frozenset()) -> bool:
+    """Whether ``node`` compiles to ``code`` (in a scope giving it the same free names,
+    in a module importing the same names)."""
+    node = copy.deepcopy(node)
+    scope: list[ast.stmt] = []
+    if isinstance(node, ast.FunctionDef):
+        node.decorator_list = []
+        inner = node
+        if node.name not in code.co_freevars:  # its own name stays a global (recursion)
+            scope.append(ast.Global([node.name]))
     else:
-        nodes = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)
-                 and n.name == fn.__name__]
-    if len(nodes) != 1:
-        raise VariantError(f"{_name(fn)}: cannot single out its definition in its source "
-                           "(define it with def, or one lambda per line)")
-    node = nodes[0]
-    if len(node.args.args) != nargs or node.args.vararg or node.args.kwonlyargs:
-        raise VariantError(f"{_name(fn)} must take exactly {nargs} positional parameters")
+        inner = ast.Assign([ast.Name("_ta_lambda", ast.Store())], node)
+    outer = ast.FunctionDef(
+        name="_ta_outer", args=ast.arguments(posonlyargs=[], args=[], kwonlyargs=[],
+                                             kw_defaults=[], defaults=[]),
+        body=scope + [ast.Assign([ast.Name(v, ast.Store())], ast.Constant(None))
+                      for v in code.co_freevars] + [inner],
+        decorator_list=[], returns=None, type_params=[])
+    imports = [ast.Import([ast.alias("_ta_module", n)]) for n in sorted(imported)]
+    module = ast.fix_missing_locations(ast.Module([*imports, outer], type_ignores=[]))
+    try:
+        compiled = compile(module, code.co_filename, "exec", dont_inherit=True)
+    except (SyntaxError, ValueError, TypeError):
+        return False
+    want = _signature(code)
+    stack = [compiled]
+    while stack:
+        c = stack.pop()
+        if c.co_name == code.co_name and _signature(c) == want:
+            return True
+        stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
+    return False
+
+
+def _function_node(fn: Callable, nargs: int | None = None) -> ast.FunctionDef | ast.Lambda:
+    """The definition of ``fn`` in its source, checked to be the code that runs."""
+    if getattr(fn, "__wrapped__", None) is not None:
+        raise _refuse(fn, None, "it is wrapped by a decorator (it has __wrapped__, e.g. "
+                      "functools.wraps): the kernels would compile the wrapped body, not "
+                      "what the wrapper does; pass the undecorated function")
+    code = fn.__code__
+    lines = linecache.getlines(code.co_filename, fn.__globals__)
+    if not lines:
+        raise _refuse(fn, None, "its source is not available (defined in an interactive "
+                      "prompt or by exec?); define it in a file or a notebook cell")
+    found, module = [], _module_tree(code.co_filename, lines)
+    for tree in (module, _block_tree(lines, code.co_firstlineno)):
+        found = [n for n in _candidates(tree, code)] if tree is not None else []
+        if found:
+            break
+    imported = _imported_names(module, fn)
+    if not found:
+        raise _refuse(fn, None, "cannot find its definition in its source at this line "
+                      "(the file changed since import?); define it with def")
+    matching = [n for n in found if _code_matches(n, code, imported)]
+    if not matching:
+        raise _refuse(fn, None, "its source no longer matches the code that runs (the file "
+                      "was edited after import); re-import the module or restart")
+    node = matching[0]
+    args = node.args
+    if nargs is not None and (len(args.args) + len(args.posonlyargs) != nargs or args.vararg
+                              or args.kwonlyargs or args.kwarg):
+        raise _refuse(fn, node, f"must take exactly {nargs} positional parameters")
     return node
 
 
@@ -113,21 +238,45 @@ def _name(fn) -> str:
     return getattr(fn, "__qualname__", repr(fn))
 
 
+_EMPTY = object()  # an empty closure cell
+
+
+def _lookup(fn: Callable, name: str):
+    """The value ``name`` has for ``fn``: closure, then module globals, then builtins
+    (``_EMPTY`` for an empty cell, KeyError when undefined)."""
+    code = fn.__code__
+    if name in code.co_freevars:
+        try:
+            return fn.__closure__[code.co_freevars.index(name)].cell_contents
+        except ValueError:
+            return _EMPTY
+    if name in fn.__globals__:
+        return fn.__globals__[name]
+    builtins_ = fn.__globals__.get("__builtins__", builtins)
+    if isinstance(builtins_, dict):
+        return builtins_[name]
+    return getattr(builtins_, name) if hasattr(builtins_, name) else builtins.__dict__[name]
+
+
 def _captures(fn: Callable) -> dict[str, object]:
     """Names the function reads from its closure and its module, with their values."""
-    names = dict(zip(fn.__code__.co_freevars, (c.cell_contents for c in fn.__closure__ or ())))
+    names = {}
+    for name in fn.__code__.co_freevars:
+        names[name] = _lookup(fn, name)
     for name in _global_names(fn.__code__):
         if name in fn.__globals__ and name not in names:
             names[name] = fn.__globals__[name]
     return names
 
 
-def _global_names(code) -> set[str]:
-    out = set(code.co_names)
+@functools.lru_cache(maxsize=1024)
+def _global_names(code) -> tuple[str, ...]:
+    """The names ``code`` (and code nested in it) reads as globals, from its bytecode."""
+    out = {i.argval for i in dis.get_instructions(code) if i.opname == "LOAD_GLOBAL"}
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
-            out |= _global_names(const)
-    return out
+            out.update(_global_names(const))
+    return tuple(sorted(out))
 
 
 def _cell_getter(fn: Callable, name: str):
@@ -137,14 +286,18 @@ def _cell_getter(fn: Callable, name: str):
     return lambda: fn.__globals__[name]
 
 
-def _constant_key(value) -> object:
+def _constant_key(value, _seen: tuple = ()) -> object:
     if isinstance(value, (bool, int, float, str, type(None))):
         return (type(value), value)
     if isinstance(value, (tuple, list)):
-        return (type(value), tuple(_constant_key(v) for v in value))
+        if any(value is s for s in _seen):
+            return ("cyclic", id(value))
+        return (type(value), tuple(_constant_key(v, (*_seen, value)) for v in value))
     if isinstance(value, types.ModuleType):
         return ("module", value.__name__)
-    return ("object", id(value))  # functions and other objects: by identity
+    if isinstance(value, torch.dtype):
+        return ("dtype", str(value))
+    return ("object", id(value))  # other objects: by identity (the lifter refuses most)
 
 
 class _Lift(ast.NodeTransformer):
@@ -194,30 +347,27 @@ def _compile(name: str, params: list[str], body: list[ast.stmt], env: dict) -> C
 def lift(fn: Callable, nargs: int, role: str, derivative: bool = False,
          offset: int = 0) -> Lifted:
     """``fn`` as a kernel-callable function whose captured tensors are the arrays
-    ``A<offset>...``; ``derivative``: its d/d(first parameter), differentiated symbolically
-    (VariantError when its form is outside the closed set)."""
+    ``A<offset>...``: its body inlined into one expression (assignments, helpers,
+    constant branches), captured constants folded in, torch ops translated to ``ct``
+    (``lifting``); ``derivative``: its d/d(first parameter), differentiated symbolically
+    (VariantError when its form is outside the closed set). Everything the kernels
+    cannot compile is refused here, naming the user's file and line."""
+    from .lifting import Inliner
+
     node = _function_node(fn, nargs)
-    captured = _captures(fn)
-    tensor_names = [n for n, v in captured.items() if isinstance(v, torch.Tensor)]
-    if len(tensor_names) + offset > MAX_TENSORS:
-        raise VariantError(f"{role} {_name(fn)} captures {len(tensor_names)} tensors "
-                           f"({tensor_names}); at most {MAX_TENSORS} are supported per call "
-                           "(score_mod and mask_mod together)")
-    mapping = dict(zip(tensor_names, AUX[offset:]))
-    params = [a.arg for a in node.args.args]
-    body = _body(node)
+    params = [a.arg for a in (*node.args.posonlyargs, *node.args.args)]
+    inliner = Inliner(role, offset)
+    expr = inliner.top(fn, node, params)
     if derivative:
-        body = [ast.Return(_derivative_of(body, params[0], fn))]
-    body = [_Lift(mapping).visit(ast.parse(ast.unparse(stmt)).body[0]) for stmt in body]
-    env = {**fn.__globals__, **{n: v for n, v in captured.items() if n not in mapping}}
+        try:
+            expr = _derivative_of([ast.Return(expr)], params[0], fn)
+        except VariantError as exc:  # at the user's definition, as every refusal
+            raise VariantError(f"{_where(fn)}: {exc}") from None
     import cuda.tile as ct
 
-    env[_CT] = ct
-    out, source = _compile(f"{role}_{fn.__name__.strip('<>')}", params, body, env)
-    constants = tuple(sorted((n, _constant_key(v)) for n, v in captured.items()
-                             if n not in mapping))
-    return Lifted(out, (role, source, constants),
-                  tuple((n, _cell_getter(fn, n)) for n in tensor_names))
+    out, source = _compile(f"{role}_{fn.__name__.strip('<>')}", params,
+                           [ast.Return(expr)], {_CT: ct})
+    return Lifted(out, (role, source), inliner.cells())
 
 
 # ----------------------------------------------------------------------------- derivative
@@ -342,8 +492,8 @@ def _d_call(e: ast.Call, x: str):
             return da
         a = args[0]
         if name == "abs":  # sign(a) a' (0 at a = 0, as torch)
-            return _where(e, ast.Compare(a, [ast.Gt()], [ast.Constant(0.0)]), da,
-                          _where(e, ast.Compare(a, [ast.Lt()], [ast.Constant(0.0)]),
+            return _ct_where(e, ast.Compare(a, [ast.Gt()], [ast.Constant(0.0)]), da,
+                          _ct_where(e, ast.Compare(a, [ast.Lt()], [ast.Constant(0.0)]),
                                  _neg(da), ast.Constant(0.0)))
         if name == "tanh":
             outer = _bin(ast.Constant(1.0), ast.Sub(), _bin(e, ast.Mult(), e))
@@ -374,11 +524,66 @@ def _d_call(e: ast.Call, x: str):
         if da is _ZERO and db is _ZERO:
             return _ZERO
         zero = ast.Constant(0.0)
-        return _where(e, cond, zero if da is _ZERO else da, zero if db is _ZERO else db)
+        return _ct_where(e, cond, zero if da is _ZERO else da, zero if db is _ZERO else db)
+    return _d_more(e, x)
+
+
+# Derivative rules of the ops the lifter translates torch code into (``lifting``): sin,
+# cos, tan, log, log2, sqrt, rsqrt, abs, minimum / maximum, pow by a score-free exponent,
+# a quotient, and ct.where whose condition reads the score (piecewise, as autograd).
+def _d_more(e: ast.expr, x: str):
+    def both(a, b):
+        return None if a is None or b is None else (a, b)
+
+    def chain(outer, u):
+        du = _d(u, x)
+        return du if du is None or du is _ZERO else _times(outer, du)
+
+    def ct(name, *args):
+        return ast.Call(ast.Attribute(ast.Name(_CT, ast.Load()), name, ast.Load()),
+                        list(args), [])
+
+    def zero_or(d):
+        return ast.Constant(0.0) if d is _ZERO else d
+
+    if isinstance(e, ast.BinOp) and isinstance(e.op, ast.Div):
+        pair = both(_d(e.left, x), _d(e.right, x))
+        if pair is None:
+            return None
+        da, db = map(zero_or, pair)
+        return _bin(_bin(_bin(da, ast.Mult(), e.right), ast.Sub(), _bin(e.left, ast.Mult(), db)),
+                    ast.Div(), _bin(e.right, ast.Mult(), e.right))
+    if not isinstance(e, ast.Call) or e.keywords:
+        return None
+    name, args = _call_name(e), e.args
+    if len(args) == 1:
+        u = args[0]
+        outer = {"sin": lambda: ct("cos", u),
+                 "cos": lambda: ast.UnaryOp(ast.USub(), ct("sin", u)),
+                 "tan": lambda: _bin(ast.Constant(1.0), ast.Add(), _bin(e, ast.Mult(), e)),
+                 "log": lambda: _bin(ast.Constant(1.0), ast.Div(), u),
+                 "log2": lambda: _bin(ast.Constant(1.4426950408889634), ast.Div(), u),
+                 "sqrt": lambda: _bin(ast.Constant(0.5), ast.Div(), e),
+                 "rsqrt": lambda: _bin(_bin(ast.Constant(-0.5), ast.Mult(), e), ast.Div(), u),
+                 "abs": lambda: ct("where", ast.Compare(u, [ast.Lt()], [ast.Constant(0)]),
+                                   ast.Constant(-1.0), ast.Constant(1.0))}.get(name)
+        return None if outer is None else chain(outer(), u)
+    if name in ("minimum", "maximum") and len(args) == 2:
+        pair = both(_d(args[0], x), _d(args[1], x))
+        if pair is None:
+            return None
+        op = ast.LtE() if name == "minimum" else ast.GtE()
+        return ct("where", ast.Compare(args[0], [op], [args[1]]), *map(zero_or, pair))
+    if name == "pow" and len(args) == 2 and not _uses(args[1], x):
+        return chain(_bin(args[1], ast.Mult(), ct("pow", args[0], _bin(
+            args[1], ast.Sub(), ast.Constant(1.0)))), args[0])
+    if name == "where" and len(args) == 3:
+        pair = both(_d(args[1], x), _d(args[2], x))
+        return None if pair is None else ct("where", args[0], *map(zero_or, pair))
     return None
 
 
-def _where(call: ast.Call, cond, a, b) -> ast.Call:
+def _ct_where(call: ast.Call, cond, a, b) -> ast.Call:
     """``<module of call>.where(cond, a, b)``."""
     return _sibling(call, "where", cond, a, b)
 
@@ -585,10 +790,52 @@ class Mods:
 NONE = Mods(None, None, None, ())
 
 
-def _fn_key(fn: Callable) -> tuple:
-    cells = tuple(_constant_key(c.cell_contents) if not isinstance(
-        c.cell_contents, torch.Tensor) else "tensor" for c in fn.__closure__ or ())
-    return (fn.__code__, cells)
+def _fn_key(fn: Callable, _seen: tuple = ()) -> tuple:
+    """What the lifting of ``fn`` reads, by value: its code, its closure cells and the
+    module globals it reads (helper functions by their own key, tensors by their rank:
+    their values are read at every launch), and its defaults. A changed global is a new
+    variant. On every call with a variant: kept to list comprehensions over what the
+    code names."""
+    if fn in _seen:
+        return ("recursive", fn.__code__)
+    seen = (*_seen, fn)
+    code, closure, defaults = fn.__code__, fn.__closure__, fn.__defaults__
+    cells = ()
+    if closure:
+        try:
+            cells = tuple([_value_key(c.cell_contents, seen) for c in closure])
+        except ValueError:  # an empty cell: the lifting refuses it, naming the variable
+            cells = tuple(_cell_key(c, seen) for c in closure)
+    names = _global_names(code)
+    if names:
+        get = fn.__globals__.get
+        names = tuple([_value_key(get(n, _EMPTY), seen) for n in names])
+    if defaults:
+        defaults = tuple([_value_key(d, seen) for d in defaults])
+    return (code, cells, names, defaults)
+
+
+def _cell_key(cell, seen: tuple) -> object:
+    try:
+        return _value_key(cell.cell_contents, seen)
+    except ValueError:
+        return "empty"
+
+
+_PLAIN = frozenset({bool, int, float, str, type(None)})
+
+
+def _value_key(value, seen: tuple) -> object:
+    kind = type(value)
+    if kind in _PLAIN:
+        return (kind, value)
+    if kind is types.ModuleType:
+        return value  # modules are hashable and compared by identity
+    if isinstance(value, torch.Tensor):
+        return ("tensor", value.dim())
+    if kind is types.FunctionType:
+        return ("function",) + _fn_key(value, seen)
+    return _constant_key(value)
 
 
 def mods_for(score_mod, mask_mod) -> Mods:
@@ -601,18 +848,24 @@ def mods_for(score_mod, mask_mod) -> Mods:
     for role, f in (("score_mod", score_mod), ("mask_mod", mask_mod), ("grad", grad)):
         if f is not None and not isinstance(f, types.FunctionType):
             raise VariantError(f"{role} must be a Python function (def or lambda), got "
-                               f"{type(f).__name__}")
+                               f"{type(f).__name__}; bind extra arguments in a closure "
+                               "(def mod(b, h, q_idx, kv_idx): return f(..., x=x))")
     key = tuple(None if f is None else _fn_key(f) for f in (score_mod, grad, mask_mod))
     return _mods_cached(key, score_mod, grad, mask_mod)
 
 
-@functools.lru_cache(maxsize=256)
+def _storage(t: torch.Tensor) -> tuple:
+    # a 0-d capture is read through a fresh 1-element view: compare what it views
+    return (t.data_ptr(), tuple(t.shape), t.dtype)
+
+
+@functools.lru_cache(maxsize=256)  # keyed by value (_fn_key) and bounded
 def _mods_cached(key, score_mod, grad, mask_mod) -> Mods:
     s = None if score_mod is None else lift(score_mod, 5, "score_mod")
     g, error = None, None
     if score_mod is not None and grad is not None:
         g = lift(grad, 5, "score_grad")
-        if [id(t) for t in g.tensors()] != [id(t) for t in s.tensors()]:
+        if [_storage(t) for t in g.tensors()] != [_storage(t) for t in s.tensors()]:
             raise VariantError("a score_mod's grad must capture the same tensors as the "
                                "score_mod, in the same order (they share the kernel's arrays)")
     elif score_mod is not None:

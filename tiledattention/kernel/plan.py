@@ -13,9 +13,7 @@ every launch.
 from __future__ import annotations
 
 import functools
-import itertools
 import math
-import weakref
 from dataclasses import dataclass
 
 import torch
@@ -101,7 +99,7 @@ def call_key(q, k, v, attn_mask, causal, scale, enable_gqa, return_lse, schedule
     ``type(x)`` is part of the key so that ``causal=1`` or ``scale=True`` never finds the
     plan of ``causal=True`` / ``scale=1.0`` (equal and equally hashed in Python) and still
     gets its typed error. ``variant``: (Mods, BlockMask or None): the functions by their
-    compile identity, the block mask by ``block_token``.
+    compile identity, the block mask by its ``key``.
     """
     if not (type(q) is _Tensor and type(k) is _Tensor and type(v) is _Tensor):
         return None
@@ -118,26 +116,10 @@ def call_key(q, k, v, attn_mask, causal, scale, enable_gqa, return_lse, schedule
         except TypeError:
             return None
     if variant is not None:
-        variant = (variant[0].key, block_token(variant[1]))
+        variant = (variant[0].key, None if variant[1] is None else variant[1].key)
     return (_facts(q), _facts(k), _facts(v), mask, type(causal), causal, type(scale), scale,
-            bool(enable_gqa), bool(return_lse), schedule, variant, policy.generation())
-
-
-_block_tokens: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_serials = itertools.count(1)
-
-
-def block_token(block) -> int | None:
-    """A block mask's identity in plan keys: a serial number given on first sight and
-    dropped with the mask, never its ``id`` (a freed mask's id is reused by the next
-    object, whose lists would then be read through a stale plan). Also the identity of
-    other objects keyed this way (the variant registry's ``Mods``)."""
-    if block is None:
-        return None
-    token = _block_tokens.get(block)
-    if token is None:
-        token = _block_tokens[block] = next(_serials)
-    return token
+            type(enable_gqa), enable_gqa, bool(return_lse), schedule, variant,
+            policy.generation())
 
 
 def _cached(key, build):
@@ -340,7 +322,7 @@ def bwd_plan_for(q, k, attn_mask, causal, scale, has_dlse, schedule, mods=_mods.
                  block=None) -> BwdPlan:
     """The cached backward plan of a call (its forward was checked already)."""
     key = ("bwd", _facts(q), _facts(k), None if attn_mask is None else _facts(attn_mask),
-           causal, scale, has_dlse, schedule, mods.key, block_token(block),
+           causal, scale, has_dlse, schedule, mods.key, None if block is None else block.key,
            policy.generation())
     return _cached(key, lambda: make_bwd_plan(q, k, attn_mask, causal, scale, has_dlse,
                                               schedule, mods, block))

@@ -80,6 +80,8 @@ def check_inputs(q, k, v, *, causal, scale, attn_mask, enable_gqa,
     if not supported_head_dim(d):
         raise UnsupportedHeadDimError(
             f"head dim {d} is not supported; accepted: multiples of 8 from 8 to {MAX_HEAD_DIM}")
+    if not isinstance(enable_gqa, bool):
+        raise InputError(f"enable_gqa must be a bool, got {enable_gqa!r}")
     if hq != hk:
         if hq % hk != 0:
             raise ShapeError(f"query heads ({hq}) must be a multiple of key/value heads ({hk})")

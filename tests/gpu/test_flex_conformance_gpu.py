@@ -1,0 +1,157 @@
+"""The GPU half of the FlexAttention conformance suite (``tests/flex_conformance.py``):
+every case of PyTorch's FlexAttention tests, as written, through ``sdpa`` at the shape
+that test uses — forward and every gradient (q, k, v and captured tensors that require
+grad) against float64 autograd of the naive formula (``reference.naive_attention``),
+judged by the one tolerance table. A case that must be refused must raise a typed error
+before anything runs. The last test prints one summary line:
+
+    flex conformance: N ran (fwd+bwd) / F forward-only (gradient refused, typed) /
+    M refused (typed) / 0 silently wrong / R refused typed but expected to run /
+    0 failed untyped
+
+Run with ``-s`` to see it. Masks go through ``block_mask`` as FlexAttention's do.
+``FLEX_SHARD=i/n`` runs every n-th case from the i-th (each case compiles its own
+kernels: the whole suite may outlast one 10-minute command), with its own summary line.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import flex_conformance as F  # noqa: E402
+
+import tiledattention as ta  # noqa: E402
+from tiledattention.reference import naive_attention  # noqa: E402
+from tiledattention.tolerance import relative_error, rtol, rtol_bwd  # noqa: E402
+
+DTYPE = torch.float16
+RESULTS: dict[str, str] = {}
+
+
+def _shard(cases: list) -> list:
+    spec = os.environ.get("FLEX_SHARD", "0/1")
+    i, n = (int(x) for x in spec.split("/"))
+    return cases[i::n]
+
+
+CASES = _shard(F.CASES)
+
+
+class SilentlyWrong(AssertionError):
+    pass
+
+
+def _inputs(c: F.Case, grads: bool, seed: int = 0):
+    b, hq, hk, sq, sk, d = c.shape
+    torch.manual_seed(seed)
+    q = torch.randn(b, hq, sq, d, device="cuda").to(DTYPE).requires_grad_(grads)
+    k, v = (torch.randn(b, hk, sk, d, device="cuda").to(DTYPE).requires_grad_(grads)
+            for _ in range(2))
+    return q, k, v
+
+
+def _call(c: F.Case, made: F.Made, q, k, v):
+    b, hq, hk, sq, sk, _ = c.shape
+    kw = dict(enable_gqa=hq != hk)
+    if c.kind == "score":
+        kw["score_mod"] = made.fn
+    else:
+        kw["block_mask"] = ta.block_mask(made.fn, b, None, sq, sk)
+    return ta.sdpa(q, k, v, **kw)
+
+
+def _reference(c: F.Case, made: F.Made, q, k, v):
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    refs = {}
+    for name, t, slot in made.learnable:
+        slot["ref"] = refs[name] = t.detach().double().requires_grad_()
+    kw = {"score_ref" if c.kind == "score" else "keep_ref": made.reference}
+    out, _ = naive_attention(q64, k64, v64, **kw)
+    return out, (q64, k64, v64), refs
+
+
+def _check(name: str, got, want, tol: float):
+    if got is None:
+        raise SilentlyWrong(f"{name}: no gradient (None)")
+    if not torch.isfinite(got).all():
+        raise SilentlyWrong(f"{name}: non-finite values")
+    err = relative_error(got, torch.nan_to_num(want))
+    if not err <= tol:
+        raise SilentlyWrong(f"{name}: relative error {err:.2e} > {tol:.0e}")
+
+
+def _run(c: F.Case) -> str:
+    made = c.make("cuda")
+    if c.expect == "refuse":
+        q, k, v = _inputs(c, grads=False)
+        with pytest.raises(ta.TiledAttentionError):
+            _call(c, made, q, k, v)
+        return "refused"
+    grads = c.expect == "run"
+    q, k, v = _inputs(c, grads=grads)
+    out = _call(c, made, q, k, v)
+    ref, leaves, refs = _reference(c, made, q, k, v)
+    _check("out", out, ref, rtol(DTYPE))
+    if not grads:
+        qg, kg, vg = _inputs(c, grads=True)
+        with pytest.raises(ta.BackwardNotSupportedError):
+            _call(c, made, qg, kg, vg)
+        return "forward"
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    (ref * dout.double()).sum().backward()
+    for name, t, r in zip(("dq", "dk", "dv"), (q, k, v), leaves):
+        _check(name, t.grad, r.grad, rtol_bwd(DTYPE))
+    for name, t, _ in made.learnable:
+        _check(f"d{name}", t.grad, refs[name].grad, rtol_bwd(DTYPE))
+    return "ran"
+
+
+@pytest.mark.parametrize("c", CASES, ids=lambda c: c.name)
+def test_flexattention_case_runs_as_written_or_is_refused_typed(c):
+    try:
+        RESULTS[c.name] = _run(c)
+    except SilentlyWrong as exc:
+        RESULTS[c.name] = "silently wrong"
+        pytest.fail(f"{c.name} ({c.source}) silently wrong: {exc}")
+    except ta.TiledAttentionError:  # typed, but the case should have run
+        RESULTS[c.name] = "refused unexpectedly"
+        raise
+    except Exception:
+        RESULTS[c.name] = "failed"
+        raise
+    finally:
+        torch.cuda.empty_cache()
+
+
+def test_changed_closure_constant_reaches_the_kernels():
+    """test_recompile_changed_score_mod: ``qk + 1`` then ``qk * 1``; softmax cannot tell
+    them apart, the log-sum-exp can (it moves by exactly 1)."""
+    c = F.by_name()["changed_branch"]
+    made = c.make("cuda")
+    q, k, v = _inputs(c, grads=False)
+    _, lse_add = ta.sdpa(q, k, v, score_mod=made.fn, return_lse=True)
+    made.fn.flip()  # ADD = False
+    _, lse_mul = ta.sdpa(q, k, v, score_mod=made.fn, return_lse=True)
+    _, want = naive_attention(q, k, v)
+    assert torch.allclose(lse_mul.double(), want, atol=1e-2)
+    assert torch.allclose(lse_add.double(), want + 1, atol=1e-2)
+
+
+def test_zz_summary_line():
+    counts = {k: sum(v == k for v in RESULTS.values()) for k in (
+        "ran", "forward", "refused", "silently wrong", "refused unexpectedly", "failed")}
+    print(f"\nflex conformance: {counts['ran']} ran (fwd+bwd) / {counts['forward']} "
+          f"forward-only (gradient refused, typed) / {counts['refused']} refused (typed) / "
+          f"{counts['silently wrong']} silently wrong / {counts['refused unexpectedly']} "
+          f"refused typed but expected to run / {counts['failed']} failed untyped "
+          f"(of {len(F.CASES)} cases, {len(RESULTS)} run, FLEX_SHARD="
+          f"{os.environ.get('FLEX_SHARD', '0/1')})")
+    assert counts["silently wrong"] == 0
