@@ -173,7 +173,7 @@ def bwd_space_for(head_dim: int, space: str) -> list[BwdSchedule]:
 
 # Candidates that benchmarks/bwd_compare.py times side by side with the table's choice
 # (issue 37), not table entries until measured. Picked from the sm_90 SASS of each
-# (benchmarks/bwd_sass.py; counts in benchmarks/notes-drafts/i37.md): warp-group MMAs
+# (benchmarks/bwd_sass.py; counts in benchmarks/NOTES.md §28): warp-group MMAs
 # kept, the dQ share by UTMAREDG, no (or, at D = 256, little) local-memory spilling of the
 # fp32 accumulators. Where the register count admits more, the SASS did not: 128-key
 # programs at D = 160 lost every HGMMA (1960-byte stack), 64 keys at occupancy 2 spilled.
