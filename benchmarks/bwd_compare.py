@@ -1,8 +1,11 @@
-"""Forward+backward kernel time, side by side in one process (issue 37): ours today (the
-table's backward: dQ in its own kernel, seven matmuls), ours with dQ reduce-added from the
-dK/dV program (five matmuls, ``schedules.backward.bwd_candidates``) and, at D > 160, the
-wide-head candidates; cuDNN (torch SDPA forced to CUDNN_ATTENTION) and FlashAttention-4
-(``flash_attn.cute.flash_attn_func``; a line says so when it is not importable).
+"""Forward+backward kernel time, side by side in one process (issue 37): ours as shipped
+("ours": the table's backward, which may reduce-add dQ where that was measured faster),
+ours deterministic ("ours-7mm": the table's choice under
+``torch.use_deterministic_algorithms``, dQ in its own kernel, seven matmuls), ours with dQ
+reduce-added from the dK/dV program (five matmuls, ``schedules.backward.bwd_candidates``)
+and, at D > 160, the wide-head candidates; cuDNN (torch SDPA forced to CUDNN_ATTENTION)
+and FlashAttention-4 (``flash_attn.cute.flash_attn_func``; a line says so when it is not
+importable).
 
 Points follow the study's shape model (``bench.grid.Point.of_tokens``: B*S = 16384 tokens,
 H*D = 2048). Before any time is taken, each method's output and dQ, dK, dV at every point
@@ -22,6 +25,7 @@ first by parallel processes into the compilers' disk caches (``bench.precompile`
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import statistics
@@ -58,7 +62,7 @@ def ours_methods(head_dim: int) -> dict[str, str]:
     from tiledattention.bench.grid import pinned_bwd
     from tiledattention.schedules.backward import bwd_candidates
 
-    out = {"ours-7mm": "tiledattention"}
+    out = {"ours": "tiledattention", "ours-7mm": "tiledattention"}
     out.update({name: pinned_bwd(s.label()) for name, s in bwd_candidates(head_dim).items()})
     return out
 
@@ -82,6 +86,31 @@ class Harness:
 
     def grads(self, leaves):
         return [t.grad for t in leaves]
+
+    def mode(self):
+        return contextlib.nullcontext()
+
+
+class Deterministic(Harness):
+    """Ours under ``torch.use_deterministic_algorithms`` (forward and backward): the
+    table's deterministic backward schedule."""
+
+    @contextlib.contextmanager
+    def mode(self):
+        import torch
+
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        try:
+            yield
+        finally:
+            torch.use_deterministic_algorithms(False)
+
+
+def in_mode(harness, fn):
+    def run():
+        with harness.mode():
+            return fn()
+    return run
 
 
 class FA4(Harness):
@@ -121,8 +150,9 @@ def checked(point, harness, leaves, dout, ref, grad_refs) -> str | None:
 
     for t in leaves:
         t.grad = None
-    out = harness.run(leaves, point)
-    out.backward(dout)
+    with harness.mode():
+        out = harness.run(leaves, point)
+        out.backward(dout)
     torch.cuda.synchronize()
     errs = {"out": (relative_error(out.detach()[:1, :1], ref), rtol(point.dtype))}
     for name, g, r in zip(("dq", "dk", "dv"), harness.grads(leaves), grad_refs):
@@ -171,7 +201,7 @@ def precompile(points, workers: int, with_fa4: bool) -> None:
 
     groups: dict[tuple, list] = {}
     for p in points:
-        names = [("ours", m) for m in ours_methods(p.head_dim).values()]
+        names = [("ours", m) for m in dict.fromkeys(ours_methods(p.head_dim).values())]
         for kind, m in names + ([("fa4", "fa4")] if with_fa4 else []):
             groups.setdefault((kind, p.dtype, p.causal, p.head_dim, m), []).append(
                 (p.as_dict(), (m,), SEED))
@@ -223,15 +253,17 @@ def measure(point, harnesses, args, flush) -> tuple[dict, dict]:
         if bad:
             why[col] = f"FAIL {bad}"
             continue
-        fns[col] = pass_callable(lambda h=h, leaves=leaves: h.run(leaves, point), *leaves,
-                                 dout, "fwd+bwd")
+        fns[col] = in_mode(h, pass_callable(lambda h=h, leaves=leaves: h.run(leaves, point),
+                                            *leaves, dout, "fwd+bwd"))
     samples: dict[str, list[float]] = {c: [] for c in fns}
     for r in range(args.rounds):
         for col, fn in fns.items():
             samples[col] += time_cuda(fn, warmup=args.warmup if r == 0 else 1, reps=args.reps,
                                       flush=flush)
-    schedule, how = choose_bwd_schedule(q, k, point.causal)
-    why["today"] = f"{schedule.label()} ({how})"  # the backward ours-7mm ran
+    schedule, how = choose_bwd_schedule(q, k, point.causal, False)  # the backward "ours" ran
+    det = choose_bwd_schedule(q, k, point.causal, True)[0]  # and "ours-7mm"
+    why["today"] = f"{schedule.label()} ({how})" + (
+        "" if det == schedule else f", deterministic {det.label()}")
     return {c: statistics.median(s) for c, s in samples.items()}, why
 
 
@@ -282,7 +314,8 @@ def main(argv=None) -> int:
     start = time.monotonic()
     for p in points:
         ours = ours_methods(p.head_dim)
-        harnesses = {col: Harness(name) for col, name in ours.items()}
+        harnesses = {col: (Deterministic if col == "ours-7mm" else Harness)(name)
+                     for col, name in ours.items()}
         harnesses["cudnn"] = Harness("cudnn")
         if fa4 is not None:
             harnesses["fa4"] = fa4
@@ -290,7 +323,7 @@ def main(argv=None) -> int:
         flops = attention_flops(p.batch, p.heads, p.seq_q, p.seq_kv, p.head_dim, p.causal,
                                 "fwd+bwd")
         name = (f"{SHORT[p.dtype]} {'causal' if p.causal else 'full'} D{p.head_dim} "
-                f"S{p.seq_q} B{p.batch} H{p.heads} [7mm: {why['today']}]")
+                f"S{p.seq_q} B{p.batch} H{p.heads} [table: {why['today']}]")
         cells = [f"{c} {ms[c]:.3f}ms {tflops_per_s(flops, ms[c]):.0f}TF" if c in ms
                  else f"{c} {why[c]}" for c in harnesses]
         base = min((ms[b] for b in BASELINES if b in ms), default=None)
@@ -302,8 +335,8 @@ def main(argv=None) -> int:
             best = min((ms[c] for c in ours if c in ms), default=None)
             if best is not None:
                 ratios.setdefault("ours-best", []).append(base / best)
-                tail = (f" | ours-7mm/best-baseline "
-                        f"{base / ms['ours-7mm']:.3f}" if "ours-7mm" in ms else " |") + \
+                tail = " |" + "".join(f" {c}/best-baseline {base / ms[c]:.3f}"
+                                      for c in ("ours", "ours-7mm") if c in ms) + \
                     f" best-ours/best-baseline {base / best:.3f}"
         print(f"{name}: " + "; ".join(cells) + tail, flush=True)
     for c, rs in ratios.items():

@@ -29,8 +29,19 @@ def test_grid_is_the_tokens_shape_model_with_a_quick_slice():
 def test_every_point_times_today_and_a_five_matmul_candidate():
     for p in bwd_compare.grid(False):
         names = bwd_compare.ours_methods(p.head_dim)
-        assert names["ours-7mm"] == "tiledattention"
+        assert names["ours"] == names["ours-7mm"] == "tiledattention"
         assert any(n.startswith("5mm") for n in names), p.head_dim
+
+
+def test_the_deterministic_column_runs_in_torchs_deterministic_mode_and_restores_it():
+    seen = []
+    fn = bwd_compare.in_mode(bwd_compare.Deterministic("tiledattention"),
+                             lambda: seen.append(torch.are_deterministic_algorithms_enabled()))
+    fn()
+    plain = bwd_compare.in_mode(bwd_compare.Harness("tiledattention"),
+                                lambda: seen.append(torch.are_deterministic_algorithms_enabled()))
+    plain()
+    assert seen == [True, False] and not torch.are_deterministic_algorithms_enabled()
 
 
 def test_no_gpu_is_one_line_and_exit_2():

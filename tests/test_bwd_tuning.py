@@ -59,11 +59,22 @@ def test_default_follows_the_backward_tune_and_fits_every_head_dim():
         assert default_bwd_schedule(64, causal).label() == "kv128x64_q64x128_o2"
         assert default_bwd_schedule(128, causal).label() == "kv64x64_q64x64_o2"
         assert default_bwd_schedule(160, causal).label() == "kv128x64_q64x128_o2"
+        # D > 160: two consumer warp groups (four worker warps spill dK/dV, NOTES §28)
+        assert default_bwd_schedule(192, causal).label() == "kv64x64_q64x64_o1_w8"
+        assert default_bwd_schedule(256, causal).label() == "kv64x64_q64x64_o1_w8"
     for d in range(8, 257, 8):
         for causal in (False, True):
             s = default_bwd_schedule(d, causal)
             assert s.deterministic
-            assert d > 192 or bwd_rejection(s, d) is None, (d, causal, s.label())
+            assert bwd_rejection(s, d) is None, (d, causal, s.label())
+
+
+def test_four_worker_warps_are_refused_where_the_sass_spilled_dkdv():
+    assert "spill" in bwd_rejection(BwdSchedule.from_label("kv64x64_q64x64_o1"), 192)
+    assert "spill" in bwd_rejection(BwdSchedule.from_label("kv64x64_q64x64_o2"), 192)
+    assert "spill" in bwd_rejection(BwdSchedule.from_label("kv64x64_q64x64_o1"), 256)
+    assert bwd_rejection(BwdSchedule.from_label("kv64x64_q64x64_o1_w8"), 256) is None
+    assert bwd_rejection(BwdSchedule.from_label("kv128x64_q64x128_o2"), 160) is None
 
 
 def test_128_key_tiles_are_refused_where_they_measured_slow():
@@ -158,6 +169,109 @@ def test_policy_picks_exact_then_nearest_then_the_default(tmp_path, monkeypatch)
                                                            "default")
     finally:
         ta.set_schedule_table(None)
+
+
+REDUCE_ADD = BwdSchedule.from_label("kv64x128_q128x64_o1_w8_atomic")
+SEVEN_MM = BwdSchedule.from_label("kv64x64_q64x64_o2")
+
+
+def test_a_reduce_add_winner_serves_its_own_bucket_and_never_deterministic_mode():
+    t = ScheduleTable()
+    t.add(BwdEntry(bucket=bucket(), best=REDUCE_ADD, best_tflops=445.0, runner_up=SEVEN_MM,
+                   runner_up_tflops=422.0))
+    assert t.lookup_bwd(bucket()) == (REDUCE_ADD, "exact")
+    assert t.lookup_bwd(bucket(), deterministic=True) == (SEVEN_MM, "exact")
+    # a nearest bucket was not measured with it: the deterministic schedule stands in
+    assert t.lookup_bwd(bucket(s_bucket=8192)) == (SEVEN_MM, "nearest")
+
+
+def test_a_reduce_add_winner_without_a_deterministic_runner_up_is_refused(tmp_path):
+    path = tmp_path / "t.json"
+    for runner_up in ({}, {"runner_up": "kv64x64_q64x64_o1_atomic", "runner_up_tflops": 1}):
+        raw = {"bucket": bucket().__dict__, "best": REDUCE_ADD.label(), "best_tflops": 2,
+               **runner_up}
+        path.write_text(json.dumps({"format": "tiledattention-schedule-table/1",
+                                    "entries": [], "backward": [raw]}))
+        with pytest.raises(TableError, match="backward entry 0 .*not deterministic"):
+            ScheduleTable.load(str(path))
+
+
+def test_the_shipped_backward_entries_reach_the_policy():
+    """The shipped tables' backward lists are merged like their forward entries (they were
+    once dropped, and every call ran ``default_bwd_schedule``)."""
+    ta.set_schedule_table(None)
+    shipped = {}
+    for path in policy.shipped_table_paths():
+        shipped.update(ScheduleTable.load(path).backward)
+    assert shipped and policy.active_table().backward == shipped
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("s", [1024, 4096, 8192])
+def test_wide_heads_get_two_consumer_warp_groups_from_the_shipped_table(dtype, causal, s):
+    ta.set_schedule_table(None)
+    w8 = BwdSchedule.from_label("kv64x64_q64x64_o1_w8")
+    for d in (192, 256):
+        for det in (False, True):
+            b = bucket(dtype=dtype, head_dim=d, causal=causal, s_bucket=s)
+            assert policy._choose_bwd(b, det)[0] == w8, (d, det)
+
+
+def test_the_shipped_reduce_add_entries_carry_their_deterministic_runner_up():
+    ta.set_schedule_table(None)
+    fast = [e for e in policy.active_table().backward.values() if not e.best.deterministic]
+    assert {(e.bucket.head_dim, e.bucket.s_bucket) for e in fast} == {
+        (64, 4096), (64, 8192), (128, 8192)}
+    for e in fast:
+        assert e.runner_up.deterministic and e.best_tflops >= 1.03 * e.runner_up_tflops
+        assert policy._choose_bwd(e.bucket, True) == (e.runner_up, "exact")
+        assert policy._choose_bwd(e.bucket, False) == (e.best, "exact")
+
+
+@pytest.fixture
+def on_h100(monkeypatch):
+    monkeypatch.setattr(policy, "_capability", lambda index: "9.0")
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    ta.set_schedule_table(None)
+    yield
+    torch.use_deterministic_algorithms(False)
+
+
+def test_the_policy_follows_torchs_deterministic_mode(on_h100):
+    q = torch.empty(2, 32, 8192, 64, dtype=torch.bfloat16, device="meta")
+    assert not policy.choose_bwd_schedule(q, q, False)[0].deterministic
+    torch.use_deterministic_algorithms(True)
+    assert policy.choose_bwd_schedule(q, q, False) == (
+        BwdSchedule.from_label("kv128x64_q64x128_o2"), "exact")
+    torch.use_deterministic_algorithms(True, warn_only=True)  # still deterministic mode
+    assert policy.choose_bwd_schedule(q, q, False)[0].deterministic
+
+
+def test_the_backward_plan_is_deterministic_under_torchs_switch_and_for_variants(on_h100):
+    pytest.importorskip("cuda.tile", reason="cuTile (cuda-tile) is not installed")
+    from tiledattention import variants
+    from tiledattention.kernel import mods as M
+    from tiledattention.kernel import plan as planning
+
+    q = torch.zeros(1, 2, 4096, 64, dtype=torch.bfloat16)
+
+    def schedule(**kw):
+        args = dict(attn_mask=None, has_dlse=False, mods=M.NONE) | kw
+        return planning.bwd_plan_for(q, q, args["attn_mask"], False, 0.125,
+                                     args["has_dlse"], None, args["mods"]).variant.schedule
+
+    planning.clear()
+    assert schedule().label() == "kv64x64_q64x64_o2_atomic"  # measured 8.5-9.3% faster
+    torch.use_deterministic_algorithms(True)
+    assert schedule().label() == "kv128x64_q64x128_o2"  # the key holds the switch
+    torch.use_deterministic_algorithms(False)
+    assert schedule().label() == "kv64x64_q64x64_o2_atomic"
+    # measured and tested on plain attention only
+    assert schedule(mods=M.mods_for(variants.softcap(5.0), None)).deterministic
+    assert schedule(has_dlse=True).deterministic
+    assert schedule(attn_mask=torch.zeros(4096, 4096, dtype=torch.bool)).deterministic
+    planning.clear()
 
 
 def test_pinned_backward_method_names_round_trip_and_bad_ones_are_one_line():

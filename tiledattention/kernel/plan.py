@@ -320,10 +320,11 @@ def pinned_schedule() -> BwdSchedule | None:
 
 def bwd_plan_for(q, k, attn_mask, causal, scale, has_dlse, schedule, mods=_mods.NONE,
                  block=None) -> BwdPlan:
-    """The cached backward plan of a call (its forward was checked already)."""
+    """The cached backward plan of a call (its forward was checked already); torch's
+    deterministic mode is part of its key (it decides the schedule, ``make_bwd_plan``)."""
     key = ("bwd", _facts(q), _facts(k), None if attn_mask is None else _facts(attn_mask),
            causal, scale, has_dlse, schedule, mods.key, None if block is None else block.key,
-           policy.generation())
+           policy.generation(), torch.are_deterministic_algorithms_enabled())
     return _cached(key, lambda: make_bwd_plan(q, k, attn_mask, causal, scale, has_dlse,
                                               schedule, mods, block))
 
@@ -335,12 +336,16 @@ def make_bwd_plan(q, k, attn_mask, causal: bool, scale: float, has_dlse: bool,
 
     b, hq, sq, d = q.shape
     hk, sk = k.shape[1], k.shape[2]
-    s = schedule or policy.choose_bwd_schedule(q, k, causal)[0]
+    plain = not (mods.key or block is not None)
+    # The table's dQ reduce-add (not deterministic) was measured and tested on plain
+    # attention only: masks, variants and an LSE gradient keep the deterministic kernel.
+    s = schedule or policy.choose_bwd_schedule(
+        q, k, causal, torch.are_deterministic_algorithms_enabled()
+        or not plain or attn_mask is not None or has_dlse)[0]
     target = (b, hq, sq, sk)
     mask = None if attn_mask is None else mask_layout(attn_mask, q.dtype, target)
     problem = Problem(b, hq, hk, sq, sk, d, causal, scale)
     flags = flags_for(problem, q.dtype, mask, mods, block)
-    plain = not (mods.key or block is not None)
     v = BwdVariant(dtype=flags.dtype, head_dim=d, causal=causal, schedule=s,
                    even_n=sk % max(s.dkdv_n, s.dq_n) == 0, mask_dtype=flags.mask_dtype,
                    mask_axes=flags.mask_axes, has_dlse=has_dlse,

@@ -110,6 +110,11 @@ def bwd_rejection(schedule: BwdSchedule, head_dim: int) -> str | None:
             return (f"{schedule.label()}: {kernel} needs {per_thread} registers of fp32 state "
                     f"per thread at D={head_dim}, over {MAX_REGISTERS_PER_THREAD} (it would "
                     "spill)")
+    if schedule.worker_warps is None and plan_head_dim(head_dim).padded > 160:
+        # Below the count above, what the sm_90 SASS showed (NOTES §28): four worker warps
+        # spill the fp32 dK/dV at D = 192 (144 bytes) and 256 (1024 bytes); eight do not.
+        return (f"{schedule.label()}: four worker warps spill the fp32 dK/dV at "
+                f"D={head_dim}; eight (_w8) keep them in registers")
     if min(schedule.dkdv_n, schedule.dq_m) < 64:
         # The output rows of each kernel's MMAs: Hopper's warpgroup MMA works on 64 rows.
         return f"{schedule.label()}: output tiles below 64 rows leave the tensor cores idle"
@@ -123,11 +128,14 @@ def default_bwd_schedule(head_dim: int, causal: bool) -> BwdSchedule:
     fwd+bwd TFLOP/s): D <= 64 kv128x64_q64x128_o2 won all 4 buckets (e.g. causal S=4096
     335 vs 145 for the first default kv64x64_q64x64_o1); D 96-128 kv64x64_q64x64_o2 won 7 of
     8 and was within 0.2% in the 8th; D=160 kv128x64_q64x128_o2 won causal (184 vs 153) and
-    was within 2% non-causal. Occupancy 2 wins everywhere under causality. Larger D keeps
-    64x64 at occupancy 1, the only tiles that fit (``bwd_rejection``).
+    was within 2% non-causal. Occupancy 2 wins everywhere under causality. Larger D (192,
+    256) keeps 64x64 tiles at occupancy 1, the only ones that fit (``bwd_rejection``), over
+    eight worker warps: two consumer warp groups share the fp32 dK and dV, 128 registers of
+    them per thread at D = 256 where four warps spill (§28: 1.45-1.85x faster at D = 256,
+    1.02-1.04x at D = 192, bf16, causal and not).
     """
     del causal  # the same schedule won causal and non-causal buckets per head dim
-    base = BwdSchedule(64, 64, 64, 64, 1)
+    base = BwdSchedule(64, 64, 64, 64, 1, worker_warps=8)
     if head_dim <= 64:
         best = BwdSchedule(128, 64, 64, 128, 2)
     elif head_dim <= 128:
@@ -165,7 +173,7 @@ def bwd_space_for(head_dim: int, space: str) -> list[BwdSchedule]:
 
 # Candidates that benchmarks/bwd_compare.py times side by side with the table's choice
 # (issue 37), not table entries until measured. Picked from the sm_90 SASS of each
-# (benchmarks/bwd_sass.py; counts in benchmarks/notes-drafts/i37.md): warp-group MMAs
+# (benchmarks/bwd_sass.py; counts in benchmarks/NOTES.md §28): warp-group MMAs
 # kept, the dQ share by UTMAREDG, no (or, at D = 256, little) local-memory spilling of the
 # fp32 accumulators. Where the register count admits more, the SASS did not: 128-key
 # programs at D = 160 lost every HGMMA (1960-byte stack), 64 keys at occupancy 2 spilled.

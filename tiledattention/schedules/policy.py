@@ -4,6 +4,10 @@ the same for the backward's schedule (``choose_bwd_schedule``).
 The active table is the one shipped for the GPUs we measured, or a user's own, set with
 ``set_schedule_table(path)`` or, once per process, ``$TILEDATTENTION_SCHEDULE_TABLE``.
 Lookups are cached per bucket, so the call path pays one dict lookup.
+
+The backward's choice also follows ``torch.use_deterministic_algorithms``: where the table's
+winner adds dQ in fp32 in a varying order (``BwdSchedule.deterministic`` false), deterministic
+mode gets the deterministic schedule measured beside it.
 """
 
 from __future__ import annotations
@@ -34,7 +38,8 @@ def _load_active() -> ScheduleTable:
         return ScheduleTable.load(path)
     merged = ScheduleTable(source="shipped")
     for p in shipped_table_paths():
-        for entry in ScheduleTable.load(p).entries.values():
+        table = ScheduleTable.load(p)
+        for entry in (*table.entries.values(), *table.backward.values()):
             merged.add(entry)
     return merged
 
@@ -68,8 +73,8 @@ def _choose(bucket: Bucket) -> tuple[Schedule, str]:
 
 
 @functools.cache
-def _choose_bwd(bucket: Bucket) -> tuple[BwdSchedule, str]:
-    found = active_table().lookup_bwd(bucket)
+def _choose_bwd(bucket: Bucket, deterministic: bool) -> tuple[BwdSchedule, str]:
+    found = active_table().lookup_bwd(bucket, deterministic)
     if found is not None and bwd_rejection(found[0], bucket.head_dim) is None:
         return found
     return default_bwd_schedule(bucket.head_dim, bucket.causal), "default"
@@ -99,9 +104,13 @@ def choose_schedule(q: torch.Tensor, k: torch.Tensor, causal: bool) -> tuple[Sch
     return _choose(_call_bucket(q, k, causal))
 
 
-def choose_bwd_schedule(q: torch.Tensor, k: torch.Tensor,
-                        causal: bool) -> tuple[BwdSchedule, str]:
+def choose_bwd_schedule(q: torch.Tensor, k: torch.Tensor, causal: bool,
+                        deterministic: bool | None = None) -> tuple[BwdSchedule, str]:
     """The backward's (schedule, "exact" | "nearest" | "default"): the table's backward
     entry of the bucket, else the nearest one, else ``default_bwd_schedule`` (also where
-    the table's pick does not fit the head dim, ``bwd_rejection``)."""
-    return _choose_bwd(_call_bucket(q, k, causal))
+    the table's pick does not fit the head dim, ``bwd_rejection``). ``deterministic``
+    (None: ``torch.are_deterministic_algorithms_enabled()``) rules out schedules whose
+    dQ differs from run to run (``ScheduleTable.lookup_bwd``)."""
+    if deterministic is None:
+        deterministic = torch.are_deterministic_algorithms_enabled()
+    return _choose_bwd(_call_bucket(q, k, causal), deterministic)

@@ -5,7 +5,9 @@ compute capability, dtype, head dim, causal, sequence bucket and GQA ratio, hold
 winning schedule, the runner-up and the sensitivity (how much slower the runner-up is).
 An optional ``backward`` list holds the same per bucket for the backward's schedule
 (``BwdSchedule`` labels, ranked by forward+backward TFLOP/s); tables without it load as
-before, and readers that predate it ignore it.
+before, and readers that predate it ignore it. A backward winner that is not deterministic
+(dQ reduce-added in fp32, whose addition order varies) carries the deterministic schedule
+measured beside it as its runner-up: that one serves deterministic mode and nearest buckets.
 """
 
 from __future__ import annotations
@@ -114,15 +116,24 @@ class BwdEntry:
                      runner_up_tflops=round(self.runner_up_tflops, 2))
         return d
 
+    @property
+    def deterministic(self) -> BwdSchedule:
+        """The best deterministic schedule measured for the bucket."""
+        return self.best if self.best.deterministic else self.runner_up
+
     @classmethod
     def from_json(cls, d: dict) -> BwdEntry:
         _check_tflops(d)
-        return cls(bucket=Bucket(**d["bucket"]), best=BwdSchedule.from_label(d["best"]),
-                   best_tflops=float(d["best_tflops"]),
-                   runner_up=BwdSchedule.from_label(d["runner_up"]) if d.get("runner_up")
-                   else None,
-                   runner_up_tflops=d.get("runner_up_tflops"), gpu=d.get("gpu", ""),
-                   candidates=int(d.get("candidates", 0)), failed=tuple(d.get("failed", ())))
+        entry = cls(bucket=Bucket(**d["bucket"]), best=BwdSchedule.from_label(d["best"]),
+                    best_tflops=float(d["best_tflops"]),
+                    runner_up=BwdSchedule.from_label(d["runner_up"]) if d.get("runner_up")
+                    else None,
+                    runner_up_tflops=d.get("runner_up_tflops"), gpu=d.get("gpu", ""),
+                    candidates=int(d.get("candidates", 0)), failed=tuple(d.get("failed", ())))
+        if entry.deterministic is None or not entry.deterministic.deterministic:
+            raise ValueError(f"best {d['best']!r} is not deterministic and its runner_up is "
+                             "no deterministic schedule")
+        return entry
 
 
 def _check_tflops(d: dict) -> None:
@@ -162,9 +173,19 @@ class ScheduleTable:
         """(schedule, how) for the exact bucket, else the nearest one on the same GPU."""
         return _nearest(self.entries, bucket)
 
-    def lookup_bwd(self, bucket: Bucket) -> tuple[BwdSchedule, str] | None:
-        """The backward's (schedule, how), found as :meth:`lookup` finds the forward's."""
-        return _nearest(self.backward, bucket)
+    def lookup_bwd(self, bucket: Bucket, deterministic: bool = False
+                   ) -> tuple[BwdSchedule, str] | None:
+        """The backward's (schedule, how), found as :meth:`lookup` finds the forward's. A
+        winner that is not deterministic serves its own bucket only (where it was measured
+        faster) and not under ``deterministic``; elsewhere its entry's deterministic
+        schedule stands in."""
+        if bucket in self.backward:
+            entry = self.backward[bucket]
+            return (entry.deterministic if deterministic else entry.best), "exact"
+        near = min(self.backward, key=bucket.distance, default=None)
+        if near is None or math.isinf(bucket.distance(near)):
+            return None
+        return self.backward[near].deterministic, "nearest"
 
     def add(self, entry: Entry | BwdEntry) -> None:
         (self.backward if isinstance(entry, BwdEntry) else self.entries)[entry.bucket] = entry
