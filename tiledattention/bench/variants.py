@@ -39,6 +39,10 @@ class Parts:
     bias_heads: int | None = None  # the score modification depends on h (SDPA's bias shape)
     sdpa: str | None = None  # how SDPA takes it: "bias" (additive float), "bool"; None: no
     no_sdpa: str = ""  # mask expresses it, and this says why
+    # FlashAttention-4's form: flash_attn.cute.flash_attn_func keyword arguments (native
+    # causal / window_size / softcap), or None and ``no_fa4`` says why.
+    fa4: dict | None = None
+    no_fa4: str = ""
     cache: dict = field(default_factory=dict)  # masks made once per point (not timed)
 
 
@@ -60,12 +64,18 @@ class VariantPoint(Point):
         return f"{self.variant}-{super().key()}"
 
 
+# A variant FA4 takes only through a CuTe DSL score_mod / mask_mod with aux_tensors.
+_NO_FA4 = ("FA4's CuTe DSL {} form of this variant is not written yet (FlexAttention's "
+           "FLASH backend runs it on FA4's kernels: method flex_flash)")
+
+
 def _causal(b, h, q, k):
     return q >= k
 
 
 def _build_causal(batch, heads, seq, device):
-    return Parts({"is_causal": True}, {"causal": True}, mask=_causal, sdpa="bool")
+    return Parts({"is_causal": True}, {"causal": True}, mask=_causal, sdpa="bool",
+                 fa4={"causal": True})
 
 
 def _build_window(batch, heads, seq, device):
@@ -76,7 +86,9 @@ def _build_window(batch, heads, seq, device):
     return Parts({"is_causal": True, "block_mask": ta.block_mask(window, None, None, seq, seq,
                                                                  device)},
                  {"causal": True, "keep_ref": window.reference},
-                 mask=lambda b, h, q, k: (q >= k) & (q - k < WINDOW), sdpa="bool")
+                 mask=lambda b, h, q, k: (q >= k) & (q - k < WINDOW), sdpa="bool",
+                 # FA4 keeps keys q - left .. q + right: WINDOW keys including the diagonal
+                 fa4={"causal": True, "window_size": (WINDOW - 1, 0)})
 
 
 def _build_softcap(batch, heads, seq, device):
@@ -88,7 +100,9 @@ def _build_softcap(batch, heads, seq, device):
     return Parts({"is_causal": True, "score_mod": cap},
                  {"causal": True, "score_ref": cap.fn.reference},
                  score=lambda s, b, h, q, k: SOFTCAP * torch.tanh(s / SOFTCAP), mask=_causal,
-                 no_sdpa="SDPA takes no score modification: softcapping is not a mask")
+                 no_sdpa="SDPA takes no score modification: softcapping is not a mask",
+                 # FA4 caps the scaled scores, as the score_mod above (s = q.k * scale)
+                 fa4={"causal": True, "softcap": SOFTCAP})
 
 
 def _build_alibi(batch, heads, seq, device):
@@ -99,7 +113,7 @@ def _build_alibi(batch, heads, seq, device):
     return Parts({"is_causal": True, "score_mod": alibi},
                  {"causal": True, "score_ref": alibi.reference},
                  score=lambda s, b, h, q, k: s + slopes[h] * (k - q), mask=_causal,
-                 bias_heads=heads, sdpa="bias")
+                 bias_heads=heads, sdpa="bias", no_fa4=_NO_FA4.format("score_mod"))
 
 
 def _build_documents(batch, heads, seq, device):
@@ -117,7 +131,7 @@ def _build_documents(batch, heads, seq, device):
                                                                  device)},
                  {"causal": True, "keep_ref": doc.reference},
                  mask=lambda b, h, q, k: (q >= k) & (ids_long[b, q] == ids_long[b, k]),
-                 sdpa="bool")
+                 sdpa="bool", no_fa4=_NO_FA4.format("mask_mod"))
 
 
 def _build_prefix_lm(batch, heads, seq, device):
@@ -131,7 +145,8 @@ def _build_prefix_lm(batch, heads, seq, device):
     lens_long = lens.long()
     return Parts({"block_mask": ta.block_mask(prefix, None, None, seq, seq, device)},
                  {"causal": False, "keep_ref": prefix.reference},
-                 mask=lambda b, h, q, k: (k <= q) | (k < lens_long[b]), sdpa="bool")
+                 mask=lambda b, h, q, k: (k <= q) | (k < lens_long[b]), sdpa="bool",
+                 no_fa4=_NO_FA4.format("mask_mod"))
 
 
 # Registry order is the order of the table's rows and the figure's lines. (Attention sinks
