@@ -250,8 +250,8 @@ def test_the_stage_is_one_launcher_job_feeding_aggregate_figures_and_manifest(tm
     assert re.search(r"^variants\s+1$", text, re.M)
     (job,) = [ln for ln in text.splitlines() if ln.startswith("Shell command: tiledattn "
                                                               "variants ")]
-    assert "--variants window softcap --methods tiledattention flex sdpa_mask eager " \
-           "--seqs 256" in job and "--launcher local" in job
+    assert "--variants window softcap --methods tiledattention fa4 flex flex_flash sdpa_mask " \
+           "eager --seqs 256" in job and "--launcher local" in job
     assert f"--out {tmp_path}/out/variants" in job
     for verb in ("aggregate", "figures", "manifest"):
         (cmd,) = [ln for ln in text.splitlines() if ln.startswith(f"Shell command: "

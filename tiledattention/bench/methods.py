@@ -418,8 +418,6 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            scope=fa4_sdpa_impl),
     Method("math", "torch SDPA forced to MATH", False, _torch_run("math"), color="C6",
            headline="math SDPA"),
-    Method("eager", "explicit matmul + fp32 softmax + matmul", False, eager_attention,
-           _eager_check, color="C7", headline="eager attention", variants=True),
     # The variants stage's baselines (their points only).
     Method("flex", "torch.compile'd FlexAttention with the variant's score_mod and block "
            "mask", True, _flex_runner(None), _flex_check, color="C8", display="FlexAttention",
@@ -431,6 +429,9 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("sdpa_mask", "torch SDPA with the variant as an explicit materialised mask",
            False, _sdpa_mask_run, _sdpa_mask_check, _sdpa_mask_describe, color="C9",
            display="SDPA + mask", variants=True),
+    # Last: the variants stage's baselines list it last too.
+    Method("eager", "explicit matmul + fp32 softmax + matmul", False, eager_attention,
+           _eager_check, color="C7", headline="eager attention", variants=True),
 )}
 
 
