@@ -352,3 +352,26 @@ def test_a_corrupted_part_is_refused_before_anything_is_installed(tmp_path):
 def test_no_kit_and_nothing_staged_is_exit_2(tmp_path):
     run = _install(tmp_path)
     assert run.returncode == 2 and "no kit" in run.stderr
+
+
+# --- the model stage --------------------------------------------------------------------------
+@pytest.mark.skipif(fa4_import_error() is None, reason="flash_attn.cute imports here")
+def test_the_model_stage_times_fa4_through_transformers_or_says_why_not(tmp_path, monkeypatch):
+    from tiledattention.bench import model as model_bench
+    from tiledattention.bench.config import model_from_dict
+
+    assert "fa4" in model_bench.IMPLS and model_bench.ATTN["fa4"] == "flash_attention_4"
+    why = model_bench.impl_unavailable("fa4")
+    assert why == fa4_import_error()
+    cfg = model_from_dict({"enabled": True, "batches": [1], "prompt": 16, "steps": 2,
+                           "reps": 1})
+    rows = [{**r, "status": "ok"} if r["method"] != "fa4" else
+            {**r, "status": "unavailable", "reason": why}
+            for r in model_bench._base_rows(cfg, "cuda:0")]
+    monkeypatch.setattr(model_bench, "measure_model", lambda cfg, log: rows)
+    # FA4 missing on a GPU machine: its rows say why, the stage's other rows stand.
+    assert model_bench.run_model(cfg, str(tmp_path))["status"] == "ok"
+    saved = {r["method"]: r for r in model_bench.load_rows(str(tmp_path))}
+    assert saved["fa4"]["reason"] == why
+    rows[0].update(status="error", reason="boom")  # one of ours failing fails the stage
+    assert model_bench.run_model(cfg, str(tmp_path))["status"] == "error"
