@@ -236,8 +236,8 @@ class VariantsConfig:
                                      "registry).", choices=VARIANT_NAMES, unique=True,
                                      flag="--variants")
     methods: tuple[str, ...] = _opt(VARIANT_METHODS, "tiledattention; fa4, FlashAttention-4 "
-                                    "(the variants it takes natively: causal, window, "
-                                    "softcap); flex, torch.compile'd flex_attention with the "
+                                    "(causal, window, softcap natively, ALiBi as a CuTe DSL "
+                                    "score_mod); flex, torch.compile'd flex_attention with the "
                                     "same score_mod and a block mask (Triton backend); "
                                     "flex_flash, the same on its FLASH backend (FA4's kernels); "
                                     "sdpa_mask, torch SDPA with an explicit mask (where one "

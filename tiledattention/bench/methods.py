@@ -324,8 +324,14 @@ def _fa4_run(q, k, v, point):
 def _fa4_describe(q, k, v, point):
     import flash_attn.cute as fa4
 
-    kw = {k: list(v) if isinstance(v, tuple) else v
-          for k, v in _fa4_kwargs(point, q.device).items()}
+    def plain(v):  # the row's JSON: CuTe DSL functions by name, aux tensors by shape
+        if isinstance(v, (tuple, list)):
+            return [plain(x) for x in v]
+        if callable(v):
+            return getattr(v, "__name__", type(v).__name__)
+        return f"tensor{list(v.shape)}" if hasattr(v, "shape") else v
+
+    kw = {k: plain(v) for k, v in _fa4_kwargs(point, q.device).items()}
     return {"version": getattr(fa4, "__version__", None), "kwargs": kw}
 
 

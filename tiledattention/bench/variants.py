@@ -64,9 +64,12 @@ class VariantPoint(Point):
         return f"{self.variant}-{super().key()}"
 
 
-# A variant FA4 takes only through a CuTe DSL score_mod / mask_mod with aux_tensors.
-_NO_FA4 = ("FA4's CuTe DSL {} form of this variant is not written yet (FlexAttention's "
-           "FLASH backend runs it on FA4's kernels: method flex_flash)")
+# FA4 drops causal= and visits every tile once a mask_mod is given (only a block-sparse
+# tensor set, which FlexAttention's FLASH backend builds from the block mask, skips tiles):
+# a mask_mod-only FA4 row would time a handicapped FA4, so these variants' FA4 is flex_flash.
+_NO_FA4 = ("FA4 takes this variant only as a CuTe DSL {} with block-sparse tensors (without "
+           "them it visits every tile); FlexAttention's FLASH backend builds both and runs it "
+           "on FA4's kernels: method flex_flash")
 
 
 def _causal(b, h, q, k):
@@ -110,10 +113,44 @@ def _build_alibi(batch, heads, seq, device):
 
     slopes = variants.alibi_slopes(heads, device)
     alibi = variants.alibi(slopes)
+    mods = _fa4_alibi_mods()
     return Parts({"is_causal": True, "score_mod": alibi},
                  {"causal": True, "score_ref": alibi.reference},
                  score=lambda s, b, h, q, k: s + slopes[h] * (k - q), mask=_causal,
-                 bias_heads=heads, sdpa="bias", no_fa4=_NO_FA4.format("score_mod"))
+                 bias_heads=heads, sdpa="bias",
+                 # FA4: the same bias as a CuTe DSL score_mod, the slopes as its aux tensor
+                 fa4=mods and {"causal": True, "score_mod": mods[0], "score_mod_bwd": mods[1],
+                               "aux_tensors": [slopes]},
+                 no_fa4="" if mods else "the CuTe DSL (cutlass) cannot be imported")
+
+
+@functools.lru_cache(maxsize=1)
+def _fa4_alibi_mods():
+    """ALiBi as FA4's CuTe DSL (score_mod, score_mod_bwd): s + slope[h] * (kv - q) on the
+    scaled scores, the slopes read from aux_tensors[0]; its gradient in s is 1. None where
+    the DSL is not importable (FA4's own check says so first)."""
+    try:
+        import cutlass
+        import cutlass.cute as cute
+    except Exception:
+        return None
+
+    @cute.jit
+    def score_mod(tSrS_ssa, b_idx, h_idx, q_idx, kv_idx, seqlen_info, aux_tensors):
+        slopes = aux_tensors[0]
+        h = cute.make_fragment(1, cutlass.Int32)
+        h.store(h_idx)
+        slope = cute.make_fragment(1, slopes.element_type)
+        slope[0] = slopes[h[0]]
+        dist = (kv_idx - q_idx).to(cutlass.Float32)
+        return tSrS_ssa + slope.load().to(cutlass.Float32) * dist
+
+    @cute.jit
+    def score_mod_bwd(grad_out_ssa, score_ssa, b_idx, h_idx, q_idx, kv_idx, seqlen_info,
+                      aux_tensors):
+        return grad_out_ssa
+
+    return score_mod, score_mod_bwd
 
 
 def _build_documents(batch, heads, seq, device):
