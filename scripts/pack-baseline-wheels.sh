@@ -8,7 +8,8 @@
 #
 # The wheels are the baselines extra's pins (pyproject.toml) for CPython PYTHON_VERSION on
 # manylinux x86_64, less SKIP (default: the CUDA 12 DSL libs, for a machine whose torch is a
-# cu13 build, and einops, which the GPU image has). A wheel over PART bytes (the 92 MB
+# cu13 build, and einops, cuda-bindings, cuda-pathfinder and protobuf, which the device
+# machine's image has). A wheel over PART bytes (the 92 MB
 # nvidia-cutlass-dsl-libs-cu13) is split into NAME.partNN; wheels and parts are then binned
 # into DEST/load1, DEST/load2, ... of at most LOAD bytes, and every load holds MD5SUMS (each
 # whole wheel) and PARTS (each part), so scripts/device-baselines.sh on the machine knows
@@ -22,7 +23,7 @@ dest=${1:-.fa4kit}
 py=${2:-3.12}
 PART=${PART:-48000000}
 LOAD=${LOAD:-56000000}
-SKIP=${SKIP:-nvidia-cutlass-dsl-libs-cu12 einops}
+SKIP=${SKIP:-nvidia-cutlass-dsl-libs-cu12 einops cuda-bindings cuda-pathfinder protobuf}
 for n in "$PART" "$LOAD"; do
   case "$n" in ''|*[!0-9]*) echo "pack-baseline-wheels: PART/LOAD must be bytes, got $n" >&2
                             exit 2 ;; esac
