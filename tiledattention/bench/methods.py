@@ -233,7 +233,8 @@ def _flex_runner(kernel_options: dict | None):
 
 def _flex_flash_check(point, device):
     """FlexAttention's FLASH backend: FA4's CuTe DSL kernels under Inductor (torch >= 2.11
-    with flash-attn-4 importable)."""
+    with flash-attn-4 importable). Inductor raises rather than fall back to Triton when
+    BACKEND="FLASH" cannot be used, so an ok row is FA4's kernels."""
     _flex_check(point, device, "flex_flash")
     why = fa4_import_error()
     if why:
@@ -324,14 +325,14 @@ def _fa4_run(q, k, v, point):
 def _fa4_describe(q, k, v, point):
     import flash_attn.cute as fa4
 
-    def plain(v):  # the row's JSON: CuTe DSL functions by name, aux tensors by shape
-        if isinstance(v, (tuple, list)):
-            return [plain(x) for x in v]
-        if callable(v):
-            return getattr(v, "__name__", type(v).__name__)
-        return f"tensor{list(v.shape)}" if hasattr(v, "shape") else v
+    def plain(x):  # the row's JSON: CuTe DSL functions by name, aux tensors by shape
+        if isinstance(x, (tuple, list)):
+            return [plain(y) for y in x]
+        if callable(x):
+            return getattr(x, "__name__", type(x).__name__)
+        return f"tensor{list(x.shape)}" if hasattr(x, "shape") else x
 
-    kw = {k: plain(v) for k, v in _fa4_kwargs(point, q.device).items()}
+    kw = {key: plain(val) for key, val in _fa4_kwargs(point, q.device).items()}
     return {"version": getattr(fa4, "__version__", None), "kwargs": kw}
 
 
