@@ -1,6 +1,7 @@
 """Print containers/requirements.lock from the running environment: the exact version of
 every distribution tiledattention[gpu,workflow,hf] needs, except torch and numpy (a GPU
-node's or base image's own builds).
+node's or base image's own builds), and the baselines extra's exact pins as pyproject.toml
+lists them (FA4's CUDA 13 wheels need not be installed where the lock is written).
 
     python containers/lock.py > containers/requirements.lock
 """
@@ -10,11 +11,16 @@ from __future__ import annotations
 import re
 import sys
 from importlib.metadata import PackageNotFoundError, distribution
+from pathlib import Path
 
 from packaging.requirements import Requirement
 
 ROOTS = ("tiledattention[gpu,workflow,hf]",)
 BASE = {"torch", "numpy", "tiledattention"}  # from the image / node, or the project itself
+# Extras copied from pyproject.toml as they are: each line one exact ``==`` pin, their
+# closure listed in the extra itself (beside torch, protobuf and cuda-bindings).
+PINNED_EXTRAS = ("baselines",)
+PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
 
 
 def _name(n: str) -> str:
@@ -44,14 +50,29 @@ def closure(roots=ROOTS) -> dict[str, str]:
     return dict(sorted(pins.items()))
 
 
+def pinned_extras(extras=PINNED_EXTRAS, pyproject=PYPROJECT) -> dict[str, str]:
+    """The extras' pins from pyproject.toml; a line that is not one exact pin is refused."""
+    import tomllib  # Python >= 3.11, where the lock is written
+
+    deps = tomllib.loads(Path(pyproject).read_text())["project"]["optional-dependencies"]
+    pins = {}
+    for extra in extras:
+        for text in deps[extra]:
+            spec = list(Requirement(text).specifier)
+            if len(spec) != 1 or spec[0].operator != "==":
+                sys.exit(f"lock.py: {extra} extra: {text!r} is not one exact == pin")
+            pins[_name(Requirement(text).name)] = spec[0].version
+    return pins
+
+
 HEADER = """\
-# Exact versions of everything tiledattention[gpu,workflow,hf] needs beside torch and numpy
-# (the base image's or the node's). Installed with --no-deps into the containers and packed
+# Exact versions of everything tiledattention[gpu,workflow,hf,baselines] needs beside torch and
+# numpy (the base image's or the node's). Installed with --no-deps into the containers and packed
 # by `tiledattn offline pack`. Regenerate: python containers/lock.py > containers/requirements.lock
 # (tests check that the cuTile pins agree with pyproject.toml and containers/versions.env)."""
 
 
 if __name__ == "__main__":
     print(HEADER)
-    for name, version in closure().items():
+    for name, version in sorted({**closure(), **pinned_extras()}.items()):
         print(f"{name}=={version}")

@@ -25,7 +25,8 @@
 # 4. packs the study's results directory (rows, tables, figures, logs, bundle) and the
 #    bundle zip into $OUT (the device tool brings $OUT back).
 #
-# Environment: GPUS, KIT (default .whl), OUT (default /tmp/out), SITE (default /tmp/site), RESULTS (the study's
+# Environment: GPUS, KIT (default .whl), FA4KIT (default .fa4kit; scripts/device-baselines.sh
+# says how its loads travel), OUT (default /tmp/out), SITE (default /tmp/site), RESULTS (the study's
 # results directory when a --config overrides results_dir), TILEDATTENTION_SOURCE_REVISION
 # (the commit, recorded in every manifest: the copied tree may have no .git).
 # Exit: 0 finished, 3 stopped at the budget (run it again), else the failure's code.
@@ -62,12 +63,29 @@ if [ -d "$KIT" ] && ! cmp -s <(ls "$KIT") "$SITE/.kit" 2>/dev/null; then
   ls "$KIT" > "$SITE/.kit"
   say "installed $(ls "$KIT"/*.whl | wc -l) wheels from $KIT into $SITE"
 fi
+# 1b. FlashAttention-4 and the CuTe DSL (the fa4, sdpa_fa4 and flex_flash baselines): a
+# carried kit load ($FA4KIT/load*, scripts/pack-baseline-wheels.sh) is installed by
+# scripts/device-baselines.sh, which must then find the whole kit (earlier calls staged the
+# other loads); without one, an earlier call's install on this warm machine is used. With
+# neither, those rows say `unavailable` and why.
+FA4KIT=${FA4KIT:-.fa4kit}
+export FA4KIT
+fa4path=
+if compgen -G "$FA4KIT/load*" >/dev/null; then
+  fa4path=$(bash scripts/device-baselines.sh) || {
+    echo "device-study: the FA4 kit is not installed (above): carry its other loads first" >&2
+    exit 2; }
+elif [ -f "${FA4_SITE:-/tmp/fa4site}/.pythonpath" ]; then
+  fa4path=$(cat "${FA4_SITE:-/tmp/fa4site}/.pythonpath")
+fi
+[ -n "$fa4path" ] && say "FA4 from ${fa4path%%:*}"
 mkdir -p "$SITE/bin"
 # The __main__ guard: tiledattn precompile's worker processes (spawn) import this script.
 printf '#!/usr/bin/env python3\nimport sys\nfrom tiledattention.cli import main\nif __name__ == "__main__":\n    sys.exit(main())\n' \
   > "$SITE/bin/tiledattn"
 chmod +x "$SITE/bin/tiledattn"
-export PATH="$SITE/bin:$PATH" PYTHONPATH="$SITE:$repo${PYTHONPATH:+:$PYTHONPATH}"
+export PATH="$SITE/bin:$PATH" \
+  PYTHONPATH="$SITE:$repo${fa4path:+:$fa4path}${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1 CUDA_TILE_CACHE_DIR=${CUDA_TILE_CACHE_DIR:-/tmp/cutile-cache}
 # Multi-GPU kinds: NVLink multicast stays off (the device README says why).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1

@@ -9,6 +9,10 @@
 #
 #   bash scripts/pack-study-wheels.sh [DEST] [PYTHON_VERSION]     # default: .whl 3.12
 #
+# FlashAttention-4 and the CuTe DSL (the fa4, sdpa_fa4, flex_flash baselines; 92 MB of CUDA 13
+# libs) are a kit of their own, in loads of one device call each:
+# scripts/pack-baseline-wheels.sh, installed there by scripts/device-baselines.sh.
+#
 # Left out, each checked by running the CPU study without it: pulp (the ILP scheduler; the
 # profile's `scheduler: greedy` never imports it), docutils (only `--report`), gitpython, and
 # sqlmodel/SQLAlchemy/pydantic, through which Snakemake >= 9.17 keeps its metadata in SQLite

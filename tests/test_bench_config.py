@@ -58,14 +58,14 @@ def test_the_smoke_config_loads():
 def test_the_sdpa_comparison_config_is_the_paper_grid_against_fused_backends():
     cfg = load_config("config/bench-sdpa.yaml")
     assert expand(cfg) == expand(from_dict({}))
-    assert cfg.methods == ("tiledattention", "torch_sdpa", "flash", "cudnn")
+    assert cfg.methods == ("tiledattention", "torch_sdpa", "flash", "cudnn", "fa4", "sdpa_fa4")
 
 
 def test_the_backward_config_is_the_paper_grid_timed_forward_plus_backward():
     cfg = load_config("config/bench-backward.yaml")
     assert [dataclasses.replace(p, pass_="fwd") for p in expand(cfg)] == expand(from_dict({}))
     assert {p.pass_ for p in expand(cfg)} == {"fwd+bwd"}
-    assert cfg.methods == ("tiledattention", "torch_sdpa", "flash", "cudnn")
+    assert cfg.methods == ("tiledattention", "torch_sdpa", "flash", "cudnn", "fa4", "sdpa_fa4")
 
 
 def test_one_shape_rule_gives_16_heads_where_width_is_not_a_multiple_of_d():
@@ -126,6 +126,7 @@ def test_the_decode_section_adds_capped_non_causal_points_only_when_enabled():
 
 def test_the_shipped_decode_config_expands_to_decode_points_under_the_kv_cap():
     cfg = load_config("config/bench-decode.yaml")
+    assert {"fa4", "sdpa_fa4"} <= set(cfg.methods)  # FA4 with its own split/pack heuristics
     points = expand(cfg)[1:]
     assert len(points) > 100 and {p.seq_q for p in points} == {1, 4, 8, 16}
     assert max(2 * p.batch * p.heads_kv * p.seq_kv * p.head_dim * 2 for p in points) <= 8 << 30

@@ -22,8 +22,8 @@ def test_without_a_gpu_every_row_is_unavailable_with_the_reason(tmp_path, monkey
     result = model_bench.run_model(CFG, str(tmp_path))
     assert result["status"] == "unavailable"
     rows = model_bench.load_rows(str(tmp_path))
-    # batches x (3 eager phases x 3 implementations + 2 compiled phases x 2)
-    assert len(rows) == 2 * (3 * 3 + 2 * 2)
+    # batches x (3 eager phases x 4 implementations + 2 compiled phases x 2)
+    assert len(rows) == 2 * (3 * 4 + 2 * 2)
     assert {r["status"] for r in rows} == {"unavailable"}
     assert {r["reason"] for r in rows} == {"no CUDA GPU visible on x"}
     assert {r["config_hash"] for r in rows} == {CFG.digest()}
@@ -89,7 +89,7 @@ def test_an_implementation_that_fails_is_recorded_and_the_others_are_measured(mo
     calls = []
 
     class Runners:
-        def __init__(self, cfg):
+        def __init__(self, cfg, impls):
             self.cfg = cfg
 
         def new_batch(self):
@@ -104,6 +104,7 @@ def test_an_implementation_that_fails_is_recorded_and_the_others_are_measured(mo
             return 0.001 * self.cfg.steps if phase == "decode" else 0.01
 
     monkeypatch.setattr(model_bench, "unavailable_reason", lambda: None)
+    monkeypatch.setattr(model_bench, "impl_unavailable", lambda impl: None)
     monkeypatch.setattr(model_bench, "_Runners", Runners)
     gen, randint = torch.Generator, torch.randint
     monkeypatch.setattr(torch, "Generator", lambda device=None: gen())

@@ -125,7 +125,7 @@ def test_without_a_gpu_every_row_is_unavailable_and_measured_once_a_gpu_is_there
     out = run_variants(cfg, str(tmp_path))
     rows = load_rows(str(tmp_path))
     assert out["status"] == "unavailable"
-    assert len(rows) == len(points(cfg)) * 4 == 16
+    assert len(rows) == len(points(cfg)) * len(cfg.methods) == 4 * len(cfg.methods)
     assert {(r["status"], r["reason"]) for r in rows} == {
         ("unavailable", "no CUDA GPU visible on node7")}
     manifest = json.loads((tmp_path / "manifest-variants.json").read_text())
@@ -250,8 +250,8 @@ def test_the_stage_is_one_launcher_job_feeding_aggregate_figures_and_manifest(tm
     assert re.search(r"^variants\s+1$", text, re.M)
     (job,) = [ln for ln in text.splitlines() if ln.startswith("Shell command: tiledattn "
                                                               "variants ")]
-    assert "--variants window softcap --methods tiledattention flex sdpa_mask eager " \
-           "--seqs 256" in job and "--launcher local" in job
+    assert "--variants window softcap --methods tiledattention fa4 flex flex_flash sdpa_mask " \
+           "eager --seqs 256" in job and "--launcher local" in job
     assert f"--out {tmp_path}/out/variants" in job
     for verb in ("aggregate", "figures", "manifest"):
         (cmd,) = [ln for ln in text.splitlines() if ln.startswith(f"Shell command: "

@@ -17,8 +17,13 @@ def test_every_phase_of_the_model_stage_measures_on_a_gpu(tmp_path):
                            "reps": 1})
     result = model_bench.run_model(cfg, str(tmp_path))
     rows = model_bench.load_rows(str(tmp_path))
-    bad = {(r["phase"], r["method"]): r.get("reason") for r in rows if r["status"] != "ok"}
+    # FA4 (transformers' flash_attention_4) where it is installed; else its rows say why.
+    fa4_missing = model_bench.impl_unavailable("fa4")
+    bad = {(r["phase"], r["method"]): r.get("reason") for r in rows if r["status"] != "ok"
+           and not (fa4_missing and r["method"] == "fa4")}
     assert result["status"] == "ok" and not bad, bad
     assert {(r["phase"], r["method"]) for r in rows} == {
         (ph, impl) for ph in cfg.phases for impl in model_bench.impls_of(ph)}
-    assert all(r["tokens_per_s"] > 0 and len(r["times_ms"]) == 1 for r in rows)
+    assert all(r["tokens_per_s"] > 0 and len(r["times_ms"]) == 1 for r in rows
+               if r["status"] == "ok")
+    assert all(r["reason"] == fa4_missing for r in rows if r["status"] != "ok")

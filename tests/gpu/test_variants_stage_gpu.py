@@ -16,7 +16,7 @@ def test_a_small_stage_measures_every_variant_correctly(tmp_path):
                                        "warmup": 1, "reps": 2, "rounds": 1})
     assert run_variants(cfg, str(tmp_path))["status"] == "ok"
     rows = load_rows(str(tmp_path))
-    assert len(rows) == len(VARIANT_NAMES) * 2 * 4
+    assert len(rows) == len(VARIANT_NAMES) * 2 * len(cfg.methods)
     for r in rows:
         m, st = r["method"], r["status"]
         if m == "tiledattention":
@@ -24,6 +24,8 @@ def test_a_small_stage_measures_every_variant_correctly(tmp_path):
             assert r["pass"] == "fwd" or r["grads_correct"], r
         elif m == "flex":
             assert st == "ok" or (st == "unavailable" and r["reason"]), r
+        elif m in ("fa4", "flex_flash"):  # not installed, or a variant FA4 cannot express
+            assert st == "ok" or (st in ("unavailable", "unsupported") and r["reason"]), r
         elif m == "sdpa_mask":
             assert st == ("unsupported" if r["variant"] == "softcap" else "ok"), r
         else:

@@ -22,7 +22,7 @@ from .grid import (
     TUNE_PASSES,
     WIDTH,
 )
-from .methods import profilable
+from .methods import profilable, variant_methods
 from .variants import VARIANT_NAMES
 
 __all__ = ["BenchConfig", "ConfigError", "CorrectnessConfig", "DecodeConfig", "GridConfig",
@@ -220,7 +220,7 @@ class ProfileConfig:
                            self.tokens, self.width)
 
 
-VARIANT_METHODS = ("tiledattention", "flex", "sdpa_mask", "eager")  # bench/methods.py
+VARIANT_METHODS = tuple(variant_methods())  # bench/methods.py: those with variants=True
 VARIANT_PASSES = ("fwd", "fwd+bwd")
 
 
@@ -235,11 +235,15 @@ class VariantsConfig:
     variants: tuple[str, ...] = _opt(VARIANT_NAMES, "Variants measured (bench/variants.py's "
                                      "registry).", choices=VARIANT_NAMES, unique=True,
                                      flag="--variants")
-    methods: tuple[str, ...] = _opt(VARIANT_METHODS, "tiledattention; flex, torch.compile'd "
-                                    "flex_attention with the same score_mod and a block mask; "
+    methods: tuple[str, ...] = _opt(VARIANT_METHODS, "tiledattention; fa4, FlashAttention-4 "
+                                    "(causal, window, softcap natively, ALiBi as a CuTe DSL "
+                                    "score_mod); flex, torch.compile'd flex_attention with the "
+                                    "same score_mod and a block mask (Triton backend); "
+                                    "flex_flash, the same on its FLASH backend (FA4's kernels); "
                                     "sdpa_mask, torch SDPA with an explicit mask (where one "
                                     "expresses the variant); eager, matmul + softmax + matmul "
-                                    "(where the device's memory holds its scores).",
+                                    "(where the device's memory holds its scores). A baseline "
+                                    "that cannot run a variant has a row saying why.",
                                     choices=VARIANT_METHODS, unique=True, flag="--methods")
     seqs: tuple[int, ...] = _opt((1024, 2048, 4096, 8192, 16384), "Sequence lengths S.",
                                  min=1, max=INT32, unique=True, flag="--seqs")

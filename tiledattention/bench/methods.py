@@ -7,6 +7,7 @@ runs it, and describes what it ran (the schedule, the backend actually dispatche
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 from collections.abc import Callable
@@ -41,6 +42,10 @@ class Method:
     headline: str | None = None  # its row label in the headline table; None: not there
     headline_by_head_dim: bool = False  # also one headline row per head dim
     display: str = ""  # its name in table and figure labels (default: ``name``)
+    # A context the harness holds around the method's calls (correctness, timing, latency):
+    # process-wide switches a method needs set while it runs and restored for the others.
+    scope: Callable = contextlib.nullcontext
+    variants: bool = False  # it runs the variants stage's points (bench/variants.py)
 
     @property
     def label(self) -> str:
@@ -185,8 +190,8 @@ def _eager_check(point, device):
                           f"matrices ({point.pass_}), {free / 2**30:.1f} GiB free")
 
 
-def _flex_check(point, device):
-    _variant_only("flex", point)
+def _flex_check(point, device, name="flex"):
+    _variant_only(name, point)
     if device.type != "cuda":
         raise Unavailable("FlexAttention runs here on a CUDA GPU only (torch.compile's "
                           "Triton backend)")
@@ -215,11 +220,160 @@ def _compiled_flex():
     return torch.compile(flex_attention, dynamic=False)
 
 
-def _flex_run(q, k, v, point):
-    parts = parts_for(point, q.device)
-    return _compiled_flex()(q, k, v, score_mod=parts.score,
-                            block_mask=flex_block_mask(parts, point, q.device),
-                            enable_gqa=_gqa(point))
+def _flex_runner(kernel_options: dict | None):
+    """The compiled flex_attention (one, shared by both backends) with the variant's
+    score_mod and block mask; ``kernel_options`` picks the backend (None: Triton)."""
+    def run(q, k, v, point):
+        parts = parts_for(point, q.device)
+        return _compiled_flex()(q, k, v, score_mod=parts.score,
+                                block_mask=flex_block_mask(parts, point, q.device),
+                                enable_gqa=_gqa(point), kernel_options=kernel_options)
+    return run
+
+
+def _flex_flash_check(point, device):
+    """FlexAttention's FLASH backend: FA4's CuTe DSL kernels under Inductor (torch >= 2.11
+    with flash-attn-4 importable). Inductor raises rather than fall back to Triton when
+    BACKEND="FLASH" cannot be used, so an ok row is FA4's kernels."""
+    _flex_check(point, device, "flex_flash")
+    why = fa4_import_error()
+    if why:
+        raise Unavailable(f"FlexAttention's FLASH backend needs FA4: {why}")
+    try:
+        from torch._inductor.kernel.flex import flex_flash_attention  # noqa: F401
+    except Exception as exc:
+        raise Unavailable(f"this torch has no FlexAttention FLASH backend (PyTorch >= 2.11): "
+                          f"{type(exc).__name__}: {exc}") from None
+    _fa4_device_check(point, device, "FlexAttention's FLASH backend")
+
+
+# --- FlashAttention-4 (flash-attn-4: flash_attn.cute, CuTe DSL kernels JIT-compiled per
+# (D, causal, dtype, direction) on first use) ---------------------------------------------
+FA4_INSTALL = "pip install 'tiledattention[baselines]' (flash-attn-4)"
+
+
+@functools.lru_cache(maxsize=1)
+def fa4_import_error() -> str | None:
+    """Why ``flash_attn.cute`` cannot be imported here (None: it can). An import, not a
+    spec lookup: the CuTe DSL's ``cutlass`` comes from a ``.pth`` that ``pip --target``
+    skips, and only importing tells."""
+    try:
+        import flash_attn.cute  # noqa: F401
+    except Exception as exc:  # not installed, no cutlass, a broken CUDA 13 runtime
+        return (f"flash_attn.cute (FlashAttention-4) cannot be imported: "
+                f"{type(exc).__name__}: {exc}; {FA4_INSTALL}")
+    return None
+
+
+def fa4_head_dim_error(head_dim: int, major: int) -> str | None:
+    """Why FA4 has no kernel for this head dim on compute capability ``major`` (its
+    interface's _validate_head_dims: sm_90 takes 8..256, sm_100 8..128 and 256, multiples
+    of 8 for 16-bit types)."""
+    if head_dim % 8:
+        return f"FA4 takes head dims that are multiples of 8, not {head_dim}"
+    if major == 9 and not 8 <= head_dim <= 256:
+        return f"FA4 on sm_90 takes head dims 8..256, not {head_dim}"
+    if major in (10, 11) and not (8 <= head_dim <= 128 or head_dim == 256):
+        return f"FA4 on sm_{major}0 takes head dims 8..128 and 256, not {head_dim}"
+    return None
+
+
+def _fa4_device_check(point, device, name: str = "FA4"):
+    """What FA4's kernels need of the machine and the point's dtype and head dim."""
+    import torch
+
+    _cuda_only(point, device)
+    why = fa4_import_error()
+    if why:
+        raise Unavailable(why)
+    major, minor = torch.cuda.get_device_capability(device)
+    if major not in (9, 10, 11):  # sm_80/sm_120 kernels lack the backward or score_mod
+        raise Unavailable(f"{name} is measured on sm_90 and sm_100 (Hopper, Blackwell), "
+                          f"not sm_{major}{minor}")
+    if point.dtype not in ("float16", "bfloat16"):
+        raise Unsupported(f"dtype {point.dtype}: {name} takes float16 and bfloat16")
+    why = fa4_head_dim_error(point.head_dim, major)
+    if why:
+        raise Unsupported(why)
+
+
+def _fa4_check(point, device):
+    _fa4_device_check(point, device)
+    if variant_of(point) is not None:
+        parts = parts_for(point, device)
+        if parts.fa4 is None:
+            raise Unsupported(parts.no_fa4 or "FA4 cannot express this variant")
+
+
+def _fa4_kwargs(point, device) -> dict:
+    """flash_attn_func's arguments for the point: the variant's FA4 form, else the mask.
+    num_splits and pack_gqa stay FA4's defaults (its own heuristics, decode included;
+    its sm_90 forward has no split-KV)."""
+    if variant_of(point) is not None:
+        return parts_for(point, device).fa4
+    return {"causal": point.causal}
+
+
+def _fa4_run(q, k, v, point):
+    from flash_attn.cute import flash_attn_func  # [B, S, H, D]; GQA from the head counts
+
+    out, _ = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                             **_fa4_kwargs(point, q.device))
+    return out.transpose(1, 2)
+
+
+def _fa4_describe(q, k, v, point):
+    import flash_attn.cute as fa4
+
+    def plain(x):  # the row's JSON: CuTe DSL functions by name, aux tensors by shape
+        if isinstance(x, (tuple, list)):
+            return [plain(y) for y in x]
+        if callable(x):
+            return getattr(x, "__name__", type(x).__name__)
+        return f"tensor{list(x.shape)}" if hasattr(x, "shape") else x
+
+    kw = {key: plain(val) for key, val in _fa4_kwargs(point, q.device).items()}
+    return {"version": getattr(fa4, "__version__", None), "kwargs": kw}
+
+
+# --- torch SDPA with FA4 as its flash backend (torch.nn.attention's flash impl registry) --
+def _sdpa_fa4_check(point, device):
+    import torch.nn.attention as attn
+
+    if variant_of(point) is not None:
+        raise Unsupported("SDPA's flash backend takes only the causal flag: the variants "
+                          "stage's SDPA form is sdpa_mask")
+    if not hasattr(attn, "activate_flash_attention_impl"):
+        raise Unavailable("this torch has no torch.nn.attention.activate_flash_attention_impl "
+                          "(PyTorch >= 2.11)")
+    if "FA4" not in attn.list_flash_attention_impls():
+        raise Unavailable(f"torch lists no FA4 flash impl (it has "
+                          f"{attn.list_flash_attention_impls()})")
+    _fa4_device_check(point, device, "SDPA's FA4 impl")
+
+
+@contextlib.contextmanager
+def fa4_sdpa_impl():
+    """SDPA's flash backend on FA4 while inside, the previous impl (FA2 or another
+    activated one) restored on leaving: the switch is process-wide, so the harness holds
+    it around this method's calls only (Method.scope), never around the other methods'."""
+    import torch.nn.attention as attn
+
+    before = attn.current_flash_attention_impl()
+    attn.activate_flash_attention_impl("FA4")
+    try:
+        yield
+    finally:
+        if before is None:
+            attn.restore_flash_attention_impl()
+        else:
+            attn.activate_flash_attention_impl(before)
+
+
+def _sdpa_fa4_run(q, k, v, point):
+    from ..torch_backends import torch_sdpa
+
+    return torch_sdpa(q, k, v, causal=point.causal, backend="flash")
 
 
 def _sdpa_mask_check(point, device):
@@ -248,7 +402,8 @@ FUSED = "torch_sdpa"
 # Registry order is the order of the headline's rows and of the figures' legends.
 METHODS: dict[str, Method] = {m.name: m for m in (
     Method("tiledattention", "this project's cuTile kernel", True, _tiled_run, _tiled_check,
-           _tiled_describe, _tiled_geometry, color="C0", kernel_filter="regex:attention_fwd"),
+           _tiled_describe, _tiled_geometry, color="C0", kernel_filter="regex:attention_fwd",
+           variants=True),
     Method("torch_sdpa", "torch SDPA, automatic backend dispatch", False, _torch_run(None),
            describe=_auto_describe, color="C1", kernel_filter="regex:sdpa|flash|fmha|attention",
            headline="torch_sdpa (fused SDPA), all points", headline_by_head_dim=True),
@@ -261,17 +416,36 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            _torch_run("efficient"), _cuda_only, color="C4", kernel_filter="regex:fmha"),
     Method("flash_attn", "the flash_attn package (FlashAttention-2)", True, _flash_attn_run,
            _flash_attn_check, color="C5"),
+    # FlashAttention-4: the grid, decode and the variants it expresses natively.
+    Method("fa4", "FlashAttention-4 (flash-attn-4, flash_attn.cute.flash_attn_func)", True,
+           _fa4_run, _fa4_check, _fa4_describe, color="indigo",
+           headline="fa4 (FlashAttention-4)", display="FA4", variants=True),
+    Method("sdpa_fa4", "torch SDPA forced to FLASH_ATTENTION with FA4 as the flash impl",
+           True, _sdpa_fa4_run, _sdpa_fa4_check, color="sienna", display="SDPA (FA4)",
+           scope=fa4_sdpa_impl),
     Method("math", "torch SDPA forced to MATH", False, _torch_run("math"), color="C6",
            headline="math SDPA"),
-    Method("eager", "explicit matmul + fp32 softmax + matmul", False, eager_attention,
-           _eager_check, color="C7", headline="eager attention"),
     # The variants stage's baselines (their points only).
     Method("flex", "torch.compile'd FlexAttention with the variant's score_mod and block "
-           "mask", True, _flex_run, _flex_check, color="C8", display="FlexAttention"),
+           "mask", True, _flex_runner(None), _flex_check, color="C8", display="FlexAttention",
+           variants=True),
+    Method("flex_flash", "torch.compile'd FlexAttention on its FLASH backend (FA4's "
+           "kernels) with the variant's score_mod and block mask", True,
+           _flex_runner({"BACKEND": "FLASH"}), _flex_flash_check, color="teal",
+           display="FlexAttention (FLASH)", variants=True),
     Method("sdpa_mask", "torch SDPA with the variant as an explicit materialised mask",
            False, _sdpa_mask_run, _sdpa_mask_check, _sdpa_mask_describe, color="C9",
-           display="SDPA + mask"),
+           display="SDPA + mask", variants=True),
+    # Last: the variants stage's baselines list it last too.
+    Method("eager", "explicit matmul + fp32 softmax + matmul", False, eager_attention,
+           _eager_check, color="C7", headline="eager attention", variants=True),
 )}
+
+
+def variant_methods() -> list[str]:
+    """The methods the variants stage can compare (registry order): ours and those that
+    run its points (bench/variants.py)."""
+    return [m.name for m in METHODS.values() if m.variants]
 
 
 def profilable() -> list[str]:

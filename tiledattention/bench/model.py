@@ -1,7 +1,9 @@
 """End to end: prefill, decode and training-step tokens/s of the tiny Llama (4 layers,
 hidden 2048, 16 heads / 4 KV heads, D = 128, bf16, random weights, no download) with each
 attention implementation, measured side by side in one process: ours (``tiledattention``,
-through ``integrations.transformers``), transformers' built-in ``sdpa`` and ``eager``.
+through ``integrations.transformers``), transformers' built-in ``sdpa`` and ``eager``, and
+FlashAttention-4 through transformers' own ``flash_attention_4`` path (``fa4``; its rows say
+``unavailable`` and why where flash-attn-4 or that path is missing).
 
 Phases (``model.phases``):
 - prefill: one forward over B x prompt tokens (CUDA events around the call, so host time
@@ -35,10 +37,15 @@ from dataclasses import dataclass
 
 from .config import MODEL_PHASES, ModelConfig, model_from_dict
 
-IMPLS = ("tiledattention", "sdpa", "eager")
+IMPLS = ("tiledattention", "sdpa", "eager", "fa4")
+# A baseline's transformers attn_implementation where it is not the method's name: fa4 is
+# transformers' own FlashAttention-4 path ("flash_attention_4", flash_attn.cute), as a user
+# switches a model to it. Its rows say `unavailable` where it cannot run; the stage goes on.
+ATTN = {"fa4": "flash_attention_4"}
+OPTIONAL = ("fa4",)
 PHASES = MODEL_PHASES
 # torch.compile of transformers' eager attention is nobody's baseline: compiled phases time
-# ours against sdpa.
+# ours against sdpa (FA4's CuTe DSL kernels are timed eager).
 COMPILED_IMPLS = ("tiledattention", "sdpa")
 FORMAT = 1
 ROWS = "rows.jsonl"
@@ -77,6 +84,30 @@ def unavailable_reason() -> str | None:
         import transformers  # noqa: F401
     except ImportError:
         return "transformers is not installed (pip install 'tiledattention[hf]')"
+    return None
+
+
+def impl_unavailable(impl: str) -> str | None:
+    """Why an optional implementation cannot run here (None where it can)."""
+    if impl != "fa4":
+        return None
+    import torch
+
+    from .methods import fa4_import_error
+
+    why = fa4_import_error()
+    if why:
+        return why
+    major, minor = torch.cuda.get_device_capability()
+    if major not in (9, 10, 11):
+        return f"FA4 is measured on sm_90 and sm_100, not sm_{major}{minor}"
+    try:
+        from transformers import AttentionInterface
+
+        AttentionInterface()[ATTN[impl]]
+    except Exception:
+        return (f"this transformers has no attn_implementation={ATTN[impl]!r} (FA4 through "
+                "transformers' own path)")
     return None
 
 
@@ -130,15 +161,15 @@ class _Runners:
     """Each phase's timed call per implementation: eager models built once, their compiled
     wrappers afresh per batch size (``new_batch``)."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, impls=IMPLS):
         import torch
 
         from ..integrations.transformers import register, tiny_llama
 
-        name = register()
+        names = {"tiledattention": register(), **ATTN}
         self.cfg = cfg
-        self.models = {impl: tiny_llama(name if impl == "tiledattention" else impl,
-                                        seed=cfg.seed) for impl in IMPLS}
+        self.models = {impl: tiny_llama(names.get(impl, impl), seed=cfg.seed)
+                       for impl in impls}
         # lr 0: the step's work, without changing the weights the other phases use.
         self.optimizers = {impl: torch.optim.SGD(m.parameters(), lr=0.0, foreach=True)
                            for impl, m in self.models.items()}
@@ -171,9 +202,13 @@ def measure_model(cfg: ModelConfig, log=sys.stderr) -> list[dict]:
 
     from .runner import _classify
 
-    run = _Runners(cfg)
+    missing = {impl: why for impl in OPTIONAL if (why := impl_unavailable(impl))}
+    run = _Runners(cfg, [impl for impl in IMPLS if impl not in missing])
     rows = {(r["batch"], r["phase"], r["method"]): r
             for r in _base_rows(cfg, str(torch.device("cuda")))}
+    for r in rows.values():
+        if r["method"] in missing:
+            r.update(status="unavailable", reason=missing[r["method"]])
     gen = torch.Generator(device="cuda").manual_seed(cfg.seed)
     for b in cfg.batches:
         ids = torch.randint(0, 1024, (b, cfg.prompt), device="cuda", generator=gen)
@@ -183,7 +218,7 @@ def measure_model(cfg: ModelConfig, log=sys.stderr) -> list[dict]:
         for rep in range(-1, cfg.reps):  # rep -1: warm-up (compiles, allocator, cache)
             for impl in IMPLS if rep % 2 == 0 else IMPLS[::-1]:
                 for ph in cfg.phases:
-                    if impl not in impls_of(ph) or (impl, ph) in failed:
+                    if impl not in impls_of(ph) or (impl, ph) in failed or impl in missing:
                         continue
                     try:
                         secs = run(ph, impl, ids, warmup=rep < 0)
@@ -196,7 +231,7 @@ def measure_model(cfg: ModelConfig, log=sys.stderr) -> list[dict]:
         for (impl, ph), (status, why) in failed.items():
             rows[b, ph, impl].update(status=status, reason=why)
         for (ph, impl), secs in times.items():
-            if (impl, ph) in failed:
+            if (impl, ph) in failed or impl in missing:
                 continue
             med = statistics.median(secs)
             tokens = tokens_of(b, ph, cfg)
@@ -221,7 +256,10 @@ def run_model(cfg: ModelConfig, out_dir: str, log=sys.stderr) -> dict:
            json.dumps(capture(cfg, started=started, finished=finished), indent=1, default=str))
     _write(os.path.join(out_dir, ROWS), "".join(json.dumps(r, sort_keys=True) + "\n"
                                                 for r in rows))
-    bad = [r for r in rows if r["status"] != "ok"]
+    # An optional baseline that cannot run here says so in its rows; the stage is still ok.
+    bad = [r for r in rows if r["status"] != "ok"
+           and not (r["status"] == "unavailable" and r["method"] in OPTIONAL
+                    and r["device"] != "cpu")]
     if bad:
         print(f"model: not run: {bad[0]['reason']}", file=log)
         return {"status": bad[0]["status"], "reason": bad[0]["reason"], "out": out_dir}

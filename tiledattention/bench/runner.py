@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -184,15 +185,18 @@ def run_point(point: Point, methods: list[str], cfg: BenchConfig, device, flush)
             torch.cuda.empty_cache()
         return [{**r, "status": status, "reason": msg} for r in rows.values()]
     callables, eager = {}, {}
+    scopes = {m: get_method(m).scope for m in methods}  # held around each method's calls
     for m in methods:
         method = get_method(m)
         row = rows[m]
+        held = contextlib.ExitStack()
         try:
             if method.needs_cuda and device.type != "cuda":
                 raise Unavailable("needs a CUDA GPU")
             method.check(point, device)
             if backward and not method.has_backward:
                 raise Unsupported(f"{m} has no backward pass")
+            held.enter_context(scopes[m]())
             fn = functools.partial(method.run, q, k, v, point)
             with torch.no_grad():
                 out = fn()
@@ -225,6 +229,8 @@ def run_point(point: Point, methods: list[str], cfg: BenchConfig, device, flush)
             row.update(status=status, reason=msg)
             if status == "oom":
                 torch.cuda.empty_cache()
+        finally:
+            held.close()
     samples: dict[str, list[float]] = {m: [] for m in callables}
     per_round = max(1, t.reps // t.rounds)
     for r in range(t.rounds):
@@ -234,18 +240,19 @@ def run_point(point: Point, methods: list[str], cfg: BenchConfig, device, flush)
                 continue
             try:
                 warm = t.warmup if r == 0 else min(2, t.warmup)
-                if device.type == "cuda":
-                    samples[m] += time_cuda(callables[m], warmup=warm, reps=per_round,
-                                            flush=flush)
-                else:
-                    samples[m] += time_cpu(callables[m], warmup=warm, reps=per_round)
+                with scopes[m]():
+                    if device.type == "cuda":
+                        samples[m] += time_cuda(callables[m], warmup=warm, reps=per_round,
+                                                flush=flush)
+                    else:
+                        samples[m] += time_cpu(callables[m], warmup=warm, reps=per_round)
             except Exception as exc:
                 status, msg = _classify(exc)
                 rows[m].update(status=status, reason=msg)
                 del callables[m]
     calls = _call_count([summarize(samples[m]).median_ms for m in callables])
     call_samples = _time_call_latency({m: eager[m] for m in callables}, calls, t.rounds,
-                                      device, rows, callables)
+                                      device, rows, callables, scopes)
     flops = attention_flops(point.batch, point.heads, point.seq_q, point.seq_kv,
                             point.head_dim, point.causal, point.pass_)
     nbytes = _bytes_moved(point)
@@ -266,7 +273,7 @@ def _call_count(kernel_ms: list[float]) -> int:
 
 
 def _time_call_latency(fns: dict, calls: int, rounds: int, device, rows: dict,
-                       callables: dict) -> dict[str, list[float]]:
+                       callables: dict, scopes: dict) -> dict[str, list[float]]:
     """Microseconds per call (``time_calls``), methods interleaved round by round."""
     sync = torch.cuda.synchronize if device.type == "cuda" else None
     out: dict[str, list[float]] = {m: [] for m in fns}
@@ -275,8 +282,9 @@ def _time_call_latency(fns: dict, calls: int, rounds: int, device, rows: dict,
             if m not in callables:
                 continue
             try:
-                out[m] += time_calls(fns[m], calls=calls, rounds=1,
-                                     warmup=3 if r == 0 else 1, sync=sync)
+                with scopes[m]():
+                    out[m] += time_calls(fns[m], calls=calls, rounds=1,
+                                         warmup=3 if r == 0 else 1, sync=sync)
             except Exception as exc:
                 rows[m].update(zip(("status", "reason"), _classify(exc)))
                 del callables[m]

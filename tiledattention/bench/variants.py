@@ -39,6 +39,10 @@ class Parts:
     bias_heads: int | None = None  # the score modification depends on h (SDPA's bias shape)
     sdpa: str | None = None  # how SDPA takes it: "bias" (additive float), "bool"; None: no
     no_sdpa: str = ""  # mask expresses it, and this says why
+    # FlashAttention-4's form: flash_attn.cute.flash_attn_func keyword arguments (native
+    # causal / window_size / softcap), or None and ``no_fa4`` says why.
+    fa4: dict | None = None
+    no_fa4: str = ""
     cache: dict = field(default_factory=dict)  # masks made once per point (not timed)
 
 
@@ -60,12 +64,21 @@ class VariantPoint(Point):
         return f"{self.variant}-{super().key()}"
 
 
+# FA4 drops causal= and visits every tile once a mask_mod is given (only a block-sparse
+# tensor set, which FlexAttention's FLASH backend builds from the block mask, skips tiles):
+# a mask_mod-only FA4 row would time a handicapped FA4, so these variants' FA4 is flex_flash.
+_NO_FA4 = ("FA4 takes this variant only as a CuTe DSL {} with block-sparse tensors (without "
+           "them it visits every tile); FlexAttention's FLASH backend builds both and runs it "
+           "on FA4's kernels: method flex_flash")
+
+
 def _causal(b, h, q, k):
     return q >= k
 
 
 def _build_causal(batch, heads, seq, device):
-    return Parts({"is_causal": True}, {"causal": True}, mask=_causal, sdpa="bool")
+    return Parts({"is_causal": True}, {"causal": True}, mask=_causal, sdpa="bool",
+                 fa4={"causal": True})
 
 
 def _build_window(batch, heads, seq, device):
@@ -76,7 +89,9 @@ def _build_window(batch, heads, seq, device):
     return Parts({"is_causal": True, "block_mask": ta.block_mask(window, None, None, seq, seq,
                                                                  device)},
                  {"causal": True, "keep_ref": window.reference},
-                 mask=lambda b, h, q, k: (q >= k) & (q - k < WINDOW), sdpa="bool")
+                 mask=lambda b, h, q, k: (q >= k) & (q - k < WINDOW), sdpa="bool",
+                 # FA4 keeps keys q - left .. q + right: WINDOW keys including the diagonal
+                 fa4={"causal": True, "window_size": (WINDOW - 1, 0)})
 
 
 def _build_softcap(batch, heads, seq, device):
@@ -88,7 +103,9 @@ def _build_softcap(batch, heads, seq, device):
     return Parts({"is_causal": True, "score_mod": cap},
                  {"causal": True, "score_ref": cap.fn.reference},
                  score=lambda s, b, h, q, k: SOFTCAP * torch.tanh(s / SOFTCAP), mask=_causal,
-                 no_sdpa="SDPA takes no score modification: softcapping is not a mask")
+                 no_sdpa="SDPA takes no score modification: softcapping is not a mask",
+                 # FA4 caps the scaled scores, as the score_mod above (s = q.k * scale)
+                 fa4={"causal": True, "softcap": SOFTCAP})
 
 
 def _build_alibi(batch, heads, seq, device):
@@ -96,10 +113,44 @@ def _build_alibi(batch, heads, seq, device):
 
     slopes = variants.alibi_slopes(heads, device)
     alibi = variants.alibi(slopes)
+    mods = _fa4_alibi_mods()
     return Parts({"is_causal": True, "score_mod": alibi},
                  {"causal": True, "score_ref": alibi.reference},
                  score=lambda s, b, h, q, k: s + slopes[h] * (k - q), mask=_causal,
-                 bias_heads=heads, sdpa="bias")
+                 bias_heads=heads, sdpa="bias",
+                 # FA4: the same bias as a CuTe DSL score_mod, the slopes as its aux tensor
+                 fa4=mods and {"causal": True, "score_mod": mods[0], "score_mod_bwd": mods[1],
+                               "aux_tensors": [slopes]},
+                 no_fa4="" if mods else "the CuTe DSL (cutlass) cannot be imported")
+
+
+@functools.lru_cache(maxsize=1)
+def _fa4_alibi_mods():
+    """ALiBi as FA4's CuTe DSL (score_mod, score_mod_bwd): s + slope[h] * (kv - q) on the
+    scaled scores, the slopes read from aux_tensors[0]; its gradient in s is 1. None where
+    the DSL is not importable (FA4's own check says so first)."""
+    try:
+        import cutlass
+        import cutlass.cute as cute
+    except Exception:
+        return None
+
+    @cute.jit
+    def score_mod(tSrS_ssa, b_idx, h_idx, q_idx, kv_idx, seqlen_info, aux_tensors):
+        slopes = aux_tensors[0]
+        h = cute.make_fragment(1, cutlass.Int32)
+        h.store(h_idx)
+        slope = cute.make_fragment(1, slopes.element_type)
+        slope[0] = slopes[h[0]]
+        dist = (kv_idx - q_idx).to(cutlass.Float32)
+        return tSrS_ssa + slope.load().to(cutlass.Float32) * dist
+
+    @cute.jit
+    def score_mod_bwd(grad_out_ssa, score_ssa, b_idx, h_idx, q_idx, kv_idx, seqlen_info,
+                      aux_tensors):
+        return grad_out_ssa
+
+    return score_mod, score_mod_bwd
 
 
 def _build_documents(batch, heads, seq, device):
@@ -117,7 +168,7 @@ def _build_documents(batch, heads, seq, device):
                                                                  device)},
                  {"causal": True, "keep_ref": doc.reference},
                  mask=lambda b, h, q, k: (q >= k) & (ids_long[b, q] == ids_long[b, k]),
-                 sdpa="bool")
+                 sdpa="bool", no_fa4=_NO_FA4.format("mask_mod"))
 
 
 def _build_prefix_lm(batch, heads, seq, device):
@@ -131,7 +182,8 @@ def _build_prefix_lm(batch, heads, seq, device):
     lens_long = lens.long()
     return Parts({"block_mask": ta.block_mask(prefix, None, None, seq, seq, device)},
                  {"causal": False, "keep_ref": prefix.reference},
-                 mask=lambda b, h, q, k: (k <= q) | (k < lens_long[b]), sdpa="bool")
+                 mask=lambda b, h, q, k: (k <= q) | (k < lens_long[b]), sdpa="bool",
+                 no_fa4=_NO_FA4.format("mask_mod"))
 
 
 # Registry order is the order of the table's rows and the figure's lines. (Attention sinks

@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# FlashAttention-4 and NVIDIA's CuTe DSL (the study's fa4, sdpa_fa4 and flex_flash baselines)
+# for a GPU machine without a package index, in loads small enough for one device call each
+# (it carries at most 64 MiB, the working tree included; the cuTile toolchain alone is ~60 MB,
+# so the loads travel in calls of their own, before the study's):
+#
+#   bash scripts/pack-baseline-wheels.sh [DEST] [PYTHON_VERSION]     # default: .fa4kit 3.12
+#
+# The wheels are the baselines extra's pins (pyproject.toml) for CPython PYTHON_VERSION on
+# manylinux x86_64, less SKIP (default: the CUDA 12 DSL libs, for a machine whose torch is a
+# cu13 build, and einops, cuda-bindings, cuda-pathfinder and protobuf, which the device
+# machine's image has). A wheel over PART bytes (the 92 MB
+# nvidia-cutlass-dsl-libs-cu13) is split into NAME.partNN; wheels and parts are then binned
+# into DEST/load1, DEST/load2, ... of at most LOAD bytes, and every load holds MD5SUMS (each
+# whole wheel) and PARTS (each part), so scripts/device-baselines.sh on the machine knows
+# when it has them all, joins the parts and checks every wheel before installing.
+#
+# Environment: FROM=DIR takes the wheels from DIR (pip --no-index --find-links DIR) instead of
+# the index; PINS replaces the pin list; PART (default 48000000), LOAD (default 56000000).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+dest=${1:-.fa4kit}
+py=${2:-3.12}
+PART=${PART:-48000000}
+LOAD=${LOAD:-56000000}
+SKIP=${SKIP:-nvidia-cutlass-dsl-libs-cu12 einops cuda-bindings cuda-pathfinder protobuf}
+for n in "$PART" "$LOAD"; do
+  case "$n" in ''|*[!0-9]*) echo "pack-baseline-wheels: PART/LOAD must be bytes, got $n" >&2
+                            exit 2 ;; esac
+done
+if [ -z "${PINS:-}" ]; then
+  PINS=$(python3 - "$SKIP" <<'EOF'
+import re, sys, tomllib
+skip = set(sys.argv[1].split())
+deps = tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]
+print(" ".join(p for p in deps["baselines"] if re.split(r"[=\[]", p)[0] not in skip))
+EOF
+)
+fi
+read -ra pins <<< "$PINS"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+src=()
+[ -n "${FROM:-}" ] && src=(--no-index --find-links "$FROM")
+platforms=()
+for p in manylinux_2_28_x86_64 manylinux_2_24_x86_64 manylinux_2_17_x86_64 \
+         manylinux2014_x86_64 any; do
+  platforms+=(--platform "$p")
+done
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$py" \
+  --implementation cp "${platforms[@]}" "${src[@]}" -d "$work/wheels" "${pins[@]}"
+count=$(ls "$work"/wheels/*.whl | wc -l)
+if [ "$count" -ne "${#pins[@]}" ]; then
+  echo "pack-baseline-wheels: $count wheels for ${#pins[@]} pins" >&2
+  exit 1
+fi
+rm -rf "$dest"
+mkdir -p "$dest"
+printf '*\n' > "$dest/.gitignore"  # the kit is carried (device tool), never tracked
+python3 - "$work/wheels" "$dest" "$PART" "$LOAD" <<'EOF'
+import hashlib, os, shutil, sys
+
+wheels, dest, part, load = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+if part > load:
+    sys.exit(f"pack-baseline-wheels: PART {part} exceeds LOAD {load}")
+md5 = lambda path: hashlib.md5(open(path, "rb").read()).hexdigest()
+pieces, sums, parts = [], [], []  # pieces: (size, path, name in the kit)
+for name in sorted(os.listdir(wheels)):
+    path = os.path.join(wheels, name)
+    sums.append(f"{md5(path)}  {name}")
+    size = os.path.getsize(path)
+    if size <= part:
+        pieces.append((size, path, name))
+        continue
+    with open(path, "rb") as f:
+        for i in range(-(-size // part)):
+            piece = os.path.join(wheels, f"{name}.part{i:02d}")
+            with open(piece, "wb") as out:
+                out.write(f.read(part))
+            parts.append(f"{md5(piece)}  {name}.part{i:02d}")
+            pieces.append((os.path.getsize(piece), piece, f"{name}.part{i:02d}"))
+bins = []  # first fit, largest first
+for size, path, name in sorted(pieces, reverse=True):
+    for b in bins:
+        if b[0] + size <= load:
+            b[0] += size
+            b[1].append((path, name))
+            break
+    else:
+        bins.append([size, [(path, name)]])
+for i, (size, items) in enumerate(bins, 1):
+    d = os.path.join(dest, f"load{i}")
+    os.makedirs(d)
+    for path, name in items:
+        shutil.copyfile(path, os.path.join(d, name))
+    for listing, lines in (("MD5SUMS", sums), ("PARTS", parts)):
+        with open(os.path.join(d, listing), "w") as f:
+            f.write("".join(line + "\n" for line in lines))
+    print(f"{d}: {len(items)} file(s), {size} bytes")
+print(f"{dest}: {len(sums)} wheels ({len(parts)} parts) in {len(bins)} load(s); carry each "
+      f"in its own device call, then run scripts/device-baselines.sh")
+EOF
