@@ -41,6 +41,9 @@ class Method:
     headline: str | None = None  # its row label in the headline table; None: not there
     headline_by_head_dim: bool = False  # also one headline row per head dim
     display: str = ""  # its name in table and figure labels (default: ``name``)
+    # A fused attention kernel: it competes for "the fastest fused baseline" at each point
+    # (study/ratios.py). Unfused paths (math, eager) say fused=False; the subject never counts.
+    fused: bool = True
 
     @property
     def label(self) -> str:
@@ -262,9 +265,9 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("flash_attn", "the flash_attn package (FlashAttention-2)", True, _flash_attn_run,
            _flash_attn_check, color="C5"),
     Method("math", "torch SDPA forced to MATH", False, _torch_run("math"), color="C6",
-           headline="math SDPA"),
+           headline="math SDPA", fused=False),
     Method("eager", "explicit matmul + fp32 softmax + matmul", False, eager_attention,
-           _eager_check, color="C7", headline="eager attention"),
+           _eager_check, color="C7", headline="eager attention", fused=False),
     # The variants stage's baselines (their points only).
     Method("flex", "torch.compile'd FlexAttention with the variant's score_mod and block "
            "mask", True, _flex_run, _flex_check, color="C8", display="FlexAttention"),
