@@ -165,9 +165,9 @@ def bench_sentence(rows: list[dict], gpu: str) -> str:
         return (f"Measured on {gpu}. {SUBJECT} and a fused baseline were never both ok at one "
                 "point, so no throughput ratio is reported.")
     k, c = best.kernel, best.call
-    text = (f"Measured on {gpu}: against the fastest fused baseline at each point (by kernel "
-            f"time: {_fastest(best)}), {SUBJECT} reaches a geometric mean of {k.geomean:.3f}x "
-            f"its throughput over {k.n} points (median {k.median:.3f}x, {_summary(k)}) by "
+    text = (f"Measured on {gpu}: {SUBJECT} reaches a geometric mean of {k.geomean:.3f}x the "
+            f"throughput of the fastest fused baseline at each point (by kernel time "
+            f"{_fastest(best)}) over {k.n} points (median {k.median:.3f}x, {_summary(k)}) by "
             "kernel time (host work hidden)")
     text += ("; call latency was not measured in these rows." if not c.n else
              f"; by call latency (wall time per back-to-back call, host work included) the "
