@@ -7,7 +7,9 @@ runner-up schedule per tuned bucket with the sensitivity; Table 6: a schedule la
 reduced grid; the rows whose status is not ``ok``, listed with their reasons; and the
 shapes grid's geometry and unaligned-shape cost (``study/shapes.py``); the tiny Llama's
 tokens/s per attention implementation (``model_e2e``); the variants against FlexAttention
-(``variants``, ``study/variants.py``).
+(``variants``, ``study/variants.py``). Each ratio table puts TiledAttention against the
+fastest fused baseline at each point (``ratios.BEST``, named) next to every baseline; the
+headline is ``study/headline.py``'s.
 """
 
 from __future__ import annotations
@@ -35,8 +37,6 @@ from .ratios import (
     with_best,
 )
 from .table import Table
-
-__all__ = ["baselines"]  # where bundle.py and older callers find it
 
 
 def _compared(rows: list[dict]) -> list[str]:
