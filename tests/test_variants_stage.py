@@ -236,8 +236,8 @@ def test_unavailable_rows_give_an_empty_table_with_the_reason_and_no_ratio(tmp_p
             for m in METHOD_NAMES]
     t = variants_table(rows)
     assert t.rows[0][7:] == ["unavailable", "unavailable", None, None, "none ok", None]
-    assert "no speedup over a fused baseline measured (tiledattention unavailable: no CUDA " \
-        "GPU" in variants_sentence(rows)
+    assert "no speedup over a fused baseline measured (flex unavailable: no CUDA GPU" in \
+        variants_sentence(rows)
     assert variants_figure(rows, str(tmp_path))  # written, with the reason in place
     from tiledattention.study.variants import variants_summary
 

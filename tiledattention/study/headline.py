@@ -220,10 +220,10 @@ def variants_sentence(variant_rows: list[dict]) -> str:
     names = ", ".join(sorted({r["variant"] for r in variant_rows}, key=variant_order))
     all_lines = [ln for ln in lines([], variant_rows)]
     best = [ln for ln in all_lines if ln.baseline == BEST]
-    if not best:  # why: ours' reason first, then the baselines'
+    if not best:  # why: the ratio's two sides' reasons first (ours, the fused baselines')
         reasons = not_ok_reasons(variant_rows)
-        why = [w for w in reasons if w.startswith(SUBJECT + " ")] + \
-            [w for w in reasons if not w.startswith(SUBJECT + " ")]
+        sides = tuple(f"{m} " for m in [SUBJECT, *fused_baselines(methods_in(variant_rows))])
+        why = [w for w in reasons if w.startswith(sides)] or reasons
         return (f" Variants ({names}): no speedup over a fused baseline measured"
                 + (f" ({why[0]})." if why else "."))
     parts = [f"{ln.pass_} {ln.kernel.geomean:.3f}x ({_summary(ln.kernel)}) against "
