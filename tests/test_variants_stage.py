@@ -304,3 +304,26 @@ def test_geomean_is_the_geometric_mean():
     from tiledattention.study.variants import geomean
 
     assert math.isclose(geomean([1.0, 4.0]), 2.0) and geomean([]) is None
+
+
+def test_a_new_fused_variants_baseline_gets_its_column_and_competes(monkeypatch):
+    """A registry entry the variants stage runs (here a stand-in for FlexAttention's FLASH
+    backend) gets its own × column, and where it is the fastest the table, the summary and
+    the headline say so."""
+    from tiledattention.bench import methods
+    from tiledattention.study.headline import lines
+    from tiledattention.study.variants import variants_summary, variants_table
+
+    monkeypatch.setitem(methods.METHODS, "flex_flash", methods.Method(
+        "flex_flash", "FlexAttention, FLASH backend", True, methods.eager_attention))
+    rows = _synthetic() + [dict(r, method="flex_flash", time_ms={
+        "median_ms": r["time_ms"]["median_ms"] * 0.6}) for r in _synthetic()
+        if r["method"] == "tiledattention"]
+    t = variants_table(rows)
+    assert t.columns[-3:] == ["× flex_flash", "fastest fused", "× fastest"]
+    assert [r[-3:] for r in t.rows] == [[0.6, "flex_flash", 0.6]] * 8
+    assert variants_summary(rows).rows[0][-3:] == [0.6, 0.6, "flex_flash 2"]
+    best = [ln for ln in lines([], rows) if ln.baseline == "fastest fused"]
+    assert [(ln.pass_, ln.fastest) for ln in best] == [("fwd", {"flex_flash": 4}),
+                                                       ("fwd+bwd", {"flex_flash": 4})]
+    assert best[0].kernel.geomean == pytest.approx(0.6)
