@@ -20,6 +20,9 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..bench.grid import pinned_label
+from ..bench.methods import METHODS, SUBJECT
+
 # measure name: (label, time of a row, None when the row lacks it)
 MEASURES: dict[str, tuple[str, Callable[[dict], float | None]]] = {
     "kernel": ("kernel time", lambda r: (r.get("time_ms") or {}).get("median_ms")),
@@ -54,9 +57,6 @@ _POINT_FIELDS = ("point_key", "dtype", "causal", "head_dim", "seq_q", "seq_kv", 
 def baselines(rows: list[dict]) -> list[str]:
     """The methods of ``rows`` compared with the subject: all but the subject, its pinned
     schedules and ``BEST``, in first-seen order."""
-    from ..bench.grid import pinned_label
-    from ..bench.methods import SUBJECT
-
     return [m for m in methods_in(rows) if m not in (SUBJECT, BEST) and pinned_label(m) is None]
 
 
@@ -64,8 +64,6 @@ def fused_baselines(names) -> list[str]:
     """The methods among ``names`` that count as fused baselines, in registry order: the
     registry's ``fused`` methods other than the subject (a pinned schedule, a model stage's
     implementation or any name the registry does not know never counts)."""
-    from ..bench.methods import METHODS, SUBJECT
-
     names = set(names)
     return [m.name for m in METHODS.values() if m.fused and m.name != SUBJECT
             and m.name in names]
