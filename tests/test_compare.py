@@ -175,8 +175,12 @@ def test_re_runs_on_other_machines_of_a_kind_pass_its_reference(tmp_path, run, r
     (rows cut to what compare reads), against the committed reference and its tuples."""
     checks, _ = compare.run(run, reference, tolerance=None, out=str(tmp_path))
     assert not compare.failed(checks), [c for c in compare.failed(checks)][:3]
-    verdicts = [c.verdict for c in checks]
+    verdicts = [c.verdict for c in checks if c.stage == "bench"]
     assert verdicts.count("pass") > 2900 and verdicts.count("not measured") == 0
+    # the re-runs kept the benchmark's rows only: the reference's other stages are reported
+    # not measured, never failed
+    others = {c.stage: c.verdict for c in checks if c.stage != "bench"}
+    assert set(others) == {"variants", "model"} and set(others.values()) == {"not measured"}
 
 
 def test_a_compact_bundle_reads_as_a_study_from_its_directory_and_its_zip(tmp_path):
@@ -184,6 +188,8 @@ def test_a_compact_bundle_reads_as_a_study_from_its_directory_and_its_zip(tmp_pa
 
     rows, gpu = compare.load_study("results/reference/h200")
     assert gpu == "NVIDIA H200" and len(rows) > 800
+    stages = [compare.stage_of(r) for r in rows]
+    assert stages.count("variants") >= 24 and stages.count("model") == 18
     zipped = shutil.make_archive(str(tmp_path / "h200"), "zip", "results/reference", "h200")
     assert compare.load_study(zipped) == (rows, gpu)
 
@@ -195,3 +201,77 @@ def test_compare_never_writes_into_a_bundle_by_default(tmp_path):
     assert compare.default_out(str(study / "bundle")) == str(study / "compare")
     assert compare.default_out(str(study)) == str(study / "compare")
     assert compare.default_out(str(tmp_path / "study" / "bundle.zip")) == str(study / "compare")
+
+
+def _variant_row(method, kernel_ms, call_us, status="ok"):
+    return dict(_row("window-bfloat16-causal-d128-sq4096", method, kernel_ms, call_us, status),
+                variant="window", **{"pass": "fwd"})
+
+
+def _model_row(method, ms, phase="prefill", status="ok"):
+    return {"point_key": f"llama-tiny|b1|p2048|{phase}", "method": method, "status": status,
+            "model": "llama-tiny", "phase": phase, "batch": 1, "time_ms": ms,
+            "times_ms": [ms] * 3, "tokens_per_s": 2048 / ms}
+
+
+def _stages_study(tmp_path, name, bench, variants, model):
+    """A study's results directory: aggregate/rows.jsonl, variants/ and model/rows.jsonl."""
+    root = tmp_path / name
+    for sub, rows in (("aggregate", bench), ("variants", variants), ("model", model)):
+        (root / sub).mkdir(parents=True)
+        (root / sub / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(root)
+
+
+def test_compare_holds_the_variants_and_model_stages_rows_too(tmp_path):
+    bench = [_row("p1", "tiledattention", 1.0, 100.0), _row("p1", "torch_sdpa", 1.0, 100.0)]
+    ref = _stages_study(tmp_path, "ref", bench,
+                        [_variant_row("tiledattention", 0.5, 600.0),
+                         _variant_row("flex", 0.7, 800.0)],
+                        [_model_row("tiledattention", 4.0), _model_row("sdpa", 4.0)])
+    same = _stages_study(tmp_path, "same", bench,
+                         [_variant_row("tiledattention", 0.52, 610.0),
+                          _variant_row("flex", 0.7, 800.0)],
+                         [_model_row("tiledattention", 4.4), _model_row("sdpa", 4.0)])
+    checks, _ = compare.run(same, ref, tolerance=None, out=str(tmp_path / "c1"))
+    by = {(c.stage, c.method, c.measure): c for c in checks}
+    assert by[("variants", "tiledattention", "kernel")].verdict == "pass"
+    assert by[("variants", "tiledattention ÷ flex", "kernel")].verdict == "pass"
+    assert by[("model", "tiledattention", "model")].verdict == "pass"  # +10 %, within 25 %
+    assert by[("model", "tiledattention ÷ sdpa", "model")].new == pytest.approx(4.0 / 4.4)
+    assert not compare.failed(checks)
+    # ours 20 % slower in the variants stage, 40 % in the model: both fail, by stage
+    slow = _stages_study(tmp_path, "slow", bench,
+                         [_variant_row("tiledattention", 0.6, 600.0),
+                          _variant_row("flex", 0.7, 800.0)],
+                         [_model_row("tiledattention", 5.6), _model_row("sdpa", 4.0)])
+    checks, paths = compare.run(slow, ref, tolerance=None, out=str(tmp_path / "c2"))
+    failed = {(c.stage, c.method, c.measure) for c in compare.failed(checks)}
+    assert ("variants", "tiledattention", "kernel") in failed
+    assert ("model", "tiledattention", "model") in failed
+    assert ("model", "tiledattention ÷ sdpa", "model") in failed
+    assert not [c for c in compare.failed(checks) if c.stage == "bench"]
+    md = (tmp_path / "c2" / "compare.md").read_text()
+    # bench: 4 times, 2 ratios and the host-bound calls' geomean (the variants' calls show host)
+    assert "Stages: bench 7 checks, 0 failed; variants 6 checks, 2 failed; model 3 checks, 2 " \
+        "failed." in md
+    assert "| variants: tiledattention | kernel time |" in md
+    assert main(["compare", slow, ref, "--out", str(tmp_path / "c3")]) == 1
+    # a model row that is not ok where the reference had one fails as any row does
+    broken = _stages_study(tmp_path, "broken", bench, [],
+                           [_model_row("tiledattention", 4.0, status="error"),
+                            _model_row("sdpa", 4.0)])
+    checks, _ = compare.run(broken, ref, tolerance=None, out=str(tmp_path / "c4"))
+    assert [(c.stage, c.method, c.verdict) for c in compare.failed(checks)] == [
+        ("model", "tiledattention", "not ok"), ("model", "tiledattention ÷ sdpa", "not ok")]
+    assert {c.verdict for c in checks if c.stage == "variants"} == {"not measured"}
+
+
+def test_the_shipped_references_hold_the_variants_and_model_stages():
+    for system in ("h100", "h200"):
+        entries = compare.load_reference(system)["entries"]
+        stages = {e.get("stage", "bench") for e in entries}
+        assert stages == {"bench", "variants", "model"}
+        model = [e for e in entries if e.get("stage") == "model"]
+        assert len(model) == 18 and all(set(e) == {"point", "method", "stage", "model"}
+                                         for e in model)

@@ -140,3 +140,20 @@ def test_figures_cli_passes_on_why_the_tuning_table_is_empty(drawn, tmp_path):
                  "--tune-table", str(table)]) == 0
     tune_ax = drawn["tile_sensitivity"].axes[1]
     assert "no data (no GPU)" in texts(tune_ax) and "node7" in texts(tune_ax)
+
+
+def test_the_ratio_figures_take_the_fastest_fused_baseline_and_name_it(drawn, tmp_path):
+    """At D=128 flash is faster than cuDNN: the regime map's cells and ratios vs S compare
+    with it there (and with cuDNN at D=64); math (unfused) never counts."""
+    rows = GPU + [row("flash", 128, s, 0.5 * s / 512) for s in (64, 200, 512)]
+    figures.regime_map(rows, str(tmp_path))
+    fig = drawn["regime_map"]
+    assert "fastest fused baseline" in fig._suptitle.get_text()
+    cells = [t.get_text() for t in fig.axes[0].texts]
+    assert "50\nflash" in cells  # 0.5 ms ÷ 1.0 ms at D=128
+    assert "90\ntorch_sdpa=cudnn" in cells  # a tie at D=64 names both
+    figures.ratios_vs_seq(rows, str(tmp_path))
+    fig = drawn["ratios_vs_seq"]
+    assert "the fastest fused baseline" in fig._suptitle.get_text()
+    d128 = next(ln for ln in fig.axes[0].lines if ln.get_label() == "D=128 kernel time")
+    assert list(d128.get_ydata()) == pytest.approx([0.5] * 3)

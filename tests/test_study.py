@@ -91,18 +91,23 @@ def test_call_latency_ratios_use_call_us_and_skip_rows_without_it():
 
 def test_table4_lists_every_baseline_by_both_measures_in_all_three_formats(tmp_path):
     t = tables.table4(HAND)
-    assert [r[:2] for r in t.rows] == [["torch_sdpa", "kernel time"],
+    assert [r[:2] for r in t.rows] == [["fastest fused", "kernel time"],
+                                       ["fastest fused", "call latency"],
+                                       ["torch_sdpa", "kernel time"],
                                        ["torch_sdpa", "call latency"],
                                        ["eager", "kernel time"], ["eager", "call latency"]]
-    sdpa, sdpa_call = t.rows[0], t.rows[1]
+    sdpa, sdpa_call = t.rows[2], t.rows[3]
     assert sdpa[2] == 3 and sdpa[8] == "2/3" and sdpa[5] == pytest.approx(1.077217345)
     assert sdpa_call[8] == "1/3" and sdpa_call[5] == pytest.approx(0.6786044041)
+    # torch_sdpa is the only fused baseline here (eager is not one): the fastest is it
+    assert t.rows[0][2:-1] == sdpa[2:-1] and t.rows[0][-1] == "torch_sdpa 3"
+    assert t.rows[4][-1] is None
     paths = t.write(str(tmp_path))
     md, csv_text, tex = (Path(p).read_text() for p in paths)
-    assert ("| torch_sdpa | kernel time | 3 | 1.250 | 1.250 | 1.077 | 0.500 | 2.000 | 2/3 | 1 |"
+    assert ("| torch_sdpa | kernel time | 3 | 1.250 | 1.250 | 1.077 | 0.500 | 2.000 | 2/3 | 1 | — |"
             in md)
-    assert "| torch_sdpa | call latency | 3 | 0.750 | 0.500 | 0.679 | 0.500 | 1.250 | 1/3 | 1 |" \
-        in md
+    assert ("| torch_sdpa | call latency | 3 | 0.750 | 0.500 | 0.679 | 0.500 | 1.250 | 1/3 | 1 "
+            "| — |" in md)
     assert "torch_sdpa,kernel time,3," in csv_text and "\\begin{tabular}" in tex
     assert "torch\\_sdpa" in tex
 
@@ -112,7 +117,10 @@ def test_headline_has_overall_and_per_head_dim_means():
     by = {r[0]: r for r in t.rows}
     overall = by["torch_sdpa (fused SDPA), all points"]
     assert overall[2] == pytest.approx((2 + 0.5 + 1.25) / 3)
-    assert overall[6:] == [pytest.approx(0.6786044041), 0.5, "1/3"]  # call latency
+    assert overall[6:] == [pytest.approx(0.6786044041), 0.5, "1/3", None]  # call latency
+    # torch_sdpa is the only fused baseline: the fastest at every point, named so
+    assert by["fastest fused baseline, all points"][1:] == overall[1:-1] + ["torch_sdpa 3"]
+    assert by["fastest fused, D=64"][-1] == "torch_sdpa 2"
     assert by["torch_sdpa, D=64"][1:4] == [2, pytest.approx(1.25), pytest.approx(1.0)]
     assert by["torch_sdpa, D=64"][6] == pytest.approx(0.5)
     assert by["torch_sdpa, D=128"][1] == 1
@@ -121,9 +129,10 @@ def test_headline_has_overall_and_per_head_dim_means():
 
 def test_per_head_dim_and_regime_cells_show_both_ratios():
     t = tables.by_head_dim(HAND)
-    assert t.rows[0] == [64, "1.000 / 0.500 (2)", "—"]
-    assert t.rows[1] == [128, "1.250 / 1.250 (1)", "—"]
-    regime = {tuple(r[:2]): r[2] for r in tables.by_regime(HAND).rows}
+    assert t.columns == ["D", "fastest fused", "torch_sdpa", "eager"]
+    assert t.rows[0] == [64, "1.000 / 0.500 (2)", "1.000 / 0.500 (2)", "—"]
+    assert t.rows[1] == [128, "1.250 / 1.250 (1)", "1.250 / 1.250 (1)", "—"]
+    regime = {tuple(r[:2]): r[3] for r in tables.by_regime(HAND).rows}
     assert regime[("full", 512)] == f"{math.sqrt(2 * 1.25):.3f} / {math.sqrt(0.5 * 1.25):.3f} (2)"
 
 

@@ -176,53 +176,77 @@ def _synthetic():
 
 
 def test_table_headline_and_figure_from_synthetic_rows(tmp_path):
-    from tiledattention.study.variants import headline, variants_figure, variants_table
+    from tiledattention.study.headline import lines, variants_sentence
+    from tiledattention.study.variants import variants_figure, variants_table
 
     t = variants_table(_synthetic())
-    assert t.columns[-4:] == ["ours ms", "flex ms", "× flex", "× sdpa+mask"]
+    assert t.columns[7:] == ["ours ms", "flex ms", "× flex", "× sdpa+mask", "fastest fused",
+                             "× fastest"]
     assert len(t.rows) == 8 and t.rows[0][:7] == ["window", "bfloat16", 128, 1024, 16, 16,
                                                   "fwd"]
-    assert [r[-2:] for r in t.rows] == [[2.0, 4.0]] * 8
+    assert [r[-4:] for r in t.rows] == [[2.0, 4.0, "flex", 2.0]] * 8
     assert "eager unsupported: eager needs ~70.0 GiB" in t.notes
-    line = headline(_synthetic())
-    assert "fwd 2.000x (min 2.000x, faster at 4/4 points)" in line
+    line = variants_sentence(_synthetic())
+    assert "fwd 2.000x (min 2.000x, faster at 4/4 points) against flex at 4" in line
     assert "fwd+bwd 2.000x" in line and "Variants (window, alibi)" in line
-    from tiledattention.study.variants import headline_rows
-
-    assert [r[:6] for r in headline_rows(_synthetic())] == [
-        ["FlexAttention (variants), fwd", 4, 2.0, 2.0, 2.0, "4/4"],
-        ["FlexAttention (variants), fwd+bwd", 4, 2.0, 2.0, 2.0, "4/4"],
-        ["SDPA + mask (variants), fwd", 4, 4.0, 4.0, 4.0, "4/4"],
-        ["SDPA + mask (variants), fwd+bwd", 4, 4.0, 4.0, 4.0, "4/4"]]
+    # the backend of each baseline by its registry name and description
+    assert "FlexAttention (`flex`: torch.compile'd FlexAttention" in line
+    assert "SDPA + mask (`sdpa_mask`: " in line and "fwd 4.000x" in line
+    assert [ln.cells()[:6] + ln.cells()[-1:] for ln in lines([], _synthetic())] == [
+        ["fastest fused (variants), fwd", 4, 2.0, 2.0, 2.0, "4/4", "flex 4"],
+        ["fastest fused (variants), fwd+bwd", 4, 2.0, 2.0, 2.0, "4/4", "flex 4"],
+        ["FlexAttention (variants), fwd", 4, 2.0, 2.0, 2.0, "4/4", None],
+        ["FlexAttention (variants), fwd+bwd", 4, 2.0, 2.0, 2.0, "4/4", None],
+        ["SDPA + mask (variants), fwd", 4, 4.0, 4.0, 4.0, "4/4", None],
+        ["SDPA + mask (variants), fwd+bwd", 4, 4.0, 4.0, 4.0, "4/4", None]]
     from tiledattention.study.variants import variants_summary
 
     summary = variants_summary(_synthetic())
-    assert summary.rows[0] == ["window", "fwd", "2/2", 2.0, 2.0, "≥ 1.5x, min ≥ 1x", 4.0, "yes"]
+    assert summary.rows[0] == ["window", "fwd", "2/2", 2.0, 2.0, "≥ 1.5x, min ≥ 1x", 4.0, "yes",
+                               2.0, 2.0, "flex 2"]
     slow = [{**r, "time_ms": {"median_ms": r["time_ms"]["median_ms"] * 1.5}}
             if r["method"] == "tiledattention" else r for r in _synthetic()]
-    assert [r[-1] for r in variants_summary(slow).rows] == ["no", "yes"] * 2
+    assert [r[7] for r in variants_summary(slow).rows] == ["no", "yes"] * 2
     paths = variants_figure(_synthetic(), str(tmp_path))
     assert sorted(Path(p).name for p in paths) == ["variants.pdf", "variants.png"]
     assert all(Path(p).stat().st_size > 1000 for p in paths)
 
 
+def test_the_fastest_fused_baseline_is_taken_at_each_point_and_named():
+    """A faster fused baseline at one point (here SDPA + mask at S=4096, fwd) is the one
+    compared with there; the other points keep FlexAttention."""
+    from tiledattention.study.headline import variants_sentence
+    from tiledattention.study.variants import ratio_rows
+
+    rows = [dict(r, time_ms={"median_ms": 0.5}) if (r["method"], r["seq_q"], r["pass"]) ==
+            ("sdpa_mask", 4096, "fwd") and r["variant"] == "window" else r
+            for r in _synthetic()]
+    recs = {(r["variant"], r["seq"], r["pass"]): r for r in ratio_rows(rows)}
+    assert recs[("window", 4096, "fwd")]["best"] == "sdpa_mask"
+    assert recs[("window", 4096, "fwd")]["x_best"] == 0.5
+    assert recs[("window", 1024, "fwd")]["best"] == "flex"
+    assert "against flex at 3, sdpa_mask at 1" in variants_sentence(rows)
+
+
 def test_unavailable_rows_give_an_empty_table_with_the_reason_and_no_ratio(tmp_path):
-    from tiledattention.study.variants import headline, variants_figure, variants_table
+    from tiledattention.study.headline import variants_sentence
+    from tiledattention.study.variants import variants_figure, variants_table
 
     rows = [_row("window", 1024, "fwd", m, status="unavailable", reason="no CUDA GPU visible")
             for m in METHOD_NAMES]
     t = variants_table(rows)
-    assert t.rows[0][7:] == ["unavailable", "unavailable", None, None]
-    assert "no speedup over FlexAttention measured (flex unavailable: no CUDA GPU" in \
-        headline(rows)
+    assert t.rows[0][7:] == ["unavailable", "unavailable", None, None, "none ok", None]
+    assert "no speedup over a fused baseline measured (flex unavailable: no CUDA GPU" in \
+        variants_sentence(rows)
     assert variants_figure(rows, str(tmp_path))  # written, with the reason in place
     from tiledattention.study.variants import variants_summary
 
     assert variants_summary(rows).rows == [["window", "fwd", "0/1", None, None,
-                                            "≥ 1.5x, min ≥ 1x", None, "not measured"]]
+                                            "≥ 1.5x, min ≥ 1x", None, "not measured", None,
+                                            None, "—"]]
     assert variants_table([]).notes == [
         "no variants stage in this study (config variants.enabled: false)."]
-    assert headline([]) == ""
+    assert variants_sentence([]) == ""
 
 
 SNAKEMAKE = shutil.which("snakemake") or str(Path(sys.executable).with_name("snakemake"))
@@ -280,3 +304,26 @@ def test_geomean_is_the_geometric_mean():
     from tiledattention.study.variants import geomean
 
     assert math.isclose(geomean([1.0, 4.0]), 2.0) and geomean([]) is None
+
+
+def test_a_new_fused_variants_baseline_gets_its_column_and_competes(monkeypatch):
+    """A registry entry the variants stage runs (here a stand-in for FlexAttention's FLASH
+    backend) gets its own × column, and where it is the fastest the table, the summary and
+    the headline say so."""
+    from tiledattention.bench import methods
+    from tiledattention.study.headline import lines
+    from tiledattention.study.variants import variants_summary, variants_table
+
+    monkeypatch.setitem(methods.METHODS, "flex_flash", methods.Method(
+        "flex_flash", "FlexAttention, FLASH backend", True, methods.eager_attention))
+    rows = _synthetic() + [dict(r, method="flex_flash", time_ms={
+        "median_ms": r["time_ms"]["median_ms"] * 0.6}) for r in _synthetic()
+        if r["method"] == "tiledattention"]
+    t = variants_table(rows)
+    assert t.columns[-3:] == ["× flex_flash", "fastest fused", "× fastest"]
+    assert [r[-3:] for r in t.rows] == [[0.6, "flex_flash", 0.6]] * 8
+    assert variants_summary(rows).rows[0][-3:] == [0.6, 0.6, "flex_flash 2"]
+    best = [ln for ln in lines([], rows) if ln.baseline == "fastest fused"]
+    assert [(ln.pass_, ln.fastest) for ln in best] == [("fwd", {"flex_flash": 4}),
+                                                       ("fwd+bwd", {"flex_flash": 4})]
+    assert best[0].kernel.geomean == pytest.approx(0.6)

@@ -46,6 +46,9 @@ class Method:
     # process-wide switches a method needs set while it runs and restored for the others.
     scope: Callable = contextlib.nullcontext
     variants: bool = False  # it runs the variants stage's points (bench/variants.py)
+    # A fused attention kernel: it competes for "the fastest fused baseline" at each point
+    # (study/ratios.py). Unfused paths (math, eager) say fused=False; the subject never counts.
+    fused: bool = True
 
     @property
     def label(self) -> str:
@@ -424,7 +427,7 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            True, _sdpa_fa4_run, _sdpa_fa4_check, color="sienna", display="SDPA (FA4)",
            scope=fa4_sdpa_impl),
     Method("math", "torch SDPA forced to MATH", False, _torch_run("math"), color="C6",
-           headline="math SDPA"),
+           headline="math SDPA", fused=False),
     # The variants stage's baselines (their points only).
     Method("flex", "torch.compile'd FlexAttention with the variant's score_mod and block "
            "mask", True, _flex_runner(None), _flex_check, color="C8", display="FlexAttention",
@@ -438,7 +441,7 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            display="SDPA + mask", variants=True),
     # Last: the variants stage's baselines list it last too.
     Method("eager", "explicit matmul + fp32 softmax + matmul", False, eager_attention,
-           _eager_check, color="C7", headline="eager attention", variants=True),
+           _eager_check, color="C7", headline="eager attention", variants=True, fused=False),
 )}
 
 

@@ -184,55 +184,10 @@ def _snapshot(repo_root: str, dest_zip: str, config: str | None = None) -> tuple
 
 
 def headline(rows: list[dict], manifest: dict) -> str:
-    from ..bench.methods import FUSED, SUBJECT
-    from .ratios import compare, pass_of
+    """The README's headline on the benchmark rows (``study/headline.py`` computes it)."""
+    from .headline import bench_sentence
 
-    gpu = (manifest.get("gpu") or {}).get("name") or "a CPU (no GPU)"
-    train = [r for r in rows if pass_of(r) == "fwd+bwd"]
-    rows = [r for r in rows if pass_of(r) == "fwd"]
-    s = compare(rows, SUBJECT, FUSED)
-    if not s.n:
-        return (f"Measured on {gpu}. {SUBJECT} and {FUSED} were never both ok at one point, "
-                "so no throughput ratio is reported.")
-    text = (f"Measured on {gpu}: {SUBJECT} reaches a geometric mean of {s.geomean:.3f}x the "
-            f"throughput of PyTorch SDPA ({FUSED}, automatic dispatch) over {s.n} points "
-            f"(median {s.median:.3f}x, min {s.min:.3f}x, faster at {s.wins}/{s.n}) by kernel "
-            "time (host work hidden)")
-    c = compare(rows, SUBJECT, FUSED, measure="call")
-    if not c.n:
-        text += "; call latency was not measured in these rows."
-    else:
-        text += (f"; by call latency (wall time per back-to-back call, host work included) "
-                 f"the geometric mean is {c.geomean:.3f}x over {c.n} points (min "
-                 f"{c.min:.3f}x, faster at {c.wins}/{c.n}).")
-    return text + _training_headline(train)
-
-
-def _training_headline(rows: list[dict]) -> str:
-    """Forward+backward against every baseline measured with a backward, if any: kernel
-    time and call latency, and against automatic dispatch per dtype."""
-    from ..bench.methods import FUSED, SUBJECT
-    from .ratios import compare
-    from .tables import baselines
-
-    parts = []
-    for b in baselines(rows):
-        s = compare(rows, SUBJECT, b)
-        if s.n:
-            c = compare(rows, SUBJECT, b, measure="call")
-            call = f", call latency {c.geomean:.3f}x" if c.n else ""
-            parts.append(f"{s.geomean:.3f}x {b} (min {s.min:.3f}x, {s.n} points{call})")
-    if not parts:
-        return ""
-    per_dtype = []
-    for dtype in sorted({r.get("dtype") for r in rows if r.get("dtype")}):
-        s = compare(rows, SUBJECT, FUSED, lambda p, d=dtype: p.get("dtype") == d)
-        if s.n:
-            per_dtype.append(f"{dtype} {s.geomean:.3f}x")
-    by_dtype = (f" Against {FUSED} per dtype: " + ", ".join(per_dtype) + ".") if len(
-        per_dtype) > 1 else ""
-    return (" Forward+backward (a training step's attention), geometric mean by kernel time: "
-            + "; ".join(parts) + "." + by_dtype)
+    return bench_sentence(rows, (manifest.get("gpu") or {}).get("name") or "a CPU (no GPU)")
 
 
 def _readme(pub: Publication, rows: list[dict], manifest: dict, table4: str,
@@ -278,7 +233,8 @@ def _readme(pub: Publication, rows: list[dict], manifest: dict, table4: str,
             "`data/columns.md`: the column dictionary (also below); `data/model-rows.jsonl`: "
             "the tiny Llama's tokens/s rows, when the study ran the model stage; "
             "`data/variants-rows.jsonl`: the variants stage's rows, when it ran"]),
-        "- `tables/`: Table 4 (ratios against each baseline), per-D and per-regime ratios, "
+        "- `tables/`: Table 4 (ratios against the fastest fused baseline at each point and "
+        "against each baseline), per-D, per-regime and per-point ratios, "
         "Table 5 (schedules), Table 6 (schedule ladder), throughput, status, model_e2e (tiny "
         "Llama tokens/s per attention implementation), variants and variants_summary (against "
         "FlexAttention and SDPA + mask, and the targets) — "
@@ -745,9 +701,9 @@ def _build(out_dir: str, study_dir: str, rows: list[dict], manifest: dict, *, co
     if os.path.lexists(t4):
         table4 = "\n" + read_bytes(_source(t4, study_dir), cap=JSON_MAX).decode("utf-8",
                                                                                "replace")
-    from .variants import headline as variants_headline
+    from .headline import variants_sentence
 
-    variants_line = variants_headline(_variant_rows(study_dir))
+    variants_line = variants_sentence(_variant_rows(study_dir))
     readme = _readme(publication, rows, manifest, table4, f"config/{config_name}", snap,
                      variants_line, data_files if compact else None)
     missing = not_run(study_dir, rows)

@@ -11,6 +11,10 @@ so are two departures the subject did not cause: a call latency where host time 
 call, in either study, longer than its kernel time by more than HOST_EXPOSED: it then measures
 the host's CPU, which differs from machine to machine of one kind), and a speed ratio that
 moved only because the baseline's own time left its bounds while TiledAttention's stayed.
+
+Every GPU stage with rows is held: the benchmark's rows, the variants stage's (the same row
+format: kernel time and call latency) and the model stage's (tokens/s of a tiny Llama: one
+time per row, the ``model`` measure). A stage the new study did not run is not measured.
 """
 
 from __future__ import annotations
@@ -27,13 +31,28 @@ from dataclasses import dataclass, replace
 from importlib import resources
 
 from ..errors import StudyError
-from .ratios import MEASURES
+from .ratios import MEASURES as ROW_MEASURES
 
 FORMAT = "tiledattention-reference/1"
+# What compare holds: a benchmark or variants row's kernel time and call latency, and a
+# model-stage row's one time per (batch, phase) (prefill, train: CUDA events; decode: the
+# step loop, host included), in ms.
+MEASURES = {**ROW_MEASURES, "model": (
+    "model time", lambda r: r.get("model_ms") if isinstance(r.get("model_ms"), (int, float))
+    else None)}
 # Default tolerances, as fractions: the README's "Comparing against a reference" says why.
 # Kernel time on one H100, run to run: p95 2-3 %, max 4 % (benchmarks/results, bench80 runs);
-# call latency adds the host (CPU, Python, driver): p95 4-7 %, max 17 %.
-TOLERANCE = {"kernel": 0.10, "call": 0.25}
+# call latency adds the host (CPU, Python, driver): p95 4-7 %, max 17 %. The model stage's
+# times are medians of 3 reps, host in every phase: as wide as call latency until a repeat
+# on one machine measures them (two H100 runs a day and a code change apart moved -4 % to
+# +61 %, B=1 prefill the most: benchmarks/results/h100-2026-11-23-model-rows.jsonl.gz).
+TOLERANCE = {"kernel": 0.10, "call": 0.25, "model": 0.25}
+# Where each stage's rows lie (besides the benchmark's): a bundle's data/ (plain or
+# compact), a study's results directory.
+STAGE_FILES = {"variants": ("data/variants-rows.jsonl", "data/variants-rows.jsonl.gz",
+                            "variants/rows.jsonl"),
+               "model": ("data/model-rows.jsonl", "data/model-rows.jsonl.gz",
+                         "model/rows.jsonl")}
 # A call at most this much longer than its kernel time hides its host work behind the GPU:
 # across three H100 machines, such calls moved like kernel times (p95 5 %, README); calls
 # that showed host time moved 0.4-2.6x, the host CPU's doing (benchmarks/NOTES.md §27).
@@ -64,6 +83,7 @@ class Check:
     why: str = ""  # where there is no new value: why (the new row's status and reason)
     measured: bool = True  # the new study has a row for this point and method
     excuse: str = ""  # one of EXCUSES: a regression the subject did not cause (compare())
+    stage: str = "bench"  # the GPU stage whose rows it checks: bench, variants, model
 
     @property
     def diff_pct(self) -> float | None:
@@ -97,8 +117,26 @@ def _json_lines(data: bytes, where: str) -> list[dict]:
             raise StudyError(f"{where}: line {n} is not JSON") from None
         if not isinstance(row, dict) or "point_key" not in row or "method" not in row:
             raise StudyError(f"{where}: line {n} is not a benchmark row")
-        rows.append(row)
+        rows.append(_as_compared(row))
     return rows
+
+
+def stage_of(row: dict) -> str:
+    """The stage a row comes from: model (a per-phase time), variants, or bench."""
+    return row.get("stage") or ("model" if "phase" in row else
+                                "variants" if "variant" in row else "bench")
+
+
+def _as_compared(row: dict) -> dict:
+    """A model-stage row with its time as ``model_ms`` (its ``time_ms`` is one number, not
+    a benchmark row's timing dict); other rows as they are."""
+    if stage_of(row) != "model":
+        return row
+    out = {k: v for k, v in row.items() if k not in ("time_ms", "times_ms")}
+    t = row.get("time_ms")
+    if isinstance(t, (int, float)) and not isinstance(t, bool):
+        out["model_ms"] = t
+    return dict(out, stage="model")
 
 
 def _read(path: str) -> bytes:
@@ -124,6 +162,17 @@ def _from_zip(path: str) -> tuple[list[dict], dict]:
         if len(data) > MAX_ROWS_BYTES:
             raise StudyError(f"{path}: {rel} over {MAX_ROWS_BYTES} bytes decompressed")
         rows = _json_lines(data, f"{path}:{rel}")
+        for files in STAGE_FILES.values():
+            for rel in (f for f in files if f.startswith("data/") and f in names):
+                info = z.getinfo(names[rel])
+                if info.file_size > MAX_ROWS_BYTES:
+                    raise StudyError(f"{path}: {rel} over {MAX_ROWS_BYTES} bytes")
+                with z.open(info) as f, (gzip.GzipFile(fileobj=f) if rel.endswith(".gz")
+                                         else contextlib.nullcontext(f)) as g:
+                    data = g.read(MAX_ROWS_BYTES + 1)
+                if len(data) > MAX_ROWS_BYTES:
+                    raise StudyError(f"{path}: {rel} over {MAX_ROWS_BYTES} bytes decompressed")
+                rows += _json_lines(data, f"{path}:{rel}")
         manifest = json.loads(z.read(names["manifest.json"])) if "manifest.json" in names \
             else {}
     return rows, manifest
@@ -148,6 +197,8 @@ def load_study(path: str) -> tuple[list[dict], str]:
                              ("bundle/data/rows.jsonl", "bundle/manifest.json")):
                 if os.path.isfile(os.path.join(path, rel)):
                     rows = _json_lines(_read(os.path.join(path, rel)), os.path.join(path, rel))
+                    rows += _stage_rows(os.path.join(path, rel.split("data/")[0]
+                                                     if "data/" in rel else ""))
                     manifest = _manifest_near(os.path.join(path, man))
                     break
             else:
@@ -166,6 +217,17 @@ def load_study(path: str) -> tuple[list[dict], str]:
         raise StudyError(f"{path}: unreadable ({exc})") from None
     gpu = (manifest.get("gpu") or {}).get("name") or _row_device(rows)
     return rows, gpu
+
+
+def _stage_rows(root: str) -> list[dict]:
+    """The variants and model stages' rows under ``root`` (a bundle or a results
+    directory), the first file found per stage."""
+    rows = []
+    for files in STAGE_FILES.values():
+        rel = next((f for f in files if os.path.isfile(os.path.join(root, f))), None)
+        if rel is not None:
+            rows += _json_lines(_read(os.path.join(root, rel)), os.path.join(root, rel))
+    return rows
 
 
 def _row_device(rows: list[dict]) -> str:
@@ -220,11 +282,13 @@ def build(rows: list[dict], *, system: str, source: dict,
         if r.get("status") != "ok":
             continue
         e = {"point": r["point_key"], "method": r["method"]}
+        if stage_of(r) != "bench":  # the benchmark's entries as before the stages
+            e["stage"] = stage_of(r)
         for m, (_, time_of) in MEASURES.items():
             t = time_of(r)
             if t and t > 0:
                 e[m] = [float(f"{t:.6g}"), -tolerance[m], tolerance[m]]
-        if len(e) > 2:
+        if any(m in e for m in MEASURES):
             entries.append(e)
     entries.sort(key=lambda e: (e["point"], e["method"]))
     return {"format": FORMAT, "system": system, "source": source,
@@ -248,10 +312,11 @@ def compare(rows: list[dict], ref: dict) -> list[Check]:
     speed ratio to each baseline at each point where the reference has both."""
     _check_reference(ref, "reference")
     by_key = {(r["point_key"], r["method"]): r for r in rows}
-    times, rows_of = {}, {}
+    times, rows_of, stages = {}, {}, {}
     checks = []
     for e in ref["entries"]:
         row = by_key.get((e["point"], e["method"]))
+        stage = stages[e["point"]] = e.get("stage", "bench")
         for m, (_, time_of) in MEASURES.items():
             if m not in e:
                 continue
@@ -262,7 +327,7 @@ def compare(rows: list[dict], ref: dict) -> list[Check]:
             why = "" if new is not None else (f"{row['status']}: {row.get('reason', '')}"
                                               if row else "not in the new study")
             checks.append(Check(e["point"], e["method"], "time", m, new, value, lower,
-                                upper, why, row is not None))
+                                upper, why, row is not None, stage=stage))
             rows_of[(e["point"], e["method"])] = row is not None
     for (point, method, m), (new_b, ref_b, lo, up) in sorted(times.items()):
         if method == SUBJECT or (point, SUBJECT, m) not in times:
@@ -273,7 +338,8 @@ def compare(rows: list[dict], ref: dict) -> list[Check]:
         tol_lo, tol_up = min(lo, lo_s), max(up, up_s)
         measured = rows_of[(point, method)] and rows_of[(point, SUBJECT)]
         checks.append(Check(point, f"{SUBJECT} ÷ {method}", "ratio", m, new, ref_b / ref_s,
-                            tol_lo, tol_up, "" if new else "a time is missing", measured))
+                            tol_lo, tol_up, "" if new else "a time is missing", measured,
+                            stage=stages[point]))
     time_checks = {(c.point, c.method, c.measure): c for c in checks if c.quantity == "time"}
     checks = [_excused(c, times, time_checks) for c in checks]
     return checks + _host_geomean(checks, times)
@@ -341,10 +407,11 @@ def _geomean(values: list[float]) -> float | None:
 
 def per_method(checks: list[Check]) -> list[list]:
     """Per method (or ratio) and measure: checks, geometric mean of new ÷ reference,
-    regressions."""
+    regressions (a stage other than the benchmark's prefixes its methods: "variants: flex")."""
     groups: dict[tuple, list[Check]] = {}
     for c in checks:
-        groups.setdefault((c.method, c.measure), []).append(c)
+        label = c.method if c.stage == "bench" else f"{c.stage}: {c.method}"
+        groups.setdefault((label, c.measure), []).append(c)
     out = []
     for (method, measure), cs in sorted(groups.items()):
         rel = [c.new / c.reference for c in cs if c.new is not None]
@@ -360,14 +427,14 @@ def per_method(checks: list[Check]) -> list[list]:
 # --- outputs ----------------------------------------------------------------------------------
 
 COLUMNS = ["point", "method", "quantity", "measure", "new", "reference", "diff %", "lower %",
-           "upper %", "verdict", "why"]
+           "upper %", "verdict", "why", "stage"]
 
 
 def _cells(c: Check) -> list:
     return [c.point, c.method, c.quantity, c.measure,
             None if c.new is None else float(f"{c.new:.6g}"), float(f"{c.reference:.6g}"),
             None if c.diff_pct is None else round(c.diff_pct, 2), round(100 * c.lower, 1),
-            round(100 * c.upper, 1), c.verdict, c.why]
+            round(100 * c.upper, 1), c.verdict, c.why, c.stage]
 
 
 def write(checks: list[Check], out_dir: str, *, new_name: str, ref: dict) -> list[str]:
@@ -398,12 +465,26 @@ def verdict_line(checks: list[Check]) -> str:
             "study)")
 
 
+def stages_line(checks: list[Check]) -> str:
+    """Per stage: its checks here, and how many failed or were not measured."""
+    parts = []
+    order = ("bench", "variants", "model")
+    for stage in sorted({c.stage for c in checks},
+                        key=lambda st: (order.index(st) if st in order else len(order), st)):
+        mine = [c for c in checks if c.stage == stage]
+        s = summary(mine)
+        parts.append(f"{stage} {len(mine) - s['not measured']} checks, "
+                     f"{s['regression'] + s['not ok']} failed"
+                     + (f", {s['not measured']} not measured" if s["not measured"] else ""))
+    return "Stages: " + "; ".join(parts) + "." if parts else "Stages: none."
+
+
 def markdown(checks: list[Check], *, new_name: str, ref: dict) -> str:
     tol = ", ".join(f"{MEASURES[m][0]} ±{100 * v:g} %" for m, v in
                     (ref.get("tolerance") or {}).items() if m in MEASURES)
     src = ref.get("source") or {}
     lines = [f"# {new_name} against the {ref.get('system')} reference", "",
-             verdict_line(checks), "",
+             verdict_line(checks), "", stages_line(checks), "",
              f"Reference: {ref.get('system')} ({src.get('rows') or src.get('study') or '—'}"
              f"{', revision ' + src['git_commit'] if src.get('git_commit') else ''}); "
              f"tolerances: {tol or 'per tuple'}. A time above its upper bound or a speed "
@@ -432,12 +513,12 @@ def markdown(checks: list[Check], *, new_name: str, ref: dict) -> str:
 
 
 def figure(checks: list[Check], out_dir: str) -> list[str]:
-    """Percent difference per point: times (top) and ratios (bottom), kernel time (left)
-    and call latency (right), the tolerance band shaded."""
+    """Percent difference per point: times (top) and ratios (bottom), one panel per measure
+    (kernel time, call latency, the model stage's time), the tolerance band shaded."""
     from .plotting import color, grid, no_data, plt, save
 
     p = plt()
-    fig, axes = grid(p, 4)
+    fig, axes = grid(p, 2 * len(MEASURES))
     points = sorted({c.point for c in checks})
     x = {k: i for i, k in enumerate(points)}
     for ax, (quantity, measure) in zip(axes, [(q, m) for q in ("time", "ratio")

@@ -6,6 +6,11 @@ subject TFLOP/s / baseline TFLOP/s: one FLOP model at a point); ``call`` is ``ca
 the steady-state wall time per call of back-to-back calls, host work included: what a
 caller waits. A point enters a comparison only when both methods are ``ok`` there with
 that measure; the points where either is not are counted, never dropped silently.
+
+``BEST`` is a baseline no single method is: at each point (and pass), for each measure, the
+fastest ok row among the fused baselines (``Method.fused`` in the registry), named in the
+row's ``best_of``. ``with_best(rows)`` adds those rows, so every comparison above takes it
+like any method; where no fused baseline is ok the row says so and no ratio is made.
 """
 
 from __future__ import annotations
@@ -14,6 +19,9 @@ import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from ..bench.grid import pinned_label
+from ..bench.methods import METHODS, SUBJECT
 
 # measure name: (label, time of a row, None when the row lacks it)
 MEASURES: dict[str, tuple[str, Callable[[dict], float | None]]] = {
@@ -37,6 +45,87 @@ class RatioSummary:
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
+
+
+# The pseudo-method of the fastest fused baseline at each point (never a registry name).
+BEST = "fastest fused"
+# The fields that place a row at its point (copied onto the BEST row of that point).
+_POINT_FIELDS = ("point_key", "dtype", "causal", "head_dim", "seq_q", "seq_kv", "batch",
+                 "heads", "gqa", "pass", "variant", "device")
+
+
+def baselines(rows: list[dict]) -> list[str]:
+    """The methods of ``rows`` compared with the subject: all but the subject, its pinned
+    schedules and ``BEST``, in first-seen order."""
+    return [m for m in methods_in(rows) if m not in (SUBJECT, BEST) and pinned_label(m) is None]
+
+
+def fused_baselines(names) -> list[str]:
+    """The methods among ``names`` that count as fused baselines, in registry order: the
+    registry's ``fused`` methods other than the subject (a pinned schedule, a model stage's
+    implementation or any name the registry does not know never counts)."""
+    names = set(names)
+    return [m.name for m in METHODS.values() if m.fused and m.name != SUBJECT
+            and m.name in names]
+
+
+def best_rows(rows: list[dict]) -> list[dict]:
+    """One ``BEST`` row per point (and pass) where a fused baseline has a row: per measure,
+    the fastest of their ok times, ``best_of[measure]`` naming it (tied ones joined with
+    "="); status ``none`` with the reasons where none of them is ok with either measure."""
+    fused = fused_baselines(methods_in(rows))
+    order = {m: i for i, m in enumerate(fused)}
+    by_point: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if r["method"] in order:
+            by_point.setdefault((r["point_key"], pass_of(r)), []).append(r)
+    out = []
+    for cands in by_point.values():
+        cands = sorted(cands, key=lambda r: order[r["method"]])
+        row = {k: cands[0][k] for k in _POINT_FIELDS if k in cands[0]}
+        row.update(method=BEST, best_of={})
+        for measure in MEASURES:
+            timed = [(t, r["method"]) for r in cands if (t := time_of(r, measure))]
+            if timed:
+                fastest = min(t for t, _ in timed)
+                row["best_of"][measure] = "=".join(m for t, m in timed if t == fastest)
+                if measure == "kernel":
+                    row["time_ms"] = {"median_ms": fastest}
+                else:
+                    row["call_us"] = fastest
+        if row["best_of"]:
+            row["status"] = "ok"
+        else:
+            row["status"] = "none"
+            row["reason"] = "no fused baseline ok here (" + ", ".join(
+                f"{r['method']} {r.get('status')}" for r in cands) + ")"
+        out.append(row)
+    return out
+
+
+def with_best(rows: list[dict]) -> list[dict]:
+    """``rows`` and their ``BEST`` rows (none added twice)."""
+    rows = [r for r in rows if r["method"] != BEST]
+    return rows + best_rows(rows)
+
+
+def fastest_counts(rows: list[dict], subject: str, where: Callable[[dict], bool] = lambda p: True,
+                   measure: str = "kernel") -> dict[str, int]:
+    """Over the points where ``subject`` is compared with ``BEST`` (``rows`` with their BEST
+    rows): how often each fused baseline was the fastest, most often first."""
+    rows = with_best(rows)
+    values, _ = ratios(rows, subject, BEST, where, measure)
+    best = {r["point_key"]: r for r in rows if r["method"] == BEST}
+    counts: dict[str, int] = {}
+    for key in values:
+        name = best[key]["best_of"][measure]
+        counts[name] = counts.get(name, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def counts_text(counts: dict[str, int]) -> str:
+    """"cudnn 80, flash 20" (— where no point was compared)."""
+    return ", ".join(f"{k} {v}" for k, v in counts.items()) or "—"
 
 
 def pass_of(row: dict) -> str:
@@ -71,7 +160,7 @@ def points_of(rows: list[dict]) -> dict[str, dict]:
     return out
 
 
-def _time(row: dict | None, measure: str) -> float | None:
+def time_of(row: dict | None, measure: str) -> float | None:
     if not row or row.get("status") != "ok":
         return None
     t = MEASURES[measure][1](row)
@@ -90,7 +179,7 @@ def ratios(rows: list[dict], subject: str, baseline: str,
         s, b = idx.get((key, subject)), idx.get((key, baseline))
         if s is None and b is None:
             continue  # neither method was part of this point's run
-        ts, tb = _time(s, measure), _time(b, measure)
+        ts, tb = time_of(s, measure), time_of(b, measure)
         if ts and tb:
             out[key] = tb / ts
         else:

@@ -1,15 +1,18 @@
 """The variants stage in the study: its table (per variant, dtype, D, S and pass: our time,
-FlexAttention's, the speedups over FlexAttention and over SDPA with a materialised mask),
-its figure (speedup over FlexAttention vs S per variant, one panel per pass) and the
-bundle's headline sentence (geometric-mean speedup over FlexAttention per pass), from the
-stage's rows (``bench/variants_run.py``). Speedup = their kernel time ÷ ours (> 1: faster).
+FlexAttention's, the speedups over FlexAttention, over SDPA with a materialised mask, over
+each other fused baseline measured, and over the fastest fused baseline at the point, named),
+its summary against issue 23's targets, and its figure (speedup over the fastest fused
+baseline vs S per variant, one panel per pass), from the stage's rows
+(``bench/variants_run.py``). The headline's variants lines are ``study/headline.py``'s.
+Speedup = their kernel time ÷ ours (> 1: faster).
 """
 
 from __future__ import annotations
 
 import math
 
-from ..bench.methods import SUBJECT
+from ..bench.methods import METHODS, SUBJECT
+from .ratios import BEST, fused_baselines, methods_in, with_best
 from .table import Table
 
 FLEX, SDPA_MASK = "flex", "sdpa_mask"
@@ -27,29 +30,43 @@ def _ms(row: dict | None) -> float | None:
     return t if isinstance(t, (int, float)) and t > 0 else None
 
 
-def _order(name: str) -> int:
+def variant_order(name: str) -> int:
     from ..bench.variants import VARIANT_NAMES
 
     return VARIANT_NAMES.index(name) if name in VARIANT_NAMES else len(VARIANT_NAMES)
 
 
+def other_baselines(rows: list[dict]) -> list[str]:
+    """The fused baselines of ``rows`` besides FlexAttention and SDPA + mask (registry order):
+    each gets its own speedup column."""
+    return [m for m in fused_baselines(methods_in(rows)) if m not in (FLEX, SDPA_MASK)]
+
+
 def ratio_rows(rows: list[dict]) -> list[dict]:
     """One record per point: our and FlexAttention's kernel time (ms), the speedups over
-    FlexAttention and over SDPA + mask, and the status of a method that did not run."""
+    FlexAttention, over SDPA + mask and over each other fused baseline (``x`` by name), the
+    fastest fused baseline (``best``: its name, or why there is none) and the speedup over it
+    (``x_best``), and the status of a method that did not run."""
     by_point: dict[str, dict[str, dict]] = {}
-    for r in rows:
+    for r in with_best(rows):
         by_point.setdefault(r["point_key"], {})[r["method"]] = r
+    others = other_baselines(rows)
     out = []
     for cells in by_point.values():
         p = next(iter(cells.values()))
-        ours, flex, sdpa = (_ms(cells.get(m)) for m in (SUBJECT, FLEX, SDPA_MASK))
+        ours, flex, sdpa, best = (_ms(cells.get(m)) for m in (SUBJECT, FLEX, SDPA_MASK, BEST))
+        b = cells.get(BEST)
         out.append({"variant": p["variant"], "dtype": p["dtype"], "head_dim": p["head_dim"],
                     "seq": p["seq_q"], "batch": p["batch"], "heads": p["heads"],
                     "pass": p.get("pass", "fwd"), "ours_ms": ours or _status(cells, SUBJECT),
                     "flex_ms": flex or _status(cells, FLEX),
                     "x_flex": flex / ours if ours and flex else None,
-                    "x_sdpa_mask": sdpa / ours if ours and sdpa else None})
-    return sorted(out, key=lambda r: (_order(r["variant"]), r["dtype"], r["head_dim"],
+                    "x_sdpa_mask": sdpa / ours if ours and sdpa else None,
+                    "x": {m: t / ours if ours and (t := _ms(cells.get(m))) else None
+                          for m in others},
+                    "best": None if b is None else (b["best_of"].get("kernel") or "none ok"),
+                    "x_best": best / ours if ours and best else None})
+    return sorted(out, key=lambda r: (variant_order(r["variant"]), r["dtype"], r["head_dim"],
                                       r["pass"] != "fwd", r["seq"]))
 
 
@@ -62,7 +79,7 @@ def geomean(values: list[float]) -> float | None:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
 
 
-def _reasons(rows: list[dict]) -> list[str]:
+def not_ok_reasons(rows: list[dict]) -> list[str]:
     """One note per (method, status) that did not run, with its first reason."""
     seen: dict[tuple[str, str], str] = {}
     for r in rows:
@@ -72,23 +89,33 @@ def _reasons(rows: list[dict]) -> list[str]:
 
 
 def variants_table(rows: list[dict]) -> Table:
+    others = other_baselines(rows)
     t = Table("variants", "Variants: tiledattention against FlexAttention and SDPA + mask "
               "(kernel time)", ["variant", "dtype", "D", "S", "B", "H", "pass", "ours ms",
-                                "flex ms", "× flex", "× sdpa+mask"])
+                                "flex ms", "× flex", "× sdpa+mask"]
+              + [f"× {m}" for m in others] + (["fastest fused", "× fastest"] if rows else []))
     if not rows:
         t.notes.append("no variants stage in this study (config variants.enabled: false).")
         return t
     for r in ratio_rows(rows):
         t.rows.append([r["variant"], r["dtype"], r["head_dim"], r["seq"], r["batch"],
                        r["heads"], r["pass"], r["ours_ms"], r["flex_ms"], r["x_flex"],
-                       r["x_sdpa_mask"]])
+                       r["x_sdpa_mask"]] + [r["x"][m] for m in others]
+                      + [r["best"], r["x_best"]])
     t.notes.append("× flex, × sdpa+mask: their median kernel time ÷ ours (> 1: tiledattention "
                    "faster); flex is torch.compile'd flex_attention with the same score_mod and "
                    "a block mask, sdpa+mask torch SDPA with the variant materialised as a mask. "
                    "Every row's output (and gradients) checked against float64; L2 flushed "
                    "before each timed call, methods interleaved.")
-    t.notes += _reasons(rows)
+    t.notes.append(_BEST_NOTE)
+    t.notes += not_ok_reasons(rows)
     return t
+
+
+_BEST_NOTE = ("fastest fused: the fused baseline with the lowest median kernel time at the point "
+              "(" + ", ".join(m.name for m in METHODS.values() if m.fused and m.name != SUBJECT)
+              + ", those measured), × fastest: its time ÷ ours; none ok: no fused baseline "
+              "had an ok row there (no ratio).")
 
 
 def variants_summary(rows: list[dict]) -> Table:
@@ -97,12 +124,14 @@ def variants_summary(rows: list[dict]) -> Table:
     t = Table("variants_summary", "Variants against their targets: speedup over "
               "FlexAttention and SDPA + mask (kernel time)",
               ["variant", "pass", "points", "× flex geomean", "× flex min", "flex target",
-               f"× sdpa+mask min (S ≥ {SDPA_FROM_S})", "met"])
+               f"× sdpa+mask min (S ≥ {SDPA_FROM_S})", "met"]
+              + (["× fastest geomean", "× fastest min", "fastest fused (points)"]
+                 if rows else []))
     if not rows:
         t.notes.append("no variants stage in this study (config variants.enabled: false).")
         return t
     recs = ratio_rows(rows)
-    for name in sorted({r["variant"] for r in recs}, key=_order):
+    for name in sorted({r["variant"] for r in recs}, key=variant_order):
         for p in PASSES:
             mine = [r for r in recs if (r["variant"], r["pass"]) == (name, p)]
             if not mine:
@@ -113,92 +142,67 @@ def variants_summary(rows: list[dict]) -> Table:
             geo = geomean(flex)
             met = None if not flex else "yes" if (
                 geo >= TARGET[p] and min(flex) >= 1.0 and all(x > 1.0 for x in sdpa)) else "no"
+            best = [r["x_best"] for r in mine if r["x_best"]]
             t.rows.append([name, p, f"{len(flex)}/{len(mine)}", geo,
                            min(flex) if flex else None, f"≥ {TARGET[p]}x, min ≥ 1x",
-                           min(sdpa) if sdpa else None, met or "not measured"])
+                           min(sdpa) if sdpa else None, met or "not measured", geomean(best),
+                           min(best) if best else None, _fastest_at(mine)])
     t.notes.append(f"points: compared with FlexAttention / in the grid. met: geometric mean "
                    f"≥ the target, no point below 1x, and faster than SDPA + mask at every "
                    f"S ≥ {SDPA_FROM_S} where a mask expresses the variant (issue 23's targets).")
+    t.notes.append("× fastest: over the fastest fused baseline at each point; fastest fused "
+                   "(points): how often each was the fastest.")
     return t
 
 
-def speedups(rows: list[dict], pass_: str, baseline: str = "x_flex") -> list[float]:
-    return [r[baseline] for r in ratio_rows(rows) if r["pass"] == pass_ and r[baseline]]
-
-
-def headline(rows: list[dict]) -> str:
-    """The bundle's headline sentence on the variants (empty without the stage)."""
-    if not rows:
-        return ""
-    parts = []
-    for p in PASSES:
-        v = speedups(rows, p)
-        if v:
-            parts.append(f"{p} {geomean(v):.3f}x (min {min(v):.3f}x, faster at "
-                         f"{sum(x > 1 for x in v)}/{len(v)} points)")
-    names = sorted({r["variant"] for r in rows}, key=_order)
-    if not parts:  # why: ours' or FlexAttention's reason first (the ratio's two sides)
-        why = [w for w in _reasons(rows) if w.startswith((FLEX + " ", SUBJECT + " "))] \
-            or _reasons(rows)
-        return (f" Variants ({', '.join(names)}): no speedup over FlexAttention measured"
-                + (f" ({why[0]})." if why else "."))
-    return (f" Variants ({', '.join(names)}) against FlexAttention (torch.compile'd, same "
-            "score_mod and block mask), geometric-mean speedup by kernel time: "
-            + "; ".join(parts) + ".")
-
-
-def headline_rows(rows: list[dict]) -> list[list]:
-    """The headline table's rows for the variants stage: ours against FlexAttention and SDPA
-    + mask per pass, by kernel time and call latency (the headline's columns)."""
-    from .ratios import compare
-
-    out = []
-    for baseline, label in ((FLEX, "FlexAttention"), (SDPA_MASK, "SDPA + mask")):
-        for p in PASSES:
-            def where(point, p=p):
-                return point.get("pass", "fwd") == p
-
-            k = compare(rows, SUBJECT, baseline, where)
-            if not k.n:
-                continue
-            c = compare(rows, SUBJECT, baseline, where, "call")
-            out.append([f"{label} (variants), {p}", k.n, k.mean, k.geomean, k.min,
-                        f"{k.wins}/{k.n}", c.geomean, c.min, f"{c.wins}/{c.n}"])
-    return out
+def _fastest_at(recs: list[dict]) -> str:
+    """"flex 3, flex_flash 1": how often each fused baseline was the fastest, where we are
+    compared with it."""
+    counts: dict[str, int] = {}
+    for r in recs:
+        if r["x_best"]:
+            counts[r["best"]] = counts.get(r["best"], 0) + 1
+    return ", ".join(f"{k} {v}" for k, v in sorted(counts.items(), key=lambda kv: (-kv[1],
+                                                                                   kv[0]))) \
+        or "—"
 
 
 def variants_figure(rows: list[dict], out_dir: str) -> list[str]:
-    """Speedup over FlexAttention vs S, one line per variant (and D, dtype), one panel per
-    pass; written with the reason where nothing was measured."""
+    """Speedup over the fastest fused baseline at each point vs S, one line per variant (and
+    D, dtype), one panel per pass, its title naming which baselines were the fastest; written
+    with the reason where nothing was measured."""
     from .figures import _legend, _seq_axis, _why_empty
     from .plotting import grid, no_data, plt, save
 
     pyplot = plt()
     fig, axes = grid(pyplot, len(PASSES))
     recs = ratio_rows(rows)
-    names = sorted({r["variant"] for r in recs}, key=_order)
+    names = sorted({r["variant"] for r in recs}, key=variant_order)
     groups = sorted({(r["dtype"], r["head_dim"]) for r in recs})
     styles = ["-", "--", ":", "-."]
     for ax, p in zip(axes, PASSES):
         seqs = []
         for i, name in enumerate(names):
             for j, (dtype, d) in enumerate(groups):
-                pts = sorted((r["seq"], r["x_flex"]) for r in recs if r["x_flex"]
+                pts = sorted((r["seq"], r["x_best"]) for r in recs if r["x_best"]
                              and (r["variant"], r["pass"], r["dtype"], r["head_dim"]) ==
                              (name, p, dtype, d))
                 if pts:
                     ax.plot(*zip(*pts), styles[j % len(styles)], marker="o", ms=3,
                             color=f"C{i % 10}", label=f"{name}, {dtype} D={d}")
                     seqs += [s for s, _ in pts]
-        ax.set_title(f"{p}: FlexAttention ÷ tiledattention")
+        ax.set_title(f"{p}: fastest fused ÷ tiledattention\n(fastest: "
+                     f"{_fastest_at([r for r in recs if r['pass'] == p])})", fontsize=9)
         if seqs:
             ax.axhline(1.0, color="0.4", lw=0.8)
             _seq_axis(ax, seqs)
-            ax.set_ylabel("speedup over FlexAttention (> 1: faster)")
+            ax.set_ylabel("speedup over the fastest fused baseline (> 1: faster)")
         else:
+            sides = {SUBJECT, *fused_baselines(methods_in(rows))}
             no_data(ax, "no variants stage in this study" if not rows else
-                    _why_empty(rows, lambda r, p=p: r.get("pass", "fwd") == p
-                               and r.get("method") in (SUBJECT, FLEX)))
+                    _why_empty(rows, lambda r, p=p, sides=sides: r.get("pass", "fwd") == p
+                               and r.get("method") in sides))
     _legend(fig, axes, ncol=3)
-    fig.suptitle("Variants: speedup over FlexAttention by kernel time")
+    fig.suptitle("Variants: speedup over the fastest fused baseline at each point, by kernel "
+                 "time")
     return save(fig, out_dir, "variants")
