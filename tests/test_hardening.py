@@ -125,6 +125,8 @@ def test_bundle_create_never_deletes_a_users_directory_or_the_study(tmp_path):
     (mine / "thesis.tex").write_text("years of work")
     with pytest.raises(StudyError, match="not empty and not a bundle.*--force"):
         _create(study, mine)
+    with pytest.raises(StudyError, match="--force replaces only a bundle of ours"):
+        _create(study, mine, force=True)
     assert (mine / "thesis.tex").read_text() == "years of work"
     before = sorted(p.name for p in study.rglob("*"))
     for out in (study, tmp_path):  # the study itself, and a directory holding it

@@ -305,9 +305,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--config", required=True, help="the study config (YAML)")
     b.add_argument("--out", required=True, help="bundle directory (DIR.zip next to it); "
                    "must be new, empty or a previous bundle")
-    b.add_argument("--force", action="store_true", help="replace --out and DIR.zip even when "
-                   "they hold files that are not a previous bundle's (never the study or the "
-                   "source checkout, nor anything inside them)")
+    b.add_argument("--force", action="store_true", help="replace a previous bundle in --out "
+                   "even when files were added to it; never a directory without the marker "
+                   "file bundle create writes, a zip it did not make, the study or the source "
+                   "checkout, nor anything inside them")
     b.add_argument("--compact", action="store_true", help="a bundle small enough to commit "
                    "(a reference): the rows gzipped (data/*.jsonl.gz, with the schedule "
                    "ladder's and the shapes grids' rows), no rows.csv/parquet, no figures (its "

@@ -466,6 +466,26 @@ def _zip_is_ours(zip_path: str, base: str) -> bool:
         return False
 
 
+def _has_marker(out_dir: str) -> bool:
+    """``out_dir`` holds the marker file bundle create writes into every bundle it makes."""
+    try:
+        mark = load_json(os.path.join(out_dir, MARKER), cap=JSON_MAX)
+    except UnsafeFileError:
+        return False
+    return isinstance(mark, dict) and str(mark.get("format", "")).startswith(
+        "tiledattention-bundle/")
+
+
+def _account_home() -> str:
+    """The home directory of the account (the password database), whatever $HOME says."""
+    import pwd
+
+    try:
+        return pwd.getpwuid(os.getuid()).pw_dir or "/"
+    except KeyError:
+        return "/"
+
+
 def _replaces(out_dir: str) -> bool:
     """Replacing ``out_dir`` would delete files that are not a bundle of ours."""
     return os.path.isdir(out_dir) and bool(os.listdir(out_dir)) and not _is_ours(out_dir)
@@ -473,10 +493,13 @@ def _replaces(out_dir: str) -> bool:
 
 def _check_out(out_dir: str, study_dir: str, repo_root: str, force: bool) -> None:
     """Refuse an --out whose replacement would lose something: the study, the source, a
-    non-bundle directory or zip (unless ``force``)."""
+    directory or zip this tool did not make. ``force`` replaces a bundle of ours that has
+    files added to it, nothing else: what is replaced is decided by the marker file in the
+    directory, never by the environment ($HOME can name any directory)."""
     out = os.path.realpath(out_dir)
     for what, path in (("the study directory", study_dir), ("the source checkout", repo_root),
-                       ("your home directory", os.path.expanduser("~")), ("/", "/")):
+                       ("your home directory", os.path.expanduser("~")),
+                       ("your home directory", _account_home()), ("/", "/")):
         p = os.path.realpath(path)
         if out == p or p.startswith(out.rstrip(os.sep) + os.sep):
             raise StudyError(f"--out {out_dir}: is or contains {what}; name a new directory "
@@ -494,14 +517,19 @@ def _check_out(out_dir: str, study_dir: str, repo_root: str, force: bool) -> Non
             raise StudyError(f"--out {out_dir}: inside {what}, --force never replaces what is "
                              "there; name a new directory (or a previous bundle) for the "
                              "bundle")
-    if _replaces(out_dir) and not force:
+    if _replaces(out_dir) and not (force and _has_marker(out_dir)):
+        if force:
+            raise StudyError(f"--out {out_dir}: not a bundle tiledattn made (no {MARKER}); "
+                             "--force replaces only a bundle of ours, never another directory"
+                             "; name a new directory for the bundle")
         raise StudyError(f"--out {out_dir}: not empty and not a bundle of tiledattn's alone "
                          f"(no {MARKER}, or files it did not write); name a new directory, or "
-                         "pass --force to replace it and everything in it")
-    if os.path.lexists(zip_path) and not force and not (
-            os.path.isfile(zip_path) and _zip_is_ours(zip_path, os.path.basename(out))):
+                         "pass --force to replace a bundle of ours that has files added")
+    if os.path.lexists(zip_path) and not (
+            os.path.isfile(zip_path) and not os.path.islink(zip_path)
+            and _zip_is_ours(zip_path, os.path.basename(out))):
         raise StudyError(f"{zip_path}: exists and is not a bundle zip of tiledattn's; move it "
-                         "away, or pass --force to replace it")
+                         "away (--force never replaces a file tiledattn did not make)")
 
 
 def create(study_dir: str, out_dir: str, *, config: dict, config_name: str, repo_root: str,
@@ -547,7 +575,7 @@ def create(study_dir: str, out_dir: str, *, config: dict, config_name: str, repo
             _zip_dir(work, tmp_zip, base, skip=(".bundle.zip",))
             os.replace(tmp_zip, zip_path)
             if os.path.isdir(out_dir) and not os.path.islink(out_dir):
-                shutil.rmtree(out_dir)  # checked above: a previous bundle, empty, or forced
+                shutil.rmtree(out_dir)  # checked above: a bundle of ours (its marker) or empty
             os.replace(work, out_dir)
         except BaseException:
             shutil.rmtree(work, ignore_errors=True)
