@@ -4,6 +4,7 @@ OUT, compact bundles' rows, compare/reproduce inputs, scaling and config inputs.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -116,3 +117,149 @@ def test_device_study_refuses_out_naming_a_file_and_a_zero_gpu_count(tmp_path, e
     run = _device_study(tmp_path, **{"OUT": str(tmp_path / "out"), **env})
     assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, run.stderr
     assert words in run.stderr and f.read_text() == "mine"
+
+
+# -- Compact and full bundles: the rows against what the bundle says of them ---------------
+
+def _study_with_rows(tmp_path: Path, n: int = 8) -> Path:
+    from test_hardening2 import _row
+
+    from tiledattention.study import manifest
+
+    study = _tiny_study(tmp_path)
+    run = {"config_hash": "c", "measure_hash": "h", "started": "2026-01-01T00:00:00+00:00"}
+    (study / "manifest.json").write_text(json.dumps(manifest.merge(
+        {"a": run}, config={"results_dir": "x"})))
+    rows = [_row(f"p{i}", tflops=1.0 + i) for i in range(n)]
+    (study / "aggregate" / "rows.jsonl").write_text("".join(json.dumps(r) + "\n"
+                                                            for r in rows))
+    from tiledattention.study.frame import write_rows_table
+
+    write_rows_table(rows, str(study / "aggregate"))
+    return study
+
+
+def _make(study: Path, out: Path, compact: bool) -> Path:
+    from tiledattention.study import bundle
+    from tiledattention.study.metadata import Publication
+
+    return Path(bundle.create(str(study), str(out), config={"results_dir": "x"},
+                              config_name="c.yaml", repo_root=str(ROOT),
+                              publication=Publication(), compact=compact)["dir"])
+
+
+def _resum(out: Path, rel: str) -> None:
+    """SHA256SUMS rewritten for ``rel`` (added when new): a tamperer's checksums."""
+    import hashlib
+
+    digest = hashlib.sha256((out / rel).read_bytes()).hexdigest()
+    lines = [ln for ln in (out / "SHA256SUMS").read_text().splitlines()
+             if not ln.endswith(f"  {rel}")]
+    (out / "SHA256SUMS").write_text("\n".join(lines + [f"{digest}  {rel}"]) + "\n")
+
+
+def _gz(data: bytes) -> bytes:
+    import gzip
+
+    return gzip.compress(data, mtime=0)
+
+
+def test_a_compact_bundle_with_emptied_or_halved_rows_fails_verify(tmp_path):
+    import gzip
+    import shutil
+
+    from tiledattention.study import bundle
+
+    src = _make(_study_with_rows(tmp_path), tmp_path / "good", compact=True)
+    assert bundle.verify(str(src)) == []
+    lines = gzip.decompress((src / "data" / "rows.jsonl.gz").read_bytes()).splitlines(True)
+    assert len(lines) == 8 and "= 8 rows" in (src / "README.md").read_text()
+    cases = {"empty-file": (b"", "no rows"), "gzip-of-nothing": (_gz(b""), "no rows"),
+             "half": (_gz(b"".join(lines[:4])), "README.md and data/rows.jsonl.gz disagree")}
+    for name, (data, finding) in cases.items():
+        out = tmp_path / name
+        shutil.copytree(src, out)
+        (out / "data" / "rows.jsonl.gz").write_bytes(data)
+        _resum(out, "data/rows.jsonl.gz")
+        problems = bundle.verify(str(out))
+        assert any(finding in p for p in problems), (name, problems)
+    # half the rows, and the README's count edited to match: the bundle's own list says 8
+    out = tmp_path / "half-readme"
+    shutil.copytree(src, out)
+    (out / "data" / "rows.jsonl.gz").write_bytes(cases["half"][0])
+    readme = (out / "README.md").read_text()
+    (out / "README.md").write_text(readme.replace("8 benchmark points", "4 benchmark points")
+                                   .replace("= 8 rows", "= 4 rows").replace("ok 8", "ok 4"))
+    for rel in ("data/rows.jsonl.gz", "README.md"):
+        _resum(out, rel)
+    assert any("the bundle was made with 8" in p for p in bundle.verify(str(out)))
+    # a plain rows.jsonl beside the .gz (listed in SHA256SUMS): refused, not the only one read
+    out = tmp_path / "beside"
+    shutil.copytree(src, out)
+    (out / "data" / "rows.jsonl").write_bytes(b"".join(lines))
+    _resum(out, "data/rows.jsonl")
+    assert any("beside data/rows.jsonl.gz" in p for p in bundle.verify(str(out)))
+
+
+def test_rows_csv_must_agree_with_the_rows_value_for_value(tmp_path):
+    import shutil
+
+    from tiledattention.study import bundle
+    from tiledattention.study.frame import StudyError
+
+    study = _study_with_rows(tmp_path)
+    src = _make(study, tmp_path / "good", compact=False)
+    assert bundle.verify(str(src)) == []
+    out = tmp_path / "edited"
+    shutil.copytree(src, out)
+    text = (out / "data" / "rows.csv").read_text()
+    assert ",8.0," in text
+    (out / "data" / "rows.csv").write_text(text.replace(",8.0,", ",80.0,"))
+    _resum(out, "data/rows.csv")
+    problems = bundle.verify(str(out))
+    assert any("rows.csv row 8 (p7, eager): tflops is '80.0' there, 8.0 in rows.jsonl" in p
+               for p in problems), problems
+    # the same disagreement in the study: bundle create refuses it
+    (study / "aggregate" / "rows.csv").write_text(text.replace(",8.0,", ",80.0,"))
+    with pytest.raises(StudyError, match="tflops is '80.0' there"):
+        _make(study, tmp_path / "b2", compact=False)
+
+
+def test_a_killed_aggregate_leaves_no_rows_without_tables_and_create_needs_the_tables(
+        tmp_path, monkeypatch):
+    from test_hardening import cli
+    from test_hardening2 import _row, _shard
+
+    import tiledattention.study.tables as tables
+    from tiledattention.study.frame import StudyError
+
+    rows_dir = _shard(tmp_path / "rows", [_row(f"p{i}") for i in range(4)])
+    agg = tmp_path / "study" / "aggregate"
+    assert cli("aggregate", "--rows", str(rows_dir), "--out", str(agg))[0] == 0
+    assert (agg / "rows.jsonl").exists() and (agg / "tables" / "status.md").exists()
+
+    def killed(*a, **k):
+        raise KeyboardInterrupt  # stopped while writing the tables
+
+    monkeypatch.setattr(tables, "write_all", killed)
+    assert cli("aggregate", "--rows", str(rows_dir), "--out", str(agg))[0] != 0
+    assert not (agg / "rows.jsonl").exists()  # the earlier one is gone, no new one yet
+    monkeypatch.undo()
+    # --rows-only wrote rows.jsonl and rows.csv but no tables: not a study to publish
+    study = _study_with_rows(tmp_path / "s2")
+    import shutil
+
+    shutil.rmtree(study / "aggregate" / "tables")
+    n = len(tables.NAMES)
+    with pytest.raises(StudyError, match=f"lacks {n} of the study's {n} tables"):
+        _make(study, tmp_path / "b", compact=True)
+
+
+def test_bundle_create_refuses_a_study_file_whose_name_holds_a_newline(tmp_path):
+    from tiledattention.study.frame import StudyError
+
+    study = _study_with_rows(tmp_path)
+    (study / "aggregate" / "tables" / "evil\nname.md").write_text("x")
+    with pytest.raises(StudyError, match="control character"):
+        _make(study, tmp_path / "b", compact=True)
+    assert not (tmp_path / "b").exists()

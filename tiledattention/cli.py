@@ -580,6 +580,7 @@ def _sweep(args) -> int:
 
 
 def _aggregate(args) -> int:
+    import contextlib
     import glob
     import os
 
@@ -613,13 +614,17 @@ def _aggregate(args) -> int:
     from .study.tables import write_all
 
     check_rows(rows, args.rows, point=True)  # the tables group rows by their point
-    write(rows, args.out, csv_table=False)  # rows.csv comes next, dictionary order
-    table = write_rows_table(rows, args.out)["csv"]
     ladder = load_checked(args.ladder, point=True) if args.ladder else []
+    # rows.jsonl last, the earlier one gone first: a killed aggregate never leaves rows.jsonl
+    # beside tables and rows.csv it did not write (bundle create needs rows.jsonl).
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(os.path.join(args.out, "rows.jsonl"))
+    table = write_rows_table(rows, args.out)["csv"]
     paths = write_all(rows, os.path.join(args.out, "tables"), tune_table=args.tune_table,
                       ladder_rows=ladder, shape_rows=_shape_rows(args.shapes),
                       model_rows=_model_rows(args.model),
                       variant_rows=_variant_rows(args.variants))
+    write(rows, args.out, csv_table=False)
     print(f"aggregate: {len(rows)} rows ({counts}) -> {table}; {len(paths)} table files in "
           f"{args.out}/tables", file=sys.stderr)
     return 0

@@ -166,7 +166,13 @@ def _study_files(root: str, study_dir: str) -> list[str]:
                 raise StudyError(f"bundle: {os.path.join(d, n)} is a linked directory; only "
                                  "regular files go into a bundle")
         for n in names:
-            rels.append(os.path.relpath(_source(os.path.join(d, n), study_dir), root))
+            rel = os.path.relpath(_source(os.path.join(d, n), study_dir), root)
+            if any(ord(c) < 32 or c == "\x7f" for c in rel) or \
+                    not _confined(rel.replace(os.sep, "/")):
+                raise StudyError(f"bundle: {os.path.join(d, n)!r}: a file name with a "
+                                 "control character (a newline would break SHA256SUMS) or "
+                                 "a backslash; rename it or move it out of the study")
+            rels.append(rel)
     return sorted(rels)
 
 
@@ -235,6 +241,16 @@ def _training_headline(rows: list[dict]) -> str:
             + "; ".join(parts) + "." + by_dtype)
 
 
+def rows_summary(rows: list[dict]) -> str:
+    """The README's count of the published rows (verify recomputes it from the rows)."""
+    statuses: dict[str, int] = {}
+    for r in rows:
+        statuses[str(r.get("status"))] = statuses.get(str(r.get("status")), 0) + 1
+    return (f"{len({r.get('point_key') for r in rows})} benchmark points × "
+            f"{len({r.get('method') for r in rows})} methods = {len(rows)} rows; rows by "
+            "status: " + ", ".join(f"{k} {v}" for k, v in sorted(statuses.items())))
+
+
 def _readme(pub: Publication, rows: list[dict], manifest: dict, table4: str,
             config_name: str, snapshot: tuple[int, str], variants_line: str = "",
             compact: list[str] | None = None) -> str:
@@ -242,15 +258,10 @@ def _readme(pub: Publication, rows: list[dict], manifest: dict, table4: str,
     section names them, and how the figures and tables rebuild from them)."""
     stack = manifest.get("stack") or {}
     gpu = manifest.get("gpu") or {}
-    statuses: dict[str, int] = {}
-    for r in rows:
-        statuses[r["status"]] = statuses.get(r["status"], 0) + 1
     lines = [
         f"# {pub.title}", "", pub.description, "", "## Headline", "",
         headline(rows, manifest) + variants_line, table4, "", "## What was measured", "",
-        f"{len({r['point_key'] for r in rows})} benchmark points × "
-        f"{len({r['method'] for r in rows})} methods = {len(rows)} rows; rows by status: "
-        + ", ".join(f"{k} {v}" for k, v in sorted(statuses.items()))
+        rows_summary(rows)
         + " (`tables/status.*` lists every row that is not ok, with the reason).", "",
         ("Timing: CUDA events around each call (L2 flushed before each call when the "
          "config says so), " if gpu else "Timing: wall clock around each call on the CPU, ")
@@ -551,6 +562,7 @@ def create(study_dir: str, out_dir: str, *, config: dict, config_name: str, repo
         if not os.path.lexists(need):
             raise StudyError(f"bundle: {need} is missing (run the aggregate and manifest "
                              "steps first)")
+    _check_tables(agg)
     _check_out(out_dir, study_dir, repo_root, force)
     publication = dataclasses.replace(
         publication, repository=repository_url(publication.repository, repo_root))
@@ -581,6 +593,19 @@ def create(study_dir: str, out_dir: str, *, config: dict, config_name: str, repo
             shutil.rmtree(work, ignore_errors=True)
             raise
     return {"dir": out_dir, "zip": zip_path, "files": files}
+
+
+def _check_tables(agg: str) -> None:
+    """The aggregate's tables are all there: an aggregate stopped before them (or run with
+    --rows-only) left a study that is not ready to publish."""
+    from .tables import NAMES
+
+    missing = [n for n in NAMES if not os.path.isfile(os.path.join(agg, "tables", f"{n}.md"))]
+    if missing:
+        raise StudyError(f"bundle: {agg}/tables lacks {len(missing)} of the study's "
+                         f"{len(NAMES)} tables ({', '.join(missing[:3])}"
+                         f"{', …' if len(missing) > 3 else ''}); run the aggregate step "
+                         "again (without --rows-only)")
 
 
 def _check_config(manifest: dict, config: dict, manifest_path: str) -> None:
@@ -620,20 +645,46 @@ def _published_rows(study_dir: str) -> list[dict]:
 
 
 def _csv_disagrees(rows: list[dict], data: bytes) -> str | None:
-    """Why rows.csv does not list ``rows`` (same pairs, same order), or None."""
+    """Why rows.csv does not list ``rows`` value for value (same pairs, same order, every
+    column of each row with the same value), or None."""
     import csv
     import io
 
     try:
-        listed = [(r.get("point_key"), r.get("method"))
-                  for r in csv.DictReader(io.StringIO(data.decode("utf-8")))]
+        listed = list(csv.DictReader(io.StringIO(data.decode("utf-8"))))
     except (UnicodeDecodeError, csv.Error) as exc:
         return f"rows.csv unreadable: {exc}"
-    want = [(r.get("point_key"), r.get("method")) for r in rows]
-    if listed != want:
-        return f"rows.csv has {len(listed)} rows, rows.jsonl {len(want)}" if \
-            len(listed) != len(want) else "rows.csv lists other points or methods"
+    if len(listed) != len(rows):
+        return f"rows.csv has {len(listed)} rows, rows.jsonl {len(rows)}"
+    if [(c.get("point_key"), c.get("method")) for c in listed] != \
+            [(r.get("point_key"), r.get("method")) for r in rows]:
+        return "rows.csv lists other points or methods"
+    from ..bench.aggregate import flatten
+
+    for n, (row, cells) in enumerate(zip(rows, listed), 1):
+        flat = flatten(row)
+        for col in sorted(set(flat) | set(cells)):
+            if col is None or not _same_cell(flat.get(col), cells.get(col)):
+                return (f"rows.csv row {n} ({row.get('point_key')}, {row.get('method')}): "
+                        f"{col} is {cells.get(col)!r} there, {flat.get(col)!r} in rows.jsonl")
     return None
+
+
+def _same_cell(value, cell: str | None) -> bool:
+    """A rows.jsonl value and its rows.csv cell (as pandas writes it) say the same."""
+    import math
+
+    if cell is None:  # no such column in the CSV
+        return value is None
+    if value is None or value == "":
+        return cell == ""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return cell == (value if isinstance(value, str) else str(value))
+    try:
+        got = float(cell)
+    except ValueError:
+        return False
+    return math.isclose(got, float(value), rel_tol=1e-12, abs_tol=0.0)
 
 
 def _copy_data(out_dir: str, study_dir: str) -> None:
@@ -796,7 +847,8 @@ def _build(out_dir: str, study_dir: str, rows: list[dict], manifest: dict, *, co
                    max((r.get("finished") or "" for r in runs), default=None) or None)
     files = _files(out_dir)
     with open(os.path.join(out_dir, MARKER), "w") as f:
-        json.dump({"format": "tiledattention-bundle/1", "files": files + [MARKER, SUMS]}, f)
+        json.dump({"format": "tiledattention-bundle/1", "files": files + [MARKER, SUMS],
+                   "rows": len(rows)}, f)
     files = _files(out_dir)
     if len(files) + 1 > ZENODO_MAX_FILES:
         raise StudyError(f"bundle: {len(files) + 1} files exceed Zenodo's "
@@ -1056,6 +1108,9 @@ def _check_rows(view, changed: set[str] = frozenset()) -> list[str]:
             _jsonl_of(view, rel)
         except StudyError as exc:
             problems.append(str(exc))
+    if {"data/rows.jsonl", "data/rows.jsonl.gz"} <= view.names:
+        return problems + ["data/rows.jsonl beside data/rows.jsonl.gz: a bundle publishes "
+                           "its rows once (a full bundle plain, a compact one gzipped)"]
     rels = [r for r in ("data/rows.jsonl", "data/rows.jsonl.gz")
             if r in view.names and r not in changed]
     return problems + (_check_published(view, rels[0], changed) if rels else [])
@@ -1069,12 +1124,15 @@ def _check_published(view, rel: str, changed: set[str]) -> list[str]:
         rows, conflicts = _jsonl_of(view, rel)
     except StudyError as exc:
         return [str(exc)]
+    if not rows:
+        return [f"{rel}: no rows (an empty or emptied rows file)"]
     problems = []
     try:
         check_one_config(rows, rel)
         check_rows(rows, rel, conflicts)
     except RowsError as exc:
         problems.append(str(exc))
+    problems += _check_counts(view, rows, rel, changed)
     if "data/rows.csv" in view.names and "data/rows.csv" not in changed:
         try:
             why = _csv_disagrees(rows, _read_capped(view, "data/rows.csv", ROWS_MAX))
@@ -1083,6 +1141,33 @@ def _check_published(view, rel: str, changed: set[str]) -> list[str]:
         if why:
             problems.append(f"data/rows.csv and {rel} disagree: {why}")
     return problems + _check_manifest(view, rows)
+
+
+def _check_counts(view, rows: list[dict], rel: str, changed: set[str]) -> list[str]:
+    """The rows against what the bundle says of them: the README's count (points, methods,
+    rows, rows by status) and the row count the bundle's own list (MARKER) records."""
+    import re
+
+    problems = []
+    if "README.md" in view.names and "README.md" not in changed:
+        try:
+            text = _read_capped(view, "README.md", MAX_META_BYTES).decode("utf-8", "replace")
+        except StudyError as exc:
+            text, problems = "", [str(exc)]
+        said = re.search(r"^\d+ benchmark points × .*?rows by status: [^(\n]*", text, re.M)
+        want = rows_summary(rows)
+        if text and (said is None or said.group(0).rstrip() != want):
+            problems.append(f"README.md and {rel} disagree: the README says "
+                            f"{said.group(0).rstrip() if said else 'no row count'!r}, the "
+                            f"rows are {want!r}")
+    if MARKER in view.names and MARKER not in changed:
+        try:
+            count = _json_of(view, MARKER).get("rows")
+        except (StudyError, AttributeError):
+            count = None  # _check_listing names it
+        if count is not None and count != len(rows):
+            problems.append(f"{rel}: {len(rows)} rows, the bundle was made with {count}")
+    return problems
 
 
 def _check_manifest(view, rows: list[dict]) -> list[str]:
