@@ -329,9 +329,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "or a rows file")
     p.add_argument("reference", help="the reference: a shipped system (e.g. h100) or another "
                    "study (bundle, results directory, rows file)")
-    p.add_argument("--tolerance", nargs="+", metavar="PCT", help="percent, both measures "
-                   "(15) or per measure (kernel=10 call=25) (default: a shipped system's own "
-                   "bounds; for a study, kernel 10, call 25)")
+    p.add_argument("--tolerance", nargs="+", metavar="PCT", help="percent: one number for "
+                   "both measures (15), or each measure named (kernel=10 call=25); two bare "
+                   "numbers are refused (default: a shipped system's own bounds; for a study, "
+                   "kernel 10, call 25)")
     p.add_argument("--out", help="directory for compare.md/.csv/.png/.pdf (default: compare/ "
                    "in the new study's directory)")
 
@@ -370,6 +371,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: kernel 10, call 25 percent)")
     p.add_argument("--snakemake-args", nargs="+", default=[], metavar="ARG",
                    help="passed on to snakemake, e.g. --snakemake-args=-n")
+    p.add_argument("--without-gpu", action="store_true", help="re-run a GPU bundle's study "
+                   "with the local profile on a machine without a CUDA GPU (refused "
+                   "otherwise: it would measure on the CPU for hours)")
 
     p = _verb(sub, "advise", _advise, "predict TiledAttention's and PyTorch SDPA's throughput "
               "for a model's attention shape from the nearest measured points, flag tile and "
@@ -870,11 +874,15 @@ def _compare(args) -> int:
 
     checks, paths = run(args.new, args.reference, tolerance=args.tolerance, out=args.out)
     print(f"compare: {verdict_line(checks)}; {paths[1]}")
-    for c in failed(checks)[:10]:
+    bad = failed(checks)
+    for c in bad[:10]:
         print(f"compare: {c.verdict}: {c.point} {c.method} {c.measure} "
               f"{'—' if c.diff_pct is None else f'{c.diff_pct:+.1f} %'} {c.why}".rstrip(),
               file=sys.stderr)
-    return FAILED if failed(checks) else 0
+    if len(bad) > 10:
+        print(f"compare: … and {len(bad) - 10} more failed checks (all in {paths[0]})",
+              file=sys.stderr)
+    return FAILED if bad else 0
 
 
 def _precompile(args) -> int:
@@ -910,7 +918,8 @@ def _reproduce(args) -> int:
                                    "reproduction-" + os.path.basename(path).removesuffix(".zip"))
     return reproduce(args.bundle, out, source=args.source,
                      profile=args.profile, reference=args.reference,
-                     tolerance=args.tolerance, snakemake_args=tuple(args.snakemake_args))
+                     tolerance=args.tolerance, snakemake_args=tuple(args.snakemake_args),
+                     without_gpu=args.without_gpu)
 
 
 def _advise(args) -> int:

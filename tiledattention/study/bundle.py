@@ -487,6 +487,19 @@ def _has_marker(out_dir: str) -> bool:
         "tiledattention-bundle/")
 
 
+def bundle_holding(path: str) -> str | None:
+    """The bundle directory that is or holds ``path`` (one with SHA256SUMS and the marker
+    file), or None: what is written there breaks its verify."""
+    d = os.path.realpath(path)
+    while True:
+        if os.path.isfile(os.path.join(d, SUMS)) and os.path.isfile(os.path.join(d, MARKER)):
+            return d
+        parent = os.path.dirname(d)
+        if parent == d:
+            return None
+        d = parent
+
+
 def _account_home() -> str:
     """The home directory of the account (the password database), whatever $HOME says."""
     import pwd
