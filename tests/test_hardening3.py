@@ -471,3 +471,63 @@ def test_reproduce_refuses_a_manifest_of_the_wrong_shape(tmp_path):
         _resum(dest, "manifest.json")
         err = one_line(cli("reproduce", str(dest), "--out", str(tmp_path / f"r{n}")))
         assert words in err if n else "manifest.json: not a JSON object" in err
+
+
+# -- scaling and systems: what they read ----------------------------------------------------
+
+def _run_records(study: Path, start: dict | None = None, end: dict | None = None,
+                 job: dict | None = None) -> None:
+    from tiledattention.study import timeline
+
+    (study / "logs").mkdir(parents=True, exist_ok=True)
+    j = {"rule": "bench_shard", "gpu": True, "start": 1.0, "end": 5.0, **(job or {})}
+    recs = [{"format": timeline.FORMAT, "event": "start", "run": "r", "time": 0.0,
+             "gpus": 1, "launcher": "local", **(start or {})},
+            {"format": timeline.FORMAT, "event": "end", "run": "r", "time": 6.0,
+             "status": "ok", "jobs": [j], **(end or {})}]
+    (study / timeline.NAME).write_text("".join(json.dumps(r) + "\n" for r in recs))
+
+
+@pytest.mark.parametrize("start,end,job,words", [
+    ({"gpus": -2}, None, None, "gpus -2 is not a positive whole number"),
+    ({"gpus": 0}, None, None, "gpus 0 is not a positive whole number"),
+    ({"gpus": "2"}, None, None, "gpus '2' is not a positive whole number"),
+    ({"time": float("inf")}, None, None, "not finite times in order"),
+    ({"time": "0"}, None, None, "not finite times in order"),
+    (None, {"time": 10.0}, {"end": "5"}, "finite start and end times"),
+    (None, None, {"start": 9.0}, "finite start and end times in order"),
+    (None, None, {"rule": None}, "lacks a rule"),
+    (None, {"jobs": {"a": 1}}, None, "jobs is not a list"),
+    ({"run": ["r"]}, None, None, "malformed run records"),
+])
+def test_scaling_refuses_malformed_run_records_in_one_line(tmp_path, start, end, job, words):
+    from test_hardening import cli
+
+    study = tmp_path / "study"
+    _run_records(study, start, end, job)
+    err = one_line(cli("scaling", str(study), "--out", str(tmp_path / "o")))
+    assert words in err and not (tmp_path / "o").exists()
+
+
+def test_scaling_publishes_a_good_record(tmp_path):
+    from test_hardening import cli
+
+    _run_records(tmp_path / "study")
+    assert cli("scaling", str(tmp_path / "study"), "--out", str(tmp_path / "o"))[0] == 0
+    assert "| local | 1 |" in (tmp_path / "o" / "scaling.md").read_text()
+
+
+@pytest.mark.parametrize("change,words", [
+    ({"time_ms": {"median_ms": 0}}, "is not a finite positive number"),
+    ({"time_ms": {"median_ms": float("inf")}}, "is not a finite positive number"),
+    ({"time_ms": {"median_ms": "1.0"}}, "is not a finite positive number"),
+    ({"seq_q": None}, "seq_q is missing, not an int"),
+    ({"dtype": 16}, "dtype is 16, not a str"),
+])
+def test_systems_refuses_malformed_rows_in_one_line(tmp_path, change, words):
+    from test_hardening import cli
+
+    a = _rows_file(tmp_path / "a.jsonl", _pair("p0"))
+    b = _rows_file(tmp_path / "b.jsonl", [{**_pair("p0")[0], **change}, _pair("p0")[1]])
+    assert words in one_line(cli("systems", a, b, "--out", str(tmp_path / "o")))
+    assert not (tmp_path / "o").exists()
