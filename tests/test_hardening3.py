@@ -531,3 +531,78 @@ def test_systems_refuses_malformed_rows_in_one_line(tmp_path, change, words):
     b = _rows_file(tmp_path / "b.jsonl", [{**_pair("p0")[0], **change}, _pair("p0")[1]])
     assert words in one_line(cli("systems", a, b, "--out", str(tmp_path / "o")))
     assert not (tmp_path / "o").exists()
+
+
+# -- config: refusals in one line ---------------------------------------------------------
+
+def _snakemake_n(tmp_path: Path, extra: str) -> subprocess.CompletedProcess:
+    import shutil
+
+    cfg = tmp_path / "extra.yaml"
+    cfg.write_text(f"results_dir: {tmp_path / 'results'}\n{extra}")
+    snakemake = shutil.which("snakemake") or str(Path(sys.executable).with_name("snakemake"))
+    return subprocess.run([snakemake, "-n", "--cores", "1", "--configfile", "config/smoke.yaml",
+                           str(cfg)], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+@pytest.mark.parametrize("extra,words", [
+    ("benchh: {}\n", "config: unknown key(s) ['benchh']"),
+    ("shapes: {enabled: true, grids: []}\n", "config: shapes: enabled with no grids"),
+    ("bench: {grid: {seqs: [0]}}\n", "config: grid.seqs: 0 must be >= 1"),
+])
+def test_a_bad_study_config_ends_the_workflow_in_one_line_exit_2(tmp_path, extra, words):
+    run = _snakemake_n(tmp_path, extra)
+    assert run.returncode == 2, run.stderr[-2000:]
+    lines = [ln for ln in run.stderr.strip().splitlines() if "config:" in ln or "Error" in ln]
+    assert lines == [next(ln for ln in lines if words in ln)], run.stderr[-2000:]
+    assert "WorkflowError" not in run.stderr and "File \"" not in run.stderr
+
+
+def test_a_grid_of_a_million_points_is_refused_with_its_count_and_a_limit_to_raise(
+        tmp_path, monkeypatch):
+    from test_hardening import cli
+
+    from tiledattention.bench.config import ConfigError, from_dict
+
+    big = {"grid": {"seqs": list(range(1, 1001)), "head_dims": list(range(8, 1008)),
+                    "dtypes": ["float16"], "causal": [False]}}
+    with pytest.raises(ConfigError, match=r"up to 1000000 points .* TILEDATTN_MAX_POINTS="
+                                          r"1000000 to run it anyway"):
+        from_dict(big)
+    cfg = tmp_path / "big.yaml"
+    cfg.write_text(json.dumps({**big, "methods": ["eager"], "device": "cpu"}))
+    assert "over the limit of 20000" in one_line(cli("bench", "--config", str(cfg), "--out",
+                                                     str(tmp_path / "o")))
+    monkeypatch.setenv("TILEDATTN_MAX_POINTS", "1000000")
+    assert from_dict(big).grid.seqs[-1] == 1000  # raised: accepted
+
+
+def test_publication_of_the_wrong_shape_is_one_line(tmp_path):
+    from test_hardening import cli
+
+    from tiledattention.study.frame import StudyError
+    from tiledattention.study.metadata import Publication
+
+    for bad, words in (("str", "publication: a mapping"),
+                       ({"keywords": "attention"}, "publication.keywords: a list"),
+                       ({"title": 5}, "publication.title: a string"),
+                       ({"creators": "me"}, "publication.creators: a list")):
+        with pytest.raises(StudyError, match=words):
+            Publication.from_dict(bad, "0.1.0")
+    study = _study_with_rows(tmp_path)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("results_dir: x\npublication: 'str'\n")
+    assert "publication: a mapping" in one_line(cli(
+        "bundle", "create", "--study", str(study), "--config", str(cfg), "--out",
+        str(tmp_path / "b")))
+
+
+def test_reproduce_refuses_a_results_dir_in_the_home_directory_or_a_variable():
+    from tiledattention.study.frame import StudyError
+    from tiledattention.study.reproduce import _results_dir
+
+    for d in ("~/x", "~other/x", "$HOME/x", "/abs", "a/../../b"):
+        with pytest.raises(StudyError, match="outside the workflow directory"):
+            _results_dir({"results_dir": d})
+    assert _results_dir({"results_dir": "results/smoke"}) == "results/smoke"

@@ -208,7 +208,7 @@ def _results_dir(config: dict) -> str:
     d = config.get("results_dir") if isinstance(config, dict) else None
     if not isinstance(d, str) or not d:
         raise StudyError(f"{CONFIG}: no results_dir")
-    if os.path.isabs(d) or ".." in d.split("/"):
+    if os.path.isabs(d) or ".." in d.split("/") or d.startswith("~") or "$" in d:
         raise StudyError(f"{CONFIG}: results_dir {d!r} is outside the workflow directory; "
                          "reproduce keeps the config as it is, so it would write there")
     return d
