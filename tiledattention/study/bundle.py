@@ -56,8 +56,11 @@ MARKER = ".tiledattention-bundle"
 # files (a cluster account, a token), only the files the project ships, by name; in the
 # code directories, files of the kinds below (never dotfiles such as config/.env).
 SNAPSHOT = ("Snakefile", "workflow", "config", "profiles", "containers", "pyproject.toml")
+# The package that ran (from the checkout it was imported from) goes into the snapshot too:
+# the bundle README installs from it. tiledattn reproduce lays out only the workflow.
+SNAPSHOT_SOURCE = ("tiledattention", "README.md")
 SNAPSHOT_SHIPPED = (
-    "Snakefile", "pyproject.toml", "config/README.md", "config/config.yaml",
+    "Snakefile", "pyproject.toml", "README.md", "config/README.md", "config/config.yaml",
     "config/reference.yaml", "config/scaling.yaml",
     "config/smoke.yaml", "config/bench-backward.yaml", "config/bench-decode.yaml",
     "config/bench-h100-small.yaml", "config/bench-sdpa.yaml", "config/bench-smoke.yaml",
@@ -65,9 +68,9 @@ SNAPSHOT_SHIPPED = (
     "config/variants-h100.yaml",
     "profiles/README.md", "profiles/local/config.yaml", "profiles/slurm/README.md",
     "profiles/slurm/config.yaml")
-SNAPSHOT_CODE = ("workflow", "containers")
+SNAPSHOT_CODE = ("workflow", "containers", "tiledattention")
 SNAPSHOT_SUFFIXES = (".smk", ".py", ".yaml", ".yml", ".json", ".lock", ".def", ".md", ".txt",
-                     ".sh", ".toml", ".cfg", ".tsv", ".csv", ".rst")
+                     ".sh", ".toml", ".cfg", ".tsv", ".csv", ".rst", ".json.gz")
 SNAPSHOT_NAMES = ("Snakefile", "Dockerfile", "Containerfile")
 STUDY_CONFIG = "config/study-config.yaml"  # in the bundle and in its workflow snapshot
 # Limits for verifying a bundle nobody vouches for: far above a real study's.
@@ -110,11 +113,11 @@ def _copy(src: str, dest: str) -> None:
     shutil.copy2(src, dest)
 
 
-def snapshot_files(repo_root: str) -> tuple[list[str], str]:
+def snapshot_files(repo_root: str, items: tuple[str, ...] = SNAPSHOT) -> tuple[list[str], str]:
     """(files for the workflow snapshot, how they were chosen): what git tracks under
-    SNAPSHOT, or without git the allow-listed kinds of file there."""
+    ``items``, or without git the allow-listed kinds of file there."""
     try:
-        run = subprocess.run(["git", "-C", repo_root, "ls-files", "-z", "--", *SNAPSHOT],
+        run = subprocess.run(["git", "-C", repo_root, "ls-files", "-z", "--", *items],
                              capture_output=True, timeout=60)
         tracked = [f for f in run.stdout.decode().split("\0") if f] if run.returncode == 0 \
             else []
@@ -123,8 +126,9 @@ def snapshot_files(repo_root: str) -> tuple[list[str], str]:
     if tracked:
         return sorted(f for f in tracked if _plain_file(os.path.join(repo_root, f))), \
             "the files git tracks"
-    chosen = [rel for rel in SNAPSHOT_SHIPPED if _plain_file(os.path.join(repo_root, rel))]
-    for item in SNAPSHOT_CODE:
+    chosen = [rel for rel in SNAPSHOT_SHIPPED if rel.split("/")[0] in items
+              and _plain_file(os.path.join(repo_root, rel))]
+    for item in (c for c in SNAPSHOT_CODE if c in items):
         path = os.path.join(repo_root, item)
         for rel in [os.path.join(item, r) for r in _files(path)] if os.path.isdir(path) else []:
             parts = rel.split(os.sep)
@@ -180,13 +184,21 @@ def _snapshot(repo_root: str, dest_zip: str, config: str | None = None) -> tuple
     """The workflow snapshot, with the study's exact config as config/study-config.yaml
     (so the unpacked snapshot runs with --configfile config/study-config.yaml)."""
     files, how = snapshot_files(repo_root)
+    # The package that ran, from where it was imported (a checkout, or an installed copy).
+    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    source = {rel: os.path.join(package_root, rel)
+              for rel in snapshot_files(package_root, SNAPSHOT_SOURCE)[0]}
+    if "README.md" not in source and _plain_file(os.path.join(repo_root, "README.md")):
+        source["README.md"] = os.path.join(repo_root, "README.md")  # pyproject's readme
     with zipfile.ZipFile(dest_zip, "w", zipfile.ZIP_DEFLATED) as z:
         for rel in files:
             if rel != STUDY_CONFIG or config is None:
                 z.write(os.path.join(repo_root, rel), rel)
+        for rel in sorted(set(source) - set(files)):  # the package that ran, to install
+            z.write(source[rel], rel)
         if config is not None:
             z.write(config, STUDY_CONFIG)
-    return len(set(files) | ({STUDY_CONFIG} if config else set())), how
+    return len(set(files) | set(source) | ({STUDY_CONFIG} if config else set())), how
 
 
 def headline(rows: list[dict], manifest: dict) -> str:
@@ -346,17 +358,21 @@ NO_REPOSITORY = ("no repository URL recorded (set `publication.repository` in th
                  "`origin`, then rebuild the bundle)")
 
 
-def install_line(pub: Publication, manifest: dict) -> str:
-    """The README's install step: the recorded revision from the recorded repository."""
-    stack = manifest.get("stack") or {}
-    commit, repo = stack.get("git_commit"), pub.repository
-    if repo and commit:
-        return f'python -m pip install "tiledattention[workflow] @ git+{repo}@{commit}"'
-    version = stack.get("tiledattention") or pub.version
-    missing = " and ".join(w for w, v in (("repository URL", repo), ("revision", commit))
-                           if not v)
-    return (f'python -m pip install "tiledattention[workflow]=={version}"   # no {missing} '
-            "recorded: the same version from your package index")
+CPU_TORCH = "https://download.pytorch.org/whl/cpu"  # PyTorch's CPU wheels (no CUDA)
+
+
+def install_lines(manifest: dict) -> list[str]:
+    """The README's install steps: tiledattention from the bundle's own source snapshot
+    (the run's package, workflow and pyproject.toml), with the gpu extra where the study ran
+    on a GPU; a CPU study's torch from PyTorch's CPU wheels unless one is installed (PyPI's
+    default Linux wheel carries the CUDA libraries, gigabytes)."""
+    gpu = isinstance(manifest.get("gpu"), dict) and bool(manifest["gpu"].get("name"))
+    lines = ["python -m zipfile -e workflow-snapshot.zip ../source   # this run's source"]
+    if not gpu:
+        lines.append(f'python -c "import torch" 2>/dev/null || python -m pip install torch '
+                     f"--index-url {CPU_TORCH}")
+    lines.append(f'python -m pip install "../source[{"gpu,workflow" if gpu else "workflow"}]"')
+    return lines
 
 
 def reproduce_section(pub: Publication, manifest: dict, snapshot: tuple[int, str]) -> list[str]:
@@ -365,15 +381,20 @@ def reproduce_section(pub: Publication, manifest: dict, snapshot: tuple[int, str
     image = (manifest.get("container") or {}).get("image")
     return [
         "## How to reproduce", "",
-        "In the directory holding this README (the unpacked bundle), install the recorded "
-        "revision with its workflow tools, then re-run the study: the same config and grid "
+        "In the directory holding this README (the unpacked bundle), install this run's "
+        "source (the bundle's `workflow-snapshot.zip` holds it) with its workflow tools, "
+        "then re-run the study: the same config and grid "
         "(`config/study-config.yaml`), the workflow of this run (`workflow-snapshot.zip`), "
         "through a Snakemake profile (`local`, `slurm`, or the path of your own). It ends "
         "with a verified bundle of the new run and `tiledattn compare` of it against this "
         "one (exit 1 on a regression beyond the tolerances; `--source checkout` takes the "
         "workflow from a checkout of the recorded revision instead).", "",
-        "```bash", install_line(pub, manifest),
+        "```bash", *install_lines(manifest),
         "tiledattn reproduce . --out ../reproduction --profile local", "```", "",
+        *([f"The study ran on {manifest['gpu']['name']}: on a machine without a CUDA GPU "
+           "`tiledattn reproduce` with the local profile refuses it (it would measure on the "
+           "CPU for hours); run it on such a GPU, or through `--profile slurm`.", ""]
+          if isinstance(manifest.get("gpu"), dict) and manifest["gpu"].get("name") else []),
         (f"The jobs ran in the container image `{image}` (the config's "
          "`launcher_options.image`), so the reproduction's jobs do too." if image else
          "The jobs ran without a container image (the config names none)."), "",

@@ -132,7 +132,11 @@ def _unpack_snapshot(data: bytes, out: str) -> int:
     import shutil
 
     with _snapshot_zip(data) as z:
-        infos = [i for i in z.infolist() if not i.is_dir()]
+        # The package's source is the README's to install: the workflow laid out here runs
+        # the installed tiledattention (Snakemake puts the workflow directory first on the
+        # path: a copy here would stand in for it).
+        infos = [i for i in z.infolist() if not i.is_dir()
+                 and i.filename.split("/")[0] not in _bundle.SNAPSHOT_SOURCE]
         names = [i.filename for i in infos]
         bad = [n for n in names if not _bundle._confined(n)]
         if bad:
