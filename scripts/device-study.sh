@@ -66,6 +66,15 @@ if [ ! -f "$OUT/.device-study" ] && [ -n "$(ls -A "$OUT")" ]; then
   echo "device-study: OUT holds files of its own; writing into $OUT" >&2
 fi
 touch "$OUT/.device-study"
+# SITE is removed and reinstalled when the kit changes: only one this script installed (its
+# .kit list) or one holding nothing but the bin/ it writes, never a user's directory.
+KIT=${KIT:-.whl}
+if [ -e "$SITE" ] && { [ ! -d "$SITE" ] || { [ -d "$KIT" ] && [ ! -f "$SITE/.kit" ] \
+     && [ -n "$(ls -A "$SITE" | grep -vx bin)$(ls -A "$SITE/bin" 2>/dev/null \
+                                             | grep -vx tiledattn)" ]; }; }; then
+  echo "device-study: SITE $SITE holds files this script did not install; name a new SITE" >&2
+  exit 2
+fi
 t0=$(date +%s)
 say() { echo "device-study [$(( $(date +%s) - t0 ))s]: $*" >&2; }
 

@@ -606,3 +606,17 @@ def test_reproduce_refuses_a_results_dir_in_the_home_directory_or_a_variable():
         with pytest.raises(StudyError, match="outside the workflow directory"):
             _results_dir({"results_dir": d})
     assert _results_dir({"results_dir": "results/smoke"}) == "results/smoke"
+
+
+def test_device_study_never_removes_a_site_directory_it_did_not_install(tmp_path):
+    (tmp_path / "results" / "smoke").mkdir(parents=True)
+    kit = tmp_path / "kit"
+    kit.mkdir()
+    (kit / "x-1.0-py3-none-any.whl").write_bytes(b"not really")
+    site = tmp_path / "mysite"
+    site.mkdir()
+    (site / "mine.py").write_text("years of work")
+    run = _device_study(tmp_path, OUT=str(tmp_path / "out"), KIT=str(kit), SITE=str(site))
+    assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, run.stderr
+    assert "holds files this script did not install" in run.stderr
+    assert (site / "mine.py").read_text() == "years of work"
