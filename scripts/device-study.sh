@@ -26,7 +26,8 @@
 #    bundle zip into $OUT (the device tool brings $OUT back).
 #
 # Environment: GPUS, KIT (default .whl), FA4KIT (default .fa4kit; scripts/device-baselines.sh
-# says how its loads travel), OUT (default /tmp/out), SITE (default /tmp/site), RESULTS (the study's
+# says how its loads travel), OUT (default /tmp/out; a directory holding files this script
+# did not write gets them in a fresh subdirectory), SITE (default /tmp/site), RESULTS (the study's
 # results directory when a --config overrides results_dir), TILEDATTENTION_SOURCE_REVISION
 # (the commit, recorded in every manifest: the copied tree may have no .git).
 # Exit: 0 finished, 3 stopped at the budget (run it again), else the failure's code.
@@ -50,7 +51,31 @@ case "$budget" in ''|*[!0-9]*) echo "device-study: BUDGET_S must be seconds, got
                                exit 2 ;; esac
 OUT=${OUT:-/tmp/out}
 SITE=${SITE:-/tmp/site}
-mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)  # absolute: --reproduce runs elsewhere
+# GPUS as a count: 0, 00 or 1x are refused here, before anything is installed or run.
+case "${GPUS:-1}" in *[!0-9]*|0*) echo "device-study: GPUS must be a positive whole number" \
+                                       "of GPUs, got '$GPUS'" >&2; exit 2 ;; esac
+# OUT is ours only when new, empty or marked by an earlier run of this script; otherwise
+# (a user's directory) everything goes into a fresh subdirectory of it: packing splits and
+# removes large files, and must never touch one it did not make.
+if [ -e "$OUT" ] && [ ! -d "$OUT" ]; then
+  echo "device-study: OUT $OUT exists and is not a directory; name a directory" >&2; exit 2
+fi
+mkdir -p "$OUT" 2>/dev/null && OUT=$(cd "$OUT" && pwd) \
+  || { echo "device-study: cannot make OUT $OUT" >&2; exit 2; }  # absolute: --reproduce cds
+if [ ! -f "$OUT/.device-study" ] && [ -n "$(ls -A "$OUT")" ]; then
+  OUT=$(mktemp -d "$OUT/device-study-$(date +%Y%m%d-%H%M%S)-XXXX")
+  echo "device-study: OUT holds files of its own; writing into $OUT" >&2
+fi
+touch "$OUT/.device-study"
+# SITE is removed and reinstalled when the kit changes: only one this script installed (its
+# .kit list) or one holding nothing but the bin/ it writes, never a user's directory.
+KIT=${KIT:-.whl}
+if [ -e "$SITE" ] && { [ ! -d "$SITE" ] || { [ -d "$KIT" ] && [ ! -f "$SITE/.kit" ] \
+     && [ -n "$(ls -A "$SITE" | grep -vx bin)$(ls -A "$SITE/bin" 2>/dev/null \
+                                             | grep -vx tiledattn)" ]; }; }; then
+  echo "device-study: SITE $SITE holds files this script did not install; name a new SITE" >&2
+  exit 2
+fi
 t0=$(date +%s)
 say() { echo "device-study [$(( $(date +%s) - t0 ))s]: $*" >&2; }
 
@@ -178,9 +203,10 @@ if [ -d "$results" ]; then
     -C "$(cd "$(dirname "$results")" && pwd)" "$name" "${logs[@]}"
   [ -f "$results/bundle.zip" ] && cp "$results/bundle.zip" "$OUT/$name-bundle.zip"
   # The device tool brings back files of at most 16 MiB: larger ones go in 15 MiB parts
-  # (cat NAME.part* > NAME to join them).
-  for f in "$OUT"/*; do
-    if [ -f "$f" ] && [ "$(stat -c %s "$f")" -gt $(( 16 << 20 )) ]; then
+  # (cat NAME.part* > NAME to join them). Only the two files written just above.
+  for f in "$OUT/$name-results.tar.gz" "$OUT/$name-bundle.zip"; do
+    if [ -f "$f" ] && [ ! -L "$f" ] && [ "$(stat -c %s "$f")" -gt $(( 16 << 20 )) ]; then
+      rm -f "$f".part[0-9][0-9]  # an earlier run's parts of this file
       split -b 15M -d "$f" "$f.part" && rm "$f"
     fi
   done

@@ -1,13 +1,33 @@
 #!/usr/bin/env bash
-# Create .venv and install tiledattention with the cuTile compiler and dev tools.
-# Reuses a system PyTorch (GPU nodes ship one); otherwise installs torch 2.13.0.
+# Create .venv and install tiledattention with the cuTile compiler and dev tools, every
+# dependency at the version containers/requirements.lock and requirements-dev.lock pin.
+# The venv sees none of the system's packages (a distribution's own, e.g. Debian's
+# python3-pyparsing 3.0.9, would stand in for the locked ones) except its PyTorch: a GPU
+# node's torch (and its CUDA libraries) is lent to it by scripts/borrow-torch.py; without
+# one, torch 2.13.0 is installed.
+#   PYTHON (default python3): the interpreter the venv is made from, and whose torch is lent
+#   VENV (default .venv); TORCH_FROM (default $PYTHON): the interpreter whose torch to lend
+#   SETUP_EXTRAS (default gpu,dev,workflow,hf): the extras installed
+#   TORCH_INDEX: where torch comes from when none is lent (e.g. PyTorch's CPU wheels,
+#   https://download.pytorch.org/whl/cpu, on a machine without a GPU)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-if [ ! -x .venv/bin/python ]; then
-  "$PY" -m venv --system-site-packages .venv
+VENV=${VENV:-.venv}
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PY" -m venv "$VENV"
 fi
-. .venv/bin/activate
+# A venv this script made before inherited every system package: now only the torch lent.
+sed -i 's/^include-system-site-packages = true/include-system-site-packages = false/' \
+  "$VENV/pyvenv.cfg"
+. "$VENV/bin/activate"
+site=$(python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+if "${TORCH_FROM:-$PY}" -c "import torch" 2>/dev/null; then
+  "${TORCH_FROM:-$PY}" scripts/borrow-torch.py "$site"
+fi
+python scripts/constraints.py > "$VENV/constraints.txt"  # the two locks, merged
+locks=(-c "$VENV/constraints.txt")
 python -m pip install -q --upgrade pip
-python -c "import torch" 2>/dev/null || python -m pip install -q "torch==2.13.0"
-python -m pip install -q -e ".[gpu,dev,workflow,hf]"
+python -c "import torch" 2>/dev/null || python -m pip install -q "${locks[@]}" \
+  ${TORCH_INDEX:+--index-url "$TORCH_INDEX"} "torch==2.13.0"
+python -m pip install -q "${locks[@]}" -e ".[${SETUP_EXTRAS:-gpu,dev,workflow,hf}]"

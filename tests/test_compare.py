@@ -198,6 +198,7 @@ def test_compare_never_writes_into_a_bundle_by_default(tmp_path):
     study = tmp_path / "study"
     (study / "bundle").mkdir(parents=True)
     (study / "bundle" / "SHA256SUMS").write_text("")
+    (study / "manifest.json").write_text("{}")  # a study's results directory
     assert compare.default_out(str(study / "bundle")) == str(study / "compare")
     assert compare.default_out(str(study)) == str(study / "compare")
     assert compare.default_out(str(tmp_path / "study" / "bundle.zip")) == str(study / "compare")

@@ -101,10 +101,20 @@ def _tiny_study(tmp_path: Path) -> Path:
     row = {"format": "tiledattention-bench-row/1", "point_key": "k", "method": "eager",
            "status": "unavailable", "reason": "x", "config_hash": "h"}
     (study / "aggregate" / "rows.jsonl").write_text(json.dumps(row) + "\n")
+    _tables(study)
     run = {"tiledattention": "0.1.0", "torch": "2.11.0", "gpu": None, "config_hash": "c",
            "started": "2026-01-01T00:00:00+00:00", "finished": "2026-01-01T01:00:00+00:00"}
     (study / "manifest.json").write_text(json.dumps(manifest.merge({"a": run})))
     return study
+
+
+def _tables(study: Path) -> None:
+    """The aggregate's table files (bundle create refuses a study without them)."""
+    from tiledattention.study.tables import NAMES
+
+    (study / "aggregate" / "tables").mkdir(parents=True, exist_ok=True)
+    for name in NAMES:
+        (study / "aggregate" / "tables" / f"{name}.md").write_text(f"# {name}\n")
 
 
 def _create(study: Path, out: Path, repo: Path = ROOT, force: bool = False) -> dict:
@@ -125,6 +135,8 @@ def test_bundle_create_never_deletes_a_users_directory_or_the_study(tmp_path):
     (mine / "thesis.tex").write_text("years of work")
     with pytest.raises(StudyError, match="not empty and not a bundle.*--force"):
         _create(study, mine)
+    with pytest.raises(StudyError, match="--force replaces only a bundle of ours"):
+        _create(study, mine, force=True)
     assert (mine / "thesis.tex").read_text() == "years of work"
     before = sorted(p.name for p in study.rglob("*"))
     for out in (study, tmp_path):  # the study itself, and a directory holding it

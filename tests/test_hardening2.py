@@ -355,7 +355,9 @@ def test_bundle_verify_finds_a_bundle_that_disagrees_with_itself(tmp_path):
     agg = study / "aggregate"
     rows = [_row("p0"), _row("p1")]
     (agg / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (agg / "rows.csv").write_text("method,point_key\neager,p0\neager,p1\n")
+    from tiledattention.study.frame import write_rows_table
+
+    write_rows_table(rows, str(agg))  # rows.csv as aggregate writes it
     src = Path(_create(study, tmp_path / "good")["dir"])
     assert bundle.verify(str(src)) == []
 

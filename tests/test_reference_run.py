@@ -14,7 +14,6 @@ import torch
 from tiledattention.cli import main
 from tiledattention.errors import StudyError
 from tiledattention.study import bundle, reproduce
-from tiledattention.study.metadata import Publication
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -78,11 +77,13 @@ def test_systems_refuses_bad_input_in_one_line(tmp_path, capsys, args, words):
     assert len(err) == 1 and words in err[0]
 
 
-def test_without_a_repository_url_the_readme_says_how_to_set_it():
-    pub = Publication.from_dict({"title": "t"}, "0.1.0")
-    line = bundle.install_line(pub, {"stack": {"git_commit": "abc", "tiledattention": "0.1.0"}})
-    assert line.startswith('python -m pip install "tiledattention[workflow]==0.1.0"')
-    assert "# no repository URL recorded" in line and "revision" not in line
+def test_the_readme_installs_from_the_bundles_own_source_with_the_gpu_extra_on_a_gpu():
+    gpu = bundle.install_lines({"gpu": {"name": "NVIDIA H100 80GB HBM3"}})
+    assert gpu == ["python -m zipfile -e workflow-snapshot.zip ../source   # this run's source",
+                   'python -m pip install "../source[gpu,workflow]"']
+    cpu = bundle.install_lines({"gpu": None})
+    assert "--index-url https://download.pytorch.org/whl/cpu" in cpu[1]  # no CUDA torch
+    assert cpu[2] == 'python -m pip install "../source[workflow]"'
     assert "publication.repository" in bundle.NO_REPOSITORY
 
 

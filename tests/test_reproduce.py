@@ -1,7 +1,7 @@
 """tiledattn reproduce: a bundle's README "How to reproduce", followed literally in a fresh
-directory (install the recorded revision from the recorded repository, then the one
-command), re-runs the smoke study (CPU) through the local profile and ends with a verified
-bundle holding the comparison against the original."""
+directory (install the run's source from the bundle's own snapshot, then the one command),
+re-runs the smoke study (CPU) through the local profile and ends with a verified bundle
+holding the comparison against the original."""
 
 from __future__ import annotations
 
@@ -75,13 +75,17 @@ def _fresh_environment(tmp: Path) -> dict:
 def test_the_bundle_readme_names_the_repository_and_one_reproduce_command(original):
     readme = (original / "README.md").read_text()
     steps = _readme_steps(readme)
-    assert steps == [
-        f'python -m pip install "tiledattention[workflow] @ git+file://{ROOT}@{_head()}"',
+    assert steps == [  # a CPU study: the source from the bundle, torch's CPU wheels
+        "python -m zipfile -e workflow-snapshot.zip ../source   # this run's source",
+        'python -c "import torch" 2>/dev/null || python -m pip install torch --index-url '
+        "https://download.pytorch.org/whl/cpu",
+        'python -m pip install "../source[workflow]"',
         "tiledattn reproduce . --out ../reproduction --profile local"]
     crate = json.loads((original / "ro-crate-metadata.json").read_text())
     workflow = next(e for e in crate["@graph"] if e["@id"] == "workflow-snapshot.zip")
     assert workflow["codeRepository"] == f"file://{ROOT}"
-    assert f"Source: file://{ROOT} at revision {_head()}" in readme
+    assert f"Source: file://{ROOT} at revision {_head()}" in readme, \
+        [ln for ln in readme.splitlines() if "Source:" in ln]
 
 
 def test_following_the_bundle_readme_in_a_fresh_directory_reproduces_the_study(
@@ -152,6 +156,9 @@ def test_the_laid_out_workflow_keeps_the_snapshots_file_times(original, tmp_path
         for info in z.infolist():
             if info.filename.endswith("/") or info.filename == "config/study-config.yaml":
                 continue  # the bundle's exact config is written over the snapshot's
+            if info.filename.split("/")[0] in bundle.SNAPSHOT_SOURCE:
+                assert not (out / info.filename).exists()  # the README installs it
+                continue
             recorded = time.mktime((*info.date_time, 0, 0, -1))
             assert (out / info.filename).stat().st_mtime == recorded, info.filename
 

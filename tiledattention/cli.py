@@ -305,9 +305,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--config", required=True, help="the study config (YAML)")
     b.add_argument("--out", required=True, help="bundle directory (DIR.zip next to it); "
                    "must be new, empty or a previous bundle")
-    b.add_argument("--force", action="store_true", help="replace --out and DIR.zip even when "
-                   "they hold files that are not a previous bundle's (never the study or the "
-                   "source checkout, nor anything inside them)")
+    b.add_argument("--force", action="store_true", help="replace a previous bundle in --out "
+                   "even when files were added to it; never a directory without the marker "
+                   "file bundle create writes, a zip it did not make, the study or the source "
+                   "checkout, nor anything inside them")
     b.add_argument("--compact", action="store_true", help="a bundle small enough to commit "
                    "(a reference): the rows gzipped (data/*.jsonl.gz, with the schedule "
                    "ladder's and the shapes grids' rows), no rows.csv/parquet, no figures (its "
@@ -328,9 +329,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "or a rows file")
     p.add_argument("reference", help="the reference: a shipped system (e.g. h100) or another "
                    "study (bundle, results directory, rows file)")
-    p.add_argument("--tolerance", nargs="+", metavar="PCT", help="percent, both measures "
-                   "(15) or per measure (kernel=10 call=25) (default: a shipped system's own "
-                   "bounds; for a study, kernel 10, call 25)")
+    p.add_argument("--tolerance", nargs="+", metavar="PCT", help="percent: one number for "
+                   "both measures (15), or each measure named (kernel=10 call=25); two bare "
+                   "numbers are refused (default: a shipped system's own bounds; for a study, "
+                   "kernel 10, call 25)")
     p.add_argument("--out", help="directory for compare.md/.csv/.png/.pdf (default: compare/ "
                    "in the new study's directory)")
 
@@ -369,6 +371,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: kernel 10, call 25 percent)")
     p.add_argument("--snakemake-args", nargs="+", default=[], metavar="ARG",
                    help="passed on to snakemake, e.g. --snakemake-args=-n")
+    p.add_argument("--without-gpu", action="store_true", help="re-run a GPU bundle's study "
+                   "with the local profile on a machine without a CUDA GPU (refused "
+                   "otherwise: it would measure on the CPU for hours)")
 
     p = _verb(sub, "advise", _advise, "predict TiledAttention's and PyTorch SDPA's throughput "
               "for a model's attention shape from the nearest measured points, flag tile and "
@@ -579,6 +584,7 @@ def _sweep(args) -> int:
 
 
 def _aggregate(args) -> int:
+    import contextlib
     import glob
     import os
 
@@ -612,13 +618,17 @@ def _aggregate(args) -> int:
     from .study.tables import write_all
 
     check_rows(rows, args.rows, point=True)  # the tables group rows by their point
-    write(rows, args.out, csv_table=False)  # rows.csv comes next, dictionary order
-    table = write_rows_table(rows, args.out)["csv"]
     ladder = load_checked(args.ladder, point=True) if args.ladder else []
+    # rows.jsonl last, the earlier one gone first: a killed aggregate never leaves rows.jsonl
+    # beside tables and rows.csv it did not write (bundle create needs rows.jsonl).
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(os.path.join(args.out, "rows.jsonl"))
+    table = write_rows_table(rows, args.out)["csv"]
     paths = write_all(rows, os.path.join(args.out, "tables"), tune_table=args.tune_table,
                       ladder_rows=ladder, shape_rows=_shape_rows(args.shapes),
                       model_rows=_model_rows(args.model),
                       variant_rows=_variant_rows(args.variants))
+    write(rows, args.out, csv_table=False)
     print(f"aggregate: {len(rows)} rows ({counts}) -> {table}; {len(paths)} table files in "
           f"{args.out}/tables", file=sys.stderr)
     return 0
@@ -864,11 +874,15 @@ def _compare(args) -> int:
 
     checks, paths = run(args.new, args.reference, tolerance=args.tolerance, out=args.out)
     print(f"compare: {verdict_line(checks)}; {paths[1]}")
-    for c in failed(checks)[:10]:
+    bad = failed(checks)
+    for c in bad[:10]:
         print(f"compare: {c.verdict}: {c.point} {c.method} {c.measure} "
               f"{'—' if c.diff_pct is None else f'{c.diff_pct:+.1f} %'} {c.why}".rstrip(),
               file=sys.stderr)
-    return FAILED if failed(checks) else 0
+    if len(bad) > 10:
+        print(f"compare: … and {len(bad) - 10} more failed checks (all in {paths[0]})",
+              file=sys.stderr)
+    return FAILED if bad else 0
 
 
 def _precompile(args) -> int:
@@ -904,7 +918,8 @@ def _reproduce(args) -> int:
                                    "reproduction-" + os.path.basename(path).removesuffix(".zip"))
     return reproduce(args.bundle, out, source=args.source,
                      profile=args.profile, reference=args.reference,
-                     tolerance=args.tolerance, snakemake_args=tuple(args.snakemake_args))
+                     tolerance=args.tolerance, snakemake_args=tuple(args.snakemake_args),
+                     without_gpu=args.without_gpu)
 
 
 def _advise(args) -> int:

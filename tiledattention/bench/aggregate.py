@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import glob
 import json
@@ -42,21 +43,23 @@ def concat(rows_dir: str, skipped: list[int] | None = None,
 
 
 def write(rows: list[dict], out_dir: str, *, csv_table: bool = True) -> tuple[str, str]:
-    """rows.jsonl and (unless the caller writes its own) rows.csv in ``out_dir``."""
+    """rows.csv (unless the caller writes its own) and then rows.jsonl in ``out_dir``:
+    rows.jsonl, written last, says the rest is there."""
     os.makedirs(out_dir, exist_ok=True)
     jsonl = os.path.join(out_dir, "rows.jsonl")
+    table = os.path.join(out_dir, "rows.csv")
+    if csv_table:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(jsonl)  # an earlier run's: never beside a newer rows.csv
+        flat = [flatten(r) for r in rows]
+        columns = sorted({k for r in flat for k in r})
+        with atomic_write(table, newline="") as f:
+            w = csv.DictWriter(f, fieldnames=columns)
+            w.writeheader()
+            w.writerows(flat)
     with atomic_write(jsonl) as f:  # a killed aggregate never leaves half a table
         for r in rows:
             f.write(json.dumps(r, sort_keys=True) + "\n")
-    table = os.path.join(out_dir, "rows.csv")
-    if not csv_table:
-        return jsonl, table
-    flat = [flatten(r) for r in rows]
-    columns = sorted({k for r in flat for k in r})
-    with atomic_write(table, newline="") as f:
-        w = csv.DictWriter(f, fieldnames=columns)
-        w.writeheader()
-        w.writerows(flat)
     return jsonl, table
 
 

@@ -418,12 +418,41 @@ def _validate_section(obj, where: str) -> None:
             raise ConfigError(f"{name}: listed more than once")
 
 
+# A grid larger than this is refused before it is planned (it would run for days): the
+# paper's study has a few hundred points. TILEDATTN_MAX_POINTS raises it.
+MAX_POINTS = 20_000
+
+
+def _check_size(cfg: BenchConfig) -> None:
+    """The grid's point count (its axes multiplied, before points that cannot exist are
+    left out) within MAX_POINTS, counted without expanding it."""
+    import math
+    import os
+
+    g, d = cfg.grid, cfg.decode
+    axes = [len(g.dtypes), len(g.causal), len(g.head_dims), len(g.seqs),
+            len(g.seqs_kv or (0,)), len(g.gqa), len(g.passes)]
+    count = math.prod(axes)
+    if d.enabled:
+        count += math.prod([len(d.dtypes), len(d.head_dims), len(d.seqs_q), len(d.seqs_kv),
+                            len(d.batches), len(d.gqa)])
+    raw = os.environ.get("TILEDATTN_MAX_POINTS", "")
+    limit = int(raw) if raw.isdigit() else MAX_POINTS
+    if count > limit:
+        raise ConfigError(f"grid: up to {count} points (dtypes × causal × head_dims × seqs × "
+                          f"seqs_kv × gqa × passes = {' × '.join(map(str, axes))}"
+                          f"{', plus decode' if d.enabled else ''}), over the limit of "
+                          f"{limit}; a smaller grid, or TILEDATTN_MAX_POINTS={count} to run "
+                          "it anyway")
+
+
 def validate(cfg: BenchConfig) -> BenchConfig:
     from ..errors import ScheduleError
     from .grid import impossible
     from .methods import get_method
 
     _validate_section(cfg, "")
+    _check_size(cfg)
     why = impossible(cfg)
     if why:
         raise ConfigError(why)

@@ -56,8 +56,11 @@ MARKER = ".tiledattention-bundle"
 # files (a cluster account, a token), only the files the project ships, by name; in the
 # code directories, files of the kinds below (never dotfiles such as config/.env).
 SNAPSHOT = ("Snakefile", "workflow", "config", "profiles", "containers", "pyproject.toml")
+# The package that ran (from the checkout it was imported from) goes into the snapshot too:
+# the bundle README installs from it. tiledattn reproduce lays out only the workflow.
+SNAPSHOT_SOURCE = ("tiledattention", "README.md")
 SNAPSHOT_SHIPPED = (
-    "Snakefile", "pyproject.toml", "config/README.md", "config/config.yaml",
+    "Snakefile", "pyproject.toml", "README.md", "config/README.md", "config/config.yaml",
     "config/reference.yaml", "config/scaling.yaml",
     "config/smoke.yaml", "config/bench-backward.yaml", "config/bench-decode.yaml",
     "config/bench-h100-small.yaml", "config/bench-sdpa.yaml", "config/bench-smoke.yaml",
@@ -65,9 +68,9 @@ SNAPSHOT_SHIPPED = (
     "config/variants-h100.yaml",
     "profiles/README.md", "profiles/local/config.yaml", "profiles/slurm/README.md",
     "profiles/slurm/config.yaml")
-SNAPSHOT_CODE = ("workflow", "containers")
+SNAPSHOT_CODE = ("workflow", "containers", "tiledattention")
 SNAPSHOT_SUFFIXES = (".smk", ".py", ".yaml", ".yml", ".json", ".lock", ".def", ".md", ".txt",
-                     ".sh", ".toml", ".cfg", ".tsv", ".csv", ".rst")
+                     ".sh", ".toml", ".cfg", ".tsv", ".csv", ".rst", ".json.gz")
 SNAPSHOT_NAMES = ("Snakefile", "Dockerfile", "Containerfile")
 STUDY_CONFIG = "config/study-config.yaml"  # in the bundle and in its workflow snapshot
 # Limits for verifying a bundle nobody vouches for: far above a real study's.
@@ -110,11 +113,11 @@ def _copy(src: str, dest: str) -> None:
     shutil.copy2(src, dest)
 
 
-def snapshot_files(repo_root: str) -> tuple[list[str], str]:
+def snapshot_files(repo_root: str, items: tuple[str, ...] = SNAPSHOT) -> tuple[list[str], str]:
     """(files for the workflow snapshot, how they were chosen): what git tracks under
-    SNAPSHOT, or without git the allow-listed kinds of file there."""
+    ``items``, or without git the allow-listed kinds of file there."""
     try:
-        run = subprocess.run(["git", "-C", repo_root, "ls-files", "-z", "--", *SNAPSHOT],
+        run = subprocess.run(["git", "-C", repo_root, "ls-files", "-z", "--", *items],
                              capture_output=True, timeout=60)
         tracked = [f for f in run.stdout.decode().split("\0") if f] if run.returncode == 0 \
             else []
@@ -123,8 +126,9 @@ def snapshot_files(repo_root: str) -> tuple[list[str], str]:
     if tracked:
         return sorted(f for f in tracked if _plain_file(os.path.join(repo_root, f))), \
             "the files git tracks"
-    chosen = [rel for rel in SNAPSHOT_SHIPPED if _plain_file(os.path.join(repo_root, rel))]
-    for item in SNAPSHOT_CODE:
+    chosen = [rel for rel in SNAPSHOT_SHIPPED if rel.split("/")[0] in items
+              and _plain_file(os.path.join(repo_root, rel))]
+    for item in (c for c in SNAPSHOT_CODE if c in items):
         path = os.path.join(repo_root, item)
         for rel in [os.path.join(item, r) for r in _files(path)] if os.path.isdir(path) else []:
             parts = rel.split(os.sep)
@@ -166,7 +170,13 @@ def _study_files(root: str, study_dir: str) -> list[str]:
                 raise StudyError(f"bundle: {os.path.join(d, n)} is a linked directory; only "
                                  "regular files go into a bundle")
         for n in names:
-            rels.append(os.path.relpath(_source(os.path.join(d, n), study_dir), root))
+            rel = os.path.relpath(_source(os.path.join(d, n), study_dir), root)
+            if any(ord(c) < 32 or c == "\x7f" for c in rel) or \
+                    not _confined(rel.replace(os.sep, "/")):
+                raise StudyError(f"bundle: {os.path.join(d, n)!r}: a file name with a "
+                                 "control character (a newline would break SHA256SUMS) or "
+                                 "a backslash; rename it or move it out of the study")
+            rels.append(rel)
     return sorted(rels)
 
 
@@ -174,13 +184,21 @@ def _snapshot(repo_root: str, dest_zip: str, config: str | None = None) -> tuple
     """The workflow snapshot, with the study's exact config as config/study-config.yaml
     (so the unpacked snapshot runs with --configfile config/study-config.yaml)."""
     files, how = snapshot_files(repo_root)
+    # The package that ran, from where it was imported (a checkout, or an installed copy).
+    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    source = {rel: os.path.join(package_root, rel)
+              for rel in snapshot_files(package_root, SNAPSHOT_SOURCE)[0]}
+    if "README.md" not in source and _plain_file(os.path.join(repo_root, "README.md")):
+        source["README.md"] = os.path.join(repo_root, "README.md")  # pyproject's readme
     with zipfile.ZipFile(dest_zip, "w", zipfile.ZIP_DEFLATED) as z:
         for rel in files:
             if rel != STUDY_CONFIG or config is None:
                 z.write(os.path.join(repo_root, rel), rel)
+        for rel in sorted(set(source) - set(files)):  # the package that ran, to install
+            z.write(source[rel], rel)
         if config is not None:
             z.write(config, STUDY_CONFIG)
-    return len(set(files) | ({STUDY_CONFIG} if config else set())), how
+    return len(set(files) | set(source) | ({STUDY_CONFIG} if config else set())), how
 
 
 def headline(rows: list[dict], manifest: dict) -> str:
@@ -190,6 +208,16 @@ def headline(rows: list[dict], manifest: dict) -> str:
     return bench_sentence(rows, (manifest.get("gpu") or {}).get("name") or "a CPU (no GPU)")
 
 
+def rows_summary(rows: list[dict]) -> str:
+    """The README's count of the published rows (verify recomputes it from the rows)."""
+    statuses: dict[str, int] = {}
+    for r in rows:
+        statuses[str(r.get("status"))] = statuses.get(str(r.get("status")), 0) + 1
+    return (f"{len({r.get('point_key') for r in rows})} benchmark points × "
+            f"{len({r.get('method') for r in rows})} methods = {len(rows)} rows; rows by "
+            "status: " + ", ".join(f"{k} {v}" for k, v in sorted(statuses.items())))
+
+
 def _readme(pub: Publication, rows: list[dict], manifest: dict, table4: str,
             config_name: str, snapshot: tuple[int, str], variants_line: str = "",
             compact: list[str] | None = None) -> str:
@@ -197,15 +225,10 @@ def _readme(pub: Publication, rows: list[dict], manifest: dict, table4: str,
     section names them, and how the figures and tables rebuild from them)."""
     stack = manifest.get("stack") or {}
     gpu = manifest.get("gpu") or {}
-    statuses: dict[str, int] = {}
-    for r in rows:
-        statuses[r["status"]] = statuses.get(r["status"], 0) + 1
     lines = [
         f"# {pub.title}", "", pub.description, "", "## Headline", "",
         headline(rows, manifest) + variants_line, table4, "", "## What was measured", "",
-        f"{len({r['point_key'] for r in rows})} benchmark points × "
-        f"{len({r['method'] for r in rows})} methods = {len(rows)} rows; rows by status: "
-        + ", ".join(f"{k} {v}" for k, v in sorted(statuses.items()))
+        rows_summary(rows)
         + " (`tables/status.*` lists every row that is not ok, with the reason).", "",
         ("Timing: CUDA events around each call (L2 flushed before each call when the "
          "config says so), " if gpu else "Timing: wall clock around each call on the CPU, ")
@@ -291,17 +314,21 @@ NO_REPOSITORY = ("no repository URL recorded (set `publication.repository` in th
                  "`origin`, then rebuild the bundle)")
 
 
-def install_line(pub: Publication, manifest: dict) -> str:
-    """The README's install step: the recorded revision from the recorded repository."""
-    stack = manifest.get("stack") or {}
-    commit, repo = stack.get("git_commit"), pub.repository
-    if repo and commit:
-        return f'python -m pip install "tiledattention[workflow] @ git+{repo}@{commit}"'
-    version = stack.get("tiledattention") or pub.version
-    missing = " and ".join(w for w, v in (("repository URL", repo), ("revision", commit))
-                           if not v)
-    return (f'python -m pip install "tiledattention[workflow]=={version}"   # no {missing} '
-            "recorded: the same version from your package index")
+CPU_TORCH = "https://download.pytorch.org/whl/cpu"  # PyTorch's CPU wheels (no CUDA)
+
+
+def install_lines(manifest: dict) -> list[str]:
+    """The README's install steps: tiledattention from the bundle's own source snapshot
+    (the run's package, workflow and pyproject.toml), with the gpu extra where the study ran
+    on a GPU; a CPU study's torch from PyTorch's CPU wheels unless one is installed (PyPI's
+    default Linux wheel carries the CUDA libraries, gigabytes)."""
+    gpu = isinstance(manifest.get("gpu"), dict) and bool(manifest["gpu"].get("name"))
+    lines = ["python -m zipfile -e workflow-snapshot.zip ../source   # this run's source"]
+    if not gpu:
+        lines.append(f'python -c "import torch" 2>/dev/null || python -m pip install torch '
+                     f"--index-url {CPU_TORCH}")
+    lines.append(f'python -m pip install "../source[{"gpu,workflow" if gpu else "workflow"}]"')
+    return lines
 
 
 def reproduce_section(pub: Publication, manifest: dict, snapshot: tuple[int, str]) -> list[str]:
@@ -310,15 +337,20 @@ def reproduce_section(pub: Publication, manifest: dict, snapshot: tuple[int, str
     image = (manifest.get("container") or {}).get("image")
     return [
         "## How to reproduce", "",
-        "In the directory holding this README (the unpacked bundle), install the recorded "
-        "revision with its workflow tools, then re-run the study: the same config and grid "
+        "In the directory holding this README (the unpacked bundle), install this run's "
+        "source (the bundle's `workflow-snapshot.zip` holds it) with its workflow tools, "
+        "then re-run the study: the same config and grid "
         "(`config/study-config.yaml`), the workflow of this run (`workflow-snapshot.zip`), "
         "through a Snakemake profile (`local`, `slurm`, or the path of your own). It ends "
         "with a verified bundle of the new run and `tiledattn compare` of it against this "
         "one (exit 1 on a regression beyond the tolerances; `--source checkout` takes the "
         "workflow from a checkout of the recorded revision instead).", "",
-        "```bash", install_line(pub, manifest),
+        "```bash", *install_lines(manifest),
         "tiledattn reproduce . --out ../reproduction --profile local", "```", "",
+        *([f"The study ran on {manifest['gpu']['name']}: on a machine without a CUDA GPU "
+           "`tiledattn reproduce` with the local profile refuses it (it would measure on the "
+           "CPU for hours); run it on such a GPU, or through `--profile slurm`.", ""]
+          if isinstance(manifest.get("gpu"), dict) and manifest["gpu"].get("name") else []),
         (f"The jobs ran in the container image `{image}` (the config's "
          "`launcher_options.image`), so the reproduction's jobs do too." if image else
          "The jobs ran without a container image (the config names none)."), "",
@@ -422,6 +454,39 @@ def _zip_is_ours(zip_path: str, base: str) -> bool:
         return False
 
 
+def _has_marker(out_dir: str) -> bool:
+    """``out_dir`` holds the marker file bundle create writes into every bundle it makes."""
+    try:
+        mark = load_json(os.path.join(out_dir, MARKER), cap=JSON_MAX)
+    except UnsafeFileError:
+        return False
+    return isinstance(mark, dict) and str(mark.get("format", "")).startswith(
+        "tiledattention-bundle/")
+
+
+def bundle_holding(path: str) -> str | None:
+    """The bundle directory that is or holds ``path`` (one with SHA256SUMS and the marker
+    file), or None: what is written there breaks its verify."""
+    d = os.path.realpath(path)
+    while True:
+        if os.path.isfile(os.path.join(d, SUMS)) and os.path.isfile(os.path.join(d, MARKER)):
+            return d
+        parent = os.path.dirname(d)
+        if parent == d:
+            return None
+        d = parent
+
+
+def _account_home() -> str:
+    """The home directory of the account (the password database), whatever $HOME says."""
+    import pwd
+
+    try:
+        return pwd.getpwuid(os.getuid()).pw_dir or "/"
+    except KeyError:
+        return "/"
+
+
 def _replaces(out_dir: str) -> bool:
     """Replacing ``out_dir`` would delete files that are not a bundle of ours."""
     return os.path.isdir(out_dir) and bool(os.listdir(out_dir)) and not _is_ours(out_dir)
@@ -429,10 +494,13 @@ def _replaces(out_dir: str) -> bool:
 
 def _check_out(out_dir: str, study_dir: str, repo_root: str, force: bool) -> None:
     """Refuse an --out whose replacement would lose something: the study, the source, a
-    non-bundle directory or zip (unless ``force``)."""
+    directory or zip this tool did not make. ``force`` replaces a bundle of ours that has
+    files added to it, nothing else: what is replaced is decided by the marker file in the
+    directory, never by the environment ($HOME can name any directory)."""
     out = os.path.realpath(out_dir)
     for what, path in (("the study directory", study_dir), ("the source checkout", repo_root),
-                       ("your home directory", os.path.expanduser("~")), ("/", "/")):
+                       ("your home directory", os.path.expanduser("~")),
+                       ("your home directory", _account_home()), ("/", "/")):
         p = os.path.realpath(path)
         if out == p or p.startswith(out.rstrip(os.sep) + os.sep):
             raise StudyError(f"--out {out_dir}: is or contains {what}; name a new directory "
@@ -450,14 +518,19 @@ def _check_out(out_dir: str, study_dir: str, repo_root: str, force: bool) -> Non
             raise StudyError(f"--out {out_dir}: inside {what}, --force never replaces what is "
                              "there; name a new directory (or a previous bundle) for the "
                              "bundle")
-    if _replaces(out_dir) and not force:
+    if _replaces(out_dir) and not (force and _has_marker(out_dir)):
+        if force:
+            raise StudyError(f"--out {out_dir}: not a bundle tiledattn made (no {MARKER}); "
+                             "--force replaces only a bundle of ours, never another directory"
+                             "; name a new directory for the bundle")
         raise StudyError(f"--out {out_dir}: not empty and not a bundle of tiledattn's alone "
                          f"(no {MARKER}, or files it did not write); name a new directory, or "
-                         "pass --force to replace it and everything in it")
-    if os.path.lexists(zip_path) and not force and not (
-            os.path.isfile(zip_path) and _zip_is_ours(zip_path, os.path.basename(out))):
+                         "pass --force to replace a bundle of ours that has files added")
+    if os.path.lexists(zip_path) and not (
+            os.path.isfile(zip_path) and not os.path.islink(zip_path)
+            and _zip_is_ours(zip_path, os.path.basename(out))):
         raise StudyError(f"{zip_path}: exists and is not a bundle zip of tiledattn's; move it "
-                         "away, or pass --force to replace it")
+                         "away (--force never replaces a file tiledattn did not make)")
 
 
 def create(study_dir: str, out_dir: str, *, config: dict, config_name: str, repo_root: str,
@@ -479,6 +552,7 @@ def create(study_dir: str, out_dir: str, *, config: dict, config_name: str, repo
         if not os.path.lexists(need):
             raise StudyError(f"bundle: {need} is missing (run the aggregate and manifest "
                              "steps first)")
+    _check_tables(agg)
     _check_out(out_dir, study_dir, repo_root, force)
     publication = dataclasses.replace(
         publication, repository=repository_url(publication.repository, repo_root))
@@ -503,12 +577,25 @@ def create(study_dir: str, out_dir: str, *, config: dict, config_name: str, repo
             _zip_dir(work, tmp_zip, base, skip=(".bundle.zip",))
             os.replace(tmp_zip, zip_path)
             if os.path.isdir(out_dir) and not os.path.islink(out_dir):
-                shutil.rmtree(out_dir)  # checked above: a previous bundle, empty, or forced
+                shutil.rmtree(out_dir)  # checked above: a bundle of ours (its marker) or empty
             os.replace(work, out_dir)
         except BaseException:
             shutil.rmtree(work, ignore_errors=True)
             raise
     return {"dir": out_dir, "zip": zip_path, "files": files}
+
+
+def _check_tables(agg: str) -> None:
+    """The aggregate's tables are all there: an aggregate stopped before them (or run with
+    --rows-only) left a study that is not ready to publish."""
+    from .tables import NAMES
+
+    missing = [n for n in NAMES if not os.path.isfile(os.path.join(agg, "tables", f"{n}.md"))]
+    if missing:
+        raise StudyError(f"bundle: {agg}/tables lacks {len(missing)} of the study's "
+                         f"{len(NAMES)} tables ({', '.join(missing[:3])}"
+                         f"{', …' if len(missing) > 3 else ''}); run the aggregate step "
+                         "again (without --rows-only)")
 
 
 def _check_config(manifest: dict, config: dict, manifest_path: str) -> None:
@@ -548,20 +635,46 @@ def _published_rows(study_dir: str) -> list[dict]:
 
 
 def _csv_disagrees(rows: list[dict], data: bytes) -> str | None:
-    """Why rows.csv does not list ``rows`` (same pairs, same order), or None."""
+    """Why rows.csv does not list ``rows`` value for value (same pairs, same order, every
+    column of each row with the same value), or None."""
     import csv
     import io
 
     try:
-        listed = [(r.get("point_key"), r.get("method"))
-                  for r in csv.DictReader(io.StringIO(data.decode("utf-8")))]
+        listed = list(csv.DictReader(io.StringIO(data.decode("utf-8"))))
     except (UnicodeDecodeError, csv.Error) as exc:
         return f"rows.csv unreadable: {exc}"
-    want = [(r.get("point_key"), r.get("method")) for r in rows]
-    if listed != want:
-        return f"rows.csv has {len(listed)} rows, rows.jsonl {len(want)}" if \
-            len(listed) != len(want) else "rows.csv lists other points or methods"
+    if len(listed) != len(rows):
+        return f"rows.csv has {len(listed)} rows, rows.jsonl {len(rows)}"
+    if [(c.get("point_key"), c.get("method")) for c in listed] != \
+            [(r.get("point_key"), r.get("method")) for r in rows]:
+        return "rows.csv lists other points or methods"
+    from ..bench.aggregate import flatten
+
+    for n, (row, cells) in enumerate(zip(rows, listed), 1):
+        flat = flatten(row)
+        for col in sorted(set(flat) | set(cells)):
+            if col is None or not _same_cell(flat.get(col), cells.get(col)):
+                return (f"rows.csv row {n} ({row.get('point_key')}, {row.get('method')}): "
+                        f"{col} is {cells.get(col)!r} there, {flat.get(col)!r} in rows.jsonl")
     return None
+
+
+def _same_cell(value, cell: str | None) -> bool:
+    """A rows.jsonl value and its rows.csv cell (as pandas writes it) say the same."""
+    import math
+
+    if cell is None:  # no such column in the CSV
+        return value is None
+    if value is None or value == "":
+        return cell == ""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return cell == (value if isinstance(value, str) else str(value))
+    try:
+        got = float(cell)
+    except ValueError:
+        return False
+    return math.isclose(got, float(value), rel_tol=1e-12, abs_tol=0.0)
 
 
 def _copy_data(out_dir: str, study_dir: str) -> None:
@@ -724,7 +837,8 @@ def _build(out_dir: str, study_dir: str, rows: list[dict], manifest: dict, *, co
                    max((r.get("finished") or "" for r in runs), default=None) or None)
     files = _files(out_dir)
     with open(os.path.join(out_dir, MARKER), "w") as f:
-        json.dump({"format": "tiledattention-bundle/1", "files": files + [MARKER, SUMS]}, f)
+        json.dump({"format": "tiledattention-bundle/1", "files": files + [MARKER, SUMS],
+                   "rows": len(rows)}, f)
     files = _files(out_dir)
     if len(files) + 1 > ZENODO_MAX_FILES:
         raise StudyError(f"bundle: {len(files) + 1} files exceed Zenodo's "
@@ -984,6 +1098,9 @@ def _check_rows(view, changed: set[str] = frozenset()) -> list[str]:
             _jsonl_of(view, rel)
         except StudyError as exc:
             problems.append(str(exc))
+    if {"data/rows.jsonl", "data/rows.jsonl.gz"} <= view.names:
+        return problems + ["data/rows.jsonl beside data/rows.jsonl.gz: a bundle publishes "
+                           "its rows once (a full bundle plain, a compact one gzipped)"]
     rels = [r for r in ("data/rows.jsonl", "data/rows.jsonl.gz")
             if r in view.names and r not in changed]
     return problems + (_check_published(view, rels[0], changed) if rels else [])
@@ -997,12 +1114,15 @@ def _check_published(view, rel: str, changed: set[str]) -> list[str]:
         rows, conflicts = _jsonl_of(view, rel)
     except StudyError as exc:
         return [str(exc)]
+    if not rows:
+        return [f"{rel}: no rows (an empty or emptied rows file)"]
     problems = []
     try:
         check_one_config(rows, rel)
         check_rows(rows, rel, conflicts)
     except RowsError as exc:
         problems.append(str(exc))
+    problems += _check_counts(view, rows, rel, changed)
     if "data/rows.csv" in view.names and "data/rows.csv" not in changed:
         try:
             why = _csv_disagrees(rows, _read_capped(view, "data/rows.csv", ROWS_MAX))
@@ -1011,6 +1131,33 @@ def _check_published(view, rel: str, changed: set[str]) -> list[str]:
         if why:
             problems.append(f"data/rows.csv and {rel} disagree: {why}")
     return problems + _check_manifest(view, rows)
+
+
+def _check_counts(view, rows: list[dict], rel: str, changed: set[str]) -> list[str]:
+    """The rows against what the bundle says of them: the README's count (points, methods,
+    rows, rows by status) and the row count the bundle's own list (MARKER) records."""
+    import re
+
+    problems = []
+    if "README.md" in view.names and "README.md" not in changed:
+        try:
+            text = _read_capped(view, "README.md", MAX_META_BYTES).decode("utf-8", "replace")
+        except StudyError as exc:
+            text, problems = "", [str(exc)]
+        said = re.search(r"^\d+ benchmark points × .*?rows by status: [^(\n]*", text, re.M)
+        want = rows_summary(rows)
+        if text and (said is None or said.group(0).rstrip() != want):
+            problems.append(f"README.md and {rel} disagree: the README says "
+                            f"{said.group(0).rstrip() if said else 'no row count'!r}, the "
+                            f"rows are {want!r}")
+    if MARKER in view.names and MARKER not in changed:
+        try:
+            count = _json_of(view, MARKER).get("rows")
+        except (StudyError, AttributeError):
+            count = None  # _check_listing names it
+        if count is not None and count != len(rows):
+            problems.append(f"{rel}: {len(rows)} rows, the bundle was made with {count}")
+    return problems
 
 
 def _check_manifest(view, rows: list[dict]) -> list[str]:

@@ -186,6 +186,44 @@ def _manifest_near(*candidates: str) -> dict:
     return {}
 
 
+def _real(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _check_rows(rows: list[dict], where: str) -> None:
+    """Rows a comparison can use, or one StudyError: string keys, ok rows' times finite
+    positive numbers (or absent), no (point, method) given twice with different values."""
+    seen: dict[tuple, dict] = {}
+    for n, r in enumerate(rows, 1):
+        key = (r.get("point_key"), r.get("method"))
+        if not all(isinstance(k, str) and k for k in key):
+            raise StudyError(f"{where}: row {n}: point_key and method must be strings, got "
+                             f"{key[0]!r} and {key[1]!r}")
+        if r.get("status") == "ok":
+            if r.get("time_ms") is not None and not isinstance(r["time_ms"], dict):
+                raise StudyError(f"{where}: row {n} ({key[0]}, {key[1]}): time_ms must be "
+                                 f"an object of times, got {r['time_ms']!r}")
+            for label, time_of in MEASURES.values():
+                t = time_of(r)
+                if t is not None and not (_real(t) and math.isfinite(t) and t > 0):
+                    raise StudyError(f"{where}: row {n} ({key[0]}, {key[1]}): {label} "
+                                     f"{t!r} is not a finite positive number")
+        if key in seen and seen[key] != r:
+            raise StudyError(f"{where}: ({key[0]}, {key[1]}) is given twice with different "
+                             "values; which one was measured? (aggregate the study again)")
+        seen[key] = r
+
+
+def _gpu_name(manifest, where: str) -> str | None:
+    if not isinstance(manifest, dict):
+        raise StudyError(f"{where}: manifest.json is not a JSON object")
+    gpu = manifest.get("gpu")
+    if gpu is not None and not isinstance(gpu, dict):
+        raise StudyError(f"{where}: manifest.json's gpu is not an object ({gpu!r})")
+    name = (gpu or {}).get("name")
+    return name if isinstance(name, str) else None
+
+
 def load_study(path: str) -> tuple[list[dict], str]:
     """(rows, GPU name) of a bundle directory or zip (compact too), a study's results directory (its
     aggregate/rows.jsonl) or a rows file (.jsonl, .jsonl.gz)."""
@@ -204,18 +242,20 @@ def load_study(path: str) -> tuple[list[dict], str]:
             else:
                 raise StudyError(f"{path}: no data/rows.jsonl (a bundle) nor "
                                  "aggregate/rows.jsonl (a study's results directory) there")
+        elif not os.path.isfile(path):  # a FIFO or device is never opened: it may block
+            raise StudyError(f"{path}: no such bundle, study directory or rows file"
+                             + (" (a special file)" if os.path.exists(path) else ""))
         elif zipfile.is_zipfile(path):
             rows, manifest = _from_zip(path)
-        elif os.path.isfile(path):
+        else:
             rows = _json_lines(_read(path), path)
             manifest = {}
-        else:
-            raise StudyError(f"{path}: no such bundle, study directory or rows file")
-    except (OSError, zipfile.BadZipFile, EOFError, ValueError) as exc:
+    except (OSError, zipfile.BadZipFile, EOFError, ValueError, KeyError) as exc:
         if isinstance(exc, StudyError):
             raise
         raise StudyError(f"{path}: unreadable ({exc})") from None
-    gpu = (manifest.get("gpu") or {}).get("name") or _row_device(rows)
+    _check_rows(rows, path)
+    gpu = _gpu_name(manifest, path) or _row_device(rows)
     return rows, gpu
 
 
@@ -300,6 +340,20 @@ def _check_reference(ref: dict, where: str) -> None:
     if not isinstance(ref, dict) or ref.get("format") != FORMAT or \
             not isinstance(ref.get("entries"), list):
         raise StudyError(f"{where}: not a reference ({FORMAT})")
+    for n, e in enumerate(ref["entries"], 1):
+        if not isinstance(e, dict) or not isinstance(e.get("point"), str) or \
+                not isinstance(e.get("method"), str):
+            raise StudyError(f"{where}: entry {n} is not a (point, method) entry")
+        for m in MEASURES:
+            t = e.get(m)
+            if t is None:
+                continue
+            if not (isinstance(t, list) and len(t) == 3 and all(_real(v) and math.isfinite(v)
+                                                                 for v in t)
+                    and t[0] > 0 and t[1] <= 0 <= t[2]):
+                raise StudyError(f"{where}: entry {n} ({e['point']}, {e['method']}): {m} "
+                                 f"{t!r} is not [value > 0, lower <= 0, upper >= 0], all "
+                                 "finite")
 
 
 # --- the comparison ---------------------------------------------------------------------------
@@ -556,10 +610,16 @@ def parse_tolerance(items: list[str] | None) -> dict[str, float] | None:
     reference's own bounds (a shipped system's) or TOLERANCE."""
     if not items:
         return None
+    bare = [i for i in items if "=" not in i]
+    if bare and len(items) > 1:  # `10 25` once meant ±25 % for both, silently
+        raise StudyError(f"--tolerance {' '.join(items)}: one bare percent sets both measures;"
+                         " to set each, name it (kernel=10 call=25)")
     out: dict[str, float] = {}
     for item in items:
         measure, _, pct = item.rpartition("=")
         targets = [measure] if measure else list(MEASURES)
+        if measure and measure in out:
+            raise StudyError(f"--tolerance {' '.join(items)}: {measure} is given twice")
         if any(t not in MEASURES for t in targets):
             raise StudyError(f"--tolerance {item}: the measure must be one of "
                              f"{', '.join(MEASURES)} (e.g. kernel=10)")
@@ -579,23 +639,47 @@ def run(new: str, reference: str, *, tolerance: list[str] | None, out: str | Non
     """The comparison of ``new`` against ``reference``, written to ``out`` (default: a
     ``compare/`` directory beside the new study's rows); (checks, files written)."""
     tol = parse_tolerance(tolerance)
+    out = check_out(out) if out else default_out(new)
     rows, gpu = load_study(new)
     ref = load_reference(reference, tol)
+    _check_reference(ref, reference)
+    if any(e["method"] == SUBJECT for e in ref["entries"]) and \
+            not any(str(r["method"]).startswith(SUBJECT) for r in rows):
+        raise StudyError(f"{new}: no TiledAttention rows at all (methods: "
+                         f"{', '.join(sorted({r['method'] for r in rows})) or 'none'}): "
+                         "nothing of TiledAttention's to hold against the reference")
     checks = compare(rows, ref)
     if all(c.verdict == "not measured" for c in checks):
         raise StudyError(f"{new} and {reference} share no point and method measured ok in "
                          "the reference: nothing to compare (a different grid?)")
-    out = out or default_out(new)
     return checks, write(checks, out, new_name=f"{new} ({gpu})", ref=ref)
+
+
+def check_out(out: str) -> str:
+    """``--out``, unless it is or lies inside a bundle (writing there breaks its verify)."""
+    from .bundle import bundle_holding
+
+    held = bundle_holding(out)
+    if held:
+        raise StudyError(f"--out {out}: inside the bundle {held} (its files are checksummed; "
+                         "writing there breaks its verify); name a directory outside it")
+    return out
 
 
 def default_out(new: str) -> str:
     """compare/ in the study's results directory, where the next ``tiledattn bundle
-    create`` picks it up; never inside a bundle (its files are checksummed)."""
+    create`` picks it up; never inside a bundle (its files are checksummed), nor beside a
+    bundle that is not in a study (a committed reference: the tracked tree)."""
     new = os.path.abspath(new)
     if os.path.isdir(new) and not os.path.isfile(os.path.join(new, "SHA256SUMS")):
-        return os.path.join(new, "compare")
-    return os.path.join(os.path.dirname(new), "compare")
+        return check_out(os.path.join(new, "compare"))
+    parent = os.path.dirname(new)
+    bundle = os.path.isfile(os.path.join(new, "SHA256SUMS")) or new.endswith(".zip")
+    if bundle and not any(os.path.exists(os.path.join(parent, n))
+                          for n in ("manifest.json", "aggregate", "plan")):
+        raise StudyError(f"{new}: a bundle outside a study's results directory; name where "
+                         "the comparison goes with --out (nothing is written beside it)")
+    return check_out(os.path.join(parent, "compare"))
 
 
 # --- building a shipped reference -------------------------------------------------------------

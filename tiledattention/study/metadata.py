@@ -47,9 +47,22 @@ class Publication:
 
     @classmethod
     def from_dict(cls, data: dict | None, version: str) -> Publication:
+        if data is not None and not isinstance(data, dict):
+            raise StudyError(f"publication: a mapping of title, creators, description, "
+                             f"license, keywords, version, repository; got {data!r:.60}")
         data = dict(data or {})
         valid = ["title", "creators", "description", "license", "keywords", "version",
                  "repository"]
+        for key in ("title", "description", "license", "version", "repository"):
+            if data.get(key) is not None and not isinstance(data[key], str):
+                raise StudyError(f"publication.{key}: a string, got {data[key]!r:.60}")
+        if "keywords" in data and not (isinstance(data["keywords"], (list, tuple)) and all(
+                isinstance(k, str) for k in data["keywords"])):
+            raise StudyError(f"publication.keywords: a list of strings, got "
+                             f"{data['keywords']!r:.60}")
+        if data.get("creators") is not None and not isinstance(data["creators"], (list, tuple)):
+            raise StudyError(f"publication.creators: a list of {{name, affiliation, orcid}}, "
+                             f"got {data['creators']!r:.60}")
         unknown = sorted(set(data) - set(valid))
         if unknown:
             raise StudyError(f"publication: unknown keys {unknown}; valid keys are {valid}")

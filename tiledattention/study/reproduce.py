@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 import zipfile
+import zlib
 from dataclasses import dataclass
 
 from ..errors import StudyError
@@ -42,6 +43,7 @@ class Recorded:
     repository: str | None
     version: str | None
     image: str | None
+    gpu: str | None = None  # the GPU the bundle's study ran on (None: the CPU)
 
 
 def _read_member(path: str, rel: str) -> bytes:
@@ -71,12 +73,37 @@ def read_bundle(path: str) -> Recorded:
                          "reproduce existed?)") from None
     except FileNotFoundError as exc:
         raise StudyError(f"{path}: the bundle lacks {exc.filename}") from None
-    stack = manifest.get("stack") or {}
-    workflow = next((e for e in crate.get("@graph", []) if isinstance(e, dict)
-                     and "ComputationalWorkflow" in (e.get("@type") or [])), {})
-    return Recorded(config, snapshot, stack.get("git_commit"), workflow.get("codeRepository"),
-                    stack.get("tiledattention"),
-                    (manifest.get("container") or {}).get("image"))
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+        raise StudyError(f"{path}: manifest.json or ro-crate-metadata.json is not JSON "
+                         f"({exc})") from None
+    if not isinstance(manifest, dict) or not isinstance(crate, dict):
+        raise StudyError(f"{path}: manifest.json and ro-crate-metadata.json must be JSON "
+                         "objects")
+    stack, container = _part(manifest, "stack", path), _part(manifest, "container", path)
+    _part(manifest, "gpu", path)
+    graph = crate.get("@graph") if isinstance(crate.get("@graph"), list) else []
+    workflow = next((e for e in graph if isinstance(e, dict)
+                     and "ComputationalWorkflow" in _listed(e.get("@type"))), {})
+    return Recorded(config, snapshot, _text(stack.get("git_commit")),
+                    _text(workflow.get("codeRepository")), _text(stack.get("tiledattention")),
+                    _text(container.get("image")), _text(_part(manifest, "gpu", path)
+                                                         .get("name")))
+
+
+def _part(manifest: dict, key: str, path: str) -> dict:
+    """manifest[key] as an object ({} when absent); another type is bad input."""
+    value = manifest.get(key)
+    if value is not None and not isinstance(value, dict):
+        raise StudyError(f"{path}: manifest.json's {key} is not an object ({value!r:.60})")
+    return value or {}
+
+
+def _listed(value) -> list:
+    return value if isinstance(value, list) else [value]
+
+
+def _text(value) -> str | None:
+    return value if isinstance(value, str) and value else None
 
 
 def _fresh(out: str) -> None:
@@ -87,19 +114,48 @@ def _fresh(out: str) -> None:
     os.makedirs(out, exist_ok=True)
 
 
-def _unpack_snapshot(data: bytes, out: str) -> int:
+# A workflow snapshot holds source and configs: far below these.
+SNAPSHOT_MEMBER_MAX = 64 << 20
+SNAPSHOT_TOTAL_MAX = 512 << 20
+
+
+def _snapshot_zip(data: bytes) -> zipfile.ZipFile:
     import io
 
-    with zipfile.ZipFile(io.BytesIO(data)) as z:
-        names = [n for n in z.namelist() if not n.endswith("/")]
+    try:
+        return zipfile.ZipFile(io.BytesIO(data))
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, ValueError) as exc:
+        raise StudyError(f"workflow-snapshot.zip: not a readable zip ({exc})") from None
+
+
+def _unpack_snapshot(data: bytes, out: str) -> int:
+    import shutil
+
+    with _snapshot_zip(data) as z:
+        # The package's source is the README's to install: the workflow laid out here runs
+        # the installed tiledattention (Snakemake puts the workflow directory first on the
+        # path: a copy here would stand in for it).
+        infos = [i for i in z.infolist() if not i.is_dir()
+                 and i.filename.split("/")[0] not in _bundle.SNAPSHOT_SOURCE]
+        names = [i.filename for i in infos]
         bad = [n for n in names if not _bundle._confined(n)]
         if bad:
             raise StudyError(f"workflow-snapshot.zip: unsafe member name {bad[0]!r}")
+        big = [i for i in infos if i.file_size > SNAPSHOT_MEMBER_MAX]
+        if big or sum(i.file_size for i in infos) > SNAPSHOT_TOTAL_MAX:
+            what = f"{big[0].filename} holds {big[0].file_size} bytes" if big else \
+                f"{sum(i.file_size for i in infos)} bytes in all"
+            raise StudyError(f"workflow-snapshot.zip: {what}, over the limit of "
+                             f"{SNAPSHOT_MEMBER_MAX} a file and {SNAPSHOT_TOTAL_MAX} in all "
+                             "(a workflow is source and configs); not unpacked")
         for n in names:
             dest = os.path.join(out, n)
             os.makedirs(os.path.dirname(dest), exist_ok=True)
-            with z.open(n) as src, open(dest, "wb") as f:
-                f.write(src.read())
+            try:  # in blocks: read() stops at the declared size, checked above
+                with z.open(n) as src, open(dest, "wb") as f:
+                    shutil.copyfileobj(src, f, 1 << 20)
+            except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError) as exc:
+                raise StudyError(f"workflow-snapshot.zip: {n} unreadable ({exc})") from None
             # The snapshot's own times: a workflow script laid out now would be newer than
             # every output of a re-run continued here, and Snakemake reruns a script's
             # outputs when they are older than it (whatever --rerun-triggers says).
@@ -142,9 +198,7 @@ def _profile(profile: str, out: str) -> str:
 
 
 def _profile_in_snapshot(profile: str, snapshot: bytes) -> None:
-    import io
-
-    with zipfile.ZipFile(io.BytesIO(snapshot)) as z:
+    with _snapshot_zip(snapshot) as z:
         have = sorted({n.split("/")[1] for n in z.namelist()
                        if n.startswith("profiles/") and n.endswith("/config.yaml")})
     if profile in have and os.sep not in profile:
@@ -158,7 +212,7 @@ def _results_dir(config: dict) -> str:
     d = config.get("results_dir") if isinstance(config, dict) else None
     if not isinstance(d, str) or not d:
         raise StudyError(f"{CONFIG}: no results_dir")
-    if os.path.isabs(d) or ".." in d.split("/"):
+    if os.path.isabs(d) or ".." in d.split("/") or d.startswith("~") or "$" in d:
         raise StudyError(f"{CONFIG}: results_dir {d!r} is outside the workflow directory; "
                          "reproduce keeps the config as it is, so it would write there")
     return d
@@ -183,13 +237,22 @@ def _prepared_from(out: str, rec: Recorded, source: str) -> bool:
 
 
 def prepare(bundle_path: str, out: str, *, source: str = "snapshot",
-            profile: str = "local") -> tuple[Recorded, str, str, bool]:
+            profile: str = "local", check=None) -> tuple[Recorded, str, str, bool]:
     """DIR with the workflow and the study config in place: (recorded, profile, results,
     continued), continued when DIR already held this bundle's re-run."""
     import yaml
 
+    from .compare import check_out
+
+    check_out(out)  # never inside a bundle: its files are checksummed
     rec = read_bundle(bundle_path)
-    results = _results_dir(yaml.safe_load(rec.config))
+    if check is not None:  # the caller's refusal, before anything is written
+        check(rec)
+    try:
+        results = _results_dir(yaml.safe_load(rec.config))
+    except yaml.YAMLError as exc:
+        raise StudyError(f"{bundle_path}: {CONFIG} is not YAML ({' '.join(str(exc).split())})"
+                         ) from None
     if source == "snapshot":  # a bad --profile fails before anything is written
         _profile_in_snapshot(profile, rec.snapshot)
     if os.path.isdir(out) and _prepared_from(out, rec, source):
@@ -213,15 +276,38 @@ def _say(text: str) -> None:
     print(f"reproduce: {text}", file=sys.stderr, flush=True)
 
 
+def _check_gpu(rec: Recorded, profile: str, dry_run: bool, without_gpu: bool) -> None:
+    """A GPU study re-run by the local profile on a machine without a CUDA GPU would run
+    for hours on the CPU and compare nothing alike: refused up front, unless asked for."""
+    if rec.gpu is None or dry_run or without_gpu or profile != "local":
+        return
+    try:
+        import torch
+
+        have = torch.cuda.is_available()
+    except ImportError:
+        have = False
+    if not have:
+        raise StudyError(f"the bundle's study ran on {rec.gpu} and this machine has no CUDA "
+                         "GPU: the local profile would measure it on the CPU for hours; run it "
+                         "where its GPU is (or --profile slurm), or pass --without-gpu")
+
+
 def reproduce(bundle_path: str, out: str, *, source: str = "snapshot", profile: str = "local",
               reference: str | None = None, tolerance: list[str] | None = None,
-              snakemake_args: tuple[str, ...] = ()) -> int:
+              snakemake_args: tuple[str, ...] = (), without_gpu: bool = False) -> int:
     """Re-run, verify, compare, re-bundle; 0 when the new run is within tolerance, 1 when
     a step failed or compare found a regression (bad input raises StudyError)."""
     from .. import __version__
     from . import compare as _compare
 
-    rec, prof, results, continued = prepare(bundle_path, out, source=source, profile=profile)
+    dry_run = any(a in ("-n", "--dry-run", "--dryrun") for a in snakemake_args)
+    tol = _compare.parse_tolerance(tolerance)  # bad input fails before anything runs
+    if reference:
+        _compare.load_reference(reference, tol)
+    rec, prof, results, continued = prepare(
+        bundle_path, out, source=source, profile=profile,
+        check=lambda rec: _check_gpu(rec, profile, dry_run, without_gpu))
     if continued:
         _say(f"{out} holds this bundle's re-run already: continuing it (Snakemake reruns only "
              "what is missing; a GPU step resumes from its finished rows)")
@@ -241,7 +327,7 @@ def reproduce(bundle_path: str, out: str, *, source: str = "snapshot", profile: 
     if subprocess.run(cmd, cwd=out).returncode != 0:
         _say(f"snakemake failed (its log: {os.path.join(out, '.snakemake', 'log')})")
         return 1
-    if any(a in ("-n", "--dry-run", "--dryrun") for a in snakemake_args):
+    if dry_run:
         return 0
     study = os.path.join(out, results)
     new_bundle = os.path.join(study, "bundle")

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 import os
 from dataclasses import dataclass
 
@@ -72,12 +73,42 @@ def _sweep(intervals: list[tuple[float, float]]) -> tuple[int, float]:
     return peak, covered
 
 
+def _seconds(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _check_run(study: str, run: dict) -> None:
+    """A finished run's record as the workflow writes it, or one StudyError naming what is
+    wrong: times finite numbers that do not run backwards, jobs with a rule, a start and
+    an end, a local run's GPU count a positive whole number."""
+    where = f"{study}/{timeline.NAME}: run {str(run.get('run'))[:40]}"
+    end = run["end"]
+    if not _seconds(run.get("time")) or not _seconds(end.get("time")) or \
+            end["time"] < run["time"]:
+        raise StudyError(f"{where}: start {run.get('time')!r} and end {end.get('time')!r} "
+                         "are not finite times in order")
+    jobs = end.get("jobs", [])
+    if not isinstance(jobs, list):
+        raise StudyError(f"{where}: jobs is not a list")
+    for j in jobs:
+        if not isinstance(j, dict) or not isinstance(j.get("rule"), str) or \
+                not _seconds(j.get("start")) or not _seconds(j.get("end")) or \
+                j["end"] < j["start"]:
+            raise StudyError(f"{where}: job {str(j)[:80]} lacks a rule or finite start and "
+                             "end times in order")
+    gpus = run.get("gpus")
+    if run.get("launcher") == "local" and gpus is not None and (
+            not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 1):
+        raise StudyError(f"{where}: gpus {gpus!r} is not a positive whole number of GPUs")
+
+
 def run_of(study: str, run: dict) -> Run | None:
     """The scaling facts of one finished run, or None when it did not end well or ran no
-    GPU step (a rerun that found everything done)."""
+    GPU step (a rerun that found everything done); a malformed record is a StudyError."""
     end = run.get("end")
-    if not end or end.get("status") != "ok":
+    if not isinstance(end, dict) or end.get("status") != "ok":
         return None
+    _check_run(study, run)
     t0, t1 = run["time"], end["time"]
     jobs = [j for j in end.get("jobs", []) if j["start"] >= t0 - 1 and j["end"] <= t1 + 1]
     gpu = [j for j in jobs if j.get("gpu")]
@@ -100,13 +131,17 @@ def collect(studies: list[str]) -> tuple[list[Run], list[str]]:
     for study in studies:
         if not os.path.isdir(study):
             raise StudyError(f"{study}: no such study results directory")
-        recorded = timeline.read(study)
+        try:
+            recorded = timeline.read(study)
+        except (TypeError, KeyError, AttributeError) as exc:  # a record of the wrong shape
+            raise StudyError(f"{study}/{timeline.NAME}: malformed run records "
+                             f"({type(exc).__name__}: {exc})") from None
         found = [r for r in (run_of(study, x) for x in recorded) if r]
         if not found:
             why = "no runs recorded (logs/runs.jsonl)" if not recorded else \
                 f"{len(recorded)} run(s) recorded, none finished with GPU steps timed" + \
                 next((f" ({x['end']['why']})" for x in recorded
-                      if x.get("end") and x["end"].get("why")), "")
+                      if isinstance(x.get("end"), dict) and x["end"].get("why")), "")
             notes.append(f"{study}: {why}")
         runs += found
     return sorted(runs, key=lambda r: (r.count, r.wall_s)), notes

@@ -41,6 +41,21 @@ def _label(point: dict) -> str:
             f"{shape} B{point['batch']} H{point['heads']}{gqa}")
 
 
+POINT = {"dtype": str, "causal": bool, "head_dim": int, "seq_q": int, "seq_kv": int,
+         "batch": int, "heads": int}
+
+
+def _check_points(rows: list[dict], where: str) -> None:
+    """Every row's point fields (the table labels each point by them), or one StudyError."""
+    for n, r in enumerate(rows, 1):
+        for field, kind in POINT.items():
+            v = r.get(field)
+            if not isinstance(v, kind) or (kind is int and isinstance(v, bool)):
+                raise StudyError(f"{where}: row {n} ({r.get('point_key')}, {r.get('method')}):"
+                                 f" {field} is {'missing' if v is None else repr(v)}, not "
+                                 f"{'an' if kind is int else 'a'} {kind.__name__}")
+
+
 def side_by_side(studies: list[tuple[str, list[dict]]]) -> tuple[list[str], list[list]]:
     """(columns, rows): per point of the first study, in its order, each system's kernel
     time (ms) and ratio (SDPA time / ours, > 1: ours faster), and each later system's time
@@ -109,6 +124,8 @@ def write(paths: list[str], names: list[str] | None, out_dir: str) -> list[str]:
     names = names or [os.path.basename(os.path.normpath(p)) for p in paths]
     if len(set(names)) != len(names):
         raise StudyError(f"--names: each system needs its own name, got {names}")
+    for path, (rows_, _) in zip(paths, loaded):
+        _check_points(rows_, path)
     columns, rows = side_by_side([(n, r) for n, (r, _) in zip(names, loaded)])
     if not rows:
         raise StudyError(f"{paths[0]}: no {SUBJECT} row measured ok: nothing to set side by "

@@ -12,6 +12,7 @@ from jsonschema.exceptions import best_match
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import update_config, validate
 
+from tiledattention.bench.config import ConfigError
 from tiledattention.bench.config import from_dict as _bench_config
 from tiledattention.bench.config import stage_args as _stage_args
 from tiledattention.bench.config import stage_from_dict as _stage_config
@@ -79,8 +80,26 @@ def check_launcher_options(config):
         raise WorkflowError(f"config: launcher_options: {exc}") from None
 
 
-check_config_files(workflow.configfiles)
-check_config_shape(config)
+def check_shapes(config):
+    """The shapes stage enabled with no grid would plan nothing and publish empty tables."""
+    if config["shapes"]["enabled"] and not config["shapes"]["grids"]:
+        raise WorkflowError("config: shapes: enabled with no grids; give at least one grid "
+                            "(a bench grid section) or set enabled: false")
+
+
+def refuse_config(check, *args):
+    """A config check whose refusal is one line and exit 2 (bad input), not Snakemake's
+    WorkflowError with its file frames and exit 1."""
+    try:
+        return check(*args)
+    except (WorkflowError, ConfigError, LauncherError, ValueError) as exc:
+        text = " ".join(str(exc.args[0] if exc.args else exc).split())
+        print(text if text.startswith("config") else f"config: {text}", file=sys.stderr)
+        sys.exit(2)
+
+
+refuse_config(check_config_files, workflow.configfiles)
+refuse_config(check_config_shape, config)
 # A --config on the command line must not drop the profile's launcher: config files <
 # profile < command line, key by key, and each value that lost is named.
 _interrupt.export_pid()  # the steps of a run that has died cancel their jobs
@@ -123,21 +142,22 @@ def shapes_bench(i):
 # The bench section and the GPU stages' sections first, each from its dataclass (the
 # schema's sections are generated from them): tiledattention's errors name the key and list
 # the valid ones.
-BENCH = _bench_config(config.get("bench") or {})
-TUNE = _stage_config("tune", config.get("tune"))
-PROFILE = _stage_config("profile", config.get("profile"))
-MODEL = _stage_config("model", config.get("model"))
-VARIANTS = _stage_config("variants", config.get("variants"))
-check_study_keys(config)
+BENCH = refuse_config(_bench_config, config.get("bench") or {})
+TUNE = refuse_config(_stage_config, "tune", config.get("tune"))
+PROFILE = refuse_config(_stage_config, "profile", config.get("profile"))
+MODEL = refuse_config(_stage_config, "model", config.get("model"))
+VARIANTS = refuse_config(_stage_config, "variants", config.get("variants"))
+refuse_config(check_study_keys, config)
 validate(config, "../schemas/config.schema.yaml")  # fills the schema's defaults
-check_launcher_options(config)
-for _shape in PROFILE.shapes:
-    _ProfileShape.parse(_shape)  # a bad shape fails here, naming the expected form
+refuse_config(check_launcher_options, config)
+for _shape in PROFILE.shapes:  # a bad shape fails here, naming the expected form
+    refuse_config(_ProfileShape.parse, _shape)
 # A bad step label fails here, before any job.
-LADDER = _bench_config(ladder_bench()) if config["ladder"]["enabled"] else None
+LADDER = refuse_config(_bench_config, ladder_bench()) if config["ladder"]["enabled"] else None
 SHAPE_GRIDS = (list(range(len(config["shapes"]["grids"]))) if config["shapes"]["enabled"]
                else [])
-SHAPES = {i: _bench_config(shapes_bench(i)) for i in SHAPE_GRIDS}  # bad grids fail here
+refuse_config(check_shapes, config)
+SHAPES = {i: refuse_config(_bench_config, shapes_bench(i)) for i in SHAPE_GRIDS}  # bad grids
 
 RESULTS = config["results_dir"]
 SHARDS = config["shards"]

@@ -1,0 +1,113 @@
+"""The pinned environment (issue 38): scripts/setup.sh's venv sees none of the system's
+packages but the torch scripts/borrow-torch.py lends it, and installs under the two locks
+merged (containers/requirements-dev.lock winning)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DIST_PYTHON = Path("/usr/bin/python3")
+
+
+def _dist(site: Path, name: str, version: str, tops: list[str], requires: list[str] = ()):
+    """A fake installed distribution in ``site``: its packages and its .dist-info."""
+    info = site / f"{name.replace('-', '_')}-{version}.dist-info"  # as a wheel names it
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+                                   + "".join(f"Requires-Dist: {r}\n" for r in requires))
+    record = []
+    for top in tops:
+        (site / top).mkdir(parents=True, exist_ok=True)
+        (site / top / "__init__.py").write_text(f"WHO = {name!r}\n")
+        record.append(f"{top}/__init__.py,,")
+    (info / "RECORD").write_text("\n".join(record + [f"{info.name}/METADATA,,"]) + "\n")
+
+
+def _system_site(tmp_path: Path) -> Path:
+    """A node's site-packages: torch and what it needs, and packages the venv must not see."""
+    site = tmp_path / "system-site"
+    _dist(site, "torch", "9.9.0", ["torch", "torchgen"],
+          ["sympy>=1", "jinja2", "nvidia-cudnn-cu12 ; platform_system == 'Linux'",
+           "opt-einsum ; extra == 'opt-einsum'"])
+    _dist(site, "sympy", "1.14.0", ["sympy"], ["mpmath"])
+    _dist(site, "mpmath", "1.3.0", ["mpmath"])
+    _dist(site, "jinja2", "2.0.0", ["jinja2"])  # locked: the venv installs its own
+    _dist(site, "nvidia-cudnn-cu12", "9.1", ["nvidia"])
+    _dist(site, "opt-einsum", "3.3", ["opt_einsum"])  # an extra's: not lent
+    _dist(site, "pyparsing", "3.0.9", ["pyparsing"])  # a distribution's: never lent
+    _dist(site, "numpy", "2.0.0", ["numpy"])  # lent: torch's C code is built against it
+    return site
+
+
+def _lend(tmp_path: Path, python: str = sys.executable) -> Path:
+    venv_site = tmp_path / "venv" / "lib" / "site-packages"
+    venv_site.mkdir(parents=True)
+    run = subprocess.run([python, str(ROOT / "scripts" / "borrow-torch.py"), str(venv_site)],
+                         env={**os.environ, "PYTHONPATH": str(_system_site(tmp_path))},
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    return venv_site
+
+
+def test_borrow_torch_lends_torch_and_its_unpinned_requirements_only(tmp_path):
+    venv_site = _lend(tmp_path)
+    lent = venv_site.parent / "borrowed-torch"
+    assert sorted(p.name for p in lent.iterdir()) == [
+        "mpmath", "mpmath-1.3.0.dist-info", "numpy", "numpy-2.0.0.dist-info", "nvidia",
+        "nvidia_cudnn_cu12-9.1.dist-info",
+        "sympy", "sympy-1.14.0.dist-info", "torch", "torch-9.9.0.dist-info", "torchgen"]
+    assert all(p.is_symlink() for p in lent.iterdir())
+    assert (venv_site / "_borrowed_torch.pth").read_text() == f"{lent}\n"
+    # run again (torch upgraded on the node): the old links go, nothing else is touched
+    (lent / "notes.txt").write_text("mine")
+    _lend_again = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "borrow-torch.py"), str(venv_site)],
+        env={**os.environ, "PYTHONPATH": str(tmp_path / "system-site")},
+        capture_output=True, text=True, timeout=60)
+    assert _lend_again.returncode == 0 and (lent / "notes.txt").read_text() == "mine"
+
+
+@pytest.mark.skipif(not DIST_PYTHON.exists(), reason="no distribution Python at /usr/bin")
+def test_a_venv_of_the_distribution_python_sees_only_the_lent_torch(tmp_path):
+    venv = tmp_path / "dist-venv"
+    made = subprocess.run([str(DIST_PYTHON), "-m", "venv", "--without-pip", str(venv)],
+                          capture_output=True, text=True, timeout=120)
+    if made.returncode != 0:
+        pytest.skip(f"the distribution Python cannot make a venv: {made.stderr.strip()[-200:]}")
+    python = str(venv / "bin" / "python")
+    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()"
+                           "['purelib'])"], capture_output=True, text=True).stdout.strip()
+    system = _system_site(tmp_path)
+    run = subprocess.run([str(DIST_PYTHON), str(ROOT / "scripts" / "borrow-torch.py"), site],
+                         env={**os.environ, "PYTHONPATH": str(system)}, capture_output=True,
+                         text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    probe = ("import importlib.util as u, torch, sympy\n"
+             "print(torch.WHO, sympy.WHO, u.find_spec('pyparsing'), u.find_spec('jinja2'))\n")
+    out = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=60,
+                         env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    # Debian's python3-pyparsing lies in /usr/lib/python3/dist-packages: not seen here
+    assert out.stdout.split() == ["torch", "sympy", "None", "None"], out.stderr
+
+
+def test_the_locks_merge_with_the_dev_lock_winning():
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "constraints.py")],
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    pins = dict(line.split("==") for line in out.split())
+    assert len(pins) == len(out.split())  # each name once
+    assert pins["rich"] == "13.9.4"  # roc-validator 0.13 needs rich < 14 (requirements.lock: 15)
+    assert pins["pyparsing"] == "3.3.3" and "rdflib" in pins and "html5rdf" in pins
+    assert "torch" not in pins and "numpy" not in pins  # the node's own
+
+
+def test_setup_makes_the_venv_without_the_systems_packages():
+    text = (ROOT / "scripts" / "setup.sh").read_text()
+    assert "--system-site-packages" not in text.replace("# ", "")
+    assert 'include-system-site-packages = false' in text and "borrow-torch.py" in text
+    assert '-c "$VENV/constraints.txt"' in text
