@@ -28,6 +28,27 @@ def test_the_reference_gives_fully_masked_rows_zeros_and_lse_minus_inf():
     assert torch.isfinite(out).all()
 
 
+def test_the_references_autograd_gives_fully_masked_rows_finite_zero_gradients():
+    # A dead row's dO above 4 used to make autograd's d out / d (P V) = dO / tiny inf,
+    # and dV = P^T (that) 0 * inf = NaN: nan_to_num then zeroed whole columns of the
+    # reference dV (the GPU tests' "6-10 % dV error" on dead rows).
+    from tiledattention.reference import attention_backward
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 2, n, 16, dtype=torch.float64, requires_grad=True)
+               for n in (40, 24, 24))
+    keep = torch.arange(40)[:, None] < 30  # rows 30.. see no key
+    dout = torch.randn(2, 2, 40, 16, dtype=torch.float64)
+    dout[:, :, 35] = 8.0
+    out, lse = naive_attention(q, k, v, keep_ref=lambda b, h, qi, ki: keep & (ki >= 0))
+    (out * dout).sum().backward()
+    want = attention_backward(q, k, v, dout, attn_mask=keep.expand(40, 24))
+    for got, w in zip((q.grad, k.grad, v.grad), want):
+        assert torch.isfinite(got).all()
+        torch.testing.assert_close(got, w)
+    assert (q.grad[:, :, 30:] == 0).all()
+
+
 def test_torch_softmax_of_a_row_holding_plus_inf_is_nan():
     # The semantics the kernels keep for a score_mod returning +inf (documented in body).
     assert torch.isnan(torch.softmax(torch.tensor([math.inf, 1.0]), -1)).all()

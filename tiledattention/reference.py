@@ -69,14 +69,19 @@ def _scores(q, k, causal, scale, attn_mask, score_ref=None, keep_ref=None):
 
 def naive_attention(q, k, v, *, causal=False, scale=None, attn_mask=None, score_ref=None,
                     keep_ref=None):
-    """softmax(q k^T * scale + mask) v in float64; fully masked rows give 0, lse -inf."""
+    """softmax(q k^T * scale + mask) v in float64; fully masked rows give 0, lse -inf.
+
+    Autograd through it gives fully masked rows P = 0 and finite zero gradients: their row
+    sum is divided out as 1 (a divisor clamped to the smallest double made d out / d (P V)
+    = dO / tiny, inf for |dO| > 4, and P^T of it 0 * inf = NaN in dV)."""
     q, k, v = q.double(), k.double(), v.double()
     k, v = _expand_kv(k, v, q.shape[1])
     s, _ = _scores(q, k, causal, scale, attn_mask, score_ref, keep_ref)
     lse = torch.logsumexp(s, dim=-1)
     p = torch.exp(s - lse[..., None].masked_fill(lse[..., None] == float("-inf"), 0.0))
     out = p @ v
-    out = out / p.sum(-1, keepdim=True).clamp_min(torch.finfo(torch.float64).tiny)
+    total = p.sum(-1, keepdim=True)
+    out = out / total.masked_fill(total == 0.0, 1.0)
     return out, lse
 
 
