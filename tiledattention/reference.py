@@ -85,6 +85,23 @@ def naive_attention(q, k, v, *, causal=False, scale=None, attn_mask=None, score_
     return out, lse
 
 
+def delta_rounding_effect(out, ref, ref_lse, dout, leaves):
+    """The change of the float64 gradients of ``leaves`` (captured tensors' copies read by
+    ``score_ref``) when delta = rowsum(dO * O) takes the kernel's ``out``, rounded to its
+    dtype, instead of the exact ``ref``: every flash backward's delta does, and it is what
+    is left of a gradient whose exact value cancels to 0 (a per-head or per-query bias:
+    softmax ignores a shift of a whole row). d lse / d score = P, so dS moves by
+    -P * (delta' - delta): the gradient of -sum((delta' - delta) * lse). Needs the graph of
+    ``ref_lse`` (``naive_attention`` with ``score_ref``), kept by ``retain_graph=True``."""
+    dout = dout.double()
+    shift = (dout * (out.detach().double() - ref.detach())).sum(-1)
+    lse = ref_lse.masked_fill(~torch.isfinite(ref_lse), 0.0)
+    grads = torch.autograd.grad(-(shift * lse).sum(), leaves, allow_unused=True,
+                                retain_graph=True)
+    return [torch.zeros_like(t) if g is None else torch.nan_to_num(g)
+            for g, t in zip(grads, leaves)]
+
+
 def attention_backward(q, k, v, dout, *, causal=False, scale=None, attn_mask=None,
                        dlse=None):
     """(dq, dk, dv) of ``naive_attention`` by the backward kernels' formulas, in float64.
