@@ -28,6 +28,27 @@ def test_the_reference_gives_fully_masked_rows_zeros_and_lse_minus_inf():
     assert torch.isfinite(out).all()
 
 
+def test_the_references_autograd_gives_fully_masked_rows_finite_zero_gradients():
+    # A dead row's dO above 4 used to make autograd's d out / d (P V) = dO / tiny inf,
+    # and dV = P^T (that) 0 * inf = NaN: nan_to_num then zeroed whole columns of the
+    # reference dV (the GPU tests' "6-10 % dV error" on dead rows).
+    from tiledattention.reference import attention_backward
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 2, n, 16, dtype=torch.float64, requires_grad=True)
+               for n in (40, 24, 24))
+    keep = torch.arange(40)[:, None] < 30  # rows 30.. see no key
+    dout = torch.randn(2, 2, 40, 16, dtype=torch.float64)
+    dout[:, :, 35] = 8.0
+    out, lse = naive_attention(q, k, v, keep_ref=lambda b, h, qi, ki: keep & (ki >= 0))
+    (out * dout).sum().backward()
+    want = attention_backward(q, k, v, dout, attn_mask=keep.expand(40, 24))
+    for got, w in zip((q.grad, k.grad, v.grad), want):
+        assert torch.isfinite(got).all()
+        torch.testing.assert_close(got, w)
+    assert (q.grad[:, :, 30:] == 0).all()
+
+
 def test_torch_softmax_of_a_row_holding_plus_inf_is_nan():
     # The semantics the kernels keep for a score_mod returning +inf (documented in body).
     assert torch.isnan(torch.softmax(torch.tensor([math.inf, 1.0]), -1)).all()
@@ -129,10 +150,19 @@ _SLOPES = torch.rand(4, requires_grad=True)
 _GATE = torch.ones(4, requires_grad=True)
 _KB = torch.zeros(333, requires_grad=True)
 _QB = torch.zeros(2, 333, requires_grad=True)
+_HEAD = torch.zeros(4, dtype=torch.float16, requires_grad=True)
 
 
 def learnable(score, b, h, q_idx, kv_idx):
     return score * _GATE[h] + _SLOPES[h] * (kv_idx - q_idx) + _KB[kv_idx] + _QB[b, q_idx]
+
+
+def head_bias(score, b, h, q_idx, kv_idx):  # FlexAttention's test_head_bias_req_grad
+    return score + _HEAD[h]
+
+
+def query_bias(score, b, h, q_idx, kv_idx):
+    return score + _QB[b, q_idx]
 
 
 def full_bias(score, b, h, q_idx, kv_idx):
@@ -157,6 +187,22 @@ def test_each_read_is_summed_over_the_axes_its_index_does_not_use():
     assert "(kv_idx,)" in lines["_KB"] and "axis=0" in lines["_KB"]  # per key: sum over q
     assert "(b, q_idx)" in lines["_QB"] and "axis=1" in lines["_QB"]  # per query: over kv
     assert all("RELAXED" in ln for ln in lines.values())
+
+
+def test_a_constant_derivative_is_summed_over_the_whole_tile_or_each_row():
+    # d/d T[idx] = 1: ds itself, one fp32 scalar per tile for bias[h] (an fp16 tensor:
+    # its fp32 accumulator gets the sum), one per row (a [TILE_M, 1] tile matching the
+    # [TILE_M, 1] q_idx) for qb[b, q_idx]; atomic_add's default bounds check drops the
+    # padded rows past Sq.
+    src = M.with_captured_grads(M.mods_for(head_bias, None), (True,)).captured_grad.key[1]
+    line = next(ln for ln in src.splitlines() if "atomic_add" in ln)
+    assert "atomic_add(_ta_grad0, (h,), _ta_ct.sum(_ta_ct.astype(_ta_ds * 1.0, " \
+        "_ta_ct.float32)), memory_order" in line
+    assert "check_bounds" not in src
+    src = M.with_captured_grads(M.mods_for(query_bias, None), (True,)).captured_grad.key[1]
+    line = next(ln for ln in src.splitlines() if "atomic_add" in ln)
+    assert "(b, q_idx), _ta_ct.sum(_ta_ct.astype(_ta_ds * 1.0, _ta_ct.float32), axis=1, " \
+        "keepdims=True)" in line
 
 
 def test_only_the_tensors_that_need_a_gradient_are_accumulated():
@@ -197,7 +243,8 @@ def test_a_captured_tensor_read_where_the_derivative_cannot_follow_is_refused_ty
 
 @pytest.mark.compile
 @_needs_tileiras
-@pytest.mark.parametrize("score", [learnable, full_bias], ids=lambda f: f.__name__)
+@pytest.mark.parametrize("score", [learnable, full_bias, head_bias, query_bias],
+                         ids=lambda f: f.__name__)
 def test_the_captured_gradient_backward_compiles(score):
     mods = M.mods_for(score, None)
     bwd_mods = M.with_captured_grads(mods, (True,) * len(mods.tensors()))
@@ -324,6 +371,8 @@ _REFERENCES = {  # each mod in torch, its captured tensors from ``t``
     learnable: lambda s, b, h, q, kv, t: (s * t["_GATE"][h] + t["_SLOPES"][h] * (kv - q)
                                           + t["_KB"][kv] + t["_QB"][b, q]),
     full_bias: lambda s, b, h, q, kv, t: torch.tanh((s + t["_BIAS"][h, q, kv]) / 30.0) * 30.0,
+    head_bias: lambda s, b, h, q, kv, t: s + t["_HEAD"][h],
+    query_bias: lambda s, b, h, q, kv, t: s + t["_QB"][b, q],
     squared_bias: lambda s, b, h, q, kv, t: s + t["_KB"][kv] * (t["_KB"][kv] + s),
 }
 
@@ -397,3 +446,33 @@ def test_the_ops_variant_registry_is_bounded_by_value_and_never_reuses_a_key():
     assert api._variant_key(mods, same) == keys[-1]  # equal by value: one entry
     with pytest.raises(api.InputError, match="no longer registered"):
         api._entry(keys[0])
+
+
+def test_a_row_shift_bias_has_zero_exact_gradient_and_a_flash_backward_only_deltas_rounding():
+    """What the GPU tests judge captured gradients by (``captured_grad_error``): softmax
+    ignores a per-head or per-query bias, so its float64 gradient is ~1e-15; a flash
+    backward in fp32 whose delta takes O rounded to fp16 (as the kernels' does) is off by
+    exactly ``delta_rounding_effect``, and a tile it dropped is not excused."""
+    from tiledattention.reference import delta_rounding_effect
+    from tiledattention.tolerance import captured_grad_error, relative_error
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 128, 32).half() for _ in range(3))
+    dout = torch.randn(1, 2, 128, 32).half()
+    bias = torch.randn(2)
+    b64 = bias.double().requires_grad_()
+    ref, lse = naive_attention(q, k, v, score_ref=lambda s, b, h, qi, ki: s + b64[h])
+    (ref * dout.double()).sum().backward(retain_graph=True)
+    s = q.float() @ k.float().transpose(-1, -2) / math.sqrt(32) + bias[None, :, None, None]
+    p = torch.softmax(s, -1)
+    out = (p @ v.float()).half()
+    ds = p * (dout.float() @ v.float().transpose(-1, -2)
+              - (dout.float() * out.float()).sum(-1, keepdim=True))
+    got = ds.sum((0, 2, 3))
+    shift = delta_rounding_effect(out, ref, lse, dout, [b64])[0]
+    assert b64.grad.abs().max() < 1e-12 and relative_error(got, b64.grad) > 1e6
+    assert torch.allclose(got.double() - b64.grad, shift, rtol=1e-2, atol=1e-6)
+    assert captured_grad_error(got, b64.grad, shift) == 0.0
+    dropped = ds.clone()
+    dropped[:, :, 64:, :64] = 0  # one [64, 64] tile never added
+    assert captured_grad_error(dropped.sum((0, 2, 3)), b64.grad, shift) > 1e6

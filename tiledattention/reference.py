@@ -69,15 +69,37 @@ def _scores(q, k, causal, scale, attn_mask, score_ref=None, keep_ref=None):
 
 def naive_attention(q, k, v, *, causal=False, scale=None, attn_mask=None, score_ref=None,
                     keep_ref=None):
-    """softmax(q k^T * scale + mask) v in float64; fully masked rows give 0, lse -inf."""
+    """softmax(q k^T * scale + mask) v in float64; fully masked rows give 0, lse -inf.
+
+    Autograd through it gives fully masked rows P = 0 and finite zero gradients: their row
+    sum is divided out as 1 (a divisor clamped to the smallest double made d out / d (P V)
+    = dO / tiny, inf for |dO| > 4, and P^T of it 0 * inf = NaN in dV)."""
     q, k, v = q.double(), k.double(), v.double()
     k, v = _expand_kv(k, v, q.shape[1])
     s, _ = _scores(q, k, causal, scale, attn_mask, score_ref, keep_ref)
     lse = torch.logsumexp(s, dim=-1)
     p = torch.exp(s - lse[..., None].masked_fill(lse[..., None] == float("-inf"), 0.0))
     out = p @ v
-    out = out / p.sum(-1, keepdim=True).clamp_min(torch.finfo(torch.float64).tiny)
+    total = p.sum(-1, keepdim=True)
+    out = out / total.masked_fill(total == 0.0, 1.0)
     return out, lse
+
+
+def delta_rounding_effect(out, ref, ref_lse, dout, leaves):
+    """The change of the float64 gradients of ``leaves`` (captured tensors' copies read by
+    ``score_ref``) when delta = rowsum(dO * O) takes the kernel's ``out``, rounded to its
+    dtype, instead of the exact ``ref``: every flash backward's delta does, and it is what
+    is left of a gradient whose exact value cancels to 0 (a per-head or per-query bias:
+    softmax ignores a shift of a whole row). d lse / d score = P, so dS moves by
+    -P * (delta' - delta): the gradient of -sum((delta' - delta) * lse). Needs the graph of
+    ``ref_lse`` (``naive_attention`` with ``score_ref``), kept by ``retain_graph=True``."""
+    dout = dout.double()
+    shift = (dout * (out.detach().double() - ref.detach())).sum(-1)
+    lse = ref_lse.masked_fill(~torch.isfinite(ref_lse), 0.0)
+    grads = torch.autograd.grad(-(shift * lse).sum(), leaves, allow_unused=True,
+                                retain_graph=True)
+    return [torch.zeros_like(t) if g is None else torch.nan_to_num(g)
+            for g, t in zip(grads, leaves)]
 
 
 def attention_backward(q, k, v, dout, *, causal=False, scale=None, attn_mask=None,

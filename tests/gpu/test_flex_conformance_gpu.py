@@ -28,8 +28,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import flex_conformance as F  # noqa: E402
 
 import tiledattention as ta  # noqa: E402
-from tiledattention.reference import naive_attention  # noqa: E402
-from tiledattention.tolerance import relative_error, rtol, rtol_bwd  # noqa: E402
+from tiledattention.reference import delta_rounding_effect, naive_attention  # noqa: E402
+from tiledattention.tolerance import (  # noqa: E402
+    captured_grad_error,
+    relative_error,
+    rtol,
+    rtol_bwd,
+)
 
 DTYPE = torch.float16
 RESULTS: dict[str, str] = {}
@@ -73,16 +78,17 @@ def _reference(c: F.Case, made: F.Made, q, k, v):
     for name, t, slot in made.learnable:
         slot["ref"] = refs[name] = t.detach().double().requires_grad_()
     kw = {"score_ref" if c.kind == "score" else "keep_ref": made.reference}
-    out, _ = naive_attention(q64, k64, v64, **kw)
-    return out, (q64, k64, v64), refs
+    out, lse = naive_attention(q64, k64, v64, **kw)
+    return out, lse, (q64, k64, v64), refs
 
 
-def _check(name: str, got, want, tol: float):
+def _check(name: str, got, want, tol: float, rounding=None):
     if got is None:
         raise SilentlyWrong(f"{name}: no gradient (None)")
     if not torch.isfinite(got).all():
         raise SilentlyWrong(f"{name}: non-finite values")
-    err = relative_error(got, torch.nan_to_num(want))
+    err = relative_error(got, torch.nan_to_num(want)) if rounding is None else \
+        captured_grad_error(got, torch.nan_to_num(want), rounding)
     if not err <= tol:
         raise SilentlyWrong(f"{name}: relative error {err:.2e} > {tol:.0e}")
 
@@ -97,7 +103,7 @@ def _run(c: F.Case) -> str:
     grads = c.expect == "run"
     q, k, v = _inputs(c, grads=grads)
     out = _call(c, made, q, k, v)
-    ref, leaves, refs = _reference(c, made, q, k, v)
+    ref, ref_lse, leaves, refs = _reference(c, made, q, k, v)
     _check("out", out, ref, rtol(DTYPE))
     if not grads:
         qg, kg, vg = _inputs(c, grads=True)
@@ -106,11 +112,17 @@ def _run(c: F.Case) -> str:
         return "forward"
     dout = torch.randn_like(out)
     out.backward(dout)
-    (ref * dout.double()).sum().backward()
+    (ref * dout.double()).sum().backward(retain_graph=bool(made.learnable))
     for name, t, r in zip(("dq", "dk", "dv"), (q, k, v), leaves):
         _check(name, t.grad, r.grad, rtol_bwd(DTYPE))
-    for name, t, _ in made.learnable:
-        _check(f"d{name}", t.grad, refs[name].grad, rtol_bwd(DTYPE))
+    names = [name for name, _, _ in made.learnable]
+    rounding = delta_rounding_effect(out, ref, ref_lse, dout, [refs[n] for n in names]) \
+        if names else []
+    for (name, t, _), shift in zip(made.learnable, rounding):
+        # test_head_bias_req_grad: the exact gradient of a per-head bias is 0 (softmax
+        # ignores a row shift); judged beyond what delta's rounded O explains, as
+        # FlexAttention's test judges it against a low-precision reference's error.
+        _check(f"d{name}", t.grad, refs[name].grad, rtol_bwd(DTYPE), shift)
     return "ran"
 
 
