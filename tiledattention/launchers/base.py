@@ -136,6 +136,15 @@ def check_launcher(name: str, options: dict) -> None:
     module.check(options or {})
 
 
+def preflight_launcher(name: str, options: dict, folder: str) -> None:
+    """Ask the scheduler once, before the first step, whether the request can ever run
+    (a launcher without such a check passes); LauncherOptionError says what to change."""
+    check_launcher(name, options)
+    module = importlib.import_module(f"{__package__}.{name}")
+    if hasattr(module, "preflight"):
+        module.preflight(options or {}, folder)
+
+
 def get_launcher(name: str, folder: str, options: dict | None = None):
     """The launcher called ``name`` (slurm, local, debug), its logs under ``folder``."""
     if name not in LAUNCHERS:

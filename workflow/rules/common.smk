@@ -20,6 +20,7 @@ from tiledattention.bench.grid import pinned as _pinned
 from tiledattention.launchers import LauncherError
 from tiledattention.launchers import check_launcher as _check_launcher
 from tiledattention.launchers import interrupt as _interrupt
+from tiledattention.launchers import preflight_launcher as _preflight_launcher
 from tiledattention.launchers import profiles as _profiles
 from tiledattention.study import figures as _figures
 from tiledattention.study import tables as _tables
@@ -236,9 +237,20 @@ def all_outputs():
 _RUN = _timeline.run_id()
 
 
+def preflight():
+    """Ask the scheduler once, before any step, whether the GPU steps' request can ever run:
+    a refusal is one line for the run (not one per parallel step) and no job is queued."""
+    try:
+        _preflight_launcher(config["launcher"], config["launcher_options"],
+                            os.path.join(RESULTS, "logs", "preflight"))
+    except LauncherError as exc:
+        raise WorkflowError(f"tiledattn: {exc}") from None
+
+
 onstart:
     # Ctrl-C / SIGTERM: the GPU steps' launchers cancel their jobs, then Snakemake stops.
     _interrupt.forward()
+    preflight()
     _timeline.start(RESULTS, workflow, config, _RUN)
 
 
