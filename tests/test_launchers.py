@@ -366,3 +366,26 @@ def test_a_time_limit_is_named_from_the_job_state_or_submitit_s_error_in_its_log
     log.write_text("submitit.core.utils.UncompletedJobError: Job not requeued because: "
                    "timed-out too many times.\n")
     assert slurm._hit_time_limit(job, JobState("1", "FAILED"))
+
+
+def test_a_dead_runs_snakemake_lock_is_removed_and_a_live_or_unknown_holders_kept(tmp_path):
+    import subprocess
+    import sys
+
+    from tiledattention.launchers import interrupt
+
+    locks, holders = tmp_path / "locks", tmp_path / "holders"
+    locks.mkdir()
+    for name in ("0.input.lock", "0.output.lock", "1.input.lock", "2.input.lock"):
+        (locks / name).write_text("/some/file\n")
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()
+    interrupt.record_holder([str(locks / "0.input.lock"), str(locks / "0.output.lock")],
+                            str(holders))
+    for name in ("0.input.lock", "0.output.lock"):  # as if a killed run had written them
+        (holders / name).write_text(f"{dead} 1\n")
+    interrupt.record_holder([str(locks / "1.input.lock")], str(holders))  # this live process
+    line = interrupt.release_stale_lock(str(locks), str(holders))
+    assert line and f"pid {dead}" in line and "snakemake --unlock" in line
+    assert sorted(p.name for p in locks.iterdir()) == ["1.input.lock", "2.input.lock"]
+    assert interrupt.release_stale_lock(str(locks), str(holders)) is None

@@ -13,8 +13,9 @@ import subprocess
 
 import pytest
 
-# sinfo's long state names: a node running another job is "mixed" or "allocated".
-READY_STATES = {"idle", "mixed", "allocated"}
+# sinfo's long state names: a node running another job is "mixed" or "allocated", one
+# ending a job "completing".
+READY_STATES = {"idle", "mixed", "allocated", "completing"}
 
 
 @functools.cache

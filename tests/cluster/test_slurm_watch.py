@@ -45,13 +45,13 @@ def _study(tmp_path: Path, seqs: list[int], reps: int = 2, shards: int = 2) -> P
     return study
 
 
-def _snakemake(study: Path, *config: str, options=SMALL, **kw):
-    cmd = [SNAKEMAKE, "--nolock", "--profile", "profiles/slurm", "--configfile", str(study),
-           "--config", *config]
+def _snakemake(study: Path, *config: str, options=SMALL, lock=False, **kw):
+    cmd = [SNAKEMAKE, *([] if lock else ["--nolock"]), "--profile", "profiles/slurm",
+           "--configfile", str(study), "--config", *config]
     if options is not None:
         cmd.append(f"launcher_options={json.dumps(options)}")
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, **kw)
+    return subprocess.Popen(cmd, cwd=kw.pop("cwd", ROOT), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **kw)
 
 
 def _sweep(config: Path, out: Path, options: dict, shards: int = 1):
@@ -260,6 +260,39 @@ def test_interrupting_a_running_study_cancels_its_jobs_and_a_rerun_resumes(sig, 
     assert len(keys) == len(set(keys)) == 6 * 2  # every row once
     log = "".join(p.read_text() for p in shards.glob("logs/*_log.err"))
     assert "already done" in log and measured > 0
+
+
+def test_a_rerun_after_snakemake_and_its_steps_were_killed_unlocks_and_ends_the_orphans(
+        tmp_path):
+    # kill -9 of the whole process group: no launcher is left to cancel the jobs, and
+    # Snakemake's lock stays. The rerun removes the dead run's lock by itself, cancels the
+    # jobs the killed run left (found by step name and study) instead of queueing the
+    # same shards behind them, and measures every row once.
+    study = _study(tmp_path, [256, 384, 512, 640, 768, 896], reps=2000)
+    shards = tmp_path / "out" / "shards"
+    work = ROOT
+    run = _snakemake(study, lock=True, start_new_session=True)
+    try:
+        def counts():
+            return [len(_rows(shards / f"rows-shard{i}of2.jsonl")) for i in range(2)]
+        _wait_for(lambda: len(_job_ids(shards)) == 2 and all(counts()), "running shards", 400)
+        orphans = _job_ids(shards)
+        os.killpg(run.pid, signal.SIGKILL)
+        run.communicate(timeout=60)
+    finally:
+        run.kill()
+    assert list((work / ".snakemake" / "locks").iterdir()), "no lock left: not the case"
+    assert set(_states(orphans).values()) <= ACTIVE, _states(orphans)  # still running
+    rerun = _snakemake(study, lock=True)
+    _, err = rerun.communicate(timeout=900)
+    assert rerun.returncode == 0, err[-3000:]
+    _one_line(err, "workflow: removed the lock left by an earlier run")
+    for job in orphans:
+        _one_line(err, f"slurm: job(s) {job} of tiledattn-bench-shard")
+    assert set(_states(orphans).values()) == {"CANCELLED"}, _states(orphans)
+    keys = [(r["point_key"], r["method"]) for i in range(2)
+            for r in _rows(shards / f"rows-shard{i}of2.jsonl")]
+    assert len(keys) == len(set(keys)) == 6 * 2  # every row once
 
 
 # 4. A changed shard count re-shards the measured rows -------------------------------------

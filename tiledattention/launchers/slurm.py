@@ -7,6 +7,7 @@ COMPLETED, and cancels the jobs on SIGINT/SIGTERM."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import os
 import re
@@ -26,6 +27,15 @@ from .base import LauncherError, LauncherOptionError, check_options, job_name
 # A job that stays pending is reported again this often (with its reason), one that
 # runs less often.
 HEARTBEAT_S = {"PENDING": 60.0, "RUNNING": 600.0}
+# How long a rerun waits for the jobs it cancelled (an earlier run's leftovers) to end:
+# SLURM's KillWait (30 s by default) and a margin.
+LEFTOVER_WAIT_S = 180.0
+
+
+def study_mark(folder: str) -> str:
+    """The comment every job of a step's log folder carries (no spaces: an #SBATCH line)."""
+    digest = hashlib.sha256(os.path.abspath(folder).encode()).hexdigest()[:16]
+    return f"tiledattn:{digest}"
 
 
 @dataclass(frozen=True)
@@ -161,24 +171,56 @@ class Launcher:
             raise LauncherOptionError(f"slurm launcher: no SLURM client on this machine ({exc});"
                                       " run from a cluster login node or use --launcher local"
                                       ) from exc
-        self.executor.update_parameters(**sbatch_parameters(o))
+        self.mark = study_mark(folder)
+        self.executor.update_parameters(**sbatch_parameters(o), comment=self.mark)
         self._jobs: list = []
 
     def run(self, tasks: list) -> list:
         # Each job is named after its step (tiledattn-tune, tiledattn-bench-shard0of8, ...)
         # so sacct shows what ran where; an array carries the name of its step.
+        # Each job also carries the study's mark (its log folder, hashed) as its comment, so
+        # a rerun after a killed Snakemake finds the jobs its step left running.
+        array = self.options.array and len(tasks) > 1
+        names = _job_names(tasks, array)
         with _cancel_on_signal(self):
+            self._end_leftovers(names)
             if self.options.test_only:
                 self._test_only()
-            if self.options.array and len(tasks) > 1:
-                self.executor.update_parameters(
-                    job_name=job_name(tasks[0]).rsplit("-shard", 1)[0])
+            if array:
+                self.executor.update_parameters(job_name=names[0])
                 self._jobs = self._submit(lambda: self.executor.submit_array(tasks))
             else:
                 for t in tasks:
                     self.executor.update_parameters(job_name=job_name(t))
                     self._jobs += self._submit(lambda t=t: [self.executor.submit(t)])
             return self._watch(self._jobs)
+
+    def end_leftovers(self, tasks: list) -> None:
+        """End what an earlier, killed run of these tasks left running (see below); the
+        sweep calls it before it checks the rows locks those jobs hold."""
+        self._end_leftovers(_job_names(tasks, self.options.array and len(tasks) > 1))
+
+    def _end_leftovers(self, names: list[str]) -> None:
+        """Cancel the jobs of these steps of this study that an earlier run left running
+        (Snakemake and its steps killed at once: nobody cancelled them) and wait until they
+        have ended, so the step is not queued twice behind its own rows lock. Their rows so
+        far are kept; the new job resumes after them."""
+        left = [j for name in names for j in slurm_jobs.active_jobs(name, self.mark)]
+        if not left:
+            return
+        _say(f"slurm: job(s) {' '.join(left)} of {', '.join(names)} (this study, left running "
+             "by an earlier run that was killed) cancelled; their rows are kept and the step "
+             "resumes after them")
+        slurm_jobs.cancel(left)
+        deadline = time.monotonic() + LEFTOVER_WAIT_S
+        while time.monotonic() < deadline:
+            if not any(s.state in slurm_jobs.ACTIVE
+                       for s in slurm_jobs.query(left).values()):
+                return
+            time.sleep(self.options.poll_s)
+        raise LauncherError(f"slurm launcher: job(s) {' '.join(left)} left by an earlier run "
+                            f"did not end within {LEFTOVER_WAIT_S:.0f}s of scancel; check "
+                            "`squeue -j " + ",".join(left) + "` and rerun")
 
     def cancel_all(self) -> list[str]:
         ids = [j.job_id for j in self._jobs]
@@ -292,6 +334,12 @@ class Launcher:
                 raise LauncherError(f"{self._describe(j, states[j.job_id])} failed: "
                                     f"{(last or ['no error text'])[0][-500:]}") from None
         return results
+
+
+def _job_names(tasks: list, array: bool) -> list[str]:
+    """The job names the tasks are submitted under (one for an array: its step's)."""
+    return ([job_name(tasks[0]).rsplit("-shard", 1)[0]] if array
+            else [job_name(t) for t in tasks])
 
 
 def _requeued(job_id: str, s, ran: set) -> str:

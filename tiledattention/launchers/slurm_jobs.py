@@ -208,6 +208,25 @@ def exceeding(request: dict, nodes: list[Node]) -> list[str]:
     return out
 
 
+# States of a job that still runs or will (squeue's long names).
+ACTIVE = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED",
+          "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED"}
+
+
+def active_jobs(name: str, comment: str) -> list[str]:
+    """Ids of this user's jobs called ``name`` with ``comment`` (the study's mark) that
+    still run or wait: what an earlier run of the same step left behind."""
+    import getpass
+
+    out = _run(["squeue", "-h", "-r", "-u", getpass.getuser(), "-n", name, "-o", "%i|%T|%k"])
+    found = []
+    for line in out.splitlines():
+        parts = line.strip().split("|", 2)
+        if len(parts) == 3 and parts[1] in ACTIVE and parts[2].strip() == comment:
+            found.append(parts[0])
+    return found
+
+
 def state_of(job_id: str) -> JobState:
     return query([job_id])[job_id]
 

@@ -85,6 +85,10 @@ check_config_shape(config)
 # A --config on the command line must not drop the profile's launcher: config files <
 # profile < command line, key by key, and each value that lost is named.
 _interrupt.export_pid()  # the steps of a run that has died cancel their jobs
+# A run killed with -9 leaves its lock: when its process is gone, the rerun removes it.
+_STALE = _interrupt.release_stale_lock()
+if _STALE:
+    print(_STALE, file=sys.stderr)
 try:
     _RESTORED, _LOST = _profiles.apply(config, sys.argv[1:],
                                        dict(workflow.config_settings.config),
@@ -247,16 +251,24 @@ def preflight():
         raise WorkflowError(f"tiledattn: {exc}") from None
 
 
+def held_locks():
+    """The lock files this run holds (none under --nolock)."""
+    return list(getattr(workflow.persistence, "_lockfile", {}).values())
+
+
 onstart:
     # Ctrl-C / SIGTERM: the GPU steps' launchers cancel their jobs, then Snakemake stops.
     _interrupt.forward()
+    _interrupt.record_holder(held_locks())
     preflight()
     _timeline.start(RESULTS, workflow, config, _RUN)
 
 
 onsuccess:
+    _interrupt.forget_holder(held_locks())
     _timeline.end(RESULTS, workflow, _RUN, "ok")
 
 
 onerror:
+    _interrupt.forget_holder(held_locks())
     _timeline.end(RESULTS, workflow, _RUN, "failed")
