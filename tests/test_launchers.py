@@ -389,3 +389,11 @@ def test_a_dead_runs_snakemake_lock_is_removed_and_a_live_or_unknown_holders_kep
     assert line and f"pid {dead}" in line and "snakemake --unlock" in line
     assert sorted(p.name for p in locks.iterdir()) == ["1.input.lock", "2.input.lock"]
     assert interrupt.release_stale_lock(str(locks), str(holders)) is None
+
+
+def test_displayed_launcher_options_are_typed_not_the_profiles_strings():
+    from tiledattention.launchers.base import typed_options
+
+    shown = typed_options("slurm", {"partition": "gpu", "gpus_per_job": "1", "account": "null",
+                                    "time_min": "120"})
+    assert shown == {"partition": "gpu", "gpus_per_job": 1, "account": None, "time_min": 120}

@@ -223,9 +223,13 @@ class Launcher:
                             "`squeue -j " + ",".join(left) + "` and rerun")
 
     def cancel_all(self) -> list[str]:
+        """Cancel this launcher's jobs that have not ended; their ids (an ended job is
+        neither cancelled nor named)."""
         ids = [j.job_id for j in self._jobs]
-        slurm_jobs.cancel(ids)
-        return ids
+        states = slurm_jobs.query(ids) if ids else {}
+        live = [i for i in ids if not states[i].final]
+        slurm_jobs.cancel(live)
+        return live
 
     def _submit(self, submit) -> list:
         try:

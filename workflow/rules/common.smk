@@ -22,6 +22,7 @@ from tiledattention.launchers import check_launcher as _check_launcher
 from tiledattention.launchers import interrupt as _interrupt
 from tiledattention.launchers import preflight_launcher as _preflight_launcher
 from tiledattention.launchers import profiles as _profiles
+from tiledattention.launchers.base import typed_options as _typed_options
 from tiledattention.study import figures as _figures
 from tiledattention.study import tables as _tables
 from tiledattention.study import timeline as _timeline
@@ -175,8 +176,10 @@ def shard_marker(i):
 
 def launcher_args():
     """--launcher and --launcher-options of every GPU step, quoted for the shell."""
+    # Typed first: a profile's values arrive as strings ("1", "null").
+    options = _typed_options(config["launcher"], config["launcher_options"])
     return (f"--launcher {shlex.quote(config['launcher'])} --launcher-options "
-            f"{shlex.quote(json.dumps(config['launcher_options']))}")
+            f"{shlex.quote(json.dumps(options))}")
 
 
 def gpu_slots():
