@@ -25,6 +25,11 @@ HOST=$(hostname)
 refuse() { echo "start-slurm.sh: refused: $*" >&2; exit 3; }
 
 [ "$(id -u)" = 0 ] || refuse "needs root (it starts slurmd, which runs jobs as their users)"
+# The directory is emptied on each start: only one this script made (its marker inside).
+MARK=.tiledattn-ci-slurm
+if [ -e "$DIR" ] && [ ! -e "$DIR/$MARK" ]; then
+  refuse "$DIR exists and is not a cluster directory of this script (no $MARK in it); set TILEDATTN_SLURM_DIR to a new path"
+fi
 if ! command -v slurmctld >/dev/null || ! command -v mariadbd >/dev/null \
     || ! command -v munged >/dev/null; then
   export DEBIAN_FRONTEND=noninteractive
@@ -51,6 +56,7 @@ done
 
 rm -rf "$DIR"
 mkdir -p "$DIR"/{etc,run,log,spool/ctld,spool/d,db,munge,dev}
+touch "$DIR/$MARK"
 chmod 755 "$DIR"
 PIDS=$DIR/run/pids
 : > "$PIDS"
