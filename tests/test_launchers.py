@@ -397,3 +397,20 @@ def test_displayed_launcher_options_are_typed_not_the_profiles_strings():
     shown = typed_options("slurm", {"partition": "gpu", "gpus_per_job": "1", "account": "null",
                                     "time_min": "120"})
     assert shown == {"partition": "gpu", "gpus_per_job": 1, "account": None, "time_min": 120}
+
+
+def test_a_job_s_submitter_is_alive_only_while_that_very_process_runs():
+    import subprocess
+    import sys
+
+    from tiledattention.launchers import slurm
+
+    mine = slurm.submitter(slurm.study_mark("/study/logs"))
+    assert mine.startswith(slurm.study_mark("/study/logs") + ":")
+    assert slurm.submitter_alive(mine)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()
+    host, start = mine.split(":")[2], mine.split(":")[4]
+    assert not slurm.submitter_alive(f"tiledattn:x:{host}:{dead}:{start}")
+    assert not slurm.submitter_alive(mine.replace(f":{start}", ":1"))  # a reused pid
+    assert slurm.study_mark("/study/logs") != slurm.study_mark("/other/logs")

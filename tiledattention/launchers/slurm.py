@@ -13,6 +13,7 @@ import os
 import re
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 
 import submitit
 
-from . import slurm_jobs
+from . import interrupt, slurm_jobs
 from .base import LauncherError, LauncherOptionError, check_options, job_name
 
 # Status lines go to stderr, which the workflow's rules show on the terminal.
@@ -33,9 +34,26 @@ LEFTOVER_WAIT_S = 180.0
 
 
 def study_mark(folder: str) -> str:
-    """The comment every job of a step's log folder carries (no spaces: an #SBATCH line)."""
+    """What every job of a step's log folder carries in its comment (no spaces: it is an
+    #SBATCH line)."""
     digest = hashlib.sha256(os.path.abspath(folder).encode()).hexdigest()[:16]
     return f"tiledattn:{digest}"
+
+
+def submitter(mark: str) -> str:
+    """The job's comment: the study's mark and the process that submits and watches it
+    (host, pid, start time), so a rerun tells a killed run's jobs from a live run's."""
+    return f"{mark}:{socket.gethostname()}:{os.getpid()}:{interrupt._started(os.getpid())}"
+
+
+def submitter_alive(comment: str) -> bool:
+    """Whether the process that submitted a job (see ``submitter``) still runs. One on
+    another host cannot be asked: taken as gone (a rerun on another login node then
+    cancels the jobs of a killed run there)."""
+    host, _, rest = comment.split(":", 2)[2].partition(":")
+    pid, _, start = rest.partition(":")
+    return (host == socket.gethostname() and pid.isdigit()
+            and interrupt._started(int(pid)) == start)
 
 
 @dataclass(frozen=True)
@@ -172,7 +190,7 @@ class Launcher:
                                       " run from a cluster login node or use --launcher local"
                                       ) from exc
         self.mark = study_mark(folder)
-        self.executor.update_parameters(**sbatch_parameters(o), comment=self.mark)
+        self.executor.update_parameters(**sbatch_parameters(o), comment=submitter(self.mark))
         self._jobs: list = []
 
     def run(self, tasks: list) -> list:
@@ -205,8 +223,10 @@ class Launcher:
         (Snakemake and its steps killed at once: nobody cancelled them) and wait until they
         have ended, so the step is not queued twice behind its own rows lock. Their rows so
         far are kept; the new job resumes after them."""
-        left = [j for name in names for j in slurm_jobs.active_jobs(name, self.mark)]
-        if not left:
+        left = [j for name in names
+                for j, comment in slurm_jobs.active_jobs(name, self.mark).items()
+                if not submitter_alive(comment)]
+        if not left:  # none, or a live run's (its rows lock then refuses, naming the job)
             return
         _say(f"slurm: job(s) {' '.join(left)} of {', '.join(names)} (this study, left running "
              "by an earlier run that was killed) cancelled; their rows are kept and the step "

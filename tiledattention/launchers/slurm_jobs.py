@@ -213,17 +213,18 @@ ACTIVE = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUE
           "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED"}
 
 
-def active_jobs(name: str, comment: str) -> list[str]:
-    """Ids of this user's jobs called ``name`` with ``comment`` (the study's mark) that
-    still run or wait: what an earlier run of the same step left behind."""
+def active_jobs(name: str, mark: str) -> dict[str, str]:
+    """This user's jobs called ``name`` whose comment starts with ``mark`` (the study's)
+    and that still run or wait, each with its comment: what a run of the same step
+    submitted."""
     import getpass
 
     out = _run(["squeue", "-h", "-r", "-u", getpass.getuser(), "-n", name, "-o", "%i|%T|%k"])
-    found = []
+    found = {}
     for line in out.splitlines():
         parts = line.strip().split("|", 2)
-        if len(parts) == 3 and parts[1] in ACTIVE and parts[2].strip() == comment:
-            found.append(parts[0])
+        if len(parts) == 3 and parts[1] in ACTIVE and parts[2].strip().startswith(mark + ":"):
+            found[parts[0]] = parts[2].strip()
     return found
 
 
