@@ -115,3 +115,19 @@ def test_sigterm_while_a_point_is_measured_stops_it_at_once(tmp_path, monkeypatc
     assert code == 130 and not late
     assert time.monotonic() - started < 10
     assert read_rows(str(tmp_path / "rows-shard0of1.jsonl")) == []
+
+
+@pytest.mark.parametrize("exc", JOB_ENVIRONMENT, ids=lambda e: type(e).__name__)
+def test_a_job_environment_exception_wrapped_by_the_code_it_hit_is_still_the_jobs(exc):
+    # A signal landing inside a kernel compile comes back as CompileError("...") from it.
+    from tiledattention.errors import CompileError
+
+    try:
+        try:
+            raise exc
+        except BaseException as inner:
+            raise CompileError("compiling fwd failed") from inner
+    except CompileError as wrapped:
+        with pytest.raises(type(exc)):
+            runner._classify(wrapped)
+    assert runner._classify(CompileError("compiling fwd failed"))[0] == "error"

@@ -26,7 +26,20 @@ def belongs_to_job(exc: BaseException) -> bool:
     return utils is not None and isinstance(exc, utils.UncompletedJobError)
 
 
+def job_cause(exc: BaseException) -> BaseException | None:
+    """The job-environment exception ``exc`` is or wraps (a compiler error raised ``from``
+    a signal that landed inside the compile), or None."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if belongs_to_job(exc):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
 def reraise(exc: BaseException) -> None:
-    """Raise ``exc`` again when it belongs to the job environment; return otherwise."""
-    if belongs_to_job(exc):
-        raise exc
+    """Raise the job-environment exception ``exc`` is or wraps; return otherwise."""
+    cause = job_cause(exc)
+    if cause is not None:
+        raise cause
