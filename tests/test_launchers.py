@@ -292,3 +292,125 @@ def test_a_launcher_mismatch_gives_advice_that_works(tmp_path):
         restore({}, PROFILE, {"launcher": "debug"}, str(tmp_path))
     with pytest.raises(LauncherError, match="launcher=slrum: unknown launcher; valid"):
         restore({}, PROFILE, {"launcher": "slrum"}, str(tmp_path))
+
+
+# Launcher options checked against each other, and what the partition offers ------------
+
+@pytest.mark.parametrize("time_min,delay", [(1, 90), (1, 60), (2, 120)])
+def test_a_time_limit_at_or_below_the_requeue_signal_delay_is_refused(time_min, delay):
+    from tiledattention.launchers import check_launcher
+    from tiledattention.launchers.base import LauncherOptionError
+
+    with pytest.raises(LauncherOptionError, match=f"signal_delay_s={delay} is not below "
+                       f"time_min={time_min}"):
+        check_launcher("slurm", {"time_min": time_min, "signal_delay_s": delay})
+    check_launcher("slurm", {"time_min": time_min, "signal_delay_s": time_min * 60 - 1})
+
+
+def _node(state="idle", cpus=2, mem_mb=22220, gres="gpu:2", limit="1:00:00"):
+    from tiledattention.launchers import slurm_jobs
+
+    return slurm_jobs.Node("gpu", "n1", state, cpus, mem_mb, slurm_jobs._gpus(gres), limit)
+
+
+def test_the_refusal_names_each_setting_above_what_the_partition_offers(monkeypatch):
+    from tiledattention.launchers import slurm, slurm_jobs
+
+    monkeypatch.setattr(slurm_jobs, "partition_nodes", lambda p: [_node()])
+    o = slurm.check({"partition": "gpu", "cpus_per_job": 8, "mem_gb": 64, "time_min": 120})
+    line = slurm.why_refused(o, "Requested node configuration is not available")
+    assert "cpus_per_job 8 > 2, mem_gb 64 GB > 21.7 GB, time_min 120 min > 60 min" in line
+    assert "\n" not in line and "gpus_per_job" not in line
+
+
+@pytest.mark.parametrize("state", ["drained", "down*", "draining", "idle*", "maint"])
+def test_a_request_that_fits_drained_or_down_nodes_is_queued_not_refused(monkeypatch, capsys,
+                                                                         state):
+    from tiledattention.launchers import slurm, slurm_jobs
+
+    monkeypatch.setattr(slurm_jobs, "partition_nodes", lambda p: [_node(state)])
+    o = slurm.check({"partition": "gpu", "cpus_per_job": 1, "mem_gb": 1, "time_min": 10})
+    assert slurm.why_refused(o, "Requested node configuration is not available") is None
+    assert f"n1 {state}" in capsys.readouterr().err
+    monkeypatch.setattr(slurm_jobs, "partition_nodes", lambda p: [_node("idle")])
+    assert "refuses the request" in slurm.why_refused(o, "some other refusal")
+
+
+def test_a_partition_the_cluster_lacks_is_named_not_called_sinfo_unavailable(monkeypatch):
+    from tiledattention.launchers import slurm, slurm_jobs
+
+    monkeypatch.setattr(slurm_jobs, "partition_nodes", lambda p: [])
+    monkeypatch.setattr(slurm_jobs, "partitions", lambda: ["gpu", "debug"])
+    line = slurm.why_refused(slurm.check({"partition": "gpux"}), "invalid partition")
+    assert "partition 'gpux' does not exist on this cluster (its partitions: gpu, debug)" in line
+
+
+@pytest.mark.parametrize("gres,gpus", [("gpu:2", 2), ("gpu:h100:8(S:0-1)", 8), ("(null)", 0),
+                                       ("gpu:a100:4,gpu:h100:4", 8)])
+def test_gpus_are_counted_from_sinfo_gres(gres, gpus):
+    from tiledattention.launchers import slurm_jobs
+
+    assert slurm_jobs._gpus(gres) == gpus
+
+
+def test_a_time_limit_is_named_from_the_job_state_or_submitit_s_error_in_its_log(tmp_path):
+    from types import SimpleNamespace
+
+    from tiledattention.launchers import slurm
+    from tiledattention.launchers.slurm_jobs import JobState
+
+    log = tmp_path / "x_log.err"
+    job = SimpleNamespace(paths=SimpleNamespace(stderr=log))
+    assert not slurm._hit_time_limit(job, JobState("1", "FAILED"))
+    assert slurm._hit_time_limit(job, JobState("1", "TIMEOUT"))
+    log.write_text("submitit.core.utils.UncompletedJobError: Job not requeued because: "
+                   "timed-out too many times.\n")
+    assert slurm._hit_time_limit(job, JobState("1", "FAILED"))
+
+
+def test_a_dead_runs_snakemake_lock_is_removed_and_a_live_or_unknown_holders_kept(tmp_path):
+    import subprocess
+    import sys
+
+    from tiledattention.launchers import interrupt
+
+    locks, holders = tmp_path / "locks", tmp_path / "holders"
+    locks.mkdir()
+    for name in ("0.input.lock", "0.output.lock", "1.input.lock", "2.input.lock"):
+        (locks / name).write_text("/some/file\n")
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()
+    interrupt.record_holder([str(locks / "0.input.lock"), str(locks / "0.output.lock")],
+                            str(holders))
+    for name in ("0.input.lock", "0.output.lock"):  # as if a killed run had written them
+        (holders / name).write_text(f"{dead} 1\n")
+    interrupt.record_holder([str(locks / "1.input.lock")], str(holders))  # this live process
+    line = interrupt.release_stale_lock(str(locks), str(holders))
+    assert line and f"pid {dead}" in line and "snakemake --unlock" in line
+    assert sorted(p.name for p in locks.iterdir()) == ["1.input.lock", "2.input.lock"]
+    assert interrupt.release_stale_lock(str(locks), str(holders)) is None
+
+
+def test_displayed_launcher_options_are_typed_not_the_profiles_strings():
+    from tiledattention.launchers.base import typed_options
+
+    shown = typed_options("slurm", {"partition": "gpu", "gpus_per_job": "1", "account": "null",
+                                    "time_min": "120"})
+    assert shown == {"partition": "gpu", "gpus_per_job": 1, "account": None, "time_min": 120}
+
+
+def test_a_job_s_submitter_is_alive_only_while_that_very_process_runs():
+    import subprocess
+    import sys
+
+    from tiledattention.launchers import slurm
+
+    mine = slurm.submitter(slurm.study_mark("/study/logs"))
+    assert mine.startswith(slurm.study_mark("/study/logs") + ":")
+    assert slurm.submitter_alive(mine)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()
+    host, start = mine.split(":")[2], mine.split(":")[4]
+    assert not slurm.submitter_alive(f"tiledattn:x:{host}:{dead}:{start}")
+    assert not slurm.submitter_alive(mine.replace(f":{start}", ":1"))  # a reused pid
+    assert slurm.study_mark("/study/logs") != slurm.study_mark("/other/logs")

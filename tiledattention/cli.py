@@ -573,11 +573,13 @@ def _sweep(args) -> int:
     from .bench.store import ensure_unlocked
 
     os.makedirs(args.out, exist_ok=True)
+    tasks = [ShardTask(os.path.abspath(args.config), os.path.abspath(args.out), i,
+                       args.shards, args.step) for i in indices]
+    if hasattr(launcher, "end_leftovers"):  # jobs a killed run of these shards left running
+        launcher.end_leftovers(tasks)
     for i in indices:  # another sweep or bench writing a shard: one line, nothing submitted
         ensure_unlocked(os.path.join(args.out, f"rows-shard{i}of{args.shards}.jsonl"))
     reshard(cfg, args.out, args.shards, sys.stderr)  # a changed count keeps measured rows
-    tasks = [ShardTask(os.path.abspath(args.config), os.path.abspath(args.out), i,
-                       args.shards, args.step) for i in indices]
     for r in launcher.run(tasks):
         print(f"sweep: shard {r['shard']}/{r['of']} done", file=sys.stderr)
     return 0

@@ -1,66 +1,129 @@
 #!/usr/bin/env bash
-# Bring up a real single-node SLURM cluster (slurmctld, slurmd, slurmdbd + MariaDB
-# accounting, munge) on loopback, with two GPU-shaped gres entries backed by character
-# devices. Debian 12, root, no systemd. Idempotent: stops a previous instance first.
+# Bring up a private single-node SLURM cluster (slurmctld, slurmd, slurmdbd with its own
+# MariaDB for accounting, its own munged) on loopback, with two GPU-shaped gres entries
+# backed by character devices. Debian 12, root, no systemd.
+#
+# It touches only its own: config, state, spool, logs, MariaDB data and munge key live in
+# one directory ($TILEDATTN_SLURM_DIR, default /var/tmp/tiledattn-ci-slurm), the daemons
+# listen on their own ports (base $TILEDATTN_SLURM_PORT, default 16817), every daemon it
+# starts is recorded by PID (run/pids) and stopped by that PID by tests/cluster/stop-slurm.sh.
+# Nothing under /etc/slurm, /etc/munge or the system's MariaDB is read or written, and no
+# process is signalled by name. Where another cluster runs (a SLURM daemon it did not
+# start) or its ports are taken, it refuses with one line and exit code 3.
+#
+# Clients find the cluster through SLURM_CONF: `. $TILEDATTN_SLURM_DIR/env.sh` (the last
+# line it prints says so).
 #   tests/cluster/start-slurm.sh        start (installs the packages if missing)
-#   tests/cluster/start-slurm.sh stop   stop the daemons
+#   tests/cluster/start-slurm.sh stop   stop it (same as stop-slurm.sh)
 set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+if [ "${1:-}" = stop ]; then exec bash "$HERE/stop-slurm.sh"; fi
+DIR=${TILEDATTN_SLURM_DIR:-/var/tmp/tiledattn-ci-slurm}
+PORT=${TILEDATTN_SLURM_PORT:-16817}
+CTLD_PORT=$PORT; SLURMD_PORT=$((PORT + 1)); DBD_PORT=$((PORT + 2)); DB_PORT=$((PORT + 3))
 HOST=$(hostname)
-stop() {
-  pkill -x slurmd 2>/dev/null || true
-  pkill -x slurmctld 2>/dev/null || true
-  pkill -x slurmdbd 2>/dev/null || true
-  sleep 1
-  rm -f /run/slurmd.pid /run/slurmctld.pid /run/slurmdbd.pid /var/run/slurm*.pid
-}
-if [ "${1:-}" = stop ]; then stop; exit 0; fi
-if ! command -v slurmctld >/dev/null; then
+refuse() { echo "start-slurm.sh: refused: $*" >&2; exit 3; }
+
+[ "$(id -u)" = 0 ] || refuse "needs root (it starts slurmd, which runs jobs as their users)"
+# The directory is emptied on each start: only one this script made (its marker inside).
+MARK=.tiledattn-ci-slurm
+if [ -e "$DIR" ] && [ ! -e "$DIR/$MARK" ]; then
+  refuse "$DIR exists and is not a cluster directory of this script (no $MARK in it); set TILEDATTN_SLURM_DIR to a new path"
+fi
+if ! command -v slurmctld >/dev/null || ! command -v mariadbd >/dev/null \
+    || ! command -v munged >/dev/null; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends slurmctld slurmd slurm-client munge slurmdbd \
     mariadb-server >/dev/null
 fi
-stop
-mkdir -p /etc/slurm /var/spool/slurmctld /var/spool/slurmd /var/log/slurm /run/munge /dev/fakegpu
-chown slurm:slurm /var/spool/slurmctld /var/log/slurm 2>/dev/null || true
-# GPU-shaped gres must point at real character devices (plain files drain the node).
-for i in 0 1; do [ -e /dev/fakegpu/$i ] || mknod /dev/fakegpu/$i c 1 3; done
 
-[ -s /etc/munge/munge.key ] || { dd if=/dev/urandom bs=1 count=1024 of=/etc/munge/munge.key 2>/dev/null; }
-chown munge:munge /etc/munge/munge.key /run/munge; chmod 400 /etc/munge/munge.key
-pgrep -x munged >/dev/null || su -s /bin/sh munge -c "/usr/sbin/munged --force"
+# A previous run of this script: stop what it started (by PID), then start afresh.
+[ -f "$DIR/run/pids" ] && bash "$HERE/stop-slurm.sh"
 
-/etc/init.d/mariadb start >/dev/null
-mysql -u root <<SQL
-CREATE DATABASE IF NOT EXISTS slurm_acct_db;
-CREATE USER IF NOT EXISTS 'slurm'@'localhost' IDENTIFIED BY 'slurmdbpass';
-GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost';
+# Another cluster on this machine: any SLURM daemon running now is not ours (ours are stopped).
+others=""
+for p in /proc/[0-9]*; do
+  comm=$(cat "$p/comm" 2>/dev/null) || continue
+  case "$comm" in slurmctld|slurmd|slurmdbd|slurmstepd) others="$others $comm(pid ${p#/proc/})";; esac
+done
+[ -z "$others" ] || refuse "another SLURM cluster runs on this machine:$others; not touching it"
+for port in $CTLD_PORT $SLURMD_PORT $DBD_PORT $DB_PORT; do
+  if (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null; then
+    refuse "port $port on 127.0.0.1 is taken (set TILEDATTN_SLURM_PORT to a free base port)"
+  fi
+done
+
+rm -rf "$DIR"
+mkdir -p "$DIR"/{etc,run,log,spool/ctld,spool/d,db,munge,dev}
+touch "$DIR/$MARK"
+chmod 755 "$DIR"
+PIDS=$DIR/run/pids
+: > "$PIDS"
+# Start one daemon in the foreground of a background job and record its PID.
+spawn() {
+  local name=$1; shift
+  setsid "$@" </dev/null >>"$DIR/log/$name.out" 2>&1 &
+  echo "$name $!" >> "$PIDS"
+}
+fail() { echo "start-slurm.sh: $*" >&2; bash "$HERE/stop-slurm.sh" >&2 || true; exit 1; }
+
+# munge: its own key and socket (slurm.conf's AuthInfo=socket= points at it).
+chown munge:munge "$DIR/munge"; chmod 755 "$DIR/munge"  # munged: socket dir executable by all
+dd if=/dev/urandom bs=1 count=1024 of="$DIR/munge/munge.key" 2>/dev/null
+chown munge:munge "$DIR/munge/munge.key"; chmod 400 "$DIR/munge/munge.key"
+MUNGE_SOCKET=$DIR/munge/munge.socket
+spawn munged setpriv --reuid=munge --regid=munge --init-groups /usr/sbin/munged -F \
+  --socket="$MUNGE_SOCKET" --key-file="$DIR/munge/munge.key" \
+  --log-file="$DIR/munge/munged.log" --pid-file="$DIR/munge/munged.pid" \
+  --seed-file="$DIR/munge/munged.seed"
+
+# MariaDB: its own data directory, socket and port; its only users are its own.
+mariadb-install-db --no-defaults --user=root --datadir="$DIR/db" --auth-root-authentication-method=socket \
+  >"$DIR/log/mariadb-install.out" 2>&1 || fail "mariadb-install-db failed: $(tail -1 "$DIR/log/mariadb-install.out")"
+DB_SOCKET=$DIR/run/mariadb.sock
+spawn mariadbd /usr/sbin/mariadbd --no-defaults --user=root --datadir="$DIR/db" \
+  --socket="$DB_SOCKET" --port="$DB_PORT" --bind-address=127.0.0.1 \
+  --pid-file="$DIR/run/mariadb.pid" --log-error="$DIR/log/mariadb.log"
+for _ in $(seq 60); do [ -S "$DB_SOCKET" ] && break; sleep 0.5; done
+[ -S "$DB_SOCKET" ] || fail "MariaDB did not start: $(tail -1 "$DIR/log/mariadb.log")"
+mariadb --no-defaults --socket="$DB_SOCKET" -u root <<SQL
+CREATE DATABASE slurm_acct_db;
+CREATE USER 'slurm'@'127.0.0.1' IDENTIFIED BY 'slurmdbpass';
+GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';
 FLUSH PRIVILEGES;
 SQL
 
+# GPU-shaped gres must point at real character devices (plain files drain the node).
+for i in 0 1; do mknod "$DIR/dev/gpu$i" c 1 3; done
 read -r CPUS MEM < <(slurmd -C | awk '{for(i=1;i<=NF;i++){split($i,a,"="); if(a[1]=="CPUs")c=a[2]; if(a[1]=="RealMemory")m=a[2]}} END{print c, int(m*0.9)}')
-cat > /etc/slurm/slurmdbd.conf <<CONF
+cat > "$DIR/etc/slurmdbd.conf" <<CONF
 AuthType=auth/munge
+AuthInfo=socket=$MUNGE_SOCKET
 DbdHost=localhost
 DbdAddr=127.0.0.1
-SlurmUser=slurm
-LogFile=/var/log/slurm/slurmdbd.log
-PidFile=/run/slurmdbd.pid
+DbdPort=$DBD_PORT
+SlurmUser=root
+LogFile=$DIR/log/slurmdbd.log
+PidFile=$DIR/run/slurmdbd.pid
 StorageType=accounting_storage/mysql
-StorageHost=localhost
+StorageHost=127.0.0.1
+StoragePort=$DB_PORT
 StorageUser=slurm
 StoragePass=slurmdbpass
 StorageLoc=slurm_acct_db
 CONF
-chown slurm:slurm /etc/slurm/slurmdbd.conf; chmod 600 /etc/slurm/slurmdbd.conf
-cat > /etc/slurm/slurm.conf <<CONF
+chmod 600 "$DIR/etc/slurmdbd.conf"
+cat > "$DIR/etc/slurm.conf" <<CONF
 ClusterName=ci
 SlurmctldHost=${HOST}(127.0.0.1)
-SlurmUser=slurm
+SlurmctldPort=$CTLD_PORT
+SlurmdPort=$SLURMD_PORT
+SlurmUser=root
 AuthType=auth/munge
 # A requeued job waits cred_expire seconds before it may start again (default 120 s):
 # shorter here so the time-limit requeue test takes one minute less.
-AuthInfo=cred_expire=60
+AuthInfo=cred_expire=60,socket=$MUNGE_SOCKET
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
@@ -68,14 +131,17 @@ SelectTypeParameters=CR_Core_Memory
 DefMemPerCPU=512
 MinJobAge=300
 ReturnToService=2
-StateSaveLocation=/var/spool/slurmctld
-SlurmdSpoolDir=/var/spool/slurmd
-SlurmctldPidFile=/run/slurmctld.pid
-SlurmdPidFile=/run/slurmd.pid
-SlurmctldLogFile=/var/log/slurm/slurmctld.log
-SlurmdLogFile=/var/log/slurm/slurmd.log
+StateSaveLocation=$DIR/spool/ctld
+SlurmdSpoolDir=$DIR/spool/d
+SlurmctldPidFile=$DIR/run/slurmctld.pid
+SlurmdPidFile=$DIR/run/slurmd.pid
+SlurmctldLogFile=$DIR/log/slurmctld.log
+SlurmdLogFile=$DIR/log/slurmd.log
 AccountingStorageType=accounting_storage/slurmdbd
-AccountingStorageHost=localhost
+AccountingStorageHost=127.0.0.1
+AccountingStoragePort=$DBD_PORT
+# Clients (sacctmgr, slurmctld) reach slurmdbd through this munge socket, not AuthInfo's.
+AccountingStoragePass=$MUNGE_SOCKET
 JobAcctGatherType=jobacct_gather/none
 # Account the GPUs a job was given, so a test can check that GPU steps asked for one.
 AccountingStorageTRES=gres/gpu
@@ -83,20 +149,29 @@ GresTypes=gpu
 NodeName=${HOST} NodeAddr=127.0.0.1 CPUs=${CPUS} RealMemory=${MEM} Gres=gpu:2 State=UNKNOWN
 PartitionName=gpu Nodes=${HOST} Default=YES MaxTime=60 State=UP
 CONF
-cat > /etc/slurm/gres.conf <<CONF
-NodeName=${HOST} Name=gpu File=/dev/fakegpu/[0-1]
+cat > "$DIR/etc/gres.conf" <<CONF
+NodeName=${HOST} Name=gpu File=$DIR/dev/gpu[0-1]
 CONF
-slurmdbd
-for _ in $(seq 30); do sacctmgr -i -n list cluster >/dev/null 2>&1 && break; sleep 1; done
-slurmctld
-sacctmgr -i add cluster ci >/dev/null 2>&1 || true
-sacctmgr -i add account ci-account Cluster=ci >/dev/null 2>&1 || true
-sacctmgr -i add user "$(id -un)" Account=ci-account >/dev/null 2>&1 || true
-slurmd
-for _ in $(seq 30); do
+export SLURM_CONF=$DIR/etc/slurm.conf
+cat > "$DIR/env.sh" <<ENV
+# The private CI cluster of tests/cluster/start-slurm.sh: source this to use it.
+export SLURM_CONF=$SLURM_CONF
+ENV
+
+spawn slurmdbd /usr/sbin/slurmdbd -D
+for _ in $(seq 30); do timeout 5 sacctmgr -i -n list cluster >/dev/null 2>&1 && break; sleep 0.5; done
+sacctmgr -i -n list cluster >/dev/null 2>&1 || fail "slurmdbd did not answer: $(tail -1 "$DIR/log/slurmdbd.log")"
+sacctmgr -i add cluster ci >/dev/null
+sacctmgr -i add account ci-account Cluster=ci >/dev/null
+sacctmgr -i add user "$(id -un)" Account=ci-account >/dev/null
+spawn slurmctld /usr/sbin/slurmctld -D
+spawn slurmd /usr/sbin/slurmd -D
+state=""
+for _ in $(seq 60); do
   state=$(sinfo -h -o %T 2>/dev/null | head -1)
   [ "$state" = idle ] && break
-  sleep 1
+  sleep 0.5
 done
+[ "$state" = idle ] || fail "node not idle: $(sinfo -h -o '%T %E' 2>&1 | head -1)"
 sinfo
-[ "$(sinfo -h -o %T | head -1)" = idle ] || { echo "node not idle: $(sinfo -h -o '%T %E')" >&2; exit 1; }
+echo "start-slurm.sh: cluster up (daemons: $(tr '\n' ' ' < "$PIDS")); use it with: . $DIR/env.sh"

@@ -204,6 +204,9 @@ def test_a_shard_signalled_before_its_time_limit_is_requeued_and_resumes(tmp_pat
     finally:
         sweep.kill()
     assert sweep.returncode == 0, err[-2000:]
+    # While it waits to start again, the terminal says why (not a bare "BeginTime").
+    assert f"slurm: job {job_id} PENDING (BeginTime): requeued after its time limit" in err, \
+        err[-2000:]
     log = "".join(p.read_text() for p in (out / "logs").glob("*_log.*"))
     assert "this job is timed-out" in log and "Requeued job" in log, log[-2000:]
     resumed = re.findall(r"bench: 16 points in shard0of1 on cpu, (\d+) already done", log)

@@ -45,13 +45,13 @@ def _study(tmp_path: Path, seqs: list[int], reps: int = 2, shards: int = 2) -> P
     return study
 
 
-def _snakemake(study: Path, *config: str, options=SMALL, **kw):
-    cmd = [SNAKEMAKE, "--nolock", "--profile", "profiles/slurm", "--configfile", str(study),
-           "--config", *config]
+def _snakemake(study: Path, *config: str, options=SMALL, lock=False, **kw):
+    cmd = [SNAKEMAKE, *([] if lock else ["--nolock"]), "--profile", "profiles/slurm",
+           "--configfile", str(study), "--config", *config]
     if options is not None:
         cmd.append(f"launcher_options={json.dumps(options)}")
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, **kw)
+    return subprocess.Popen(cmd, cwd=kw.pop("cwd", ROOT), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **kw)
 
 
 def _sweep(config: Path, out: Path, options: dict, shards: int = 1):
@@ -84,15 +84,66 @@ def _one_line(err: str, words: str) -> None:
 def test_the_shipped_profile_on_a_node_too_small_fails_at_once_before_any_job(tmp_path):
     # The profile as shipped asks each job for 8 CPUs and 64 GB; the CI node has 2 CPUs.
     # sbatch --test-only refuses it before anything is queued, in one line on the terminal.
+    # Asked once for the run (two shards would run in parallel), the refusal names each
+    # setting that exceeds what the partition offers.
     started = time.monotonic()
-    run = _snakemake(_study(tmp_path, [64], shards=1), options=None)
+    run = _snakemake(_study(tmp_path, [64], shards=2), options=None)
     _, err = run.communicate(timeout=600)
     assert run.returncode != 0
-    _one_line(err, "tiledattn sweep: slurm launcher: sbatch --test-only refuses the request")
-    assert "Requested node configuration is not available" in err
-    assert "cpus_per_job=8, mem_gb=64" in err and "partition gpu: time limit" in err
+    _one_line(err, "slurm launcher: sbatch --test-only refuses the request")
+    line = next(ln for ln in err.splitlines() if "refuses the request" in ln)
+    assert "cpus_per_job 8 > 2" in line and "mem_gb 64 GB > " in line, line
+    assert "time_min 120 min > 60 min" in line and "partition gpu" in line, line
+    assert "Requested node configuration is not available" in line, line
+    assert "Error in rule" not in err, err[-3000:]
     assert not _job_ids(tmp_path / "out"), "a job was queued"
     assert time.monotonic() - started < 300
+
+
+def test_a_wrong_partition_name_is_named_as_such(tmp_path):
+    config = tmp_path / "bench.yaml"
+    config.write_text(_grid([64]))
+    out = _sweep(config, tmp_path / "out", {**SMALL, "partition": "gpux"})
+    assert out.returncode == 2, out.stderr[-2000:]
+    _one_line(out.stderr, "partition 'gpux' does not exist on this cluster (its partitions: gpu)")
+    assert "sinfo" not in out.stderr
+
+
+def _node_state(state: str, reason: str = "") -> None:
+    node = subprocess.run(["sinfo", "-h", "-N", "-o", "%N"], capture_output=True, text=True,
+                          timeout=30).stdout.split()[0]
+    extra = [f"reason={reason}"] if reason else []
+    subprocess.run(["scontrol", "update", f"nodename={node}", f"state={state}", *extra],
+                   check=True, timeout=30)
+
+
+def test_a_drained_partition_is_not_called_a_mis_sized_request(tmp_path):
+    # Every node drained: sbatch --test-only says "Requested node configuration is not
+    # available", but the request fits the nodes. It is queued and waits (its pending
+    # reason reported), and runs once the node is back; a request too big for the node is
+    # still refused, naming the setting.
+    config = tmp_path / "bench.yaml"
+    config.write_text(_grid([64]))
+    _node_state("drain", "tiledattn-test")
+    try:
+        big = _sweep(config, tmp_path / "big", {**SMALL, "cpus_per_job": 8})
+        assert big.returncode == 2 and "cpus_per_job 8 > 2" in big.stderr, big.stderr[-2000:]
+        sweep = subprocess.Popen(
+            [sys.executable, "-m", "tiledattention.cli", "sweep", "--config", str(config),
+             "--launcher", "slurm", "--launcher-options", json.dumps(SMALL), "--shards", "1",
+             "--out", str(tmp_path / "out")], cwd=ROOT, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True)
+        ids = _wait_for(lambda: _job_ids(tmp_path / "out"), "queued job", 120)
+        _wait_for(lambda: _states(ids).get(ids[0]) == "PENDING", "pending job", 60)
+    finally:
+        _node_state("resume")
+    try:
+        _, err = sweep.communicate(timeout=300)
+    finally:
+        sweep.kill()
+    assert sweep.returncode == 0, err[-2000:]
+    _one_line(err, "no node of partition gpu takes jobs")
+    assert "drain" in err and "refuses the request:" not in err
 
 
 def test_a_job_pending_for_a_reason_that_never_resolves_fails_naming_it(tmp_path):
@@ -145,6 +196,29 @@ def test_a_cancel_inside_the_grace_period_fails_the_step_though_it_finished(tmp_
     _one_line(err, f"SLURM job {job} (CANCELLED, log {out / 'logs'}")
 
 
+def test_a_time_limit_in_the_last_attempt_fails_the_study_naming_it_and_stores_no_row(
+        tmp_path):
+    # max_requeue 0: SLURM's USR2 (signal_delay_s before the 2-minute limit) makes
+    # submitit raise UncompletedJobError inside the measurement. It must not become the
+    # point's error row (the job would end COMPLETED, the study green): the job fails,
+    # and the terminal says "time limit" with the step, job id and log, in one line.
+    study = _study(tmp_path, [256, 384, 512, 640, 768, 896], reps=20000, shards=1)
+    run = _snakemake(study, options={**SMALL, "time_min": 2, "max_requeue": 0})
+    _, err = run.communicate(timeout=600)
+    assert run.returncode != 0, err[-3000:]
+    shards = tmp_path / "out" / "shards"
+    ids = _job_ids(shards)
+    assert len(ids) == 1, ids
+    _one_line(err, f"time limit: step tiledattn-bench-shard0of1, SLURM job {ids[0]} (")
+    line = next(ln for ln in err.splitlines() if "time limit: step" in ln)
+    assert str(shards / "logs") in line and "max_requeue=0" in line, line
+    log = (shards / "logs" / f"{ids[0]}_0_log.err").read_text()
+    assert "UncompletedJobError" in log, log[-2000:]  # the case this test is about
+    rows = _rows(shards / "rows-shard0of1.jsonl")
+    assert all(r["status"] == "ok" for r in rows), [r for r in rows if r["status"] != "ok"]
+    assert not (shards / "shard0of1.done").exists()
+
+
 # 3. Ctrl-C / SIGTERM cancels the jobs; a rerun resumes ------------------------------------
 
 @pytest.mark.parametrize("sig,group", [(signal.SIGINT, False), (signal.SIGTERM, False),
@@ -186,6 +260,39 @@ def test_interrupting_a_running_study_cancels_its_jobs_and_a_rerun_resumes(sig, 
     assert len(keys) == len(set(keys)) == 6 * 2  # every row once
     log = "".join(p.read_text() for p in shards.glob("logs/*_log.err"))
     assert "already done" in log and measured > 0
+
+
+def test_a_rerun_after_snakemake_and_its_steps_were_killed_unlocks_and_ends_the_orphans(
+        tmp_path):
+    # kill -9 of the whole process group: no launcher is left to cancel the jobs, and
+    # Snakemake's lock stays. The rerun removes the dead run's lock by itself, cancels the
+    # jobs the killed run left (found by step name and study) instead of queueing the
+    # same shards behind them, and measures every row once.
+    study = _study(tmp_path, [256, 384, 512, 640, 768, 896], reps=2000)
+    shards = tmp_path / "out" / "shards"
+    work = ROOT
+    run = _snakemake(study, lock=True, start_new_session=True)
+    try:
+        def counts():
+            return [len(_rows(shards / f"rows-shard{i}of2.jsonl")) for i in range(2)]
+        _wait_for(lambda: len(_job_ids(shards)) == 2 and all(counts()), "running shards", 400)
+        orphans = _job_ids(shards)
+        os.killpg(run.pid, signal.SIGKILL)
+        run.communicate(timeout=60)
+    finally:
+        run.kill()
+    assert list((work / ".snakemake" / "locks").iterdir()), "no lock left: not the case"
+    assert set(_states(orphans).values()) <= ACTIVE, _states(orphans)  # still running
+    rerun = _snakemake(study, lock=True)
+    _, err = rerun.communicate(timeout=900)
+    assert rerun.returncode == 0, err[-3000:]
+    _one_line(err, "workflow: removed the lock left by an earlier run")
+    for job in orphans:
+        _one_line(err, f"slurm: job(s) {job} of tiledattn-bench-shard")
+    assert set(_states(orphans).values()) == {"CANCELLED"}, _states(orphans)
+    keys = [(r["point_key"], r["method"]) for i in range(2)
+            for r in _rows(shards / f"rows-shard{i}of2.jsonl")]
+    assert len(keys) == len(set(keys)) == 6 * 2  # every row once
 
 
 # 4. A changed shard count re-shards the measured rows -------------------------------------

@@ -16,6 +16,7 @@ import time
 import torch
 
 from ..flops import attention_flops, tflops_per_s
+from ..launchers import jobenv
 from ..timing import L2Flusher, as_cuda_graph, summarize, time_calls, time_cpu, time_cuda
 from ..tolerance import relative_error, rtol_bwd
 from .config import BenchConfig
@@ -149,6 +150,9 @@ def compare(out, ref, hq: int, rtol: float) -> dict:
 
 
 def _classify(exc: BaseException) -> tuple[str, str]:
+    # Every row this harness records as failed goes through here: a time limit, a stop
+    # or an interrupt is the job's, not the method's, and never becomes a row.
+    jobenv.reraise(exc)
     if isinstance(exc, torch.cuda.OutOfMemoryError):
         return "oom", str(exc).splitlines()[0][:300]
     if isinstance(exc, Unavailable):
@@ -362,7 +366,8 @@ def measure(plan: list[tuple[Point, list[str]]], cfg: BenchConfig, store: Result
     point's rows as it finishes. The one measurement loop: ``tiledattn bench`` and
     ``tiledattn tune`` both run through it. Ctrl-C stops after the current point (twice
     aborts); returns True when stopped early. SIGTERM (a workflow or job stopped at its time
-    limit) stops too, and the point it cut is not stored: the signal also reaches the
+    limit) stops at once (``jobenv.JobStopped``: a cancelled job does not measure on until
+    SLURM kills it), and the point it cut is not stored: the signal also reaches the
     point's child processes (a kernel compile), whose failure would otherwise be recorded
     as an error row that a resumed run never measures again."""
     todo = [(p, [m for m in methods if not store.done(p.key(), m)]) for p, methods in plan]
@@ -380,6 +385,9 @@ def measure(plan: list[tuple[Point, list[str]]], cfg: BenchConfig, store: Result
         stop["requested"] = stop["terminated"] = True
         if callable(previous_term):  # a job environment's own handler (submitit's) runs too
             previous_term(signum, frame)
+        if stop.get("measuring"):  # not while a row is being written
+            raise jobenv.JobStopped("SIGTERM while measuring: the point is measured again "
+                                    "on resume")
 
     digest = cfg.measure_digest()
     previous = signal.signal(signal.SIGINT, on_sigint)
@@ -391,7 +399,13 @@ def measure(plan: list[tuple[Point, list[str]]], cfg: BenchConfig, store: Result
         for p, methods in todo:
             if stop["requested"]:
                 break
-            rows = run_point(p, methods, cfg, device, flush)
+            stop["measuring"] = True
+            try:
+                rows = run_point(p, methods, cfg, device, flush)
+            except jobenv.JobStopped:
+                rows = []  # cut short: nothing of this point is stored
+            finally:
+                stop["measuring"] = False
             if stop.get("terminated"):
                 print(f"\nSIGTERM: stopped; {p.key()} is measured again on resume", file=log,
                       flush=True)

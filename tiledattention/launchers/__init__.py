@@ -8,8 +8,10 @@ from .base import (
     check_launcher,
     get_launcher,
     job_name,
+    preflight_launcher,
     run_step,
 )
 
 __all__ = ["LAUNCHERS", "LauncherError", "LauncherOptionError", "ShardTask", "check_launcher",
-           "get_launcher", "job_name", "run_step"]
+           "get_launcher", "job_name", "preflight_launcher",
+           "run_step"]

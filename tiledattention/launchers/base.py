@@ -136,6 +136,23 @@ def check_launcher(name: str, options: dict) -> None:
     module.check(options or {})
 
 
+def typed_options(name: str, options: dict) -> dict:
+    """``options`` as the launcher reads them (numbers as numbers, "null" as None): what a
+    displayed command line shows."""
+    module = importlib.import_module(f"{__package__}.{name}")
+    checked = module.check(options or {})
+    return {k: getattr(checked, k) for k in options or {}}
+
+
+def preflight_launcher(name: str, options: dict, folder: str) -> None:
+    """Ask the scheduler once, before the first step, whether the request can ever run
+    (a launcher without such a check passes); LauncherOptionError says what to change."""
+    check_launcher(name, options)
+    module = importlib.import_module(f"{__package__}.{name}")
+    if hasattr(module, "preflight"):
+        module.preflight(options or {}, folder)
+
+
 def get_launcher(name: str, folder: str, options: dict | None = None):
     """The launcher called ``name`` (slurm, local, debug), its logs under ``folder``."""
     if name not in LAUNCHERS:

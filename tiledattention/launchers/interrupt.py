@@ -67,3 +67,63 @@ def forward() -> None:
 def export_pid() -> None:
     """Tell the steps which process is the workflow's (see slurm.workflow_gone)."""
     os.environ["TILEDATTN_WORKFLOW_PID"] = str(os.getpid())
+
+
+# Snakemake's lock after a kill: Snakemake records no holder, so a killed run leaves
+# .snakemake/locks/N.{input,output}.lock behind and every rerun stops asking for --unlock.
+# The workflow records, for each lock file it holds, its process (pid and start time); a
+# rerun removes exactly the lock files whose recorded process is gone, as `snakemake
+# --unlock` would. A lock file with no record, or whose holder runs, is left to Snakemake.
+HOLDERS = os.path.join(".snakemake", "tiledattn-lock-holders")
+
+
+def _started(pid: int) -> str | None:
+    """The start time of process ``pid`` (clock ticks since boot), None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def record_holder(lock_files: list[str], holders: str = HOLDERS) -> None:
+    """Say that this process holds ``lock_files`` (called at onstart)."""
+    me = f"{os.getpid()} {_started(os.getpid())}\n"
+    with contextlib.suppress(OSError):
+        os.makedirs(holders, exist_ok=True)
+        for path in lock_files:
+            with open(os.path.join(holders, os.path.basename(path)), "w") as f:
+                f.write(me)
+
+
+def forget_holder(lock_files: list[str], holders: str = HOLDERS) -> None:
+    """Drop this run's records as it ends (Snakemake removes the lock files themselves)."""
+    for path in lock_files:
+        with contextlib.suppress(OSError):
+            os.remove(os.path.join(holders, os.path.basename(path)))
+
+
+def release_stale_lock(locks: str = os.path.join(".snakemake", "locks"),
+                       holders: str = HOLDERS) -> str | None:
+    """Remove the lock files whose recorded holder is no longer running; the line to show,
+    or None where nothing was removed (Snakemake then decides, naming --unlock)."""
+    try:
+        names = os.listdir(locks)
+    except OSError:
+        return None
+    gone = set()
+    for name in names:
+        try:
+            with open(os.path.join(holders, name)) as f:
+                pid, start = f.read().split()
+        except (OSError, ValueError):
+            continue
+        if not (pid.isdigit() and _started(int(pid)) == start):
+            with contextlib.suppress(OSError):
+                os.remove(os.path.join(locks, name))
+                os.remove(os.path.join(holders, name))
+                gone.add(pid)
+    if not gone:
+        return None
+    return (f"workflow: removed the lock left by an earlier run (pid {', '.join(sorted(gone))},"
+            " no longer running), as snakemake --unlock would")

@@ -7,11 +7,13 @@ COMPLETED, and cancels the jobs on SIGINT/SIGTERM."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import os
 import re
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -19,13 +21,39 @@ from dataclasses import dataclass, field
 
 import submitit
 
-from . import slurm_jobs
+from . import interrupt, slurm_jobs
 from .base import LauncherError, LauncherOptionError, check_options, job_name
 
 # Status lines go to stderr, which the workflow's rules show on the terminal.
 # A job that stays pending is reported again this often (with its reason), one that
 # runs less often.
 HEARTBEAT_S = {"PENDING": 60.0, "RUNNING": 600.0}
+# How long a rerun waits for the jobs it cancelled (an earlier run's leftovers) to end:
+# SLURM's KillWait (30 s by default) and a margin.
+LEFTOVER_WAIT_S = 180.0
+
+
+def study_mark(folder: str) -> str:
+    """What every job of a step's log folder carries in its comment (no spaces: it is an
+    #SBATCH line)."""
+    digest = hashlib.sha256(os.path.abspath(folder).encode()).hexdigest()[:16]
+    return f"tiledattn:{digest}"
+
+
+def submitter(mark: str) -> str:
+    """The job's comment: the study's mark and the process that submits and watches it
+    (host, pid, start time), so a rerun tells a killed run's jobs from a live run's."""
+    return f"{mark}:{socket.gethostname()}:{os.getpid()}:{interrupt._started(os.getpid())}"
+
+
+def submitter_alive(comment: str) -> bool:
+    """Whether the process that submitted a job (see ``submitter``) still runs. One on
+    another host cannot be asked: taken as gone (a rerun on another login node then
+    cancels the jobs of a killed run there)."""
+    host, _, rest = comment.split(":", 2)[2].partition(":")
+    pid, _, start = rest.partition(":")
+    return (host == socket.gethostname() and pid.isdigit()
+            and interrupt._started(int(pid)) == start)
 
 
 @dataclass(frozen=True)
@@ -59,6 +87,11 @@ def check(options: dict) -> SlurmOptions:
             or o.signal_delay_s < 0 or o.max_requeue < 0 or o.poll_s <= 0):
         raise LauncherOptionError("slurm launcher: gpus_per_job, signal_delay_s, max_requeue "
                                   ">= 0; cpus_per_job, mem_gb and time_min >= 1; poll_s > 0")
+    if o.signal_delay_s >= o.time_min * 60:
+        raise LauncherOptionError(
+            f"slurm launcher: signal_delay_s={o.signal_delay_s} is not below time_min="
+            f"{o.time_min} ({o.time_min * 60} s): every job would be signalled to requeue as "
+            "soon as it starts; raise time_min or lower signal_delay_s")
     if not isinstance(o.extra_sbatch, dict):
         raise LauncherOptionError("slurm launcher option extra_sbatch: expected a mapping of "
                                   f"sbatch options, e.g. {{\"reservation\": \"x\"}}, got "
@@ -72,6 +105,45 @@ def check(options: dict) -> SlurmOptions:
             raise LauncherOptionError(f"slurm launcher option extra_sbatch.{key}: {value!r} "
                                       "must be one line of text or a number")
     return o
+
+
+def why_refused(o: SlurmOptions, sbatch_says: str) -> str | None:
+    """The one line that says why sbatch --test-only refused ``o`` and what to change,
+    or None where the refusal is only the nodes' current state (every node of the
+    partition drained or down, or just resumed): the request is then submitted and waits,
+    its pending reason reported."""
+    nodes = slurm_jobs.partition_nodes(o.partition)
+    where = f"partition {o.partition}" if o.partition else "the default partition"
+    if nodes == [] and o.partition:
+        return (f"slurm launcher: partition {o.partition!r} does not exist on this cluster "
+                f"(its partitions: {', '.join(slurm_jobs.partitions()) or 'none'}); set "
+                f"launcher_options partition [sbatch --test-only: {sbatch_says}]")
+    too_big = slurm_jobs.exceeding(
+        {"cpus_per_job": o.cpus_per_job, "mem_gb": o.mem_gb, "gpus_per_job": o.gpus_per_job,
+         "time_min": o.time_min}, nodes or [])
+    if too_big:
+        return (f"slurm launcher: sbatch --test-only refuses the request: {', '.join(too_big)}"
+                f" on {where}; change these launcher_options (see profiles/slurm/README.md) "
+                f"[sbatch: {sbatch_says}]")
+    if nodes and not any(n.usable for n in nodes):
+        states = ", ".join(sorted({f"{n.name} {n.state}" for n in nodes}))
+        _say(f"slurm: sbatch --test-only refuses the request now ({sbatch_says}), but no node "
+             f"of {where} takes jobs ({states}) and the request fits them: it is queued and "
+             "waits for a node")
+        return None
+    limits = slurm_jobs.partition_limits(o.partition) or "sinfo did not answer"
+    return (f"slurm launcher: sbatch --test-only refuses the request: {sbatch_says} "
+            f"({_settings(o)}; {limits}); change these launcher_options (see "
+            "profiles/slurm/README.md)")
+
+
+def preflight(options: dict, folder: str) -> None:
+    """Ask SLURM once, before any step, whether the study's request can ever run (the
+    workflow calls this at its start): a refusal is one line for the whole run, not one
+    per parallel step."""
+    o = check(options)
+    if o.test_only:
+        Launcher(folder, options)._test_only()
 
 
 def job_python(o: SlurmOptions) -> str | None:
@@ -117,18 +189,23 @@ class Launcher:
             raise LauncherOptionError(f"slurm launcher: no SLURM client on this machine ({exc});"
                                       " run from a cluster login node or use --launcher local"
                                       ) from exc
-        self.executor.update_parameters(**sbatch_parameters(o))
+        self.mark = study_mark(folder)
+        self.executor.update_parameters(**sbatch_parameters(o), comment=submitter(self.mark))
         self._jobs: list = []
 
     def run(self, tasks: list) -> list:
         # Each job is named after its step (tiledattn-tune, tiledattn-bench-shard0of8, ...)
         # so sacct shows what ran where; an array carries the name of its step.
+        # Each job also carries the study's mark (its log folder, hashed) as its comment, so
+        # a rerun after a killed Snakemake finds the jobs its step left running.
+        array = self.options.array and len(tasks) > 1
+        names = _job_names(tasks, array)
         with _cancel_on_signal(self):
+            self._end_leftovers(names)
             if self.options.test_only:
                 self._test_only()
-            if self.options.array and len(tasks) > 1:
-                self.executor.update_parameters(
-                    job_name=job_name(tasks[0]).rsplit("-shard", 1)[0])
+            if array:
+                self.executor.update_parameters(job_name=names[0])
                 self._jobs = self._submit(lambda: self.executor.submit_array(tasks))
             else:
                 for t in tasks:
@@ -136,10 +213,43 @@ class Launcher:
                     self._jobs += self._submit(lambda t=t: [self.executor.submit(t)])
             return self._watch(self._jobs)
 
+    def end_leftovers(self, tasks: list) -> None:
+        """End what an earlier, killed run of these tasks left running (see below); the
+        sweep calls it before it checks the rows locks those jobs hold."""
+        self._end_leftovers(_job_names(tasks, self.options.array and len(tasks) > 1))
+
+    def _end_leftovers(self, names: list[str]) -> None:
+        """Cancel the jobs of these steps of this study that an earlier run left running
+        (Snakemake and its steps killed at once: nobody cancelled them) and wait until they
+        have ended, so the step is not queued twice behind its own rows lock. Their rows so
+        far are kept; the new job resumes after them."""
+        left = [j for name in names
+                for j, comment in slurm_jobs.active_jobs(name, self.mark).items()
+                if not submitter_alive(comment)]
+        if not left:  # none, or a live run's (its rows lock then refuses, naming the job)
+            return
+        _say(f"slurm: job(s) {' '.join(left)} of {', '.join(names)} (this study, left running "
+             "by an earlier run that was killed) cancelled; their rows are kept and the step "
+             "resumes after them")
+        slurm_jobs.cancel(left)
+        deadline = time.monotonic() + LEFTOVER_WAIT_S
+        while time.monotonic() < deadline:
+            if not any(s.state in slurm_jobs.ACTIVE
+                       for s in slurm_jobs.query(left).values()):
+                return
+            time.sleep(self.options.poll_s)
+        raise LauncherError(f"slurm launcher: job(s) {' '.join(left)} left by an earlier run "
+                            f"did not end within {LEFTOVER_WAIT_S:.0f}s of scancel; check "
+                            "`squeue -j " + ",".join(left) + "` and rerun")
+
     def cancel_all(self) -> list[str]:
+        """Cancel this launcher's jobs that have not ended; their ids (an ended job is
+        neither cancelled nor named)."""
         ids = [j.job_id for j in self._jobs]
-        slurm_jobs.cancel(ids)
-        return ids
+        states = slurm_jobs.query(ids) if ids else {}
+        live = [i for i in ids if not states[i].final]
+        slurm_jobs.cancel(live)
+        return live
 
     def _submit(self, submit) -> list:
         try:
@@ -163,11 +273,10 @@ class Launcher:
             raise LauncherError(f"slurm launcher: sbatch --test-only did not answer ({exc})"
                                 ) from None
         if out.returncode != 0:
-            raise LauncherOptionError(
-                f"slurm launcher: sbatch --test-only refuses the request: "
-                f"{_sbatch_error(out.stderr + out.stdout)} ({_settings(self.options)}; "
-                f"{slurm_jobs.partition_limits(self.options.partition) or 'sinfo unavailable'}); "
-                "change these launcher_options (see profiles/slurm/README.md)")
+            refusal = why_refused(self.options, _sbatch_error(out.stderr + out.stdout))
+            if refusal:
+                raise LauncherOptionError(refusal)
+
 
     def _name(self, job) -> str:
         sub = getattr(self.executor, "parameters", {}).get("job_name", "tiledattn")
@@ -185,6 +294,7 @@ class Launcher:
         shown: dict[str, tuple] = {}
         started = time.monotonic()
         final_seen: dict[str, str] = {}
+        ran: set[str] = set()
         while True:
             if workflow_gone():
                 slurm_jobs.cancel(ids)
@@ -199,15 +309,18 @@ class Launcher:
                         now - last[1] > HEARTBEAT_S.get(s.state, float("inf"))):
                     again = f" (still, after {now - started:.0f}s)" if last and \
                         last[0] == s.describe() else ""
-                    _say(f"slurm: job {j.job_id} {s.describe()}{again}")
+                    _say(f"slurm: job {j.job_id} {s.describe()}{again}"
+                         f"{_requeued(j.job_id, s, ran)} [{self._name(j)}]")
                     shown[j.job_id] = (s.describe(), now)
+                if s.state == "RUNNING":
+                    ran.add(j.job_id)
                 why = s.never_starts()
                 if why:
                     slurm_jobs.cancel(ids)
                     raise LauncherOptionError(
                         f"slurm launcher: job {j.job_id} can never start: pending "
                         f"({s.reason}): {why} ({_settings(o)}; "
-                        f"{slurm_jobs.partition_limits(o.partition) or 'sinfo unavailable'}); "
+                        f"{slurm_jobs.partition_limits(o.partition) or 'sinfo did not answer'}); "
                         f"cancelled {' '.join(ids)}")
             # A final state counts once it is seen on two polls in a row: a job being
             # requeued (preemption, time limit) passes through such states.
@@ -224,6 +337,15 @@ class Launcher:
             time.sleep(o.poll_s)
         failed = [self._describe(j, states[j.job_id]) for j in jobs
                   if states[j.job_id].state != "COMPLETED"]
+        timed_out = [j for j in jobs if states[j.job_id].state != "COMPLETED"
+                     and _hit_time_limit(j, states[j.job_id])]
+        if timed_out:
+            raise LauncherError("; ".join(
+                f"time limit: step {self._name(j)}, SLURM job {j.job_id} "
+                f"({states[j.job_id].describe()}, log {j.paths.stderr})" for j in timed_out)
+                + f" ran out of its time limit (time_min={o.time_min}, not requeued again "
+                f"after max_requeue={o.max_requeue}); raise time_min, or max_requeue (a "
+                "requeued step resumes), and rerun")
         if failed:
             raise LauncherError(f"{'; '.join(failed)}: SLURM did not report COMPLETED, so the "
                                 "step failed whatever it wrote (a rerun resumes it)")
@@ -236,6 +358,35 @@ class Launcher:
                 raise LauncherError(f"{self._describe(j, states[j.job_id])} failed: "
                                     f"{(last or ['no error text'])[0][-500:]}") from None
         return results
+
+
+def _job_names(tasks: list, array: bool) -> list[str]:
+    """The job names the tasks are submitted under (one for an array: its step's)."""
+    return ([job_name(tasks[0]).rsplit("-shard", 1)[0]] if array
+            else [job_name(t) for t in tasks])
+
+
+def _requeued(job_id: str, s, ran: set) -> str:
+    """A job seen running that waits again (BeginTime) was requeued: say why it waits."""
+    if s.state == "PENDING" and s.reason == "BeginTime" and job_id in ran:
+        return (": requeued after its time limit or a preemption, it resumes once SLURM "
+                "lets it start again")
+    return ""
+
+
+def _hit_time_limit(job, s) -> bool:
+    """SLURM ended the job at its time limit, or submitit's USR2 handler stopped it there
+    without a requeue left (UncompletedJobError, "timed-out", in its log)."""
+    if s.state in ("TIMEOUT", "DEADLINE"):
+        return True
+    try:
+        with open(job.paths.stderr, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 65536))
+            tail = f.read().decode(errors="replace")
+    except OSError:
+        return False
+    return ("UncompletedJobError" in tail and "timed-out" in tail) or "DUE TO TIME LIMIT" in tail
 
 
 def _say(line: str) -> None:

@@ -120,6 +120,114 @@ def partition_limits(partition: str | None) -> str:
                      f"{m} MB, gres {g}" for p, t, c, m, g in sorted(rows))
 
 
+# Node states (sinfo %T, without its flag suffixes) in which a node takes new jobs.
+_USABLE = {"idle", "mixed", "allocated", "completing", "planned"}
+
+
+@dataclass(frozen=True)
+class Node:
+    partition: str
+    name: str
+    state: str  # sinfo's long state: idle, mixed, drained, down*, ...
+    cpus: int
+    mem_mb: int
+    gpus: int
+    time_limit: str  # as sinfo prints it: 1:00:00, 2-00:00:00, infinite
+
+    @property
+    def usable(self) -> bool:
+        return self.state.rstrip("*~#!%$@^-+") in _USABLE and not self.state.endswith("*")
+
+
+def partition_nodes(partition: str | None) -> list[Node] | None:
+    """The nodes of ``partition`` (the default partition when None) with their state and
+    size; [] when the cluster has no such partition, None when sinfo does not answer."""
+    args = ["sinfo", "-h", "-N", "-o", "%P|%N|%T|%c|%m|%G|%l"] + (["-p", partition]
+                                                                  if partition else [])
+    try:
+        out = subprocess.run(args, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    nodes = []
+    for line in out.stdout.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) != 7 or (partition is None and not parts[0].endswith("*")):
+            continue
+        with contextlib.suppress(ValueError):
+            nodes.append(Node(parts[0].rstrip("*"), parts[1], parts[2], int(parts[3]),
+                              int(parts[4].rstrip("+")), _gpus(parts[5]), parts[6]))
+    return nodes
+
+
+def partitions() -> list[str]:
+    return sorted({ln.strip().rstrip("*") for ln in _run(["sinfo", "-h", "-o", "%P"]).split()})
+
+
+def _gpus(gres: str) -> int:
+    # gres as sinfo prints it: "gpu:2", "gpu:h100:8(S:0-1)", "(null)".
+    total = 0
+    for item in gres.split(","):
+        m = re.match(r"gpu(?::[^:(]+)?:(\d+)", item.strip())
+        if m:
+            total += int(m.group(1))
+    return total
+
+
+def minutes(limit: str) -> float | None:
+    """sinfo's time limit ([D-]HH:MM:SS, MM:SS, infinite) in minutes; None if unlimited."""
+    if limit in ("infinite", "UNLIMITED", "n/a", ""):
+        return None
+    days, _, rest = limit.rpartition("-")
+    parts = [int(x) for x in rest.split(":")]
+    while len(parts) < 3:
+        parts.insert(0, 0)
+    return int(days or 0) * 1440 + parts[0] * 60 + parts[1] + parts[2] / 60
+
+
+def exceeding(request: dict, nodes: list[Node]) -> list[str]:
+    """The settings of ``request`` (cpus_per_job, mem_gb, gpus_per_job, time_min) above
+    what the largest node of the partition and its time limit offer, each as
+    "setting asked > offered"."""
+    if not nodes:
+        return []
+    limits = [minutes(n.time_limit) for n in nodes]
+    offered = {
+        "cpus_per_job": (max(n.cpus for n in nodes), ""),
+        "mem_gb": (round(max(n.mem_mb for n in nodes) / 1024, 1), " GB"),
+        "gpus_per_job": (max(n.gpus for n in nodes), " GPUs"),
+        "time_min": (None if None in limits else max(limits), " min"),
+    }
+    out = []
+    for key, (have, unit) in offered.items():
+        want = request.get(key)
+        if want is not None and have is not None and want > have:
+            have_text = f"{have:g}" if isinstance(have, float) else str(have)
+            out.append(f"{key} {want}{unit} > {have_text}{unit}")
+    return out
+
+
+# States of a job that still runs or will (squeue's long names).
+ACTIVE = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED",
+          "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED"}
+
+
+def active_jobs(name: str, mark: str) -> dict[str, str]:
+    """This user's jobs called ``name`` whose comment starts with ``mark`` (the study's)
+    and that still run or wait, each with its comment: what a run of the same step
+    submitted."""
+    import getpass
+
+    out = _run(["squeue", "-h", "-r", "-u", getpass.getuser(), "-n", name, "-o", "%i|%T|%k"])
+    found = {}
+    for line in out.splitlines():
+        parts = line.strip().split("|", 2)
+        if len(parts) == 3 and parts[1] in ACTIVE and parts[2].strip().startswith(mark + ":"):
+            found[parts[0]] = parts[2].strip()
+    return found
+
+
 def state_of(job_id: str) -> JobState:
     return query([job_id])[job_id]
 

@@ -21,7 +21,9 @@ from tiledattention.bench.grid import pinned as _pinned
 from tiledattention.launchers import LauncherError
 from tiledattention.launchers import check_launcher as _check_launcher
 from tiledattention.launchers import interrupt as _interrupt
+from tiledattention.launchers import preflight_launcher as _preflight_launcher
 from tiledattention.launchers import profiles as _profiles
+from tiledattention.launchers.base import typed_options as _typed_options
 from tiledattention.study import figures as _figures
 from tiledattention.study import tables as _tables
 from tiledattention.study import timeline as _timeline
@@ -103,6 +105,10 @@ refuse_config(check_config_shape, config)
 # A --config on the command line must not drop the profile's launcher: config files <
 # profile < command line, key by key, and each value that lost is named.
 _interrupt.export_pid()  # the steps of a run that has died cancel their jobs
+# A run killed with -9 leaves its lock: when its process is gone, the rerun removes it.
+_STALE = _interrupt.release_stale_lock()
+if _STALE:
+    print(_STALE, file=sys.stderr)
 try:
     _RESTORED, _LOST = _profiles.apply(config, sys.argv[1:],
                                        dict(workflow.config_settings.config),
@@ -190,8 +196,10 @@ def shard_marker(i):
 
 def launcher_args():
     """--launcher and --launcher-options of every GPU step, quoted for the shell."""
+    # Typed first: a profile's values arrive as strings ("1", "null").
+    options = _typed_options(config["launcher"], config["launcher_options"])
     return (f"--launcher {shlex.quote(config['launcher'])} --launcher-options "
-            f"{shlex.quote(json.dumps(config['launcher_options']))}")
+            f"{shlex.quote(json.dumps(options))}")
 
 
 def gpu_slots():
@@ -256,15 +264,34 @@ def all_outputs():
 _RUN = _timeline.run_id()
 
 
+def preflight():
+    """Ask the scheduler once, before any step, whether the GPU steps' request can ever run:
+    a refusal is one line for the run (not one per parallel step) and no job is queued."""
+    try:
+        _preflight_launcher(config["launcher"], config["launcher_options"],
+                            os.path.join(RESULTS, "logs", "preflight"))
+    except LauncherError as exc:
+        raise WorkflowError(f"tiledattn: {exc}") from None
+
+
+def held_locks():
+    """The lock files this run holds (none under --nolock)."""
+    return list(getattr(workflow.persistence, "_lockfile", {}).values())
+
+
 onstart:
     # Ctrl-C / SIGTERM: the GPU steps' launchers cancel their jobs, then Snakemake stops.
     _interrupt.forward()
+    _interrupt.record_holder(held_locks())
+    preflight()
     _timeline.start(RESULTS, workflow, config, _RUN)
 
 
 onsuccess:
+    _interrupt.forget_holder(held_locks())
     _timeline.end(RESULTS, workflow, _RUN, "ok")
 
 
 onerror:
+    _interrupt.forget_holder(held_locks())
     _timeline.end(RESULTS, workflow, _RUN, "failed")
