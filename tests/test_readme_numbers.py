@@ -210,3 +210,22 @@ def test_lead_and_trail_follow_the_sign_of_each_geomean():
 
 if __name__ == "__main__":
     print(fastest_fused_block())
+
+
+def test_the_readme_scaling_numbers_are_the_committed_scaling_tables():
+    """README's 'Over several GPUs' bullet quotes results/reference/scaling-h200x2/scaling.csv."""
+    import csv
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    table = (root / "results/reference/scaling-h200x2/scaling.csv").read_text()
+    rows = list(csv.DictReader(table.splitlines()))
+    one, two = (next(r for r in rows if r["GPUs"] == n) for n in ("1", "2"))
+    text = " ".join((root / "README.md").read_text().split())
+    bullet = re.search(r"\*\*Over several GPUs\*\*.*?Amdahl's bound.*?s\)\.", text).group(0)
+    assert f"{float(one['wall s']):.1f} s and {float(two['wall s']):.1f} s" in bullet
+    assert f"speedup {float(two['speedup']):.2f}" in bullet
+    assert f"efficiency {float(two['efficiency']):.2f}" in bullet
+    assert f"ideal {float(two['ideal s']):.0f} s" in bullet
+    assert f"serial part {float(two['Amdahl s']):.0f} s" in bullet
