@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib
 import os
 import subprocess
 import sys
@@ -380,3 +381,129 @@ def test_the_model_stage_times_fa4_through_transformers_or_says_why_not(tmp_path
     assert saved["fa4"]["reason"] == why
     rows[0].update(status="error", reason="boom")  # one of ours failing fails the stage
     assert model_bench.run_model(cfg, str(tmp_path))["status"] == "error"
+
+
+# --- what the H100 run found (GPU-FINDINGS of issue 35) ----------------------------------
+def _fake_package(monkeypatch, tmp_path, files: dict[str, str]):
+    """Packages written under tmp_path and imported from there (the real ones set aside)."""
+    for rel, text in files.items():
+        path = tmp_path / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    for name in [m for m in sys.modules if m == "flash_attn" or m.startswith("flash_attn.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+
+
+FA4_FWD = """
+def _flash_attn_fwd(q, k, v, return_lse=False):
+    def helper():
+        return 1, 2
+    if not return_lse:
+        return q, None, None, None, None
+    return q, k, v, None, None
+"""
+
+
+def test_sdpa_fa4_is_unavailable_where_torch_unpacks_two_values_and_fa4_returns_five(
+        monkeypatch, tmp_path, fa4_here):
+    # FA4 4.0.0b36's _flash_attn_fwd returns (out, lse, p, row_max, o_lo); torch's FA4 impl
+    # unpacks out, lse: on the H100 every sdpa_fa4 row was "too many values to unpack".
+    _fake_package(monkeypatch, tmp_path, {"flash_attn/cute/__init__.py":
+                                          "__version__ = '4.0.0b36'\n",
+                                          "flash_attn/cute/interface.py": FA4_FWD})
+    methods.sdpa_fa4_error.cache_clear()
+    try:
+        why = methods.sdpa_fa4_error()
+        assert why is not None and "unpacks 2 values" in why and "4.0.0b36 returns 5" in why
+        point = Point("bfloat16", False, 128, 256, 256, 1, 2, 1, "fwd")
+        with pytest.raises(methods.Unavailable, match="unpacks 2 values"):
+            methods._sdpa_fa4_check(point, torch.device("cuda"))
+    finally:
+        methods.sdpa_fa4_error.cache_clear()
+
+
+def test_sdpa_fa4_runs_where_fa4_returns_what_torch_unpacks(monkeypatch, tmp_path):
+    _fake_package(monkeypatch, tmp_path, {
+        "flash_attn/cute/__init__.py": "",
+        "flash_attn/cute/interface.py": "def _flash_attn_fwd(q, k, v, **kw):\n"
+                                        "    return q, k\n"})
+    methods.sdpa_fa4_error.cache_clear()
+    try:
+        assert methods.sdpa_fa4_error() is None
+    finally:
+        methods.sdpa_fa4_error.cache_clear()
+
+
+def test_arities_read_returns_of_the_function_itself_and_tuple_unpacks_of_its_calls():
+    src = FA4_FWD + "\ndef caller(m):\n    out, lse = m._flash_attn_fwd(1, 2, 3)\n"
+    assert methods._fwd_arities(src, "_flash_attn_fwd") == ({5}, {2})
+
+
+def test_flash_attn_is_unavailable_where_the_flash_attn_namespace_is_fa4s(monkeypatch,
+                                                                          tmp_path):
+    # flash-attn-4 ships flash_attn/ as a namespace holding only cute/: no FA2 there.
+    _fake_package(monkeypatch, tmp_path, {"flash_attn/cute/__init__.py": ""})
+    point = Point("bfloat16", False, 128, 256, 256, 1, 2, 1, "fwd")
+    with pytest.raises(methods.Unavailable, match="FlashAttention-4's namespace.*"
+                       "FlashAttention-2 is not installed"):
+        methods._flash_attn_check(point, torch.device("cuda"))
+    # FA2 itself (flash_attn_interface beside its __init__) passes the check.
+    _fake_package(monkeypatch, tmp_path / "fa2", {
+        "flash_attn/__init__.py": "", "flash_attn/flash_attn_interface.py": ""})
+    methods._flash_attn_check(point, torch.device("cuda"))
+
+
+class _Reg:
+    """A CuTe DSL register tensor stand-in: indexable, load/store of its one value."""
+
+    def __init__(self, n, dtype):
+        self.v = [0] * n
+
+    def __getitem__(self, i):
+        return self.v[i]
+
+    def __setitem__(self, i, x):
+        self.v[i] = x
+
+    def store(self, x):
+        self.v[0] = x
+
+    def load(self):
+        return _Num(self.v[0])
+
+
+class _Num(float):
+    def to(self, dtype):
+        return _Num(self)
+
+    def __sub__(self, other):
+        return _Num(float(self) - other)
+
+
+def test_fa4_alibi_score_mod_makes_registers_as_the_pinned_cutedsl_does(monkeypatch):
+    # nvidia-cutlass-dsl 4.8.1 has cute.make_rmem_tensor and no cute.make_fragment (the
+    # H100's "module 'cutlass.cute' has no attribute 'make_fragment'" on the alibi row):
+    # the stand-in has only what 4.8.1 has, and the mod must compute s + slope[h]·(k − q).
+    import types
+
+    from tiledattention.bench import variants
+
+    cute = types.ModuleType("cutlass.cute")
+    cute.jit = lambda f: f
+    cute.make_rmem_tensor = _Reg
+    cutlass = types.ModuleType("cutlass")
+    cutlass.cute, cutlass.Int32, cutlass.Float32 = cute, int, float
+    monkeypatch.setitem(sys.modules, "cutlass", cutlass)
+    monkeypatch.setitem(sys.modules, "cutlass.cute", cute)
+    variants._fa4_alibi_mods.cache_clear()
+    try:
+        score_mod, score_mod_bwd = variants._fa4_alibi_mods()
+        slopes = type("Slopes", (), {"element_type": float,
+                                     "__getitem__": lambda self, i: [0.5, 0.25][i]})()
+        got = score_mod(1.0, 0, 1, _Num(7), _Num(3), None, [slopes])
+        assert got == 1.0 + 0.25 * (3 - 7)
+        assert score_mod_bwd("g", 1.0, 0, 1, 7, 3, None, [slopes]) == "g"
+    finally:
+        variants._fa4_alibi_mods.cache_clear()

@@ -140,6 +140,43 @@ def test_without_a_gpu_every_row_is_unavailable_and_measured_once_a_gpu_is_there
     assert load_rows(str(tmp_path)) == [] and list(tmp_path.glob("stale-rows-*.jsonl"))
 
 
+def test_rows_missing_after_the_harness_are_an_incomplete_stage_never_ok(monkeypatch,
+                                                                           tmp_path, capsys):
+    # On the H100 the stage returned "ok" with 36 of 72 rows: the harness had been stopped
+    # (SIGTERM: the point it cut is measured on resume) and the stage did not say so.
+    from tiledattention import tune
+    from tiledattention.bench import runner
+    from tiledattention.bench.variants_run import load_rows, points, run_variants
+
+    cfg = _cfg(variants=["window", "alibi"], seqs=[256], head_dims=[64], dtypes=["bfloat16"])
+    half = points(cfg)[:2]
+
+    def stopped_measure(plan, bench_cfg, store, device, log):
+        for p, methods in plan:
+            if p in half:
+                for m in methods:
+                    store.append({"point_key": p.key(), "method": m, "status": "ok",
+                                  **p.as_dict(), "device": "cuda"})
+        return True
+
+    monkeypatch.setattr(tune, "no_gpu_reason", lambda: None)
+    monkeypatch.setattr(runner, "resolve_device", lambda name: torch.device("cpu"))
+    monkeypatch.setattr(runner, "measure", stopped_measure)
+    out = run_variants(cfg, str(tmp_path))
+    want = len(points(cfg)) * len(cfg.methods)
+    assert out["status"] == "incomplete" and out["stopped"] is True
+    assert out["reason"].startswith(f"{want // 2} of {want} rows missing (stopped by a signal")
+    assert len(load_rows(str(tmp_path))) == want // 2
+    # Without a stop, rows the harness did not return are named as such.
+    monkeypatch.setattr(runner, "measure", lambda *a: False)
+    out = run_variants(cfg, str(tmp_path / "b"))
+    assert out["status"] == "incomplete" and "harness returned no row" in out["reason"]
+    # The command exits non-zero: 130 when stopped, 1 for a gap.
+    assert main(["variants", "--variants", "window", "--seqs", "256", "--head-dims", "64",
+                 "--dtypes", "bfloat16", "--out", str(tmp_path / "c")]) == 1
+    assert "rows missing" in capsys.readouterr().out
+
+
 def test_points_keep_b_times_s_and_name_the_variant():
     from tiledattention.bench.variants_run import points
 

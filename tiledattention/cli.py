@@ -776,7 +776,9 @@ def _variants(args) -> int:
         run_step(args.launcher, options, os.path.join(out, "logs"), cfg.task(out))
         print(summary(load_rows(out)))
     else:
-        run_variants(cfg, out, sys.stdout)
+        res = run_variants(cfg, out, sys.stdout)
+        if res["status"] == "incomplete":  # rows missing: never exit 0 on a gap
+            return 130 if res.get("stopped") else 1
     return 0
 
 

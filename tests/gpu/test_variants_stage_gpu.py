@@ -14,7 +14,8 @@ def test_a_small_stage_measures_every_variant_correctly(tmp_path):
     cfg = stage_from_dict("variants", {"seqs": [512], "head_dims": [64], "dtypes":
                                        ["bfloat16"], "tokens": 1024, "width": 256,
                                        "warmup": 1, "reps": 2, "rounds": 1})
-    assert run_variants(cfg, str(tmp_path))["status"] == "ok"
+    out = run_variants(cfg, str(tmp_path))
+    assert out["status"] == "ok", out  # "incomplete": which rows are missing, and why
     rows = load_rows(str(tmp_path))
     assert len(rows) == len(VARIANT_NAMES) * 2 * len(cfg.methods)
     for r in rows:

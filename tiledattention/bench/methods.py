@@ -159,6 +159,11 @@ def _flash_attn_check(point, device):
     _cuda_only(point, device)
     if importlib.util.find_spec("flash_attn") is None:
         raise Unavailable("the flash_attn package is not installed")
+    # flash-attn-4 installs flash_attn as a namespace holding only cute: FA2 is the
+    # flash_attn_interface module beside it, which FA4 does not ship.
+    if importlib.util.find_spec("flash_attn.flash_attn_interface") is None:
+        raise Unavailable("flash_attn is FlashAttention-4's namespace here (flash_attn.cute); "
+                          "FlashAttention-2 is not installed")
 
 
 def _flash_attn_run(q, k, v, point):
@@ -353,6 +358,58 @@ def _sdpa_fa4_check(point, device):
         raise Unavailable(f"torch lists no FA4 flash impl (it has "
                           f"{attn.list_flash_attention_impls()})")
     _fa4_device_check(point, device, "SDPA's FA4 impl")
+    why = sdpa_fa4_error()
+    if why:
+        raise Unavailable(why)
+
+
+def _fwd_arities(source: str, func: str) -> tuple[set[int], set[int]]:
+    """In ``source``: the tuple lengths ``func`` returns (its own returns, not nested
+    functions'), and those its callers unpack from ``<x>.func(...)`` or ``func(...)``."""
+    import ast
+
+    returns, unpacks = set(), set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.FunctionDef) and node.name == func:
+            todo = list(node.body)
+            while todo:
+                n = todo.pop()
+                if isinstance(n, ast.Return) and n.value is not None:
+                    returns.add(len(n.value.elts) if isinstance(n.value, ast.Tuple) else 1)
+                if not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                    todo += list(ast.iter_child_nodes(n))
+        elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and \
+                isinstance(node.targets[0], ast.Tuple):
+            f = node.value.func
+            if getattr(f, "attr", getattr(f, "id", None)) == func:
+                unpacks.add(len(node.targets[0].elts))
+    return returns, unpacks
+
+
+@functools.lru_cache(maxsize=1)
+def sdpa_fa4_error() -> str | None:
+    """Why torch's FA4 flash impl cannot call the installed FA4 (None: it can, or it cannot
+    be told from the sources). torch's impl unpacks ``out, lse`` from FA4's private
+    ``flash_attn.cute.interface._flash_attn_fwd``; FA4 4.0.0b36 returns five values there
+    (out, lse, p, row_max, o_lo), and SDPA fails with "too many values to unpack"."""
+    import inspect
+
+    try:
+        import flash_attn.cute.interface as fa4_interface
+        import torch.nn.attention._fa4 as torch_fa4
+
+        returns, _ = _fwd_arities(inspect.getsource(fa4_interface), "_flash_attn_fwd")
+        _, unpacks = _fwd_arities(inspect.getsource(torch_fa4), "_flash_attn_fwd")
+    except Exception:  # no sources to read: the run says what happens
+        return None
+    if returns and unpacks and returns.isdisjoint(unpacks):
+        version = getattr(importlib.import_module("flash_attn.cute"), "__version__", "?")
+        return (f"torch's FA4 flash impl (torch.nn.attention._fa4) unpacks "
+                f"{'/'.join(map(str, sorted(unpacks)))} values from "
+                f"flash_attn.cute.interface._flash_attn_fwd, which FA4 {version} returns "
+                f"{'/'.join(map(str, sorted(returns)))} of: SDPA on FA4 fails here "
+                f"(\"too many values to unpack\")")
+    return None
 
 
 @contextlib.contextmanager

@@ -128,7 +128,9 @@ def _build_alibi(batch, heads, seq, device):
 def _fa4_alibi_mods():
     """ALiBi as FA4's CuTe DSL (score_mod, score_mod_bwd): s + slope[h] * (kv - q) on the
     scaled scores, the slopes read from aux_tensors[0]; its gradient in s is 1. None where
-    the DSL is not importable (FA4's own check says so first)."""
+    the DSL is not importable (FA4's own check says so first). Register fragments are
+    ``cute.make_rmem_tensor``, as FA4's own kernels make them: nvidia-cutlass-dsl 4.8 has
+    no ``cute.make_fragment``."""
     try:
         import cutlass
         import cutlass.cute as cute
@@ -138,9 +140,9 @@ def _fa4_alibi_mods():
     @cute.jit
     def score_mod(tSrS_ssa, b_idx, h_idx, q_idx, kv_idx, seqlen_info, aux_tensors):
         slopes = aux_tensors[0]
-        h = cute.make_fragment(1, cutlass.Int32)
+        h = cute.make_rmem_tensor(1, cutlass.Int32)
         h.store(h_idx)
-        slope = cute.make_fragment(1, slopes.element_type)
+        slope = cute.make_rmem_tensor(1, slopes.element_type)
         slope[0] = slopes[h[0]]
         dist = (kv_idx - q_idx).to(cutlass.Float32)
         return tSrS_ssa + slope.load().to(cutlass.Float32) * dist

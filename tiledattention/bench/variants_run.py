@@ -93,17 +93,32 @@ def run_variants(cfg: VariantsConfig, out_dir: str, log=None) -> dict:
         reason = no_gpu_reason()
         print(f"variants: {len(plan)} points x {len(cfg.methods)} methods"
               + (f"; not run: {reason}" if reason else ""), file=log, flush=True)
+        stopped = False
         try:
             if reason:
                 _unavailable(plan, cfg, reason, store)
             else:
                 _forget_no_gpu_rows(store, log)
-                measure(plan, cfg.bench_config(), store, resolve_device("cuda"), log)
+                stopped = measure(plan, cfg.bench_config(), store, resolve_device("cuda"),
+                                  log)
         finally:
             _write_json(manifest, capture(cfg, started=started, finished=now()))
         rows = list(store.rows.values())
+        missing = missing_rows(plan, store)
     print(summary(rows), file=log, flush=True)
+    if missing:  # never a silent gap: the status says which rows are not there, and why
+        why = ("stopped by a signal (Ctrl-C or SIGTERM) before they were measured; run "
+               "again to resume" if stopped else "the harness returned no row for them")
+        msg = (f"{len(missing)} of {sum(len(m) for _, m in plan)} rows missing ({why}), "
+               f"e.g. {', '.join(f'{k} {m}' for k, m in missing[:3])}")
+        print(f"variants: {msg}", file=log, flush=True)
+        return {"status": "incomplete", "reason": msg, "out": out_dir, "stopped": stopped}
     return {"status": "unavailable" if reason else "ok", "reason": reason, "out": out_dir}
+
+
+def missing_rows(plan, store) -> list[tuple[str, str]]:
+    """The (point key, method) pairs of ``plan`` that have no row in ``store``."""
+    return [(p.key(), m) for p, methods in plan for m in methods if not store.done(p.key(), m)]
 
 
 def load_rows(out_dir: str) -> list[dict]:
