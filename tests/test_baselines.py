@@ -413,6 +413,8 @@ def test_sdpa_fa4_is_unavailable_where_torch_unpacks_two_values_and_fa4_returns_
     _fake_package(monkeypatch, tmp_path, {"flash_attn/cute/__init__.py":
                                           "__version__ = '4.0.0b36'\n",
                                           "flash_attn/cute/interface.py": FA4_FWD})
+    # the release comes from the distribution's metadata (the package says 0.0.0)
+    monkeypatch.setattr(methods, "fa4_version", lambda: "4.0.0b36")
     methods.sdpa_fa4_error.cache_clear()
     try:
         why = methods.sdpa_fa4_error()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.metadata
 import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -331,7 +332,6 @@ def _fa4_run(q, k, v, point):
 
 
 def _fa4_describe(q, k, v, point):
-    import flash_attn.cute as fa4
 
     def plain(x):  # the row's JSON: CuTe DSL functions by name, aux tensors by shape
         if isinstance(x, (tuple, list)):
@@ -341,7 +341,7 @@ def _fa4_describe(q, k, v, point):
         return f"tensor{list(x.shape)}" if hasattr(x, "shape") else x
 
     kw = {key: plain(val) for key, val in _fa4_kwargs(point, q.device).items()}
-    return {"version": getattr(fa4, "__version__", None), "kwargs": kw}
+    return {"version": fa4_version(), "kwargs": kw}
 
 
 # --- torch SDPA with FA4 as its flash backend (torch.nn.attention's flash impl registry) --
@@ -403,13 +403,22 @@ def sdpa_fa4_error() -> str | None:
     except Exception:  # no sources to read: the run says what happens
         return None
     if returns and unpacks and returns.isdisjoint(unpacks):
-        version = getattr(importlib.import_module("flash_attn.cute"), "__version__", "?")
+        version = fa4_version()
         return (f"torch's FA4 flash impl (torch.nn.attention._fa4) unpacks "
                 f"{'/'.join(map(str, sorted(unpacks)))} values from "
                 f"flash_attn.cute.interface._flash_attn_fwd, which FA4 {version} returns "
                 f"{'/'.join(map(str, sorted(returns)))} of: SDPA on FA4 fails here "
                 f"(\"too many values to unpack\")")
     return None
+
+
+def fa4_version() -> str | None:
+    """The installed flash-attn-4 release (its distribution's metadata: the package's own
+    ``__version__`` says 0.0.0 in 4.0.0b36)."""
+    try:
+        return importlib.metadata.version("flash-attn-4")
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 @contextlib.contextmanager
