@@ -329,11 +329,16 @@ def _body(node) -> list[ast.stmt]:
 
 
 def _compile(name: str, params: list[str], body: list[ast.stmt], env: dict) -> Callable:
-    """Exec the generated function under a fake filename cuTile can read back."""
+    """Exec the generated function, the user's parameters then A0..A3."""
+    return _compile_raw(name, params + list(AUX), body, env)
+
+
+def _compile_raw(name: str, params: list[str], body: list[ast.stmt], env: dict):
+    """Exec a generated function with exactly ``params`` under a fake filename cuTile can
+    read back."""
     fdef = ast.FunctionDef(name=name, args=ast.arguments(
-        posonlyargs=[], args=[ast.arg(p) for p in params + list(AUX)], kwonlyargs=[],
-        kw_defaults=[], defaults=[]), body=body, decorator_list=[], returns=None,
-        type_params=[])
+        posonlyargs=[], args=[ast.arg(p) for p in params], kwonlyargs=[], kw_defaults=[],
+        defaults=[]), body=body, decorator_list=[], returns=None, type_params=[])
     module = ast.fix_missing_locations(ast.Module([fdef], type_ignores=[]))
     source = ast.unparse(module) + "\n"
     filename = f"<tiledattention variant {next(_counter)}: {name}>"
@@ -743,20 +748,6 @@ def with_captured_grads(mods: Mods, needs: tuple[bool, ...]) -> Mods:
 
 
 _captured_cache: dict[tuple, Mods] = {}
-
-
-def _compile_raw(name: str, params: list[str], body: list[ast.stmt], env: dict):
-    """Exec a generated function with exactly ``params`` (``_compile`` appends A0..A3)."""
-    fdef = ast.FunctionDef(name=name, args=ast.arguments(
-        posonlyargs=[], args=[ast.arg(p) for p in params], kwonlyargs=[], kw_defaults=[],
-        defaults=[]), body=body, decorator_list=[], returns=None, type_params=[])
-    module = ast.fix_missing_locations(ast.Module([fdef], type_ignores=[]))
-    source = ast.unparse(module) + "\n"
-    filename = f"<tiledattention variant {next(_counter)}: {name}>"
-    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    scope: dict = {}
-    exec(compile(source, filename, "exec"), env, scope)  # noqa: S102 - our own generated code
-    return scope[name], source
 
 
 # ----------------------------------------------------------------------------- variants
