@@ -63,6 +63,34 @@ def test_a_command_line_config_keeps_the_profiles_launcher(tmp_path):
     assert "config: launcher, launcher_options from the profile" in out.stderr
 
 
+def test_gpu_rules_declare_a_gpu_slot_locally_and_no_gpu_0_under_slurm(tmp_path):
+    # Under SLURM the jobs hold no local slot: a GPU step shown with `gpu=0` read as "no GPU".
+    gpu_rules = ("bench_shard", "ladder", "tune", "profile", "shapes", "model", "variants")
+
+    def resources(out):
+        text, rule, found = out.stdout + out.stderr, None, {}
+        for line in text.splitlines():
+            m = re.match(r"\s*(?:localrule|rule) (\w+):", line)
+            if m:
+                rule = m.group(1)
+            m = re.match(r"\s*resources: (.*)", line)
+            if m and rule:
+                found.setdefault(rule, set()).add(m.group(1))
+        return found
+
+    slurm = smk("-n", "-p", "--profile", "profiles/slurm", "--configfile", "config/smoke.yaml",
+                "--config", f"results_dir={tmp_path}/s")
+    assert slurm.returncode == 0, slurm.stderr[-2000:]
+    local = smk("-n", "-p", "--configfile", "config/smoke.yaml", "--config",
+                f"results_dir={tmp_path}/l")
+    assert local.returncode == 0, local.stderr[-2000:]
+    on_slurm, on_local = resources(slurm), resources(local)
+    assert set(gpu_rules) <= set(on_local) and set(gpu_rules) <= set(on_slurm), on_slurm
+    for rule in gpu_rules:
+        assert all("gpu=1" in r for r in on_local[rule]), (rule, on_local[rule])
+        assert not any("gpu=" in r for r in on_slurm[rule]), (rule, on_slurm[rule])
+
+
 def test_a_command_line_launcher_contradicting_the_profile_is_refused(tmp_path):
     out = smk("-n", "--profile", "profiles/slurm", "--configfile", "config/smoke.yaml",
               "--config", "launcher=local", f"results_dir={tmp_path}")

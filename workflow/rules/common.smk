@@ -204,8 +204,9 @@ def launcher_args():
 
 def gpu_slots():
     """Local jobs hold one of the profile's `gpu` slots (one GPU each); SLURM jobs wait on
-    the cluster and hold none."""
-    return 1 if config["launcher"] == "local" else 0
+    the cluster and hold none: None leaves the resource out (a `gpu=0` shown beside a GPU
+    step read as "this step uses no GPU")."""
+    return 1 if config["launcher"] == "local" else None
 
 
 def aggregate_inputs(wildcards):
