@@ -109,6 +109,9 @@ _interrupt.export_pid()  # the steps of a run that has died cancel their jobs
 _STALE = _interrupt.release_stale_lock()
 if _STALE:
     print(_STALE, file=sys.stderr)
+_UNKNOWN_LOCK = _interrupt.unrecorded_lock(sys.argv)  # no holder recorded: the command
+if _UNKNOWN_LOCK:
+    print(_UNKNOWN_LOCK, file=sys.stderr)
 try:
     _RESTORED, _LOST = _profiles.apply(config, sys.argv[1:],
                                        dict(workflow.config_settings.config),
