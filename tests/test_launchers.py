@@ -462,3 +462,22 @@ def test_the_workflow_says_the_unlock_command_for_an_unrecorded_lock(tmp_path):
     unlock = subprocess.run([snakemake, *command.split()[1:]], cwd=tmp_path,
                             capture_output=True, text=True, timeout=300)
     assert unlock.returncode == 0 and not (tmp_path / ".snakemake" / "locks").exists()
+
+
+def test_a_signal_that_stopped_the_run_is_named_in_one_line(monkeypatch):
+    import signal
+
+    from tiledattention.launchers import interrupt
+
+    monkeypatch.setattr(interrupt, "STOPPED_BY", [])
+    assert interrupt.stopped_line() is None  # a step that failed: Snakemake's error stands
+    monkeypatch.setattr(interrupt, "descendants", lambda pid: [])
+    with pytest.raises(KeyboardInterrupt):
+        interrupt._handler(signal.SIGINT, None)
+    for sig in (signal.SIGINT, signal.SIGTERM):  # _handler set the defaults back
+        signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT
+                      else signal.SIG_DFL)
+    line = interrupt.stopped_line()
+    assert line.startswith("workflow: stopped by Ctrl-C (SIGINT): the 'Error in rule' "
+                           "blocks above are the steps that were running")
+    assert "\n" not in line and "the same command resumes" in line

@@ -243,3 +243,34 @@ def test_smoke_study_runs_end_to_end_with_the_local_profile(tmp_path):
     again = smk("--profile", "profiles/local", "--configfile", "config/smoke.yaml",
                 "--config", f"results_dir={results}", "-n")
     assert "Nothing to be done" in again.stdout + again.stderr
+
+
+def test_ctrl_c_on_the_local_profile_ends_with_one_line_saying_what_the_errors_are(tmp_path):
+    # A terminal's Ctrl-C reaches Snakemake and its steps (the process group): Snakemake
+    # prints an "Error in rule" block per running step; the workflow's last line says they
+    # are stopped steps, not failures, and that the same command resumes.
+    import os
+    import signal
+    import time
+
+    out = tmp_path / "out.txt"
+    with open(out, "w") as f:
+        run = subprocess.Popen([SNAKEMAKE, "--nolock", "--profile", "profiles/local",
+                                "--configfile", "config/smoke.yaml", "--config",
+                                f"results_dir={tmp_path}/r"], cwd=ROOT, stdout=f,
+                               stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while "rule ladder:" not in out.read_text() and run.poll() is None:
+            assert time.monotonic() < deadline, out.read_text()[-3000:]
+            time.sleep(0.2)
+        os.killpg(run.pid, signal.SIGINT)
+        run.wait(timeout=120)
+    finally:
+        run.kill()
+    text = out.read_text()
+    assert run.returncode != 0, text[-3000:]
+    lines = [ln for ln in text.splitlines() if ln.startswith("workflow: stopped by")]
+    assert lines == ["workflow: stopped by Ctrl-C (SIGINT): the 'Error in rule' blocks above "
+                     "are the steps that were running, stopped, their jobs cancelled, not "
+                     "failures; the same command resumes (finished rows are kept)"], text[-3000:]

@@ -47,7 +47,12 @@ def is_step(pid: int) -> bool:
     return any(os.path.basename(a) == "tiledattn" or a == "tiledattention.cli" for a in argv)
 
 
+# The signal that stopped this run (set by ``_handler``), for ``stopped_line``.
+STOPPED_BY: list[int] = []
+
+
 def _handler(signum, frame):
+    STOPPED_BY.append(signum)
     for sig in (signal.SIGINT, signal.SIGTERM):  # a second signal stops Snakemake as usual
         signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT
                       else signal.SIG_DFL)
@@ -62,6 +67,19 @@ def forward() -> None:
     """Install the handlers (in Snakemake's main thread, after its scheduler set its own)."""
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _handler)
+
+
+def stopped_line() -> str | None:
+    """The run's last line when a signal stopped it (the workflow's onerror): Snakemake
+    prints an "Error in rule" block for every step that was running, which read as failures
+    (about 110 lines for a study's parallel steps); this line says what they were."""
+    if not STOPPED_BY:
+        return None
+    name = signal.Signals(STOPPED_BY[0]).name
+    how = "Ctrl-C" if STOPPED_BY[0] == signal.SIGINT else name
+    return (f"workflow: stopped by {how} ({name}): the 'Error in rule' blocks above are the "
+            "steps that were running, stopped, their jobs cancelled, not failures; the same "
+            "command resumes (finished rows are kept)")
 
 
 def export_pid() -> None:

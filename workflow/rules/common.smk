@@ -299,3 +299,5 @@ onsuccess:
 onerror:
     _interrupt.forget_holder(held_locks())
     _timeline.end(RESULTS, workflow, _RUN, "failed")
+    if _interrupt.stopped_line():  # Ctrl-C / SIGTERM: one line saying what the errors are
+        print(_interrupt.stopped_line(), file=sys.stderr)
