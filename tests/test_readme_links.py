@@ -109,3 +109,28 @@ def test_the_tiny_llama_speedups_are_quoted_once_from_the_committed_rows():
     assert want in bullets[0], (want, bullets[0])
     # no other section quotes the model's ratios to sdpa with other numbers
     assert not re.search(r"B1 prefill [\d.]+×", text)
+
+
+def test_the_readme_systems_command_rebuilds_the_committed_systems_table(tmp_path):
+    # "For the committed references: `tiledattn systems results/reference/h100 …`": the
+    # bundles hold the model stage's rows too, which are no benchmark points (it failed on
+    # them: "causal is missing").
+    import os
+    import shlex
+
+    from tiledattention.cli import main
+
+    line = re.search(r"`(tiledattn systems results/reference/h100 [^`]*)`",
+                     " ".join(README.split())).group(1)
+    argv = shlex.split(line)[1:]
+    out = argv.index("--out") + 1
+    assert argv[out] == "results/reference/systems"
+    argv[out] = str(tmp_path)
+    cwd = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        assert main(argv) == 0
+    finally:
+        os.chdir(cwd)
+    assert (tmp_path / "systems.csv").read_text() == \
+        (ROOT / "results/reference/systems/systems.csv").read_text()
