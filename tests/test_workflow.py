@@ -224,9 +224,10 @@ def test_smoke_study_runs_end_to_end_with_the_local_profile(tmp_path):
         assert "tuning did not run: no CUDA GPU visible" in table5
         assert "- tuning (Table 5): not run: no CUDA GPU visible" in readme
         assert "- benchmark: tiledattention unavailable at 4 point(s)" in readme
-        assert "- model benchmark (model_e2e): unavailable at 9 row(s): no CUDA GPU" in readme
+        # FA4 through transformers joined the model stage (f94f811): its rows too
+        assert "- model benchmark (model_e2e): unavailable at 12 row(s): no CUDA GPU" in readme
         assert "- variants: flex unavailable at 4 point(s): no CUDA GPU" in readme
-        assert "no speedup over a fused baseline measured (flex unavailable: no CUDA GPU" in readme
+        assert "no speedup over a fused baseline measured (fa4 unavailable: no CUDA GPU" in readme
     # The exact config is the smoke config's own: nothing of config/config.yaml's grid.
     exact = (bundle / "config" / "study-config.yaml").read_text()
     for key in ("flush_l2", "tokens: 16384", "width: 2048", "seqs: [4096]", "- 4096"):
