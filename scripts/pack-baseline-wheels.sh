@@ -38,6 +38,32 @@ EOF
 )
 fi
 read -ra pins <<< "$PINS"
+# DEST is replaced only when it is a kit this script made (its marker, .fa4kit-pack, names
+# the loads of the last pack; a kit holds only those, .gitignore and the marker) or empty:
+# anything else there is never removed, the pack is refused instead.
+marker=.fa4kit-pack
+if [ -e "$dest" ] && [ ! -d "$dest" ]; then
+  echo "pack-baseline-wheels: $dest exists and is not a directory; name another DEST" >&2
+  exit 2
+fi
+if [ -d "$dest" ] && [ -n "$(ls -A "$dest")" ]; then
+  foreign=()
+  for f in "$dest"/* "$dest"/.[!.]*; do
+    [ -e "$f" ] || [ -L "$f" ] || continue
+    name=${f##*/}
+    case "$name" in
+      .gitignore|"$marker") [ -f "$dest/$marker" ] && continue ;;
+      load[0-9]*) [ -f "$dest/$marker" ] && grep -qx -- "$name" "$dest/$marker" && continue ;;
+    esac
+    foreign+=("$name")
+  done
+  if [ ${#foreign[@]} -gt 0 ]; then
+    echo "pack-baseline-wheels: $dest holds ${#foreign[@]} file(s) this script did not make" \
+         "(${foreign[*]:0:3}${foreign[3]:+ ...}); nothing removed: move them or name" \
+         "another DEST" >&2
+    exit 2
+  fi
+fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 src=()
@@ -54,7 +80,9 @@ if [ "$count" -ne "${#pins[@]}" ]; then
   echo "pack-baseline-wheels: $count wheels for ${#pins[@]} pins" >&2
   exit 1
 fi
-rm -rf "$dest"
+if [ -f "$dest/$marker" ]; then  # the last pack's loads (checked above), nothing else
+  while read -r load; do rm -rf -- "${dest:?}/$load"; done < "$dest/$marker"
+fi
 mkdir -p "$dest"
 printf '*\n' > "$dest/.gitignore"  # the kit is carried (device tool), never tracked
 python3 - "$work/wheels" "$dest" "$PART" "$LOAD" <<'EOF'
@@ -97,6 +125,8 @@ for i, (size, items) in enumerate(bins, 1):
         with open(os.path.join(d, listing), "w") as f:
             f.write("".join(line + "\n" for line in lines))
     print(f"{d}: {len(items)} file(s), {size} bytes")
+with open(os.path.join(dest, ".fa4kit-pack"), "w") as f:  # what the next pack may replace
+    f.write("".join(f"load{i}\n" for i in range(1, len(bins) + 1)))
 print(f"{dest}: {len(sums)} wheels ({len(parts)} parts) in {len(bins)} load(s); carry each "
       f"in its own device call, then run scripts/device-baselines.sh")
 EOF

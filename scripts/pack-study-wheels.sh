@@ -42,23 +42,52 @@ pins=(
 # connection-pool 0.0.3 (snakemake 9.9 needs >= 0.0.3) is published as a source archive
 # only: built here into a pure-Python wheel.
 built=(connection-pool==0.0.3)
+# DEST holds only what this script made: its manifest (.pack-study-wheels) names every file
+# of the last pack, and only those are replaced. Anything else there (a user's wheels, an
+# archive) is never removed: the pack is refused instead, naming it.
+manifest=.pack-study-wheels
+if [ -e "$dest" ] && [ ! -d "$dest" ]; then
+  echo "pack-study-wheels: $dest exists and is not a directory; name another DEST" >&2
+  exit 2
+fi
 mkdir -p "$dest"
-rm -f "$dest"/*.whl
-# The kit ignores itself (git never tracks it; the device tool's `carry` brings it along).
-printf '*\n' > "$dest/.gitignore"
+ours=("$manifest")
+[ -f "$dest/$manifest" ] && mapfile -t -O 1 ours < "$dest/$manifest"
+foreign=()
+for f in "$dest"/* "$dest"/.[!.]* "$dest"/..?*; do
+  [ -e "$f" ] || [ -L "$f" ] || continue
+  name=${f##*/}
+  [ "$name" = .gitignore ] && [ "$(cat "$f" 2>/dev/null)" = '*' ] && continue
+  mine=0
+  for o in "${ours[@]}"; do [ "$name" = "$o" ] && [ -f "$f" ] && [ ! -L "$f" ] && mine=1; done
+  [ "$mine" = 1 ] || foreign+=("$name")
+done
+if [ ${#foreign[@]} -gt 0 ]; then
+  echo "pack-study-wheels: $dest holds ${#foreign[@]} file(s) this script did not make" \
+       "(${foreign[*]:0:3}${foreign[3]:+ ...}); nothing removed: move them or name another DEST" >&2
+  exit 2
+fi
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
 platforms=()
 for p in manylinux_2_28_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux_2_5_x86_64 \
          manylinux1_x86_64 any; do
   platforms+=(--platform "$p")
 done
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$py" \
-  --implementation cp "${platforms[@]}" -d "$dest" "${pins[@]}"
-python3 -m pip wheel -q --no-deps --no-binary=:all: -w "$dest" "${built[@]}"
-rm -f "$dest"/*.tar.gz
-count=$(ls "$dest"/*.whl | wc -l)
+  --implementation cp "${platforms[@]}" -d "$work" "${pins[@]}"
+python3 -m pip wheel -q --no-deps --no-binary=:all: -w "$work" "${built[@]}"
+count=$(find "$work" -maxdepth 1 -name '*.whl' | wc -l)
 expected=$(( ${#pins[@]} + ${#built[@]} ))
 if [ "$count" -ne "$expected" ]; then
-  echo "pack-study-wheels: $count wheels in $dest, expected $expected" >&2
+  echo "pack-study-wheels: $count wheels packed, expected $expected; $dest left as it was" >&2
   exit 1
 fi
+# The last pack's files go (each named in the manifest, checked above), then the new ones.
+for o in "${ours[@]:1}"; do rm -f -- "$dest/$o"; done
+# The kit ignores itself (git never tracks it; the device tool's `carry` brings it along).
+printf '*\n' > "$dest/.gitignore"
+(cd "$work" && ls -1 -- *.whl) > "$work/$manifest.new"
+mv -f -- "$work"/*.whl "$dest"/
+mv -f -- "$work/$manifest.new" "$dest/$manifest"
 echo "$dest: $count wheels, $(du -cb "$dest"/*.whl | tail -1 | cut -f1) bytes, Python $py"

@@ -108,6 +108,27 @@ def test_ok_rows_carry_call_latency_of_back_to_back_calls(monkeypatch, one_torch
     assert runner.CALL_BOUNDS[0] <= eager_row["call_calls"] <= runner.CALL_BOUNDS[1]
 
 
+def test_a_cpu_point_is_measured_with_one_intra_op_thread_and_the_row_says_so(monkeypatch):
+    # With torch's thread per core, each back-to-back call on a shared 2-core machine waited
+    # ~3 ms for a descheduled thread (a 30 us call): the smoke bench took 86-235 s.
+    seen = []
+
+    def spy(q, k, v, p):
+        seen.append(torch.get_num_threads())
+        return M.eager_attention(q, k, v, p)
+
+    monkeypatch.setitem(M.METHODS, "spy", M.Method("spy", "", False, spy))
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        (row,) = run_point(POINT, ["spy"], cfg(["spy"]), CPU, None)
+        assert torch.get_num_threads() == 2  # the caller's setting is back
+    finally:
+        torch.set_num_threads(before)
+    assert row["status"] == "ok" and len(seen) > 10 and set(seen) == {runner.CPU_THREADS} == {1}
+    assert row["timing"]["cpu_threads"] == 1
+
+
 def test_a_method_failing_while_timing_call_latency_gets_an_error_row(monkeypatch):
     count = {"n": 0}
 

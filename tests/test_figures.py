@@ -157,3 +157,38 @@ def test_the_ratio_figures_take_the_fastest_fused_baseline_and_name_it(drawn, tm
     assert "the fastest fused baseline" in fig._suptitle.get_text()
     d128 = next(ln for ln in fig.axes[0].lines if ln.get_label() == "D=128 kernel time")
     assert list(d128.get_ydata()) == pytest.approx([0.5] * 3)
+
+
+# The CPU smoke study as it runs: torch_sdpa ran (PyTorch's math backend), eager and math
+# ran, TiledAttention and the other fused baselines are unavailable.
+SMOKE = [dict(r, device="cpu") for r in
+         [row(m, 64, s, 1.0) for m in ("torch_sdpa", "eager", "math") for s in (64, 200)]
+         + [row(m, 64, s, 0, status="unavailable") for m in ("tiledattention", "cudnn")
+            for s in (64, 200)]]
+
+
+def test_an_empty_panel_says_truthfully_why_never_no_ok_rows_beside_ok_ones(drawn, tmp_path):
+    for figure, name in ((figures.regime_map, "regime_map"),
+                         (figures.ratios_vs_seq, "ratios_vs_seq")):
+        figure(SMOKE, str(tmp_path))
+        (ax,) = [a for a in drawn[name].axes if a.get_visible() and a.texts]
+        text = texts(ax)
+        assert "no point where tiledattention and a fused baseline were both ok" in text
+        assert "no ok rows" not in text  # torch_sdpa's rows were ok
+        assert f"unavailable: tiledattention 2, cudnn 2 ({GPU_REASON})" in text
+        assert "ok: torch_sdpa 2" in text
+        assert "ok but not plotted here: eager, math" in text and "(a CPU run)" in text
+    # where no row of the panel is ok, "no ok rows" is what it says
+    figures.ratios_vs_seq(CPU, str(tmp_path))
+    (ax,) = [a for a in drawn["ratios_vs_seq"].axes if a.get_visible() and a.texts]
+    assert "no ok rows; unavailable: tiledattention 2, torch_sdpa 2" in texts(ax)
+    assert "ok but not plotted here: eager" in texts(ax)
+
+
+def test_every_count_an_empty_panel_states_is_the_rows(tmp_path):
+    import re
+
+    text = figures._no_pair(SMOKE, lambda r: True)
+    stated = {m: int(n) for m, n in re.findall(r"(\w+) (\d+)", text)}
+    for method, n in stated.items():
+        assert n == sum(r["method"] == method for r in SMOKE), (method, text)

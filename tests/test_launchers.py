@@ -414,3 +414,70 @@ def test_a_job_s_submitter_is_alive_only_while_that_very_process_runs():
     assert not slurm.submitter_alive(f"tiledattn:x:{host}:{dead}:{start}")
     assert not slurm.submitter_alive(mine.replace(f":{start}", ":1"))  # a reused pid
     assert slurm.study_mark("/study/logs") != slurm.study_mark("/other/logs")
+
+
+def test_a_lock_no_run_recorded_names_the_one_command_with_the_users_arguments(tmp_path):
+    from tiledattention.launchers import interrupt
+
+    locks, holders = tmp_path / "locks", tmp_path / "holders"
+    locks.mkdir()
+    (locks / "0.output.lock").write_text("/r/plan/bench.yaml\n")
+    argv = ["/venv/bin/snakemake", "--profile", "profiles/slurm", "--config", "shards=3",
+            "results_dir=my results"]
+    line = interrupt.unrecorded_lock(argv, str(locks), str(holders))
+    assert line.count("\n") == 0 and "1 Snakemake lock file(s)" in line
+    assert line.endswith("release them with: snakemake --unlock --profile profiles/slurm "
+                         "--config shards=3 'results_dir=my results'")
+    assert (locks / "0.output.lock").exists()  # its holder may run: never removed
+    for quiet in (["snakemake", "-n"], ["snakemake", "--unlock"], ["snakemake", "--nolock"]):
+        assert interrupt.unrecorded_lock(quiet, str(locks), str(holders)) is None
+    interrupt.record_holder([str(locks / "0.output.lock")], str(holders))  # a recorded one
+    assert interrupt.unrecorded_lock(argv, str(locks), str(holders)) is None
+
+
+def test_the_workflow_says_the_unlock_command_for_an_unrecorded_lock(tmp_path):
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    snakemake = shutil.which("snakemake") or str(Path(sys.executable).with_name("snakemake"))
+    if not Path(snakemake).exists():
+        pytest.skip("snakemake not installed (pip install '.[workflow]')")
+    results = tmp_path / "r"
+    (tmp_path / ".snakemake" / "locks").mkdir(parents=True)
+    (tmp_path / ".snakemake" / "locks" / "0.output.lock").write_text(
+        f"{results}/plan/bench.yaml\n")
+    (tmp_path / ".snakemake" / "locks" / "0.input.lock").write_text("")
+    args = ["-s", str(root / "Snakefile"), "--configfile", str(root / "config/smoke.yaml"),
+            "--config", f"results_dir={results}", "-c1", "--until", "plan"]
+    run = subprocess.run([snakemake, *args], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode != 0 and "LockException" in run.stdout + run.stderr
+    lines = [ln for ln in run.stderr.splitlines() if "release them with" in ln]
+    assert len(lines) == 1, run.stderr[-2000:]
+    command = lines[0].split("release them with: ", 1)[1]
+    assert command == "snakemake --unlock " + " ".join(args)
+    unlock = subprocess.run([snakemake, *command.split()[1:]], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=300)
+    assert unlock.returncode == 0 and not (tmp_path / ".snakemake" / "locks").exists()
+
+
+def test_a_signal_that_stopped_the_run_is_named_in_one_line(monkeypatch):
+    import signal
+
+    from tiledattention.launchers import interrupt
+
+    monkeypatch.setattr(interrupt, "STOPPED_BY", [])
+    assert interrupt.stopped_line() is None  # a step that failed: Snakemake's error stands
+    monkeypatch.setattr(interrupt, "descendants", lambda pid: [])
+    with pytest.raises(KeyboardInterrupt):
+        interrupt._handler(signal.SIGINT, None)
+    for sig in (signal.SIGINT, signal.SIGTERM):  # _handler set the defaults back
+        signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT
+                      else signal.SIG_DFL)
+    line = interrupt.stopped_line()
+    assert line.startswith("workflow: stopped by Ctrl-C (SIGINT): the 'Error in rule' "
+                           "blocks above are the steps that were running")
+    assert "\n" not in line and "the same command resumes" in line

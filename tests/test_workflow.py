@@ -63,6 +63,34 @@ def test_a_command_line_config_keeps_the_profiles_launcher(tmp_path):
     assert "config: launcher, launcher_options from the profile" in out.stderr
 
 
+def test_gpu_rules_declare_a_gpu_slot_locally_and_no_gpu_0_under_slurm(tmp_path):
+    # Under SLURM the jobs hold no local slot: a GPU step shown with `gpu=0` read as "no GPU".
+    gpu_rules = ("bench_shard", "ladder", "tune", "profile", "shapes", "model", "variants")
+
+    def resources(out):
+        text, rule, found = out.stdout + out.stderr, None, {}
+        for line in text.splitlines():
+            m = re.match(r"\s*(?:localrule|rule) (\w+):", line)
+            if m:
+                rule = m.group(1)
+            m = re.match(r"\s*resources: (.*)", line)
+            if m and rule:
+                found.setdefault(rule, set()).add(m.group(1))
+        return found
+
+    slurm = smk("-n", "-p", "--profile", "profiles/slurm", "--configfile", "config/smoke.yaml",
+                "--config", f"results_dir={tmp_path}/s")
+    assert slurm.returncode == 0, slurm.stderr[-2000:]
+    local = smk("-n", "-p", "--configfile", "config/smoke.yaml", "--config",
+                f"results_dir={tmp_path}/l")
+    assert local.returncode == 0, local.stderr[-2000:]
+    on_slurm, on_local = resources(slurm), resources(local)
+    assert set(gpu_rules) <= set(on_local) and set(gpu_rules) <= set(on_slurm), on_slurm
+    for rule in gpu_rules:
+        assert all("gpu=1" in r for r in on_local[rule]), (rule, on_local[rule])
+        assert not any("gpu=" in r for r in on_slurm[rule]), (rule, on_slurm[rule])
+
+
 def test_a_command_line_launcher_contradicting_the_profile_is_refused(tmp_path):
     out = smk("-n", "--profile", "profiles/slurm", "--configfile", "config/smoke.yaml",
               "--config", "launcher=local", f"results_dir={tmp_path}")
@@ -196,6 +224,7 @@ def test_smoke_study_runs_end_to_end_with_the_local_profile(tmp_path):
         assert "tuning did not run: no CUDA GPU visible" in table5
         assert "- tuning (Table 5): not run: no CUDA GPU visible" in readme
         assert "- benchmark: tiledattention unavailable at 4 point(s)" in readme
+        # FA4 through transformers joined the model stage (f94f811): its rows too
         assert "- model benchmark (model_e2e): unavailable at 12 row(s): no CUDA GPU" in readme
         assert "- variants: flex unavailable at 4 point(s): no CUDA GPU" in readme
         assert "no speedup over a fused baseline measured (fa4 unavailable: no CUDA GPU" in readme
@@ -215,3 +244,34 @@ def test_smoke_study_runs_end_to_end_with_the_local_profile(tmp_path):
     again = smk("--profile", "profiles/local", "--configfile", "config/smoke.yaml",
                 "--config", f"results_dir={results}", "-n")
     assert "Nothing to be done" in again.stdout + again.stderr
+
+
+def test_ctrl_c_on_the_local_profile_ends_with_one_line_saying_what_the_errors_are(tmp_path):
+    # A terminal's Ctrl-C reaches Snakemake and its steps (the process group): Snakemake
+    # prints an "Error in rule" block per running step; the workflow's last line says they
+    # are stopped steps, not failures, and that the same command resumes.
+    import os
+    import signal
+    import time
+
+    out = tmp_path / "out.txt"
+    with open(out, "w") as f:
+        run = subprocess.Popen([SNAKEMAKE, "--nolock", "--profile", "profiles/local",
+                                "--configfile", "config/smoke.yaml", "--config",
+                                f"results_dir={tmp_path}/r"], cwd=ROOT, stdout=f,
+                               stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while "rule ladder:" not in out.read_text() and run.poll() is None:
+            assert time.monotonic() < deadline, out.read_text()[-3000:]
+            time.sleep(0.2)
+        os.killpg(run.pid, signal.SIGINT)
+        run.wait(timeout=120)
+    finally:
+        run.kill()
+    text = out.read_text()
+    assert run.returncode != 0, text[-3000:]
+    lines = [ln for ln in text.splitlines() if ln.startswith("workflow: stopped by")]
+    assert lines == ["workflow: stopped by Ctrl-C (SIGINT): the 'Error in rule' blocks above "
+                     "are the steps that were running, stopped, their jobs cancelled, not "
+                     "failures; the same command resumes (finished rows are kept)"], text[-3000:]

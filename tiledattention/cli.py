@@ -391,6 +391,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="whose measurements (shipped with the package)")
     p.add_argument("--dtype", choices=PAPER_DTYPES, default="float16", help="element type")
     p.add_argument("--causal", action="store_true", help="causal mask (default: none)")
+    p.add_argument("--window", type=_count(1), help="a causal sliding window of W keys "
+                   "(Mistral, Gemma 2's local layers; with --causal); answered only from "
+                   "measured window points")
 
     p = _verb(sub, "offline", _offline, "wheelhouse for nodes without network")
     osub = p.add_subparsers(dest="offline_command", required=True, metavar="ACTION",
@@ -930,7 +933,8 @@ def _advise(args) -> int:
     from .study.advice import Shape, advise
 
     print(advise(Shape(args.heads, args.head_dim, args.seq, args.batch, args.dtype,
-                       args.causal, kv_heads=args.kv_heads, seq_q=args.seq_q), args.gpu))
+                       args.causal, kv_heads=args.kv_heads, seq_q=args.seq_q,
+                       window=args.window), args.gpu))
     return 0
 
 

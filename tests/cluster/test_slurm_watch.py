@@ -247,6 +247,8 @@ def test_interrupting_a_running_study_cancels_its_jobs_and_a_rerun_resumes(sig, 
         run.kill()
     assert run.returncode != 0
     assert "cancelled jobs" in err, err[-3000:]
+    how = "Ctrl-C (SIGINT)" if sig == signal.SIGINT else "SIGTERM (SIGTERM)"
+    _one_line(err, f"workflow: stopped by {how}: the 'Error in rule' blocks above")
     states = _wait_for(lambda: (s := _states(ids)) and not (set(s.values()) & ACTIVE) and s,
                        "ended jobs", 120)
     assert set(states.values()) == {"CANCELLED"}, states

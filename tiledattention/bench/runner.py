@@ -167,13 +167,42 @@ def _classify(exc: BaseException) -> tuple[str, str]:
     return "error", text[:500]
 
 
+# A CPU run measures with one intra-op thread. With torch's default (one per core) every
+# op of a call is a parallel region whose barrier waits for each thread; on cores other
+# processes also use, a descheduled thread turns a 30 us call into ~3 ms (measured on a
+# 2-core machine under load: 3052 vs 32 us per back-to-back bf16 SDPA call at S=64), so
+# the call-latency rounds sized for ~50 ms ran 5 s each and measured the machine's load.
+CPU_THREADS = 1
+
+
+@contextlib.contextmanager
+def _cpu_threads(device):
+    if device.type != "cpu":
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(CPU_THREADS)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def run_point(point: Point, methods: list[str], cfg: BenchConfig, device, flush) -> list[dict]:
+    """Every method's row at ``point`` (on a CPU with CPU_THREADS intra-op threads)."""
+    with _cpu_threads(device):
+        return _run_point(point, methods, cfg, device, flush)
+
+
+def _run_point(point: Point, methods: list[str], cfg: BenchConfig, device, flush) -> list[dict]:
     t = cfg.timing
     rtol = getattr(cfg.correctness, f"rtol_{point.dtype}")
+    timing = {"warmup": t.warmup, "reps": t.reps, "rounds": t.rounds, "flush_l2": t.flush_l2,
+              "cuda_graph": t.cuda_graph}
+    if device.type == "cpu":
+        timing["cpu_threads"] = CPU_THREADS
     base = {"format": FORMAT, "point_key": point.key(), **point.as_dict(), "seed": cfg.seed,
-            "device": str(device), "timing": {"warmup": t.warmup, "reps": t.reps,
-                                              "rounds": t.rounds, "flush_l2": t.flush_l2,
-                                              "cuda_graph": t.cuda_graph}}
+            "device": str(device), "timing": timing}
     rows = {m: {**base, "method": m} for m in methods}
     backward = point.pass_ != "fwd"
     try:

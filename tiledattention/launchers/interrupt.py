@@ -47,7 +47,12 @@ def is_step(pid: int) -> bool:
     return any(os.path.basename(a) == "tiledattn" or a == "tiledattention.cli" for a in argv)
 
 
+# The signal that stopped this run (set by ``_handler``), for ``stopped_line``.
+STOPPED_BY: list[int] = []
+
+
 def _handler(signum, frame):
+    STOPPED_BY.append(signum)
     for sig in (signal.SIGINT, signal.SIGTERM):  # a second signal stops Snakemake as usual
         signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT
                       else signal.SIG_DFL)
@@ -62,6 +67,19 @@ def forward() -> None:
     """Install the handlers (in Snakemake's main thread, after its scheduler set its own)."""
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _handler)
+
+
+def stopped_line() -> str | None:
+    """The run's last line when a signal stopped it (the workflow's onerror): Snakemake
+    prints an "Error in rule" block for every step that was running, which read as failures
+    (about 110 lines for a study's parallel steps); this line says what they were."""
+    if not STOPPED_BY:
+        return None
+    name = signal.Signals(STOPPED_BY[0]).name
+    how = "Ctrl-C" if STOPPED_BY[0] == signal.SIGINT else name
+    return (f"workflow: stopped by {how} ({name}): the 'Error in rule' blocks above are the "
+            "steps that were running, stopped, their jobs cancelled, not failures; the same "
+            "command resumes (finished rows are kept)")
 
 
 def export_pid() -> None:
@@ -127,3 +145,33 @@ def release_stale_lock(locks: str = os.path.join(".snakemake", "locks"),
         return None
     return (f"workflow: removed the lock left by an earlier run (pid {', '.join(sorted(gone))},"
             " no longer running), as snakemake --unlock would")
+
+
+# Runs that ask Snakemake for no lock (or only for --unlock itself): no line for them.
+_NO_LOCK = {"-n", "--dry-run", "--dryrun", "--unlock", "--nolock", "--lint", "-l",
+            "--list-rules", "--list", "--list-target-rules", "--lt", "-S", "--summary",
+            "-D", "--detailed-summary", "--dag", "--rulegraph", "--filegraph", "--report",
+            "--cleanup-metadata", "--cm", "--version", "-v", "-h", "--help"}
+
+
+def unrecorded_lock(argv: list[str], locks: str = os.path.join(".snakemake", "locks"),
+                    holders: str = HOLDERS) -> str | None:
+    """The one line for lock files no run recorded a holder for (a run of an older workflow,
+    or one killed before its onstart): nothing here can tell whether their holder still
+    runs, so they stay, and the line names the command that releases them, the user's own
+    arguments and all. None when there are none, or when this run takes no lock."""
+    if any(a in _NO_LOCK or a.startswith("--dry") for a in argv[1:]):
+        return None
+    try:
+        names = sorted(n for n in os.listdir(locks) if n.endswith(".lock"))
+    except OSError:
+        return None
+    unknown = [n for n in names if not os.path.exists(os.path.join(holders, n))]
+    if not unknown:
+        return None
+    import shlex
+
+    command = shlex.join(["snakemake", "--unlock", *argv[1:]])
+    return (f"workflow: {len(unknown)} Snakemake lock file(s) in {locks} were left by a run "
+            "that recorded no holder (an older workflow, or one killed before it started); "
+            f"if no other snakemake runs in {os.getcwd()}, release them with: {command}")

@@ -13,10 +13,14 @@ A shape is (H, Hkv, D, Sq, Skv, B, dtype, mask): GQA (Hkv < H) and decode (Sq < 
 KV-cache step) are axes of their own, matched like S and B·H, so a GQA or decode shape
 needs GQA or decode measurements near it (the shapes grids of config/shapes-models.yaml:
 ViT, Llama/Mistral GQA prefill, decode) and an MHA prefill point never stands for it.
+A causal sliding window (``--window W``) is one more axis: answered only from the variants
+stage's window points (``data/variants-rows.jsonl.gz``: TiledAttention against
+FlexAttention and SDPA with the window as a mask), never from a plain causal point.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -27,15 +31,18 @@ from ..errors import TiledAttentionError
 
 FORMAT = "tiledattention-measured/1"
 SUBJECT, FUSED = "tiledattention", "torch_sdpa"
+# The variants stage's baselines at a window point (its rows have no torch_sdpa).
+WINDOW_BASELINES = ("flex", "sdpa_mask")
 # How near a measured point must be to stand for a shape: Sq, Skv, B·H and the GQA ratio
 # H/Hkv within a factor 2, D within 25 % (a different D is a different chunking of the
 # head dim).
 MAX_LOG2 = {"head_dim": math.log2(1.25), "seq_q": 1.0, "seq_kv": 1.0, "batch_heads": 1.0,
-            "gqa": 1.0}
+            "gqa": 1.0, "window": 1.0}
 # Distance weights: a different D is a different kernel variant, a different S a different
 # key-loop length (Sq also the number of query tiles); B·H only changes how many programs
 # run side by side, the GQA ratio how often K/V are re-read.
-WEIGHTS = {"head_dim": 2.0, "seq_q": 1.0, "seq_kv": 1.0, "batch_heads": 1.0, "gqa": 1.0}
+WEIGHTS = {"head_dim": 2.0, "seq_q": 1.0, "seq_kv": 1.0, "batch_heads": 1.0, "gqa": 1.0,
+           "window": 1.0}
 # Query lengths up to this against a longer cache take the decode path (split-K, packed
 # GQA), whose programs are chosen per call: no static geometry flags for them.
 DECODE_MAX_SQ = 16
@@ -60,6 +67,7 @@ class Shape:
     causal: bool = False
     kv_heads: int | None = None
     seq_q: int | None = None
+    window: int | None = None  # a causal sliding window of this many keys
 
     @property
     def hkv(self) -> int:
@@ -76,8 +84,10 @@ class Shape:
     def describe(self) -> str:
         heads = f"H={self.heads}" + (f" Hkv={self.hkv}" if self.hkv != self.heads else "")
         seqs = f"S={self.seq}" if self.sq == self.seq else f"Sq={self.sq} Skv={self.seq}"
-        return (f"{heads} D={self.head_dim} {seqs} B={self.batch} {self.dtype} "
-                f"{'causal' if self.causal else 'no mask'}")
+        mask = "causal" if self.causal else "no mask"
+        if self.window is not None:
+            mask = f"causal window {self.window}"
+        return f"{heads} D={self.head_dim} {seqs} B={self.batch} {self.dtype} {mask}"
 
     def check(self) -> None:
         """Refuse what is not one attention shape (one line each)."""
@@ -96,6 +106,9 @@ class Shape:
             raise AdviceError(f"--causal with --seq-q {self.sq} < --seq {self.seq}: causal is "
                               "top-left aligned (query i sees keys <= i), a KV-cache step "
                               "attends the whole cache: leave --causal out")
+        if self.window is not None and not self.causal:
+            raise AdviceError(f"--window {self.window}: a sliding window is causal (query i "
+                              "sees keys i-W+1..i), add --causal")
 
 
 def gpus() -> list[str]:
@@ -122,22 +135,26 @@ def _seq_kv(p: dict) -> int:
 
 
 def _axes(p: dict) -> dict[str, float]:
-    return {"head_dim": math.log2(p["head_dim"]), "seq_q": math.log2(p["seq"]),
+    axes = {"head_dim": math.log2(p["head_dim"]), "seq_q": math.log2(p["seq"]),
             "seq_kv": math.log2(_seq_kv(p)),
             "batch_heads": math.log2(p["batch"] * p["heads"]),
             "gqa": math.log2(p.get("gqa") or 1)}
+    if p.get("window"):
+        axes["window"] = math.log2(p["window"])
+    return axes
 
 
 def _distance(a: dict, b: dict) -> tuple[float, dict[str, float]]:
     """Weighted sum of the axes' |log2| differences (WEIGHTS), and each axis' difference."""
     xa, xb = _axes(a), _axes(b)
-    diff = {k: abs(xa[k] - xb[k]) for k in xa}
+    diff = {k: abs(xa[k] - xb[k]) for k in xa if k in xb}
     return sum(WEIGHTS[k] * v for k, v in diff.items()), diff
 
 
 def _as_point(shape: Shape) -> dict:
     return {"head_dim": shape.head_dim, "seq": shape.sq, "seq_kv": shape.seq,
-            "batch": shape.batch, "heads": shape.heads, "gqa": shape.gqa}
+            "batch": shape.batch, "heads": shape.heads, "gqa": shape.gqa,
+            "window": shape.window}
 
 
 def nearest(points: list[dict], shape: Shape, *, exact_head_dim: bool = False,
@@ -149,6 +166,8 @@ def nearest(points: list[dict], shape: Shape, *, exact_head_dim: bool = False,
     for p in points:
         if p["dtype"] != shape.dtype or p["causal"] != shape.causal:
             continue
+        if bool(p.get("window")) != (shape.window is not None):
+            continue  # a window point stands only for a window, a plain one never for it
         if exact_head_dim and p["head_dim"] != shape.head_dim:
             continue
         if p.get(SUBJECT) is None:
@@ -169,6 +188,8 @@ def _how_near(shape: Shape, p: dict) -> str:
     axes.append(("B·H", shape.batch * shape.heads, p["batch"] * p["heads"]))
     if shape.gqa != 1 or (p.get("gqa") or 1) != 1:
         axes.append(("H/Hkv", shape.gqa, p.get("gqa") or 1))
+    if shape.window is not None and p.get("window"):
+        axes.append(("window", shape.window, p["window"]))
     return ", ".join(f"{name} same" if mine == theirs else
                      f"{name} {theirs} vs {mine} (x{theirs / mine:.2f})"
                      for name, mine, theirs in axes)
@@ -178,7 +199,8 @@ def _point_label(p: dict) -> str:
     seqs = (f"S={p['seq']}" if p["seq"] == _seq_kv(p) else f"Sq={p['seq']} Skv={_seq_kv(p)}")
     gqa = p.get("gqa") or 1
     heads = f"H={p['heads']}" + (f" Hkv={p['heads'] // gqa}" if gqa != 1 else "")
-    return f"D={p['head_dim']} {seqs} B={p['batch']} {heads} [{p['source']}]"
+    window = f" window={p['window']}" if p.get("window") else ""
+    return f"D={p['head_dim']} {seqs} B={p['batch']} {heads}{window} [{p['source']}]"
 
 
 def _fmt(x) -> str:
@@ -228,7 +250,8 @@ def _flags(shape: Shape, schedule, geo) -> list[str]:
 
 def _measured_ranges(points: list[dict], shape: Shape) -> str:
     """What was measured for the shape's dtype and mask, per regime, for a refusal."""
-    same = [p for p in points if p["dtype"] == shape.dtype and p["causal"] == shape.causal]
+    same = [p for p in points if p["dtype"] == shape.dtype and p["causal"] == shape.causal
+            and not p.get("window")]
     parts = []
     for name, chosen in (("self attention", [p for p in same if p["seq"] == _seq_kv(p)]),
                          ("Sq < Skv", [p for p in same if p["seq"] < _seq_kv(p)])):
@@ -247,7 +270,48 @@ def _measured_ranges(points: list[dict], shape: Shape) -> str:
     return "; ".join(parts)
 
 
+def _span(values) -> str:
+    lo, hi = min(values), max(values)
+    return f"{lo}" if lo == hi else f"{lo}..{hi}"
+
+
+def _head_dim_elsewhere(shape: Shape, points: list[dict]) -> str:
+    """Where the shape's head dim (within 25 %) was measured under another dtype or mask,
+    when never under the shape's own: the refusal says so ("D=256: only float16 ...")."""
+    def near_d(p):
+        return (not p.get("window") and abs(math.log2(p["head_dim"] / shape.head_dim))
+                <= MAX_LOG2["head_dim"] + 1e-9)
+    near = [p for p in points if near_d(p)]
+    if any(p["dtype"] == shape.dtype and p["causal"] == shape.causal for p in near):
+        return ""
+    groups: dict[tuple, list[dict]] = {}
+    for p in near:
+        groups.setdefault((p["dtype"], p["causal"]), []).append(p)
+    where = "; ".join(
+        f"{dtype} {'causal' if causal else 'unmasked'} D {sorted({p['head_dim'] for p in ps})}"
+        f" S {_span([p['seq'] for p in ps])} B·H {_span([p['batch'] * p['heads'] for p in ps])}"
+        for (dtype, causal), ps in sorted(groups.items()))
+    return (f"; D within 25% of {shape.head_dim} is measured only as {where}" if where else
+            f"; D={shape.head_dim} is not measured at all") + \
+        " (config/shapes-models.yaml's grids measure more: README 'Shape advice')"
+
+
+def _refuse_window(shape: Shape, points: list[dict], gpu: str) -> AdviceError:
+    measured = sorted({f"{p['dtype']} D={p['head_dim']} S={p['seq']} B·H="
+                       f"{p['batch'] * p['heads']} window {p['window']}"
+                       for p in points if p.get("window")})
+    if not measured:
+        return AdviceError(f"--window: no sliding-window point measured on {gpu} (the "
+                           "reference's variants stage rows are not in its data); not "
+                           "guessing")
+    return AdviceError(f"{shape.describe()}: no sliding-window point on {gpu} within 25% on D "
+                       "and a factor 2 on S, B·H, H/Hkv and the window (measured, by the "
+                       f"variants stage: {', '.join(measured)}); not guessing")
+
+
 def _refuse(shape: Shape, points: list[dict], gpu: str) -> AdviceError:
+    if shape.window is not None:
+        return _refuse_window(shape, points, gpu)
     mask = "causal" if shape.causal else "unmasked"
     measured = _measured_ranges(points, shape)
     if not measured:
@@ -256,7 +320,15 @@ def _refuse(shape: Shape, points: list[dict], gpu: str) -> AdviceError:
                            f"dtypes: {other}); not guessing")
     return AdviceError(f"{shape.describe()}: no measured point on {gpu} within 25% on D and a "
                        f"factor 2 on Sq, Skv, B·H and H/Hkv (measured {shape.dtype} {mask}: "
-                       f"{measured}); not guessing")
+                       f"{measured}{_head_dim_elsewhere(shape, points)}); not guessing")
+
+
+def _baseline(p: dict) -> tuple[str, float | None]:
+    """The baseline a point's ratio is against: PyTorch SDPA, or at a window point the
+    variants stage's first measured one (FlexAttention, then SDPA with the mask)."""
+    if not p.get("window"):
+        return FUSED, p.get(FUSED)
+    return next(((b, p[b]) for b in WINDOW_BASELINES if p.get(b)), (WINDOW_BASELINES[0], None))
 
 
 def advise(shape: Shape, gpu: str = "h100", data: dict | None = None) -> str:
@@ -264,21 +336,33 @@ def advise(shape: Shape, gpu: str = "h100", data: dict | None = None) -> str:
     ``data``: a measurements dict (default: the shipped one for ``gpu``)."""
     data = data if data is not None else load(gpu)
     shape.check()
+    notes = []
+    if shape.window is not None and shape.window >= shape.seq:
+        notes.append(f"window {shape.window} >= S={shape.seq}: it masks nothing causal "
+                     "attention does not; answered as causal attention")
+        shape = dataclasses.replace(shape, window=None)
     points = data["points"]
     near = nearest(points, shape)
     if not near:
         raise _refuse(shape, points, gpu)
     _, _, best = near[0]
     out = [f"tiledattn advise: {shape.describe()} on {data['gpu']} ({gpu}, {data['sms']} SMs)",
+           *notes,
            f"numbers: TFLOP/s measured on that GPU, from {'; '.join(data['sources'].values())}",
            f"prediction = the nearest measured point, {_point_label(best)} "
            f"({_how_near(shape, best)}):"]
-    ratio = (best[SUBJECT] / best[FUSED]) if best.get(FUSED) else None
-    out.append(f"  {SUBJECT} {_fmt(best[SUBJECT])} TFLOP/s, {FUSED} {_fmt(best.get(FUSED))} "
-               f"TFLOP/s" + (f" (ours ÷ SDPA {ratio:.3f})" if ratio else ""))
+    base, value = _baseline(best)
+    ratio = (best[SUBJECT] / value) if value else None
+    out.append(f"  {SUBJECT} {_fmt(best[SUBJECT])} TFLOP/s, {base} {_fmt(value)} "
+               f"TFLOP/s" + (f" (ours ÷ {'SDPA' if base == FUSED else base} {ratio:.3f})"
+                            if ratio else ""))
+    if best.get("window"):
+        out.append("  (TFLOP/s on causal attention's FLOPs, as the variants table counts "
+                   "them: key tiles the window skips count as work)")
     for _, _, p in near[1:]:
-        out.append(f"  also near: {_point_label(p)}: {SUBJECT} {_fmt(p[SUBJECT])}, {FUSED} "
-                   f"{_fmt(p.get(FUSED))} ({_how_near(shape, p)})")
+        base, value = _baseline(p)
+        out.append(f"  also near: {_point_label(p)}: {SUBJECT} {_fmt(p[SUBJECT])}, {base} "
+                   f"{_fmt(value)} ({_how_near(shape, p)})")
     if shape.sq <= DECODE_MAX_SQ < shape.seq:
         out.append(f"geometry: Sq={shape.sq} against Skv={shape.seq} takes the decode path "
                    "(keys split across programs, GQA heads packed), sized per call: no "
@@ -360,6 +444,24 @@ def _from_rows(rows: list[dict]) -> list[dict]:
     return list(by.values())
 
 
+def _from_variants(rows: list[dict], window: int) -> list[dict]:
+    """The variants stage's forward sliding-window points (TiledAttention, FlexAttention,
+    SDPA with the window as a mask). Its rows do not record W: the stage measures
+    ``bench.variants.WINDOW`` keys (1024 in the committed references)."""
+    by: dict[str, dict] = {}
+    for r in rows:
+        if r.get("variant") != "window" or r.get("pass", "fwd") != "fwd":
+            continue
+        p = by.setdefault(r["point_key"], {
+            "source": "variants", "dtype": r["dtype"], "causal": True, "window": window,
+            "head_dim": r["head_dim"], "seq": r["seq_q"], "seq_kv": r["seq_kv"],
+            "batch": r["batch"], "heads": r["heads"], "gqa": r.get("gqa", 1),
+            SUBJECT: None, **dict.fromkeys(WINDOW_BASELINES)})
+        if r["method"] in p and r.get("status") == "ok":
+            p[r["method"]] = round(r["tflops"], 2)
+    return list(by.values())
+
+
 def _model_rows(path: str, gpu_name: str) -> list[dict]:
     """Rows of one more shapes run (config/shapes-models.yaml): a directory of
     rows-*.jsonl with its run manifests (their GPU must be the reference's), or a
@@ -411,6 +513,11 @@ def build(reference_dir: str, out_path: str, models: list[str] = ()) -> dict:
                                                   "rows-*.jsonl")))
          for r in read_rows(p)]
     shapes = _from_rows(shape_rows)
+    from ..bench.variants import WINDOW
+
+    variants_rows = os.path.join(reference_dir, "data", "variants-rows.jsonl.gz")
+    windows = _from_variants(_model_rows(variants_rows, gpu["name"]), WINDOW) \
+        if os.path.isfile(variants_rows) else []
     model = [dict(p, source="models") for p in
              _from_rows([r for m in models for r in _model_rows(m, gpu["name"])])]
     rel = os.path.relpath(reference_dir)
@@ -419,13 +526,17 @@ def build(reference_dir: str, out_path: str, models: list[str] = ()) -> dict:
                             f"{len(points)})",
                "shapes": f"{rel}/{'data/shapes-g*-rows.jsonl.gz' if compact else 'shapes/'} "
                          f"(the shapes grids, {len(shapes)} points)"}
+    if windows:
+        sources["variants"] = (f"{rel}/data/variants-rows.jsonl.gz (the variants stage's "
+                               f"sliding window of {WINDOW} keys, {len(windows)} point"
+                               f"{'s' if len(windows) != 1 else ''})")
     if model:
         sources["models"] = (f"{', '.join(os.path.relpath(m) for m in models)} "
                              f"(config/shapes-models.yaml: ViT, GQA, decode; {len(model)} "
                              "points)")
     data = {"format": FORMAT, "gpu": gpu["name"], "sms": gpu["sm_count"],
             "compute_capability": gpu["compute_capability"], "sources": sources,
-            "points": points + shapes + model}
+            "points": points + shapes + windows + model}
     with open(out_path, "w") as f:
         json.dump(data, f, indent=0, sort_keys=True)
         f.write("\n")

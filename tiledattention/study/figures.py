@@ -15,7 +15,16 @@ from .plotting import grid as _grid
 from .plotting import no_data as _no_data
 from .plotting import plt as _plt
 from .plotting import save as _save
-from .ratios import BEST, MEASURES, compare_by, fastest_counts, methods_in, points_of, with_best
+from .ratios import (
+    BEST,
+    MEASURES,
+    compare_by,
+    fastest_counts,
+    fused_baselines,
+    methods_in,
+    points_of,
+    with_best,
+)
 from .shapes import shapes_figure
 
 PANELS = [(dt, c) for dt in ("float16", "bfloat16") for c in (False, True)]
@@ -58,18 +67,44 @@ def _title(dtype, causal):
     return f"{dtype}, {'causal' if causal else 'no mask'}"
 
 
-def _why_empty(rows, keep=lambda r: True) -> str:
-    """Why nothing could be drawn from the rows a panel takes (``keep``): none at all, or
-    none ok, by status, with the first reason (e.g. "needs a CUDA GPU")."""
+def _why_empty(rows, keep=lambda r: True, need=None) -> str:
+    """Why nothing could be drawn from the rows a panel takes (``keep``), in words that hold
+    for them: no rows at all; or how the rows of the methods it plots (``need``; default
+    every method) ended, by status and method, each status with its first reason (e.g.
+    "needs a CUDA GPU"), and which other methods were ok there but are not what the panel
+    plots. A panel whose rows all ran on the CPU says so."""
     mine = [r for r in rows if keep(r)]
     if not mine:
         return "no rows for this panel"
-    counts: dict[str, int] = {}
-    for r in mine:
-        counts[r.get("status", "?")] = counts.get(r.get("status", "?"), 0) + 1
-    reasons = [str(r["reason"]) for r in mine if r.get("reason")]
-    listing = ", ".join(f"{n} {st}" for st, n in sorted(counts.items()))
-    return f"no ok rows ({listing})" + (f": {' '.join(reasons[0].split())}" if reasons else "")
+    plotted = [r for r in mine if need is None or r.get("method") in need]
+    if not plotted:
+        return f"no {', '.join(sorted(need))} rows at these points"
+    by: dict[str, dict[str, int]] = {}
+    for r in plotted:
+        counts = by.setdefault(r.get("status", "?"), {})
+        counts[r.get("method", "?")] = counts.get(r.get("method", "?"), 0) + 1
+    parts = []
+    for status, counts in sorted(by.items(), key=lambda kv: (kv[0] == "ok", kv[0])):
+        reason = next((" ".join(str(r["reason"]).split()) for r in plotted
+                       if r.get("status", "?") == status and r.get("reason")), None)
+        parts.append(f"{status}: " + ", ".join(f"{m} {n}" for m, n in counts.items())
+                     + (f" ({reason})" if reason else ""))
+    text = ("no ok rows; " if "ok" not in by else "") + "; ".join(parts)
+    others = sorted({r["method"] for r in mine if r.get("status") == "ok"
+                     and need is not None and r.get("method") not in need})
+    if others:
+        text += f"; ok but not plotted here: {', '.join(others)}"
+    if all(r.get("device") == "cpu" for r in mine):
+        text += " (a CPU run)"
+    return text
+
+
+def _no_pair(rows, keep) -> str:
+    """Why a panel of TiledAttention against the fastest fused baseline is empty: at none
+    of its points were both ok."""
+    sides = {SUBJECT, *fused_baselines(methods_in(rows))}
+    return (f"no point where {SUBJECT} and a fused baseline were both ok; "
+            + _why_empty(rows, keep, need=sides))
 
 
 def _legend(fig, axes, ncol: int = 4) -> None:
@@ -152,8 +187,8 @@ def regime_map(rows, out_dir) -> list[str]:
         per.pop(None, None)
         cells = {k: s.geomean for k, s in per.items() if s.n}
         if not cells:
-            _no_data(ax, f"{SUBJECT} and a fused baseline never both ok; " + _why_empty(
-                rows, lambda r, dt=dtype, c=causal: (r.get("dtype"), r.get("causal")) == (dt, c)))
+            _no_data(ax, _no_pair(rows, lambda r, dt=dtype, c=causal: (
+                r.get("dtype"), r.get("causal")) == (dt, c)))
             ax.set_title(_title(dtype, causal))
             continue
         ds = sorted({k[0] for k in cells})
@@ -207,8 +242,8 @@ def ratios_vs_seq(rows, out_dir) -> list[str]:
             _seq_axis(ax, seqs)
             ax.set_ylabel("÷ fastest fused baseline (> 1: faster)")
         else:
-            _no_data(ax, f"{SUBJECT} and a fused baseline never both ok; " + _why_empty(
-                rows, lambda r, dt=dtype, c=causal: (r.get("dtype"), r.get("causal")) == (dt, c)))
+            _no_data(ax, _no_pair(rows, lambda r, dt=dtype, c=causal: (
+                r.get("dtype"), r.get("causal")) == (dt, c)))
     _legend(fig, axes)
     fig.suptitle(f"{SUBJECT} ÷ the fastest fused baseline at each point: kernel time (solid) "
                  "and call latency (dashed)")
@@ -267,8 +302,8 @@ def bandwidth_vs_seq(rows, out_dir) -> list[str]:
             _seq_axis(ax, seqs, "S")
             ax.set_ylabel("GB/s (q, k, v, out once)")
         else:
-            _no_data(ax, _why_empty(rows, lambda r, d=d: r.get("method") in (SUBJECT, FUSED)
-                                    and r.get("head_dim") == d))
+            _no_data(ax, _why_empty(rows, lambda r, d=d: r.get("head_dim") == d,
+                                    need={SUBJECT, FUSED}))
     _legend(fig, axes, ncol=2)
     fig.suptitle("Bandwidth proxy vs S")
     return _save(fig, out_dir, "bandwidth_vs_seq")
@@ -297,7 +332,7 @@ def tile_sensitivity(ladder_rows, tune_entries, out_dir, tune_reason=None) -> li
         ax.set_ylabel("TFLOP/s")
         _legend(fig, [ax])
     elif steps:
-        _no_data(ax, _why_empty(ladder_rows, lambda r: r.get("method") in steps))
+        _no_data(ax, _why_empty(ladder_rows, need=set(steps)))
     else:
         _no_data(ax, "no schedule ladder in this study")
     ax.set_title("Schedule ladder")

@@ -72,6 +72,8 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "timing.reps": ("", "timed calls requested per method"),
     "timing.rounds": ("", "rounds, methods interleaved, order alternating"),
     "timing.flush_l2": ("", "L2 flushed before each timed call"),
+    "timing.cpu_threads": ("", "torch intra-op threads of a CPU run (1: a core shared with "
+                               "other processes stalls every parallel op)"),
     "timing.cuda_graph": ("", "calls replayed from a CUDA graph (forward passes only; "
                               "backward passes run eager)"),
     "details.backend": ("", "the torch SDPA backend that actually ran"),

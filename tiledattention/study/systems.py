@@ -16,7 +16,7 @@ import math
 import os
 
 from ..errors import StudyError
-from .compare import load_study
+from .compare import load_study, stage_of
 from .ratios import index_rows, pass_of, points_of
 
 SUBJECT, BASELINE = "tiledattention", "torch_sdpa"
@@ -120,7 +120,10 @@ def write(paths: list[str], names: list[str] | None, out_dir: str) -> list[str]:
         raise StudyError("systems: name two or more studies (e.g. the H100 and H200 ones)")
     if names and len(names) != len(paths):
         raise StudyError(f"--names: {len(names)} name(s) for {len(paths)} studies")
-    loaded = [load_study(p) for p in paths]
+    # The benchmark's rows: load_study also returns the variants and model stages' (for
+    # compare), which are not points of the benchmark grid this table sets side by side.
+    loaded = [([r for r in rows_ if stage_of(r) == "bench"], gpu)
+              for rows_, gpu in (load_study(p) for p in paths)]
     names = names or [os.path.basename(os.path.normpath(p)) for p in paths]
     if len(set(names)) != len(names):
         raise StudyError(f"--names: each system needs its own name, got {names}")

@@ -171,7 +171,7 @@ def variants_figure(rows: list[dict], out_dir: str) -> list[str]:
     """Speedup over the fastest fused baseline at each point vs S, one line per variant (and
     D, dtype), one panel per pass, its title naming which baselines were the fastest; written
     with the reason where nothing was measured."""
-    from .figures import _legend, _seq_axis, _why_empty
+    from .figures import _legend, _no_pair, _seq_axis
     from .plotting import grid, no_data, plt, save
 
     pyplot = plt()
@@ -198,10 +198,8 @@ def variants_figure(rows: list[dict], out_dir: str) -> list[str]:
             _seq_axis(ax, seqs)
             ax.set_ylabel("speedup over the fastest fused baseline (> 1: faster)")
         else:
-            sides = {SUBJECT, *fused_baselines(methods_in(rows))}
             no_data(ax, "no variants stage in this study" if not rows else
-                    _why_empty(rows, lambda r, p=p, sides=sides: r.get("pass", "fwd") == p
-                               and r.get("method") in sides))
+                    _no_pair(rows, lambda r, p=p: r.get("pass", "fwd") == p))
     _legend(fig, axes, ncol=3)
     fig.suptitle("Variants: speedup over the fastest fused baseline at each point, by kernel "
                  "time")

@@ -109,6 +109,9 @@ _interrupt.export_pid()  # the steps of a run that has died cancel their jobs
 _STALE = _interrupt.release_stale_lock()
 if _STALE:
     print(_STALE, file=sys.stderr)
+_UNKNOWN_LOCK = _interrupt.unrecorded_lock(sys.argv)  # no holder recorded: the command
+if _UNKNOWN_LOCK:
+    print(_UNKNOWN_LOCK, file=sys.stderr)
 try:
     _RESTORED, _LOST = _profiles.apply(config, sys.argv[1:],
                                        dict(workflow.config_settings.config),
@@ -204,8 +207,9 @@ def launcher_args():
 
 def gpu_slots():
     """Local jobs hold one of the profile's `gpu` slots (one GPU each); SLURM jobs wait on
-    the cluster and hold none."""
-    return 1 if config["launcher"] == "local" else 0
+    the cluster and hold none: None leaves the resource out (a `gpu=0` shown beside a GPU
+    step read as "this step uses no GPU")."""
+    return 1 if config["launcher"] == "local" else None
 
 
 def aggregate_inputs(wildcards):
@@ -295,3 +299,5 @@ onsuccess:
 onerror:
     _interrupt.forget_holder(held_locks())
     _timeline.end(RESULTS, workflow, _RUN, "failed")
+    if _interrupt.stopped_line():  # Ctrl-C / SIGTERM: one line saying what the errors are
+        print(_interrupt.stopped_line(), file=sys.stderr)

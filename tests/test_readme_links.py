@@ -1,0 +1,136 @@
+"""README.md's own references: in-page links resolve to a heading (GitHub's anchor rules),
+the Layout section names what the tree holds, paths the examples use exist, and each
+measured number is quoted once, from the committed rows."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+
+
+def _prose(text: str) -> str:
+    """The text outside fenced code blocks (a `# comment` in a block is no heading)."""
+    return "".join(part for i, part in enumerate(re.split(r"^```.*$", text, flags=re.M))
+                   if i % 2 == 0)
+
+
+def github_slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lowercase, markup and punctuation dropped (letters,
+    digits, `_`, `-` and spaces kept), spaces to hyphens."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # a link: its text
+    text = text.strip().lower()
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def anchors(text: str) -> set[str]:
+    seen: Counter = Counter()
+    out = set()
+    for m in re.finditer(r"^#{1,6} +(.+?) *#*$", _prose(text), flags=re.M):
+        slug = github_slug(m.group(1))
+        out.add(slug if not seen[slug] else f"{slug}-{seen[slug]}")
+        seen[slug] += 1
+    return out
+
+
+def test_github_slug_follows_githubs_rules():
+    assert github_slug("Results: the reference study on an H100 and an H200") == \
+        "results-the-reference-study-on-an-h100-and-an-h200"
+    assert github_slug("Shape advice: `tiledattn advise`") == "shape-advice-tiledattn-advise"
+    assert github_slug("Any model that calls PyTorch's SDPA: `ta.sdpa_mode()`") == \
+        "any-model-that-calls-pytorchs-sdpa-tasdpa_mode"
+    assert anchors("# A\n```\n# A\n```\n## A\n") == {"a", "a-1"}
+
+
+def test_every_in_page_link_resolves_to_a_heading():
+    targets = re.findall(r"\]\(#([^)]+)\)", _prose(README))
+    assert targets, "the README links within itself"
+    missing = sorted(set(targets) - anchors(README))
+    assert not missing, f"in-page links with no heading: {missing}"
+
+
+def _layout() -> str:
+    return README.split("## Layout", 1)[1].split("\n## ", 1)[0]
+
+
+def test_the_layout_names_every_package_directory_and_module():
+    layout = _layout()
+    pkg = ROOT / "tiledattention"
+    for d in sorted(p for p in pkg.iterdir() if (p / "__init__.py").exists()):
+        assert f"{d.name}/" in layout, f"Layout does not name tiledattention/{d.name}/"
+    for m in sorted(pkg.glob("*.py")):
+        if m.stem != "__init__":
+            assert re.search(rf"\b{m.stem}\b", layout), f"Layout does not name {m.stem}"
+    for d in sorted(p for p in ROOT.iterdir()
+                    if p.is_dir() and not p.name.startswith(".")):
+        assert f"{d.name}/" in layout, f"Layout does not name {d.name}/"
+
+
+def test_the_layout_names_only_what_exists():
+    layout = _layout()
+    for script in re.findall(r"[\w-]+\.(?:sh|py)\b", layout):
+        assert list(ROOT.glob(f"**/{script}")), f"Layout names {script}, which is not here"
+
+
+def test_the_reference_paths_the_readme_names_exist():
+    paths = set(re.findall(r"results/reference[\w/.-]*", README))
+    assert paths
+    for p in sorted(paths):
+        p = p.rstrip(".")
+        if "{" in p or p.endswith("<"):
+            continue
+        assert (ROOT / p).exists(), f"README names {p}, which does not exist"
+    assert not re.search(r"results/reference-h\d00", README)
+
+
+def _model_ratios(system: str) -> dict[tuple[int, str], float]:
+    path = ROOT / "results" / "reference" / system / "data" / "model-rows.jsonl.gz"
+    with gzip.open(path, "rt") as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    time = {(r["batch"], r["phase"], r["method"]): r["tokens_per_s"] for r in rows
+            if r["status"] == "ok" and not r.get("compiled")}
+    return {(b, ph): time[(b, ph, "tiledattention")] / time[(b, ph, "sdpa")]
+            for (b, ph, m) in time if m == "sdpa" and (b, ph, "tiledattention") in time}
+
+
+def test_the_tiny_llama_speedups_are_quoted_once_from_the_committed_rows():
+    text = " ".join(README.split())
+    bullets = re.findall(r"\*\*Tiny Llama\*\*.*?training step [\d.]+× / [\d.]+×", text)
+    assert len(bullets) == 1, bullets
+    r = _model_ratios("h100")
+    want = (f"H100 prefill {r[1, 'prefill']:.2f}× (B1) / {r[8, 'prefill']:.2f}× (B8), "
+            f"decode {r[1, 'decode']:.2f}× / {r[8, 'decode']:.2f}×, "
+            f"training step {r[1, 'train']:.2f}× / {r[8, 'train']:.2f}×")
+    assert want in bullets[0], (want, bullets[0])
+    # no other section quotes the model's ratios to sdpa with other numbers
+    assert not re.search(r"B1 prefill [\d.]+×", text)
+
+
+def test_the_readme_systems_command_rebuilds_the_committed_systems_table(tmp_path):
+    # "For the committed references: `tiledattn systems results/reference/h100 …`": the
+    # bundles hold the model stage's rows too, which are no benchmark points (it failed on
+    # them: "causal is missing").
+    import os
+    import shlex
+
+    from tiledattention.cli import main
+
+    line = re.search(r"`(tiledattn systems results/reference/h100 [^`]*)`",
+                     " ".join(README.split())).group(1)
+    argv = shlex.split(line)[1:]
+    out = argv.index("--out") + 1
+    assert argv[out] == "results/reference/systems"
+    argv[out] = str(tmp_path)
+    cwd = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        assert main(argv) == 0
+    finally:
+        os.chdir(cwd)
+    assert (tmp_path / "systems.csv").read_text() == \
+        (ROOT / "results/reference/systems/systems.csv").read_text()
