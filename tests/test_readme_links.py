@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
+import subprocess
 from collections import Counter
 from pathlib import Path
 
@@ -66,9 +67,12 @@ def test_the_layout_names_every_package_directory_and_module():
     for m in sorted(pkg.glob("*.py")):
         if m.stem != "__init__":
             assert re.search(rf"\b{m.stem}\b", layout), f"Layout does not name {m.stem}"
-    for d in sorted(p for p in ROOT.iterdir()
-                    if p.is_dir() and not p.name.startswith(".")):
-        assert f"{d.name}/" in layout, f"Layout does not name {d.name}/"
+    tracked = subprocess.run(["git", "-C", str(ROOT), "ls-files"], capture_output=True,
+                             text=True, check=True).stdout.splitlines()
+    # the repository's own folders (build outputs and venvs are ignored, not part of it)
+    for name in sorted({f.split("/", 1)[0] for f in tracked if "/" in f}):
+        if not name.startswith("."):
+            assert f"{name}/" in layout, f"Layout does not name {name}/"
 
 
 def test_the_layout_names_only_what_exists():
