@@ -393,7 +393,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--causal", action="store_true", help="causal mask (default: none)")
     p.add_argument("--window", type=_count(1), help="a causal sliding window of W keys "
                    "(Mistral, Gemma 2's local layers; with --causal); answered only from "
-                   "measured window points")
+                   "measured window points (default: no window)")
 
     p = _verb(sub, "offline", _offline, "wheelhouse for nodes without network")
     osub = p.add_subparsers(dest="offline_command", required=True, metavar="ACTION",
