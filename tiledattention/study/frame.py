@@ -84,6 +84,17 @@ COLUMNS: dict[str, tuple[str, str]] = {
                                  "passes: dK/dV tile, dQ tile, occupancy)"),
     "details.bwd_schedule_source": ("", "where the backward schedule came from: exact, "
                                         "nearest, default, pinned"),
+    "details.mask": ("", "sdpa_mask: the materialised mask's dtype (bool or float bias)"),
+    # What a baseline ran (bench/methods.py describe): FA4's release and its arguments.
+    "details.version": ("", "the baseline's release (FA4: the flash-attn-4 distribution's "
+                            "version)"),
+    "details.kwargs.causal": ("", "FA4 flash_attn_func: causal"),
+    "details.kwargs.window_size": ("", "FA4 flash_attn_func: (left, right) window"),
+    "details.kwargs.softcap": ("", "FA4 flash_attn_func: tanh soft cap"),
+    "details.kwargs.score_mod": ("", "FA4 flash_attn_func: CuTe DSL score_mod, by name"),
+    "details.kwargs.score_mod_bwd": ("", "FA4 flash_attn_func: its derivative, by name"),
+    "details.kwargs.aux_tensors": ("", "FA4 flash_attn_func: the score_mod's tensors, by "
+                                       "shape"),
     # Launch geometry of tiledattention rows (tiledattention/kernel/geometry.py).
     "geometry.programs": ("", "programs launched: the product of the plan's grid (query "
                               "tiles x heads x batch)"),
