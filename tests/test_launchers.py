@@ -481,3 +481,70 @@ def test_a_signal_that_stopped_the_run_is_named_in_one_line(monkeypatch):
     assert line.startswith("workflow: stopped by Ctrl-C (SIGINT): the 'Error in rule' "
                            "blocks above are the steps that were running")
     assert "\n" not in line and "the same command resumes" in line
+
+
+@pytest.mark.parametrize("group", [True, False], ids=["Ctrl-C", "SIGINT-to-sweep"])
+def test_interrupting_a_local_sweep_ends_in_one_line_without_a_traceback(group, tmp_path):
+    # A terminal's Ctrl-C reaches the sweep, submitit's job controller and the job (one
+    # process group); `kill -INT` reaches the sweep alone, which cancels the job (submitit
+    # sends its controller SIGINT). Either way: one line, exit 130, no traceback from the
+    # controller, and no process of the job left running.
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    config = tmp_path / "bench.yaml"
+    config.write_text("grid: {seqs: [256, 384], head_dims: [32], dtypes: [float32], "
+                      "causal: [false], shape_policy: explicit, batch: 1, heads: 2}\n"
+                      "methods: [eager, math]\ntiming: {warmup: 1, reps: 100000, rounds: 2}\n"
+                      "device: cpu\n")
+    out = tmp_path / "out"
+    run = subprocess.Popen([sys.executable, "-m", "tiledattention.cli", "sweep", "--config",
+                            str(config), "--launcher", "local", "--shards", "1", "--out",
+                            str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not any("points in shard0of1" in p.read_text()  # the job is measuring
+                      for p in out.glob("logs/*_log.err")):
+            assert run.poll() is None and time.monotonic() < deadline, run.communicate()
+            time.sleep(0.2)
+        os.killpg(run.pid, signal.SIGINT) if group else run.send_signal(signal.SIGINT)
+        stdout, err = run.communicate(timeout=120)
+    finally:
+        run.kill()
+    assert "Traceback" not in err + stdout, err
+    assert err.strip().splitlines() == ["tiledattn sweep: interrupted"], err
+    assert run.returncode == 130
+    controller = int(next(out.glob("logs/*_submitted.pkl")).name.split("_")[0])
+    deadline = time.monotonic() + 30
+    while os.path.exists(f"/proc/{controller}"):  # ended (it is the sweep's child: reaped)
+        assert time.monotonic() < deadline, f"submitit's controller {controller} still runs"
+        time.sleep(0.2)
+
+
+def test_an_interrupt_names_as_cancelled_only_the_jobs_that_had_not_ended(monkeypatch, capsys):
+    # Issue 38: "cancelled jobs 46" was printed for a job that had completed. Job 46 has
+    # ended, 47 runs: only 47 is cancelled and named.
+    import signal
+    from types import SimpleNamespace
+
+    from tiledattention.launchers import slurm, slurm_jobs
+    from tiledattention.launchers.slurm_jobs import JobState
+
+    states = {"46": JobState("46", "COMPLETED"), "47": JobState("47", "RUNNING")}
+    monkeypatch.setattr(slurm_jobs, "query", lambda ids: {i: states[i] for i in ids})
+    cancelled = []
+    monkeypatch.setattr(slurm_jobs, "cancel", cancelled.extend)
+    launcher = slurm.Launcher.__new__(slurm.Launcher)
+    launcher._jobs = [SimpleNamespace(job_id="46"), SimpleNamespace(job_id="47")]
+    with pytest.raises(KeyboardInterrupt):
+        slurm._cancel_on_signal(launcher)._handler(signal.SIGINT, None)
+    assert cancelled == ["47"]
+    assert capsys.readouterr().err.strip() == "slurm: SIGINT: cancelled jobs 47"
+    states["47"] = JobState("47", "COMPLETED")
+    with pytest.raises(KeyboardInterrupt):
+        slurm._cancel_on_signal(launcher)._handler(signal.SIGTERM, None)
+    assert capsys.readouterr().err.strip() == "slurm: SIGTERM: cancelled jobs (none)"

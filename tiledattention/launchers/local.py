@@ -5,10 +5,13 @@ a time on a CPU."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 
 import submitit
+from submitit.local import local as submitit_local
 
 from .base import LauncherError, ShardTask, check_options, interrupts_raise, wait
 from .gpu_lock import reserve
@@ -19,6 +22,37 @@ class LocalOptions:
     timeout_s: float | None = None
     timeout_min: int = 600  # per job, as submitit counts it
     python: str | None = None  # e.g. "apptainer exec --nv IMAGE python3"
+
+
+class _Executor(submitit.LocalExecutor):
+    """submitit's LocalExecutor whose job controller ends without a traceback when the
+    job is cancelled or the terminal's Ctrl-C reaches it (see local_controller). The
+    controller is started as submitit's ``start_controller`` starts it (same environment),
+    through our entry point; ``setup`` commands are not used here."""
+
+    def _submit_command(self, command: str):
+        p = self.parameters
+        ntasks = p.get("tasks_per_node", 1)
+        n_gpus, visible = p.get("gpus_per_node", 0), p.get("visible_gpus", ())
+        gpus = range(n_gpus) if visible == () else visible[:n_gpus]
+        here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env = {**os.environ,
+               "SUBMITIT_LOCAL_NTASKS": str(ntasks),
+               "SUBMITIT_LOCAL_COMMAND": command,
+               "SUBMITIT_LOCAL_TIMEOUT_S": str(int(60 * p.get("timeout_min", 2.0))),
+               "SUBMITIT_LOCAL_SIGNAL_DELAY_S": str(int(p.get("signal_delay_s", 30))),
+               "SUBMITIT_LOCAL_NODEID": "0", "SUBMITIT_LOCAL_JOB_NUM_NODES": "1",
+               "SUBMITIT_STDERR_TO_STDOUT": "1" if p.get("stderr_to_stdout") else "",
+               "SUBMITIT_EXECUTOR": "local",
+               "CUDA_VISIBLE_DEVICES": ",".join(str(k) for k in gpus),
+               "SUBMITIT_LOCAL_WITH_SHELL": "",
+               # the controller imports this package from where this process did
+               "PYTHONPATH": os.pathsep.join(filter(None, [here,
+                                                           os.environ.get("PYTHONPATH")]))}
+        process = subprocess.Popen([sys.executable, "-m", f"{__package__}.local_controller",
+                                    str(self.folder)], env=env)
+        return submitit_local.LocalJob(folder=self.folder, job_id=str(process.pid),
+                                       process=process, tasks=list(range(ntasks)))
 
 
 def visible_gpus() -> list[str]:
@@ -56,7 +90,7 @@ class Launcher:
         # CPU: one shard at a time, so shards do not fight over two cores.
         results = []
         for t in tasks:
-            ex = submitit.LocalExecutor(folder=self.folder, python=self.options.python)
+            ex = _Executor(folder=self.folder, python=self.options.python)
             ex.update_parameters(timeout_min=self.options.timeout_min)
             results += wait([ex.submit(t)], self._describe, self.options.timeout_s)
         return results
@@ -79,7 +113,7 @@ class Launcher:
                         time.sleep(0.5)
                         continue
                     i, task = pending.pop(0)
-                    ex = submitit.LocalExecutor(folder=self.folder, python=self.options.python)
+                    ex = _Executor(folder=self.folder, python=self.options.python)
                     ex.update_parameters(timeout_min=self.options.timeout_min, gpus_per_node=1,
                                          visible_gpus=(int(res.gpu),))
                     running.append((ex.submit(task), res, i))

@@ -1,0 +1,27 @@
+"""submitit's local job controller, ended quietly. submitit starts one controller process
+per local job; a cancel (``LocalJob.cancel`` sends SIGINT) or the terminal's Ctrl-C (the
+controller shares its process group) raises KeyboardInterrupt in it, and submitit's own
+entry point prints that traceback on the user's terminal. Here the controller stops its
+tasks as submitit's does (``Controller.run``'s ``finally``), then ends by the same signal
+without a traceback, so the job still reads as interrupted."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+
+def main(folder: str) -> None:
+    from submitit.local.local import Controller
+
+    try:
+        Controller(Path(folder)).run()
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
