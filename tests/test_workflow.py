@@ -60,6 +60,9 @@ def test_a_command_line_config_keeps_the_profiles_launcher(tmp_path):
     # three shards, ladder, tune, profile, one shapes grid, model, variants
     assert len(commands) == 3 + 6
     assert all("--launcher slurm" in c and '"partition": "gpu"' in c for c in commands), commands
+    # Typed as the launcher reads them (issue 38: "account": "null", numbers as strings).
+    assert all('"account": null' in c and '"gpus_per_job": 1,' in c and
+               '"time_min": 120,' in c for c in commands), commands
     assert "config: launcher, launcher_options from the profile" in out.stderr
 
 

@@ -196,6 +196,42 @@ def test_a_cancel_inside_the_grace_period_fails_the_step_though_it_finished(tmp_
     _one_line(err, f"SLURM job {job} (CANCELLED, log {out / 'logs'}")
 
 
+def test_a_cancelled_job_stops_measuring_at_once_and_keeps_only_its_finished_points(
+        tmp_path):
+    # scancel in the middle of a long point: the job must stop measuring when SIGTERM
+    # arrives, not measure on until SLURM's KillWait (30 s here) sends SIGKILL. The points
+    # it finished keep their rows (real measurements); the one it cut has none (measured
+    # again on resume). The watcher's status lines name the step.
+    config = tmp_path / "bench.yaml"
+    config.write_text(_grid([64, 1024, 1280], reps=20000))
+    out = tmp_path / "out"
+    rows = out / "rows-shard0of1.jsonl"
+    sweep = subprocess.Popen(
+        [sys.executable, "-m", "tiledattention.cli", "sweep", "--config", str(config),
+         "--launcher", "slurm", "--launcher-options", json.dumps({**SMALL, "array": False}),
+         "--shards", "1", "--out", str(out)], cwd=ROOT, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(lambda: len(_rows(rows)) >= 2, "first point's rows", 400, 0.2)
+        time.sleep(3)  # inside the second point's measurement
+        job = _job_ids(out)[0]
+        subprocess.run(["scancel", job], check=True, timeout=60)
+        cancelled = time.monotonic()
+        _wait_for(lambda: _states([job]).get(job) not in ACTIVE | {None}, "ended job", 120,
+                  0.2)
+        took = time.monotonic() - cancelled
+        _, err = sweep.communicate(timeout=300)
+    finally:
+        sweep.kill()
+    log = (out / "logs" / f"{job}_0_log.err").read_text()
+    assert "SIGTERM: stopped; " in log and "measured again on resume" in log, log[-2000:]
+    assert took < 20, f"the job measured on for {took:.0f}s after scancel (KillWait is 30 s)"
+    keys = {r["point_key"] for r in _rows(rows)}
+    assert len(keys) == 1 and len(_rows(rows)) == 2, keys  # the first point only, once
+    assert sweep.returncode == 1, err[-2000:]
+    assert f"slurm: job {job} RUNNING [tiledattn-bench-shard0of1]" in err, err[-2000:]
+
+
 def test_a_time_limit_in_the_last_attempt_fails_the_study_naming_it_and_stores_no_row(
         tmp_path):
     # max_requeue 0: SLURM's USR2 (signal_delay_s before the 2-minute limit) makes
