@@ -46,14 +46,36 @@ if [ -e "$dest" ] && [ ! -d "$dest" ]; then
   echo "pack-baseline-wheels: $dest exists and is not a directory; name another DEST" >&2
   exit 2
 fi
+# A kit of this script from before its marker (until Nov 26 2026) has no marker, the
+# .gitignore it wrote ('*') and loads holding only MD5SUMS, PARTS and the files they name:
+# those loads are its own and replaced; anything else still refuses the pack.
+old_load() {
+  local d=$1 f
+  [ -d "$d" ] && [ ! -L "$d" ] && [ -f "$d/MD5SUMS" ] && [ -f "$d/PARTS" ] || return 1
+  for f in "$d"/* "$d"/.[!.]* "$d"/..?*; do
+    [ -e "$f" ] || [ -L "$f" ] || continue
+    [ -f "$f" ] && [ ! -L "$f" ] || return 1
+    case "${f##*/}" in MD5SUMS|PARTS) continue ;; esac
+    cat "$d/MD5SUMS" "$d/PARTS" | awk -v n="${f##*/}" '$2 == n {found = 1} END {exit !found}' \
+      || return 1
+  done
+}
+old_kit=0
+if [ ! -e "$dest/$marker" ] && [ -f "$dest/.gitignore" ] && [ ! -L "$dest/.gitignore" ] \
+    && [ "$(cat "$dest/.gitignore")" = '*' ]; then
+  old_kit=1
+fi
+old_loads=()
 if [ -d "$dest" ] && [ -n "$(ls -A "$dest")" ]; then
   foreign=()
   for f in "$dest"/* "$dest"/.[!.]*; do
     [ -e "$f" ] || [ -L "$f" ] || continue
     name=${f##*/}
     case "$name" in
-      .gitignore|"$marker") [ -f "$dest/$marker" ] && continue ;;
-      load[0-9]*) [ -f "$dest/$marker" ] && grep -qx -- "$name" "$dest/$marker" && continue ;;
+      .gitignore|"$marker") [ -f "$dest/$marker" ] && continue
+                            [ "$name" = .gitignore ] && [ "$old_kit" = 1 ] && continue ;;
+      load[0-9]*) [ -f "$dest/$marker" ] && grep -qx -- "$name" "$dest/$marker" && continue
+                  if [ "$old_kit" = 1 ] && old_load "$f"; then old_loads+=("$name"); continue; fi ;;
     esac
     foreign+=("$name")
   done
@@ -82,6 +104,11 @@ if [ "$count" -ne "${#pins[@]}" ]; then
 fi
 if [ -f "$dest/$marker" ]; then  # the last pack's loads (checked above), nothing else
   while read -r load; do rm -rf -- "${dest:?}/$load"; done < "$dest/$marker"
+fi
+if [ ${#old_loads[@]} -gt 0 ]; then  # an old kit's loads (checked above), nothing else
+  echo "pack-baseline-wheels: $dest is a kit of this script from before its marker; its" \
+       "${#old_loads[@]} load(s) are replaced" >&2
+  for load in "${old_loads[@]}"; do rm -rf -- "${dest:?}/$load"; done
 fi
 mkdir -p "$dest"
 printf '*\n' > "$dest/.gitignore"  # the kit is carried (device tool), never tracked

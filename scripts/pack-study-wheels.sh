@@ -53,6 +53,26 @@ fi
 mkdir -p "$dest"
 ours=("$manifest")
 [ -f "$dest/$manifest" ] && mapfile -t -O 1 ours < "$dest/$manifest"
+# A kit of this script from before its manifest (until Nov 26 2026) holds the .gitignore it
+# wrote ('*') and the wheels of the pins it had (today's, or 9.16.3's below): those wheels,
+# regular files, are its own and replaced; anything else still refuses the pack.
+old_pins=("${pins[@]}" "${built[@]}" snakemake==9.16.3
+          snakemake-interface-logger-plugins==2.1.0 snakemake-interface-scheduler-plugins==2.0.2)
+old_kit=0
+if [ ! -e "$dest/$manifest" ] && [ -f "$dest/.gitignore" ] && [ ! -L "$dest/.gitignore" ] \
+    && [ "$(cat "$dest/.gitignore")" = '*' ]; then
+  for f in "$dest"/*.whl; do
+    [ -f "$f" ] && [ ! -L "$f" ] || continue
+    name=${f##*/}; rest=${name#*-}
+    dist=${name%%-*}; dist=${dist,,}; dist=${dist//[-.]/_}
+    for p in "${old_pins[@]}"; do
+      n=${p%%==*}; n=${n,,}; n=${n//[-.]/_}
+      if [ "$dist" = "$n" ] && [ "${rest%%-*}" = "${p#*==}" ]; then
+        ours+=("$name"); old_kit=1; break
+      fi
+    done
+  done
+fi
 foreign=()
 for f in "$dest"/* "$dest"/.[!.]* "$dest"/..?*; do
   [ -e "$f" ] || [ -L "$f" ] || continue
@@ -66,6 +86,10 @@ if [ ${#foreign[@]} -gt 0 ]; then
   echo "pack-study-wheels: $dest holds ${#foreign[@]} file(s) this script did not make" \
        "(${foreign[*]:0:3}${foreign[3]:+ ...}); nothing removed: move them or name another DEST" >&2
   exit 2
+fi
+if [ "$old_kit" = 1 ]; then
+  echo "pack-study-wheels: $dest is a kit of this script from before its manifest; its" \
+       "$(( ${#ours[@]} - 1 )) wheel(s) are replaced" >&2
 fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

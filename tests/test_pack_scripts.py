@@ -100,3 +100,96 @@ def test_pack_baseline_wheels_replaces_only_its_own_loads(tmp_path):
     (home / "thesis.tex").write_text("years of work")
     run = _run("pack-baseline-wheels.sh", home, tmp_path, **env)
     assert run.returncode == 2 and (home / "thesis.tex").read_text() == "years of work"
+
+
+def _old_study_kit(dest: Path) -> list[str]:
+    """DEST as pack-study-wheels.sh left it before its manifest (ff437f1~1): the .gitignore
+    it wrote and the wheels of its pins, as the index names them, nothing else."""
+    dest.mkdir()
+    (dest / ".gitignore").write_text("*\n")
+    wheels = ["snakemake-9.16.3-py3-none-any.whl", "ConfigArgParse-1.9.0-py3-none-any.whl",
+              "snakemake_interface_scheduler_plugins-2.0.2-py3-none-any.whl",
+              "rpds_py-2026.9.1-cp312-cp312-manylinux_2_17_x86_64.whl",
+              "connection_pool-0.0.3-py3-none-any.whl"]
+    for w in wheels:
+        (dest / w).write_text("old")
+    return wheels
+
+
+def test_pack_study_wheels_replaces_a_kit_of_its_manifest_less_past_in_one_line(tmp_path):
+    dest = tmp_path / "kit"
+    old = _old_study_kit(dest)
+    run = _run("pack-study-wheels.sh", dest, tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert f"{dest} is a kit of this script from before its manifest; its 5 wheel(s) are " \
+           "replaced" in run.stderr
+    made = (dest / ".pack-study-wheels").read_text().split()
+    assert sorted(p.name for p in dest.iterdir()) == sorted(made + [".gitignore",
+                                                                    ".pack-study-wheels"])
+    assert "snakemake-9.16.3-py3-none-any.whl" in old and (dest / old[-1]).read_text() == ""
+
+
+@pytest.mark.parametrize("name", ["mine-1.0-py3-none-any.whl", "snakemake-9.1.0-py3-none-any.whl",
+                                  "notes.txt", "link.whl"])
+def test_pack_study_wheels_refuses_an_old_kit_holding_a_file_it_could_not_have_written(
+        tmp_path, name):
+    # Another wheel (even of a pinned package at another version), another file, or a
+    # symlink: the user's; nothing is removed.
+    dest = tmp_path / "kit"
+    _old_study_kit(dest)
+    if name == "link.whl":
+        (dest / "snakemake-9.9.0-py3-none-any.whl").symlink_to(tmp_path / "elsewhere")
+        name = "snakemake-9.9.0-py3-none-any.whl"
+    else:
+        (dest / name).write_text("the user's")
+    before = _tree(dest)
+    run = _run("pack-study-wheels.sh", dest, tmp_path)
+    assert run.returncode == 2 and name in run.stderr and "nothing removed" in run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1 and _tree(dest) == before
+    # without the .gitignore the old script wrote first, its wheels are not taken for its own
+    plain = tmp_path / "wheels"
+    plain.mkdir()
+    (plain / "snakemake-9.16.3-py3-none-any.whl").write_text("the user's")
+    run = _run("pack-study-wheels.sh", plain, tmp_path)
+    assert run.returncode == 2 and (plain / "snakemake-9.16.3-py3-none-any.whl").exists()
+
+
+def _old_baseline_kit(dest: Path) -> None:
+    """DEST as pack-baseline-wheels.sh left it before its marker (ff437f1~1): .gitignore and
+    loads of wheels and parts, each load with MD5SUMS (whole wheels) and PARTS (parts)."""
+    for load, files in (("load1", ["big-1-py3-none-any.whl.part00"]),
+                        ("load2", ["big-1-py3-none-any.whl.part01", "a-1-py3-none-any.whl"])):
+        (dest / load).mkdir(parents=True)
+        for f in files:
+            (dest / load / f).write_text("old")
+        (dest / load / "MD5SUMS").write_text("0" * 32 + "  a-1-py3-none-any.whl\n" + "1" * 32 +
+                                             "  big-1-py3-none-any.whl\n")
+        (dest / load / "PARTS").write_text("".join(
+            f"{'2' * 32}  big-1-py3-none-any.whl.part0{i}\n" for i in range(2)))
+    (dest / ".gitignore").write_text("*\n")
+
+
+def test_pack_baseline_wheels_replaces_a_kit_of_its_marker_less_past(tmp_path):
+    dest = tmp_path / "fa4kit"
+    _old_baseline_kit(dest)
+    run = _run("pack-baseline-wheels.sh", dest, tmp_path, PINS="a==1 b==2", PART="10",
+               LOAD="20")
+    assert run.returncode == 0, run.stderr
+    assert f"{dest} is a kit of this script from before its marker; its 2 load(s) are " \
+           "replaced" in run.stderr
+    assert sorted(_tree(dest)) == [".fa4kit-pack", ".gitignore", "load1/MD5SUMS", "load1/PARTS",
+                                   "load1/a-1-py3-none-any.whl", "load1/b-2-py3-none-any.whl"]
+
+
+@pytest.mark.parametrize("where", ["load2/thesis.tex", "load3/MD5SUMS", "notes.txt"])
+def test_pack_baseline_wheels_refuses_an_old_kit_holding_a_file_it_could_not_have_written(
+        tmp_path, where):
+    # A file no listing names, a load without its PARTS, a file beside the loads.
+    dest = tmp_path / "fa4kit"
+    _old_baseline_kit(dest)
+    (dest / where).parent.mkdir(exist_ok=True)
+    (dest / where).write_text("the user's")
+    before = _tree(dest)
+    run = _run("pack-baseline-wheels.sh", dest, tmp_path, PINS="a==1", PART="10", LOAD="20")
+    assert run.returncode == 2 and where.split("/")[0] in run.stderr, run.stderr
+    assert "nothing removed" in run.stderr and _tree(dest) == before
