@@ -31,8 +31,8 @@ case "${1:?what to run}" in
   variants)
     python benchmarks/variants.py --sparsity --flex 2>&1 | tee "$OUT/variants.log" ;;
   tune-bwd)
-    python benchmarks/tune_backward.py --table tiledattention/schedules/tables/h100.json \
-      --out "$OUT/h100.json" --state "$OUT/tune-bwd-state.jsonl" \
+    python benchmarks/tune_backward.py --table tiledattention/schedules/tables/h100.json.gz \
+      --out "$OUT/h100.json.gz" --state "$OUT/tune-bwd-state.jsonl" \
       --head-dims ${DIMS:-64 128} --seqs ${SEQS:-1024 4096} --dtypes float16 bfloat16 \
       2>&1 | tee "$OUT/tune-bwd.log" | tail -60 ;;
   launch)

@@ -1,7 +1,7 @@
 """Tune the backward's schedule on a GPU over a small grid, merged into a schedule table.
 
-    python benchmarks/tune_backward.py --table tiledattention/schedules/tables/h100.json \\
-        --out $OUT/h100.json --state $OUT/tune-bwd-state.jsonl [--seqs 1024 4096] \\
+    python benchmarks/tune_backward.py --table tiledattention/schedules/tables/h100.json.gz \\
+        --out $OUT/h100.json.gz --state $OUT/tune-bwd-state.jsonl [--seqs 1024 4096] \\
         [--head-dims 64 96 128 160] [--dtypes float16 bfloat16] [--workers 14]
 
 Two steps. (1) Compile: every (dtype, D, causal, candidate) runs one forward+backward of its
@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
-import shutil
 import sys
 import time
 
@@ -100,6 +99,7 @@ def main() -> int:
 
     from tiledattention.bench import runner
     from tiledattention.bench.store import ResultStore
+    from tiledattention.schedules.table import ScheduleTable
     from tiledattention.tune import paper_grid, run_tune, tune_plan
 
     log("device:", torch.cuda.get_device_name(), "torch", torch.__version__)
@@ -107,7 +107,7 @@ def main() -> int:
     plan = tune_plan(points, args.space, "fwd+bwd")
     precompile(plan, args.workers, args.compile_timeout)
     if os.path.abspath(args.table) != os.path.abspath(args.out):
-        shutil.copyfile(args.table, args.out)
+        ScheduleTable.load(args.table).save(args.out)  # .json or .json.gz either side
     runner.CALL_ROUND_S = 0.005  # tuning ranks by kernel time: short call-latency rounds
     code = run_tune(points, space=args.space, state_path=args.state, out_path=args.out,
                     reps=args.reps, compile_timeout=args.compile_timeout, pass_="fwd+bwd",

@@ -126,8 +126,42 @@ def test_environment_variable_points_at_a_user_table(tmp_path, monkeypatch):
         ta.set_schedule_table(None)
 
 
+def test_a_gzipped_table_round_trips_and_its_bytes_depend_only_on_the_table(tmp_path):
+    import gzip
+
+    t = table_with((bucket(), Schedule(64, 128, 2)), (bucket(head_dim=64), Schedule()))
+    t.save(str(tmp_path / "t.json"))
+    t.save(str(tmp_path / "t.json.gz"))
+    assert gzip.decompress((tmp_path / "t.json.gz").read_bytes()) == \
+        (tmp_path / "t.json").read_bytes()
+    assert ScheduleTable.load(str(tmp_path / "t.json.gz")).entries == t.entries
+    first = (tmp_path / "t.json.gz").read_bytes()
+    t.save(str(tmp_path / "t.json.gz"))  # no timestamp inside: a re-save is the same bytes
+    assert (tmp_path / "t.json.gz").read_bytes() == first
+
+
+@pytest.mark.parametrize("kind,words", [
+    ("plain", "not a gzip file"), ("cut", "cut short"), ("bomb", "unpacks to more than"),
+    ("empty", "not valid JSON")])
+def test_bad_gzipped_tables_raise_table_error_naming_the_file(tmp_path, kind, words):
+    import gzip
+
+    from tiledattention.schedules import table as table_module
+
+    path = tmp_path / "bad.json.gz"
+    good = gzip.compress(b'{"format": "tiledattention-schedule-table/1"}')
+    path.write_bytes({"plain": b"{}", "cut": good[:20], "empty": gzip.compress(b""),
+                      "bomb": gzip.compress(b" " * (table_module.TABLE_MAX + 2))}[kind])
+    with pytest.raises(TableError, match=words) as info:
+        ScheduleTable.load(str(path))
+    assert str(path) in str(info.value)
+
+
 def test_shipped_tables_load_and_hold_only_valid_schedules():
+    # Shipped gzipped (tiledattention/schedules/tables/*.json.gz, package data).
+    assert [p.rsplit("/", 1)[1] for p in policy.shipped_table_paths()] == ["h100.json.gz"]
     for path in policy.shipped_table_paths():
+        assert len(ScheduleTable.load(path).entries) >= 98
         for entry in ScheduleTable.load(path).entries.values():
             assert rejection(entry.best, entry.bucket.head_dim) is None
 

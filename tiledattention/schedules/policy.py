@@ -29,7 +29,7 @@ _state: dict = {"table": None, "generation": 0}
 
 def shipped_table_paths() -> list[str]:
     root = resources.files(__package__) / "tables"
-    return sorted(str(p) for p in root.iterdir() if p.name.endswith(".json"))
+    return sorted(str(p) for p in root.iterdir() if p.name.endswith((".json", ".json.gz")))
 
 
 def _load_active() -> ScheduleTable:

@@ -8,15 +8,20 @@ An optional ``backward`` list holds the same per bucket for the backward's sched
 before, and readers that predate it ignore it. A backward winner that is not deterministic
 (dQ reduce-added in fp32, whose addition order varies) carries the deterministic schedule
 measured beside it as its runner-up: that one serves deterministic mode and nearest buckets.
+A path ending in ``.gz`` is that JSON gzipped (the shipped tables: 20x smaller), written
+without a timestamp, so the same table gives the same bytes.
 """
 
 from __future__ import annotations
 
+import gzip
+import json
 import math
+import zlib
 from dataclasses import asdict, dataclass, field
 
 from ..errors import TiledAttentionError
-from ..safeio import UnsafeFileError, load_json, write_json
+from ..safeio import UnsafeFileError, atomic_write, load_json, parse_json, read_bytes, write_json
 from .backward import BwdSchedule
 from .schedule import Schedule
 
@@ -27,6 +32,22 @@ TABLE_MAX = 16 << 20  # a full table of every GPU is well under 1 MiB
 
 class TableError(TiledAttentionError, ValueError):
     """A schedule table file is missing, unreadable or malformed (the message names it)."""
+
+
+def _read_gz(path: str):
+    """A gzipped table's JSON: the file and what it unpacks to both capped at TABLE_MAX."""
+    where = f"schedule table {path}"
+    try:
+        unpack = zlib.decompressobj(16 + zlib.MAX_WBITS)  # gzip framing
+        text = unpack.decompress(read_bytes(path, cap=TABLE_MAX, what="schedule table"),
+                                 TABLE_MAX + 1)
+    except zlib.error as exc:
+        raise TableError(f"{where}: not a gzip file ({exc})") from None
+    if len(text) > TABLE_MAX:
+        raise TableError(f"{where}: unpacks to more than the {TABLE_MAX} bytes allowed")
+    if not unpack.eof:
+        raise TableError(f"{where}: the gzip data is cut short")
+    return parse_json(text, where)
 
 
 def seq_bucket(seq_q: int, seq_kv: int) -> int:
@@ -198,12 +219,18 @@ class ScheduleTable:
         return d
 
     def save(self, path: str) -> None:
-        write_json(path, self.to_json(), indent=1)  # readers never see a half-written table
+        if not path.endswith(".gz"):
+            write_json(path, self.to_json(), indent=1)  # readers never see a half table
+            return
+        text = json.dumps(self.to_json(), indent=1).encode()
+        with atomic_write(path, "wb") as f:
+            f.write(gzip.compress(text, compresslevel=9, mtime=0))
 
     @classmethod
     def load(cls, path: str) -> ScheduleTable:
         try:  # a FIFO, /dev/zero or JSON nested a million deep: one TableError
-            data = load_json(path, cap=TABLE_MAX, what="schedule table")
+            data = _read_gz(path) if path.endswith(".gz") else load_json(
+                path, cap=TABLE_MAX, what="schedule table")
         except UnsafeFileError as exc:
             raise TableError(str(exc)) from None
         if not isinstance(data, dict) or data.get("format") != FORMAT:
