@@ -54,10 +54,11 @@ mkdir -p "$dest"
 ours=("$manifest")
 [ -f "$dest/$manifest" ] && mapfile -t -O 1 ours < "$dest/$manifest"
 # A kit of this script from before its manifest (until Nov 26 2026) holds the .gitignore it
-# wrote ('*') and the wheels of the pins it had (today's, or 9.16.3's below): those wheels,
-# regular files, are its own and replaced; anything else still refuses the pack.
-old_pins=("${pins[@]}" "${built[@]}" snakemake==9.16.3
-          snakemake-interface-logger-plugins==2.1.0 snakemake-interface-scheduler-plugins==2.0.2)
+# wrote ('*') and the wheels of the pins it had (today's, or 9.16.3's below, written with
+# one '=' so that they read as no pin of today's): those wheels, regular files, are its
+# own and replaced; anything else still refuses the pack.
+old_pins=("${pins[@]}" "${built[@]}" snakemake=9.16.3
+          snakemake-interface-logger-plugins=2.1.0 snakemake-interface-scheduler-plugins=2.0.2)
 old_kit=0
 if [ ! -e "$dest/$manifest" ] && [ -f "$dest/.gitignore" ] && [ ! -L "$dest/.gitignore" ] \
     && [ "$(cat "$dest/.gitignore")" = '*' ]; then
@@ -66,8 +67,8 @@ if [ ! -e "$dest/$manifest" ] && [ -f "$dest/.gitignore" ] && [ ! -L "$dest/.git
     name=${f##*/}; rest=${name#*-}
     dist=${name%%-*}; dist=${dist,,}; dist=${dist//[-.]/_}
     for p in "${old_pins[@]}"; do
-      n=${p%%==*}; n=${n,,}; n=${n//[-.]/_}
-      if [ "$dist" = "$n" ] && [ "${rest%%-*}" = "${p#*==}" ]; then
+      n=${p%%=*}; n=${n,,}; n=${n//[-.]/_}
+      if [ "$dist" = "$n" ] && [ "${rest%%-*}" = "${p##*=}" ]; then
         ours+=("$name"); old_kit=1; break
       fi
     done
