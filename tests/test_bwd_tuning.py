@@ -274,6 +274,37 @@ def test_the_backward_plan_is_deterministic_under_torchs_switch_and_for_variants
     planning.clear()
 
 
+def test_a_variants_backward_takes_the_default_not_the_plain_tables_entry(on_h100):
+    """The table was tuned on plain attention: its D128 S4096 non-causal pick (128-key
+    dK/dV tiles) ran prefix-LM's backward 2x slower than the default on the H100 (5.21 vs
+    2.63 ms, the 2026-11-26 reference); a score_mod, mask_mod or block mask gets the default,
+    in the plan and in the row's description alike."""
+    pytest.importorskip("cuda.tile", reason="cuTile (cuda-tile) is not installed")
+    from tiledattention import variants
+    from tiledattention.bench.methods import _tiled_describe
+    from tiledattention.kernel import mods as M
+    from tiledattention.kernel import plan as planning
+
+    q = torch.zeros(1, 2, 4096, 128, dtype=torch.bfloat16)
+    plain = policy.choose_bwd_schedule(q, q, False)[0]
+    default = default_bwd_schedule(128, False)
+    assert plain != default  # the shipped table has its own pick here
+    assert policy.choose_bwd_schedule(q, q, False, variant=True) == (default, "default")
+    planning.clear()
+    for mods in (M.mods_for(variants.softcap(5.0), None),
+                 M.mods_for(None, variants.prefix_lm(torch.tensor([1024])))):
+        plan = planning.bwd_plan_for(q, q, None, False, 0.125, False, None, mods)
+        assert plan.variant.schedule == default
+    assert planning.bwd_plan_for(q, q, None, False, 0.125, False, None,
+                                 M.NONE).variant.schedule == plain
+    planning.clear()
+    from tiledattention.bench.variants import VariantPoint
+
+    point = VariantPoint("bfloat16", False, 128, 4096, 4096, 1, 2, 1, "fwd+bwd",
+                         variant="prefix_lm")
+    assert _tiled_describe(q, q, q, point)["bwd_schedule"] == default.label()
+
+
 def test_pinned_backward_method_names_round_trip_and_bad_ones_are_one_line():
     name = pinned_bwd("kv64x64_q64x64_o2")
     assert name == "tiledattention@bwd:kv64x64_q64x64_o2"

@@ -100,7 +100,8 @@ def _tiled_describe(q, k, v, point):
     if point.pass_ != "fwd":
         from ..schedules.policy import choose_bwd_schedule
 
-        bwd, bwd_how = choose_bwd_schedule(q, k, point.causal)
+        bwd, bwd_how = choose_bwd_schedule(q, k, point.causal,
+                                           variant=variant_of(point) is not None)
         out.update(bwd_schedule=bwd.label(), bwd_schedule_source=bwd_how)
     return out
 

@@ -341,7 +341,7 @@ def make_bwd_plan(q, k, attn_mask, causal: bool, scale: float, has_dlse: bool,
     # attention only: masks, variants and an LSE gradient keep the deterministic kernel.
     s = schedule or policy.choose_bwd_schedule(
         q, k, causal, torch.are_deterministic_algorithms_enabled()
-        or not plain or attn_mask is not None or has_dlse)[0]
+        or not plain or attn_mask is not None or has_dlse, variant=not plain)[0]
     target = (b, hq, sq, sk)
     mask = None if attn_mask is None else mask_layout(attn_mask, q.dtype, target)
     problem = Problem(b, hq, hk, sq, sk, d, causal, scale)

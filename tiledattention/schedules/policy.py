@@ -105,12 +105,18 @@ def choose_schedule(q: torch.Tensor, k: torch.Tensor, causal: bool) -> tuple[Sch
 
 
 def choose_bwd_schedule(q: torch.Tensor, k: torch.Tensor, causal: bool,
-                        deterministic: bool | None = None) -> tuple[BwdSchedule, str]:
+                        deterministic: bool | None = None, *,
+                        variant: bool = False) -> tuple[BwdSchedule, str]:
     """The backward's (schedule, "exact" | "nearest" | "default"): the table's backward
     entry of the bucket, else the nearest one, else ``default_bwd_schedule`` (also where
     the table's pick does not fit the head dim, ``bwd_rejection``). ``deterministic``
     (None: ``torch.are_deterministic_algorithms_enabled()``) rules out schedules whose
-    dQ differs from run to run (``ScheduleTable.lookup_bwd``)."""
+    dQ differs from run to run (``ScheduleTable.lookup_bwd``). ``variant`` (a score_mod,
+    mask_mod or block mask): the default, measured on the variants; the table's entries
+    were tuned on plain attention, and its 128-key non-causal pick ran prefix-LM's
+    backward 2x slower than the default (NOTES §32)."""
+    if variant:
+        return default_bwd_schedule(q.shape[3], causal), "default"
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
     return _choose_bwd(_call_bucket(q, k, causal), deterministic)
