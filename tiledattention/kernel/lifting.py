@@ -29,7 +29,7 @@ import types
 
 import torch
 
-from . import mods as _m
+from . import source as _m
 
 _CTX = _m._CT
 
