@@ -110,7 +110,29 @@ def cases():
     return out
 
 
-def sass_digest(cubin: bytes, cuobjdump: str | None) -> dict:
+def elf_sections(cubin: bytes) -> dict[str, bytes]:
+    """The cubin's ELF64 sections by name."""
+    import struct
+
+    shoff, = struct.unpack_from("<Q", cubin, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
+    heads = [struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + i * shentsize)
+             for i in range(shnum)]
+    names = heads[shstrndx]
+    out = {}
+    for h in heads:
+        raw = cubin[names[4] + h[0]:cubin.index(b"\0", names[4] + h[0])].decode()
+        out[raw] = b"" if h[1] == 8 else cubin[h[4]:h[4] + h[5]]  # SHT_NOBITS: no bytes
+    return out
+
+
+def differing_sections(a: bytes, b: bytes) -> list[str]:
+    sa, sb = elf_sections(a), elf_sections(b)
+    return sorted(n for n in set(sa) | set(sb) if sa.get(n) != sb.get(n))
+
+
+def sass_digest(cubin: bytes, cuobjdump: str | None, dump: Path | None = None,
+                name: str = "") -> dict:
     if cuobjdump is None:
         return {}
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
@@ -121,6 +143,9 @@ def sass_digest(cubin: bytes, cuobjdump: str | None) -> dict:
     ops = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass)
     # Only the instruction lines: the header names the temporary file.
     code = "\n".join(ln for ln in sass.splitlines() if re.search(r"/\*[0-9a-f]{4,}\*/", ln))
+    if dump is not None:
+        dump.mkdir(parents=True, exist_ok=True)
+        (dump / (name.replace("/", "--") + ".sass")).write_text(code + "\n")
     return {"sass_sha256": hashlib.sha256(code.encode()).hexdigest(), "instructions": len(ops)}
 
 
@@ -131,6 +156,7 @@ def main(argv=None) -> int:
     mode.add_argument("--check", type=Path, help="compare with the digests in this file")
     ap.add_argument("--cuobjdump", default=shutil.which("cuobjdump"))
     ap.add_argument("--only", default="", help="comma-separated case names (default: all)")
+    ap.add_argument("--dump", type=Path, help="also write each kernel's SASS into this folder")
     args = ap.parse_args(argv)
     only = set(filter(None, args.only.split(",")))
     found: dict[str, dict] = {}
@@ -139,8 +165,13 @@ def main(argv=None) -> int:
             continue
         start = time.perf_counter()
         for kernel, cubin in build().items():
+            # Sections other than the line tables (which name source files and lines).
+            code = b"".join(n.encode() + v for n, v in sorted(elf_sections(cubin).items())
+                            if "line" not in n and "debug" not in n)
             found[f"{name}/{kernel}"] = {"cubin_sha256": hashlib.sha256(cubin).hexdigest(),
-                                         **sass_digest(cubin, args.cuobjdump)}
+                                         "nodebug_sha256": hashlib.sha256(code).hexdigest(),
+                                         **sass_digest(cubin, args.cuobjdump, args.dump,
+                                                       f"{name}/{kernel}")}
         print(f"{name}: {time.perf_counter() - start:.1f} s", flush=True)
     if args.save:
         args.save.parent.mkdir(parents=True, exist_ok=True)
@@ -158,9 +189,12 @@ def main(argv=None) -> int:
             print(f"same      {key}")
         else:
             same_sass = then.get("sass_sha256") == now.get("sass_sha256")
+            rest = then.get("nodebug_sha256")
+            rest = "?" if rest is None else "same" if rest == now["nodebug_sha256"] else "differ"
             print(f"{'META' if same_sass else 'DIFFERENT'} {key}: cubin differs, SASS "
                   f"{'same' if same_sass else 'differs'} (instructions "
-                  f"{then.get('instructions')} -> {now.get('instructions')})")
+                  f"{then.get('instructions')} -> {now.get('instructions')}); sections "
+                  f"other than debug/line tables {rest}")
             bad += 1
     print(f"{len(found) - bad}/{len(found)} kernels identical")
     return 1 if bad else 0

@@ -50,7 +50,7 @@ from .body import (
     zeros_chunks,
 )
 from .flags import FwdFlags, fwd_zero_safe
-from .visit import block_at, key_range, listed_range, split_range
+from .visit import block_at, block_range, key_range, split_range
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -143,10 +143,10 @@ def fwd_program(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns):
     where = (b, h, hk, bid_m, offs_m, seq_k, qk_scale_log2, inv_scale, scale)
 
     if f.BLOCK_SPARSE:
-        # Positions [0, n_part) of this tile's list are partial tiles, [n_part, hi) full
+        # Positions [0, n_part) of this tile's list are partial tiles, then n_full full
         # ones; a split takes its share of the positions.
-        n_part, hi = listed_range(BlkCnt, b, h, bid_m, f.BLK_BATCH, f.BLK_HEAD)
-        lo, hi = split_range(0, hi, hb % NUM_SPLITS, SPLIT_TILES, f.SPLIT_K)
+        n_part, n_full = block_range(BlkCnt, b, h, bid_m, f.BLK_BATCH, f.BLK_HEAD)
+        lo, hi = split_range(0, n_part + n_full, hb % NUM_SPLITS, SPLIT_TILES, f.SPLIT_K)
         for t in range(lo, min(hi, n_part)):
             j = block_at(BlkIdx, b, h, bid_m, t, f.BLK_BATCH, f.BLK_HEAD)
             state = fwd_tile(q, arrays, fns, aux, where, state, j, True, True, f)

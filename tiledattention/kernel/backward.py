@@ -61,7 +61,7 @@ from .body import (
     zeros_chunks,
 )
 from .flags import DkdvFlags, DqFlags, bwd_zero_safe
-from .visit import block_at, key_range, listed_range, query_range
+from .visit import block_at, block_range, key_range, query_range
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -262,12 +262,12 @@ def dkdv_program(Q, K, V, dOut, Lse, Delta, Mask, extra, dK, dV, dQacc, scalars,
         h = hk * GROUP + g
         where = (b, h, hk, K.shape[2], qk_scale_log2, inv_scale, scale)
         if f.BLOCK_SPARSE:
-            n_part, total = listed_range(BlkCnt, b, h, bid_n, f.BLK_BATCH, f.BLK_HEAD)
+            n_part, n_full = block_range(BlkCnt, b, h, bid_n, f.BLK_BATCH, f.BLK_HEAD)
             for t in range(0, n_part):
                 i = block_at(BlkIdx, b, h, bid_n, t, f.BLK_BATCH, f.BLK_HEAD)
                 acc = dkdv_tile(kv, acc, arrays, fns, aux, where, i, bid_n, True, True, f,
                                 dQacc)
-            for t in range(n_part, total):
+            for t in range(n_part, n_part + n_full):
                 i = block_at(BlkIdx, b, h, bid_n, t, f.BLK_BATCH, f.BLK_HEAD)
                 acc = dkdv_tile(kv, acc, arrays, fns, aux, where, i, bid_n, False, False, f,
                                 dQacc)
@@ -311,11 +311,11 @@ def dq_program(Q, K, V, dOut, Lse, Delta, Mask, extra, dQ, scalars, f, fns):
     where = (b, h, hk, seq_k, qk_scale_log2, inv_scale, scale)
 
     if f.BLOCK_SPARSE:
-        n_part, total = listed_range(BlkCnt, b, h, bid_m, f.BLK_BATCH, f.BLK_HEAD)
+        n_part, n_full = block_range(BlkCnt, b, h, bid_m, f.BLK_BATCH, f.BLK_HEAD)
         for t in range(0, n_part):
             j = block_at(BlkIdx, b, h, bid_m, t, f.BLK_BATCH, f.BLK_HEAD)
             acc = dq_tile(q, do, acc, arrays, fns, aux, where, bid_m, j, True, True, f)
-        for t in range(n_part, total):
+        for t in range(n_part, n_part + n_full):
             j = block_at(BlkIdx, b, h, bid_m, t, f.BLK_BATCH, f.BLK_HEAD)
             acc = dq_tile(q, do, acc, arrays, fns, aux, where, bid_m, j, False, False, f)
     else:

@@ -75,7 +75,9 @@ def block_row(b, h, BLK_BATCH, BLK_HEAD):
 
 
 def block_range(Cnt, b, h, tile, BLK_BATCH, BLK_HEAD):
-    """(partial, full) tile counts of one row of a block mask's lists (see ``blockmask``)."""
+    """(n_part, n_full): tile counts of one row of a block mask's lists (``blockmask``);
+    the program visits positions [0, n_part) with every mask, then [n_part, n_part +
+    n_full) with none."""
     bb, hh = block_row(b, h, BLK_BATCH, BLK_HEAD)
     return ct.gather(Cnt, (bb, hh, tile, 0)), ct.gather(Cnt, (bb, hh, tile, 1))
 
@@ -84,12 +86,6 @@ def block_at(Idx, b, h, tile, t, BLK_BATCH, BLK_HEAD):
     """The ``t``-th listed tile of one row of a block mask's lists."""
     bb, hh = block_row(b, h, BLK_BATCH, BLK_HEAD)
     return ct.gather(Idx, (bb, hh, tile, t))
-
-
-def listed_range(Cnt, b, h, tile, BLK_BATCH, BLK_HEAD):
-    """(n_part, total): a block mask's list positions of one tile, partial ones first."""
-    n_part, n_full = block_range(Cnt, b, h, tile, BLK_BATCH, BLK_HEAD)
-    return n_part, n_part + n_full
 
 
 # ----------------------------------------------------------------------------- host mirror
