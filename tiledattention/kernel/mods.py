@@ -20,7 +20,7 @@ What a function may use (``lifting`` resolves it into one expression when it is 
   becomes ``ct.gather`` (out-of-range indices read 0): ``slopes[h]``, ``doc[b, q_idx]``.
 
 Anything else is refused at lift time with a ``VariantError`` naming the user's file and
-line. The source lifted is checked against the function's code object (``_function_node``).
+line. The source lifted is checked against the function's code object (``function_node``).
 
 The derivative (``score_mod`` only; ``mask_mod`` needs none): a ``ScoreMod(fn, grad=g)``
 pairs the function with ``g(score, b, h, q_idx, kv_idx) = d fn / d score``; without one,
@@ -53,21 +53,15 @@ from dataclasses import dataclass
 import torch
 
 from .source import (
-    _CT,
-    _EMPTY,
-    _function_node,
-    _global_names,
-    _name,
-    _where,
-)
-from .source import (
-    AUX as AUX,
-)
-from .source import (
-    MAX_TENSORS as MAX_TENSORS,
-)
-from .source import (
-    VariantError as VariantError,
+    AUX,
+    CT,
+    EMPTY,
+    MAX_TENSORS,
+    VariantError,
+    function_node,
+    global_names,
+    location,
+    name_of,
 )
 
 _counter = itertools.count()
@@ -118,7 +112,7 @@ class _Lift(ast.NodeTransformer):
             index = self.visit(node.slice)
             elts = index.elts if isinstance(index, ast.Tuple) else [index]
             return ast.copy_location(ast.Call(
-                func=ast.Attribute(ast.Name(_CT, ast.Load()), "gather", ast.Load()),
+                func=ast.Attribute(ast.Name(CT, ast.Load()), "gather", ast.Load()),
                 args=[ast.Name(self.tensors[node.value.id], ast.Load()),
                       ast.Tuple(elts, ast.Load())], keywords=[]), node)
         return self.generic_visit(node)
@@ -160,7 +154,7 @@ def lift(fn: Callable, nargs: int, role: str, derivative: bool = False,
     cannot compile is refused here, naming the user's file and line."""
     from .lifting import Inliner
 
-    node = _function_node(fn, nargs)
+    node = function_node(fn, nargs)
     params = [a.arg for a in (*node.args.posonlyargs, *node.args.args)]
     inliner = Inliner(role, offset)
     expr = inliner.top(fn, node, params)
@@ -168,11 +162,11 @@ def lift(fn: Callable, nargs: int, role: str, derivative: bool = False,
         try:
             expr = _derivative_of([ast.Return(expr)], params[0], fn)
         except VariantError as exc:  # at the user's definition, as every refusal
-            raise VariantError(f"{_where(fn)}: {exc}") from None
+            raise VariantError(f"{location(fn)}: {exc}") from None
     import cuda.tile as ct
 
     out, source = _compile(f"{role}_{fn.__name__.strip('<>')}", params,
-                           [ast.Return(expr)], {_CT: ct})
+                           [ast.Return(expr)], {CT: ct})
     return Lifted(out, (role, source), inliner.cells())
 
 
@@ -186,13 +180,13 @@ CLOSED_SET = ("closed set: + - * /, ** with a constant exponent, unary -, compar
 def _derivative_of(body: list[ast.stmt], wrt: str, fn) -> ast.expr:
     if len(body) != 1 or not isinstance(body[0], ast.Return) or body[0].value is None:
         raise VariantError(
-            f"score_mod {_name(fn)}: no derivative given and its body is not one return "
+            f"score_mod {name_of(fn)}: no derivative given and its body is not one return "
             "expression; pass ScoreMod(fn, grad=dfn) with dfn(score, b, h, q_idx, kv_idx) "
             "= d fn / d score")
     d = _d(body[0].value, wrt)
     if d is None:
         raise VariantError(
-            f"score_mod {_name(fn)}: cannot differentiate `{ast.unparse(body[0].value)}` "
+            f"score_mod {name_of(fn)}: cannot differentiate `{ast.unparse(body[0].value)}` "
             f"({CLOSED_SET}); pass "
             "ScoreMod(fn, grad=dfn) with dfn(score, b, h, q_idx, kv_idx) = d fn / d score")
     return d if d is not _ZERO else ast.Constant(0.0)
@@ -346,7 +340,7 @@ def _d_more(e: ast.expr, x: str):
         return du if du is None or du is _ZERO else _times(outer, du)
 
     def ct(name, *args):
-        return ast.Call(ast.Attribute(ast.Name(_CT, ast.Load()), name, ast.Load()),
+        return ast.Call(ast.Attribute(ast.Name(CT, ast.Load()), name, ast.Load()),
                         list(args), [])
 
     def zero_or(d):
@@ -465,7 +459,7 @@ def _accumulate(slot: int, index: ast.expr, value: ast.expr, params: list[str]) 
     elts = index.elts if isinstance(index, ast.Tuple) else [index]
     on_q = any(_uses(e, q) or _uses(e, score) for e in elts)
     on_kv = any(_uses(e, kv) or _uses(e, score) for e in elts)
-    ct_ = ast.Name(_CT, ast.Load())
+    ct_ = ast.Name(CT, ast.Load())
     value = ast.Call(ast.Attribute(ct_, "astype", ast.Load()),
                      [value, ast.Attribute(ct_, "float32", ast.Load())], [])
     if not (on_q and on_kv):
@@ -537,7 +531,7 @@ def with_captured_grads(mods: Mods, needs: tuple[bool, ...]) -> Mods:
         import cuda.tile as ct
 
         env = dict(mods.score_mod.fn.__globals__)
-        env[_CT] = ct
+        env[CT] = ct
         fn, source = _compile_raw("score_capgrad", params, body, env)
         found = dataclasses.replace(mods, captured_grad=Lifted(fn, ("score_capgrad", source),
                                                                mods.score_mod.cells),
@@ -598,10 +592,10 @@ def _fn_key(fn: Callable, _seen: tuple = ()) -> tuple:
             cells = tuple([_value_key(c.cell_contents, seen) for c in closure])
         except ValueError:  # an empty cell: the lifting refuses it, naming the variable
             cells = tuple(_cell_key(c, seen) for c in closure)
-    names = _global_names(code)
+    names = global_names(code)
     if names:
         get = fn.__globals__.get
-        names = tuple([_value_key(get(n, _EMPTY), seen) for n in names])
+        names = tuple([_value_key(get(n, EMPTY), seen) for n in names])
     if defaults:
         defaults = tuple([_value_key(d, seen) for d in defaults])
     return (code, cells, names, defaults)

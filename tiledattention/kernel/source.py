@@ -22,7 +22,7 @@ from ..errors import InputError
 
 MAX_TENSORS = 4  # the kernels' A0..A3 arrays
 AUX = tuple(f"_ta_aux{i}" for i in range(MAX_TENSORS))
-_CT = "_ta_ct"
+CT = "_ta_ct"
 
 
 class VariantError(InputError):
@@ -38,7 +38,7 @@ class VariantError(InputError):
 _trees: dict[str, tuple[list, ast.Module | None]] = {}
 
 
-def _where(fn, node: ast.AST | None = None) -> str:
+def location(fn, node: ast.AST | None = None) -> str:
     """``file:line`` of ``node`` in ``fn``'s source (its definition without a node)."""
     code = fn.__code__
     line = getattr(node, "lineno", None) or code.co_firstlineno
@@ -46,7 +46,7 @@ def _where(fn, node: ast.AST | None = None) -> str:
 
 
 def _refuse(fn, node, what: str) -> VariantError:
-    return VariantError(f"{_where(fn, node)}: {_name(fn)}: {what}")
+    return VariantError(f"{location(fn, node)}: {name_of(fn)}: {what}")
 
 
 def _module_tree(filename: str, lines: list[str]) -> ast.Module | None:
@@ -145,7 +145,7 @@ def _code_matches(node, code, imported: set[str] = frozenset()) -> bool:
     return False
 
 
-def _function_node(fn: Callable, nargs: int | None = None) -> ast.FunctionDef | ast.Lambda:
+def function_node(fn: Callable, nargs: int | None = None) -> ast.FunctionDef | ast.Lambda:
     """The definition of ``fn`` in its source, checked to be the code that runs."""
     if getattr(fn, "__wrapped__", None) is not None:
         raise _refuse(fn, None, "it is wrapped by a decorator (it has __wrapped__, e.g. "
@@ -177,22 +177,22 @@ def _function_node(fn: Callable, nargs: int | None = None) -> ast.FunctionDef | 
     return node
 
 
-def _name(fn) -> str:
+def name_of(fn) -> str:
     return getattr(fn, "__qualname__", repr(fn))
 
 
-_EMPTY = object()  # an empty closure cell
+EMPTY = object()  # an empty closure cell
 
 
-def _lookup(fn: Callable, name: str):
+def lookup(fn: Callable, name: str):
     """The value ``name`` has for ``fn``: closure, then module globals, then builtins
-    (``_EMPTY`` for an empty cell, KeyError when undefined)."""
+    (``EMPTY`` for an empty cell, KeyError when undefined)."""
     code = fn.__code__
     if name in code.co_freevars:
         try:
             return fn.__closure__[code.co_freevars.index(name)].cell_contents
         except ValueError:
-            return _EMPTY
+            return EMPTY
     if name in fn.__globals__:
         return fn.__globals__[name]
     builtins_ = fn.__globals__.get("__builtins__", builtins)
@@ -201,35 +201,24 @@ def _lookup(fn: Callable, name: str):
     return getattr(builtins_, name) if hasattr(builtins_, name) else builtins.__dict__[name]
 
 
-def _captures(fn: Callable) -> dict[str, object]:
-    """Names the function reads from its closure and its module, with their values."""
-    names = {}
-    for name in fn.__code__.co_freevars:
-        names[name] = _lookup(fn, name)
-    for name in _global_names(fn.__code__):
-        if name in fn.__globals__ and name not in names:
-            names[name] = fn.__globals__[name]
-    return names
-
-
 @functools.lru_cache(maxsize=1024)
-def _global_names(code) -> tuple[str, ...]:
+def global_names(code) -> tuple[str, ...]:
     """The names ``code`` (and code nested in it) reads as globals, from its bytecode."""
     out = {i.argval for i in dis.get_instructions(code) if i.opname == "LOAD_GLOBAL"}
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
-            out.update(_global_names(const))
+            out.update(global_names(const))
     return tuple(sorted(out))
 
 
-def _cell_getter(fn: Callable, name: str):
+def cell_getter(fn: Callable, name: str):
     if name in fn.__code__.co_freevars:
         cell = fn.__closure__[fn.__code__.co_freevars.index(name)]
         return lambda: cell.cell_contents
     return lambda: fn.__globals__[name]
 
 
-def _body(node) -> list[ast.stmt]:
+def body_of(node) -> list[ast.stmt]:
     if isinstance(node, ast.Lambda):
         return [ast.Return(node.body)]
     return node.body
