@@ -66,9 +66,10 @@ def run_shape(name, shape) -> None:
         rows[f"launch {kname} ({len(a)} arrays, {len(tail)} scalars)"] = (
             lambda kernel=kernel, grid=grid, full=full:
             L.launch_kernel(q.device, grid, kernel, full))
-    rows["run_backward whole"] = lambda: L.run_backward(q, k, v, out, lse, dout, None,
-                                                        None, causal, scale, None,
-                                                        _mods.NONE, None)
+    # "whole" as before the plan moved out of run_backward: its lookup included
+    rows["run_backward whole"] = lambda: L.run_backward(
+        bwd_plan_for(q, k, None, causal, scale, False, None, _mods.NONE, None), q, k, v, out,
+        lse, dout, None, None)
     qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
 
     def ours():

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import tiledattention as ta
-from tiledattention.kernel import launch, toolchain
+from tiledattention.kernel import toolchain
 
 
 def t(*shape, dtype=torch.float16, device="cpu"):
@@ -109,14 +109,14 @@ def test_old_gpu_raises_gpu_too_old(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i: (7, 5))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: "Tesla T4")
     with pytest.raises(ta.GPUTooOldError, match="7.5"):
-        launch.check_device.__wrapped__(0)
+        toolchain.check_gpu.__wrapped__(0)
 
 
 def test_missing_tileiras_raises_toolchain_missing_with_install_line(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i: (9, 0))
-    monkeypatch.setattr(launch, "tileiras_path", lambda: None)
+    monkeypatch.setattr(toolchain, "tileiras_path", lambda: None)
     with pytest.raises(ta.ToolchainMissingError, match="pip install"):
-        launch.check_device.__wrapped__(0)
+        toolchain.check_gpu.__wrapped__(0)
 
 
 def test_missing_cutile_raises_toolchain_missing_with_install_line(monkeypatch):

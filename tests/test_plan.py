@@ -302,7 +302,7 @@ def test_gqa_decode_packs_query_heads_into_the_rows_of_one_tile():
     (torch.zeros(2, 4, 16, 16, dtype=torch.float16), ("float16", (True, True, True))),
 ])
 def test_mask_layout_follows_from_shape_strides_and_dtype(mask, want):
-    from tiledattention.kernel.launch import mask_layout
+    from tiledattention.kernel.mask import mask_layout
 
     assert mask_layout(mask, torch.float16, (2, 4, 16, 16)) == want
 

@@ -270,13 +270,15 @@ class _FakeKernels:
         monkeypatch.setattr(api, "plan_for", lambda *a, **k: SimpleNamespace(
             variant=SimpleNamespace(causal=False), scale=1.0))
         monkeypatch.setattr(api, "launch", self.launch)
+        monkeypatch.setattr(api, "bwd_plan_for", lambda *a, **k: None)
         monkeypatch.setattr(api, "run_backward", self.run_backward)
 
     def launch(self, plan, q, k, v, attn_mask, fresh_lse=True, aux=()):
         self.launched += 1
         return q * 1.0, torch.zeros(q.shape[:3])
 
-    def run_backward(self, q, k, v, out, lse, dout, dlse, *args, aux=(), captured=(), **kw):
+    def run_backward(self, plan, q, k, v, out, lse, dout, dlse, *args, aux=(), captured=(),
+                     **kw):
         self.captured = captured
         for i, g in enumerate(captured):
             if g is not None:

@@ -27,7 +27,7 @@ import torch
 from .errors import BackwardNotSupportedError, InputError
 from .kernel import mods as _mods
 from .kernel.launch import captured_buffers, launch, run_backward
-from .kernel.plan import pinned_schedule, plan_for
+from .kernel.plan import bwd_plan_for, pinned_schedule, plan_for
 from .kernel.validate import check_device, check_inputs, resolve_schedule
 from .schedules.backward import BwdSchedule
 from .schedules.schedule import Schedule
@@ -140,9 +140,11 @@ def _bwd_cuda(q, k, v, out, lse, dout, dlse, attn_mask, aux, causal, scale, bwd_
     # bwd_schedule: a BwdSchedule label, or "" for the policy's choice (table, default).
     _, block, bwd_mods, needs, _ = _entry(variant)
     captured = captured_buffers(tuple(aux), needs)
-    dq, dk, dv = run_backward(q, k, v, out, lse, dout, dlse, attn_mask, causal, scale,
-                              BwdSchedule.from_label(bwd_schedule) if bwd_schedule else None,
-                              bwd_mods, block, aux=tuple(aux), captured=captured)
+    plan = bwd_plan_for(q, k, attn_mask, causal, scale, dlse is not None,
+                        BwdSchedule.from_label(bwd_schedule) if bwd_schedule
+                        else pinned_schedule(), bwd_mods or _mods.NONE, block)
+    dq, dk, dv = run_backward(plan, q, k, v, out, lse, dout, dlse, attn_mask,
+                              aux=tuple(aux), captured=captured)
     return dq, dk, dv, _captured_out(q, aux, captured)
 
 
@@ -240,8 +242,9 @@ class _Attention(torch.autograd.Function):
         if dout is None:
             dout = torch.zeros_like(out)
         captured = captured_buffers(ctx.aux, ctx.needs)
-        dq, dk, dv = run_backward(q, k, v, out, lse, dout, dlse, ctx.mask, ctx.causal,
-                                  ctx.scale, ctx.pinned, ctx.mods, ctx.block, aux=ctx.aux,
+        plan = bwd_plan_for(q, k, ctx.mask, ctx.causal, ctx.scale, dlse is not None,
+                            ctx.pinned or pinned_schedule(), ctx.mods or _mods.NONE, ctx.block)
+        dq, dk, dv = run_backward(plan, q, k, v, out, lse, dout, dlse, ctx.mask, aux=ctx.aux,
                                   captured=captured)
         daux = tuple(None if g is None else g.to(t.dtype) for t, g in zip(ctx.aux, captured))
         daux = (*daux, *([None] * (len(ctx.aux) - len(daux))))

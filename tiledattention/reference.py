@@ -141,6 +141,8 @@ def tiled_attention(q, k, v, *, causal=False, scale=None, attn_mask=None, tile_m
     bias = additive_mask(attn_mask)
     if bias is not None:
         bias = bias.expand(b, hq, sq, sk)
+    from .kernel.visit import host_key_range  # the kernels' visit range (loads cuTile)
+
     widths = plan_head_dim(d).widths
     offsets = [sum(widths[:i]) for i in range(len(widths))]
     even_n = sk % tile_n == 0
@@ -162,11 +164,7 @@ def tiled_attention(q, k, v, *, causal=False, scale=None, attn_mask=None, tile_m
         m_i = q.new_full((b, hq, tile_m, 1), float("-inf"))
         l_i = q.new_zeros(b, hq, tile_m, 1)
         acc = [q.new_zeros(b, hq, tile_m, w) for w in widths]
-        n_tiles = math.ceil(sk / tile_n)
-        mask_start = n_tiles if even_n else sk // tile_n
-        if causal:
-            n_tiles = math.ceil(min(q_start + tile_m, sk) / tile_n)
-            mask_start = min(mask_start, q_start // tile_n)
+        n_tiles, mask_start = host_key_range(q_start, sk, tile_m, tile_n, causal, even_n)
         offs_m = torch.arange(q_start, q_start + tile_m, device=q.device)[:, None]
         for j in range(n_tiles):
             keys = slice(j * tile_n, min((j + 1) * tile_n, sk))

@@ -8,9 +8,9 @@ def _skip_reason() -> str | None:
     if not torch.cuda.is_available():
         return "no CUDA GPU visible to PyTorch (torch.cuda.is_available() is False)"
     try:
-        from tiledattention.kernel.launch import check_device
+        from tiledattention.kernel.toolchain import check_gpu
 
-        check_device(torch.cuda.current_device())
+        check_gpu(torch.cuda.current_device())
     except Exception as exc:  # toolchain missing, GPU too old
         return f"GPU present but unusable: {exc}"
     return None

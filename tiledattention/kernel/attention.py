@@ -4,15 +4,9 @@ One program instance computes a ``TILE_M`` block of query rows of one (batch, he
 streams K/V tiles of ``TILE_N`` keys through the shared body (``body``): chunked loads,
 ``Q K^T``, score modification and masking, the online softmax in fp32 log2 units, ``P V``.
 
-Which key tiles a program visits:
-
-- dense (no block mask): tiles ``[0, n_tiles)``; under causality (top-left aligned, as
-  torch's ``is_causal``) the tiles wholly above the diagonal are never visited, and only
-  tiles from ``mask_start`` on (the diagonal, the key tail) are masked. This is the closed
-  form of a block mask for causality, so it costs no lists.
-- ``BLOCK_SPARSE``: a block mask's lists (``blockmask``): first the partial tiles of this
-  query tile (every mask applied), then the full ones (no mask at all); empty tiles are
-  never loaded.
+Which key tiles a program visits is ``visit``'s: dense (with the causal skip) or, with
+``BLOCK_SPARSE``, a block mask's partial-then-full lists. The compile-time flags are one
+``flags.FwdFlags``, read by name.
 
 Two flags reshape the grid for small ones (decode):
 
@@ -37,8 +31,6 @@ import cuda.tile as ct
 import numpy as np
 
 from .body import (
-    block_at,
-    block_range,
     divide_chunks,
     dot_streamed,
     keep_tile,
@@ -57,6 +49,8 @@ from .body import (
     store_rows,
     zeros_chunks,
 )
+from .flags import FwdFlags, fwd_zero_safe
+from .visit import block_at, block_range, key_range, split_range
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -66,75 +60,67 @@ SCORE_MOD = no_score_mod
 MASK_MOD = no_mask_mod
 
 
-def fwd_tile(q, arrays, fns, aux, where, state, j, diag, ALL_MASKS, cfg):
+def fwd_tile(q, arrays, fns, aux, where, state, j, diag, ALL_MASKS, f):
     """One key tile ``j`` of the forward: scores, masks, online softmax, P V.
 
     Grouped arguments (tuples of compile-time constants stay constants): ``q`` the query
     chunks; ``arrays`` (K, V, Mask); ``fns`` (score_mod, mask_mod); ``aux`` A0..A3;
     ``where`` (b, h, hk, bid_m, offs_m, seq_k, c, inv_scale, scale); ``state`` (m, l,
     acc0..2); ``diag`` whether causality or the key tail may mask this tile; ``ALL_MASKS``
-    apply every mask (a partial block, or a mask_mod without block mask); ``cfg`` the
-    kernel's constants."""
-    (TILE_M, TILE_N, NCHUNK, W0, W1, W2, CAUSAL, TAIL, HAS_MASK, MASK_BATCH, MASK_HEAD,
-     MASK_ROWS, LAT_K, LAT_V, HAS_SCORE_MOD, HAS_MASK_MOD, ZERO_SAFE) = cfg
+    apply every mask (a partial block, or a mask_mod without block mask); ``f`` the
+    kernel's ``FwdFlags``."""
+    TILE_M, TILE_N, NCHUNK, W0, W1, W2 = f.TILE_M, f.TILE_N, f.NCHUNK, f.W0, f.W1, f.W2
+    CAUSAL, TAIL, HAS_MASK_MOD = f.CAUSAL, not f.EVEN_N, f.HAS_MASK_MOD
     q0, q1, q2 = q
     K, V, Mask = arrays
     score_mod, mask_mod = fns
     A0, A1, A2, A3 = aux
     b, h, hk, bid_m, offs_m, seq_k, c, inv_scale, scale = where
     m_i, l_i, acc0, acc1, acc2 = state
-    qk = dot_streamed(q0, q1, q2, K, b, hk, j, TILE_N, TILE_M, W0, W1, W2, NCHUNK, LAT_K)
+    qk = dot_streamed(q0, q1, q2, K, b, hk, j, TILE_N, TILE_M, W0, W1, W2, NCHUNK, f.LAT_K)
     kv_idx = j * TILE_N + ct.arange(TILE_N, dtype=np.int32)[None, :]
-    s = modified(qk, b, h, offs_m, kv_idx, score_mod, A0, A1, A2, A3, scale, HAS_SCORE_MOD)
-    if HAS_MASK:
-        s = s + load_bias(Mask, b, h, bid_m, j, TILE_M, TILE_N, MASK_BATCH, MASK_HEAD,
-                          MASK_ROWS) * inv_scale
+    s = modified(qk, b, h, offs_m, kv_idx, score_mod, A0, A1, A2, A3, scale, f.HAS_SCORE_MOD)
+    if f.HAS_MASK:
+        s = s + load_bias(Mask, b, h, bid_m, j, TILE_M, TILE_N, f.MASK_BATCH, f.MASK_HEAD,
+                          f.MASK_ROWS) * inv_scale
     if ALL_MASKS:
         s = masked(s, keep_tile(b, h, offs_m, kv_idx, seq_k, mask_mod, A0, A1, A2, A3,
                                 TILE_M, TILE_N, CAUSAL, TAIL, HAS_MASK_MOD))
     elif (CAUSAL or TAIL) and diag:
         s = masked(s, keep_tile(b, h, offs_m, kv_idx, seq_k, mask_mod, A0, A1, A2, A3,
                                 TILE_M, TILE_N, CAUSAL, TAIL, False))
-    p, alpha, m_i, l_i = online_softmax(s, m_i, l_i, c, ZERO_SAFE)
+    p, alpha, m_i, l_i = online_softmax(s, m_i, l_i, c, fwd_zero_safe(f))
     acc0, acc1, acc2 = scale_chunks(acc0, acc1, acc2, alpha, NCHUNK)
     acc0, acc1, acc2 = mma_streamed(p.astype(K.dtype), V, b, hk, j, TILE_N, acc0, acc1, acc2,
-                                    W0, W1, W2, NCHUNK, LAT_V)
+                                    W0, W1, W2, NCHUNK, f.LAT_V)
     return m_i, l_i, acc0, acc1, acc2
 
 
-def fwd_program(Q, K, V, Out, Lse, Mask, extra, scalars, consts, vconsts, fns):
+def fwd_program(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns):
     """The forward program both entry points run (grouped arguments: tuples of
     compile-time constants stay constants). ``extra`` (BlkCnt, BlkIdx, A0..A3): a block
     mask's lists and the captured tensors, None in the plain kernel; ``scalars``
-    (qk_scale_log2, inv_scale, scale, GROUP, SEQ_Q, NUM_SPLITS, SPLIT_TILES); ``consts`` the
-    kernels' shared constants in declaration order; ``vconsts`` (HAS_SCORE_MOD,
-    HAS_MASK_MOD, BLOCK_SPARSE, BLK_BATCH, BLK_HEAD); ``fns`` (score_mod, mask_mod)."""
+    (qk_scale_log2, inv_scale, scale, GROUP, SEQ_Q, NUM_SPLITS, SPLIT_TILES); ``f`` the
+    ``FwdFlags``; ``fns`` (score_mod, mask_mod)."""
     BlkCnt, BlkIdx, A0, A1, A2, A3 = extra
     qk_scale_log2, inv_scale, scale, GROUP, SEQ_Q, NUM_SPLITS, SPLIT_TILES = scalars
-    (TILE_M, TILE_N, NCHUNK, W0, W1, W2, CAUSAL, HEAVY_FIRST, EVEN_N, HAS_MASK, MASK_BATCH,
-     MASK_HEAD, MASK_ROWS, RETURN_LSE, LAT_K, LAT_V, SPLIT_K, PACKED, PDL) = consts
-    HAS_SCORE_MOD, HAS_MASK_MOD, BLOCK_SPARSE, BLK_BATCH, BLK_HEAD = vconsts
+    TILE_M, W0, W1, W2, NCHUNK = f.TILE_M, f.W0, f.W1, f.W2, f.NCHUNK
     # Grid (query tiles, heads, batch): query tiles of one head are adjacent, so
     # they share its K/V in L2.
     bid_m = ct.bid(0)
-    if CAUSAL and HEAVY_FIRST:
+    if f.CAUSAL and f.HEAVY_FIRST:
         # Under causality the last query tiles visit the most keys; starting them first
         # leaves the short ones to fill the final wave.
         bid_m = ct.num_blocks(0) - 1 - bid_m
     hb = ct.bid(1)  # the head (and split) index of Out and Lse
     h = hb
-    if SPLIT_K:
+    if f.SPLIT_K:
         h = hb // NUM_SPLITS
     b = ct.bid(2)
     hk = h // GROUP
     seq_k = K.shape[2]
-    TAIL = not EVEN_N
-    # Rows may end up fully masked: a user mask, a mask_mod, causal keys past the row in a
-    # later split, a block mask that lists no tile for the row, or a score_mod returning
-    # -inf (FlexAttention's masking idiom). The plain kernels without a mask have none.
-    ZERO_SAFE = HAS_MASK or SPLIT_K or HAS_MASK_MOD or BLOCK_SPARSE or HAS_SCORE_MOD
 
-    if PDL:
+    if f.PDL:
         # Programmatic dependent launch: the CTA's setup and the index math (no memory
         # effects, so the compiler may place all of it before the wait) run while the
         # previous kernel finishes; every load and store is ordered after the wait (that
@@ -150,59 +136,38 @@ def fwd_program(Q, K, V, Out, Lse, Mask, extra, scalars, consts, vconsts, fns):
 
     q_start = bid_m * TILE_M
     offs_m = (q_start + ct.arange(TILE_M, dtype=np.int32))[:, None]
-    if PACKED:
+    if f.PACKED:
         offs_m = offs_m % SEQ_Q  # query position of each packed row
     arrays = (K, V, Mask)
     aux = (A0, A1, A2, A3)
     where = (b, h, hk, bid_m, offs_m, seq_k, qk_scale_log2, inv_scale, scale)
-    cfg = (TILE_M, TILE_N, NCHUNK, W0, W1, W2, CAUSAL, TAIL, HAS_MASK, MASK_BATCH, MASK_HEAD,
-           MASK_ROWS, LAT_K, LAT_V, HAS_SCORE_MOD, HAS_MASK_MOD, ZERO_SAFE)
 
-    if BLOCK_SPARSE:
-        # Positions [0, n_part) of this tile's list are partial tiles, [n_part, total) full
+    if f.BLOCK_SPARSE:
+        # Positions [0, n_part) of this tile's list are partial tiles, then n_full full
         # ones; a split takes its share of the positions.
-        n_part, n_full = block_range(BlkCnt, b, h, bid_m, BLK_BATCH, BLK_HEAD)
-        lo = 0
-        hi = n_part + n_full
-        if SPLIT_K:
-            lo = (hb % NUM_SPLITS) * SPLIT_TILES
-            hi = max(min(hi, lo + SPLIT_TILES), lo)
+        n_part, n_full = block_range(BlkCnt, b, h, bid_m, f.BLK_BATCH, f.BLK_HEAD)
+        lo, hi = split_range(0, n_part + n_full, hb % NUM_SPLITS, SPLIT_TILES, f.SPLIT_K)
         for t in range(lo, min(hi, n_part)):
-            j = block_at(BlkIdx, b, h, bid_m, t, BLK_BATCH, BLK_HEAD)
-            state = fwd_tile(q, arrays, fns, aux, where, state, j, True, True, cfg)
+            j = block_at(BlkIdx, b, h, bid_m, t, f.BLK_BATCH, f.BLK_HEAD)
+            state = fwd_tile(q, arrays, fns, aux, where, state, j, True, True, f)
         for t in range(max(lo, n_part), hi):
-            j = block_at(BlkIdx, b, h, bid_m, t, BLK_BATCH, BLK_HEAD)
-            state = fwd_tile(q, arrays, fns, aux, where, state, j, False, False, cfg)
+            j = block_at(BlkIdx, b, h, bid_m, t, f.BLK_BATCH, f.BLK_HEAD)
+            state = fwd_tile(q, arrays, fns, aux, where, state, j, False, False, f)
     else:
-        # Key tiles [0, n_tiles) are visited; from mask_start on, some element of the tile
-        # may be masked by causality or the key tail.
-        n_tiles = ct.cdiv(seq_k, TILE_N)
-        mask_start = n_tiles
-        if TAIL:
-            mask_start = seq_k // TILE_N
-        if CAUSAL:
-            if PACKED:
-                # Packed rows hold positions 0..SEQ_Q-1 of several heads: every tile the
-                # last position sees is visited and masked.
-                n_tiles = ct.cdiv(min(SEQ_Q, seq_k), TILE_N)
-                mask_start = 0
-            else:
-                n_tiles = ct.cdiv(min(q_start + TILE_M, seq_k), TILE_N)
-                mask_start = min(mask_start, q_start // TILE_N)
-        j_start = 0
-        if SPLIT_K:
-            j_start = (hb % NUM_SPLITS) * SPLIT_TILES
-            # Never below j_start: a split past a causal row's keys runs no iteration.
-            n_tiles = max(min(n_tiles, j_start + SPLIT_TILES), j_start)
+        # Key tiles [j_start, n_tiles) are visited; from mask_start on, some element of
+        # the tile may be masked by causality or the key tail.
+        n_tiles, mask_start = key_range(q_start, seq_k, SEQ_Q, TILE_M, f.TILE_N, f.CAUSAL,
+                                        not f.EVEN_N, f.PACKED)
+        j_start, n_tiles = split_range(0, n_tiles, hb % NUM_SPLITS, SPLIT_TILES, f.SPLIT_K)
         for j in range(j_start, n_tiles):
             state = fwd_tile(q, arrays, fns, aux, where, state, j, j >= mask_start,
-                             HAS_MASK_MOD, cfg)
+                             f.HAS_MASK_MOD, f)
 
     # Fully masked rows (l = 0) are written as zeros, and their log-sum-exp as -inf.
     m_i, l_i, acc0, acc1, acc2 = state
-    o0, o1, o2 = divide_chunks(acc0, acc1, acc2, safe_divisor(l_i, ZERO_SAFE), NCHUNK)
+    o0, o1, o2 = divide_chunks(acc0, acc1, acc2, safe_divisor(l_i, fwd_zero_safe(f)), NCHUNK)
     store_rows(Out, b, hb, bid_m, o0, o1, o2, TILE_M, W0, W1, W2, NCHUNK)
-    if RETURN_LSE or SPLIT_K:
+    if f.RETURN_LSE or f.SPLIT_K:
         ct.store(Lse, index=(b, hb, bid_m), tile=row_lse(m_i, l_i).reshape((1, 1, TILE_M)))
 
 
@@ -215,26 +180,23 @@ def attention_fwd(
     SEQ_Q: int,  # query positions per head (PACKED: rows per head in the packed tile)
     NUM_SPLITS: int, SPLIT_TILES: int,  # SPLIT_K: key splits per (batch, head), tiles each
     TILE_M: ConstInt, TILE_N: ConstInt,
-    NCHUNK: ConstInt, W0: ConstInt, W1: ConstInt, W2: ConstInt,  # head-dim chunks (1..3)
-    CAUSAL: ConstBool,
-    HEAVY_FIRST: ConstBool,  # causal: launch the longest query tiles (last rows) first
-    EVEN_N: ConstBool,  # Skv % TILE_N == 0: no key-tail masking needed
-    HAS_MASK: ConstBool,
-    MASK_BATCH: ConstBool, MASK_HEAD: ConstBool,  # the mask's real axes (else broadcast)
-    MASK_ROWS: ConstBool,  # mask has a query axis (False: key-padding mask, one row)
-    RETURN_LSE: ConstBool,
-    LAT_K: ConstInt, LAT_V: ConstInt,
-    SPLIT_K: ConstBool,  # write per-split partials (fp32 Out, Lse) for the combine kernel
-    PACKED: ConstBool,  # rows are (query head in group, query position) pairs
-    PDL: ConstBool,  # launched as a programmatic dependent: wait before the first load
+    NCHUNK: ConstInt, W0: ConstInt, W1: ConstInt, W2: ConstInt,
+    CAUSAL: ConstBool, HEAVY_FIRST: ConstBool, EVEN_N: ConstBool,
+    HAS_MASK: ConstBool, MASK_BATCH: ConstBool, MASK_HEAD: ConstBool, MASK_ROWS: ConstBool,
+    RETURN_LSE: ConstBool, LAT_K: ConstInt, LAT_V: ConstInt,
+    SPLIT_K: ConstBool, PACKED: ConstBool, PDL: ConstBool,
 ):
-    """Plain attention (no variant functions, no block mask): only the arrays it reads."""
+    """Plain attention (no variant functions, no block mask): only the arrays it reads.
+    The flags are ``FwdFlags``' fields (their meaning is documented there)."""
     fwd_program(
         Q, K, V, Out, Lse, Mask, (None, None, None, None, None, None),
         (qk_scale_log2, inv_scale, 1.0, GROUP, SEQ_Q, NUM_SPLITS, SPLIT_TILES),
-        (TILE_M, TILE_N, NCHUNK, W0, W1, W2, CAUSAL, HEAVY_FIRST, EVEN_N, HAS_MASK,
-         MASK_BATCH, MASK_HEAD, MASK_ROWS, RETURN_LSE, LAT_K, LAT_V, SPLIT_K, PACKED, PDL),
-        (False, False, False, False, False), (no_score_mod, no_mask_mod))
+        FwdFlags(TILE_M=TILE_M, TILE_N=TILE_N, NCHUNK=NCHUNK, W0=W0, W1=W1, W2=W2,
+                 CAUSAL=CAUSAL, HEAVY_FIRST=HEAVY_FIRST, EVEN_N=EVEN_N, HAS_MASK=HAS_MASK,
+                 MASK_BATCH=MASK_BATCH, MASK_HEAD=MASK_HEAD, MASK_ROWS=MASK_ROWS,
+                 RETURN_LSE=RETURN_LSE, LAT_K=LAT_K, LAT_V=LAT_V, SPLIT_K=SPLIT_K,
+                 PACKED=PACKED, PDL=PDL),
+        (no_score_mod, no_mask_mod))
 
 
 @ct.kernel
@@ -250,17 +212,19 @@ def attention_fwd_variant(
     HAS_MASK: ConstBool, MASK_BATCH: ConstBool, MASK_HEAD: ConstBool, MASK_ROWS: ConstBool,
     RETURN_LSE: ConstBool, LAT_K: ConstInt, LAT_V: ConstInt,
     SPLIT_K: ConstBool, PACKED: ConstBool, PDL: ConstBool,
-    HAS_SCORE_MOD: ConstBool,
-    HAS_MASK_MOD: ConstBool,
-    BLOCK_SPARSE: ConstBool,  # visit the tiles a block mask lists (BlkCnt, BlkIdx)
-    BLK_BATCH: ConstBool, BLK_HEAD: ConstBool,  # the block mask's real axes
+    HAS_SCORE_MOD: ConstBool, HAS_MASK_MOD: ConstBool,
+    BLOCK_SPARSE: ConstBool, BLK_BATCH: ConstBool, BLK_HEAD: ConstBool,
 ):
     """Attention with the variant's functions (``SCORE_MOD``, ``MASK_MOD``), the tensors
     they capture (``A0..A3``) and a block mask's lists."""
     fwd_program(
         Q, K, V, Out, Lse, Mask, (BlkCnt, BlkIdx, A0, A1, A2, A3),
         (qk_scale_log2, inv_scale, scale, GROUP, SEQ_Q, NUM_SPLITS, SPLIT_TILES),
-        (TILE_M, TILE_N, NCHUNK, W0, W1, W2, CAUSAL, HEAVY_FIRST, EVEN_N, HAS_MASK,
-         MASK_BATCH, MASK_HEAD, MASK_ROWS, RETURN_LSE, LAT_K, LAT_V, SPLIT_K, PACKED, PDL),
-        (HAS_SCORE_MOD, HAS_MASK_MOD, BLOCK_SPARSE, BLK_BATCH, BLK_HEAD),
+        FwdFlags(TILE_M=TILE_M, TILE_N=TILE_N, NCHUNK=NCHUNK, W0=W0, W1=W1, W2=W2,
+                 CAUSAL=CAUSAL, HEAVY_FIRST=HEAVY_FIRST, EVEN_N=EVEN_N, HAS_MASK=HAS_MASK,
+                 MASK_BATCH=MASK_BATCH, MASK_HEAD=MASK_HEAD, MASK_ROWS=MASK_ROWS,
+                 RETURN_LSE=RETURN_LSE, LAT_K=LAT_K, LAT_V=LAT_V, SPLIT_K=SPLIT_K,
+                 PACKED=PACKED, PDL=PDL, HAS_SCORE_MOD=HAS_SCORE_MOD,
+                 HAS_MASK_MOD=HAS_MASK_MOD, BLOCK_SPARSE=BLOCK_SPARSE, BLK_BATCH=BLK_BATCH,
+                 BLK_HEAD=BLK_HEAD),
         (SCORE_MOD, MASK_MOD))

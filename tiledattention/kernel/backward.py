@@ -40,8 +40,6 @@ import cuda.tile as ct
 import numpy as np
 
 from .body import (
-    block_at,
-    block_range,
     dot,
     dots_streamed,
     keep_tile,
@@ -62,6 +60,8 @@ from .body import (
     store_rows,
     zeros_chunks,
 )
+from .flags import DkdvFlags, DqFlags, bwd_zero_safe
+from .visit import block_at, block_range, key_range, query_range
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -102,16 +102,17 @@ def attention_bwd_delta(
                  tile=ct.full((1, 1, TILE_M, WD), 0.0, dtype=np.float32))
 
 
-def grad_scores(qk, dp, arrays, fns, aux, where, i, j, diag, ALL_MASKS, cfg):
+def grad_scores(qk, dp, arrays, fns, aux, where, i, j, diag, ALL_MASKS, f, ROW_TAIL):
     """P and dS of query tile ``i`` against key tile ``j`` from its products ``qk = Q K^T``
     and ``dp = dO V^T``, both rounded to the input dtype for the MMAs: the shared step of
     the dK/dV and dQ kernels. Grouped arguments as the forward's ``fwd_tile``: ``arrays``
     (Q, K, V, dO, Lse, Delta, Mask); ``fns`` (score_mod, its derivative, mask_mod);
     ``where`` (b, h, hk, seq_k, c, inv_scale, scale); ``aux`` A0..A3 and G0..G3 (the
-    captured tensors and their gradients' fp32 accumulators); ``cfg`` the kernel's
-    constants."""
-    (TILE_M, TILE_N, NCHUNK, W0, W1, W2, CAUSAL, TAIL, HAS_MASK, MASK_BATCH, MASK_HEAD,
-     MASK_ROWS, HAS_SCORE_MOD, HAS_MASK_MOD, ZERO_SAFE, ROW_TAIL) = cfg
+    captured tensors and their gradients' fp32 accumulators); ``f`` the kernel's flags
+    (``DkdvFlags`` or ``DqFlags``: the fields read here are common to both); ``ROW_TAIL``
+    mask the padded query rows (``masked_rows``)."""
+    TILE_M, TILE_N, CAUSAL, TAIL = f.TILE_M, f.TILE_N, f.CAUSAL, not f.EVEN_N
+    HAS_SCORE_MOD = f.HAS_SCORE_MOD
     Q, K, V, dOut, Lse, Delta, Mask = arrays
     score_mod, score_grad, mask_mod, captured_grad = fns
     A0, A1, A2, A3, G0, G1, G2, G3 = aux
@@ -119,17 +120,17 @@ def grad_scores(qk, dp, arrays, fns, aux, where, i, j, diag, ALL_MASKS, cfg):
     q_idx = (i * TILE_M + ct.arange(TILE_M, dtype=np.int32))[:, None]
     kv_idx = (j * TILE_N + ct.arange(TILE_N, dtype=np.int32))[None, :]
     s = modified(qk, b, h, q_idx, kv_idx, score_mod, A0, A1, A2, A3, scale, HAS_SCORE_MOD)
-    if HAS_MASK:
-        s = s + load_bias(Mask, b, h, i, j, TILE_M, TILE_N, MASK_BATCH, MASK_HEAD,
-                          MASK_ROWS) * inv_scale
+    if f.HAS_MASK:
+        s = s + load_bias(Mask, b, h, i, j, TILE_M, TILE_N, f.MASK_BATCH, f.MASK_HEAD,
+                          f.MASK_ROWS) * inv_scale
     if ALL_MASKS:
         s = masked(s, keep_tile(b, h, q_idx, kv_idx, seq_k, mask_mod, A0, A1, A2, A3, TILE_M,
-                                TILE_N, CAUSAL, TAIL, HAS_MASK_MOD))
+                                TILE_N, CAUSAL, TAIL, f.HAS_MASK_MOD))
     elif (CAUSAL or TAIL) and diag:
         s = masked(s, keep_tile(b, h, q_idx, kv_idx, seq_k, mask_mod, A0, A1, A2, A3, TILE_M,
                                 TILE_N, CAUSAL, TAIL, False))
     s = masked_rows(s, q_idx, Q.shape[2], ROW_TAIL)
-    lse, delta = load_row_stats(Lse, Delta, b, h, i, TILE_M, ZERO_SAFE)
+    lse, delta = load_row_stats(Lse, Delta, b, h, i, TILE_M, bwd_zero_safe(f))
     p = ct.exp2(s * c - lse, flush_to_zero=True)
     # d out / d (modified score), 0 wherever P is, for the captured tensors' gradients
     # (the dK/dV program's ``captured_grad`` adds it up; the others' does nothing).
@@ -140,22 +141,24 @@ def grad_scores(qk, dp, arrays, fns, aux, where, i, j, diag, ALL_MASKS, cfg):
     return p.astype(Q.dtype), ds.astype(Q.dtype)
 
 
-def dkdv_tile(kv, acc, arrays, fns, aux, where, i, bid_n, diag, ALL_MASKS, cfg, dq_atomic):
-    """Query tile ``i`` of one key tile's dK/dV program (and its dQ share by atomics).
-    ``kv``: the key tile's (K^T, V^T, K) chunks kept on chip; ``acc`` (dk0..2, dv0..2);
-    ``dq_atomic`` (DQ_ATOMIC, the fp32 dQ accumulator)."""
-    TILE_M, TILE_N, NCHUNK, W0, W1, W2 = cfg[:6]
+def dkdv_tile(kv, acc, arrays, fns, aux, where, i, bid_n, diag, ALL_MASKS, f, dQacc):
+    """Query tile ``i`` of one key tile's dK/dV program (and its dQ share by atomics into
+    the fp32 ``dQacc`` with ``f.DQ_ATOMIC``). ``kv``: the key tile's (K^T, V^T, K) chunks
+    kept on chip; ``acc`` (dk0..2, dv0..2); ``f`` the ``DkdvFlags``."""
+    TILE_M, TILE_N, NCHUNK, W0, W1, W2 = f.TILE_M, f.TILE_N, f.NCHUNK, f.W0, f.W1, f.W2
     Q, K, V, dOut, Lse, Delta, Mask = arrays
     b, h = where[:2]
     (kt0, kt1, kt2), (vt0, vt1, vt2), (k0, k1, k2) = kv
     dk0, dk1, dk2, dv0, dv1, dv2 = acc
-    DQ_ATOMIC, dQacc = dq_atomic
     q0, q1, q2 = load_rows(Q, b, h, i, TILE_M, W0, W1, W2, NCHUNK, None)
     do0, do1, do2 = load_rows(dOut, b, h, i, TILE_M, W0, W1, W2, NCHUNK, None)
     qk = dot(q0, q1, q2, kt0, kt1, kt2, TILE_M, TILE_N, NCHUNK)
     dp = dot(do0, do1, do2, vt0, vt1, vt2, TILE_M, TILE_N, NCHUNK)
-    p, ds = grad_scores(qk, dp, arrays, fns, aux, where, i, bid_n, diag, ALL_MASKS, cfg)
-    if DQ_ATOMIC:
+    # A score_mod may give the padded query rows of the last query tile large scores:
+    # they are masked; the plain kernels' padded rows add zeros anyway.
+    p, ds = grad_scores(qk, dp, arrays, fns, aux, where, i, bid_n, diag, ALL_MASKS, f,
+                        f.HAS_SCORE_MOD)
+    if f.DQ_ATOMIC:
         dq_reduce(dQacc, ds, k0, k1, k2, b, h, i, TILE_M, W0, W1, W2, NCHUNK)
     dv0, dv1, dv2 = mma_into(ct.transpose(p), do0, do1, do2, dv0, dv1, dv2, NCHUNK)
     dk0, dk1, dk2 = mma_into(ct.transpose(ds), q0, q1, q2, dk0, dk1, dk2, NCHUNK)
@@ -193,7 +196,7 @@ def reduce_add(T, tile, b, h, i, c, TILE_M, W):
 
 
 def dkdv_staggered(kv, acc, arrays, fns, aux, where, bid_n, m_lo, m_hi, mask_end, masked_all,
-                   ALL_MASKS, cfg, dq_atomic):
+                   ALL_MASKS, f, dQacc):
     """The dense query loop of a dK/dV program that reduces dQ: query tiles [m_lo, m_hi)
     from a start that depends on the key tile, wrapping, so the programs of one head add
     into different dQ tiles at a time instead of all into tile 0, then 1, ..."""
@@ -204,13 +207,14 @@ def dkdv_staggered(kv, acc, arrays, fns, aux, where, bid_n, m_lo, m_hi, mask_end
         if i >= m_hi:
             i = i - n
         acc = dkdv_tile(kv, acc, arrays, fns, aux, where, i, bid_n,
-                        masked_all or i < mask_end, ALL_MASKS, cfg, dq_atomic)
+                        masked_all or i < mask_end, ALL_MASKS, f, dQacc)
     return acc
 
 
-def dq_tile(q, do, acc, arrays, fns, aux, where, bid_m, j, diag, ALL_MASKS, cfg):
-    """Key tile ``j`` of one query tile's dQ program; ``acc`` (dq0..2)."""
-    TILE_M, TILE_N, NCHUNK, W0, W1, W2 = cfg[:6]
+def dq_tile(q, do, acc, arrays, fns, aux, where, bid_m, j, diag, ALL_MASKS, f):
+    """Key tile ``j`` of one query tile's dQ program; ``acc`` (dq0..2); ``f`` the
+    ``DqFlags``."""
+    TILE_M, TILE_N, NCHUNK, W0, W1, W2 = f.TILE_M, f.TILE_N, f.NCHUNK, f.W0, f.W1, f.W2
     K, V = arrays[1], arrays[2]
     b, hk = where[0], where[2]
     q0, q1, q2 = q
@@ -218,37 +222,33 @@ def dq_tile(q, do, acc, arrays, fns, aux, where, bid_m, j, diag, ALL_MASKS, cfg)
     dq0, dq1, dq2 = acc
     qk, dp = dots_streamed(q0, q1, q2, do0, do1, do2, K, V, b, hk, j, TILE_N, TILE_M, W0, W1,
                            W2, NCHUNK)
-    _, ds = grad_scores(qk, dp, arrays, fns, aux, where, bid_m, j, diag, ALL_MASKS, cfg)
+    # Padded query rows of dQ are never stored and stay in their own rows: no row mask.
+    _, ds = grad_scores(qk, dp, arrays, fns, aux, where, bid_m, j, diag, ALL_MASKS, f, False)
     return mma_streamed(ds, K, b, hk, j, TILE_N, dq0, dq1, dq2, W0, W1, W2, NCHUNK, None)
 
 
-def dkdv_program(Q, K, V, dOut, Lse, Delta, Mask, extra, dK, dV, dQacc, scalars, consts,
-                 vconsts, fns):
+def dkdv_program(Q, K, V, dOut, Lse, Delta, Mask, extra, dK, dV, dQacc, scalars, f, fns):
     """One key tile's dK/dV (both entry points run it). Grouped arguments as the forward's
     ``fwd_program``: ``extra`` (BlkCnt, BlkIdx, A0..A3, G0..G3), None in the plain kernel;
-    ``scalars`` (qk_scale_log2, inv_scale, scale, GROUP); ``consts`` the shared constants
-    in declaration order; ``vconsts`` the variant's; ``fns`` (score_mod, its derivative,
-    mask_mod, the captured tensors' gradients: this program visits every (query, key)
-    pair once, so it is the one that adds them up)."""
+    ``scalars`` (qk_scale_log2, inv_scale, scale, GROUP); ``f`` the ``DkdvFlags``; ``fns``
+    (score_mod, its derivative, mask_mod, the captured tensors' gradients: this program
+    visits every (query, key) pair once, so it is the one that adds them up)."""
     BlkCnt, BlkIdx, A0, A1, A2, A3, G0, G1, G2, G3 = extra
     qk_scale_log2, inv_scale, scale, GROUP = scalars
-    (TILE_M, TILE_N, NCHUNK, W0, W1, W2, CAUSAL, EVEN_N, HAS_MASK, MASK_BATCH, MASK_HEAD,
-     MASK_ROWS, DQ_ATOMIC, MASK_ALL) = consts
-    HAS_SCORE_MOD, HAS_MASK_MOD, BLOCK_SPARSE, BLK_BATCH, BLK_HEAD = vconsts
+    TILE_M, TILE_N, NCHUNK, W0, W1, W2 = f.TILE_M, f.TILE_N, f.NCHUNK, f.W0, f.W1, f.W2
     # Grid (key tiles, K/V heads, batch).
     bid_n = ct.bid(0)
     hk = ct.bid(1)
     b = ct.bid(2)
     seq_q = Q.shape[2]
-    TAIL = not EVEN_N
-    ZERO_SAFE = HAS_MASK or HAS_MASK_MOD or BLOCK_SPARSE or HAS_SCORE_MOD
+    TAIL = not f.EVEN_N
 
     # K and V of this key tile stay on chip: K^T and V^T for the score products
     # (Q K^T, dO V^T), as the forward loads K; K itself for dS K (atomic dQ only).
     kt = load_cols(K, b, hk, bid_n, TILE_N, W0, W1, W2, NCHUNK, None)
     vt = load_cols(V, b, hk, bid_n, TILE_N, W0, W1, W2, NCHUNK, None)
     k_rows = kt
-    if DQ_ATOMIC:
+    if f.DQ_ATOMIC:
         k_rows = load_rows(K, b, hk, bid_n, TILE_N, W0, W1, W2, NCHUNK, None)
     kv = (kt, vt, k_rows)
     dk0, dk1, dk2 = zeros_chunks(TILE_N, W0, W1, W2)
@@ -256,45 +256,31 @@ def dkdv_program(Q, K, V, dOut, Lse, Delta, Mask, extra, dK, dV, dQacc, scalars,
     acc = (dk0, dk1, dk2, dv0, dv1, dv2)
     arrays = (Q, K, V, dOut, Lse, Delta, Mask)
     aux = (A0, A1, A2, A3, G0, G1, G2, G3)
-    # A score_mod may give the padded query rows of the last query tile large scores:
-    # they are masked (``masked_rows``); the plain kernels' padded rows add zeros anyway.
-    cfg = (TILE_M, TILE_N, NCHUNK, W0, W1, W2, CAUSAL, TAIL, HAS_MASK, MASK_BATCH, MASK_HEAD,
-           MASK_ROWS, HAS_SCORE_MOD, HAS_MASK_MOD, ZERO_SAFE, HAS_SCORE_MOD)
-    dq_atomic = (DQ_ATOMIC, dQacc)
-
-    # Dense: query tiles [m_lo, m_hi); causal: those wholly above this key tile's diagonal
-    # are skipped, and only tiles starting before the key tile ends cross the diagonal.
-    k_start = bid_n * TILE_N
-    m_hi = ct.cdiv(seq_q, TILE_M)
-    m_lo = 0
-    mask_end = 0
-    if CAUSAL:
-        m_lo = k_start // TILE_M
-        mask_end = ct.cdiv(k_start + TILE_N, TILE_M)
+    m_lo, m_hi, mask_end = query_range(bid_n * TILE_N, seq_q, TILE_M, TILE_N, f.CAUSAL)
 
     for g in range(GROUP):
         h = hk * GROUP + g
         where = (b, h, hk, K.shape[2], qk_scale_log2, inv_scale, scale)
-        if BLOCK_SPARSE:
-            n_part, n_full = block_range(BlkCnt, b, h, bid_n, BLK_BATCH, BLK_HEAD)
+        if f.BLOCK_SPARSE:
+            n_part, n_full = block_range(BlkCnt, b, h, bid_n, f.BLK_BATCH, f.BLK_HEAD)
             for t in range(0, n_part):
-                i = block_at(BlkIdx, b, h, bid_n, t, BLK_BATCH, BLK_HEAD)
-                acc = dkdv_tile(kv, acc, arrays, fns, aux, where, i, bid_n, True, True, cfg,
-                                dq_atomic)
+                i = block_at(BlkIdx, b, h, bid_n, t, f.BLK_BATCH, f.BLK_HEAD)
+                acc = dkdv_tile(kv, acc, arrays, fns, aux, where, i, bid_n, True, True, f,
+                                dQacc)
             for t in range(n_part, n_part + n_full):
-                i = block_at(BlkIdx, b, h, bid_n, t, BLK_BATCH, BLK_HEAD)
-                acc = dkdv_tile(kv, acc, arrays, fns, aux, where, i, bid_n, False, False, cfg,
-                                dq_atomic)
-        elif DQ_ATOMIC:
+                i = block_at(BlkIdx, b, h, bid_n, t, f.BLK_BATCH, f.BLK_HEAD)
+                acc = dkdv_tile(kv, acc, arrays, fns, aux, where, i, bid_n, False, False, f,
+                                dQacc)
+        elif f.DQ_ATOMIC:
             acc = dkdv_staggered(kv, acc, arrays, fns, aux, where, bid_n, m_lo, m_hi, mask_end,
-                                 TAIL or MASK_ALL, HAS_MASK_MOD, cfg, dq_atomic)
+                                 TAIL or f.MASK_ALL, f.HAS_MASK_MOD, f, dQacc)
         else:
             for i in range(m_lo, m_hi):
                 # The key tail is masked on every query tile (no padded key reaches dQ).
                 # MASK_ALL: one loop body (the causal mask past the diagonal adds nothing)
                 # instead of a masked and an unmasked version of it, which spill at D > 128.
                 acc = dkdv_tile(kv, acc, arrays, fns, aux, where, i, bid_n,
-                                TAIL or MASK_ALL or i < mask_end, HAS_MASK_MOD, cfg, dq_atomic)
+                                TAIL or f.MASK_ALL or i < mask_end, f.HAS_MASK_MOD, f, dQacc)
 
     dk0, dk1, dk2, dv0, dv1, dv2 = acc
     dk0, dk1, dk2 = scale_chunks(dk0, dk1, dk2, scale, NCHUNK)
@@ -302,23 +288,20 @@ def dkdv_program(Q, K, V, dOut, Lse, Delta, Mask, extra, dK, dV, dQacc, scalars,
     store_rows(dK, b, hk, bid_n, dk0, dk1, dk2, TILE_N, W0, W1, W2, NCHUNK)
 
 
-def dq_program(Q, K, V, dOut, Lse, Delta, Mask, extra, dQ, scalars, consts, vconsts, fns):
-    """One query tile's dQ (both entry points run it); arguments as ``dkdv_program``'s."""
+def dq_program(Q, K, V, dOut, Lse, Delta, Mask, extra, dQ, scalars, f, fns):
+    """One query tile's dQ (both entry points run it); arguments as ``dkdv_program``'s,
+    ``f`` the ``DqFlags``."""
     BlkCnt, BlkIdx, A0, A1, A2, A3 = extra
     score_mod, score_grad, mask_mod = fns
     fns = (score_mod, score_grad, mask_mod, no_captured_grad)
     qk_scale_log2, inv_scale, scale, GROUP = scalars
-    (TILE_M, TILE_N, NCHUNK, W0, W1, W2, CAUSAL, EVEN_N, HAS_MASK, MASK_BATCH, MASK_HEAD,
-     MASK_ROWS) = consts
-    HAS_SCORE_MOD, HAS_MASK_MOD, BLOCK_SPARSE, BLK_BATCH, BLK_HEAD = vconsts
+    TILE_M, NCHUNK, W0, W1, W2 = f.TILE_M, f.NCHUNK, f.W0, f.W1, f.W2
     # Grid (query tiles, query heads, batch), as the forward.
     bid_m = ct.bid(0)
     h = ct.bid(1)
     b = ct.bid(2)
     hk = h // GROUP
     seq_k = K.shape[2]
-    TAIL = not EVEN_N
-    ZERO_SAFE = HAS_MASK or HAS_MASK_MOD or BLOCK_SPARSE or HAS_SCORE_MOD
 
     q = load_rows(Q, b, h, bid_m, TILE_M, W0, W1, W2, NCHUNK, None)
     do = load_rows(dOut, b, h, bid_m, TILE_M, W0, W1, W2, NCHUNK, None)
@@ -326,36 +309,30 @@ def dq_program(Q, K, V, dOut, Lse, Delta, Mask, extra, dQ, scalars, consts, vcon
     arrays = (Q, K, V, dOut, Lse, Delta, Mask)
     aux = (A0, A1, A2, A3, None, None, None, None)
     where = (b, h, hk, seq_k, qk_scale_log2, inv_scale, scale)
-    # Padded query rows of dQ are never stored and stay in their own rows: no row mask.
-    cfg = (TILE_M, TILE_N, NCHUNK, W0, W1, W2, CAUSAL, TAIL, HAS_MASK, MASK_BATCH, MASK_HEAD,
-           MASK_ROWS, HAS_SCORE_MOD, HAS_MASK_MOD, ZERO_SAFE, False)
 
-    if BLOCK_SPARSE:
-        n_part, n_full = block_range(BlkCnt, b, h, bid_m, BLK_BATCH, BLK_HEAD)
+    if f.BLOCK_SPARSE:
+        n_part, n_full = block_range(BlkCnt, b, h, bid_m, f.BLK_BATCH, f.BLK_HEAD)
         for t in range(0, n_part):
-            j = block_at(BlkIdx, b, h, bid_m, t, BLK_BATCH, BLK_HEAD)
-            acc = dq_tile(q, do, acc, arrays, fns, aux, where, bid_m, j, True, True, cfg)
+            j = block_at(BlkIdx, b, h, bid_m, t, f.BLK_BATCH, f.BLK_HEAD)
+            acc = dq_tile(q, do, acc, arrays, fns, aux, where, bid_m, j, True, True, f)
         for t in range(n_part, n_part + n_full):
-            j = block_at(BlkIdx, b, h, bid_m, t, BLK_BATCH, BLK_HEAD)
-            acc = dq_tile(q, do, acc, arrays, fns, aux, where, bid_m, j, False, False, cfg)
+            j = block_at(BlkIdx, b, h, bid_m, t, f.BLK_BATCH, f.BLK_HEAD)
+            acc = dq_tile(q, do, acc, arrays, fns, aux, where, bid_m, j, False, False, f)
     else:
-        q_start = bid_m * TILE_M
-        n_tiles = ct.cdiv(seq_k, TILE_N)
-        mask_start = n_tiles
-        if TAIL:
-            mask_start = seq_k // TILE_N
-        if CAUSAL:
-            n_tiles = ct.cdiv(min(q_start + TILE_M, seq_k), TILE_N)
-            mask_start = min(mask_start, q_start // TILE_N)
+        n_tiles, mask_start = key_range(bid_m * TILE_M, seq_k, 0, TILE_M, f.TILE_N, f.CAUSAL,
+                                        not f.EVEN_N, False)
         for j in range(0, n_tiles):
             acc = dq_tile(q, do, acc, arrays, fns, aux, where, bid_m, j, j >= mask_start,
-                          HAS_MASK_MOD, cfg)
+                          f.HAS_MASK_MOD, f)
 
     dq0, dq1, dq2 = acc
     dq0, dq1, dq2 = scale_chunks(dq0, dq1, dq2, scale, NCHUNK)
     store_rows(dQ, b, h, bid_m, dq0, dq1, dq2, TILE_M, W0, W1, W2, NCHUNK)
 
 
+# The entry points: flags arrive as ``ct.Constant`` parameters (``flags``: their meaning)
+# and are gathered into the family's flags by name; the plain ones leave the variant
+# fields off and take only the arrays a plain call reads.
 @ct.kernel
 def attention_bwd_dkdv(
     Q, K, V, dOut, Lse, Delta, Mask, dK, dV, dQacc,
@@ -363,21 +340,20 @@ def attention_bwd_dkdv(
     inv_scale: float,  # 1 / scale: the forward's additive-mask factor
     scale: float,
     GROUP: int,  # query heads per K/V head; this program sums their contributions
-    TILE_M: ConstInt,  # query rows per inner step
-    TILE_N: ConstInt,  # keys per program
-    NCHUNK: ConstInt, W0: ConstInt, W1: ConstInt, W2: ConstInt,  # head-dim chunks
+    TILE_M: ConstInt, TILE_N: ConstInt,
+    NCHUNK: ConstInt, W0: ConstInt, W1: ConstInt, W2: ConstInt,
     CAUSAL: ConstBool, EVEN_N: ConstBool,
     HAS_MASK: ConstBool, MASK_BATCH: ConstBool, MASK_HEAD: ConstBool, MASK_ROWS: ConstBool,
-    DQ_ATOMIC: ConstBool,  # also reduce-add dS K into the fp32 dQacc (TMA)
-    MASK_ALL: ConstBool,  # apply the causal mask on every query tile (one loop body)
+    DQ_ATOMIC: ConstBool, MASK_ALL: ConstBool,
 ):
     """Plain dK/dV (no variant functions, no block mask): only the arrays it reads."""
     dkdv_program(Q, K, V, dOut, Lse, Delta, Mask,
                  (None, None, None, None, None, None, None, None, None, None), dK, dV,
                  dQacc, (qk_scale_log2, inv_scale, scale, GROUP),
-                 (TILE_M, TILE_N, NCHUNK, W0, W1, W2, CAUSAL, EVEN_N, HAS_MASK, MASK_BATCH,
-                  MASK_HEAD, MASK_ROWS, DQ_ATOMIC, MASK_ALL),
-                 (False, False, False, False, False),
+                 DkdvFlags(TILE_M=TILE_M, TILE_N=TILE_N, NCHUNK=NCHUNK, W0=W0, W1=W1, W2=W2,
+                           CAUSAL=CAUSAL, EVEN_N=EVEN_N, HAS_MASK=HAS_MASK,
+                           MASK_BATCH=MASK_BATCH, MASK_HEAD=MASK_HEAD, MASK_ROWS=MASK_ROWS,
+                           DQ_ATOMIC=DQ_ATOMIC, MASK_ALL=MASK_ALL),
                  (no_score_mod, no_score_mod, no_mask_mod, no_captured_grad))
 
 
@@ -391,7 +367,6 @@ def attention_bwd_dkdv_variant(
     HAS_MASK: ConstBool, MASK_BATCH: ConstBool, MASK_HEAD: ConstBool,
     MASK_ROWS: ConstBool, DQ_ATOMIC: ConstBool, MASK_ALL: ConstBool,
     HAS_SCORE_MOD: ConstBool, HAS_MASK_MOD: ConstBool,
-    # the block mask's transposed lists: query tiles per key tile
     BLOCK_SPARSE: ConstBool, BLK_BATCH: ConstBool, BLK_HEAD: ConstBool,
 ):
     """dK/dV with the variant's functions, captured tensors (A0..A3), the fp32 gradients
@@ -399,9 +374,12 @@ def attention_bwd_dkdv_variant(
     dkdv_program(Q, K, V, dOut, Lse, Delta, Mask,
                  (BlkCnt, BlkIdx, A0, A1, A2, A3, G0, G1, G2, G3), dK, dV,
                  dQacc, (qk_scale_log2, inv_scale, scale, GROUP),
-                 (TILE_M, TILE_N, NCHUNK, W0, W1, W2, CAUSAL, EVEN_N, HAS_MASK, MASK_BATCH,
-                  MASK_HEAD, MASK_ROWS, DQ_ATOMIC, MASK_ALL),
-                 (HAS_SCORE_MOD, HAS_MASK_MOD, BLOCK_SPARSE, BLK_BATCH, BLK_HEAD),
+                 DkdvFlags(TILE_M=TILE_M, TILE_N=TILE_N, NCHUNK=NCHUNK, W0=W0, W1=W1, W2=W2,
+                           CAUSAL=CAUSAL, EVEN_N=EVEN_N, HAS_MASK=HAS_MASK,
+                           MASK_BATCH=MASK_BATCH, MASK_HEAD=MASK_HEAD, MASK_ROWS=MASK_ROWS,
+                           DQ_ATOMIC=DQ_ATOMIC, MASK_ALL=MASK_ALL, HAS_SCORE_MOD=HAS_SCORE_MOD,
+                           HAS_MASK_MOD=HAS_MASK_MOD, BLOCK_SPARSE=BLOCK_SPARSE,
+                           BLK_BATCH=BLK_BATCH, BLK_HEAD=BLK_HEAD),
                  (SCORE_MOD, SCORE_GRAD, MASK_MOD, SCORE_CAPGRAD))
 
 
@@ -409,8 +387,7 @@ def attention_bwd_dkdv_variant(
 def attention_bwd_dq(
     Q, K, V, dOut, Lse, Delta, Mask, dQ,
     qk_scale_log2: float, inv_scale: float, scale: float, GROUP: int,
-    TILE_M: ConstInt,  # query rows per program
-    TILE_N: ConstInt,  # keys per inner step
+    TILE_M: ConstInt, TILE_N: ConstInt,
     NCHUNK: ConstInt, W0: ConstInt, W1: ConstInt, W2: ConstInt,
     CAUSAL: ConstBool, EVEN_N: ConstBool,
     HAS_MASK: ConstBool, MASK_BATCH: ConstBool, MASK_HEAD: ConstBool, MASK_ROWS: ConstBool,
@@ -418,9 +395,10 @@ def attention_bwd_dq(
     """Plain dQ: only the arrays it reads."""
     dq_program(Q, K, V, dOut, Lse, Delta, Mask, (None, None, None, None, None, None), dQ,
                (qk_scale_log2, inv_scale, scale, GROUP),
-               (TILE_M, TILE_N, NCHUNK, W0, W1, W2, CAUSAL, EVEN_N, HAS_MASK, MASK_BATCH,
-                MASK_HEAD, MASK_ROWS),
-               (False, False, False, False, False), (no_score_mod, no_score_mod, no_mask_mod))
+               DqFlags(TILE_M=TILE_M, TILE_N=TILE_N, NCHUNK=NCHUNK, W0=W0, W1=W1, W2=W2,
+                       CAUSAL=CAUSAL, EVEN_N=EVEN_N, HAS_MASK=HAS_MASK, MASK_BATCH=MASK_BATCH,
+                       MASK_HEAD=MASK_HEAD, MASK_ROWS=MASK_ROWS),
+               (no_score_mod, no_score_mod, no_mask_mod))
 
 
 @ct.kernel
@@ -431,13 +409,14 @@ def attention_bwd_dq_variant(
     W0: ConstInt, W1: ConstInt, W2: ConstInt, CAUSAL: ConstBool, EVEN_N: ConstBool,
     HAS_MASK: ConstBool, MASK_BATCH: ConstBool, MASK_HEAD: ConstBool,
     MASK_ROWS: ConstBool, HAS_SCORE_MOD: ConstBool, HAS_MASK_MOD: ConstBool,
-    # the block mask's lists: key tiles per query tile
     BLOCK_SPARSE: ConstBool, BLK_BATCH: ConstBool, BLK_HEAD: ConstBool,
 ):
     """dQ with the variant's functions, captured tensors and block lists."""
     dq_program(Q, K, V, dOut, Lse, Delta, Mask, (BlkCnt, BlkIdx, A0, A1, A2, A3), dQ,
                (qk_scale_log2, inv_scale, scale, GROUP),
-               (TILE_M, TILE_N, NCHUNK, W0, W1, W2, CAUSAL, EVEN_N, HAS_MASK, MASK_BATCH,
-                MASK_HEAD, MASK_ROWS),
-               (HAS_SCORE_MOD, HAS_MASK_MOD, BLOCK_SPARSE, BLK_BATCH, BLK_HEAD),
+               DqFlags(TILE_M=TILE_M, TILE_N=TILE_N, NCHUNK=NCHUNK, W0=W0, W1=W1, W2=W2,
+                       CAUSAL=CAUSAL, EVEN_N=EVEN_N, HAS_MASK=HAS_MASK, MASK_BATCH=MASK_BATCH,
+                       MASK_HEAD=MASK_HEAD, MASK_ROWS=MASK_ROWS, HAS_SCORE_MOD=HAS_SCORE_MOD,
+                       HAS_MASK_MOD=HAS_MASK_MOD, BLOCK_SPARSE=BLOCK_SPARSE,
+                       BLK_BATCH=BLK_BATCH, BLK_HEAD=BLK_HEAD),
                (SCORE_MOD, SCORE_GRAD, MASK_MOD))

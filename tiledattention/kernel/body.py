@@ -324,26 +324,3 @@ def score_gradient(p, dp, delta, qk, b, h, q_idx, kv_idx, score_grad, A0, A1, A2
         ds = ct.where(p == 0.0, 0.0, ds * ct.astype(grad, np.float32))
     return ds
 
-
-# ----------------------------------------------------------------------------- block lists
-def block_row(b, h, BLK_BATCH, BLK_HEAD):
-    """The (batch, head) index of a block mask's lists: 0 on a broadcast axis."""
-    bb = 0
-    hh = 0
-    if BLK_BATCH:
-        bb = b
-    if BLK_HEAD:
-        hh = h
-    return bb, hh
-
-
-def block_range(Cnt, b, h, tile, BLK_BATCH, BLK_HEAD):
-    """(partial, full) tile counts of one row of a block mask's lists (see ``blockmask``)."""
-    bb, hh = block_row(b, h, BLK_BATCH, BLK_HEAD)
-    return ct.gather(Cnt, (bb, hh, tile, 0)), ct.gather(Cnt, (bb, hh, tile, 1))
-
-
-def block_at(Idx, b, h, tile, t, BLK_BATCH, BLK_HEAD):
-    """The ``t``-th listed tile of one row of a block mask's lists."""
-    bb, hh = block_row(b, h, BLK_BATCH, BLK_HEAD)
-    return ct.gather(Idx, (bb, hh, tile, t))

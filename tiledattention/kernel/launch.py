@@ -1,15 +1,11 @@
-"""Running a plan on CUDA tensors: the device check, mask preparation, the launch."""
+"""Running a plan on CUDA tensors: the forward's and the backward's launches (plans: ``plan``)."""
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
-from ..errors import GPUTooOldError, ToolchainMissingError
-from .toolchain import INSTALL_LINE, kernel_module, tileiras_path
-
-MIN_CAPABILITY = (8, 0)  # tileiras targets Ampere and newer; tested on Hopper (sm_90)
+from .mask import prepare_mask
+from .mods import MAX_TENSORS as _MAX_TENSORS
 
 # The current stream's raw handle without building a torch.cuda.Stream object (~9 us on
 # the H100 host for torch.cuda.current_stream()); a CPU-only torch build has neither.
@@ -17,53 +13,11 @@ _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 _current_device = getattr(torch._C, "_cuda_getDevice", None)
 
 
-@functools.cache
-def check_device(index: int) -> None:
-    """Once per device: capability and toolchain, so the call path stays cheap."""
-    cap = torch.cuda.get_device_capability(index)
-    if cap < MIN_CAPABILITY:
-        name = torch.cuda.get_device_name(index)
-        raise GPUTooOldError(
-            f"{name} has compute capability {cap[0]}.{cap[1]}; cuTile needs "
-            f"{MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]} or newer (Ampere, Hopper, Blackwell)")
-    kernel_module()
-    if tileiras_path() is None:
-        raise ToolchainMissingError(f"tileiras (the cuTile compiler) was not found on PATH or "
-                                    f"in $CUDA_HOME/bin; {INSTALL_LINE}")
-
-
 def _addressable(t: torch.Tensor) -> torch.Tensor:
     # The kernel addresses any strides as long as the head dim is unit-stride.
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def prepare_mask(mask: torch.Tensor, dtype: torch.dtype, target) -> torch.Tensor:
-    """4-D additive mask whose broadcast axes have size 1 and whose key axis is dense."""
-    mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
-    # An expanded (stride-0) axis is a broadcast in disguise: keep one slice of it.
-    index = tuple(slice(0, 1) if (mask.stride(i) == 0 and i < 3) else slice(None)
-                  for i in range(4))
-    mask = mask[index]
-    if mask.shape[3] != target[3]:
-        mask = mask.expand(*mask.shape[:3], target[3])
-    if mask.dtype == torch.bool:
-        mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(
-            ~mask, float("-inf"))
-    return _addressable(mask)
-
-
-def mask_layout(mask: torch.Tensor, dtype: torch.dtype, target) -> tuple[str, tuple]:
-    """(dtype name, real (batch, head, query) axes) of the mask as ``prepare_mask`` leaves it.
-
-    Worked out on a meta copy: it follows from shape, strides and dtype alone.
-    """
-    meta = torch.empty_strided(mask.shape, mask.stride(), dtype=mask.dtype, device="meta")
-    prepared = prepare_mask(meta, dtype, target)
-    return (str(prepared.dtype).removeprefix("torch."),
-            (prepared.shape[0] > 1, prepared.shape[1] > 1, prepared.shape[2] > 1))
-
-
-_MAX_TENSORS = 4  # mods.MAX_TENSORS: the kernels' A0..A3 and G0..G3
 _scratch: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 _int_pads: dict[torch.device, torch.Tensor] = {}
 
@@ -99,11 +53,9 @@ def _int_pad(device: torch.device) -> torch.Tensor:
 def variant_arrays(plan_blocks, aux, device) -> tuple:
     """(BlkCnt, BlkIdx, A0..A3): a block mask's lists and the tensors the variant functions
     capture, padded with placeholders the kernel never reads."""
-    from .mods import MAX_TENSORS
-
     pad = _int_pad(device)
     blocks = plan_blocks or (pad, pad)
-    return (*blocks, *aux, *([pad] * (MAX_TENSORS - len(aux))))
+    return (*blocks, *aux, *([pad] * (_MAX_TENSORS - len(aux))))
 
 
 def captured_buffers(aux: tuple, needs: tuple) -> tuple:
@@ -152,20 +104,14 @@ def launch(plan, q, k, v, attn_mask, *, fresh_lse: bool = True, aux: tuple = ())
     return out, lse
 
 
-def run_backward(q, k, v, out, lse, dout, dlse, attn_mask, causal: bool, scale: float,
-                 schedule=None, mods=None, block=None, aux: tuple | None = None,
+def run_backward(plan, q, k, v, out, lse, dout, dlse, attn_mask, *, aux: tuple = (),
                  captured: tuple = ()):
-    """(dq, dk, dv) of ``sdpa``'s forward, given its output and natural-log LSE: delta, then
-    dK/dV, then dQ (or dQ by atomics inside dK/dV), on PyTorch's current stream.
-    ``captured``: ``captured_buffers`` of the captured tensors that need a gradient (their
-    ``mods`` from ``mods.with_captured_grads``); the dK/dV kernel adds the gradients in."""
-    from . import mods as _mods
-    from .plan import bwd_plan_for, pinned_schedule
-
-    mods = mods or _mods.NONE
+    """(dq, dk, dv) of ``sdpa``'s forward by ``plan`` (``plan.bwd_plan_for``), given its
+    output and natural-log LSE: delta, then dK/dV, then dQ (or dQ by atomics inside dK/dV),
+    on PyTorch's current stream. ``aux``: the tensors the variant functions capture;
+    ``captured``: ``captured_buffers`` of those that need a gradient (their ``mods`` from
+    ``mods.with_captured_grads``); the dK/dV kernel adds the gradients in."""
     q, k, v, out, dout = (_addressable(t) for t in (q, k, v, out, dout))
-    plan = bwd_plan_for(q, k, attn_mask, causal, scale, dlse is not None,
-                        schedule or pinned_schedule(), mods, block)
     b, hq, sq, _ = q.shape
     dev = q.device
     delta = torch.empty((b, hq, sq), dtype=torch.float32, device=dev)
@@ -181,7 +127,6 @@ def run_backward(q, k, v, out, lse, dout, dlse, attn_mask, causal: bool, scale: 
     # dQ by reduce-add: the delta kernel zeroes dQacc (ZERO_DQ) before dK/dV adds into it.
     dq_acc = torch.empty(q.shape, dtype=torch.float32, device=dev) if atomic else \
         delta.view(b, hq, sq, 1)  # never read without DQ_ATOMIC
-    aux = mods.tensors() if aux is None else aux
     dkdv_extra = dq_extra = ()
     if plan.variant.flags is not None:
         pad = _int_pad(dev)
@@ -195,7 +140,7 @@ def run_backward(q, k, v, out, lse, dout, dlse, attn_mask, causal: bool, scale: 
     for (kernel, grid, tail), args in zip(plan.launches[:2 if atomic else 3], tensors):
         launch_kernel(dev, grid, kernel, (*args, *tail))
     if atomic:
-        torch.mul(dq_acc, scale, out=dq)  # the reduce-add summed dS K unscaled
+        torch.mul(dq_acc, plan.scale, out=dq)  # the reduce-add summed dS K unscaled
     return dq, dk, dv
 
 

@@ -29,9 +29,9 @@ import types
 
 import torch
 
-from . import mods as _m
+from . import source as _m
 
-_CTX = _m._CT
+_CTX = _m.CT
 
 
 class _Obj:
@@ -156,12 +156,12 @@ def _unary(name: str, x: ast.expr) -> ast.expr:
 def translate(name: str, args: list[ast.expr], kw: dict, scope, node) -> ast.expr | None:
     """The ``ct`` expression of torch's ``name(*args, **kw)`` (a function or a tensor
     method with its tensor first), or None when there is none."""
-    def arg(i, key=None, default=_m._EMPTY):
+    def arg(i, key=None, default=_m.EMPTY):
         if i < len(args):
             return args[i]
         if key in kw:
             return scope.expr(kw[key], node)
-        if default is _m._EMPTY:
+        if default is _m.EMPTY:
             raise scope.refuse(node, f"`{name}` needs argument {key or i}")
         return default
 
@@ -217,11 +217,11 @@ def _fold(op: ast.AST, *values):
            ast.BitXor: operator.xor, ast.Invert: operator.invert}
     fn = ops.get(type(op))
     if fn is None:
-        return _m._EMPTY
+        return _m.EMPTY
     try:
         return fn(*values)
     except (ArithmeticError, TypeError, ValueError):
-        return _m._EMPTY
+        return _m.EMPTY
 
 
 def _is_number(v) -> bool:
@@ -253,7 +253,7 @@ class Inliner:
     def top(self, fn, node, params: list[str]) -> ast.expr:
         env = {p: ast.Name(p, ast.Load()) for p in params}
         scope = _Scope(self, fn, env)
-        body = _m._body(node)
+        body = _m.body_of(node)
         return scope.expr(scope.block(body), body[-1] if body else node)
 
     def inline(self, fn, args: list, kw: dict, caller, at) -> ast.expr:
@@ -261,14 +261,14 @@ class Inliner:
         if self.depth >= self.MAX_DEPTH:
             raise caller.refuse(at, f"helper calls nest deeper than {self.MAX_DEPTH} "
                                 "(recursion cannot be compiled into the kernels)")
-        node = _m._function_node(fn)
+        node = _m.function_node(fn)
         a = node.args
         if a.vararg or a.kwarg or a.kwonlyargs:
-            raise caller.refuse(at, f"helper `{_m._name(fn)}` takes *args/**kwargs or "
+            raise caller.refuse(at, f"helper `{_m.name_of(fn)}` takes *args/**kwargs or "
                                 "keyword-only parameters; the kernels need plain parameters")
         names = [p.arg for p in (*a.posonlyargs, *a.args)]
         if len(args) > len(names) or set(kw) - set(names):
-            raise caller.refuse(at, f"helper `{_m._name(fn)}` called with arguments that do "
+            raise caller.refuse(at, f"helper `{_m.name_of(fn)}` called with arguments that do "
                                 "not match its parameters")
         env = dict(zip(names, args))
         env.update(kw)
@@ -277,7 +277,7 @@ class Inliner:
             env.setdefault(name, _const(value) if _is_number(value) else _Obj(value, name))
         missing = [n for n in names if n not in env]
         if missing:
-            raise caller.refuse(at, f"helper `{_m._name(fn)}` called without {missing}")
+            raise caller.refuse(at, f"helper `{_m.name_of(fn)}` called without {missing}")
         self.depth += 1
         try:
             if isinstance(node, ast.Lambda):
@@ -299,7 +299,7 @@ class Inliner:
                                f"{_m.MAX_TENSORS} per call, score_mod and mask_mod together; "
                                f"`{t.name}` is one too many): stack "
                                "them into one tensor and index it")
-        get = _m._cell_getter(t.fn, t.name)
+        get = _m.cell_getter(t.fn, t.name)
         if t.value.dim() == 0:  # a 0-d tensor is read as element 0 of a 1-element view
             get = (lambda g: lambda: g().reshape(1))(get)
         self.tensors.append((key, t.name, get))
@@ -314,8 +314,8 @@ class _Scope:
         self.lifter, self.fn, self.env = lifter, fn, env
 
     def refuse(self, node, what: str) -> _m.VariantError:
-        return _m.VariantError(f"{_m._where(self.fn, node)}: {self.lifter.role} "
-                               f"{_m._name(self.fn)}: {what}")
+        return _m.VariantError(f"{_m.location(self.fn, node)}: {self.lifter.role} "
+                               f"{_m.name_of(self.fn)}: {what}")
 
     # ------------------------------------------------------------------ statements
     def block(self, stmts: list[ast.stmt]) -> ast.expr:
@@ -344,7 +344,7 @@ class _Scope:
                 rest = stmts[i + 1:]
                 cond = self.value(st.test)
                 known = self.constant(cond, st.test, strict=False)
-                if known is not _m._EMPTY:
+                if known is not _m.EMPTY:
                     return self.block((st.body if known else st.orelse) + rest)
                 yes = _Scope(self.lifter, self.fn, dict(self.env)).block(st.body + rest)
                 no = _Scope(self.lifter, self.fn, dict(self.env)).block(st.orelse + rest)
@@ -395,7 +395,7 @@ class _Scope:
                           "numbers, bools, indexed tensors and ct/torch functions")
 
     def constant(self, v, at, strict: bool = True):
-        """The Python value of a resolved constant (``_EMPTY`` when it is a tile unless
+        """The Python value of a resolved constant (``EMPTY`` when it is a tile unless
         ``strict``, which refuses)."""
         if isinstance(v, ast.Constant):
             return v.value
@@ -404,7 +404,7 @@ class _Scope:
             return v.value
         if strict:
             raise self.refuse(at, "needs a constant here")
-        return _m._EMPTY
+        return _m.EMPTY
 
     def value(self, e: ast.AST):
         """``e`` resolved: an expression node, an ``_Obj`` or a ``_Tensor``."""
@@ -422,10 +422,10 @@ class _Scope:
             v = self.env[e.id]
             return copy.deepcopy(v) if isinstance(v, ast.AST) else v
         try:
-            value = _m._lookup(self.fn, e.id)
+            value = _m.lookup(self.fn, e.id)
         except KeyError:
             raise self.refuse(e, f"name `{e.id}` is not defined") from None
-        if value is _m._EMPTY:
+        if value is _m.EMPTY:
             raise self.refuse(e, f"`{e.id}` is a variable of the enclosing function that has "
                               "no value yet (an empty closure cell: assigned after the "
                               "function was made, or deleted); assign it before")
@@ -487,7 +487,7 @@ class _Scope:
             value = root.value
             for x in elts:
                 key = self.constant(self.value(x), x, strict=False)
-                if key is _m._EMPTY:
+                if key is _m.EMPTY:
                     raise self.refuse(e, f"`{_src(e)}` indexes the captured "
                                       f"{type(value).__name__} `{root.path}` with a tile; "
                                       "make it a tensor to index it in the kernels")
@@ -534,7 +534,7 @@ class _Scope:
             return self.lifter.inline(f, args, kw, self, e)
         consts = [self.constant(a, e, strict=False) for a in args]
         const_kw = {k: self.constant(v, e, strict=False) for k, v in kw.items()}
-        all_const = _m._EMPTY not in consts and _m._EMPTY not in const_kw.values()
+        all_const = _m.EMPTY not in consts and _m.EMPTY not in const_kw.values()
         if _is_ct(f):
             exprs = [self.expr(a, e) for a in args]
             return ast.Call(self.expr(func, e), exprs,
@@ -543,8 +543,8 @@ class _Scope:
             return _const(consts[0])  # torch.tensor(-inf): the number itself
         if f in _LIKE:
             fill = _LIKE[f] if f is not torch.full_like else (
-                consts[1] if len(consts) > 1 else const_kw.get("fill_value", _m._EMPTY))
-            if fill is not _m._EMPTY and _is_number(fill):
+                consts[1] if len(consts) > 1 else const_kw.get("fill_value", _m.EMPTY))
+            if fill is not _m.EMPTY and _is_number(fill):
                 return _const(fill)  # broadcasts like the tile it imitates
         if f in (float, int, bool) and all_const and not kw and len(consts) <= 1:
             try:
@@ -598,18 +598,18 @@ class _Scope:
     def _BinOp(self, e):
         a, b = self.value(e.left), self.value(e.right)
         ca, cb = self.constant(a, e, strict=False), self.constant(b, e, strict=False)
-        if _m._EMPTY not in (ca, cb):
+        if _m.EMPTY not in (ca, cb):
             folded = _fold(e.op, ca, cb)
-            if folded is not _m._EMPTY and _is_number(folded):
+            if folded is not _m.EMPTY and _is_number(folded):
                 return _const(folded)
         return ast.BinOp(self.expr(a, e.left), type(e.op)(), self.expr(b, e.right))
 
     def _UnaryOp(self, e):
         a = self.value(e.operand)
         ca = self.constant(a, e, strict=False)
-        if ca is not _m._EMPTY:
+        if ca is not _m.EMPTY:
             folded = _fold(e.op, ca)
-            if folded is not _m._EMPTY and _is_number(folded):
+            if folded is not _m.EMPTY and _is_number(folded):
                 return _const(folded)
         op = ast.Invert() if isinstance(e.op, ast.Not) else type(e.op)()
         return ast.UnaryOp(op, self.expr(a, e.operand))
@@ -617,7 +617,7 @@ class _Scope:
     def _BoolOp(self, e):
         values = [self.value(v) for v in e.values]
         consts = [self.constant(v, e, strict=False) for v in values]
-        if _m._EMPTY not in consts:
+        if _m.EMPTY not in consts:
             out = consts[0]
             for c in consts[1:]:
                 out = (out and c) if isinstance(e.op, ast.And) else (out or c)
@@ -636,7 +636,7 @@ class _Scope:
         parts = []
         for op, a, b in zip(e.ops, operands, operands[1:]):
             ca, cb = self.constant(a, e, strict=False), self.constant(b, e, strict=False)
-            if _m._EMPTY not in (ca, cb):
+            if _m.EMPTY not in (ca, cb):
                 parts.append(ast.Constant(bool(_fold(op, ca, cb))))
             else:
                 parts.append(ast.Compare(self.expr(a, e), [type(op)()], [self.expr(b, e)]))
@@ -648,7 +648,7 @@ class _Scope:
     def _IfExp(self, e):
         cond = self.value(e.test)
         known = self.constant(cond, e, strict=False)
-        if known is not _m._EMPTY:
+        if known is not _m.EMPTY:
             return self.value(e.body if known else e.orelse)
         return _ct_call("where", self.expr(cond, e.test), self.expr(self.value(e.body), e),
                         self.expr(self.value(e.orelse), e))

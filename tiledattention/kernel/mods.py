@@ -20,7 +20,7 @@ What a function may use (``lifting`` resolves it into one expression when it is 
   becomes ``ct.gather`` (out-of-range indices read 0): ``slopes[h]``, ``doc[b, q_idx]``.
 
 Anything else is refused at lift time with a ``VariantError`` naming the user's file and
-line. The source lifted is checked against the function's code object (``_function_node``).
+line. The source lifted is checked against the function's code object (``function_node``).
 
 The derivative (``score_mod`` only; ``mask_mod`` needs none): a ``ScoreMod(fn, grad=g)``
 pairs the function with ``g(score, b, h, q_idx, kv_idx) = d fn / d score``; without one,
@@ -39,32 +39,32 @@ flag, and equal variants share kernels. The lifted variants are cached by ``_fn_
 from __future__ import annotations
 
 import ast
-import builtins
 import copy
 import dataclasses
-import dis
 import functools
 import inspect
 import itertools
 import linecache
 import textwrap
-import tokenize
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from ..errors import InputError
+from .source import (
+    AUX,
+    CT,
+    EMPTY,
+    MAX_TENSORS,
+    VariantError,
+    function_node,
+    global_names,
+    location,
+    name_of,
+)
 
-MAX_TENSORS = 4  # the kernels' A0..A3 arrays
-AUX = tuple(f"_ta_aux{i}" for i in range(MAX_TENSORS))
-_CT = "_ta_ct"
 _counter = itertools.count()
-
-
-class VariantError(InputError):
-    """A score_mod / mask_mod the kernels cannot compile or differentiate."""
 
 
 @dataclass(frozen=True)
@@ -85,205 +85,6 @@ class Lifted:
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
         return tuple(get() for _, get in self.cells)
-
-
-# ----------------------------------------------------------------------------- source
-# A function's source is found from its code object (file, first line) in the lines
-# linecache holds, and checked against that code object: what is lifted is the function
-# that runs, never a file edited since, and a decorator that replaced the function (a
-# ``functools.wraps`` wrapper) is refused, not silently dropped.
-_trees: dict[str, tuple[list, ast.Module | None]] = {}
-
-
-def _where(fn, node: ast.AST | None = None) -> str:
-    """``file:line`` of ``node`` in ``fn``'s source (its definition without a node)."""
-    code = fn.__code__
-    line = getattr(node, "lineno", None) or code.co_firstlineno
-    return f"{code.co_filename}:{line}"
-
-
-def _refuse(fn, node, what: str) -> VariantError:
-    return VariantError(f"{_where(fn, node)}: {_name(fn)}: {what}")
-
-
-def _module_tree(filename: str, lines: list[str]) -> ast.Module | None:
-    cached = _trees.get(filename)
-    if cached is not None and cached[0] is lines:
-        return cached[1]
-    try:
-        tree = ast.parse("".join(lines), filename)
-    except (SyntaxError, ValueError):
-        tree = None  # e.g. a notebook cell holding magics: fall back to the block
-    if len(_trees) > 64:
-        _trees.clear()
-    _trees[filename] = (lines, tree)
-    return tree
-
-
-def _block_tree(lines: list[str], first: int) -> ast.Module | None:
-    """The definition block starting at line ``first`` alone, line numbers kept."""
-    try:
-        block = inspect.getblock(lines[first - 1:])
-    except (IndexError, SyntaxError, tokenize.TokenError):
-        return None
-    text = textwrap.dedent("".join(block))
-    for src in (text, "(" + text.strip().rstrip(",") + ")"):
-        try:
-            tree = ast.parse(src)
-        except SyntaxError:
-            continue
-        ast.increment_lineno(tree, first - 1)
-        return tree
-    return None
-
-
-def _candidates(tree: ast.AST, code) -> list:
-    first = code.co_firstlineno
-    if code.co_name == "<lambda>":
-        return [n for n in ast.walk(tree) if isinstance(n, ast.Lambda) and n.lineno == first]
-    return [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)
-            and n.name == code.co_name
-            and first in (n.lineno, *(d.lineno for d in n.decorator_list))]
-
-
-def _signature(code) -> tuple:
-    consts = tuple(_signature(c) if isinstance(c, types.CodeType) else (type(c), repr(c))
-                   for c in code.co_consts)
-    return (code.co_code, code.co_names, code.co_varnames, code.co_freevars,
-            code.co_cellvars, consts)
-
-
-def _imported_names(tree: ast.Module | None, fn) -> set[str]:
-    """Names the module binds by import (Python 3.11 compiles ``mod.f()`` differently
-    when ``mod`` is one); without the module's tree, its globals holding modules."""
-    if tree is None:
-        return {n for n, v in fn.__globals__.items() if isinstance(v, types.ModuleType)}
-    out, stack = set(), list(tree.body)
-    while stack:
-        st = stack.pop()
-        if isinstance(st, (ast.Import, ast.ImportFrom)):
-            out |= {(a.asname or a.name).split(".")[0] for a in st.names}
-        elif not isinstance(st, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            stack.extend(c for c in ast.iter_child_nodes(st) if isinstance(c, ast.stmt))
-    return out
-
-
-def _code_matches(node, code, imported: set[str] = frozenset()) -> bool:
-    """Whether ``node`` compiles to ``code`` (in a scope giving it the same free names,
-    in a module importing the same names)."""
-    node = copy.deepcopy(node)
-    scope: list[ast.stmt] = []
-    if isinstance(node, ast.FunctionDef):
-        node.decorator_list = []
-        inner = node
-        if node.name not in code.co_freevars:  # its own name stays a global (recursion)
-            scope.append(ast.Global([node.name]))
-    else:
-        inner = ast.Assign([ast.Name("_ta_lambda", ast.Store())], node)
-    outer = ast.FunctionDef(
-        name="_ta_outer", args=ast.arguments(posonlyargs=[], args=[], kwonlyargs=[],
-                                             kw_defaults=[], defaults=[]),
-        body=scope + [ast.Assign([ast.Name(v, ast.Store())], ast.Constant(None))
-                      for v in code.co_freevars] + [inner],
-        decorator_list=[], returns=None, type_params=[])
-    imports = [ast.Import([ast.alias("_ta_module", n)]) for n in sorted(imported)]
-    module = ast.fix_missing_locations(ast.Module([*imports, outer], type_ignores=[]))
-    try:
-        compiled = compile(module, code.co_filename, "exec", dont_inherit=True)
-    except (SyntaxError, ValueError, TypeError):
-        return False
-    want = _signature(code)
-    stack = [compiled]
-    while stack:
-        c = stack.pop()
-        if c.co_name == code.co_name and _signature(c) == want:
-            return True
-        stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
-    return False
-
-
-def _function_node(fn: Callable, nargs: int | None = None) -> ast.FunctionDef | ast.Lambda:
-    """The definition of ``fn`` in its source, checked to be the code that runs."""
-    if getattr(fn, "__wrapped__", None) is not None:
-        raise _refuse(fn, None, "it is wrapped by a decorator (it has __wrapped__, e.g. "
-                      "functools.wraps): the kernels would compile the wrapped body, not "
-                      "what the wrapper does; pass the undecorated function")
-    code = fn.__code__
-    lines = linecache.getlines(code.co_filename, fn.__globals__)
-    if not lines:
-        raise _refuse(fn, None, "its source is not available (defined in an interactive "
-                      "prompt or by exec?); define it in a file or a notebook cell")
-    found, module = [], _module_tree(code.co_filename, lines)
-    for tree in (module, _block_tree(lines, code.co_firstlineno)):
-        found = [n for n in _candidates(tree, code)] if tree is not None else []
-        if found:
-            break
-    imported = _imported_names(module, fn)
-    if not found:
-        raise _refuse(fn, None, "cannot find its definition in its source at this line "
-                      "(the file changed since import?); define it with def")
-    matching = [n for n in found if _code_matches(n, code, imported)]
-    if not matching:
-        raise _refuse(fn, None, "its source no longer matches the code that runs (the file "
-                      "was edited after import); re-import the module or restart")
-    node = matching[0]
-    args = node.args
-    if nargs is not None and (len(args.args) + len(args.posonlyargs) != nargs or args.vararg
-                              or args.kwonlyargs or args.kwarg):
-        raise _refuse(fn, node, f"must take exactly {nargs} positional parameters")
-    return node
-
-
-def _name(fn) -> str:
-    return getattr(fn, "__qualname__", repr(fn))
-
-
-_EMPTY = object()  # an empty closure cell
-
-
-def _lookup(fn: Callable, name: str):
-    """The value ``name`` has for ``fn``: closure, then module globals, then builtins
-    (``_EMPTY`` for an empty cell, KeyError when undefined)."""
-    code = fn.__code__
-    if name in code.co_freevars:
-        try:
-            return fn.__closure__[code.co_freevars.index(name)].cell_contents
-        except ValueError:
-            return _EMPTY
-    if name in fn.__globals__:
-        return fn.__globals__[name]
-    builtins_ = fn.__globals__.get("__builtins__", builtins)
-    if isinstance(builtins_, dict):
-        return builtins_[name]
-    return getattr(builtins_, name) if hasattr(builtins_, name) else builtins.__dict__[name]
-
-
-def _captures(fn: Callable) -> dict[str, object]:
-    """Names the function reads from its closure and its module, with their values."""
-    names = {}
-    for name in fn.__code__.co_freevars:
-        names[name] = _lookup(fn, name)
-    for name in _global_names(fn.__code__):
-        if name in fn.__globals__ and name not in names:
-            names[name] = fn.__globals__[name]
-    return names
-
-
-@functools.lru_cache(maxsize=1024)
-def _global_names(code) -> tuple[str, ...]:
-    """The names ``code`` (and code nested in it) reads as globals, from its bytecode."""
-    out = {i.argval for i in dis.get_instructions(code) if i.opname == "LOAD_GLOBAL"}
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            out.update(_global_names(const))
-    return tuple(sorted(out))
-
-
-def _cell_getter(fn: Callable, name: str):
-    if name in fn.__code__.co_freevars:
-        cell = fn.__closure__[fn.__code__.co_freevars.index(name)]
-        return lambda: cell.cell_contents
-    return lambda: fn.__globals__[name]
 
 
 def _constant_key(value, _seen: tuple = ()) -> object:
@@ -311,7 +112,7 @@ class _Lift(ast.NodeTransformer):
             index = self.visit(node.slice)
             elts = index.elts if isinstance(index, ast.Tuple) else [index]
             return ast.copy_location(ast.Call(
-                func=ast.Attribute(ast.Name(_CT, ast.Load()), "gather", ast.Load()),
+                func=ast.Attribute(ast.Name(CT, ast.Load()), "gather", ast.Load()),
                 args=[ast.Name(self.tensors[node.value.id], ast.Load()),
                       ast.Tuple(elts, ast.Load())], keywords=[]), node)
         return self.generic_visit(node)
@@ -320,12 +121,6 @@ class _Lift(ast.NodeTransformer):
         if node.id in self.tensors:
             return ast.copy_location(ast.Name(self.tensors[node.id], node.ctx), node)
         return node
-
-
-def _body(node) -> list[ast.stmt]:
-    if isinstance(node, ast.Lambda):
-        return [ast.Return(node.body)]
-    return node.body
 
 
 def _compile(name: str, params: list[str], body: list[ast.stmt], env: dict) -> Callable:
@@ -359,7 +154,7 @@ def lift(fn: Callable, nargs: int, role: str, derivative: bool = False,
     cannot compile is refused here, naming the user's file and line."""
     from .lifting import Inliner
 
-    node = _function_node(fn, nargs)
+    node = function_node(fn, nargs)
     params = [a.arg for a in (*node.args.posonlyargs, *node.args.args)]
     inliner = Inliner(role, offset)
     expr = inliner.top(fn, node, params)
@@ -367,11 +162,11 @@ def lift(fn: Callable, nargs: int, role: str, derivative: bool = False,
         try:
             expr = _derivative_of([ast.Return(expr)], params[0], fn)
         except VariantError as exc:  # at the user's definition, as every refusal
-            raise VariantError(f"{_where(fn)}: {exc}") from None
+            raise VariantError(f"{location(fn)}: {exc}") from None
     import cuda.tile as ct
 
     out, source = _compile(f"{role}_{fn.__name__.strip('<>')}", params,
-                           [ast.Return(expr)], {_CT: ct})
+                           [ast.Return(expr)], {CT: ct})
     return Lifted(out, (role, source), inliner.cells())
 
 
@@ -385,13 +180,13 @@ CLOSED_SET = ("closed set: + - * /, ** with a constant exponent, unary -, compar
 def _derivative_of(body: list[ast.stmt], wrt: str, fn) -> ast.expr:
     if len(body) != 1 or not isinstance(body[0], ast.Return) or body[0].value is None:
         raise VariantError(
-            f"score_mod {_name(fn)}: no derivative given and its body is not one return "
+            f"score_mod {name_of(fn)}: no derivative given and its body is not one return "
             "expression; pass ScoreMod(fn, grad=dfn) with dfn(score, b, h, q_idx, kv_idx) "
             "= d fn / d score")
     d = _d(body[0].value, wrt)
     if d is None:
         raise VariantError(
-            f"score_mod {_name(fn)}: cannot differentiate `{ast.unparse(body[0].value)}` "
+            f"score_mod {name_of(fn)}: cannot differentiate `{ast.unparse(body[0].value)}` "
             f"({CLOSED_SET}); pass "
             "ScoreMod(fn, grad=dfn) with dfn(score, b, h, q_idx, kv_idx) = d fn / d score")
     return d if d is not _ZERO else ast.Constant(0.0)
@@ -545,7 +340,7 @@ def _d_more(e: ast.expr, x: str):
         return du if du is None or du is _ZERO else _times(outer, du)
 
     def ct(name, *args):
-        return ast.Call(ast.Attribute(ast.Name(_CT, ast.Load()), name, ast.Load()),
+        return ast.Call(ast.Attribute(ast.Name(CT, ast.Load()), name, ast.Load()),
                         list(args), [])
 
     def zero_or(d):
@@ -664,7 +459,7 @@ def _accumulate(slot: int, index: ast.expr, value: ast.expr, params: list[str]) 
     elts = index.elts if isinstance(index, ast.Tuple) else [index]
     on_q = any(_uses(e, q) or _uses(e, score) for e in elts)
     on_kv = any(_uses(e, kv) or _uses(e, score) for e in elts)
-    ct_ = ast.Name(_CT, ast.Load())
+    ct_ = ast.Name(CT, ast.Load())
     value = ast.Call(ast.Attribute(ct_, "astype", ast.Load()),
                      [value, ast.Attribute(ct_, "float32", ast.Load())], [])
     if not (on_q and on_kv):
@@ -736,7 +531,7 @@ def with_captured_grads(mods: Mods, needs: tuple[bool, ...]) -> Mods:
         import cuda.tile as ct
 
         env = dict(mods.score_mod.fn.__globals__)
-        env[_CT] = ct
+        env[CT] = ct
         fn, source = _compile_raw("score_capgrad", params, body, env)
         found = dataclasses.replace(mods, captured_grad=Lifted(fn, ("score_capgrad", source),
                                                                mods.score_mod.cells),
@@ -797,10 +592,10 @@ def _fn_key(fn: Callable, _seen: tuple = ()) -> tuple:
             cells = tuple([_value_key(c.cell_contents, seen) for c in closure])
         except ValueError:  # an empty cell: the lifting refuses it, naming the variable
             cells = tuple(_cell_key(c, seen) for c in closure)
-    names = _global_names(code)
+    names = global_names(code)
     if names:
         get = fn.__globals__.get
-        names = tuple([_value_key(get(n, _EMPTY), seen) for n in names])
+        names = tuple([_value_key(get(n, EMPTY), seen) for n in names])
     if defaults:
         defaults = tuple([_value_key(d, seen) for d in defaults])
     return (code, cells, names, defaults)

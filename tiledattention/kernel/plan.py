@@ -23,8 +23,11 @@ from ..schedules.backward import BwdSchedule
 from ..schedules.schedule import Schedule
 from . import mods as _mods
 from .geometry import grid_for
+from .headdim import plan_head_dim
+from .mask import mask_layout
 from .spec import COMBINE, DELTA, score_specs
-from .validate import check_inputs, resolve_schedule
+from .toolchain import check_gpu
+from .validate import Problem, check_inputs, resolve_schedule
 from .variant import DELTA_TILE_M, BwdVariant, Flags, Variant
 
 LOG2E = 1.0 / math.log(2.0)
@@ -85,6 +88,7 @@ class BwdPlan:
     device: torch.device
     mask_target: tuple[int, int, int, int] | None
     blocks: tuple = ((), ())  # (dK/dV's transposed lists, dQ's lists)
+    scale: float = 1.0  # the call's softmax scale (dQ by reduce-add is scaled after)
 
 
 def _facts(t) -> tuple:
@@ -151,13 +155,11 @@ def clear() -> None:
 
 def build_plan(q, k, v, attn_mask, causal, scale, enable_gqa, return_lse, schedule,
                variant=None) -> Plan:
-    from .launch import check_device, mask_layout
-
     problem = check_inputs(q, k, v, causal=causal, scale=scale, attn_mask=attn_mask,
                            enable_gqa=enable_gqa)
     chosen = resolve_schedule(schedule, problem)
     index = q.device.index if q.device.index is not None else torch.cuda.current_device()
-    check_device(index)
+    check_gpu(index)
     if chosen is None:
         chosen, _ = policy.choose_schedule(q, k, problem.causal)
     copy_qkv = any(t.stride(-1) != 1 for t in (q, k, v))
@@ -235,9 +237,12 @@ def make_plan(problem, dtype: torch.dtype, device, schedule: Schedule, return_ls
     heads, rows, group = (p.heads_kv, p.group * p.seq_q, 1) if packed else (
         p.heads_q, p.seq_q, p.group)
     m_tiles = math.ceil(rows / schedule.tile_m)
-    # Key tiles the longest row visits: under causality query i sees keys 0..i.
-    last_key = min(p.seq_kv, p.seq_q) if p.causal else p.seq_kv
-    key_tiles = math.ceil(last_key / schedule.tile_n)
+    # Key tiles the longest row visits: under causality query i sees keys 0..i. (Imported
+    # here: ``visit`` also holds the tile functions, and ``import tiledattention`` does
+    # not load cuTile; plans are built once per key.)
+    from .visit import key_tiles as visited
+
+    key_tiles = visited(p.seq_q, p.seq_kv, schedule.tile_n, p.causal)
     splits = split_count(schedule, m_tiles * heads * p.batch, key_tiles, sm_count)
     split_tiles = math.ceil(key_tiles / splits)
     splits = math.ceil(key_tiles / split_tiles)  # no split left without a key tile
@@ -282,8 +287,6 @@ def fwd_hints(schedule: Schedule) -> dict:
 
 def combine_constants(head_dim: int, rows: int, return_lse: bool) -> dict[str, int | bool]:
     """The combine kernel's ``ct.Constant`` arguments for ``rows`` query rows per head."""
-    from .headdim import plan_head_dim
-
     plan = plan_head_dim(head_dim)
     w0, w1, w2 = plan.kernel_widths()
     # A power of two covering small row counts (decode) without idle lanes; 32 rows of
@@ -331,9 +334,6 @@ def bwd_plan_for(q, k, attn_mask, causal, scale, has_dlse, schedule, mods=_mods.
 
 def make_bwd_plan(q, k, attn_mask, causal: bool, scale: float, has_dlse: bool,
                   schedule: BwdSchedule | None, mods=_mods.NONE, block=None) -> BwdPlan:
-    from .launch import mask_layout
-    from .validate import Problem
-
     b, hq, sq, d = q.shape
     hk, sk = k.shape[1], k.shape[2]
     plain = not (mods.key or block is not None)
@@ -364,4 +364,4 @@ def make_bwd_plan(q, k, attn_mask, causal: bool, scale: float, has_dlse: bool,
         block.lists(s.dkdv_m, s.dkdv_n, causal, transposed=True),
         block.lists(s.dq_m, s.dq_n, causal))
     return BwdPlan(v, tuple(launches), q.dtype, q.device,
-                   None if mask is None else target, blocks)
+                   None if mask is None else target, blocks, scale)

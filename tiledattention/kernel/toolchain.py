@@ -1,4 +1,5 @@
-"""Locating cuTile and its tileiras compiler, with the install line when missing."""
+"""Locating cuTile and its tileiras compiler, with the install line when missing, and the
+once-per-device check that a GPU can run what they build."""
 
 from __future__ import annotations
 
@@ -9,8 +10,11 @@ import shutil
 import subprocess
 from types import ModuleType
 
-from ..errors import ToolchainMissingError
+import torch
 
+from ..errors import GPUTooOldError, ToolchainMissingError
+
+MIN_CAPABILITY = (8, 0)  # tileiras targets Ampere and newer; tested on Hopper (sm_90)
 INSTALL_LINE = "pip install 'cuda-tile[tileiras]>=1.7'  (or: pip install 'tiledattention[gpu]')"
 
 
@@ -54,3 +58,19 @@ def tileiras_version() -> str:
     lines = [ln.strip() for ln in (out.stdout + out.stderr).splitlines() if ln.strip()]
     release = [ln for ln in lines if "release" in ln]
     return (release or lines or ["unknown"])[-1]
+
+
+@functools.cache
+def check_gpu(index: int) -> None:
+    """Once per device: capability and toolchain, so the call path stays cheap (the
+    tensors' own device is ``validate.check_device``'s)."""
+    cap = torch.cuda.get_device_capability(index)
+    if cap < MIN_CAPABILITY:
+        name = torch.cuda.get_device_name(index)
+        raise GPUTooOldError(
+            f"{name} has compute capability {cap[0]}.{cap[1]}; cuTile needs "
+            f"{MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]} or newer (Ampere, Hopper, Blackwell)")
+    kernel_module()
+    if tileiras_path() is None:
+        raise ToolchainMissingError(f"tileiras (the cuTile compiler) was not found on PATH or "
+                                    f"in $CUDA_HOME/bin; {INSTALL_LINE}")

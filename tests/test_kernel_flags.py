@@ -1,0 +1,55 @@
+"""Kernel flags travel by name: each score kernel's ``ct.Constant`` parameters are the
+fields of its family's frozen dataclass (``kernel.flags``), and every entry point builds
+that dataclass by keyword, each field from the parameter of the same name, so two flags
+of one type cannot be swapped without a test failing."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("cuda.tile", reason="cuTile not installed: pip install 'cuda-tile[tileiras]'")
+
+from tiledattention.kernel.flags import FAMILIES  # noqa: E402
+from tiledattention.kernel.spec import score_specs  # noqa: E402
+
+KERNEL = Path(__file__).resolve().parents[1] / "tiledattention" / "kernel"
+
+
+def _family(spec):
+    return next(cls for prefix, cls in FAMILIES.items() if spec.name.startswith(prefix))
+
+
+@pytest.mark.parametrize("plain", (True, False), ids=("plain", "variant"))
+def test_each_kernels_constants_are_its_familys_fields(plain):
+    for spec in score_specs(plain):
+        fields = dataclasses.fields(_family(spec))
+        required = {f.name for f in fields if f.default is dataclasses.MISSING}
+        names = {f.name for f in fields}
+        constants = spec.constants()
+        # plain kernels leave the variant fields at their defaults (off)
+        assert required <= constants <= names, spec.name
+        if not plain:
+            assert constants == names, spec.name
+
+
+def test_entry_points_build_their_flags_by_keyword_from_same_named_parameters():
+    built = 0
+    for source in ("attention.py", "backward.py"):
+        tree = ast.parse((KERNEL / source).read_text())
+        for fn in (n for n in tree.body if isinstance(n, ast.FunctionDef)):
+            params = {a.arg for a in fn.args.args}
+            for call in ast.walk(fn):
+                if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)
+                        and call.func.id in {c.__name__ for c in FAMILIES.values()}):
+                    continue
+                built += 1
+                assert not call.args, f"{fn.name}: {call.func.id} built by position"
+                for kw in call.keywords:
+                    assert isinstance(kw.value, ast.Name) and kw.value.id == kw.arg, (
+                        f"{fn.name}: {call.func.id}({kw.arg}=...) is not its own parameter")
+                    assert kw.arg in params, f"{fn.name}: {kw.arg} is not a parameter"
+    assert built == 6  # forward, dK/dV, dQ: plain and variant entry points

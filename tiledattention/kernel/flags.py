@@ -1,0 +1,113 @@
+"""Compile-time flags by name: one frozen dataclass per score-kernel family.
+
+Each ``@ct.kernel`` entry point receives its flags as ``ct.Constant`` scalar parameters
+(cuTile 1.7 launches through the ``cutile_python_v1`` calling convention, which takes
+neither tuple nor dataclass parameters) and builds its family's flags from them once, by
+keyword; every tile function below it reads ``flags.CAUSAL``, never a position. cuTile
+builds frozen dataclass instances in device code, and a field built from a constant stays
+a constant: branches on it fold away as on the parameter itself (the same SASS,
+benchmarks/kernel_identity.py). A new flag is one field here, one parameter of the entry
+points and its value in ``variant``; the plain entry points leave the variant fields at
+their defaults (off).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class FwdFlags:
+    """The forward's flags (``attention.attention_fwd`` / ``attention_fwd_variant``)."""
+
+    TILE_M: int
+    TILE_N: int
+    NCHUNK: int  # head-dim chunks (1..3) of widths W0 >= W1 >= W2
+    W0: int
+    W1: int
+    W2: int
+    CAUSAL: bool
+    HEAVY_FIRST: bool  # causal: launch the longest query tiles (last rows) first
+    EVEN_N: bool  # Skv % TILE_N == 0: no key-tail masking needed
+    HAS_MASK: bool
+    MASK_BATCH: bool  # the additive mask's real axes (else broadcast)
+    MASK_HEAD: bool
+    MASK_ROWS: bool  # the mask has a query axis (False: key-padding mask, one row)
+    RETURN_LSE: bool
+    LAT_K: int  # load latency hints of K and V
+    LAT_V: int
+    SPLIT_K: bool  # write per-split partials (fp32 Out, Lse) for the combine kernel
+    PACKED: bool  # rows are (query head in group, query position) pairs
+    PDL: bool  # launched as a programmatic dependent: wait before the first load
+    HAS_SCORE_MOD: bool = False
+    HAS_MASK_MOD: bool = False
+    BLOCK_SPARSE: bool = False  # visit the tiles a block mask lists (BlkCnt, BlkIdx)
+    BLK_BATCH: bool = False  # the block mask's real axes
+    BLK_HEAD: bool = False
+
+
+@dataclass(frozen=True)
+class DkdvFlags:
+    """The dK/dV kernel's flags (``backward.attention_bwd_dkdv`` / ``..._variant``)."""
+
+    TILE_M: int  # query rows per inner step
+    TILE_N: int  # keys per program
+    NCHUNK: int
+    W0: int
+    W1: int
+    W2: int
+    CAUSAL: bool
+    EVEN_N: bool
+    HAS_MASK: bool
+    MASK_BATCH: bool
+    MASK_HEAD: bool
+    MASK_ROWS: bool
+    DQ_ATOMIC: bool  # also reduce-add dS K into the fp32 dQacc (TMA)
+    MASK_ALL: bool  # apply the causal mask on every query tile (one loop body)
+    HAS_SCORE_MOD: bool = False
+    HAS_MASK_MOD: bool = False
+    BLOCK_SPARSE: bool = False  # the block mask's transposed lists: query tiles per key tile
+    BLK_BATCH: bool = False
+    BLK_HEAD: bool = False
+
+
+@dataclass(frozen=True)
+class DqFlags:
+    """The dQ kernel's flags (``backward.attention_bwd_dq`` / ``..._variant``)."""
+
+    TILE_M: int  # query rows per program
+    TILE_N: int  # keys per inner step
+    NCHUNK: int
+    W0: int
+    W1: int
+    W2: int
+    CAUSAL: bool
+    EVEN_N: bool
+    HAS_MASK: bool
+    MASK_BATCH: bool
+    MASK_HEAD: bool
+    MASK_ROWS: bool
+    HAS_SCORE_MOD: bool = False
+    HAS_MASK_MOD: bool = False
+    BLOCK_SPARSE: bool = False  # the block mask's lists: key tiles per query tile
+    BLK_BATCH: bool = False
+    BLK_HEAD: bool = False
+
+
+FAMILIES = {"attention_fwd": FwdFlags, "attention_bwd_dkdv": DkdvFlags,
+            "attention_bwd_dq": DqFlags}
+
+
+
+# Derived flags, as tile functions (constants of constants stay constants).
+def fwd_zero_safe(f: FwdFlags) -> bool:
+    """A row may end up fully masked: a user mask, causal keys past the row in a later
+    split, a mask_mod, a block mask that lists no tile for the row, or a score_mod
+    returning -inf (FlexAttention's masking idiom). The plain kernels without a mask have
+    none."""
+    return f.HAS_MASK or f.SPLIT_K or f.HAS_MASK_MOD or f.BLOCK_SPARSE or f.HAS_SCORE_MOD
+
+
+def bwd_zero_safe(f: DkdvFlags | DqFlags) -> bool:
+    """``fwd_zero_safe`` of the backward kernels (no split-K)."""
+    return f.HAS_MASK or f.HAS_MASK_MOD or f.BLOCK_SPARSE or f.HAS_SCORE_MOD
