@@ -10,21 +10,15 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .bench.config import (
-    CLOCK_CONTROL,
-    MODEL_PHASES,
-    VARIANT_METHODS,
-    VARIANT_NAMES,
-    VARIANT_PASSES,
-    ModelConfig,
-    ProfileConfig,
-    TuneConfig,
-    VariantsConfig,
-)
 from .bench.grid import PAPER_DTYPES, PAPER_HEAD_DIMS, PAPER_SEQS, TUNE_PASSES
+from .bench.variants import VARIANT_NAMES
 from .launchers.base import LAUNCHERS
 from .schedules.space import SPACES
-from .study.profile import KERNEL_FILTERS
+from .stages import STAGES
+from .stages.model import MODEL_PHASES, ModelConfig
+from .stages.profile import CLOCK_CONTROL, KERNEL_FILTERS, ProfileConfig
+from .stages.tune import TuneConfig
+from .stages.variants import VARIANT_METHODS, VARIANT_PASSES, VariantsConfig
 
 # Exit codes: 2 for bad input (a config, an option, a file the user named), 1 for a step
 # that ran and failed (a job, a build); a bug still ends in a traceback.
@@ -82,7 +76,7 @@ class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def _default(cls, name: str):
-    """A GPU stage option's default: its config dataclass's (bench/config.py), the one
+    """A GPU stage option's default: its config dataclass's (tiledattention/stages/), the one
     source the workflow's schema and rules read too."""
     from dataclasses import fields
 
@@ -518,7 +512,7 @@ def _tune(args) -> int:
 
     if args.launcher:
         return _tune_through_launcher(args)
-    from .tune import paper_grid, run_passes
+    from .stages.tune import paper_grid, run_passes
 
     points = paper_grid(seqs=args.seqs, head_dims=args.head_dims, dtypes=args.dtypes)
     for path in (args.state, args.out):
@@ -530,8 +524,8 @@ def _tune(args) -> int:
 def _tune_through_launcher(args) -> int:
     import os
 
-    from .bench.config import stage_from_dict
     from .launchers import run_step
+    from .stages import stage_from_dict
 
     cfg = stage_from_dict("tune", {"space": args.space, "seqs": args.seqs,
                                    "head_dims": args.head_dims, "dtypes": args.dtypes,
@@ -641,28 +635,25 @@ def _aggregate(args) -> int:
 
 def _stage_rows(path: str | None, flag: str, stage) -> list[dict]:
     """A GPU stage's rows (``--model DIR`` / ``--variants DIR``: its rows file must exist);
-    ``stage``: the stage's module (its ``ROWS`` name and ``load_rows``)."""
+    ``stage``: the stage's descriptor (its rows file and ``load_rows``)."""
     import os
 
     from .bench.store import RowsError
 
     if not path:
         return []
-    if not os.path.exists(os.path.join(path, stage.ROWS)):
-        raise RowsError(f"{flag} {path}: no {stage.ROWS} there")
+    rows = stage.bundle_copies[0]
+    if not os.path.exists(os.path.join(path, rows)):
+        raise RowsError(f"{flag} {path}: no {rows} there")
     return stage.load_rows(path)
 
 
 def _model_rows(path: str | None) -> list[dict]:
-    from .bench import model
-
-    return _stage_rows(path, "--model", model)
+    return _stage_rows(path, "--model", STAGES["model"])
 
 
 def _variant_rows(path: str | None) -> list[dict]:
-    from .bench import variants_run
-
-    return _stage_rows(path, "--variants", variants_run)
+    return _stage_rows(path, "--variants", STAGES["variants"])
 
 
 def _shape_rows(dirs: list[str] | None) -> list[dict]:
@@ -721,13 +712,13 @@ def _figures(args) -> int:
 def _profile(args) -> int:
     import os
 
-    from .study.profile import Shape, run_profile
+    from .stages.profile import Shape, run_profile
 
     shapes = [Shape.parse(s) for s in args.shape]
     code = 0
     if args.launcher:
-        from .bench.config import stage_from_dict
         from .launchers import get_launcher
+        from .stages import stage_from_dict
 
         task = stage_from_dict("profile", {
             "shapes": args.shape, "methods": args.methods, "clock_control": args.clock_control,
@@ -746,8 +737,7 @@ def _profile(args) -> int:
 def _model(args) -> int:
     import os
 
-    from .bench.config import model_from_dict
-    from .bench.model import load_rows, run_model, summary
+    from .stages.model import load_rows, model_from_dict, run_model, summary
 
     cfg = model_from_dict({"enabled": True, "batches": args.batches, "prompt": args.prompt,
                            "steps": args.steps, "reps": args.reps, "seed": args.seed,
@@ -767,8 +757,8 @@ def _model(args) -> int:
 def _variants(args) -> int:
     import os
 
-    from .bench.config import stage_from_dict
-    from .bench.variants_run import load_rows, run_variants, summary
+    from .stages import stage_from_dict
+    from .stages.variants import load_rows, run_variants, summary
 
     cfg = stage_from_dict("variants", _variants_section(args))
     out = os.path.abspath(args.out)

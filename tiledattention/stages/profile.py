@@ -22,11 +22,45 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass
 
-from ..bench.config import CLOCK_CONTROL
+from ..bench.config import INT32, option
 from ..bench.grid import TOKENS, WIDTH, Point
 from ..bench.methods import METHODS, profilable
 from ..errors import StudyError
 from ..safeio import write_json, write_text
+from .base import Stage
+
+CLOCK_CONTROL = ("base", "none")
+
+
+@dataclass(frozen=True)
+class ProfileConfig:
+    """Nsight Compute on representative shapes, one launcher job (`tiledattn profile`)."""
+
+    enabled: bool = option(True, "Run the profile rule (without ncu, a GPU or counter "
+                           "permission the job records why).")
+    shapes: tuple[str, ...] = option(("float16:full:128:4096", "float16:causal:128:4096"),
+                                     "dtype:mask:D:S, with B*S = tokens and H*D = width (checked "
+                                     "by tiledattention).", flag="--shape", repeat=True)
+    methods: tuple[str, ...] = option(("tiledattention", "torch_sdpa"), "Methods whose attention "
+                                      "kernel is captured (those with a kernel filter in the "
+                                      "method registry).", choices=tuple(profilable()),
+                                      unique=True, flag="--methods")
+    clock_control: str = option("base", "ncu clock control (base - locked base clocks; none - "
+                                "boost, as the benchmark runs).", choices=CLOCK_CONTROL,
+                                flag="--clock-control")
+    warmup: int = option(5, "Launches skipped before the captured one.", min=0, max=10**6,
+                         flag="--warmup")
+    tokens: int = option(TOKENS, "B*S of the profiled points.", min=1, max=INT32,
+                         flag="--tokens")
+    width: int = option(WIDTH, "H*D of the profiled points.", min=1, max=INT32, flag="--width")
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def task(self, out_dir: str):
+        """The stage's launcher job."""
+        return ProfileTask(self.shapes, self.methods, out_dir, self.clock_control, self.warmup,
+                           self.tokens, self.width)
 
 
 # Kernel-name filters, from the method registry: ours is one cuTile kernel; PyTorch's
@@ -225,7 +259,7 @@ def _capture(ncu, shape, method, out_dir, clock_control, warmup, tokens, width,
     cmd = [ncu, "--kernel-name", kernel_filters()[method], "--launch-skip", str(warmup),
            "--launch-count", "1", "--clock-control", clock_control, "--set", "full",
            "--export", base, "--force-overwrite",
-           sys.executable, "-m", "tiledattention.study.profile_target", "--method", method,
+           sys.executable, "-m", "tiledattention.stages.profile_target", "--method", method,
            "--point", json.dumps(shape.point(tokens, width).as_dict()), "--warmup", str(warmup)]
     try:
         run = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
@@ -298,3 +332,13 @@ class ProfileTask:
                     clock_control=self.clock_control, warmup=self.warmup, tokens=self.tokens,
                     width=self.width)
         return {"out_dir": self.out_dir}
+
+
+def _run(cfg: ProfileConfig, out_dir: str) -> dict:
+    """The stage's in-process run."""
+    return cfg.task(out_dir)()
+
+
+STAGE = Stage("profile", ProfileConfig, "profile.smk", _run,
+              bundle_copies=("summary.md", "summary.json", "*.ncu-rep", "*.csv"),
+              doc="Nsight Compute on representative shapes (profiles.zip)")

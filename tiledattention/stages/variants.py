@@ -12,13 +12,100 @@ is ``unavailable`` with the reason and the study goes on; where FlexAttention ca
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
-from .config import VariantsConfig, stage_from_dict
-from .grid import tokens_shape
-from .variants import VariantPoint
+from ..bench.config import (
+    INT32,
+    BenchConfig,
+    CorrectnessConfig,
+    TimingConfig,
+    option,
+    section_from_dict,
+)
+from ..bench.grid import PAPER_DTYPES, TOKENS, WIDTH, tokens_shape
+from ..bench.methods import variant_methods
+from ..bench.variants import VARIANT_NAMES, VariantPoint
+from .base import Stage
+
+VARIANT_METHODS = tuple(variant_methods())  # bench/methods.py: those with variants=True
+VARIANT_PASSES = ("fwd", "fwd+bwd")
+
+
+@dataclass(frozen=True)
+class VariantsConfig:
+    """Variants against FlexAttention and SDPA, one launcher job (`tiledattn variants`)."""
+
+    enabled: bool = option(False, "Time each variant (tiledattention's built-in, through the "
+                           "public API) against FlexAttention, SDPA with the variant as a "
+                           "materialised mask and eager attention, as one launcher job; where "
+                           "the job finds no GPU its rows say why.")
+    variants: tuple[str, ...] = option(VARIANT_NAMES, "Variants measured (bench/variants.py's "
+                                       "registry).", choices=VARIANT_NAMES, unique=True,
+                                       flag="--variants")
+    methods: tuple[str, ...] = option(VARIANT_METHODS, "tiledattention; fa4, FlashAttention-4 "
+                                      "(causal, window, softcap natively, ALiBi as a CuTe DSL "
+                                      "score_mod); flex, torch.compile'd flex_attention with the "
+                                      "same score_mod and a block mask (Triton backend); "
+                                      "flex_flash, the same on its FLASH backend (FA4's kernels); "
+                                      "sdpa_mask, torch SDPA with an explicit mask (where one "
+                                      "expresses the variant); eager, matmul + softmax + matmul "
+                                      "(where the device's memory holds its scores). A baseline "
+                                      "that cannot run a variant has a row saying why.",
+                                      choices=VARIANT_METHODS, unique=True, flag="--methods")
+    seqs: tuple[int, ...] = option((1024, 2048, 4096, 8192, 16384), "Sequence lengths S.",
+                                   min=1, max=INT32, unique=True, flag="--seqs")
+    head_dims: tuple[int, ...] = option((64, 128), "Head dims D.", min=8, max=256, unique=True,
+                                        flag="--head-dims")
+    dtypes: tuple[str, ...] = option(PAPER_DTYPES, "Element types.", choices=PAPER_DTYPES,
+                                     unique=True, flag="--dtypes")
+    passes: tuple[str, ...] = option(VARIANT_PASSES, "fwd, the forward; fwd+bwd, forward and "
+                                     "backward (a training step's attention).",
+                                     choices=VARIANT_PASSES, unique=True, flag="--passes")
+    tokens: int = option(TOKENS, "B*S (B = tokens // S, as the paper's grid).", min=1,
+                         max=INT32, flag="--tokens")
+    width: int = option(WIDTH, "H*D (H = width // D).", min=8, max=INT32, flag="--width")
+    warmup: int = option(5, "Untimed calls before the first round (FlexAttention compiles "
+                         "in the point's correctness call, before them).", min=0, max=10**6,
+                         flag="--warmup")
+    reps: int = option(20, "Timed calls per method, over all rounds.", min=1, max=10**6,
+                       flag="--reps")
+    rounds: int = option(2, "Rounds, methods interleaved, order alternating.", min=1,
+                         max=10**4, flag="--rounds")
+    max_ref_heads: int = option(1, "Heads of batch 0 checked against the float64 reference "
+                                "(forward and gradients), every row (its S x S float64 "
+                                "scores: 2 GiB a head at S 16k).", min=1, max=INT32,
+                                flag="--max-ref-heads")
+    seed: int = option(0, "Seed of the inputs.", min=0, max=2**63 - 1, flag="--seed")
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def bench_config(self) -> BenchConfig:
+        """The harness' config of the stage's rows: its timing and correctness (the L2
+        flushed before each timed call, as every benchmark row)."""
+        return BenchConfig(timing=TimingConfig(self.warmup, self.reps, self.rounds),
+                           correctness=CorrectnessConfig(self.max_ref_heads),
+                           seed=self.seed, methods=self.methods)
+
+    def measure_digest(self) -> str:
+        return self.bench_config().measure_digest()
+
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(self.as_dict(), sort_keys=True).encode()
+                              ).hexdigest()[:16]
+
+    def task(self, out_dir: str):
+        """The stage's launcher job (the config travels as items, validated on the node)."""
+        return VariantsTask(out_dir, tuple(self.as_dict().items()))
+
+
+def variants_from_dict(data: dict | None) -> VariantsConfig:
+    """The ``variants`` section, validated; errors name ``variants.<key>``."""
+    return section_from_dict(VariantsConfig, "variants", data)
 
 ROWS = "rows.jsonl"
 MANIFEST = "manifest-variants.json"
@@ -27,7 +114,7 @@ MANIFEST = "manifest-variants.json"
 def points(cfg: VariantsConfig) -> list[VariantPoint]:
     """The stage's points, in the order they run: dtype, D, S, variant, pass (a variant's
     passes share its masks and compiled FlexAttention)."""
-    from .variants import VARIANTS
+    from ..bench.variants import VARIANTS
 
     out = []
     for dtype in cfg.dtypes:
@@ -41,8 +128,8 @@ def points(cfg: VariantsConfig) -> list[VariantPoint]:
 
 
 def _unavailable(plan, cfg: VariantsConfig, reason: str, store) -> None:
-    from .manifest import now
-    from .runner import FORMAT
+    from ..bench.manifest import now
+    from ..bench.runner import FORMAT
 
     for p, methods in plan:
         for m in methods:
@@ -75,10 +162,9 @@ def _forget_no_gpu_rows(store, log) -> None:
 def run_variants(cfg: VariantsConfig, out_dir: str, log=None) -> dict:
     """Measure (or resume) the stage into ``out_dir``; returns its status."""
     log = log or sys.stderr
-    from ..tune import no_gpu_reason
-    from .manifest import capture, now
-    from .runner import _resume, _write_json, measure, resolve_device
-    from .store import Lock, ResultStore
+    from ..bench.manifest import capture, now
+    from ..bench.runner import measure, no_gpu_reason, resolve_device, resume, write_manifest
+    from ..bench.store import Lock, ResultStore
 
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, ROWS)
@@ -86,10 +172,10 @@ def run_variants(cfg: VariantsConfig, out_dir: str, log=None) -> dict:
     with Lock(path, log):
         store = ResultStore(path)
         open(path, "ab").close()  # the rule's output exists even if nothing is measured
-        _resume(store, cfg.measure_digest(), True, log)  # rows of another config: aside
+        resume(store, cfg.measure_digest(), True, log)  # rows of another config: aside
         started = now()
         manifest = os.path.join(out_dir, MANIFEST)
-        _write_json(manifest, capture(cfg, started=started))
+        write_manifest(manifest, capture(cfg, started=started))
         reason = no_gpu_reason()
         print(f"variants: {len(plan)} points x {len(cfg.methods)} methods"
               + (f"; not run: {reason}" if reason else ""), file=log, flush=True)
@@ -102,7 +188,7 @@ def run_variants(cfg: VariantsConfig, out_dir: str, log=None) -> dict:
                 stopped = measure(plan, cfg.bench_config(), store, resolve_device("cuda"),
                                   log)
         finally:
-            _write_json(manifest, capture(cfg, started=started, finished=now()))
+            write_manifest(manifest, capture(cfg, started=started, finished=now()))
         rows = list(store.rows.values())
         missing = missing_rows(plan, store)
     print(summary(rows), file=log, flush=True)
@@ -162,5 +248,11 @@ class VariantsTask:
     job_name: str = "tiledattn-variants"
 
     def __call__(self) -> dict:
-        return run_variants(stage_from_dict("variants", dict(self.config)), self.out_dir)
+        return run_variants(variants_from_dict(dict(self.config)), self.out_dir)
 
+
+STAGE = Stage("variants", VariantsConfig, "variants.smk", run_variants, bundle_copies=(ROWS,),
+              load_rows=load_rows,
+              tables=("tiledattention.study.variants:variants_table",
+                      "tiledattention.study.variants:variants_summary"),
+              doc="each attention variant against FlexAttention, SDPA with a mask and eager")
