@@ -15,6 +15,30 @@ def run_bench(cfg, out_dir: str, **kwargs) -> int:
     return run(cfg, out_dir, **kwargs)
 
 
-STAGE = Stage("bench", None, "bench.smk", run_bench,
-              tables=("tiledattention.study.tables:write_all",),
-              doc="the grid's points, sharded, every method side by side (Tables 4, 6, shapes)")
+# `tiledattn bench`: its options and its handler.
+def add_arguments(p) -> None:
+    p.add_argument("--config", help="YAML benchmark config (default: the paper's grid, every "
+                   "method)")
+    p.add_argument("--out", default="results/bench", help="directory for rows + manifest")
+    p.add_argument("--shard", default="0/1", help="i/n: run the i-th of n grid shards")
+    p.add_argument("--remeasure", action="store_true", help="rows in --out measured under "
+                   "another config (seed, timing, tolerances, device) are set aside to "
+                   "stale-*.jsonl and measured again (default: refuse to mix them)")
+
+
+def _bench(args) -> int:
+    from ..bench.config import BenchConfig, load_config, validate
+    from ..bench.grid import parse_shard
+    from ..bench.runner import run_bench as run
+
+    cfg = load_config(args.config) if args.config else validate(BenchConfig())
+    index, shards = parse_shard(args.shard)
+    return run(cfg, args.out, shard_index=index, shard_count=shards,
+               remeasure=args.remeasure)
+
+
+# `tiledattn bench --help`
+HELP = ("benchmark tiledattention against PyTorch's SDPA backends and eager attention over a "
+        "config's grid (resumable)")
+STAGE = Stage("bench", None, "bench.smk", run_bench, help=HELP, add_arguments=add_arguments,
+              handler=_bench, tables=("tiledattention.study.tables:write_all",))

@@ -37,7 +37,8 @@ import time
 from dataclasses import asdict, dataclass
 
 from ..bench.config import option, section_from_dict
-from .base import Stage, section_json_schema
+from ..launchers.base import LAUNCHERS
+from .base import Stage, count, default_of, json_object, launcher_options, section_json_schema
 
 MODEL_PHASES = ("prefill", "decode", "train", "prefill_compiled", "train_compiled")
 
@@ -365,6 +366,48 @@ class ModelTask:
         return run_model(model_from_dict(dict(self.config)), self.out_dir)
 
 
-STAGE = Stage("model", ModelConfig, "model.smk", run_model, bundle_copies=(ROWS,),
-              load_rows=load_rows, tables=("tiledattention.study.tables:model_e2e",),
-              doc="the tiny Llama's tokens/s per attention implementation (model_e2e)")
+# `tiledattn model`: its options and its handler.
+def add_arguments(p) -> None:
+    p.add_argument("--out", required=True, help="directory for rows.jsonl and the manifest")
+    p.add_argument("--batches", type=count(1), nargs="+",
+                   default=default_of(ModelConfig, "batches"), help="batch sizes")
+    p.add_argument("--prompt", type=count(1), default=default_of(ModelConfig, "prompt"),
+                   help="prompt tokens per sequence")
+    p.add_argument("--steps", type=count(1), default=default_of(ModelConfig, "steps"),
+                   help="greedy decode steps timed")
+    p.add_argument("--reps", type=count(1), default=default_of(ModelConfig, "reps"),
+                   help="interleaved reps per implementation")
+    p.add_argument("--seed", type=count(0), default=default_of(ModelConfig, "seed"),
+                   help="seed of weights and prompt")
+    p.add_argument("--phases", nargs="+", default=list(default_of(ModelConfig, "phases")),
+                   choices=MODEL_PHASES, help="what to time (default: all)")
+    p.add_argument("--launcher", choices=LAUNCHERS, help="run it as a job of this launcher "
+                   "(slurm: on a GPU node) (default: in this process)")
+    launcher_options(p)
+
+
+def _model(args) -> int:
+    import os
+
+    cfg = model_from_dict({"enabled": True, "batches": args.batches, "prompt": args.prompt,
+                           "steps": args.steps, "reps": args.reps, "seed": args.seed,
+                           "phases": args.phases})
+    out = os.path.abspath(args.out)
+    if args.launcher:
+        from ..launchers import run_step
+
+        options = json_object(args.launcher_options, "--launcher-options")
+        run_step(args.launcher, options, os.path.join(out, "logs"), cfg.task(out))
+    else:
+        run_model(cfg, out)
+    print(summary(load_rows(out)))
+    return 0
+
+
+# `tiledattn model --help`
+HELP = ("prefill, decode and training-step tokens/s (eager and compiled) of a tiny random "
+        "Llama per attention implementation (tiledattention, sdpa, eager); records why when "
+        "it cannot run")
+STAGE = Stage("model", ModelConfig, "model.smk", run_model, help=HELP,
+              add_arguments=add_arguments, handler=_model, bundle_copies=(ROWS,),
+              load_rows=load_rows, tables=("tiledattention.study.tables:model_e2e",))

@@ -29,7 +29,8 @@ from ..bench.config import (
 from ..bench.grid import PAPER_DTYPES, TOKENS, WIDTH, tokens_shape
 from ..bench.methods import variant_methods
 from ..bench.variants import VARIANT_NAMES, VariantPoint
-from .base import Stage
+from ..launchers.base import LAUNCHERS
+from .base import Stage, count, default_of, json_object, launcher_options
 
 VARIANT_METHODS = tuple(variant_methods())  # bench/methods.py: those with variants=True
 VARIANT_PASSES = ("fwd", "fwd+bwd")
@@ -251,8 +252,85 @@ class VariantsTask:
         return run_variants(variants_from_dict(dict(self.config)), self.out_dir)
 
 
-STAGE = Stage("variants", VariantsConfig, "variants.smk", run_variants, bundle_copies=(ROWS,),
+# `tiledattn variants`: its options and its handler.
+def add_arguments(p) -> None:
+    p.add_argument("--out", required=True, help="directory for rows.jsonl and the manifest")
+    p.add_argument("--config", help="YAML with the stage's settings: a `variants:` section "
+                   "(a study config) or the section itself; the options below override it "
+                   "(default: the stage's defaults)")
+    # Left out, an option keeps the --config file's value, else the stage's default.
+    def stage_opt(flag, what, **kw):
+        name = flag[2:].replace("-", "_")
+        value = default_of(VariantsConfig, name)
+        shown = " ".join(map(str, value)) if isinstance(value, list) else value
+        p.add_argument(flag, help=f"{what} (default: the --config file's, else {shown})",
+                       **kw)
+
+    stage_opt("--variants", "variants measured", nargs="+", choices=VARIANT_NAMES)
+    stage_opt("--methods", "methods compared", nargs="+", choices=VARIANT_METHODS)
+    stage_opt("--seqs", "sequence lengths S", type=count(1), nargs="+")
+    stage_opt("--head-dims", "head dims D", type=count(1), nargs="+")
+    stage_opt("--dtypes", "element types", nargs="+", choices=PAPER_DTYPES)
+    stage_opt("--passes", "passes timed", nargs="+", choices=VARIANT_PASSES)
+    for flag, what in (("--tokens", "B*S"), ("--width", "H*D"), ("--warmup", "untimed calls"),
+                       ("--reps", "timed calls per method"), ("--rounds", "interleaved rounds"),
+                       ("--max-ref-heads", "heads checked against float64"),
+                       ("--seed", "seed of the inputs")):
+        stage_opt(flag, what, type=count(0))
+    p.add_argument("--launcher", choices=LAUNCHERS, help="run it as a job of this launcher "
+                   "(slurm: on a GPU node) (default: in this process)")
+    launcher_options(p)
+
+
+def _variants(args) -> int:
+    import os
+
+    cfg = section_from_dict(VariantsConfig, "variants", _variants_section(args))
+    out = os.path.abspath(args.out)
+    if args.launcher:
+        from ..launchers import run_step
+
+        options = json_object(args.launcher_options, "--launcher-options")
+        run_step(args.launcher, options, os.path.join(out, "logs"), cfg.task(out))
+        print(summary(load_rows(out)))
+    else:
+        res = run_variants(cfg, out, sys.stdout)
+        if res["status"] == "incomplete":  # rows missing: never exit 0 on a gap
+            return 130 if res.get("stopped") else 1
+    return 0
+
+
+def _variants_section(args) -> dict:
+    """The --config file's variants section with the options given on top."""
+    from ..errors import ConfigError
+
+    data = {}
+    if args.config:
+        from ..yamlio import YAMLInputError, load_yaml
+
+        try:
+            loaded = load_yaml(args.config)
+        except YAMLInputError as exc:
+            raise ConfigError(str(exc)) from None
+        if isinstance(loaded, dict) and isinstance(loaded.get("variants"), dict):
+            loaded = loaded["variants"]
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{args.config}: expected a mapping of the variants stage's "
+                              "settings (or a study config with a variants section)")
+        data = dict(loaded)
+    for key in ("variants", "methods", "seqs", "head_dims", "dtypes", "passes", "tokens",
+                "width", "warmup", "reps", "rounds", "max_ref_heads", "seed"):
+        if getattr(args, key) is not None:
+            data[key] = getattr(args, key)
+    return {**data, "enabled": True}
+
+
+# `tiledattn variants --help`
+HELP = ("each attention variant (sliding window, softcap, ALiBi, documents, prefix-LM) "
+        "against FlexAttention, SDPA with a materialised mask and eager attention, forward "
+        "and forward+backward; records why when it cannot run (resumable)")
+STAGE = Stage("variants", VariantsConfig, "variants.smk", run_variants, help=HELP,
+              add_arguments=add_arguments, handler=_variants, bundle_copies=(ROWS,),
               load_rows=load_rows,
               tables=("tiledattention.study.variants:variants_table",
-                      "tiledattention.study.variants:variants_summary"),
-              doc="each attention variant against FlexAttention, SDPA with a mask and eager")
+                      "tiledattention.study.variants:variants_summary"))
