@@ -8,7 +8,8 @@ import re
 import pytest
 
 from tiledattention.bench.store import read_rows
-from tiledattention.launchers import LauncherError, ShardTask, get_launcher
+from tiledattention.launchers import LauncherError, get_launcher
+from tiledattention.stages.bench import ShardTask
 
 SMOKE = "config/bench-smoke.yaml"
 

@@ -109,11 +109,14 @@ def test_no_stage_module_imports_another_stage():
             "tiledattention.stages.base"}, f"{path} imports the registry"
 
 
-def test_the_common_config_and_the_harness_import_no_stage():
-    """bench/ (the common config, the grid, the harness, the methods) sits below the
-    stages: nothing in it imports tiledattention.stages (or the CLI), function-level
-    imports included."""
-    for path in glob.glob(os.path.join(PKG, "bench", "*.py")):
+def test_the_common_config_the_harness_and_the_launchers_import_no_stage():
+    """bench/ (the common config, the grid, the harness, the methods) and launchers/ sit
+    below the stages: nothing in them imports tiledattention.stages (or the CLI),
+    function-level imports included; the launchers run any task and import no harness."""
+    for path in glob.glob(os.path.join(PKG, "launchers", "*.py")):
+        assert not {m for m in _imports(path) if m.startswith("tiledattention.bench.runner")}
+    for path in (glob.glob(os.path.join(PKG, "bench", "*.py"))
+                 + glob.glob(os.path.join(PKG, "launchers", "*.py"))):
         bad = {m for m in _imports(path)
                if m.startswith(("tiledattention.stages", "tiledattention.cli"))}
         assert not bad, f"{os.path.relpath(path, ROOT)} imports {sorted(bad)}"

@@ -344,7 +344,8 @@ def _sweep(args) -> int:
     from .bench.config import load_config
     from .bench.reshard import reshard
     from .errors import ConfigError
-    from .launchers import ShardTask, get_launcher
+    from .launchers import get_launcher
+    from .stages.bench import ShardTask
 
     cfg = load_config(args.config)  # fail before anything is submitted
     indices = args.only if args.only is not None else list(range(args.shards))

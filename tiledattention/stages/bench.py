@@ -5,6 +5,9 @@ the shapes grids are bench configs of this stage (rules in ``bench.smk``)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from ..launchers.base import LauncherError
 from .base import Stage
 
 
@@ -35,6 +38,44 @@ def _bench(args) -> int:
     index, shards = parse_shard(args.shard)
     return run(cfg, args.out, shard_index=index, shard_count=shards,
                remeasure=args.remeasure)
+
+
+
+@dataclass(frozen=True)
+class ShardTask:
+    """One benchmark shard, picklable for submitit. Rerunning resumes from finished rows,
+    so a requeued (preempted, timed-out) job continues where it stopped."""
+
+    config_path: str
+    out_dir: str
+    shard_index: int
+    shard_count: int
+    step: str = "bench"  # the study step (bench, ladder): names the job in sacct
+
+    def __call__(self) -> dict:
+        from ..bench.config import load_config
+        from ..bench.runner import run_bench
+
+        code = run_bench(load_config(self.config_path), self.out_dir,
+                         shard_index=self.shard_index, shard_count=self.shard_count)
+        if code != 0:
+            raise LauncherError(f"shard {self.shard_index}/{self.shard_count} stopped with "
+                                f"exit code {code}")
+        return {"shard": self.shard_index, "of": self.shard_count, "out_dir": self.out_dir}
+
+    def checkpoint(self, *args, **kwargs):
+        # submitit calls this on preemption / time limit: requeue the same task.
+        import submitit
+
+        return submitit.helpers.DelayedSubmission(self)
+
+    @property
+    def tag(self) -> str:
+        return f"shard{self.shard_index}of{self.shard_count}"
+
+    @property
+    def job_name(self) -> str:
+        return f"tiledattn-{self.step}-{self.tag}"
 
 
 # `tiledattn bench --help`
