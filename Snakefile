@@ -19,12 +19,15 @@ report: "workflow/report/workflow.rst"
 
 include: "workflow/rules/common.smk"
 include: "workflow/rules/plan.smk"
-include: "workflow/rules/bench.smk"
-include: "workflow/rules/tune.smk"
+
+
+# One rule file per GPU stage, from tiledattention.stages' registry (common.smk imports it).
+for _rule_file in STAGE_RULE_FILES:
+
+    include: f"workflow/rules/{_rule_file}"
+
+
 include: "workflow/rules/aggregate.smk"
-include: "workflow/rules/profile.smk"
-include: "workflow/rules/model.smk"
-include: "workflow/rules/variants.smk"
 include: "workflow/rules/bundle.smk"
 
 

@@ -1,7 +1,7 @@
 """End to end: prefill, decode and training-step tokens/s (eager and compiled) of the tiny
 Llama with each attention implementation (tiledattention, transformers' sdpa and eager),
 side by side in one process, and the ratio to sdpa. The measuring lives in
-``tiledattention/bench/model.py`` (the study's ``model`` stage and ``tiledattn model`` run
+``tiledattention/stages/model.py`` (the study's ``model`` stage and ``tiledattn model`` run
 the same code); this prints its table and, with ``--out``, keeps the rows.
 
     python benchmarks/model_e2e.py [--batch 1 8] [--prompt 2048] [--steps 64] [--reps 5]
@@ -14,8 +14,8 @@ from __future__ import annotations
 import argparse
 import tempfile
 
-from tiledattention.bench.config import MODEL_PHASES, ConfigError, model_from_dict
-from tiledattention.bench.model import load_rows, run_model, summary
+from tiledattention.bench.config import ConfigError
+from tiledattention.stages.model import MODEL_PHASES, load_rows, model_from_dict, run_model, summary
 
 
 def main() -> None:

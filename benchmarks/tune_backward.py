@@ -100,7 +100,7 @@ def main() -> int:
     from tiledattention.bench import runner
     from tiledattention.bench.store import ResultStore
     from tiledattention.schedules.table import ScheduleTable
-    from tiledattention.tune import paper_grid, run_tune, tune_plan
+    from tiledattention.stages.tune import paper_grid, run_tune, tune_plan
 
     log("device:", torch.cuda.get_device_name(), "torch", torch.__version__)
     points = paper_grid(seqs=args.seqs, head_dims=args.head_dims, dtypes=args.dtypes)

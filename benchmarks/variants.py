@@ -1,5 +1,5 @@
 """Variants, side by side in one run: a thin client of the study's variants stage
-(``tiledattn variants``, ``tiledattention/bench/variants_run.py``: the one harness, L2
+(``tiledattn variants``, ``tiledattention/stages/variants.py``: the one harness, L2
 flushed before each call, methods interleaved, every row checked against float64).
 
     python benchmarks/variants.py --sparsity   # window 1024 and 4 documents vs causal, S=16384
@@ -18,8 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tiledattention.bench.config import stage_from_dict  # noqa: E402
-from tiledattention.bench.variants_run import load_rows, run_variants  # noqa: E402
+from tiledattention.stages import stage_from_dict  # noqa: E402
+from tiledattention.stages.variants import load_rows, run_variants  # noqa: E402
 from tiledattention.study.variants import ratio_rows  # noqa: E402
 
 # The issue-21 sparsity targets: B1 H16 S16384 D128 bf16, forward, ours only.

@@ -92,7 +92,7 @@ def tileiras_problems(pinned: str) -> list[str]:
 
 
 def ncu_problems() -> list[str]:
-    from tiledattention.study.profile import find_ncu
+    from tiledattention.stages.profile import find_ncu
 
     ncu = find_ncu()
     if ncu is None:

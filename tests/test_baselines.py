@@ -19,12 +19,7 @@ import torch
 import yaml
 
 from tiledattention.bench import methods
-from tiledattention.bench.config import (
-    VARIANT_METHODS,
-    ConfigError,
-    from_dict,
-    stage_from_dict,
-)
+from tiledattention.bench.config import ConfigError, from_dict
 from tiledattention.bench.grid import PAPER_HEAD_DIMS, PAPER_SEQS, Point, expand
 from tiledattention.bench.methods import (
     METHODS,
@@ -36,6 +31,8 @@ from tiledattention.bench.methods import (
 from tiledattention.bench.runner import run_point
 from tiledattention.bench.variants import VARIANT_NAMES, VARIANTS, WINDOW, VariantPoint, indices
 from tiledattention.bench.variants import parts_for as variant_parts
+from tiledattention.stages import stage_from_dict
+from tiledattention.stages.variants import VARIANT_METHODS
 
 ROOT = Path(__file__).resolve().parent.parent
 NEW = ("fa4", "sdpa_fa4", "flex_flash")
@@ -363,8 +360,8 @@ def test_no_kit_and_nothing_staged_is_exit_2(tmp_path):
 # --- the model stage --------------------------------------------------------------------------
 @pytest.mark.skipif(fa4_import_error() is None, reason="flash_attn.cute imports here")
 def test_the_model_stage_times_fa4_through_transformers_or_says_why_not(tmp_path, monkeypatch):
-    from tiledattention.bench import model as model_bench
-    from tiledattention.bench.config import model_from_dict
+    from tiledattention.stages import model as model_bench
+    from tiledattention.stages.model import model_from_dict
 
     assert "fa4" in model_bench.IMPLS and model_bench.ATTN["fa4"] == "flash_attention_4"
     why = model_bench.impl_unavailable("fa4")

@@ -28,7 +28,7 @@ from tiledattention.schedules.backward import (
 )
 from tiledattention.schedules.schedule import Schedule
 from tiledattention.schedules.table import Bucket, BwdEntry, Entry, ScheduleTable, TableError
-from tiledattention.tune import build_table, merge_into, paper_grid, tune_config, tune_plan
+from tiledattention.stages.tune import build_table, merge_into, paper_grid, tune_config, tune_plan
 
 
 def bucket(**kw):
@@ -369,7 +369,7 @@ def test_backward_winners_become_backward_entries_merged_into_the_forward_table(
 
 
 def test_tune_passes_run_in_order_into_one_table_and_stop_at_the_first_failure(monkeypatch):
-    import tiledattention.tune as tune
+    import tiledattention.stages.tune as tune
 
     calls = []
 

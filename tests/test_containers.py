@@ -482,7 +482,7 @@ def test_verify_checks_the_real_tileiras_against_the_pin(verify, tmp_path, capsy
 
 
 def test_verify_requires_nsight_compute_when_asked(verify, tmp_path, capsys):
-    from tiledattention.study.profile import find_ncu
+    from tiledattention.stages.profile import find_ncu
 
     if find_ncu() is not None:
         pytest.skip("this machine has ncu: the missing-ncu path cannot be shown here")

@@ -174,7 +174,7 @@ def test_tune_without_a_gpu_never_replaces_an_existing_table(tmp_path):
     from tiledattention.schedules.backward import BwdSchedule
     from tiledattention.schedules.schedule import Schedule
     from tiledattention.schedules.table import Bucket, BwdEntry, Entry, ScheduleTable
-    from tiledattention.tune import TuneTask
+    from tiledattention.stages.tune import TuneTask
 
     if torch.cuda.is_available():
         pytest.skip("a CUDA GPU is visible: the task would tune instead")

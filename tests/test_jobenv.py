@@ -69,8 +69,8 @@ def test_a_method_s_own_error_is_still_its_error_row(monkeypatch, when):
 @pytest.mark.parametrize("exc", JOB_ENVIRONMENT, ids=lambda e: type(e).__name__)
 def test_the_shared_classifier_model_and_tune_use_reraises_job_environment_exceptions(exc):
     with pytest.raises(type(exc)):
-        runner._classify(exc)
-    assert runner._classify(RuntimeError("x"))[0] == "error"
+        runner.classify(exc)
+    assert runner.classify(RuntimeError("x"))[0] == "error"
 
 
 def test_a_time_limit_in_a_bench_run_stores_no_row_for_the_point_it_cut(tmp_path, monkeypatch):
@@ -129,5 +129,5 @@ def test_a_job_environment_exception_wrapped_by_the_code_it_hit_is_still_the_job
             raise CompileError("compiling fwd failed") from inner
     except CompileError as wrapped:
         with pytest.raises(type(exc)):
-            runner._classify(wrapped)
-    assert runner._classify(CompileError("compiling fwd failed"))[0] == "error"
+            runner.classify(wrapped)
+    assert runner.classify(CompileError("compiling fwd failed"))[0] == "error"

@@ -8,7 +8,8 @@ import re
 import pytest
 
 from tiledattention.bench.store import read_rows
-from tiledattention.launchers import LauncherError, ShardTask, get_launcher
+from tiledattention.launchers import LauncherError, get_launcher
+from tiledattention.stages.bench import ShardTask
 
 SMOKE = "config/bench-smoke.yaml"
 
@@ -116,8 +117,8 @@ def test_local_launcher_schedules_shards_over_free_gpus(tmp_path, monkeypatch):
 
 def test_every_gpu_step_names_its_job_after_the_step():
     from tiledattention.launchers import job_name
-    from tiledattention.study.profile import ProfileTask
-    from tiledattention.tune import TuneTask
+    from tiledattention.stages.profile import ProfileTask
+    from tiledattention.stages.tune import TuneTask
 
     assert job_name(ShardTask(SMOKE, "out", 1, 8)) == "tiledattn-bench-shard1of8"
     assert job_name(ShardTask(SMOKE, "out", 0, 1, "ladder")) == "tiledattn-ladder-shard0of1"
@@ -130,7 +131,7 @@ def test_tuning_as_a_local_job_without_a_gpu_records_why(tmp_path):
     import torch
 
     from tiledattention.launchers import run_step
-    from tiledattention.tune import TuneTask
+    from tiledattention.stages.tune import TuneTask
 
     if torch.cuda.is_available():
         pytest.skip("a CUDA GPU is visible: the task would tune instead")

@@ -9,7 +9,8 @@ import dataclasses
 import yaml
 
 from tiledattention.bench import methods
-from tiledattention.study import plotting, profile, tables
+from tiledattention.stages import profile
+from tiledattention.study import plotting, tables
 
 
 def _rows(method: str) -> list[dict]:

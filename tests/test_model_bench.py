@@ -8,9 +8,10 @@ import json
 
 import pytest
 
-from tiledattention.bench import model as model_bench
-from tiledattention.bench.config import ConfigError, model_from_dict
+from tiledattention.bench.config import ConfigError
 from tiledattention.cli import main
+from tiledattention.stages import model as model_bench
+from tiledattention.stages.model import model_from_dict
 from tiledattention.study.tables import NAMES, model_e2e
 
 CFG = model_from_dict({"enabled": True, "batches": [1, 8], "prompt": 16, "steps": 2,
@@ -18,7 +19,8 @@ CFG = model_from_dict({"enabled": True, "batches": [1, 8], "prompt": 16, "steps"
 
 
 def test_without_a_gpu_every_row_is_unavailable_with_the_reason(tmp_path, monkeypatch):
-    monkeypatch.setattr("tiledattention.tune.no_gpu_reason", lambda: "no CUDA GPU visible on x")
+    monkeypatch.setattr("tiledattention.bench.runner.no_gpu_reason",
+                        lambda: "no CUDA GPU visible on x")
     result = model_bench.run_model(CFG, str(tmp_path))
     assert result["status"] == "unavailable"
     rows = model_bench.load_rows(str(tmp_path))
@@ -45,7 +47,7 @@ def test_transformers_missing_is_recorded_as_unavailable(monkeypatch):
             raise ImportError("no transformers")
         return real(name, *args, **kwargs)
 
-    monkeypatch.setattr("tiledattention.tune.no_gpu_reason", lambda: None)
+    monkeypatch.setattr("tiledattention.bench.runner.no_gpu_reason", lambda: None)
     monkeypatch.setattr(builtins, "__import__", no_transformers)
     rows = model_bench.measure_model(CFG)
     assert {r["reason"] for r in rows} == {

@@ -13,9 +13,9 @@ import torch  # noqa: E402
 from readme_blocks import install_module  # noqa: E402  (tests/readme_blocks.py)
 
 from tiledattention.bench import variants as registry  # noqa: E402
-from tiledattention.bench.config import stage_from_dict  # noqa: E402
 from tiledattention.bench.runner import run_point  # noqa: E402
 from tiledattention.bench.variants import VariantPoint  # noqa: E402
+from tiledattention.stages import stage_from_dict  # noqa: E402
 
 
 def test_the_readme_has_the_module_the_test_and_the_stage_entry():

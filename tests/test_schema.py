@@ -10,13 +10,8 @@ import pytest
 import yaml
 from jsonschema import Draft202012Validator
 
-from tiledattention.bench.config import (
-    ConfigError,
-    from_dict,
-    json_schema,
-    model_from_dict,
-    model_json_schema,
-)
+from tiledattention.bench.config import ConfigError, from_dict, json_schema
+from tiledattention.stages.model import model_from_dict, model_json_schema
 
 SCHEMA_PATH = "workflow/schemas/config.schema.yaml"
 
@@ -29,15 +24,15 @@ def schema():
 
 def test_bench_section_is_generated_from_the_dataclasses(schema):
     assert schema["properties"]["bench"] == json_schema(), (
-        "regenerate the bench section: python -m tiledattention.bench.config")
+        "regenerate the bench section: python -m tiledattention.stages")
 
 
 @pytest.mark.parametrize("stage", ["tune", "profile", "variants"])
 def test_gpu_stage_sections_are_generated_from_their_dataclasses(schema, stage):
-    from tiledattention.bench.config import stage_json_schema
+    from tiledattention.stages import stage_json_schema
 
     assert schema["properties"][stage] == stage_json_schema(stage), (
-        "regenerate the stage sections: python -m tiledattention.bench.config")
+        "regenerate the stage sections: python -m tiledattention.stages")
 
 
 @pytest.mark.parametrize("stage,section", [
@@ -47,7 +42,7 @@ def test_gpu_stage_sections_are_generated_from_their_dataclasses(schema, stage):
     ("variants", {"variants": ["sinkz"]}), ("variants", {"seqs": [0]}),
     ("variants", {"passes": ["bwd"]}), ("variants", {"head_dims": [512]})])
 def test_schema_and_python_refuse_the_same_stage_sections(schema, stage, section):
-    from tiledattention.bench.config import stage_from_dict
+    from tiledattention.stages import stage_from_dict
 
     config = {"results_dir": "r", "shards": 1, "launcher": "local", stage: section}
     assert list(Draft202012Validator(schema).iter_errors(config)), f"the schema accepts {section}"
@@ -56,7 +51,8 @@ def test_schema_and_python_refuse_the_same_stage_sections(schema, stage, section
 
 
 def test_a_stage_command_line_is_written_from_its_config():
-    from tiledattention.bench.config import stage_args, stage_from_dict
+    from tiledattention.bench.config import stage_args
+    from tiledattention.stages import stage_from_dict
 
     tune = stage_from_dict("tune", {"seqs": [512], "passes": ["fwd", "fwd+bwd"]})
     assert stage_args(tune) == "--space quick --seqs 512 --pass fwd fwd+bwd"
@@ -67,7 +63,7 @@ def test_a_stage_command_line_is_written_from_its_config():
 
 def test_model_section_is_generated_from_the_dataclasses(schema):
     assert schema["properties"]["model"] == model_json_schema(), (
-        "regenerate the model section: python -m tiledattention.bench.config")
+        "regenerate the model section: python -m tiledattention.stages")
 
 
 @pytest.mark.parametrize("model", [
@@ -118,10 +114,9 @@ def test_schema_and_python_accept_the_shipped_study_configs(schema, path):
 
 
 def test_the_schemas_enums_are_the_ones_python_holds(schema):
-    from tiledattention.bench.config import CLOCK_CONTROL
     from tiledattention.launchers.base import LAUNCHERS
     from tiledattention.schedules.space import SPACES
-    from tiledattention.study.profile import KERNEL_FILTERS
+    from tiledattention.stages.profile import CLOCK_CONTROL, KERNEL_FILTERS
 
     props = schema["properties"]
     assert sorted(props["launcher"]["enum"]) == sorted(LAUNCHERS)

@@ -19,6 +19,7 @@ pytest.importorskip("rocrate")
 from tiledattention.bench.methods import get_method  # noqa: E402
 from tiledattention.errors import ScheduleError  # noqa: E402
 from tiledattention.schedules.schedule import Schedule  # noqa: E402
+from tiledattention.stages.profile import Shape, run_profile, summarize_metrics  # noqa: E402
 from tiledattention.study import bundle, figures, manifest, tables  # noqa: E402
 from tiledattention.study.frame import StudyError, columns_of, write_rows_table  # noqa: E402
 from tiledattention.study.metadata import (  # noqa: E402
@@ -28,7 +29,6 @@ from tiledattention.study.metadata import (  # noqa: E402
     validate_zenodo,
     zenodo,
 )
-from tiledattention.study.profile import Shape, run_profile, summarize_metrics  # noqa: E402
 from tiledattention.study.ratios import compare, compare_by  # noqa: E402
 
 
@@ -469,7 +469,7 @@ def test_ro_crate_names_the_container_image(tmp_path):
 
 
 def test_profile_without_ncu_records_why_and_succeeds(tmp_path, monkeypatch):
-    monkeypatch.setattr("tiledattention.study.profile.find_ncu", lambda: None)
+    monkeypatch.setattr("tiledattention.stages.profile.find_ncu", lambda: None)
     code = run_profile([Shape.parse("float16:causal:128:4096")], ["tiledattention"],
                        str(tmp_path))
     assert code == 0

@@ -16,7 +16,7 @@ from tiledattention.schedules import policy
 from tiledattention.schedules.schedule import Schedule
 from tiledattention.schedules.space import QUICK_SPACE, candidates, rejection
 from tiledattention.schedules.table import Bucket, Entry, ScheduleTable, TableError, seq_bucket
-from tiledattention.tune import build_table, paper_grid, tune_config, tune_plan
+from tiledattention.stages.tune import build_table, paper_grid, tune_config, tune_plan
 
 
 def bucket(**kw):

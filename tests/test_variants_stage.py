@@ -22,11 +22,12 @@ pytest.importorskip("cuda.tile", reason="cuTile not installed: pip install 'cuda
 import torch  # noqa: E402
 
 from tiledattention.bench import variants as registry  # noqa: E402
-from tiledattention.bench.config import ConfigError, stage_from_dict  # noqa: E402
+from tiledattention.bench.config import ConfigError  # noqa: E402
 from tiledattention.bench.methods import METHODS, Unavailable  # noqa: E402
 from tiledattention.bench.runner import run_point  # noqa: E402
 from tiledattention.bench.variants import VARIANT_NAMES, VariantPoint  # noqa: E402
 from tiledattention.cli import main  # noqa: E402
+from tiledattention.stages import stage_from_dict  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 METHOD_NAMES = ["tiledattention", "flex", "sdpa_mask", "eager"]
@@ -116,12 +117,11 @@ def test_flex_without_triton_is_unavailable_with_the_reason(monkeypatch):
 
 def test_without_a_gpu_every_row_is_unavailable_and_measured_once_a_gpu_is_there(
         tmp_path, monkeypatch):
-    from tiledattention import tune
     from tiledattention.bench import runner
-    from tiledattention.bench.variants_run import load_rows, points, run_variants
+    from tiledattention.stages.variants import load_rows, points, run_variants
 
     cfg = _cfg(variants=["window", "alibi"], seqs=[256], head_dims=[64], dtypes=["bfloat16"])
-    monkeypatch.setattr(tune, "no_gpu_reason", lambda: "no CUDA GPU visible on node7")
+    monkeypatch.setattr(runner, "no_gpu_reason", lambda: "no CUDA GPU visible on node7")
     out = run_variants(cfg, str(tmp_path))
     rows = load_rows(str(tmp_path))
     assert out["status"] == "unavailable"
@@ -132,7 +132,7 @@ def test_without_a_gpu_every_row_is_unavailable_and_measured_once_a_gpu_is_there
     assert manifest["config"] == json.loads(json.dumps(cfg.as_dict()))
     # Where a GPU is, those rows are measured (the harness gets every point again).
     planned = []
-    monkeypatch.setattr(tune, "no_gpu_reason", lambda: None)
+    monkeypatch.setattr(runner, "no_gpu_reason", lambda: None)
     monkeypatch.setattr(runner, "resolve_device", lambda name: torch.device("cpu"))
     monkeypatch.setattr(runner, "measure", lambda plan, *a: planned.extend(plan))
     run_variants(cfg, str(tmp_path))
@@ -144,9 +144,8 @@ def test_rows_missing_after_the_harness_are_an_incomplete_stage_never_ok(monkeyp
                                                                            tmp_path, capsys):
     # On the H100 the stage returned "ok" with 36 of 72 rows: the harness had been stopped
     # (SIGTERM: the point it cut is measured on resume) and the stage did not say so.
-    from tiledattention import tune
     from tiledattention.bench import runner
-    from tiledattention.bench.variants_run import load_rows, points, run_variants
+    from tiledattention.stages.variants import load_rows, points, run_variants
 
     cfg = _cfg(variants=["window", "alibi"], seqs=[256], head_dims=[64], dtypes=["bfloat16"])
     half = points(cfg)[:2]
@@ -159,7 +158,7 @@ def test_rows_missing_after_the_harness_are_an_incomplete_stage_never_ok(monkeyp
                                   **p.as_dict(), "device": "cuda"})
         return True
 
-    monkeypatch.setattr(tune, "no_gpu_reason", lambda: None)
+    monkeypatch.setattr(runner, "no_gpu_reason", lambda: None)
     monkeypatch.setattr(runner, "resolve_device", lambda name: torch.device("cpu"))
     monkeypatch.setattr(runner, "measure", stopped_measure)
     out = run_variants(cfg, str(tmp_path))
@@ -178,7 +177,7 @@ def test_rows_missing_after_the_harness_are_an_incomplete_stage_never_ok(monkeyp
 
 
 def test_points_keep_b_times_s_and_name_the_variant():
-    from tiledattention.bench.variants_run import points
+    from tiledattention.stages.variants import points
 
     pts = points(_cfg(seqs=[1024, 16384], head_dims=[128], dtypes=["float16"]))
     assert {(p.seq_q, p.batch, p.heads) for p in pts} == {(1024, 16, 16), (16384, 1, 16)}

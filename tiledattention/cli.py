@@ -10,21 +10,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .bench.config import (
-    CLOCK_CONTROL,
-    MODEL_PHASES,
-    VARIANT_METHODS,
-    VARIANT_NAMES,
-    VARIANT_PASSES,
-    ModelConfig,
-    ProfileConfig,
-    TuneConfig,
-    VariantsConfig,
-)
-from .bench.grid import PAPER_DTYPES, PAPER_HEAD_DIMS, PAPER_SEQS, TUNE_PASSES
+from .bench.grid import PAPER_DTYPES
 from .launchers.base import LAUNCHERS
-from .schedules.space import SPACES
-from .study.profile import KERNEL_FILTERS
+from .stages import STAGES
+from .stages.base import count as _count
+from .stages.base import json_object as _json_object
+from .stages.base import launcher_options as _launcher_options
+from .stages.base import positive as _positive
 
 # Exit codes: 2 for bad input (a config, an option, a file the user named), 1 for a step
 # that ran and failed (a job, a build); a bug still ends in a traceback.
@@ -39,35 +31,6 @@ class _Parser(argparse.ArgumentParser):
         self.exit(BAD_INPUT, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
-def _count(minimum: int):
-    """argparse type: an integer >= ``minimum`` (and below 2**31, which no count needs)."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if not minimum <= value < 2 ** 31:
-            raise argparse.ArgumentTypeError(f"{value} must be >= {minimum} (and < 2**31)")
-        return value
-    return parse
-
-
-def _positive(what: str):
-    """An argparse type: a finite number > 0 (``what`` names it in the error)."""
-    def parse(text: str) -> float:
-        import math
-
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if not (math.isfinite(value) and value > 0):
-            raise argparse.ArgumentTypeError(f"{text!r} must be a positive {what}")
-        return value
-    return parse
-
-
-_seconds = _positive("number of seconds")
 _ratio = _positive("number")
 
 
@@ -81,24 +44,10 @@ class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
-def _default(cls, name: str):
-    """A GPU stage option's default: its config dataclass's (bench/config.py), the one
-    source the workflow's schema and rules read too."""
-    from dataclasses import fields
-
-    value = next(f.default for f in fields(cls) if f.name == name)
-    return list(value) if isinstance(value, tuple) else value
-
-
 def _verb(sub, name: str, handler, help: str) -> argparse.ArgumentParser:
     p = sub.add_parser(name, help=help, description=help, formatter_class=_Formatter)
     p.set_defaults(handler=handler)
     return p
-
-
-def _launcher_options(p) -> None:
-    p.add_argument("--launcher-options", default="{}", metavar="JSON",
-                   help='launcher options as a JSON object, e.g. \'{"partition": "gpu"}\'')
 
 
 # What `tiledattn bundle create|verify --help` says above the options.
@@ -128,43 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the GPU speed check fails below this share of torch SDPA's TFLOP/s "
                    "(fp16, D=128, S=4096, B=4, H=16)")
 
-    p = _verb(sub, "tune", _tune, "time candidate schedules per shape bucket on this GPU and "
-              "write the tuning table (resumable)")
-    p.add_argument("--grid", choices=("paper",), default="paper",
-                   help="paper: S x D x fp16/bf16 x causal/not, B*S = 16384, H*D = 2048")
-    p.add_argument("--seqs", type=_count(1), nargs="+", default=list(PAPER_SEQS),
-                   help="the grid's S values")
-    p.add_argument("--head-dims", type=_count(1), nargs="+", default=list(PAPER_HEAD_DIMS),
-                   help="the grid's D values")
-    p.add_argument("--dtypes", nargs="+", choices=PAPER_DTYPES, default=list(PAPER_DTYPES),
-                   help="the grid's dtypes")
-    p.add_argument("--space", choices=SPACES, default=_default(TuneConfig, "space"),
-                   help="candidate schedules per point: quick (8 that won in sweeps) or full")
-    p.add_argument("--pass", dest="passes", nargs="+", choices=TUNE_PASSES,
-                   default=_default(TuneConfig, "passes"),
-                   help="one or more, run in order: fwd tunes the forward's schedule; fwd+bwd "
-                   "the backward's, timed with forward+backward (written as the table's "
-                   "backward entries; an existing --out keeps its other half)")
-    p.add_argument("--state", default="results/tune-state.jsonl",
-                   help="the harness' row file of finished measurements (resume from it)")
-    p.add_argument("--out", default="results/schedule-table.json", help="tuning table to write")
-    p.add_argument("--reps", type=_count(1), default=20, help="timed calls per candidate")
-    p.add_argument("--compile-timeout", type=_seconds, default=120.0,
-                   help="seconds a candidate may compile before it is recorded as failed")
-    p.add_argument("--launcher", choices=LAUNCHERS, help="run the tuning as a job of this "
-                   "launcher (slurm: on a GPU node; local: on a free local GPU) (default: in "
-                   "this process)")
-    _launcher_options(p)
-
-    p = _verb(sub, "bench", _bench, "benchmark tiledattention against PyTorch's SDPA backends "
-              "and eager attention over a config's grid (resumable)")
-    p.add_argument("--config", help="YAML benchmark config (default: the paper's grid, every "
-                   "method)")
-    p.add_argument("--out", default="results/bench", help="directory for rows + manifest")
-    p.add_argument("--shard", default="0/1", help="i/n: run the i-th of n grid shards")
-    p.add_argument("--remeasure", action="store_true", help="rows in --out measured under "
-                   "another config (seed, timing, tolerances, device) are set aside to "
-                   "stale-*.jsonl and measured again (default: refuse to mix them)")
+    for stage in STAGES.values():  # one verb per GPU stage, its options from its module
+        stage.add_arguments(_verb(sub, stage.name, stage.handler, stage.help))
 
     p = _verb(sub, "sweep", _sweep, "run a benchmark config's shards through a launcher and "
               "wait for them; no Snakemake needed")
@@ -213,78 +127,6 @@ def build_parser() -> argparse.ArgumentParser:
                    "grids' rows for the shapes figure (default: none)")
     p.add_argument("--variants", metavar="DIR", help="directory of the variants stage's rows "
                    "for the variants figure (default: none)")
-
-    p = _verb(sub, "profile", _profile, "Nsight Compute on the attention kernels of "
-              "representative shapes (records why when it cannot run)")
-    p.add_argument("--shape", action="append", required=True,
-                   help="dtype:mask:D:S, e.g. float16:causal:128:4096 (repeatable)")
-    p.add_argument("--methods", nargs="+", default=_default(ProfileConfig, "methods"),
-                   help=f"whose kernels to capture, of {sorted(KERNEL_FILTERS)}")
-    p.add_argument("--out", required=True, help="directory for reports and summary.md")
-    p.add_argument("--clock-control", choices=CLOCK_CONTROL,
-                   default=_default(ProfileConfig, "clock_control"),
-                   help="base (locked base clocks, ncu's default) or none (boost clocks, as "
-                   "the benchmark runs)")
-    p.add_argument("--warmup", type=_count(0), default=_default(ProfileConfig, "warmup"),
-                   help="launches skipped before the captured one")
-    p.add_argument("--tokens", type=_count(1), default=_default(ProfileConfig, "tokens"),
-                   help="B*S of the profiled point")
-    p.add_argument("--width", type=_count(1), default=_default(ProfileConfig, "width"),
-                   help="H*D of the profiled point")
-    p.add_argument("--launcher", choices=LAUNCHERS, help="run the profiling as a job of this "
-                   "launcher (slurm: on a GPU node) (default: in this process)")
-    _launcher_options(p)
-
-    p = _verb(sub, "model", _model, "prefill, decode and training-step tokens/s (eager and "
-              "compiled) of a tiny random Llama per attention implementation (tiledattention, "
-              "sdpa, eager); records why when it cannot run")
-    p.add_argument("--out", required=True, help="directory for rows.jsonl and the manifest")
-    p.add_argument("--batches", type=_count(1), nargs="+",
-                   default=_default(ModelConfig, "batches"), help="batch sizes")
-    p.add_argument("--prompt", type=_count(1), default=_default(ModelConfig, "prompt"),
-                   help="prompt tokens per sequence")
-    p.add_argument("--steps", type=_count(1), default=_default(ModelConfig, "steps"),
-                   help="greedy decode steps timed")
-    p.add_argument("--reps", type=_count(1), default=_default(ModelConfig, "reps"),
-                   help="interleaved reps per implementation")
-    p.add_argument("--seed", type=_count(0), default=_default(ModelConfig, "seed"),
-                   help="seed of weights and prompt")
-    p.add_argument("--phases", nargs="+", default=list(_default(ModelConfig, "phases")),
-                   choices=MODEL_PHASES, help="what to time (default: all)")
-    p.add_argument("--launcher", choices=LAUNCHERS, help="run it as a job of this launcher "
-                   "(slurm: on a GPU node) (default: in this process)")
-    _launcher_options(p)
-
-    p = _verb(sub, "variants", _variants, "each attention variant (sliding window, softcap, "
-              "ALiBi, documents, prefix-LM) against FlexAttention, SDPA with a materialised "
-              "mask and eager attention, forward and forward+backward; records why when it "
-              "cannot run (resumable)")
-    p.add_argument("--out", required=True, help="directory for rows.jsonl and the manifest")
-    p.add_argument("--config", help="YAML with the stage's settings: a `variants:` section "
-                   "(a study config) or the section itself; the options below override it "
-                   "(default: the stage's defaults)")
-    # Left out, an option keeps the --config file's value, else the stage's default.
-    def stage_opt(flag, what, **kw):
-        name = flag[2:].replace("-", "_")
-        value = _default(VariantsConfig, name)
-        shown = " ".join(map(str, value)) if isinstance(value, list) else value
-        p.add_argument(flag, help=f"{what} (default: the --config file's, else {shown})",
-                       **kw)
-
-    stage_opt("--variants", "variants measured", nargs="+", choices=VARIANT_NAMES)
-    stage_opt("--methods", "methods compared", nargs="+", choices=VARIANT_METHODS)
-    stage_opt("--seqs", "sequence lengths S", type=_count(1), nargs="+")
-    stage_opt("--head-dims", "head dims D", type=_count(1), nargs="+")
-    stage_opt("--dtypes", "element types", nargs="+", choices=PAPER_DTYPES)
-    stage_opt("--passes", "passes timed", nargs="+", choices=VARIANT_PASSES)
-    for flag, what in (("--tokens", "B*S"), ("--width", "H*D"), ("--warmup", "untimed calls"),
-                       ("--reps", "timed calls per method"), ("--rounds", "interleaved rounds"),
-                       ("--max-ref-heads", "heads checked against float64"),
-                       ("--seed", "seed of the inputs")):
-        stage_opt(flag, what, type=_count(0))
-    p.add_argument("--launcher", choices=LAUNCHERS, help="run it as a job of this launcher "
-                   "(slurm: on a GPU node) (default: in this process)")
-    _launcher_options(p)
 
     p = _verb(sub, "manifest", _manifest, "merge run manifests into the study manifest and "
               "flag mixed GPUs or software stacks")
@@ -490,71 +332,10 @@ def user_error(exc: BaseException) -> str | None:
     return None
 
 
-def _json_object(text: str, option: str) -> dict:
-    import json
-
-    from .errors import ConfigError
-
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{option}: not valid JSON ({exc.msg})") from None
-    except RecursionError:
-        raise ConfigError(f"{option}: JSON nested too deeply") from None
-    if not isinstance(value, dict):
-        raise ConfigError(f"{option}: expected a JSON object, e.g. '{{\"partition\": "
-                          "\"gpu\"}'")
-    return value
-
-
 def _check(args) -> int:
     from .check import run_check
 
     return run_check(args.json, args.min_speed_ratio)
-
-
-def _tune(args) -> int:
-    import os
-
-    if args.launcher:
-        return _tune_through_launcher(args)
-    from .tune import paper_grid, run_passes
-
-    points = paper_grid(seqs=args.seqs, head_dims=args.head_dims, dtypes=args.dtypes)
-    for path in (args.state, args.out):
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    return run_passes(points, passes=args.passes, space=args.space, state_path=args.state,
-                      out_path=args.out, reps=args.reps, compile_timeout=args.compile_timeout)
-
-
-def _tune_through_launcher(args) -> int:
-    import os
-
-    from .bench.config import stage_from_dict
-    from .launchers import run_step
-
-    cfg = stage_from_dict("tune", {"space": args.space, "seqs": args.seqs,
-                                   "head_dims": args.head_dims, "dtypes": args.dtypes,
-                                   "passes": args.passes})
-    task = cfg.task(os.path.abspath(args.out), os.path.abspath(args.state), args.reps,
-                    args.compile_timeout)
-    folder = os.path.join(os.path.dirname(task.out_path), "logs")
-    options = _json_object(args.launcher_options, "--launcher-options")
-    result = run_step(args.launcher, options, folder, task)
-    if result["status"] != "ok":
-        print(f"tiledattn tune: not run: {result['reason']}", file=sys.stderr)
-    return 0
-
-
-def _bench(args) -> int:
-    from .bench.config import BenchConfig, load_config, validate
-    from .bench.grid import parse_shard
-    from .bench.runner import run_bench
-
-    cfg = load_config(args.config) if args.config else validate(BenchConfig())
-    index, count = parse_shard(args.shard)
-    return run_bench(cfg, args.out, shard_index=index, shard_count=count,
-                     remeasure=args.remeasure)
 
 
 def _sweep(args) -> int:
@@ -563,7 +344,8 @@ def _sweep(args) -> int:
     from .bench.config import load_config
     from .bench.reshard import reshard
     from .errors import ConfigError
-    from .launchers import ShardTask, get_launcher
+    from .launchers import get_launcher
+    from .stages.bench import ShardTask
 
     cfg = load_config(args.config)  # fail before anything is submitted
     indices = args.only if args.only is not None else list(range(args.shards))
@@ -641,28 +423,25 @@ def _aggregate(args) -> int:
 
 def _stage_rows(path: str | None, flag: str, stage) -> list[dict]:
     """A GPU stage's rows (``--model DIR`` / ``--variants DIR``: its rows file must exist);
-    ``stage``: the stage's module (its ``ROWS`` name and ``load_rows``)."""
+    ``stage``: the stage's descriptor (its rows file and ``load_rows``)."""
     import os
 
     from .bench.store import RowsError
 
     if not path:
         return []
-    if not os.path.exists(os.path.join(path, stage.ROWS)):
-        raise RowsError(f"{flag} {path}: no {stage.ROWS} there")
+    rows = stage.bundle_copies[0]
+    if not os.path.exists(os.path.join(path, rows)):
+        raise RowsError(f"{flag} {path}: no {rows} there")
     return stage.load_rows(path)
 
 
 def _model_rows(path: str | None) -> list[dict]:
-    from .bench import model
-
-    return _stage_rows(path, "--model", model)
+    return _stage_rows(path, "--model", STAGES["model"])
 
 
 def _variant_rows(path: str | None) -> list[dict]:
-    from .bench import variants_run
-
-    return _stage_rows(path, "--variants", variants_run)
+    return _stage_rows(path, "--variants", STAGES["variants"])
 
 
 def _shape_rows(dirs: list[str] | None) -> list[dict]:
@@ -716,98 +495,6 @@ def _figures(args) -> int:
                       variant_rows=_variant_rows(args.variants))
     print(f"figures: {len(paths)} files in {args.out}", file=sys.stderr)
     return 0
-
-
-def _profile(args) -> int:
-    import os
-
-    from .study.profile import Shape, run_profile
-
-    shapes = [Shape.parse(s) for s in args.shape]
-    code = 0
-    if args.launcher:
-        from .bench.config import stage_from_dict
-        from .launchers import get_launcher
-
-        task = stage_from_dict("profile", {
-            "shapes": args.shape, "methods": args.methods, "clock_control": args.clock_control,
-            "warmup": args.warmup, "tokens": args.tokens, "width": args.width,
-        }).task(os.path.abspath(args.out))
-        options = _json_object(args.launcher_options, "--launcher-options")
-        get_launcher(args.launcher, os.path.join(args.out, "logs"), options).run([task])
-    else:
-        code = run_profile(shapes, args.methods, args.out, clock_control=args.clock_control,
-                           warmup=args.warmup, tokens=args.tokens, width=args.width)
-    with open(os.path.join(args.out, "summary.md")) as f:
-        print(f.read())
-    return code
-
-
-def _model(args) -> int:
-    import os
-
-    from .bench.config import model_from_dict
-    from .bench.model import load_rows, run_model, summary
-
-    cfg = model_from_dict({"enabled": True, "batches": args.batches, "prompt": args.prompt,
-                           "steps": args.steps, "reps": args.reps, "seed": args.seed,
-                           "phases": args.phases})
-    out = os.path.abspath(args.out)
-    if args.launcher:
-        from .launchers import run_step
-
-        options = _json_object(args.launcher_options, "--launcher-options")
-        run_step(args.launcher, options, os.path.join(out, "logs"), cfg.task(out))
-    else:
-        run_model(cfg, out)
-    print(summary(load_rows(out)))
-    return 0
-
-
-def _variants(args) -> int:
-    import os
-
-    from .bench.config import stage_from_dict
-    from .bench.variants_run import load_rows, run_variants, summary
-
-    cfg = stage_from_dict("variants", _variants_section(args))
-    out = os.path.abspath(args.out)
-    if args.launcher:
-        from .launchers import run_step
-
-        options = _json_object(args.launcher_options, "--launcher-options")
-        run_step(args.launcher, options, os.path.join(out, "logs"), cfg.task(out))
-        print(summary(load_rows(out)))
-    else:
-        res = run_variants(cfg, out, sys.stdout)
-        if res["status"] == "incomplete":  # rows missing: never exit 0 on a gap
-            return 130 if res.get("stopped") else 1
-    return 0
-
-
-def _variants_section(args) -> dict:
-    """The --config file's variants section with the options given on top."""
-    from .errors import ConfigError
-
-    data = {}
-    if args.config:
-        from .yamlio import YAMLInputError, load_yaml
-
-        try:
-            loaded = load_yaml(args.config)
-        except YAMLInputError as exc:
-            raise ConfigError(str(exc)) from None
-        if isinstance(loaded, dict) and isinstance(loaded.get("variants"), dict):
-            loaded = loaded["variants"]
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"{args.config}: expected a mapping of the variants stage's "
-                              "settings (or a study config with a variants section)")
-        data = dict(loaded)
-    for key in ("variants", "methods", "seqs", "head_dims", "dtypes", "passes", "tokens",
-                "width", "warmup", "reps", "rounds", "max_ref_heads", "seed"):
-        if getattr(args, key) is not None:
-            data[key] = getattr(args, key)
-    return {**data, "enabled": True}
 
 
 def _manifest(args) -> int:

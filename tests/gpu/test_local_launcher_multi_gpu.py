@@ -8,7 +8,8 @@ import json
 import pytest
 import torch
 
-from tiledattention.launchers import ShardTask, get_launcher
+from tiledattention.launchers import get_launcher
+from tiledattention.stages.bench import ShardTask
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2,

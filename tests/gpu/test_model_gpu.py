@@ -8,8 +8,8 @@ import pytest
 pytest.importorskip("transformers", reason="transformers not installed: pip install "
                     "'tiledattention[hf]'")
 
-from tiledattention.bench import model as model_bench  # noqa: E402
-from tiledattention.bench.config import model_from_dict  # noqa: E402
+from tiledattention.stages import model as model_bench  # noqa: E402
+from tiledattention.stages.model import model_from_dict  # noqa: E402
 
 
 def test_every_phase_of_the_model_stage_measures_on_a_gpu(tmp_path):

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tiledattention.study.profile import find_ncu
+from tiledattention.stages.profile import find_ncu
 
 
 @pytest.mark.skipif(find_ncu() is None, reason="ncu (Nsight Compute) not installed")

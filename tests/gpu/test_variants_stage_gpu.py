@@ -4,9 +4,9 @@ ok or says why it cannot run, SDPA + mask runs every variant a mask expresses.""
 
 from __future__ import annotations
 
-from tiledattention.bench.config import stage_from_dict
 from tiledattention.bench.variants import VARIANT_NAMES
-from tiledattention.bench.variants_run import load_rows, run_variants
+from tiledattention.stages import stage_from_dict
+from tiledattention.stages.variants import load_rows, run_variants
 from tiledattention.study.variants import ratio_rows
 
 

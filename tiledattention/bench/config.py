@@ -1,6 +1,9 @@
 """The benchmark configuration: YAML in, validated frozen dataclasses inside.
 
-Unknown keys are rejected with the list of valid ones; every error names the key.
+Unknown keys are rejected with the list of valid ones; every error names the key. This is
+the common config every GPU stage reads (grid, timing, correctness, the loader, validation
+and the schema writer); each stage's own section lives in its module under
+``tiledattention/stages/``, which imports this one and never the other way round.
 """
 
 from __future__ import annotations
@@ -19,24 +22,20 @@ from .grid import (
     PAPER_HEAD_DIMS,
     PAPER_SEQS,
     TOKENS,
-    TUNE_PASSES,
     WIDTH,
 )
-from .methods import profilable, variant_methods
-from .variants import VARIANT_NAMES
 
 __all__ = ["BenchConfig", "ConfigError", "CorrectnessConfig", "DecodeConfig", "GridConfig",
-           "ModelConfig", "ProfileConfig", "TimingConfig", "TuneConfig", "VariantsConfig",
-           "from_dict", "load_config", "model_from_dict", "validate"]
+           "TimingConfig", "from_dict", "load_config", "option", "section_from_dict",
+           "section_schema", "stage_args", "validate"]
 
 DTYPES = ("float16", "bfloat16", "float32")
 SHAPE_POLICIES = ("tokens", "explicit")
 DEVICES = ("auto", "cuda", "cpu")
-MODEL_PHASES = ("prefill", "decode", "train", "prefill_compiled", "train_compiled")
 INT32 = 2**31 - 1  # grid sizes reach int32 kernel arguments
 
 
-def _opt(default, help: str, **limits):
+def option(default, help: str, **limits):
     """A config key: its default, its help, and its limits (min, above, max, choices,
     unique), which both ``validate`` and the workflow's JSON schema read from here."""
     return field(default=default, metadata={"help": help, **limits})
@@ -44,280 +43,89 @@ def _opt(default, help: str, **limits):
 
 @dataclass(frozen=True)
 class GridConfig:
-    seqs: tuple[int, ...] = _opt(PAPER_SEQS, "Sequence lengths S.", min=1, max=INT32)
-    seqs_kv: tuple[int, ...] | None = _opt(None, "Key/value lengths (null: Skv = S).", min=1,
-                                            max=INT32)
-    head_dims: tuple[int, ...] = _opt(PAPER_HEAD_DIMS, "Head dims D.", min=1, max=INT32)
-    dtypes: tuple[str, ...] = _opt(PAPER_DTYPES, "Element types.", choices=DTYPES)
-    causal: tuple[bool, ...] = _opt(PAPER_CAUSAL, "Causal mask off/on.")
-    shape_policy: str = _opt("tokens", "tokens - B = tokens // S, H = width // D (else "
-                             "heads_fallback); explicit - batch and heads.",
-                             choices=SHAPE_POLICIES)
-    tokens: int = _opt(TOKENS, "B*S under the tokens policy.", min=1, max=INT32)
-    width: int = _opt(WIDTH, "H*D under the tokens policy.", min=1, max=INT32)
-    heads_fallback: int = _opt(HEADS_FALLBACK, "H where width is not a multiple of D.", min=1,
-                               max=INT32)
-    batch: int = _opt(1, "B under the explicit policy.", min=1, max=INT32)
-    heads: int = _opt(8, "H under the explicit policy.", min=1, max=INT32)
-    gqa: tuple[int, ...] = _opt((1,), "Query heads per key/value head.", min=1, max=INT32)
-    passes: tuple[str, ...] = _opt(("fwd",), "Passes timed per point - fwd; bwd, the backward "
-                                   "alone (dO given); fwd+bwd, a training step's attention.",
-                                   choices=PASSES, unique=True)
+    seqs: tuple[int, ...] = option(PAPER_SEQS, "Sequence lengths S.", min=1, max=INT32)
+    seqs_kv: tuple[int, ...] | None = option(None, "Key/value lengths (null: Skv = S).", min=1,
+                                              max=INT32)
+    head_dims: tuple[int, ...] = option(PAPER_HEAD_DIMS, "Head dims D.", min=1, max=INT32)
+    dtypes: tuple[str, ...] = option(PAPER_DTYPES, "Element types.", choices=DTYPES)
+    causal: tuple[bool, ...] = option(PAPER_CAUSAL, "Causal mask off/on.")
+    shape_policy: str = option("tokens", "tokens - B = tokens // S, H = width // D (else "
+                               "heads_fallback); explicit - batch and heads.",
+                               choices=SHAPE_POLICIES)
+    tokens: int = option(TOKENS, "B*S under the tokens policy.", min=1, max=INT32)
+    width: int = option(WIDTH, "H*D under the tokens policy.", min=1, max=INT32)
+    heads_fallback: int = option(HEADS_FALLBACK, "H where width is not a multiple of D.", min=1,
+                                 max=INT32)
+    batch: int = option(1, "B under the explicit policy.", min=1, max=INT32)
+    heads: int = option(8, "H under the explicit policy.", min=1, max=INT32)
+    gqa: tuple[int, ...] = option((1,), "Query heads per key/value head.", min=1, max=INT32)
+    passes: tuple[str, ...] = option(("fwd",), "Passes timed per point - fwd; bwd, the backward "
+                                     "alone (dO given); fwd+bwd, a training step's attention.",
+                                     choices=PASSES, unique=True)
 
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    enabled: bool = _opt(False, "Add the decode points (B x H x Sq x Skv x GQA, non-causal: "
-                         "a KV-cache step sees the whole cache) to the grid.")
-    seqs_q: tuple[int, ...] = _opt((1, 4, 8, 16), "Query lengths (1: decode; 4..16: "
-                                   "speculative decoding).", min=1, max=INT32)
-    seqs_kv: tuple[int, ...] = _opt((1024, 4096, 8192, 16384, 32768), "Cache lengths Skv.",
-                                    min=1, max=INT32)
-    batches: tuple[int, ...] = _opt((1, 4, 16, 64), "Batch sizes B.", min=1, max=INT32)
-    heads: int = _opt(32, "Query heads H.", min=1, max=INT32)
-    gqa: tuple[int, ...] = _opt((1, 4), "Query heads per key/value head (1: MHA).", min=1,
-                                max=INT32)
-    head_dims: tuple[int, ...] = _opt((128,), "Head dims D.", min=1, max=INT32)
-    dtypes: tuple[str, ...] = _opt(("bfloat16",), "Element types.", choices=DTYPES)
-    max_kv_gib: float = _opt(8.0, "Points whose K and V together exceed this many GiB are "
-                             "left out.", above=0, max=1024)
+    enabled: bool = option(False, "Add the decode points (B x H x Sq x Skv x GQA, non-causal: "
+                           "a KV-cache step sees the whole cache) to the grid.")
+    seqs_q: tuple[int, ...] = option((1, 4, 8, 16), "Query lengths (1: decode; 4..16: "
+                                     "speculative decoding).", min=1, max=INT32)
+    seqs_kv: tuple[int, ...] = option((1024, 4096, 8192, 16384, 32768), "Cache lengths Skv.",
+                                      min=1, max=INT32)
+    batches: tuple[int, ...] = option((1, 4, 16, 64), "Batch sizes B.", min=1, max=INT32)
+    heads: int = option(32, "Query heads H.", min=1, max=INT32)
+    gqa: tuple[int, ...] = option((1, 4), "Query heads per key/value head (1: MHA).", min=1,
+                                  max=INT32)
+    head_dims: tuple[int, ...] = option((128,), "Head dims D.", min=1, max=INT32)
+    dtypes: tuple[str, ...] = option(("bfloat16",), "Element types.", choices=DTYPES)
+    max_kv_gib: float = option(8.0, "Points whose K and V together exceed this many GiB are "
+                               "left out.", above=0, max=1024)
 
 
 @dataclass(frozen=True)
 class TimingConfig:
-    warmup: int = _opt(10, "Untimed calls before the first round.", min=0, max=10**6)
-    reps: int = _opt(30, "Timed calls per method, over all rounds.", min=1,
-                    max=10**6)
-    rounds: int = _opt(3, "Rounds, methods interleaved, order alternating.",
-                      min=1, max=10**4)
-    flush_l2: bool = _opt(True, "Flush L2 before each timed call.")
-    cuda_graph: bool = _opt(False, "Replay the calls from a CUDA graph.")
+    warmup: int = option(10, "Untimed calls before the first round.", min=0, max=10**6)
+    reps: int = option(30, "Timed calls per method, over all rounds.", min=1,
+                      max=10**6)
+    rounds: int = option(3, "Rounds, methods interleaved, order alternating.",
+                        min=1, max=10**4)
+    flush_l2: bool = option(True, "Flush L2 before each timed call.")
+    cuda_graph: bool = option(False, "Replay the calls from a CUDA graph.")
 
 
 @dataclass(frozen=True)
 class CorrectnessConfig:
-    max_ref_heads: int = _opt(4, "Heads of batch 0 checked against the float64 reference.",
-                              min=1)
-    rtol_float16: float = _opt(RTOL["float16"], "Relative error allowed, float16.", above=0,
-                               max=1)
-    rtol_bfloat16: float = _opt(RTOL["bfloat16"], "Relative error allowed, bfloat16.",
-                                above=0, max=1)
-    rtol_float32: float = _opt(RTOL["float32"], "Relative error allowed, float32.", above=0,
-                               max=1)
+    max_ref_heads: int = option(4, "Heads of batch 0 checked against the float64 reference.",
+                                min=1)
+    rtol_float16: float = option(RTOL["float16"], "Relative error allowed, float16.", above=0,
+                                 max=1)
+    rtol_bfloat16: float = option(RTOL["bfloat16"], "Relative error allowed, bfloat16.",
+                                  above=0, max=1)
+    rtol_float32: float = option(RTOL["float32"], "Relative error allowed, float32.", above=0,
+                                 max=1)
 
 
-@dataclass(frozen=True)
-class ModelConfig:
-    """Optional end-to-end model benchmark (the `model_e2e` table), one launcher job."""
-
-    enabled: bool = _opt(False, "Time prefill, decode and training-step tokens/s of the tiny "
-                         "Llama (4 layers, hidden 2048, 16/4 heads, D 128, random weights) per "
-                         "attention implementation (tiledattention, sdpa, eager), as one "
-                         "launcher job.")
-    phases: tuple[str, ...] = _opt(MODEL_PHASES, "What is timed - prefill, decode (eager); "
-                                   "train, a training step (forward, loss, backward, SGD step) "
-                                   "on B x prompt tokens; prefill_compiled, train_compiled: the "
-                                   "same under torch.compile (tiledattention and sdpa).",
-                                   choices=MODEL_PHASES, unique=True, flag="--phases")
-    batches: tuple[int, ...] = _opt((1, 8), "Batch sizes B.", min=1, max=4096, unique=True,
-                                    flag="--batches")
-    prompt: int = _opt(2048, "Prompt tokens per sequence (prefill length; the decode "
-                       "steps start after it).", min=1, max=8192 - 1024, flag="--prompt")
-    steps: int = _opt(64, "Greedy decode steps timed per rep.", min=1, max=1024,
-                      flag="--steps")
-    reps: int = _opt(5, "Timed reps per implementation, interleaved, order alternating.",
-                     min=1, max=1000, flag="--reps")
-    seed: int = _opt(0, "Seed of the weights and the prompt.", min=0, max=2**63 - 1,
-                     flag="--seed")
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-    def task(self, out_dir: str):
-        """The stage's launcher job (the config travels as items, validated on the node)."""
-        from .model import ModelTask
-
-        return ModelTask(out_dir, tuple(self.as_dict().items()))
-
-    def digest(self) -> str:
-        return hashlib.sha256(json.dumps(self.as_dict(), sort_keys=True).encode()
-                              ).hexdigest()[:16]
-
-
-# The GPU stages besides the benchmark (tune, profile, model): each one frozen dataclass,
-# from which the workflow schema's section is generated, the workflow validates the
-# config's section once (``stage_from_dict``) and the rule's command line is written
-# (``stage_args``); the ``tiledattn`` verbs take their defaults from here.
-TUNE_SPACES = ("quick", "full")  # schedules.space.SPACES (tests/test_schema.py)
-CLOCK_CONTROL = ("base", "none")
-
-
-@dataclass(frozen=True)
-class TuneConfig:
-    """Optional schedule tuning (Table 5), as one launcher job (`tiledattn tune`)."""
-
-    enabled: bool = _opt(False, "Run `tiledattn tune` and write a schedule table (one launcher "
-                         "job: a GPU node under SLURM, a free local GPU; where it finds no GPU "
-                         "the table records why).")
-    space: str = _opt("quick", "Candidate schedules to time per shape (quick: 8 that won in "
-                      "sweeps; full: every one).", choices=TUNE_SPACES, flag="--space")
-    seqs: tuple[int, ...] | None = _opt(None, "Restrict tuning to these S values (null: the "
-                                        "paper's 512..8192).", min=1, max=INT32,
-                                        flag="--seqs")
-    head_dims: tuple[int, ...] | None = _opt(None, "Restrict tuning to these head dims (null: "
-                                             "64, 96, 128, 160).", min=8, max=INT32,
-                                             flag="--head-dims")
-    dtypes: tuple[str, ...] | None = _opt(None, "Restrict tuning to these dtypes (null: "
-                                          "both).", choices=PAPER_DTYPES, flag="--dtypes")
-    passes: tuple[str, ...] = _opt(("fwd",), "What is tuned, in order, into one table - fwd, "
-                                   "the forward's schedules (Table 5); fwd+bwd, the backward's, "
-                                   "timed with forward and backward (the table's backward "
-                                   "entries).", choices=TUNE_PASSES, unique=True, flag="--pass")
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-    def task(self, out_path: str, state_path: str, reps: int = 20,
-             compile_timeout: float = 120.0):
-        """The stage's launcher job (a GPU node under SLURM, a free local GPU)."""
-        from ..tune import TuneTask
-
-        return TuneTask(out_path, state_path, self.space, self.seqs or PAPER_SEQS,
-                        self.head_dims or PAPER_HEAD_DIMS, self.dtypes or PAPER_DTYPES, reps,
-                        compile_timeout, passes=self.passes)
-
-
-@dataclass(frozen=True)
-class ProfileConfig:
-    """Nsight Compute on representative shapes, one launcher job (`tiledattn profile`)."""
-
-    enabled: bool = _opt(True, "Run the profile rule (without ncu, a GPU or counter "
-                         "permission the job records why).")
-    shapes: tuple[str, ...] = _opt(("float16:full:128:4096", "float16:causal:128:4096"),
-                                   "dtype:mask:D:S, with B*S = tokens and H*D = width (checked "
-                                   "by tiledattention).", flag="--shape", repeat=True)
-    methods: tuple[str, ...] = _opt(("tiledattention", "torch_sdpa"), "Methods whose attention "
-                                    "kernel is captured (those with a kernel filter in the "
-                                    "method registry).", choices=tuple(profilable()),
-                                    unique=True, flag="--methods")
-    clock_control: str = _opt("base", "ncu clock control (base - locked base clocks; none - "
-                              "boost, as the benchmark runs).", choices=CLOCK_CONTROL,
-                              flag="--clock-control")
-    warmup: int = _opt(5, "Launches skipped before the captured one.", min=0, max=10**6,
-                       flag="--warmup")
-    tokens: int = _opt(TOKENS, "B*S of the profiled points.", min=1, max=INT32,
-                       flag="--tokens")
-    width: int = _opt(WIDTH, "H*D of the profiled points.", min=1, max=INT32, flag="--width")
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-    def task(self, out_dir: str):
-        """The stage's launcher job."""
-        from ..study.profile import ProfileTask
-
-        return ProfileTask(self.shapes, self.methods, out_dir, self.clock_control, self.warmup,
-                           self.tokens, self.width)
-
-
-VARIANT_METHODS = tuple(variant_methods())  # bench/methods.py: those with variants=True
-VARIANT_PASSES = ("fwd", "fwd+bwd")
-
-
-@dataclass(frozen=True)
-class VariantsConfig:
-    """Variants against FlexAttention and SDPA, one launcher job (`tiledattn variants`)."""
-
-    enabled: bool = _opt(False, "Time each variant (tiledattention's built-in, through the "
-                         "public API) against FlexAttention, SDPA with the variant as a "
-                         "materialised mask and eager attention, as one launcher job; where "
-                         "the job finds no GPU its rows say why.")
-    variants: tuple[str, ...] = _opt(VARIANT_NAMES, "Variants measured (bench/variants.py's "
-                                     "registry).", choices=VARIANT_NAMES, unique=True,
-                                     flag="--variants")
-    methods: tuple[str, ...] = _opt(VARIANT_METHODS, "tiledattention; fa4, FlashAttention-4 "
-                                    "(causal, window, softcap natively, ALiBi as a CuTe DSL "
-                                    "score_mod); flex, torch.compile'd flex_attention with the "
-                                    "same score_mod and a block mask (Triton backend); "
-                                    "flex_flash, the same on its FLASH backend (FA4's kernels); "
-                                    "sdpa_mask, torch SDPA with an explicit mask (where one "
-                                    "expresses the variant); eager, matmul + softmax + matmul "
-                                    "(where the device's memory holds its scores). A baseline "
-                                    "that cannot run a variant has a row saying why.",
-                                    choices=VARIANT_METHODS, unique=True, flag="--methods")
-    seqs: tuple[int, ...] = _opt((1024, 2048, 4096, 8192, 16384), "Sequence lengths S.",
-                                 min=1, max=INT32, unique=True, flag="--seqs")
-    head_dims: tuple[int, ...] = _opt((64, 128), "Head dims D.", min=8, max=256, unique=True,
-                                      flag="--head-dims")
-    dtypes: tuple[str, ...] = _opt(PAPER_DTYPES, "Element types.", choices=PAPER_DTYPES,
-                                   unique=True, flag="--dtypes")
-    passes: tuple[str, ...] = _opt(VARIANT_PASSES, "fwd, the forward; fwd+bwd, forward and "
-                                   "backward (a training step's attention).",
-                                   choices=VARIANT_PASSES, unique=True, flag="--passes")
-    tokens: int = _opt(TOKENS, "B*S (B = tokens // S, as the paper's grid).", min=1,
-                       max=INT32, flag="--tokens")
-    width: int = _opt(WIDTH, "H*D (H = width // D).", min=8, max=INT32, flag="--width")
-    warmup: int = _opt(5, "Untimed calls before the first round (FlexAttention compiles "
-                       "in the point's correctness call, before them).", min=0, max=10**6,
-                       flag="--warmup")
-    reps: int = _opt(20, "Timed calls per method, over all rounds.", min=1, max=10**6,
-                     flag="--reps")
-    rounds: int = _opt(2, "Rounds, methods interleaved, order alternating.", min=1,
-                       max=10**4, flag="--rounds")
-    max_ref_heads: int = _opt(1, "Heads of batch 0 checked against the float64 reference "
-                              "(forward and gradients), every row (its S x S float64 "
-                              "scores: 2 GiB a head at S 16k).", min=1, max=INT32,
-                              flag="--max-ref-heads")
-    seed: int = _opt(0, "Seed of the inputs.", min=0, max=2**63 - 1, flag="--seed")
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-    def bench_config(self) -> BenchConfig:
-        """The harness' config of the stage's rows: its timing and correctness (the L2
-        flushed before each timed call, as every benchmark row)."""
-        return BenchConfig(timing=TimingConfig(self.warmup, self.reps, self.rounds),
-                           correctness=CorrectnessConfig(self.max_ref_heads),
-                           seed=self.seed, methods=self.methods)
-
-    def measure_digest(self) -> str:
-        return self.bench_config().measure_digest()
-
-    def digest(self) -> str:
-        return hashlib.sha256(json.dumps(self.as_dict(), sort_keys=True).encode()
-                              ).hexdigest()[:16]
-
-    def task(self, out_dir: str):
-        """The stage's launcher job (the config travels as items, validated on the node)."""
-        from .variants_run import VariantsTask
-
-        return VariantsTask(out_dir, tuple(self.as_dict().items()))
+# CLOCK_CONTROL and TUNE_SPACES live with their stages (tiledattention/stages/).
 
 
 @dataclass(frozen=True)
 class BenchConfig:
     grid: GridConfig = field(default_factory=GridConfig, metadata={"help": "The points."})
-    methods: tuple[str, ...] = _opt(("tiledattention", "torch_sdpa", "flash", "cudnn",
-                                     "efficient", "math", "eager"),
-                                    "Methods to compare (tiledattention@<schedule label>: a "
-                                    "pinned schedule).", unique=True)
+    methods: tuple[str, ...] = option(("tiledattention", "torch_sdpa", "flash", "cudnn",
+                                       "efficient", "math", "eager"),
+                                      "Methods to compare (tiledattention@<schedule label>: a "
+                                      "pinned schedule).", unique=True)
     decode: DecodeConfig = field(default_factory=DecodeConfig, metadata={
         "help": "Optional decode section (small Sq against a long KV cache)."})
     timing: TimingConfig = field(default_factory=TimingConfig,
                                  metadata={"help": "Timing policy."})
     correctness: CorrectnessConfig = field(default_factory=CorrectnessConfig, metadata={
         "help": "Reference subsample and tolerances."})
-    seed: int = _opt(0, "Seed of the inputs.", min=0, max=2**63 - 1)
-    device: str = _opt("auto", "Where to run.", choices=DEVICES)
+    seed: int = option(0, "Seed of the inputs.", min=0, max=2**63 - 1)
+    device: str = option("auto", "Where to run.", choices=DEVICES)
 
     def as_dict(self) -> dict:
         return asdict(self)
-
-    def task(self, out_dir: str):
-        """The stage's launcher job (the config travels as items, validated on the node)."""
-        from .model import ModelTask
-
-        return ModelTask(out_dir, tuple(self.as_dict().items()))
 
     def digest(self) -> str:
         blob = json.dumps(self.as_dict(), sort_keys=True).encode()
@@ -472,7 +280,7 @@ _JSON_LIMITS = {"min": "minimum", "above": "exclusiveMinimum", "max": "maximum",
 def _field_schema(f) -> dict:
     typ = str(f.type)
     if f.name in _SECTIONS:
-        return _section_schema(_SECTIONS[f.name], f.metadata["help"])
+        return section_schema(_SECTIONS[f.name], f.metadata["help"])
     elem = next(v for k, v in _JSON_TYPES.items() if k in typ.removeprefix("tuple"))
     item = {"type": elem, **{_JSON_LIMITS[k]: list(v) if k == "choices" else v
                              for k, v in f.metadata.items() if k in _JSON_LIMITS}}
@@ -490,7 +298,7 @@ def _field_schema(f) -> dict:
     return schema
 
 
-def _section_schema(cls, help: str) -> dict:
+def section_schema(cls, help: str) -> dict:
     return {"type": "object", "description": help, "additionalProperties": False,
             "properties": {f.name: _field_schema(f) for f in fields(cls)}}
 
@@ -498,40 +306,19 @@ def _section_schema(cls, help: str) -> dict:
 def json_schema() -> dict:
     """The JSON schema of a bench config, from the dataclasses above: the workflow's
     config schema holds it verbatim under ``bench`` (tests/test_schema.py checks that;
-    ``python -m tiledattention.bench.config`` prints it)."""
-    return _section_schema(BenchConfig, "The benchmark (a `tiledattn bench` config): "
-                           "generated by `python -m tiledattention.bench.config`.")
+    ``python -m tiledattention.stages`` prints it)."""
+    return section_schema(BenchConfig, "The benchmark (a `tiledattn bench` config): "
+                           "generated by `python -m tiledattention.stages`.")
 
 
 def from_dict(data: dict) -> BenchConfig:
     return validate(_build(BenchConfig, data or {}, "config"))
 
 
-def model_json_schema() -> dict:
-    """The study config's ``model`` section, from ``ModelConfig`` (like ``bench``)."""
-    return stage_json_schema("model")
-
-
-def model_from_dict(data: dict | None) -> ModelConfig:
-    """The ``model`` section, validated; errors name ``model.<key>``."""
-    return stage_from_dict("model", data)
-
-
-STAGES = {"tune": TuneConfig, "profile": ProfileConfig, "model": ModelConfig,
-          "variants": VariantsConfig}
-
-
-def stage_json_schema(name: str) -> dict:
-    """The study config's ``name`` section (tune, profile, model, variants), from its
-    dataclass."""
-    cls = STAGES[name]
-    return _section_schema(cls, f"{cls.__doc__.split(chr(10))[0].rstrip('.')}: generated by "
-                           "`python -m tiledattention.bench.config`.")
-
-
-def stage_from_dict(name: str, data: dict | None):
-    """The config's ``name`` section, validated once; errors name ``<name>.<key>``."""
-    cfg = _build(STAGES[name], data or {}, name)
+def section_from_dict(cls, name: str, data: dict | None):
+    """A GPU stage's config section (``cls``, one of tiledattention/stages/), validated once;
+    errors name ``<name>.<key>``."""
+    cfg = _build(cls, data or {}, name)
     _validate_section(cfg, f"{name}.")
     return cfg
 
@@ -566,11 +353,3 @@ def load_config(path: str) -> BenchConfig:
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from exc
 
-
-if __name__ == "__main__":
-    import yaml
-
-    print(yaml.safe_dump({"bench": json_schema(),
-                          **{name: stage_json_schema(name) for name in STAGES}},
-                         sort_keys=False, width=90,
-                         default_flow_style=None), end="")

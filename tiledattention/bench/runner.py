@@ -33,6 +33,15 @@ CALL_ROUND_S = 0.05
 CALL_BOUNDS = (10, 2000)
 
 
+def no_gpu_reason() -> str | None:
+    """Why a GPU stage cannot measure here (None where a CUDA GPU is visible)."""
+    if torch.cuda.is_available():
+        return None
+    import socket
+
+    return f"no CUDA GPU visible on {socket.gethostname()}"
+
+
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -149,7 +158,7 @@ def compare(out, ref, hq: int, rtol: float) -> dict:
     return {"rel_err": rel, "max_abs_err": max_abs, "rtol": rtol, "correct": ok}
 
 
-def _classify(exc: BaseException) -> tuple[str, str]:
+def classify(exc: BaseException) -> tuple[str, str]:
     # Every row this harness records as failed goes through here: a time limit, a stop
     # or an interrupt is the job's, not the method's, and never becomes a row.
     jobenv.reraise(exc)
@@ -213,7 +222,7 @@ def _run_point(point: Point, methods: list[str], cfg: BenchConfig, device, flush
             dout = make_dout(point, cfg.seed, device)
             grad_refs = reference_grads(q, k, v, dout, point, cfg.correctness.max_ref_heads)
     except Exception as exc:  # OOM while allocating: every method shares the fate
-        status, msg = _classify(exc)
+        status, msg = classify(exc)
         if device.type == "cuda":
             torch.cuda.empty_cache()
         return [{**r, "status": status, "reason": msg} for r in rows.values()]
@@ -258,7 +267,7 @@ def _run_point(point: Point, methods: list[str], cfg: BenchConfig, device, flush
                 fn = as_cuda_graph(fn)
             callables[m] = fn
         except Exception as exc:
-            status, msg = _classify(exc)
+            status, msg = classify(exc)
             row.update(status=status, reason=msg)
             if status == "oom":
                 torch.cuda.empty_cache()
@@ -280,7 +289,7 @@ def _run_point(point: Point, methods: list[str], cfg: BenchConfig, device, flush
                     else:
                         samples[m] += time_cpu(callables[m], warmup=warm, reps=per_round)
             except Exception as exc:
-                status, msg = _classify(exc)
+                status, msg = classify(exc)
                 rows[m].update(status=status, reason=msg)
                 del callables[m]
     calls = _call_count([summarize(samples[m]).median_ms for m in callables])
@@ -319,7 +328,7 @@ def _time_call_latency(fns: dict, calls: int, rounds: int, device, rows: dict,
                     out[m] += time_calls(fns[m], calls=calls, rounds=1,
                                          warmup=3 if r == 0 else 1, sync=sync)
             except Exception as exc:
-                rows[m].update(zip(("status", "reason"), _classify(exc)))
+                rows[m].update(zip(("status", "reason"), classify(exc)))
                 del callables[m]
     return out
 
@@ -464,7 +473,7 @@ def run_bench(cfg: BenchConfig, out_dir: str, *, shard_index: int = 0, shard_cou
         return _run_locked(cfg, out_dir, shard_index, shard_count, log, device, remeasure)
 
 
-def _resume(store: ResultStore, digest: str, remeasure: bool, log) -> None:
+def resume(store: ResultStore, digest: str, remeasure: bool, log) -> None:
     other = store.other_configs(digest)
     if not other:
         return
@@ -486,7 +495,7 @@ def _run_locked(cfg, out_dir, shard_index, shard_count, log, device, remeasure) 
     # aggregate --expect-shards counts every shard that ran.
     open(store.path, "ab").close()
     digest = cfg.measure_digest()
-    _resume(store, digest, remeasure, log)
+    resume(store, digest, remeasure, log)
     check_rows(list(store.rows.values()), store.path, store.conflicts)  # resumed rows count
     if store.skipped_lines:
         print(f"bench: skipped {store.skipped_lines} unreadable line(s) of {store.path} (torn "
@@ -498,13 +507,13 @@ def _run_locked(cfg, out_dir, shard_index, shard_count, log, device, remeasure) 
     started = now()
     manifest_path = os.path.join(out_dir, f"manifest-{tag}.json")
     earlier = _earlier_runs(manifest_path) if store.rows else []
-    _write_json(manifest_path, dict(capture(cfg, started=started), earlier_runs=earlier))
+    write_manifest(manifest_path, dict(capture(cfg, started=started), earlier_runs=earlier))
     print(f"bench: {len(points)} points in {tag} on {device}, {done} already "
           f"done in {store.path}", file=log, flush=True)
     try:
         stopped = measure([(p, list(cfg.methods)) for p in points], cfg, store, device, log)
     finally:
-        _write_json(manifest_path, dict(capture(cfg, started=started, finished=now()),
+        write_manifest(manifest_path, dict(capture(cfg, started=started, finished=now()),
                                         earlier_runs=earlier))
     print(summary_table(list(store.rows.values()), list(cfg.methods)), file=log, flush=True)
     return 130 if stopped else 0
@@ -531,7 +540,8 @@ def _earlier_runs(manifest_path: str) -> list[dict]:
     return runs + [{k: prev.get(k) for k in EARLIER_FIELDS}]
 
 
-def _write_json(path: str, data: dict) -> None:
+def write_manifest(path: str, data: dict) -> None:
+    """A run manifest, written whole or not at all (fsync, then rename)."""
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w") as f:
         json.dump(data, f, indent=1, default=str)

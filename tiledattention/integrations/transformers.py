@@ -31,7 +31,7 @@ A call without them takes the plain path, unchanged.
 
 Needs the ``hf`` extra (``pip install 'tiledattention[hf]'``); dropout must be 0. It
 trains (``sdpa`` is differentiable) and compiles (``torch.compile``; a variant call costs
-one graph break); ``bench/model.py`` times prefill, decode and a training step, eager and
+one graph break); ``stages/model.py`` times prefill, decode and a training step, eager and
 compiled. For a model left on ``attn_implementation="sdpa"``,
 ``tiledattention.sdpa_mode()`` routes PyTorch's SDPA calls instead
 (``integrations/dropin.py``).
@@ -137,7 +137,7 @@ def register(name: str = NAME) -> str:
 
 def tiny_llama(attn_implementation: str, *, dtype=torch.bfloat16, device="cuda", seed: int = 0,
                layers: int = 4):
-    """The Llama-shaped model the GPU test and the model benchmark (``bench/model.py``) run: random
+    """The Llama-shaped model the GPU test and the model benchmark (``stages/model.py``) run: random
     weights (no download), hidden 2048, 16 heads / 4 KV heads (D = 128), a 1024-token
     vocabulary, ``layers`` layers. Same ``seed``, same weights, whatever the attention."""
     from transformers import LlamaConfig, LlamaForCausalLM

@@ -4,7 +4,6 @@ from .base import (
     LAUNCHERS,
     LauncherError,
     LauncherOptionError,
-    ShardTask,
     check_launcher,
     get_launcher,
     job_name,
@@ -12,6 +11,6 @@ from .base import (
     run_step,
 )
 
-__all__ = ["LAUNCHERS", "LauncherError", "LauncherOptionError", "ShardTask", "check_launcher",
+__all__ = ["LAUNCHERS", "LauncherError", "LauncherOptionError", "check_launcher",
            "get_launcher", "job_name", "preflight_launcher",
            "run_step"]

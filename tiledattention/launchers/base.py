@@ -1,10 +1,12 @@
-"""What every launcher shares: the shard task, the options check, waiting with a limit."""
+"""What every launcher shares: the options check, waiting with a limit. A task is any
+picklable callable with a ``job_name`` (and a ``tag`` where one step has many jobs): the
+stages' tasks (``tiledattention/stages/``), e.g. the bench stage's ``ShardTask``."""
 
 from __future__ import annotations
 
 import importlib
 import time
-from dataclasses import dataclass, fields
+from dataclasses import fields
 
 from ..errors import TiledAttentionError
 
@@ -18,43 +20,6 @@ class LauncherError(TiledAttentionError, RuntimeError):
 class LauncherOptionError(LauncherError, ValueError):
     """A launcher option (or the request it makes of the cluster) is invalid: bad input,
     exit 2, with the option and what would be accepted."""
-
-
-@dataclass(frozen=True)
-class ShardTask:
-    """One benchmark shard, picklable for submitit. Rerunning resumes from finished rows,
-    so a requeued (preempted, timed-out) job continues where it stopped."""
-
-    config_path: str
-    out_dir: str
-    shard_index: int
-    shard_count: int
-    step: str = "bench"  # the study step (bench, ladder): names the job in sacct
-
-    def __call__(self) -> dict:
-        from ..bench.config import load_config
-        from ..bench.runner import run_bench
-
-        code = run_bench(load_config(self.config_path), self.out_dir,
-                         shard_index=self.shard_index, shard_count=self.shard_count)
-        if code != 0:
-            raise LauncherError(f"shard {self.shard_index}/{self.shard_count} stopped with "
-                                f"exit code {code}")
-        return {"shard": self.shard_index, "of": self.shard_count, "out_dir": self.out_dir}
-
-    def checkpoint(self, *args, **kwargs):
-        # submitit calls this on preemption / time limit: requeue the same task.
-        import submitit
-
-        return submitit.helpers.DelayedSubmission(self)
-
-    @property
-    def tag(self) -> str:
-        return f"shard{self.shard_index}of{self.shard_count}"
-
-    @property
-    def job_name(self) -> str:
-        return f"tiledattn-{self.step}-{self.tag}"
 
 
 def job_name(task) -> str:

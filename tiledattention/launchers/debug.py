@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import submitit
 
-from .base import ShardTask, check_options, wait
+from .base import check_options, wait
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,6 @@ class Launcher:
         self.options = check(options)
         self.executor = submitit.DebugExecutor(folder=folder)
 
-    def run(self, tasks: list[ShardTask]) -> list[dict]:
+    def run(self, tasks: list) -> list[dict]:
         jobs = [self.executor.submit(t) for t in tasks]
         return wait(jobs, lambda j: f"debug job {j.job_id}", self.options.timeout_s, poll_s=0)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import submitit
 from submitit.local import local as submitit_local
 
-from .base import LauncherError, ShardTask, check_options, interrupts_raise, wait
+from .base import LauncherError, check_options, interrupts_raise, wait
 from .gpu_lock import reserve
 
 
@@ -79,11 +79,11 @@ class Launcher:
         self.options = check(options)
         self.folder = folder
 
-    def run(self, tasks: list[ShardTask]) -> list[dict]:
+    def run(self, tasks: list) -> list[dict]:
         with interrupts_raise():
             return self._run(tasks)
 
-    def _run(self, tasks: list[ShardTask]) -> list[dict]:
+    def _run(self, tasks: list) -> list[dict]:
         gpus = visible_gpus()
         if gpus:
             return self._run_on_gpus(tasks, gpus)
@@ -95,7 +95,7 @@ class Launcher:
             results += wait([ex.submit(t)], self._describe, self.options.timeout_s)
         return results
 
-    def _run_on_gpus(self, tasks: list[ShardTask], gpus: list[str]) -> list[dict]:
+    def _run_on_gpus(self, tasks: list, gpus: list[str]) -> list[dict]:
         # Start each shard as soon as a GPU is free; hold the GPU until its shard ends.
         # Results are kept by position: any picklable task works, not only shards.
         running, results, pending = [], {}, list(enumerate(tasks))

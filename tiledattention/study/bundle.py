@@ -364,7 +364,7 @@ def _variant_rows(study_dir: str) -> list[dict]:
     path = os.path.join(study_dir, "variants", "rows.jsonl")
     if not os.path.lexists(path):
         return []
-    from ..bench.variants_run import load_rows
+    from ..stages.variants import load_rows
 
     _source(path, study_dir)  # a link out of the study or a FIFO is refused
     return load_rows(os.path.dirname(path))
@@ -399,7 +399,7 @@ def not_run(study_dir: str, rows: list[dict]) -> list[str]:
                        f"{_line(group[0].get('reason') or group[0].get('error') or '—')}")
     model = os.path.join(study_dir, "model", "rows.jsonl")
     if os.path.lexists(model):
-        from ..bench.model import load_rows
+        from ..stages.model import load_rows
 
         skipped = [r for r in load_rows(os.path.dirname(model)) if r.get("status") != "ok"]
         if skipped:

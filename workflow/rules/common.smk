@@ -15,7 +15,6 @@ from snakemake.utils import update_config, validate
 from tiledattention.bench.config import ConfigError
 from tiledattention.bench.config import from_dict as _bench_config
 from tiledattention.bench.config import stage_args as _stage_args
-from tiledattention.bench.config import stage_from_dict as _stage_config
 from tiledattention.bench.grid import expand as _expand_points
 from tiledattention.bench.grid import pinned as _pinned
 from tiledattention.launchers import LauncherError
@@ -27,7 +26,10 @@ from tiledattention.launchers.base import typed_options as _typed_options
 from tiledattention.study import figures as _figures
 from tiledattention.study import tables as _tables
 from tiledattention.study import timeline as _timeline
-from tiledattention.study.profile import Shape as _ProfileShape
+from tiledattention.stages import SECTIONS as _STAGE_SECTIONS
+from tiledattention.stages import rule_files as _stage_rule_files
+from tiledattention.stages import stage_from_dict as _stage_config
+from tiledattention.stages.profile import Shape as _ProfileShape
 from tiledattention.yamlio import YAMLInputError, load_yaml
 
 
@@ -152,14 +154,13 @@ def shapes_bench(i):
 # schema's sections are generated from them): tiledattention's errors name the key and list
 # the valid ones.
 BENCH = refuse_config(_bench_config, config.get("bench") or {})
-TUNE = refuse_config(_stage_config, "tune", config.get("tune"))
-PROFILE = refuse_config(_stage_config, "profile", config.get("profile"))
-MODEL = refuse_config(_stage_config, "model", config.get("model"))
-VARIANTS = refuse_config(_stage_config, "variants", config.get("variants"))
+# Every stage with a section of its own (tiledattention.stages' registry), validated once.
+STAGE = {name: refuse_config(_stage_config, name, config.get(name))
+         for name in _STAGE_SECTIONS}
 refuse_config(check_study_keys, config)
 validate(config, "../schemas/config.schema.yaml")  # fills the schema's defaults
 refuse_config(check_launcher_options, config)
-for _shape in PROFILE.shapes:  # a bad shape fails here, naming the expected form
+for _shape in STAGE["profile"].shapes:  # a bad shape fails here, naming the expected form
     refuse_config(_ProfileShape.parse, _shape)
 # A bad step label fails here, before any job.
 LADDER = refuse_config(_bench_config, ladder_bench()) if config["ladder"]["enabled"] else None
@@ -169,6 +170,7 @@ refuse_config(check_shapes, config)
 SHAPES = {i: refuse_config(_bench_config, shapes_bench(i)) for i in SHAPE_GRIDS}  # bad grids
 
 RESULTS = config["results_dir"]
+STAGE_RULE_FILES = _stage_rule_files()
 SHARDS = config["shards"]
 TABLES = list(_tables.NAMES)  # the modules that write them name them
 FIGURES = _figures.names(BENCH.grid.head_dims)
@@ -216,13 +218,13 @@ def aggregate_inputs(wildcards):
     out = {"shards": [shard_marker(i) for i in range(SHARDS)]}
     if config["ladder"]["enabled"]:
         out["ladder"] = f"{RESULTS}/ladder/ladder.done"
-    if TUNE.enabled:
+    if STAGE["tune"].enabled:
         out["tune"] = f"{RESULTS}/tune/schedule-table.json"
     if SHAPE_GRIDS:
         out["shapes"] = [f"{RESULTS}/shapes/g{g}/shapes.done" for g in SHAPE_GRIDS]
-    if MODEL.enabled:
+    if STAGE["model"].enabled:
         out["model"] = f"{RESULTS}/model/rows.jsonl"
-    if VARIANTS.enabled:
+    if STAGE["variants"].enabled:
         out["variants"] = f"{RESULTS}/variants/rows.jsonl"
     return out
 
@@ -249,14 +251,13 @@ def model_rows_arg(wildcards, input):
             else "")
 
 
-def stage_args(stage):
-    """A GPU stage's tiledattn options, from its config dataclass (TUNE, PROFILE, MODEL,
-    VARIANTS)."""
-    return _stage_args(stage)
+def stage_args(name):
+    """A GPU stage's tiledattn options, from its config dataclass (STAGE[name])."""
+    return _stage_args(STAGE[name])
 
 
 def bundle_profile_input():
-    return [f"{RESULTS}/profile/summary.md"] if PROFILE.enabled else []
+    return [f"{RESULTS}/profile/summary.md"] if STAGE["profile"].enabled else []
 
 
 def all_outputs():

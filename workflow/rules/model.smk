@@ -8,7 +8,7 @@ rule model:
     log:
         f"{RESULTS}/logs/model.log",
     params:
-        stage=stage_args(MODEL),
+        stage=stage_args("model"),
         out=lambda wildcards, output: os.path.dirname(output[0]),
         launcher=launcher_args(),
     resources:

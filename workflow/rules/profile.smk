@@ -12,7 +12,7 @@ rule profile:
     log:
         f"{RESULTS}/logs/profile.log",
     params:
-        stage=stage_args(PROFILE),
+        stage=stage_args("profile"),
         out=lambda wildcards, output: os.path.dirname(output[0]),
         launcher=launcher_args(),
     resources:

@@ -9,7 +9,7 @@ rule tune:
         f"{RESULTS}/logs/tune.log",
     params:
         state=lambda wildcards, output: os.path.join(os.path.dirname(output[0]), "state.jsonl"),
-        stage=stage_args(TUNE),
+        stage=stage_args("tune"),
         launcher=launcher_args(),
     resources:
         gpu=gpu_slots(),

@@ -8,7 +8,7 @@ rule variants:
     log:
         f"{RESULTS}/logs/variants.log",
     params:
-        stage=stage_args(VARIANTS),
+        stage=stage_args("variants"),
         out=lambda wildcards, output: os.path.dirname(output[0]),
         launcher=launcher_args(),
     resources:

@@ -23,12 +23,17 @@ import dataclasses
 import os
 import sys
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
-import torch
-
-from .bench.config import BenchConfig, GridConfig, TimingConfig
-from .bench.grid import (
+from ..bench.config import (
+    INT32,
+    BenchConfig,
+    GridConfig,
+    TimingConfig,
+    option,
+    section_from_dict,
+)
+from ..bench.grid import (
     PAPER_DTYPES,
     PAPER_HEAD_DIMS,
     PAPER_SEQS,
@@ -40,14 +45,54 @@ from .bench.grid import (
     pinned_bwd_label,
     pinned_label,
 )
-from .bench.runner import measure, resolve_device
-from .bench.store import ResultStore, check_rows
-from .errors import ConfigError
-from .schedules.backward import BwdSchedule, bwd_space_for
-from .schedules.policy import bucket_for
-from .schedules.schedule import Schedule
-from .schedules.space import space_for
-from .schedules.table import BwdEntry, Entry, ScheduleTable, TableError
+from ..bench.store import ResultStore, check_rows
+from ..errors import ConfigError
+from ..launchers.base import LAUNCHERS
+from ..schedules.backward import BwdSchedule, bwd_space_for
+from ..schedules.schedule import Schedule
+from ..schedules.space import SPACES, space_for
+from ..schedules.table import BwdEntry, Entry, ScheduleTable, TableError
+from .base import Stage, count, default_of, json_object, launcher_options, seconds
+
+# The stage's config section: one frozen dataclass, from which the workflow schema's section
+# is generated, the workflow validates the config's section once (``stage_from_dict``) and
+# the rule's command line is written (``stage_args``); ``tiledattn tune`` takes its
+# defaults from here.
+TUNE_SPACES = ("quick", "full")  # schedules.space.SPACES (tests/test_schema.py)
+
+
+@dataclass(frozen=True)
+class TuneConfig:
+    """Optional schedule tuning (Table 5), as one launcher job (`tiledattn tune`)."""
+
+    enabled: bool = option(False, "Run `tiledattn tune` and write a schedule table (one launcher "
+                           "job: a GPU node under SLURM, a free local GPU; where it finds no GPU "
+                           "the table records why).")
+    space: str = option("quick", "Candidate schedules to time per shape (quick: 8 that won in "
+                        "sweeps; full: every one).", choices=TUNE_SPACES, flag="--space")
+    seqs: tuple[int, ...] | None = option(None, "Restrict tuning to these S values (null: the "
+                                          "paper's 512..8192).", min=1, max=INT32,
+                                          flag="--seqs")
+    head_dims: tuple[int, ...] | None = option(None, "Restrict tuning to these head dims (null: "
+                                               "64, 96, 128, 160).", min=8, max=INT32,
+                                               flag="--head-dims")
+    dtypes: tuple[str, ...] | None = option(None, "Restrict tuning to these dtypes (null: "
+                                            "both).", choices=PAPER_DTYPES, flag="--dtypes")
+    passes: tuple[str, ...] = option(("fwd",), "What is tuned, in order, into one table - fwd, "
+                                     "the forward's schedules (Table 5); fwd+bwd, the backward's, "
+                                     "timed with forward and backward (the table's backward "
+                                     "entries).", choices=TUNE_PASSES, unique=True, flag="--pass")
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def task(self, out_path: str, state_path: str, reps: int = 20,
+             compile_timeout: float = 120.0):
+        """The stage's launcher job (a GPU node under SLURM, a free local GPU)."""
+        return TuneTask(out_path, state_path, self.space, self.seqs or PAPER_SEQS,
+                        self.head_dims or PAPER_HEAD_DIMS, self.dtypes or PAPER_DTYPES, reps,
+                        compile_timeout, passes=self.passes)
+
 
 ROUNDS = 2  # candidates interleaved round by round, order alternating
 
@@ -95,6 +140,10 @@ def build_table(points: Iterable[Point], rows: Iterable[dict], cc: str,
     forward entries from pinned forward schedules, backward entries from pinned backward
     ones (rows of the points' fwd+bwd keys)."""
     rows = list(rows)
+    import torch
+
+    from ..schedules.policy import bucket_for  # torch: loaded where a table is built
+
     table = ScheduleTable(meta={"gpu": gpu, "cc": cc, "torch": torch.__version__})
     for kind, label_of, parse, pass_ in ((Entry, _fwd_label, Schedule.from_label, "fwd"),
                                          (BwdEntry, pinned_bwd_label, BwdSchedule.from_label,
@@ -153,6 +202,10 @@ def run_tune(points, *, space: str, state_path: str, out_path: str, warmup: int 
         except TableError as exc:
             print(f"tiledattn tune: --out {exc}", file=log)
             return 2
+    import torch
+
+    from ..bench.runner import measure, resolve_device
+
     if not torch.cuda.is_available():
         print("tiledattn tune: no CUDA GPU visible; tuning measures on a GPU", file=log)
         return 2
@@ -192,15 +245,6 @@ def run_passes(points, *, passes: Iterable[str], **kwargs) -> int:
     return 0
 
 
-def no_gpu_reason() -> str | None:
-    """Why tuning cannot measure here (None where a CUDA GPU is visible)."""
-    if torch.cuda.is_available():
-        return None
-    import socket
-
-    return f"no CUDA GPU visible on {socket.gethostname()}"
-
-
 @dataclass(frozen=True)
 class TuneTask:
     """``run_tune`` as a picklable job, so a launcher puts it on a GPU (a SLURM GPU node,
@@ -222,6 +266,8 @@ class TuneTask:
     def __call__(self) -> dict:
         for path in (self.state_path, self.out_path):
             os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        from ..bench.runner import no_gpu_reason
+
         reason = no_gpu_reason()
         if reason:
             if os.path.lexists(self.out_path):  # a table tuned before: never replaced by none
@@ -242,3 +288,79 @@ class TuneTask:
         import submitit
 
         return submitit.helpers.DelayedSubmission(self)
+
+
+def _run(cfg: TuneConfig, out_path: str, state_path: str, **kwargs) -> int:
+    """The stage's in-process run: its config's grid through every pass in order."""
+    return run_passes(paper_grid(seqs=cfg.seqs or PAPER_SEQS,
+                                 head_dims=cfg.head_dims or PAPER_HEAD_DIMS,
+                                 dtypes=cfg.dtypes or PAPER_DTYPES),
+                      passes=cfg.passes, space=cfg.space, state_path=state_path,
+                      out_path=out_path, **kwargs)
+
+
+# `tiledattn tune`: its options and its handler.
+def add_arguments(p) -> None:
+    p.add_argument("--grid", choices=("paper",), default="paper",
+                   help="paper: S x D x fp16/bf16 x causal/not, B*S = 16384, H*D = 2048")
+    p.add_argument("--seqs", type=count(1), nargs="+", default=list(PAPER_SEQS),
+                   help="the grid's S values")
+    p.add_argument("--head-dims", type=count(1), nargs="+", default=list(PAPER_HEAD_DIMS),
+                   help="the grid's D values")
+    p.add_argument("--dtypes", nargs="+", choices=PAPER_DTYPES, default=list(PAPER_DTYPES),
+                   help="the grid's dtypes")
+    p.add_argument("--space", choices=SPACES, default=default_of(TuneConfig, "space"),
+                   help="candidate schedules per point: quick (8 that won in sweeps) or full")
+    p.add_argument("--pass", dest="passes", nargs="+", choices=TUNE_PASSES,
+                   default=default_of(TuneConfig, "passes"),
+                   help="one or more, run in order: fwd tunes the forward's schedule; fwd+bwd "
+                   "the backward's, timed with forward+backward (written as the table's "
+                   "backward entries; an existing --out keeps its other half)")
+    p.add_argument("--state", default="results/tune-state.jsonl",
+                   help="the harness' row file of finished measurements (resume from it)")
+    p.add_argument("--out", default="results/schedule-table.json", help="tuning table to write")
+    p.add_argument("--reps", type=count(1), default=20, help="timed calls per candidate")
+    p.add_argument("--compile-timeout", type=seconds, default=120.0,
+                   help="seconds a candidate may compile before it is recorded as failed")
+    p.add_argument("--launcher", choices=LAUNCHERS, help="run the tuning as a job of this "
+                   "launcher (slurm: on a GPU node; local: on a free local GPU) (default: in "
+                   "this process)")
+    launcher_options(p)
+
+
+def _tune(args) -> int:
+    import os
+
+    if args.launcher:
+        return _tune_through_launcher(args)
+    points = paper_grid(seqs=args.seqs, head_dims=args.head_dims, dtypes=args.dtypes)
+    for path in (args.state, args.out):
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    return run_passes(points, passes=args.passes, space=args.space, state_path=args.state,
+                      out_path=args.out, reps=args.reps, compile_timeout=args.compile_timeout)
+
+
+def _tune_through_launcher(args) -> int:
+    import os
+
+    from ..launchers import run_step
+
+    cfg = section_from_dict(TuneConfig, "tune", {
+        "space": args.space, "seqs": args.seqs, "head_dims": args.head_dims,
+        "dtypes": args.dtypes, "passes": args.passes})
+    task = cfg.task(os.path.abspath(args.out), os.path.abspath(args.state), args.reps,
+                    args.compile_timeout)
+    folder = os.path.join(os.path.dirname(task.out_path), "logs")
+    options = json_object(args.launcher_options, "--launcher-options")
+    result = run_step(args.launcher, options, folder, task)
+    if result["status"] != "ok":
+        print(f"tiledattn tune: not run: {result['reason']}", file=sys.stderr)
+    return 0
+
+
+# `tiledattn tune --help`
+HELP = ("time candidate schedules per shape bucket on this GPU and write the tuning table "
+        "(resumable)")
+STAGE = Stage("tune", TuneConfig, "tune.smk", _run, help=HELP, add_arguments=add_arguments,
+              handler=_tune, bundle_copies=("schedule-table.json",),
+              tables=("tiledattention.study.tables:table5",))

@@ -28,14 +28,66 @@ keeps its other phases.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
-from .config import MODEL_PHASES, ModelConfig, model_from_dict
+from ..bench.config import option, section_from_dict
+from ..launchers.base import LAUNCHERS
+from .base import Stage, count, default_of, json_object, launcher_options, section_json_schema
+
+MODEL_PHASES = ("prefill", "decode", "train", "prefill_compiled", "train_compiled")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Optional end-to-end model benchmark (the `model_e2e` table), one launcher job."""
+
+    enabled: bool = option(False, "Time prefill, decode and training-step tokens/s of the tiny "
+                           "Llama (4 layers, hidden 2048, 16/4 heads, D 128, random weights) per "
+                           "attention implementation (tiledattention, sdpa, eager), as one "
+                           "launcher job.")
+    phases: tuple[str, ...] = option(MODEL_PHASES, "What is timed - prefill, decode (eager); "
+                                     "train, a training step (forward, loss, backward, SGD step) "
+                                     "on B x prompt tokens; prefill_compiled, train_compiled: the "
+                                     "same under torch.compile (tiledattention and sdpa).",
+                                     choices=MODEL_PHASES, unique=True, flag="--phases")
+    batches: tuple[int, ...] = option((1, 8), "Batch sizes B.", min=1, max=4096, unique=True,
+                                      flag="--batches")
+    prompt: int = option(2048, "Prompt tokens per sequence (prefill length; the decode "
+                         "steps start after it).", min=1, max=8192 - 1024, flag="--prompt")
+    steps: int = option(64, "Greedy decode steps timed per rep.", min=1, max=1024,
+                        flag="--steps")
+    reps: int = option(5, "Timed reps per implementation, interleaved, order alternating.",
+                       min=1, max=1000, flag="--reps")
+    seed: int = option(0, "Seed of the weights and the prompt.", min=0, max=2**63 - 1,
+                       flag="--seed")
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def task(self, out_dir: str):
+        """The stage's launcher job (the config travels as items, validated on the node)."""
+        return ModelTask(out_dir, tuple(self.as_dict().items()))
+
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(self.as_dict(), sort_keys=True).encode()
+                              ).hexdigest()[:16]
+
+
+def model_from_dict(data: dict | None) -> ModelConfig:
+    """The ``model`` section, validated; errors name ``model.<key>``."""
+    return section_from_dict(ModelConfig, "model", data)
+
+
+def model_json_schema() -> dict:
+    """The study config's ``model`` section, from ``ModelConfig`` (like ``bench``)."""
+    return section_json_schema(ModelConfig)
+
 
 IMPLS = ("tiledattention", "sdpa", "eager", "fa4")
 # A baseline's transformers attn_implementation where it is not the method's name: fa4 is
@@ -75,7 +127,7 @@ def _base_rows(cfg: ModelConfig, device: str) -> list[dict]:
 
 def unavailable_reason() -> str | None:
     """Why the model benchmark cannot run here (None where it can)."""
-    from ..tune import no_gpu_reason
+    from ..bench.runner import no_gpu_reason
 
     reason = no_gpu_reason()
     if reason:
@@ -93,7 +145,7 @@ def impl_unavailable(impl: str) -> str | None:
         return None
     import torch
 
-    from .methods import fa4_import_error
+    from ..bench.methods import fa4_import_error
 
     why = fa4_import_error()
     if why:
@@ -200,7 +252,7 @@ def measure_model(cfg: ModelConfig, log=sys.stderr) -> list[dict]:
                 for r in _base_rows(cfg, "cpu")]
     import torch
 
-    from .runner import _classify
+    from ..bench.runner import classify
 
     missing = {impl: why for impl in OPTIONAL if (why := impl_unavailable(impl))}
     run = _Runners(cfg, [impl for impl in IMPLS if impl not in missing])
@@ -223,7 +275,7 @@ def measure_model(cfg: ModelConfig, log=sys.stderr) -> list[dict]:
                     try:
                         secs = run(ph, impl, ids, warmup=rep < 0)
                     except Exception as exc:  # OOM, a refusal: this row says so, others go on
-                        failed[impl, ph] = _classify(exc)
+                        failed[impl, ph] = classify(exc)
                         torch.cuda.empty_cache()
                         continue
                     if rep >= 0:
@@ -244,7 +296,7 @@ def measure_model(cfg: ModelConfig, log=sys.stderr) -> list[dict]:
 
 def run_model(cfg: ModelConfig, out_dir: str, log=sys.stderr) -> dict:
     """Measure and write ``out_dir``/rows.jsonl (replaced whole) and manifest-model.json."""
-    from .manifest import capture, now
+    from ..bench.manifest import capture, now
 
     os.makedirs(out_dir, exist_ok=True)
     started = now()
@@ -312,3 +364,50 @@ class ModelTask:
 
     def __call__(self) -> dict:
         return run_model(model_from_dict(dict(self.config)), self.out_dir)
+
+
+# `tiledattn model`: its options and its handler.
+def add_arguments(p) -> None:
+    p.add_argument("--out", required=True, help="directory for rows.jsonl and the manifest")
+    p.add_argument("--batches", type=count(1), nargs="+",
+                   default=default_of(ModelConfig, "batches"), help="batch sizes")
+    p.add_argument("--prompt", type=count(1), default=default_of(ModelConfig, "prompt"),
+                   help="prompt tokens per sequence")
+    p.add_argument("--steps", type=count(1), default=default_of(ModelConfig, "steps"),
+                   help="greedy decode steps timed")
+    p.add_argument("--reps", type=count(1), default=default_of(ModelConfig, "reps"),
+                   help="interleaved reps per implementation")
+    p.add_argument("--seed", type=count(0), default=default_of(ModelConfig, "seed"),
+                   help="seed of weights and prompt")
+    p.add_argument("--phases", nargs="+", default=list(default_of(ModelConfig, "phases")),
+                   choices=MODEL_PHASES, help="what to time (default: all)")
+    p.add_argument("--launcher", choices=LAUNCHERS, help="run it as a job of this launcher "
+                   "(slurm: on a GPU node) (default: in this process)")
+    launcher_options(p)
+
+
+def _model(args) -> int:
+    import os
+
+    cfg = model_from_dict({"enabled": True, "batches": args.batches, "prompt": args.prompt,
+                           "steps": args.steps, "reps": args.reps, "seed": args.seed,
+                           "phases": args.phases})
+    out = os.path.abspath(args.out)
+    if args.launcher:
+        from ..launchers import run_step
+
+        options = json_object(args.launcher_options, "--launcher-options")
+        run_step(args.launcher, options, os.path.join(out, "logs"), cfg.task(out))
+    else:
+        run_model(cfg, out)
+    print(summary(load_rows(out)))
+    return 0
+
+
+# `tiledattn model --help`
+HELP = ("prefill, decode and training-step tokens/s (eager and compiled) of a tiny random "
+        "Llama per attention implementation (tiledattention, sdpa, eager); records why when "
+        "it cannot run")
+STAGE = Stage("model", ModelConfig, "model.smk", run_model, help=HELP,
+              add_arguments=add_arguments, handler=_model, bundle_copies=(ROWS,),
+              load_rows=load_rows, tables=("tiledattention.study.tables:model_e2e",))

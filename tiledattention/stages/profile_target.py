@@ -1,7 +1,7 @@
 """The process Nsight Compute profiles: one point, one method, ``warmup`` + 1 launches.
 
     ncu -k regex:attention_fwd --launch-skip 5 --launch-count 1 \\
-        python -m tiledattention.study.profile_target --method tiledattention \\
+        python -m tiledattention.stages.profile_target --method tiledattention \\
         --shape float16:full:128:4096
 """
 

@@ -22,11 +22,46 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass
 
-from ..bench.config import CLOCK_CONTROL
+from ..bench.config import INT32, option, section_from_dict
 from ..bench.grid import TOKENS, WIDTH, Point
 from ..bench.methods import METHODS, profilable
 from ..errors import StudyError
+from ..launchers.base import LAUNCHERS
 from ..safeio import write_json, write_text
+from .base import Stage, count, default_of, json_object, launcher_options
+
+CLOCK_CONTROL = ("base", "none")
+
+
+@dataclass(frozen=True)
+class ProfileConfig:
+    """Nsight Compute on representative shapes, one launcher job (`tiledattn profile`)."""
+
+    enabled: bool = option(True, "Run the profile rule (without ncu, a GPU or counter "
+                           "permission the job records why).")
+    shapes: tuple[str, ...] = option(("float16:full:128:4096", "float16:causal:128:4096"),
+                                     "dtype:mask:D:S, with B*S = tokens and H*D = width (checked "
+                                     "by tiledattention).", flag="--shape", repeat=True)
+    methods: tuple[str, ...] = option(("tiledattention", "torch_sdpa"), "Methods whose attention "
+                                      "kernel is captured (those with a kernel filter in the "
+                                      "method registry).", choices=tuple(profilable()),
+                                      unique=True, flag="--methods")
+    clock_control: str = option("base", "ncu clock control (base - locked base clocks; none - "
+                                "boost, as the benchmark runs).", choices=CLOCK_CONTROL,
+                                flag="--clock-control")
+    warmup: int = option(5, "Launches skipped before the captured one.", min=0, max=10**6,
+                         flag="--warmup")
+    tokens: int = option(TOKENS, "B*S of the profiled points.", min=1, max=INT32,
+                         flag="--tokens")
+    width: int = option(WIDTH, "H*D of the profiled points.", min=1, max=INT32, flag="--width")
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def task(self, out_dir: str):
+        """The stage's launcher job."""
+        return ProfileTask(self.shapes, self.methods, out_dir, self.clock_control, self.warmup,
+                           self.tokens, self.width)
 
 
 # Kernel-name filters, from the method registry: ours is one cuTile kernel; PyTorch's
@@ -225,7 +260,7 @@ def _capture(ncu, shape, method, out_dir, clock_control, warmup, tokens, width,
     cmd = [ncu, "--kernel-name", kernel_filters()[method], "--launch-skip", str(warmup),
            "--launch-count", "1", "--clock-control", clock_control, "--set", "full",
            "--export", base, "--force-overwrite",
-           sys.executable, "-m", "tiledattention.study.profile_target", "--method", method,
+           sys.executable, "-m", "tiledattention.stages.profile_target", "--method", method,
            "--point", json.dumps(shape.point(tokens, width).as_dict()), "--warmup", str(warmup)]
     try:
         run = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
@@ -298,3 +333,60 @@ class ProfileTask:
                     clock_control=self.clock_control, warmup=self.warmup, tokens=self.tokens,
                     width=self.width)
         return {"out_dir": self.out_dir}
+
+
+def _run(cfg: ProfileConfig, out_dir: str) -> dict:
+    """The stage's in-process run."""
+    return cfg.task(out_dir)()
+
+
+# `tiledattn profile`: its options and its handler.
+def add_arguments(p) -> None:
+    p.add_argument("--shape", action="append", required=True,
+                   help="dtype:mask:D:S, e.g. float16:causal:128:4096 (repeatable)")
+    p.add_argument("--methods", nargs="+", default=default_of(ProfileConfig, "methods"),
+                   help=f"whose kernels to capture, of {sorted(KERNEL_FILTERS)}")
+    p.add_argument("--out", required=True, help="directory for reports and summary.md")
+    p.add_argument("--clock-control", choices=CLOCK_CONTROL,
+                   default=default_of(ProfileConfig, "clock_control"),
+                   help="base (locked base clocks, ncu's default) or none (boost clocks, as "
+                   "the benchmark runs)")
+    p.add_argument("--warmup", type=count(0), default=default_of(ProfileConfig, "warmup"),
+                   help="launches skipped before the captured one")
+    p.add_argument("--tokens", type=count(1), default=default_of(ProfileConfig, "tokens"),
+                   help="B*S of the profiled point")
+    p.add_argument("--width", type=count(1), default=default_of(ProfileConfig, "width"),
+                   help="H*D of the profiled point")
+    p.add_argument("--launcher", choices=LAUNCHERS, help="run the profiling as a job of this "
+                   "launcher (slurm: on a GPU node) (default: in this process)")
+    launcher_options(p)
+
+
+def _profile(args) -> int:
+    import os
+
+    shapes = [Shape.parse(s) for s in args.shape]
+    code = 0
+    if args.launcher:
+        from ..launchers import get_launcher
+
+        task = section_from_dict(ProfileConfig, "profile", {
+            "shapes": args.shape, "methods": args.methods, "clock_control": args.clock_control,
+            "warmup": args.warmup, "tokens": args.tokens, "width": args.width,
+        }).task(os.path.abspath(args.out))
+        options = json_object(args.launcher_options, "--launcher-options")
+        get_launcher(args.launcher, os.path.join(args.out, "logs"), options).run([task])
+    else:
+        code = run_profile(shapes, args.methods, args.out, clock_control=args.clock_control,
+                           warmup=args.warmup, tokens=args.tokens, width=args.width)
+    with open(os.path.join(args.out, "summary.md")) as f:
+        print(f.read())
+    return code
+
+
+# `tiledattn profile --help`
+HELP = ("Nsight Compute on the attention kernels of representative shapes (records why when "
+        "it cannot run)")
+STAGE = Stage("profile", ProfileConfig, "profile.smk", _run, help=HELP,
+              add_arguments=add_arguments, handler=_profile,
+              bundle_copies=("*",))  # the whole directory, as profiles.zip

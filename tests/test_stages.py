@@ -1,0 +1,163 @@
+"""A GPU stage is one thing: one module under tiledattention/stages/, one rule file, one
+section of the config schema, one `tiledattn` verb; the registry is what the CLI, the
+config loader and the workflow iterate, and the common config sits below every stage."""
+
+from __future__ import annotations
+
+import ast
+import glob
+import gzip
+import json
+import os
+
+import yaml
+
+from tiledattention import stages
+from tiledattention.bench.config import json_schema
+from tiledattention.stages import SECTIONS, STAGES, stage_json_schema
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PKG = os.path.join(ROOT, "tiledattention")
+RULES = os.path.join(ROOT, "workflow", "rules")
+
+
+def _imports(path: str, name: str | None = None) -> set[str]:
+    """Every module ``path`` (the module ``name``, default: from its path) imports,
+    absolute (relative imports resolved), at any level: a function-level import is an
+    import too."""
+    rel = (name.split(".") if name else
+           os.path.relpath(path, ROOT)[:-len(".py")].split(os.sep))
+    package = rel[:-1]
+    out = set()
+    with open(path) as f:
+        tree = ast.parse(f.read(), path)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = package[:len(package) - node.level + 1] if node.level else []
+            mod = ".".join(base + ([node.module] if node.module else []))
+            out.add(mod)
+            out |= {f"{mod}.{a.name}" for a in node.names}  # `from . import model`
+    return out
+
+
+def _stage_module(name: str) -> str | None:
+    """The stage a module of tiledattention.stages belongs to (profile_target is the
+    profile stage's child process), None for the registry and the descriptor."""
+    parts = name.split(".")
+    if parts[:2] != ["tiledattention", "stages"] or len(parts) < 3:
+        return None
+    leaf = parts[2]
+    leaf = "profile" if leaf == "profile_target" else leaf
+    return leaf if leaf in STAGES else None
+
+
+def _gpu_rule_files() -> set[str]:
+    """The rule files whose rules run a job through the configured launcher (a GPU step):
+    common.smk defines ``launcher_args`` and is no stage's."""
+    out = set()
+    for path in glob.glob(os.path.join(RULES, "*.smk")):
+        with open(path) as f:
+            if os.path.basename(path) != "common.smk" and "launcher_args()" in f.read():
+                out.add(os.path.basename(path))
+    return out
+
+
+def test_the_registry_lists_every_stage_the_workflow_has_a_rule_file_for_and_no_other():
+    assert {s.rule_file for s in STAGES.values()} == _gpu_rule_files()
+    assert stages.rule_files() == [s.rule_file for s in STAGES.values()]
+    for s in STAGES.values():
+        assert os.path.isfile(os.path.join(RULES, s.rule_file)), s.rule_file
+
+
+def test_the_snakefile_includes_the_stage_rule_files_from_the_registry_not_by_name():
+    with open(os.path.join(ROOT, "Snakefile")) as f:
+        text = f.read()
+    assert "for _rule_file in STAGE_RULE_FILES" in text
+    for s in STAGES.values():
+        assert f'"workflow/rules/{s.rule_file}"' not in text, s.rule_file
+
+
+def test_every_stage_section_appears_in_the_generated_config_schema():
+    with open(os.path.join(ROOT, "workflow", "schemas", "config.schema.yaml")) as f:
+        schema = yaml.safe_load(f)
+    assert schema["properties"]["bench"] == json_schema()
+    assert set(SECTIONS) == {n for n, s in STAGES.items() if s.config is not None}
+    for name in SECTIONS:
+        assert schema["properties"][name] == stage_json_schema(name), (
+            f"regenerate the {name} section: python -m tiledattention.stages")
+    assert set(stages.schema()) == {"bench", *SECTIONS}
+
+
+def test_every_stage_is_a_tiledattn_verb_with_its_registered_handler():
+    from tiledattention.cli import build_parser
+
+    verbs = build_parser()._subparsers._group_actions[0].choices
+    for name, s in STAGES.items():
+        assert verbs[name].get_default("handler") is s.handler, name
+
+
+def test_no_stage_module_imports_another_stage():
+    for path in glob.glob(os.path.join(PKG, "stages", "*.py")):
+        own = _stage_module("tiledattention.stages." + os.path.basename(path)[:-3])
+        if own is None:
+            continue
+        others = {_stage_module(m) for m in _imports(path)} - {None, own}
+        assert not others, f"{os.path.relpath(path, ROOT)} imports the stage(s) {others}"
+        assert "tiledattention.stages" not in _imports(path) - {
+            "tiledattention.stages.base"}, f"{path} imports the registry"
+
+
+def test_the_common_config_the_harness_and_the_launchers_import_no_stage():
+    """bench/ (the common config, the grid, the harness, the methods) and launchers/ sit
+    below the stages: nothing in them imports tiledattention.stages (or the CLI),
+    function-level imports included; the launchers run any task and import no harness."""
+    for path in glob.glob(os.path.join(PKG, "launchers", "*.py")):
+        assert not {m for m in _imports(path) if m.startswith("tiledattention.bench.runner")}
+    for path in (glob.glob(os.path.join(PKG, "bench", "*.py"))
+                 + glob.glob(os.path.join(PKG, "launchers", "*.py"))):
+        bad = {m for m in _imports(path)
+               if m.startswith(("tiledattention.stages", "tiledattention.cli"))}
+        assert not bad, f"{os.path.relpath(path, ROOT)} imports {sorted(bad)}"
+
+
+def test_the_import_walker_sees_function_level_and_relative_imports(tmp_path):
+    """The checks above can fail: a function-level relative import of a stage is seen."""
+    mod = os.path.join(PKG, "bench", "config.py")
+    assert "tiledattention.errors.ConfigError" in _imports(mod)
+    probe = tmp_path / "probe.py"
+    probe.write_text("def f():\n    from . import model\n    from ..bench import grid\n")
+    seen = _imports(str(probe), "tiledattention.stages.probe")
+    assert "tiledattention.stages.model" in seen
+    assert _stage_module("tiledattention.stages.model") == "model"
+    assert "tiledattention.bench.grid" in seen
+
+
+def test_the_model_stage_names_registry_methods_through_one_alias():
+    """The model stage's rows say `sdpa` (transformers' attn_implementation name) for the
+    registry's torch_sdpa, as the published references do; study/tables.MODEL_METHODS is
+    the one alias, and every implementation the stage times is a registry method."""
+    from tiledattention.bench.methods import METHODS
+    from tiledattention.stages.model import IMPLS
+    from tiledattention.study.tables import MODEL_METHODS
+
+    assert MODEL_METHODS == {"sdpa": "torch_sdpa"}
+    for impl in IMPLS:
+        assert MODEL_METHODS.get(impl, impl) in METHODS, impl
+
+
+def test_published_model_rows_with_the_sdpa_label_still_give_the_ratio_column():
+    from tiledattention.study.tables import model_e2e
+
+    paths = sorted(glob.glob(os.path.join(ROOT, "results", "reference", "*", "data",
+                                          "model-rows.jsonl.gz")))
+    assert paths, "no reference model rows"
+    for path in paths:
+        with gzip.open(path, "rt") as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+        assert "sdpa" in {r["method"] for r in rows}, path
+        t = model_e2e(rows)
+        ratio = t.columns.index("÷ sdpa")
+        sdpa_ok = [r for r in t.rows if r[2] == "sdpa" and r[3] is not None]
+        assert sdpa_ok and all(r[ratio] == 1.0 for r in sdpa_ok), path

@@ -1,0 +1,46 @@
+"""The GPU stages, one module each, and their one registry.
+
+A stage module holds its config section (a frozen dataclass the schema, the workflow and the
+``tiledattn`` verb read), its launcher task, its run entry and its ``STAGE`` descriptor
+(``base.Stage``); its rules are one file, ``workflow/rules/<stage>.smk``. The CLI, the config
+loader and the workflow iterate ``STAGES``; no stage imports another, and the common config
+(``bench/config.py``) imports none of them.
+"""
+
+from __future__ import annotations
+
+from ..bench.config import section_from_dict
+from . import bench, model, profile, tune, variants
+from .base import Stage, section_json_schema
+
+# In the order the workflow includes their rule files.
+STAGES: dict[str, Stage] = {m.STAGE.name: m.STAGE for m in (bench, tune, profile, model,
+                                                             variants)}
+# The stages with a section of their own (bench's is the common BenchConfig).
+SECTIONS = {name: s.config for name, s in STAGES.items() if s.config is not None}
+
+__all__ = ["SECTIONS", "STAGES", "Stage", "rule_files", "schema", "stage_from_dict",
+           "stage_json_schema"]
+
+
+def stage_from_dict(name: str, data: dict | None):
+    """The config's ``name`` section, validated once; errors name ``<name>.<key>``."""
+    return section_from_dict(SECTIONS[name], name, data)
+
+
+def stage_json_schema(name: str) -> dict:
+    """The study config's ``name`` section (tune, profile, model, variants), from its
+    dataclass."""
+    return section_json_schema(SECTIONS[name])
+
+
+def schema() -> dict:
+    """The generated sections of the workflow's config schema: ``bench`` and each stage's."""
+    from ..bench.config import json_schema
+
+    return {"bench": json_schema(), **{name: stage_json_schema(name) for name in SECTIONS}}
+
+
+def rule_files() -> list[str]:
+    """The stages' rule files, in registry order (the Snakefile includes them)."""
+    return [s.rule_file for s in STAGES.values()]

@@ -1,0 +1,336 @@
+"""The variants stage: every variant of ``bench/variants.py`` against FlexAttention, SDPA with
+a materialised mask and eager attention, through the one harness (``runner.measure``: L2
+flushed before each timed call, methods interleaved over rounds, each row's output and
+gradients checked against float64 on a slice of heads, kernel time and call latency).
+
+Points: variant x S x D x dtype x pass, B = tokens // S and H = width // D as the paper's
+grid. Rows go to ``rows.jsonl`` as they are measured (a killed job resumes; rows of another
+config are set aside), next to ``manifest-variants.json``. Where no GPU is visible every row
+is ``unavailable`` with the reason and the study goes on; where FlexAttention cannot run
+(no Triton, an import error) its rows say why.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from dataclasses import asdict, dataclass
+
+from ..bench.config import (
+    INT32,
+    BenchConfig,
+    CorrectnessConfig,
+    TimingConfig,
+    option,
+    section_from_dict,
+)
+from ..bench.grid import PAPER_DTYPES, TOKENS, WIDTH, tokens_shape
+from ..bench.methods import variant_methods
+from ..bench.variants import VARIANT_NAMES, VariantPoint
+from ..launchers.base import LAUNCHERS
+from .base import Stage, count, default_of, json_object, launcher_options
+
+VARIANT_METHODS = tuple(variant_methods())  # bench/methods.py: those with variants=True
+VARIANT_PASSES = ("fwd", "fwd+bwd")
+
+
+@dataclass(frozen=True)
+class VariantsConfig:
+    """Variants against FlexAttention and SDPA, one launcher job (`tiledattn variants`)."""
+
+    enabled: bool = option(False, "Time each variant (tiledattention's built-in, through the "
+                           "public API) against FlexAttention, SDPA with the variant as a "
+                           "materialised mask and eager attention, as one launcher job; where "
+                           "the job finds no GPU its rows say why.")
+    variants: tuple[str, ...] = option(VARIANT_NAMES, "Variants measured (bench/variants.py's "
+                                       "registry).", choices=VARIANT_NAMES, unique=True,
+                                       flag="--variants")
+    methods: tuple[str, ...] = option(VARIANT_METHODS, "tiledattention; fa4, FlashAttention-4 "
+                                      "(causal, window, softcap natively, ALiBi as a CuTe DSL "
+                                      "score_mod); flex, torch.compile'd flex_attention with the "
+                                      "same score_mod and a block mask (Triton backend); "
+                                      "flex_flash, the same on its FLASH backend (FA4's kernels); "
+                                      "sdpa_mask, torch SDPA with an explicit mask (where one "
+                                      "expresses the variant); eager, matmul + softmax + matmul "
+                                      "(where the device's memory holds its scores). A baseline "
+                                      "that cannot run a variant has a row saying why.",
+                                      choices=VARIANT_METHODS, unique=True, flag="--methods")
+    seqs: tuple[int, ...] = option((1024, 2048, 4096, 8192, 16384), "Sequence lengths S.",
+                                   min=1, max=INT32, unique=True, flag="--seqs")
+    head_dims: tuple[int, ...] = option((64, 128), "Head dims D.", min=8, max=256, unique=True,
+                                        flag="--head-dims")
+    dtypes: tuple[str, ...] = option(PAPER_DTYPES, "Element types.", choices=PAPER_DTYPES,
+                                     unique=True, flag="--dtypes")
+    passes: tuple[str, ...] = option(VARIANT_PASSES, "fwd, the forward; fwd+bwd, forward and "
+                                     "backward (a training step's attention).",
+                                     choices=VARIANT_PASSES, unique=True, flag="--passes")
+    tokens: int = option(TOKENS, "B*S (B = tokens // S, as the paper's grid).", min=1,
+                         max=INT32, flag="--tokens")
+    width: int = option(WIDTH, "H*D (H = width // D).", min=8, max=INT32, flag="--width")
+    warmup: int = option(5, "Untimed calls before the first round (FlexAttention compiles "
+                         "in the point's correctness call, before them).", min=0, max=10**6,
+                         flag="--warmup")
+    reps: int = option(20, "Timed calls per method, over all rounds.", min=1, max=10**6,
+                       flag="--reps")
+    rounds: int = option(2, "Rounds, methods interleaved, order alternating.", min=1,
+                         max=10**4, flag="--rounds")
+    max_ref_heads: int = option(1, "Heads of batch 0 checked against the float64 reference "
+                                "(forward and gradients), every row (its S x S float64 "
+                                "scores: 2 GiB a head at S 16k).", min=1, max=INT32,
+                                flag="--max-ref-heads")
+    seed: int = option(0, "Seed of the inputs.", min=0, max=2**63 - 1, flag="--seed")
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def bench_config(self) -> BenchConfig:
+        """The harness' config of the stage's rows: its timing and correctness (the L2
+        flushed before each timed call, as every benchmark row)."""
+        return BenchConfig(timing=TimingConfig(self.warmup, self.reps, self.rounds),
+                           correctness=CorrectnessConfig(self.max_ref_heads),
+                           seed=self.seed, methods=self.methods)
+
+    def measure_digest(self) -> str:
+        return self.bench_config().measure_digest()
+
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(self.as_dict(), sort_keys=True).encode()
+                              ).hexdigest()[:16]
+
+    def task(self, out_dir: str):
+        """The stage's launcher job (the config travels as items, validated on the node)."""
+        return VariantsTask(out_dir, tuple(self.as_dict().items()))
+
+
+def variants_from_dict(data: dict | None) -> VariantsConfig:
+    """The ``variants`` section, validated; errors name ``variants.<key>``."""
+    return section_from_dict(VariantsConfig, "variants", data)
+
+ROWS = "rows.jsonl"
+MANIFEST = "manifest-variants.json"
+
+
+def points(cfg: VariantsConfig) -> list[VariantPoint]:
+    """The stage's points, in the order they run: dtype, D, S, variant, pass (a variant's
+    passes share its masks and compiled FlexAttention)."""
+    from ..bench.variants import VARIANTS
+
+    out = []
+    for dtype in cfg.dtypes:
+        for d in cfg.head_dims:
+            for s in cfg.seqs:
+                batch, heads = tokens_shape(s, d, tokens=cfg.tokens, width=cfg.width)
+                for name in cfg.variants:
+                    out += [VariantPoint(dtype, VARIANTS[name].causal, d, s, s, batch, heads,
+                                         1, p, variant=name) for p in cfg.passes]
+    return out
+
+
+def _unavailable(plan, cfg: VariantsConfig, reason: str, store) -> None:
+    from ..bench.manifest import now
+    from ..bench.runner import FORMAT
+
+    for p, methods in plan:
+        for m in methods:
+            if not store.done(p.key(), m):
+                store.append({"format": FORMAT, "point_key": p.key(), **p.as_dict(),
+                              "method": m, "seed": cfg.seed, "device": "cpu",
+                              "status": "unavailable", "reason": reason, "recorded": now(),
+                              "config_hash": cfg.measure_digest()})
+
+
+def _forget_no_gpu_rows(store, log) -> None:
+    """Rows recorded where no GPU was visible are measured now: the file goes aside
+    (``stale-*``) with them, the measured rows are kept."""
+    import time
+
+    keep = [r for r in store.rows.values() if r.get("device") != "cpu"]
+    if len(keep) == len(store.rows):
+        return
+    head, name = os.path.split(store.path)
+    aside = os.path.join(head, f"stale-{name[:-len('.jsonl')]}-{time.time_ns()}.jsonl")
+    os.replace(store.path, aside)
+    open(store.path, "ab").close()
+    store.rows, store._torn_tail = {}, False
+    for r in keep:
+        store.append(r)
+    print(f"variants: rows recorded without a GPU moved to {aside}; measuring them",
+          file=log, flush=True)
+
+
+def run_variants(cfg: VariantsConfig, out_dir: str, log=None) -> dict:
+    """Measure (or resume) the stage into ``out_dir``; returns its status."""
+    log = log or sys.stderr
+    from ..bench.manifest import capture, now
+    from ..bench.runner import measure, no_gpu_reason, resolve_device, resume, write_manifest
+    from ..bench.store import Lock, ResultStore
+
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, ROWS)
+    plan = [(p, list(cfg.methods)) for p in points(cfg)]
+    with Lock(path, log):
+        store = ResultStore(path)
+        open(path, "ab").close()  # the rule's output exists even if nothing is measured
+        resume(store, cfg.measure_digest(), True, log)  # rows of another config: aside
+        started = now()
+        manifest = os.path.join(out_dir, MANIFEST)
+        write_manifest(manifest, capture(cfg, started=started))
+        reason = no_gpu_reason()
+        print(f"variants: {len(plan)} points x {len(cfg.methods)} methods"
+              + (f"; not run: {reason}" if reason else ""), file=log, flush=True)
+        stopped = False
+        try:
+            if reason:
+                _unavailable(plan, cfg, reason, store)
+            else:
+                _forget_no_gpu_rows(store, log)
+                stopped = measure(plan, cfg.bench_config(), store, resolve_device("cuda"),
+                                  log)
+        finally:
+            write_manifest(manifest, capture(cfg, started=started, finished=now()))
+        rows = list(store.rows.values())
+        missing = missing_rows(plan, store)
+    print(summary(rows), file=log, flush=True)
+    if missing:  # never a silent gap: the status says which rows are not there, and why
+        why = ("stopped by a signal (Ctrl-C or SIGTERM) before they were measured; run "
+               "again to resume" if stopped else "the harness returned no row for them")
+        msg = (f"{len(missing)} of {sum(len(m) for _, m in plan)} rows missing ({why}), "
+               f"e.g. {', '.join(f'{k} {m}' for k, m in missing[:3])}")
+        print(f"variants: {msg}", file=log, flush=True)
+        return {"status": "incomplete", "reason": msg, "out": out_dir, "stopped": stopped}
+    return {"status": "unavailable" if reason else "ok", "reason": reason, "out": out_dir}
+
+
+def missing_rows(plan, store) -> list[tuple[str, str]]:
+    """The (point key, method) pairs of ``plan`` that have no row in ``store``."""
+    return [(p.key(), m) for p, methods in plan for m in methods if not store.done(p.key(), m)]
+
+
+def load_rows(out_dir: str) -> list[dict]:
+    """The stage's rows (bounded, regular file only); a line that is not a variants row is
+    one StudyError naming the file and line. A resumed point keeps its last rows."""
+    from ..safeio import read_row_objects
+
+    rows = read_row_objects(os.path.join(out_dir, ROWS), "variants rows",
+                            ("point_key", "method", "status", "variant", "pass"))
+    return list({(r["point_key"], r["method"]): r for r in rows}.values())
+
+
+def summary(rows: list[dict]) -> str:
+    """Kernel time per row and the ratio to FlexAttention (> 1: tiledattention faster)."""
+    from ..study.variants import ratio_rows
+
+    lines = [f"{'variant':10s} {'dtype':9s} {'D':>4s} {'S':>6s} {'pass':8s} {'ours ms':>9s} "
+             f"{'flex ms':>9s} {'x flex':>7s} {'x sdpa+mask':>11s}"]
+    for r in ratio_rows(rows):
+        lines.append(f"{r['variant']:10s} {r['dtype']:9s} {r['head_dim']:4d} {r['seq']:6d} "
+                     f"{r['pass']:8s} {_cell(r['ours_ms'], 9)} {_cell(r['flex_ms'], 9)} "
+                     f"{_cell(r['x_flex'], 7)} {_cell(r['x_sdpa_mask'], 11)}")
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r["status"]] = counts.get(r["status"], 0) + 1
+    lines.append("rows by status: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+    return "\n".join(lines)
+
+
+def _cell(value, width: int) -> str:
+    return f"{value:{width}.3f}" if isinstance(value, float) else f"{value or '—':>{width}s}"
+
+
+@dataclass(frozen=True)
+class VariantsTask:
+    """``run_variants`` as a picklable job, so a launcher puts it on a GPU (a SLURM GPU
+    node, a local GPU); the config travels as items and is validated again on the node."""
+
+    out_dir: str
+    config: tuple  # VariantsConfig.as_dict() items
+    job_name: str = "tiledattn-variants"
+
+    def __call__(self) -> dict:
+        return run_variants(variants_from_dict(dict(self.config)), self.out_dir)
+
+
+# `tiledattn variants`: its options and its handler.
+def add_arguments(p) -> None:
+    p.add_argument("--out", required=True, help="directory for rows.jsonl and the manifest")
+    p.add_argument("--config", help="YAML with the stage's settings: a `variants:` section "
+                   "(a study config) or the section itself; the options below override it "
+                   "(default: the stage's defaults)")
+    # Left out, an option keeps the --config file's value, else the stage's default.
+    def stage_opt(flag, what, **kw):
+        name = flag[2:].replace("-", "_")
+        value = default_of(VariantsConfig, name)
+        shown = " ".join(map(str, value)) if isinstance(value, list) else value
+        p.add_argument(flag, help=f"{what} (default: the --config file's, else {shown})",
+                       **kw)
+
+    stage_opt("--variants", "variants measured", nargs="+", choices=VARIANT_NAMES)
+    stage_opt("--methods", "methods compared", nargs="+", choices=VARIANT_METHODS)
+    stage_opt("--seqs", "sequence lengths S", type=count(1), nargs="+")
+    stage_opt("--head-dims", "head dims D", type=count(1), nargs="+")
+    stage_opt("--dtypes", "element types", nargs="+", choices=PAPER_DTYPES)
+    stage_opt("--passes", "passes timed", nargs="+", choices=VARIANT_PASSES)
+    for flag, what in (("--tokens", "B*S"), ("--width", "H*D"), ("--warmup", "untimed calls"),
+                       ("--reps", "timed calls per method"), ("--rounds", "interleaved rounds"),
+                       ("--max-ref-heads", "heads checked against float64"),
+                       ("--seed", "seed of the inputs")):
+        stage_opt(flag, what, type=count(0))
+    p.add_argument("--launcher", choices=LAUNCHERS, help="run it as a job of this launcher "
+                   "(slurm: on a GPU node) (default: in this process)")
+    launcher_options(p)
+
+
+def _variants(args) -> int:
+    import os
+
+    cfg = section_from_dict(VariantsConfig, "variants", _variants_section(args))
+    out = os.path.abspath(args.out)
+    if args.launcher:
+        from ..launchers import run_step
+
+        options = json_object(args.launcher_options, "--launcher-options")
+        run_step(args.launcher, options, os.path.join(out, "logs"), cfg.task(out))
+        print(summary(load_rows(out)))
+    else:
+        res = run_variants(cfg, out, sys.stdout)
+        if res["status"] == "incomplete":  # rows missing: never exit 0 on a gap
+            return 130 if res.get("stopped") else 1
+    return 0
+
+
+def _variants_section(args) -> dict:
+    """The --config file's variants section with the options given on top."""
+    from ..errors import ConfigError
+
+    data = {}
+    if args.config:
+        from ..yamlio import YAMLInputError, load_yaml
+
+        try:
+            loaded = load_yaml(args.config)
+        except YAMLInputError as exc:
+            raise ConfigError(str(exc)) from None
+        if isinstance(loaded, dict) and isinstance(loaded.get("variants"), dict):
+            loaded = loaded["variants"]
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{args.config}: expected a mapping of the variants stage's "
+                              "settings (or a study config with a variants section)")
+        data = dict(loaded)
+    for key in ("variants", "methods", "seqs", "head_dims", "dtypes", "passes", "tokens",
+                "width", "warmup", "reps", "rounds", "max_ref_heads", "seed"):
+        if getattr(args, key) is not None:
+            data[key] = getattr(args, key)
+    return {**data, "enabled": True}
+
+
+# `tiledattn variants --help`
+HELP = ("each attention variant (sliding window, softcap, ALiBi, documents, prefix-LM) "
+        "against FlexAttention, SDPA with a materialised mask and eager attention, forward "
+        "and forward+backward; records why when it cannot run (resumable)")
+STAGE = Stage("variants", VariantsConfig, "variants.smk", run_variants, help=HELP,
+              add_arguments=add_arguments, handler=_variants, bundle_copies=(ROWS,),
+              load_rows=load_rows,
+              tables=("tiledattention.study.variants:variants_table",
+                      "tiledattention.study.variants:variants_summary"))
