@@ -165,15 +165,27 @@ def test_a_second_h100_run_passes_a_first_within_the_shipped_tolerances(tmp_path
     assert sum(c.verdict == "pass" for c in checks) > 700
 
 
-@pytest.mark.parametrize("run,reference", [
-    (H100_REPRODUCE, "h100"), (H100_REPRODUCE, "results/reference/h100"),
-    (H100_REPEAT, "h100"), (H100_REPEAT, "results/reference/h100"),
-    (H200_REPRODUCE, "h200"), (H200_REPRODUCE, "results/reference/h200")])
-def test_re_runs_on_other_machines_of_a_kind_pass_its_reference(tmp_path, run, reference):
-    """The shipped tolerances hold across machines of one kind: each reference study's
-    benchmark re-run by tiledattn reproduce (and a repeat of the H100's) on another machine
-    (rows cut to what compare reads), against the committed reference and its tuples."""
-    checks, _ = compare.run(run, reference, tolerance=None, out=str(tmp_path))
+# The reference tuples the 2026-11-24 re-runs were made against (the package's references
+# until the 2026-11-26 re-run with FA4 and D = 256, whose code's backward table differs):
+# a re-run is held against the reference of its own code.
+REFERENCE_2026_11_24 = {"h100": "benchmarks/results/h100-2026-11-24-reference-tuples.json.gz",
+                        "h200": "benchmarks/results/h200-2026-11-24-reference-tuples.json.gz"}
+
+
+@pytest.mark.parametrize("run,system", [
+    (H100_REPRODUCE, "h100"), (H100_REPEAT, "h100"), (H200_REPRODUCE, "h200")])
+def test_re_runs_on_other_machines_of_a_kind_pass_its_reference(run, system):
+    """The shipped tolerances hold across machines of one kind: each 2026-11-24 reference
+    study's benchmark re-run by tiledattn reproduce (and a repeat of the H100's) on another
+    machine (rows cut to what compare reads), against that reference's tuples."""
+    import gzip
+    import json
+
+    with gzip.open(REFERENCE_2026_11_24[system], "rt") as f:
+        ref = json.load(f)
+    assert ref["tolerance"] == compare.TOLERANCE
+    rows, _ = compare.load_study(run)
+    checks = compare.compare(rows, ref)
     assert not compare.failed(checks), [c for c in compare.failed(checks)][:3]
     verdicts = [c.verdict for c in checks if c.stage == "bench"]
     assert verdicts.count("pass") > 2900 and verdicts.count("not measured") == 0
@@ -189,7 +201,7 @@ def test_a_compact_bundle_reads_as_a_study_from_its_directory_and_its_zip(tmp_pa
     rows, gpu = compare.load_study("results/reference/h200")
     assert gpu == "NVIDIA H200" and len(rows) > 800
     stages = [compare.stage_of(r) for r in rows]
-    assert stages.count("variants") >= 24 and stages.count("model") == 18
+    assert stages.count("variants") >= 24 and stages.count("model") == 24
     zipped = shutil.make_archive(str(tmp_path / "h200"), "zip", "results/reference", "h200")
     assert compare.load_study(zipped) == (rows, gpu)
 
@@ -274,5 +286,5 @@ def test_the_shipped_references_hold_the_variants_and_model_stages():
         stages = {e.get("stage", "bench") for e in entries}
         assert stages == {"bench", "variants", "model"}
         model = [e for e in entries if e.get("stage") == "model"]
-        assert len(model) == 18 and all(set(e) == {"point", "method", "stage", "model"}
+        assert len(model) == 24 and all(set(e) == {"point", "method", "stage", "model"}
                                          for e in model)
