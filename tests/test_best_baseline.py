@@ -1,15 +1,15 @@
-"""TiledAttention against the fastest fused baseline at each point (study/ratios.py BEST):
-which methods count, ties, points where none is ok, rows that are not ok ignored, each
-pass and each measure on its own; the headline computed once (study/headline.py) for the
-table and the README's sentences."""
+"""TiledAttention against the fastest fused baseline at each point
+(study/presentation/ratios.py BEST): which methods count, ties, points where none is ok, rows
+that are not ok ignored, each pass and each measure on its own; the headline computed once
+(study/presentation/headline.py) for the table and the README's sentences."""
 
 from __future__ import annotations
 
 import pytest
 
 from tiledattention.bench import methods
-from tiledattention.study import bundle, headline, tables
-from tiledattention.study.ratios import (
+from tiledattention.study.presentation import headline, tables
+from tiledattention.study.presentation.ratios import (
     BEST,
     best_rows,
     compare,
@@ -17,6 +17,7 @@ from tiledattention.study.ratios import (
     fused_baselines,
     with_best,
 )
+from tiledattention.study.publication import bundle
 
 
 def _row(method, kernel_ms=None, call_us=None, *, point="p1", pass_="fwd", status="ok",

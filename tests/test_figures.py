@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-from tiledattention.study import figures  # noqa: E402
+from tiledattention.study.presentation import figures  # noqa: E402
 
 GPU_REASON = "needs a CUDA GPU"
 

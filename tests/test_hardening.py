@@ -94,7 +94,7 @@ def test_non_finite_negative_or_zero_tolerances_are_refused(value):
 
 def _tiny_study(tmp_path: Path) -> Path:
     pytest.importorskip("rocrate")
-    from tiledattention.study import manifest
+    from tiledattention.study.publication import manifest
 
     study = tmp_path / "study"
     (study / "aggregate").mkdir(parents=True)
@@ -110,7 +110,7 @@ def _tiny_study(tmp_path: Path) -> Path:
 
 def _tables(study: Path) -> None:
     """The aggregate's table files (bundle create refuses a study without them)."""
-    from tiledattention.study.tables import NAMES
+    from tiledattention.study.presentation.tables import NAMES
 
     (study / "aggregate" / "tables").mkdir(parents=True, exist_ok=True)
     for name in NAMES:
@@ -118,8 +118,8 @@ def _tables(study: Path) -> None:
 
 
 def _create(study: Path, out: Path, repo: Path = ROOT, force: bool = False) -> dict:
-    from tiledattention.study import bundle
-    from tiledattention.study.metadata import Publication
+    from tiledattention.study.publication import bundle
+    from tiledattention.study.publication.metadata import Publication
 
     return bundle.create(str(study), str(out), config={"results_dir": "x"},
                          config_name="c.yaml", repo_root=str(repo), publication=Publication(),
@@ -127,7 +127,7 @@ def _create(study: Path, out: Path, repo: Path = ROOT, force: bool = False) -> d
 
 
 def test_bundle_create_never_deletes_a_users_directory_or_the_study(tmp_path):
-    from tiledattention.study.frame import StudyError
+    from tiledattention.study.presentation.frame import StudyError
 
     study = _tiny_study(tmp_path)
     mine = tmp_path / "mine"
@@ -149,8 +149,8 @@ def test_bundle_create_never_deletes_a_users_directory_or_the_study(tmp_path):
 
 
 def test_bundle_create_replaces_its_own_previous_bundle_and_forced_dirs_only(tmp_path):
-    from tiledattention.study import bundle
-    from tiledattention.study.frame import StudyError
+    from tiledattention.study.presentation.frame import StudyError
+    from tiledattention.study.publication import bundle
 
     study = _tiny_study(tmp_path)
     out = tmp_path / "bundle"
@@ -165,7 +165,7 @@ def test_bundle_create_replaces_its_own_previous_bundle_and_forced_dirs_only(tmp
 
 
 def test_the_workflow_snapshot_holds_only_tracked_files(tmp_path):
-    from tiledattention.study import bundle
+    from tiledattention.study.publication import bundle
 
     repo = tmp_path / "repo"
     (repo / "config").mkdir(parents=True)
@@ -197,7 +197,7 @@ def _sums(path: Path, entries: dict[str, bytes]) -> None:
 
 @pytest.mark.parametrize("listed", ["/etc/passwd", "../outside", "/dev/zero", "a/../../x"])
 def test_verify_never_reads_a_path_outside_the_bundle(tmp_path, listed):
-    from tiledattention.study import bundle
+    from tiledattention.study.publication import bundle
 
     b = tmp_path / "b"
     b.mkdir()
@@ -208,7 +208,7 @@ def test_verify_never_reads_a_path_outside_the_bundle(tmp_path, listed):
 
 
 def test_verify_refuses_links_and_special_files_in_a_directory(tmp_path):
-    from tiledattention.study import bundle
+    from tiledattention.study.publication import bundle
 
     b = tmp_path / "b"
     b.mkdir()
@@ -222,7 +222,7 @@ def test_verify_refuses_links_and_special_files_in_a_directory(tmp_path):
 
 def test_verify_refuses_zip_bombs_links_and_unsafe_names_without_extracting(tmp_path,
                                                                             monkeypatch):
-    from tiledattention.study import bundle
+    from tiledattention.study.publication import bundle
 
     bomb = tmp_path / "bomb.zip"
     with zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as z:
@@ -294,7 +294,7 @@ def test_aggregate_refuses_rows_of_two_configs(tmp_path):
 
 
 def test_bundle_verify_flags_published_rows_of_two_configs(tmp_path):
-    from tiledattention.study import bundle
+    from tiledattention.study.publication import bundle
 
     out = Path(_create(_tiny_study(tmp_path), tmp_path / "bundle")["dir"])
     data = out / "data" / "rows.jsonl"

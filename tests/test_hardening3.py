@@ -124,7 +124,7 @@ def test_device_study_refuses_out_naming_a_file_and_a_zero_gpu_count(tmp_path, e
 def _study_with_rows(tmp_path: Path, n: int = 8) -> Path:
     from test_hardening2 import _row
 
-    from tiledattention.study import manifest
+    from tiledattention.study.publication import manifest
 
     study = _tiny_study(tmp_path)
     run = {"config_hash": "c", "measure_hash": "h", "started": "2026-01-01T00:00:00+00:00"}
@@ -133,15 +133,15 @@ def _study_with_rows(tmp_path: Path, n: int = 8) -> Path:
     rows = [_row(f"p{i}", tflops=1.0 + i) for i in range(n)]
     (study / "aggregate" / "rows.jsonl").write_text("".join(json.dumps(r) + "\n"
                                                             for r in rows))
-    from tiledattention.study.frame import write_rows_table
+    from tiledattention.study.presentation.frame import write_rows_table
 
     write_rows_table(rows, str(study / "aggregate"))
     return study
 
 
 def _make(study: Path, out: Path, compact: bool) -> Path:
-    from tiledattention.study import bundle
-    from tiledattention.study.metadata import Publication
+    from tiledattention.study.publication import bundle
+    from tiledattention.study.publication.metadata import Publication
 
     return Path(bundle.create(str(study), str(out), config={"results_dir": "x"},
                               config_name="c.yaml", repo_root=str(ROOT),
@@ -168,7 +168,7 @@ def test_a_compact_bundle_with_emptied_or_halved_rows_fails_verify(tmp_path):
     import gzip
     import shutil
 
-    from tiledattention.study import bundle
+    from tiledattention.study.publication import bundle
 
     src = _make(_study_with_rows(tmp_path), tmp_path / "good", compact=True)
     assert bundle.verify(str(src)) == []
@@ -204,8 +204,8 @@ def test_a_compact_bundle_with_emptied_or_halved_rows_fails_verify(tmp_path):
 def test_rows_csv_must_agree_with_the_rows_value_for_value(tmp_path):
     import shutil
 
-    from tiledattention.study import bundle
-    from tiledattention.study.frame import StudyError
+    from tiledattention.study.presentation.frame import StudyError
+    from tiledattention.study.publication import bundle
 
     study = _study_with_rows(tmp_path)
     src = _make(study, tmp_path / "good", compact=False)
@@ -230,8 +230,8 @@ def test_a_killed_aggregate_leaves_no_rows_without_tables_and_create_needs_the_t
     from test_hardening import cli
     from test_hardening2 import _row, _shard
 
-    import tiledattention.study.tables as tables
-    from tiledattention.study.frame import StudyError
+    import tiledattention.study.presentation.tables as tables
+    from tiledattention.study.presentation.frame import StudyError
 
     rows_dir = _shard(tmp_path / "rows", [_row(f"p{i}") for i in range(4)])
     agg = tmp_path / "study" / "aggregate"
@@ -256,7 +256,7 @@ def test_a_killed_aggregate_leaves_no_rows_without_tables_and_create_needs_the_t
 
 
 def test_bundle_create_refuses_a_study_file_whose_name_holds_a_newline(tmp_path):
-    from tiledattention.study.frame import StudyError
+    from tiledattention.study.presentation.frame import StudyError
 
     study = _study_with_rows(tmp_path)
     (study / "aggregate" / "tables" / "evil\nname.md").write_text("x")
@@ -330,7 +330,7 @@ def test_compare_tolerance_two_bare_numbers_and_a_measure_twice_are_refused(tmp_
                                 "--out", str(tmp_path / "c")))
         assert "--tolerance" in err
     assert not (tmp_path / "c").exists()
-    from tiledattention.study.compare import parse_tolerance
+    from tiledattention.study.references.compare import parse_tolerance
 
     assert parse_tolerance(["kernel=10", "call=25"]) == {"kernel": 0.10, "call": 0.25}
 
@@ -359,7 +359,7 @@ def test_compare_never_writes_into_or_beside_a_bundle_unasked(tmp_path):
         err = one_line(cli("compare", str(src), "h100", "--out", str(out)))
         assert "inside the bundle" in err
     assert sorted(p.name for p in (tmp_path / "refs").iterdir()) == before
-    from tiledattention.study import bundle
+    from tiledattention.study.publication import bundle
 
     assert bundle.verify(str(src)) == []
 
@@ -386,7 +386,7 @@ def test_compare_reads_no_fifo_and_no_malformed_manifest(tmp_path):
 
 
 def _gpu_study(tmp_path: Path) -> Path:
-    from tiledattention.study import manifest
+    from tiledattention.study.publication import manifest
 
     study = _study_with_rows(tmp_path)
     run = {"config_hash": "c", "measure_hash": "h", "started": "2026-01-01T00:00:00+00:00",
@@ -581,8 +581,8 @@ def test_a_grid_of_a_million_points_is_refused_with_its_count_and_a_limit_to_rai
 def test_publication_of_the_wrong_shape_is_one_line(tmp_path):
     from test_hardening import cli
 
-    from tiledattention.study.frame import StudyError
-    from tiledattention.study.metadata import Publication
+    from tiledattention.study.presentation.frame import StudyError
+    from tiledattention.study.publication.metadata import Publication
 
     for bad, words in (("str", "publication: a mapping"),
                        ({"keywords": "attention"}, "publication.keywords: a list"),
@@ -599,8 +599,8 @@ def test_publication_of_the_wrong_shape_is_one_line(tmp_path):
 
 
 def test_reproduce_refuses_a_results_dir_in_the_home_directory_or_a_variable():
-    from tiledattention.study.frame import StudyError
-    from tiledattention.study.reproduce import _results_dir
+    from tiledattention.study.presentation.frame import StudyError
+    from tiledattention.study.references.reproduce import _results_dir
 
     for d in ("~/x", "~other/x", "$HOME/x", "/abs", "a/../../b"):
         with pytest.raises(StudyError, match="outside the workflow directory"):

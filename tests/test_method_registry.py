@@ -9,7 +9,8 @@ import dataclasses
 import yaml
 
 from tiledattention.bench import methods
-from tiledattention.study import plotting, profile, tables
+from tiledattention.study import profile
+from tiledattention.study.presentation import plotting, tables
 
 
 def _rows(method: str) -> list[dict]:

@@ -11,8 +11,8 @@ import subprocess
 import pytest
 
 from tiledattention.cli import main
-from tiledattention.study import bundle
-from tiledattention.study.table import Table
+from tiledattention.study.presentation.table import Table
+from tiledattention.study.publication import bundle
 
 REFERENCES = ["results/reference/h100", "results/reference/h200"]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -103,7 +103,7 @@ def _same_to_the_last_digit(a: str, b: str) -> bool:
 
 
 def test_the_advice_data_builds_from_a_compact_reference(tmp_path):
-    from tiledattention.study import advice
+    from tiledattention.study.advice import advise as advice
 
     data = advice.build(os.path.join(ROOT, REFERENCES[0]), str(tmp_path / "h100.json"))
     by = {}

@@ -13,7 +13,8 @@ import torch
 
 from tiledattention.cli import main
 from tiledattention.errors import StudyError
-from tiledattention.study import bundle, reproduce
+from tiledattention.study.publication import bundle
+from tiledattention.study.references import reproduce
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from tiledattention.cli import main
-from tiledattention.study import bundle
+from tiledattention.study.publication import bundle
 
 ROOT = Path(__file__).resolve().parent.parent
 SNAKEMAKE = shutil.which("snakemake") or str(Path(sys.executable).with_name("snakemake"))

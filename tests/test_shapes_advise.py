@@ -10,8 +10,8 @@ import os
 import pytest
 
 from tiledattention.cli import main
-from tiledattention.study import advice
-from tiledattention.study.advice import AdviceError, Shape
+from tiledattention.study.advice import advise as advice
+from tiledattention.study.advice.advise import AdviceError, Shape
 
 
 def srow(method, d, s, tflops, *, b=2, h=16, waves=1.0, tail=1.0, status="ok"):
@@ -38,7 +38,7 @@ SHAPE_ROWS = [srow("tiledattention", 128, 1024, 400.0), srow("torch_sdpa", 128, 
 
 
 def test_shapes_table_lists_geometry_and_the_ratio_to_sdpa():
-    from tiledattention.study.shapes import shapes_table
+    from tiledattention.study.presentation.shapes import shapes_table
 
     t = shapes_table(SHAPE_ROWS)
     assert len(t.rows) == 4
@@ -47,7 +47,7 @@ def test_shapes_table_lists_geometry_and_the_ratio_to_sdpa():
 
 
 def test_shapes_cost_compares_unaligned_shapes_with_their_aligned_neighbour():
-    from tiledattention.study.shapes import shapes_cost_table
+    from tiledattention.study.presentation.shapes import shapes_cost_table
 
     t = shapes_cost_table(SHAPE_ROWS)
     cells = {(r[6], r[2], r[3]): dict(zip(t.columns, r)) for r in t.rows}
@@ -62,7 +62,11 @@ def test_shapes_cost_compares_unaligned_shapes_with_their_aligned_neighbour():
 
 
 def test_shapes_tables_and_figure_say_why_when_there_is_no_shapes_grid(tmp_path):
-    from tiledattention.study.shapes import shapes_cost_table, shapes_figure, shapes_table
+    from tiledattention.study.presentation.shapes import (
+        shapes_cost_table,
+        shapes_figure,
+        shapes_table,
+    )
 
     assert not shapes_table([]).rows and "no shapes grid" in shapes_table([]).notes[0]
     assert "no shapes grid" in shapes_cost_table([]).notes[0]

@@ -19,17 +19,18 @@ pytest.importorskip("rocrate")
 from tiledattention.bench.methods import get_method  # noqa: E402
 from tiledattention.errors import ScheduleError  # noqa: E402
 from tiledattention.schedules.schedule import Schedule  # noqa: E402
-from tiledattention.study import bundle, figures, manifest, tables  # noqa: E402
-from tiledattention.study.frame import StudyError, columns_of, write_rows_table  # noqa: E402
-from tiledattention.study.metadata import (  # noqa: E402
+from tiledattention.study.presentation import figures, tables  # noqa: E402
+from tiledattention.study.presentation.frame import StudyError, columns_of, write_rows_table  # noqa: E402
+from tiledattention.study.presentation.ratios import compare, compare_by  # noqa: E402
+from tiledattention.study.profile import Shape, run_profile, summarize_metrics  # noqa: E402
+from tiledattention.study.publication import bundle, manifest  # noqa: E402
+from tiledattention.study.publication.metadata import (  # noqa: E402
     Publication,
     citation_cff,
     validate_cff,
     validate_zenodo,
     zenodo,
 )
-from tiledattention.study.profile import Shape, run_profile, summarize_metrics  # noqa: E402
-from tiledattention.study.ratios import compare, compare_by  # noqa: E402
 
 
 def row(method, d, s, ms, *, status="ok", causal=False, dtype="float16", call_us=None):
@@ -455,7 +456,7 @@ def test_the_crate_validator_refuses_a_crate_without_its_workflow(built, tmp_pat
 
 
 def test_ro_crate_names_the_container_image(tmp_path):
-    from tiledattention.study.metadata import write_ro_crate
+    from tiledattention.study.publication.metadata import write_ro_crate
 
     (tmp_path / "manifest.json").write_text("{}")
     write_ro_crate(str(tmp_path), Publication(), ["manifest.json"],
@@ -514,7 +515,7 @@ def test_ncu_units_row_is_honoured():
 def test_the_repository_url_comes_from_config_then_pyproject_then_git_remote(tmp_path):
     import subprocess
 
-    from tiledattention.study.metadata import repository_url
+    from tiledattention.study.publication.metadata import repository_url
 
     assert repository_url("https://example.org/r", str(tmp_path)) == "https://example.org/r"
     assert repository_url(None, str(tmp_path)) is None  # nothing says: none recorded

@@ -417,7 +417,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _advice_gpus() -> list[str]:
-    from .study.advice import gpus
+    from .study.advice.advise import gpus
 
     return gpus()
 
@@ -619,8 +619,8 @@ def _aggregate(args) -> int:
         print(f"aggregate: {len(rows)} rows ({counts}) -> {table}", file=sys.stderr)
         return 0
     from .bench.store import check_rows
-    from .study.frame import write_rows_table
-    from .study.tables import write_all
+    from .study.presentation.frame import write_rows_table
+    from .study.presentation.tables import write_all
 
     check_rows(rows, args.rows, point=True)  # the tables group rows by their point
     ladder = load_checked(args.ladder, point=True) if args.ladder else []
@@ -686,7 +686,7 @@ def _figures(args) -> int:
     from .bench.aggregate import load_checked
     from .bench.store import ResultStore, RowsError, check_rows
     from .safeio import load_json
-    from .study.figures import write_all
+    from .study.presentation.figures import write_all
 
     if not os.path.isfile(args.rows):
         raise RowsError(f"--rows {args.rows}: no such file")
@@ -813,7 +813,7 @@ def _variants_section(args) -> dict:
 def _manifest(args) -> int:
     import os
 
-    from .study.manifest import load_manifests, merge
+    from .study.publication.manifest import load_manifests, merge
     from .yamlio import load_yaml
 
     config = load_yaml(args.config) if args.config else None
@@ -831,7 +831,7 @@ def _manifest(args) -> int:
 def _bundle(args) -> int:
     import os
 
-    from .study.bundle import create, verify
+    from .study.publication.bundle import create, verify
 
     if args.bundle_command == "verify":
         import zipfile
@@ -860,7 +860,7 @@ def _bundle(args) -> int:
               + (" (partial: only the files present)" if args.partial else ""))
         return 0
     from . import __version__
-    from .study.metadata import Publication
+    from .study.publication.metadata import Publication
     from .yamlio import load_yaml
 
     config = load_yaml(args.config)
@@ -877,7 +877,7 @@ def _bundle(args) -> int:
 
 
 def _compare(args) -> int:
-    from .study.compare import failed, run, verdict_line
+    from .study.references.compare import failed, run, verdict_line
 
     checks, paths = run(args.new, args.reference, tolerance=args.tolerance, out=args.out)
     print(f"compare: {verdict_line(checks)}; {paths[1]}")
@@ -900,14 +900,14 @@ def _precompile(args) -> int:
 
 
 def _systems(args) -> int:
-    from .study.systems import write
+    from .study.references.systems import write
 
     print(f"systems: {write(args.studies, args.names, args.out)[1]}")
     return 0
 
 
 def _scaling(args) -> int:
-    from .study.scaling import write
+    from .study.references.scaling import write
 
     runs, paths = write(args.studies, args.out)
     print(f"scaling: {len(runs)} run(s), GPUs {sorted({r.count for r in runs})}; {paths[1]}")
@@ -917,7 +917,7 @@ def _scaling(args) -> int:
 def _reproduce(args) -> int:
     import os
 
-    from .study.reproduce import reproduce
+    from .study.references.reproduce import reproduce
 
     # Default: beside the bundle, never inside it (its files are checksummed).
     path = os.path.abspath(args.bundle)
@@ -930,7 +930,7 @@ def _reproduce(args) -> int:
 
 
 def _advise(args) -> int:
-    from .study.advice import Shape, advise
+    from .study.advice.advise import Shape, advise
 
     print(advise(Shape(args.heads, args.head_dim, args.seq, args.batch, args.dtype,
                        args.causal, kv_heads=args.kv_heads, seq_q=args.seq_q,

@@ -24,8 +24,8 @@ import threading
 import zipfile
 import zlib
 
-from ..errors import StudyError
-from ..safeio import (
+from ...errors import StudyError
+from ...safeio import (
     JSON_MAX,
     ROWS_MAX,
     UnsafeFileError,
@@ -34,7 +34,7 @@ from ..safeio import (
     read_bytes,
     regular_file,
 )
-from .frame import columns_markdown, columns_of
+from ..presentation.frame import columns_markdown, columns_of
 from .metadata import (
     Publication,
     check_ro_crate,
@@ -202,8 +202,8 @@ def _snapshot(repo_root: str, dest_zip: str, config: str | None = None) -> tuple
 
 
 def headline(rows: list[dict], manifest: dict) -> str:
-    """The README's headline on the benchmark rows (``study/headline.py`` computes it)."""
-    from .headline import bench_sentence
+    """The README's headline on the benchmark rows (``presentation/headline.py`` computes it)."""
+    from ..presentation.headline import bench_sentence
 
     return bench_sentence(rows, (manifest.get("gpu") or {}).get("name") or "a CPU (no GPU)")
 
@@ -364,7 +364,7 @@ def _variant_rows(study_dir: str) -> list[dict]:
     path = os.path.join(study_dir, "variants", "rows.jsonl")
     if not os.path.lexists(path):
         return []
-    from ..bench.variants_run import load_rows
+    from ...bench.variants_run import load_rows
 
     _source(path, study_dir)  # a link out of the study or a FIFO is refused
     return load_rows(os.path.dirname(path))
@@ -384,7 +384,7 @@ def not_run(study_dir: str, rows: list[dict]) -> list[str]:
     """One Markdown bullet per study step (or method) that did not run, with the reason
     its job recorded: GPU methods without a GPU, tuning and profiles on a node without
     one."""
-    from ..bench.aggregate import load_checked
+    from ...bench.aggregate import load_checked
 
     out = []
     for step, step_rows in (("benchmark", rows),
@@ -399,7 +399,7 @@ def not_run(study_dir: str, rows: list[dict]) -> list[str]:
                        f"{_line(group[0].get('reason') or group[0].get('error') or '—')}")
     model = os.path.join(study_dir, "model", "rows.jsonl")
     if os.path.lexists(model):
-        from ..bench.model import load_rows
+        from ...bench.model import load_rows
 
         skipped = [r for r in load_rows(os.path.dirname(model)) if r.get("status") != "ok"]
         if skipped:
@@ -408,7 +408,7 @@ def not_run(study_dir: str, rows: list[dict]) -> list[str]:
     out += _variants_not_run(study_dir)
     tune = os.path.join(study_dir, "tune", "schedule-table.json")
     if os.path.lexists(tune):
-        from ..schedules.table import ScheduleTable
+        from ...schedules.table import ScheduleTable
 
         why = ScheduleTable.load(_source(tune, study_dir)).meta.get("unavailable")
         if why:
@@ -543,7 +543,7 @@ def create(study_dir: str, out_dir: str, *, config: dict, config_name: str, repo
     Built beside ``out_dir`` and moved into place at the end, so a failure leaves any previous
     bundle as it was; an existing ``out_dir`` is replaced only when it is a previous bundle
     (or with ``force``), never when it is or holds the study or the source."""
-    from ..bench.store import Lock
+    from ...bench.store import Lock
 
     agg = os.path.join(study_dir, "aggregate")
     rows_jsonl = os.path.join(agg, "rows.jsonl")
@@ -588,7 +588,7 @@ def create(study_dir: str, out_dir: str, *, config: dict, config_name: str, repo
 def _check_tables(agg: str) -> None:
     """The aggregate's tables are all there: an aggregate stopped before them (or run with
     --rows-only) left a study that is not ready to publish."""
-    from .tables import NAMES
+    from ..presentation.tables import NAMES
 
     missing = [n for n in NAMES if not os.path.isfile(os.path.join(agg, "tables", f"{n}.md"))]
     if missing:
@@ -614,7 +614,7 @@ def _published_rows(study_dir: str) -> list[dict]:
     """The aggregated rows, refused in one line unless every one can be published: no torn
     or unreadable line (a killed aggregate), one config, finite and physical numbers, no
     pair twice, and rows.csv (when there) listing the same rows."""
-    from ..bench.store import ResultStore, check_one_config, check_rows
+    from ...bench.store import ResultStore, check_one_config, check_rows
 
     agg = os.path.join(study_dir, "aggregate")
     path = _source(os.path.join(agg, "rows.jsonl"), study_dir)
@@ -649,7 +649,7 @@ def _csv_disagrees(rows: list[dict], data: bytes) -> str | None:
     if [(c.get("point_key"), c.get("method")) for c in listed] != \
             [(r.get("point_key"), r.get("method")) for r in rows]:
         return "rows.csv lists other points or methods"
-    from ..bench.aggregate import flatten
+    from ...bench.aggregate import flatten
 
     for n, (row, cells) in enumerate(zip(rows, listed), 1):
         flat = flatten(row)
@@ -704,7 +704,7 @@ def _gzip_to(dest: str, data: bytes) -> None:
 
 def _shard_rows(rows_dir: str, study_dir: str) -> bytes:
     """A stage's shard files (rows-shard*.jsonl) as one JSONL: its checked rows."""
-    from ..bench.aggregate import load_checked
+    from ...bench.aggregate import load_checked
 
     for path in glob.glob(os.path.join(rows_dir, "rows-shard*.jsonl")):
         _source(path, study_dir)
@@ -814,7 +814,7 @@ def _build(out_dir: str, study_dir: str, rows: list[dict], manifest: dict, *, co
     if os.path.lexists(t4):
         table4 = "\n" + read_bytes(_source(t4, study_dir), cap=JSON_MAX).decode("utf-8",
                                                                                "replace")
-    from .headline import variants_sentence
+    from ..presentation.headline import variants_sentence
 
     variants_line = variants_sentence(_variant_rows(study_dir))
     readme = _readme(publication, rows, manifest, table4, f"config/{config_name}", snap,
@@ -1108,7 +1108,7 @@ def _check_rows(view, changed: set[str] = frozenset()) -> list[str]:
 
 def _check_published(view, rel: str, changed: set[str]) -> list[str]:
     """``_check_rows`` of the published rows file ``rel``."""
-    from ..bench.store import RowsError, check_one_config, check_rows
+    from ...bench.store import RowsError, check_one_config, check_rows
 
     try:
         rows, conflicts = _jsonl_of(view, rel)
@@ -1163,7 +1163,7 @@ def _check_counts(view, rows: list[dict], rel: str, changed: set[str]) -> list[s
 def _check_manifest(view, rows: list[dict]) -> list[str]:
     """The manifest's hashes against what the bundle holds: the study config's hash against
     config/study-config.yaml, its runs' measure hashes against the rows' config_hash."""
-    from ..yamlio import YAMLInputError, parse_yaml
+    from ...yamlio import YAMLInputError, parse_yaml
     from .manifest import config_hash
 
     if "manifest.json" not in view.names:
@@ -1229,7 +1229,7 @@ def _scratch():
 def _check_metadata(meta: dict[str, bytes], root: str | None) -> list[str]:
     """The three metadata files' contents (read bounded by the caller) against their
     schemas; the RO-Crate from ``root``, where its file lies."""
-    from ..yamlio import YAMLInputError, parse_yaml
+    from ...yamlio import YAMLInputError, parse_yaml
 
     problems = []
     if ".zenodo.json" not in meta:

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import os
 
-from ..bench.methods import color_of
-from ..safeio import atomic_path
+from ...bench.methods import color_of
+from ...safeio import atomic_path
 
 
 def color(method: str):

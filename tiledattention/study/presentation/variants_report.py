@@ -3,7 +3,7 @@ FlexAttention's, the speedups over FlexAttention, over SDPA with a materialised 
 each other fused baseline measured, and over the fastest fused baseline at the point, named),
 its summary against issue 23's targets, and its figure (speedup over the fastest fused
 baseline vs S per variant, one panel per pass), from the stage's rows
-(``bench/variants_run.py``). The headline's variants lines are ``study/headline.py``'s.
+(``bench/variants_run.py``). The headline's variants lines are ``presentation/headline.py``'s.
 Speedup = their kernel time ÷ ours (> 1: faster).
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from ..bench.methods import METHODS, SUBJECT
+from ...bench.methods import METHODS, SUBJECT
 from .ratios import BEST, fused_baselines, methods_in, with_best
 from .table import Table
 
@@ -31,7 +31,7 @@ def _ms(row: dict | None) -> float | None:
 
 
 def variant_order(name: str) -> int:
-    from ..bench.variants import VARIANT_NAMES
+    from ...bench.variants import VARIANT_NAMES
 
     return VARIANT_NAMES.index(name) if name in VARIANT_NAMES else len(VARIANT_NAMES)
 

@@ -27,7 +27,7 @@ import os
 from dataclasses import dataclass
 from importlib import resources
 
-from ..errors import TiledAttentionError
+from ...errors import TiledAttentionError
 
 FORMAT = "tiledattention-measured/1"
 SUBJECT, FUSED = "tiledattention", "torch_sdpa"
@@ -91,7 +91,7 @@ class Shape:
 
     def check(self) -> None:
         """Refuse what is not one attention shape (one line each)."""
-        from ..kernel.headdim import supported_head_dim
+        from ...kernel.headdim import supported_head_dim
 
         if not supported_head_dim(self.head_dim):
             raise AdviceError(f"--head-dim {self.head_dim}: the kernel takes multiples of 8 "
@@ -208,9 +208,9 @@ def _fmt(x) -> str:
 
 
 def _geometry(shape: Shape, data: dict):
-    from ..kernel.geometry import grid_for, launch_geometry
-    from ..schedules import policy
-    from ..schedules.table import Bucket, seq_bucket
+    from ...kernel.geometry import grid_for, launch_geometry
+    from ...schedules import policy
+    from ...schedules.table import Bucket, seq_bucket
 
     schedule, how = policy._choose(Bucket(data["compute_capability"], shape.dtype,
                                           shape.head_dim, shape.causal,
@@ -224,7 +224,7 @@ def _geometry(shape: Shape, data: dict):
 
 
 def _flags(shape: Shape, schedule, geo) -> list[str]:
-    from ..kernel.headdim import plan_head_dim
+    from ...kernel.headdim import plan_head_dim
 
     flags = []
     hd = plan_head_dim(shape.head_dim)
@@ -470,7 +470,7 @@ def _model_rows(path: str, gpu_name: str) -> list[dict]:
     import gzip
     import tempfile
 
-    from ..bench.store import read_rows
+    from ...bench.store import read_rows
 
     if not os.path.isdir(path):
         if not path.endswith(".gz"):
@@ -497,7 +497,7 @@ def build(reference_dir: str, out_path: str, models: list[str] = ()) -> dict:
     (directories shapes/g*/ of that study, or the rows file committed from them)."""
     import glob
 
-    from ..bench.store import read_rows
+    from ...bench.store import read_rows
 
     with open(os.path.join(reference_dir, "manifest.json")) as f:
         gpu = json.load(f)["gpu"]
@@ -513,7 +513,7 @@ def build(reference_dir: str, out_path: str, models: list[str] = ()) -> dict:
                                                   "rows-*.jsonl")))
          for r in read_rows(p)]
     shapes = _from_rows(shape_rows)
-    from ..bench.variants import WINDOW
+    from ...bench.variants import WINDOW
 
     variants_rows = os.path.join(reference_dir, "data", "variants-rows.jsonl.gz")
     windows = _from_variants(_model_rows(variants_rows, gpu["name"]), WINDOW) \
@@ -542,12 +542,3 @@ def build(reference_dir: str, out_path: str, models: list[str] = ()) -> dict:
         f.write("\n")
     return data
 
-
-if __name__ == "__main__":
-    import sys
-
-    if len(sys.argv) < 4 or sys.argv[1] != "build":
-        sys.exit("usage: python -m tiledattention.study.advice build REFERENCE_DIR OUT.json "
-                 "[MODELS_ROWS ...]")
-    d = build(sys.argv[2], sys.argv[3], sys.argv[4:])
-    print(f"{len(d['points'])} points -> {sys.argv[3]}")

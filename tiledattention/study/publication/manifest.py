@@ -14,8 +14,8 @@ import json
 import os
 from importlib.metadata import PackageNotFoundError, version
 
-from ..errors import StudyError
-from ..safeio import UnsafeFileError, load_json
+from ...errors import StudyError
+from ...safeio import UnsafeFileError, load_json
 
 # Fields that must agree across every run of one study.
 STACK_FIELDS = ("tiledattention", "python", "torch", "cuda_runtime", "cudnn", "cuda_tile",

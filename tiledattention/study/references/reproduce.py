@@ -22,9 +22,9 @@ import zipfile
 import zlib
 from dataclasses import dataclass
 
-from ..errors import StudyError
-from ..safeio import UnsafeFileError, load_json
-from . import bundle as _bundle
+from ...errors import StudyError
+from ...safeio import UnsafeFileError, load_json
+from ..publication import bundle as _bundle
 
 CONFIG = "config/study-config.yaml"
 SOURCES = ("snapshot", "checkout")
@@ -298,8 +298,8 @@ def reproduce(bundle_path: str, out: str, *, source: str = "snapshot", profile: 
               snakemake_args: tuple[str, ...] = (), without_gpu: bool = False) -> int:
     """Re-run, verify, compare, re-bundle; 0 when the new run is within tolerance, 1 when
     a step failed or compare found a regression (bad input raises StudyError)."""
-    from .. import __version__
-    from . import compare as _compare
+    from ... import __version__
+    from ..references import compare as _compare
 
     dry_run = any(a in ("-n", "--dry-run", "--dryrun") for a in snakemake_args)
     tol = _compare.parse_tolerance(tolerance)  # bad input fails before anything runs
@@ -352,9 +352,9 @@ def reproduce(bundle_path: str, out: str, *, source: str = "snapshot", profile: 
 def _rebundle(study: str, workdir: str) -> None:
     """The study's bundle again, now holding compare/ (as the workflow's bundle rule makes
     it: the snapshot from the workflow directory, the publication from the config)."""
-    from .. import __version__
-    from ..yamlio import load_yaml
-    from .metadata import Publication
+    from ... import __version__
+    from ...yamlio import load_yaml
+    from ..publication.metadata import Publication
 
     config = load_yaml(os.path.join(study, "plan", "study-config.yaml"))  # the rule's
     pub = Publication.from_dict(config.get("publication"), __version__)
