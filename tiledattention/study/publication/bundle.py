@@ -33,6 +33,7 @@ from ...safeio import (
     parse_json,
     read_bytes,
     regular_file,
+    sha256,
 )
 from ..presentation.frame import columns_markdown, columns_of
 from .metadata import (
@@ -83,14 +84,6 @@ MAX_META_BYTES = 16 << 20  # SHA256SUMS and each metadata file
 # regenerate from the rows). The stage rows: (study subdirectory, name in data/).
 COMPACT_STAGE_ROWS = (("model", "model-rows.jsonl.gz"), ("variants", "variants-rows.jsonl.gz"))
 REBUILT = "../rebuilt"  # where the README's commands unpack the rows: outside the bundle
-
-
-def sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _files(root: str) -> list[str]:
