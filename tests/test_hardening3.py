@@ -140,10 +140,10 @@ def _study_with_rows(tmp_path: Path, n: int = 8) -> Path:
 
 
 def _make(study: Path, out: Path, compact: bool) -> Path:
-    from tiledattention.study.publication import bundle
+    from tiledattention.study.publication import create
     from tiledattention.study.publication.metadata import Publication
 
-    return Path(bundle.create(str(study), str(out), config={"results_dir": "x"},
+    return Path(create.create(str(study), str(out), config={"results_dir": "x"},
                               config_name="c.yaml", repo_root=str(ROOT),
                               publication=Publication(), compact=compact)["dir"])
 
@@ -168,10 +168,10 @@ def test_a_compact_bundle_with_emptied_or_halved_rows_fails_verify(tmp_path):
     import gzip
     import shutil
 
-    from tiledattention.study.publication import bundle
+    from tiledattention.study.publication import verify
 
     src = _make(_study_with_rows(tmp_path), tmp_path / "good", compact=True)
-    assert bundle.verify(str(src)) == []
+    assert verify.verify(str(src)) == []
     lines = gzip.decompress((src / "data" / "rows.jsonl.gz").read_bytes()).splitlines(True)
     assert len(lines) == 8 and "= 8 rows" in (src / "README.md").read_text()
     cases = {"empty-file": (b"", "no rows"), "gzip-of-nothing": (_gz(b""), "no rows"),
@@ -181,7 +181,7 @@ def test_a_compact_bundle_with_emptied_or_halved_rows_fails_verify(tmp_path):
         shutil.copytree(src, out)
         (out / "data" / "rows.jsonl.gz").write_bytes(data)
         _resum(out, "data/rows.jsonl.gz")
-        problems = bundle.verify(str(out))
+        problems = verify.verify(str(out))
         assert any(finding in p for p in problems), (name, problems)
     # half the rows, and the README's count edited to match: the bundle's own list says 8
     out = tmp_path / "half-readme"
@@ -192,31 +192,31 @@ def test_a_compact_bundle_with_emptied_or_halved_rows_fails_verify(tmp_path):
                                    .replace("= 8 rows", "= 4 rows").replace("ok 8", "ok 4"))
     for rel in ("data/rows.jsonl.gz", "README.md"):
         _resum(out, rel)
-    assert any("the bundle was made with 8" in p for p in bundle.verify(str(out)))
+    assert any("the bundle was made with 8" in p for p in verify.verify(str(out)))
     # a plain rows.jsonl beside the .gz (listed in SHA256SUMS): refused, not the only one read
     out = tmp_path / "beside"
     shutil.copytree(src, out)
     (out / "data" / "rows.jsonl").write_bytes(b"".join(lines))
     _resum(out, "data/rows.jsonl")
-    assert any("beside data/rows.jsonl.gz" in p for p in bundle.verify(str(out)))
+    assert any("beside data/rows.jsonl.gz" in p for p in verify.verify(str(out)))
 
 
 def test_rows_csv_must_agree_with_the_rows_value_for_value(tmp_path):
     import shutil
 
     from tiledattention.study.presentation.frame import StudyError
-    from tiledattention.study.publication import bundle
+    from tiledattention.study.publication import verify
 
     study = _study_with_rows(tmp_path)
     src = _make(study, tmp_path / "good", compact=False)
-    assert bundle.verify(str(src)) == []
+    assert verify.verify(str(src)) == []
     out = tmp_path / "edited"
     shutil.copytree(src, out)
     text = (out / "data" / "rows.csv").read_text()
     assert ",8.0," in text
     (out / "data" / "rows.csv").write_text(text.replace(",8.0,", ",80.0,"))
     _resum(out, "data/rows.csv")
-    problems = bundle.verify(str(out))
+    problems = verify.verify(str(out))
     assert any("rows.csv row 8 (p7, eager): tflops is '80.0' there, 8.0 in rows.jsonl" in p
                for p in problems), problems
     # the same disagreement in the study: bundle create refuses it
@@ -359,9 +359,9 @@ def test_compare_never_writes_into_or_beside_a_bundle_unasked(tmp_path):
         err = one_line(cli("compare", str(src), "h100", "--out", str(out)))
         assert "inside the bundle" in err
     assert sorted(p.name for p in (tmp_path / "refs").iterdir()) == before
-    from tiledattention.study.publication import bundle
+    from tiledattention.study.publication import verify
 
-    assert bundle.verify(str(src)) == []
+    assert verify.verify(str(src)) == []
 
 
 def test_compare_reads_no_fifo_and_no_malformed_manifest(tmp_path):

@@ -831,7 +831,8 @@ def _manifest(args) -> int:
 def _bundle(args) -> int:
     import os
 
-    from .study.publication.bundle import create, verify
+    from .study.publication.create import create
+    from .study.publication.verify import verify
 
     if args.bundle_command == "verify":
         import zipfile

@@ -658,7 +658,7 @@ def run(new: str, reference: str, *, tolerance: list[str] | None, out: str | Non
 
 def check_out(out: str) -> str:
     """``--out``, unless it is or lies inside a bundle (writing there breaks its verify)."""
-    from ..publication.bundle import bundle_holding
+    from ..publication.archive import bundle_holding
 
     held = bundle_holding(out)
     if held:
