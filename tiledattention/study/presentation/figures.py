@@ -12,15 +12,18 @@ from ...bench.grid import pinned_label
 from ...bench.methods import FUSED, METHODS, SUBJECT
 from .plotting import color as _color
 from .plotting import grid as _grid
+from .plotting import legend as _legend
 from .plotting import no_data as _no_data
+from .plotting import no_pair as _no_pair
 from .plotting import plt as _plt
 from .plotting import save as _save
+from .plotting import seq_axis as _seq_axis
+from .plotting import why_empty as _why_empty
 from .ratios import (
     BEST,
     MEASURES,
     compare_by,
     fastest_counts,
-    fused_baselines,
     methods_in,
     points_of,
     with_best,
@@ -65,68 +68,6 @@ def _panels(rows):
 
 def _title(dtype, causal):
     return f"{dtype}, {'causal' if causal else 'no mask'}"
-
-
-def _why_empty(rows, keep=lambda r: True, need=None) -> str:
-    """Why nothing could be drawn from the rows a panel takes (``keep``), in words that hold
-    for them: no rows at all; or how the rows of the methods it plots (``need``; default
-    every method) ended, by status and method, each status with its first reason (e.g.
-    "needs a CUDA GPU"), and which other methods were ok there but are not what the panel
-    plots. A panel whose rows all ran on the CPU says so."""
-    mine = [r for r in rows if keep(r)]
-    if not mine:
-        return "no rows for this panel"
-    plotted = [r for r in mine if need is None or r.get("method") in need]
-    if not plotted:
-        return f"no {', '.join(sorted(need))} rows at these points"
-    by: dict[str, dict[str, int]] = {}
-    for r in plotted:
-        counts = by.setdefault(r.get("status", "?"), {})
-        counts[r.get("method", "?")] = counts.get(r.get("method", "?"), 0) + 1
-    parts = []
-    for status, counts in sorted(by.items(), key=lambda kv: (kv[0] == "ok", kv[0])):
-        reason = next((" ".join(str(r["reason"]).split()) for r in plotted
-                       if r.get("status", "?") == status and r.get("reason")), None)
-        parts.append(f"{status}: " + ", ".join(f"{m} {n}" for m, n in counts.items())
-                     + (f" ({reason})" if reason else ""))
-    text = ("no ok rows; " if "ok" not in by else "") + "; ".join(parts)
-    others = sorted({r["method"] for r in mine if r.get("status") == "ok"
-                     and need is not None and r.get("method") not in need})
-    if others:
-        text += f"; ok but not plotted here: {', '.join(others)}"
-    if all(r.get("device") == "cpu" for r in mine):
-        text += " (a CPU run)"
-    return text
-
-
-def _no_pair(rows, keep) -> str:
-    """Why a panel of TiledAttention against the fastest fused baseline is empty: at none
-    of its points were both ok."""
-    sides = {SUBJECT, *fused_baselines(methods_in(rows))}
-    return (f"no point where {SUBJECT} and a fused baseline were both ok; "
-            + _why_empty(rows, keep, need=sides))
-
-
-def _legend(fig, axes, ncol: int = 4) -> None:
-    """One legend for the figure, below the panels (never over data): each label once."""
-    seen: dict[str, object] = {}
-    for ax in axes:
-        for handle, label in zip(*ax.get_legend_handles_labels()):
-            seen.setdefault(label, handle)
-    if seen:
-        fig.legend(list(seen.values()), list(seen), loc="outside lower center",
-                   ncol=min(ncol, len(seen)), frameon=False)
-
-
-def _seq_axis(ax, seqs, label="sequence length S") -> None:
-    """Log-2 S axis whose ticks are exactly the measured S, each labelled (S=200 too)."""
-    from matplotlib.ticker import NullLocator
-
-    seqs = sorted(set(seqs))
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(seqs, [str(s) for s in seqs], rotation=45 if len(seqs) > 6 else 0)
-    ax.xaxis.set_minor_locator(NullLocator())
-    ax.set_xlabel(label)
 
 
 def _by_seq(rows, **match):

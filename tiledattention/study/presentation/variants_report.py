@@ -171,8 +171,7 @@ def variants_figure(rows: list[dict], out_dir: str) -> list[str]:
     """Speedup over the fastest fused baseline at each point vs S, one line per variant (and
     D, dtype), one panel per pass, its title naming which baselines were the fastest; written
     with the reason where nothing was measured."""
-    from .figures import _legend, _no_pair, _seq_axis
-    from .plotting import grid, no_data, plt, save
+    from .plotting import grid, legend, no_data, no_pair, plt, save, seq_axis
 
     pyplot = plt()
     fig, axes = grid(pyplot, len(PASSES))
@@ -195,12 +194,12 @@ def variants_figure(rows: list[dict], out_dir: str) -> list[str]:
                      f"{_fastest_at([r for r in recs if r['pass'] == p])})", fontsize=9)
         if seqs:
             ax.axhline(1.0, color="0.4", lw=0.8)
-            _seq_axis(ax, seqs)
+            seq_axis(ax, seqs)
             ax.set_ylabel("speedup over the fastest fused baseline (> 1: faster)")
         else:
             no_data(ax, "no variants stage in this study" if not rows else
-                    _no_pair(rows, lambda r, p=p: r.get("pass", "fwd") == p))
-    _legend(fig, axes, ncol=3)
+                    no_pair(rows, lambda r, p=p: r.get("pass", "fwd") == p))
+    legend(fig, axes, ncol=3)
     fig.suptitle("Variants: speedup over the fastest fused baseline at each point, by kernel "
                  "time")
     return save(fig, out_dir, "variants")
