@@ -589,7 +589,6 @@ def _sweep(args) -> int:
 
 
 def _aggregate(args) -> int:
-    import contextlib
     import glob
     import os
 
@@ -618,24 +617,15 @@ def _aggregate(args) -> int:
         _, table = write(rows, args.out)
         print(f"aggregate: {len(rows)} rows ({counts}) -> {table}", file=sys.stderr)
         return 0
-    from .bench.store import check_rows
-    from .study.presentation.frame import write_rows_table
-    from .study.presentation.tables import write_all
+    from .study.presentation.report import write_report
 
-    check_rows(rows, args.rows, point=True)  # the tables group rows by their point
     ladder = load_checked(args.ladder, point=True) if args.ladder else []
-    # rows.jsonl last, the earlier one gone first: a killed aggregate never leaves rows.jsonl
-    # beside tables and rows.csv it did not write (bundle create needs rows.jsonl).
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(os.path.join(args.out, "rows.jsonl"))
-    table = write_rows_table(rows, args.out)["csv"]
-    paths = write_all(rows, os.path.join(args.out, "tables"), tune_table=args.tune_table,
-                      ladder_rows=ladder, shape_rows=_shape_rows(args.shapes),
-                      model_rows=_model_rows(args.model),
-                      variant_rows=_variant_rows(args.variants))
-    write(rows, args.out, csv_table=False)
-    print(f"aggregate: {len(rows)} rows ({counts}) -> {table}; {len(paths)} table files in "
-          f"{args.out}/tables", file=sys.stderr)
+    done = write_report(rows, args.out, where=args.rows, tune_table=args.tune_table,
+                        ladder_rows=ladder, shape_rows=_shape_rows(args.shapes),
+                        model_rows=_model_rows(args.model),
+                        variant_rows=_variant_rows(args.variants))
+    print(f"aggregate: {len(rows)} rows ({counts}) -> {done['csv']}; {len(done['tables'])} "
+          f"table files in {args.out}/tables", file=sys.stderr)
     return 0
 
 
