@@ -27,10 +27,10 @@ import os
 from dataclasses import dataclass
 from importlib import resources
 
+from ...bench.methods import FUSED, SUBJECT
 from ...errors import TiledAttentionError
 
 FORMAT = "tiledattention-measured/1"
-SUBJECT, FUSED = "tiledattention", "torch_sdpa"
 # The variants stage's baselines at a window point (its rows have no torch_sdpa).
 WINDOW_BASELINES = ("flex", "sdpa_mask")
 # How near a measured point must be to stand for a shape: Sq, Skv, B·H and the GQA ratio

@@ -31,6 +31,7 @@ import zipfile
 from dataclasses import dataclass, replace
 from importlib import resources
 
+from ...bench.methods import SUBJECT
 from ...errors import StudyError
 from ..presentation.ratios import MEASURES as ROW_MEASURES
 
@@ -358,8 +359,6 @@ def _check_reference(ref: dict, where: str) -> None:
 
 
 # --- the comparison ---------------------------------------------------------------------------
-
-SUBJECT = "tiledattention"
 
 
 def compare(rows: list[dict], ref: dict) -> list[Check]:
