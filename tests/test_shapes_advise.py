@@ -4,6 +4,7 @@ H·D, flags from the launch geometry, and one-line exit-2 refusals."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 
@@ -255,7 +256,8 @@ def test_the_shipped_data_answers_real_model_shapes(what, shape):
         pytest.skip("config/shapes-models.yaml not measured yet: on an H100, `snakemake "
                     "--profile profiles/local --configfile config/shapes-models.yaml --until "
                     "shapes`, then `python -m tiledattention.study.advice build "
-                    "results/reference/h100 tiledattention/study/measured/h100.json "
+                    "results/reference/h100 "
+                    "tiledattention/study/advice/measured/h100.json.gz "
                     "results/shapes-models/shapes/g*`")
     assert "prediction = the nearest measured point" in advice.advise(shape, data=data), what
 
@@ -304,8 +306,9 @@ def test_the_readme_example_is_what_advise_prints(capsys):
 
 
 def test_every_committed_reference_has_its_advise_data_built_from_it(tmp_path):
-    # study/measured/<gpu>.json is what the builder makes of results/reference/<gpu>/ (and,
-    # for the H100, the models grids' rows): rebuilt here, point for point.
+    # study/advice/measured/<gpu>.json.gz is what the builder makes of
+    # results/reference/<gpu>/ (and, for the H100, the models grids' rows): rebuilt here,
+    # point for point, gzipped as shipped.
     root = os.path.join(os.path.dirname(__file__), "..")
     refs = sorted(d for d in os.listdir(os.path.join(root, "results", "reference"))
                   if os.path.isfile(os.path.join(root, "results", "reference", d,
@@ -315,7 +318,8 @@ def test_every_committed_reference_has_its_advise_data_built_from_it(tmp_path):
                                     "h100-2026-11-24-shapes-models.jsonl.gz")]}
     for gpu in refs:
         built = advice.build(os.path.join(root, "results", "reference", gpu),
-                             str(tmp_path / f"{gpu}.json"), models.get(gpu, []))
+                             str(tmp_path / f"{gpu}.json.gz"), models.get(gpu, []))
+        assert json.loads(gzip.decompress((tmp_path / f"{gpu}.json.gz").read_bytes())) == built
         shipped = advice.load(gpu)
         key = lambda p: json.dumps(p, sort_keys=True)  # noqa: E731
         assert sorted(map(key, built["points"])) == sorted(map(key, shipped["points"])), gpu

@@ -1,7 +1,7 @@
 """``tiledattn advise``: what our measurements say about a model's attention shape.
 
 Predictions are the TFLOP/s measured at the nearest measured points (no interpolation, no
-model): the shipped ``study/measured/<gpu>.json`` holds the points of the committed
+model): the shipped ``advice/measured/<gpu>.json.gz`` holds the points of the committed
 reference study (``results/reference/<gpu>/``: its ``throughput`` table and the shapes
 grids' rows), built by ``python -m tiledattention.study.advice build``. A shape whose
 nearest point is too far on any axis is refused, not guessed. Tile and wave quantization
@@ -21,6 +21,7 @@ FlexAttention and SDPA with the window as a mask), never from a plain causal poi
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
 import math
 import os
@@ -31,6 +32,7 @@ from ...bench.methods import FUSED, SUBJECT
 from ...errors import TiledAttentionError
 
 FORMAT = "tiledattention-measured/1"
+SUFFIX = ".json.gz"  # shipped gzipped: the points are most of the package's data
 # The variants stage's baselines at a window point (its rows have no torch_sdpa).
 WINDOW_BASELINES = ("flex", "sdpa_mask")
 # How near a measured point must be to stand for a shape: Sq, Skv, B·H and the GQA ratio
@@ -112,15 +114,15 @@ class Shape:
 
 
 def gpus() -> list[str]:
-    """GPU keys with shipped measurements (file stems of study/measured/*.json)."""
+    """GPU keys with shipped measurements (the names of measured/*.json.gz)."""
     root = resources.files(__package__) / "measured"
-    return sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".json"))
+    return sorted(p.name[:-len(SUFFIX)] for p in root.iterdir() if p.name.endswith(SUFFIX))
 
 
 def load(gpu: str) -> dict:
-    path = resources.files(__package__) / "measured" / f"{gpu}.json"
+    path = resources.files(__package__) / "measured" / f"{gpu}{SUFFIX}"
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(gzip.decompress(path.read_bytes()))
     except FileNotFoundError:
         raise AdviceError(f"--gpu {gpu}: no measurements shipped; measured GPUs: "
                           f"{gpus()}") from None
@@ -489,7 +491,8 @@ def _model_rows(path: str, gpu_name: str) -> list[dict]:
 
 
 def build(reference_dir: str, out_path: str, models: list[str] = ()) -> dict:
-    """study/measured/<gpu>.json from ``results/reference/<gpu>/``: its rows
+    """advice/measured/<gpu>.json.gz (gzipped when ``out_path`` ends in .gz) from
+    ``results/reference/<gpu>/``: its rows
     (data/rows.jsonl.gz; an older summary: tables/throughput.csv), manifest.json and the
     shapes grids' rows: a compact bundle's
     data/shapes-g*-rows.jsonl.gz, or shapes/g*/rows-*.jsonl (one directory per shapes grid,
@@ -537,8 +540,13 @@ def build(reference_dir: str, out_path: str, models: list[str] = ()) -> dict:
     data = {"format": FORMAT, "gpu": gpu["name"], "sms": gpu["sm_count"],
             "compute_capability": gpu["compute_capability"], "sources": sources,
             "points": points + shapes + windows + model}
-    with open(out_path, "w") as f:
-        json.dump(data, f, indent=0, sort_keys=True)
-        f.write("\n")
+    text = (json.dumps(data, indent=0, sort_keys=True) + "\n").encode()
+    with open(out_path, "wb") as f:
+        if out_path.endswith(".gz"):  # the same bytes each build: no name, no time
+            with gzip.GzipFile(filename="", mode="wb", fileobj=f, mtime=0,
+                               compresslevel=9) as g:
+                g.write(text)
+        else:
+            f.write(text)
     return data
 
