@@ -205,6 +205,30 @@ def test_figures_are_written_and_non_empty_with_and_without_data(tmp_path):
         assert os.path.getsize(p) > 5000, p
 
 
+def test_the_report_from_rows_is_one_function_and_tiledattn_aggregate_is_it(tmp_path,
+                                                                           monkeypatch):
+    from tiledattention.cli import main
+    from tiledattention.study.presentation import report
+    from tiledattention.study.presentation.report import write_report
+
+    shards = tmp_path / "rows"
+    shards.mkdir()
+    (shards / "rows-shard0of1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in HAND))
+    calls = []
+    monkeypatch.setattr(report, "write_report",
+                        lambda *a, **k: calls.append(a[1]) or write_report(*a, **k))
+    assert main(["aggregate", "--rows", str(shards), "--out", str(tmp_path / "cli")]) == 0
+    assert calls == [str(tmp_path / "cli")]
+    done = write_report(HAND, str(tmp_path / "fn"), where="HAND")
+    assert {os.path.splitext(os.path.basename(p))[0] for p in done["tables"]} == \
+        set(tables.NAMES)
+    made = sorted(p.relative_to(tmp_path / "fn") for p in (tmp_path / "fn").rglob("*"))
+    assert made == sorted(p.relative_to(tmp_path / "cli") for p in (tmp_path / "cli").rglob("*"))
+    for rel in made:  # the same report, byte for byte (Parquet aside: it records its writer)
+        if rel.suffix in (".csv", ".md", ".tex", ".jsonl"):
+            assert (tmp_path / "fn" / rel).read_bytes() == (tmp_path / "cli" / rel).read_bytes()
+
+
 def test_tables_written_are_exactly_the_names_the_workflow_expects(tmp_path):
     written = tables.write_all(HAND, str(tmp_path))
     assert {os.path.splitext(os.path.basename(p))[0] for p in written} == set(tables.NAMES)
