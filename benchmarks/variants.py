@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tiledattention.stages import stage_from_dict  # noqa: E402
 from tiledattention.stages.variants import load_rows, run_variants  # noqa: E402
-from tiledattention.study.variants import ratio_rows  # noqa: E402
+from tiledattention.study.presentation.variants_report import ratio_rows  # noqa: E402
 
 # The issue-21 sparsity targets: B1 H16 S16384 D128 bf16, forward, ours only.
 SPARSITY = {"variants": ["causal", "window", "documents"], "methods": ["tiledattention"],

@@ -227,7 +227,7 @@ def test_a_resumed_run_keeps_the_earlier_runs_stack_and_the_study_sees_them(tmp_
                                                                             monkeypatch):
     """Rows measured at one revision and resumed at another: the manifest keeps both, and
     the study's manifest reports the two revisions instead of the last one alone."""
-    from tiledattention.study.manifest import load_manifests, merge
+    from tiledattention.study.publication.manifest import load_manifests, merge
 
     grid = {"seqs": [32, 64], "head_dims": [32], "dtypes": ["float32"], "causal": [False],
             "shape_policy": "explicit"}

@@ -1,15 +1,15 @@
-"""TiledAttention against the fastest fused baseline at each point (study/ratios.py BEST):
-which methods count, ties, points where none is ok, rows that are not ok ignored, each
-pass and each measure on its own; the headline computed once (study/headline.py) for the
-table and the README's sentences."""
+"""TiledAttention against the fastest fused baseline at each point
+(study/presentation/ratios.py BEST): which methods count, ties, points where none is ok, rows
+that are not ok ignored, each pass and each measure on its own; the headline computed once
+(study/presentation/headline.py) for the table and the README's sentences."""
 
 from __future__ import annotations
 
 import pytest
 
 from tiledattention.bench import methods
-from tiledattention.study import bundle, headline, tables
-from tiledattention.study.ratios import (
+from tiledattention.study.presentation import headline, tables
+from tiledattention.study.presentation.ratios import (
     BEST,
     best_rows,
     compare,
@@ -17,6 +17,7 @@ from tiledattention.study.ratios import (
     fused_baselines,
     with_best,
 )
+from tiledattention.study.publication import prose
 
 
 def _row(method, kernel_ms=None, call_us=None, *, point="p1", pass_="fwd", status="ok",
@@ -130,7 +131,7 @@ def test_the_headline_table_and_the_readme_sentence_come_from_the_same_lines():
     assert best.fastest == {"cudnn": 1, "flash": 1}
     t = tables.headline(rows)
     assert [ln.cells() for ln in lines] == t.rows
-    text = bundle.headline(rows, {"gpu": {"name": "GPU X"}})
+    text = prose.headline(rows, {"gpu": {"name": "GPU X"}})
     assert text.startswith(f"Measured on GPU X: tiledattention reaches a geometric mean of "
                            f"{best.kernel.geomean:.3f}x the throughput of the fastest fused "
                            "baseline at each point (by kernel time cudnn at 1, flash at 1)")
@@ -141,5 +142,5 @@ def test_the_headline_table_and_the_readme_sentence_come_from_the_same_lines():
 
 def test_without_a_fused_baseline_the_headline_reports_no_ratio():
     rows = [_row("tiledattention", 1.0), _row("eager", 3.0)]
-    assert "never both ok" in bundle.headline(rows, {})
+    assert "never both ok" in prose.headline(rows, {})
     assert [r[0] for r in tables.headline(rows).rows] == ["eager attention"]

@@ -411,7 +411,7 @@ def test_tune_refuses_a_malformed_out_table_before_measuring(tmp_path):
 
 def test_rows_of_backward_passes_name_the_backward_schedule_in_documented_columns(monkeypatch):
     from tiledattention.bench.methods import _tiled_describe
-    from tiledattention.study.frame import columns_of
+    from tiledattention.study.presentation.frame import columns_of
 
     monkeypatch.setattr(policy, "_capability", lambda index: "9.0")
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from tiledattention.cli import main
-from tiledattention.study import compare
+from tiledattention.study.references import compare
 
 H100_RUN = "benchmarks/results/h100-2026-11-23-bench80-one-run.jsonl.gz"
 H100_RERUN = "benchmarks/results/h100-2026-11-23-bench80-w8-table.jsonl.gz"

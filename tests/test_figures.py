@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-from tiledattention.study import figures  # noqa: E402
+from tiledattention.study.presentation import figures, plotting  # noqa: E402
 
 GPU_REASON = "needs a CUDA GPU"
 
@@ -188,7 +188,7 @@ def test_an_empty_panel_says_truthfully_why_never_no_ok_rows_beside_ok_ones(draw
 def test_every_count_an_empty_panel_states_is_the_rows(tmp_path):
     import re
 
-    text = figures._no_pair(SMOKE, lambda r: True)
+    text = plotting.no_pair(SMOKE, lambda r: True)
     stated = {m: int(n) for m, n in re.findall(r"(\w+) (\d+)", text)}
     for method, n in stated.items():
         assert n == sum(r["method"] == method for r in SMOKE), (method, text)

@@ -94,7 +94,7 @@ def test_non_finite_negative_or_zero_tolerances_are_refused(value):
 
 def _tiny_study(tmp_path: Path) -> Path:
     pytest.importorskip("rocrate")
-    from tiledattention.study import manifest
+    from tiledattention.study.publication import manifest
 
     study = tmp_path / "study"
     (study / "aggregate").mkdir(parents=True)
@@ -110,7 +110,7 @@ def _tiny_study(tmp_path: Path) -> Path:
 
 def _tables(study: Path) -> None:
     """The aggregate's table files (bundle create refuses a study without them)."""
-    from tiledattention.study.tables import NAMES
+    from tiledattention.study.presentation.tables import NAMES
 
     (study / "aggregate" / "tables").mkdir(parents=True, exist_ok=True)
     for name in NAMES:
@@ -118,16 +118,16 @@ def _tables(study: Path) -> None:
 
 
 def _create(study: Path, out: Path, repo: Path = ROOT, force: bool = False) -> dict:
-    from tiledattention.study import bundle
-    from tiledattention.study.metadata import Publication
+    from tiledattention.study.publication import create
+    from tiledattention.study.publication.metadata import Publication
 
-    return bundle.create(str(study), str(out), config={"results_dir": "x"},
+    return create.create(str(study), str(out), config={"results_dir": "x"},
                          config_name="c.yaml", repo_root=str(repo), publication=Publication(),
                          force=force)
 
 
 def test_bundle_create_never_deletes_a_users_directory_or_the_study(tmp_path):
-    from tiledattention.study.frame import StudyError
+    from tiledattention.study.presentation.frame import StudyError
 
     study = _tiny_study(tmp_path)
     mine = tmp_path / "mine"
@@ -149,23 +149,23 @@ def test_bundle_create_never_deletes_a_users_directory_or_the_study(tmp_path):
 
 
 def test_bundle_create_replaces_its_own_previous_bundle_and_forced_dirs_only(tmp_path):
-    from tiledattention.study import bundle
-    from tiledattention.study.frame import StudyError
+    from tiledattention.study.presentation.frame import StudyError
+    from tiledattention.study.publication import verify
 
     study = _tiny_study(tmp_path)
     out = tmp_path / "bundle"
     _create(study, out)
     (out / "SHA256SUMS").unlink()  # as Snakemake does before re-running the rule
-    assert bundle.verify(str(_create(study, out)["zip"])) == []
+    assert verify.verify(str(_create(study, out)["zip"])) == []
     (out / "notes.txt").write_text("mine")  # a user's file in it: no longer ours alone
     with pytest.raises(StudyError, match="not empty and not a bundle"):
         _create(study, out)
     _create(study, out, force=True)
-    assert not (out / "notes.txt").exists() and bundle.verify(str(out)) == []
+    assert not (out / "notes.txt").exists() and verify.verify(str(out)) == []
 
 
 def test_the_workflow_snapshot_holds_only_tracked_files(tmp_path):
-    from tiledattention.study import bundle
+    from tiledattention.study.publication import create
 
     repo = tmp_path / "repo"
     (repo / "config").mkdir(parents=True)
@@ -177,10 +177,10 @@ def test_the_workflow_snapshot_holds_only_tracked_files(tmp_path):
     subprocess.run(git + ["add", "Snakefile", "config/config.yaml", ".gitignore"], check=True)
     (repo / "config" / ".env").write_text("TOKEN=hunter2\n")  # ignored
     (repo / "config" / "scratch.yaml").write_text("b: 2\n")  # untracked
-    files, how = bundle.snapshot_files(str(repo))
+    files, how = create.snapshot_files(str(repo))
     assert files == ["Snakefile", "config/config.yaml"] and "git tracks" in how
     subprocess.run(["rm", "-rf", str(repo / ".git")], check=True)
-    files, how = bundle.snapshot_files(str(repo))  # no git: the allow-list, no dotfiles
+    files, how = create.snapshot_files(str(repo))  # no git: the allow-list, no dotfiles
     assert ".env" not in " ".join(files) and "config/config.yaml" in files
     out = _create(_tiny_study(tmp_path), tmp_path / "b", repo=repo)
     with zipfile.ZipFile(Path(out["dir"]) / "workflow-snapshot.zip") as z:
@@ -197,32 +197,32 @@ def _sums(path: Path, entries: dict[str, bytes]) -> None:
 
 @pytest.mark.parametrize("listed", ["/etc/passwd", "../outside", "/dev/zero", "a/../../x"])
 def test_verify_never_reads_a_path_outside_the_bundle(tmp_path, listed):
-    from tiledattention.study import bundle
+    from tiledattention.study.publication import verify
 
     b = tmp_path / "b"
     b.mkdir()
     (tmp_path / "outside").write_text("secret")
     _sums(b, {listed: b"whatever"})
-    problems = bundle.verify(str(b))
+    problems = verify.verify(str(b))
     assert any("is not a path inside the bundle" in p for p in problems), problems
 
 
 def test_verify_refuses_links_and_special_files_in_a_directory(tmp_path):
-    from tiledattention.study import bundle
+    from tiledattention.study.publication import verify
 
     b = tmp_path / "b"
     b.mkdir()
     os.symlink("/etc/passwd", b / "passwd")
     os.mkfifo(b / "fifo")
     _sums(b, {})
-    problems = bundle.verify(str(b))
+    problems = verify.verify(str(b))
     assert "link: passwd (links are not allowed in a bundle)" in problems
     assert "special file: fifo (only regular files allowed)" in problems
 
 
 def test_verify_refuses_zip_bombs_links_and_unsafe_names_without_extracting(tmp_path,
                                                                             monkeypatch):
-    from tiledattention.study import bundle
+    from tiledattention.study.publication import archive, verify
 
     bomb = tmp_path / "bomb.zip"
     with zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as z:
@@ -233,15 +233,15 @@ def test_verify_refuses_zip_bombs_links_and_unsafe_names_without_extracting(tmp_
         z.writestr("b/../../evil", b"x")
     monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
     (tmp_path / "tmp").mkdir()
-    problems = bundle.verify(str(bomb))
+    problems = verify.verify(str(bomb))
     assert any("compression ratio of b/big" in p for p in problems), problems
     assert any(p.startswith("link: b/link") for p in problems)
     assert any("unsafe zip member name: 'b/../../evil'" in p for p in problems)
     assert not (tmp_path / "evil").exists() and os.listdir(tmp_path / "tmp") == []
-    monkeypatch.setattr(bundle, "MAX_TOTAL_BYTES", 1 << 20)
-    assert f"bytes uncompressed, more than the {1 << 20} allowed" in bundle.verify(str(bomb))[0]
-    monkeypatch.setattr(bundle, "MAX_MEMBERS", 2)
-    assert "zip members, more than the 2 allowed" in bundle.verify(str(bomb))[0]
+    monkeypatch.setattr(archive, "MAX_TOTAL_BYTES", 1 << 20)
+    assert f"bytes uncompressed, more than the {1 << 20} allowed" in verify.verify(str(bomb))[0]
+    monkeypatch.setattr(archive, "MAX_MEMBERS", 2)
+    assert "zip members, more than the 2 allowed" in verify.verify(str(bomb))[0]
 
 
 def test_verify_removes_its_scratch_dir_when_terminated(tmp_path):
@@ -251,12 +251,12 @@ def test_verify_removes_its_scratch_dir_when_terminated(tmp_path):
     scratch.mkdir()
     # SIGTERM arrives while verify holds its scratch dir (in the metadata check).
     code = ("import os, signal, sys, time\n"
-            "from tiledattention.study import bundle\n"
+            "from tiledattention.study.publication import verify\n"
             "def stall(path):\n"
             "    os.kill(os.getpid(), signal.SIGTERM)\n"
             "    time.sleep(30)\n"
-            "bundle.check_ro_crate = stall\n"
-            f"bundle.verify({zip_path!r})\n")
+            "verify.check_ro_crate = stall\n"
+            f"verify.verify({zip_path!r})\n")
     env = {**os.environ, "TMPDIR": str(scratch), "PYTHONPATH": str(ROOT)}
     run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                          timeout=120)
@@ -294,7 +294,7 @@ def test_aggregate_refuses_rows_of_two_configs(tmp_path):
 
 
 def test_bundle_verify_flags_published_rows_of_two_configs(tmp_path):
-    from tiledattention.study import bundle
+    from tiledattention.study.publication import verify
 
     out = Path(_create(_tiny_study(tmp_path), tmp_path / "bundle")["dir"])
     data = out / "data" / "rows.jsonl"
@@ -304,7 +304,7 @@ def test_bundle_verify_flags_published_rows_of_two_configs(tmp_path):
              if not ln.endswith("data/rows.jsonl")]
     lines.append(f"{hashlib.sha256(data.read_bytes()).hexdigest()}  data/rows.jsonl")
     (out / "SHA256SUMS").write_text("\n".join(lines) + "\n")
-    assert any("2 different configs" in p for p in bundle.verify(str(out)))
+    assert any("2 different configs" in p for p in verify.verify(str(out)))
 
 
 def test_aggregate_counts_unreadable_lines_and_fails_on_zero_rows(tmp_path):

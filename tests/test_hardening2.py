@@ -106,7 +106,7 @@ def test_a_fifo_dev_zero_or_deep_json_is_refused_in_one_line_wherever_a_command_
         os.mkfifo("runs/manifest-shard0of1.json")
         one_line(cli("manifest", "--runs", "runs", "--out", "m.json"))
         # bundle verify of a directory: special and deep metadata are findings, not hangs
-        from tiledattention.study import bundle
+        from tiledattention.study.publication import verify
 
         b = tmp_path / "b"
         b.mkdir()
@@ -114,7 +114,7 @@ def test_a_fifo_dev_zero_or_deep_json_is_refused_in_one_line_wherever_a_command_
         (b / "CITATION.cff").write_text("a: " + "[" * 5000 + "]" * 5000 + "\n")
         (b / "ro-crate-metadata.json").write_text(DEEP)
         (b / "SHA256SUMS").write_text("")
-        problems = bundle.verify(str(b))
+        problems = verify.verify(str(b))
     assert "special file: .zenodo.json (only regular files allowed)" in problems
     assert ".zenodo.json is missing" in problems
     assert any(p.startswith("CITATION.cff: not valid YAML") for p in problems), problems
@@ -155,7 +155,7 @@ def test_a_killed_writer_leaves_the_old_file_or_the_new_never_a_truncated_one(tm
     study = _tiny_study(tmp_path)
     agg = study / "aggregate" / "rows.jsonl"
     agg.write_text(agg.read_text() + '{"point_key": "q", "meth')
-    from tiledattention.study.frame import StudyError
+    from tiledattention.study.presentation.frame import StudyError
 
     with pytest.raises(StudyError, match="unreadable line.*run the aggregate step again"):
         _create(study, tmp_path / "bundle")
@@ -197,7 +197,7 @@ def test_tune_without_a_gpu_never_replaces_an_existing_table(tmp_path):
 
 def test_bundle_create_force_never_replaces_a_directory_in_the_study_or_the_checkout(
         tmp_path):
-    from tiledattention.study.frame import StudyError
+    from tiledattention.study.presentation.frame import StudyError
 
     study = _tiny_study(tmp_path)
     (study / "aggregate" / "notes.md").write_text("mine")
@@ -221,8 +221,8 @@ def test_bundle_create_force_never_replaces_a_directory_in_the_study_or_the_chec
 # -- Leaks ----------------------------------------------------------------------------------
 
 def test_nothing_untracked_or_outside_the_study_goes_into_a_bundle(tmp_path):
-    from tiledattention.study import bundle
-    from tiledattention.study.frame import StudyError
+    from tiledattention.study.presentation.frame import StudyError
+    from tiledattention.study.publication import create, verify
 
     repo = tmp_path / "repo"  # a source tree without .git
     for rel, text in (("Snakefile", "x"), ("config/config.yaml", "a: 1"),
@@ -232,7 +232,7 @@ def test_nothing_untracked_or_outside_the_study_goes_into_a_bundle(tmp_path):
                       ("workflow/rules/bench.smk", "rule x:")):
         (repo / rel).parent.mkdir(parents=True, exist_ok=True)
         (repo / rel).write_text(text)
-    files, how = bundle.snapshot_files(str(repo))
+    files, how = create.snapshot_files(str(repo))
     assert files == ["Snakefile", "config/config.yaml", "profiles/slurm/config.yaml",
                      "workflow/rules/bench.smk"] and "allow-list" in how
     outside = tmp_path / "outside.txt"
@@ -253,18 +253,18 @@ def test_nothing_untracked_or_outside_the_study_goes_into_a_bundle(tmp_path):
     with zipfile.ZipFile(out / "workflow-snapshot.zip") as z:
         assert b"hunter2" not in b"".join(z.read(n) for n in z.namelist())
     assert (out / "figures" / "alias.png").read_text() == "png"
-    assert bundle.verify(str(out)) == []
+    assert verify.verify(str(out)) == []
 
 
 def test_the_shipped_snapshot_allow_list_names_every_tracked_config_and_profile():
-    from tiledattention.study import bundle
+    from tiledattention.study.publication import archive
 
     run = subprocess.run(["git", "-C", str(ROOT), "ls-files", "config", "profiles"],
                          capture_output=True, text=True)
     if run.returncode != 0 or not run.stdout:
         pytest.skip("not a git checkout: the tracked files cannot be listed here")
-    assert set(run.stdout.split()) <= set(bundle.SNAPSHOT_SHIPPED), \
-        "add the new tracked file to bundle.SNAPSHOT_SHIPPED"
+    assert set(run.stdout.split()) <= set(archive.SNAPSHOT_SHIPPED), \
+        "add the new tracked file to archive.SNAPSHOT_SHIPPED"
 
 
 # -- Silently wrong: every published number finite and physical, or refused with why --------
@@ -336,7 +336,7 @@ def test_a_pair_measured_twice_with_different_values_is_reported_not_picked(tmp_
 
 
 def test_a_reason_with_newlines_or_pipes_stays_one_markdown_table_row():
-    from tiledattention.study import tables
+    from tiledattention.study.presentation import tables
 
     bad = {**_row("p0"), "status": "error", "reason": "line one\nline | two\n\nthree"}
     md = tables.status([bad]).to_markdown()
@@ -346,7 +346,7 @@ def test_a_reason_with_newlines_or_pipes_stays_one_markdown_table_row():
 
 
 def test_bundle_verify_finds_a_bundle_that_disagrees_with_itself(tmp_path):
-    from tiledattention.study import bundle, manifest
+    from tiledattention.study.publication import manifest, verify
 
     study = _tiny_study(tmp_path)
     run = {"config_hash": "c", "measure_hash": "h", "started": "2026-01-01T00:00:00+00:00"}
@@ -355,17 +355,17 @@ def test_bundle_verify_finds_a_bundle_that_disagrees_with_itself(tmp_path):
     agg = study / "aggregate"
     rows = [_row("p0"), _row("p1")]
     (agg / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    from tiledattention.study.frame import write_rows_table
+    from tiledattention.study.presentation.frame import write_rows_table
 
     write_rows_table(rows, str(agg))  # rows.csv as aggregate writes it
     src = Path(_create(study, tmp_path / "good")["dir"])
-    assert bundle.verify(str(src)) == []
+    assert verify.verify(str(src)) == []
 
     def broken(name: str, change) -> list[str]:
         out = tmp_path / name
         subprocess.run(["cp", "-r", str(src), str(out)], check=True)
         change(out)
-        return bundle.verify(str(out))
+        return verify.verify(str(out))
 
     def resum(out: Path, rel: str) -> None:
         digest = hashlib.sha256((out / rel).read_bytes()).hexdigest()

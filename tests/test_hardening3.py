@@ -124,7 +124,7 @@ def test_device_study_refuses_out_naming_a_file_and_a_zero_gpu_count(tmp_path, e
 def _study_with_rows(tmp_path: Path, n: int = 8) -> Path:
     from test_hardening2 import _row
 
-    from tiledattention.study import manifest
+    from tiledattention.study.publication import manifest
 
     study = _tiny_study(tmp_path)
     run = {"config_hash": "c", "measure_hash": "h", "started": "2026-01-01T00:00:00+00:00"}
@@ -133,17 +133,17 @@ def _study_with_rows(tmp_path: Path, n: int = 8) -> Path:
     rows = [_row(f"p{i}", tflops=1.0 + i) for i in range(n)]
     (study / "aggregate" / "rows.jsonl").write_text("".join(json.dumps(r) + "\n"
                                                             for r in rows))
-    from tiledattention.study.frame import write_rows_table
+    from tiledattention.study.presentation.frame import write_rows_table
 
     write_rows_table(rows, str(study / "aggregate"))
     return study
 
 
 def _make(study: Path, out: Path, compact: bool) -> Path:
-    from tiledattention.study import bundle
-    from tiledattention.study.metadata import Publication
+    from tiledattention.study.publication import create
+    from tiledattention.study.publication.metadata import Publication
 
-    return Path(bundle.create(str(study), str(out), config={"results_dir": "x"},
+    return Path(create.create(str(study), str(out), config={"results_dir": "x"},
                               config_name="c.yaml", repo_root=str(ROOT),
                               publication=Publication(), compact=compact)["dir"])
 
@@ -168,10 +168,10 @@ def test_a_compact_bundle_with_emptied_or_halved_rows_fails_verify(tmp_path):
     import gzip
     import shutil
 
-    from tiledattention.study import bundle
+    from tiledattention.study.publication import verify
 
     src = _make(_study_with_rows(tmp_path), tmp_path / "good", compact=True)
-    assert bundle.verify(str(src)) == []
+    assert verify.verify(str(src)) == []
     lines = gzip.decompress((src / "data" / "rows.jsonl.gz").read_bytes()).splitlines(True)
     assert len(lines) == 8 and "= 8 rows" in (src / "README.md").read_text()
     cases = {"empty-file": (b"", "no rows"), "gzip-of-nothing": (_gz(b""), "no rows"),
@@ -181,7 +181,7 @@ def test_a_compact_bundle_with_emptied_or_halved_rows_fails_verify(tmp_path):
         shutil.copytree(src, out)
         (out / "data" / "rows.jsonl.gz").write_bytes(data)
         _resum(out, "data/rows.jsonl.gz")
-        problems = bundle.verify(str(out))
+        problems = verify.verify(str(out))
         assert any(finding in p for p in problems), (name, problems)
     # half the rows, and the README's count edited to match: the bundle's own list says 8
     out = tmp_path / "half-readme"
@@ -192,31 +192,31 @@ def test_a_compact_bundle_with_emptied_or_halved_rows_fails_verify(tmp_path):
                                    .replace("= 8 rows", "= 4 rows").replace("ok 8", "ok 4"))
     for rel in ("data/rows.jsonl.gz", "README.md"):
         _resum(out, rel)
-    assert any("the bundle was made with 8" in p for p in bundle.verify(str(out)))
+    assert any("the bundle was made with 8" in p for p in verify.verify(str(out)))
     # a plain rows.jsonl beside the .gz (listed in SHA256SUMS): refused, not the only one read
     out = tmp_path / "beside"
     shutil.copytree(src, out)
     (out / "data" / "rows.jsonl").write_bytes(b"".join(lines))
     _resum(out, "data/rows.jsonl")
-    assert any("beside data/rows.jsonl.gz" in p for p in bundle.verify(str(out)))
+    assert any("beside data/rows.jsonl.gz" in p for p in verify.verify(str(out)))
 
 
 def test_rows_csv_must_agree_with_the_rows_value_for_value(tmp_path):
     import shutil
 
-    from tiledattention.study import bundle
-    from tiledattention.study.frame import StudyError
+    from tiledattention.study.presentation.frame import StudyError
+    from tiledattention.study.publication import verify
 
     study = _study_with_rows(tmp_path)
     src = _make(study, tmp_path / "good", compact=False)
-    assert bundle.verify(str(src)) == []
+    assert verify.verify(str(src)) == []
     out = tmp_path / "edited"
     shutil.copytree(src, out)
     text = (out / "data" / "rows.csv").read_text()
     assert ",8.0," in text
     (out / "data" / "rows.csv").write_text(text.replace(",8.0,", ",80.0,"))
     _resum(out, "data/rows.csv")
-    problems = bundle.verify(str(out))
+    problems = verify.verify(str(out))
     assert any("rows.csv row 8 (p7, eager): tflops is '80.0' there, 8.0 in rows.jsonl" in p
                for p in problems), problems
     # the same disagreement in the study: bundle create refuses it
@@ -230,8 +230,8 @@ def test_a_killed_aggregate_leaves_no_rows_without_tables_and_create_needs_the_t
     from test_hardening import cli
     from test_hardening2 import _row, _shard
 
-    import tiledattention.study.tables as tables
-    from tiledattention.study.frame import StudyError
+    import tiledattention.study.presentation.tables as tables
+    from tiledattention.study.presentation.frame import StudyError
 
     rows_dir = _shard(tmp_path / "rows", [_row(f"p{i}") for i in range(4)])
     agg = tmp_path / "study" / "aggregate"
@@ -256,7 +256,7 @@ def test_a_killed_aggregate_leaves_no_rows_without_tables_and_create_needs_the_t
 
 
 def test_bundle_create_refuses_a_study_file_whose_name_holds_a_newline(tmp_path):
-    from tiledattention.study.frame import StudyError
+    from tiledattention.study.presentation.frame import StudyError
 
     study = _study_with_rows(tmp_path)
     (study / "aggregate" / "tables" / "evil\nname.md").write_text("x")
@@ -330,7 +330,7 @@ def test_compare_tolerance_two_bare_numbers_and_a_measure_twice_are_refused(tmp_
                                 "--out", str(tmp_path / "c")))
         assert "--tolerance" in err
     assert not (tmp_path / "c").exists()
-    from tiledattention.study.compare import parse_tolerance
+    from tiledattention.study.references.compare import parse_tolerance
 
     assert parse_tolerance(["kernel=10", "call=25"]) == {"kernel": 0.10, "call": 0.25}
 
@@ -359,9 +359,9 @@ def test_compare_never_writes_into_or_beside_a_bundle_unasked(tmp_path):
         err = one_line(cli("compare", str(src), "h100", "--out", str(out)))
         assert "inside the bundle" in err
     assert sorted(p.name for p in (tmp_path / "refs").iterdir()) == before
-    from tiledattention.study import bundle
+    from tiledattention.study.publication import verify
 
-    assert bundle.verify(str(src)) == []
+    assert verify.verify(str(src)) == []
 
 
 def test_compare_reads_no_fifo_and_no_malformed_manifest(tmp_path):
@@ -386,7 +386,7 @@ def test_compare_reads_no_fifo_and_no_malformed_manifest(tmp_path):
 
 
 def _gpu_study(tmp_path: Path) -> Path:
-    from tiledattention.study import manifest
+    from tiledattention.study.publication import manifest
 
     study = _study_with_rows(tmp_path)
     run = {"config_hash": "c", "measure_hash": "h", "started": "2026-01-01T00:00:00+00:00",
@@ -581,8 +581,8 @@ def test_a_grid_of_a_million_points_is_refused_with_its_count_and_a_limit_to_rai
 def test_publication_of_the_wrong_shape_is_one_line(tmp_path):
     from test_hardening import cli
 
-    from tiledattention.study.frame import StudyError
-    from tiledattention.study.metadata import Publication
+    from tiledattention.study.presentation.frame import StudyError
+    from tiledattention.study.publication.metadata import Publication
 
     for bad, words in (("str", "publication: a mapping"),
                        ({"keywords": "attention"}, "publication.keywords: a list"),
@@ -599,8 +599,8 @@ def test_publication_of_the_wrong_shape_is_one_line(tmp_path):
 
 
 def test_reproduce_refuses_a_results_dir_in_the_home_directory_or_a_variable():
-    from tiledattention.study.frame import StudyError
-    from tiledattention.study.reproduce import _results_dir
+    from tiledattention.study.presentation.frame import StudyError
+    from tiledattention.study.references.reproduce import _results_dir
 
     for d in ("~/x", "~other/x", "$HOME/x", "/abs", "a/../../b"):
         with pytest.raises(StudyError, match="outside the workflow directory"):

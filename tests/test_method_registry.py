@@ -10,7 +10,7 @@ import yaml
 
 from tiledattention.bench import methods
 from tiledattention.stages import profile
-from tiledattention.study import plotting, tables
+from tiledattention.study.presentation import plotting, tables
 
 
 def _rows(method: str) -> list[dict]:

@@ -12,7 +12,7 @@ from tiledattention.bench.config import ConfigError
 from tiledattention.cli import main
 from tiledattention.stages import model as model_bench
 from tiledattention.stages.model import model_from_dict
-from tiledattention.study.tables import NAMES, model_e2e
+from tiledattention.study.presentation.tables import NAMES, model_e2e
 
 CFG = model_from_dict({"enabled": True, "batches": [1, 8], "prompt": 16, "steps": 2,
                        "reps": 1})

@@ -110,7 +110,7 @@ def test_methods_without_a_backward_are_unsupported_there(monkeypatch):
 
 
 def test_headline_reports_forward_and_forward_backward_separately():
-    from tiledattention.study.tables import headline
+    from tiledattention.study.presentation.tables import headline
 
     rows = []
     for pass_, ours in (("fwd", 1.0), ("fwd+bwd", 4.0)):

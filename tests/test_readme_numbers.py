@@ -1,4 +1,5 @@
-"""The README's results tables: every number is what `tiledattention.study.ratios` computes
+"""The README's results tables: every number is what
+`tiledattention.study.presentation.ratios` computes
 from the committed reference rows (results/reference/<system>/data/rows.jsonl.gz and the
 variants stage's variants-rows.jsonl.gz). The block against the fastest fused baseline is
 generated: `python tests/test_readme_numbers.py` prints it from the committed rows (paste it
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tiledattention.bench.grid import PAPER_HEAD_DIMS
-from tiledattention.study.ratios import (
+from tiledattention.study.presentation.ratios import (
     BEST,
     compare,
     counts_text,

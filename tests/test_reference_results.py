@@ -11,8 +11,8 @@ import subprocess
 import pytest
 
 from tiledattention.cli import main
-from tiledattention.study import bundle
-from tiledattention.study.table import Table
+from tiledattention.study.presentation.table import Table
+from tiledattention.study.publication import archive, verify
 
 REFERENCES = ["results/reference/h100", "results/reference/h200"]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -20,14 +20,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.mark.parametrize("ref", REFERENCES)
 def test_every_committed_reference_verifies_as_a_whole_bundle(ref, capsys):
-    assert bundle.verify(os.path.join(ROOT, ref)) == []
+    assert verify.verify(os.path.join(ROOT, ref)) == []
     assert main(["bundle", "verify", os.path.join(ROOT, ref)]) == 0
     assert "bundle verify: OK" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("ref", REFERENCES)
 def test_a_committed_reference_holds_its_rows_and_no_figures(ref):
-    names = set(bundle._files(os.path.join(ROOT, ref)))
+    names = set(archive.tree_files(os.path.join(ROOT, ref)))
     assert {"data/rows.jsonl.gz", "data/ladder-rows.jsonl.gz", "data/model-rows.jsonl.gz",
             "data/variants-rows.jsonl.gz", "data/shapes-g0-rows.jsonl.gz",
             "data/shapes-g1-rows.jsonl.gz", "workflow-snapshot.zip"} <= names
@@ -103,7 +103,7 @@ def _same_to_the_last_digit(a: str, b: str) -> bool:
 
 
 def test_the_advice_data_builds_from_a_compact_reference(tmp_path):
-    from tiledattention.study import advice
+    from tiledattention.study.advice import advise as advice
 
     data = advice.build(os.path.join(ROOT, REFERENCES[0]), str(tmp_path / "h100.json"))
     by = {}

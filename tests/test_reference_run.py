@@ -13,7 +13,8 @@ import torch
 
 from tiledattention.cli import main
 from tiledattention.errors import StudyError
-from tiledattention.study import bundle, reproduce
+from tiledattention.study.publication import prose
+from tiledattention.study.references import reproduce
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -78,13 +79,13 @@ def test_systems_refuses_bad_input_in_one_line(tmp_path, capsys, args, words):
 
 
 def test_the_readme_installs_from_the_bundles_own_source_with_the_gpu_extra_on_a_gpu():
-    gpu = bundle.install_lines({"gpu": {"name": "NVIDIA H100 80GB HBM3"}})
+    gpu = prose.install_lines({"gpu": {"name": "NVIDIA H100 80GB HBM3"}})
     assert gpu == ["python -m zipfile -e workflow-snapshot.zip ../source   # this run's source",
                    'python -m pip install "../source[gpu,workflow]"']
-    cpu = bundle.install_lines({"gpu": None})
+    cpu = prose.install_lines({"gpu": None})
     assert "--index-url https://download.pytorch.org/whl/cpu" in cpu[1]  # no CUDA torch
     assert cpu[2] == 'python -m pip install "../source[workflow]"'
-    assert "publication.repository" in bundle.NO_REPOSITORY
+    assert "publication.repository" in prose.NO_REPOSITORY
 
 
 def test_reproduce_from_a_checkout_without_a_repository_url_says_so(tmp_path):

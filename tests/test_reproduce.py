@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from tiledattention.cli import main
-from tiledattention.study import bundle
+from tiledattention.study.publication import archive, verify
 
 ROOT = Path(__file__).resolve().parent.parent
 SNAKEMAKE = shutil.which("snakemake") or str(Path(sys.executable).with_name("snakemake"))
@@ -100,7 +100,7 @@ def test_following_the_bundle_readme_in_a_fresh_directory_reproduces_the_study(
     assert (tmp_path / "venv" / "bin" / "tiledattn").exists()  # the install step's
     out = tmp_path / "fresh" / "reproduction"
     new = out / "results" / "smoke" / "bundle"
-    assert bundle.verify(str(new)) == [] and bundle.verify(str(new) + ".zip") == []
+    assert verify.verify(str(new)) == [] and verify.verify(str(new) + ".zip") == []
     # the same config, byte for byte; the same grid and methods
     assert (new / "config" / "study-config.yaml").read_bytes() == \
         (original / "config" / "study-config.yaml").read_bytes()
@@ -114,7 +114,7 @@ def test_following_the_bundle_readme_in_a_fresh_directory_reproduces_the_study(
     assert (new / "compare" / "compare.png").stat().st_size > 0
     assert "verified; compare against" in run.stderr and ": PASS: " in run.stderr
     # nothing was written into the downloaded bundle
-    assert bundle.verify(str(fresh)) == []
+    assert verify.verify(str(fresh)) == []
 
 
 def test_reproduce_from_a_checkout_of_the_recorded_revision(original, tmp_path):
@@ -156,7 +156,7 @@ def test_the_laid_out_workflow_keeps_the_snapshots_file_times(original, tmp_path
         for info in z.infolist():
             if info.filename.endswith("/") or info.filename == "config/study-config.yaml":
                 continue  # the bundle's exact config is written over the snapshot's
-            if info.filename.split("/")[0] in bundle.SNAPSHOT_SOURCE:
+            if info.filename.split("/")[0] in archive.SNAPSHOT_SOURCE:
                 assert not (out / info.filename).exists()  # the README installs it
                 continue
             recorded = time.mktime((*info.date_time, 0, 0, -1))
@@ -191,7 +191,7 @@ def test_device_study_reproduce_re_runs_a_bundle_and_continues_a_stopped_re_run(
         assert "verified; compare against" in run.stderr and ": PASS: " in run.stderr
     assert "holds this bundle's re-run already: continuing it" in run.stderr
     new = tmp_path / "work" / "results" / "smoke" / "bundle"
-    assert bundle.verify(str(new)) == [] and (new / "compare" / "compare.md").is_file()
+    assert verify.verify(str(new)) == [] and (new / "compare" / "compare.md").is_file()
     assert (tmp_path / "out" / "smoke-results.tar.gz").stat().st_size > 0
 
 

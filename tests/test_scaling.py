@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from tiledattention.cli import main
-from tiledattention.study import scaling, timeline
+from tiledattention.study import timeline
+from tiledattention.study.references import scaling
 
 ROOT = Path(__file__).resolve().parent.parent
 SNAKEMAKE = shutil.which("snakemake") or str(Path(sys.executable).with_name("snakemake"))

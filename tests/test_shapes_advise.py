@@ -4,14 +4,15 @@ H·D, flags from the launch geometry, and one-line exit-2 refusals."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 
 import pytest
 
 from tiledattention.cli import main
-from tiledattention.study import advice
-from tiledattention.study.advice import AdviceError, Shape
+from tiledattention.study.advice import advise as advice
+from tiledattention.study.advice.advise import AdviceError, Shape
 
 
 def srow(method, d, s, tflops, *, b=2, h=16, waves=1.0, tail=1.0, status="ok"):
@@ -38,7 +39,7 @@ SHAPE_ROWS = [srow("tiledattention", 128, 1024, 400.0), srow("torch_sdpa", 128, 
 
 
 def test_shapes_table_lists_geometry_and_the_ratio_to_sdpa():
-    from tiledattention.study.shapes import shapes_table
+    from tiledattention.study.presentation.shapes import shapes_table
 
     t = shapes_table(SHAPE_ROWS)
     assert len(t.rows) == 4
@@ -47,7 +48,7 @@ def test_shapes_table_lists_geometry_and_the_ratio_to_sdpa():
 
 
 def test_shapes_cost_compares_unaligned_shapes_with_their_aligned_neighbour():
-    from tiledattention.study.shapes import shapes_cost_table
+    from tiledattention.study.presentation.shapes import shapes_cost_table
 
     t = shapes_cost_table(SHAPE_ROWS)
     cells = {(r[6], r[2], r[3]): dict(zip(t.columns, r)) for r in t.rows}
@@ -62,7 +63,11 @@ def test_shapes_cost_compares_unaligned_shapes_with_their_aligned_neighbour():
 
 
 def test_shapes_tables_and_figure_say_why_when_there_is_no_shapes_grid(tmp_path):
-    from tiledattention.study.shapes import shapes_cost_table, shapes_figure, shapes_table
+    from tiledattention.study.presentation.shapes import (
+        shapes_cost_table,
+        shapes_figure,
+        shapes_table,
+    )
 
     assert not shapes_table([]).rows and "no shapes grid" in shapes_table([]).notes[0]
     assert "no shapes grid" in shapes_cost_table([]).notes[0]
@@ -251,7 +256,8 @@ def test_the_shipped_data_answers_real_model_shapes(what, shape):
         pytest.skip("config/shapes-models.yaml not measured yet: on an H100, `snakemake "
                     "--profile profiles/local --configfile config/shapes-models.yaml --until "
                     "shapes`, then `python -m tiledattention.study.advice build "
-                    "results/reference/h100 tiledattention/study/measured/h100.json "
+                    "results/reference/h100 "
+                    "tiledattention/study/advice/measured/h100.json.gz "
                     "results/shapes-models/shapes/g*`")
     assert "prediction = the nearest measured point" in advice.advise(shape, data=data), what
 
@@ -300,8 +306,9 @@ def test_the_readme_example_is_what_advise_prints(capsys):
 
 
 def test_every_committed_reference_has_its_advise_data_built_from_it(tmp_path):
-    # study/measured/<gpu>.json is what the builder makes of results/reference/<gpu>/ (and,
-    # for the H100, the models grids' rows): rebuilt here, point for point.
+    # study/advice/measured/<gpu>.json.gz is what the builder makes of
+    # results/reference/<gpu>/ (and, for the H100, the models grids' rows): rebuilt here,
+    # point for point, gzipped as shipped.
     root = os.path.join(os.path.dirname(__file__), "..")
     refs = sorted(d for d in os.listdir(os.path.join(root, "results", "reference"))
                   if os.path.isfile(os.path.join(root, "results", "reference", d,
@@ -311,7 +318,8 @@ def test_every_committed_reference_has_its_advise_data_built_from_it(tmp_path):
                                     "h100-2026-11-24-shapes-models.jsonl.gz")]}
     for gpu in refs:
         built = advice.build(os.path.join(root, "results", "reference", gpu),
-                             str(tmp_path / f"{gpu}.json"), models.get(gpu, []))
+                             str(tmp_path / f"{gpu}.json.gz"), models.get(gpu, []))
+        assert json.loads(gzip.decompress((tmp_path / f"{gpu}.json.gz").read_bytes())) == built
         shipped = advice.load(gpu)
         key = lambda p: json.dumps(p, sort_keys=True)  # noqa: E731
         assert sorted(map(key, built["points"])) == sorted(map(key, shipped["points"])), gpu

@@ -20,16 +20,17 @@ from tiledattention.bench.methods import get_method  # noqa: E402
 from tiledattention.errors import ScheduleError  # noqa: E402
 from tiledattention.schedules.schedule import Schedule  # noqa: E402
 from tiledattention.stages.profile import Shape, run_profile, summarize_metrics  # noqa: E402
-from tiledattention.study import bundle, figures, manifest, tables  # noqa: E402
-from tiledattention.study.frame import StudyError, columns_of, write_rows_table  # noqa: E402
-from tiledattention.study.metadata import (  # noqa: E402
+from tiledattention.study.presentation import figures, tables  # noqa: E402
+from tiledattention.study.presentation.frame import StudyError, columns_of, write_rows_table  # noqa: E402
+from tiledattention.study.presentation.ratios import compare, compare_by  # noqa: E402
+from tiledattention.study.publication import archive, create, manifest, verify  # noqa: E402
+from tiledattention.study.publication.metadata import (  # noqa: E402
     Publication,
     citation_cff,
     validate_cff,
     validate_zenodo,
     zenodo,
 )
-from tiledattention.study.ratios import compare, compare_by  # noqa: E402
 
 
 def row(method, d, s, ms, *, status="ok", causal=False, dtype="float16", call_us=None):
@@ -204,6 +205,30 @@ def test_figures_are_written_and_non_empty_with_and_without_data(tmp_path):
         assert os.path.getsize(p) > 5000, p
 
 
+def test_the_report_from_rows_is_one_function_and_tiledattn_aggregate_is_it(tmp_path,
+                                                                           monkeypatch):
+    from tiledattention.cli import main
+    from tiledattention.study.presentation import report
+    from tiledattention.study.presentation.report import write_report
+
+    shards = tmp_path / "rows"
+    shards.mkdir()
+    (shards / "rows-shard0of1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in HAND))
+    calls = []
+    monkeypatch.setattr(report, "write_report",
+                        lambda *a, **k: calls.append(a[1]) or write_report(*a, **k))
+    assert main(["aggregate", "--rows", str(shards), "--out", str(tmp_path / "cli")]) == 0
+    assert calls == [str(tmp_path / "cli")]
+    done = write_report(HAND, str(tmp_path / "fn"), where="HAND")
+    assert {os.path.splitext(os.path.basename(p))[0] for p in done["tables"]} == \
+        set(tables.NAMES)
+    made = sorted(p.relative_to(tmp_path / "fn") for p in (tmp_path / "fn").rglob("*"))
+    assert made == sorted(p.relative_to(tmp_path / "cli") for p in (tmp_path / "cli").rglob("*"))
+    for rel in made:  # the same report, byte for byte (Parquet aside: it records its writer)
+        if rel.suffix in (".csv", ".md", ".tex", ".jsonl"):
+            assert (tmp_path / "fn" / rel).read_bytes() == (tmp_path / "cli" / rel).read_bytes()
+
+
 def test_tables_written_are_exactly_the_names_the_workflow_expects(tmp_path):
     written = tables.write_all(HAND, str(tmp_path))
     assert {os.path.splitext(os.path.basename(p))[0] for p in written} == set(tables.NAMES)
@@ -264,16 +289,16 @@ def built(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("bundle")
     study = _study(tmp)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    out = bundle.create(str(study), str(tmp / "bundle"), config={"results_dir": "x"},
+    out = create.create(str(study), str(tmp / "bundle"), config={"results_dir": "x"},
                         config_name="config.yaml", repo_root=root,
                         publication=Publication())
     return out
 
 
 def test_a_fresh_bundle_verifies_as_directory_and_zip(built):
-    assert bundle.verify(built["dir"]) == []
-    assert bundle.verify(built["zip"]) == []
-    assert built["files"] <= bundle.ZENODO_MAX_FILES
+    assert verify.verify(built["dir"]) == []
+    assert verify.verify(built["zip"]) == []
+    assert built["files"] <= archive.ZENODO_MAX_FILES
     names = set(os.listdir(built["dir"]))
     assert {"README.md", ".zenodo.json", "CITATION.cff", "ro-crate-metadata.json",
             "SHA256SUMS", "manifest.json", "profiles.zip", "workflow-snapshot.zip"} <= names
@@ -294,7 +319,7 @@ def test_a_tampered_missing_or_added_file_fails_verify_naming_it(built, tmp_path
         f.write("forged\n")
     os.remove(copy / "figures" / "regime_map.png")
     (copy / "extra.txt").write_text("x")
-    problems = bundle.verify(str(copy))
+    problems = verify.verify(str(copy))
     assert "changed: data/rows.csv (checksum differs)" in problems
     assert "missing: figures/regime_map.png" in problems
     assert "not in SHA256SUMS: extra.txt" in problems
@@ -306,7 +331,7 @@ def test_invalid_metadata_fails_verify(built, tmp_path):
     meta = json.loads((copy / ".zenodo.json").read_text())
     meta["upload_type"] = "spreadsheet"
     (copy / ".zenodo.json").write_text(json.dumps(meta))
-    problems = bundle.verify(str(copy))
+    problems = verify.verify(str(copy))
     assert any(p.startswith(".zenodo.json: .zenodo.json is invalid: upload_type") for p in
                problems)
 
@@ -338,8 +363,8 @@ def test_a_compact_bundle_verifies_and_holds_the_rows_gzipped_without_figures(co
     import gzip
 
     out = compact / "bundle"
-    assert bundle.verify(str(out)) == [] and bundle.verify(str(compact / "bundle.zip")) == []
-    names = set(bundle._files(str(out)))
+    assert verify.verify(str(out)) == [] and verify.verify(str(compact / "bundle.zip")) == []
+    names = set(archive.tree_files(str(out)))
     assert "data/rows.jsonl.gz" in names and "workflow-snapshot.zip" in names
     assert not [n for n in names if n.startswith("figures/") or n in (
         "data/rows.jsonl", "data/rows.csv", "data/rows.parquet")]
@@ -348,7 +373,7 @@ def test_a_compact_bundle_verifies_and_holds_the_rows_gzipped_without_figures(co
     # the marker, SHA256SUMS and the RO-Crate list exactly what is there
     listed = {ln.split("  ", 1)[1] for ln in (out / "SHA256SUMS").read_text().splitlines()}
     assert listed == names - {"SHA256SUMS"}
-    assert set(json.loads((out / bundle.MARKER).read_text())["files"]) == names
+    assert set(json.loads((out / archive.MARKER).read_text())["files"]) == names
     crate = json.loads((out / "ro-crate-metadata.json").read_text())
     ids = {e["@id"] for e in crate["@graph"]}
     assert "data/rows.jsonl.gz" in ids and not [i for i in ids if i.startswith("figures/")]
@@ -364,9 +389,9 @@ def test_a_corrupted_gz_row_file_fails_verify_with_one_clear_line(compact, tmp_p
     data = bytearray(gz.read_bytes())
     data[len(data) // 2] ^= 0xFF
     gz.write_bytes(bytes(data))
-    assert bundle.verify(str(out)) == ["changed: data/rows.jsonl.gz (checksum differs)"]
+    assert verify.verify(str(out)) == ["changed: data/rows.jsonl.gz (checksum differs)"]
     _resum(out, "data/rows.jsonl.gz")  # SHA256SUMS forged too: the content check finds it
-    problems = bundle.verify(str(out))
+    problems = verify.verify(str(out))
     assert len(problems) == 1 and problems[0].startswith(
         "data/rows.jsonl.gz: not a whole gzip file"), problems
 
@@ -382,7 +407,7 @@ def test_a_tampered_row_in_a_compact_bundle_fails_verify_with_one_clear_line(com
     rows[0]["tflops"] = -rows[0]["tflops"]
     gz.write_bytes(gzip.compress("".join(json.dumps(r) + "\n" for r in rows).encode()))
     _resum(out, "data/rows.jsonl.gz")
-    problems = bundle.verify(str(out))
+    problems = verify.verify(str(out))
     assert len(problems) == 1 and "data/rows.jsonl.gz" in problems[0] and \
         "tflops" in problems[0], problems
 
@@ -391,8 +416,8 @@ def test_verify_decompresses_a_gz_row_file_no_further_than_the_cap(compact, tmp_
                                                                   monkeypatch):
     out = tmp_path / "b"
     shutil.copytree(compact / "bundle", out)
-    monkeypatch.setattr(bundle, "ROWS_MAX", 100)
-    problems = bundle.verify(str(out))
+    monkeypatch.setattr(archive, "ROWS_MAX", 100)
+    problems = verify.verify(str(out))
     assert problems == ["data/rows.jsonl.gz: over the 100 bytes allowed once decompressed"]
 
 
@@ -455,7 +480,7 @@ def test_the_crate_validator_refuses_a_crate_without_its_workflow(built, tmp_pat
 
 
 def test_ro_crate_names_the_container_image(tmp_path):
-    from tiledattention.study.metadata import write_ro_crate
+    from tiledattention.study.publication.metadata import write_ro_crate
 
     (tmp_path / "manifest.json").write_text("{}")
     write_ro_crate(str(tmp_path), Publication(), ["manifest.json"],
@@ -514,7 +539,7 @@ def test_ncu_units_row_is_honoured():
 def test_the_repository_url_comes_from_config_then_pyproject_then_git_remote(tmp_path):
     import subprocess
 
-    from tiledattention.study.metadata import repository_url
+    from tiledattention.study.publication.metadata import repository_url
 
     assert repository_url("https://example.org/r", str(tmp_path)) == "https://example.org/r"
     assert repository_url(None, str(tmp_path)) is None  # nothing says: none recorded

@@ -212,8 +212,8 @@ def _synthetic():
 
 
 def test_table_headline_and_figure_from_synthetic_rows(tmp_path):
-    from tiledattention.study.headline import lines, variants_sentence
-    from tiledattention.study.variants import variants_figure, variants_table
+    from tiledattention.study.presentation.headline import lines, variants_sentence
+    from tiledattention.study.presentation.variants_report import variants_figure, variants_table
 
     t = variants_table(_synthetic())
     assert t.columns[7:] == ["ours ms", "flex ms", "× flex", "× sdpa+mask", "fastest fused",
@@ -235,7 +235,7 @@ def test_table_headline_and_figure_from_synthetic_rows(tmp_path):
         ["FlexAttention (variants), fwd+bwd", 4, 2.0, 2.0, 2.0, "4/4", None],
         ["SDPA + mask (variants), fwd", 4, 4.0, 4.0, 4.0, "4/4", None],
         ["SDPA + mask (variants), fwd+bwd", 4, 4.0, 4.0, 4.0, "4/4", None]]
-    from tiledattention.study.variants import variants_summary
+    from tiledattention.study.presentation.variants_report import variants_summary
 
     summary = variants_summary(_synthetic())
     assert summary.rows[0] == ["window", "fwd", "2/2", 2.0, 2.0, "≥ 1.5x, min ≥ 1x", 4.0, "yes",
@@ -251,8 +251,8 @@ def test_table_headline_and_figure_from_synthetic_rows(tmp_path):
 def test_the_fastest_fused_baseline_is_taken_at_each_point_and_named():
     """A faster fused baseline at one point (here SDPA + mask at S=4096, fwd) is the one
     compared with there; the other points keep FlexAttention."""
-    from tiledattention.study.headline import variants_sentence
-    from tiledattention.study.variants import ratio_rows
+    from tiledattention.study.presentation.headline import variants_sentence
+    from tiledattention.study.presentation.variants_report import ratio_rows
 
     rows = [dict(r, time_ms={"median_ms": 0.5}) if (r["method"], r["seq_q"], r["pass"]) ==
             ("sdpa_mask", 4096, "fwd") and r["variant"] == "window" else r
@@ -265,8 +265,8 @@ def test_the_fastest_fused_baseline_is_taken_at_each_point_and_named():
 
 
 def test_unavailable_rows_give_an_empty_table_with_the_reason_and_no_ratio(tmp_path):
-    from tiledattention.study.headline import variants_sentence
-    from tiledattention.study.variants import variants_figure, variants_table
+    from tiledattention.study.presentation.headline import variants_sentence
+    from tiledattention.study.presentation.variants_report import variants_figure, variants_table
 
     rows = [_row("window", 1024, "fwd", m, status="unavailable", reason="no CUDA GPU visible")
             for m in METHOD_NAMES]
@@ -275,7 +275,7 @@ def test_unavailable_rows_give_an_empty_table_with_the_reason_and_no_ratio(tmp_p
     assert "no speedup over a fused baseline measured (flex unavailable: no CUDA GPU" in \
         variants_sentence(rows)
     assert variants_figure(rows, str(tmp_path))  # written, with the reason in place
-    from tiledattention.study.variants import variants_summary
+    from tiledattention.study.presentation.variants_report import variants_summary
 
     assert variants_summary(rows).rows == [["window", "fwd", "0/1", None, None,
                                             "≥ 1.5x, min ≥ 1x", None, "not measured", None,
@@ -337,7 +337,7 @@ def test_a_bad_variants_section_stops_the_study_in_one_line(tmp_path):
 
 
 def test_geomean_is_the_geometric_mean():
-    from tiledattention.study.variants import geomean
+    from tiledattention.study.presentation.variants_report import geomean
 
     assert math.isclose(geomean([1.0, 4.0]), 2.0) and geomean([]) is None
 
@@ -347,8 +347,8 @@ def test_a_new_fused_variants_baseline_gets_its_column_and_competes(monkeypatch)
     backend) gets its own × column, and where it is the fastest the table, the summary and
     the headline say so."""
     from tiledattention.bench import methods
-    from tiledattention.study.headline import lines
-    from tiledattention.study.variants import variants_summary, variants_table
+    from tiledattention.study.presentation.headline import lines
+    from tiledattention.study.presentation.variants_report import variants_summary, variants_table
 
     monkeypatch.setitem(methods.METHODS, "flex_flash", methods.Method(
         "flex_flash", "FlexAttention, FLASH backend", True, methods.eager_attention))

@@ -259,7 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _advice_gpus() -> list[str]:
-    from .study.advice import gpus
+    from .study.advice.advise import gpus
 
     return gpus()
 
@@ -371,7 +371,6 @@ def _sweep(args) -> int:
 
 
 def _aggregate(args) -> int:
-    import contextlib
     import glob
     import os
 
@@ -400,24 +399,15 @@ def _aggregate(args) -> int:
         _, table = write(rows, args.out)
         print(f"aggregate: {len(rows)} rows ({counts}) -> {table}", file=sys.stderr)
         return 0
-    from .bench.store import check_rows
-    from .study.frame import write_rows_table
-    from .study.tables import write_all
+    from .study.presentation.report import write_report
 
-    check_rows(rows, args.rows, point=True)  # the tables group rows by their point
     ladder = load_checked(args.ladder, point=True) if args.ladder else []
-    # rows.jsonl last, the earlier one gone first: a killed aggregate never leaves rows.jsonl
-    # beside tables and rows.csv it did not write (bundle create needs rows.jsonl).
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(os.path.join(args.out, "rows.jsonl"))
-    table = write_rows_table(rows, args.out)["csv"]
-    paths = write_all(rows, os.path.join(args.out, "tables"), tune_table=args.tune_table,
-                      ladder_rows=ladder, shape_rows=_shape_rows(args.shapes),
-                      model_rows=_model_rows(args.model),
-                      variant_rows=_variant_rows(args.variants))
-    write(rows, args.out, csv_table=False)
-    print(f"aggregate: {len(rows)} rows ({counts}) -> {table}; {len(paths)} table files in "
-          f"{args.out}/tables", file=sys.stderr)
+    done = write_report(rows, args.out, where=args.rows, tune_table=args.tune_table,
+                        ladder_rows=ladder, shape_rows=_shape_rows(args.shapes),
+                        model_rows=_model_rows(args.model),
+                        variant_rows=_variant_rows(args.variants))
+    print(f"aggregate: {len(rows)} rows ({counts}) -> {done['csv']}; {len(done['tables'])} "
+          f"table files in {args.out}/tables", file=sys.stderr)
     return 0
 
 
@@ -465,7 +455,7 @@ def _figures(args) -> int:
     from .bench.aggregate import load_checked
     from .bench.store import ResultStore, RowsError, check_rows
     from .safeio import load_json
-    from .study.figures import write_all
+    from .study.presentation.figures import write_all
 
     if not os.path.isfile(args.rows):
         raise RowsError(f"--rows {args.rows}: no such file")
@@ -500,7 +490,7 @@ def _figures(args) -> int:
 def _manifest(args) -> int:
     import os
 
-    from .study.manifest import load_manifests, merge
+    from .study.publication.manifest import load_manifests, merge
     from .yamlio import load_yaml
 
     config = load_yaml(args.config) if args.config else None
@@ -518,7 +508,8 @@ def _manifest(args) -> int:
 def _bundle(args) -> int:
     import os
 
-    from .study.bundle import create, verify
+    from .study.publication.create import create
+    from .study.publication.verify import verify
 
     if args.bundle_command == "verify":
         import zipfile
@@ -547,7 +538,7 @@ def _bundle(args) -> int:
               + (" (partial: only the files present)" if args.partial else ""))
         return 0
     from . import __version__
-    from .study.metadata import Publication
+    from .study.publication.metadata import Publication
     from .yamlio import load_yaml
 
     config = load_yaml(args.config)
@@ -564,7 +555,7 @@ def _bundle(args) -> int:
 
 
 def _compare(args) -> int:
-    from .study.compare import failed, run, verdict_line
+    from .study.references.compare import failed, run, verdict_line
 
     checks, paths = run(args.new, args.reference, tolerance=args.tolerance, out=args.out)
     print(f"compare: {verdict_line(checks)}; {paths[1]}")
@@ -587,14 +578,14 @@ def _precompile(args) -> int:
 
 
 def _systems(args) -> int:
-    from .study.systems import write
+    from .study.references.systems import write
 
     print(f"systems: {write(args.studies, args.names, args.out)[1]}")
     return 0
 
 
 def _scaling(args) -> int:
-    from .study.scaling import write
+    from .study.references.scaling import write
 
     runs, paths = write(args.studies, args.out)
     print(f"scaling: {len(runs)} run(s), GPUs {sorted({r.count for r in runs})}; {paths[1]}")
@@ -604,7 +595,7 @@ def _scaling(args) -> int:
 def _reproduce(args) -> int:
     import os
 
-    from .study.reproduce import reproduce
+    from .study.references.reproduce import reproduce
 
     # Default: beside the bundle, never inside it (its files are checksummed).
     path = os.path.abspath(args.bundle)
@@ -617,7 +608,7 @@ def _reproduce(args) -> int:
 
 
 def _advise(args) -> int:
-    from .study.advice import Shape, advise
+    from .study.advice.advise import Shape, advise
 
     print(advise(Shape(args.heads, args.head_dim, args.seq, args.batch, args.dtype,
                        args.causal, kv_heads=args.kv_heads, seq_q=args.seq_q,

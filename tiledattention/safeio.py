@@ -16,6 +16,7 @@ trusts.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import stat
@@ -114,6 +115,15 @@ def _file_mode() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
     return 0o666 & ~mask
+
+
+def sha256(path: str) -> str:
+    """The file's SHA-256, hex, read in 1 MiB blocks (bundles hold files of gigabytes)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def write_text(path: str, text: str) -> None:

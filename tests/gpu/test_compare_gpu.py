@@ -11,7 +11,7 @@ import torch
 
 from tiledattention.bench.config import from_dict
 from tiledattention.bench.runner import run_bench
-from tiledattention.study import compare
+from tiledattention.study.references import compare
 
 
 def test_a_paper_grid_slice_on_an_h100_passes_the_shipped_h100_reference(tmp_path):

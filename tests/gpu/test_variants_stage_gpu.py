@@ -7,7 +7,7 @@ from __future__ import annotations
 from tiledattention.bench.variants import VARIANT_NAMES
 from tiledattention.stages import stage_from_dict
 from tiledattention.stages.variants import load_rows, run_variants
-from tiledattention.study.variants import ratio_rows
+from tiledattention.study.presentation.variants_report import ratio_rows
 
 
 def test_a_small_stage_measures_every_variant_correctly(tmp_path):

@@ -18,7 +18,7 @@ import os
 import sys
 import time
 
-SUBJECT = "tiledattention"
+from .methods import SUBJECT
 
 
 def _items(paths: list[str]) -> list[tuple[dict, tuple[str, ...], int]]:

@@ -220,7 +220,7 @@ def load_rows(out_dir: str) -> list[dict]:
 
 def summary(rows: list[dict]) -> str:
     """Kernel time per row and the ratio to FlexAttention (> 1: tiledattention faster)."""
-    from ..study.variants import ratio_rows
+    from ..study.presentation.variants_report import ratio_rows
 
     lines = [f"{'variant':10s} {'dtype':9s} {'D':>4s} {'S':>6s} {'pass':8s} {'ours ms':>9s} "
              f"{'flex ms':>9s} {'x flex':>7s} {'x sdpa+mask':>11s}"]

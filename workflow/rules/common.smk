@@ -23,8 +23,8 @@ from tiledattention.launchers import interrupt as _interrupt
 from tiledattention.launchers import preflight_launcher as _preflight_launcher
 from tiledattention.launchers import profiles as _profiles
 from tiledattention.launchers.base import typed_options as _typed_options
-from tiledattention.study import figures as _figures
-from tiledattention.study import tables as _tables
+from tiledattention.study.presentation import figures as _figures
+from tiledattention.study.presentation import tables as _tables
 from tiledattention.study import timeline as _timeline
 from tiledattention.stages import SECTIONS as _STAGE_SECTIONS
 from tiledattention.stages import rule_files as _stage_rule_files

@@ -10,9 +10,9 @@ from __future__ import annotations
 import csv
 import os
 
-from ..bench.aggregate import flatten
-from ..errors import StudyError
-from ..safeio import atomic_path, write_text
+from ...bench.aggregate import flatten
+from ...errors import StudyError
+from ...safeio import atomic_path, write_text
 
 __all__ = ["COLUMNS", "StudyError", "columns_markdown", "columns_of", "write_rows_table"]
 
@@ -126,7 +126,7 @@ def columns_of(rows: list[dict]) -> list[str]:
     unknown = sorted(seen - set(COLUMNS))
     if unknown:
         raise StudyError(f"rows carry undocumented columns {unknown}: add them to "
-                         "tiledattention/study/frame.py COLUMNS")
+                         "tiledattention/study/presentation/frame.py COLUMNS")
     return [c for c in COLUMNS if c in seen]
 
 

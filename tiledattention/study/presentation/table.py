@@ -8,7 +8,7 @@ import io
 import os
 from dataclasses import dataclass, field
 
-from ..safeio import write_text
+from ...safeio import write_text
 
 
 @dataclass

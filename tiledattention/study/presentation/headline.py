@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..bench.methods import FUSED, METHODS, SUBJECT
+from ...bench.methods import FUSED, METHODS, SUBJECT
 from .ratios import (
     BEST,
     RatioSummary,
@@ -26,7 +26,7 @@ from .ratios import (
     with_best,
 )
 from .table import Table
-from .variants import PASSES, not_ok_reasons, variant_order
+from .variants_report import PASSES, not_ok_reasons, variant_order
 
 COLUMNS = ["against", "points", "kernel mean", "kernel geomean", "kernel min", "kernel wins",
            "call geomean", "call min", "call wins", "fastest fused (kernel time)"]

@@ -11,7 +11,7 @@ import json
 import os
 from dataclasses import dataclass
 
-from ..errors import StudyError
+from ...errors import StudyError
 
 PAPER = {"title": "TiledAttention: a CUDA Tile SDPA Kernel for PyTorch",
          "authors": [{"family-names": "Khan", "given-names": "Taimur"}],

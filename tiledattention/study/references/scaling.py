@@ -27,8 +27,8 @@ import math
 import os
 from dataclasses import dataclass
 
-from ..errors import StudyError
-from . import timeline
+from ...errors import StudyError
+from .. import timeline
 
 
 @dataclass(frozen=True)
@@ -201,7 +201,7 @@ def markdown(runs: list[Run], notes: list[str]) -> str:
 def figure(runs: list[Run], out_dir: str) -> list[str]:
     """Wall time per GPU count (serial and GPU phase stacked) with the ideal and Amdahl's
     bound, and the speedup against the ideal."""
-    from .plotting import grid, no_data, plt
+    from ..presentation.plotting import grid, no_data, plt
 
     p = plt()
     fig, (ax, bx) = grid(p, 2)
@@ -230,7 +230,7 @@ def figure(runs: list[Run], out_dir: str) -> list[str]:
         bx.set_title("speedup")
         bx.legend(fontsize=6)
     fig.suptitle("Study wall time against GPU count")
-    from .plotting import save
+    from ..presentation.plotting import save
 
     return save(fig, out_dir, "scaling")
 

@@ -15,11 +15,12 @@ import io
 import math
 import os
 
-from ..errors import StudyError
+from ...bench.methods import FUSED, SUBJECT
+from ...errors import StudyError
+from ..presentation.ratios import index_rows, pass_of, points_of
 from .compare import load_study, stage_of
-from .ratios import index_rows, pass_of, points_of
 
-SUBJECT, BASELINE = "tiledattention", "torch_sdpa"
+BASELINE = FUSED
 
 
 def _kernel_ms(row: dict | None) -> float | None:

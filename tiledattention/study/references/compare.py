@@ -4,13 +4,14 @@ and TiledAttention's speed ratio to each baseline, each checked against a refere
 
 The reference is another study (a bundle, its zip, a results directory, a rows file) or a
 system whose tuples ship in the package (``references/<system>.json.gz``, built from committed
-rows by ``python -m tiledattention.study.compare build``). A time above its upper bound, or
-a ratio below its lower bound, is a regression; a point the reference measured that the new
-study did not measure ok is one too. Faster than the lower bound is reported, not failed, and
-so are two departures the subject did not cause: a call latency where host time shows (the
-call, in either study, longer than its kernel time by more than HOST_EXPOSED: it then measures
-the host's CPU, which differs from machine to machine of one kind), and a speed ratio that
-moved only because the baseline's own time left its bounds while TiledAttention's stayed.
+rows by ``python -m tiledattention.study.references.compare build``). A time above its upper
+bound, or a ratio below its lower bound, is a regression; a point the reference measured that
+the new study did not measure ok is one too. Faster than the lower bound is reported, not
+failed, and so are two departures the subject did not cause: a call latency where host time
+shows (the call, in either study, longer than its kernel time by more than HOST_EXPOSED: it
+then measures the host's CPU, which differs from machine to machine of one kind), and a speed
+ratio that moved only because the baseline's own time left its bounds while TiledAttention's
+stayed.
 
 Every GPU stage with rows is held: the benchmark's rows, the variants stage's (the same row
 format: kernel time and call latency) and the model stage's (tokens/s of a tiny Llama: one
@@ -30,8 +31,9 @@ import zipfile
 from dataclasses import dataclass, replace
 from importlib import resources
 
-from ..errors import StudyError
-from .ratios import MEASURES as ROW_MEASURES
+from ...bench.methods import SUBJECT
+from ...errors import StudyError
+from ..presentation.ratios import MEASURES as ROW_MEASURES
 
 FORMAT = "tiledattention-reference/1"
 # What compare holds: a benchmark or variants row's kernel time and call latency, and a
@@ -358,8 +360,6 @@ def _check_reference(ref: dict, where: str) -> None:
 
 # --- the comparison ---------------------------------------------------------------------------
 
-SUBJECT = "tiledattention"
-
 
 def compare(rows: list[dict], ref: dict) -> list[Check]:
     """Every check of ``rows`` against ``ref``: each reference time, then TiledAttention's
@@ -569,7 +569,7 @@ def markdown(checks: list[Check], *, new_name: str, ref: dict) -> str:
 def figure(checks: list[Check], out_dir: str) -> list[str]:
     """Percent difference per point: times (top) and ratios (bottom), one panel per measure
     (kernel time, call latency, the model stage's time), the tolerance band shaded."""
-    from .plotting import color, grid, no_data, plt, save
+    from ..presentation.plotting import color, grid, no_data, plt, save
 
     p = plt()
     fig, axes = grid(p, 2 * len(MEASURES))
@@ -657,7 +657,7 @@ def run(new: str, reference: str, *, tolerance: list[str] | None, out: str | Non
 
 def check_out(out: str) -> str:
     """``--out``, unless it is or lies inside a bundle (writing there breaks its verify)."""
-    from .bundle import bundle_holding
+    from ..publication.archive import bundle_holding
 
     held = bundle_holding(out)
     if held:
@@ -685,11 +685,11 @@ def default_out(new: str) -> str:
 # --- building a shipped reference -------------------------------------------------------------
 
 def _build_main(argv: list[str]) -> int:
-    """python -m tiledattention.study.compare build SYSTEM OUT ROWS...: reference tuples
+    """python -m tiledattention.study.references.compare build SYSTEM OUT ROWS...: reference tuples
     for SYSTEM from committed rows (bundles, study directories or rows files)."""
     import argparse
 
-    p = argparse.ArgumentParser(prog="python -m tiledattention.study.compare build")
+    p = argparse.ArgumentParser(prog="python -m tiledattention.study.references.compare build")
     p.add_argument("system")
     p.add_argument("out")
     p.add_argument("rows", nargs="+")
@@ -720,5 +720,6 @@ if __name__ == "__main__":
     import sys
 
     if sys.argv[1:2] != ["build"]:
-        sys.exit("usage: python -m tiledattention.study.compare build SYSTEM OUT ROWS...")
+        sys.exit("usage: python -m tiledattention.study.references.compare build SYSTEM OUT "
+                 "ROWS...")
     sys.exit(_build_main(sys.argv[2:]))

@@ -1,7 +1,7 @@
 """``tiledattn advise``: what our measurements say about a model's attention shape.
 
 Predictions are the TFLOP/s measured at the nearest measured points (no interpolation, no
-model): the shipped ``study/measured/<gpu>.json`` holds the points of the committed
+model): the shipped ``advice/measured/<gpu>.json.gz`` holds the points of the committed
 reference study (``results/reference/<gpu>/``: its ``throughput`` table and the shapes
 grids' rows), built by ``python -m tiledattention.study.advice build``. A shape whose
 nearest point is too far on any axis is refused, not guessed. Tile and wave quantization
@@ -21,16 +21,18 @@ FlexAttention and SDPA with the window as a mask), never from a plain causal poi
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
 import math
 import os
 from dataclasses import dataclass
 from importlib import resources
 
-from ..errors import TiledAttentionError
+from ...bench.methods import FUSED, SUBJECT
+from ...errors import TiledAttentionError
 
 FORMAT = "tiledattention-measured/1"
-SUBJECT, FUSED = "tiledattention", "torch_sdpa"
+SUFFIX = ".json.gz"  # shipped gzipped: the points are most of the package's data
 # The variants stage's baselines at a window point (its rows have no torch_sdpa).
 WINDOW_BASELINES = ("flex", "sdpa_mask")
 # How near a measured point must be to stand for a shape: Sq, Skv, B·H and the GQA ratio
@@ -91,7 +93,7 @@ class Shape:
 
     def check(self) -> None:
         """Refuse what is not one attention shape (one line each)."""
-        from ..kernel.headdim import supported_head_dim
+        from ...kernel.headdim import supported_head_dim
 
         if not supported_head_dim(self.head_dim):
             raise AdviceError(f"--head-dim {self.head_dim}: the kernel takes multiples of 8 "
@@ -112,15 +114,15 @@ class Shape:
 
 
 def gpus() -> list[str]:
-    """GPU keys with shipped measurements (file stems of study/measured/*.json)."""
+    """GPU keys with shipped measurements (the names of measured/*.json.gz)."""
     root = resources.files(__package__) / "measured"
-    return sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".json"))
+    return sorted(p.name[:-len(SUFFIX)] for p in root.iterdir() if p.name.endswith(SUFFIX))
 
 
 def load(gpu: str) -> dict:
-    path = resources.files(__package__) / "measured" / f"{gpu}.json"
+    path = resources.files(__package__) / "measured" / f"{gpu}{SUFFIX}"
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(gzip.decompress(path.read_bytes()))
     except FileNotFoundError:
         raise AdviceError(f"--gpu {gpu}: no measurements shipped; measured GPUs: "
                           f"{gpus()}") from None
@@ -208,9 +210,9 @@ def _fmt(x) -> str:
 
 
 def _geometry(shape: Shape, data: dict):
-    from ..kernel.geometry import grid_for, launch_geometry
-    from ..schedules import policy
-    from ..schedules.table import Bucket, seq_bucket
+    from ...kernel.geometry import grid_for, launch_geometry
+    from ...schedules import policy
+    from ...schedules.table import Bucket, seq_bucket
 
     schedule, how = policy._choose(Bucket(data["compute_capability"], shape.dtype,
                                           shape.head_dim, shape.causal,
@@ -224,7 +226,7 @@ def _geometry(shape: Shape, data: dict):
 
 
 def _flags(shape: Shape, schedule, geo) -> list[str]:
-    from ..kernel.headdim import plan_head_dim
+    from ...kernel.headdim import plan_head_dim
 
     flags = []
     hd = plan_head_dim(shape.head_dim)
@@ -470,7 +472,7 @@ def _model_rows(path: str, gpu_name: str) -> list[dict]:
     import gzip
     import tempfile
 
-    from ..bench.store import read_rows
+    from ...bench.store import read_rows
 
     if not os.path.isdir(path):
         if not path.endswith(".gz"):
@@ -489,7 +491,8 @@ def _model_rows(path: str, gpu_name: str) -> list[dict]:
 
 
 def build(reference_dir: str, out_path: str, models: list[str] = ()) -> dict:
-    """study/measured/<gpu>.json from ``results/reference/<gpu>/``: its rows
+    """advice/measured/<gpu>.json.gz (gzipped when ``out_path`` ends in .gz) from
+    ``results/reference/<gpu>/``: its rows
     (data/rows.jsonl.gz; an older summary: tables/throughput.csv), manifest.json and the
     shapes grids' rows: a compact bundle's
     data/shapes-g*-rows.jsonl.gz, or shapes/g*/rows-*.jsonl (one directory per shapes grid,
@@ -497,7 +500,7 @@ def build(reference_dir: str, out_path: str, models: list[str] = ()) -> dict:
     (directories shapes/g*/ of that study, or the rows file committed from them)."""
     import glob
 
-    from ..bench.store import read_rows
+    from ...bench.store import read_rows
 
     with open(os.path.join(reference_dir, "manifest.json")) as f:
         gpu = json.load(f)["gpu"]
@@ -513,7 +516,7 @@ def build(reference_dir: str, out_path: str, models: list[str] = ()) -> dict:
                                                   "rows-*.jsonl")))
          for r in read_rows(p)]
     shapes = _from_rows(shape_rows)
-    from ..bench.variants import WINDOW
+    from ...bench.variants import WINDOW
 
     variants_rows = os.path.join(reference_dir, "data", "variants-rows.jsonl.gz")
     windows = _from_variants(_model_rows(variants_rows, gpu["name"]), WINDOW) \
@@ -537,17 +540,13 @@ def build(reference_dir: str, out_path: str, models: list[str] = ()) -> dict:
     data = {"format": FORMAT, "gpu": gpu["name"], "sms": gpu["sm_count"],
             "compute_capability": gpu["compute_capability"], "sources": sources,
             "points": points + shapes + windows + model}
-    with open(out_path, "w") as f:
-        json.dump(data, f, indent=0, sort_keys=True)
-        f.write("\n")
+    text = (json.dumps(data, indent=0, sort_keys=True) + "\n").encode()
+    with open(out_path, "wb") as f:
+        if out_path.endswith(".gz"):  # the same bytes each build: no name, no time
+            with gzip.GzipFile(filename="", mode="wb", fileobj=f, mtime=0,
+                               compresslevel=9) as g:
+                g.write(text)
+        else:
+            f.write(text)
     return data
 
-
-if __name__ == "__main__":
-    import sys
-
-    if len(sys.argv) < 4 or sys.argv[1] != "build":
-        sys.exit("usage: python -m tiledattention.study.advice build REFERENCE_DIR OUT.json "
-                 "[MODELS_ROWS ...]")
-    d = build(sys.argv[2], sys.argv[3], sys.argv[4:])
-    print(f"{len(d['points'])} points -> {sys.argv[3]}")

@@ -3,7 +3,7 @@ FlexAttention's, the speedups over FlexAttention, over SDPA with a materialised 
 each other fused baseline measured, and over the fastest fused baseline at the point, named),
 its summary against issue 23's targets, and its figure (speedup over the fastest fused
 baseline vs S per variant, one panel per pass), from the stage's rows
-(``bench/variants_run.py``). The headline's variants lines are ``study/headline.py``'s.
+(``stages/variants.py``). The headline's variants lines are ``presentation/headline.py``'s.
 Speedup = their kernel time ÷ ours (> 1: faster).
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from ..bench.methods import METHODS, SUBJECT
+from ...bench.methods import METHODS, SUBJECT
 from .ratios import BEST, fused_baselines, methods_in, with_best
 from .table import Table
 
@@ -31,7 +31,7 @@ def _ms(row: dict | None) -> float | None:
 
 
 def variant_order(name: str) -> int:
-    from ..bench.variants import VARIANT_NAMES
+    from ...bench.variants import VARIANT_NAMES
 
     return VARIANT_NAMES.index(name) if name in VARIANT_NAMES else len(VARIANT_NAMES)
 
@@ -171,8 +171,7 @@ def variants_figure(rows: list[dict], out_dir: str) -> list[str]:
     """Speedup over the fastest fused baseline at each point vs S, one line per variant (and
     D, dtype), one panel per pass, its title naming which baselines were the fastest; written
     with the reason where nothing was measured."""
-    from .figures import _legend, _no_pair, _seq_axis
-    from .plotting import grid, no_data, plt, save
+    from .plotting import grid, legend, no_data, no_pair, plt, save, seq_axis
 
     pyplot = plt()
     fig, axes = grid(pyplot, len(PASSES))
@@ -195,12 +194,12 @@ def variants_figure(rows: list[dict], out_dir: str) -> list[str]:
                      f"{_fastest_at([r for r in recs if r['pass'] == p])})", fontsize=9)
         if seqs:
             ax.axhline(1.0, color="0.4", lw=0.8)
-            _seq_axis(ax, seqs)
+            seq_axis(ax, seqs)
             ax.set_ylabel("speedup over the fastest fused baseline (> 1: faster)")
         else:
             no_data(ax, "no variants stage in this study" if not rows else
-                    _no_pair(rows, lambda r, p=p: r.get("pass", "fwd") == p))
-    _legend(fig, axes, ncol=3)
+                    no_pair(rows, lambda r, p=p: r.get("pass", "fwd") == p))
+    legend(fig, axes, ncol=3)
     fig.suptitle("Variants: speedup over the fastest fused baseline at each point, by kernel "
                  "time")
     return save(fig, out_dir, "variants")

@@ -20,8 +20,8 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..bench.grid import pinned_label
-from ..bench.methods import METHODS, SUBJECT
+from ...bench.grid import pinned_label
+from ...bench.methods import METHODS, SUBJECT
 
 # measure name: (label, time of a row, None when the row lacks it)
 MEASURES: dict[str, tuple[str, Callable[[dict], float | None]]] = {
@@ -134,7 +134,7 @@ def pass_of(row: dict) -> str:
 
 
 def passes_in(rows: list[dict]) -> list[str]:
-    from ..flops import PASSES
+    from ...flops import PASSES
 
     seen = {pass_of(r) for r in rows}
     return [p for p in PASSES if p in seen]

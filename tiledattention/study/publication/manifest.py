@@ -14,8 +14,8 @@ import json
 import os
 from importlib.metadata import PackageNotFoundError, version
 
-from ..errors import StudyError
-from ..safeio import UnsafeFileError, load_json
+from ...errors import StudyError
+from ...safeio import UnsafeFileError, load_json, sha256
 
 # Fields that must agree across every run of one study.
 STACK_FIELDS = ("tiledattention", "python", "torch", "cuda_runtime", "cudnn", "cuda_tile",
@@ -60,8 +60,6 @@ def image_reference(image: str | None) -> dict | None:
     if "@sha256:" in image:
         ref["digest"] = "sha256:" + image.split("@sha256:")[1]
     elif os.path.isfile(image):
-        from .bundle import sha256
-
         ref["digest"] = "sha256:" + sha256(image)
     return ref
 

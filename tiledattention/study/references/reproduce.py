@@ -22,9 +22,11 @@ import zipfile
 import zlib
 from dataclasses import dataclass
 
-from ..errors import StudyError
-from ..safeio import UnsafeFileError, load_json
-from . import bundle as _bundle
+from ...errors import StudyError
+from ...safeio import UnsafeFileError, load_json
+from ..publication.archive import SNAPSHOT_SOURCE, confined
+from ..publication.create import create as create_bundle
+from ..publication.verify import verify as verify_bundle
 
 CONFIG = "config/study-config.yaml"
 SOURCES = ("snapshot", "checkout")
@@ -59,7 +61,7 @@ def read_bundle(path: str) -> Recorded:
     """The recorded run of a bundle that verifies (bad input otherwise)."""
     if not os.path.exists(path):
         raise StudyError(f"{path}: no such bundle directory or zip")
-    problems = _bundle.verify(path)
+    problems = verify_bundle(path)
     if problems:
         raise StudyError(f"{path}: the bundle does not verify ({len(problems)} problem(s), "
                          f"first: {problems[0]}); see tiledattn bundle verify {path}")
@@ -136,9 +138,9 @@ def _unpack_snapshot(data: bytes, out: str) -> int:
         # the installed tiledattention (Snakemake puts the workflow directory first on the
         # path: a copy here would stand in for it).
         infos = [i for i in z.infolist() if not i.is_dir()
-                 and i.filename.split("/")[0] not in _bundle.SNAPSHOT_SOURCE]
+                 and i.filename.split("/")[0] not in SNAPSHOT_SOURCE]
         names = [i.filename for i in infos]
-        bad = [n for n in names if not _bundle._confined(n)]
+        bad = [n for n in names if not confined(n)]
         if bad:
             raise StudyError(f"workflow-snapshot.zip: unsafe member name {bad[0]!r}")
         big = [i for i in infos if i.file_size > SNAPSHOT_MEMBER_MAX]
@@ -298,8 +300,8 @@ def reproduce(bundle_path: str, out: str, *, source: str = "snapshot", profile: 
               snakemake_args: tuple[str, ...] = (), without_gpu: bool = False) -> int:
     """Re-run, verify, compare, re-bundle; 0 when the new run is within tolerance, 1 when
     a step failed or compare found a regression (bad input raises StudyError)."""
-    from .. import __version__
-    from . import compare as _compare
+    from ... import __version__
+    from ..references import compare as _compare
 
     dry_run = any(a in ("-n", "--dry-run", "--dryrun") for a in snakemake_args)
     tol = _compare.parse_tolerance(tolerance)  # bad input fails before anything runs
@@ -331,7 +333,7 @@ def reproduce(bundle_path: str, out: str, *, source: str = "snapshot", profile: 
         return 0
     study = os.path.join(out, results)
     new_bundle = os.path.join(study, "bundle")
-    problems = _bundle.verify(new_bundle)
+    problems = verify_bundle(new_bundle)
     if problems:
         for p in problems:
             _say(f"new bundle: {p}")
@@ -340,7 +342,7 @@ def reproduce(bundle_path: str, out: str, *, source: str = "snapshot", profile: 
     checks, paths = _compare.run(study, reference,
                                  tolerance=tolerance, out=os.path.join(study, "compare"))
     _rebundle(study, out)
-    problems = _bundle.verify(new_bundle)
+    problems = verify_bundle(new_bundle)
     for p in problems:
         _say(f"new bundle with the comparison: {p}")
     _say(f"new bundle {new_bundle} (and .zip) {'FAILED' if problems else 'verified'}; "
@@ -352,12 +354,12 @@ def reproduce(bundle_path: str, out: str, *, source: str = "snapshot", profile: 
 def _rebundle(study: str, workdir: str) -> None:
     """The study's bundle again, now holding compare/ (as the workflow's bundle rule makes
     it: the snapshot from the workflow directory, the publication from the config)."""
-    from .. import __version__
-    from ..yamlio import load_yaml
-    from .metadata import Publication
+    from ... import __version__
+    from ...yamlio import load_yaml
+    from ..publication.metadata import Publication
 
     config = load_yaml(os.path.join(study, "plan", "study-config.yaml"))  # the rule's
     pub = Publication.from_dict(config.get("publication"), __version__)
-    _bundle.create(study, os.path.join(study, "bundle"), config=config,
+    create_bundle(study, os.path.join(study, "bundle"), config=config,
                    config_name=os.path.basename(CONFIG), repo_root=workdir, publication=pub,
                    command="tiledattn reproduce")

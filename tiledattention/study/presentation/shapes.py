@@ -10,7 +10,7 @@ its aligned neighbour) and one figure (``shapes``).
 
 from __future__ import annotations
 
-from ..bench.methods import FUSED, SUBJECT
+from ...bench.methods import FUSED, SUBJECT
 from .plotting import color, grid, no_data, plt, save
 from .ratios import index_rows, points_of
 from .table import Table

@@ -1,0 +1,1 @@
+"""`tiledattn advise`: a shape's prediction from the nearest measured points (measured/)."""

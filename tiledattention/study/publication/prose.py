@@ -1,0 +1,274 @@
+"""The bundle's README in words: the headline, the rows' count, what did not run, how to
+install the recorded revision and re-run the study, and how a compact bundle's data rebuilds.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ..presentation.frame import columns_markdown, columns_of
+from .archive import SNAPSHOT, read_json, study_file
+from .metadata import (
+    Publication,
+)
+
+REBUILT = "../rebuilt"  # where the README's commands unpack the rows: outside the bundle
+
+
+def headline(rows: list[dict], manifest: dict) -> str:
+    """The README's headline on the benchmark rows (``presentation/headline.py`` computes it)."""
+    from ..presentation.headline import bench_sentence
+
+    return bench_sentence(rows, (manifest.get("gpu") or {}).get("name") or "a CPU (no GPU)")
+
+
+def rows_summary(rows: list[dict]) -> str:
+    """The README's count of the published rows (verify recomputes it from the rows)."""
+    statuses: dict[str, int] = {}
+    for r in rows:
+        statuses[str(r.get("status"))] = statuses.get(str(r.get("status")), 0) + 1
+    return (f"{len({r.get('point_key') for r in rows})} benchmark points × "
+            f"{len({r.get('method') for r in rows})} methods = {len(rows)} rows; rows by "
+            "status: " + ", ".join(f"{k} {v}" for k, v in sorted(statuses.items())))
+
+
+def readme_text(pub: Publication, rows: list[dict], manifest: dict, table4: str,
+            config_name: str, snapshot: tuple[int, str], variants_line: str = "",
+            compact: list[str] | None = None) -> str:
+    """The bundle's README; ``compact``: the data files of a compact bundle (its Files
+    section names them, and how the figures and tables rebuild from them)."""
+    stack = manifest.get("stack") or {}
+    gpu = manifest.get("gpu") or {}
+    lines = [
+        f"# {pub.title}", "", pub.description, "", "## Headline", "",
+        headline(rows, manifest) + variants_line, table4, "", "## What was measured", "",
+        rows_summary(rows)
+        + " (`tables/status.*` lists every row that is not ok, with the reason).", "",
+        ("Timing: CUDA events around each call (L2 flushed before each call when the "
+         "config says so), " if gpu else "Timing: wall clock around each call on the CPU, ")
+        + "methods interleaved over rounds; throughput from the median time with the FLOP "
+        "model "
+        "4·B·H·Sq·Skv·D (halved when causal). Correctness: each method's output against a "
+        "float64 reference on a slice of heads.", "", "## On what", "",
+        f"- GPU: {gpu.get('name', '—')} (compute capability "
+        f"{gpu.get('compute_capability', '—')}, driver {gpu.get('driver', '—')})",
+        f"- Software: tiledattention {stack.get('tiledattention')}, torch {stack.get('torch')}"
+        f" (CUDA {stack.get('cuda_runtime')}, cuDNN {stack.get('cudnn')}), cuda-tile "
+        f"{stack.get('cuda_tile')}, tileiras {stack.get('tileiras')}, Python "
+        f"{stack.get('python')}",
+        f"- Source: {pub.repository or NO_REPOSITORY}"
+        f" at revision {stack.get('git_commit')}"
+        + (" (some runs from a tree with uncommitted changes: manifest.json)"
+           if manifest.get("runs_from_dirty_tree") else ""),
+        f"- One software stack and GPU across all runs: "
+        f"{'yes' if manifest.get('consistent') else 'NO — see manifest.json mismatches'}",
+        f"- Container: {(manifest.get('container') or {}).get('image') or 'none'}", "",
+        *reproduce_section(pub, manifest, snapshot),
+        "## Files", "",
+        *(_compact_files(compact) if compact is not None else [
+            "- `data/rows.parquet`, `data/rows.csv`, `data/rows.jsonl`: every row; "
+            "`data/columns.md`: the column dictionary (also below); `data/model-rows.jsonl`: "
+            "the tiny Llama's tokens/s rows, when the study ran the model stage; "
+            "`data/variants-rows.jsonl`: the variants stage's rows, when it ran"]),
+        "- `tables/`: Table 4 (ratios against the fastest fused baseline at each point and "
+        "against each baseline), per-D, per-regime and per-point ratios, "
+        "Table 5 (schedules), Table 6 (schedule ladder), throughput, status, model_e2e (tiny "
+        "Llama tokens/s per attention implementation), variants and variants_summary (against "
+        "FlexAttention and SDPA + mask, and the targets) — "
+        "Markdown, CSV, "
+        "LaTeX",
+        *([] if compact is not None else ["- `figures/`: PNG and PDF"]),
+        "- `compare/`: `tiledattn compare` against a reference (table and figure), when the "
+        "study was compared (`tiledattn reproduce`)",
+        "- `profiles.zip`: Nsight Compute reports, raw CSV "
+        "exports and `summary.md`", "- `manifest.json`: merged version manifest",
+        "- `config/`: the exact study config",
+        "- `scaling/`: `tiledattn scaling`, study wall time against GPU count (table and "
+        "figure), when the study's runs were set side by side",
+        "- `.zenodo.json`, `CITATION.cff`, "
+        "`ro-crate-metadata.json`, `SHA256SUMS` (check: `sha256sum -c SHA256SUMS` or "
+        "`tiledattn bundle verify`)", "", "## Column dictionary", "",
+        columns_markdown(columns_of(rows)) if rows else "(no rows)", ""]
+    if compact is not None:
+        cut = lines.index("## Column dictionary")
+        lines[cut:cut] = _rebuild_section(compact)
+    return "\n".join(lines)
+
+
+def _compact_files(data_files: list[str]) -> list[str]:
+    """The Files bullet of a compact bundle's data/."""
+    what = {"data/rows.jsonl.gz": "every row (the aggregate's rows.jsonl, gzipped)",
+            "data/model-rows.jsonl.gz": "the tiny Llama's tokens/s rows (model stage)",
+            "data/variants-rows.jsonl.gz": "the variants stage's rows",
+            "data/ladder-rows.jsonl.gz": "the schedule ladder's rows (Table 6, tile "
+                                         "sensitivity)",
+            "data/schedule-table.json": "the study's tuning table (Table 5)",
+            "data/columns.md": "the column dictionary (also below)"}
+    return ["- " + "; ".join(
+        f"`{f}`: " + what.get(f, "a shapes grid's rows (tables/shapes*, the shapes figure)")
+        for f in data_files) + ". A compact bundle: the rows gzipped (`gunzip -c`), "
+        "no figures (they rebuild from the rows, below)"]
+
+
+def _rebuild_section(data_files: list[str]) -> list[str]:
+    """## Figures and tables from the rows: the exact commands (tests run them)."""
+    return ["## Figures and tables from the rows", "",
+            "This compact bundle holds the measurements, not the figures. In the directory "
+            "holding this README, with tiledattention installed (above), these lines unpack the "
+            "rows beside the bundle and rebuild every figure (`$R/figures`, PNG and PDF) and "
+            "every table (`$R/aggregate/tables`: `tables/` again, `diff -r` shows at most a "
+            "float's last digit where another machine's math library rounds differently) from "
+            "them:", "",
+            "```bash", *rebuild_commands(data_files), "```", ""]
+
+
+# What the README says where no repository URL was known when the bundle was made.
+NO_REPOSITORY = ("no repository URL recorded (set `publication.repository` in the study config, "
+                 "or `Repository` under `[project.urls]` in pyproject.toml, or a git remote "
+                 "`origin`, then rebuild the bundle)")
+CPU_TORCH = "https://download.pytorch.org/whl/cpu"  # PyTorch's CPU wheels (no CUDA)
+
+
+def install_lines(manifest: dict) -> list[str]:
+    """The README's install steps: tiledattention from the bundle's own source snapshot
+    (the run's package, workflow and pyproject.toml), with the gpu extra where the study ran
+    on a GPU; a CPU study's torch from PyTorch's CPU wheels unless one is installed (PyPI's
+    default Linux wheel carries the CUDA libraries, gigabytes)."""
+    gpu = isinstance(manifest.get("gpu"), dict) and bool(manifest["gpu"].get("name"))
+    lines = ["python -m zipfile -e workflow-snapshot.zip ../source   # this run's source"]
+    if not gpu:
+        lines.append(f'python -c "import torch" 2>/dev/null || python -m pip install torch '
+                     f"--index-url {CPU_TORCH}")
+    lines.append(f'python -m pip install "../source[{"gpu,workflow" if gpu else "workflow"}]"')
+    return lines
+
+
+def reproduce_section(pub: Publication, manifest: dict, snapshot: tuple[int, str]) -> list[str]:
+    """## How to reproduce: the install step and the one command (tests/test_reproduce.py
+    follows these lines literally)."""
+    image = (manifest.get("container") or {}).get("image")
+    return [
+        "## How to reproduce", "",
+        "In the directory holding this README (the unpacked bundle), install this run's "
+        "source (the bundle's `workflow-snapshot.zip` holds it) with its workflow tools, "
+        "then re-run the study: the same config and grid "
+        "(`config/study-config.yaml`), the workflow of this run (`workflow-snapshot.zip`), "
+        "through a Snakemake profile (`local`, `slurm`, or the path of your own). It ends "
+        "with a verified bundle of the new run and `tiledattn compare` of it against this "
+        "one (exit 1 on a regression beyond the tolerances; `--source checkout` takes the "
+        "workflow from a checkout of the recorded revision instead).", "",
+        "```bash", *install_lines(manifest),
+        "tiledattn reproduce . --out ../reproduction --profile local", "```", "",
+        *([f"The study ran on {manifest['gpu']['name']}: on a machine without a CUDA GPU "
+           "`tiledattn reproduce` with the local profile refuses it (it would measure on the "
+           "CPU for hours); run it on such a GPU, or through `--profile slurm`.", ""]
+          if isinstance(manifest.get("gpu"), dict) and manifest["gpu"].get("name") else []),
+        (f"The jobs ran in the container image `{image}` (the config's "
+         "`launcher_options.image`), so the reproduction's jobs do too." if image else
+         "The jobs ran without a container image (the config names none)."), "",
+        f"The snapshot holds {snapshot[0]} files: {snapshot[1]} under "
+        f"{', '.join(SNAPSHOT)} — untracked and ignored files (a local `.env`, credentials) "
+        "are never included. `tiledattn bundle verify .` checks this bundle's files.", ""]
+
+
+def variant_rows_in(study_dir: str) -> list[dict]:
+    """The variants stage's rows, when the study ran it."""
+    path = os.path.join(study_dir, "variants", "rows.jsonl")
+    if not os.path.lexists(path):
+        return []
+    from ...stages.variants import load_rows
+
+    study_file(path, study_dir)  # a link out of the study or a FIFO is refused
+    return load_rows(os.path.dirname(path))
+
+
+def _variants_not_run(study_dir: str) -> list[str]:
+    """One bullet per variants method and status that did not run, with its reason."""
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for r in variant_rows_in(study_dir):
+        if r.get("status") != "ok":
+            groups.setdefault((r["method"], r["status"]), []).append(r)
+    return [f"- variants: {m} {st} at {len(g)} point(s): {_line(g[0].get('reason') or '—')}"
+            for (m, st), g in sorted(groups.items())]
+
+
+def not_run(study_dir: str, rows: list[dict]) -> list[str]:
+    """One Markdown bullet per study step (or method) that did not run, with the reason
+    its job recorded: GPU methods without a GPU, tuning and profiles on a node without
+    one."""
+    from ...bench.aggregate import load_checked
+
+    out = []
+    for step, step_rows in (("benchmark", rows),
+                            ("schedule ladder", load_checked(os.path.join(study_dir, "ladder"))
+                             if os.path.isdir(os.path.join(study_dir, "ladder")) else [])):
+        by_method: dict[tuple[str, str], list[dict]] = {}
+        for r in step_rows:
+            if r.get("status") != "ok":
+                by_method.setdefault((r["method"], r["status"]), []).append(r)
+        for (method, status), group in sorted(by_method.items()):
+            out.append(f"- {step}: {method} {status} at {len(group)} point(s): "
+                       f"{_line(group[0].get('reason') or group[0].get('error') or '—')}")
+    model = os.path.join(study_dir, "model", "rows.jsonl")
+    if os.path.lexists(model):
+        from ...stages.model import load_rows
+
+        skipped = [r for r in load_rows(os.path.dirname(model)) if r.get("status") != "ok"]
+        if skipped:
+            out.append(f"- model benchmark (model_e2e): {skipped[0]['status']} at "
+                       f"{len(skipped)} row(s): {_line(skipped[0].get('reason') or '—')}")
+    out += _variants_not_run(study_dir)
+    tune = os.path.join(study_dir, "tune", "schedule-table.json")
+    if os.path.lexists(tune):
+        from ...schedules.table import ScheduleTable
+
+        why = ScheduleTable.load(study_file(tune, study_dir)).meta.get("unavailable")
+        if why:
+            out.append(f"- tuning (Table 5): not run: {_line(why)}")
+    prof = os.path.join(study_dir, "profile", "summary.json")
+    if os.path.lexists(prof):
+        caps = read_json(study_file(prof, study_dir), "profile summary")
+        caps = caps.get("captures") if isinstance(caps, dict) else None
+        for c in caps if isinstance(caps, list) else []:
+            if isinstance(c, dict) and c.get("status") != "ok":
+                out.append(f"- profile {c.get('shape')} {c.get('method')}: {c.get('status')}: "
+                           f"{_line(c.get('reason'))}")
+    return out
+
+
+def _line(text) -> str:
+    """A reason as one Markdown line (a newline would end the bullet)."""
+    return " ".join(str(text).split())
+
+
+def rebuild_commands(data_files: list[str]) -> list[str]:
+    """The shell lines that unpack a compact bundle's rows (outside it, in REBUILT) and
+    rebuild its figures and tables with ``tiledattn figures`` and ``tiledattn aggregate``."""
+    have = set(data_files)
+    grids = sorted(f[len("data/shapes-"):-len("-rows.jsonl.gz")] for f in have
+                   if f.startswith("data/shapes-") and f.endswith("-rows.jsonl.gz"))
+    unpack = [("rows.jsonl.gz", "rows/rows-shard0of1.jsonl"),
+              ("ladder-rows.jsonl.gz", "ladder/rows-shard0of1.jsonl"),
+              *[(f"shapes-{g}-rows.jsonl.gz", f"shapes/{g}/rows-shard0of1.jsonl")
+                for g in grids],
+              ("model-rows.jsonl.gz", "model/rows.jsonl"),
+              ("variants-rows.jsonl.gz", "variants/rows.jsonl")]
+    unpack = [(src, dest) for src, dest in unpack if f"data/{src}" in have]
+    r = REBUILT
+    lines = [f"R={r}   # outside the bundle: SHA256SUMS lists exactly what is in it",
+             "mkdir -p " + " ".join(sorted({f"$R/{os.path.dirname(d)}" for _, d in unpack}))]
+    lines += [f"gunzip -c data/{src} > $R/{dest}" for src, dest in unpack]
+    extra = []
+    if "data/ladder-rows.jsonl.gz" in have:
+        extra.append("--ladder $R/ladder")
+    if "data/schedule-table.json" in have:
+        extra.append("--tune-table data/schedule-table.json")
+    if grids:
+        extra.append("--shapes " + " ".join(f"$R/shapes/{g}" for g in grids))
+    if "data/variants-rows.jsonl.gz" in have:
+        extra.append("--variants $R/variants")
+    model = " --model $R/model" if "data/model-rows.jsonl.gz" in have else ""
+    opts = (" " + " ".join(extra)) if extra else ""
+    lines += [f"tiledattn figures --rows $R/rows/rows-shard0of1.jsonl --out $R/figures{opts}",
+              f"tiledattn aggregate --rows $R/rows --out $R/aggregate{opts}{model}"]
+    return lines
