@@ -14,7 +14,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "tiledattention"
-CHECKED = ("tiledattention.kernel", "tiledattention.schedules")
+CHECKED = ("tiledattention",)
 
 
 def modules() -> dict[str, Path]:

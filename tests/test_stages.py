@@ -140,7 +140,7 @@ def test_the_model_stage_names_registry_methods_through_one_alias():
     the one alias, and every implementation the stage times is a registry method."""
     from tiledattention.bench.methods import METHODS
     from tiledattention.stages.model import IMPLS
-    from tiledattention.study.tables import MODEL_METHODS
+    from tiledattention.study.presentation.tables import MODEL_METHODS
 
     assert MODEL_METHODS == {"sdpa": "torch_sdpa"}
     for impl in IMPLS:
@@ -148,7 +148,7 @@ def test_the_model_stage_names_registry_methods_through_one_alias():
 
 
 def test_published_model_rows_with_the_sdpa_label_still_give_the_ratio_column():
-    from tiledattention.study.tables import model_e2e
+    from tiledattention.study.presentation.tables import model_e2e
 
     paths = sorted(glob.glob(os.path.join(ROOT, "results", "reference", "*", "data",
                                           "model-rows.jsonl.gz")))
@@ -161,3 +161,15 @@ def test_published_model_rows_with_the_sdpa_label_still_give_the_ratio_column():
         ratio = t.columns.index("÷ sdpa")
         sdpa_ok = [r for r in t.rows if r[2] == "sdpa" and r[3] is not None]
         assert sdpa_ok and all(r[ratio] == 1.0 for r in sdpa_ok), path
+
+
+def test_every_stages_presentation_reference_names_a_function_that_exists():
+    """STAGE.tables are "module:function" strings (the stage does not import presentation):
+    each must resolve, so a move of the study's modules cannot leave one dangling."""
+    import importlib
+
+    refs = [ref for stage in STAGES.values() for ref in stage.tables]
+    assert refs
+    for ref in refs:
+        module, name = ref.split(":")
+        assert callable(getattr(importlib.import_module(module), name)), ref

@@ -82,4 +82,4 @@ class ShardTask:
 HELP = ("benchmark tiledattention against PyTorch's SDPA backends and eager attention over a "
         "config's grid (resumable)")
 STAGE = Stage("bench", None, "bench.smk", run_bench, help=HELP, add_arguments=add_arguments,
-              handler=_bench, tables=("tiledattention.study.tables:write_all",))
+              handler=_bench, tables=("tiledattention.study.presentation.tables:write_all",))

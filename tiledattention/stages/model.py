@@ -410,4 +410,4 @@ HELP = ("prefill, decode and training-step tokens/s (eager and compiled) of a ti
         "it cannot run")
 STAGE = Stage("model", ModelConfig, "model.smk", run_model, help=HELP,
               add_arguments=add_arguments, handler=_model, bundle_copies=(ROWS,),
-              load_rows=load_rows, tables=("tiledattention.study.tables:model_e2e",))
+              load_rows=load_rows, tables=("tiledattention.study.presentation.tables:model_e2e",))

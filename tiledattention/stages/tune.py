@@ -363,4 +363,4 @@ HELP = ("time candidate schedules per shape bucket on this GPU and write the tun
         "(resumable)")
 STAGE = Stage("tune", TuneConfig, "tune.smk", _run, help=HELP, add_arguments=add_arguments,
               handler=_tune, bundle_copies=("schedule-table.json",),
-              tables=("tiledattention.study.tables:table5",))
+              tables=("tiledattention.study.presentation.tables:table5",))

@@ -332,5 +332,5 @@ HELP = ("each attention variant (sliding window, softcap, ALiBi, documents, pref
 STAGE = Stage("variants", VariantsConfig, "variants.smk", run_variants, help=HELP,
               add_arguments=add_arguments, handler=_variants, bundle_copies=(ROWS,),
               load_rows=load_rows,
-              tables=("tiledattention.study.variants:variants_table",
-                      "tiledattention.study.variants:variants_summary"))
+              tables=("tiledattention.study.presentation.variants_report:variants_table",
+                      "tiledattention.study.presentation.variants_report:variants_summary"))
