@@ -34,6 +34,7 @@ class Stage:
     rows_file: str | None = None
     data_name: str | None = None
     data_what: str = ""  # what its rows are, in a compact bundle README's Files bullet
+    data_readme: str = ""  # and in a full bundle README's (where it says when they are there)
     row_key: str | None = None  # a key only its rows hold (compare tells rows apart by it)
     # `tiledattn compare` checks its rows; ``measure``: the key of its own time in compare's
     # MEASURES and TOLERANCE (None: the benchmark's kernel and call times).
@@ -46,6 +47,7 @@ class Stage:
     rows_what: str = ""
     rows_keyword: str | None = None
     archive: str | None = None  # the bundle zips RESULTS/<name>/ whole as this file
+    bundle_input: str | None = None  # the file in RESULTS/<name>/ the bundle rule waits for
     # The bundle README's "What did not run" bullets from its results dir (None: none).
     not_run: Callable[[str], list[str]] | None = None
 

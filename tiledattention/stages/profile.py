@@ -407,4 +407,5 @@ def not_run(out_dir: str, checked) -> list[str]:
 
 STAGE = Stage("profile", ProfileConfig, "profile.smk", _run, help=HELP,
               add_arguments=add_arguments, handler=_profile,
-              archive="profiles.zip", not_run=not_run)  # the whole directory, zipped
+              archive="profiles.zip", bundle_input="summary.md",  # the directory, zipped
+              not_run=not_run)

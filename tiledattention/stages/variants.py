@@ -349,6 +349,7 @@ STAGE = Stage("variants", VariantsConfig, "variants.smk", run_variants, help=HEL
               load_rows=load_rows, rows_file=ROWS, data_name="variants-rows.jsonl",
               row_key="variant", compared=True, not_run=not_run,
               rows_what="the variants stage's rows", data_what="the variants stage's rows",
+              data_readme="the variants stage's rows, when it ran",
               rows_keyword="variant_rows",
               verbs=(("aggregate", "the variants table"), ("figures", "the variants figure")),
               tables=("tiledattention.study.variants:variants_table",

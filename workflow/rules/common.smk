@@ -267,8 +267,11 @@ def stage_args(name):
     return _stage_args(STAGE[name])
 
 
-def bundle_profile_input():
-    return [f"{RESULTS}/profile/summary.md"] if STAGE["profile"].enabled else []
+def bundle_stage_inputs():
+    """What the bundle waits for from the stages whose results directory it takes whole
+    (profile's, as profiles.zip), when the study runs them."""
+    return [f"{RESULTS}/{n}/{s.bundle_input}" for n, s in _STAGES.items()
+            if s.bundle_input and n in STAGE and STAGE[n].enabled]
 
 
 def all_outputs():

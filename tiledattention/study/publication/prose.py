@@ -37,6 +37,8 @@ def readme_text(pub: Publication, rows: list[dict], manifest: dict, table4: str,
             compact: list[str] | None = None) -> str:
     """The bundle's README; ``compact``: the data files of a compact bundle (its Files
     section names them, and how the figures and tables rebuild from them)."""
+    from ...stages import STAGES
+
     stack = manifest.get("stack") or {}
     gpu = manifest.get("gpu") or {}
     lines = [
@@ -67,9 +69,9 @@ def readme_text(pub: Publication, rows: list[dict], manifest: dict, table4: str,
         "## Files", "",
         *(_compact_files(compact) if compact is not None else [
             "- `data/rows.parquet`, `data/rows.csv`, `data/rows.jsonl`: every row; "
-            "`data/columns.md`: the column dictionary (also below); `data/model-rows.jsonl`: "
-            "the tiny Llama's tokens/s rows, when the study ran the model stage; "
-            "`data/variants-rows.jsonl`: the variants stage's rows, when it ran"]),
+            "`data/columns.md`: the column dictionary (also below)" + "".join(
+                f"; `data/{s.data_name}`: {s.data_readme}" for s in STAGES.values()
+                if s.data_name)]),
         "- `tables/`: Table 4 (ratios against the fastest fused baseline at each point and "
         "against each baseline), per-D, per-regime and per-point ratios, "
         "Table 5 (schedules), Table 6 (schedule ladder), throughput, status, model_e2e (tiny "
