@@ -173,3 +173,42 @@ def test_every_stages_presentation_reference_names_a_function_that_exists():
     for ref in refs:
         module, name = ref.split(":")
         assert callable(getattr(importlib.import_module(module), name)), ref
+
+
+def test_a_stage_added_to_the_registry_reaches_the_bundle_aggregate_and_its_readme(
+        monkeypatch, tmp_path):
+    """A new GPU stage is its descriptor: the bundle copies (and gzips) its rows, the rebuild
+    lines unpack them and pass --<name> to aggregate, aggregate reads them, and its not-run
+    hook writes the README's bullets, without a line naming it in the publication code."""
+    import argparse
+    import dataclasses
+    import json
+
+    from tiledattention import cli, stages
+    from tiledattention.study.publication import create, prose
+
+    def load(out_dir):
+        with open(os.path.join(out_dir, "rows.jsonl")) as f:
+            return [json.loads(line) for line in f]
+
+    fake = dataclasses.replace(
+        stages.STAGES["model"], name="fake", rows_file="rows.jsonl",
+        data_name="fake-rows.jsonl", data_what="the fake stage's rows", load_rows=load,
+        verbs=(("aggregate", "the fake table"),), rows_keyword="fake_rows",
+        not_run=lambda d, checked: [f"- fake: {len(load(d))} row(s) not run"])
+    monkeypatch.setitem(stages.STAGES, "fake", fake)
+    study = tmp_path / "study"
+    (study / "fake").mkdir(parents=True)
+    (study / "fake" / "rows.jsonl").write_text('{"status": "unavailable"}\n')
+    assert ("fake/rows.jsonl", "fake-rows.jsonl") in create.stage_rows()
+    out = tmp_path / "bundle"
+    create._copy_data(str(out), str(study))
+    assert (out / "data" / "fake-rows.jsonl").read_bytes() == \
+        (study / "fake" / "rows.jsonl").read_bytes()
+    assert "data/fake-rows.jsonl.gz" in create._compact_data(str(tmp_path / "c"), str(study))
+    lines = prose.rebuild_commands(["data/rows.jsonl.gz", "data/fake-rows.jsonl.gz"])
+    assert "gunzip -c data/fake-rows.jsonl.gz > $R/fake/rows.jsonl" in lines
+    assert lines[-1].endswith(" --fake $R/fake")
+    assert "- fake: 1 row(s) not run" in prose.not_run(str(study), [])
+    args = argparse.Namespace(fake=str(study / "fake"), model=None, variants=None)
+    assert cli._stage_rows_of(args, "aggregate")["fake_rows"] == [{"status": "unavailable"}]

@@ -111,10 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tune-table", help="the study's tuning table for Table 5 (default: none)")
     p.add_argument("--shapes", nargs="+", metavar="DIR", help="directories of the shapes "
                    "grids' rows for the shapes tables (default: none)")
-    p.add_argument("--model", metavar="DIR", help="directory of the model benchmark's rows "
-                   "for the model_e2e table (default: none)")
-    p.add_argument("--variants", metavar="DIR", help="directory of the variants stage's rows "
-                   "for the variants table (default: none)")
+    _stage_rows_options(p, "aggregate")
     p.add_argument("--rows-only", action="store_true",
                    help="only rows.jsonl and rows.csv (no pandas/pyarrow needed)")
 
@@ -125,8 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tune-table", help="the study's tuning table (default: none)")
     p.add_argument("--shapes", nargs="+", metavar="DIR", help="directories of the shapes "
                    "grids' rows for the shapes figure (default: none)")
-    p.add_argument("--variants", metavar="DIR", help="directory of the variants stage's rows "
-                   "for the variants figure (default: none)")
+    _stage_rows_options(p, "figures")
 
     p = _verb(sub, "manifest", _manifest, "merge run manifests into the study manifest and "
               "flag mixed GPUs or software stacks")
@@ -404,11 +400,24 @@ def _aggregate(args) -> int:
     ladder = load_checked(args.ladder, point=True) if args.ladder else []
     done = write_report(rows, args.out, where=args.rows, tune_table=args.tune_table,
                         ladder_rows=ladder, shape_rows=_shape_rows(args.shapes),
-                        model_rows=_model_rows(args.model),
-                        variant_rows=_variant_rows(args.variants))
+                        **_stage_rows_of(args, "aggregate"))
     print(f"aggregate: {len(rows)} rows ({counts}) -> {done['csv']}; {len(done['tables'])} "
           f"table files in {args.out}/tables", file=sys.stderr)
     return 0
+
+
+def _stage_rows_options(p, verb: str) -> None:
+    """--<stage> DIR for each GPU stage whose rows ``verb`` reads (the registry's)."""
+    for stage in STAGES.values():
+        for what in (w for v, w in stage.verbs if v == verb):
+            p.add_argument(f"--{stage.name}", metavar="DIR", help=f"directory of "
+                           f"{stage.rows_what} for {what} (default: none)")
+
+
+def _stage_rows_of(args, verb: str) -> dict[str, list[dict]]:
+    """The rows of each GPU stage ``verb`` reads, by the keyword the writers take them by."""
+    return {s.rows_keyword: _stage_rows(getattr(args, s.name), f"--{s.name}", s)
+            for s in STAGES.values() if any(v == verb for v, _ in s.verbs)}
 
 
 def _stage_rows(path: str | None, flag: str, stage) -> list[dict]:
@@ -420,18 +429,10 @@ def _stage_rows(path: str | None, flag: str, stage) -> list[dict]:
 
     if not path:
         return []
-    rows = stage.bundle_copies[0]
+    rows = stage.rows_file
     if not os.path.exists(os.path.join(path, rows)):
         raise RowsError(f"{flag} {path}: no {rows} there")
     return stage.load_rows(path)
-
-
-def _model_rows(path: str | None) -> list[dict]:
-    return _stage_rows(path, "--model", STAGES["model"])
-
-
-def _variant_rows(path: str | None) -> list[dict]:
-    return _stage_rows(path, "--variants", STAGES["variants"])
 
 
 def _shape_rows(dirs: list[str] | None) -> list[dict]:
@@ -482,7 +483,7 @@ def _figures(args) -> int:
                       ladder_rows=load_checked(args.ladder, point=True) if args.ladder else [],
                       tune_entries=tune, shape_rows=_shape_rows(args.shapes),
                       tune_reason=why if isinstance(why, str) else None,
-                      variant_rows=_variant_rows(args.variants))
+                      **_stage_rows_of(args, "figures"))
     print(f"figures: {len(paths)} files in {args.out}", file=sys.stderr)
     return 0
 

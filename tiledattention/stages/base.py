@@ -24,9 +24,37 @@ class Stage:
     help: str  # the `tiledattn <name>` verb's help
     add_arguments: Callable[[argparse.ArgumentParser], None]  # the verb's options
     handler: Callable[[argparse.Namespace], int]  # the verb (its exit code)
-    bundle_copies: tuple[str, ...] = ()  # files the bundle takes from RESULTS/<name>/
+    # Files a compact bundle's data/ takes from RESULTS/<name>/ as they are (its rows file
+    # aside: that one is gzipped under ``data_name``).
+    bundle_copies: tuple[str, ...] = ()
     load_rows: Callable | None = None  # its rows, as aggregate and the bundle read them
     tables: tuple[str, ...] = ()  # "module:function" of the presentation its rows feed
+    # Its rows of its own: the file in RESULTS/<name>/ (aggregate's and figures' --<name> DIR
+    # read it), and its name in a bundle's data/ (a compact bundle's: gzipped, + ".gz").
+    rows_file: str | None = None
+    data_name: str | None = None
+    data_what: str = ""  # what its rows are, in a compact bundle README's Files bullet
+    data_readme: str = ""  # and in a full bundle README's (where it says when they are there)
+    row_key: str | None = None  # a key only its rows hold (compare tells rows apart by it)
+    # `tiledattn compare` checks its rows; ``measure``: the key of its own time in compare's
+    # MEASURES and TOLERANCE (None: the benchmark's kernel and call times).
+    compared: bool = False
+    measure: str | None = None
+    # `tiledattn aggregate` / `figures` take its rows as --<name> DIR: (verb, what they feed
+    # there) per verb; ``rows_what`` names them in the option's help, ``rows_keyword`` is the
+    # keyword the presentation's writers (write_report, figures.write_all) take them by.
+    verbs: tuple[tuple[str, str], ...] = ()
+    rows_what: str = ""
+    rows_keyword: str | None = None
+    archive: str | None = None  # the bundle zips RESULTS/<name>/ whole as this file
+    bundle_input: str | None = None  # the file in RESULTS/<name>/ the bundle rule waits for
+    # The bundle README's "What did not run" bullets from its results dir (None: none).
+    not_run: Callable[[str], list[str]] | None = None
+
+
+def one_line(text) -> str:
+    """A reason as one Markdown line (a newline would end a bullet)."""
+    return " ".join(str(text).split())
 
 
 def section_json_schema(cls) -> dict:

@@ -38,7 +38,15 @@ from dataclasses import asdict, dataclass
 
 from ..bench.config import option, section_from_dict
 from ..launchers.base import LAUNCHERS
-from .base import Stage, count, default_of, json_object, launcher_options, section_json_schema
+from .base import (
+    Stage,
+    count,
+    default_of,
+    json_object,
+    launcher_options,
+    one_line,
+    section_json_schema,
+)
 
 MODEL_PHASES = ("prefill", "decode", "train", "prefill_compiled", "train_compiled")
 
@@ -408,6 +416,21 @@ def _model(args) -> int:
 HELP = ("prefill, decode and training-step tokens/s (eager and compiled) of a tiny random "
         "Llama per attention implementation (tiledattention, sdpa, eager); records why when "
         "it cannot run")
+def not_run(out_dir: str, checked) -> list[str]:
+    """The bundle README's bullet for the rows that did not run (``checked``: the study's
+    guard on a path it reads)."""
+    if not os.path.lexists(os.path.join(out_dir, ROWS)):
+        return []
+    skipped = [r for r in load_rows(out_dir) if r.get("status") != "ok"]
+    return [f"- model benchmark (model_e2e): {skipped[0]['status']} at {len(skipped)} "
+            f"row(s): {one_line(skipped[0].get('reason') or '—')}"] if skipped else []
+
+
 STAGE = Stage("model", ModelConfig, "model.smk", run_model, help=HELP,
-              add_arguments=add_arguments, handler=_model, bundle_copies=(ROWS,),
-              load_rows=load_rows, tables=("tiledattention.study.presentation.tables:model_e2e",))
+              add_arguments=add_arguments, handler=_model,
+              load_rows=load_rows, tables=("tiledattention.study.presentation.tables:model_e2e",),
+              rows_file=ROWS, data_name="model-rows.jsonl", row_key="phase", compared=True,
+              measure="model", not_run=not_run, rows_what="the model benchmark's rows",
+              data_what="the tiny Llama's tokens/s rows (model stage)",
+              data_readme="the tiny Llama's tokens/s rows, when the study ran the model stage",
+              verbs=(("aggregate", "the model_e2e table"),), rows_keyword="model_rows")

@@ -28,7 +28,7 @@ from ..bench.methods import METHODS, profilable
 from ..errors import StudyError
 from ..launchers.base import LAUNCHERS
 from ..safeio import write_json, write_text
-from .base import Stage, count, default_of, json_object, launcher_options
+from .base import Stage, count, default_of, json_object, launcher_options, one_line
 
 CLOCK_CONTROL = ("base", "none")
 
@@ -387,6 +387,25 @@ def _profile(args) -> int:
 # `tiledattn profile --help`
 HELP = ("Nsight Compute on the attention kernels of representative shapes (records why when "
         "it cannot run)")
+def not_run(out_dir: str, checked) -> list[str]:
+    """The bundle README's bullets: one per capture that did not run, with its reason
+    (``checked``: the study's guard on a path it reads)."""
+    from ..safeio import JSON_MAX, UnsafeFileError, load_json
+
+    path = os.path.join(out_dir, "summary.json")
+    if not os.path.lexists(path):
+        return []
+    try:
+        caps = load_json(checked(path), cap=JSON_MAX, what="profile summary")
+    except UnsafeFileError as exc:
+        raise StudyError(str(exc)) from None
+    caps = caps.get("captures") if isinstance(caps, dict) else None
+    return [f"- profile {c.get('shape')} {c.get('method')}: {c.get('status')}: "
+            f"{one_line(c.get('reason'))}" for c in (caps if isinstance(caps, list) else [])
+            if isinstance(c, dict) and c.get("status") != "ok"]
+
+
 STAGE = Stage("profile", ProfileConfig, "profile.smk", _run, help=HELP,
               add_arguments=add_arguments, handler=_profile,
-              bundle_copies=("*",))  # the whole directory, as profiles.zip
+              archive="profiles.zip", bundle_input="summary.md",  # the directory, zipped
+              not_run=not_run)

@@ -52,7 +52,7 @@ from ..schedules.backward import BwdSchedule, bwd_space_for
 from ..schedules.schedule import Schedule
 from ..schedules.space import SPACES, space_for
 from ..schedules.table import BwdEntry, Entry, ScheduleTable, TableError
-from .base import Stage, count, default_of, json_object, launcher_options, seconds
+from .base import Stage, count, default_of, json_object, launcher_options, one_line, seconds
 
 # The stage's config section: one frozen dataclass, from which the workflow schema's section
 # is generated, the workflow validates the config's section once (``stage_from_dict``) and
@@ -361,6 +361,16 @@ def _tune_through_launcher(args) -> int:
 # `tiledattn tune --help`
 HELP = ("time candidate schedules per shape bucket on this GPU and write the tuning table "
         "(resumable)")
+def not_run(out_dir: str, checked) -> list[str]:
+    """The bundle README's bullet where the tuning table records why it did not run
+    (``checked``: the study's guard on a path it reads)."""
+    path = os.path.join(out_dir, "schedule-table.json")
+    if not os.path.lexists(path):
+        return []
+    why = ScheduleTable.load(checked(path)).meta.get("unavailable")
+    return [f"- tuning (Table 5): not run: {one_line(why)}"] if why else []
+
+
 STAGE = Stage("tune", TuneConfig, "tune.smk", _run, help=HELP, add_arguments=add_arguments,
               handler=_tune, bundle_copies=("schedule-table.json",),
-              tables=("tiledattention.study.presentation.tables:table5",))
+              tables=("tiledattention.study.presentation.tables:table5",), not_run=not_run)

@@ -30,7 +30,7 @@ from ..bench.grid import PAPER_DTYPES, TOKENS, WIDTH, tokens_shape
 from ..bench.methods import variant_methods
 from ..bench.variants import VARIANT_NAMES, VariantPoint
 from ..launchers.base import LAUNCHERS
-from .base import Stage, count, default_of, json_object, launcher_options
+from .base import Stage, count, default_of, json_object, launcher_options, one_line
 
 VARIANT_METHODS = tuple(variant_methods())  # bench/methods.py: those with variants=True
 VARIANT_PASSES = ("fwd", "fwd+bwd")
@@ -329,8 +329,28 @@ def _variants_section(args) -> dict:
 HELP = ("each attention variant (sliding window, softcap, ALiBi, documents, prefix-LM) "
         "against FlexAttention, SDPA with a materialised mask and eager attention, forward "
         "and forward+backward; records why when it cannot run (resumable)")
+def not_run(out_dir: str, checked) -> list[str]:
+    """The bundle README's bullets: one per method and status that did not run, with its
+    reason (``checked``: the study's guard on a path it reads)."""
+    path = os.path.join(out_dir, ROWS)
+    if not os.path.lexists(path):
+        return []
+    checked(path)
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for r in load_rows(out_dir):
+        if r.get("status") != "ok":
+            groups.setdefault((r["method"], r["status"]), []).append(r)
+    return [f"- variants: {m} {st} at {len(g)} point(s): {one_line(g[0].get('reason') or '—')}"
+            for (m, st), g in sorted(groups.items())]
+
+
 STAGE = Stage("variants", VariantsConfig, "variants.smk", run_variants, help=HELP,
-              add_arguments=add_arguments, handler=_variants, bundle_copies=(ROWS,),
-              load_rows=load_rows,
+              add_arguments=add_arguments, handler=_variants,
+              load_rows=load_rows, rows_file=ROWS, data_name="variants-rows.jsonl",
+              row_key="variant", compared=True, not_run=not_run,
+              rows_what="the variants stage's rows", data_what="the variants stage's rows",
+              data_readme="the variants stage's rows, when it ran",
+              rows_keyword="variant_rows",
+              verbs=(("aggregate", "the variants table"), ("figures", "the variants figure")),
               tables=("tiledattention.study.presentation.variants_report:variants_table",
                       "tiledattention.study.presentation.variants_report:variants_summary"))

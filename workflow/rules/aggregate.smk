@@ -29,12 +29,12 @@ rule aggregate:
         out=lambda wildcards, output: os.path.dirname(output.table),  # tables/ below it
         shards=SHARDS,
         extra=study_extras,
-        model=model_rows_arg,
+        stage_rows=aggregate_rows_arg,
     conda:
         "../envs/tiledattn.yaml"
     shell:
         "tiledattn aggregate --rows {params.rows:q} --out {params.out:q}"
-        " --expect-shards {params.shards} {params.extra} {params.model} > {log:q} 2>&1"
+        " --expect-shards {params.shards} {params.extra} {params.stage_rows} > {log:q} 2>&1"
 
 
 rule figures:
@@ -68,7 +68,7 @@ rule manifest:
     params:
         runs=lambda wildcards, input: sorted(
             {os.path.dirname(p)
-             for k in ("shards", "ladder", "shapes", "model", "variants")
+             for k in ("shards", "ladder", "shapes", *ROWS_STAGES)
              if k in input.keys()
              for p in ([input[k]] if isinstance(input[k], str) else input[k])}
         ),

@@ -6,7 +6,7 @@ rule bundle:
         figures=rules.figures.output,
         manifest=rules.manifest.output,
         study=rules.plan.output.study,
-        profile=bundle_profile_input(),
+        stages=bundle_stage_inputs(),
     output:
         sums=f"{RESULTS}/bundle/SHA256SUMS",
         zip=f"{RESULTS}/bundle.zip",

@@ -27,6 +27,7 @@ from tiledattention.study.presentation import figures as _figures
 from tiledattention.study.presentation import tables as _tables
 from tiledattention.study import timeline as _timeline
 from tiledattention.stages import SECTIONS as _STAGE_SECTIONS
+from tiledattention.stages import STAGES as _STAGES
 from tiledattention.stages import rule_files as _stage_rule_files
 from tiledattention.stages import stage_from_dict as _stage_config
 from tiledattention.stages.profile import Shape as _ProfileShape
@@ -222,11 +223,21 @@ def aggregate_inputs(wildcards):
         out["tune"] = f"{RESULTS}/tune/schedule-table.json"
     if SHAPE_GRIDS:
         out["shapes"] = [f"{RESULTS}/shapes/g{g}/shapes.done" for g in SHAPE_GRIDS]
-    if STAGE["model"].enabled:
-        out["model"] = f"{RESULTS}/model/rows.jsonl"
-    if STAGE["variants"].enabled:
-        out["variants"] = f"{RESULTS}/variants/rows.jsonl"
+    for name in ROWS_STAGES:  # the GPU stages whose own rows aggregate or figures read
+        if STAGE[name].enabled:
+            out[name] = f"{RESULTS}/{name}/{_STAGES[name].rows_file}"
     return out
+
+
+# The GPU stages with rows of their own that aggregate (or figures) take as --<name> DIR,
+# in registry order; those figures reads too go with study_extras, the others after them.
+ROWS_STAGES = [n for n, s in _STAGES.items() if s.rows_file and s.verbs]
+_FIGURES_STAGES = [n for n in ROWS_STAGES if any(v == "figures" for v, _ in _STAGES[n].verbs)]
+
+
+def _stage_rows_flags(names, input):
+    return [f"--{n} {shlex.quote(os.path.dirname(input[n]))}" for n in names
+            if n in input.keys()]
 
 
 def study_extras(wildcards, input):
@@ -240,15 +251,15 @@ def study_extras(wildcards, input):
     if "shapes" in input.keys():
         extra.append("--shapes " + " ".join(shlex.quote(os.path.dirname(p))
                                             for p in input.shapes))
-    if "variants" in input.keys():
-        extra.append(f"--variants {shlex.quote(os.path.dirname(input.variants))}")
+    extra += _stage_rows_flags(_FIGURES_STAGES, input)
     return " ".join(extra)
 
 
-def model_rows_arg(wildcards, input):
-    """--model for aggregate (the model_e2e table), when the study ran the model stage."""
-    return (f"--model {shlex.quote(os.path.dirname(input.model))}" if "model" in input.keys()
-            else "")
+def aggregate_rows_arg(wildcards, input):
+    """--<stage> DIR for aggregate alone (the model stage's, for the model_e2e table), for
+    each such stage the study ran."""
+    return " ".join(_stage_rows_flags([n for n in ROWS_STAGES if n not in _FIGURES_STAGES],
+                                      input))
 
 
 def stage_args(name):
@@ -256,8 +267,11 @@ def stage_args(name):
     return _stage_args(STAGE[name])
 
 
-def bundle_profile_input():
-    return [f"{RESULTS}/profile/summary.md"] if STAGE["profile"].enabled else []
+def bundle_stage_inputs():
+    """What the bundle waits for from the stages whose results directory it takes whole
+    (profile's, as profiles.zip), when the study runs them."""
+    return [f"{RESULTS}/{n}/{s.bundle_input}" for n, s in _STAGES.items()
+            if s.bundle_input and n in STAGE and STAGE[n].enabled]
 
 
 def all_outputs():

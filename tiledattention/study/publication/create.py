@@ -55,9 +55,16 @@ from .metadata import (
 )
 from .prose import headline, not_run, readme_text, variant_rows_in
 
-# A compact bundle (a reference committed to git): every row file gzipped, no figures (they
-# regenerate from the rows). The stage rows: (study subdirectory, name in data/).
-COMPACT_STAGE_ROWS = (("model", "model-rows.jsonl.gz"), ("variants", "variants-rows.jsonl.gz"))
+
+def stage_rows() -> list[tuple[str, str]]:
+    """(the rows file under the study directory, its name in a bundle's data/) of each GPU
+    stage with rows of its own, in registry order. A compact bundle (a reference committed
+    to git) gzips them (+ ".gz"), as every row file, and holds no figures (they regenerate
+    from the rows)."""
+    from ...stages import STAGES
+
+    return [(os.path.join(s.name, s.rows_file), s.data_name) for s in STAGES.values()
+            if s.rows_file and s.data_name]
 
 
 def _zip_dir(src: str, dest_zip: str, arc_root: str = "", skip: tuple[str, ...] = (),
@@ -343,13 +350,10 @@ def _copy_data(out_dir: str, study_dir: str) -> None:
         src = os.path.join(agg, name)
         if os.path.lexists(src):
             _copy(study_file(src, study_dir), os.path.join(out_dir, "data", name))
-    model_rows = os.path.join(study_dir, "model", "rows.jsonl")
-    if os.path.lexists(model_rows):  # the model stage's own rows (another row format)
-        _copy(study_file(model_rows, study_dir), os.path.join(out_dir, "data", "model-rows.jsonl"))
-    variant_rows = os.path.join(study_dir, "variants", "rows.jsonl")
-    if os.path.lexists(variant_rows):  # the variants stage's rows (its own points)
-        _copy(study_file(variant_rows, study_dir),
-              os.path.join(out_dir, "data", "variants-rows.jsonl"))
+    for rel, name in stage_rows():  # the GPU stages' own rows (their own row formats)
+        src = os.path.join(study_dir, rel)
+        if os.path.lexists(src):
+            _copy(study_file(src, study_dir), os.path.join(out_dir, "data", name))
 
 
 def _gzip_to(dest: str, data: bytes) -> None:
@@ -377,7 +381,7 @@ def _compact_data(out_dir: str, study_dir: str) -> list[str]:
     agg = os.path.join(study_dir, "aggregate")
     data = os.path.join(out_dir, "data")
     srcs = [(os.path.join(agg, "rows.jsonl"), "rows.jsonl.gz")] + [
-        (os.path.join(study_dir, sub, "rows.jsonl"), name) for sub, name in COMPACT_STAGE_ROWS]
+        (os.path.join(study_dir, rel), name + ".gz") for rel, name in stage_rows()]
     for src, name in srcs:
         if os.path.lexists(src):
             _gzip_to(os.path.join(data, name), read_bytes(study_file(src, study_dir), cap=ROWS_MAX))
@@ -388,9 +392,13 @@ def _compact_data(out_dir: str, study_dir: str) -> list[str]:
         if glob.glob(os.path.join(rows_dir, "rows-shard*.jsonl")):
             _gzip_to(os.path.join(data, f"{name}-rows.jsonl.gz"),
                      _shard_rows(rows_dir, study_dir))
-    tune = os.path.join(study_dir, "tune", "schedule-table.json")
-    if os.path.lexists(tune):
-        _copy(study_file(tune, study_dir), os.path.join(data, "schedule-table.json"))
+    from ...stages import STAGES
+
+    for stage in STAGES.values():  # the stages' other files (tune's schedule table)
+        for name in stage.bundle_copies:
+            src = os.path.join(study_dir, stage.name, name)
+            if os.path.lexists(src):
+                _copy(study_file(src, study_dir), os.path.join(data, name))
     columns = os.path.join(agg, "columns.md")
     if os.path.lexists(columns):
         _copy(study_file(columns, study_dir), os.path.join(data, "columns.md"))
@@ -414,10 +422,13 @@ def _build(out_dir: str, study_dir: str, rows: list[dict], manifest: dict, *, co
     if os.path.lexists(scaling_dir):
         for rel in _study_files(scaling_dir, study_dir):
             _copy(os.path.join(scaling_dir, rel), os.path.join(out_dir, "scaling", rel))
-    prof = os.path.join(study_dir, "profile")
-    if os.path.lexists(prof):
-        _zip_dir(prof, os.path.join(out_dir, "profiles.zip"), "profiles",
-                 files=_study_files(prof, study_dir))
+    from ...stages import STAGES
+
+    for stage in (s for s in STAGES.values() if s.archive):  # profile's, as profiles.zip
+        src = os.path.join(study_dir, stage.name)
+        if os.path.lexists(src):
+            _zip_dir(src, os.path.join(out_dir, stage.archive),
+                     stage.archive.removesuffix(".zip"), files=_study_files(src, study_dir))
     _copy(study_file(manifest_path, study_dir), os.path.join(out_dir, "manifest.json"))
     import yaml
 

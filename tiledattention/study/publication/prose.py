@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 
 from ..presentation.frame import columns_markdown, columns_of
-from .archive import SNAPSHOT, read_json, study_file
+from .archive import SNAPSHOT, study_file
 from .metadata import (
     Publication,
 )
@@ -37,6 +37,8 @@ def readme_text(pub: Publication, rows: list[dict], manifest: dict, table4: str,
             compact: list[str] | None = None) -> str:
     """The bundle's README; ``compact``: the data files of a compact bundle (its Files
     section names them, and how the figures and tables rebuild from them)."""
+    from ...stages import STAGES
+
     stack = manifest.get("stack") or {}
     gpu = manifest.get("gpu") or {}
     lines = [
@@ -67,9 +69,9 @@ def readme_text(pub: Publication, rows: list[dict], manifest: dict, table4: str,
         "## Files", "",
         *(_compact_files(compact) if compact is not None else [
             "- `data/rows.parquet`, `data/rows.csv`, `data/rows.jsonl`: every row; "
-            "`data/columns.md`: the column dictionary (also below); `data/model-rows.jsonl`: "
-            "the tiny Llama's tokens/s rows, when the study ran the model stage; "
-            "`data/variants-rows.jsonl`: the variants stage's rows, when it ran"]),
+            "`data/columns.md`: the column dictionary (also below)" + "".join(
+                f"; `data/{s.data_name}`: {s.data_readme}" for s in STAGES.values()
+                if s.data_name)]),
         "- `tables/`: Table 4 (ratios against the fastest fused baseline at each point and "
         "against each baseline), per-D, per-regime and per-point ratios, "
         "Table 5 (schedules), Table 6 (schedule ladder), throughput, status, model_e2e (tiny "
@@ -97,9 +99,10 @@ def readme_text(pub: Publication, rows: list[dict], manifest: dict, table4: str,
 
 def _compact_files(data_files: list[str]) -> list[str]:
     """The Files bullet of a compact bundle's data/."""
+    from ...stages import STAGES
+
     what = {"data/rows.jsonl.gz": "every row (the aggregate's rows.jsonl, gzipped)",
-            "data/model-rows.jsonl.gz": "the tiny Llama's tokens/s rows (model stage)",
-            "data/variants-rows.jsonl.gz": "the variants stage's rows",
+            **{f"data/{s.data_name}.gz": s.data_what for s in STAGES.values() if s.data_name},
             "data/ladder-rows.jsonl.gz": "the schedule ladder's rows (Table 6, tile "
                                          "sensitivity)",
             "data/schedule-table.json": "the study's tuning table (Table 5)",
@@ -171,25 +174,21 @@ def reproduce_section(pub: Publication, manifest: dict, snapshot: tuple[int, str
         "are never included. `tiledattn bundle verify .` checks this bundle's files.", ""]
 
 
-def variant_rows_in(study_dir: str) -> list[dict]:
-    """The variants stage's rows, when the study ran it."""
-    path = os.path.join(study_dir, "variants", "rows.jsonl")
+def stage_rows_in(study_dir: str, name: str) -> list[dict]:
+    """A GPU stage's own rows (its ``rows_file``), when the study ran it."""
+    from ...stages import STAGES
+
+    stage = STAGES[name]
+    path = os.path.join(study_dir, name, stage.rows_file)
     if not os.path.lexists(path):
         return []
-    from ...stages.variants import load_rows
-
     study_file(path, study_dir)  # a link out of the study or a FIFO is refused
-    return load_rows(os.path.dirname(path))
+    return stage.load_rows(os.path.dirname(path))
 
 
-def _variants_not_run(study_dir: str) -> list[str]:
-    """One bullet per variants method and status that did not run, with its reason."""
-    groups: dict[tuple[str, str], list[dict]] = {}
-    for r in variant_rows_in(study_dir):
-        if r.get("status") != "ok":
-            groups.setdefault((r["method"], r["status"]), []).append(r)
-    return [f"- variants: {m} {st} at {len(g)} point(s): {_line(g[0].get('reason') or '—')}"
-            for (m, st), g in sorted(groups.items())]
+def variant_rows_in(study_dir: str) -> list[dict]:
+    """The variants stage's rows (the headline's variants sentence), when the study ran it."""
+    return stage_rows_in(study_dir, "variants")
 
 
 def not_run(study_dir: str, rows: list[dict]) -> list[str]:
@@ -209,30 +208,13 @@ def not_run(study_dir: str, rows: list[dict]) -> list[str]:
         for (method, status), group in sorted(by_method.items()):
             out.append(f"- {step}: {method} {status} at {len(group)} point(s): "
                        f"{_line(group[0].get('reason') or group[0].get('error') or '—')}")
-    model = os.path.join(study_dir, "model", "rows.jsonl")
-    if os.path.lexists(model):
-        from ...stages.model import load_rows
+    # The stages with rows of their own first, then the others, each in registry order.
+    from ...stages import STAGES
 
-        skipped = [r for r in load_rows(os.path.dirname(model)) if r.get("status") != "ok"]
-        if skipped:
-            out.append(f"- model benchmark (model_e2e): {skipped[0]['status']} at "
-                       f"{len(skipped)} row(s): {_line(skipped[0].get('reason') or '—')}")
-    out += _variants_not_run(study_dir)
-    tune = os.path.join(study_dir, "tune", "schedule-table.json")
-    if os.path.lexists(tune):
-        from ...schedules.table import ScheduleTable
-
-        why = ScheduleTable.load(study_file(tune, study_dir)).meta.get("unavailable")
-        if why:
-            out.append(f"- tuning (Table 5): not run: {_line(why)}")
-    prof = os.path.join(study_dir, "profile", "summary.json")
-    if os.path.lexists(prof):
-        caps = read_json(study_file(prof, study_dir), "profile summary")
-        caps = caps.get("captures") if isinstance(caps, dict) else None
-        for c in caps if isinstance(caps, list) else []:
-            if isinstance(c, dict) and c.get("status") != "ok":
-                out.append(f"- profile {c.get('shape')} {c.get('method')}: {c.get('status')}: "
-                           f"{_line(c.get('reason'))}")
+    for stage in sorted((s for s in STAGES.values() if s.not_run),
+                        key=lambda s: s.rows_file is None):
+        out += stage.not_run(os.path.join(study_dir, stage.name),
+                             lambda path: study_file(path, study_dir))
     return out
 
 
@@ -244,15 +226,18 @@ def _line(text) -> str:
 def rebuild_commands(data_files: list[str]) -> list[str]:
     """The shell lines that unpack a compact bundle's rows (outside it, in REBUILT) and
     rebuild its figures and tables with ``tiledattn figures`` and ``tiledattn aggregate``."""
+    from ...stages import STAGES
+
     have = set(data_files)
+    stages = [s for s in STAGES.values() if s.data_name and s.verbs
+              and f"data/{s.data_name}.gz" in have]  # the stages' own rows, as aggregate reads
     grids = sorted(f[len("data/shapes-"):-len("-rows.jsonl.gz")] for f in have
                    if f.startswith("data/shapes-") and f.endswith("-rows.jsonl.gz"))
     unpack = [("rows.jsonl.gz", "rows/rows-shard0of1.jsonl"),
               ("ladder-rows.jsonl.gz", "ladder/rows-shard0of1.jsonl"),
               *[(f"shapes-{g}-rows.jsonl.gz", f"shapes/{g}/rows-shard0of1.jsonl")
                 for g in grids],
-              ("model-rows.jsonl.gz", "model/rows.jsonl"),
-              ("variants-rows.jsonl.gz", "variants/rows.jsonl")]
+              *[(f"{s.data_name}.gz", f"{s.name}/{s.rows_file}") for s in stages]]
     unpack = [(src, dest) for src, dest in unpack if f"data/{src}" in have]
     r = REBUILT
     lines = [f"R={r}   # outside the bundle: SHA256SUMS lists exactly what is in it",
@@ -265,10 +250,13 @@ def rebuild_commands(data_files: list[str]) -> list[str]:
         extra.append("--tune-table data/schedule-table.json")
     if grids:
         extra.append("--shapes " + " ".join(f"$R/shapes/{g}" for g in grids))
-    if "data/variants-rows.jsonl.gz" in have:
-        extra.append("--variants $R/variants")
-    model = " --model $R/model" if "data/model-rows.jsonl.gz" in have else ""
+    # A stage's --<name> DIR goes to both verbs when figures reads it, else to aggregate
+    # alone, after the others.
+    extra += [f"--{s.name} $R/{s.name}" for s in stages
+              if any(v == "figures" for v, _ in s.verbs)]
+    only = "".join(f" --{s.name} $R/{s.name}" for s in stages
+                   if not any(v == "figures" for v, _ in s.verbs))
     opts = (" " + " ".join(extra)) if extra else ""
     lines += [f"tiledattn figures --rows $R/rows/rows-shard0of1.jsonl --out $R/figures{opts}",
-              f"tiledattn aggregate --rows $R/rows --out $R/aggregate{opts}{model}"]
+              f"tiledattn aggregate --rows $R/rows --out $R/aggregate{opts}{only}"]
     return lines

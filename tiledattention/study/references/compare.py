@@ -33,6 +33,7 @@ from importlib import resources
 
 from ...bench.methods import SUBJECT
 from ...errors import StudyError
+from ...stages import STAGES
 from ..presentation.ratios import MEASURES as ROW_MEASURES
 
 FORMAT = "tiledattention-reference/1"
@@ -49,12 +50,11 @@ MEASURES = {**ROW_MEASURES, "model": (
 # on one machine measures them (two H100 runs a day and a code change apart moved -4 % to
 # +61 %, B=1 prefill the most: benchmarks/results/h100-2026-11-23-model-rows.jsonl.gz).
 TOLERANCE = {"kernel": 0.10, "call": 0.25, "model": 0.25}
-# Where each stage's rows lie (besides the benchmark's): a bundle's data/ (plain or
-# compact), a study's results directory.
-STAGE_FILES = {"variants": ("data/variants-rows.jsonl", "data/variants-rows.jsonl.gz",
-                            "variants/rows.jsonl"),
-               "model": ("data/model-rows.jsonl", "data/model-rows.jsonl.gz",
-                         "model/rows.jsonl")}
+# The GPU stages whose rows compare checks besides the benchmark's (registry order), and
+# where their rows lie: a bundle's data/ (plain or compact), a study's results directory.
+COMPARED = [s for s in STAGES.values() if s.compared]
+STAGE_FILES = {s.name: (f"data/{s.data_name}", f"data/{s.data_name}.gz",
+                        f"{s.name}/{s.rows_file}") for s in COMPARED}
 # A call at most this much longer than its kernel time hides its host work behind the GPU:
 # across three H100 machines, such calls moved like kernel times (p95 5 %, README); calls
 # that showed host time moved 0.4-2.6x, the host CPU's doing (benchmarks/NOTES.md §27).
@@ -124,21 +124,24 @@ def _json_lines(data: bytes, where: str) -> list[dict]:
 
 
 def stage_of(row: dict) -> str:
-    """The stage a row comes from: model (a per-phase time), variants, or bench."""
-    return row.get("stage") or ("model" if "phase" in row else
-                                "variants" if "variant" in row else "bench")
+    """The stage a row comes from: the first compared stage whose ``row_key`` it holds
+    (model: a per-phase time; variants), or bench."""
+    return row.get("stage") or next((s.name for s in COMPARED if s.row_key and s.row_key in row),
+                                    "bench")
 
 
 def _as_compared(row: dict) -> dict:
-    """A model-stage row with its time as ``model_ms`` (its ``time_ms`` is one number, not
-    a benchmark row's timing dict); other rows as they are."""
-    if stage_of(row) != "model":
+    """The row of a stage with a measure of its own (model) with its time as
+    ``<measure>_ms`` (its ``time_ms`` is one number, not a benchmark row's timing dict);
+    other rows as they are."""
+    stage = STAGES.get(stage_of(row))
+    if stage is None or stage.measure is None:
         return row
     out = {k: v for k, v in row.items() if k not in ("time_ms", "times_ms")}
     t = row.get("time_ms")
     if isinstance(t, (int, float)) and not isinstance(t, bool):
-        out["model_ms"] = t
-    return dict(out, stage="model")
+        out[f"{stage.measure}_ms"] = t
+    return dict(out, stage=stage.name)
 
 
 def _read(path: str) -> bytes:
@@ -522,7 +525,10 @@ def verdict_line(checks: list[Check]) -> str:
 def stages_line(checks: list[Check]) -> str:
     """Per stage: its checks here, and how many failed or were not measured."""
     parts = []
-    order = ("bench", "variants", "model")
+    # bench, then the stages timed by the benchmark's measures, then those with their own
+    # (registry order within each).
+    order = ["bench"] + sorted((s.name for s in COMPARED), key=lambda n: STAGES[n].measure
+                               is not None)
     for stage in sorted({c.stage for c in checks},
                         key=lambda st: (order.index(st) if st in order else len(order), st)):
         mine = [c for c in checks if c.stage == stage]
