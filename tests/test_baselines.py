@@ -29,8 +29,14 @@ from tiledattention.bench.methods import (
     fa4_import_error,
 )
 from tiledattention.bench.runner import run_point
-from tiledattention.bench.variants import VARIANT_NAMES, VARIANTS, WINDOW, VariantPoint, indices
-from tiledattention.bench.variants import parts_for as variant_parts
+from tiledattention.bench.variant_cases import (
+    VARIANT_NAMES,
+    VARIANTS,
+    WINDOW,
+    VariantPoint,
+    indices,
+)
+from tiledattention.bench.variant_cases import parts_for as variant_parts
 from tiledattention.stages import stage_from_dict
 from tiledattention.stages.variants import VARIANT_METHODS
 
@@ -487,7 +493,7 @@ def test_fa4_alibi_score_mod_makes_registers_as_the_pinned_cutedsl_does(monkeypa
     # the stand-in has only what 4.8.1 has, and the mod must compute s + slope[h]·(k − q).
     import types
 
-    from tiledattention.bench import variants
+    from tiledattention.bench import variant_cases as variants
 
     cute = types.ModuleType("cutlass.cute")
     cute.jit = lambda f: f

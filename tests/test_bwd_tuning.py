@@ -298,7 +298,7 @@ def test_a_variants_backward_takes_the_default_not_the_plain_tables_entry(on_h10
     assert planning.bwd_plan_for(q, q, None, False, 0.125, False, None,
                                  M.NONE).variant.schedule == plain
     planning.clear()
-    from tiledattention.bench.variants import VariantPoint
+    from tiledattention.bench.variant_cases import VariantPoint
 
     point = VariantPoint("bfloat16", False, 128, 4096, 4096, 1, 2, 1, "fwd+bwd",
                          variant="prefix_lm")

@@ -12,9 +12,9 @@ pytest.importorskip("cuda.tile", reason="cuTile not installed: pip install 'cuda
 import torch  # noqa: E402
 from readme_blocks import install_module  # noqa: E402  (tests/readme_blocks.py)
 
-from tiledattention.bench import variants as registry  # noqa: E402
+from tiledattention.bench import variant_cases as registry  # noqa: E402
 from tiledattention.bench.runner import run_point  # noqa: E402
-from tiledattention.bench.variants import VariantPoint  # noqa: E402
+from tiledattention.bench.variant_cases import VariantPoint  # noqa: E402
 from tiledattention.stages import stage_from_dict  # noqa: E402
 
 
@@ -37,7 +37,7 @@ def test_the_readme_variant_gets_a_derived_gradient(tmp_path, monkeypatch):
 def test_the_readme_stage_entry_measures_eager_and_sdpa_mask_against_float64(
         tmp_path, monkeypatch):
     _, _, entry = install_module(tmp_path, monkeypatch)
-    scope = dict(vars(registry))  # the block is written to sit in bench/variants.py
+    scope = dict(vars(registry))  # the block is written to sit in bench/variant_cases.py
     exec(compile(entry, "README stage block", "exec"), scope)  # noqa: S102
     monkeypatch.setattr(registry, "VARIANTS", {**registry.VARIANTS, "decay": scope["DECAY"]})
     registry._parts.cache_clear()

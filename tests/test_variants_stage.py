@@ -21,11 +21,11 @@ pytest.importorskip("cuda.tile", reason="cuTile not installed: pip install 'cuda
 
 import torch  # noqa: E402
 
-from tiledattention.bench import variants as registry  # noqa: E402
+from tiledattention.bench import variant_cases as registry  # noqa: E402
 from tiledattention.bench.config import ConfigError  # noqa: E402
 from tiledattention.bench.methods import METHODS, Unavailable  # noqa: E402
 from tiledattention.bench.runner import run_point  # noqa: E402
-from tiledattention.bench.variants import VARIANT_NAMES, VariantPoint  # noqa: E402
+from tiledattention.bench.variant_cases import VARIANT_NAMES, VariantPoint  # noqa: E402
 from tiledattention.cli import main  # noqa: E402
 from tiledattention.stages import stage_from_dict  # noqa: E402
 

@@ -14,7 +14,7 @@ from tiledattention.bench.config import from_dict
 from tiledattention.bench.grid import Point
 from tiledattention.bench.methods import fa4_import_error, sdpa_fa4_error
 from tiledattention.bench.runner import run_point
-from tiledattention.bench.variants import VARIANT_NAMES, VARIANTS, VariantPoint, parts_for
+from tiledattention.bench.variant_cases import VARIANT_NAMES, VARIANTS, VariantPoint, parts_for
 from tiledattention.timing import L2Flusher
 
 

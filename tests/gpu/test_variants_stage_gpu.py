@@ -4,7 +4,7 @@ ok or says why it cannot run, SDPA + mask runs every variant a mask expresses.""
 
 from __future__ import annotations
 
-from tiledattention.bench.variants import VARIANT_NAMES
+from tiledattention.bench.variant_cases import VARIANT_NAMES
 from tiledattention.stages import stage_from_dict
 from tiledattention.stages.variants import load_rows, run_variants
 from tiledattention.study.presentation.variants_report import ratio_rows

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .grid import PINNED_PREFIX, Point, pinned_bwd_label, pinned_label
-from .variants import flex_block_mask, modified_scores, parts_for, sdpa_mask, variant_of
+from .variant_cases import flex_block_mask, modified_scores, parts_for, sdpa_mask, variant_of
 
 
 class Unavailable(Exception):
@@ -46,7 +46,7 @@ class Method:
     # A context the harness holds around the method's calls (correctness, timing, latency):
     # process-wide switches a method needs set while it runs and restored for the others.
     scope: Callable = contextlib.nullcontext
-    variants: bool = False  # it runs the variants stage's points (bench/variants.py)
+    variants: bool = False  # it runs the variants stage's points (bench/variant_cases.py)
     # A fused attention kernel: it competes for "the fastest fused baseline" at each point
     # (study/ratios.py). Unfused paths (math, eager) say fused=False; the subject never counts.
     fused: bool = True
@@ -514,7 +514,7 @@ METHODS: dict[str, Method] = {m.name: m for m in (
 
 def variant_methods() -> list[str]:
     """The methods the variants stage can compare (registry order): ours and those that
-    run its points (bench/variants.py)."""
+    run its points (bench/variant_cases.py)."""
     return [m.name for m in METHODS.values() if m.variants]
 
 

@@ -24,7 +24,7 @@ from .grid import Point, expand, left_out, shard
 from .manifest import capture, now
 from .methods import Unavailable, Unsupported, get_method
 from .store import Lock, ResultStore, RowsError, check_rows
-from .variants import reference_kwargs
+from .variant_cases import reference_kwargs
 
 FORMAT = "tiledattention-bench-row/1"
 # Call latency: back-to-back calls per round, enough for ~50 ms at the point's fastest

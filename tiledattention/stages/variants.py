@@ -1,4 +1,4 @@
-"""The variants stage: every variant of ``bench/variants.py`` against FlexAttention, SDPA with
+"""The variants stage: every variant of ``bench/variant_cases.py`` against FlexAttention, SDPA with
 a materialised mask and eager attention, through the one harness (``runner.measure``: L2
 flushed before each timed call, methods interleaved over rounds, each row's output and
 gradients checked against float64 on a slice of heads, kernel time and call latency).
@@ -28,7 +28,7 @@ from ..bench.config import (
 )
 from ..bench.grid import PAPER_DTYPES, TOKENS, WIDTH, tokens_shape
 from ..bench.methods import variant_methods
-from ..bench.variants import VARIANT_NAMES, VariantPoint
+from ..bench.variant_cases import VARIANT_NAMES, VariantPoint
 from ..launchers.base import LAUNCHERS
 from .base import Stage, count, default_of, json_object, launcher_options, one_line
 
@@ -44,7 +44,7 @@ class VariantsConfig:
                            "public API) against FlexAttention, SDPA with the variant as a "
                            "materialised mask and eager attention, as one launcher job; where "
                            "the job finds no GPU its rows say why.")
-    variants: tuple[str, ...] = option(VARIANT_NAMES, "Variants measured (bench/variants.py's "
+    variants: tuple[str, ...] = option(VARIANT_NAMES, "Variants measured (bench/variant_cases.py's "
                                        "registry).", choices=VARIANT_NAMES, unique=True,
                                        flag="--variants")
     methods: tuple[str, ...] = option(VARIANT_METHODS, "tiledattention; fa4, FlashAttention-4 "
@@ -115,7 +115,7 @@ MANIFEST = "manifest-variants.json"
 def points(cfg: VariantsConfig) -> list[VariantPoint]:
     """The stage's points, in the order they run: dtype, D, S, variant, pass (a variant's
     passes share its masks and compiled FlexAttention)."""
-    from ..bench.variants import VARIANTS
+    from ..bench.variant_cases import VARIANTS
 
     out = []
     for dtype in cfg.dtypes:

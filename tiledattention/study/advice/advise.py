@@ -449,7 +449,7 @@ def _from_rows(rows: list[dict]) -> list[dict]:
 def _from_variants(rows: list[dict], window: int) -> list[dict]:
     """The variants stage's forward sliding-window points (TiledAttention, FlexAttention,
     SDPA with the window as a mask). Its rows do not record W: the stage measures
-    ``bench.variants.WINDOW`` keys (1024 in the committed references)."""
+    ``bench.variant_cases.WINDOW`` keys (1024 in the committed references)."""
     by: dict[str, dict] = {}
     for r in rows:
         if r.get("variant") != "window" or r.get("pass", "fwd") != "fwd":
@@ -516,7 +516,7 @@ def build(reference_dir: str, out_path: str, models: list[str] = ()) -> dict:
                                                   "rows-*.jsonl")))
          for r in read_rows(p)]
     shapes = _from_rows(shape_rows)
-    from ...bench.variants import WINDOW
+    from ...bench.variant_cases import WINDOW
 
     variants_rows = os.path.join(reference_dir, "data", "variants-rows.jsonl.gz")
     windows = _from_variants(_model_rows(variants_rows, gpu["name"]), WINDOW) \

@@ -31,7 +31,7 @@ def _ms(row: dict | None) -> float | None:
 
 
 def variant_order(name: str) -> int:
-    from ...bench.variants import VARIANT_NAMES
+    from ...bench.variant_cases import VARIANT_NAMES
 
     return VARIANT_NAMES.index(name) if name in VARIANT_NAMES else len(VARIANT_NAMES)
 
