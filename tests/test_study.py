@@ -565,7 +565,8 @@ def test_every_fa4_argument_a_row_can_carry_is_a_documented_column(monkeypatch):
     details.kwargs.* that COLUMNS lacked. Every FA4 form (plain and each variant's) passes."""
     import types
 
-    from tiledattention.bench import methods, variants
+    from tiledattention.bench import methods
+    from tiledattention.bench import variant_cases as variants
 
     monkeypatch.setattr(methods, "fa4_version", lambda: "4.0.0b36")
     forms = [{"causal": False}, {"causal": True}]
