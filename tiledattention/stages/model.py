@@ -416,6 +416,8 @@ def _model(args) -> int:
 HELP = ("prefill, decode and training-step tokens/s (eager and compiled) of a tiny random "
         "Llama per attention implementation (tiledattention, sdpa, eager); records why when "
         "it cannot run")
+
+
 def not_run(out_dir: str, checked) -> list[str]:
     """The bundle README's bullet for the rows that did not run (``checked``: the study's
     guard on a path it reads)."""

@@ -387,6 +387,8 @@ def _profile(args) -> int:
 # `tiledattn profile --help`
 HELP = ("Nsight Compute on the attention kernels of representative shapes (records why when "
         "it cannot run)")
+
+
 def not_run(out_dir: str, checked) -> list[str]:
     """The bundle README's bullets: one per capture that did not run, with its reason
     (``checked``: the study's guard on a path it reads)."""

@@ -361,6 +361,8 @@ def _tune_through_launcher(args) -> int:
 # `tiledattn tune --help`
 HELP = ("time candidate schedules per shape bucket on this GPU and write the tuning table "
         "(resumable)")
+
+
 def not_run(out_dir: str, checked) -> list[str]:
     """The bundle README's bullet where the tuning table records why it did not run
     (``checked``: the study's guard on a path it reads)."""

@@ -329,6 +329,8 @@ def _variants_section(args) -> dict:
 HELP = ("each attention variant (sliding window, softcap, ALiBi, documents, prefix-LM) "
         "against FlexAttention, SDPA with a materialised mask and eager attention, forward "
         "and forward+backward; records why when it cannot run (resumable)")
+
+
 def not_run(out_dir: str, checked) -> list[str]:
     """The bundle README's bullets: one per method and status that did not run, with its
     reason (``checked``: the study's guard on a path it reads)."""
