@@ -350,7 +350,8 @@ def test_the_kit_splits_big_wheels_into_loads_and_the_machine_joins_and_installs
 def test_a_corrupted_part_is_refused_before_anything_is_installed(tmp_path):
     _, kit, loads = _kit(tmp_path)
     part = sorted(kit.glob("load*/fakebig-*.part01"))[0]
-    part.write_bytes(b"\0" + part.read_bytes()[1:])
+    data = part.read_bytes()  # random bytes: flip one, never overwrite it with what it may be
+    part.write_bytes(bytes([data[0] ^ 0xFF]) + data[1:])
     for load in loads[:-1]:
         _install(tmp_path, load)
     run = _install(tmp_path, loads[-1])
