@@ -197,6 +197,8 @@ def test_a_shard_signalled_before_its_time_limit_is_requeued_and_resumes(tmp_pat
         job_id = _wait_for(lambda: _job_ids(out), "submitted job", 120)[0]
         script = _wait_for(lambda: list((out / "logs").glob("*.sh")), "sbatch script", 30)[0]
         assert "#SBATCH --signal=USR2@60" in script.read_text()  # SLURM's own signal
+        # Both attempts write one log: the step appends too (srun's default may truncate).
+        assert re.search(r"^srun .*--open-mode=append", script.read_text(), re.M)
         rows = out / "rows-shard0of1.jsonl"
         _wait_for(lambda: _rows(rows), "first row", 300)
         subprocess.run(["scancel", "--signal=USR2", job_id], check=True, timeout=30)

@@ -157,7 +157,11 @@ def sbatch_parameters(o: SlurmOptions) -> dict:
     params = dict(partition=o.partition, account=o.account, qos=o.qos,
                   constraint=o.constraint, cpus_per_task=o.cpus_per_job, mem=f"{o.mem_gb}G",
                   time=o.time_min, signal_delay_s=o.signal_delay_s, job_name="tiledattn",
-                  additional_parameters=dict(o.extra_sbatch))
+                  additional_parameters=dict(o.extra_sbatch),
+                  # submitit's #SBATCH --open-mode=append covers the batch step only; srun's
+                  # own default is JobFileAppend (truncate unless a site sets it), and a
+                  # requeued job's srun then erased the first attempt's log in CI.
+                  srun_args=["--open-mode=append"])
     if o.gpus_per_job:
         params["gres"] = f"gpu:{o.gpus_per_job}"
     return {k: v for k, v in params.items() if v is not None}
