@@ -3,6 +3,7 @@
 #   bash benchmarks/gpu_batch.sh tests      # the GPU tests (variants, sdpa, backward, decode, HF)
 #   bash benchmarks/gpu_batch.sh ab-fwd     # A/B against .ab/<rev>/tiledattention, forward grid
 #   bash benchmarks/gpu_batch.sh ab-bwd     # the same, forward+backward
+#   bash benchmarks/gpu_batch.sh ab-host    # host cost and call latency against $AB and torch
 #   bash benchmarks/gpu_batch.sh variants   # sparsity targets and FlexAttention comparison
 #   bash benchmarks/gpu_batch.sh tune-bwd   # backward tune (quick space) into $OUT/h100.json
 #   bash benchmarks/gpu_batch.sh launch     # host cost of each step of a training call
@@ -28,6 +29,9 @@ case "${1:?what to run}" in
   ab-bwd)
     python benchmarks/ab_revision.py --other "$AB" --grid "${GRID:-quick}" --passes fwd+bwd \
       2>&1 | tee "$OUT/ab-bwd.log" ;;
+  ab-host)
+    python benchmarks/ab_host.py --other "$AB" --rounds "${ROUNDS:-8}" 2>&1 \
+      | tee "$OUT/ab-host.log" ;;
   variants)
     python benchmarks/variants.py --sparsity --flex 2>&1 | tee "$OUT/variants.log" ;;
   tune-bwd)
