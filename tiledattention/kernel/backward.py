@@ -120,15 +120,16 @@ def grad_scores(qk, dp, arrays, fns, aux, where, i, j, diag, ALL_MASKS, f, ROW_T
     score_mod, score_grad, mask_mod, captured_grad = fns
     A0, A1, A2, A3, G0, G1, G2, G3 = aux
     b, h, hk, seq_k, c, inv_scale, scale = where
-    q_pos = i * TILE_M + ct.arange(TILE_M, dtype=np.int32)
-    kv_pos = j * TILE_N + ct.arange(TILE_N, dtype=np.int32)
-    ROWS, COLS = TILE_M, TILE_N
-    q_idx = q_pos[:, None]
-    kv_idx = kv_pos[None, :]
+    # (Each orientation's index tiles in the order of the queries-as-rows original: the
+    # default kernels compile to the same SASS as before the flag.)
     if KEY_ROWS:
         ROWS, COLS = TILE_N, TILE_M
-        q_idx = q_pos[None, :]
-        kv_idx = kv_pos[:, None]
+        q_idx = (i * TILE_M + ct.arange(TILE_M, dtype=np.int32))[None, :]
+        kv_idx = (j * TILE_N + ct.arange(TILE_N, dtype=np.int32))[:, None]
+    else:
+        ROWS, COLS = TILE_M, TILE_N
+        q_idx = (i * TILE_M + ct.arange(TILE_M, dtype=np.int32))[:, None]
+        kv_idx = (j * TILE_N + ct.arange(TILE_N, dtype=np.int32))[None, :]
     s = modified(qk, b, h, q_idx, kv_idx, score_mod, A0, A1, A2, A3, scale, HAS_SCORE_MOD)
     if f.HAS_MASK:
         bias = load_bias(Mask, b, h, i, j, TILE_M, TILE_N, f.MASK_BATCH, f.MASK_HEAD,
@@ -155,6 +156,14 @@ def grad_scores(qk, dp, arrays, fns, aux, where, i, j, diag, ALL_MASKS, f, ROW_T
     ds = score_gradient(p, dp, delta, qk, b, h, q_idx, kv_idx, score_grad, A0, A1, A2, A3,
                         scale, HAS_SCORE_MOD)
     return p.astype(Q.dtype), ds.astype(Q.dtype)
+
+
+def keys_as_rows(t, KEY_ROWS):
+    """A [queries, keys] tile as the row operand of dV's and dK's products; a tile made
+    with ``KEY_ROWS`` is that already."""
+    if KEY_ROWS:
+        return t
+    return ct.transpose(t)
 
 
 def dkdv_tile(kv, acc, arrays, fns, aux, where, i, bid_n, diag, ALL_MASKS, f, dQacc):
@@ -185,10 +194,10 @@ def dkdv_tile(kv, acc, arrays, fns, aux, where, i, bid_n, diag, ALL_MASKS, f, dQ
                  TILE_M, NCHUNK)
         dpt = dot(vt0, vt1, vt2, ct.transpose(do0), ct.transpose(do1), ct.transpose(do2),
                   TILE_N, TILE_M, NCHUNK)
-        pt, dst = grad_scores(st, dpt, arrays, fns, aux, where, i, bid_n, diag, ALL_MASKS, f,
-                              f.HAS_SCORE_MOD, True)
+        p, ds = grad_scores(st, dpt, arrays, fns, aux, where, i, bid_n, diag, ALL_MASKS, f,
+                            f.HAS_SCORE_MOD, True)  # P^T and dS^T
         if f.DQ_ATOMIC:
-            dq_reduce(dQacc, ct.transpose(dst), k0, k1, k2, b, h, i, TILE_M, W0, W1, W2,
+            dq_reduce(dQacc, ct.transpose(ds), k0, k1, k2, b, h, i, TILE_M, W0, W1, W2,
                       NCHUNK)
     else:
         qk = dot(q0, q1, q2, kt0, kt1, kt2, TILE_M, TILE_N, NCHUNK)
@@ -197,10 +206,10 @@ def dkdv_tile(kv, acc, arrays, fns, aux, where, i, bid_n, diag, ALL_MASKS, f, dQ
                             f.HAS_SCORE_MOD, False)
         if f.DQ_ATOMIC:
             dq_reduce(dQacc, ds, k0, k1, k2, b, h, i, TILE_M, W0, W1, W2, NCHUNK)
-        pt = ct.transpose(p)
-        dst = ct.transpose(ds)
-    dv0, dv1, dv2 = mma_into(pt, do0, do1, do2, dv0, dv1, dv2, NCHUNK)
-    dk0, dk1, dk2 = mma_into(dst, q0, q1, q2, dk0, dk1, dk2, NCHUNK)
+    # Each transpose right before its product, as before the flag (same default SASS).
+    dv0, dv1, dv2 = mma_into(keys_as_rows(p, f.KEY_ROWS), do0, do1, do2, dv0, dv1, dv2,
+                             NCHUNK)
+    dk0, dk1, dk2 = mma_into(keys_as_rows(ds, f.KEY_ROWS), q0, q1, q2, dk0, dk1, dk2, NCHUNK)
     return dk0, dk1, dk2, dv0, dv1, dv2
 
 
