@@ -7,11 +7,18 @@ decide the backward's speed — HGMMA (warp-group MMAs), UTMAREDG (TMA reduce-ad
 UTMALDG / UTMASTG, per-element atomics (ATOMG / REDG / MEMBAR) and local-memory spills
 (STL / LDL).
 
+``--step`` adds what one iteration of the dK/dV program's query loop does, per thread
+(``step_counts``): the instructions of the loop body, its warp-group MMAs by where their
+row operand comes from (registers or a shared-memory descriptor), shared-memory stores
+and loads (STS, STSM, LDS: the transposes of P and dS show here), CTA barriers and
+fences.
+
 cuobjdump is not in cuda-tile's wheels: ``pip download nvidia-cuda-cuobjdump==13.4.92``,
 unzip, and pass ``--cuobjdump PATH`` (or have it on PATH).
 
     python benchmarks/bwd_sass.py --head-dim 64,128 kv64x128_q128x64_o1_w8_atomic
     python benchmarks/bwd_sass.py --head-dim 256 --causal kv64x64_q64x64_o1_w8
+    python benchmarks/bwd_sass.py --step kv64x128_q128x64_o1_w8_atomic_keyrows
 """
 
 from __future__ import annotations
@@ -31,10 +38,13 @@ from tiledattention.kernel.variant import BwdVariant  # noqa: E402
 from tiledattention.schedules.backward import BwdSchedule  # noqa: E402
 
 COUNTED = ("HGMMA", "UTMAREDG", "UTMALDG", "UTMASTG", "ATOMG", "REDG", "MEMBAR", "STL", "LDL")
+STEP = ("INSTR", "HGMMA_REG", "HGMMA_SMEM", "STS", "STSM", "LDS", "BAR", "PRMT", "MEMBAR",
+        "FENCE")
+_INSTR = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Za-z0-9_.]*)([^;]*);")
 
 
-def sass_counts(cubin: bytes, cuobjdump: str) -> dict[str, object]:
-    """Instruction counts, registers and stack of one cubin."""
+def disassemble(cubin: bytes, cuobjdump: str) -> tuple[str, str]:
+    """(SASS listing, resource usage) of one cubin."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
@@ -42,13 +52,52 @@ def sass_counts(cubin: bytes, cuobjdump: str) -> dict[str, object]:
                               check=True).stdout
         res = subprocess.run([cuobjdump, "-res-usage", f.name], capture_output=True,
                              text=True, check=True).stdout
-    ops = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass)
+    return sass, res
+
+
+def sass_counts(cubin: bytes, cuobjdump: str) -> dict[str, object]:
+    """Instruction counts, registers and stack of one cubin."""
+    sass, res = disassemble(cubin, cuobjdump)
+    ops = [m.group(2) for m in _INSTR.finditer(sass)]
     out: dict[str, object] = {k: sum(1 for op in ops if op.split(".")[0] == k)
                               for k in COUNTED}
     reg = re.search(r"REG:(\d+)", res)
     stack = re.search(r"STACK:(\d+)", res)
     out["REG"] = int(reg.group(1)) if reg else None
     out["STACK"] = int(stack.group(1)) if stack else None
+    return out
+
+
+def step_counts(sass: str) -> dict[str, int] | None:
+    """Per-thread counts of one iteration of the query loop: the first innermost loop (a
+    backward branch) whose body holds warp-group MMAs, leaving out the retry stubs of the
+    barrier waits at the function's end (their bodies span an EXIT). None: no such loop."""
+    instrs = [(int(m.group(1), 16), m.group(2), m.group(3)) for m in _INSTR.finditer(sass)]
+    loops = []
+    for addr, op, rest in instrs:
+        target = re.search(r"0x([0-9a-f]+)", rest) if op == "BRA" else None
+        if target and int(target.group(1), 16) < addr:
+            body = [i for i in instrs if int(target.group(1), 16) <= i[0] <= addr]
+            ops = [o for _, o, _ in body]
+            if any(o.startswith("HGMMA") for o in ops) and "EXIT" not in ops:
+                loops.append(body)
+    inner = [b for b in loops
+             if not any(o is not b and b[0][0] <= o[0][0] and o[-1][0] <= b[-1][0] for o in loops)]
+    if not inner:
+        return None
+    body = min(inner, key=lambda b: b[0][0])
+    out = dict.fromkeys(STEP, 0)
+    out["INSTR"] = len(body)
+    for _, op, rest in body:
+        name = op.split(".")[0]
+        if name == "HGMMA":
+            # HGMMA Rd, Ra, gdesc[...]: the row operand in registers; Rd, gdesc, gdesc: both
+            # operands in shared memory
+            out["HGMMA_REG" if re.match(r"\s*R\d+,\s*R\d+", rest) else "HGMMA_SMEM"] += 1
+        elif op.startswith("BAR.SYNC"):
+            out["BAR"] += 1
+        elif name in out:
+            out[name] += 1
     return out
 
 
@@ -60,11 +109,14 @@ def main(argv=None) -> int:
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--gpu-code", default="sm_90")
     ap.add_argument("--cuobjdump", default=shutil.which("cuobjdump"))
+    ap.add_argument("--step", action="store_true",
+                    help="also count one iteration of the query loop (per thread)")
     args = ap.parse_args(argv)
     if not args.cuobjdump:
         print("cuobjdump not found: pass --cuobjdump PATH (pip nvidia-cuda-cuobjdump)")
         return 2
-    print("D  causal  schedule  kernel  " + "  ".join(COUNTED) + "  REG  STACK")
+    print("D  causal  schedule  kernel  " + "  ".join(COUNTED) + "  REG  STACK"
+          + ("  | step: " + "  ".join(STEP) if args.step else ""))
     for d in (int(x) for x in args.head_dim.split(",")):
         for label in args.schedules:
             v = BwdVariant(args.dtype, d, args.causal, BwdSchedule.from_label(label),
@@ -75,9 +127,14 @@ def main(argv=None) -> int:
                                               and v.schedule.dq == "atomic"):
                     continue
                 c = sass_counts(cubin, args.cuobjdump)
+                step = ""
+                if args.step:
+                    st = step_counts(disassemble(cubin, args.cuobjdump)[0])
+                    step = "  | " + ("no loop" if st is None
+                                     else "  ".join(str(st[k]) for k in STEP))
                 print(f"{d}  {args.causal}  {label}  {name.removeprefix('attention_bwd_')}  "
-                      + "  ".join(str(c[k]) for k in COUNTED) + f"  {c['REG']}  {c['STACK']}",
-                      flush=True)
+                      + "  ".join(str(c[k]) for k in COUNTED) + f"  {c['REG']}  {c['STACK']}"
+                      + step, flush=True)
     return 0
 
 

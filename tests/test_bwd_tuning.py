@@ -105,6 +105,24 @@ def test_backward_label_round_trips_worker_warps_and_atomics():
         BwdSchedule(worker_warps=6)
 
 
+def test_keys_as_rows_is_a_labelled_field_off_by_default_and_in_no_search_space():
+    s = BwdSchedule(64, 128, 128, 64, 1, dq="atomic", worker_warps=8, key_rows=True)
+    assert s.label() == "kv64x128_q128x64_o1_w8_atomic_keyrows"
+    assert BwdSchedule.from_label(s.label()) == s
+    assert BwdSchedule.from_label("kv64x64_q64x64_o2_keyrows").key_rows
+    assert not BwdSchedule().key_rows and "keyrows" not in BwdSchedule().label()
+    for space in ("quick", "full"):
+        assert not any(x.key_rows for x in bwd_space_for(128, space))
+    for d in (64, 128, 160, 256):
+        assert not default_bwd_schedule(d, False).key_rows
+    # the dK/dV kernel gets it as a constant; the dQ kernel has no such flag
+    from tiledattention.kernel.variant import BwdVariant
+
+    v = BwdVariant("bfloat16", 128, False, s)
+    assert v.constants("attention_bwd_dkdv")["KEY_ROWS"] is True
+    assert "KEY_ROWS" not in v.constants("attention_bwd_dq")
+
+
 def bwd_entry(b, label, tflops=300.0):
     return BwdEntry(bucket=b, best=BwdSchedule.from_label(label), best_tflops=tflops,
                     runner_up=BwdSchedule(), runner_up_tflops=tflops * 0.9, gpu="H100",

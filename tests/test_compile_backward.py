@@ -2,7 +2,8 @@
 
 A slice in which every compile-time flag of the three backward kernels takes each of its
 values at least once on sm_90 (dtype, causal, even key tail, the three mask layouts, the
-LSE gradient, one to three head-dim chunks, dQ by kernel or by atomics), and a smaller
+LSE gradient, one to three head-dim chunks, dQ by kernel or by atomics, queries or keys as
+the dK/dV program's MMA rows), and a smaller
 slice for sm_100 and sm_120, each into a fresh cuTile cache (tests/conftest.py). The full
 dtype x causal x mask x D matrix (60 variants) would take over an hour per target on CI's
 two cores.
@@ -29,6 +30,7 @@ if tileiras_path() is None:
 EM_CUDA = 190
 REDUCE_128 = "kv64x128_q128x64_o1_w8_atomic"
 REDUCE_256 = "kv64x64_q64x64_o1_w8_atomic"
+KEY_ROWS_128 = REDUCE_128 + "_keyrows"
 
 
 def variant(dtype, d, causal, mask="none", *, even=True, dlse=False, schedule=None):
@@ -52,6 +54,11 @@ HOPPER = [
     # 256-wide chunk reduced as two 128-wide boxes) with a key tail
     variant("bfloat16", 128, True, schedule=BwdSchedule.from_label(REDUCE_128)),
     variant("float16", 256, False, even=False, schedule=BwdSchedule.from_label(REDUCE_256)),
+    # keys as the dK/dV MMA rows (S^T = K Q^T): reduce-add, and the seven-matmul program
+    # with two chunks, a key tail and a full additive mask (read transposed)
+    variant("bfloat16", 128, False, schedule=BwdSchedule.from_label(KEY_ROWS_128)),
+    variant("float16", 96, True, "full", even=False,
+            schedule=BwdSchedule.from_label("kv64x128_q128x64_o1_w8_keyrows")),
 ]
 BLACKWELL = [HOPPER[1], HOPPER[2]]
 CASES = ([(v, "sm_90") for v in HOPPER] + [(v, t) for t in ("sm_100", "sm_120")
@@ -64,7 +71,7 @@ def test_the_slice_covers_every_flag_value():
         for k in KERNELS:
             for name, value in v.constants(k).items():
                 seen.setdefault(f"{k}.{name}", set()).add(value)
-    for key in ("CAUSAL", "EVEN_N", "HAS_MASK", "MASK_ROWS", "DQ_ATOMIC"):
+    for key in ("CAUSAL", "EVEN_N", "HAS_MASK", "MASK_ROWS", "DQ_ATOMIC", "KEY_ROWS"):
         assert seen[f"attention_bwd_dkdv.{key}"] == {False, True}, key
     assert seen["attention_bwd_dkdv.NCHUNK"] == {1, 2, 3}
     assert seen["attention_bwd_delta.HAS_DLSE"] == {False, True}
@@ -115,3 +122,42 @@ def test_dq_reduce_add_compiles_to_tma_reductions_without_spills():
     assert counts["UTMAREDG"] > 0 and counts["HGMMA"] > 0, counts
     assert counts["ATOMG"] == counts["REDG"] == 0, counts
     assert counts["STL"] == counts["LDL"] == 0, counts
+
+
+def _sass_tools():
+    import shutil
+    import sys
+    from pathlib import Path
+
+    cuobjdump = shutil.which("cuobjdump")
+    if cuobjdump is None:
+        pytest.skip("cuobjdump not on PATH (pip nvidia-cuda-cuobjdump)")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import bwd_sass
+
+    return cuobjdump, bwd_sass
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("label", (REDUCE_128, "kv64x128_q128x64_o1_w8"))
+def test_keys_as_rows_drop_the_transposes_of_p_and_ds_from_each_step(label):
+    """With keys as the dK/dV MMA rows, P^T and dS^T leave their MMAs as the row operands
+    of dV and dK: one step of the query loop stores and loads less shared memory, has no
+    byte permutes (the transposes' repacking) and fewer CTA barriers, keeps its warp-group
+    MMAs with the row operand of dV and dK in registers, and spills nothing (sm_90 SASS,
+    D = 128 bf16, read with benchmarks/bwd_sass.py)."""
+    from tiledattention.kernel.compile import export_bwd_cubins
+
+    cuobjdump, bwd_sass = _sass_tools()
+    step, whole = {}, {}
+    for rows in ("", "_keyrows"):
+        v = variant("bfloat16", 128, False, schedule=BwdSchedule.from_label(label + rows))
+        cubin = export_bwd_cubins(v, "sm_90")["attention_bwd_dkdv"]
+        whole[rows] = bwd_sass.sass_counts(cubin, cuobjdump)
+        step[rows] = bwd_sass.step_counts(bwd_sass.disassemble(cubin, cuobjdump)[0])
+    queries, keys = step[""], step["_keyrows"]
+    assert queries["PRMT"] > 0 and keys["PRMT"] == 0, (queries, keys)
+    assert keys["STS"] + keys["STSM"] < queries["STS"] + queries["STSM"], (queries, keys)
+    assert keys["BAR"] < queries["BAR"], (queries, keys)
+    assert keys["HGMMA_REG"] == queries["HGMMA_REG"] > 0, (queries, keys)
+    assert whole["_keyrows"]["STL"] == whole["_keyrows"]["LDL"] == 0, whole

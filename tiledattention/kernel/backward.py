@@ -102,7 +102,8 @@ def attention_bwd_delta(
                  tile=ct.full((1, 1, TILE_M, WD), 0.0, dtype=np.float32))
 
 
-def grad_scores(qk, dp, arrays, fns, aux, where, i, j, diag, ALL_MASKS, f, ROW_TAIL):
+def grad_scores(qk, dp, arrays, fns, aux, where, i, j, diag, ALL_MASKS, f, ROW_TAIL,
+                KEY_ROWS):
     """P and dS of query tile ``i`` against key tile ``j`` from its products ``qk = Q K^T``
     and ``dp = dO V^T``, both rounded to the input dtype for the MMAs: the shared step of
     the dK/dV and dQ kernels. Grouped arguments as the forward's ``fwd_tile``: ``arrays``
@@ -110,27 +111,43 @@ def grad_scores(qk, dp, arrays, fns, aux, where, i, j, diag, ALL_MASKS, f, ROW_T
     ``where`` (b, h, hk, seq_k, c, inv_scale, scale); ``aux`` A0..A3 and G0..G3 (the
     captured tensors and their gradients' fp32 accumulators); ``f`` the kernel's flags
     (``DkdvFlags`` or ``DqFlags``: the fields read here are common to both); ``ROW_TAIL``
-    mask the padded query rows (``masked_rows``)."""
+    mask the padded query rows (``masked_rows``). ``KEY_ROWS``: the products are the
+    transposes, ``K Q^T`` and ``V dO^T`` [keys, queries], and so are P and dS: the same
+    elementwise steps on index tiles and row statistics laid out the other way."""
     TILE_M, TILE_N, CAUSAL, TAIL = f.TILE_M, f.TILE_N, f.CAUSAL, not f.EVEN_N
     HAS_SCORE_MOD = f.HAS_SCORE_MOD
     Q, K, V, dOut, Lse, Delta, Mask = arrays
     score_mod, score_grad, mask_mod, captured_grad = fns
     A0, A1, A2, A3, G0, G1, G2, G3 = aux
     b, h, hk, seq_k, c, inv_scale, scale = where
-    q_idx = (i * TILE_M + ct.arange(TILE_M, dtype=np.int32))[:, None]
-    kv_idx = (j * TILE_N + ct.arange(TILE_N, dtype=np.int32))[None, :]
+    # (Each orientation's index tiles in the order of the queries-as-rows original: the
+    # default kernels compile to the same SASS as before the flag.)
+    if KEY_ROWS:
+        ROWS, COLS = TILE_N, TILE_M
+        q_idx = (i * TILE_M + ct.arange(TILE_M, dtype=np.int32))[None, :]
+        kv_idx = (j * TILE_N + ct.arange(TILE_N, dtype=np.int32))[:, None]
+    else:
+        ROWS, COLS = TILE_M, TILE_N
+        q_idx = (i * TILE_M + ct.arange(TILE_M, dtype=np.int32))[:, None]
+        kv_idx = (j * TILE_N + ct.arange(TILE_N, dtype=np.int32))[None, :]
     s = modified(qk, b, h, q_idx, kv_idx, score_mod, A0, A1, A2, A3, scale, HAS_SCORE_MOD)
     if f.HAS_MASK:
-        s = s + load_bias(Mask, b, h, i, j, TILE_M, TILE_N, f.MASK_BATCH, f.MASK_HEAD,
-                          f.MASK_ROWS) * inv_scale
+        bias = load_bias(Mask, b, h, i, j, TILE_M, TILE_N, f.MASK_BATCH, f.MASK_HEAD,
+                         f.MASK_ROWS)
+        if KEY_ROWS:
+            bias = ct.transpose(bias)
+        s = s + bias * inv_scale
     if ALL_MASKS:
-        s = masked(s, keep_tile(b, h, q_idx, kv_idx, seq_k, mask_mod, A0, A1, A2, A3, TILE_M,
-                                TILE_N, CAUSAL, TAIL, f.HAS_MASK_MOD))
+        s = masked(s, keep_tile(b, h, q_idx, kv_idx, seq_k, mask_mod, A0, A1, A2, A3, ROWS,
+                                COLS, CAUSAL, TAIL, f.HAS_MASK_MOD))
     elif (CAUSAL or TAIL) and diag:
-        s = masked(s, keep_tile(b, h, q_idx, kv_idx, seq_k, mask_mod, A0, A1, A2, A3, TILE_M,
-                                TILE_N, CAUSAL, TAIL, False))
+        s = masked(s, keep_tile(b, h, q_idx, kv_idx, seq_k, mask_mod, A0, A1, A2, A3, ROWS,
+                                COLS, CAUSAL, TAIL, False))
     s = masked_rows(s, q_idx, Q.shape[2], ROW_TAIL)
     lse, delta = load_row_stats(Lse, Delta, b, h, i, TILE_M, bwd_zero_safe(f))
+    if KEY_ROWS:
+        lse = lse.reshape((1, TILE_M))
+        delta = delta.reshape((1, TILE_M))
     p = ct.exp2(s * c - lse, flush_to_zero=True)
     # d out / d (modified score), 0 wherever P is, for the captured tensors' gradients
     # (the dK/dV program's ``captured_grad`` adds it up; the others' does nothing).
@@ -141,10 +158,28 @@ def grad_scores(qk, dp, arrays, fns, aux, where, i, j, diag, ALL_MASKS, f, ROW_T
     return p.astype(Q.dtype), ds.astype(Q.dtype)
 
 
+def keys_as_rows(t, KEY_ROWS):
+    """A [queries, keys] tile as the row operand of dV's and dK's products; a tile made
+    with ``KEY_ROWS`` is that already."""
+    if KEY_ROWS:
+        return t
+    return ct.transpose(t)
+
+
 def dkdv_tile(kv, acc, arrays, fns, aux, where, i, bid_n, diag, ALL_MASKS, f, dQacc):
     """Query tile ``i`` of one key tile's dK/dV program (and its dQ share by atomics into
-    the fp32 ``dQacc`` with ``f.DQ_ATOMIC``). ``kv``: the key tile's (K^T, V^T, K) chunks
-    kept on chip; ``acc`` (dk0..2, dv0..2); ``f`` the ``DkdvFlags``."""
+    the fp32 ``dQacc`` with ``f.DQ_ATOMIC``). ``kv``: the key tile's chunks kept on chip,
+    (K^T, V^T, K) or, with ``f.KEY_ROWS``, (K, V, K); ``acc`` (dk0..2, dv0..2); ``f`` the
+    ``DkdvFlags``.
+
+    ``KEY_ROWS`` (FlashAttention-3's swapped orientation): the scores are computed as
+    S^T = K Q^T and dP^T = V dO^T, keys as the MMA rows, so P^T and dS^T leave the MMA
+    as the row operands of dV += P^T dO and dK += dS^T Q, and each consumer warp group
+    keeps its own keys' rows of S^T, dK and dV. Without it (queries as the rows) P and dS
+    are transposed into those products, which tileiras stages through shared memory on
+    every step (sm_90 SASS: 8 STS.64, a CTA barrier and 4 LDS.128 per thread for each of
+    P and dS; benchmarks/notes-drafts/bwd-orient.md). Only dS K (the dQ share) then
+    takes a transpose."""
     TILE_M, TILE_N, NCHUNK, W0, W1, W2 = f.TILE_M, f.TILE_N, f.NCHUNK, f.W0, f.W1, f.W2
     Q, K, V, dOut, Lse, Delta, Mask = arrays
     b, h = where[:2]
@@ -152,16 +187,29 @@ def dkdv_tile(kv, acc, arrays, fns, aux, where, i, bid_n, diag, ALL_MASKS, f, dQ
     dk0, dk1, dk2, dv0, dv1, dv2 = acc
     q0, q1, q2 = load_rows(Q, b, h, i, TILE_M, W0, W1, W2, NCHUNK, None)
     do0, do1, do2 = load_rows(dOut, b, h, i, TILE_M, W0, W1, W2, NCHUNK, None)
-    qk = dot(q0, q1, q2, kt0, kt1, kt2, TILE_M, TILE_N, NCHUNK)
-    dp = dot(do0, do1, do2, vt0, vt1, vt2, TILE_M, TILE_N, NCHUNK)
     # A score_mod may give the padded query rows of the last query tile large scores:
     # they are masked; the plain kernels' padded rows add zeros anyway.
-    p, ds = grad_scores(qk, dp, arrays, fns, aux, where, i, bid_n, diag, ALL_MASKS, f,
-                        f.HAS_SCORE_MOD)
-    if f.DQ_ATOMIC:
-        dq_reduce(dQacc, ds, k0, k1, k2, b, h, i, TILE_M, W0, W1, W2, NCHUNK)
-    dv0, dv1, dv2 = mma_into(ct.transpose(p), do0, do1, do2, dv0, dv1, dv2, NCHUNK)
-    dk0, dk1, dk2 = mma_into(ct.transpose(ds), q0, q1, q2, dk0, dk1, dk2, NCHUNK)
+    if f.KEY_ROWS:
+        st = dot(kt0, kt1, kt2, ct.transpose(q0), ct.transpose(q1), ct.transpose(q2), TILE_N,
+                 TILE_M, NCHUNK)
+        dpt = dot(vt0, vt1, vt2, ct.transpose(do0), ct.transpose(do1), ct.transpose(do2),
+                  TILE_N, TILE_M, NCHUNK)
+        p, ds = grad_scores(st, dpt, arrays, fns, aux, where, i, bid_n, diag, ALL_MASKS, f,
+                            f.HAS_SCORE_MOD, True)  # P^T and dS^T
+        if f.DQ_ATOMIC:
+            dq_reduce(dQacc, ct.transpose(ds), k0, k1, k2, b, h, i, TILE_M, W0, W1, W2,
+                      NCHUNK)
+    else:
+        qk = dot(q0, q1, q2, kt0, kt1, kt2, TILE_M, TILE_N, NCHUNK)
+        dp = dot(do0, do1, do2, vt0, vt1, vt2, TILE_M, TILE_N, NCHUNK)
+        p, ds = grad_scores(qk, dp, arrays, fns, aux, where, i, bid_n, diag, ALL_MASKS, f,
+                            f.HAS_SCORE_MOD, False)
+        if f.DQ_ATOMIC:
+            dq_reduce(dQacc, ds, k0, k1, k2, b, h, i, TILE_M, W0, W1, W2, NCHUNK)
+    # Each transpose right before its product, as before the flag (same default SASS).
+    dv0, dv1, dv2 = mma_into(keys_as_rows(p, f.KEY_ROWS), do0, do1, do2, dv0, dv1, dv2,
+                             NCHUNK)
+    dk0, dk1, dk2 = mma_into(keys_as_rows(ds, f.KEY_ROWS), q0, q1, q2, dk0, dk1, dk2, NCHUNK)
     return dk0, dk1, dk2, dv0, dv1, dv2
 
 
@@ -223,7 +271,8 @@ def dq_tile(q, do, acc, arrays, fns, aux, where, bid_m, j, diag, ALL_MASKS, f):
     qk, dp = dots_streamed(q0, q1, q2, do0, do1, do2, K, V, b, hk, j, TILE_N, TILE_M, W0, W1,
                            W2, NCHUNK)
     # Padded query rows of dQ are never stored and stay in their own rows: no row mask.
-    _, ds = grad_scores(qk, dp, arrays, fns, aux, where, bid_m, j, diag, ALL_MASKS, f, False)
+    _, ds = grad_scores(qk, dp, arrays, fns, aux, where, bid_m, j, diag, ALL_MASKS, f, False,
+                        False)
     return mma_streamed(ds, K, b, hk, j, TILE_N, dq0, dq1, dq2, W0, W1, W2, NCHUNK, None)
 
 
@@ -244,13 +293,19 @@ def dkdv_program(Q, K, V, dOut, Lse, Delta, Mask, extra, dK, dV, dQacc, scalars,
     TAIL = not f.EVEN_N
 
     # K and V of this key tile stay on chip: K^T and V^T for the score products
-    # (Q K^T, dO V^T), as the forward loads K; K itself for dS K (atomic dQ only).
-    kt = load_cols(K, b, hk, bid_n, TILE_N, W0, W1, W2, NCHUNK, None)
-    vt = load_cols(V, b, hk, bid_n, TILE_N, W0, W1, W2, NCHUNK, None)
-    k_rows = kt
-    if f.DQ_ATOMIC:
+    # (Q K^T, dO V^T), as the forward loads K; K itself for dS K (atomic dQ only). With
+    # KEY_ROWS the score products are K Q^T and V dO^T: K and V as they lie, K serving
+    # dS K too.
+    if f.KEY_ROWS:
         k_rows = load_rows(K, b, hk, bid_n, TILE_N, W0, W1, W2, NCHUNK, None)
-    kv = (kt, vt, k_rows)
+        kv = (k_rows, load_rows(V, b, hk, bid_n, TILE_N, W0, W1, W2, NCHUNK, None), k_rows)
+    else:
+        kt = load_cols(K, b, hk, bid_n, TILE_N, W0, W1, W2, NCHUNK, None)
+        vt = load_cols(V, b, hk, bid_n, TILE_N, W0, W1, W2, NCHUNK, None)
+        k_rows = kt
+        if f.DQ_ATOMIC:
+            k_rows = load_rows(K, b, hk, bid_n, TILE_N, W0, W1, W2, NCHUNK, None)
+        kv = (kt, vt, k_rows)
     dk0, dk1, dk2 = zeros_chunks(TILE_N, W0, W1, W2)
     dv0, dv1, dv2 = zeros_chunks(TILE_N, W0, W1, W2)
     acc = (dk0, dk1, dk2, dv0, dv1, dv2)
@@ -345,6 +400,7 @@ def attention_bwd_dkdv(
     CAUSAL: ConstBool, EVEN_N: ConstBool,
     HAS_MASK: ConstBool, MASK_BATCH: ConstBool, MASK_HEAD: ConstBool, MASK_ROWS: ConstBool,
     DQ_ATOMIC: ConstBool, MASK_ALL: ConstBool,
+    KEY_ROWS: ConstBool,  # keys as the MMA rows: S^T = K Q^T (``dkdv_tile``)
 ):
     """Plain dK/dV (no variant functions, no block mask): only the arrays it reads."""
     dkdv_program(Q, K, V, dOut, Lse, Delta, Mask,
@@ -353,7 +409,7 @@ def attention_bwd_dkdv(
                  DkdvFlags(TILE_M=TILE_M, TILE_N=TILE_N, NCHUNK=NCHUNK, W0=W0, W1=W1, W2=W2,
                            CAUSAL=CAUSAL, EVEN_N=EVEN_N, HAS_MASK=HAS_MASK,
                            MASK_BATCH=MASK_BATCH, MASK_HEAD=MASK_HEAD, MASK_ROWS=MASK_ROWS,
-                           DQ_ATOMIC=DQ_ATOMIC, MASK_ALL=MASK_ALL),
+                           DQ_ATOMIC=DQ_ATOMIC, MASK_ALL=MASK_ALL, KEY_ROWS=KEY_ROWS),
                  (no_score_mod, no_score_mod, no_mask_mod, no_captured_grad))
 
 
@@ -365,7 +421,7 @@ def attention_bwd_dkdv_variant(
     TILE_M: ConstInt, TILE_N: ConstInt, NCHUNK: ConstInt,
     W0: ConstInt, W1: ConstInt, W2: ConstInt, CAUSAL: ConstBool, EVEN_N: ConstBool,
     HAS_MASK: ConstBool, MASK_BATCH: ConstBool, MASK_HEAD: ConstBool,
-    MASK_ROWS: ConstBool, DQ_ATOMIC: ConstBool, MASK_ALL: ConstBool,
+    MASK_ROWS: ConstBool, DQ_ATOMIC: ConstBool, MASK_ALL: ConstBool, KEY_ROWS: ConstBool,
     HAS_SCORE_MOD: ConstBool, HAS_MASK_MOD: ConstBool,
     BLOCK_SPARSE: ConstBool, BLK_BATCH: ConstBool, BLK_HEAD: ConstBool,
 ):
@@ -377,7 +433,8 @@ def attention_bwd_dkdv_variant(
                  DkdvFlags(TILE_M=TILE_M, TILE_N=TILE_N, NCHUNK=NCHUNK, W0=W0, W1=W1, W2=W2,
                            CAUSAL=CAUSAL, EVEN_N=EVEN_N, HAS_MASK=HAS_MASK,
                            MASK_BATCH=MASK_BATCH, MASK_HEAD=MASK_HEAD, MASK_ROWS=MASK_ROWS,
-                           DQ_ATOMIC=DQ_ATOMIC, MASK_ALL=MASK_ALL, HAS_SCORE_MOD=HAS_SCORE_MOD,
+                           DQ_ATOMIC=DQ_ATOMIC, MASK_ALL=MASK_ALL, KEY_ROWS=KEY_ROWS,
+                           HAS_SCORE_MOD=HAS_SCORE_MOD,
                            HAS_MASK_MOD=HAS_MASK_MOD, BLOCK_SPARSE=BLOCK_SPARSE,
                            BLK_BATCH=BLK_BATCH, BLK_HEAD=BLK_HEAD),
                  (SCORE_MOD, SCORE_GRAD, MASK_MOD, SCORE_CAPGRAD))

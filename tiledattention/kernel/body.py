@@ -210,11 +210,13 @@ def modified(qk, b, h, q_idx, kv_idx, score_mod, A0, A1, A2, A3, scale, HAS_SCOR
     return qk
 
 
-def keep_tile(b, h, q_idx, kv_idx, seq_k, mask_mod, A0, A1, A2, A3, TILE_M, TILE_N,
+def keep_tile(b, h, q_idx, kv_idx, seq_k, mask_mod, A0, A1, A2, A3, ROWS, COLS,
               CAUSAL, TAIL, HAS_MASK_MOD):
-    """Which (query, key) pairs of a tile attend: causality (top-left aligned, as torch's
-    ``is_causal``), the key tail past ``seq_k``, and the user's ``mask_mod``."""
-    keep = ct.full((TILE_M, TILE_N), True, dtype=np.bool_)
+    """Which (query, key) pairs of a [ROWS, COLS] tile attend: causality (top-left
+    aligned, as torch's ``is_causal``), the key tail past ``seq_k``, and the user's
+    ``mask_mod``. Queries are the rows ([TILE_M, 1] ``q_idx``) or, in the dK/dV program's
+    ``KEY_ROWS`` orientation, the columns ([1, TILE_M])."""
+    keep = ct.full((ROWS, COLS), True, dtype=np.bool_)
     if TAIL:
         keep = keep & (kv_idx < seq_k)
     if CAUSAL:

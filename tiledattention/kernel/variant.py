@@ -137,6 +137,7 @@ class BwdVariant(_Shared):
         if kernel.startswith("attention_bwd_dkdv"):
             return dict(TILE_M=s.dkdv_m, TILE_N=s.dkdv_n, EVEN_N=self.even_n,
                         DQ_ATOMIC=s.dq == "atomic", MASK_ALL=self.causal and self.head_dim > 128,
+                        KEY_ROWS=s.key_rows,
                         **self.shared().constants())
         return dict(TILE_M=s.dq_m, TILE_N=s.dq_n, EVEN_N=self.even_n,
                     **self.shared().constants())

@@ -16,7 +16,7 @@ from .space import DEFAULT_WORKER_WARPS, MAX_REGISTERS_PER_THREAD, REGISTER_BYTE
 
 DQ_MODES = ("kernel", "atomic")
 BWD_TILES = (32, 64, 128)
-_LABEL = re.compile(r"kv(\d+)x(\d+)_q(\d+)x(\d+)_o(\d+)(_w8)?(_atomic)?")
+_LABEL = re.compile(r"kv(\d+)x(\d+)_q(\d+)x(\d+)_o(\d+)(_w8)?(_atomic)?(_keyrows)?")
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,10 @@ class BwdSchedule:
     # cuTile's num_worker_warps for both score kernels: None = the compiler's default (4),
     # 8 = two consumer warp groups sharing the CTA's fp32 state (half the registers each).
     worker_warps: int | None = None
+    # The dK/dV program's orientation: False, queries as the MMA rows (S = Q K^T, P and dS
+    # transposed into dV and dK); True, keys as the rows (S^T = K Q^T: P^T and dS^T are
+    # the row operands as they come; ``kernel.backward.dkdv_tile``). Label ``_keyrows``.
+    key_rows: bool = False
 
     def __post_init__(self) -> None:
         if self.dq not in DQ_MODES:
@@ -56,7 +60,8 @@ class BwdSchedule:
     def label(self) -> str:
         return (f"kv{self.dkdv_m}x{self.dkdv_n}_q{self.dq_m}x{self.dq_n}_o{self.occupancy}"
                 f"{'_w8' if self.worker_warps == 8 else ''}"
-                f"{'_atomic' if self.dq == 'atomic' else ''}")
+                f"{'_atomic' if self.dq == 'atomic' else ''}"
+                f"{'_keyrows' if self.key_rows else ''}")
 
     def hints(self) -> dict:
         """cuTile's compiler hints of the dK/dV and dQ kernels."""
@@ -69,13 +74,14 @@ class BwdSchedule:
     @classmethod
     def from_label(cls, label: str) -> BwdSchedule:
         """Inverse of :meth:`label`, e.g. ``kv64x128_q128x64_o1`` (``_w8``: eight worker
-        warps; ``_atomic``: dQ by atomics)."""
+        warps; ``_atomic``: dQ by atomics; ``_keyrows``: keys as the dK/dV MMA rows)."""
         m = _LABEL.fullmatch(label)
         if m is None:
             raise ScheduleError(f"backward schedule label {label!r} is not like "
-                                "kv64x64_q64x64_o1 (optionally ending in _w8, _atomic)")
+                                "kv64x64_q64x64_o1 (optionally ending in _w8, _atomic, "
+                                "_keyrows)")
         return cls(*(int(x) for x in m.groups()[:5]), dq="atomic" if m.group(7) else "kernel",
-                   worker_warps=8 if m.group(6) else None)
+                   worker_warps=8 if m.group(6) else None, key_rows=bool(m.group(8)))
 
 
 def _live_bytes(schedule: BwdSchedule, head_dim: int) -> dict[str, int]:
@@ -180,9 +186,15 @@ def bwd_space_for(head_dim: int, space: str) -> list[BwdSchedule]:
 # "5mm": dQ reduce-added from the dK/dV program (five matmuls); "7mm": its own kernel.
 BWD_CANDIDATES = (
     # D <= 128: 128 keys per program over two warp groups (half the reduction traffic of
-    # 64 keys), and 64 keys at occupancy 2.
+    # 64 keys), and 64 keys at occupancy 2. "kr": the same 128-key programs with keys as
+    # the dK/dV MMA rows (``_keyrows``: no P / dS transposes through shared memory; the
+    # seven-matmul one has no CTA barrier left in its step; sm_90 SASS in
+    # benchmarks/notes-drafts/bwd-orient.md). 64 keys at occupancy 2 spill with it (the
+    # row statistics per column cost registers at the 128 of two CTAs): not a candidate.
     (128, {"5mm-k128w8": BwdSchedule.from_label("kv64x128_q128x64_o1_w8_atomic"),
-           "5mm-k64o2": BwdSchedule.from_label("kv64x64_q64x64_o2_atomic")}),
+           "5mm-k64o2": BwdSchedule.from_label("kv64x64_q64x64_o2_atomic"),
+           "5mm-k128w8kr": BwdSchedule.from_label("kv64x128_q128x64_o1_w8_atomic_keyrows"),
+           "7mm-k128w8kr": BwdSchedule.from_label("kv64x128_q128x64_o1_w8_keyrows")}),
     (160, {"5mm-k64w8": BwdSchedule.from_label("kv64x64_q64x64_o1_w8_atomic")}),
     # D > 160: 64 keys, the fp32 dK and dV [64, D] over two warp groups (eight worker
     # warps: 128 registers of state per thread at D = 256 where today's four spill).
