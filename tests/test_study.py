@@ -146,8 +146,30 @@ def test_call_latency_table_lists_call_us_per_point_and_method():
 
 def test_status_table_lists_rows_that_are_not_ok():
     t = tables.status(HAND)
-    assert t.rows == [[HAND[7]["point_key"], "torch_sdpa", "unavailable", "needs a CUDA GPU"]]
+    assert t.columns == ["method", "status", "reason", "rows", "points"]
+    assert t.rows == [["torch_sdpa", "unavailable", "needs a CUDA GPU", 1, HAND[7]["point_key"]]]
     assert "ok 8, unavailable 1" in t.notes[0]
+
+
+def test_status_table_groups_rows_by_method_status_and_reason():
+    """One line per (method, status, reason) with its row count: a method unavailable at
+    every point is one line ("all N rows of it"), a few points are named, many are counted
+    with the first three named."""
+    rows = [row("tiledattention", 64, s, 1.0) for s in range(100, 110)]
+    rows += [row("fa4", 64, s, 0, status="unavailable") for s in range(100, 110)]
+    rows += [{**row("flash", 64, s, 0, status="error"), "reason": "boom" if s < 107 else "oom"}
+             for s in range(100, 110)]
+    rows += [row("cudnn", 64, s, 1.0, status="ok" if s > 101 else "unsupported")
+             for s in range(100, 110)]
+    t = tables.status(rows)
+    key = [r["point_key"] for r in rows[:10]]
+    assert t.rows == [
+        ["cudnn", "unsupported", "needs a CUDA GPU", 2, f"{key[0]}, {key[1]}"],
+        ["fa4", "unavailable", "needs a CUDA GPU", 10, "all 10 rows of fa4"],
+        ["flash", "error", "boom", 7, f"7 points, e.g. {key[0]}, {key[1]}, {key[2]}"],
+        ["flash", "error", "oom", 3, f"{key[7]}, {key[8]}, {key[9]}"]]
+    assert t.notes[0] == "rows by status: error 10, ok 18, unavailable 10, unsupported 2"
+    assert len(t.to_markdown().splitlines()) == 4 + 4 + 3  # title, header, rows, notes
 
 
 def test_table5_reads_winner_runner_up_and_sensitivity(tmp_path):
