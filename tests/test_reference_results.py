@@ -53,6 +53,22 @@ def test_a_committed_reference_holds_its_rows_and_no_figures(ref):
             f"{commit}: the recorded revision is not in this repository's history"
 
 
+@pytest.mark.parametrize("ref", REFERENCES)
+def test_reproduce_lays_out_a_committed_references_workflow(ref, tmp_path):
+    """tiledattn reproduce on a committed (compact) reference: its snapshot's workflow and
+    exact config laid out, no package source (the installed one runs, as for any bundle)."""
+    from tiledattention.study.references import reproduce
+
+    out = tmp_path / "re"
+    rec, profile, _, continued = reproduce.prepare(os.path.join(ROOT, ref), str(out))
+    assert (out / "Snakefile").is_file() and (out / "workflow" / "rules").is_dir()
+    assert (out / "config" / "study-config.yaml").read_bytes() == rec.config
+    assert profile == os.path.join("profiles", "local") and not continued
+    assert not (out / "tiledattention").exists()
+    readme = _read(ref, "README.md")
+    assert 'git clone --quiet "$(git rev-parse --show-toplevel)" ../source' in readme
+
+
 def _read(ref: str, rel: str) -> str:
     with open(os.path.join(ROOT, ref, rel), encoding="utf-8") as f:
         return f.read()

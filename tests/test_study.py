@@ -415,98 +415,105 @@ def _install_steps(readme: str) -> list[str]:
             if ln.strip()]
 
 
-def test_a_compact_bundle_keeps_markdown_tables_and_a_snapshot_without_the_package(compact,
-                                                                                   built):
-    """Compact: the tables as Markdown alone (CSV and LaTeX rebuild from the rows), the
-    workflow snapshot without tiledattention/ (the recorded revision holds it), and a README
-    that installs from a checkout of that revision. A full bundle keeps all of it."""
+def test_a_compact_bundle_keeps_its_tables_as_markdown_alone(compact, built):
+    """Compact: the tables as Markdown alone (CSV and LaTeX rebuild from the rows, the
+    README says so); a full bundle keeps all three and the package source."""
     out = compact / "bundle"
     names = set(archive.tree_files(str(out)))
     assert {n for n in names if n.startswith("tables/")} == \
         {f"tables/{n}.md" for n in tables.NAMES}
     assert (compact / "study" / "aggregate" / "tables" / "status.csv").is_file()  # left out
-    tops = _snapshot_tops(out)
-    assert {"Snakefile", "workflow", "config", "pyproject.toml"} <= tops
-    assert not tops & set(archive.SNAPSHOT_SOURCE)
     readme = (out / "README.md").read_text()
-    assert _install_steps(readme)[:3] == [
-        'git clone --quiet "$(git rev-parse --show-toplevel)" ../source',
-        "git -C ../source checkout --quiet abc   # this run's source: the recorded revision",
-        'python -m pip install "../source[gpu,workflow]"']
     assert "Markdown (their CSV and LaTeX rebuild from the rows, below)" in readme
     assert "every table as Markdown, CSV and LaTeX" in readme
-    assert {"tiledattention", "README.md"} <= _snapshot_tops(built["dir"])  # full: unchanged
+    # "abc", the revision its manifest records, is not this checkout's HEAD: the source stays
+    assert "tiledattention" in _snapshot_tops(out)
+    full = set(archive.tree_files(built["dir"]))
+    assert {"tables/status.csv", "tables/status.tex"} <= full or "tables.zip" in full
+    assert {"tiledattention", "README.md"} <= _snapshot_tops(built["dir"])
     assert _install_steps(Path(built["dir"], "README.md").read_text())[0] == \
         "python -m zipfile -e workflow-snapshot.zip ../source   # this run's source"
 
 
-def test_a_compact_bundle_of_a_run_no_commit_holds_keeps_the_package_source(tmp_path):
-    """Where the recorded revision does not hold the source (no commit recorded, or a run
-    from a tree with uncommitted changes), the compact snapshot keeps it and the README
-    installs from it."""
-    study = _study(tmp_path)
-    recorded = json.loads((study / "manifest.json").read_text())
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    for n, change in enumerate(({"stack": {**recorded["stack"], "git_commit": None}},
-                                {"runs_from_dirty_tree": ["a"]})):
-        (study / "manifest.json").write_text(json.dumps({**recorded, **change}))
-        out = create.create(str(study), str(tmp_path / f"b{n}"), config={"results_dir": "x"},
-                            config_name="config.yaml", repo_root=root,
-                            publication=Publication(), compact=True)
-        assert verify.verify(out["dir"]) == []
-        assert "tiledattention" in _snapshot_tops(out["dir"])
-        assert _install_steps(Path(out["dir"], "README.md").read_text())[0].startswith(
-            "python -m zipfile -e workflow-snapshot.zip ../source")
-
-
-def test_the_compact_readme_install_lines_check_out_the_recorded_revision(tmp_path):
-    """The compact README's clone and checkout lines, run as written in the bundle committed
-    inside a repository, give ../source at the manifest's revision (not the latest)."""
+def _repo(path: Path):
+    """A git repository with a workflow (Snakefile, pyproject.toml) and a ``git`` helper."""
     import subprocess
 
-    repo = tmp_path / "repo"
-    repo.mkdir()
+    path.mkdir()
 
     def git(*args):
-        return subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c",
+        return subprocess.run(["git", "-C", str(path), "-c", "user.name=t", "-c",
                                "user.email=t@t", *args], capture_output=True, text=True,
                               check=True).stdout.strip()
 
     git("init", "-q")
-    (repo / "pyproject.toml").write_text("recorded\n")
-    git("add", "pyproject.toml")
+    (path / "Snakefile").write_text("# the workflow\n")
+    (path / "pyproject.toml").write_text('[project]\nname = "recorded"\n')
+    git("add", "Snakefile", "pyproject.toml")
     git("commit", "-q", "-m", "the run")
-    commit = git("rev-parse", "HEAD")
-    (repo / "pyproject.toml").write_text("later\n")
-    git("commit", "-q", "-am", "later")
-    study = _study(tmp_path)
-    run = {**_run_manifest(), "git_commit": commit}
+    return git
+
+
+def _compact_of(study: Path, repo: Path, commit: str, out: Path) -> dict:
     (study / "manifest.json").write_text(json.dumps(manifest.merge(
-        {"a": run}, config={"results_dir": "x"})))
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    out = create.create(str(study), str(repo / "results" / "ref"), config={"results_dir": "x"},
-                        config_name="config.yaml", repo_root=root,
-                        publication=Publication(), compact=True)
+        {"a": {**_run_manifest(), "git_commit": commit}}, config={"results_dir": "x"})))
+    return create.create(str(study), str(out), config={"results_dir": "x"},
+                         config_name="config.yaml", repo_root=str(repo),
+                         publication=Publication(), compact=True)
+
+
+def test_a_compact_bundle_leaves_the_source_to_the_recorded_revision_it_checks_out(tmp_path):
+    """Made in a checkout at a revision the manifest records, a compact bundle's snapshot
+    holds the workflow without tiledattention/, and its README's clone and checkout lines,
+    run as written in the bundle committed inside that repository, give ../source at that
+    revision (not the latest)."""
+    import subprocess
+
+    repo = tmp_path / "repo"
+    git = _repo(repo)
+    commit = git("rev-parse", "HEAD")
+    out = _compact_of(_study(tmp_path), repo, commit, repo / "results" / "ref")
+    assert verify.verify(out["dir"]) == []
+    tops = _snapshot_tops(out["dir"])
+    assert {"Snakefile", "pyproject.toml", "config"} <= tops
+    assert not tops & set(archive.SNAPSHOT_SOURCE)
     steps = _install_steps(Path(out["dir"], "README.md").read_text())
-    clone = [s for s in steps if s.startswith("git ")]
-    assert len(clone) == 2 and commit in clone[1]
-    subprocess.run(["bash", "-euo", "pipefail", "-c", "\n".join(clone)], cwd=out["dir"],
+    assert steps[:3] == [
+        'git clone --quiet "$(git rev-parse --show-toplevel)" ../source',
+        f"git -C ../source checkout --quiet {commit}   # this run's source",
+        'python -m pip install "../source[gpu,workflow]"']
+    (repo / "pyproject.toml").write_text('[project]\nname = "later"\n')
+    git("commit", "-q", "-am", "later")
+    subprocess.run(["bash", "-euo", "pipefail", "-c", "\n".join(steps[:2])], cwd=out["dir"],
                    check=True, capture_output=True, timeout=60)
-    assert (repo / "results" / "source" / "pyproject.toml").read_text() == "recorded\n"
+    assert (repo / "results" / "source" / "pyproject.toml").read_text() == \
+        '[project]\nname = "recorded"\n'
 
 
-def test_reproduce_lays_out_a_compact_bundles_workflow_without_the_package(compact,
-                                                                          tmp_path):
-    """tiledattn reproduce on a compact bundle: the workflow and the exact config laid out
-    from its snapshot (the run's package is the installed one, as for a full bundle)."""
-    from tiledattention.study.references import reproduce
-
-    out = tmp_path / "re"
-    rec, profile, results, continued = reproduce.prepare(str(compact / "bundle"), str(out))
-    assert (out / "Snakefile").is_file() and (out / "workflow" / "rules").is_dir()
-    assert (out / "config" / "study-config.yaml").read_bytes() == rec.config
-    assert profile == os.path.join("profiles", "local") and not continued
-    assert not (out / "tiledattention").exists()
+def test_a_compact_bundle_keeps_the_source_no_recorded_revision_holds(tmp_path):
+    """The snapshot keeps the package source, and the README installs from it, where the
+    checkout is not at a revision the manifest records, its workflow files differ from that
+    revision, or a run came from a tree with uncommitted changes."""
+    repo = tmp_path / "repo"
+    git = _repo(repo)
+    commit = git("rev-parse", "HEAD")
+    study = _study(tmp_path)
+    (repo / "Snakefile").write_text("# changed, not committed\n")
+    made = [_compact_of(study, repo, commit, tmp_path / "b0")]
+    git("commit", "-q", "-am", "later")
+    made.append(_compact_of(study, repo, commit, tmp_path / "b1"))  # HEAD is not the run's
+    recorded = json.loads((study / "manifest.json").read_text())
+    (study / "manifest.json").write_text(json.dumps(
+        {**recorded, "stack": {**recorded["stack"], "git_commit": git("rev-parse", "HEAD")},
+         "runs_from_dirty_tree": ["a"]}))
+    made.append(create.create(str(study), str(tmp_path / "b2"), config={"results_dir": "x"},
+                              config_name="config.yaml", repo_root=str(repo),
+                              publication=Publication(), compact=True))
+    for out in made:
+        assert verify.verify(out["dir"]) == []
+        assert "tiledattention" in _snapshot_tops(out["dir"]), out["dir"]
+        assert _install_steps(Path(out["dir"], "README.md").read_text())[0].startswith(
+            "python -m zipfile -e workflow-snapshot.zip ../source"), out["dir"]
 
 
 def test_a_corrupted_gz_row_file_fails_verify_with_one_clear_line(compact, tmp_path):

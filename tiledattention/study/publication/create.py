@@ -53,7 +53,7 @@ from .metadata import (
     write_ro_crate,
     zenodo,
 )
-from .prose import headline, not_run, readme_text, source_left_out, variant_rows_in
+from .prose import headline, not_run, readme_text, variant_rows_in
 
 
 def stage_rows() -> list[tuple[str, str]]:
@@ -114,6 +114,31 @@ def snapshot_files(repo_root: str, items: tuple[str, ...] = SNAPSHOT) -> tuple[l
 _plain_file = regular_file
 
 
+def snapshot_revision(repo_root: str, manifest: dict) -> str | None:
+    """The revision whose checkout holds a compact bundle's package source, so that its
+    snapshot may leave the source out: the checkout's HEAD (where the snapshot's workflow
+    comes from) when it is a revision the manifest records a run at, no run came from a
+    tree with uncommitted changes, and the snapshot's tracked files are HEAD's; else None
+    (the snapshot keeps the source)."""
+    stack, mism = manifest.get("stack") or {}, manifest.get("mismatches") or {}
+    recorded = {stack.get("git_commit")} | set(mism.get("git_commit") or [])
+    if manifest.get("runs_from_dirty_tree") or not recorded - {None}:
+        return None
+
+    def git(*args: str) -> subprocess.CompletedProcess | None:
+        try:
+            return subprocess.run(["git", "-C", repo_root, *args], capture_output=True,
+                                  text=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+
+    head = git("rev-parse", "HEAD")
+    if head is None or head.returncode != 0 or head.stdout.strip() not in recorded:
+        return None
+    same = git("diff", "--quiet", "HEAD", "--", *SNAPSHOT)  # 0: tracked files as committed
+    return head.stdout.strip() if same is not None and same.returncode == 0 else None
+
+
 def _study_files(root: str, study_dir: str) -> list[str]:
     """``tree_files`` of a directory in the study, each file checked by ``study_file``; a linked
     directory is refused (it may lead anywhere)."""
@@ -138,9 +163,9 @@ def _snapshot(repo_root: str, dest_zip: str, config: str | None = None,
               with_source: bool = True) -> tuple[int, str]:
     """The workflow snapshot, with the study's exact config as config/study-config.yaml
     (so the unpacked snapshot runs with --configfile config/study-config.yaml).
-    ``with_source``: the package that ran too (a compact bundle leaves it out: it is a
-    reference committed to the repository, whose history at the recorded revision holds
-    the source; ``tiledattn reproduce`` lays out only the workflow either way)."""
+    ``with_source``: the package that ran too (a compact bundle leaves it out where
+    ``snapshot_revision`` names the recorded revision holding it: a reference committed to
+    the repository; ``tiledattn reproduce`` lays out only the workflow either way)."""
     files, how = snapshot_files(repo_root)
     source = _package_source(repo_root) if with_source else {}
     with zipfile.ZipFile(dest_zip, "w", zipfile.ZIP_DEFLATED) as z:
@@ -449,9 +474,9 @@ def _build(out_dir: str, study_dir: str, rows: list[dict], manifest: dict, *, co
     os.makedirs(os.path.join(out_dir, "config"))
     with open(os.path.join(out_dir, "config", "study-config.yaml"), "w") as f:
         yaml.safe_dump(config, f, sort_keys=False)
+    revision = snapshot_revision(repo_root, manifest) if compact else None
     snap = _snapshot(repo_root, os.path.join(out_dir, "workflow-snapshot.zip"),
-                     os.path.join(out_dir, STUDY_CONFIG),
-                     with_source=not (compact and source_left_out(manifest)))
+                     os.path.join(out_dir, STUDY_CONFIG), with_source=revision is None)
     # Zenodo takes at most 100 files per record: group directories into archives until the
     # bundle fits (metadata files stay loose so Zenodo and readers see them).
     for sub in ("figures", "tables"):
@@ -469,7 +494,7 @@ def _build(out_dir: str, study_dir: str, rows: list[dict], manifest: dict, *, co
 
     variants_line = variants_sentence(variant_rows_in(study_dir))
     readme = readme_text(publication, rows, manifest, table4, f"config/{config_name}", snap,
-                     variants_line, data_files if compact else None)
+                     variants_line, data_files if compact else None, revision)
     missing = not_run(study_dir, rows)
     if missing:  # before the column dictionary: what a reader must know first
         cut = readme.index("## How to reproduce")

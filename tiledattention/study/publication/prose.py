@@ -34,9 +34,10 @@ def rows_summary(rows: list[dict]) -> str:
 
 def readme_text(pub: Publication, rows: list[dict], manifest: dict, table4: str,
             config_name: str, snapshot: tuple[int, str], variants_line: str = "",
-            compact: list[str] | None = None) -> str:
+            compact: list[str] | None = None, checkout: str | None = None) -> str:
     """The bundle's README; ``compact``: the data files of a compact bundle (its Files
-    section names them, and how the figures and tables rebuild from them)."""
+    section names them, and how the figures and tables rebuild from them); ``checkout``:
+    the revision whose checkout holds the source its snapshot leaves out."""
     from ...stages import STAGES
 
     stack = manifest.get("stack") or {}
@@ -66,8 +67,7 @@ def readme_text(pub: Publication, rows: list[dict], manifest: dict, table4: str,
         f"- One software stack and GPU across all runs: "
         f"{'yes' if manifest.get('consistent') else 'NO — see manifest.json mismatches'}",
         f"- Container: {(manifest.get('container') or {}).get('image') or 'none'}", "",
-        *reproduce_section(pub, manifest, snapshot,
-                           checkout=compact is not None and source_left_out(manifest)),
+        *reproduce_section(pub, manifest, snapshot, checkout),
         "## Files", "",
         *(_compact_files(compact) if compact is not None else [
             "- `data/rows.parquet`, `data/rows.csv`, `data/rows.jsonl`: every row; "
@@ -135,31 +135,22 @@ NO_REPOSITORY = ("no repository URL recorded (set `publication.repository` in th
 CPU_TORCH = "https://download.pytorch.org/whl/cpu"  # PyTorch's CPU wheels (no CUDA)
 
 
-def source_left_out(manifest: dict) -> bool:
-    """Whether a compact bundle's snapshot leaves the package source out: only where the
-    recorded revision holds it (a commit recorded, no run from a tree with uncommitted
-    changes)."""
-    return bool((manifest.get("stack") or {}).get("git_commit")) and \
-        not manifest.get("runs_from_dirty_tree")
-
-
 # A compact bundle without a repository URL: the repository it is committed in.
 ENCLOSING_REPOSITORY = '"$(git rev-parse --show-toplevel)"'
 
 
-def install_lines(manifest: dict, checkout: str | None = None) -> list[str]:
+def install_lines(manifest: dict, checkout: tuple[str, str] | None = None) -> list[str]:
     """The README's install steps: tiledattention from the bundle's own source snapshot
-    (the run's package, workflow and pyproject.toml), or with ``checkout`` (a repository:
-    a compact bundle, whose snapshot holds the workflow alone) from a clone of it at the
-    recorded revision; with the gpu extra where the study ran on a GPU; a CPU study's torch
+    (the run's package, workflow and pyproject.toml), or with ``checkout`` (repository,
+    revision: a compact bundle, whose snapshot holds the workflow alone) from a clone of it
+    at that revision; with the gpu extra where the study ran on a GPU; a CPU study's torch
     from PyTorch's CPU wheels unless one is installed (PyPI's default Linux wheel carries the
     CUDA libraries, gigabytes)."""
     gpu = isinstance(manifest.get("gpu"), dict) and bool(manifest["gpu"].get("name"))
     lines = ["python -m zipfile -e workflow-snapshot.zip ../source   # this run's source"] \
         if checkout is None else [
-        f"git clone --quiet {checkout} ../source",
-        f"git -C ../source checkout --quiet {(manifest.get('stack') or {})['git_commit']}"
-        "   # this run's source: the recorded revision"]
+        f"git clone --quiet {checkout[0]} ../source",
+        f"git -C ../source checkout --quiet {checkout[1]}   # this run's source"]
     if not gpu:
         lines.append(f'python -c "import torch" 2>/dev/null || python -m pip install torch '
                      f"--index-url {CPU_TORCH}")
@@ -168,18 +159,21 @@ def install_lines(manifest: dict, checkout: str | None = None) -> list[str]:
 
 
 def reproduce_section(pub: Publication, manifest: dict, snapshot: tuple[int, str],
-                      checkout: bool = False) -> list[str]:
+                      checkout: str | None = None) -> list[str]:
     """## How to reproduce: the install step and the one command (tests/test_reproduce.py
-    follows these lines literally). ``checkout``: a compact bundle whose snapshot leaves
-    the package source out; the source is the repository's at the recorded revision."""
+    follows these lines literally). ``checkout``: the revision (one the manifest records,
+    the snapshot's workflow taken from it) whose checkout holds the package source a
+    compact bundle's snapshot leaves out."""
     image = (manifest.get("container") or {}).get("image")
-    repo = (pub.repository or ENCLOSING_REPOSITORY) if checkout else None
-    where = ("the bundle's `workflow-snapshot.zip` holds it" if not checkout else
-             "the repository " + ("this bundle is committed in" if not pub.repository else
-                                  f"`{pub.repository}`") + " at the recorded revision "
-             "holds it; this compact bundle's `workflow-snapshot.zip` holds the workflow "
-             "alone" + (", so run these lines inside a checkout of that repository"
-                        if not pub.repository else ""))
+    where = "the bundle's `workflow-snapshot.zip` holds it"
+    if checkout:
+        where = ("this compact bundle's `workflow-snapshot.zip` holds the workflow alone; "
+                 "the source is that of " + ("the repository this bundle is committed in"
+                                             if not pub.repository else f"`{pub.repository}`")
+                 + f" at revision {checkout}, one the manifest records and the one the "
+                 "snapshot's workflow comes from" + (
+                     ", so run these lines inside a checkout of that repository"
+                     if not pub.repository else ""))
     return [
         "## How to reproduce", "",
         "In the directory holding this README (the unpacked bundle), install this run's "
@@ -190,7 +184,8 @@ def reproduce_section(pub: Publication, manifest: dict, snapshot: tuple[int, str
         "with a verified bundle of the new run and `tiledattn compare` of it against this "
         "one (exit 1 on a regression beyond the tolerances; `--source checkout` takes the "
         "workflow from a checkout of the recorded revision instead).", "",
-        "```bash", *install_lines(manifest, repo),
+        "```bash", *install_lines(manifest, (pub.repository or ENCLOSING_REPOSITORY,
+                                             checkout) if checkout else None),
         "tiledattn reproduce . --out ../reproduction --profile local", "```", "",
         *([f"The study ran on {manifest['gpu']['name']}: on a machine without a CUDA GPU "
            "`tiledattn reproduce` with the local profile refuses it (it would measure on the "
@@ -201,8 +196,8 @@ def reproduce_section(pub: Publication, manifest: dict, snapshot: tuple[int, str
          "The jobs ran without a container image (the config names none)."), "",
         f"The snapshot holds {snapshot[0]} files: {snapshot[1]} under "
         f"{', '.join(SNAPSHOT)}"
-        + (f" (not the package's source, {', '.join(SNAPSHOT_SOURCE)}: the repository's at the "
-           "recorded revision)" if checkout else "")
+        + (f" (not the package's source, {', '.join(SNAPSHOT_SOURCE)}: the repository's at "
+           f"revision {checkout})" if checkout else "")
         + " — untracked and ignored files (a local `.env`, credentials) "
         "are never included. `tiledattn bundle verify .` checks this bundle's files.", ""]
 
