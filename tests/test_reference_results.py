@@ -5,6 +5,7 @@ committed rows."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 
@@ -27,11 +28,61 @@ def test_every_committed_reference_verifies_as_a_whole_bundle(ref, capsys):
 
 @pytest.mark.parametrize("ref", REFERENCES)
 def test_a_committed_reference_holds_its_rows_and_no_figures(ref):
+    """Rows, Markdown tables and the workflow: no figures, no CSV or LaTeX tables (they
+    rebuild from the rows), no package source in the snapshot (this repository's history
+    at the recorded revision holds it)."""
+    import zipfile
+
     names = set(archive.tree_files(os.path.join(ROOT, ref)))
     assert {"data/rows.jsonl.gz", "data/ladder-rows.jsonl.gz", "data/model-rows.jsonl.gz",
             "data/variants-rows.jsonl.gz", "data/shapes-g0-rows.jsonl.gz",
-            "data/shapes-g1-rows.jsonl.gz", "workflow-snapshot.zip"} <= names
-    assert not [n for n in names if n.startswith("figures/") or n.endswith(".parquet")]
+            "data/shapes-g1-rows.jsonl.gz", "workflow-snapshot.zip",
+            "tables/status.md", "tables/table4_ratios.md"} <= names
+    assert not [n for n in names if n.startswith("figures/") or n.endswith(
+        (".parquet", ".csv", ".tex"))]
+    with zipfile.ZipFile(os.path.join(ROOT, ref, "workflow-snapshot.zip")) as z:
+        tops = {n.split("/")[0] for n in z.namelist()}
+    assert {"Snakefile", "workflow", "config", "profiles", "pyproject.toml"} <= tops
+    assert not tops & set(archive.SNAPSHOT_SOURCE)
+    commit = json.loads(_read(ref, "manifest.json"))["stack"]["git_commit"]
+    shallow = subprocess.run(["git", "-C", ROOT, "rev-parse", "--is-shallow-repository"],
+                             capture_output=True, text=True)
+    if shallow.returncode == 0 and shallow.stdout.strip() == "false":  # whole history here
+        assert subprocess.run(["git", "-C", ROOT, "cat-file", "-e", f"{commit}^{{commit}}"],
+                              capture_output=True).returncode == 0, \
+            f"{commit}: the recorded revision is not in this repository's history"
+
+
+@pytest.mark.parametrize("ref", REFERENCES)
+def test_reproduce_lays_out_a_committed_references_workflow(ref, tmp_path):
+    """tiledattn reproduce on a committed (compact) reference: its snapshot's workflow and
+    exact config laid out, no package source (the installed one runs, as for any bundle)."""
+    from tiledattention.study.references import reproduce
+
+    out = tmp_path / "re"
+    rec, profile, _, continued = reproduce.prepare(os.path.join(ROOT, ref), str(out))
+    assert (out / "Snakefile").is_file() and (out / "workflow" / "rules").is_dir()
+    assert (out / "config" / "study-config.yaml").read_bytes() == rec.config
+    assert profile == os.path.join("profiles", "local") and not continued
+    assert not (out / "tiledattention").exists()
+    readme = _read(ref, "README.md")
+    assert 'git clone --quiet "$(git rev-parse --show-toplevel)" ../source' in readme
+
+
+def _read(ref: str, rel: str) -> str:
+    with open(os.path.join(ROOT, ref, rel), encoding="utf-8") as f:
+        return f.read()
+
+
+@pytest.mark.parametrize("ref", REFERENCES)
+def test_a_committed_status_table_groups_the_rows_that_are_not_ok(ref):
+    """One line per (method, status, reason), not one per row: sdpa_fa4's 263 unavailable
+    rows are one line."""
+    status = Table.from_markdown("status", _read(ref, "tables/status.md"))
+    assert status.columns == ["method", "status", "reason", "rows", "points"]
+    assert [r[:2] + r[3:] for r in status.rows] == [
+        ["sdpa_fa4", "unavailable", "263", "all 263 rows of sdpa_fa4"]]
+    assert status.notes[0] == "rows by status: ok 1315, unavailable 263"
 
 
 @pytest.mark.parametrize("ref", REFERENCES)
@@ -44,6 +95,7 @@ def test_the_committed_tables_rebuild_from_the_committed_rows(ref, tmp_path):
     published; each committed LaTeX table is its Markdown table's."""
     copy = tmp_path / "bundle"
     subprocess.run(["cp", "-r", os.path.join(ROOT, ref), str(copy)], check=True)
+    assert "CSV and LaTeX rebuild from the rows" in (copy / "README.md").read_text()
     readme = (copy / "README.md").read_text()
     block = readme.split("## Figures and tables from the rows", 1)[1]
     script = block.split("```bash\n", 1)[1].split("```", 1)[0]
@@ -63,6 +115,14 @@ def test_the_committed_tables_rebuild_from_the_committed_rows(ref, tmp_path):
         else:  # the LaTeX of the committed Markdown, byte for byte
             md = (copy / "tables" / f"{stem}.md").read_text()
             assert want == Table.from_markdown(stem, md).to_latex(), name
+    # The CSV and LaTeX a compact bundle leaves out come back, each its Markdown table's.
+    for name in sorted(os.listdir(copy / "tables")):
+        stem = name.removesuffix(".md")
+        md = Table.from_markdown(stem, (rebuilt / "aggregate" / "tables" / name).read_text())
+        assert (rebuilt / "aggregate" / "tables" / f"{stem}.tex").read_text() == \
+            md.to_latex(), stem
+        csv = _csv_table(stem, (rebuilt / "aggregate" / "tables" / f"{stem}.csv").read_text())
+        assert csv.columns == md.columns and len(csv.rows) == len(md.rows), stem
     head = Table.from_markdown("headline", (rebuilt / "aggregate" / "tables" /
                                             "headline.md").read_text())
     assert head.rows[0][0] == "fastest fused baseline, all points"

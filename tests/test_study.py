@@ -146,8 +146,30 @@ def test_call_latency_table_lists_call_us_per_point_and_method():
 
 def test_status_table_lists_rows_that_are_not_ok():
     t = tables.status(HAND)
-    assert t.rows == [[HAND[7]["point_key"], "torch_sdpa", "unavailable", "needs a CUDA GPU"]]
+    assert t.columns == ["method", "status", "reason", "rows", "points"]
+    assert t.rows == [["torch_sdpa", "unavailable", "needs a CUDA GPU", 1, HAND[7]["point_key"]]]
     assert "ok 8, unavailable 1" in t.notes[0]
+
+
+def test_status_table_groups_rows_by_method_status_and_reason():
+    """One line per (method, status, reason) with its row count: a method unavailable at
+    every point is one line ("all N rows of it"), a few points are named, many are counted
+    with the first three named."""
+    rows = [row("tiledattention", 64, s, 1.0) for s in range(100, 110)]
+    rows += [row("fa4", 64, s, 0, status="unavailable") for s in range(100, 110)]
+    rows += [{**row("flash", 64, s, 0, status="error"), "reason": "boom" if s < 107 else "oom"}
+             for s in range(100, 110)]
+    rows += [row("cudnn", 64, s, 1.0, status="ok" if s > 101 else "unsupported")
+             for s in range(100, 110)]
+    t = tables.status(rows)
+    key = [r["point_key"] for r in rows[:10]]
+    assert t.rows == [
+        ["cudnn", "unsupported", "needs a CUDA GPU", 2, f"{key[0]}, {key[1]}"],
+        ["fa4", "unavailable", "needs a CUDA GPU", 10, "all 10 rows of fa4"],
+        ["flash", "error", "boom", 7, f"7 points, e.g. {key[0]}, {key[1]}, {key[2]}"],
+        ["flash", "error", "oom", 3, f"{key[7]}, {key[8]}, {key[9]}"]]
+    assert t.notes[0] == "rows by status: error 10, ok 18, unavailable 10, unsupported 2"
+    assert len(t.to_markdown().splitlines()) == 4 + 4 + 3  # title, header, rows, notes
 
 
 def test_table5_reads_winner_runner_up_and_sensitivity(tmp_path):
@@ -380,6 +402,118 @@ def test_a_compact_bundle_verifies_and_holds_the_rows_gzipped_without_figures(co
     readme = (out / "README.md").read_text()
     assert "gunzip -c data/rows.jsonl.gz > $R/rows/rows-shard0of1.jsonl" in readme
     assert "tiledattn figures --rows $R/rows/rows-shard0of1.jsonl --out $R/figures" in readme
+
+
+def _snapshot_tops(bundle) -> set[str]:
+    with zipfile.ZipFile(Path(bundle) / "workflow-snapshot.zip") as z:
+        return {n.split("/")[0] for n in z.namelist()}
+
+
+def _install_steps(readme: str) -> list[str]:
+    section = readme.split("## How to reproduce", 1)[1].split("\n## ", 1)[0]
+    return [ln for ln in section.split("```bash\n", 1)[1].split("```", 1)[0].splitlines()
+            if ln.strip()]
+
+
+def test_a_compact_bundle_keeps_its_tables_as_markdown_alone(compact, built):
+    """Compact: the tables as Markdown alone (CSV and LaTeX rebuild from the rows, the
+    README says so); a full bundle keeps all three and the package source."""
+    out = compact / "bundle"
+    names = set(archive.tree_files(str(out)))
+    assert {n for n in names if n.startswith("tables/")} == \
+        {f"tables/{n}.md" for n in tables.NAMES}
+    assert (compact / "study" / "aggregate" / "tables" / "status.csv").is_file()  # left out
+    readme = (out / "README.md").read_text()
+    assert "Markdown (their CSV and LaTeX rebuild from the rows, below)" in readme
+    assert "every table as Markdown, CSV and LaTeX" in readme
+    # "abc", the revision its manifest records, is not this checkout's HEAD: the source stays
+    assert "tiledattention" in _snapshot_tops(out)
+    full = set(archive.tree_files(built["dir"]))
+    assert {"tables/status.csv", "tables/status.tex"} <= full or "tables.zip" in full
+    assert {"tiledattention", "README.md"} <= _snapshot_tops(built["dir"])
+    assert _install_steps(Path(built["dir"], "README.md").read_text())[0] == \
+        "python -m zipfile -e workflow-snapshot.zip ../source   # this run's source"
+
+
+def _repo(path: Path):
+    """A git repository with a workflow (Snakefile, pyproject.toml) and a ``git`` helper."""
+    import subprocess
+
+    path.mkdir()
+
+    def git(*args):
+        return subprocess.run(["git", "-C", str(path), "-c", "user.name=t", "-c",
+                               "user.email=t@t", *args], capture_output=True, text=True,
+                              check=True).stdout.strip()
+
+    git("init", "-q")
+    (path / "Snakefile").write_text("# the workflow\n")
+    (path / "pyproject.toml").write_text('[project]\nname = "recorded"\n')
+    git("add", "Snakefile", "pyproject.toml")
+    git("commit", "-q", "-m", "the run")
+    return git
+
+
+def _compact_of(study: Path, repo: Path, commit: str, out: Path) -> dict:
+    (study / "manifest.json").write_text(json.dumps(manifest.merge(
+        {"a": {**_run_manifest(), "git_commit": commit}}, config={"results_dir": "x"})))
+    return create.create(str(study), str(out), config={"results_dir": "x"},
+                         config_name="config.yaml", repo_root=str(repo),
+                         publication=Publication(), compact=True)
+
+
+def test_a_compact_bundle_leaves_the_source_to_the_recorded_revision_it_checks_out(tmp_path):
+    """Made in a checkout at a revision the manifest records, a compact bundle's snapshot
+    holds the workflow without tiledattention/, and its README's clone and checkout lines,
+    run as written in the bundle committed inside that repository, give ../source at that
+    revision (not the latest)."""
+    import subprocess
+
+    repo = tmp_path / "repo"
+    git = _repo(repo)
+    commit = git("rev-parse", "HEAD")
+    out = _compact_of(_study(tmp_path), repo, commit, repo / "results" / "ref")
+    assert verify.verify(out["dir"]) == []
+    tops = _snapshot_tops(out["dir"])
+    assert {"Snakefile", "pyproject.toml", "config"} <= tops
+    assert not tops & set(archive.SNAPSHOT_SOURCE)
+    steps = _install_steps(Path(out["dir"], "README.md").read_text())
+    assert steps[:3] == [
+        'git clone --quiet "$(git rev-parse --show-toplevel)" ../source',
+        f"git -C ../source checkout --quiet {commit}   # this run's source",
+        'python -m pip install "../source[gpu,workflow]"']
+    (repo / "pyproject.toml").write_text('[project]\nname = "later"\n')
+    git("commit", "-q", "-am", "later")
+    subprocess.run(["bash", "-euo", "pipefail", "-c", "\n".join(steps[:2])], cwd=out["dir"],
+                   check=True, capture_output=True, timeout=60)
+    assert (repo / "results" / "source" / "pyproject.toml").read_text() == \
+        '[project]\nname = "recorded"\n'
+
+
+def test_a_compact_bundle_keeps_the_source_no_recorded_revision_holds(tmp_path):
+    """The snapshot keeps the package source, and the README installs from it, where the
+    checkout is not at a revision the manifest records, its workflow files differ from that
+    revision, or a run came from a tree with uncommitted changes."""
+    repo = tmp_path / "repo"
+    git = _repo(repo)
+    commit = git("rev-parse", "HEAD")
+    study = _study(tmp_path)
+    (repo / "Snakefile").write_text("# changed, not committed\n")
+    made = [_compact_of(study, repo, commit, tmp_path / "b0")]
+    git("commit", "-q", "-am", "later")
+    made.append(_compact_of(study, repo, commit, tmp_path / "b1"))  # HEAD is not the run's
+    recorded = json.loads((study / "manifest.json").read_text())
+    (study / "manifest.json").write_text(json.dumps(
+        {**recorded, "stack": {**recorded["stack"], "git_commit": git("rev-parse", "HEAD")},
+         "runs_from_dirty_tree": ["a"]}))
+    made.append(create.create(str(study), str(tmp_path / "b2"), config={"results_dir": "x"},
+                              config_name="config.yaml", repo_root=str(repo),
+                              publication=Publication(), compact=True))
+    for out in made:
+        assert verify.verify(out["dir"]) == []
+        assert "tiledattention" in _snapshot_tops(out["dir"]), out["dir"]
+        assert _install_steps(Path(out["dir"], "README.md").read_text())[0].startswith(
+            "python -m zipfile -e workflow-snapshot.zip ../source"), out["dir"]
 
 
 def test_a_corrupted_gz_row_file_fails_verify_with_one_clear_line(compact, tmp_path):

@@ -149,8 +149,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "checkout, nor anything inside them")
     b.add_argument("--compact", action="store_true", help="a bundle small enough to commit "
                    "(a reference): the rows gzipped (data/*.jsonl.gz, with the schedule "
-                   "ladder's and the shapes grids' rows), no rows.csv/parquet, no figures (its "
-                   "README gives the commands that rebuild them from the rows)")
+                   "ladder's and the shapes grids' rows), no rows.csv/parquet, no figures, "
+                   "tables as Markdown only (its README gives the commands that rebuild them, "
+                   "CSV and LaTeX too, from the rows), a workflow snapshot without the "
+                   "package source (the recorded revision holds it)")
     b = bsub.add_parser("verify", help="recompute checksums, validate the metadata",
                         formatter_class=_Formatter, description=BUNDLE_VERIFY)
     b.add_argument("path", help="bundle directory or zip")

@@ -4,12 +4,12 @@ Table 4: TiledAttention against every baseline (mean, median, geometric mean, wi
 by kernel time and by call latency (``ratios.MEASURES``); per head dim and per regime
 (mask x S), both measures per cell; call latency per point; Table 5: best and
 runner-up schedule per tuned bucket with the sensitivity; Table 6: a schedule ladder on a
-reduced grid; the rows whose status is not ``ok``, listed with their reasons; and the
-shapes grid's geometry and unaligned-shape cost (``presentation/shapes.py``); the tiny Llama's
-tokens/s per attention implementation (``model_e2e``); the variants against FlexAttention
-(``variants``, ``presentation/variants_report.py``). Each ratio table puts TiledAttention
-against the fastest fused baseline at each point (``ratios.BEST``, named) next to every
-baseline; the headline is ``presentation/headline.py``'s.
+reduced grid; the rows whose status is not ``ok``, grouped by method, status and reason;
+and the shapes grid's geometry and unaligned-shape cost (``presentation/shapes.py``); the
+tiny Llama's tokens/s per attention implementation (``model_e2e``); the variants against
+FlexAttention (``variants``, ``presentation/variants_report.py``). Each ratio table puts
+TiledAttention against the fastest fused baseline at each point (``ratios.BEST``, named)
+next to every baseline; the headline is ``presentation/headline.py``'s.
 """
 
 from __future__ import annotations
@@ -201,14 +201,40 @@ def call_latency(rows: list[dict]) -> Table:
 
 
 def status(rows: list[dict]) -> Table:
-    t = Table("status", "Rows whose status is not ok", ["point", "method", "status", "reason"])
+    """The rows that are not ok, one line per (method, status, reason): how many rows and
+    at which points (every row of the method, the points when few, else a count and the
+    first few). The rows themselves name every point; a line per point is noise here."""
+    t = Table("status", "Rows whose status is not ok, by method, status and reason",
+              ["method", "status", "reason", "rows", "points"])
     counts: dict[str, int] = {}
+    per_method: dict[str, int] = {}
+    groups: dict[tuple[str, str, str], list[str]] = {}
     for r in rows:
         counts[r["status"]] = counts.get(r["status"], 0) + 1
+        per_method[r["method"]] = per_method.get(r["method"], 0) + 1
         if r["status"] != "ok":
-            t.rows.append([r["point_key"], r["method"], r["status"], r.get("reason", "")])
+            key = (r["method"], r["status"], str(r.get("reason") or ""))
+            groups.setdefault(key, []).append(r["point_key"])
+    for (method, st, reason), points in sorted(groups.items()):
+        t.rows.append([method, st, reason, len(points),
+                       _points_text(points, method, per_method[method])])
     t.notes.append("rows by status: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+    if groups:
+        t.notes.append("points: every point of the group when few, else how many and the "
+                       f"first {STATUS_EXAMPLES}; the rows (rows.jsonl) name each one.")
     return t
+
+
+STATUS_EXAMPLES = 3  # points named in a status line of more than STATUS_LISTED points
+STATUS_LISTED = 5
+
+
+def _points_text(points: list[str], method: str, method_rows: int) -> str:
+    if len(points) == method_rows and len(points) > 1:
+        return f"all {len(points)} rows of {method}"
+    if len(points) <= STATUS_LISTED:
+        return ", ".join(points)
+    return f"{len(points)} points, e.g. " + ", ".join(points[:STATUS_EXAMPLES])
 
 
 def table5(tune_table: str | None) -> Table:

@@ -59,8 +59,9 @@ from .prose import headline, not_run, readme_text, variant_rows_in
 def stage_rows() -> list[tuple[str, str]]:
     """(the rows file under the study directory, its name in a bundle's data/) of each GPU
     stage with rows of its own, in registry order. A compact bundle (a reference committed
-    to git) gzips them (+ ".gz"), as every row file, and holds no figures (they regenerate
-    from the rows)."""
+    to git) gzips them (+ ".gz"), as every row file, and holds no figures, no CSV or LaTeX
+    tables (they regenerate from the rows) and no package source (the repository's history
+    holds it)."""
     from ...stages import STAGES
 
     return [(os.path.join(s.name, s.rows_file), s.data_name) for s in STAGES.values()
@@ -113,6 +114,31 @@ def snapshot_files(repo_root: str, items: tuple[str, ...] = SNAPSHOT) -> tuple[l
 _plain_file = regular_file
 
 
+def snapshot_revision(repo_root: str, manifest: dict) -> str | None:
+    """The revision whose checkout holds a compact bundle's package source, so that its
+    snapshot may leave the source out: the checkout's HEAD (where the snapshot's workflow
+    comes from) when it is a revision the manifest records a run at, no run came from a
+    tree with uncommitted changes, and the snapshot's tracked files are HEAD's; else None
+    (the snapshot keeps the source)."""
+    stack, mism = manifest.get("stack") or {}, manifest.get("mismatches") or {}
+    recorded = {stack.get("git_commit")} | set(mism.get("git_commit") or [])
+    if manifest.get("runs_from_dirty_tree") or not recorded - {None}:
+        return None
+
+    def git(*args: str) -> subprocess.CompletedProcess | None:
+        try:
+            return subprocess.run(["git", "-C", repo_root, *args], capture_output=True,
+                                  text=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+
+    head = git("rev-parse", "HEAD")
+    if head is None or head.returncode != 0 or head.stdout.strip() not in recorded:
+        return None
+    same = git("diff", "--quiet", "HEAD", "--", *SNAPSHOT)  # 0: tracked files as committed
+    return head.stdout.strip() if same is not None and same.returncode == 0 else None
+
+
 def _study_files(root: str, study_dir: str) -> list[str]:
     """``tree_files`` of a directory in the study, each file checked by ``study_file``; a linked
     directory is refused (it may lead anywhere)."""
@@ -133,19 +159,15 @@ def _study_files(root: str, study_dir: str) -> list[str]:
     return sorted(rels)
 
 
-def _snapshot(repo_root: str, dest_zip: str, config: str | None = None) -> tuple[int, str]:
+def _snapshot(repo_root: str, dest_zip: str, config: str | None = None,
+              with_source: bool = True) -> tuple[int, str]:
     """The workflow snapshot, with the study's exact config as config/study-config.yaml
-    (so the unpacked snapshot runs with --configfile config/study-config.yaml)."""
+    (so the unpacked snapshot runs with --configfile config/study-config.yaml).
+    ``with_source``: the package that ran too (a compact bundle leaves it out where
+    ``snapshot_revision`` names the recorded revision holding it: a reference committed to
+    the repository; ``tiledattn reproduce`` lays out only the workflow either way)."""
     files, how = snapshot_files(repo_root)
-    # The package that ran, from where it was imported (a checkout, or an installed copy):
-    # the directory above tiledattention/, however deep this module sits in it.
-    package_root = os.path.abspath(__file__)
-    for _ in range(__name__.count(".") + 1):
-        package_root = os.path.dirname(package_root)
-    source = {rel: os.path.join(package_root, rel)
-              for rel in snapshot_files(package_root, SNAPSHOT_SOURCE)[0]}
-    if "README.md" not in source and _plain_file(os.path.join(repo_root, "README.md")):
-        source["README.md"] = os.path.join(repo_root, "README.md")  # pyproject's readme
+    source = _package_source(repo_root) if with_source else {}
     with zipfile.ZipFile(dest_zip, "w", zipfile.ZIP_DEFLATED) as z:
         for rel in files:
             if rel != STUDY_CONFIG or config is None:
@@ -155,6 +177,20 @@ def _snapshot(repo_root: str, dest_zip: str, config: str | None = None) -> tuple
         if config is not None:
             z.write(config, STUDY_CONFIG)
     return len(set(files) | set(source) | ({STUDY_CONFIG} if config else set())), how
+
+
+def _package_source(repo_root: str) -> dict[str, str]:
+    """{name in the snapshot: path} of the package that ran, from where it was imported (a
+    checkout, or an installed copy: the directory above tiledattention/, however deep this
+    module sits in it), and the README its pyproject names."""
+    package_root = os.path.abspath(__file__)
+    for _ in range(__name__.count(".") + 1):
+        package_root = os.path.dirname(package_root)
+    source = {rel: os.path.join(package_root, rel)
+              for rel in snapshot_files(package_root, SNAPSHOT_SOURCE)[0]}
+    if "README.md" not in source and _plain_file(os.path.join(repo_root, "README.md")):
+        source["README.md"] = os.path.join(repo_root, "README.md")  # pyproject's readme
+    return source
 
 
 def _is_ours(out_dir: str) -> bool:
@@ -246,7 +282,8 @@ def create(study_dir: str, out_dir: str, *, config: dict, config_name: str, repo
            compact: bool = False) -> dict:
     """Build ``out_dir`` (a directory) and ``out_dir + '.zip'`` from a finished study
     (and its ``compare/`` directory, when ``tiledattn compare`` wrote one). ``compact``: the
-    rows gzipped (with the ladder's and the shapes grids'), no figures (``_build_compact``).
+    rows gzipped (with the ladder's and the shapes grids'), no figures, the tables as
+    Markdown only, the workflow snapshot without the package source (``_build``).
 
     Built beside ``out_dir`` and moved into place at the end, so a failure leaves any previous
     bundle as it was; an existing ``out_dir`` is replaced only when it is a previous bundle
@@ -412,12 +449,14 @@ def _build(out_dir: str, study_dir: str, rows: list[dict], manifest: dict, *, co
     manifest_path = os.path.join(study_dir, "manifest.json")
     data_files = _compact_data(out_dir, study_dir) if compact else \
         _copy_data(out_dir, study_dir)
-    # compare: tiledattn compare's table, figure; a compact bundle's figures regenerate.
+    # compare: tiledattn compare's table, figure; a compact bundle's figures regenerate, and
+    # of its tables only the Markdown is kept (CSV and LaTeX rebuild with the figures).
     for sub in ("tables", "compare") if compact else ("tables", "figures", "compare"):
         src_dir = os.path.join(study_dir, sub) if sub != "tables" else os.path.join(agg, sub)
         if os.path.lexists(src_dir):
             for rel in _study_files(src_dir, study_dir):
-                _copy(os.path.join(src_dir, rel), os.path.join(out_dir, sub, rel))
+                if not (compact and sub == "tables" and not rel.endswith(".md")):
+                    _copy(os.path.join(src_dir, rel), os.path.join(out_dir, sub, rel))
     scaling_dir = os.path.join(study_dir, "scaling")  # tiledattn scaling's table, figure
     if os.path.lexists(scaling_dir):
         for rel in _study_files(scaling_dir, study_dir):
@@ -435,8 +474,9 @@ def _build(out_dir: str, study_dir: str, rows: list[dict], manifest: dict, *, co
     os.makedirs(os.path.join(out_dir, "config"))
     with open(os.path.join(out_dir, "config", "study-config.yaml"), "w") as f:
         yaml.safe_dump(config, f, sort_keys=False)
+    revision = snapshot_revision(repo_root, manifest) if compact else None
     snap = _snapshot(repo_root, os.path.join(out_dir, "workflow-snapshot.zip"),
-                     os.path.join(out_dir, STUDY_CONFIG))
+                     os.path.join(out_dir, STUDY_CONFIG), with_source=revision is None)
     # Zenodo takes at most 100 files per record: group directories into archives until the
     # bundle fits (metadata files stay loose so Zenodo and readers see them).
     for sub in ("figures", "tables"):
@@ -454,7 +494,7 @@ def _build(out_dir: str, study_dir: str, rows: list[dict], manifest: dict, *, co
 
     variants_line = variants_sentence(variant_rows_in(study_dir))
     readme = readme_text(publication, rows, manifest, table4, f"config/{config_name}", snap,
-                     variants_line, data_files if compact else None)
+                     variants_line, data_files if compact else None, revision)
     missing = not_run(study_dir, rows)
     if missing:  # before the column dictionary: what a reader must know first
         cut = readme.index("## How to reproduce")

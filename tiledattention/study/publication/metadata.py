@@ -7,6 +7,7 @@ pyproject.toml, else the checkout's ``git remote``)."""
 from __future__ import annotations
 
 import datetime as _dt
+import gzip
 import json
 import os
 from dataclasses import dataclass
@@ -82,8 +83,13 @@ class Publication:
 def _validate(instance: dict, schema_file: str, what: str) -> None:
     import jsonschema
 
-    with open(os.path.join(_SCHEMAS, schema_file)) as f:
-        schema = json.load(f)
+    path = os.path.join(_SCHEMAS, schema_file)
+    if os.path.exists(path + ".gz"):  # the large vendored schemas ship gzipped
+        with gzip.open(path + ".gz", "rt", encoding="utf-8") as f:
+            schema = json.load(f)
+    else:
+        with open(path, encoding="utf-8") as f:
+            schema = json.load(f)
     errors = sorted(jsonschema.Draft7Validator(schema).iter_errors(instance),
                     key=lambda e: list(e.path))
     if errors:

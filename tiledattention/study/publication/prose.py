@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 
 from ..presentation.frame import columns_markdown, columns_of
-from .archive import SNAPSHOT, study_file
+from .archive import SNAPSHOT, SNAPSHOT_SOURCE, study_file
 from .metadata import (
     Publication,
 )
@@ -34,9 +34,10 @@ def rows_summary(rows: list[dict]) -> str:
 
 def readme_text(pub: Publication, rows: list[dict], manifest: dict, table4: str,
             config_name: str, snapshot: tuple[int, str], variants_line: str = "",
-            compact: list[str] | None = None) -> str:
+            compact: list[str] | None = None, checkout: str | None = None) -> str:
     """The bundle's README; ``compact``: the data files of a compact bundle (its Files
-    section names them, and how the figures and tables rebuild from them)."""
+    section names them, and how the figures and tables rebuild from them); ``checkout``:
+    the revision whose checkout holds the source its snapshot leaves out."""
     from ...stages import STAGES
 
     stack = manifest.get("stack") or {}
@@ -45,7 +46,8 @@ def readme_text(pub: Publication, rows: list[dict], manifest: dict, table4: str,
         f"# {pub.title}", "", pub.description, "", "## Headline", "",
         headline(rows, manifest) + variants_line, table4, "", "## What was measured", "",
         rows_summary(rows)
-        + " (`tables/status.*` lists every row that is not ok, with the reason).", "",
+        + " (`tables/status.*` groups the rows that are not ok by method, status and "
+        "reason).", "",
         ("Timing: CUDA events around each call (L2 flushed before each call when the "
          "config says so), " if gpu else "Timing: wall clock around each call on the CPU, ")
         + "methods interleaved over rounds; throughput from the median time with the FLOP "
@@ -65,7 +67,7 @@ def readme_text(pub: Publication, rows: list[dict], manifest: dict, table4: str,
         f"- One software stack and GPU across all runs: "
         f"{'yes' if manifest.get('consistent') else 'NO — see manifest.json mismatches'}",
         f"- Container: {(manifest.get('container') or {}).get('image') or 'none'}", "",
-        *reproduce_section(pub, manifest, snapshot),
+        *reproduce_section(pub, manifest, snapshot, checkout),
         "## Files", "",
         *(_compact_files(compact) if compact is not None else [
             "- `data/rows.parquet`, `data/rows.csv`, `data/rows.jsonl`: every row; "
@@ -77,8 +79,8 @@ def readme_text(pub: Publication, rows: list[dict], manifest: dict, table4: str,
         "Table 5 (schedules), Table 6 (schedule ladder), throughput, status, model_e2e (tiny "
         "Llama tokens/s per attention implementation), variants and variants_summary (against "
         "FlexAttention and SDPA + mask, and the targets) — "
-        "Markdown, CSV, "
-        "LaTeX",
+        + ("Markdown (their CSV and LaTeX rebuild from the rows, below)" if compact is not None
+           else "Markdown, CSV, LaTeX"),
         *([] if compact is not None else ["- `figures/`: PNG and PDF"]),
         "- `compare/`: `tiledattn compare` against a reference (table and figure), when the "
         "study was compared (`tiledattn reproduce`)",
@@ -116,12 +118,13 @@ def _compact_files(data_files: list[str]) -> list[str]:
 def _rebuild_section(data_files: list[str]) -> list[str]:
     """## Figures and tables from the rows: the exact commands (tests run them)."""
     return ["## Figures and tables from the rows", "",
-            "This compact bundle holds the measurements, not the figures. In the directory "
-            "holding this README, with tiledattention installed (above), these lines unpack the "
-            "rows beside the bundle and rebuild every figure (`$R/figures`, PNG and PDF) and "
-            "every table (`$R/aggregate/tables`: `tables/` again, `diff -r` shows at most a "
-            "float's last digit where another machine's math library rounds differently) from "
-            "them:", "",
+            "This compact bundle holds the measurements, not the figures, and its tables as "
+            "Markdown only. In the directory holding this README, with tiledattention "
+            "installed (above), these lines unpack the rows beside the bundle and rebuild "
+            "every figure (`$R/figures`, PNG and PDF) and every table as Markdown, CSV and "
+            "LaTeX (`$R/aggregate/tables`: its `*.md` are `tables/` again, `diff` shows at "
+            "most a float's last digit where another machine's math library rounds "
+            "differently) from them:", "",
             "```bash", *rebuild_commands(data_files), "```", ""]
 
 
@@ -132,13 +135,22 @@ NO_REPOSITORY = ("no repository URL recorded (set `publication.repository` in th
 CPU_TORCH = "https://download.pytorch.org/whl/cpu"  # PyTorch's CPU wheels (no CUDA)
 
 
-def install_lines(manifest: dict) -> list[str]:
+# A compact bundle without a repository URL: the repository it is committed in.
+ENCLOSING_REPOSITORY = '"$(git rev-parse --show-toplevel)"'
+
+
+def install_lines(manifest: dict, checkout: tuple[str, str] | None = None) -> list[str]:
     """The README's install steps: tiledattention from the bundle's own source snapshot
-    (the run's package, workflow and pyproject.toml), with the gpu extra where the study ran
-    on a GPU; a CPU study's torch from PyTorch's CPU wheels unless one is installed (PyPI's
-    default Linux wheel carries the CUDA libraries, gigabytes)."""
+    (the run's package, workflow and pyproject.toml), or with ``checkout`` (repository,
+    revision: a compact bundle, whose snapshot holds the workflow alone) from a clone of it
+    at that revision; with the gpu extra where the study ran on a GPU; a CPU study's torch
+    from PyTorch's CPU wheels unless one is installed (PyPI's default Linux wheel carries the
+    CUDA libraries, gigabytes)."""
     gpu = isinstance(manifest.get("gpu"), dict) and bool(manifest["gpu"].get("name"))
-    lines = ["python -m zipfile -e workflow-snapshot.zip ../source   # this run's source"]
+    lines = ["python -m zipfile -e workflow-snapshot.zip ../source   # this run's source"] \
+        if checkout is None else [
+        f"git clone --quiet {checkout[0]} ../source",
+        f"git -C ../source checkout --quiet {checkout[1]}   # this run's source"]
     if not gpu:
         lines.append(f'python -c "import torch" 2>/dev/null || python -m pip install torch '
                      f"--index-url {CPU_TORCH}")
@@ -146,21 +158,34 @@ def install_lines(manifest: dict) -> list[str]:
     return lines
 
 
-def reproduce_section(pub: Publication, manifest: dict, snapshot: tuple[int, str]) -> list[str]:
+def reproduce_section(pub: Publication, manifest: dict, snapshot: tuple[int, str],
+                      checkout: str | None = None) -> list[str]:
     """## How to reproduce: the install step and the one command (tests/test_reproduce.py
-    follows these lines literally)."""
+    follows these lines literally). ``checkout``: the revision (one the manifest records,
+    the snapshot's workflow taken from it) whose checkout holds the package source a
+    compact bundle's snapshot leaves out."""
     image = (manifest.get("container") or {}).get("image")
+    where = "the bundle's `workflow-snapshot.zip` holds it"
+    if checkout:
+        where = ("this compact bundle's `workflow-snapshot.zip` holds the workflow alone; "
+                 "the source is that of " + ("the repository this bundle is committed in"
+                                             if not pub.repository else f"`{pub.repository}`")
+                 + f" at revision {checkout}, one the manifest records and the one the "
+                 "snapshot's workflow comes from" + (
+                     ", so run these lines inside a checkout of that repository"
+                     if not pub.repository else ""))
     return [
         "## How to reproduce", "",
         "In the directory holding this README (the unpacked bundle), install this run's "
-        "source (the bundle's `workflow-snapshot.zip` holds it) with its workflow tools, "
+        f"source ({where}) with its workflow tools, "
         "then re-run the study: the same config and grid "
         "(`config/study-config.yaml`), the workflow of this run (`workflow-snapshot.zip`), "
         "through a Snakemake profile (`local`, `slurm`, or the path of your own). It ends "
         "with a verified bundle of the new run and `tiledattn compare` of it against this "
         "one (exit 1 on a regression beyond the tolerances; `--source checkout` takes the "
         "workflow from a checkout of the recorded revision instead).", "",
-        "```bash", *install_lines(manifest),
+        "```bash", *install_lines(manifest, (pub.repository or ENCLOSING_REPOSITORY,
+                                             checkout) if checkout else None),
         "tiledattn reproduce . --out ../reproduction --profile local", "```", "",
         *([f"The study ran on {manifest['gpu']['name']}: on a machine without a CUDA GPU "
            "`tiledattn reproduce` with the local profile refuses it (it would measure on the "
@@ -170,7 +195,10 @@ def reproduce_section(pub: Publication, manifest: dict, snapshot: tuple[int, str
          "`launcher_options.image`), so the reproduction's jobs do too." if image else
          "The jobs ran without a container image (the config names none)."), "",
         f"The snapshot holds {snapshot[0]} files: {snapshot[1]} under "
-        f"{', '.join(SNAPSHOT)} — untracked and ignored files (a local `.env`, credentials) "
+        f"{', '.join(SNAPSHOT)}"
+        + (f" (not the package's source, {', '.join(SNAPSHOT_SOURCE)}: the repository's at "
+           f"revision {checkout})" if checkout else "")
+        + " — untracked and ignored files (a local `.env`, credentials) "
         "are never included. `tiledattn bundle verify .` checks this bundle's files.", ""]
 
 
