@@ -686,6 +686,17 @@ def test_the_repository_url_comes_from_config_then_pyproject_then_git_remote(tmp
     assert repository_url(None, str(tmp_path)) == "https://example.org/x"
 
 
+def test_a_broken_pyproject_is_one_study_error_not_a_traceback(tmp_path):
+    from tiledattention.errors import StudyError
+    from tiledattention.study.publication.metadata import repository_url
+
+    (tmp_path / "pyproject.toml").write_text('[project\nname = "x"\n')
+    with pytest.raises(StudyError, match="pyproject.toml is not readable TOML"):
+        repository_url(None, str(tmp_path))
+    (tmp_path / "pyproject.toml").write_text('project = "x"\n')  # valid, odd shape: no URL
+    assert repository_url(None, str(tmp_path)) is None
+
+
 def test_citation_and_zenodo_name_the_repository():
     pub = Publication(repository="https://example.org/tiledattention")
     assert citation_cff(pub)["repository-code"] == "https://example.org/tiledattention"

@@ -180,10 +180,15 @@ def repository_url(configured: str | None, repo_root: str) -> str | None:
         tomllib = None
     path = os.path.join(repo_root, "pyproject.toml")
     if tomllib and os.path.isfile(path):
-        with open(path, "rb") as f:
-            urls = (tomllib.load(f).get("project") or {}).get("urls") or {}
+        try:
+            with open(path, "rb") as f:
+                project = tomllib.load(f).get("project")
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+            raise StudyError(f"bundle: {path} is not readable TOML ({exc}); fix it, or name "
+                             "the repository in the config's publication.repository") from None
+        urls = project.get("urls") if isinstance(project, dict) else None
         for key in ("Repository", "Source", "Homepage"):
-            if urls.get(key):
+            if isinstance(urls, dict) and isinstance(urls.get(key), str) and urls[key]:
                 return urls[key]
     import subprocess
 
