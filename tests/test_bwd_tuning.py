@@ -123,6 +123,41 @@ def test_keys_as_rows_is_a_labelled_field_off_by_default_and_in_no_search_space(
     assert "KEY_ROWS" not in v.constants("attention_bwd_dq")
 
 
+def test_split_dkdv_is_a_labelled_field_off_by_default_and_in_no_search_space():
+    s = BwdSchedule(64, 64, 64, 64, 1, dq="atomic", worker_warps=8, dkdv_split=True)
+    assert s.label() == "kv64x64_q64x64_o1_w8_atomic_split"
+    assert BwdSchedule.from_label(s.label()) == s
+    assert BwdSchedule.from_label("kv64x128_q128x64_o1_w8_keyrows_split").key_rows
+    assert not BwdSchedule().dkdv_split and "split" not in BwdSchedule().label()
+    for space in ("quick", "full"):
+        assert not any(x.dkdv_split for x in bwd_space_for(256, space))
+    for d in (64, 128, 160, 192, 256):
+        assert not default_bwd_schedule(d, True).dkdv_split
+    from tiledattention.kernel.variant import BwdVariant
+
+    dkdv = BwdVariant("bfloat16", 256, True, s).constants("attention_bwd_dkdv")
+    assert dkdv["SPLIT_DKDV"] is True
+    assert "SPLIT_DKDV" not in BwdVariant("bfloat16", 256, True, s).constants("attention_bwd_dq")
+
+
+def test_split_dkdv_counts_one_gradient_and_masks_only_the_diagonal_causal():
+    """A split program keeps dK or dV, not both; apart they fit the causal loop's masked and
+    unmasked versions, which the one-program kernels above D = 128 cannot (MASK_ALL)."""
+    from tiledattention.kernel.variant import BwdVariant
+    from tiledattention.schedules.backward import _live_bytes
+
+    one = BwdSchedule.from_label("kv64x64_q64x64_o1_w8")
+    split = BwdSchedule.from_label("kv64x64_q64x64_o1_w8_split")
+    assert (_live_bytes(one, 256)["dK/dV"] - _live_bytes(split, 256)["dK/dV"]
+            == 4 * 64 * 256)
+    assert _live_bytes(one, 256)["dQ"] == _live_bytes(split, 256)["dQ"]
+    for d, causal, want in ((256, True, True), (256, False, False), (128, True, False)):
+        assert BwdVariant("bfloat16", d, causal, one).constants(
+            "attention_bwd_dkdv")["MASK_ALL"] is want
+        assert BwdVariant("bfloat16", d, causal, split).constants(
+            "attention_bwd_dkdv")["MASK_ALL"] is False
+
+
 def bwd_entry(b, label, tflops=300.0):
     return BwdEntry(bucket=b, best=BwdSchedule.from_label(label), best_tflops=tflops,
                     runner_up=BwdSchedule(), runner_up_tflops=tflops * 0.9, gpu="H100",
