@@ -325,6 +325,7 @@ def dkdv_key_tile(Q, K, V, dOut, Lse, Delta, Mask, extra, dK, dV, dQacc, scalars
     b = ct.bid(2)
     seq_q = Q.shape[2]
     TAIL = not f.EVEN_N
+
     # K and V of this key tile stay on chip: K^T and V^T for the score products
     # (Q K^T, dO V^T), as the forward loads K; K itself for dS K (atomic dQ only). With
     # KEY_ROWS the score products are K Q^T and V dO^T: K and V as they lie, K serving
