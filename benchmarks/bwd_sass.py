@@ -11,7 +11,9 @@ UTMALDG / UTMASTG, per-element atomics (ATOMG / REDG / MEMBAR) and local-memory 
 (``step_counts``): the instructions of the loop body, its warp-group MMAs by where their
 row operand comes from (registers or a shared-memory descriptor), shared-memory stores
 and loads (STS, STSM, LDS: the transposes of P and dS show here), CTA barriers and
-fences.
+fences, local-memory loads and stores (LOCAL: STL + LDL). ``--loops`` prints every
+innermost loop with MMAs (the masked and unmasked versions of a causal loop; with ``_split``
+the dK and the dV programs' loops).
 
 cuobjdump is not in cuda-tile's wheels: ``pip download nvidia-cuda-cuobjdump==13.4.92``,
 unzip, and pass ``--cuobjdump PATH`` (or have it on PATH).
@@ -19,6 +21,7 @@ unzip, and pass ``--cuobjdump PATH`` (or have it on PATH).
     python benchmarks/bwd_sass.py --head-dim 64,128 kv64x128_q128x64_o1_w8_atomic
     python benchmarks/bwd_sass.py --head-dim 256 --causal kv64x64_q64x64_o1_w8
     python benchmarks/bwd_sass.py --step kv64x128_q128x64_o1_w8_atomic_keyrows
+    python benchmarks/bwd_sass.py --step --loops --causal --head-dim 256 kv64x64_q64x64_o1_w8_split
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from tiledattention.schedules.backward import BwdSchedule  # noqa: E402
 
 COUNTED = ("HGMMA", "UTMAREDG", "UTMALDG", "UTMASTG", "ATOMG", "REDG", "MEMBAR", "STL", "LDL")
 STEP = ("INSTR", "HGMMA_REG", "HGMMA_SMEM", "STS", "STSM", "LDS", "BAR", "PRMT", "MEMBAR",
-        "FENCE")
+        "FENCE", "LOCAL")
 _INSTR = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Za-z0-9_.]*)([^;]*);")
 
 
@@ -72,6 +75,14 @@ def step_counts(sass: str) -> dict[str, int] | None:
     """Per-thread counts of one iteration of the query loop: the first innermost loop (a
     backward branch) whose body holds warp-group MMAs, leaving out the retry stubs of the
     barrier waits at the function's end (their bodies span an EXIT). None: no such loop."""
+    loops = loop_counts(sass)
+    return loops[0] if loops else None
+
+
+def loop_counts(sass: str) -> list[dict[str, int]]:
+    """``step_counts`` of every innermost loop with warp-group MMAs, in address order: the
+    query loop's versions (masked and unmasked, a staggered loop's two halves) and, with
+    ``_split``, the dK program's and the dV program's."""
     instrs = [(int(m.group(1), 16), m.group(2), m.group(3)) for m in _INSTR.finditer(sass)]
     loops = []
     for addr, op, rest in instrs:
@@ -83,9 +94,10 @@ def step_counts(sass: str) -> dict[str, int] | None:
                 loops.append(body)
     inner = [b for b in loops
              if not any(o is not b and b[0][0] <= o[0][0] and o[-1][0] <= b[-1][0] for o in loops)]
-    if not inner:
-        return None
-    body = min(inner, key=lambda b: b[0][0])
+    return [_body_counts(b) for b in sorted(inner, key=lambda b: b[0][0])]
+
+
+def _body_counts(body) -> dict[str, int]:
     out = dict.fromkeys(STEP, 0)
     out["INSTR"] = len(body)
     for _, op, rest in body:
@@ -96,6 +108,8 @@ def step_counts(sass: str) -> dict[str, int] | None:
             out["HGMMA_REG" if re.match(r"\s*R\d+,\s*R\d+", rest) else "HGMMA_SMEM"] += 1
         elif op.startswith("BAR.SYNC"):
             out["BAR"] += 1
+        elif name in ("STL", "LDL"):
+            out["LOCAL"] += 1
         elif name in out:
             out[name] += 1
     return out
@@ -111,6 +125,8 @@ def main(argv=None) -> int:
     ap.add_argument("--cuobjdump", default=shutil.which("cuobjdump"))
     ap.add_argument("--step", action="store_true",
                     help="also count one iteration of the query loop (per thread)")
+    ap.add_argument("--loops", action="store_true",
+                    help="with --step: every innermost MMA loop, not only the first")
     args = ap.parse_args(argv)
     if not args.cuobjdump:
         print("cuobjdump not found: pass --cuobjdump PATH (pip nvidia-cuda-cuobjdump)")
@@ -129,9 +145,10 @@ def main(argv=None) -> int:
                 c = sass_counts(cubin, args.cuobjdump)
                 step = ""
                 if args.step:
-                    st = step_counts(disassemble(cubin, args.cuobjdump)[0])
-                    step = "  | " + ("no loop" if st is None
-                                     else "  ".join(str(st[k]) for k in STEP))
+                    loops = loop_counts(disassemble(cubin, args.cuobjdump)[0])
+                    step = "  | " + (" | ".join("  ".join(str(st[k]) for k in STEP)
+                                                for st in loops[:None if args.loops else 1])
+                                     or "no loop")
                 print(f"{d}  {args.causal}  {label}  {name.removeprefix('attention_bwd_')}  "
                       + "  ".join(str(c[k]) for k in COUNTED) + f"  {c['REG']}  {c['STACK']}"
                       + step, flush=True)
