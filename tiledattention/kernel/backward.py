@@ -184,7 +184,7 @@ def dkdv_tile(kv, acc, arrays, fns, aux, where, i, bid_n, diag, ALL_MASKS, f, dQ
     keeps its own keys' rows of S^T, dK and dV. Without it (queries as the rows) P and dS
     are transposed into those products, which tileiras stages through shared memory on
     every step (sm_90 SASS: 8 STS.64, a CTA barrier and 4 LDS.128 per thread for each of
-    P and dS; benchmarks/notes-drafts/bwd-orient.md). Only dS K (the dQ share) then
+    P and dS; benchmarks/NOTES.md §34a). Only dS K (the dQ share) then
     takes a transpose."""
     TILE_M, TILE_N, NCHUNK, W0, W1, W2 = f.TILE_M, f.TILE_N, f.NCHUNK, f.W0, f.W1, f.W2
     Q, K, V, dOut, Lse, Delta, Mask = arrays

@@ -137,7 +137,7 @@ class BwdVariant(_Shared):
         if kernel.startswith("attention_bwd_dkdv"):
             # One causal loop body (the mask on every query tile) where the masked and
             # unmasked versions of it would spill: D > 128 with dK and dV in one program;
-            # split apart, both versions fit (sm_90 SASS, notes-drafts/d256-split.md).
+            # split apart, both versions fit (sm_90 SASS, benchmarks/NOTES.md §34b).
             return dict(TILE_M=s.dkdv_m, TILE_N=s.dkdv_n, EVEN_N=self.even_n,
                         DQ_ATOMIC=s.dq == "atomic",
                         MASK_ALL=self.causal and self.head_dim > 128 and not s.dkdv_split,

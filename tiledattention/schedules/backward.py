@@ -199,7 +199,7 @@ BWD_CANDIDATES = (
     # 64 keys), and 64 keys at occupancy 2. "kr": the same 128-key programs with keys as
     # the dK/dV MMA rows (``_keyrows``: no P / dS transposes through shared memory; the
     # seven-matmul one has no CTA barrier left in its step; sm_90 SASS in
-    # benchmarks/notes-drafts/bwd-orient.md). 64 keys at occupancy 2 spill with it (the
+    # benchmarks/NOTES.md §34a). 64 keys at occupancy 2 spill with it (the
     # row statistics per column cost registers at the 128 of two CTAs): not a candidate.
     (128, {"5mm-k128w8": BwdSchedule.from_label("kv64x128_q128x64_o1_w8_atomic"),
            "5mm-k64o2": BwdSchedule.from_label("kv64x64_q64x64_o2_atomic"),
@@ -211,7 +211,7 @@ BWD_CANDIDATES = (
     # "s": dK and dV in separate programs (``_split``), each recomputing S: no local
     # memory at all and, causal, the mask only on the diagonal tiles (the one-program
     # kernels need the mask on every tile not to spill); 5 matmul units per step pair
-    # instead of 4 (notes-drafts/d256-split.md).
+    # instead of 4 (benchmarks/NOTES.md §34b).
     (256, {"7mm-w8": BwdSchedule.from_label("kv64x64_q64x64_o1_w8"),
            "5mm-k64w8": BwdSchedule.from_label("kv64x64_q64x64_o1_w8_atomic"),
            "7mm-w8s": BwdSchedule.from_label("kv64x64_q64x64_o1_w8_split"),
