@@ -117,6 +117,35 @@ def test_sigterm_while_a_point_is_measured_stops_it_at_once(tmp_path, monkeypatc
     assert read_rows(str(tmp_path / "rows-shard0of1.jsonl")) == []
 
 
+def test_the_sigterm_of_a_requeue_lets_submitit_end_the_attempt_itself(tmp_path, monkeypatch):
+    # submitit's USR2 handler calls the task's checkpoint, then `scontrol requeue`, whose
+    # SIGTERM (SLURM cancels the step) arrives while the handler waits for scontrol; then
+    # it logs "Requeued job" and exits. A JobStopped raised at that SIGTERM unwound the
+    # handler instead: no requeue line, and the attempt ended in an error (the requeue test
+    # on the CI cluster, 1 run in 4).
+    from tiledattention.stages.bench import ShardTask
+
+    monkeypatch.setattr(jobenv, "_requeueing", [False])
+    requeued = []
+
+    def usr2_handler(q, k, v, p):  # what submitit does, in the measuring thread
+        ShardTask("c.yaml", str(tmp_path), 0, 1).checkpoint()
+        os.kill(os.getpid(), signal.SIGTERM)  # SLURM, during `scontrol requeue`
+        requeued.append("Requeued job")
+        raise SystemExit(-1)  # submitit's _exit
+
+    monkeypatch.setitem(M.METHODS, "fake_usr2", M.Method("fake_usr2", "", False, usr2_handler))
+    previous = signal.signal(signal.SIGTERM, lambda *a: None)  # as under submitit: bypassed
+    try:
+        with pytest.raises(SystemExit):
+            runner.run_bench(_cfg(["fake_usr2"]), str(tmp_path))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert requeued == ["Requeued job"]
+    assert jobenv.requeueing()
+    assert read_rows(str(tmp_path / "rows-shard0of1.jsonl")) == []  # nothing of the cut point
+
+
 @pytest.mark.parametrize("exc", JOB_ENVIRONMENT, ids=lambda e: type(e).__name__)
 def test_a_job_environment_exception_wrapped_by_the_code_it_hit_is_still_the_jobs(exc):
     # A signal landing inside a kernel compile comes back as CompileError("...") from it.

@@ -423,7 +423,9 @@ def measure(plan: list[tuple[Point, list[str]]], cfg: BenchConfig, store: Result
         stop["requested"] = stop["terminated"] = True
         if callable(previous_term):  # a job environment's own handler (submitit's) runs too
             previous_term(signum, frame)
-        if stop.get("measuring"):  # not while a row is being written
+        # Not while a row is written, nor while submitit requeues this attempt (its
+        # handler ends the attempt itself: ``jobenv.requeue``).
+        if stop.get("measuring") and not jobenv.requeueing():
             raise jobenv.JobStopped("SIGTERM while measuring: the point is measured again "
                                     "on resume")
 

@@ -17,6 +17,27 @@ class JobStopped(BaseException):
     no ``except Exception`` takes it for a method's failure."""
 
 
+_requeueing = [False]  # set by ``requeue``: submitit's handler is requeueing this attempt
+
+
+def requeue(task):
+    """submitit's ``checkpoint`` hook of a resumable task: the same task, requeued.
+
+    From here until submitit's USR2 handler ends the attempt (``scontrol requeue``, its
+    "Requeued job" line, ``sys.exit``), the SIGTERM SLURM sends because of that requeue is
+    the attempt ending, not a stop: ``requeueing()`` tells the measure loop not to raise
+    ``JobStopped`` for it, which would unwind submitit's handler before it logs and exits
+    and end the requeued attempt with an error instead."""
+    import submitit
+
+    _requeueing[0] = True
+    return submitit.helpers.DelayedSubmission(task)
+
+
+def requeueing() -> bool:
+    return _requeueing[0]
+
+
 def belongs_to_job(exc: BaseException) -> bool:
     """True for an exception the job environment raised (see the module's docstring)."""
     if isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit, JobStopped)):

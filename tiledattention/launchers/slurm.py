@@ -158,9 +158,9 @@ def sbatch_parameters(o: SlurmOptions) -> dict:
                   constraint=o.constraint, cpus_per_task=o.cpus_per_job, mem=f"{o.mem_gb}G",
                   time=o.time_min, signal_delay_s=o.signal_delay_s, job_name="tiledattn",
                   additional_parameters=dict(o.extra_sbatch),
-                  # submitit's #SBATCH --open-mode=append covers the batch step only; srun's
-                  # own default is JobFileAppend (truncate unless a site sets it), and a
-                  # requeued job's srun then erased the first attempt's log in CI.
+                  # The step's log appends too (submitit's #SBATCH --open-mode=append is the
+                  # job's; srun documents its own default as the site's JobFileAppend), so
+                  # a requeued job keeps both attempts' lines whatever the site sets.
                   srun_args=["--open-mode=append"])
     if o.gpus_per_job:
         params["gres"] = f"gpu:{o.gpus_per_job}"

@@ -65,9 +65,9 @@ class ShardTask:
 
     def checkpoint(self, *args, **kwargs):
         # submitit calls this on preemption / time limit: requeue the same task.
-        import submitit
+        from ..launchers import jobenv
 
-        return submitit.helpers.DelayedSubmission(self)
+        return jobenv.requeue(self)
 
     @property
     def tag(self) -> str:

@@ -285,9 +285,10 @@ class TuneTask:
         return {"status": "ok", "out": self.out_path}
 
     def checkpoint(self, *args, **kwargs):
-        import submitit
+        # submitit calls this on preemption / time limit: requeue the same task.
+        from ..launchers import jobenv
 
-        return submitit.helpers.DelayedSubmission(self)
+        return jobenv.requeue(self)
 
 
 def _run(cfg: TuneConfig, out_path: str, state_path: str, **kwargs) -> int:
