@@ -154,6 +154,10 @@ SWEEP_CASES = TARGETS[:3] + [
 # The decode grid's two weakest points on the H100 (NOTES §14): packed GQA, one program
 # per KV head, 4 and 32 splits of 2 key tiles each chosen by the policy.
 WORST_CASES = SWEEP_CASES[3:5]
+# Issue 37 item 3: single-sequence GQA decode (B1, Hq 32 / Hkv 8, D 128) over the cache lengths
+# the issue names; the policy's split count is printed beside each pinned one.
+B1GQA_CASES = [(f"b1 h32/8 skv{n}", 1, 32, 8, 1, n, 128, "bfloat16", False)
+               for n in (1024, 8192, 32768)]
 SPLITS = (1, 4, 8, 16, 32)
 
 
@@ -179,8 +183,8 @@ def main():
     ap.add_argument("--grid-config", default=GRID_CONFIG,
                     help="bench config whose decode section --grid runs")
     ap.add_argument("--grid-from", type=int, default=0, help="skip the first N grid points")
-    ap.add_argument("--cases", choices=("all", "worst"), default="all",
-                    help="--sweep: every sweep case, or the grid's two weakest points")
+    ap.add_argument("--cases", choices=("all", "worst", "b1gqa"), default="all",
+                    help="--sweep: every sweep case, the grid's two weakest points, or B1 GQA")
     ap.add_argument("--splits", type=int, nargs="+", default=list(SPLITS),
                     help="--sweep: the split counts to pin")
     ap.add_argument("--out")
@@ -200,7 +204,8 @@ def main():
                 except Exception as exc:  # a candidate that fails to compile: say so, go on
                     print(f"{case[0]}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
     if args.sweep:
-        for case in WORST_CASES if args.cases == "worst" else SWEEP_CASES:
+        cases = {"all": SWEEP_CASES, "worst": WORST_CASES, "b1gqa": B1GQA_CASES}[args.cases]
+        for case in cases:
             rows += run_case(case, sweep_variants(args.splits))
             best = max((r for r in rows if r["case"] == case[0]), key=lambda r: r["ratio"])
             print(f"  best: {best['desc']} ratio {best['ratio']:.2f}", flush=True)
