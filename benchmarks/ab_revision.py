@@ -48,6 +48,19 @@ def load_other(path: str):
 
 
 def points(grid: str):
+    if grid == "decode":  # split-K's range: grids of few programs (B <= 4), MHA and GQA 4
+        for b in (1, 2, 4):
+            for hkv in (32, 8):
+                for sq in (1, 4, 16):
+                    for skv in (1024, 4096, 8192, 32768):
+                        yield "bfloat16", 128, False, (sq, skv, hkv), b, 32
+        return
+    if grid == "d192":  # where the D = 128 table entries are the nearest bucket (NOTES §35)
+        for dtype in ("float16", "bfloat16"):
+            for causal in (False, True):
+                for s in (4096, 8192):
+                    yield dtype, 192, causal, s, TOKENS // s, 16
+        return
     if grid == "d160":  # the causal dK/dV spill (NOTES §23) and controls beside it
         for dtype in ("float16", "bfloat16"):
             for d, causal, s in ((160, True, 1024), (160, True, 2048), (160, True, 4096),
@@ -72,31 +85,43 @@ def measure(fns: dict, rounds: int, reps: int) -> dict:
     return {n: sorted(v)[len(v) // 2] for n, v in samples.items()}
 
 
-def case(other, dtype, d, causal, s, b, h, passes, rounds, reps):
+def tensors(dtype, d, s, b, h):
+    """q, k, v of a point; ``s`` is S, or (Sq, Skv, Hkv) for a decode point."""
     dt = getattr(torch, dtype)
-    q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=dt) for _ in range(3))
-    new = ta.sdpa(q, k, v, is_causal=causal)
-    old = other.sdpa(q, k, v, causal=causal)
+    sq, skv, hkv = s if isinstance(s, tuple) else (s, s, h)
+    q = torch.randn(b, h, sq, d, device="cuda", dtype=dt)
+    k, v = (torch.randn(b, hkv, skv, d, device="cuda", dtype=dt) for _ in range(2))
+    return q, k, v
+
+
+def case(other, dtype, d, causal, s, b, h, passes, rounds, reps):
+    q, k, v = tensors(dtype, d, s, b, h)
+    gqa = q.shape[1] != k.shape[1]
+    kw = dict(causal=causal, enable_gqa=gqa)  # both sides called alike
+    new = ta.sdpa(q, k, v, **kw)
+    old = other.sdpa(q, k, v, **kw)
     diff = ((new.double() - old.double()).norm() / old.double().norm()).item()
     rows = {}
     if "fwd" in passes:
-        rows["fwd"] = measure({"new": lambda: ta.sdpa(q, k, v, is_causal=causal),
-                               "old": lambda: other.sdpa(q, k, v, causal=causal)}, rounds, reps)
+        rows["fwd"] = measure({"new": lambda: ta.sdpa(q, k, v, **kw),
+                               "old": lambda: other.sdpa(q, k, v, **kw)}, rounds, reps)
     if "fwd+bwd" in passes:
         qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
         dout = torch.randn_like(q)
         rows["fwd+bwd"] = measure({
-            "new": pass_callable(lambda: ta.sdpa(qg, kg, vg, is_causal=causal), qg, kg, vg,
-                                 dout, "fwd+bwd"),
-            "old": pass_callable(lambda: other.sdpa(qg, kg, vg, causal=causal), qg, kg, vg,
-                                 dout, "fwd+bwd")}, rounds, reps)
+            "new": pass_callable(lambda: ta.sdpa(qg, kg, vg, **kw), qg, kg, vg, dout,
+                                 "fwd+bwd"),
+            "old": pass_callable(lambda: other.sdpa(qg, kg, vg, **kw), qg, kg, vg, dout,
+                                 "fwd+bwd")}, rounds, reps)
     return diff, rows
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--other", required=True, help="the other revision's tiledattention dir")
-    ap.add_argument("--grid", choices=("paper", "quick", "d160"), default="quick")
+    ap.add_argument("--grid", choices=("paper", "quick", "d160", "d192", "decode"), default="quick")
+    ap.add_argument("--head-dims", help="only these head dims, e.g. 128")
+    ap.add_argument("--seqs", help="only these sequence lengths (S, or Skv for decode)")
     ap.add_argument("--passes", nargs="+", default=["fwd", "fwd+bwd"])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--reps", type=int, default=10)
@@ -104,13 +129,20 @@ def main() -> None:
     other = load_other(args.other)
     ratios: dict[str, list[float]] = {p: [] for p in args.passes}
     print(f"{'point':34s} {'pass':8s} {'new ms':>8s} {'old ms':>8s} {'new/old':>8s} diff")
+    dims = {int(x) for x in args.head_dims.split(",")} if args.head_dims else None
+    seqs = {int(x) for x in args.seqs.split(",")} if args.seqs else None
     for dtype, d, causal, s, b, h in points(args.grid):
+        if (dims and d not in dims) or (seqs and (s[1] if isinstance(s, tuple) else s)
+                                        not in seqs):
+            continue
         diff, rows = case(other, dtype, d, causal, s, b, h, args.passes, args.rounds,
                           args.reps)
         for p, t in rows.items():
             r = t["new"] / t["old"]
             ratios[p].append(r)
-            name = f"{dtype} D{d} {'causal' if causal else 'full'} S{s} B{b} H{h}"
+            name = (f"{dtype} D{d} {'causal' if causal else 'full'} S{s} B{b} H{h}"
+                    if not isinstance(s, tuple) else
+                    f"decode Sq{s[0]} Skv{s[1]} B{b} H{h}/{s[2]}")
             print(f"{name:34s} {p:8s} {t['new']:8.3f} {t['old']:8.3f} {r:8.3f} {diff:.1e}",
                   flush=True)
     for p, rs in ratios.items():

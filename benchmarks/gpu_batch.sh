@@ -22,7 +22,10 @@ case "${1:?what to run}" in
   tests)
     shift
     python -m pytest -q -n "${WORKERS:-8}" -p no:cacheprovider "${@:-tests/gpu}" 2>&1 \
-      | tee "$OUT/gpu-tests.log" | tail -40 ;;
+      | tee "$OUT/gpu-tests.log" | tail -40
+    # The tests that time kernels against a reference skip under workers sharing the GPU.
+    python -m pytest -q -p no:cacheprovider -m alone "${@:-tests/gpu}" 2>&1 \
+      | tee "$OUT/gpu-tests-alone.log" | tail -10 ;;
   ab-fwd)
     python benchmarks/ab_revision.py --other "$AB" --grid "${GRID:-paper}" --passes fwd \
       2>&1 | tee "$OUT/ab-fwd.log" ;;

@@ -33,7 +33,10 @@ from .variant import DELTA_TILE_M, BwdVariant, Flags, Variant
 LOG2E = 1.0 / math.log(2.0)
 PACK_MAX_SEQ_Q = 16  # GQA packing up to speculative-decode lengths
 SPLIT_BELOW = 2  # split-K: only grids of at most half a wave (sms / SPLIT_BELOW programs)
-TARGET_WAVES = 2  # split-K: aim the grid at about two programs per SM
+# split-K: aim the grid at about one program per SM. Two (until 2026-11-26) lost at B1 GQA
+# decode on the H100: 32 splits of 8 KV heads 32.1 us at Skv 8k against 28.2 us for 16
+# (each split adds a partial and a Q load; NOTES §35).
+TARGET_WAVES = 1
 MIN_SPLIT_TILES = 2  # split-K: key tiles per split at least (each split writes partials)
 MAX_PLANS = 4096  # a process that sees ever new shapes (growing decode) must not grow without end
 
@@ -189,7 +192,7 @@ def packs(problem, mask_axes: tuple[bool, bool, bool] | None, q_viewable: bool,
 
 def split_count(schedule: Schedule, programs: int, key_tiles: int, sms: int) -> int:
     """Key splits per (batch, head): the schedule's, else (``splits=0``) enough to bring
-    a grid of ``programs`` that fills at most half a wave of ``sms`` SMs to ~two waves,
+    a grid of ``programs`` that fills at most half a wave of ``sms`` SMs to ~one program per SM,
     with at least ``MIN_SPLIT_TILES`` key tiles per split. 1 means no split."""
     if schedule.splits:
         want = schedule.splits
