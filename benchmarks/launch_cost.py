@@ -7,6 +7,13 @@ precomputed, the allocations, ``run_backward`` whole, and the whole autograd cal
 to torch's SDPA forward+backward. What is left between the sum of the pieces and the
 whole call is autograd's own cost.
 
+``ct.launch``'s own cost (issue 37 item 4), on the dK/dV launch: with torch tensors (each
+read through its ``__cuda_array_interface__`` property), with the arrays' interfaces
+precomputed once (objects holding the dict: what a launch costs when nothing about the
+arrays is looked up), with those objects built per call from the tensors, the property
+alone for the launch's arrays, and an argument-free kernel (the floor: cuTile's dispatch
+and the driver's launch).
+
     python benchmarks/launch_cost.py
 """
 
@@ -27,6 +34,48 @@ SHAPES = {  # name: (B, Hq, Hkv, Sq, Skv, D, causal), bf16
     "prefill B1 H16 S512 D128 causal": (1, 16, 16, 512, 512, 128, True),
     "decode B1 H32/8 Sq1 Skv1024 D128": (1, 32, 8, 1, 1024, 128, False),
 }
+
+
+class Cai:
+    """An array as ``ct.launch`` reads it: only a ``__cuda_array_interface__`` dict."""
+
+    __slots__ = ("__cuda_array_interface__",)
+
+    def __init__(self, cai: dict):
+        self.__cuda_array_interface__ = cai
+
+
+_TYPESTR = {torch.bfloat16: "<f2", torch.float16: "<f2", torch.float32: "<f4",  # as torch
+            torch.int32: "<i4", torch.int64: "<i8", torch.bool: "|b1"}
+
+
+def cai_of(t: torch.Tensor) -> Cai:
+    """The interface built directly (torch's property checks and converts more)."""
+    strides = None if t.is_contiguous() else tuple(x * t.element_size() for x in t.stride())
+    return Cai(dict(typestr=_TYPESTR[t.dtype], shape=tuple(t.shape), strides=strides,
+                    data=(t.data_ptr(), False), version=2))
+
+
+def launch_rows(dev, kernel, grid, arrays, tail) -> dict:
+    """``ct.launch``'s own cost on one launch, argument handling varied (module doc)."""
+    import cuda.tile as ct
+
+    @ct.kernel
+    def empty():
+        pass
+
+    pre = tuple(Cai(a.__cuda_array_interface__) for a in arrays)
+    return {
+        f"ct.launch dkdv, torch tensors ({len(arrays)} arrays)":
+            lambda: L.launch_kernel(dev, grid, kernel, (*arrays, *tail)),
+        "ct.launch dkdv, interfaces precomputed":
+            lambda: L.launch_kernel(dev, grid, kernel, (*pre, *tail)),
+        "ct.launch dkdv, interfaces built per call":
+            lambda: L.launch_kernel(dev, grid, kernel, (*map(cai_of, arrays), *tail)),
+        "__cuda_array_interface__ of its arrays alone":
+            lambda: [a.__cuda_array_interface__ for a in arrays],
+        "ct.launch of an argument-free kernel": lambda: L.launch_kernel(dev, (1,), empty, ()),
+    }
 
 
 def us(fn, calls=300) -> float:
@@ -66,6 +115,8 @@ def run_shape(name, shape) -> None:
         rows[f"launch {kname} ({len(a)} arrays, {len(tail)} scalars)"] = (
             lambda kernel=kernel, grid=grid, full=full:
             L.launch_kernel(q.device, grid, kernel, full))
+    kernel, grid, tail = bplan.launches[1]
+    rows.update(launch_rows(q.device, kernel, grid, args[1], tail))
     # "whole" as before the plan moved out of run_backward: its lookup included
     rows["run_backward whole"] = lambda: L.run_backward(
         bwd_plan_for(q, k, None, causal, scale, False, None, _mods.NONE, None), q, k, v, out,
