@@ -12,8 +12,7 @@ UTMALDG / UTMASTG, per-element atomics (ATOMG / REDG / MEMBAR) and local-memory 
 row operand comes from (registers or a shared-memory descriptor), shared-memory stores
 and loads (STS, STSM, LDS: the transposes of P and dS show here), CTA barriers and
 fences, local-memory loads and stores (LOCAL: STL + LDL). ``--loops`` prints every
-innermost loop with MMAs (the masked and unmasked versions of a causal loop; with ``_split``
-the dK and the dV programs' loops).
+innermost loop with MMAs (the masked and unmasked versions of a causal loop).
 
 cuobjdump is not in cuda-tile's wheels: ``pip download nvidia-cuda-cuobjdump==13.4.92``,
 unzip, and pass ``--cuobjdump PATH`` (or have it on PATH).
@@ -21,7 +20,7 @@ unzip, and pass ``--cuobjdump PATH`` (or have it on PATH).
     python benchmarks/bwd_sass.py --head-dim 64,128 kv64x128_q128x64_o1_w8_atomic
     python benchmarks/bwd_sass.py --head-dim 256 --causal kv64x64_q64x64_o1_w8
     python benchmarks/bwd_sass.py --step kv64x128_q128x64_o1_w8_atomic_keyrows
-    python benchmarks/bwd_sass.py --step --loops --causal --head-dim 256 kv64x64_q64x64_o1_w8_split
+    python benchmarks/bwd_sass.py --step --loops --causal --head-dim 128 kv64x64_q64x64_o2_atomic
 """
 
 from __future__ import annotations
@@ -81,8 +80,7 @@ def step_counts(sass: str) -> dict[str, int] | None:
 
 def loop_counts(sass: str) -> list[dict[str, int]]:
     """``step_counts`` of every innermost loop with warp-group MMAs, in address order: the
-    query loop's versions (masked and unmasked, a staggered loop's two halves) and, with
-    ``_split``, the dK program's and the dV program's."""
+    query loop's versions (masked and unmasked, a staggered loop's two halves)."""
     instrs = [(int(m.group(1), 16), m.group(2), m.group(3)) for m in _INSTR.finditer(sass)]
     loops = []
     for addr, op, rest in instrs:

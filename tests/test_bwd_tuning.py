@@ -105,48 +105,38 @@ def test_backward_label_round_trips_worker_warps_and_atomics():
         BwdSchedule(worker_warps=6)
 
 
-@pytest.mark.parametrize("field,suffix,constant", [("key_rows", "_keyrows", "KEY_ROWS"),
-                                                    ("dkdv_split", "_split", "SPLIT_DKDV")])
-def test_dkdv_options_are_labelled_fields_off_by_default_and_in_no_search_space(
-        field, suffix, constant):
-    """Keys as the dK/dV MMA rows (``_keyrows``) and dK and dV in separate programs
-    (``_split``): named by the label, in no search space or default, a dK/dV constant."""
-    s = BwdSchedule(64, 128, 128, 64, 1, dq="atomic", worker_warps=8, **{field: True})
-    assert s.label() == "kv64x128_q128x64_o1_w8_atomic" + suffix
+def test_keys_as_rows_is_a_labelled_field_off_by_default_and_in_no_search_space():
+    """Keys as the dK/dV MMA rows (``_keyrows``): named by the label, in no search space
+    or default, a dK/dV constant."""
+    s = BwdSchedule(64, 128, 128, 64, 1, dq="atomic", worker_warps=8, key_rows=True)
+    assert s.label() == "kv64x128_q128x64_o1_w8_atomic_keyrows"
     assert BwdSchedule.from_label(s.label()) == s
-    assert getattr(BwdSchedule.from_label("kv64x64_q64x64_o2" + suffix), field)
-    assert not getattr(BwdSchedule(), field) and suffix not in BwdSchedule().label()
+    assert BwdSchedule.from_label("kv64x64_q64x64_o2_keyrows").key_rows
+    assert not BwdSchedule().key_rows and "_keyrows" not in BwdSchedule().label()
     for d in (128, 256):
         for space in ("quick", "full"):
-            assert not any(getattr(x, field) for x in bwd_space_for(d, space))
+            assert not any(x.key_rows for x in bwd_space_for(d, space))
     for d in (64, 128, 160, 192, 256):
         for causal in (False, True):
-            assert not getattr(default_bwd_schedule(d, causal), field)
+            assert not default_bwd_schedule(d, causal).key_rows
     # the dK/dV kernel gets it as a constant; the dQ kernel has no such flag
     from tiledattention.kernel.variant import BwdVariant
 
     v = BwdVariant("bfloat16", 128, False, s)
-    assert v.constants("attention_bwd_dkdv")[constant] is True
-    assert constant not in v.constants("attention_bwd_dq")
+    assert v.constants("attention_bwd_dkdv")["KEY_ROWS"] is True
+    assert "KEY_ROWS" not in v.constants("attention_bwd_dq")
 
 
-def test_split_dkdv_counts_one_gradient_and_masks_only_the_diagonal_causal():
-    """A split program keeps dK or dV, not both; apart they fit the causal loop's masked and
-    unmasked versions, which the one-program kernels above D = 128 cannot (MASK_ALL)."""
+def test_dkdv_masks_every_causal_query_tile_only_above_d128():
+    """MASK_ALL: one causal loop body (the mask on every query tile) where the masked and
+    unmasked versions of it would spill (D > 128); full attention never masks."""
     from tiledattention.kernel.variant import BwdVariant
-    from tiledattention.schedules.backward import _live_bytes
 
-    one = BwdSchedule.from_label("kv64x64_q64x64_o1_w8")
-    split = BwdSchedule.from_label("kv64x64_q64x64_o1_w8_split")
-    assert BwdSchedule.from_label("kv64x128_q128x64_o1_w8_keyrows_split").key_rows
-    assert (_live_bytes(one, 256)["dK/dV"] - _live_bytes(split, 256)["dK/dV"]
-            == 4 * 64 * 256)
-    assert _live_bytes(one, 256)["dQ"] == _live_bytes(split, 256)["dQ"]
-    for d, causal, want in ((256, True, True), (256, False, False), (128, True, False)):
-        assert BwdVariant("bfloat16", d, causal, one).constants(
-            "attention_bwd_dkdv")["MASK_ALL"] is want
-        assert BwdVariant("bfloat16", d, causal, split).constants(
-            "attention_bwd_dkdv")["MASK_ALL"] is False
+    s = BwdSchedule.from_label("kv64x64_q64x64_o1_w8")
+    for d, causal, want in ((256, True, True), (192, True, True), (256, False, False),
+                            (128, True, False)):
+        assert BwdVariant("bfloat16", d, causal, s).constants(
+            "attention_bwd_dkdv")["MASK_ALL"] is want, (d, causal)
 
 
 def bwd_entry(b, label, tflops=300.0):

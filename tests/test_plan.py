@@ -324,18 +324,3 @@ def test_backward_plans_place_every_kernels_arguments_by_name(variant):
     assert names == ["attention_bwd_delta", f"attention_bwd_dkdv{suffix}",
                      f"attention_bwd_dq{suffix}"]
     assert plan.launches[1][1] == (3, 2, 2)  # key tiles of 64, K/V heads, batch
-
-
-def test_split_dkdv_plans_two_programs_per_key_tile():
-    """``_split``: the plan's dK/dV grid has a dK and a dV program per key tile (even and
-    odd along its first axis); the delta and dQ grids stay."""
-    pytest.importorskip("cuda.tile", reason="cuTile (cuda-tile) is not installed")
-    from tiledattention.schedules.backward import BwdSchedule
-
-    q = torch.randn(2, 4, 100, 256, dtype=torch.bfloat16)
-    k = torch.randn(2, 2, 130, 256, dtype=torch.bfloat16)
-    one, split = (planning.make_bwd_plan(q, k, None, True, 0.0625, False,
-                                         BwdSchedule.from_label(label))
-                  for label in ("kv64x64_q64x64_o1_w8", "kv64x64_q64x64_o1_w8_split"))
-    assert one.launches[1][1] == (3, 2, 2) and split.launches[1][1] == (6, 2, 2)
-    assert [g for _, g, _ in one.launches[::2]] == [g for _, g, _ in split.launches[::2]]

@@ -66,10 +66,6 @@ from .visit import block_at, block_range, key_range, query_range
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
 
-# Which gradients a dK/dV program accumulates (``dkdv_tile``'s PART): both, or with
-# ``SPLIT_DKDV`` one of them.
-BOTH, DK_ONLY, DV_ONLY = 0, 1, 2
-
 # The variant's functions, the score modification's derivative and the captured tensors'
 # gradients (``mods.with_mods``).
 SCORE_MOD = no_score_mod
@@ -170,13 +166,11 @@ def keys_as_rows(t, KEY_ROWS):
     return ct.transpose(t)
 
 
-def dkdv_tile(kv, acc, arrays, fns, aux, where, i, bid_n, diag, ALL_MASKS, f, dQacc, PART):
+def dkdv_tile(kv, acc, arrays, fns, aux, where, i, bid_n, diag, ALL_MASKS, f, dQacc):
     """Query tile ``i`` of one key tile's dK/dV program (and its dQ share by atomics into
     the fp32 ``dQacc`` with ``f.DQ_ATOMIC``). ``kv``: the key tile's chunks kept on chip,
     (K^T, V^T, K) or, with ``f.KEY_ROWS``, (K, V, K); ``acc`` (dk0..2, dv0..2); ``f`` the
-    ``DkdvFlags``; ``PART`` which of dK and dV this program accumulates (``BOTH``, or with
-    ``f.SPLIT_DKDV`` ``DK_ONLY`` / ``DV_ONLY``: the dV program needs P only, so it skips
-    dP = dO V^T, dS and dQ's share, and leaves dK's accumulators as they are).
+    ``DkdvFlags``.
 
     ``KEY_ROWS`` (FlashAttention-3's swapped orientation): the scores are computed as
     S^T = K Q^T and dP^T = V dO^T, keys as the MMA rows, so P^T and dS^T leave the MMA
@@ -195,35 +189,27 @@ def dkdv_tile(kv, acc, arrays, fns, aux, where, i, bid_n, diag, ALL_MASKS, f, dQ
     do0, do1, do2 = load_rows(dOut, b, h, i, TILE_M, W0, W1, W2, NCHUNK, None)
     # A score_mod may give the padded query rows of the last query tile large scores:
     # they are masked; the plain kernels' padded rows add zeros anyway.
-    # (The dV program's dS is the unused result of a dummy dP: no product, no delta.)
     if f.KEY_ROWS:
         st = dot(kt0, kt1, kt2, ct.transpose(q0), ct.transpose(q1), ct.transpose(q2), TILE_N,
                  TILE_M, NCHUNK)
-        dpt = st
-        if PART != DV_ONLY:
-            dpt = dot(vt0, vt1, vt2, ct.transpose(do0), ct.transpose(do1), ct.transpose(do2),
-                      TILE_N, TILE_M, NCHUNK)
+        dpt = dot(vt0, vt1, vt2, ct.transpose(do0), ct.transpose(do1), ct.transpose(do2),
+                  TILE_N, TILE_M, NCHUNK)
         p, ds = grad_scores(st, dpt, arrays, fns, aux, where, i, bid_n, diag, ALL_MASKS, f,
                             f.HAS_SCORE_MOD, True)  # P^T and dS^T
-        if f.DQ_ATOMIC and PART != DV_ONLY:
+        if f.DQ_ATOMIC:
             dq_reduce(dQacc, ct.transpose(ds), k0, k1, k2, b, h, i, TILE_M, W0, W1, W2,
                       NCHUNK)
     else:
         qk = dot(q0, q1, q2, kt0, kt1, kt2, TILE_M, TILE_N, NCHUNK)
-        dp = qk
-        if PART != DV_ONLY:
-            dp = dot(do0, do1, do2, vt0, vt1, vt2, TILE_M, TILE_N, NCHUNK)
+        dp = dot(do0, do1, do2, vt0, vt1, vt2, TILE_M, TILE_N, NCHUNK)
         p, ds = grad_scores(qk, dp, arrays, fns, aux, where, i, bid_n, diag, ALL_MASKS, f,
                             f.HAS_SCORE_MOD, False)
-        if f.DQ_ATOMIC and PART != DV_ONLY:
+        if f.DQ_ATOMIC:
             dq_reduce(dQacc, ds, k0, k1, k2, b, h, i, TILE_M, W0, W1, W2, NCHUNK)
     # Each transpose right before its product, as before the flag (same default SASS).
-    if PART != DK_ONLY:
-        dv0, dv1, dv2 = mma_into(keys_as_rows(p, f.KEY_ROWS), do0, do1, do2, dv0, dv1, dv2,
-                                 NCHUNK)
-    if PART != DV_ONLY:
-        dk0, dk1, dk2 = mma_into(keys_as_rows(ds, f.KEY_ROWS), q0, q1, q2, dk0, dk1, dk2,
-                                 NCHUNK)
+    dv0, dv1, dv2 = mma_into(keys_as_rows(p, f.KEY_ROWS), do0, do1, do2, dv0, dv1, dv2,
+                             NCHUNK)
+    dk0, dk1, dk2 = mma_into(keys_as_rows(ds, f.KEY_ROWS), q0, q1, q2, dk0, dk1, dk2, NCHUNK)
     return dk0, dk1, dk2, dv0, dv1, dv2
 
 
@@ -258,7 +244,7 @@ def reduce_add(T, tile, b, h, i, c, TILE_M, W):
 
 
 def dkdv_staggered(kv, acc, arrays, fns, aux, where, bid_n, m_lo, m_hi, mask_end, masked_all,
-                   ALL_MASKS, f, dQacc, PART):
+                   ALL_MASKS, f, dQacc):
     """The dense query loop of a dK/dV program that reduces dQ: query tiles [m_lo, m_hi)
     from a start that depends on the key tile, wrapping, so the programs of one head add
     into different dQ tiles at a time instead of all into tile 0, then 1, ..."""
@@ -269,7 +255,7 @@ def dkdv_staggered(kv, acc, arrays, fns, aux, where, bid_n, m_lo, m_hi, mask_end
         if i >= m_hi:
             i = i - n
         acc = dkdv_tile(kv, acc, arrays, fns, aux, where, i, bid_n,
-                        masked_all or i < mask_end, ALL_MASKS, f, dQacc, PART)
+                        masked_all or i < mask_end, ALL_MASKS, f, dQacc)
     return acc
 
 
@@ -295,32 +281,12 @@ def dkdv_program(Q, K, V, dOut, Lse, Delta, Mask, extra, dK, dV, dQacc, scalars,
     ``fwd_program``: ``extra`` (BlkCnt, BlkIdx, A0..A3, G0..G3), None in the plain kernel;
     ``scalars`` (qk_scale_log2, inv_scale, scale, GROUP); ``f`` the ``DkdvFlags``; ``fns``
     (score_mod, its derivative, mask_mod, the captured tensors' gradients: this program
-    visits every (query, key) pair once, so it is the one that adds them up).
-
-    ``f.SPLIT_DKDV``: two programs per key tile (the plan's grid, ``plan.dkdv_programs``),
-    the even one accumulating dK (and adding the captured tensors' gradients and dQ's
-    share), the odd one dV: each keeps one [keys, D] fp32 accumulator instead of two."""
-    bid_n = ct.bid(0)
-    if f.SPLIT_DKDV:
-        bid_n = bid_n // 2
-        if ct.bid(0) % 2 == 0:
-            dkdv_key_tile(Q, K, V, dOut, Lse, Delta, Mask, extra, dK, dV, dQacc, scalars, f,
-                          fns, bid_n, DK_ONLY)
-        else:
-            dkdv_key_tile(Q, K, V, dOut, Lse, Delta, Mask, extra, dK, dV, dQacc, scalars, f,
-                          (fns[0], fns[1], fns[2], no_captured_grad), bid_n, DV_ONLY)
-    else:
-        dkdv_key_tile(Q, K, V, dOut, Lse, Delta, Mask, extra, dK, dV, dQacc, scalars, f, fns,
-                      bid_n, BOTH)
-
-
-def dkdv_key_tile(Q, K, V, dOut, Lse, Delta, Mask, extra, dK, dV, dQacc, scalars, f, fns,
-                  bid_n, PART):
-    """Key tile ``bid_n``'s dK and dV, or the one of them ``PART`` names."""
+    visits every (query, key) pair once, so it is the one that adds them up)."""
     BlkCnt, BlkIdx, A0, A1, A2, A3, G0, G1, G2, G3 = extra
     qk_scale_log2, inv_scale, scale, GROUP = scalars
     TILE_M, TILE_N, NCHUNK, W0, W1, W2 = f.TILE_M, f.TILE_N, f.NCHUNK, f.W0, f.W1, f.W2
     # Grid (key tiles, K/V heads, batch).
+    bid_n = ct.bid(0)
     hk = ct.bid(1)
     b = ct.bid(2)
     seq_q = Q.shape[2]
@@ -355,29 +321,26 @@ def dkdv_key_tile(Q, K, V, dOut, Lse, Delta, Mask, extra, dK, dV, dQacc, scalars
             for t in range(0, n_part):
                 i = block_at(BlkIdx, b, h, bid_n, t, f.BLK_BATCH, f.BLK_HEAD)
                 acc = dkdv_tile(kv, acc, arrays, fns, aux, where, i, bid_n, True, True, f,
-                                dQacc, PART)
+                                dQacc)
             for t in range(n_part, n_part + n_full):
                 i = block_at(BlkIdx, b, h, bid_n, t, f.BLK_BATCH, f.BLK_HEAD)
                 acc = dkdv_tile(kv, acc, arrays, fns, aux, where, i, bid_n, False, False, f,
-                                dQacc, PART)
+                                dQacc)
         elif f.DQ_ATOMIC:
             acc = dkdv_staggered(kv, acc, arrays, fns, aux, where, bid_n, m_lo, m_hi, mask_end,
-                                 TAIL or f.MASK_ALL, f.HAS_MASK_MOD, f, dQacc, PART)
+                                 TAIL or f.MASK_ALL, f.HAS_MASK_MOD, f, dQacc)
         else:
             for i in range(m_lo, m_hi):
                 # The key tail is masked on every query tile (no padded key reaches dQ).
                 # MASK_ALL: one loop body (the causal mask past the diagonal adds nothing)
                 # instead of a masked and an unmasked version of it, which spill at D > 128.
                 acc = dkdv_tile(kv, acc, arrays, fns, aux, where, i, bid_n,
-                                TAIL or f.MASK_ALL or i < mask_end, f.HAS_MASK_MOD, f, dQacc,
-                                PART)
+                                TAIL or f.MASK_ALL or i < mask_end, f.HAS_MASK_MOD, f, dQacc)
 
     dk0, dk1, dk2, dv0, dv1, dv2 = acc
     dk0, dk1, dk2 = scale_chunks(dk0, dk1, dk2, scale, NCHUNK)
-    if PART != DK_ONLY:
-        store_rows(dV, b, hk, bid_n, dv0, dv1, dv2, TILE_N, W0, W1, W2, NCHUNK)
-    if PART != DV_ONLY:
-        store_rows(dK, b, hk, bid_n, dk0, dk1, dk2, TILE_N, W0, W1, W2, NCHUNK)
+    store_rows(dV, b, hk, bid_n, dv0, dv1, dv2, TILE_N, W0, W1, W2, NCHUNK)
+    store_rows(dK, b, hk, bid_n, dk0, dk1, dk2, TILE_N, W0, W1, W2, NCHUNK)
 
 
 def dq_program(Q, K, V, dOut, Lse, Delta, Mask, extra, dQ, scalars, f, fns):
@@ -438,7 +401,6 @@ def attention_bwd_dkdv(
     HAS_MASK: ConstBool, MASK_BATCH: ConstBool, MASK_HEAD: ConstBool, MASK_ROWS: ConstBool,
     DQ_ATOMIC: ConstBool, MASK_ALL: ConstBool,
     KEY_ROWS: ConstBool,  # keys as the MMA rows: S^T = K Q^T (``dkdv_tile``)
-    SPLIT_DKDV: ConstBool,  # dK and dV in separate programs (``dkdv_program``)
 ):
     """Plain dK/dV (no variant functions, no block mask): only the arrays it reads."""
     dkdv_program(Q, K, V, dOut, Lse, Delta, Mask,
@@ -447,8 +409,7 @@ def attention_bwd_dkdv(
                  DkdvFlags(TILE_M=TILE_M, TILE_N=TILE_N, NCHUNK=NCHUNK, W0=W0, W1=W1, W2=W2,
                            CAUSAL=CAUSAL, EVEN_N=EVEN_N, HAS_MASK=HAS_MASK,
                            MASK_BATCH=MASK_BATCH, MASK_HEAD=MASK_HEAD, MASK_ROWS=MASK_ROWS,
-                           DQ_ATOMIC=DQ_ATOMIC, MASK_ALL=MASK_ALL, KEY_ROWS=KEY_ROWS,
-                           SPLIT_DKDV=SPLIT_DKDV),
+                           DQ_ATOMIC=DQ_ATOMIC, MASK_ALL=MASK_ALL, KEY_ROWS=KEY_ROWS),
                  (no_score_mod, no_score_mod, no_mask_mod, no_captured_grad))
 
 
@@ -461,7 +422,7 @@ def attention_bwd_dkdv_variant(
     W0: ConstInt, W1: ConstInt, W2: ConstInt, CAUSAL: ConstBool, EVEN_N: ConstBool,
     HAS_MASK: ConstBool, MASK_BATCH: ConstBool, MASK_HEAD: ConstBool,
     MASK_ROWS: ConstBool, DQ_ATOMIC: ConstBool, MASK_ALL: ConstBool, KEY_ROWS: ConstBool,
-    SPLIT_DKDV: ConstBool, HAS_SCORE_MOD: ConstBool, HAS_MASK_MOD: ConstBool,
+    HAS_SCORE_MOD: ConstBool, HAS_MASK_MOD: ConstBool,
     BLOCK_SPARSE: ConstBool, BLK_BATCH: ConstBool, BLK_HEAD: ConstBool,
 ):
     """dK/dV with the variant's functions, captured tensors (A0..A3), the fp32 gradients
@@ -473,7 +434,7 @@ def attention_bwd_dkdv_variant(
                            CAUSAL=CAUSAL, EVEN_N=EVEN_N, HAS_MASK=HAS_MASK,
                            MASK_BATCH=MASK_BATCH, MASK_HEAD=MASK_HEAD, MASK_ROWS=MASK_ROWS,
                            DQ_ATOMIC=DQ_ATOMIC, MASK_ALL=MASK_ALL, KEY_ROWS=KEY_ROWS,
-                           SPLIT_DKDV=SPLIT_DKDV, HAS_SCORE_MOD=HAS_SCORE_MOD,
+                           HAS_SCORE_MOD=HAS_SCORE_MOD,
                            HAS_MASK_MOD=HAS_MASK_MOD, BLOCK_SPARSE=BLOCK_SPARSE,
                            BLK_BATCH=BLK_BATCH, BLK_HEAD=BLK_HEAD),
                  (SCORE_MOD, SCORE_GRAD, MASK_MOD, SCORE_CAPGRAD))

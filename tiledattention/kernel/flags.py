@@ -65,7 +65,6 @@ class DkdvFlags:
     DQ_ATOMIC: bool  # also reduce-add dS K into the fp32 dQacc (TMA)
     MASK_ALL: bool  # apply the causal mask on every query tile (one loop body)
     KEY_ROWS: bool  # keys as the MMA rows: S^T = K Q^T, P^T and dS^T untransposed
-    SPLIT_DKDV: bool  # two programs per key tile: even ones accumulate dK, odd ones dV
     HAS_SCORE_MOD: bool = False
     HAS_MASK_MOD: bool = False
     BLOCK_SPARSE: bool = False  # the block mask's transposed lists: query tiles per key tile

@@ -335,12 +335,6 @@ def bwd_plan_for(q, k, attn_mask, causal, scale, has_dlse, schedule, mods=_mods.
                                               schedule, mods, block))
 
 
-def dkdv_programs(seq_k: int, s: BwdSchedule) -> int:
-    """The dK/dV grid's first axis: one program per key tile, or two with ``dkdv_split``
-    (even: dK, odd: dV; ``kernel.backward.dkdv_program``)."""
-    return math.ceil(seq_k / s.dkdv_n) * (2 if s.dkdv_split else 1)
-
-
 def make_bwd_plan(q, k, attn_mask, causal: bool, scale: float, has_dlse: bool,
                   schedule: BwdSchedule | None, mods=_mods.NONE, block=None) -> BwdPlan:
     b, hq, sq, d = q.shape
@@ -360,7 +354,7 @@ def make_bwd_plan(q, k, attn_mask, causal: bool, scale: float, has_dlse: bool,
                    mask_axes=flags.mask_axes, has_dlse=has_dlse,
                    flags=None if plain else flags)
     _, dkdv, dq = score_specs(plain)
-    grids = {DELTA: (math.ceil(sq / DELTA_TILE_M), hq, b), dkdv: (dkdv_programs(sk, s), hk, b),
+    grids = {DELTA: (math.ceil(sq / DELTA_TILE_M), hq, b), dkdv: (math.ceil(sk / s.dkdv_n), hk, b),
              dq: (math.ceil(sq / s.dq_m), hq, b)}
     launches = []
     for spec in (DELTA, dkdv, dq):

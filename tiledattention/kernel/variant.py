@@ -135,13 +135,9 @@ class BwdVariant(_Shared):
             return dict(TILE_M=DELTA_TILE_M, WD=1 << (self.head_dim - 1).bit_length(),
                         HAS_DLSE=self.has_dlse, ZERO_DQ=s.dq == "atomic")
         if kernel.startswith("attention_bwd_dkdv"):
-            # One causal loop body (the mask on every query tile) where the masked and
-            # unmasked versions of it would spill: D > 128 with dK and dV in one program;
-            # split apart, both versions fit (sm_90 SASS, benchmarks/NOTES.md §34b).
             return dict(TILE_M=s.dkdv_m, TILE_N=s.dkdv_n, EVEN_N=self.even_n,
-                        DQ_ATOMIC=s.dq == "atomic",
-                        MASK_ALL=self.causal and self.head_dim > 128 and not s.dkdv_split,
-                        KEY_ROWS=s.key_rows, SPLIT_DKDV=s.dkdv_split,
+                        DQ_ATOMIC=s.dq == "atomic", MASK_ALL=self.causal and self.head_dim > 128,
+                        KEY_ROWS=s.key_rows,
                         **self.shared().constants())
         return dict(TILE_M=s.dq_m, TILE_N=s.dq_n, EVEN_N=self.even_n,
                     **self.shared().constants())

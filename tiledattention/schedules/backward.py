@@ -16,7 +16,7 @@ from .space import DEFAULT_WORKER_WARPS, MAX_REGISTERS_PER_THREAD, REGISTER_BYTE
 
 DQ_MODES = ("kernel", "atomic")
 BWD_TILES = (32, 64, 128)
-_LABEL = re.compile(r"kv(\d+)x(\d+)_q(\d+)x(\d+)_o(\d+)(_w8)?(_atomic)?(_keyrows)?(_split)?")
+_LABEL = re.compile(r"kv(\d+)x(\d+)_q(\d+)x(\d+)_o(\d+)(_w8)?(_atomic)?(_keyrows)?")
 
 
 @dataclass(frozen=True)
@@ -43,12 +43,6 @@ class BwdSchedule:
     # transposed into dV and dK); True, keys as the rows (S^T = K Q^T: P^T and dS^T are
     # the row operands as they come; ``kernel.backward.dkdv_tile``). Label ``_keyrows``.
     key_rows: bool = False
-    # Two dK/dV programs per key tile, one accumulating dK, the other dV, each computing
-    # S = Q K^T itself (the dV one needs neither dP nor V): 5 matmul units per step pair
-    # instead of 4, one [keys, D] fp32 accumulator per program instead of two (at D = 256
-    # over eight worker warps: 64 registers a thread instead of 128, of 168;
-    # ``kernel.backward.dkdv_program``). Label ``_split``.
-    dkdv_split: bool = False
 
     def __post_init__(self) -> None:
         if self.dq not in DQ_MODES:
@@ -67,8 +61,7 @@ class BwdSchedule:
         return (f"kv{self.dkdv_m}x{self.dkdv_n}_q{self.dq_m}x{self.dq_n}_o{self.occupancy}"
                 f"{'_w8' if self.worker_warps == 8 else ''}"
                 f"{'_atomic' if self.dq == 'atomic' else ''}"
-                f"{'_keyrows' if self.key_rows else ''}"
-                f"{'_split' if self.dkdv_split else ''}")
+                f"{'_keyrows' if self.key_rows else ''}")
 
     def hints(self) -> dict:
         """cuTile's compiler hints of the dK/dV and dQ kernels."""
@@ -81,28 +74,25 @@ class BwdSchedule:
     @classmethod
     def from_label(cls, label: str) -> BwdSchedule:
         """Inverse of :meth:`label`, e.g. ``kv64x128_q128x64_o1`` (``_w8``: eight worker
-        warps; ``_atomic``: dQ by atomics; ``_keyrows``: keys as the dK/dV MMA rows;
-        ``_split``: dK and dV in separate programs)."""
+        warps; ``_atomic``: dQ by atomics; ``_keyrows``: keys as the dK/dV MMA rows)."""
         m = _LABEL.fullmatch(label)
         if m is None:
             raise ScheduleError(f"backward schedule label {label!r} is not like "
                                 "kv64x64_q64x64_o1 (optionally ending in _w8, _atomic, "
-                                "_keyrows, _split)")
+                                "_keyrows)")
         return cls(*(int(x) for x in m.groups()[:5]), dq="atomic" if m.group(7) else "kernel",
-                   worker_warps=8 if m.group(6) else None, key_rows=bool(m.group(8)),
-                   dkdv_split=bool(m.group(9)))
+                   worker_warps=8 if m.group(6) else None, key_rows=bool(m.group(8)))
 
 
 def _live_bytes(schedule: BwdSchedule, head_dim: int) -> dict[str, int]:
     """fp32 bytes a CTA of each kernel keeps live: its accumulators plus one score tile
-    (the forward's count, ``space.rejection``). dK/dV: dK and dV [keys, D] (one of them
-    with ``dkdv_split``) plus [M, keys], plus the [M, D] dQ share it reduce-adds when dQ is
-    ``atomic``; dQ: dQ [M, D] plus [M, N]."""
+    (the forward's count, ``space.rejection``). dK/dV: dK and dV [keys, D] plus [M, keys],
+    plus the [M, D] dQ share it reduce-adds when dQ is ``atomic``; dQ: dQ [M, D] plus
+    [M, N]."""
     d = plan_head_dim(head_dim).padded
     s = schedule
     share = s.dkdv_m * d if s.dq == "atomic" else 0
-    grads = 1 if s.dkdv_split else 2
-    return {"dK/dV": 4 * (grads * s.dkdv_n * d + s.dkdv_m * s.dkdv_n + share),
+    return {"dK/dV": 4 * (2 * s.dkdv_n * d + s.dkdv_m * s.dkdv_n + share),
             "dQ": 4 * (s.dq_m * d + s.dq_m * s.dq_n)}
 
 
@@ -208,14 +198,8 @@ BWD_CANDIDATES = (
     (160, {"5mm-k64w8": BwdSchedule.from_label("kv64x64_q64x64_o1_w8_atomic")}),
     # D > 160: 64 keys, the fp32 dK and dV [64, D] over two warp groups (eight worker
     # warps: 128 registers of state per thread at D = 256 where today's four spill).
-    # "s": dK and dV in separate programs (``_split``), each recomputing S: no local
-    # memory at all and, causal, the mask only on the diagonal tiles (the one-program
-    # kernels need the mask on every tile not to spill); 5 matmul units per step pair
-    # instead of 4 (benchmarks/NOTES.md §34b).
     (256, {"7mm-w8": BwdSchedule.from_label("kv64x64_q64x64_o1_w8"),
-           "5mm-k64w8": BwdSchedule.from_label("kv64x64_q64x64_o1_w8_atomic"),
-           "7mm-w8s": BwdSchedule.from_label("kv64x64_q64x64_o1_w8_split"),
-           "5mm-k64w8s": BwdSchedule.from_label("kv64x64_q64x64_o1_w8_atomic_split")}),
+           "5mm-k64w8": BwdSchedule.from_label("kv64x64_q64x64_o1_w8_atomic")}),
 )
 
 
