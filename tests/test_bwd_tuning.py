@@ -252,11 +252,44 @@ def test_wide_heads_get_two_consumer_warp_groups_from_the_shipped_table(dtype, c
             assert policy._choose_bwd(b, det)[0] == w8, (d, det)
 
 
+KEY_ROWS = BwdSchedule.from_label("kv64x128_q128x64_o1_w8_keyrows")
+
+
+@pytest.mark.parametrize("d,refused", [(96, False), (128, False), (160, True), (192, True)])
+def test_keys_as_rows_over_128_keys_is_refused_where_its_sass_spills(d, refused):
+    assert (bwd_rejection(KEY_ROWS, d) is not None) == refused
+
+
+def test_a_nearest_bucket_whose_pick_cannot_run_the_head_dim_lends_its_runner_up(tmp_path):
+    t = ScheduleTable(meta={"gpu": "H100"})
+    t.add(BwdEntry(bucket=bucket(), best=KEY_ROWS, best_tflops=449.0,
+                   runner_up=BwdSchedule.from_label("kv64x64_q64x64_o2"),
+                   runner_up_tflops=393.0, gpu="H100", candidates=3))
+    t.save(str(tmp_path / "t.json"))
+    ta.set_schedule_table(str(tmp_path / "t.json"))
+    try:
+        for det in (False, True):
+            assert policy._choose_bwd(bucket(head_dim=96), det) == (KEY_ROWS, "nearest")
+            assert policy._choose_bwd(bucket(head_dim=160), det) == (
+                BwdSchedule.from_label("kv64x64_q64x64_o2"), "nearest")
+    finally:
+        ta.set_schedule_table(None)
+
+
+def test_the_shipped_d128_long_buckets_take_keys_as_rows_in_both_modes():
+    ta.set_schedule_table(None)
+    for dtype in ("bfloat16", "float16"):
+        for causal in (False, True):
+            for s in (4096, 8192):
+                b = bucket(dtype=dtype, causal=causal, s_bucket=s)
+                for det in (False, True):
+                    assert policy._choose_bwd(b, det) == (KEY_ROWS, "exact"), (b, det)
+
+
 def test_the_shipped_reduce_add_entries_carry_their_deterministic_runner_up():
     ta.set_schedule_table(None)
     fast = [e for e in policy.active_table().backward.values() if not e.best.deterministic]
-    assert {(e.bucket.head_dim, e.bucket.s_bucket) for e in fast} == {
-        (64, 4096), (64, 8192), (128, 8192)}
+    assert {(e.bucket.head_dim, e.bucket.s_bucket) for e in fast} == {(64, 4096), (64, 8192)}
     for e in fast:
         assert e.runner_up.deterministic and e.best_tflops >= 1.03 * e.runner_up_tflops
         assert policy._choose_bwd(e.bucket, True) == (e.runner_up, "exact")

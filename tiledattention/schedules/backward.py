@@ -121,6 +121,11 @@ def bwd_rejection(schedule: BwdSchedule, head_dim: int) -> str | None:
         # spill the fp32 dK/dV at D = 192 (144 bytes) and 256 (1024 bytes); eight do not.
         return (f"{schedule.label()}: four worker warps spill the fp32 dK/dV at "
                 f"D={head_dim}; eight (_w8) keep them in registers")
+    if schedule.key_rows and schedule.dkdv_n >= 128 and plan_head_dim(head_dim).padded > 128:
+        # What the sm_90 SASS showed (NOTES §35): keys as rows over 128 keys spill the fp32
+        # dK/dV from D = 160 (a 192-byte stack; 384 bytes at D = 192), none at D = 96 / 128.
+        return (f"{schedule.label()}: keys as rows over {schedule.dkdv_n} keys spill the "
+                f"fp32 dK/dV at D={head_dim}")
     if min(schedule.dkdv_n, schedule.dq_m) < 64:
         # The output rows of each kernel's MMAs: Hopper's warpgroup MMA works on 64 rows.
         return f"{schedule.label()}: output tiles below 64 rows leave the tensor cores idle"

@@ -74,7 +74,8 @@ def _choose(bucket: Bucket) -> tuple[Schedule, str]:
 
 @functools.cache
 def _choose_bwd(bucket: Bucket, deterministic: bool) -> tuple[BwdSchedule, str]:
-    found = active_table().lookup_bwd(bucket, deterministic)
+    found = active_table().lookup_bwd(
+        bucket, deterministic, accept=lambda s: bwd_rejection(s, bucket.head_dim) is None)
     if found is not None and bwd_rejection(found[0], bucket.head_dim) is None:
         return found
     return default_bwd_schedule(bucket.head_dim, bucket.causal), "default"

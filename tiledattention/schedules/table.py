@@ -194,19 +194,25 @@ class ScheduleTable:
         """(schedule, how) for the exact bucket, else the nearest one on the same GPU."""
         return _nearest(self.entries, bucket)
 
-    def lookup_bwd(self, bucket: Bucket, deterministic: bool = False
+    def lookup_bwd(self, bucket: Bucket, deterministic: bool = False, accept=None
                    ) -> tuple[BwdSchedule, str] | None:
         """The backward's (schedule, how), found as :meth:`lookup` finds the forward's. A
         winner that is not deterministic serves its own bucket only (where it was measured
         faster) and not under ``deterministic``; elsewhere its entry's deterministic
-        schedule stands in."""
+        schedule stands in, or, where ``accept(schedule)`` says that one cannot run this
+        bucket's head dim, the entry's deterministic runner-up."""
         if bucket in self.backward:
             entry = self.backward[bucket]
             return (entry.deterministic if deterministic else entry.best), "exact"
         near = min(self.backward, key=bucket.distance, default=None)
         if near is None or math.isinf(bucket.distance(near)):
             return None
-        return self.backward[near].deterministic, "nearest"
+        entry = self.backward[near]
+        spare = entry.runner_up
+        if (accept is not None and not accept(entry.deterministic) and spare is not None
+                and spare.deterministic and accept(spare)):
+            return spare, "nearest"
+        return entry.deterministic, "nearest"
 
     def add(self, entry: Entry | BwdEntry) -> None:
         (self.backward if isinstance(entry, BwdEntry) else self.entries)[entry.bucket] = entry
