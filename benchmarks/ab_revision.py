@@ -77,6 +77,11 @@ def points(grid: str):
 
 
 def measure(fns: dict, rounds: int, reps: int) -> dict:
+    if rounds == 0:  # --compile-only: one call of each, nothing timed
+        for fn in fns.values():
+            fn()
+        torch.cuda.synchronize()
+        return {n: float("nan") for n in fns}
     flush = L2Flusher()
     samples = {n: [] for n in fns}
     for _ in range(rounds):
@@ -122,6 +127,10 @@ def main() -> None:
     ap.add_argument("--grid", choices=("paper", "quick", "d160", "d192", "decode"), default="quick")
     ap.add_argument("--head-dims", help="only these head dims, e.g. 128")
     ap.add_argument("--seqs", help="only these sequence lengths (S, or Skv for decode)")
+    ap.add_argument("--shard", default="0/1", help="I/N: every N-th point from the I-th")
+    ap.add_argument("--compile-only", action="store_true",
+                    help="call each side once per point (fills the disk caches), time nothing:"
+                         " run N shards in parallel before the timed run")
     ap.add_argument("--passes", nargs="+", default=["fwd", "fwd+bwd"])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--reps", type=int, default=10)
@@ -131,9 +140,13 @@ def main() -> None:
     print(f"{'point':34s} {'pass':8s} {'new ms':>8s} {'old ms':>8s} {'new/old':>8s} diff")
     dims = {int(x) for x in args.head_dims.split(",")} if args.head_dims else None
     seqs = {int(x) for x in args.seqs.split(",")} if args.seqs else None
-    for dtype, d, causal, s, b, h in points(args.grid):
-        if (dims and d not in dims) or (seqs and (s[1] if isinstance(s, tuple) else s)
-                                        not in seqs):
+    shard, shards = (int(x) for x in args.shard.split("/"))
+    chosen = [p for p in points(args.grid) if not (
+        (dims and p[1] not in dims)
+        or (seqs and (p[3][1] if isinstance(p[3], tuple) else p[3]) not in seqs))]
+    for dtype, d, causal, s, b, h in chosen[shard::shards]:
+        if args.compile_only:
+            case(other, dtype, d, causal, s, b, h, args.passes, 0, 0)
             continue
         diff, rows = case(other, dtype, d, causal, s, b, h, args.passes, args.rounds,
                           args.reps)
@@ -146,6 +159,8 @@ def main() -> None:
             print(f"{name:34s} {p:8s} {t['new']:8.3f} {t['old']:8.3f} {r:8.3f} {diff:.1e}",
                   flush=True)
     for p, rs in ratios.items():
+        if not rs:
+            continue
         gm = math.exp(sum(math.log(r) for r in rs) / len(rs))
         print(f"{p}: new/old kernel time geomean {gm:.4f} over {len(rs)} points "
               f"(min {min(rs):.3f}, max {max(rs):.3f})")

@@ -4,6 +4,8 @@
 #   bash benchmarks/gpu_batch.sh ab-fwd     # A/B against .ab/<rev>/tiledattention, forward grid
 #   bash benchmarks/gpu_batch.sh ab-bwd     # the same, forward+backward
 #   bash benchmarks/gpu_batch.sh ab-host    # host cost and call latency against $AB and torch
+#   NAME=x bash benchmarks/gpu_batch.sh ab --grid decode --passes fwd   # any ab_revision
+#                                           # A/B, compiled first by $JOBS parallel shards
 #   bash benchmarks/gpu_batch.sh variants   # sparsity targets and FlexAttention comparison
 #   bash benchmarks/gpu_batch.sh tune-bwd   # backward tune (quick space) into $OUT/h100.json
 #   bash benchmarks/gpu_batch.sh launch     # host cost of each step of a training call
@@ -32,6 +34,15 @@ case "${1:?what to run}" in
   ab-bwd)
     python benchmarks/ab_revision.py --other "$AB" --grid "${GRID:-quick}" --passes fwd+bwd \
       2>&1 | tee "$OUT/ab-bwd.log" ;;
+  ab)
+    shift
+    for i in $(seq 0 $((${JOBS:-12} - 1))); do
+      python benchmarks/ab_revision.py --other "$AB" "$@" --compile-only \
+        --shard "$i/${JOBS:-12}" > "$OUT/ab-${NAME:-run}-compile-$i.log" 2>&1 &
+    done
+    wait
+    python benchmarks/ab_revision.py --other "$AB" "$@" 2>&1 | tee "$OUT/ab-${NAME:-run}.log" \
+      | tail -4 ;;
   ab-host)
     python benchmarks/ab_host.py --other "$AB" --rounds "${ROUNDS:-8}" 2>&1 \
       | tee "$OUT/ab-host.log" ;;
