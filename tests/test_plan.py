@@ -252,17 +252,26 @@ def _decode_plan(b, hq, hkv, sq, skv, *, causal=False, schedule=None, mask=None,
                               q_viewable=viewable)
 
 
-def test_a_grid_under_half_a_wave_splits_the_keys_to_about_one_program_per_sm():
+def test_a_grid_under_half_a_wave_splits_the_keys_to_about_two_programs_per_sm():
     pytest.importorskip("cuda.tile", reason="cuTile (cuda-tile) is not installed")
     p = _decode_plan(4, 8, 8, 1, 4096)  # 32 programs on 132 SMs, 64 key tiles
-    # ceil(132/32) = 5 splits wanted: ceil(64/5) = 13 tiles per split, 5 splits, 160 programs
-    assert p.splits_per_head == 5 and p.grid == (1, 40, 4)
-    assert p.part_shape == (4, 40, 1, 128) and p.combine_grid == (1, 8, 4)
-    assert p.variant.split_k and p.tail[3:6] == (1, 5, 13)  # SEQ_Q, NUM_SPLITS, SPLIT_TILES
+    assert p.splits_per_head == 8 and p.grid == (1, 64, 4)  # ceil(64/9)=8 tiles per split
+    assert p.part_shape == (4, 64, 1, 128) and p.combine_grid == (1, 8, 4)
+    assert p.variant.split_k and p.tail[3:6] == (1, 8, 8)  # SEQ_Q, NUM_SPLITS, SPLIT_TILES
     full = _decode_plan(64, 32, 32, 1, 4096)  # 2048 programs: no split
     assert full.part_shape is None and full.grid == (1, 32, 64)
     short = _decode_plan(1, 8, 8, 1, 100)  # 2 key tiles: too few to split
     assert short.part_shape is None
+
+
+def test_a_grid_of_few_programs_splits_the_keys_to_about_one_program_per_sm():
+    pytest.importorskip("cuda.tile", reason="cuTile (cuda-tile) is not installed")
+    # B1 GQA decode packs 4 query heads per KV head: 8 programs; 128 key tiles of 64.
+    p = _decode_plan(1, 32, 8, 1, 8192)
+    assert p.packed_shape is not None
+    assert p.splits_per_head == 16 and p.grid == (1, 128, 1)  # ceil(132/8)=17 -> 8 tiles each
+    assert _decode_plan(2, 32, 8, 1, 8192).splits_per_head == 9  # 16 programs: ceil(132/16)
+    assert _decode_plan(4, 32, 8, 1, 8192).splits_per_head == 9  # 32: two per SM, ceil(264/32)
 
 
 def test_splits_follow_the_schedule_and_never_leave_a_split_without_keys():

@@ -33,10 +33,12 @@ from .variant import DELTA_TILE_M, BwdVariant, Flags, Variant
 LOG2E = 1.0 / math.log(2.0)
 PACK_MAX_SEQ_Q = 16  # GQA packing up to speculative-decode lengths
 SPLIT_BELOW = 2  # split-K: only grids of at most half a wave (sms / SPLIT_BELOW programs)
-# split-K: aim the grid at about one program per SM. Two (until 2026-11-26) lost at B1 GQA
-# decode on the H100: 32 splits of 8 KV heads 32.1 us at Skv 8k against 28.2 us for 16
-# (each split adds a partial and a Q load; NOTES §35).
-TARGET_WAVES = 1
+TARGET_WAVES = 2  # split-K: aim the grid at about two programs per SM ...
+# ... or at one where the grid has at most sms / FEW_PROGRAMS programs (16 on an H100): there
+# two per SM left each split a few key tiles, and each split adds a Q load and a partial.
+# Measured on the H100 (NOTES §35c): B1/B2 GQA decode (8 and 16 programs) 0.69-1.03x the
+# time of two per SM; grids of 32 and 64 programs lost up to 6 % with one per SM.
+FEW_PROGRAMS = 8
 MIN_SPLIT_TILES = 2  # split-K: key tiles per split at least (each split writes partials)
 MAX_PLANS = 4096  # a process that sees ever new shapes (growing decode) must not grow without end
 
@@ -192,12 +194,14 @@ def packs(problem, mask_axes: tuple[bool, bool, bool] | None, q_viewable: bool,
 
 def split_count(schedule: Schedule, programs: int, key_tiles: int, sms: int) -> int:
     """Key splits per (batch, head): the schedule's, else (``splits=0``) enough to bring
-    a grid of ``programs`` that fills at most half a wave of ``sms`` SMs to ~one program per SM,
-    with at least ``MIN_SPLIT_TILES`` key tiles per split. 1 means no split."""
+    a grid of ``programs`` that fills at most half a wave of ``sms`` SMs to ~two programs
+    per SM (one for grids of at most ``sms / FEW_PROGRAMS``), with at least
+    ``MIN_SPLIT_TILES`` key tiles per split. 1 means no split."""
     if schedule.splits:
         want = schedule.splits
     elif sms and programs * SPLIT_BELOW <= sms:
-        want = min(math.ceil(TARGET_WAVES * sms / programs), key_tiles // MIN_SPLIT_TILES)
+        waves = 1 if programs * FEW_PROGRAMS <= sms else TARGET_WAVES
+        want = min(math.ceil(waves * sms / programs), key_tiles // MIN_SPLIT_TILES)
     else:
         want = 1
     return max(1, min(want, key_tiles))
