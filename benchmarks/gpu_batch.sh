@@ -38,7 +38,7 @@ case "${1:?what to run}" in
     shift
     for i in $(seq 0 $((${JOBS:-12} - 1))); do
       python benchmarks/ab_revision.py --other "$AB" "$@" --compile-only \
-        --shard "$i/${JOBS:-12}" > "$OUT/ab-${NAME:-run}-compile-$i.log" 2>&1 &
+        --shard "$i/${JOBS:-12}" > "/tmp/ab-${NAME:-run}-compile-$i.log" 2>&1 &
     done
     wait
     python benchmarks/ab_revision.py --other "$AB" "$@" 2>&1 | tee "$OUT/ab-${NAME:-run}.log" \
