@@ -187,13 +187,19 @@ def ratios(rows: list[dict], subject: str, baseline: str,
     return out, missing
 
 
+def geomean(values) -> float | None:
+    """The geometric mean of positive values (None for none): every study geomean."""
+    values = list(values)
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
+
+
 def summarize(subject: str, baseline: str, values: dict[str, float],
               not_compared: int) -> RatioSummary:
     v = list(values.values())
     if not v:
         return RatioSummary(subject, baseline, 0, None, None, None, None, None, 0, not_compared)
     return RatioSummary(subject, baseline, len(v), statistics.fmean(v), statistics.median(v),
-                        math.exp(statistics.fmean(math.log(x) for x in v)), min(v), max(v),
+                        geomean(v), min(v), max(v),
                         sum(x > 1.0 for x in v), not_compared)
 
 

@@ -29,6 +29,7 @@ from .ratios import (
     counts_text,
     fastest_counts,
     fused_baselines,
+    geomean,
     index_rows,
     methods_in,
     pass_of,
@@ -272,13 +273,11 @@ def table6(ladder_rows: list[dict]) -> Table:
     if not ladder_rows:
         t.notes.append("no ladder in this study (config ladder.enabled: false).")
         return t
-    import math
-
     steps = [m for m in methods_in(ladder_rows) if pinned_label(m) is not None or m == SUBJECT]
     best = with_best(ladder_rows)
     for i, m in enumerate(steps, 1):
         ok = [r for r in ladder_rows if r["method"] == m and r["status"] == "ok"]
-        geo = math.exp(sum(math.log(r["tflops"]) for r in ok) / len(ok)) if ok else None
+        geo = geomean(r["tflops"] for r in ok)
         s = compare(ladder_rows, m, FUSED)
         label = pinned_label(m) or "tuned table"
         t.rows.append([i, label, geo, s.geomean, len(ok), compare(best, m, BEST).geomean])

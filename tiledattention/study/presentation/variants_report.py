@@ -9,10 +9,8 @@ Speedup = their kernel time ÷ ours (> 1: faster).
 
 from __future__ import annotations
 
-import math
-
 from ...bench.methods import METHODS, SUBJECT
-from .ratios import BEST, fused_baselines, methods_in, with_best
+from .ratios import BEST, fused_baselines, geomean, methods_in, with_best
 from .table import Table
 
 FLEX, SDPA_MASK = "flex", "sdpa_mask"
@@ -75,8 +73,6 @@ def _status(cells: dict, method: str) -> str | None:
     return None if r is None else r.get("status")
 
 
-def geomean(values: list[float]) -> float | None:
-    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
 
 
 def not_ok_reasons(rows: list[dict]) -> list[str]:

@@ -35,6 +35,7 @@ from ...bench.methods import SUBJECT
 from ...errors import StudyError
 from ...stages import STAGES
 from ..presentation.ratios import MEASURES as ROW_MEASURES
+from ..presentation.ratios import geomean
 
 FORMAT = "tiledattention-reference/1"
 # What compare holds: a benchmark or variants row's kernel time and call latency, and a
@@ -412,8 +413,8 @@ def _host_geomean(checks: list[Check], times: dict) -> list[Check]:
     theirs = [c.new / c.reference for c in hosted if c.method != SUBJECT]
     if not mine or not theirs:
         return []
-    host = _geomean(theirs)
-    return [Check(HOST_POINT, SUBJECT, "time", "call", _geomean(mine) / host, 1.0,
+    host = geomean(theirs)
+    return [Check(HOST_POINT, SUBJECT, "time", "call", geomean(mine) / host, 1.0,
                   -HOST_GEOMEAN, HOST_GEOMEAN,
                   f"{len(mine)} TiledAttention and {len(theirs)} baseline calls; the "
                   f"baselines' change, the host's: {100 * (host - 1):+.1f} %")]
@@ -458,8 +459,6 @@ def failed(checks: list[Check]) -> list[Check]:
                   key=lambda c: c.verdict != "regression")
 
 
-def _geomean(values: list[float]) -> float | None:
-    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
 
 
 def per_method(checks: list[Check]) -> list[list]:
@@ -472,7 +471,7 @@ def per_method(checks: list[Check]) -> list[list]:
     out = []
     for (method, measure), cs in sorted(groups.items()):
         rel = [c.new / c.reference for c in cs if c.new is not None]
-        g = _geomean(rel)
+        g = geomean(rel)
         out.append([method, MEASURES[measure][0], len(cs),
                     None if g is None else round(100 * (g - 1), 2),
                     sum(c.verdict == "regression" for c in cs),

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import csv
 import io
-import math
 import os
 
 from ...bench.methods import FUSED, SUBJECT
 from ...errors import StudyError
-from ..presentation.ratios import index_rows, pass_of, points_of
+from ..presentation.ratios import geomean, index_rows, pass_of, points_of
 from .compare import load_study, stage_of
 
 BASELINE = FUSED
@@ -30,8 +29,6 @@ def _kernel_ms(row: dict | None) -> float | None:
     return t if t and t > 0 else None
 
 
-def _geomean(values: list[float]) -> float | None:
-    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
 
 
 def _label(point: dict) -> str:
@@ -89,7 +86,7 @@ def geomeans(columns: list[str], rows: list[list]) -> list[list]:
     out = []
     for pass_ in sorted({r[0] for r in rows}, key=lambda p: (p != "fwd", p)):
         full = [r for r in rows if r[0] == pass_ and all(v is not None for v in r[2:])]
-        means = [_geomean([r[i] for r in full]) for i in range(2, len(columns))]
+        means = [geomean([r[i] for r in full]) for i in range(2, len(columns))]
         out.append([pass_, f"geomean over {len(full)} points"]
                    + [None if m is None else round(m, 4 if "ms" in c else 3)
                       for m, c in zip(means, columns[2:])])
