@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 
 import pytest
@@ -524,6 +525,72 @@ def test_interrupting_a_local_sweep_ends_in_one_line_without_a_traceback(group, 
     while os.path.exists(f"/proc/{controller}"):  # ended (it is the sweep's child: reaped)
         assert time.monotonic() < deadline, f"submitit's controller {controller} still runs"
         time.sleep(0.2)
+    # ... and its task too (a Ctrl-C reached the controller twice and cut its kill_tasks
+    # short before the SIGKILL: the task ran on, orphaned, measuring).
+    while tasks := _processes_running(str(out / "logs")):
+        if time.monotonic() > deadline:
+            for pid in tasks:  # this test's own job's task, by its pid
+                os.kill(pid, signal.SIGKILL)
+            raise AssertionError(f"the job's task {tasks} still ran")
+        time.sleep(0.2)
+
+
+def _processes_running(marker: str) -> list[int]:
+    """Living processes whose command line names ``marker`` (a job's log folder)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                if marker in f.read().decode(errors="replace") and not _reaped(int(entry)):
+                    found.append(int(entry))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def _reaped(pid: int) -> bool:
+    """A child that ended shows as a zombie until its parent reaps it."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def test_a_signal_while_submit_returns_stops_the_controller_it_started(tmp_path, monkeypatch):
+    # The CI flake of the test above (SIGINT to the sweep alone, 1 run in many): a signal
+    # that reached the launcher inside submitit's submit, after the job's controller had
+    # started and before the job was handed back, left that controller running (and the
+    # sweep's output pipes open). Here the interrupt comes right after submit's last step.
+    import contextlib
+    import functools
+    import os
+    import signal
+    import time
+
+    from submitit.core import utils
+
+    original = utils.JobPaths.move_temporary_file
+
+    def then_interrupt(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(utils.JobPaths, "move_temporary_file", then_interrupt)
+    launcher = get_launcher("local", str(tmp_path / "logs"), {"timeout_s": 120})
+    with pytest.raises(KeyboardInterrupt):
+        launcher.run([functools.partial(time.sleep, 300)])
+    # submitit names the job by its controller's pid: the one process to wait for.
+    (pickle,) = (tmp_path / "logs").glob("*_submitted.pkl")
+    controller = int(pickle.name.split("_")[0])
+    deadline = time.monotonic() + 30
+    try:
+        while os.path.exists(f"/proc/{controller}") and not _reaped(controller):
+            assert time.monotonic() < deadline, f"controller {controller} still runs"
+            time.sleep(0.2)
+    finally:
+        with contextlib.suppress(OSError):
+            os.kill(controller, signal.SIGKILL)  # this test's own child, by its pid
 
 
 def test_an_interrupt_names_as_cancelled_only_the_jobs_that_had_not_ended(monkeypatch, capsys):

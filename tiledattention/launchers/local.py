@@ -5,6 +5,7 @@ a time on a CPU."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -24,11 +25,47 @@ class LocalOptions:
     python: str | None = None  # e.g. "apptainer exec --nv IMAGE python3"
 
 
+class Controllers:
+    """The job controllers a launcher started, each stopped (sent SIGINT) once. Recorded the
+    moment each starts: a signal that reaches the launcher while submitit's ``submit`` is
+    still returning (the controller already running, no job handed back yet) stops them
+    too; and a second SIGINT would cut a stopping controller's own cleanup short (submitit's
+    ``kill_tasks``: SIGINT, a second's wait, SIGKILL) and leave its task running."""
+
+    def __init__(self):
+        self.started: list[subprocess.Popen] = []
+        self._stopped: set[int] = set()
+
+    def stop(self, process: subprocess.Popen) -> None:
+        if process.pid not in self._stopped and process.poll() is None:
+            self._stopped.add(process.pid)
+            process.send_signal(signal.SIGINT)
+
+    def stop_all(self) -> None:
+        for process in self.started:
+            self.stop(process)
+
+
+class _Job(submitit_local.LocalJob):
+    """submitit's LocalJob, cancelled through the launcher's ``Controllers``."""
+
+    controllers: Controllers
+
+    def cancel(self, check: bool = True) -> None:  # noqa: ARG002 - submitit's signature
+        if self._process is not None:
+            self.controllers.stop(self._process)
+
+
 class _Executor(submitit.LocalExecutor):
     """submitit's LocalExecutor whose job controller ends without a traceback when the
     job is cancelled or the terminal's Ctrl-C reaches it (see local_controller). The
     controller is started as submitit's ``start_controller`` starts it (same environment),
-    through our entry point; ``setup`` commands are not used here."""
+    through our entry point, and recorded in ``controllers`` at once; ``setup`` commands
+    are not used here."""
+
+    def __init__(self, folder: str, python: str | None, controllers: Controllers):
+        super().__init__(folder=folder, python=python)
+        self.controllers = controllers
 
     def _submit_command(self, command: str):
         p = self.parameters
@@ -51,8 +88,11 @@ class _Executor(submitit.LocalExecutor):
                                                            os.environ.get("PYTHONPATH")]))}
         process = subprocess.Popen([sys.executable, "-m", f"{__package__}.local_controller",
                                     str(self.folder)], env=env)
-        return submitit_local.LocalJob(folder=self.folder, job_id=str(process.pid),
-                                       process=process, tasks=list(range(ntasks)))
+        self.controllers.started.append(process)
+        job = _Job(folder=self.folder, job_id=str(process.pid), process=process,
+                   tasks=list(range(ntasks)))
+        job.controllers = self.controllers
+        return job
 
 
 def visible_gpus() -> list[str]:
@@ -80,8 +120,17 @@ class Launcher:
         self.folder = folder
 
     def run(self, tasks: list) -> list[dict]:
+        self.controllers = Controllers()
         with interrupts_raise():
-            return self._run(tasks)
+            try:
+                return self._run(tasks)
+            except KeyboardInterrupt:  # also between a controller's start and its job
+                self.controllers.stop_all()
+                raise
+
+    def _executor(self) -> _Executor:
+        return _Executor(folder=self.folder, python=self.options.python,
+                         controllers=self.controllers)
 
     def _run(self, tasks: list) -> list[dict]:
         gpus = visible_gpus()
@@ -90,7 +139,7 @@ class Launcher:
         # CPU: one shard at a time, so shards do not fight over two cores.
         results = []
         for t in tasks:
-            ex = _Executor(folder=self.folder, python=self.options.python)
+            ex = self._executor()
             ex.update_parameters(timeout_min=self.options.timeout_min)
             results += wait([ex.submit(t)], self._describe, self.options.timeout_s)
         return results
@@ -113,7 +162,7 @@ class Launcher:
                         time.sleep(0.5)
                         continue
                     i, task = pending.pop(0)
-                    ex = _Executor(folder=self.folder, python=self.options.python)
+                    ex = self._executor()
                     ex.update_parameters(timeout_min=self.options.timeout_min, gpus_per_node=1,
                                          visible_gpus=(int(res.gpu),))
                     running.append((ex.submit(task), res, i))

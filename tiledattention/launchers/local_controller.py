@@ -13,9 +13,18 @@ import sys
 from pathlib import Path
 
 
+def _first_interrupt(signum, frame):
+    # Ctrl-C reaches the controller twice (the terminal's, then the launcher's cancel): a
+    # second KeyboardInterrupt inside submitit's kill_tasks (SIGINT to the tasks, a second's
+    # wait, SIGKILL) would end the controller before the SIGKILL and leave a task running.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise KeyboardInterrupt
+
+
 def main(folder: str) -> None:
     from submitit.local.local import Controller
 
+    signal.signal(signal.SIGINT, _first_interrupt)
     try:
         Controller(Path(folder)).run()
     except KeyboardInterrupt:
