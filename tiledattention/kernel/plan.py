@@ -33,9 +33,9 @@ from .variant import DELTA_TILE_M, BwdVariant, Flags, Variant
 LOG2E = 1.0 / math.log(2.0)
 PACK_MAX_SEQ_Q = 16  # GQA packing up to speculative-decode lengths
 SPLIT_BELOW = 2  # split-K: only grids of at most half a wave (sms / SPLIT_BELOW programs)
-TARGET_WAVES = 2  # split-K: aim the grid at about two programs per SM ...
-# ... or at one where the grid has at most sms / FEW_PROGRAMS programs (16 on an H100): there
-# two per SM left each split a few key tiles, and each split adds a Q load and a partial.
+TARGET_WAVES = 2  # split-K: aim the grid at about two programs per SM
+# ... but at one where the grid has at most sms / FEW_PROGRAMS programs (16 on an H100): two
+# per SM leave each split a few key tiles, and each split adds a Q load and a partial.
 # Measured on the H100 (NOTES §35c): B1/B2 GQA decode (8 and 16 programs) 0.69-1.03x the
 # time of two per SM; grids of 32 and 64 programs lost up to 6 % with one per SM.
 FEW_PROGRAMS = 8

@@ -25,47 +25,16 @@ class LocalOptions:
     python: str | None = None  # e.g. "apptainer exec --nv IMAGE python3"
 
 
-class Controllers:
-    """The job controllers a launcher started, each stopped (sent SIGINT) once. Recorded the
-    moment each starts: a signal that reaches the launcher while submitit's ``submit`` is
-    still returning (the controller already running, no job handed back yet) stops them
-    too; and a second SIGINT would cut a stopping controller's own cleanup short (submitit's
-    ``kill_tasks``: SIGINT, a second's wait, SIGKILL) and leave its task running."""
-
-    def __init__(self):
-        self.started: list[subprocess.Popen] = []
-        self._stopped: set[int] = set()
-
-    def stop(self, process: subprocess.Popen) -> None:
-        if process.pid not in self._stopped and process.poll() is None:
-            self._stopped.add(process.pid)
-            process.send_signal(signal.SIGINT)
-
-    def stop_all(self) -> None:
-        for process in self.started:
-            self.stop(process)
-
-
-class _Job(submitit_local.LocalJob):
-    """submitit's LocalJob, cancelled through the launcher's ``Controllers``."""
-
-    controllers: Controllers
-
-    def cancel(self, check: bool = True) -> None:  # noqa: ARG002 - submitit's signature
-        if self._process is not None:
-            self.controllers.stop(self._process)
-
-
 class _Executor(submitit.LocalExecutor):
     """submitit's LocalExecutor whose job controller ends without a traceback when the
     job is cancelled or the terminal's Ctrl-C reaches it (see local_controller). The
     controller is started as submitit's ``start_controller`` starts it (same environment),
-    through our entry point, and recorded in ``controllers`` at once; ``setup`` commands
-    are not used here."""
+    through our entry point, and recorded in ``started`` at once; ``setup`` commands are
+    not used here."""
 
-    def __init__(self, folder: str, python: str | None, controllers: Controllers):
+    def __init__(self, folder: str, python: str | None, started: list):
         super().__init__(folder=folder, python=python)
-        self.controllers = controllers
+        self.started = started
 
     def _submit_command(self, command: str):
         p = self.parameters
@@ -88,11 +57,9 @@ class _Executor(submitit.LocalExecutor):
                                                            os.environ.get("PYTHONPATH")]))}
         process = subprocess.Popen([sys.executable, "-m", f"{__package__}.local_controller",
                                     str(self.folder)], env=env)
-        self.controllers.started.append(process)
-        job = _Job(folder=self.folder, job_id=str(process.pid), process=process,
-                   tasks=list(range(ntasks)))
-        job.controllers = self.controllers
-        return job
+        self.started.append(process)
+        return submitit_local.LocalJob(folder=self.folder, job_id=str(process.pid),
+                                       process=process, tasks=list(range(ntasks)))
 
 
 def visible_gpus() -> list[str]:
@@ -120,17 +87,22 @@ class Launcher:
         self.folder = folder
 
     def run(self, tasks: list) -> list[dict]:
-        self.controllers = Controllers()
+        self.started: list[subprocess.Popen] = []  # every job controller, as it starts
         with interrupts_raise():
             try:
                 return self._run(tasks)
-            except KeyboardInterrupt:  # also between a controller's start and its job
-                self.controllers.stop_all()
+            except KeyboardInterrupt:
+                # Also a controller started inside submitit's submit, before its job was
+                # handed back (no cancel reached it). One SIGINT more than a cancel sent is
+                # harmless: the controller ignores all but the first (local_controller).
+                for process in self.started:
+                    if process.poll() is None:
+                        process.send_signal(signal.SIGINT)
                 raise
 
     def _executor(self) -> _Executor:
         return _Executor(folder=self.folder, python=self.options.python,
-                         controllers=self.controllers)
+                         started=self.started)
 
     def _run(self, tasks: list) -> list[dict]:
         gpus = visible_gpus()
