@@ -98,9 +98,9 @@ def run_shape(name, shape) -> None:
     delta = torch.empty((b, hq, sq), dtype=torch.float32, device=dev)
     mask = lse.view(1, 1, 1, -1)[..., :1]
     dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
-    args = ((out, dout, delta, delta, delta.view(b, hq, sq, 1)),
-            (q, k, v, dout, lse, delta, mask, dk, dv, delta.view(b, hq, sq, 1)),
-            (q, k, v, dout, lse, delta, mask, dq))
+    args = {"delta": (out, dout, delta, delta, delta.view(b, hq, sq, 1)),
+            "dkdv": (q, k, v, dout, lse, delta, mask, dk, dv, delta.view(b, hq, sq, 1)),
+            "dq": (q, k, v, dout, lse, delta, mask, out, delta, dq)}
     rows = {
         "fwd plan_for (lookup)": lambda: plan_for(q, k, v, None, causal, None, gqa, True,
                                                   None),
@@ -109,14 +109,13 @@ def run_shape(name, shape) -> None:
                                                       None),
         "6 allocations": lambda: [torch.empty_like(q) for _ in range(6)],
     }
-    for (kernel, grid, tail), a, kname in zip(bplan.launches, args,
-                                              ("delta", "dkdv", "dq")):
-        full = (*a, *tail)
-        rows[f"launch {kname} ({len(a)} arrays, {len(tail)} scalars)"] = (
+    for kname, kernel, grid, tail in bplan.launches:
+        full = (*args[kname], *tail)
+        rows[f"launch {kname} ({len(args[kname])} arrays, {len(tail)} scalars)"] = (
             lambda kernel=kernel, grid=grid, full=full:
             L.launch_kernel(q.device, grid, kernel, full))
-    kernel, grid, tail = bplan.launches[1]
-    rows.update(launch_rows(q.device, kernel, grid, args[1], tail))
+    _, kernel, grid, tail = next(x for x in bplan.launches if x[0] == "dkdv")
+    rows.update(launch_rows(q.device, kernel, grid, args["dkdv"], tail))
     # "whole" as before the plan moved out of run_backward: its lookup included
     rows["run_backward whole"] = lambda: L.run_backward(
         bwd_plan_for(q, k, None, causal, scale, False, None, _mods.NONE, None), q, k, v, out,

@@ -328,8 +328,18 @@ def test_backward_plans_place_every_kernels_arguments_by_name(variant):
     k = torch.randn(2, 2, 130, 96, dtype=torch.float16)
     mods = M.mods_for(variants.softcap(5.0), None) if variant else M.NONE
     plan = planning.make_bwd_plan(q, k, None, True, 0.125, False, BwdSchedule(), mods)
-    names = [kernel._pyfunc.__name__ for kernel, _, _ in plan.launches]
+    names = [(role, kernel._pyfunc.__name__) for role, kernel, _, _ in plan.launches]
     suffix = "_variant" if variant else ""
-    assert names == ["attention_bwd_delta", f"attention_bwd_dkdv{suffix}",
-                     f"attention_bwd_dq{suffix}"]
-    assert plan.launches[1][1] == (3, 2, 2)  # key tiles of 64, K/V heads, batch
+    # dQ computes delta, so it runs before dK/dV, which reads it: two launches.
+    assert names == [("dq", f"attention_bwd_dq{suffix}"), ("dkdv", f"attention_bwd_dkdv{suffix}")]
+    assert plan.launches[1][2] == (3, 2, 2)  # key tiles of 64, K/V heads, batch
+
+
+def test_a_backward_reducing_dq_inside_dkdv_runs_the_delta_kernel_first():
+    pytest.importorskip("cuda.tile", reason="cuTile (cuda-tile) is not installed")
+    from tiledattention.schedules.backward import BwdSchedule
+
+    q = torch.randn(1, 2, 100, 128, dtype=torch.float16)
+    plan = planning.make_bwd_plan(q, q, None, False, 0.125, False, BwdSchedule(dq="atomic"))
+    assert [(role, kernel._pyfunc.__name__) for role, kernel, _, _ in plan.launches] == [
+        ("delta", "attention_bwd_delta"), ("dkdv", "attention_bwd_dkdv")]

@@ -97,8 +97,32 @@ def test_masks_get_no_grad_but_qkv_do(dtype, kind):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_custom_scale_and_lse_gradient(dtype):
-    check_grads(1, 2, 2, 257, 257, 160, dtype, scale=0.05, with_lse=True)
+@pytest.mark.parametrize("d", [64, 160])  # delta over one and two head-dim chunks
+def test_custom_scale_and_lse_gradient(dtype, d):
+    check_grads(1, 2, 2, 257, 257, d, dtype, scale=0.05, with_lse=True)
+
+
+@pytest.mark.parametrize("label,want", [
+    ("kv64x64_q64x64_o2", ["attention_bwd_dq", "attention_bwd_dkdv"]),
+    ("kv64x64_q64x64_o1_atomic", ["attention_bwd_delta", "attention_bwd_dkdv"]),
+])
+def test_the_backward_is_two_launches_the_one_writing_delta_first(label, want):
+    from torch.profiler import ProfilerActivity, profile
+
+    from tiledattention.kernel.plan import pinned_bwd_schedule
+    from tiledattention.schedules.backward import BwdSchedule
+
+    q, k, v = (_rand(1, 2, 300, 64, dtype=torch.float16).requires_grad_() for _ in range(3))
+    dout = _rand(1, 2, 300, 64, dtype=torch.float16)
+    with pinned_bwd_schedule(BwdSchedule.from_label(label)):
+        ta.sdpa(q, k, v, causal=True).backward(dout)  # compiled and warm
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            ta.sdpa(q, k, v, causal=True).backward(dout)
+            torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+    ours = [n for n in names if "attention_bwd" in n]
+    assert [next(w for w in want if w in n) for n in ours] == want, names
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

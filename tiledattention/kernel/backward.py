@@ -1,10 +1,11 @@
-"""The cuTile backward kernels: delta, dK/dV over key tiles, dQ over query tiles.
+"""The cuTile backward kernels: dQ over query tiles (with delta), dK/dV over key tiles.
 
 With ``S`` the scores in softmax units (``body``: raw ``q.k`` or ``score_mod(scale * q.k)``,
 plus the additive mask, masked), ``P = exp(S - lse)`` recomputed from the forward's saved
 log-sum-exp (never stored) and the upstream gradient ``dO``::
 
-    delta = rowsum(dO * O)            attention_bwd_delta (fp32, one pass over dO and O)
+    delta = rowsum(dO * O)            fp32: the dQ program of the rows (run first), or
+                                      attention_bwd_delta when dQ is reduced in dK/dV
     dP    = dO V^T
     dS    = P * (dP - delta) [* score_mod'(scale * q.k)]
     dV    = P^T dO                    attention_bwd_dkdv, one program per key tile
@@ -45,6 +46,7 @@ from .body import (
     keep_tile,
     load_bias,
     load_cols,
+    load_lse,
     load_row_stats,
     load_rows,
     masked,
@@ -103,7 +105,7 @@ def attention_bwd_delta(
 
 
 def grad_scores(qk, dp, arrays, fns, aux, where, i, j, diag, ALL_MASKS, f, ROW_TAIL,
-                KEY_ROWS):
+                KEY_ROWS, stats=None):
     """P and dS of query tile ``i`` against key tile ``j`` from its products ``qk = Q K^T``
     and ``dp = dO V^T``, both rounded to the input dtype for the MMAs: the shared step of
     the dK/dV and dQ kernels. Grouped arguments as the forward's ``fwd_tile``: ``arrays``
@@ -113,7 +115,9 @@ def grad_scores(qk, dp, arrays, fns, aux, where, i, j, diag, ALL_MASKS, f, ROW_T
     (``DkdvFlags`` or ``DqFlags``: the fields read here are common to both); ``ROW_TAIL``
     mask the padded query rows (``masked_rows``). ``KEY_ROWS``: the products are the
     transposes, ``K Q^T`` and ``V dO^T`` [keys, queries], and so are P and dS: the same
-    elementwise steps on index tiles and row statistics laid out the other way."""
+    elementwise steps on index tiles and row statistics laid out the other way. ``stats``:
+    the rows' (lse, delta) as ``load_row_stats`` gives them, kept by a program whose query
+    tile is fixed (dQ); None loads them for tile ``i``."""
     TILE_M, TILE_N, CAUSAL, TAIL = f.TILE_M, f.TILE_N, f.CAUSAL, not f.EVEN_N
     HAS_SCORE_MOD = f.HAS_SCORE_MOD
     Q, K, V, dOut, Lse, Delta, Mask = arrays
@@ -144,7 +148,10 @@ def grad_scores(qk, dp, arrays, fns, aux, where, i, j, diag, ALL_MASKS, f, ROW_T
         s = masked(s, keep_tile(b, h, q_idx, kv_idx, seq_k, mask_mod, A0, A1, A2, A3, ROWS,
                                 COLS, CAUSAL, TAIL, False))
     s = masked_rows(s, q_idx, Q.shape[2], ROW_TAIL)
-    lse, delta = load_row_stats(Lse, Delta, b, h, i, TILE_M, bwd_zero_safe(f))
+    if stats is None:
+        lse, delta = load_row_stats(Lse, Delta, b, h, i, TILE_M, bwd_zero_safe(f))
+    else:
+        lse, delta = stats
     if KEY_ROWS:
         lse = lse.reshape((1, TILE_M))
         delta = delta.reshape((1, TILE_M))
@@ -259,9 +266,9 @@ def dkdv_staggered(kv, acc, arrays, fns, aux, where, bid_n, m_lo, m_hi, mask_end
     return acc
 
 
-def dq_tile(q, do, acc, arrays, fns, aux, where, bid_m, j, diag, ALL_MASKS, f):
-    """Key tile ``j`` of one query tile's dQ program; ``acc`` (dq0..2); ``f`` the
-    ``DqFlags``."""
+def dq_tile(q, do, stats, acc, arrays, fns, aux, where, bid_m, j, diag, ALL_MASKS, f):
+    """Key tile ``j`` of one query tile's dQ program; ``stats`` its rows' (lse, delta);
+    ``acc`` (dq0..2); ``f`` the ``DqFlags``."""
     TILE_M, TILE_N, NCHUNK, W0, W1, W2 = f.TILE_M, f.TILE_N, f.NCHUNK, f.W0, f.W1, f.W2
     K, V = arrays[1], arrays[2]
     b, hk = where[0], where[2]
@@ -272,7 +279,7 @@ def dq_tile(q, do, acc, arrays, fns, aux, where, bid_m, j, diag, ALL_MASKS, f):
                            W2, NCHUNK)
     # Padded query rows of dQ are never stored and stay in their own rows: no row mask.
     _, ds = grad_scores(qk, dp, arrays, fns, aux, where, bid_m, j, diag, ALL_MASKS, f, False,
-                        False)
+                        False, stats)
     return mma_streamed(ds, K, b, hk, j, TILE_N, dq0, dq1, dq2, W0, W1, W2, NCHUNK, None)
 
 
@@ -343,9 +350,32 @@ def dkdv_program(Q, K, V, dOut, Lse, Delta, Mask, extra, dK, dV, dQacc, scalars,
     store_rows(dK, b, hk, bid_n, dk0, dk1, dk2, TILE_N, W0, W1, W2, NCHUNK)
 
 
-def dq_program(Q, K, V, dOut, Lse, Delta, Mask, extra, dQ, scalars, f, fns):
-    """One query tile's dQ (both entry points run it); arguments as ``dkdv_program``'s,
-    ``f`` the ``DqFlags``."""
+def dq_row_stats(Out, dOut, Lse, Delta, Dlse, do, b, h, bid_m, f):
+    """The dQ program's rows' (lse, delta), loaded and computed once for all its key
+    tiles. delta = rowsum(dO * O) in fp32 (minus the LSE output's gradient) is computed
+    here and stored for the dK/dV kernel, which runs after: the delta launch folded into
+    dQ's (one launch fewer per training call; dO is on chip already, O is one more load)."""
+    TILE_M, NCHUNK, W0, W1, W2 = f.TILE_M, f.NCHUNK, f.W0, f.W1, f.W2
+    o0, o1, o2 = load_rows(Out, b, h, bid_m, TILE_M, W0, W1, W2, NCHUNK, None)
+    do0, do1, do2 = do
+    delta = ct.sum(o0.astype(np.float32) * do0.astype(np.float32), axis=-1, keepdims=True)
+    if NCHUNK > 1:
+        delta = delta + ct.sum(o1.astype(np.float32) * do1.astype(np.float32), axis=-1,
+                               keepdims=True)
+    if NCHUNK > 2:
+        delta = delta + ct.sum(o2.astype(np.float32) * do2.astype(np.float32), axis=-1,
+                               keepdims=True)
+    if f.HAS_DLSE:
+        # d lse / d S = P, so the LSE's gradient enters dS = P * (dP - delta) as -dlse.
+        delta = delta - ct.load(Dlse, index=(b, h, bid_m), shape=(1, 1, TILE_M),
+                                padding_mode=ct.PaddingMode.ZERO).reshape((TILE_M, 1))
+    ct.store(Delta, index=(b, h, bid_m), tile=delta.reshape((1, 1, TILE_M)))
+    return load_lse(Lse, b, h, bid_m, TILE_M, bwd_zero_safe(f)), delta
+
+
+def dq_program(Q, K, V, dOut, Lse, Delta, Mask, extra, Out, Dlse, dQ, scalars, f, fns):
+    """One query tile's dQ, and its rows' delta for the dK/dV kernel (both entry points
+    run it); arguments as ``dkdv_program``'s, ``f`` the ``DqFlags``."""
     BlkCnt, BlkIdx, A0, A1, A2, A3 = extra
     score_mod, score_grad, mask_mod = fns
     fns = (score_mod, score_grad, mask_mod, no_captured_grad)
@@ -360,6 +390,7 @@ def dq_program(Q, K, V, dOut, Lse, Delta, Mask, extra, dQ, scalars, f, fns):
 
     q = load_rows(Q, b, h, bid_m, TILE_M, W0, W1, W2, NCHUNK, None)
     do = load_rows(dOut, b, h, bid_m, TILE_M, W0, W1, W2, NCHUNK, None)
+    stats = dq_row_stats(Out, dOut, Lse, Delta, Dlse, do, b, h, bid_m, f)
     acc = zeros_chunks(TILE_M, W0, W1, W2)
     arrays = (Q, K, V, dOut, Lse, Delta, Mask)
     aux = (A0, A1, A2, A3, None, None, None, None)
@@ -369,15 +400,15 @@ def dq_program(Q, K, V, dOut, Lse, Delta, Mask, extra, dQ, scalars, f, fns):
         n_part, n_full = block_range(BlkCnt, b, h, bid_m, f.BLK_BATCH, f.BLK_HEAD)
         for t in range(0, n_part):
             j = block_at(BlkIdx, b, h, bid_m, t, f.BLK_BATCH, f.BLK_HEAD)
-            acc = dq_tile(q, do, acc, arrays, fns, aux, where, bid_m, j, True, True, f)
+            acc = dq_tile(q, do, stats, acc, arrays, fns, aux, where, bid_m, j, True, True, f)
         for t in range(n_part, n_part + n_full):
             j = block_at(BlkIdx, b, h, bid_m, t, f.BLK_BATCH, f.BLK_HEAD)
-            acc = dq_tile(q, do, acc, arrays, fns, aux, where, bid_m, j, False, False, f)
+            acc = dq_tile(q, do, stats, acc, arrays, fns, aux, where, bid_m, j, False, False, f)
     else:
         n_tiles, mask_start = key_range(bid_m * TILE_M, seq_k, 0, TILE_M, f.TILE_N, f.CAUSAL,
                                         not f.EVEN_N, False)
         for j in range(0, n_tiles):
-            acc = dq_tile(q, do, acc, arrays, fns, aux, where, bid_m, j, j >= mask_start,
+            acc = dq_tile(q, do, stats, acc, arrays, fns, aux, where, bid_m, j, j >= mask_start,
                           f.HAS_MASK_MOD, f)
 
     dq0, dq1, dq2 = acc
@@ -442,38 +473,40 @@ def attention_bwd_dkdv_variant(
 
 @ct.kernel
 def attention_bwd_dq(
-    Q, K, V, dOut, Lse, Delta, Mask, dQ,
+    Q, K, V, dOut, Lse, Delta, Mask, Out, Dlse, dQ,
     qk_scale_log2: float, inv_scale: float, scale: float, GROUP: int,
     TILE_M: ConstInt, TILE_N: ConstInt,
     NCHUNK: ConstInt, W0: ConstInt, W1: ConstInt, W2: ConstInt,
     CAUSAL: ConstBool, EVEN_N: ConstBool,
     HAS_MASK: ConstBool, MASK_BATCH: ConstBool, MASK_HEAD: ConstBool, MASK_ROWS: ConstBool,
+    HAS_DLSE: ConstBool,  # the log-sum-exp output has a gradient: delta -= dlse
 ):
-    """Plain dQ: only the arrays it reads."""
-    dq_program(Q, K, V, dOut, Lse, Delta, Mask, (None, None, None, None, None, None), dQ,
-               (qk_scale_log2, inv_scale, scale, GROUP),
+    """Plain dQ (and delta): only the arrays it reads."""
+    dq_program(Q, K, V, dOut, Lse, Delta, Mask, (None, None, None, None, None, None), Out,
+               Dlse, dQ, (qk_scale_log2, inv_scale, scale, GROUP),
                DqFlags(TILE_M=TILE_M, TILE_N=TILE_N, NCHUNK=NCHUNK, W0=W0, W1=W1, W2=W2,
                        CAUSAL=CAUSAL, EVEN_N=EVEN_N, HAS_MASK=HAS_MASK, MASK_BATCH=MASK_BATCH,
-                       MASK_HEAD=MASK_HEAD, MASK_ROWS=MASK_ROWS),
+                       MASK_HEAD=MASK_HEAD, MASK_ROWS=MASK_ROWS, HAS_DLSE=HAS_DLSE),
                (no_score_mod, no_score_mod, no_mask_mod))
 
 
 @ct.kernel
 def attention_bwd_dq_variant(
-    Q, K, V, dOut, Lse, Delta, Mask, BlkCnt, BlkIdx, A0, A1, A2, A3, dQ,
+    Q, K, V, dOut, Lse, Delta, Mask, BlkCnt, BlkIdx, A0, A1, A2, A3, Out, Dlse, dQ,
     qk_scale_log2: float, inv_scale: float, scale: float, GROUP: int,
     TILE_M: ConstInt, TILE_N: ConstInt, NCHUNK: ConstInt,
     W0: ConstInt, W1: ConstInt, W2: ConstInt, CAUSAL: ConstBool, EVEN_N: ConstBool,
     HAS_MASK: ConstBool, MASK_BATCH: ConstBool, MASK_HEAD: ConstBool,
-    MASK_ROWS: ConstBool, HAS_SCORE_MOD: ConstBool, HAS_MASK_MOD: ConstBool,
-    BLOCK_SPARSE: ConstBool, BLK_BATCH: ConstBool, BLK_HEAD: ConstBool,
+    MASK_ROWS: ConstBool, HAS_DLSE: ConstBool, HAS_SCORE_MOD: ConstBool,
+    HAS_MASK_MOD: ConstBool, BLOCK_SPARSE: ConstBool, BLK_BATCH: ConstBool, BLK_HEAD: ConstBool,
 ):
-    """dQ with the variant's functions, captured tensors and block lists."""
-    dq_program(Q, K, V, dOut, Lse, Delta, Mask, (BlkCnt, BlkIdx, A0, A1, A2, A3), dQ,
-               (qk_scale_log2, inv_scale, scale, GROUP),
+    """dQ (and delta) with the variant's functions, captured tensors and block lists."""
+    dq_program(Q, K, V, dOut, Lse, Delta, Mask, (BlkCnt, BlkIdx, A0, A1, A2, A3), Out, Dlse,
+               dQ, (qk_scale_log2, inv_scale, scale, GROUP),
                DqFlags(TILE_M=TILE_M, TILE_N=TILE_N, NCHUNK=NCHUNK, W0=W0, W1=W1, W2=W2,
                        CAUSAL=CAUSAL, EVEN_N=EVEN_N, HAS_MASK=HAS_MASK, MASK_BATCH=MASK_BATCH,
-                       MASK_HEAD=MASK_HEAD, MASK_ROWS=MASK_ROWS, HAS_SCORE_MOD=HAS_SCORE_MOD,
+                       MASK_HEAD=MASK_HEAD, MASK_ROWS=MASK_ROWS, HAS_DLSE=HAS_DLSE,
+                       HAS_SCORE_MOD=HAS_SCORE_MOD,
                        HAS_MASK_MOD=HAS_MASK_MOD, BLOCK_SPARSE=BLOCK_SPARSE,
                        BLK_BATCH=BLK_BATCH, BLK_HEAD=BLK_HEAD),
                (SCORE_MOD, SCORE_GRAD, MASK_MOD))

@@ -299,14 +299,20 @@ def safe_divisor(l_i, ZERO_SAFE):
 
 
 # ----------------------------------------------------------------------------- backward
-def load_row_stats(Lse, Delta, b, h, tile, TILE_M, ZERO_SAFE):
-    """The saved log-sum-exp (log2 units) and delta of rows ``tile``, as [TILE_M, 1].
+def load_lse(Lse, b, h, tile, TILE_M, ZERO_SAFE):
+    """The saved log-sum-exp of rows ``tile`` in log2 units, as [TILE_M, 1].
 
     A fully masked row has lse -inf: +inf makes its P = exp2(s - inf) = 0, not NaN."""
     lse = ct.load(Lse, index=(b, h, tile), shape=(1, 1, TILE_M),
                   padding_mode=_ZERO).reshape((TILE_M, 1)) * LOG2E
     if ZERO_SAFE:
         lse = ct.where(lse == -np.inf, np.inf, lse)
+    return lse
+
+
+def load_row_stats(Lse, Delta, b, h, tile, TILE_M, ZERO_SAFE):
+    """The saved log-sum-exp (``load_lse``) and delta of rows ``tile``, as [TILE_M, 1]."""
+    lse = load_lse(Lse, b, h, tile, TILE_M, ZERO_SAFE)
     delta = ct.load(Delta, index=(b, h, tile), shape=(1, 1, TILE_M),
                     padding_mode=_ZERO).reshape((TILE_M, 1))
     return lse, delta

@@ -88,6 +88,7 @@ class DqFlags:
     MASK_BATCH: bool
     MASK_HEAD: bool
     MASK_ROWS: bool
+    HAS_DLSE: bool  # delta (computed here for the dK/dV kernel) subtracts dlse
     HAS_SCORE_MOD: bool = False
     HAS_MASK_MOD: bool = False
     BLOCK_SPARSE: bool = False  # the block mask's lists: key tiles per query tile

@@ -107,10 +107,11 @@ def launch(plan, q, k, v, attn_mask, *, fresh_lse: bool = True, aux: tuple = ())
 def run_backward(plan, q, k, v, out, lse, dout, dlse, attn_mask, *, aux: tuple = (),
                  captured: tuple = ()):
     """(dq, dk, dv) of ``sdpa``'s forward by ``plan`` (``plan.bwd_plan_for``), given its
-    output and natural-log LSE: delta, then dK/dV, then dQ (or dQ by atomics inside dK/dV),
-    on PyTorch's current stream. ``aux``: the tensors the variant functions capture;
-    ``captured``: ``captured_buffers`` of those that need a gradient (their ``mods`` from
-    ``mods.with_captured_grads``); the dK/dV kernel adds the gradients in."""
+    output and natural-log LSE: dQ (computing delta) then dK/dV, or delta then dK/dV with
+    dQ by reduce-add inside it, on PyTorch's current stream. ``aux``: the tensors the
+    variant functions capture; ``captured``: ``captured_buffers`` of those that need a
+    gradient (their ``mods`` from ``mods.with_captured_grads``); the dK/dV kernel adds the
+    gradients in."""
     q, k, v, out, dout = (_addressable(t) for t in (q, k, v, out, dout))
     b, hq, sq, _ = q.shape
     dev = q.device
@@ -134,11 +135,11 @@ def run_backward(plan, q, k, v, out, lse, dout, dlse, attn_mask, *, aux: tuple =
         dkdv_extra = (*variant_arrays(plan.blocks[0], aux, dev), *grads,
                       *([pad] * (_MAX_TENSORS - len(grads))))
         dq_extra = variant_arrays(plan.blocks[1], aux, dev)
-    tensors = ((out, dout, delta, dlse_arg, dq_acc),
-               (q, k, v, dout, lse, delta, mask, *dkdv_extra, dk, dv, dq_acc),
-               (q, k, v, dout, lse, delta, mask, *dq_extra, dq))
-    for (kernel, grid, tail), args in zip(plan.launches[:2 if atomic else 3], tensors):
-        launch_kernel(dev, grid, kernel, (*args, *tail))
+    tensors = {"delta": (out, dout, delta, dlse_arg, dq_acc),
+               "dkdv": (q, k, v, dout, lse, delta, mask, *dkdv_extra, dk, dv, dq_acc),
+               "dq": (q, k, v, dout, lse, delta, mask, *dq_extra, out, dlse_arg, dq)}
+    for role, kernel, grid, tail in plan.launches:
+        launch_kernel(dev, grid, kernel, (*tensors[role], *tail))
     if atomic:
         torch.mul(dq_acc, plan.scale, out=dq)  # the reduce-add summed dS K unscaled
     return dq, dk, dv

@@ -84,8 +84,10 @@ class Plan:
 
 @dataclass(frozen=True, eq=False)
 class BwdPlan:
-    """The three backward launches of one call: (kernel, grid, tail) for delta, dK/dV, dQ,
-    and each score kernel's block lists (() without a block mask)."""
+    """The backward launches of one call in the order they run, each (role, kernel, grid,
+    tail) with role "delta", "dkdv" or "dq", and each score kernel's block lists (()
+    without a block mask). Two launches: dQ (which computes delta) then dK/dV, or with dQ by
+    reduce-add, delta (which zeroes dQ's fp32 buffer) then dK/dV."""
 
     variant: BwdVariant
     launches: tuple
@@ -358,15 +360,19 @@ def make_bwd_plan(q, k, attn_mask, causal: bool, scale: float, has_dlse: bool,
                    mask_axes=flags.mask_axes, has_dlse=has_dlse,
                    flags=None if plain else flags)
     _, dkdv, dq = score_specs(plain)
-    grids = {DELTA: (math.ceil(sq / DELTA_TILE_M), hq, b), dkdv: (math.ceil(sk / s.dkdv_n), hk, b),
-             dq: (math.ceil(sq / s.dq_m), hq, b)}
+    steps = {"delta": (DELTA, (math.ceil(sq / DELTA_TILE_M), hq, b)),
+             "dkdv": (dkdv, (math.ceil(sk / s.dkdv_n), hk, b)),
+             "dq": (dq, (math.ceil(sq / s.dq_m), hq, b))}
     launches = []
-    for spec in (DELTA, dkdv, dq):
+    # The dK/dV kernel reads delta: the step that writes it (dQ, or the delta kernel when
+    # dQ is reduced inside dK/dV) runs first.
+    for role in ("delta" if s.dq == "atomic" else "dq", "dkdv"):
+        spec, grid = steps[role]
         values = dict(v.constants(spec.name))
         if spec is not DELTA:
             values.update(scalars(scale, mods, spec), GROUP=hq // hk)
         kernel = DELTA.kernel() if spec is DELTA else spec.kernel(mods, **s.hints())
-        launches.append((kernel, grids[spec], spec.ordered(values, skip_tensors=True)))
+        launches.append((role, kernel, grid, spec.ordered(values, skip_tensors=True)))
     blocks = ((), ()) if block is None else (
         block.lists(s.dkdv_m, s.dkdv_n, causal, transposed=True),
         block.lists(s.dq_m, s.dq_n, causal))

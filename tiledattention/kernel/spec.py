@@ -115,8 +115,10 @@ DELTA = KernelSpec("backward", "attention_bwd_delta",
 DKDV = KernelSpec("backward", "attention_bwd_dkdv", (*_BWD, "dK", "dV", "dQacc"))
 DKDV_VARIANT = KernelSpec("backward", "attention_bwd_dkdv_variant",
                           (*_BWD, *_EXTRA, *GRADS, "dK", "dV", "dQacc"))
-DQ = KernelSpec("backward", "attention_bwd_dq", (*_BWD, "dQ"))
-DQ_VARIANT = KernelSpec("backward", "attention_bwd_dq_variant", (*_BWD, *_EXTRA, "dQ"))
+# dQ computes delta for the dK/dV kernel (run after it): it also reads O and dlse.
+DQ = KernelSpec("backward", "attention_bwd_dq", (*_BWD, "Out", "Dlse", "dQ"))
+DQ_VARIANT = KernelSpec("backward", "attention_bwd_dq_variant",
+                        (*_BWD, *_EXTRA, "Out", "Dlse", "dQ"))
 CLASSIFY = KernelSpec("blockmask", "classify_tiles", ("Cls", *_EXTRA[2:]))
 SPECS = (FWD, FWD_VARIANT, COMBINE, DELTA, DKDV, DKDV_VARIANT, DQ, DQ_VARIANT, CLASSIFY)
 

@@ -139,7 +139,7 @@ class BwdVariant(_Shared):
                         DQ_ATOMIC=s.dq == "atomic", MASK_ALL=self.causal and self.head_dim > 128,
                         KEY_ROWS=s.key_rows,
                         **self.shared().constants())
-        return dict(TILE_M=s.dq_m, TILE_N=s.dq_n, EVEN_N=self.even_n,
+        return dict(TILE_M=s.dq_m, TILE_N=s.dq_n, EVEN_N=self.even_n, HAS_DLSE=self.has_dlse,
                     **self.shared().constants())
 
     def label(self) -> str:
