@@ -159,7 +159,7 @@ def _family(q, k, v, mask=None, variant_key=None):
     key = planning.call_key(q, k, v, mask, False, None, True, False, None)
     if variant_key is not None:
         key = key[:12] + (variant_key,) + key[13:]
-    return planning.family_key(key, q, k, v, mask)
+    return planning.family_key(key)
 
 
 def test_dense_and_sliced_caches_share_a_family_but_odd_strides_and_block_masks_do_not():
