@@ -8,6 +8,15 @@ table. The first call with a key runs the checks (typed errors), picks the sched
 fixes the variant, grid, compiled kernels and scalar arguments; a repeat call finds the plan
 in one dict lookup. Tensor data and addresses are not facts of the plan: they are read at
 every launch.
+
+A decode loop whose KV cache grows by a token per step changes K's shape (and, for a dense
+cache, its strides) every step: a new key. Its plan is found in a *family*: the key with
+K/V's key length (and the strides that follow from it) and the mask's key axis taken out.
+A plan depends on Skv only through the schedule table's S bucket, the key tiles the
+longest row visits, ``Skv % tile_n == 0`` and the mask's target shape, so the family keeps
+one plan per (bucket, key tiles, even) and hands it on with the call's Skv in
+``mask_target`` (``tests/test_plan_growing_cache.py`` checks every field against
+``build_plan`` step by step).
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ import torch
 from ..schedules import policy
 from ..schedules.backward import BwdSchedule
 from ..schedules.schedule import Schedule
+from ..schedules.table import seq_bucket
 from . import mods as _mods
 from .geometry import grid_for
 from .headdim import plan_head_dim
@@ -133,6 +143,12 @@ def call_key(q, k, v, attn_mask, causal, scale, enable_gqa, return_lse, schedule
             policy.generation())
 
 
+def _store(key, plan) -> None:
+    if len(_plans) >= MAX_PLANS:
+        _plans.clear()
+    _plans[key] = plan
+
+
 def _cached(key, build):
     if key is not None:
         plan = _plans.get(key)
@@ -140,20 +156,126 @@ def _cached(key, build):
             return plan
     plan = build()
     if key is not None:
-        if len(_plans) >= MAX_PLANS:
-            _plans.clear()
-        _plans[key] = plan
+        _store(key, plan)
     return plan
 
 
 def plan_for(q, k, v, attn_mask, causal, scale, enable_gqa, return_lse, schedule,
              variant=None) -> Plan:
     """The cached forward plan of this call, built (and every argument checked) on first
-    sight. ``variant``: (Mods, BlockMask or None) of a call with score/mask mods."""
-    return _cached(
-        call_key(q, k, v, attn_mask, causal, scale, enable_gqa, return_lse, schedule, variant),
-        lambda: build_plan(q, k, v, attn_mask, causal, scale, enable_gqa, return_lse,
-                           schedule, variant))
+    sight, or found in its growing-cache family (``family_key``). ``variant``: (Mods,
+    BlockMask or None) of a call with score/mask mods."""
+    key = call_key(q, k, v, attn_mask, causal, scale, enable_gqa, return_lse, schedule,
+                   variant)
+    if key is None:
+        return build_plan(q, k, v, attn_mask, causal, scale, enable_gqa, return_lse,
+                          schedule, variant)
+    plan = _plans.get(key)
+    if plan is None:
+        plan = _grown(key, q, k, v, attn_mask, causal, scale, enable_gqa, return_lse,
+                      schedule, variant)
+        _store(key, plan)
+    return plan
+
+
+def _dense(shape) -> tuple:
+    """The strides of a contiguous tensor of ``shape``."""
+    out, step = [], 1
+    for size in reversed(shape):
+        out.append(step)
+        step *= size
+    return tuple(reversed(out))
+
+
+def _grown_facts(facts: tuple, skv: int) -> tuple | None:
+    """K's or V's facts (``_facts``) without the key length: None unless rank 4 with
+    ``skv`` keys, its strides dense (a ``torch.cat``-grown cache) or fixed (a slice of a
+    preallocated one)."""
+    typ, shape, stride, dtype, device = facts
+    if len(shape) != 4 or shape[2] != skv:
+        return None
+    _, h, s, d = shape
+    layout = "dense" if stride == (h * s * d, s * d, d, 1) else stride
+    return (typ, shape[0], h, d, layout, dtype, device)
+
+
+def _grown_mask(facts: tuple, skv: int) -> tuple | None:
+    """The mask's facts without its key axis: that axis is ``skv`` ("kv") or its literal
+    size (a size other than 1 or ``skv`` fails the check again in ``build_plan``)."""
+    typ, shape, stride, dtype, device = facts
+    if not shape:
+        return None  # 0-d: refused by the checks
+    last = "kv" if shape[-1] == skv else shape[-1]
+    return (typ, shape[:-1], last, "dense" if stride == _dense(shape) else stride, dtype,
+            device)
+
+
+def family_key(key: tuple) -> tuple | None:
+    """The growing-cache family of the call with ``key`` (``call_key``), or None (no
+    family: strides that follow S but are not dense, a block mask, shapes the checks
+    refuse). Every check ``check_inputs`` makes is decided by the family's facts alone,
+    so a plan found through it skips no check the call could fail: K and V have the
+    call's Skv (>= 1), the mask's key axis is Skv or the size it had. The schedule
+    table's S bucket is part of it when the policy picks the schedule."""
+    if key[12] is not None and key[12][1] is not None:
+        return None  # a block mask: its lists follow the key length
+    qf, kf, vf, mf = key[:4]
+    skv = kf[1][2] if len(kf[1]) == 4 else 0
+    kf, vf = _grown_facts(kf, skv), _grown_facts(vf, skv)
+    mask = None if mf is None else _grown_mask(mf, skv)
+    if skv < 1 or kf is None or vf is None or len(qf[1]) != 4 or (mf and mask is None):
+        return None
+    bucket = seq_bucket(qf[1][2], skv) if key[11] is None else None
+    return ("family", qf, kf, vf, mask, key[4:], bucket)
+
+
+@dataclass
+class _Family:
+    """What a family's plans share: how a call's Skv picks its plan (``key_tiles``)."""
+
+    seq_q: int
+    tile_n: int
+    causal: bool
+    key_tiles: object  # visit.key_tiles, taken when the family is made (cuTile loaded)
+
+    def member(self, skv: int) -> tuple:
+        return (self.key_tiles(self.seq_q, skv, self.tile_n, self.causal),
+                skv % self.tile_n == 0)
+
+
+def _grown(key, q, k, v, attn_mask, *args) -> Plan:
+    """The plan of a call that missed the cache: its family's plan of the same key tiles
+    and evenness (the call's Skv in ``mask_target``), else ``build_plan``'s."""
+    fkey = family_key(key)
+    family = None if fkey is None else _plans.get(fkey)
+    if family is None:
+        plan = build_plan(q, k, v, attn_mask, *args)
+        if fkey is not None and isinstance(plan, Plan):
+            from .visit import key_tiles
+
+            family = _Family(q.shape[2], plan.variant.schedule.tile_n, plan.variant.causal,
+                             key_tiles)
+            _store(fkey, family)
+            _store((fkey, family.member(k.shape[2])), plan)
+        return plan
+    skv = k.shape[2]
+    mkey = (fkey, family.member(skv))
+    plan = _plans.get(mkey)
+    if plan is None:
+        plan = build_plan(q, k, v, attn_mask, *args)
+        _store(mkey, plan)
+        return plan
+    if plan.mask_target is not None and plan.mask_target[3] != skv:
+        plan = _retarget(plan, (*plan.mask_target[:3], skv))
+    return plan
+
+
+def _retarget(plan: Plan, mask_target: tuple) -> Plan:
+    """``plan`` with another ``mask_target``: a shallow copy (``dataclasses.replace``
+    re-runs ``__init__``, 3.7 us on the CPU of NOTES §34c against 0.4)."""
+    new = object.__new__(Plan)
+    new.__dict__.update(plan.__dict__, mask_target=mask_target)
+    return new
 
 
 def clear() -> None:
