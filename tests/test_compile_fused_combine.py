@@ -45,6 +45,14 @@ def test_the_fused_split_k_forward_compiles_for_sm90(variant):
     assert res.cubin[:4] == b"\x7fELF" and b"attention_fwd_fused" in res.cubin
 
 
+@pytest.mark.compile
+@pytest.mark.parametrize("target", ["sm_100", "sm_120"])
+def test_the_b1_gqa_fused_forward_compiles_for_blackwell(target):
+    # The plan fuses on every GPU, so the default decode kernel must build there too.
+    res = export_cubin(_CASES[0], target)
+    assert res.cubin[:4] == b"\x7fELF" and b"attention_fwd_fused" in res.cubin
+
+
 def _cuobjdump() -> str | None:
     return os.environ.get("CUOBJDUMP") or shutil.which("cuobjdump")
 
