@@ -118,19 +118,18 @@ def launch(plan, q, k, v, attn_mask, *, fresh_lse: bool = True, aux: tuple = ())
     if plan.part_shape is None:
         launch_kernel(device, plan.grid, plan.kernel,
                       (q, k, v, kout, klse, mask, *extra, *plan.tail), plan.pdl)
-    elif plan.count_shape is not None:
-        part = torch.empty(plan.part_shape, dtype=torch.float32, device=device)
-        part_lse = torch.empty(plan.part_shape[:3], dtype=torch.float32, device=device)
-        launch_kernel(device, plan.grid, plan.kernel,
-                      (q, k, v, kout, klse, mask, part, part_lse,
-                       _counter(device, plan.count_shape), *plan.tail), plan.pdl)
     else:
         part = torch.empty(plan.part_shape, dtype=torch.float32, device=device)
         part_lse = torch.empty(plan.part_shape[:3], dtype=torch.float32, device=device)
-        launch_kernel(device, plan.grid, plan.kernel,
-                      (q, k, v, part, part_lse, mask, *extra, *plan.tail), plan.pdl)
-        launch_kernel(device, plan.combine_grid, plan.combine,
-                      (part, part_lse, kout, klse, *plan.combine_tail))
+        if plan.count_shape is not None:
+            launch_kernel(device, plan.grid, plan.kernel,
+                          (q, k, v, kout, klse, mask, part, part_lse,
+                           _counter(device, plan.count_shape), *plan.tail), plan.pdl)
+        else:
+            launch_kernel(device, plan.grid, plan.kernel,
+                          (q, k, v, part, part_lse, mask, *extra, *plan.tail), plan.pdl)
+            launch_kernel(device, plan.combine_grid, plan.combine,
+                          (part, part_lse, kout, klse, *plan.combine_tail))
     return out, lse
 
 
