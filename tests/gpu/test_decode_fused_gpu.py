@@ -34,16 +34,19 @@ def _plans(q, k, v, monkeypatch):
 
 def _inputs(b, hq, hkv, sq, skv, dtype):
     g = torch.Generator(device="cuda").manual_seed(skv + 7 * sq + b)
-    qs = [torch.randn(b, hq, sq, 128, device="cuda", generator=g).to(dtype)
-          for _ in range(DISTINCT)]
+    # Differently sharp softmaxes: a stale partial of another query set moves the output
+    # by a good part of its value, not by less than the tolerance.
+    qs = [(torch.randn(b, hq, sq, 128, device="cuda", generator=g) * (1 + i)).to(dtype)
+          for i in range(DISTINCT)]
     k = torch.randn(b, hkv, skv, 128, device="cuda", generator=g).to(dtype)
     v = torch.randn(b, hkv, skv, 128, device="cuda", generator=g).to(dtype)
     return qs, k, v
 
 
 def _assert_same(out, lse, want_out, want_lse, what):
-    # Same math in the same order over the splits; only the row tile differs.
-    torch.testing.assert_close(out, want_out, atol=2e-3, rtol=1e-2, msg=what)
+    # Same math in the same order over the splits; only the row tile differs: about one
+    # unit in the last place of bf16 (2^-8) apart at most.
+    torch.testing.assert_close(out, want_out, atol=1e-5, rtol=1e-2, msg=what)
     torch.testing.assert_close(lse, want_lse, atol=1e-4, rtol=1e-5, msg=what)
 
 
