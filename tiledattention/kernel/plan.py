@@ -43,7 +43,8 @@ MIN_SPLIT_TILES = 2  # split-K: key tiles per split at least (each split writes 
 # Split-K: the last split program of a row tile runs the combine (one launch, NOTES draft
 # decode-fused); False keeps the separate combine kernel (a second launch). Plain kernels
 # only: the variant entry point keeps the combine kernel. ``make_plan(fuse_combine=...)``
-# overrides it per plan (benchmarks/decode.py --fused-ab compares both).
+# overrides it per plan (benchmarks/decode.py --fused-ab compares both). Read when a plan
+# is built: cached plans keep theirs (``clear()`` after flipping it).
 FUSE_COMBINE = True
 MAX_PLANS = 4096  # a process that sees ever new shapes (growing decode) must not grow without end
 
