@@ -31,25 +31,41 @@ KEYS = ("HGMMA", "MUFU.EX2", "WARPGROUP.ARRIVE", "WARPGROUP.DEPBAR", "BAR.SYNC",
 INSTR = re.compile(r"/\*([0-9a-f]{4,})\*/\s+((?:@!?U?P\w+\s+)?)([A-Z][A-Z0-9_.]*)([^;]*);")
 
 
+def kt_tile(K, h, j):
+    return ct.load(K, index=(h, 0, j), shape=(1, D, 128), order=(0, 2, 1)).reshape((D, 128))
+
+
+def softmax_pv(s, m, lsum, acc, V, h, j, dtype):
+    """Online softmax of the scaled scores s, then O += P V (one forward step after S)."""
+    m_new = ct.maximum(m, ct.max(s, axis=1, keepdims=True))
+    alpha = ct.exp2(m - m_new, flush_to_zero=True)
+    p = ct.exp2(s - m_new, flush_to_zero=True)
+    lsum = lsum * alpha + ct.sum(p, axis=1, keepdims=True)
+    v = ct.load(V, index=(h, j, 0), shape=(1, 128, D)).reshape((128, D))
+    return m_new, lsum, ct.mma(p.astype(dtype), v, acc * alpha)
+
+
 @ct.kernel
-def fwd(Q, K, V, Out, c: float):
+def fwd(Q, K, V, Out, c: float, PIPELINED: ct.Constant[bool]):
+    """PIPELINED: S of the next key tile is issued before this tile's softmax in the source
+    (FA3's intra-warpgroup overlap, written by hand); else S, softmax, P V in order."""
     m_i, h = ct.bid(0), ct.bid(1)  # arrays [H, S, D]
     q = ct.load(Q, index=(h, m_i, 0), shape=(1, 128, D)).reshape((128, D))
-    m = ct.full((128, 1), -np.inf, dtype=F32)
-    lsum = ct.full((128, 1), 0.0, dtype=F32)
-    acc = ct.full((128, D), 0.0, dtype=F32)
-    for j in range(K.shape[1] // 128):
-        kt = ct.load(K, index=(h, 0, j), shape=(1, D, 128), order=(0, 2, 1)).reshape((D, 128))
-        s = ct.mma(q, kt, ct.full((128, 128), 0.0, dtype=F32)) * c
-        m_new = ct.maximum(m, ct.max(s, axis=1, keepdims=True))
-        alpha = ct.exp2(m - m_new, flush_to_zero=True)
-        p = ct.exp2(s - m_new, flush_to_zero=True)
-        lsum = lsum * alpha + ct.sum(p, axis=1, keepdims=True)
-        v = ct.load(V, index=(h, j, 0), shape=(1, 128, D)).reshape((128, D))
-        acc = ct.mma(p.astype(Q.dtype), v, acc * alpha)
-        m = m_new
-    ct.store(Out, index=(h, m_i, 0),
-             tile=(acc / lsum).reshape((1, 128, D)).astype(Out.dtype))
+    m, zero = ct.full((128, 1), -np.inf, dtype=F32), ct.full((128, 128), 0.0, dtype=F32)
+    lsum, acc = ct.full((128, 1), 0.0, dtype=F32), ct.full((128, D), 0.0, dtype=F32)
+    n = K.shape[1] // 128
+    if PIPELINED:
+        s = ct.mma(q, kt_tile(K, h, 0), zero) * c
+        for j in range(n - 1):
+            s_next = ct.mma(q, kt_tile(K, h, j + 1), zero)
+            m, lsum, acc = softmax_pv(s, m, lsum, acc, V, h, j, Q.dtype)
+            s = s_next * c
+        m, lsum, acc = softmax_pv(s, m, lsum, acc, V, h, n - 1, Q.dtype)
+    else:
+        for j in range(n):
+            s = ct.mma(q, kt_tile(K, h, j), zero) * c
+            m, lsum, acc = softmax_pv(s, m, lsum, acc, V, h, j, Q.dtype)
+    ct.store(Out, index=(h, m_i, 0), tile=(acc / lsum).reshape((1, 128, D)).astype(Out.dtype))
 
 
 @ct.kernel
@@ -73,13 +89,13 @@ def bwd(Q, K, V, dO, Lse, Delta, dK, dV, c: float):
     ct.store(dV, index=(h, n, 0), tile=dv.reshape((1, 128, D)).astype(dV.dtype))
 
 
-def sass(kernel, kinds: str, cuobjdump: str) -> str:
+def sass(kernel, kinds: str, constants: list, cuobjdump: str) -> str:
     arr = lambda t, nd: tc.ArrayConstraint(  # noqa: E731
         t, nd, index_dtype=ct.int32, stride_lower_bound_incl=0, alias_groups=(),
         may_alias_internally=False, stride_constant=[None] * (nd - 1) + [1],
         stride_divisible_by=[8] * (nd - 1) + [1], base_addr_divisible_by=16)
     params = [arr(ct.bfloat16, 3) if k == "b" else arr(ct.float32, 2) for k in kinds]
-    sig = tc.KernelSignature(params + [tc.ScalarConstraint(ct.float32)],
+    sig = tc.KernelSignature(params + [tc.ScalarConstraint(ct.float32)] + constants,
                              tc.CallingConvention.cutile_python_v1())
     buf = io.BytesIO()
     tc.export_kernel(kernel.replace_hints(num_worker_warps=8, occupancy=1), [sig], buf,
@@ -96,31 +112,33 @@ def count(ins, prefix: str) -> int:
 
 
 def loop_body(ins):
-    """The loop (a backward branch's range) with the most HGMMA and an EX2; the shortest
-    such range (the retry branches of mbarrier waits jump back across the whole loop)."""
+    """The innermost loop (a backward branch's range) with HGMMA and EX2 in it (the retry
+    branches of mbarrier waits, placed after the kernel's end, span longer ranges)."""
     loops = []
     for k, (addr, _, op, rest) in enumerate(ins):
         tgt = re.search(r"0x([0-9a-f]+)", rest) if op.startswith("BRA") else None
         if tgt and int(tgt.group(1), 16) < addr:
             body = [x for x in ins[:k + 1] if x[0] >= int(tgt.group(1), 16)]
-            if count(body, "MUFU.EX2"):
+            if count(body, "MUFU.EX2") and count(body, "HGMMA"):
                 loops.append(body)
-    return min(loops, key=lambda b: (-count(b, "HGMMA"), len(b)))
+    return min(loops, key=len)
 
 
 def events(body):
-    """One thread's event order, and EX2s issued while an own HGMMA group is outstanding."""
-    seq, pending, overlapped = [], 0, 0
+    """One thread's event order, and the EX2s issued while an HGMMA of the thread's warp
+    group is in flight (issued: from its group's first HGMMA until a DEPBAR drains it)."""
+    seq, pending, is_open, overlapped = [], 0, False, 0
     for rep in range(2):  # twice: a group left pending at the loop's end carries over
         for _, pred, op, rest in body:
             ev = EVENTS.get(".".join(op.split(".")[:2]))
             if op.startswith("HGMMA"):
-                ev, pending = "HGMMA", pending + ("gsb0" in rest)  # gsb0: a group's last
+                ev, is_open = "HGMMA", "gsb0" not in rest  # gsb0: its group's last
+                pending += not is_open
             elif op.startswith("WARPGROUP.DEPBAR"):  # wait until <= N groups outstanding
                 n = int(re.search(r"0x([0-9a-f]+)", rest).group(1), 16)
                 ev, pending = f"DEPBAR.LE {n}", min(pending, n)
             elif op == "MUFU.EX2":
-                overlapped += rep == 1 and pending > 0
+                overlapped += rep == 1 and (pending > 0 or is_open)
             elif op.startswith("BAR"):
                 ev = f"{pred}{op}{rest}".strip()
             if ev is None:
@@ -137,15 +155,18 @@ def main() -> None:
     ap.add_argument("--listing", action="store_true", help="print the loop body's SASS")
     args = ap.parse_args()
     print("cuda-tile", ct.__version__, "| sm_90 | bf16 | D=128 | num_worker_warps=8")
-    for name, kernel, kinds in (("fwd", fwd, "bbbb"), ("bwd", bwd, "bbbbffbb")):
+    for name, kernel, kinds, const in (("fwd", fwd, "bbbb", [False]),
+                                       ("fwd, S(j+1) before softmax(j) in the source", fwd,
+                                        "bbbb", [True]), ("bwd (dK/dV)", bwd, "bbbbffbb", [])):
         ins = [(int(a, 16), p, op, r) for a, p, op, r in
-               INSTR.findall(sass(kernel, kinds, args.cuobjdump))]
+               INSTR.findall(sass(kernel, kinds, const, args.cuobjdump))]
         body = loop_body(ins)
         seq, overlapped = events(body)
         print(f"\n{name}: loop 0x{body[0][0]:x}-0x{body[-1][0]:x}, {len(body)} instr/thread; "
               + ", ".join(f"{k} {count(body, k)}" for k in KEYS)
-              + f"; whole kernel HGMMA {count(ins, 'HGMMA')}, MUFU.EX2 {count(ins, 'MUFU.EX2')}")
-        print(f"  EX2 issued while an own HGMMA group is outstanding: {overlapped} of "
+              + f"; whole kernel HGMMA {count(ins, 'HGMMA')}, MUFU.EX2 {count(ins, 'MUFU.EX2')}"
+              + f", STL {count(ins, 'STL')}, LDL {count(ins, 'LDL')}")
+        print(f"  EX2 issued while an HGMMA of the own warp group is in flight: {overlapped} of "
               f"{count(body, 'MUFU.EX2')}")
         bars = sorted({f"{x[2]} {x[3].strip()}" for x in body if x[2].startswith("BAR")})
         print(f"  barriers in the loop: {bars or 'none'}")
