@@ -1,7 +1,7 @@
 """Repro 1: two fp32 [64, D] accumulators (dK, dV of a 64-key tile) across a query loop.
 
 The dK/dV step of a FlashAttention backward, nothing else: per query tile, S = Q K^T,
-dP = dO V^T, P = exp2(S*c - lse) (causal: masked on every tile), dS = P (dP - delta),
+dP = dO V^T, P = exp2(S*c - lse) (causal: masked), dS = P (dP - delta),
 dV += P^T dO, dK += dS^T Q; fp32 accumulators, bf16 operands. At D = 256 and 64 keys
 the two accumulators are 2 * 64 * 256 * 4 B = 128 KB: 256 registers a thread over 4
 worker warps, 128 over 8 ("acc"). Compiled offline for sm_90 (no GPU needed) with
@@ -27,18 +27,19 @@ import cuda.tile.compilation as tc
 import numpy as np
 
 # (D, query rows per step, keys per program, num_worker_warps (None: the compiler's
-# choice), causal). 64 x 80 at D = 256 is FlashAttention-3's sm90 tile (kBlockM 64, kBlockN
-# 80, two MMA warp groups: hopper/flash_bwd_launch_template.h, run_mha_bwd_hdim256); 80 x 128
-# its D = 128 non-causal tile, 64 x 128 its causal one.
-CONFIGS = [(256, 64, 64, None, False), (256, 64, 64, 4, False), (256, 64, 64, 8, False),
-           (256, 64, 64, 8, True), (256, 128, 64, 8, False), (256, 64, 80, 8, False),
-           (128, 64, 128, 4, False), (128, 64, 128, 8, False), (128, 64, 128, 8, True),
-           (128, 128, 128, 8, False), (128, 80, 128, 8, False)]
+# choice), causal mask: an index into MASKS). 64 x 80 at D = 256 is FlashAttention-3's sm90
+# tile (kBlockM 64, kBlockN 80, two MMA warp groups: hopper/flash_bwd_launch_template.h,
+# run_mha_bwd_hdim256); 80 x 128 its D = 128 non-causal tile, 64 x 128 its causal one.
+CONFIGS = [(256, 64, 64, None, 0), (256, 64, 64, 4, 0), (256, 64, 64, 8, 0), (256, 64, 64, 8, 1),
+           (256, 64, 64, 8, 2), (256, 128, 64, 8, 0), (256, 64, 80, 8, 0), (128, 64, 128, 4, 0),
+           (128, 64, 128, 8, 0), (128, 64, 128, 8, 1), (128, 64, 128, 8, 2),
+           (128, 128, 128, 8, 0), (128, 80, 128, 8, 0)]
+MASKS = ("no", "all", "diag")  # causal mask: none, on every tile, on the diagonal tiles
 
 
 @ct.kernel
 def dkdv(Q, K, V, dO, Lse, Delta, dK, dV, c: float, D: ct.Constant[int], TM: ct.Constant[int],
-         TN: ct.Constant[int], CAUSAL: ct.Constant[bool]):
+         TN: ct.Constant[int], CAUSAL: ct.Constant[int]):
     n, h = ct.bid(0), ct.bid(1)  # arrays [H, S, D]; Lse, Delta [H, S]
     kt = ct.load(K, index=(h, 0, n), shape=(1, D, TN), order=(0, 2, 1)).reshape((D, TN))
     vt = ct.load(V, index=(h, 0, n), shape=(1, D, TN), order=(0, 2, 1)).reshape((D, TN))
@@ -51,7 +52,9 @@ def dkdv(Q, K, V, dO, Lse, Delta, dK, dV, c: float, D: ct.Constant[int], TM: ct.
         dp = ct.mma(do, vt, ct.full((TM, TN), 0.0, dtype=np.float32))
         lse = ct.load(Lse, index=(h, i), shape=(1, TM)).reshape((TM, 1))
         delta = ct.load(Delta, index=(h, i), shape=(1, TM)).reshape((TM, 1))
-        if CAUSAL:  # on every tile (the repo's MASK_ALL: one loop body); adds nothing below it
+        # CAUSAL 1: the mask on every tile (one loop body; the repo's MASK_ALL), 2: on the
+        # tiles that cross the diagonal only
+        if CAUSAL == 1 or (CAUSAL == 2 and i * TM < (n + 1) * TN):
             keep = (i * TM + ct.arange(TM, dtype=np.int32))[:, None] >= \
                 (n * TN + ct.arange(TN, dtype=np.int32))[None, :]
             s = ct.where(keep, s, -np.inf)
@@ -71,7 +74,7 @@ def array(dtype, ndim):
         stride_divisible_by=[8] * (ndim - 1) + [1], base_addr_divisible_by=16)
 
 
-def cubin(head_dim: int, tm: int, tn: int, warps, causal: bool) -> bytes:
+def cubin(head_dim: int, tm: int, tn: int, warps, causal: int) -> bytes:
     bf, f32 = array(ct.bfloat16, 3), array(ct.float32, 2)
     scalar = tc.ScalarConstraint(ct.float32)
     sig = tc.KernelSignature([bf, bf, bf, bf, f32, f32, bf, bf, scalar, head_dim, tm, tn, causal],
@@ -116,7 +119,7 @@ def main() -> None:
         if args.head_dim not in (None, d):
             continue
         acc = 2 * tn * d // (32 * (w or 4))
-        head = f"{d:>4} {tm:>4} {tn:>4} {str(w):>5} {str(causal):>6} {acc:>4}"
+        head = f"{d:>4} {tm:>4} {tn:>4} {str(w):>5} {MASKS[causal]:>6} {acc:>4}"
         try:
             r = read(cubin(d, tm, tn, w, causal), args.cuobjdump)
         except Exception as exc:  # cuTile's own refusal is the row's result
