@@ -1,16 +1,19 @@
 """Repro 2: does tileiras overlap softmax (MUFU.EX2) with warp-group MMAs (HGMMA)?
 
-Two minimal attention loops at D = 128, bf16, num_worker_warps=8 (two consumer warp
-groups), compiled offline for sm_90 and read from cuobjdump's SASS:
-  fwd: a 128-row query tile over 128-key tiles: S = Q K^T, P = exp2(S*c - m), O += P V
-       (online softmax), FlashAttention-3's forward tiling (each warp group 64 rows);
+Minimal attention loops at D = 128, bf16, num_worker_warps=8 (two consumer warp groups),
+compiled offline for sm_90 and read from cuobjdump's SASS:
+  fwd: a 128-row query tile over 128-key tiles, S = Q K^T, online softmax, O += P V
+       (FA3's forward tiling, each warp group 64 rows); once as written, once with S of
+       the next key tile issued before this tile's softmax in the source (PIPELINED);
   bwd: a 128-key dK/dV tile over 64-row query tiles: S, dP, P = exp2(S*c - lse), dS,
-       dV += P^T dO, dK += dS^T Q (FA3's D = 128 backward tiling).
-Printed for each loop body: one thread's event order, the EX2s issued while an HGMMA
-group of the same warp group is outstanding, and the named barriers (FA3's ping-pong:
-BAR.SYNC on its own id, BAR.ARV on the other warp group's, around each group's GEMMs).
+       dV += P^T dO, dK += dS^T Q (FA3's D = 128 causal backward tile).
+Printed per loop body: one thread's event order (HGMMA, WARPGROUP.ARRIVE/DEPBAR, EX2 runs,
+BAR.*, mbarrier waits), the EX2s issued while an HGMMA of the same warp group is in
+flight, and the named barriers (FA3's ping-pong: BAR.SYNC on its own id, BAR.ARV on the
+other warp group's, around each group's GEMMs).
 
-    python softmax_mma_overlap.py [--cuobjdump PATH] [--listing]
+    CUDA_TILE_CACHE_DIR=/tmp/repro-cache python softmax_mma_overlap.py \
+        [--cuobjdump PATH] [--listing]
 """
 
 import argparse
