@@ -6,7 +6,8 @@ keeps the GPU busy, so no launch waits on the device: the time is the host's alo
 launch. ct.launch gets the stream as a raw handle looked up once (no per-call stream
 lookup); Triton looks its stream up itself on every launch; torch's op is a real
 1-element fill launched from C++. "10 arrays + 18 scalars" is the argument list of our
-dK/dV launch (torch tensors, int and float scalars); the kernel bodies are empty.
+dK/dV launch (torch tensors; 4 runtime scalars and 14 compile-time constants, as it
+passes them); the kernel bodies are empty.
 
     python launch_floor.py [--calls 200]
 """
@@ -41,9 +42,12 @@ def rows():
     import cuda.tile as ct
     import torch
 
+    Int, Bool = ct.Constant[int], ct.Constant[bool]
+
     stream = torch.cuda.current_stream().cuda_stream  # raw handle, looked up once
     arrays = [torch.empty(4096, device="cuda", dtype=torch.bfloat16) for _ in range(10)]
-    scalars = [0.125, 1.0, 0.0883883] + list(range(3, 18))  # 3 float, 15 int: 18
+    # our dK/dV launch's list: 3 float + 1 int runtime scalars, 6 int + 8 bool constants
+    scalars = [0.18, 8.0, 0.125, 1, 64, 64, 1, 128, 128, 128] + [True, True] + [False] * 6
     one = torch.zeros(1, device="cuda")
 
     @ct.kernel
@@ -52,13 +56,13 @@ def rows():
 
     @ct.kernel
     def ct_args(A0, A1, A2, A3, A4, A5, A6, A7, A8, A9, s0: float, s1: float, s2: float,
-                i3: int, i4: int, i5: int, i6: int, i7: int, i8: int, i9: int, i10: int,
-                i11: int, i12: int, i13: int, i14: int, i15: int, i16: int, i17: int):
+                g: int, c0: Int, c1: Int, c2: Int, c3: Int, c4: Int, c5: Int, b0: Bool,
+                b1: Bool, b2: Bool, b3: Bool, b4: Bool, b5: Bool, b6: Bool, b7: Bool):
         pass
 
     out = {"torch op: 1-element zero_() (C++ dispatch + launch)": one.zero_,
            "ct.launch, no arguments": lambda: ct.launch(stream, (1,), ct_empty, ()),
-           "ct.launch, 10 arrays + 18 scalars":
+           "ct.launch, 10 arrays + 18 scalars (14 constants)":
                lambda: ct.launch(stream, (1,), ct_args, (*arrays, *scalars))}
     try:
         import triton
@@ -70,13 +74,18 @@ def rows():
     def tr_empty():
         pass
 
+    import triton.language as tl
+
+    C = tl.constexpr
+
     @triton.jit
-    def tr_args(a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, s0, s1, s2, i3, i4, i5, i6, i7, i8,
-                i9, i10, i11, i12, i13, i14, i15, i16, i17):
+    def tr_args(a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, s0, s1, s2, g, c0: C, c1: C, c2: C,
+                c3: C, c4: C, c5: C, b0: C, b1: C, b2: C, b3: C, b4: C, b5: C, b6: C, b7: C):
         pass
 
     out["triton, no arguments"] = lambda: tr_empty[(1,)]()
-    out["triton, 10 arrays + 18 scalars"] = lambda: tr_args[(1,)](*arrays, *scalars)
+    out["triton, 10 arrays + 18 scalars (14 constexpr)"] = (
+        lambda: tr_args[(1,)](*arrays, *scalars))
     return out
 
 
