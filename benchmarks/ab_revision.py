@@ -90,6 +90,25 @@ def measure(fns: dict, rounds: int, reps: int) -> dict:
     return {n: sorted(v)[len(v) // 2] for n, v in samples.items()}
 
 
+def kernel_times(fn, calls: int = 5) -> str:
+    """The GPU kernels of one call of ``fn`` by name, µs each (mean of ``calls``), in the
+    order they first ran: which kernel of a pass moved."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    totals: dict[str, float] = {}
+    for e in prof.events():
+        if e.device_type.name == "CUDA":
+            name = e.name.split("(")[0][:40]
+            totals[name] = totals.get(name, 0.0) + e.device_time / calls
+    return ", ".join(f"{n} {t:.0f}" for n, t in totals.items())
+
+
 def tensors(dtype, d, s, b, h):
     """q, k, v of a point; ``s`` is S, or (Sq, Skv, Hkv) for a decode point."""
     dt = getattr(torch, dtype)
@@ -118,7 +137,15 @@ def case(other, dtype, d, causal, s, b, h, passes, rounds, reps):
                                  "fwd+bwd"),
             "old": pass_callable(lambda: other.sdpa(qg, kg, vg, **kw), qg, kg, vg, dout,
                                  "fwd+bwd")}, rounds, reps)
+        if KERNELS[0] and rounds:
+            for side, impl in (("new", ta), ("old", other)):
+                print(f"  {side} kernels µs: " + kernel_times(pass_callable(
+                    lambda impl=impl: impl.sdpa(qg, kg, vg, **kw), qg, kg, vg, dout,
+                    "fwd+bwd")), flush=True)
     return diff, rows
+
+
+KERNELS = [False]  # --kernels
 
 
 def main() -> None:
@@ -134,7 +161,10 @@ def main() -> None:
     ap.add_argument("--passes", nargs="+", default=["fwd", "fwd+bwd"])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--kernels", action="store_true",
+                    help="also print each side's kernels with their times (fwd+bwd)")
     args = ap.parse_args()
+    KERNELS[0] = args.kernels
     other = load_other(args.other)
     ratios: dict[str, list[float]] = {p: [] for p in args.passes}
     print(f"{'point':34s} {'pass':8s} {'new ms':>8s} {'old ms':>8s} {'new/old':>8s} diff")

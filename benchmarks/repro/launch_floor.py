@@ -76,7 +76,8 @@ def rows():
 
     import triton.language as tl
 
-    C = tl.constexpr
+    # Triton reads the (string) annotations in the function's module globals.
+    globals()["C"] = tl.constexpr
 
     @triton.jit
     def tr_args(a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, s0, s1, s2, g, c0: C, c1: C, c2: C,
