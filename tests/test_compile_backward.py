@@ -77,6 +77,7 @@ def test_the_slice_covers_every_flag_value():
     assert seen["attention_bwd_delta.HAS_DLSE"] == {False, True}
     assert seen["attention_bwd_delta.ZERO_DQ"] == {False, True}
     assert seen["attention_bwd_dq.HAS_DLSE"] == {False, True}
+    assert seen["attention_bwd_dq.DELTA"] == {False, True}
 
 
 def test_backward_constants_are_the_kernels_constant_parameters():

@@ -335,6 +335,18 @@ def test_backward_plans_place_every_kernels_arguments_by_name(variant):
     assert plan.launches[1][2] == (3, 2, 2)  # key tiles of 64, K/V heads, batch
 
 
+def test_a_causal_backward_above_d128_keeps_the_delta_kernel_before_dq_and_dkdv():
+    pytest.importorskip("cuda.tile", reason="cuTile (cuda-tile) is not installed")
+    from tiledattention.schedules.backward import BwdSchedule
+
+    q = torch.randn(1, 2, 100, 160, dtype=torch.bfloat16)
+    plan = planning.make_bwd_plan(q, q, None, True, 0.125, False, BwdSchedule())
+    assert [role for role, _, _, _ in plan.launches] == ["delta", "dq", "dkdv"]
+    assert not plan.variant.constants("attention_bwd_dq")["DELTA"]
+    full = planning.make_bwd_plan(q, q, None, False, 0.125, False, BwdSchedule())
+    assert [role for role, _, _, _ in full.launches] == ["dq", "dkdv"]
+
+
 def test_a_backward_reducing_dq_inside_dkdv_runs_the_delta_kernel_first():
     pytest.importorskip("cuda.tile", reason="cuTile (cuda-tile) is not installed")
     from tiledattention.schedules.backward import BwdSchedule

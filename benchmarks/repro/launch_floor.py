@@ -17,6 +17,13 @@ import statistics
 import sys
 import time
 
+try:  # Triton reads the (string) annotations of its kernels in their module's globals
+    import triton.language as _tl
+
+    C = _tl.constexpr
+except ImportError:
+    C = None
+
 
 def host_us(fn, calls: int, rounds: int = 5):
     """(median, min) µs per call, and whether the spin outlasted every round's calls."""
@@ -73,11 +80,6 @@ def rows():
     @triton.jit
     def tr_empty():
         pass
-
-    import triton.language as tl
-
-    # Triton reads the (string) annotations in the function's module globals.
-    globals()["C"] = tl.constexpr
 
     @triton.jit
     def tr_args(a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, s0, s1, s2, g, c0: C, c1: C, c2: C,

@@ -5,7 +5,7 @@ plus the additive mask, masked), ``P = exp(S - lse)`` recomputed from the forwar
 log-sum-exp (never stored) and the upstream gradient ``dO``::
 
     delta = rowsum(dO * O)            fp32: the dQ program of the rows (run first), or
-                                      attention_bwd_delta when dQ is reduced in dK/dV
+                                      attention_bwd_delta (``BwdVariant.delta_in_dq``)
     dP    = dO V^T
     dS    = P * (dP - delta) [* score_mod'(scale * q.k)]
     dV    = P^T dO                    attention_bwd_dkdv, one program per key tile
@@ -390,7 +390,9 @@ def dq_program(Q, K, V, dOut, Lse, Delta, Mask, extra, Out, Dlse, dQ, scalars, f
 
     q = load_rows(Q, b, h, bid_m, TILE_M, W0, W1, W2, NCHUNK, None)
     do = load_rows(dOut, b, h, bid_m, TILE_M, W0, W1, W2, NCHUNK, None)
-    stats = dq_row_stats(Out, dOut, Lse, Delta, Dlse, do, b, h, bid_m, f)
+    stats = None  # (lse, delta) loaded on every key tile, as the dK/dV program does
+    if f.DELTA:
+        stats = dq_row_stats(Out, dOut, Lse, Delta, Dlse, do, b, h, bid_m, f)
     acc = zeros_chunks(TILE_M, W0, W1, W2)
     arrays = (Q, K, V, dOut, Lse, Delta, Mask)
     aux = (A0, A1, A2, A3, None, None, None, None)
@@ -479,6 +481,7 @@ def attention_bwd_dq(
     NCHUNK: ConstInt, W0: ConstInt, W1: ConstInt, W2: ConstInt,
     CAUSAL: ConstBool, EVEN_N: ConstBool,
     HAS_MASK: ConstBool, MASK_BATCH: ConstBool, MASK_HEAD: ConstBool, MASK_ROWS: ConstBool,
+    DELTA: ConstBool,  # compute delta for the dK/dV kernel (``DqFlags``)
     HAS_DLSE: ConstBool,  # the log-sum-exp output has a gradient: delta -= dlse
 ):
     """Plain dQ (and delta): only the arrays it reads."""
@@ -486,7 +489,8 @@ def attention_bwd_dq(
                Dlse, dQ, (qk_scale_log2, inv_scale, scale, GROUP),
                DqFlags(TILE_M=TILE_M, TILE_N=TILE_N, NCHUNK=NCHUNK, W0=W0, W1=W1, W2=W2,
                        CAUSAL=CAUSAL, EVEN_N=EVEN_N, HAS_MASK=HAS_MASK, MASK_BATCH=MASK_BATCH,
-                       MASK_HEAD=MASK_HEAD, MASK_ROWS=MASK_ROWS, HAS_DLSE=HAS_DLSE),
+                       MASK_HEAD=MASK_HEAD, MASK_ROWS=MASK_ROWS, DELTA=DELTA,
+                       HAS_DLSE=HAS_DLSE),
                (no_score_mod, no_score_mod, no_mask_mod))
 
 
@@ -497,7 +501,7 @@ def attention_bwd_dq_variant(
     TILE_M: ConstInt, TILE_N: ConstInt, NCHUNK: ConstInt,
     W0: ConstInt, W1: ConstInt, W2: ConstInt, CAUSAL: ConstBool, EVEN_N: ConstBool,
     HAS_MASK: ConstBool, MASK_BATCH: ConstBool, MASK_HEAD: ConstBool,
-    MASK_ROWS: ConstBool, HAS_DLSE: ConstBool, HAS_SCORE_MOD: ConstBool,
+    MASK_ROWS: ConstBool, DELTA: ConstBool, HAS_DLSE: ConstBool, HAS_SCORE_MOD: ConstBool,
     HAS_MASK_MOD: ConstBool, BLOCK_SPARSE: ConstBool, BLK_BATCH: ConstBool, BLK_HEAD: ConstBool,
 ):
     """dQ (and delta) with the variant's functions, captured tensors and block lists."""
@@ -505,8 +509,8 @@ def attention_bwd_dq_variant(
                dQ, (qk_scale_log2, inv_scale, scale, GROUP),
                DqFlags(TILE_M=TILE_M, TILE_N=TILE_N, NCHUNK=NCHUNK, W0=W0, W1=W1, W2=W2,
                        CAUSAL=CAUSAL, EVEN_N=EVEN_N, HAS_MASK=HAS_MASK, MASK_BATCH=MASK_BATCH,
-                       MASK_HEAD=MASK_HEAD, MASK_ROWS=MASK_ROWS, HAS_DLSE=HAS_DLSE,
-                       HAS_SCORE_MOD=HAS_SCORE_MOD,
+                       MASK_HEAD=MASK_HEAD, MASK_ROWS=MASK_ROWS, DELTA=DELTA,
+                       HAS_DLSE=HAS_DLSE, HAS_SCORE_MOD=HAS_SCORE_MOD,
                        HAS_MASK_MOD=HAS_MASK_MOD, BLOCK_SPARSE=BLOCK_SPARSE,
                        BLK_BATCH=BLK_BATCH, BLK_HEAD=BLK_HEAD),
                (SCORE_MOD, SCORE_GRAD, MASK_MOD))

@@ -91,7 +91,8 @@ class DqFlags:
     MASK_BATCH: bool
     MASK_HEAD: bool
     MASK_ROWS: bool
-    HAS_DLSE: bool  # delta (computed here for the dK/dV kernel) subtracts dlse
+    DELTA: bool  # compute the rows' delta here (for dK/dV, run after); else load it
+    HAS_DLSE: bool  # that delta subtracts dlse
     HAS_SCORE_MOD: bool = False
     HAS_MASK_MOD: bool = False
     BLOCK_SPARSE: bool = False  # the block mask's lists: key tiles per query tile

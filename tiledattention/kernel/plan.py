@@ -106,8 +106,9 @@ class Plan:
 class BwdPlan:
     """The backward launches of one call in the order they run, each (role, kernel, grid,
     tail) with role "delta", "dkdv" or "dq", and each score kernel's block lists (()
-    without a block mask). Two launches: dQ (which computes delta) then dK/dV, or with dQ by
-    reduce-add, delta (which zeroes dQ's fp32 buffer) then dK/dV."""
+    without a block mask). Mostly two launches: dQ (which computes delta) then dK/dV; with
+    dQ by reduce-add, delta (which zeroes dQ's fp32 buffer) then dK/dV; causal D > 128:
+    delta, dQ, dK/dV (``BwdVariant.delta_in_dq``)."""
 
     variant: BwdVariant
     launches: tuple
@@ -501,9 +502,11 @@ def make_bwd_plan(q, k, attn_mask, causal: bool, scale: float, has_dlse: bool,
              "dkdv": (dkdv, (math.ceil(sk / s.dkdv_n), hk, b)),
              "dq": (dq, (math.ceil(sq / s.dq_m), hq, b))}
     launches = []
-    # The dK/dV kernel reads delta: the step that writes it (dQ, or the delta kernel when
-    # dQ is reduced inside dK/dV) runs first.
-    for role in ("delta" if s.dq == "atomic" else "dq", "dkdv"):
+    # The dK/dV kernel reads delta: the step that writes it (dQ, or the delta kernel,
+    # ``BwdVariant.delta_in_dq``) runs first.
+    roles = (("dq", "dkdv") if v.delta_in_dq else
+             ("delta", "dkdv") if s.dq == "atomic" else ("delta", "dq", "dkdv"))
+    for role in roles:
         spec, grid = steps[role]
         values = dict(v.constants(spec.name))
         if spec is not DELTA:

@@ -134,6 +134,13 @@ class BwdVariant(_Shared):
     has_dlse: bool = False
     flags: Flags | None = None
 
+    @property
+    def delta_in_dq(self) -> bool:
+        """The dQ kernel computes delta (one launch fewer), except with dQ by reduce-add
+        (no dQ kernel) and causal D > 128: there its extra O tile made the dQ kernel up to
+        2x slower on the H100 (benchmarks/NOTES.md §36a) and the delta kernel stays."""
+        return self.schedule.dq != "atomic" and not (self.causal and self.head_dim > 128)
+
     def constants(self, kernel: str) -> dict:
         """The ``ct.Constant`` arguments of one of the three backward kernels."""
         s = self.schedule
@@ -146,7 +153,7 @@ class BwdVariant(_Shared):
                         KEY_ROWS=s.key_rows,
                         **self.shared().constants())
         return dict(TILE_M=s.dq_m, TILE_N=s.dq_n, EVEN_N=self.even_n, HAS_DLSE=self.has_dlse,
-                    **self.shared().constants())
+                    DELTA=self.delta_in_dq, **self.shared().constants())
 
     def label(self) -> str:
         return (f"bwd_{self.shared().label()}{'_even' if self.even_n else ''}"
