@@ -61,6 +61,12 @@ def points(grid: str):
                 for s in (4096, 8192):
                     yield dtype, 192, causal, s, TOKENS // s, 16
         return
+    if grid == "d256":  # the tuning table's widest head dim (H = 8: WIDTH / 256)
+        for dtype in ("float16", "bfloat16"):
+            for causal in (False, True):
+                for s in (2048, 8192):
+                    yield dtype, 256, causal, s, TOKENS // s, WIDTH // 256
+        return
     if grid == "d160":  # the causal dK/dV spill (NOTES §23) and controls beside it
         for dtype in ("float16", "bfloat16"):
             for d, causal, s in ((160, True, 1024), (160, True, 2048), (160, True, 4096),
@@ -151,7 +157,8 @@ KERNELS = [False]  # --kernels
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--other", required=True, help="the other revision's tiledattention dir")
-    ap.add_argument("--grid", choices=("paper", "quick", "d160", "d192", "decode"), default="quick")
+    ap.add_argument("--grid", default="quick",
+                    choices=("paper", "quick", "d160", "d192", "d256", "decode"))
     ap.add_argument("--head-dims", help="only these head dims, e.g. 128")
     ap.add_argument("--seqs", help="only these sequence lengths (S, or Skv for decode)")
     ap.add_argument("--shard", default="0/1", help="I/N: every N-th point from the I-th")

@@ -136,8 +136,8 @@ def launch(plan, q, k, v, attn_mask, *, fresh_lse: bool = True, aux: tuple = ())
 def run_backward(plan, q, k, v, out, lse, dout, dlse, attn_mask, *, aux: tuple = (),
                  captured: tuple = ()):
     """(dq, dk, dv) of ``sdpa``'s forward by ``plan`` (``plan.bwd_plan_for``), given its
-    output and natural-log LSE: dQ (computing delta) then dK/dV, or delta then dK/dV with
-    dQ by reduce-add inside it, on PyTorch's current stream. ``aux``: the tensors the
+    output and natural-log LSE, by ``plan.launches`` in order (dQ computing delta, then
+    dK/dV, mostly; ``BwdPlan``), on PyTorch's current stream. ``aux``: the tensors the
     variant functions capture; ``captured``: ``captured_buffers`` of those that need a
     gradient (their ``mods`` from ``mods.with_captured_grads``); the dK/dV kernel adds the
     gradients in."""
