@@ -10,12 +10,9 @@ adds that the harness cannot: ``--targets``, the issue's explicit cases (B4 H8 i
 the H 32 grid; D = 256 prefill); ``--sweep``, split counts and tiles pinned per case with
 the plan's split count and packing printed (``--cases worst --splits 1 2 4 8``: the grid's
 two weakest points); ``--headdim``, the D = 256/192 schedule candidates with worker-warp
-hints; ``--fused-ab``, split-K with the combine fused into the attention kernel against the
-separate combine kernel, side by side (kernel time and call latency; NOTES draft
-decode-fused).
+hints.
 
     python benchmarks/decode.py [--targets] [--grid] [--headdim] [--sweep] [--out rows.json]
-    python benchmarks/decode.py --fused-ab --cases b1gqa
 """
 
 from __future__ import annotations
@@ -33,7 +30,7 @@ from tiledattention.kernel import plan as planning
 from tiledattention.kernel.launch import launch
 from tiledattention.reference import naive_attention
 from tiledattention.schedules.space import rejection
-from tiledattention.timing import L2Flusher, as_cuda_graph, time_calls, time_cuda
+from tiledattention.timing import L2Flusher, as_cuda_graph, time_cuda
 from tiledattention.tolerance import relative_error, rtol
 
 # (name, B, Hq, Hkv, Sq, Skv, D, dtype, causal)
@@ -69,13 +66,13 @@ def inputs(b, hq, hkv, sq, skv, d, dtype):
     return q, k, v
 
 
-def kernel_ms(fns: dict, rounds=3, reps=20, capture=as_cuda_graph) -> dict:
+def kernel_ms(fns: dict, rounds=3, reps=20) -> dict:
     flush = L2Flusher()
     graphs = {}
     for name, fn in fns.items():
         for _ in range(3):
             fn()
-        graphs[name] = capture(fn)
+        graphs[name] = as_cuda_graph(fn)
     samples = {n: [] for n in fns}
     for r in range(rounds):
         for name in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
@@ -177,101 +174,17 @@ def sweep_variants(splits=SPLITS):
     return out
 
 
-def graph_on_warm_stream(fn):
-    """Capture ``fn`` on a stream it ran on first: the fused split-K path then captures that
-    stream's cached zero counter (launch._counter) instead of a graph-owned one zeroed by a
-    memset node per replay, as an eager decode loop runs it."""
-    graph = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-        with torch.cuda.graph(graph, stream=stream):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    return graph.replay
-
-
-class fuse_combine:  # noqa: N801 - a context manager
-    """Plans built within use the fused (True) or the separate (False) combine."""
-
-    def __init__(self, on: bool):
-        self.on, self.saved = on, planning.FUSE_COMBINE
-
-    def __enter__(self):
-        planning.FUSE_COMBINE = self.on
-        planning.clear()
-
-    def __exit__(self, *exc):
-        planning.FUSE_COMBINE = self.saved
-        planning.clear()
-
-
-def call_us(q, k, v, gqa, calls=200, rounds=5) -> dict:
-    """Median microseconds per public ``ta.sdpa`` call (back to back, one sync per round)
-    with the combine fused and separate, and torch SDPA's, rounds interleaved."""
-    fns = {"fused": (True, lambda: ta.sdpa(q, k, v, enable_gqa=gqa)),
-           "separate": (False, lambda: ta.sdpa(q, k, v, enable_gqa=gqa)),
-           "torch": (None, lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa))}
-    samples = {n: [] for n in fns}
-    for r in range(rounds):
-        for name in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
-            on, fn = fns[name]
-            with fuse_combine(bool(on)):
-                samples[name] += time_calls(fn, calls=calls, rounds=1, warmup=5,
-                                            sync=torch.cuda.synchronize)
-    return {n: statistics.median(s) for n, s in samples.items()}
-
-
-def fused_ab(case) -> list[dict]:
-    """One case: kernel time (CUDA-graph replay, L2 flushed) and call latency of split-K
-    with the fused combine (one launch) and with the combine kernel (two), and torch's."""
-    name, b, hq, hkv, sq, skv, d, dtype, causal = case
-    q, k, v = inputs(b, hq, hkv, sq, skv, d, dtype)
-    gqa = hq != hkv
-    plans = {}
-    for label, on in (("fused", True), ("separate", False)):
-        with fuse_combine(on):
-            plans[label] = planning.plan_for(q, k, v, None, causal, None, gqa, False, None)
-    fns = {"torch": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal,
-                                                           enable_gqa=gqa)}
-    for label, p in plans.items():
-        fns[label] = (lambda p=p: launch(p, q, k, v, None)[0])
-    errs = {label: checked(fns[label], q, k, v, causal) for label in plans}
-    ms = kernel_ms(fns, capture=graph_on_warm_stream)
-    lat = call_us(q, k, v, gqa)
-    p = plans["fused"]
-    desc = (f"{p.variant.schedule.label()} splits={p.splits_per_head}"
-            f"{' packed' if p.packed_shape else ''}{'' if p.count_shape else ' NOT FUSED'}")
-    us = {n: t * 1e3 for n, t in ms.items()}
-    print(f"{name:24s} {desc:36s} kernel us fused {us['fused']:6.1f} separate "
-          f"{us['separate']:6.1f} torch {us['torch']:6.1f} | separate/fused "
-          f"{us['separate'] / us['fused']:5.3f} torch/fused {us['torch'] / us['fused']:5.2f} "
-          f"torch/separate {us['torch'] / us['separate']:5.2f} | call us fused "
-          f"{lat['fused']:5.1f} separate {lat['separate']:5.1f} torch {lat['torch']:5.1f} "
-          f"fused/torch {lat['fused'] / lat['torch']:4.2f} | err "
-          f"{max(e for e, _ in errs.values()):.1e}"
-          f"{'' if all(ok for _, ok in errs.values()) else ' WRONG'}", flush=True)
-    torch.cuda.empty_cache()
-    return [dict(case=name, method="fused_ab", desc=desc, kernel_us=us, call_us=lat,
-                 rel_err={n: e for n, (e, _) in errs.items()},
-                 ok=all(ok for _, ok in errs.values()))]
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--targets", action="store_true")
     ap.add_argument("--grid", action="store_true")
     ap.add_argument("--headdim", action="store_true")
     ap.add_argument("--sweep", action="store_true")
-    ap.add_argument("--fused-ab", action="store_true",
-                    help="the --cases with the combine fused vs separate, side by side")
     ap.add_argument("--grid-config", default=GRID_CONFIG,
                     help="bench config whose decode section --grid runs")
     ap.add_argument("--grid-from", type=int, default=0, help="skip the first N grid points")
     ap.add_argument("--cases", choices=("all", "worst", "b1gqa"), default="all",
-                    help="--sweep / --fused-ab: every sweep case, the grid's two weakest "
-                         "points, or B1 GQA")
+                    help="--sweep: every sweep case, the grid's two weakest points, or B1 GQA")
     ap.add_argument("--splits", type=int, nargs="+", default=list(SPLITS),
                     help="--sweep: the split counts to pin")
     ap.add_argument("--out")
@@ -296,10 +209,6 @@ def main():
             rows += run_case(case, sweep_variants(args.splits))
             best = max((r for r in rows if r["case"] == case[0]), key=lambda r: r["ratio"])
             print(f"  best: {best['desc']} ratio {best['ratio']:.2f}", flush=True)
-    if args.fused_ab:
-        cases = {"all": SWEEP_CASES, "worst": WORST_CASES, "b1gqa": B1GQA_CASES}[args.cases]
-        for case in cases:
-            rows += fused_ab(case)
     if args.grid:
         for case in decode_grid(args.grid_config)[args.grid_from:]:
             rows += run_case(case)

@@ -33,14 +33,3 @@ def test_worst_case_sweep_pins_each_split_count_on_the_tuned_schedule():
                                                "grid sq1 skv8192 b1 h32/8"]
     tuned = [v for v in mod.sweep_variants([1, 2, 4, 8]) if isinstance(v[1], int)]
     assert [v[1] for v in tuned] == [1, 2, 4, 8]
-
-
-def test_the_fused_ab_switch_builds_each_side_and_puts_the_default_back():
-    from tiledattention.kernel import plan as planning
-
-    mod = _script()
-    saved = planning.FUSE_COMBINE
-    for on in (True, False):
-        with mod.fuse_combine(on):
-            assert planning.FUSE_COMBINE is on
-    assert planning.FUSE_COMBINE is saved

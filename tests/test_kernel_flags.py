@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("cuda.tile", reason="cuTile not installed: pip install 'cuda-tile[tileiras]'")
 
 from tiledattention.kernel.flags import FAMILIES  # noqa: E402
-from tiledattention.kernel.spec import FWD_FUSED, score_specs  # noqa: E402
+from tiledattention.kernel.spec import score_specs  # noqa: E402
 
 KERNEL = Path(__file__).resolve().parents[1] / "tiledattention" / "kernel"
 
@@ -23,14 +23,9 @@ def _family(spec):
     return next(cls for prefix, cls in FAMILIES.items() if spec.name.startswith(prefix))
 
 
-# Flags only the plain fused split-K entry point declares (the variant kernels keep the
-# separate combine).
-PLAIN_ONLY = {"FUSED_COMBINE"}
-
-
 @pytest.mark.parametrize("plain", (True, False), ids=("plain", "variant"))
 def test_each_kernels_constants_are_its_familys_fields(plain):
-    for spec in score_specs(plain) + ((FWD_FUSED,) if plain else ()):
+    for spec in score_specs(plain):
         fields = dataclasses.fields(_family(spec))
         required = {f.name for f in fields if f.default is dataclasses.MISSING}
         names = {f.name for f in fields}
@@ -38,8 +33,7 @@ def test_each_kernels_constants_are_its_familys_fields(plain):
         # plain kernels leave the variant fields at their defaults (off)
         assert required <= constants <= names, spec.name
         if not plain:
-            assert constants == names - PLAIN_ONLY, spec.name
-    assert FWD_FUSED.constants() >= PLAIN_ONLY
+            assert constants == names, spec.name
 
 
 def test_entry_points_build_their_flags_by_keyword_from_same_named_parameters():
@@ -58,4 +52,4 @@ def test_entry_points_build_their_flags_by_keyword_from_same_named_parameters():
                     assert isinstance(kw.value, ast.Name) and kw.value.id == kw.arg, (
                         f"{fn.name}: {call.func.id}({kw.arg}=...) is not its own parameter")
                     assert kw.arg in params, f"{fn.name}: {kw.arg} is not a parameter"
-    assert built == 7  # forward, dK/dV, dQ: plain and variant entry points; fused split-K
+    assert built == 6  # forward, dK/dV, dQ: plain and variant entry points

@@ -242,19 +242,19 @@ def test_the_op_carries_a_schedule_as_one_label_and_a_variant_as_its_key():
 
 
 def _decode_plan(b, hq, hkv, sq, skv, *, causal=False, schedule=None, mask=None, sms=132,
-                 viewable=True, fuse=None):
+                 viewable=True):
     from tiledattention.kernel.validate import Problem
 
     schedule = schedule or Schedule(64, 64, 2)
     problem = Problem(b, hq, hkv, sq, skv, 128, causal, 0.125)
     return planning.make_plan(problem, torch.bfloat16, torch.device("cpu"), schedule, False,
                               copy_qkv=False, mask=mask, build_kernels=False, sm_count=sms,
-                              q_viewable=viewable, fuse_combine=fuse)
+                              q_viewable=viewable)
 
 
 def test_a_grid_under_half_a_wave_splits_the_keys_to_about_two_programs_per_sm():
     pytest.importorskip("cuda.tile", reason="cuTile (cuda-tile) is not installed")
-    p = _decode_plan(4, 8, 8, 1, 4096, fuse=False)  # 32 programs on 132 SMs, 64 key tiles
+    p = _decode_plan(4, 8, 8, 1, 4096)  # 32 programs on 132 SMs, 64 key tiles
     assert p.splits_per_head == 8 and p.grid == (1, 64, 4)  # ceil(64/9)=8 tiles per split
     assert p.part_shape == (4, 64, 1, 128) and p.combine_grid == (1, 8, 4)
     assert p.variant.split_k and p.tail[3:6] == (1, 8, 8)  # SEQ_Q, NUM_SPLITS, SPLIT_TILES

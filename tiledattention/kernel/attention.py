@@ -14,10 +14,7 @@ Two flags reshape the grid for small ones (decode):
   each program visits ``SPLIT_TILES`` of the tiles it would visit and writes its normalised
   partial output (fp32, into ``Out`` of shape [B, H * NUM_SPLITS, Sq, D]) and its
   log-sum-exp (into ``Lse``); ``combine.attention_combine`` merges them. A split past a
-  row's last key leaves that row's partial at zero with log-sum-exp -inf. With
-  ``FUSED_COMBINE`` (``attention_fwd_fused``) the partials go to ``Part`` / ``PartLse``
-  and the last program of each row tile to finish (a per-tile counter) merges them into
-  ``Out`` / ``Lse`` itself: flash-decoding in one launch.
+  row's last key leaves that row's partial at zero with log-sum-exp -inf.
 - ``PACKED`` (GQA decode): the launch views q as [B, Hkv, GROUP * Sq, D], so the query
   heads of one K/V head share the rows of a tile and K/V are read once per group; row r
   is query position ``r % SEQ_Q`` of head ``r // SEQ_Q``.
@@ -52,7 +49,6 @@ from .body import (
     store_rows,
     zeros_chunks,
 )
-from .combine import combine_rows
 from .flags import FwdFlags, fwd_zero_safe
 from .visit import block_at, block_range, key_range, split_range
 
@@ -100,14 +96,12 @@ def fwd_tile(q, arrays, fns, aux, where, state, j, diag, ALL_MASKS, f):
     return m_i, l_i, acc0, acc1, acc2
 
 
-def fwd_program(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns, fused):
-    """The forward program every entry point runs (grouped arguments: tuples of
+def fwd_program(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns):
+    """The forward program both entry points run (grouped arguments: tuples of
     compile-time constants stay constants). ``extra`` (BlkCnt, BlkIdx, A0..A3): a block
     mask's lists and the captured tensors, None in the plain kernel; ``scalars``
     (qk_scale_log2, inv_scale, scale, GROUP, SEQ_Q, NUM_SPLITS, SPLIT_TILES); ``f`` the
-    ``FwdFlags``; ``fns`` (score_mod, mask_mod); ``fused`` (FinalOut, FinalLse, Count) of
-    ``FUSED_COMBINE`` (None otherwise: then ``Out``/``Lse`` are the outputs or, with
-    ``SPLIT_K``, the partials)."""
+    ``FwdFlags``; ``fns`` (score_mod, mask_mod)."""
     BlkCnt, BlkIdx, A0, A1, A2, A3 = extra
     qk_scale_log2, inv_scale, scale, GROUP, SEQ_Q, NUM_SPLITS, SPLIT_TILES = scalars
     TILE_M, W0, W1, W2, NCHUNK = f.TILE_M, f.W0, f.W1, f.W2, f.NCHUNK
@@ -172,35 +166,9 @@ def fwd_program(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns, fused):
     # Fully masked rows (l = 0) are written as zeros, and their log-sum-exp as -inf.
     m_i, l_i, acc0, acc1, acc2 = state
     o0, o1, o2 = divide_chunks(acc0, acc1, acc2, safe_divisor(l_i, fwd_zero_safe(f)), NCHUNK)
-    if f.FUSED_COMBINE:
-        # Plain stores, not TMA: the counter's generic-proxy release orders them (a TMA
-        # store is an async-proxy write, and cuTile has no proxy fence; decode-fused notes).
-        store_rows(Out, b, hb, bid_m, o0, o1, o2, TILE_M, W0, W1, W2, NCHUNK, False)
-        ct.store(Lse, index=(b, hb, bid_m), tile=row_lse(m_i, l_i).reshape((1, 1, TILE_M)),
-                 allow_tma=False)
-        last_split_combines(Out, Lse, fused, b, h, bid_m, NUM_SPLITS, f)
-    else:
-        store_rows(Out, b, hb, bid_m, o0, o1, o2, TILE_M, W0, W1, W2, NCHUNK)
-        if f.RETURN_LSE or f.SPLIT_K:
-            ct.store(Lse, index=(b, hb, bid_m),
-                     tile=row_lse(m_i, l_i).reshape((1, 1, TILE_M)))
-
-
-def last_split_combines(Part, PartLse, fused, b, h, bid_m, NUM_SPLITS, f):
-    """FlashDecoding's "last block combines": count this program's partial in; the program
-    that brings the row tile's count to ``NUM_SPLITS`` merges every split's partial (its
-    own row tile, ``TILE_M`` rows) and puts the count back to 0 for the next launch (the
-    launch keeps one zeroed counter array per stream and shape: no memset per call).
-
-    The ACQ_REL device-scope increment releases this program's partial stores before it
-    and acquires the other programs' before the last program's loads."""
-    FinalOut, FinalLse, Count = fused
-    done = ct.atomic_add(Count, (b, h, bid_m), 1, memory_order=ct.MemoryOrder.ACQ_REL,
-                         memory_scope=ct.MemoryScope.DEVICE)
-    if done == NUM_SPLITS - 1:
-        combine_rows(Part, PartLse, FinalOut, FinalLse, b, h, bid_m, NUM_SPLITS, f.TILE_M,
-                     f.NCHUNK, f.W0, f.W1, f.W2, f.RETURN_LSE, False)
-        ct.atomic_xchg(Count, (b, h, bid_m), 0, memory_order=ct.MemoryOrder.RELAXED)
+    store_rows(Out, b, hb, bid_m, o0, o1, o2, TILE_M, W0, W1, W2, NCHUNK)
+    if f.RETURN_LSE or f.SPLIT_K:
+        ct.store(Lse, index=(b, hb, bid_m), tile=row_lse(m_i, l_i).reshape((1, 1, TILE_M)))
 
 
 @ct.kernel
@@ -228,35 +196,7 @@ def attention_fwd(
                  MASK_BATCH=MASK_BATCH, MASK_HEAD=MASK_HEAD, MASK_ROWS=MASK_ROWS,
                  RETURN_LSE=RETURN_LSE, LAT_K=LAT_K, LAT_V=LAT_V, SPLIT_K=SPLIT_K,
                  PACKED=PACKED, PDL=PDL),
-        (no_score_mod, no_mask_mod), (None, None, None))
-
-
-@ct.kernel
-def attention_fwd_fused(
-    Q, K, V, Out, Lse, Mask, Part, PartLse, Count,
-    qk_scale_log2: float, inv_scale: float, GROUP: int, SEQ_Q: int,
-    NUM_SPLITS: int, SPLIT_TILES: int,
-    TILE_M: ConstInt, TILE_N: ConstInt,
-    NCHUNK: ConstInt, W0: ConstInt, W1: ConstInt, W2: ConstInt,
-    CAUSAL: ConstBool, HEAVY_FIRST: ConstBool, EVEN_N: ConstBool,
-    HAS_MASK: ConstBool, MASK_BATCH: ConstBool, MASK_HEAD: ConstBool, MASK_ROWS: ConstBool,
-    RETURN_LSE: ConstBool, LAT_K: ConstInt, LAT_V: ConstInt,
-    SPLIT_K: ConstBool, PACKED: ConstBool, PDL: ConstBool, FUSED_COMBINE: ConstBool,
-):
-    """Plain split-K attention with the combine in the last split of each row tile
-    (``FUSED_COMBINE``): partials into ``Part`` [B, H*NUM_SPLITS, R, D] fp32 and
-    ``PartLse``, the result into ``Out`` / ``Lse`` as ``attention_combine`` writes them;
-    ``Count`` [B, H, row tiles] int32, zero before the launch and after it. Its own entry
-    point, so the plain kernels' arguments (and machine code) stay as they are."""
-    fwd_program(
-        Q, K, V, Part, PartLse, Mask, (None, None, None, None, None, None),
-        (qk_scale_log2, inv_scale, 1.0, GROUP, SEQ_Q, NUM_SPLITS, SPLIT_TILES),
-        FwdFlags(TILE_M=TILE_M, TILE_N=TILE_N, NCHUNK=NCHUNK, W0=W0, W1=W1, W2=W2,
-                 CAUSAL=CAUSAL, HEAVY_FIRST=HEAVY_FIRST, EVEN_N=EVEN_N, HAS_MASK=HAS_MASK,
-                 MASK_BATCH=MASK_BATCH, MASK_HEAD=MASK_HEAD, MASK_ROWS=MASK_ROWS,
-                 RETURN_LSE=RETURN_LSE, LAT_K=LAT_K, LAT_V=LAT_V, SPLIT_K=SPLIT_K,
-                 PACKED=PACKED, PDL=PDL, FUSED_COMBINE=FUSED_COMBINE),
-        (no_score_mod, no_mask_mod), (Out, Lse, Count))
+        (no_score_mod, no_mask_mod))
 
 
 @ct.kernel
@@ -287,4 +227,4 @@ def attention_fwd_variant(
                  PACKED=PACKED, PDL=PDL, HAS_SCORE_MOD=HAS_SCORE_MOD,
                  HAS_MASK_MOD=HAS_MASK_MOD, BLOCK_SPARSE=BLOCK_SPARSE, BLK_BATCH=BLK_BATCH,
                  BLK_HEAD=BLK_HEAD),
-        (SCORE_MOD, MASK_MOD), (None, None, None))
+        (SCORE_MOD, MASK_MOD))

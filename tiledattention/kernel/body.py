@@ -36,21 +36,18 @@ _T = (0, 1, 3, 2)  # load order of a transposed [W, TILE] chunk (K^T, V^T)
 
 
 # ----------------------------------------------------------------------------- chunks
-def load_rows(T, b, h, tile, TILE, W0, W1, W2, NCHUNK, latency, allow_tma=None):
-    """Rows ``tile`` of ``T[b, h]`` as [TILE, W] chunks (Q, dO, V, K for dS K).
-    ``allow_tma`` False: plain (generic-proxy) loads, as ordered by a generic atomic."""
+def load_rows(T, b, h, tile, TILE, W0, W1, W2, NCHUNK, latency):
+    """Rows ``tile`` of ``T[b, h]`` as [TILE, W] chunks (Q, dO, V, K for dS K)."""
     c0 = ct.load(T, index=(b, h, tile, 0), shape=(1, 1, TILE, W0), padding_mode=_ZERO,
-                 latency=latency, allow_tma=allow_tma).reshape((TILE, W0))
+                 latency=latency).reshape((TILE, W0))
     c1 = c0
     c2 = c0
     if NCHUNK > 1:
         c1 = ct.load(T, index=(b, h, tile, W0 // W1), shape=(1, 1, TILE, W1),
-                     padding_mode=_ZERO, latency=latency, allow_tma=allow_tma
-                     ).reshape((TILE, W1))
+                     padding_mode=_ZERO, latency=latency).reshape((TILE, W1))
     if NCHUNK > 2:
         c2 = ct.load(T, index=(b, h, tile, (W0 + W1) // W2), shape=(1, 1, TILE, W2),
-                     padding_mode=_ZERO, latency=latency, allow_tma=allow_tma
-                     ).reshape((TILE, W2))
+                     padding_mode=_ZERO, latency=latency).reshape((TILE, W2))
     return c0, c1, c2
 
 
@@ -69,17 +66,15 @@ def load_cols(T, b, h, tile, TILE, W0, W1, W2, NCHUNK, latency):
     return c0, c1, c2
 
 
-def store_rows(T, b, h, tile, c0, c1, c2, TILE, W0, W1, W2, NCHUNK, allow_tma=None):
-    """Store [TILE, W] chunks into rows ``tile`` of ``T[b, h]`` in T's dtype
-    (``allow_tma`` False: plain generic-proxy stores)."""
-    ct.store(T, index=(b, h, tile, 0), tile=c0.reshape((1, 1, TILE, W0)).astype(T.dtype),
-             allow_tma=allow_tma)
+def store_rows(T, b, h, tile, c0, c1, c2, TILE, W0, W1, W2, NCHUNK):
+    """Store [TILE, W] chunks into rows ``tile`` of ``T[b, h]`` in T's dtype."""
+    ct.store(T, index=(b, h, tile, 0), tile=c0.reshape((1, 1, TILE, W0)).astype(T.dtype))
     if NCHUNK > 1:
         ct.store(T, index=(b, h, tile, W0 // W1),
-                 tile=c1.reshape((1, 1, TILE, W1)).astype(T.dtype), allow_tma=allow_tma)
+                 tile=c1.reshape((1, 1, TILE, W1)).astype(T.dtype))
     if NCHUNK > 2:
         ct.store(T, index=(b, h, tile, (W0 + W1) // W2),
-                 tile=c2.reshape((1, 1, TILE, W2)).astype(T.dtype), allow_tma=allow_tma)
+                 tile=c2.reshape((1, 1, TILE, W2)).astype(T.dtype))
 
 
 def zeros_chunks(TILE, W0, W1, W2):

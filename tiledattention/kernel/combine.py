@@ -18,23 +18,28 @@ ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
 
 
-def split_lse(PartLse, b, hs, rt, TILE_R, allow_tma=None):
+def split_lse(PartLse, b, hs, rt, TILE_R):
     """One split's log-sum-exps of ``TILE_R`` rows, in log2 units, as [TILE_R, 1]."""
-    return ct.load(PartLse, index=(b, hs, rt), shape=(1, 1, TILE_R), padding_mode=_ZERO,
-                   allow_tma=allow_tma).reshape((TILE_R, 1)) * LOG2E
+    return ct.load(PartLse, index=(b, hs, rt), shape=(1, 1, TILE_R),
+                   padding_mode=_ZERO).reshape((TILE_R, 1)) * LOG2E
 
 
-def combine_rows(Part, PartLse, Out, Lse, b, h, rt, NUM_SPLITS, TILE_R, NCHUNK, W0, W1, W2,
-                 RETURN_LSE, allow_tma):
-    """Merge the ``NUM_SPLITS`` partials of rows ``rt`` (a ``TILE_R`` tile) of head ``h``
-    into ``Out[b, h]`` (and ``Lse[b, h]`` with ``RETURN_LSE``). The one combine body: the
-    combine kernel runs it per program, the fused split-K forward (``FUSED_COMBINE``) in the
-    last split program of a row tile, on that program's own row tile. ``allow_tma`` False
-    (fused): the partials are read by plain loads, which the acquiring atomic orders."""
+@ct.kernel
+def attention_combine(
+    Part, PartLse, Out, Lse,  # [B, H*NUM_SPLITS, R, D] fp32, [B, H*NUM_SPLITS, R]; Out, Lse
+    NUM_SPLITS: int,
+    TILE_R: ConstInt,  # rows per program
+    NCHUNK: ConstInt, W0: ConstInt, W1: ConstInt, W2: ConstInt,  # as in attention_fwd
+    RETURN_LSE: ConstBool,
+):
+    rt = ct.bid(0)
+    h = ct.bid(1)
+    b = ct.bid(2)
+
     # Pass 1: the row max of the splits' log-sum-exps (log2 units).
     m = ct.full((TILE_R, 1), -np.inf, dtype=np.float32)
     for s in range(NUM_SPLITS):
-        m = max(m, split_lse(PartLse, b, h * NUM_SPLITS + s, rt, TILE_R, allow_tma))
+        m = max(m, split_lse(PartLse, b, h * NUM_SPLITS + s, rt, TILE_R))
     m_sub = ct.where(m == -np.inf, 0.0, m)
 
     # Pass 2: the weighted sum .
@@ -42,10 +47,9 @@ def combine_rows(Part, PartLse, Out, Lse, b, h, rt, NUM_SPLITS, TILE_R, NCHUNK, 
     acc0, acc1, acc2 = zeros_chunks(TILE_R, W0, W1, W2)
     for s in range(NUM_SPLITS):
         hs = h * NUM_SPLITS + s
-        w = ct.exp2(split_lse(PartLse, b, hs, rt, TILE_R, allow_tma) - m_sub,
-                    flush_to_zero=True)
+        w = ct.exp2(split_lse(PartLse, b, hs, rt, TILE_R) - m_sub, flush_to_zero=True)
         l_sum = l_sum + w
-        p0, p1, p2 = load_rows(Part, b, hs, rt, TILE_R, W0, W1, W2, NCHUNK, None, allow_tma)
+        p0, p1, p2 = load_rows(Part, b, hs, rt, TILE_R, W0, W1, W2, NCHUNK, None)
         acc0 = acc0 + w * p0
         if NCHUNK > 1:
             acc1 = acc1 + w * p1
@@ -57,15 +61,3 @@ def combine_rows(Part, PartLse, Out, Lse, b, h, rt, NUM_SPLITS, TILE_R, NCHUNK, 
     store_rows(Out, b, h, rt, o0, o1, o2, TILE_R, W0, W1, W2, NCHUNK)
     if RETURN_LSE:
         ct.store(Lse, index=(b, h, rt), tile=row_lse(m, l_sum).reshape((1, 1, TILE_R)))
-
-
-@ct.kernel
-def attention_combine(
-    Part, PartLse, Out, Lse,  # [B, H*NUM_SPLITS, R, D] fp32, [B, H*NUM_SPLITS, R]; Out, Lse
-    NUM_SPLITS: int,
-    TILE_R: ConstInt,  # rows per program
-    NCHUNK: ConstInt, W0: ConstInt, W1: ConstInt, W2: ConstInt,  # as in attention_fwd
-    RETURN_LSE: ConstBool,
-):
-    combine_rows(Part, PartLse, Out, Lse, ct.bid(2), ct.bid(1), ct.bid(0), NUM_SPLITS, TILE_R,
-                 NCHUNK, W0, W1, W2, RETURN_LSE, None)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from ..errors import CompileError
 from . import mods as _mods
 from .plan import combine_constants, fwd_hints
-from .spec import CLASSIFY, COMBINE, DELTA, KernelSpec, fwd_spec, score_specs
+from .spec import CLASSIFY, COMBINE, DELTA, KernelSpec, score_specs
 from .variant import BwdVariant, Variant
 
 
@@ -62,9 +62,7 @@ def _arrays(io_name: str, mask_name: str | None, aux: tuple = ()) -> dict:
     arrays.update(dQacc=export_array(f32, 4), Lse=export_array(f32, 3),
                   Delta=export_array(f32, 3), Dlse=export_array(f32, 3),
                   Mask=export_array(getattr(ct, mask_name or "float32"), 4),
-                  BlkCnt=_gathered(ct.int32, 4), BlkIdx=_gathered(ct.int32, 4),
-                  Part=export_array(f32, 4), PartLse=export_array(f32, 3),
-                  Count=_gathered(ct.int32, 3))
+                  BlkCnt=_gathered(ct.int32, 4), BlkIdx=_gathered(ct.int32, 4))
     for i in range(_mods.MAX_TENSORS):
         dtype, ndim, *grad = aux[i] if i < len(aux) else (ct.int32, 4)
         arrays[f"A{i}"] = _gathered(dtype, ndim)
@@ -108,15 +106,14 @@ def signature_for(variant: Variant, aux: tuple = ()):
     import cuda.tile as ct
 
     arrays = _arrays(variant.dtype, variant.mask_dtype, aux)
-    if variant.split_k and not variant.fused_combine:
-        arrays["Out"] = export_array(ct.float32, 4)  # the partials
-    return signature(fwd_spec(variant.flags is None, variant.fused_combine), arrays,
-                     variant.constants())
+    if variant.split_k:
+        arrays["Out"] = export_array(ct.float32, 4)
+    return signature(score_specs(variant.flags is None)[0], arrays, variant.constants())
 
 
-def kernel_for(schedule, mods=None, plain: bool = True, fused_combine: bool = False):
+def kernel_for(schedule, mods=None, plain: bool = True):
     """The forward kernel object carrying this schedule's hints (and a variant's mods)."""
-    return fwd_spec(plain, fused_combine).kernel(mods, **fwd_hints(schedule))
+    return score_specs(plain)[0].kernel(mods, **fwd_hints(schedule))
 
 
 def export_cubin(variant: Variant, gpu_code: str, mods=None, aux: tuple = ()) -> CompiledCubin:
@@ -124,8 +121,7 @@ def export_cubin(variant: Variant, gpu_code: str, mods=None, aux: tuple = ()) ->
     ``mods``/``aux``: a variant's functions and its captured tensors' (dtype, ndim)."""
     start = time.perf_counter()
     plain = variant.flags is None
-    spec = fwd_spec(plain, variant.fused_combine)
-    cubin = _export(spec, kernel_for(variant.schedule, mods, plain, variant.fused_combine),
+    cubin = _export(score_specs(plain)[0], kernel_for(variant.schedule, mods, plain),
                     signature_for(variant, aux), gpu_code, variant.label())
     return CompiledCubin(variant, gpu_code, cubin, time.perf_counter() - start)
 

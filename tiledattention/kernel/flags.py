@@ -44,9 +44,6 @@ class FwdFlags:
     BLOCK_SPARSE: bool = False  # visit the tiles a block mask lists (BlkCnt, BlkIdx)
     BLK_BATCH: bool = False  # the block mask's real axes
     BLK_HEAD: bool = False
-    # SPLIT_K: the last split program of a row tile (a counter per tile) also runs the
-    # combine (``combine.combine_rows``): one launch instead of two
-    FUSED_COMBINE: bool = False
 
 
 @dataclass(frozen=True)

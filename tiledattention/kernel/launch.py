@@ -50,29 +50,6 @@ def _int_pad(device: torch.device) -> torch.Tensor:
     return pad
 
 
-# FUSED_COMBINE's zeroed int32 counters, per (device, stream, shape). The kernel leaves
-# them at zero, so no memset per call; one array per stream because two streams running
-# split-K calls of one shape at once on a shared counter would race (a program of one call
-# could see a count left by the other's and combine too early). Calls on one stream run in
-# order. Never freed: a CUDA graph captured with one keeps its address.
-_counters: dict[tuple, torch.Tensor] = {}
-
-
-def _counter(device: torch.device, shape: tuple) -> torch.Tensor:
-    index = device.index
-    stream = _raw_stream(index) if _raw_stream is not None and _current_device() == index \
-        else torch.cuda.current_stream(device).cuda_stream
-    found = _counters.get((index, stream, shape))
-    if found is None:
-        # During graph capture without one for this stream: a graph-owned array zeroed by
-        # a captured memset (replayed with the graph, correct; warm up on the capture
-        # stream to leave it out).
-        found = torch.zeros(shape, dtype=torch.int32, device=device)
-        if not torch.cuda.is_current_stream_capturing():
-            _counters[(index, stream, shape)] = found
-    return found
-
-
 def variant_arrays(plan_blocks, aux, device) -> tuple:
     """(BlkCnt, BlkIdx, A0..A3): a block mask's lists and the tensors the variant functions
     capture, padded with placeholders the kernel never reads."""
@@ -92,8 +69,7 @@ def launch(plan, q, k, v, attn_mask, *, fresh_lse: bool = True, aux: tuple = ())
     """Launch ``plan`` on PyTorch's current stream; returns (out, lse), both new unless
     ``fresh_lse`` is False and the plan returns no LSE (then lse is a shared placeholder).
 
-    A split-K plan launches the attention kernel into fp32 partials, then the combine, or
-    (``count_shape``: FUSED_COMBINE) one kernel whose last split per row tile combines.
+    A split-K plan launches the attention kernel into fp32 partials, then the combine.
     ``aux``: the tensors the call's variant functions capture."""
     if plan.copy_qkv:
         q, k, v = _addressable(q), _addressable(k), _addressable(v)
@@ -121,15 +97,10 @@ def launch(plan, q, k, v, attn_mask, *, fresh_lse: bool = True, aux: tuple = ())
     else:
         part = torch.empty(plan.part_shape, dtype=torch.float32, device=device)
         part_lse = torch.empty(plan.part_shape[:3], dtype=torch.float32, device=device)
-        if plan.count_shape is not None:
-            launch_kernel(device, plan.grid, plan.kernel,
-                          (q, k, v, kout, klse, mask, part, part_lse,
-                           _counter(device, plan.count_shape), *plan.tail), plan.pdl)
-        else:
-            launch_kernel(device, plan.grid, plan.kernel,
-                          (q, k, v, part, part_lse, mask, *extra, *plan.tail), plan.pdl)
-            launch_kernel(device, plan.combine_grid, plan.combine,
-                          (part, part_lse, kout, klse, *plan.combine_tail))
+        launch_kernel(device, plan.grid, plan.kernel,
+                      (q, k, v, part, part_lse, mask, *extra, *plan.tail), plan.pdl)
+        launch_kernel(device, plan.combine_grid, plan.combine,
+                      (part, part_lse, kout, klse, *plan.combine_tail))
     return out, lse
 
 

@@ -35,7 +35,7 @@ from . import mods as _mods
 from .geometry import grid_for
 from .headdim import plan_head_dim
 from .mask import mask_layout
-from .spec import COMBINE, DELTA, fwd_spec, score_specs
+from .spec import COMBINE, DELTA, score_specs
 from .toolchain import check_gpu
 from .validate import Problem, check_inputs, resolve_schedule
 from .variant import DELTA_TILE_M, BwdVariant, Flags, Variant
@@ -50,12 +50,6 @@ TARGET_WAVES = 2  # split-K: aim the grid at about two programs per SM
 # time of two per SM; grids of 32 and 64 programs lost up to 6 % with one per SM.
 FEW_PROGRAMS = 8
 MIN_SPLIT_TILES = 2  # split-K: key tiles per split at least (each split writes partials)
-# Split-K: the last split program of a row tile runs the combine (one launch, NOTES draft
-# decode-fused); False keeps the separate combine kernel (a second launch). Plain kernels
-# only: the variant entry point keeps the combine kernel. ``make_plan(fuse_combine=...)``
-# overrides it per plan (benchmarks/decode.py --fused-ab compares both). Read when a plan
-# is built: cached plans keep theirs (``clear()`` after flipping it).
-FUSE_COMBINE = True
 MAX_PLANS = 4096  # a process that sees ever new shapes (growing decode) must not grow without end
 
 _plans: dict[tuple, object] = {}
@@ -84,9 +78,6 @@ class Plan:
     combine: object = None
     combine_grid: tuple[int, int, int] = (1, 1, 1)
     combine_tail: tuple = ()
-    # FUSED_COMBINE: the attention kernel combines (``combine`` is None) and takes a zeroed
-    # int32 counter array of this shape [B, H', row tiles] (launch: one per stream).
-    count_shape: tuple[int, int, int] | None = None
     # Programmatic dependent launch of the attention kernel (the schedule's ``pdl``; the
     # kernel then waits before its first load). The combine kernel launches plainly.
     pdl: bool = False
@@ -98,8 +89,7 @@ class Plan:
         """Key splits per (batch, head): 1 without split-K."""
         if self.part_shape is None:
             return 1
-        heads = self.combine_grid[1] if self.count_shape is None else self.count_shape[1]
-        return self.grid[1] // heads
+        return self.grid[1] // self.combine_grid[1]
 
 
 @dataclass(frozen=True, eq=False)
@@ -366,13 +356,12 @@ def scalars(scale: float, mods, spec) -> dict[str, float]:
 def make_plan(problem, dtype: torch.dtype, device, schedule: Schedule, return_lse: bool, *,
               copy_qkv: bool, mask: tuple[str, tuple[bool, bool, bool]] | None,
               mods=_mods.NONE, block=None, sm_count: int = 0, q_viewable: bool = False,
-              build_kernels: bool = True, fuse_combine: bool | None = None) -> Plan:
+              build_kernels: bool = True) -> Plan:
     """The plan of a validated problem; ``mask`` is the prepared mask's (dtype, axes).
 
     ``sm_count`` (0: unknown) lets a ``splits=0`` schedule split the keys; ``q_viewable``
     says q may be viewed packed (GQA decode); ``build_kernels`` False leaves the kernel
-    objects out (plans made without cuTile, for tests and geometry); ``fuse_combine``
-    (None: ``FUSE_COMBINE``) a plain split-K plan's combine in the attention kernel."""
+    objects out (plans made without cuTile, for tests and geometry)."""
     p = problem
     flags = flags_for(p, dtype, mask, mods, block)
     plain = not (mods.key or block is not None)
@@ -389,21 +378,17 @@ def make_plan(problem, dtype: torch.dtype, device, schedule: Schedule, return_ls
     splits = split_count(schedule, m_tiles * heads * p.batch, key_tiles, sm_count)
     split_tiles = math.ceil(key_tiles / splits)
     splits = math.ceil(key_tiles / split_tiles)  # no split left without a key tile
-    fused = splits > 1 and plain and (FUSE_COMBINE if fuse_combine is None else fuse_combine)
     variant = Variant(
         dtype=flags.dtype, head_dim=p.head_dim, causal=p.causal, schedule=schedule,
         even_n=p.seq_kv % schedule.tile_n == 0, mask_dtype=flags.mask_dtype,
         mask_axes=flags.mask_axes, return_lse=return_lse, split_k=splits > 1, packed=packed,
-        flags=None if plain else flags, fused_combine=fused)
-    fwd = fwd_spec(plain, fused)
+        flags=None if plain else flags)
+    fwd = score_specs(plain)[0]
     tail = fwd.ordered(dict(**scalars(p.scale, mods, fwd), GROUP=group, SEQ_Q=p.seq_q,
                             NUM_SPLITS=splits, SPLIT_TILES=split_tiles, **variant.constants()),
                        skip_tensors=True)
     combine = {}
-    if fused:
-        combine = dict(part_shape=(p.batch, heads * splits, rows, p.head_dim),
-                       count_shape=(p.batch, heads, m_tiles))
-    elif splits > 1:
+    if splits > 1:
         consts = combine_constants(p.head_dim, rows, return_lse)
         combine = dict(
             part_shape=(p.batch, heads * splits, rows, p.head_dim),

@@ -109,9 +109,6 @@ _BWD = (*_ATT, "dOut", "Lse", "Delta", "Mask")
 FWD = KernelSpec("attention", "attention_fwd", (*_ATT, "Out", "Lse", "Mask"))
 FWD_VARIANT = KernelSpec("attention", "attention_fwd_variant",
                          (*_ATT, "Out", "Lse", "Mask", *_EXTRA))
-# Split-K with the combine in the last split (plain kernels only): its own entry point.
-FWD_FUSED = KernelSpec("attention", "attention_fwd_fused",
-                       (*_ATT, "Out", "Lse", "Mask", "Part", "PartLse", "Count"))
 COMBINE = KernelSpec("combine", "attention_combine", ("Part", "PartLse", "Out", "Lse"))
 DELTA = KernelSpec("backward", "attention_bwd_delta",
                    ("Out", "dOut", "Delta", "Dlse", "dQacc"))
@@ -123,14 +120,9 @@ DQ = KernelSpec("backward", "attention_bwd_dq", (*_BWD, "Out", "Dlse", "dQ"))
 DQ_VARIANT = KernelSpec("backward", "attention_bwd_dq_variant",
                         (*_BWD, *_EXTRA, "Out", "Dlse", "dQ"))
 CLASSIFY = KernelSpec("blockmask", "classify_tiles", ("Cls", *_EXTRA[2:]))
-SPECS = (FWD, FWD_VARIANT, FWD_FUSED, COMBINE, DELTA, DKDV, DKDV_VARIANT, DQ, DQ_VARIANT, CLASSIFY)
+SPECS = (FWD, FWD_VARIANT, COMBINE, DELTA, DKDV, DKDV_VARIANT, DQ, DQ_VARIANT, CLASSIFY)
 
 
 def score_specs(plain: bool) -> tuple[KernelSpec, KernelSpec, KernelSpec]:
     """(forward, dK/dV, dQ) entry points of a plain call or a variant call."""
     return (FWD, DKDV, DQ) if plain else (FWD_VARIANT, DKDV_VARIANT, DQ_VARIANT)
-
-
-def fwd_spec(plain: bool, fused_combine: bool = False) -> KernelSpec:
-    """The forward entry point of a call: the fused split-K one, else ``score_specs``'."""
-    return FWD_FUSED if fused_combine else score_specs(plain)[0]

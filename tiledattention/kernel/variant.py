@@ -99,24 +99,18 @@ class Variant(_Shared):
     split_k: bool = False  # partial outputs per key split (then the combine kernel)
     packed: bool = False  # GQA query heads packed into the rows of one tile
     flags: Flags | None = None  # variant functions and block sparsity (None: plain)
-    # split_k, plain: the last split of a row tile combines (``attention_fwd_fused``)
-    fused_combine: bool = False
 
     def constants(self) -> dict[str, int | bool]:
-        """The kernel's ``ct.Constant`` arguments by parameter name (``FUSED_COMBINE``
-        only for ``attention_fwd_fused``, the one entry point that declares it)."""
+        """The kernel's ``ct.Constant`` arguments by parameter name."""
         s = self.schedule
-        fused = dict(FUSED_COMBINE=True) if self.fused_combine else {}
         return dict(
             TILE_M=s.tile_m, TILE_N=s.tile_n, HEAVY_FIRST=s.heavy_first, EVEN_N=self.even_n,
             RETURN_LSE=self.return_lse, LAT_K=s.latency_k, LAT_V=s.latency_v,
-            SPLIT_K=self.split_k, PACKED=self.packed, PDL=s.pdl, **fused,
-            **self.shared().constants())
+            SPLIT_K=self.split_k, PACKED=self.packed, PDL=s.pdl, **self.shared().constants())
 
     def label(self) -> str:
         return (f"{self.shared().label()}{'_even' if self.even_n else ''}"
                 f"{'_lse' if self.return_lse else ''}{'_splitk' if self.split_k else ''}"
-                f"{'_fused' if self.fused_combine else ''}"
                 f"{'_packed' if self.packed else ''}_{self.schedule.label()}")
 
 
