@@ -190,3 +190,17 @@ def test_a_growing_decode_keeps_the_cache_bounded(h100, monkeypatch):
         args = (q, k, v, None, False, None, True, False, None, None)
         assert_same_plan(planning.plan_for(*args), build(*args))
         assert len(planning._plans) <= 16
+
+
+def test_the_family_reads_the_schedule_and_variant_where_call_key_puts_them():
+    q = torch.empty(1, 4, 1, 64, device="meta")
+    marker = ("mods", "block")
+
+    class Named:
+        def __init__(self, key):
+            self.key = key
+
+    key = planning.call_key(q, q, q, None, False, None, False, False, "a schedule",
+                            (Named(marker[0]), Named(marker[1])))
+    assert key[planning._KEY_SCHEDULE] == "a schedule"
+    assert key[planning._KEY_VARIANT] == marker

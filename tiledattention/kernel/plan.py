@@ -144,6 +144,10 @@ def call_key(q, k, v, attn_mask, causal, scale, enable_gqa, return_lse, schedule
             policy.generation())
 
 
+# Positions in ``call_key``'s tuple that ``family_key`` reads.
+_KEY_SCHEDULE, _KEY_VARIANT = 11, 12
+
+
 def _store(key, plan) -> None:
     if len(_plans) >= MAX_PLANS:
         _plans.clear()
@@ -218,7 +222,8 @@ def family_key(key: tuple) -> tuple | None:
     so a plan found through it skips no check the call could fail: K and V have the
     call's Skv (>= 1), the mask's key axis is Skv or the size it had. The schedule
     table's S bucket is part of it when the policy picks the schedule."""
-    if key[12] is not None and key[12][1] is not None:
+    variant = key[_KEY_VARIANT]
+    if variant is not None and variant[1] is not None:
         return None  # a block mask: its lists follow the key length
     qf, kf, vf, mf = key[:4]
     skv = kf[1][2] if len(kf[1]) == 4 else 0
@@ -226,7 +231,7 @@ def family_key(key: tuple) -> tuple | None:
     mask = None if mf is None else _grown_mask(mf, skv)
     if skv < 1 or kf is None or vf is None or len(qf[1]) != 4 or (mf and mask is None):
         return None
-    bucket = seq_bucket(qf[1][2], skv) if key[11] is None else None
+    bucket = seq_bucket(qf[1][2], skv) if key[_KEY_SCHEDULE] is None else None
     return ("family", qf, kf, vf, mask, key[4:], bucket)
 
 
