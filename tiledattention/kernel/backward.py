@@ -267,8 +267,8 @@ def dkdv_staggered(kv, acc, arrays, fns, aux, where, bid_n, m_lo, m_hi, mask_end
 
 
 def dq_tile(q, do, stats, acc, arrays, fns, aux, where, bid_m, j, diag, ALL_MASKS, f):
-    """Key tile ``j`` of one query tile's dQ program; ``stats`` its rows' (lse, delta);
-    ``acc`` (dq0..2); ``f`` the ``DqFlags``."""
+    """Key tile ``j`` of one query tile's dQ program; ``stats`` its rows' (lse, delta),
+    or None to load them per tile; ``acc`` (dq0..2); ``f`` the ``DqFlags``."""
     TILE_M, TILE_N, NCHUNK, W0, W1, W2 = f.TILE_M, f.TILE_N, f.NCHUNK, f.W0, f.W1, f.W2
     K, V = arrays[1], arrays[2]
     b, hk = where[0], where[2]
@@ -350,11 +350,12 @@ def dkdv_program(Q, K, V, dOut, Lse, Delta, Mask, extra, dK, dV, dQacc, scalars,
     store_rows(dK, b, hk, bid_n, dk0, dk1, dk2, TILE_N, W0, W1, W2, NCHUNK)
 
 
-def dq_row_stats(Out, dOut, Lse, Delta, Dlse, do, b, h, bid_m, f):
+def dq_row_stats(Out, Lse, Delta, Dlse, do, b, h, bid_m, f):
     """The dQ program's rows' (lse, delta), loaded and computed once for all its key
-    tiles. delta = rowsum(dO * O) in fp32 (minus the LSE output's gradient) is computed
-    here and stored for the dK/dV kernel, which runs after: the delta launch folded into
-    dQ's (one launch fewer per training call; dO is on chip already, O is one more load)."""
+    tiles (``do``: the program's dO chunks). delta = rowsum(dO * O) in fp32 (minus the LSE
+    output's gradient) is computed here and stored for the dK/dV kernel, which runs after:
+    the delta launch folded into dQ's (one launch fewer per training call; dO is on chip
+    already, O is one more load)."""
     TILE_M, NCHUNK, W0, W1, W2 = f.TILE_M, f.NCHUNK, f.W0, f.W1, f.W2
     o0, o1, o2 = load_rows(Out, b, h, bid_m, TILE_M, W0, W1, W2, NCHUNK, None)
     do0, do1, do2 = do
@@ -392,7 +393,7 @@ def dq_program(Q, K, V, dOut, Lse, Delta, Mask, extra, Out, Dlse, dQ, scalars, f
     do = load_rows(dOut, b, h, bid_m, TILE_M, W0, W1, W2, NCHUNK, None)
     stats = None  # (lse, delta) loaded on every key tile, as the dK/dV program does
     if f.DELTA:
-        stats = dq_row_stats(Out, dOut, Lse, Delta, Dlse, do, b, h, bid_m, f)
+        stats = dq_row_stats(Out, Lse, Delta, Dlse, do, b, h, bid_m, f)
     acc = zeros_chunks(TILE_M, W0, W1, W2)
     arrays = (Q, K, V, dOut, Lse, Delta, Mask)
     aux = (A0, A1, A2, A3, None, None, None, None)
