@@ -593,6 +593,44 @@ def test_a_signal_while_submit_returns_stops_the_controller_it_started(tmp_path,
             os.kill(controller, signal.SIGKILL)  # this test's own child, by its pid
 
 
+def test_a_job_controller_starts_with_sigint_blocked():
+    # A SIGINT that reaches a controller between fork and exec was lost (CPython's handler
+    # in the forked child only records it), and one during its first imports ended it
+    # with a traceback: the launcher starts it with SIGINT blocked instead.
+    import subprocess
+    import sys
+
+    from tiledattention.launchers.local import start_blocking_sigint
+
+    child = start_blocking_sigint(
+        [sys.executable, "-c", "import signal; "
+         "print(signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []))"],
+        stdout=subprocess.PIPE, text=True)
+    assert child.communicate(timeout=60)[0].strip() == "True"
+
+
+def test_a_sigint_sent_while_the_controller_starts_ends_it_quietly(tmp_path):
+    # Sent at once, the signal is pending (blocked) until the controller's handler is in
+    # place: the controller ends by it, before starting any task, with no traceback.
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tiledattention.launchers.local import start_blocking_sigint
+
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [
+        here, os.environ.get("PYTHONPATH")]))}
+    controller = start_blocking_sigint(
+        [sys.executable, "-m", "tiledattention.launchers.local_controller", str(tmp_path)],
+        env=env, stderr=subprocess.PIPE, text=True)
+    controller.send_signal(signal.SIGINT)
+    _, err = controller.communicate(timeout=60)
+    assert controller.returncode == -signal.SIGINT, err
+    assert "Traceback" not in err
+
+
 def test_an_interrupt_names_as_cancelled_only_the_jobs_that_had_not_ended(monkeypatch, capsys):
     # Issue 38: "cancelled jobs 46" was printed for a job that had completed. Job 46 has
     # ended, 47 runs: only 47 is cancelled and named.

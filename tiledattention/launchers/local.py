@@ -55,11 +55,25 @@ class _Executor(submitit.LocalExecutor):
                # the controller imports this package from where this process did
                "PYTHONPATH": os.pathsep.join(filter(None, [here,
                                                            os.environ.get("PYTHONPATH")]))}
-        process = subprocess.Popen([sys.executable, "-m", f"{__package__}.local_controller",
-                                    str(self.folder)], env=env)
+        process = start_blocking_sigint([sys.executable, "-m",
+                                         f"{__package__}.local_controller", str(self.folder)],
+                                        env=env)
         self.started.append(process)
         return submitit_local.LocalJob(folder=self.folder, job_id=str(process.pid),
                                        process=process, tasks=list(range(ntasks)))
+
+
+def start_blocking_sigint(args: list, **kwargs) -> subprocess.Popen:
+    """``Popen`` whose child starts with SIGINT blocked (the mask survives fork and exec;
+    ``local_controller`` unblocks it once its handler is in place). A SIGINT sent to a
+    controller that was still starting (a cancel or Ctrl-C right after submit) used to be
+    lost between fork and exec, or to end it with a traceback mid-import; blocked, it
+    waits for the handler."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        return subprocess.Popen(args, **kwargs)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def visible_gpus() -> list[str]:

@@ -22,10 +22,13 @@ def _first_interrupt(signum, frame):
 
 
 def main(folder: str) -> None:
-    from submitit.local.local import Controller
-
     signal.signal(signal.SIGINT, _first_interrupt)
     try:
+        # The launcher starts this process with SIGINT blocked
+        # (``local.start_blocking_sigint``): one sent while it started arrives here.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        from submitit.local.local import Controller
+
         Controller(Path(folder)).run()
     except KeyboardInterrupt:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
