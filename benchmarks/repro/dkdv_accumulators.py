@@ -85,14 +85,18 @@ def cubin(head_dim: int, tm: int, tn: int, warps, causal: int) -> bytes:
     return buf.getvalue()
 
 
-def read(blob: bytes, cuobjdump: str) -> dict:
+def cuobjdump_text(blob: bytes, cuobjdump: str, flag: str) -> str:
+    """What ``cuobjdump FLAG`` prints for a cubin (``-sass``, ``-res-usage``)."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(blob)
         f.flush()
-        res = subprocess.run([cuobjdump, "-res-usage", f.name], capture_output=True,
-                             text=True, check=True).stdout
-        sass = subprocess.run([cuobjdump, "-sass", f.name], capture_output=True,
-                              text=True, check=True).stdout
+        return subprocess.run([cuobjdump, flag, f.name], capture_output=True, text=True,
+                              check=True).stdout
+
+
+def read(blob: bytes, cuobjdump: str) -> dict:
+    res = cuobjdump_text(blob, cuobjdump, "-res-usage")
+    sass = cuobjdump_text(blob, cuobjdump, "-sass")
     ops = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass)
     count = lambda pre: sum(op.startswith(pre) for op in ops)  # noqa: E731
     return dict(REG=int(re.search(r"REG:(\d+)", res).group(1)),

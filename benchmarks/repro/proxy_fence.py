@@ -25,12 +25,11 @@ import argparse
 import io
 import re
 import shutil
-import subprocess
-import tempfile
 
 import cuda.tile as ct
 import cuda.tile.compilation as tc
 import numpy as np
+from dkdv_accumulators import array, cuobjdump_text  # this directory's repro 1
 
 TM, D, SPLITS = 64, 128, 16
 FORMS = {0: "store as cuTile chooses", 1: "store memory_order=RELEASE, DEVICE",
@@ -58,14 +57,6 @@ def last_combines(Part, Count, Out, FORM: ct.Constant[int]):
         ct.store(Out, index=(h, 0, 0), tile=acc)
 
 
-def array(dtype, ndim):
-    """A contiguous, 16-byte aligned array argument (what a torch tensor gives a launch)."""
-    return tc.ArrayConstraint(
-        dtype, ndim, index_dtype=ct.int32, stride_lower_bound_incl=0, alias_groups=(),
-        may_alias_internally=False, stride_constant=[None] * (ndim - 1) + [1],
-        stride_divisible_by=[8] * (ndim - 1) + [1], base_addr_divisible_by=16)
-
-
 def cubin(form: int) -> bytes:
     sig = tc.KernelSignature([array(ct.float32, 3), array(ct.int32, 1), array(ct.float32, 3),
                               form], tc.CallingConvention.cutile_python_v1())
@@ -74,19 +65,14 @@ def cubin(form: int) -> bytes:
     return buf.getvalue()
 
 
-def read(blob: bytes, cuobjdump: str) -> dict:
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(blob)
-        f.flush()
-        sass = subprocess.run([cuobjdump, "-sass", f.name], capture_output=True,
-                              text=True, check=True).stdout
+def read(blob: bytes, cuobjdump: str) -> tuple[dict, list]:
+    sass = cuobjdump_text(blob, cuobjdump, "-sass")
     found = re.findall(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass)
     ops = [op for _, op in found]
     count = lambda pre: sum(op.startswith(pre) for op in ops)  # noqa: E731
-    counts = {name: count(pre) for name, pre in (
-        ("UTMASTG", "UTMASTG"), ("STG", "STG"), ("UTMALDG", "UTMALDG"), ("LDG", "LDG"),
-        ("FENCE.VIEW.ASYNC.G", "FENCE.VIEW.ASYNC.G"), ("FENCE.VIEW.ASYNC.S", "FENCE.VIEW.ASYNC.S"),
-        ("MEMBAR.ALL.GPU", "MEMBAR.ALL.GPU"), ("ATOMG", "ATOMG"))}
+    counts = {name: count(name) for name in (
+        "UTMASTG", "STG", "UTMALDG", "LDG", "FENCE.VIEW.ASYNC.G", "FENCE.VIEW.ASYNC.S",
+        "MEMBAR.ALL.GPU", "ATOMG")}
     # The order that matters, by address: the global proxy fences (.G; .S fences order
     # shared memory for TMA reads of it), the device fence and the atomic, the TMA traffic.
     keep = ("UTMASTG", "DEPBAR", "FENCE.VIEW.ASYNC.G", "MEMBAR.ALL.GPU", "ATOMG", "UTMALDG")
