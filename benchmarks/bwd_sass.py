@@ -4,8 +4,9 @@ Compiles each backward schedule given (labels as ``BwdSchedule.label``) for sm_9
 ``compile.export_bwd_cubins`` and reads the cubins with ``cuobjdump -sass -res-usage``:
 per kernel, the registers per thread, the stack frame, and counts of the instructions that
 decide the backward's speed — HGMMA (warp-group MMAs), UTMAREDG (TMA reduce-add of dQ),
-UTMALDG / UTMASTG, per-element atomics (ATOMG / REDG / MEMBAR) and local-memory spills
-(STL / LDL).
+UTMALDG / UTMASTG, per-element atomics (ATOMG / REDG / MEMBAR), local-memory spills
+(STL / LDL) and warp-group MMA waits (WGWAIT: WARPGROUP.DEPBAR; about one per MMA when
+tileiras serializes the MMAs, as at D = 256 without the group loop, NOTES §37a).
 
 ``--step`` adds what one iteration of the dK/dV program's query loop does, per thread
 (``step_counts``): the instructions of the loop body, its warp-group MMAs by where their
@@ -21,6 +22,7 @@ unzip, and pass ``--cuobjdump PATH`` (or have it on PATH).
     python benchmarks/bwd_sass.py --head-dim 256 --causal kv64x64_q64x64_o1_w8
     python benchmarks/bwd_sass.py --step kv64x128_q128x64_o1_w8_atomic_keyrows
     python benchmarks/bwd_sass.py --step --loops --causal --head-dim 128 kv64x64_q64x64_o2_atomic
+    python benchmarks/bwd_sass.py --head-dim 256 --group-loop none kv64x64_q64x64_o1_w8
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tiledattention.kernel.compile import export_bwd_cubins  # noqa: E402
+from tiledattention.kernel.plan import ONE_HEAD_DIMS  # noqa: E402
 from tiledattention.kernel.variant import BwdVariant  # noqa: E402
 from tiledattention.schedules.backward import BwdSchedule  # noqa: E402
 
@@ -63,6 +66,7 @@ def sass_counts(cubin: bytes, cuobjdump: str) -> dict[str, object]:
     ops = [m.group(2) for m in _INSTR.finditer(sass)]
     out: dict[str, object] = {k: sum(1 for op in ops if op.split(".")[0] == k)
                               for k in COUNTED}
+    out["WGWAIT"] = sum(1 for op in ops if op.startswith("WARPGROUP.DEPBAR"))
     reg = re.search(r"REG:(\d+)", res)
     stack = re.search(r"STACK:(\d+)", res)
     out["REG"] = int(reg.group(1)) if reg else None
@@ -113,12 +117,19 @@ def _body_counts(body) -> dict[str, int]:
     return out
 
 
+def one_head(group_loop: str, head_dim: int) -> bool:
+    return group_loop == "none" or (group_loop == "shipped" and head_dim in ONE_HEAD_DIMS)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("schedules", nargs="+", help="backward schedule labels")
     ap.add_argument("--head-dim", default="128", help="comma-separated, e.g. 64,128,256")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--group-loop", choices=("shipped", "runtime", "none"), default="shipped",
+                    help="dK/dV's loop over a GQA group: as an MHA plan ships it "
+                         "(plan.ONE_HEAD_DIMS), the runtime loop (GQA), or none")
     ap.add_argument("--gpu-code", default="sm_90")
     ap.add_argument("--cuobjdump", default=shutil.which("cuobjdump"))
     ap.add_argument("--step", action="store_true",
@@ -129,12 +140,12 @@ def main(argv=None) -> int:
     if not args.cuobjdump:
         print("cuobjdump not found: pass --cuobjdump PATH (pip nvidia-cuda-cuobjdump)")
         return 2
-    print("D  causal  schedule  kernel  " + "  ".join(COUNTED) + "  REG  STACK"
+    print("D  causal  schedule  kernel  " + "  ".join(COUNTED) + "  WGWAIT  REG  STACK"
           + ("  | step: " + "  ".join(STEP) if args.step else ""))
     for d in (int(x) for x in args.head_dim.split(",")):
         for label in args.schedules:
             v = BwdVariant(args.dtype, d, args.causal, BwdSchedule.from_label(label),
-                           even_n=True)
+                           even_n=True, one_head=one_head(args.group_loop, d))
             cubins = export_bwd_cubins(v, args.gpu_code)
             for name, cubin in cubins.items():
                 if name.endswith("delta") or (name.endswith("_dq")
@@ -148,7 +159,8 @@ def main(argv=None) -> int:
                                                 for st in loops[:None if args.loops else 1])
                                      or "no loop")
                 print(f"{d}  {args.causal}  {label}  {name.removeprefix('attention_bwd_')}  "
-                      + "  ".join(str(c[k]) for k in COUNTED) + f"  {c['REG']}  {c['STACK']}"
+                      + "  ".join(str(c[k]) for k in COUNTED)
+                      + f"  {c['WGWAIT']}  {c['REG']}  {c['STACK']}"
                       + step, flush=True)
     return 0
 

@@ -33,10 +33,11 @@ REDUCE_256 = "kv64x64_q64x64_o1_w8_atomic"
 KEY_ROWS_128 = REDUCE_128 + "_keyrows"
 
 
-def variant(dtype, d, causal, mask="none", *, even=True, dlse=False, schedule=None):
+def variant(dtype, d, causal, mask="none", *, even=True, dlse=False, schedule=None,
+            one_head=True):
     return BwdVariant(dtype, d, causal, schedule or default_bwd_schedule(d, causal),
                       even_n=even, mask_dtype=None if mask == "none" else dtype,
-                      mask_axes=mask_axes_for(mask), has_dlse=dlse)
+                      mask_axes=mask_axes_for(mask), has_dlse=dlse, one_head=one_head)
 
 
 HOPPER = [
@@ -45,7 +46,7 @@ HOPPER = [
     variant("bfloat16", 160, False, "full", dlse=True),
     variant("bfloat16", 128, True, "key_padding", even=False),
     variant("float16", 120, True, "full"),  # three chunks, the last padded
-    variant("float16", 256, False, even=False),
+    variant("float16", 256, False, even=False, one_head=False),  # GQA: the loop over heads
     variant("bfloat16", 96, True, schedule=BwdSchedule(dq="atomic")),
     # the tuning space's occupancy-2 schedules (schedules.backward.BWD_QUICK_SPACE)
     variant("float16", 128, False, schedule=BwdSchedule.from_label("kv128x64_q64x128_o2")),
@@ -71,7 +72,8 @@ def test_the_slice_covers_every_flag_value():
         for k in KERNELS:
             for name, value in v.constants(k).items():
                 seen.setdefault(f"{k}.{name}", set()).add(value)
-    for key in ("CAUSAL", "EVEN_N", "HAS_MASK", "MASK_ROWS", "DQ_ATOMIC", "KEY_ROWS"):
+    for key in ("CAUSAL", "EVEN_N", "HAS_MASK", "MASK_ROWS", "DQ_ATOMIC", "KEY_ROWS",
+                "ONE_HEAD"):
         assert seen[f"attention_bwd_dkdv.{key}"] == {False, True}, key
     assert seen["attention_bwd_dkdv.NCHUNK"] == {1, 2, 3}
     assert seen["attention_bwd_delta.HAS_DLSE"] == {False, True}

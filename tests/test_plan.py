@@ -347,6 +347,21 @@ def test_a_causal_backward_above_d128_keeps_the_delta_kernel_before_dq_and_dkdv(
     assert [role for role, _, _, _ in full.launches] == ["dq", "dkdv"]
 
 
+@pytest.mark.parametrize("d,hk,loop_free", [
+    (64, 4, False), (96, 4, False), (128, 4, True), (160, 4, True), (192, 4, True),
+    (256, 4, False),  # without the loop tileiras waits on every MMA there (NOTES §37a)
+    (128, 2, False),  # GQA: the program loops over its group
+])
+def test_mha_dkdv_drops_the_group_loop_only_at_the_head_dims_measured_faster(d, hk, loop_free):
+    pytest.importorskip("cuda.tile", reason="cuTile (cuda-tile) is not installed")
+    from tiledattention.schedules.backward import BwdSchedule
+
+    q = torch.randn(1, 4, 64, d, dtype=torch.bfloat16)
+    k = torch.randn(1, hk, 64, d, dtype=torch.bfloat16)
+    plan = planning.make_bwd_plan(q, k, None, True, 0.125, False, BwdSchedule())
+    assert plan.variant.constants("attention_bwd_dkdv")["ONE_HEAD"] is loop_free
+
+
 def test_a_backward_reducing_dq_inside_dkdv_runs_the_delta_kernel_first():
     pytest.importorskip("cuda.tile", reason="cuTile (cuda-tile) is not installed")
     from tiledattention.schedules.backward import BwdSchedule

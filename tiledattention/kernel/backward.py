@@ -320,7 +320,11 @@ def dkdv_program(Q, K, V, dOut, Lse, Delta, Mask, extra, dK, dV, dQacc, scalars,
     aux = (A0, A1, A2, A3, G0, G1, G2, G3)
     m_lo, m_hi, mask_end = query_range(bid_n * TILE_N, seq_q, TILE_M, TILE_N, f.CAUSAL)
 
-    for g in range(GROUP):
+    # A runtime trip count here spills the causal D = 192 / 256 programs; a constant one
+    # does not (the group size as a constant unrolls and spills worse). Without the loop
+    # tileiras waits on every MMA at D = 256, so MHA drops it only at plan.ONE_HEAD_DIMS
+    # (NOTES §36g, §37a).
+    for g in range(1 if f.ONE_HEAD else GROUP):
         h = hk * GROUP + g
         where = (b, h, hk, K.shape[2], qk_scale_log2, inv_scale, scale)
         if f.BLOCK_SPARSE:
@@ -435,6 +439,7 @@ def attention_bwd_dkdv(
     HAS_MASK: ConstBool, MASK_BATCH: ConstBool, MASK_HEAD: ConstBool, MASK_ROWS: ConstBool,
     DQ_ATOMIC: ConstBool, MASK_ALL: ConstBool,
     KEY_ROWS: ConstBool,  # keys as the MMA rows: S^T = K Q^T (``dkdv_tile``)
+    ONE_HEAD: ConstBool,  # GROUP == 1 (``DkdvFlags``)
 ):
     """Plain dK/dV (no variant functions, no block mask): only the arrays it reads."""
     dkdv_program(Q, K, V, dOut, Lse, Delta, Mask,
@@ -443,7 +448,8 @@ def attention_bwd_dkdv(
                  DkdvFlags(TILE_M=TILE_M, TILE_N=TILE_N, NCHUNK=NCHUNK, W0=W0, W1=W1, W2=W2,
                            CAUSAL=CAUSAL, EVEN_N=EVEN_N, HAS_MASK=HAS_MASK,
                            MASK_BATCH=MASK_BATCH, MASK_HEAD=MASK_HEAD, MASK_ROWS=MASK_ROWS,
-                           DQ_ATOMIC=DQ_ATOMIC, MASK_ALL=MASK_ALL, KEY_ROWS=KEY_ROWS),
+                           DQ_ATOMIC=DQ_ATOMIC, MASK_ALL=MASK_ALL, KEY_ROWS=KEY_ROWS,
+                           ONE_HEAD=ONE_HEAD),
                  (no_score_mod, no_score_mod, no_mask_mod, no_captured_grad))
 
 
@@ -456,7 +462,7 @@ def attention_bwd_dkdv_variant(
     W0: ConstInt, W1: ConstInt, W2: ConstInt, CAUSAL: ConstBool, EVEN_N: ConstBool,
     HAS_MASK: ConstBool, MASK_BATCH: ConstBool, MASK_HEAD: ConstBool,
     MASK_ROWS: ConstBool, DQ_ATOMIC: ConstBool, MASK_ALL: ConstBool, KEY_ROWS: ConstBool,
-    HAS_SCORE_MOD: ConstBool, HAS_MASK_MOD: ConstBool,
+    ONE_HEAD: ConstBool, HAS_SCORE_MOD: ConstBool, HAS_MASK_MOD: ConstBool,
     BLOCK_SPARSE: ConstBool, BLK_BATCH: ConstBool, BLK_HEAD: ConstBool,
 ):
     """dK/dV with the variant's functions, captured tensors (A0..A3), the fp32 gradients
@@ -468,7 +474,7 @@ def attention_bwd_dkdv_variant(
                            CAUSAL=CAUSAL, EVEN_N=EVEN_N, HAS_MASK=HAS_MASK,
                            MASK_BATCH=MASK_BATCH, MASK_HEAD=MASK_HEAD, MASK_ROWS=MASK_ROWS,
                            DQ_ATOMIC=DQ_ATOMIC, MASK_ALL=MASK_ALL, KEY_ROWS=KEY_ROWS,
-                           HAS_SCORE_MOD=HAS_SCORE_MOD,
+                           ONE_HEAD=ONE_HEAD, HAS_SCORE_MOD=HAS_SCORE_MOD,
                            HAS_MASK_MOD=HAS_MASK_MOD, BLOCK_SPARSE=BLOCK_SPARSE,
                            BLK_BATCH=BLK_BATCH, BLK_HEAD=BLK_HEAD),
                  (SCORE_MOD, SCORE_GRAD, MASK_MOD, SCORE_CAPGRAD))

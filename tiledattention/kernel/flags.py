@@ -65,6 +65,7 @@ class DkdvFlags:
     DQ_ATOMIC: bool  # also reduce-add dS K into the fp32 dQacc (TMA)
     MASK_ALL: bool  # apply the causal mask on every query tile (one loop body)
     KEY_ROWS: bool  # keys as the MMA rows: S^T = K Q^T, P^T and dS^T untransposed
+    ONE_HEAD: bool  # one query head per K/V head: no runtime loop over the group
     HAS_SCORE_MOD: bool = False
     HAS_MASK_MOD: bool = False
     BLOCK_SPARSE: bool = False  # the block mask's transposed lists: query tiles per key tile

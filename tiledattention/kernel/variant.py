@@ -127,6 +127,7 @@ class BwdVariant(_Shared):
     mask_axes: tuple[bool, bool, bool] = (False, False, False)
     has_dlse: bool = False
     flags: Flags | None = None
+    one_head: bool = True  # one query head per K/V head (``DkdvFlags.ONE_HEAD``)
 
     @property
     def delta_in_dq(self) -> bool:
@@ -144,14 +145,15 @@ class BwdVariant(_Shared):
         if kernel.startswith("attention_bwd_dkdv"):
             return dict(TILE_M=s.dkdv_m, TILE_N=s.dkdv_n, EVEN_N=self.even_n,
                         DQ_ATOMIC=s.dq == "atomic", MASK_ALL=self.causal and self.head_dim > 128,
-                        KEY_ROWS=s.key_rows,
+                        KEY_ROWS=s.key_rows, ONE_HEAD=self.one_head,
                         **self.shared().constants())
         return dict(TILE_M=s.dq_m, TILE_N=s.dq_n, EVEN_N=self.even_n, HAS_DLSE=self.has_dlse,
                     DELTA=self.delta_in_dq, **self.shared().constants())
 
     def label(self) -> str:
         return (f"bwd_{self.shared().label()}{'_even' if self.even_n else ''}"
-                f"{'_dlse' if self.has_dlse else ''}_{self.schedule.label()}")
+                f"{'_dlse' if self.has_dlse else ''}{'' if self.one_head else '_gqa'}"
+                f"_{self.schedule.label()}")
 
 
 def mask_axes_for(kind: str) -> tuple[bool, bool, bool]:
