@@ -16,7 +16,7 @@ the median. TFLOP/s by ``flops.attention_flops`` (fwd+bwd = 3.5x the forward). T
 best baseline time / ours (> 1: ours faster). The kernels (ours and FA4's) are compiled
 first by parallel processes into the compilers' disk caches (``bench.precompile``'s worker).
 
-    python benchmarks/bwd_compare.py            # 26 points, ~5 min on an H100
+    python benchmarks/bwd_compare.py            # 38 points, ~5 min on an H100
     python benchmarks/bwd_compare.py --quick    # 3 points
     python benchmarks/bwd_compare.py --fa4-site /tmp/site   # FA4 installed with --target
     python benchmarks/bwd_compare.py --head-dims 256       # one head dim's points
@@ -50,6 +50,8 @@ def grid(quick: bool, head_dims=None):
         spec = [("bfloat16", c, d, s) for d in (64, 128, 256) for c in (False, True)
                 for s in (1024, 4096, 8192)]
         spec += [("float16", c, 128, s) for c in (False, True) for s in (1024, 4096, 8192)]
+        spec += [(dt, c, 160, s) for dt in ("bfloat16", "float16") for c in (False, True)
+                 for s in (1024, 4096, 8192)]
         spec += [("bfloat16", c, 192, 4096) for c in (False, True)]
     from dataclasses import replace
 

@@ -85,12 +85,15 @@ def test_128_key_tiles_are_refused_where_they_measured_slow():
 
 
 def test_backward_search_space_per_head_dim():
-    assert len(bwd_space_for(64, "quick")) == 8
+    assert len(bwd_space_for(64, "quick")) == 10
     # 128-key dK/dV tiles fit D=128 only over eight worker warps (160 registers a thread).
     assert [s.label() for s in bwd_space_for(128, "quick")] == [
         "kv64x64_q64x64_o1", "kv64x64_q64x64_o2", "kv128x64_q64x128_o1", "kv128x64_q64x128_o2",
-        "kv64x128_q128x64_o1_w8", "kv64x128_q128x128_o1_w8"]
-    assert bwd_space_for(256, "quick") == [default_bwd_schedule(256, False)]  # none fits
+        "kv64x128_q128x64_o1_w8", "kv64x128_q128x128_o1_w8", "kv128x64_q64x128_o1_w8",
+        "kv64x64_q64x64_o1_w8"]
+    # D=256: only the 64-key programs over eight worker warps fit
+    assert [s.label() for s in bwd_space_for(256, "quick")] == [
+        "kv128x64_q64x128_o1_w8", "kv64x64_q64x64_o1_w8"]
     assert all(bwd_rejection(s, 96) is None for s in bwd_space_for(96, "full"))
     with pytest.raises(ValueError, match="valid"):
         bwd_space_for(64, "huge")

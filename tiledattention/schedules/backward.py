@@ -164,7 +164,10 @@ def default_bwd_schedule(head_dim: int, causal: bool) -> BwdSchedule:
 BWD_QUICK_SPACE = tuple(BwdSchedule.from_label(label) for label in (
     "kv64x64_q64x64_o1", "kv64x64_q64x64_o2", "kv128x64_q64x128_o1", "kv64x128_q128x64_o1",
     "kv128x64_q64x128_o2", "kv64x128_q128x64_o2", "kv64x128_q128x64_o1_w8",
-    "kv64x128_q128x128_o1_w8"))
+    "kv64x128_q128x128_o1_w8",
+    # eight worker warps over 64 keys: at D = 160 these keep their MMAs in flight without
+    # spilling where the four-warp programs wait on every MMA (NOTES §37c)
+    "kv128x64_q64x128_o1_w8", "kv64x64_q64x64_o1_w8"))
 
 
 def bwd_space_for(head_dim: int, space: str) -> list[BwdSchedule]:
@@ -200,7 +203,10 @@ BWD_CANDIDATES = (
            "5mm-k64o2": BwdSchedule.from_label("kv64x64_q64x64_o2_atomic"),
            "5mm-k128w8kr": BwdSchedule.from_label("kv64x128_q128x64_o1_w8_atomic_keyrows"),
            "7mm-k128w8kr": BwdSchedule.from_label("kv64x128_q128x64_o1_w8_keyrows")}),
-    (160, {"5mm-k64w8": BwdSchedule.from_label("kv64x64_q64x64_o1_w8_atomic")}),
+    (160, {"5mm-k64w8": BwdSchedule.from_label("kv64x64_q64x64_o1_w8_atomic"),
+           # pipelined MMAs, no spill at D = 160 (NOTES §37c)
+           "7mm-k64w8": BwdSchedule.from_label("kv64x64_q64x64_o1_w8"),
+           "7mm-q128w8": BwdSchedule.from_label("kv128x64_q64x128_o1_w8")}),
     # D > 160: 64 keys, the fp32 dK and dV [64, D] over two warp groups (eight worker
     # warps: 128 registers of state per thread at D = 256 where today's four spill).
     (256, {"7mm-w8": BwdSchedule.from_label("kv64x64_q64x64_o1_w8"),
