@@ -514,7 +514,17 @@ def test_interrupting_a_local_sweep_ends_in_one_line_without_a_traceback(group, 
             assert run.poll() is None and time.monotonic() < deadline, run.communicate()
             time.sleep(0.2)
         os.killpg(run.pid, signal.SIGINT) if group else run.send_signal(signal.SIGINT)
-        stdout, err = run.communicate(timeout=120)
+        try:
+            stdout, err = run.communicate(timeout=120)
+        except subprocess.TimeoutExpired:  # say which process held on (CI saw this once)
+            controllers = [int(p.name.split("_")[0]) for p in out.glob("logs/*_submitted.pkl")]
+            alive = [c for c in controllers if os.path.exists(f"/proc/{c}")]
+            tasks = _processes_running(str(out / "logs"))
+            for pid in alive + tasks:  # this test's own job's processes, by pid
+                os.kill(pid, signal.SIGKILL)
+            raise AssertionError(
+                f"120 s after the SIGINT: sweep exit {run.poll()}, controllers alive {alive} "
+                f"of {controllers}, tasks alive {tasks}") from None
     finally:
         run.kill()
     assert "Traceback" not in err + stdout, err
@@ -605,7 +615,7 @@ def test_a_job_controller_starts_with_sigint_blocked():
     child = start_blocking_sigint(
         [sys.executable, "-c", "import signal; "
          "print(signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []))"],
-        stdout=subprocess.PIPE, text=True)
+        [], stdout=subprocess.PIPE, text=True)
     assert child.communicate(timeout=60)[0].strip() == "True"
 
 
@@ -624,11 +634,41 @@ def test_a_sigint_sent_while_the_controller_starts_ends_it_quietly(tmp_path):
         here, os.environ.get("PYTHONPATH")]))}
     controller = start_blocking_sigint(
         [sys.executable, "-m", "tiledattention.launchers.local_controller", str(tmp_path)],
-        env=env, stderr=subprocess.PIPE, text=True)
+        [], env=env, stderr=subprocess.PIPE, text=True)
     controller.send_signal(signal.SIGINT)
     _, err = controller.communicate(timeout=60)
     assert controller.returncode == -signal.SIGINT, err
     assert "Traceback" not in err
+
+
+def test_a_ctrl_c_reaching_the_launcher_while_a_controller_starts_leaves_it_recorded(
+        monkeypatch):
+    # The launcher's SIGINT is blocked while it starts a controller; one that arrives then
+    # raises as the mask is restored. The controller must be in ``started`` by that time,
+    # or the launcher's Ctrl-C path cannot stop it (CI: a sweep sent SIGINT exited, its
+    # controller and job ran on holding the sweep's pipes).
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tiledattention.launchers import local
+
+    real_popen = subprocess.Popen
+
+    def popen_then_sigint(*args, **kwargs):
+        process = real_popen(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGINT)  # blocked here: pending until the mask goes
+        return process
+
+    monkeypatch.setattr(local.subprocess, "Popen", popen_then_sigint)
+    started = []
+    with pytest.raises(KeyboardInterrupt):
+        local.start_blocking_sigint([sys.executable, "-c", "import time; time.sleep(60)"],
+                                    started)
+    assert len(started) == 1
+    started[0].kill()
+    started[0].wait(timeout=60)
 
 
 def test_an_interrupt_names_as_cancelled_only_the_jobs_that_had_not_ended(monkeypatch, capsys):

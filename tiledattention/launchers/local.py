@@ -57,21 +57,25 @@ class _Executor(submitit.LocalExecutor):
                                                            os.environ.get("PYTHONPATH")]))}
         process = start_blocking_sigint([sys.executable, "-m",
                                          f"{__package__}.local_controller", str(self.folder)],
-                                        env=env)
-        self.started.append(process)
+                                        self.started, env=env)
         return submitit_local.LocalJob(folder=self.folder, job_id=str(process.pid),
                                        process=process, tasks=list(range(ntasks)))
 
 
-def start_blocking_sigint(args: list, **kwargs) -> subprocess.Popen:
+def start_blocking_sigint(args: list, started: list, **kwargs) -> subprocess.Popen:
     """``Popen`` whose child starts with SIGINT blocked (the mask survives fork and exec;
-    ``local_controller`` unblocks it once its handler is in place). A SIGINT sent to a
-    controller that was still starting (a cancel or Ctrl-C right after submit) used to be
-    lost between fork and exec, or to end it with a traceback mid-import; blocked, it
-    waits for the handler."""
+    ``local_controller`` unblocks it once its handler is in place), appended to
+    ``started``. A SIGINT sent to a controller that was still starting (a cancel or Ctrl-C
+    right after submit) used to be lost between fork and exec, or to end it with a
+    traceback mid-import; blocked, it waits for the handler."""
     old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
-        return subprocess.Popen(args, **kwargs)
+        process = subprocess.Popen(args, **kwargs)
+        # Recorded while this process's SIGINT is still blocked: one that came meanwhile
+        # raises as the mask is restored, and the launcher's Ctrl-C path must find the
+        # controller to stop it (returned only, it ran on, holding the caller's pipes).
+        started.append(process)
+        return process
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
