@@ -91,9 +91,8 @@ def test_backward_search_space_per_head_dim():
         "kv64x64_q64x64_o1", "kv64x64_q64x64_o2", "kv128x64_q64x128_o1", "kv128x64_q64x128_o2",
         "kv64x128_q128x64_o1_w8", "kv64x128_q128x128_o1_w8", "kv128x64_q64x128_o1_w8",
         "kv64x64_q64x64_o1_w8"]
-    # D=256: only the 64-key programs over eight worker warps fit
-    assert [s.label() for s in bwd_space_for(256, "quick")] == [
-        "kv128x64_q64x128_o1_w8", "kv64x64_q64x64_o1_w8"]
+    # D=256: only 64 query rows and 64 keys over eight worker warps
+    assert [s.label() for s in bwd_space_for(256, "quick")] == ["kv64x64_q64x64_o1_w8"]
     assert all(bwd_rejection(s, 96) is None for s in bwd_space_for(96, "full"))
     with pytest.raises(ValueError, match="valid"):
         bwd_space_for(64, "huge")
@@ -247,12 +246,23 @@ def test_the_shipped_backward_entries_reach_the_policy():
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("s", [1024, 4096, 8192])
 def test_wide_heads_get_two_consumer_warp_groups_from_the_shipped_table(dtype, causal, s):
+    # D = 160 / 192: 128 query rows a step over eight warps (tuned: NOTES §37c); D = 224 /
+    # 256: 64, since 128 rows lose the warp-group MMAs there, even where the nearest bucket
+    # (D = 192 for fp16 D = 224) names them.
     ta.set_schedule_table(None)
+    rows128 = BwdSchedule.from_label("kv128x64_q64x128_o1_w8")
     w8 = BwdSchedule.from_label("kv64x64_q64x64_o1_w8")
-    for d in (192, 256):
+    for d, want in ((192, rows128), (224, w8), (256, w8)):
         for det in (False, True):
             b = bucket(dtype=dtype, head_dim=d, causal=causal, s_bucket=s)
-            assert policy._choose_bwd(b, det)[0] == w8, (d, det)
+            assert policy._choose_bwd(b, det)[0] == want, (d, det)
+
+
+def test_128_query_rows_per_dkdv_step_are_refused_above_d192():
+    rows128 = BwdSchedule.from_label("kv128x64_q64x128_o1_w8")
+    assert bwd_rejection(rows128, 192) is None
+    assert "without warp-group MMAs" in bwd_rejection(rows128, 224)
+    assert "without warp-group MMAs" in bwd_rejection(rows128, 256)
 
 
 KEY_ROWS = BwdSchedule.from_label("kv64x128_q128x64_o1_w8_keyrows")

@@ -126,6 +126,13 @@ def bwd_rejection(schedule: BwdSchedule, head_dim: int) -> str | None:
         # dK/dV from D = 160 (a 192-byte stack; 384 bytes at D = 192), none at D = 96 / 128.
         return (f"{schedule.label()}: keys as rows over {schedule.dkdv_n} keys spill the "
                 f"fp32 dK/dV at D={head_dim}")
+    if schedule.dkdv_m >= 128 and plan_head_dim(head_dim).padded > 192:
+        # What the sm_90 SASS and the H100 showed (NOTES §37c, benchmarks/repro/
+        # dkdv_accumulators.py): 128 query rows per dK/dV step at D = 256 compile without
+        # warp-group MMAs (mma.sync, a 2.5 KB stack) and ran at 52-57 TFLOP/s; at D = 160 /
+        # 192 the same schedule is the fastest.
+        return (f"{schedule.label()}: {schedule.dkdv_m} query rows per dK/dV step at "
+                f"D={head_dim} compile without warp-group MMAs")
     if min(schedule.dkdv_n, schedule.dq_m) < 64:
         # The output rows of each kernel's MMAs: Hopper's warpgroup MMA works on 64 rows.
         return f"{schedule.label()}: output tiles below 64 rows leave the tensor cores idle"
