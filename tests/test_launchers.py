@@ -506,7 +506,7 @@ def test_interrupting_a_local_sweep_ends_in_one_line_without_a_traceback(group, 
     run = subprocess.Popen([sys.executable, "-m", "tiledattention.cli", "sweep", "--config",
                             str(config), "--launcher", "local", "--shards", "1", "--out",
                             str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           text=True, start_new_session=True)
+                           text=True, start_new_session=True, preexec_fn=_sigint_as_default)
     try:
         deadline = time.monotonic() + 120
         while not any("points in shard0of1" in p.read_text()  # the job is measuring
@@ -522,9 +522,12 @@ def test_interrupting_a_local_sweep_ends_in_one_line_without_a_traceback(group, 
             tasks = _processes_running(str(out / "logs"))
             for pid in alive + tasks:  # this test's own job's processes, by pid
                 os.kill(pid, signal.SIGKILL)
+            exit_code = run.poll()
+            run.kill()
             raise AssertionError(
-                f"120 s after the SIGINT: sweep exit {run.poll()}, controllers alive {alive} "
-                f"of {controllers}, tasks alive {tasks}") from None
+                f"120 s after the SIGINT: sweep exit {exit_code}, controllers alive {alive} "
+                f"of {controllers}, tasks alive {tasks}; the sweep's stderr: "
+                f"{run.communicate(timeout=30)[1][-3000:]!r}") from None
     finally:
         run.kill()
     assert "Traceback" not in err + stdout, err
@@ -543,6 +546,15 @@ def test_interrupting_a_local_sweep_ends_in_one_line_without_a_traceback(group, 
                 os.kill(pid, signal.SIGKILL)
             raise AssertionError(f"the job's task {tasks} still ran")
         time.sleep(0.2)
+
+
+def _sigint_as_default():
+    # As a terminal starts it: a process that inherits SIGINT ignored keeps ignoring it
+    # (Python's rule; a shell's background job, or a test worker left so), and the sweep
+    # then never ends by it (CI: "sweep exit None" 120 s after the signal).
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _processes_running(marker: str) -> list[int]:
@@ -647,10 +659,10 @@ def test_a_ctrl_c_reaching_the_launcher_while_a_controller_starts_leaves_it_reco
     # raises as the mask is restored. The controller must be in ``started`` by that time,
     # or the launcher's Ctrl-C path cannot stop it (CI: a sweep sent SIGINT exited, its
     # controller and job ran on holding the sweep's pipes).
-    import os
     import signal
     import subprocess
     import sys
+    import threading
 
     from tiledattention.launchers import local
 
@@ -658,14 +670,20 @@ def test_a_ctrl_c_reaching_the_launcher_while_a_controller_starts_leaves_it_reco
 
     def popen_then_sigint(*args, **kwargs):
         process = real_popen(*args, **kwargs)
-        os.kill(os.getpid(), signal.SIGINT)  # blocked here: pending until the mask goes
+        # to this thread, where it is blocked (sent to the process, another thread of a
+        # pytest-xdist worker would take it): pending until the mask goes
+        signal.pthread_kill(threading.get_ident(), signal.SIGINT)
         return process
 
     monkeypatch.setattr(local.subprocess, "Popen", popen_then_sigint)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # whatever it was
     started = []
-    with pytest.raises(KeyboardInterrupt):
-        local.start_blocking_sigint([sys.executable, "-c", "import time; time.sleep(60)"],
-                                    started)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            local.start_blocking_sigint([sys.executable, "-c", "import time; time.sleep(60)"],
+                                        started)
+    finally:
+        signal.signal(signal.SIGINT, before)
     assert len(started) == 1
     started[0].kill()
     started[0].wait(timeout=60)
