@@ -38,7 +38,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tiledattention.kernel.compile import export_bwd_cubins  # noqa: E402
-from tiledattention.kernel.plan import ONE_HEAD_DIMS  # noqa: E402
 from tiledattention.kernel.variant import BwdVariant  # noqa: E402
 from tiledattention.schedules.backward import BwdSchedule  # noqa: E402
 
@@ -117,8 +116,8 @@ def _body_counts(body) -> dict[str, int]:
     return out
 
 
-def one_head(group_loop: str, head_dim: int) -> bool:
-    return group_loop == "none" or (group_loop == "shipped" and head_dim in ONE_HEAD_DIMS)
+# --group-loop -> BwdVariant.one_head
+ONE_HEAD = {"shipped": None, "runtime": False, "none": True}
 
 
 def main(argv=None) -> int:
@@ -129,7 +128,7 @@ def main(argv=None) -> int:
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--group-loop", choices=("shipped", "runtime", "none"), default="shipped",
                     help="dK/dV's loop over a GQA group: as an MHA plan ships it "
-                         "(plan.ONE_HEAD_DIMS), the runtime loop (GQA), or none")
+                         "(variant.ONE_HEAD_DIMS), the runtime loop (GQA), or none")
     ap.add_argument("--gpu-code", default="sm_90")
     ap.add_argument("--cuobjdump", default=shutil.which("cuobjdump"))
     ap.add_argument("--step", action="store_true",
@@ -145,7 +144,7 @@ def main(argv=None) -> int:
     for d in (int(x) for x in args.head_dim.split(",")):
         for label in args.schedules:
             v = BwdVariant(args.dtype, d, args.causal, BwdSchedule.from_label(label),
-                           even_n=True, one_head=one_head(args.group_loop, d))
+                           even_n=True, one_head=ONE_HEAD[args.group_loop])
             cubins = export_bwd_cubins(v, args.gpu_code)
             for name, cubin in cubins.items():
                 if name.endswith("delta") or (name.endswith("_dq")

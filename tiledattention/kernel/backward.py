@@ -322,7 +322,7 @@ def dkdv_program(Q, K, V, dOut, Lse, Delta, Mask, extra, dK, dV, dQacc, scalars,
 
     # A runtime trip count here spills the causal D = 192 / 256 programs; a constant one
     # does not (the group size as a constant unrolls and spills worse). Without the loop
-    # tileiras waits on every MMA at D = 256, so MHA drops it only at plan.ONE_HEAD_DIMS
+    # tileiras waits on every MMA at D = 256, so MHA drops it only at variant.ONE_HEAD_DIMS
     # (NOTES §36g, §37a).
     for g in range(1 if f.ONE_HEAD else GROUP):
         h = hk * GROUP + g

@@ -50,10 +50,6 @@ TARGET_WAVES = 2  # split-K: aim the grid at about two programs per SM
 # time of two per SM; grids of 32 and 64 programs lost up to 6 % with one per SM.
 FEW_PROGRAMS = 8
 MIN_SPLIT_TILES = 2  # split-K: key tiles per split at least (each split writes partials)
-# MHA's dK/dV program without the runtime loop over a GQA group, for these head dims: there it
-# removes the causal D = 192 spill and runs 2-5 % faster (D 128-192); at D = 256 tileiras then
-# waits on every MMA of the query loop (8 % slower), at D 64-96 it is 0-1 % slower (NOTES §37a).
-ONE_HEAD_DIMS = range(97, 193)
 MAX_PLANS = 4096  # a process that sees ever new shapes (growing decode) must not grow without end
 
 _plans: dict[tuple, object] = {}
@@ -491,7 +487,7 @@ def make_bwd_plan(q, k, attn_mask, causal: bool, scale: float, has_dlse: bool,
                    even_n=sk % max(s.dkdv_n, s.dq_n) == 0, mask_dtype=flags.mask_dtype,
                    mask_axes=flags.mask_axes, has_dlse=has_dlse,
                    flags=None if plain else flags,
-                   one_head=hq == hk and d in ONE_HEAD_DIMS)
+                   one_head=None if hq == hk else False)
     _, dkdv, dq = score_specs(plain)
     steps = {"delta": (DELTA, (math.ceil(sq / DELTA_TILE_M), hq, b)),
              "dkdv": (dkdv, (math.ceil(sk / s.dkdv_n), hk, b)),
