@@ -38,6 +38,8 @@ _LAZY = {
     "pinned_bwd_schedule": ".kernel.plan",
     "sdpa": ".api",
     "sdpa_mode": ".integrations.dropin",
+    "sdpa_paged": ".varlen",
+    "sdpa_varlen": ".varlen",
     "set_schedule_table": ".schedules.policy",
     "timed_call": ".api",
 }
@@ -64,5 +66,5 @@ __all__ = [
     "SDPAMode", "Schedule", "ScheduleError", "ScoreMod", "ShapeError", "TableError",
     "TiledAttentionError", "ToolchainMissingError", "UnsupportedHeadDimError", "VariantError",
     "and_masks", "block_mask", "default_bwd_schedule", "default_schedule", "or_masks",
-    "pinned_bwd_schedule", "sdpa", "sdpa_mode", "set_schedule_table", "timed_call", "variants",
+    "pinned_bwd_schedule", "sdpa", "sdpa_mode", "sdpa_paged", "sdpa_varlen", "set_schedule_table", "timed_call", "variants",
 ]
