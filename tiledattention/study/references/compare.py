@@ -27,6 +27,7 @@ import io
 import json
 import math
 import os
+import re
 import zipfile
 from dataclasses import dataclass, replace
 from importlib import resources
@@ -286,6 +287,14 @@ def systems() -> list[str]:
     root = resources.files("tiledattention.study") / "references"
     return sorted(p.name[:-len(REF_SUFFIX)] for p in root.iterdir()
                   if p.name.endswith(REF_SUFFIX))
+
+
+def shipped_system(gpu_name: str) -> str | None:
+    """The shipped reference measured on this GPU's model (``h200`` for "NVIDIA H200"), or
+    None: another model's times are no reference for it (nor is a GH200 an H200's)."""
+    found = re.search(r"(?<![A-Za-z0-9])H\d{3}(?![0-9])", gpu_name, re.IGNORECASE)
+    name = found.group(0).lower() if found else None
+    return name if name in systems() else None
 
 
 def load_reference(name_or_path: str, tolerance: dict[str, float] | None = None) -> dict:
