@@ -7,6 +7,7 @@ COMPLETED, and cancels the jobs on SIGINT/SIGTERM."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import io
 import os
@@ -127,9 +128,9 @@ def why_refused(o: SlurmOptions, sbatch_says: str) -> str | None:
                 f"[sbatch: {sbatch_says}]")
     if nodes and not any(n.usable for n in nodes):
         states = ", ".join(sorted({f"{n.name} {n.state}" for n in nodes}))
-        _say(f"slurm: sbatch --test-only refuses the request now ({sbatch_says}), but no node "
-             f"of {where} takes jobs ({states}) and the request fits them: it is queued and "
-             "waits for a node")
+        _say_changed(f"slurm: sbatch --test-only refuses the request now ({sbatch_says}), but "
+                     f"no node of {where} takes jobs ({states}) and the request fits them: it "
+                     "is queued and waits for a node")
         return None
     limits = slurm_jobs.partition_limits(o.partition) or "sinfo did not answer"
     return (f"slurm launcher: sbatch --test-only refuses the request: {sbatch_says} "
@@ -276,10 +277,12 @@ class Launcher:
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise LauncherError(f"slurm launcher: sbatch --test-only did not answer ({exc})"
                                 ) from None
-        if out.returncode != 0:
-            refusal = why_refused(self.options, _sbatch_error(out.stderr + out.stdout))
-            if refusal:
-                raise LauncherOptionError(refusal)
+        if out.returncode == 0:
+            _say_changed(None)  # nodes take jobs: a later wait is said anew
+            return
+        refusal = why_refused(self.options, _sbatch_error(out.stderr + out.stdout))
+        if refusal:
+            raise LauncherOptionError(refusal)
 
 
     def _name(self, job) -> str:
@@ -396,6 +399,48 @@ def _hit_time_limit(job, s) -> bool:
 def _say(line: str) -> None:
     with contextlib.suppress(OSError):  # the terminal's pipe is gone (an interrupt)
         print(line, file=sys.stderr, flush=True)
+
+
+# Every step of a workflow run asks sbatch --test-only: a partition whose nodes take no jobs
+# would be reported once per step (11 times in one run). The workflow names a file (see
+# interrupt.export_said_file) where its processes keep what they last said about waiting,
+# so the run says a waiting state once per change.
+SAID_ENV = interrupt.SAID_ENV
+
+
+def _run_key() -> str | None:
+    """The workflow run this process belongs to (its pid and start time), None outside one."""
+    pid = os.environ.get("TILEDATTN_WORKFLOW_PID", "")
+    start = interrupt._started(int(pid)) if pid.isdigit() else None
+    return f"{pid}:{start}" if start else None
+
+
+def _say_changed(line: str | None) -> None:
+    """Say the waiting ``line`` unless this run said the same last; None: the nodes take jobs
+    again, so the next wait is said anew."""
+    path, run = os.environ.get(SAID_ENV), _run_key()
+    if not (path and run):
+        if line:
+            _say(line)
+        return
+    now = f"{run}\n{line or ''}"
+    try:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        with open(path, "a+") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)  # parallel steps: one says it
+            f.seek(0)
+            said = f.read()
+            if said == now or (line is None and said.partition("\n")[0] != run):
+                return
+            f.seek(0)
+            f.truncate()
+            f.write(now)
+            f.flush()
+            if line:
+                _say(line)
+    except OSError:  # no note to keep: say it (more often, never less)
+        if line:
+            _say(line)
 
 
 class _cancel_on_signal:
