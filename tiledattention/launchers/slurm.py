@@ -233,14 +233,12 @@ class Launcher:
                 if not submitter_alive(comment)]
         if not left:  # none, or a live run's (its rows lock then refuses, naming the job)
             return
-        _say(f"slurm: job(s) {' '.join(left)} of {', '.join(names)} (this study, left running "
-             "by an earlier run that was killed) cancelled; their rows are kept and the step "
-             "resumes after them")
         slurm_jobs.cancel(left)
         deadline = time.monotonic() + LEFTOVER_WAIT_S
         while time.monotonic() < deadline:
-            if not any(s.state in slurm_jobs.ACTIVE
-                       for s in slurm_jobs.query(left).values()):
+            states = slurm_jobs.query(left)
+            if not any(s.state in slurm_jobs.ACTIVE for s in states.values()):
+                _say(_leftovers_line(names, _final_states(states)))
                 return
             time.sleep(self.options.poll_s)
         raise LauncherError(f"slurm launcher: job(s) {' '.join(left)} left by an earlier run "
@@ -304,9 +302,11 @@ class Launcher:
         ran: set[str] = set()
         while True:
             if workflow_gone():
-                slurm_jobs.cancel(ids)
+                live = self.cancel_all()
+                ended = [i for i in ids if i not in live]
                 raise LauncherError("slurm launcher: the Snakemake run that started this step "
-                                    f"has ended; cancelled {' '.join(ids)}")
+                                    f"has ended; cancelled {' '.join(live) or '(none)'}"
+                                    + (f" ({' '.join(ended)} had ended)" if ended else ""))
             states = slurm_jobs.query(ids)
             now = time.monotonic()
             for j in jobs:
@@ -365,6 +365,32 @@ class Launcher:
                 raise LauncherError(f"{self._describe(j, states[j.job_id])} failed: "
                                     f"{(last or ['no error text'])[0][-500:]}") from None
         return results
+
+
+def _final_states(states: dict) -> dict:
+    """How each ended job ended, as accounting (sacct) records it: a job that was finishing
+    (COMPLETING) when it was cancelled ends COMPLETED, not CANCELLED; squeue's view where
+    sacct has no final record yet."""
+    accounted = slurm_jobs.accounting(list(states))
+    return {j: accounted[j] if j in accounted and accounted[j].final else s
+            for j, s in states.items()}
+
+
+def _leftovers_line(names: list[str], ended: dict) -> str:
+    """The line for the jobs an earlier, killed run left, once they have ended: only those
+    the scancel stopped are called cancelled."""
+    by_state: dict[str, list[str]] = {}
+    for j, s in ended.items():
+        by_state.setdefault(s.state, []).append(j)
+    said = [f"{' '.join(by_state.pop('CANCELLED'))} cancelled"] if "CANCELLED" in by_state \
+        else []
+    if "COMPLETED" in by_state:
+        said.append(f"{' '.join(by_state.pop('COMPLETED'))} had already completed")
+    said += [f"{' '.join(ids)} ended {ended[ids[0]].describe()}"
+             for _, ids in sorted(by_state.items())]
+    return (f"slurm: job(s) {' '.join(ended)} of {', '.join(names)} (this study, left "
+            f"running by an earlier run that was killed): {'; '.join(said)}; their rows are "
+            "kept and the step resumes after them")
 
 
 def _job_names(tasks: list, array: bool) -> list[str]:

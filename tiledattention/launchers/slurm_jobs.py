@@ -41,6 +41,8 @@ class JobState:
     job_id: str
     state: str  # PENDING, RUNNING, COMPLETED, CANCELLED, ... (UNKNOWN: SLURM has no record)
     reason: str = ""
+    exit_code: str = ""  # sacct's ExitCode, "status:signal" of the job's batch script
+    derived_exit_code: str = ""  # sacct's DerivedExitCode: the worst of its steps'
 
     @property
     def final(self) -> bool:
@@ -102,13 +104,23 @@ def query(job_ids: list[str]) -> dict[str, JobState]:
             found[parts[0]] = JobState(parts[0], parts[1], parts[2])
     missing = [j for j in job_ids if j not in found]
     if missing:
-        for line in _run(["sacct", "-X", "-n", "-P", "-j", ",".join(missing),
-                          "-o", "JobID,State,Reason"]).splitlines():
-            parts = line.strip().split("|")
-            if len(parts) == 3 and parts[0] in missing:
-                # "CANCELLED by 0": the state is the first word.
-                found[parts[0]] = JobState(parts[0], parts[1].split()[0], parts[2])
+        found.update(accounting(missing))
     return {j: found.get(j, JobState(j, "UNKNOWN")) for j in job_ids}
+
+
+def accounting(job_ids: list[str]) -> dict[str, JobState]:
+    """What accounting (sacct) records of each job: its state (final once the job ended:
+    the authority on how it ended), reason and exit codes; a job it has no record of is
+    left out."""
+    found = {}
+    for line in _run(["sacct", "-X", "-n", "-P", "-j", ",".join(job_ids),
+                      "-o", "JobID,State,Reason,ExitCode,DerivedExitCode"]).splitlines():
+        parts = line.strip().split("|")
+        if len(parts) == 5 and parts[0] in job_ids:
+            # "CANCELLED by 0": the state is the first word.
+            found[parts[0]] = JobState(parts[0], (parts[1].split() or ["UNKNOWN"])[0],
+                                       parts[2], parts[3], parts[4])
+    return found
 
 
 def partition_limits(partition: str | None) -> str:
