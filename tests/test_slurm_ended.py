@@ -90,3 +90,38 @@ def test_a_step_whose_snakemake_died_names_as_cancelled_only_the_jobs_that_had_n
         launcher._watch(launcher._jobs)
     assert cancelled == ["47"]
     assert str(err.value).endswith("has ended; cancelled 47 (46 had ended)"), err.value
+
+
+@pytest.mark.parametrize("exit_code,derived,says", [
+    ("0:9", "0:0", "FAILED (NonZeroExitCode, killed by signal 9 (SIGKILL))"),
+    ("137:0", "0:9", "FAILED (NonZeroExitCode, exit code 137 (128 + signal 9, SIGKILL), "
+                     "a job step killed by signal 9 (SIGKILL))"),
+    ("1:0", "1:0", "FAILED (NonZeroExitCode, exit code 1)"),
+    ("", "", "FAILED (NonZeroExitCode)"),  # accounting has no record (yet)
+])
+def test_a_failed_job_says_its_exit_code_or_signal_and_its_log(monkeypatch, capsys, tmp_path,
+                                                               exit_code, derived, says):
+    # The job's Python killed (kill -9, the OOM killer): squeue says only FAILED
+    # (NonZeroExitCode); sacct's ExitCode says how it ended.
+    _replay(monkeypatch, {"squeue -h -r --states=all": "4200|FAILED|NonZeroExitCode\n",
+                          "sacct": f"4200|FAILED|NonZeroExitCode|{exit_code}|{derived}"})
+    monkeypatch.delenv("TILEDATTN_WORKFLOW_PID", raising=False)
+    log = tmp_path / "logs" / "4200_0_log.err"
+    launcher = _launcher()
+    launcher.executor = SimpleNamespace(parameters={"job_name": "tiledattn-bench-shard0of1"})
+    launcher._jobs = [SimpleNamespace(job_id="4200", paths=SimpleNamespace(stderr=log))]
+    with pytest.raises(slurm.LauncherError) as err:
+        launcher._watch(launcher._jobs)
+    assert str(err.value).startswith(f"SLURM job 4200 ({says}, log {log}): SLURM did not "
+                                     "report COMPLETED"), err.value
+    status = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("slurm: job")]
+    assert status == [f"slurm: job 4200 {says}, log {log} [tiledattn-bench-shard0of1]"], status
+
+
+def test_a_completed_or_cancelled_job_is_described_without_exit_codes():
+    from tiledattention.launchers.slurm_jobs import JobState
+
+    assert JobState("1", "COMPLETED", "None", "0:0", "0:0").describe() == "COMPLETED"
+    # scancel's SIGTERM: CANCELLED says it.
+    assert JobState("1", "CANCELLED", "None", "0:15", "0:0").describe() == "CANCELLED"
+    assert JobState("1", "RUNNING", "None", "0:0", "0:0").describe() == "RUNNING"

@@ -238,6 +238,43 @@ def test_a_cancelled_job_stops_measuring_at_once_and_keeps_only_its_finished_poi
     assert f"slurm: job {job} RUNNING [tiledattn-bench-shard0of1]" in err, err[-2000:]
 
 
+def _job_python(logs: Path) -> int | None:
+    """The pid of the job's Python (submitit's runner for the jobs of ``logs``)."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if "submitit.core._submit" in argv and str(logs) in argv:
+            return int(pid)
+    return None
+
+
+def test_a_job_whose_python_was_killed_says_the_signal_and_its_log(tmp_path):
+    # kill -9 of the job's Python (as the OOM killer does): not a bare "FAILED
+    # (NonZeroExitCode)", but the signal from sacct's exit codes, and the job's log.
+    config = tmp_path / "bench.yaml"
+    config.write_text(_grid([64, 1024, 1280], reps=20000))
+    out = tmp_path / "out"
+    sweep = subprocess.Popen(
+        [sys.executable, "-m", "tiledattention.cli", "sweep", "--config", str(config),
+         "--launcher", "slurm", "--launcher-options", json.dumps({**SMALL, "array": False}),
+         "--shards", "1", "--out", str(out)], cwd=ROOT, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(lambda: _rows(out / "rows-shard0of1.jsonl"), "first rows", 400, 0.2)
+        os.kill(_wait_for(lambda: _job_python(out / "logs"), "job's Python", 60), 9)
+        _, err = sweep.communicate(timeout=300)
+    finally:
+        sweep.kill()
+    job = _job_ids(out)[0]
+    assert sweep.returncode == 1, err[-2000:]
+    _one_line(err, f"SLURM job {job} (FAILED (")
+    line = next(ln for ln in err.splitlines() if f"SLURM job {job} (FAILED (" in ln)
+    assert "signal 9 (SIGKILL)" in line or "signal 9, SIGKILL" in line, line
+    assert f"log {out / 'logs' / f'{job}_0_log.err'}" in line, line
+
+
 def test_a_time_limit_in_the_last_attempt_fails_the_study_naming_it_and_stores_no_row(
         tmp_path):
     # max_requeue 0: SLURM's USR2 (signal_delay_s before the 2-minute limit) makes

@@ -316,7 +316,9 @@ class Launcher:
                         now - last[1] > HEARTBEAT_S.get(s.state, float("inf"))):
                     again = f" (still, after {now - started:.0f}s)" if last and \
                         last[0] == s.describe() else ""
-                    _say(f"slurm: job {j.job_id} {s.describe()}{again}"
+                    log = f", log {j.paths.stderr}" if s.final and s.state != "COMPLETED" \
+                        else ""
+                    _say(f"slurm: job {j.job_id} {s.describe()}{again}{log}"
                          f"{_requeued(j.job_id, s, ran)} [{self._name(j)}]")
                     shown[j.job_id] = (s.describe(), now)
                 if s.state == "RUNNING":
@@ -386,8 +388,11 @@ def _leftovers_line(names: list[str], ended: dict) -> str:
         else []
     if "COMPLETED" in by_state:
         said.append(f"{' '.join(by_state.pop('COMPLETED'))} had already completed")
-    said += [f"{' '.join(ids)} ended {ended[ids[0]].describe()}"
-             for _, ids in sorted(by_state.items())]
+    others: dict[str, list[str]] = {}
+    for ids in by_state.values():
+        for j in ids:
+            others.setdefault(ended[j].describe(), []).append(j)
+    said += [f"{' '.join(ids)} ended {how}" for how, ids in sorted(others.items())]
     return (f"slurm: job(s) {' '.join(ended)} of {', '.join(names)} (this study, left "
             f"running by an earlier run that was killed): {'; '.join(said)}; their rows are "
             "kept and the step resumes after them")
