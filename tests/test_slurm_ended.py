@@ -96,6 +96,10 @@ def test_a_step_whose_snakemake_died_names_as_cancelled_only_the_jobs_that_had_n
     ("0:9", "0:0", "FAILED (NonZeroExitCode, killed by signal 9 (SIGKILL))"),
     ("137:0", "0:9", "FAILED (NonZeroExitCode, exit code 137 (128 + signal 9, SIGKILL), "
                      "a job step killed by signal 9 (SIGKILL))"),
+    # Recorded on the CI cluster after kill -9 of the job's Python: srun exits 9, its step
+    # was killed by signal 9.
+    ("9:0", "0:9", "FAILED (NonZeroExitCode, exit code 9, a job step killed by signal 9 "
+                   "(SIGKILL))"),
     ("1:0", "1:0", "FAILED (NonZeroExitCode, exit code 1)"),
     ("", "", "FAILED (NonZeroExitCode)"),  # accounting has no record (yet)
 ])

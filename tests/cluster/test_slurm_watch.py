@@ -152,6 +152,26 @@ def test_a_drained_partition_is_not_called_a_mis_sized_request(tmp_path):
     assert "drain" in err and "refuses the request:" not in err
 
 
+def test_a_drained_partition_is_said_once_in_a_workflow_run_not_once_per_step(tmp_path):
+    # The preflight and each of the two shard steps ask sbatch --test-only; the run says
+    # "queued and waits" once (it used to say it once per step: 11 times in a study).
+    _node_state("drain", "tiledattn-test")
+    try:
+        run = _snakemake(_study(tmp_path, [64], shards=2))
+        shards = tmp_path / "out" / "shards"
+        ids = _wait_for(lambda: len(_job_ids(shards)) == 2 and _job_ids(shards),
+                        "two queued jobs", 300)
+        _wait_for(lambda: set(_states(ids).values()) == {"PENDING"}, "pending jobs", 60)
+    finally:
+        _node_state("resume")
+    try:
+        _, err = run.communicate(timeout=600)
+    finally:
+        run.kill()
+    assert run.returncode == 0, err[-3000:]
+    _one_line(err, "is queued and waits for a node")
+
+
 def test_a_job_pending_for_a_reason_that_never_resolves_fails_naming_it(tmp_path):
     # time_min above the partition's MaxTime (60): sbatch --test-only lets it through,
     # SLURM queues it PENDING (PartitionConfig) for ever. The step fails on the first
@@ -239,13 +259,15 @@ def test_a_cancelled_job_stops_measuring_at_once_and_keeps_only_its_finished_poi
 
 
 def _job_python(logs: Path) -> int | None:
-    """The pid of the job's Python (submitit's runner for the jobs of ``logs``)."""
+    """The pid of the job's Python (submitit's runner for the jobs of ``logs``; not the
+    srun that started it, whose command line names it too)."""
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
         except OSError:
             continue
-        if "submitit.core._submit" in argv and str(logs) in argv:
+        argv = argv.split("\0")
+        if argv[1:4] == ["-u", "-m", "submitit.core._submit"] and str(logs) in argv:
             return int(pid)
     return None
 
