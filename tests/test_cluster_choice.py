@@ -9,6 +9,7 @@ import importlib.util
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -68,6 +69,11 @@ def test_the_cluster_the_suite_started_is_used_while_its_controller_runs(choice,
     daemon = tmp_path / "slurmctld"
     shutil.copy(shutil.which("sleep"), daemon)
     proc = subprocess.Popen([str(daemon), "60"])
+    # Popen may return before the child's exec: its comm is then still the parent's.
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{proc.pid}/comm").read_text().strip() != "slurmctld":
+        assert time.monotonic() < deadline, "the stand-in slurmctld did not start"
+        time.sleep(0.01)
     try:
         monkeypatch.setenv("SLURM_CONF", str(_cluster_dir(tmp_path / "ours", proc.pid)))
         assert choice() is None

@@ -54,6 +54,11 @@ def machine(tmp_path):
         # Reaped as soon as it ends, as init reaps the real (setsid) daemons: a zombie's
         # /proc/PID/comm still names it.
         threading.Thread(target=procs[-1].wait, daemon=True).start()
+        # Popen may return before the child's exec: its comm is then still the parent's.
+        deadline = time.monotonic() + 30
+        while not _runs(procs[-1].pid, name):
+            assert time.monotonic() < deadline, f"the stand-in {name} did not start"
+            time.sleep(0.01)
         return procs[-1].pid
 
     directory = tmp_path / "cluster"
