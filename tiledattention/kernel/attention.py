@@ -56,6 +56,7 @@ from .visit import (
     key_range,
     mapped_tile,
     seq_key_range,
+    sequence_slice,
     sequence_span,
     split_range,
 )
@@ -168,17 +169,17 @@ def seq_program(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns, seqs, b, bid_m)
     seq_q = SEQ_Q
     if f.VARLEN_Q:
         start, stop = sequence_span(CuQ, b, Q.shape[2])
-        Q = Q.slice(axis=2, start=start, stop=stop)
-        Out = Out.slice(axis=2, start=start, stop=stop)
+        Q = sequence_slice(Q, start, stop)
+        Out = sequence_slice(Out, start, stop)
         if f.RETURN_LSE:
-            Lse = Lse.slice(axis=2, start=start, stop=stop)
+            Lse = sequence_slice(Lse, start, stop)
         seq_q = stop - start
         ab = 0
     seq_k = K.shape[2]
     if f.VARLEN_K:
         kstart, kstop = sequence_span(CuK, b, K.shape[2])
-        K = K.slice(axis=2, start=kstart, stop=kstop)
-        V = V.slice(axis=2, start=kstart, stop=kstop)
+        K = sequence_slice(K, kstart, kstop)
+        V = sequence_slice(V, kstart, kstop)
         seq_k = kstop - kstart
     if f.PAGED:
         seq_k = Pages.shape[1] * (f.PAGE_TILES * f.TILE_N)

@@ -71,6 +71,7 @@ from .visit import (
     query_range,
     seq_key_range,
     seq_query_range,
+    sequence_slice,
     sequence_span,
 )
 
@@ -315,12 +316,12 @@ def dkdv_program(Q, K, V, dOut, Lse, Delta, Mask, extra, dK, dV, dQacc, scalars,
             seq_k = ke - ks
             if f.SEQUSED:
                 seq_k = ct.minimum(ct.maximum(ct.gather(SeqK, b), 0), seq_k)
-            arrays = (Q.slice(axis=2, start=qs, stop=qe), K.slice(axis=2, start=ks, stop=ke),
-                      V.slice(axis=2, start=ks, stop=ke), dOut.slice(axis=2, start=qs, stop=qe),
-                      Lse.slice(axis=2, start=qs, stop=qe),
-                      Delta.slice(axis=2, start=qs, stop=qe), Mask)
-            dkdv_key_tile(arrays, extra, dK.slice(axis=2, start=ks, stop=ke),
-                          dV.slice(axis=2, start=ks, stop=ke), dQacc, scalars, f, fns, b,
+            arrays = (sequence_slice(Q, qs, qe), sequence_slice(K, ks, ke),
+                      sequence_slice(V, ks, ke), sequence_slice(dOut, qs, qe),
+                      sequence_slice(Lse, qs, qe),
+                      sequence_slice(Delta, qs, qe), Mask)
+            dkdv_key_tile(arrays, extra, sequence_slice(dK, ks, ke),
+                          sequence_slice(dV, ks, ke), dQacc, scalars, f, fns, b,
                           bid_n, 0, seq_k, (seq_k - (qe - qs), f.WINDOW, WIN_L, WIN_R))
     else:
         dkdv_key_tile((Q, K, V, dOut, Lse, Delta, Mask), extra, dK, dV, dQacc, scalars, f,
@@ -439,11 +440,11 @@ def dq_program(Q, K, V, dOut, Lse, Delta, Mask, extra, Out, Dlse, dQ, scalars, f
             seq_k = ke - ks
             if f.SEQUSED:
                 seq_k = ct.minimum(ct.maximum(ct.gather(SeqK, b), 0), seq_k)
-            arrays = (Q.slice(axis=2, start=qs, stop=qe), K.slice(axis=2, start=ks, stop=ke),
-                      V.slice(axis=2, start=ks, stop=ke), dOut.slice(axis=2, start=qs, stop=qe),
-                      Lse.slice(axis=2, start=qs, stop=qe),
-                      Delta.slice(axis=2, start=qs, stop=qe), Mask)
-            dq_query_tile(arrays, extra, Out, Dlse, dQ.slice(axis=2, start=qs, stop=qe),
+            arrays = (sequence_slice(Q, qs, qe), sequence_slice(K, ks, ke),
+                      sequence_slice(V, ks, ke), sequence_slice(dOut, qs, qe),
+                      sequence_slice(Lse, qs, qe),
+                      sequence_slice(Delta, qs, qe), Mask)
+            dq_query_tile(arrays, extra, Out, Dlse, sequence_slice(dQ, qs, qe),
                           scalars, f, fns, b, bid_m, 0, seq_k,
                           (seq_k - (qe - qs), f.WINDOW, WIN_L, WIN_R))
     else:

@@ -151,6 +151,14 @@ def sequence_span(Cu, b, total):
     return start, stop
 
 
+def sequence_slice(T, start, stop):
+    """``T`` sliced to rows [start, stop) of its axis 2, with ``start`` kept below T's extent
+    (cuTile's ``Array.slice`` needs start < N): an empty sequence at the end of the packed
+    tensor gets a one-row view it never reads (its length, stop - start, is 0)."""
+    first = ct.minimum(start, T.shape[2] - 1)
+    return T.slice(axis=2, start=first, stop=ct.maximum(stop, first))
+
+
 def seq_key_range(q_start, seq_k, shift, TILE_M, TILE_N, CAUSAL, WINDOW, WIN_L, WIN_R,
                   PACKED, SEQ_Q):
     """(j_lo, n_tiles, mask_start) of a query tile of a packed or paged sequence: causality

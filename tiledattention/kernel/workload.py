@@ -150,7 +150,9 @@ def run_varlen(plan: SeqPlan, q, k, v, cu_q, cu_k, seqused_k, aux=()):
     out = torch.empty(q.shape, dtype=q.dtype, device=dev)
     lse = torch.empty((w.heads_q, total), dtype=torch.float32, device=dev) \
         if plan.return_lse else None
-    if total == 0 or w.batch == 0:
+    if total == 0 or w.batch == 0 or k.shape[0] == 0:
+        # no key anywhere: every row attends nothing (zeros, log-sum-exp -inf)
+        out.zero_()
         if lse is not None:
             lse.fill_(float("-inf"))
         return out, lse
@@ -255,9 +257,11 @@ def run_paged(plan: SeqPlan, q, k_cache, v_cache, page_table, cache_seqlens, cu_
     rows_shape = (b, plan.heads, plan.rows, w.head_dim)
     seqs = (pad.view(1), pad.view(1), cache_seqlens, page_table, pad.view(1, 1))
     grid = (math.ceil(plan.rows / plan.tile_m), plan.heads * plan.splits, b)
+    direct = not plan.packed_heads or sq == 1  # out viewed as the kernel's rows
+    kout = out.transpose(1, 2) if not plan.packed_heads else (
+        out.view(rows_shape) if sq == 1 else torch.empty(rows_shape, dtype=q.dtype,
+                                                          device=dev))
     if plan.splits == 1:
-        kout = out.transpose(1, 2) if not plan.packed_heads else torch.empty(
-            rows_shape, dtype=q.dtype, device=dev)
         klse = lse_ph if lse is None else (
             lse if not plan.packed_heads else lse.view(b, plan.heads, plan.rows))
         launch_kernel(dev, grid, plan.kernel, (kq, kc, vc, kout, klse, mask_ph, *variant,
@@ -268,14 +272,12 @@ def run_paged(plan: SeqPlan, q, k_cache, v_cache, page_table, cache_seqlens, cu_
         part_lse = torch.empty(part.shape[:3], dtype=torch.float32, device=dev)
         launch_kernel(dev, grid, plan.kernel, (kq, kc, vc, part, part_lse, mask_ph,
                                                 *variant, *seqs, *tail))
-        kout = out.transpose(1, 2) if not plan.packed_heads else torch.empty(
-            rows_shape, dtype=q.dtype, device=dev)
         klse = lse_ph if lse is None else (
             lse if not plan.packed_heads else lse.view(b, plan.heads, plan.rows))
         r_tiles, combine_tail = plan.combine_values
         launch_kernel(dev, (r_tiles, plan.heads, b), plan.combine,
                       (part, part_lse, kout, klse, *combine_tail))
-    if plan.packed_heads:
+    if not direct:
         group = w.heads_q // w.heads_kv
         out.copy_(kout.view(b, w.heads_kv, group, sq, w.head_dim).permute(0, 3, 1, 2, 4)
                   .reshape(b, sq, w.heads_q, w.head_dim))
@@ -335,7 +337,7 @@ def run_varlen_backward(plan: SeqBwdPlan, w: Workload, q, k, v, out, lse, dout, 
     dq = torch.zeros_like(q, memory_format=torch.contiguous_format)
     dk = torch.zeros_like(k, memory_format=torch.contiguous_format)
     dv = torch.zeros_like(v, memory_format=torch.contiguous_format)
-    if total_q == 0 or w.batch == 0:
+    if total_q == 0 or w.batch == 0 or total_k == 0:
         return dq, dk, dv
     pad = _int_pad(dev)
     q4, k4, v4, o4 = packed4(q), packed4(k), packed4(v), packed4(out)
