@@ -131,9 +131,10 @@ def _rebuild_section(data_files: list[str]) -> list[str]:
 
 
 # What the README says where no repository URL was known when the bundle was made.
-NO_REPOSITORY = ("no repository URL recorded (set `publication.repository` in the study config, "
-                 "or `Repository` under `[project.urls]` in pyproject.toml, or a git remote "
-                 "`origin`, then rebuild the bundle)")
+NO_REPOSITORY = ("no repository URL recorded (none is needed: `source/` holds the package; "
+                 "to record one, set `publication.repository` in the study config, or "
+                 "`Repository` under `[project.urls]` in pyproject.toml, or a git remote "
+                 "`origin`)")
 CPU_TORCH = "https://download.pytorch.org/whl/cpu"  # PyTorch's CPU wheels (no CUDA)
 
 
