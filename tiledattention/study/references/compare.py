@@ -286,9 +286,10 @@ def _check_sums(bundle: str) -> None:
     problems = checksums(bundle)
     if problems:
         more = f" and {len(problems) - 1} more" if len(problems) > 1 else ""
-        raise StudyError(f"{bundle.rstrip(os.sep) or bundle}: the bundle fails its checksums ({problems[0]}"
-                         f"{more}): it was changed after it was made, so it is not compared; "
-                         f"tiledattn bundle verify {bundle.rstrip(os.sep) or bundle} names every problem")
+        where = bundle.rstrip(os.sep) or bundle
+        raise StudyError(f"{where}: the bundle fails its checksums ({problems[0]}{more}): it "
+                         "was changed after it was made, so it is not compared; tiledattn "
+                         f"bundle verify {where} names every problem")
 
 
 def _stage_rows(root: str) -> list[dict]:
