@@ -241,6 +241,8 @@ def load_study(path: str) -> tuple[list[dict], str]:
                              ("aggregate/rows.jsonl", "manifest.json"),
                              ("bundle/data/rows.jsonl", "bundle/manifest.json")):
                 if os.path.isfile(os.path.join(path, rel)):
+                    if not rel.startswith("aggregate/"):  # a bundle's rows: as published?
+                        _check_sums(os.path.join(path, rel.split("data/")[0]))
                     rows = _json_lines(_read(os.path.join(path, rel)), os.path.join(path, rel))
                     rows += _stage_rows(os.path.join(path, rel.split("data/")[0]
                                                      if "data/" in rel else ""))
@@ -253,6 +255,7 @@ def load_study(path: str) -> tuple[list[dict], str]:
             raise StudyError(f"{path}: no such bundle, study directory or rows file"
                              + (" (a special file)" if os.path.exists(path) else ""))
         elif zipfile.is_zipfile(path):
+            _check_sums(path)
             rows, manifest = _from_zip(path)
         else:
             rows = _json_lines(_read(path), path)
@@ -264,6 +267,30 @@ def load_study(path: str) -> tuple[list[dict], str]:
     _check_rows(rows, path)
     gpu = _gpu_name(manifest, path) or _row_device(rows)
     return rows, gpu
+
+
+def _check_sums(bundle: str) -> None:
+    """A bundle (a directory or zip holding SHA256SUMS or the bundle marker) whose files are
+    the ones it was made with, or one StudyError naming the first that is not: rows edited
+    after the bundle was made are never compared (nor PASSed)."""
+    from ..publication.archive import MARKER, SUMS
+    from ..publication.verify import checksums
+
+    if os.path.isdir(bundle):
+        if not any(os.path.lexists(os.path.join(bundle, n)) for n in (SUMS, MARKER)):
+            return  # rows in a directory, not a bundle: nothing vouches for them
+    else:
+        with zipfile.ZipFile(bundle) as z:
+            tops = {n.split("/", 1)[-1] for n in z.namelist()}
+        if not tops & {SUMS, MARKER}:
+            return
+    problems = checksums(bundle)
+    if problems:
+        more = f" and {len(problems) - 1} more" if len(problems) > 1 else ""
+        where = bundle.rstrip(os.sep) or bundle
+        raise StudyError(f"{where}: the bundle fails its checksums ({problems[0]}{more}): it "
+                         "was changed after it was made, so it is not compared; tiledattn "
+                         f"bundle verify {where} names every problem")
 
 
 def _stage_rows(root: str) -> list[dict]:
