@@ -46,8 +46,8 @@ def doc_lengths(tokens: int, seed: int, median=512, sigma=1.0, cap=8192) -> list
 
 
 def fa4(site):
-    if site:
-        sys.path[:0] = [site, f"{site}/nvidia_cutlass_dsl/python_packages"]
+    if site:  # scripts/device-baselines.sh's --target install (its .pth not applied)
+        sys.path[:0] = [site, f"{site}/nvidia_cutlass_dsl/dsl_packages"]
     try:
         from flash_attn.cute import flash_attn_varlen_func
 

@@ -367,7 +367,10 @@ def run_varlen_backward(plan: SeqBwdPlan, w: Workload, q, k, v, out, lse, dout, 
 
 # ----------------------------------------------------------------------------- entry
 def _facts(t) -> tuple:
-    return None if t is None else (type(t), t.shape[1:], t.stride(), t.dtype, t.device)
+    """A packed tensor's plan facts: not its length, nor the strides that follow from it
+    (a [1, H, T, D] view's token stride is D, its head stride T * D): one plan serves every
+    packed length. cuTile specialises on the strides' alignment at launch."""
+    return None if t is None else (type(t), t.shape[1:], t.stride(-1), t.dtype, t.device)
 
 
 def _keyable(*ts) -> bool:
