@@ -33,7 +33,10 @@ A call without them takes the plain path, unchanged.
 Padding-free training (``DataCollatorWithFlattening``: one row of sequences back to back,
 with ``cu_seq_lens_*`` / ``max_length_*`` or restarting ``position_ids``) calls
 ``tiledattention.sdpa_varlen`` per sequence, causal, with the model's window and softcap,
-as ``flash_attention_2`` does (``integrations/transformers_packed.py``).
+as ``flash_attention_2`` does (``integrations/transformers_packed.py``). Continuous
+batching (``model.generate_batch``, with ``attn_implementation="paged|tiledattention"``,
+also registered) reads the paged cache through ``tiledattention.sdpa_paged``
+(``integrations/transformers_paged.py``).
 
 Needs the ``hf`` extra (``pip install 'tiledattention[hf]'``); dropout must be 0. It
 trains (``sdpa`` is differentiable) and compiles (``torch.compile``; a variant call costs
@@ -50,6 +53,7 @@ import functools
 import torch
 
 from . import transformers_packed as _packed
+from .transformers_paged import PAGED_PREFIX, paged_attention_forward
 
 NAME = "tiledattention"
 _AHEAD = 2**30  # a window's right extent that rules nothing out (one compile per W)
@@ -144,6 +148,9 @@ def register(name: str = NAME) -> str:
         raise InputError("transformers is not installed: pip install 'tiledattention[hf]'"
                          ) from exc
     AttentionInterface.register(name, attention_forward)
+    # continuous batching (generate_batch) asks for "paged|<name>"; no mask function for
+    # it: the paged path needs none, and transformers then builds none
+    AttentionInterface.register(PAGED_PREFIX + name, paged_attention_forward)
     try:  # transformers >= 4.53 picks the mask builder per implementation
         from transformers.masking_utils import AttentionMaskInterface
     except ImportError:
