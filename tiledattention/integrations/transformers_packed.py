@@ -56,6 +56,8 @@ def _mark_window(window: int, device) -> torch.Tensor:
 
 def marked_window(mask) -> int | None:
     """The window a packed-window marker carries; None for any other mask."""
+    if mask is None:  # the common case, without an id() lookup under torch.compile
+        return None
     entry = _WINDOW_MARKS.get(id(mask))
     return entry[1] if entry is not None and entry[0]() is mask else None
 
