@@ -50,7 +50,8 @@ def calls(monkeypatch):
     def fake_paged(q, k_cache, v_cache, page_table, cache_seqlens, *, cu_seqlens_q=None,
                    max_seqlen_q=None, causal=False, scale=None, window_size=(-1, -1),
                    softcap=0.0, **kw):
-        seen.append(dict(kind="paged", cu_q=cu_seqlens_q.tolist(), lens=cache_seqlens.tolist(),
+        seen.append(dict(kind="paged", cu_q=None if cu_seqlens_q is None else cu_seqlens_q.tolist(),
+                         lens=cache_seqlens.tolist(),
                          max_q=max_seqlen_q, causal=causal, page=k_cache.shape[1],
                          shares=k_cache.untyped_storage().data_ptr(), view=k_cache._is_view(),
                          table=page_table.dtype))
@@ -141,3 +142,36 @@ def test_the_paged_implementation_refuses_a_call_without_its_cache():
     q = torch.randn(1, 4, 3, 16)
     with pytest.raises(ta.InputError, match="without a paged attention cache"):
         paged_attention_forward(torch.nn.Module(), q, q, q, None)
+
+
+def test_a_block_table_decode_writes_through_the_table_and_reads_the_pages(calls):
+    """transformers' decode fast path (a block table, no read/write index; 5.17 gives it
+    to FlashAttention only): the new token lands at slot cache_seqlens - 1 of its pages, a
+    padding request's in the write trash, and the output is attention over each request's
+    whole context."""
+    from types import SimpleNamespace
+
+    from tiledattention.reference import naive_attention
+
+    bs, hkv, hq, d = 16, 2, 4, 16
+    torch.manual_seed(0)
+    k_cache, v_cache = (torch.randn(6 * bs, hkv, d) for _ in range(2))  # 4 blocks + 2 trash
+    cache = SimpleNamespace(block_size=bs, key_cache=[k_cache], value_cache=[v_cache],
+                            layer_index_to_group_indices={0: (0, 0)}, sliding_windows={0: 1},
+                            write_trash_index=5 * bs)
+    table = torch.tensor([[[3, 1], [0, -1], [-1, -1]]], dtype=torch.int32)  # 3rd: padding
+    cu_k = torch.tensor([0, 21, 27, 27], dtype=torch.int32)  # 20 + 1 and 5 + 1 tokens
+    q, k, v = torch.randn(1, hq, 3, d), torch.randn(1, hkv, 3, d), torch.randn(1, hkv, 3, d)
+    module = SimpleNamespace(layer_idx=0)
+    out, _ = paged_attention_forward(module, q, k, v, None, scaling=0.25, cache=cache,
+                                     cu_seq_lens_q=torch.arange(4, dtype=torch.int32),
+                                     max_seqlen_q=1, cu_seq_lens_k=cu_k, max_seqlen_k=1,
+                                     read_index=[], write_index=[], block_table=table)
+    assert torch.equal(k_cache[1 * bs + 4], k[0, :, 0]) and torch.equal(k_cache[0 * bs + 5],
+                                                                         k[0, :, 1])
+    assert torch.equal(k_cache[5 * bs], k[0, :, 2])  # the padding request's, in the trash
+    for b, slots in enumerate([list(range(48, 64)) + list(range(16, 21)), list(range(0, 6))]):
+        keys, vals = k_cache[slots].transpose(0, 1)[None], v_cache[slots].transpose(0, 1)[None]
+        want, _ = naive_attention(q[:, :, b:b + 1], keys, vals, scale=0.25)
+        torch.testing.assert_close(out[0, b], want[0, :, 0].float())
+    assert calls[-1]["kind"] == "paged" and calls[-1]["lens"] == [21, 6, 0]

@@ -24,9 +24,11 @@ What we do with it:
   with ``cu_seq_lens_k``, causal bottom-right (and the window), as transformers' own
   ``paged|flash_attention_*`` does.
 
-``block_table`` (transformers' decode fast path) is only filled for FlashAttention 2/3 in
-5.17 (``continuous_batching.initialization.ensure_decode_fast_path_is_available``), so it
-never reaches us; the page table above is what it would give.
+``block_table`` (transformers' decode fast path: one new token per request, no read or
+write index) is only filled for FlashAttention 2/3 in 5.17
+(``continuous_batching.initialization.ensure_decode_fast_path_is_available``), so it never
+reaches us there; should a later version pass it, the new tokens are written through it and
+``sdpa_paged`` reads the cache through it.
 """
 
 from __future__ import annotations
@@ -67,6 +69,11 @@ def paged_attention_forward(module, query, key, value, attention_mask, dropout: 
     max_q = min(max(int(kwargs["max_seqlen_q"]), 1), query.shape[2])
     softcap = float(kwargs.get("softcap") or 0.0)
     group, in_group = cache.layer_index_to_group_indices[module.layer_idx]
+    if kwargs.get("block_table") is not None:  # the decode fast path: no read/write index
+        out = _decode_with_table(query, key, value, cache, in_group,
+                                 kwargs["block_table"][group], cu_k.to(torch.int32),
+                                 scaling, softcap, window)
+        return out.unsqueeze(0), None
     read = kwargs["read_index"][group]
     if window is None and read.numel() and cache.block_size in _page_sizes():
         out = _through_pages(module, query, key, value, cache, group, in_group, read,
@@ -108,6 +115,37 @@ def _through_pages(module, query, key, value, cache, group, in_group, read, writ
                               v_cache.view(shape), table, cu_k.diff().to(torch.int32),
                               cu_seqlens_q=cu_q, max_seqlen_q=max_q, causal=True,
                               scale=scaling, softcap=softcap)
+
+
+def _decode_with_table(query, key, value, cache, in_group, table, cu_k, scaling, softcap,
+                       window):
+    """One new token per request (transformers fills ``block_table`` only for decode-only
+    batches, and then no read/write index): each token goes to slot ``cache_seqlens - 1``
+    of its pages (a padding request, with no tokens, to the write trash), then
+    ``sdpa_paged``. Not reached from transformers 5.17, which gives a block table to
+    FlashAttention only."""
+    from .. import varlen as _varlen
+    from ..errors import InputError
+
+    if window is not None or cache.block_size not in _page_sizes():
+        raise InputError(f"paged|tiledattention: a block table for a sliding-window layer or "
+                         f"block size {cache.block_size} (sdpa_paged takes "
+                         f"{_page_sizes()} without a window); use paged|sdpa")
+    n = key.shape[2]
+    lens = cu_k.diff()[:n]
+    pos = (lens - 1).clamp_(min=0).long()
+    page = table[:n].long().gather(1, (pos // cache.block_size)[:, None])[:, 0]
+    slot = torch.where(lens > 0, page * cache.block_size + pos % cache.block_size,
+                       cache.write_trash_index)
+    k_cache, v_cache = cache.key_cache[in_group], cache.value_cache[in_group]
+    k_cache.index_copy_(0, slot, key[0].transpose(0, 1))
+    v_cache.index_copy_(0, slot, value[0].transpose(0, 1))
+    shape = (-1, cache.block_size, k_cache.shape[-2], k_cache.shape[-1])
+    # q [1, Hq, B, D] -> [B, 1, Hq, D]: one new token per request, a view
+    return _varlen.sdpa_paged(query[0].transpose(0, 1)[:, None], k_cache.view(shape),
+                              v_cache.view(shape), table[:n].to(torch.int32),
+                              lens.to(torch.int32), causal=True, scale=scaling,
+                              softcap=softcap)[:, 0]
 
 
 def _through_gather(module, query, key, value, cache, kwargs, cu_q, max_q, cu_k, max_k,
