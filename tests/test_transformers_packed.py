@@ -16,6 +16,8 @@ pytest.importorskip("transformers", reason="transformers not installed: "
 
 from transformers import (  # noqa: E402
     DataCollatorWithFlattening,
+    Gemma2Config,
+    Gemma2ForCausalLM,
     LlamaConfig,
     LlamaForCausalLM,
     MistralConfig,
@@ -154,6 +156,22 @@ def test_a_sliding_window_packed_batch_gets_the_window_and_matches_eager(varlen_
     loss, grads = _step(ours, batch)
     ref_loss, ref_grads = _step(ref, batch)
     assert {c["window"] for c in varlen_calls} == {(3, 0)}  # W keys including the query
+    torch.testing.assert_close(loss, ref_loss)
+    for name, g in grads.items():
+        torch.testing.assert_close(g, ref_grads[name], msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_gemma2_packed_gets_softcap_and_its_sliding_layers_and_matches_eager(varlen_calls):
+    """Gemma 2 alternates sliding (W = 4) and full layers and caps its scores at 50."""
+    cfg = Gemma2Config(vocab_size=128, hidden_size=64, intermediate_size=128,
+                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                       head_dim=16, sliding_window=4, attn_logit_softcapping=50.0)
+    ours, ref = _pair(Gemma2ForCausalLM, cfg)
+    batch = _batch(fa_kwargs=True)
+    loss, grads = _step(ours, batch)
+    ref_loss, ref_grads = _step(ref, batch)
+    assert {(c["window"], c["softcap"]) for c in varlen_calls} == {((3, 0), 50.0),
+                                                                  ((-1, 0), 50.0)}
     torch.testing.assert_close(loss, ref_loss)
     for name, g in grads.items():
         torch.testing.assert_close(g, ref_grads[name], msg=lambda m, n=name: f"{n}: {m}")
