@@ -139,6 +139,18 @@ def test_one_training_step_on_a_packed_batch_matches_eager(varlen_calls, fa_kwar
         torch.testing.assert_close(g, ref_grads[name], msg=lambda m, n=name: f"{n}: {m}")
 
 
+def test_offsets_from_position_ids_are_read_once_per_forward(varlen_calls, monkeypatch):
+    reads = []
+    real = packed.offsets_of
+    monkeypatch.setattr(packed, "offsets_of", lambda *a: reads.append(1) or real(*a))
+    ours, _ = _pair(LlamaForCausalLM, _llama())
+    ours(**_batch(fa_kwargs=False))
+    ours(**_batch(fa_kwargs=False))  # new position_ids, equal values: read again
+    assert len(varlen_calls) == 4 and len(reads) == 2  # 2 forwards x 2 layers, 2 syncs
+    ours(**_batch(fa_kwargs=True))
+    assert len(varlen_calls) == 6 and len(reads) == 2  # the collator's offsets: none
+
+
 def test_a_packed_batch_is_not_one_long_sequence(varlen_calls):
     """The check above can fail: the same batch as one causal sequence differs."""
     ours, ref = _pair(LlamaForCausalLM, _llama())

@@ -149,19 +149,24 @@ def _from_position_ids(pos: torch.Tensor, device) -> Packed | None:
     ref, version, hit = _LAST
     if ref is not None and ref() is pos and version == _version(pos):
         return hit
-    flat = pos.reshape(-1).cpu()  # the one sync: the number of sequences sizes cu_seqlens
-    first = int(flat.min())
-    packed = bool((flat != torch.arange(flat.numel()) + first).any())
-    result = None
-    if packed:
-        starts = (flat == first).nonzero().flatten()
-        cu = torch.cat([starts, torch.tensor([flat.numel()])]).to(torch.int32)
-        if int(cu[0]) == 0:  # a row not starting a sequence is no packing transformers makes
-            longest = int(cu.diff().max())
-            cu = cu.to(device, non_blocking=True)
-            result = Packed(cu, cu, longest, longest)
+    result = offsets_of(pos.reshape(-1).cpu(), device)  # the one sync: B sizes cu_seqlens
     _LAST[:] = [weakref.ref(pos), _version(pos), result]
     return result
+
+
+def offsets_of(flat: torch.Tensor, device) -> Packed | None:
+    """The packing of host position ids [T] (sequences start at the row's minimum, as in
+    transformers' ``prepare_fa_kwargs_from_position_ids``), or None for one sequence."""
+    first = int(flat.min())
+    if not bool((flat != torch.arange(flat.numel()) + first).any()):
+        return None
+    starts = (flat == first).nonzero().flatten()
+    if int(starts[0]) != 0:  # a row not starting a sequence is no packing transformers makes
+        return None
+    cu = torch.cat([starts, torch.tensor([flat.numel()])]).to(torch.int32)
+    longest = int(cu.diff().max())
+    cu = cu.to(device, non_blocking=True)
+    return Packed(cu, cu, longest, longest)
 
 
 def _version(t: torch.Tensor) -> int | None:
