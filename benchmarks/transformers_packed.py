@@ -65,9 +65,11 @@ def _step_fn(model, batch):
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
 
     def step():
-        model(**batch, use_cache=False).loss.backward()
+        loss = model(**batch, use_cache=False).loss
+        loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+        return loss.detach()
 
     return step
 
@@ -103,6 +105,7 @@ def run(args) -> str:
             model = torch.compile(model)
         steps[label] = _step_fn(model, batch)
     times = {label: [] for label in steps}
+    first = {label: step().item() for label, step in steps.items()}  # same weights, tokens
     for step in steps.values():  # warmup (and compile)
         for _ in range(3):
             step()
@@ -122,6 +125,8 @@ def run(args) -> str:
     for label, ms in med.items():
         lines.append(f"{label:24s} {ms:9.2f} {args.tokens / ms * 1e3:16.0f}")
     ratio = med["sdpa, padded"] / med["tiledattention, packed"]
+    lines.append("first-step loss (same weights and tokens): " + ", ".join(
+        f"{label} {loss:.5f}" for label, loss in first.items()))
     lines.append(f"ratio (sdpa padded / tiledattention packed): {ratio:.3f}x (target >= 1.0x)")
     return "\n".join(lines)
 
