@@ -86,6 +86,39 @@ def top_levels(dist) -> set[str]:
     return names
 
 
+def venv_root(site: str) -> str:
+    """The virtual environment SITE belongs to: the directory above it holding pyvenv.cfg,
+    else the one holding its lib/ (VENV/lib/pythonX.Y/site-packages), else SITE's parent."""
+    site = os.path.abspath(site)
+    here = site
+    for _ in range(4):
+        if os.path.exists(os.path.join(here, "pyvenv.cfg")):
+            return here
+        here = os.path.dirname(here)
+    here = site
+    while os.path.dirname(here) != here:
+        if os.path.basename(here) == "lib":
+            return os.path.dirname(here)
+        here = os.path.dirname(here)
+    return os.path.dirname(site)
+
+
+def own_torch(site: str) -> str | None:
+    """Where this interpreter's torch lies when it is the venv's own (installed in it, or
+    lent to it earlier): lending it would link the venv to itself and list torch twice.
+    Paths are compared as given and resolved (a venv's python links to the system's)."""
+    try:
+        base = str(distribution("torch").locate_file(""))
+    except PackageNotFoundError:
+        return None
+    root = venv_root(site)
+    for where, inside in ((os.path.abspath(base), os.path.abspath(root)),
+                          (os.path.realpath(base), os.path.realpath(root))):
+        if os.path.commonpath([where, inside]) == inside:
+            return base
+    return None
+
+
 def lend(site: str) -> list[str]:
     """Link the borrowed distributions into SITE/../borrowed-torch; the names linked."""
     into = os.path.join(os.path.dirname(os.path.abspath(site)), "borrowed-torch")
@@ -109,6 +142,11 @@ def lend(site: str) -> list[str]:
 if __name__ == "__main__":
     if len(sys.argv) != 2 or not os.path.isdir(sys.argv[1]):
         sys.exit("usage: PYTHON_WITH_TORCH scripts/borrow-torch.py VENV_SITE_PACKAGES")
+    if (own := own_torch(sys.argv[1])) is not None:
+        print(f"borrow-torch: {sys.executable}'s torch ({own}) is the venv's own; nothing lent "
+              "(run scripts/setup.sh outside the venv, or set TORCH_FROM to the system's "
+              "python)", file=sys.stderr)
+        sys.exit(0)
     names = lend(sys.argv[1])
     print(f"borrow-torch: {len(names)} entries of {sys.executable}'s torch lent to the venv "
           f"({', '.join(n for n in names if not n.endswith('-info'))[:200]})", file=sys.stderr)

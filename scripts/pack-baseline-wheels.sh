@@ -28,6 +28,10 @@ for n in "$PART" "$LOAD"; do
   case "$n" in ''|*[!0-9]*) echo "pack-baseline-wheels: PART/LOAD must be bytes, got $n" >&2
                             exit 2 ;; esac
 done
+if [ "$PART" -gt "$LOAD" ]; then  # checked before anything in DEST is removed
+  echo "pack-baseline-wheels: PART $PART exceeds LOAD $LOAD" >&2
+  exit 2
+fi
 if [ -z "${PINS:-}" ]; then
   PINS=$(python3 - "$SKIP" <<'EOF'
 import re, sys, tomllib
@@ -64,6 +68,18 @@ old_kit=0
 if [ ! -e "$dest/$marker" ] && [ -f "$dest/.gitignore" ] && [ ! -L "$dest/.gitignore" ] \
     && [ "$(cat "$dest/.gitignore")" = '*' ]; then
   old_kit=1
+fi
+# The marker's lines are used as paths to remove: each must be a name this script writes
+# (loadN, inside DEST), never '../x', an absolute path or a path with a '/'.
+if [ -f "$dest/$marker" ]; then
+  n=0
+  while IFS= read -r line || [ -n "$line" ]; do
+    n=$((n + 1))
+    [[ "$line" =~ ^load[0-9]+$ ]] && continue
+    echo "pack-baseline-wheels: line $n of $dest/$marker names '$line', not a load this" \
+         "script writes; nothing removed: move $dest aside or name another DEST" >&2
+    exit 2
+  done < "$dest/$marker"
 fi
 old_loads=()
 if [ -d "$dest" ] && [ -n "$(ls -A "$dest")" ]; then
@@ -103,7 +119,8 @@ if [ "$count" -ne "${#pins[@]}" ]; then
   exit 1
 fi
 if [ -f "$dest/$marker" ]; then  # the last pack's loads (checked above), nothing else
-  while read -r load; do rm -rf -- "${dest:?}/$load"; done < "$dest/$marker"
+  while IFS= read -r load || [ -n "$load" ]; do rm -rf -- "${dest:?}/$load"; done \
+    < "$dest/$marker"
 fi
 if [ ${#old_loads[@]} -gt 0 ]; then  # an old kit's loads (checked above), nothing else
   echo "pack-baseline-wheels: $dest is a kit of this script from before its marker; its" \
@@ -116,44 +133,54 @@ python3 - "$work/wheels" "$dest" "$PART" "$LOAD" <<'EOF'
 import hashlib, os, shutil, sys
 
 wheels, dest, part, load = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-if part > load:
-    sys.exit(f"pack-baseline-wheels: PART {part} exceeds LOAD {load}")
 md5 = lambda path: hashlib.md5(open(path, "rb").read()).hexdigest()
-pieces, sums, parts = [], [], []  # pieces: (size, path, name in the kit)
-for name in sorted(os.listdir(wheels)):
-    path = os.path.join(wheels, name)
-    sums.append(f"{md5(path)}  {name}")
-    size = os.path.getsize(path)
-    if size <= part:
-        pieces.append((size, path, name))
-        continue
-    with open(path, "rb") as f:
-        for i in range(-(-size // part)):
-            piece = os.path.join(wheels, f"{name}.part{i:02d}")
-            with open(piece, "wb") as out:
-                out.write(f.read(part))
-            parts.append(f"{md5(piece)}  {name}.part{i:02d}")
-            pieces.append((os.path.getsize(piece), piece, f"{name}.part{i:02d}"))
-bins = []  # first fit, largest first
-for size, path, name in sorted(pieces, reverse=True):
-    for b in bins:
-        if b[0] + size <= load:
-            b[0] += size
-            b[1].append((path, name))
-            break
-    else:
-        bins.append([size, [(path, name)]])
-for i, (size, items) in enumerate(bins, 1):
-    d = os.path.join(dest, f"load{i}")
-    os.makedirs(d)
-    for path, name in items:
-        shutil.copyfile(path, os.path.join(d, name))
-    for listing, lines in (("MD5SUMS", sums), ("PARTS", parts)):
-        with open(os.path.join(d, listing), "w") as f:
-            f.write("".join(line + "\n" for line in lines))
-    print(f"{d}: {len(items)} file(s), {size} bytes")
-with open(os.path.join(dest, ".fa4kit-pack"), "w") as f:  # what the next pack may replace
-    f.write("".join(f"load{i}\n" for i in range(1, len(bins) + 1)))
-print(f"{dest}: {len(sums)} wheels ({len(parts)} parts) in {len(bins)} load(s); carry each "
-      f"in its own device call, then run scripts/device-baselines.sh")
+
+
+def pack():
+    pieces, sums, parts = [], [], []  # pieces: (size, path, name in the kit)
+    for name in sorted(os.listdir(wheels)):
+        path = os.path.join(wheels, name)
+        sums.append(f"{md5(path)}  {name}")
+        size = os.path.getsize(path)
+        if size <= part:
+            pieces.append((size, path, name))
+            continue
+        with open(path, "rb") as f:
+            for i in range(-(-size // part)):
+                piece = os.path.join(wheels, f"{name}.part{i:02d}")
+                with open(piece, "wb") as out:
+                    out.write(f.read(part))
+                parts.append(f"{md5(piece)}  {name}.part{i:02d}")
+                pieces.append((os.path.getsize(piece), piece, f"{name}.part{i:02d}"))
+    bins = []  # first fit, largest first
+    for size, path, name in sorted(pieces, reverse=True):
+        for b in bins:
+            if b[0] + size <= load:
+                b[0] += size
+                b[1].append((path, name))
+                break
+        else:
+            bins.append([size, [(path, name)]])
+    # The marker names the loads before they are written: a pack stopped half-way (a full
+    # disk) leaves only loads the next pack knows for its own and replaces.
+    with open(os.path.join(dest, ".fa4kit-pack"), "w") as f:  # what the next pack may replace
+        f.write("".join(f"load{i}\n" for i in range(1, len(bins) + 1)))
+    for i, (size, items) in enumerate(bins, 1):
+        d = os.path.join(dest, f"load{i}")
+        os.makedirs(d)
+        for path, name in items:
+            shutil.copyfile(path, os.path.join(d, name))
+        for listing, lines in (("MD5SUMS", sums), ("PARTS", parts)):
+            with open(os.path.join(d, listing), "w") as f:
+                f.write("".join(line + "\n" for line in lines))
+        print(f"{d}: {len(items)} file(s), {size} bytes")
+    print(f"{dest}: {len(sums)} wheels ({len(parts)} parts) in {len(bins)} load(s); carry each "
+          f"in its own device call, then run scripts/device-baselines.sh")
+
+
+try:
+    pack()
+except OSError as e:  # a full disk, a read-only DEST: one line, and the next pack replaces it
+    sys.exit(f"pack-baseline-wheels: writing the kit failed: {e.strerror or e} "
+             f"({e.filename}); run the pack again once there is room")
 EOF

@@ -5,15 +5,22 @@
 # python3-pyparsing 3.0.9, would stand in for the locked ones) except its PyTorch: a GPU
 # node's torch (and its CUDA libraries) is lent to it by scripts/borrow-torch.py; without
 # one, torch 2.13.0 is installed.
-#   PYTHON (default python3): the interpreter the venv is made from, and whose torch is lent
+#   PYTHON (default python3, found on PATH before the venv is activated): the interpreter
+#   the venv is made from, and whose torch is lent (never the venv's own: borrow-torch.py)
 #   VENV (default .venv); TORCH_FROM (default $PYTHON): the interpreter whose torch to lend
 #   SETUP_EXTRAS (default gpu,dev,workflow,hf): the extras installed
 #   TORCH_INDEX: where torch comes from when none is lent (e.g. PyTorch's CPU wheels,
 #   https://download.pytorch.org/whl/cpu, on a machine without a GPU)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
 VENV=${VENV:-.venv}
+# The interpreters, resolved on PATH before the venv is activated: after it, a bare python3
+# is the venv's own, whose torch is no system's (README: a node's PyTorch is reused).
+PY=$(command -v "${PYTHON:-python3}") \
+  || { echo "setup.sh: no interpreter ${PYTHON:-python3} on PATH" >&2; exit 2; }
+lender=${TORCH_FROM:-$PY}
+TORCH_FROM=$(command -v "$lender") \
+  || { echo "setup.sh: no interpreter $lender on PATH" >&2; exit 2; }
 if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
@@ -22,8 +29,8 @@ sed -i 's/^include-system-site-packages = true/include-system-site-packages = fa
   "$VENV/pyvenv.cfg"
 . "$VENV/bin/activate"
 site=$(python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
-if "${TORCH_FROM:-$PY}" -c "import torch" 2>/dev/null; then
-  "${TORCH_FROM:-$PY}" scripts/borrow-torch.py "$site"
+if "$TORCH_FROM" -c "import torch" 2>/dev/null; then  # borrow-torch.py: never the venv's own
+  "$TORCH_FROM" scripts/borrow-torch.py "$site"
 fi
 python scripts/constraints.py > "$VENV/constraints.txt"  # the two locks, merged
 locks=(-c "$VENV/constraints.txt")

@@ -513,3 +513,52 @@ def test_fa4_alibi_score_mod_makes_registers_as_the_pinned_cutedsl_does(monkeypa
         assert score_mod_bwd("g", 1.0, 0, 1, 7, 3, None, [slopes]) == "g"
     finally:
         variants._fa4_alibi_mods.cache_clear()
+
+
+def test_device_baselines_refuses_an_fa4_site_holding_the_users_files(tmp_path):
+    # FA4_SITE naming a directory of the user's was removed whole (rm -rf "$FA4_SITE").
+    _, _, loads = _kit(tmp_path)
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "thesis.tex").write_text("years of work")
+    run = _install(tmp_path, *loads)
+    assert run.returncode == 2, run.stderr
+    assert "did not install; nothing removed" in run.stderr
+    assert len(run.stderr.strip().splitlines()) == len(loads) + 1  # 'staged' lines, then it
+    assert sorted(p.name for p in site.iterdir()) == ["thesis.tex"]
+    assert (site / "thesis.tex").read_text() == "years of work"
+
+
+def test_device_baselines_replaces_only_the_site_it_installed(tmp_path):
+    _, _, loads = _kit(tmp_path)
+    site = tmp_path / "site"
+    assert _install(tmp_path, *loads).returncode == 0
+    made = (site / ".fa4site").read_text().split()
+    assert {"fakebig", "fakesmall", ".kit", ".pythonpath", ".fa4site"} <= set(made)
+    assert sorted(p.name for p in site.iterdir()) == sorted(made)
+    (site / ".kit").write_text("an older kit\n")  # a new kit: the site is reinstalled
+    run = _install(tmp_path)
+    assert run.returncode == 0 and "installed 2 wheels" in run.stderr, run.stderr
+    assert (site / "fakebig" / "blob.bin").stat().st_size == 9000
+    assert not list(tmp_path.glob("site.new-*"))  # the install's temporary directory is gone
+    (site / ".kit").write_text("an older kit\n")
+    (site / "notes.txt").write_text("the user's, put in later")
+    run = _install(tmp_path)
+    assert run.returncode == 2 and (site / "notes.txt").exists() and (site / "fakebig").exists()
+
+
+@pytest.mark.parametrize("name", ["../evil-1.0-py3-none-any.whl", "/tmp/evil-1.0-py3-none-any.whl",
+                                  "sub/evil-1.0-py3-none-any.whl", ".."])
+@pytest.mark.parametrize("listing", ["MD5SUMS", "PARTS"])
+def test_device_baselines_refuses_a_load_naming_a_path_instead_of_a_file(tmp_path, name,
+                                                                          listing):
+    _, _, loads = _kit(tmp_path)
+    with open(loads[0] / listing, "a") as f:
+        f.write(f"{'0' * 32}  {name}\n")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    run = _install(tmp_path, *loads)
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.strip().splitlines() == [
+        f"device-baselines: {loads[0] / listing} names '{name}', not a plain file name; "
+        "refused, nothing written"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # no stage, no site

@@ -288,3 +288,79 @@ def test_the_shipped_references_hold_the_variants_and_model_stages():
         model = [e for e in entries if e.get("stage") == "model"]
         assert len(model) == 24 and all(set(e) == {"point", "method", "stage", "model"}
                                          for e in model)
+
+
+@pytest.mark.parametrize("gpu,system", [
+    ("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA H100 PCIe", "h100"), ("NVIDIA H200", "h200"),
+    ("NVIDIA H200 NVL", "h200"), ("nvidia h200", "h200"), ("NVIDIA GH200 480GB", None),
+    ("NVIDIA A100-SXM4-80GB", None), ("NVIDIA H20", None), ("NVIDIA H800", None), ("", None),
+])
+def test_the_gpu_acceptance_test_picks_the_shipped_reference_of_the_gpus_model(gpu, system):
+    # tests/gpu/test_compare_gpu.py skipped on an H200 although its reference ships.
+    assert compare.shipped_system(gpu) == system
+
+
+def _sums(bundle) -> None:
+    """SHA256SUMS of every file in ``bundle`` as it is now (a bundle as made)."""
+    import hashlib
+
+    files = sorted(p for p in bundle.rglob("*") if p.is_file() and p.name != "SHA256SUMS")
+    (bundle / "SHA256SUMS").write_text("".join(
+        f"{hashlib.sha256(p.read_bytes()).hexdigest()}  {p.relative_to(bundle).as_posix()}\n"
+        for p in files))
+
+
+def _edited(bundle, rel) -> None:
+    """One row of ``rel`` edited after the bundle was made (its SHA256SUMS line left)."""
+    import gzip
+
+    path = bundle / rel
+    data = gzip.decompress(path.read_bytes()) if rel.endswith(".gz") else path.read_bytes()
+    lines = data.decode().splitlines(keepends=True)
+    row = json.loads(lines[0])
+    row["recorded"] = "edited"  # times untouched: the comparison alone would PASS
+    data = "".join([json.dumps(row) + "\n", *lines[1:]]).encode()
+    path.write_bytes(gzip.compress(data) if rel.endswith(".gz") else data)
+
+
+@pytest.fixture(params=["compact", "full"])
+def bundle(request, tmp_path):
+    """(a copy of the committed H200 reference, the rows file that holds its rows): compact
+    as committed, or full (data/rows.jsonl plain, every file in SHA256SUMS)."""
+    import gzip
+    import shutil
+
+    copy = tmp_path / "h200"
+    shutil.copytree("results/reference/h200", copy)
+    if request.param == "compact":
+        return copy, "data/rows.jsonl.gz"
+    gz = copy / "data" / "rows.jsonl.gz"
+    (copy / "data" / "rows.jsonl").write_bytes(gzip.decompress(gz.read_bytes()))
+    gz.unlink()
+    _sums(copy)
+    return copy, "data/rows.jsonl"
+
+
+@pytest.mark.parametrize("side", ["new", "reference"])
+@pytest.mark.parametrize("form", ["directory", "zip"])
+def test_compare_refuses_a_bundle_that_fails_its_checksums_in_one_line(
+        bundle, side, form, tmp_path, capsys):
+    """Rows edited after the bundle was made (SHA256SUMS no longer vouches for them): exit 2,
+    one line naming the file, nothing PASSed, on either side, as directory or zip."""
+    import shutil
+
+    copy, rel = bundle
+    ref_copy = tmp_path / "ref"
+    shutil.copytree(copy, ref_copy)
+    args = [str(copy), str(ref_copy)] if side == "new" else [str(ref_copy), str(copy)]
+    assert main(["compare", *args, "--out", str(tmp_path / "ok")]) == 0  # as made: compared
+    _edited(copy, rel)
+    if form == "zip":
+        zipped = shutil.make_archive(str(tmp_path / "edited"), "zip", str(tmp_path), "h200")
+        args = [a if a != str(copy) else zipped for a in args]
+    capsys.readouterr()
+    assert main(["compare", *args, "--out", str(tmp_path / "cmp")]) == 2
+    out, err = capsys.readouterr()
+    assert "PASS" not in out and len(err.strip().splitlines()) == 1, (out, err)
+    assert f"changed: {rel} (checksum differs)" in err and "fails its checksums" in err
+    assert not (tmp_path / "cmp").exists()

@@ -5,6 +5,7 @@ merged (containers/requirements-dev.lock winning)."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -111,3 +112,80 @@ def test_setup_makes_the_venv_without_the_systems_packages():
     assert "--system-site-packages" not in text.replace("# ", "")
     assert 'include-system-site-packages = false' in text and "borrow-torch.py" in text
     assert '-c "$VENV/constraints.txt"' in text
+
+
+BASE_PYTHON = getattr(sys, "_base_executable", sys.executable)  # not the test venv's
+
+
+def _venv(tmp_path: Path) -> tuple[Path, Path]:
+    """A venv as setup.sh makes it (no pip: nothing here may download), and its site."""
+    venv = tmp_path / "venv"
+    made = subprocess.run([BASE_PYTHON, "-m", "venv", "--without-pip", str(venv)],
+                          capture_output=True, text=True, timeout=120)
+    if made.returncode != 0:
+        pytest.skip(f"{BASE_PYTHON} cannot make a venv: {made.stderr.strip()[-200:]}")
+    site = subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print("
+                           "sysconfig.get_paths()['purelib'])"], capture_output=True, text=True,
+                          check=True, env=_clean_env()).stdout.strip()
+    return venv, Path(site)
+
+
+def _clean_env(**extra) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    return {**env, "PIP_NO_INDEX": "1", **extra}
+
+
+def _torches(venv: Path) -> list[str]:
+    """Where the venv's python finds a torch distribution (importlib.metadata's view)."""
+    probe = ("import importlib.metadata as m\n"
+             "for d in m.distributions():\n"
+             "    if d.metadata['Name'] == 'torch': print(d.locate_file(''))\n")
+    return subprocess.run([str(venv / "bin" / "python"), "-c", probe], capture_output=True,
+                          text=True, check=True, env=_clean_env(), timeout=60).stdout.split()
+
+
+def test_setup_lends_the_torch_of_the_system_python3_on_path_not_the_venvs(tmp_path):
+    # PYTHON unset: setup.sh ran `python3 -c "import torch"` after activating the venv, so
+    # the venv's own python3 answered and a node's torch was never reused (README).
+    system = _system_site(tmp_path)
+    bin_dir = tmp_path / "system-bin"
+    bin_dir.mkdir()
+    (bin_dir / "python3").write_text(f"#!/bin/sh\nPYTHONPATH={system} exec {BASE_PYTHON} "
+                                     '"$@"\n')
+    (bin_dir / "python3").chmod(0o755)
+    venv, site = _venv(tmp_path)
+    run = subprocess.run(["bash", "scripts/setup.sh"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300, env=_clean_env(VENV=str(venv),
+                                                     PATH=f"{bin_dir}:{os.environ['PATH']}"))
+    # It stops at pip (this venv has none: nothing is downloaded), after the lending.
+    assert f"entries of {BASE_PYTHON}'s torch lent to the venv" in run.stderr, run.stderr
+    lent = site.parent / "borrowed-torch" / "torch"
+    assert lent.is_symlink() and lent.resolve() == system / "torch"
+    assert _torches(venv) == [str(site.parent / "borrowed-torch")]
+
+
+def test_borrow_torch_never_lends_a_venv_its_own_torch(tmp_path):
+    # A re-run from inside the activated venv (python3 is the venv's): its torch, installed
+    # in it or lent earlier, was linked into borrowed-torch again and listed twice.
+    venv, site = _venv(tmp_path)
+    _dist(site, "torch", "2.13.0", ["torch"])
+    run = subprocess.run([str(venv / "bin" / "python"), str(ROOT / "scripts" /
+                          "borrow-torch.py"), str(site)], capture_output=True, text=True,
+                         env=_clean_env(), timeout=60)
+    assert run.returncode == 0 and "is the venv's own; nothing lent" in run.stderr, run.stderr
+    assert not (site.parent / "borrowed-torch" / "torch").exists()
+    assert _torches(venv) == [str(site)]
+    # lent from a system python first, then the venv's python again: the links stay as they are
+    (site / "torch-2.13.0.dist-info").rename(tmp_path / "gone")
+    run = subprocess.run([sys.executable, str(ROOT / "scripts" / "borrow-torch.py"), str(site)],
+                         env={**os.environ, "PYTHONPATH": str(_system_site(tmp_path))},
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    links = sorted(p.name for p in (site.parent / "borrowed-torch").iterdir())
+    shutil.rmtree(site / "torch")
+    run = subprocess.run([str(venv / "bin" / "python"), str(ROOT / "scripts" /
+                          "borrow-torch.py"), str(site)], capture_output=True, text=True,
+                         env=_clean_env(), timeout=60)
+    assert run.returncode == 0 and "is the venv's own; nothing lent" in run.stderr, run.stderr
+    assert sorted(p.name for p in (site.parent / "borrowed-torch").iterdir()) == links
+    assert _torches(venv) == [str(site.parent / "borrowed-torch")]

@@ -533,6 +533,45 @@ def test_systems_refuses_malformed_rows_in_one_line(tmp_path, change, words):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("ours,theirs", [(1e308, 1e308), (1e-300, 2.0), (1.0, 1e300)])
+def test_systems_refuses_a_time_no_kernel_takes_in_one_line(tmp_path, ours, theirs):
+    # Finite but non-physical times overflowed the geomean (a traceback, issue 51).
+    from test_hardening import cli
+
+    a = _rows_file(tmp_path / "a.jsonl", _pair("p0"))
+    b = _rows_file(tmp_path / "b.jsonl", _pair("p0", ours, theirs))
+    err = one_line(cli("systems", a, b, "--out", str(tmp_path / "o")))
+    assert f"{b}: row " in err and "is not a kernel time (0.0001 ms to a day)" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_systems_keeps_a_ratio_far_below_one_positive(tmp_path):
+    # round(1e-06, 3) is 0.0, whose logarithm the geomean cannot take.
+    from test_hardening import cli
+
+    a = _rows_file(tmp_path / "a.jsonl", _pair("p0", 1000.0, 0.001))
+    b = _rows_file(tmp_path / "b.jsonl", _pair("p0", 0.001, 1000.0))
+    code, err = cli("systems", a, b, "--names", "slow", "fast", "--out", str(tmp_path / "o"))
+    assert code == 0, err
+    rows = (tmp_path / "o" / "systems.csv").read_text().splitlines()
+    assert rows[1].split(",")[2:] == ["1000.0", "1e-06", "0.001", "1000000.0", "1e-06"]
+
+
+def test_scaling_refuses_a_run_record_nested_too_deeply_in_one_line(tmp_path):
+    # json.loads of a 100k-deep line raised RecursionError through tiledattn scaling.
+    from test_hardening import cli
+
+    study = tmp_path / "study"
+    _run_records(study)
+    with open(study / "logs" / "runs.jsonl", "a") as f:
+        f.write("[" * 100_000 + "]" * 100_000 + "\n")
+    code, err = cli("scaling", str(study), "--out", str(tmp_path / "o"))
+    assert one_line((code, err)).strip() == (
+        f"tiledattn scaling: line 3 of {study}/logs/runs.jsonl is not a run record (JSON "
+        "nested too deeply)")
+    assert not (tmp_path / "o").exists()
+
+
 # -- config: refusals in one line ---------------------------------------------------------
 
 def _snakemake_n(tmp_path: Path, extra: str) -> subprocess.CompletedProcess:

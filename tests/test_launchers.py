@@ -7,6 +7,7 @@ import os
 import re
 
 import pytest
+from speed import scaled  # tests/speed.py
 
 from tiledattention.bench.store import read_rows
 from tiledattention.launchers import LauncherError, get_launcher
@@ -534,7 +535,7 @@ def test_interrupting_a_local_sweep_ends_in_one_line_without_a_traceback(group, 
     assert err.strip().splitlines() == ["tiledattn sweep: interrupted"], err
     assert run.returncode == 130
     controller = int(next(out.glob("logs/*_submitted.pkl")).name.split("_")[0])
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + scaled(30)  # it ends in ~1 s: a hang guard
     while os.path.exists(f"/proc/{controller}"):  # ended (it is the sweep's child: reaped)
         assert time.monotonic() < deadline, f"submitit's controller {controller} still runs"
         time.sleep(0.2)
@@ -605,7 +606,7 @@ def test_a_signal_while_submit_returns_stops_the_controller_it_started(tmp_path,
     # submitit names the job by its controller's pid: the one process to wait for.
     (pickle,) = (tmp_path / "logs").glob("*_submitted.pkl")
     controller = int(pickle.name.split("_")[0])
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + scaled(30)  # it ends in ~1 s: a hang guard
     try:
         while os.path.exists(f"/proc/{controller}") and not _reaped(controller):
             assert time.monotonic() < deadline, f"controller {controller} still runs"

@@ -1,8 +1,9 @@
 """The wheel-kit scripts never remove what they did not make: scripts/pack-study-wheels.sh
 replaces only the files its manifest names, scripts/pack-baseline-wheels.sh only the loads
 its marker names; a DEST holding anything else is refused in one line (exit 2) and left as
-it was. pip is a stand-in here (no network): `python3 -m pip download|wheel` writes an empty
-wheel per pin; every other python3 call is the real interpreter."""
+it was. pip is a stand-in here (no network): `python3 -m pip download|wheel` writes a wheel
+of FAKE_WHEEL_BYTES zeros per pin; every other python3 call is the real interpreter (whose
+files stop growing at FAKE_FULL_KB: a full disk)."""
 
 from __future__ import annotations
 
@@ -30,9 +31,12 @@ if [ "$1" = -m ] && [ "$2" = pip ]; then
   mkdir -p "$dir"
   for p in "${pins[@]}"; do
     n=${p%%==*}; v=${p#*==}
-    : > "$dir/${n//-/_}-$v-py3-none-any.whl"
+    head -c "${FAKE_WHEEL_BYTES:-0}" /dev/zero > "$dir/${n//-/_}-$v-py3-none-any.whl"
   done
   exit 0
+fi
+if [ "$1" = - ] && [ -n "${FAKE_FULL_KB:-}" ]; then  # a disk that fills up: no file of the
+  ulimit -f "$FAKE_FULL_KB"; trap '' XFSZ           # pack grows past FAKE_FULL_KB (EFBIG)
 fi
 exec %s "$@"
 """
@@ -193,3 +197,55 @@ def test_pack_baseline_wheels_refuses_an_old_kit_holding_a_file_it_could_not_hav
     run = _run("pack-baseline-wheels.sh", dest, tmp_path, PINS="a==1", PART="10", LOAD="20")
     assert run.returncode == 2 and where.split("/")[0] in run.stderr, run.stderr
     assert "nothing removed" in run.stderr and _tree(dest) == before
+
+
+@pytest.mark.parametrize("line", ["../sibling", "ABS", "load1/../../sibling", "notes", ""])
+def test_pack_baseline_wheels_removes_nothing_a_marker_line_names_outside_its_loads(tmp_path,
+                                                                                      line):
+    # Each marker line was removed unchecked: '../sibling' deleted a directory beside DEST.
+    dest = tmp_path / "fa4kit"
+    env = {"PINS": "a==1 b==2", "PART": "10", "LOAD": "20"}
+    assert _run("pack-baseline-wheels.sh", dest, tmp_path, **env).returncode == 0
+    sibling = tmp_path / "sibling"
+    sibling.mkdir()
+    (sibling / "thesis.tex").write_text("years of work")
+    (dest / "notes").mkdir()
+    (dest / "notes" / "n.txt").write_text("the user's")
+    line = str(sibling) if line == "ABS" else line
+    with open(dest / ".fa4kit-pack", "a") as f:
+        f.write(line + "\n")
+    before = _tree(tmp_path)
+    run = _run("pack-baseline-wheels.sh", dest, tmp_path, **env)
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.strip().splitlines() == [
+        f"pack-baseline-wheels: line 2 of {dest}/.fa4kit-pack names '{line}', not a load this "
+        f"script writes; nothing removed: move {dest} aside or name another DEST"]
+    assert _tree(tmp_path) == before
+
+
+def test_pack_baseline_wheels_refuses_part_over_load_before_removing_the_last_pack(tmp_path):
+    dest = tmp_path / "fa4kit"
+    assert _run("pack-baseline-wheels.sh", dest, tmp_path, PINS="a==1", PART="10",
+                LOAD="20").returncode == 0
+    before = _tree(dest)
+    run = _run("pack-baseline-wheels.sh", dest, tmp_path, PINS="a==1", PART="30", LOAD="20")
+    assert run.returncode == 2
+    assert run.stderr.strip() == "pack-baseline-wheels: PART 30 exceeds LOAD 20"
+    assert _tree(dest) == before and "load1/a-1-py3-none-any.whl" in before
+
+
+def test_a_pack_stopped_by_a_full_disk_says_so_in_one_line_and_the_next_pack_replaces_it(
+        tmp_path):
+    dest = tmp_path / "fa4kit"
+    env = {"PINS": "a==1 b==2", "PART": "100000", "LOAD": "100000", "FAKE_WHEEL_BYTES": "6000"}
+    run = _run("pack-baseline-wheels.sh", dest, tmp_path, FAKE_FULL_KB="4", **env)
+    assert run.returncode == 1
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        "pack-baseline-wheels: writing the kit failed: File too large"), run.stderr
+    assert (dest / "load1").is_dir()  # a partial kit
+    run = _run("pack-baseline-wheels.sh", dest, tmp_path, **env)
+    assert run.returncode == 0, run.stderr
+    assert sorted(_tree(dest)) == [".fa4kit-pack", ".gitignore", "load1/MD5SUMS", "load1/PARTS",
+                                   "load1/a-1-py3-none-any.whl", "load1/b-2-py3-none-any.whl"]
+    assert (dest / "load1" / "a-1-py3-none-any.whl").stat().st_size == 6000

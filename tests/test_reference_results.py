@@ -28,9 +28,9 @@ def test_every_committed_reference_verifies_as_a_whole_bundle(ref, capsys):
 
 @pytest.mark.parametrize("ref", REFERENCES)
 def test_a_committed_reference_holds_its_rows_and_no_figures(ref):
-    """Rows, Markdown tables and the workflow: no figures, no CSV or LaTeX tables (they
-    rebuild from the rows), no package source in the snapshot (this repository's history
-    at the recorded revision holds it)."""
+    """Rows, Markdown tables, the workflow and the package's wheel: no figures, no CSV or
+    LaTeX tables (they rebuild from the rows), no package source in the snapshot (the
+    wheel, source/, holds the recorded revision's)."""
     import zipfile
 
     names = set(archive.tree_files(os.path.join(ROOT, ref)))
@@ -38,6 +38,8 @@ def test_a_committed_reference_holds_its_rows_and_no_figures(ref):
             "data/variants-rows.jsonl.gz", "data/shapes-g0-rows.jsonl.gz",
             "data/shapes-g1-rows.jsonl.gz", "workflow-snapshot.zip",
             "tables/status.md", "tables/table4_ratios.md"} <= names
+    assert [n for n in names if n.startswith("source/")] == \
+        [json.loads(_read(ref, archive.MARKER))["source"]["wheel"]]
     assert not [n for n in names if n.startswith("figures/") or n.endswith(
         (".parquet", ".csv", ".tex"))]
     with zipfile.ZipFile(os.path.join(ROOT, ref, "workflow-snapshot.zip")) as z:
@@ -66,7 +68,8 @@ def test_reproduce_lays_out_a_committed_references_workflow(ref, tmp_path):
     assert profile == os.path.join("profiles", "local") and not continued
     assert not (out / "tiledattention").exists()
     readme = _read(ref, "README.md")
-    assert 'git clone --quiet "$(git rev-parse --show-toplevel)" ../source' in readme
+    wheel = json.loads(_read(ref, archive.MARKER))["source"]["wheel"]
+    assert f'python -m pip install "{wheel}[gpu,workflow]"' in readme and "git clone" not in readme
 
 
 def _read(ref: str, rel: str) -> str:
@@ -173,3 +176,47 @@ def test_the_advice_data_builds_from_a_compact_reference(tmp_path):
         by[p["source"]] = by.get(p["source"], 0) + 1
     assert by["reference"] > 80 and by["shapes"] > 0  # forward points, with decode
     assert "data/rows.jsonl.gz" in data["sources"]["reference"]
+
+
+def _whole_history() -> bool:
+    run = subprocess.run(["git", "-C", ROOT, "rev-parse", "--is-shallow-repository"],
+                         capture_output=True, text=True)
+    return run.returncode == 0 and run.stdout.strip() == "false"
+
+
+@pytest.mark.skipif(not _whole_history(), reason="a shallow clone: the recorded revision's "
+                    "source is not in it")
+def test_rebundle_makes_a_committed_reference_again_keeping_what_it_published(tmp_path):
+    """python -m tiledattention.study.references.rebundle (how the references are made
+    again): the rows, tables, manifest, config and the recorded revision's wheel byte for
+    byte; the bundle verifies."""
+    import shutil
+
+    from tiledattention.study.references import rebundle
+
+    copy = tmp_path / "h200"
+    shutil.copytree(os.path.join(ROOT, REFERENCES[1]), copy)
+    before = dict(ln.split("  ", 1)[::-1] for ln in (copy / "SHA256SUMS").read_text()
+                  .splitlines())
+    assert rebundle.main([str(copy)]) == 0
+    after = dict(ln.split("  ", 1)[::-1] for ln in (copy / "SHA256SUMS").read_text()
+                 .splitlines())
+    kept = {rel for rel in before if rel.startswith(rebundle.KEPT + ("source/",))}
+    assert kept and {rel: after.get(rel) for rel in kept} == {rel: before[rel] for rel in kept}
+    assert verify.verify(str(copy)) == []
+
+
+def test_rebundle_never_removes_a_file_the_reference_does_not_list(tmp_path, capsys):
+    import shutil
+
+    from tiledattention.study.references import rebundle
+
+    copy = tmp_path / "h100"
+    shutil.copytree(os.path.join(ROOT, REFERENCES[0]), copy)
+    (copy / "notes.txt").write_text("mine")
+    sums = (copy / "SHA256SUMS").read_text()
+    assert rebundle.main([str(copy)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "notes.txt" in err[0] and "move them away" in err[0]
+    assert (copy / "notes.txt").read_text() == "mine" and (copy / "SHA256SUMS").read_text() \
+        == sums

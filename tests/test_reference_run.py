@@ -78,13 +78,14 @@ def test_systems_refuses_bad_input_in_one_line(tmp_path, capsys, args, words):
     assert len(err) == 1 and words in err[0]
 
 
-def test_the_readme_installs_from_the_bundles_own_source_with_the_gpu_extra_on_a_gpu():
-    gpu = prose.install_lines({"gpu": {"name": "NVIDIA H100 80GB HBM3"}})
-    assert gpu == ["python -m zipfile -e workflow-snapshot.zip ../source   # this run's source",
-                   'python -m pip install "../source[gpu,workflow]"']
-    cpu = prose.install_lines({"gpu": None})
-    assert "--index-url https://download.pytorch.org/whl/cpu" in cpu[1]  # no CUDA torch
-    assert cpu[2] == 'python -m pip install "../source[workflow]"'
+def test_the_readme_installs_the_bundles_own_wheel_with_the_gpu_extra_on_a_gpu():
+    wheel = "source/tiledattention-0.1.0+gabc-py3-none-any.whl"
+    gpu = prose.install_lines({"gpu": {"name": "NVIDIA H100 80GB HBM3"}}, wheel)
+    assert gpu == [f'python -m pip install "{wheel}[gpu,workflow]"   # this run\'s package, '
+                   "from this bundle"]
+    cpu = prose.install_lines({"gpu": None}, wheel)
+    assert "--index-url https://download.pytorch.org/whl/cpu" in cpu[0]  # no CUDA torch
+    assert cpu[1].startswith(f'python -m pip install "{wheel}[workflow]"')
     assert "publication.repository" in prose.NO_REPOSITORY
 
 

@@ -75,11 +75,12 @@ def _fresh_environment(tmp: Path) -> dict:
 def test_the_bundle_readme_names_the_repository_and_one_reproduce_command(original):
     readme = (original / "README.md").read_text()
     steps = _readme_steps(readme)
-    assert steps == [  # a CPU study: the source from the bundle, torch's CPU wheels
-        "python -m zipfile -e workflow-snapshot.zip ../source   # this run's source",
+    wheel = json.loads((original / archive.MARKER).read_text())["source"]["wheel"]
+    assert (original / wheel).is_file() and wheel.startswith("source/tiledattention-")
+    assert steps == [  # a CPU study: the package from the bundle's wheel, torch's CPU wheels
         'python -c "import torch" 2>/dev/null || python -m pip install torch --index-url '
         "https://download.pytorch.org/whl/cpu",
-        'python -m pip install "../source[workflow]"',
+        f'python -m pip install "{wheel}[workflow]"   # this run\'s package, from this bundle',
         "tiledattn reproduce . --out ../reproduction --profile local"]
     crate = json.loads((original / "ro-crate-metadata.json").read_text())
     workflow = next(e for e in crate["@graph"] if e["@id"] == "workflow-snapshot.zip")

@@ -16,6 +16,7 @@ pytest.importorskip("pandas")
 pytest.importorskip("matplotlib")
 pytest.importorskip("rocrate")
 
+import tiledattention  # noqa: E402
 from tiledattention.bench.methods import get_method  # noqa: E402
 from tiledattention.errors import ScheduleError  # noqa: E402
 from tiledattention.schedules.schedule import Schedule  # noqa: E402
@@ -431,12 +432,14 @@ def test_a_compact_bundle_keeps_its_tables_as_markdown_alone(compact, built):
     full = set(archive.tree_files(built["dir"]))
     assert {"tables/status.csv", "tables/status.tex"} <= full or "tables.zip" in full
     assert {"tiledattention", "README.md"} <= _snapshot_tops(built["dir"])
+    wheel = json.loads(Path(built["dir"], archive.MARKER).read_text())["source"]["wheel"]
     assert _install_steps(Path(built["dir"], "README.md").read_text())[0] == \
-        "python -m zipfile -e workflow-snapshot.zip ../source   # this run's source"
+        f'python -m pip install "{wheel}[gpu,workflow]"   # this run\'s package, from this bundle'
 
 
 def _repo(path: Path):
-    """A git repository with a workflow (Snakefile, pyproject.toml) and a ``git`` helper."""
+    """A git repository with a workflow (Snakefile, pyproject.toml), a package that builds
+    (tiledattention/__init__.py saying "recorded") and a ``git`` helper."""
     import subprocess
 
     path.mkdir()
@@ -448,8 +451,13 @@ def _repo(path: Path):
 
     git("init", "-q")
     (path / "Snakefile").write_text("# the workflow\n")
-    (path / "pyproject.toml").write_text('[project]\nname = "recorded"\n')
-    git("add", "Snakefile", "pyproject.toml")
+    (path / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools>=77"]\nbuild-backend = '
+        '"setuptools.build_meta"\n\n[project]\nname = "tiledattention"\nversion = "0.1.0"\n'
+        '\n[tool.setuptools.packages.find]\ninclude = ["tiledattention*"]\n')
+    (path / "tiledattention").mkdir()
+    (path / "tiledattention" / "__init__.py").write_text('RUN = "recorded"\n')
+    git("add", "Snakefile", "pyproject.toml", "tiledattention/__init__.py")
     git("commit", "-q", "-m", "the run")
     return git
 
@@ -462,38 +470,41 @@ def _compact_of(study: Path, repo: Path, commit: str, out: Path) -> dict:
                          publication=Publication(), compact=True)
 
 
-def test_a_compact_bundle_leaves_the_source_to_the_recorded_revision_it_checks_out(tmp_path):
-    """Made in a checkout at a revision the manifest records, a compact bundle's snapshot
-    holds the workflow without tiledattention/, and its README's clone and checkout lines,
-    run as written in the bundle committed inside that repository, give ../source at that
-    revision (not the latest)."""
-    import subprocess
+def _wheel_member(bundle: str, rel: str) -> bytes:
+    wheel = json.loads(Path(bundle, archive.MARKER).read_text())["source"]["wheel"]
+    with zipfile.ZipFile(Path(bundle, wheel)) as z:
+        return z.read(rel)
 
+
+def test_a_bundle_made_at_a_recorded_revision_carries_that_revisions_wheel(tmp_path):
+    """Made in a checkout at a revision the manifest records, a compact bundle's snapshot
+    holds the workflow without tiledattention/, and source/ holds a wheel of that
+    revision's committed tree (not the working tree's later edit), its version labelled
+    with the revision; the README installs that wheel: no clone, no checkout around it."""
     repo = tmp_path / "repo"
     git = _repo(repo)
     commit = git("rev-parse", "HEAD")
-    out = _compact_of(_study(tmp_path), repo, commit, repo / "results" / "ref")
-    assert verify.verify(out["dir"]) == []
-    tops = _snapshot_tops(out["dir"])
-    assert {"Snakefile", "pyproject.toml", "config"} <= tops
-    assert not tops & set(archive.SNAPSHOT_SOURCE)
-    steps = _install_steps(Path(out["dir"], "README.md").read_text())
-    assert steps[:3] == [
-        'git clone --quiet "$(git rev-parse --show-toplevel)" ../source',
-        f"git -C ../source checkout --quiet {commit}   # this run's source",
-        'python -m pip install "../source[gpu,workflow]"']
-    (repo / "pyproject.toml").write_text('[project]\nname = "later"\n')
-    git("commit", "-q", "-am", "later")
-    subprocess.run(["bash", "-euo", "pipefail", "-c", "\n".join(steps[:2])], cwd=out["dir"],
-                   check=True, capture_output=True, timeout=60)
-    assert (repo / "results" / "source" / "pyproject.toml").read_text() == \
-        '[project]\nname = "recorded"\n'
+    (repo / "tiledattention" / "__init__.py").write_text('RUN = "edited after the run"\n')
+    out = _compact_of(_study(tmp_path), repo, commit, tmp_path / "ref")
+    assert verify.verify(out["dir"]) == [] and verify.verify(out["zip"]) == []
+    assert not _snapshot_tops(out["dir"]) & set(archive.SNAPSHOT_SOURCE)
+    wheel = f"source/tiledattention-0.1.0+g{commit}-py3-none-any.whl"
+    assert json.loads(Path(out["dir"], archive.MARKER).read_text())["source"] == \
+        {"wheel": wheel, "revision": commit, "repository": None}
+    assert _wheel_member(out["dir"], "tiledattention/__init__.py") == b'RUN = "recorded"\n'
+    readme = Path(out["dir"], "README.md").read_text()
+    assert _install_steps(readme) == [
+        f'python -m pip install "{wheel}[gpu,workflow]"   # this run\'s package, from this '
+        "bundle", "tiledattn reproduce . --out ../reproduction --profile local"]
+    assert "git clone" not in readme and "rev-parse" not in readme
+    assert f"a wheel of revision {commit}, one the manifest records" in readme
 
 
 def test_a_compact_bundle_keeps_the_source_no_recorded_revision_holds(tmp_path):
-    """The snapshot keeps the package source, and the README installs from it, where the
-    checkout is not at a revision the manifest records, its workflow files differ from that
-    revision, or a run came from a tree with uncommitted changes."""
+    """The snapshot keeps the package source, and the bundle's wheel is the package as it
+    ran (no revision in its version), where the checkout is not at a revision the manifest
+    records, its workflow files differ from that revision, or a run came from a tree with
+    uncommitted changes."""
     repo = tmp_path / "repo"
     git = _repo(repo)
     commit = git("rev-parse", "HEAD")
@@ -513,7 +524,39 @@ def test_a_compact_bundle_keeps_the_source_no_recorded_revision_holds(tmp_path):
         assert verify.verify(out["dir"]) == []
         assert "tiledattention" in _snapshot_tops(out["dir"]), out["dir"]
         assert _install_steps(Path(out["dir"], "README.md").read_text())[0].startswith(
-            "python -m zipfile -e workflow-snapshot.zip ../source"), out["dir"]
+            'python -m pip install "source/tiledattention-0.1.0-py3-none-any.whl['), out["dir"]
+        assert _wheel_member(out["dir"], "tiledattention/__init__.py") == \
+            Path(tiledattention.__file__).read_bytes()  # the package that ran: this one
+
+
+def _without_source(bundle: Path) -> None:
+    """``bundle`` as one made before bundles carried their source: no source/, and neither
+    SHA256SUMS nor the marker names it."""
+    shutil.rmtree(bundle / "source")
+    sums = [ln for ln in (bundle / "SHA256SUMS").read_text().splitlines()
+            if "  source/" not in ln]
+    (bundle / "SHA256SUMS").write_text("\n".join(sums) + "\n")
+    mark = json.loads((bundle / archive.MARKER).read_text())
+    mark["files"] = [f for f in mark["files"] if not f.startswith("source/")]
+    del mark["source"]
+    (bundle / archive.MARKER).write_text(json.dumps(mark))
+    _resum(bundle, archive.MARKER)
+
+
+def test_a_bundle_without_its_package_source_fails_verify_in_one_line(built, tmp_path, capsys):
+    from tiledattention.cli import main
+
+    copy = tmp_path / "b"
+    shutil.copytree(built["dir"], copy)
+    assert main(["bundle", "verify", str(copy)]) == 0  # with it: verified
+    _without_source(copy)
+    problems = verify.verify(str(copy))
+    assert len(problems) == 1 and problems[0].startswith(
+        "missing: the package source (source/tiledattention-*.whl"), problems
+    capsys.readouterr()
+    assert main(["bundle", "verify", str(copy)]) != 0
+    err = capsys.readouterr().err
+    assert "bundle verify: missing: the package source" in err and "Traceback" not in err
 
 
 def test_a_corrupted_gz_row_file_fails_verify_with_one_clear_line(compact, tmp_path):

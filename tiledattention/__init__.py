@@ -66,5 +66,6 @@ __all__ = [
     "SDPAMode", "Schedule", "ScheduleError", "ScoreMod", "ShapeError", "TableError",
     "TiledAttentionError", "ToolchainMissingError", "UnsupportedHeadDimError", "VariantError",
     "and_masks", "block_mask", "default_bwd_schedule", "default_schedule", "or_masks",
-    "pinned_bwd_schedule", "sdpa", "sdpa_mode", "sdpa_paged", "sdpa_varlen", "set_schedule_table", "timed_call", "variants",
+    "pinned_bwd_schedule", "sdpa", "sdpa_mode", "sdpa_paged", "sdpa_varlen",
+    "set_schedule_table", "timed_call", "variants",
 ]

@@ -315,6 +315,13 @@ def _variant(score_mod, mask_mod, block_mask, needs_grad: bool):
 
 
 def _check_block(block, q, k) -> None:
+    from .kernel.blockmask import BlockMask
+
+    if not isinstance(block, BlockMask):  # before its fields are read
+        raise InputError(f"block_mask must be made by tiledattention.block_mask(...), got "
+                         f"{type(block).__name__}")
+    if q.is_nested or k.is_nested:
+        return  # no shape to compare: check_inputs refuses them
     b, h, sq, _ = q.shape
     want = (block.batch or 1, block.heads or 1, block.seq_q, block.seq_kv)
     if want[2:] != (sq, k.shape[2]) or want[0] not in (1, b) or want[1] not in (1, h):

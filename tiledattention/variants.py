@@ -42,6 +42,19 @@ def _count(name: str, value, low: int) -> int:
     return int(value)
 
 
+def _index_tensor(name: str, value) -> None:
+    """An integer tensor [B] (per-row lengths or offsets, read by index in the kernel), or
+    VariantError in one line: a number would be baked into the kernel, not read per row."""
+    from .kernel.mods import VariantError
+
+    if not isinstance(value, torch.Tensor) or value.dim() != 1 or value.is_floating_point() \
+            or value.is_complex() or value.dtype == torch.bool:
+        got = (f"a {value.dtype} tensor of shape {tuple(value.shape)}"
+               if isinstance(value, torch.Tensor) else repr(value)[:80])
+        raise VariantError(f"{name} must be an int32 tensor [B] (one value per batch row), "
+                           f"got {got}")
+
+
 def _ref_offset(q_offset):
     """The torch references' q_idx shift: 0, or q_offset [B] broadcast as [B, 1, 1, 1]."""
     return 0 if q_offset is None else q_offset.long()[:, None, None, None]
@@ -110,6 +123,7 @@ def alibi(slopes: torch.Tensor, *, q_offset: torch.Tensor | None = None):
 
 def alibi_slopes(heads: int, device="cuda") -> torch.Tensor:
     """The standard geometric ALiBi slopes 2^(-8 i / H) for i = 1..H (H a power of two)."""
+    heads = _count("alibi_slopes: heads", heads, 1)
     return torch.tensor([2.0 ** (-8.0 * (i + 1) / heads) for i in range(heads)],
                         dtype=torch.float32, device=device)
 
@@ -136,6 +150,18 @@ def document(segment_ids: torch.Tensor, *, q_offset: torch.Tensor | None = None)
 def segments_from_lengths(lengths: list[int], device="cuda") -> torch.Tensor:
     """int32 [1, sum(lengths)] document ids of a packed row built from sequence lengths
     (the ``cu_seqlens`` way of describing a varlen batch)."""
+    from .kernel.mods import VariantError
+
+    if isinstance(lengths, torch.Tensor):
+        lengths = lengths.tolist()
+    if not isinstance(lengths, (list, tuple)) or not lengths:
+        raise VariantError(f"segments_from_lengths: lengths must be a non-empty list of ints "
+                           f">= 0, got {lengths!r}"[:200])
+    lengths = [_count(f"segments_from_lengths: lengths[{i}]", n, 0)
+               for i, n in enumerate(lengths)]
+    if not sum(lengths):
+        raise VariantError(f"segments_from_lengths: lengths must hold at least one token, got "
+                           f"{lengths!r}"[:200])
     ids = torch.repeat_interleave(torch.arange(len(lengths), dtype=torch.int32),
                                   torch.tensor(lengths))
     return ids[None].to(device)
@@ -144,6 +170,9 @@ def segments_from_lengths(lengths: list[int], device="cuda") -> torch.Tensor:
 def prefix_lm(prefix_lengths: torch.Tensor, *, q_offset: torch.Tensor | None = None):
     """T5/UL2 prefix-LM: every token sees the whole prefix of its row (bidirectional), the
     rest is causal; ``prefix_lengths`` int32 [B]; ``q_offset`` as for ``sliding_window``."""
+    _index_tensor("prefix_lm: prefix_lengths", prefix_lengths)
+    if q_offset is not None:
+        _index_tensor("prefix_lm: q_offset", q_offset)
     if q_offset is None:
         def prefix_mask(b, h, q_idx, kv_idx):
             return (kv_idx <= q_idx) | (kv_idx < prefix_lengths[b])

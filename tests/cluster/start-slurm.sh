@@ -9,15 +9,29 @@
 # starts is recorded by PID (run/pids) and stopped by that PID by tests/cluster/stop-slurm.sh.
 # Nothing under /etc/slurm, /etc/munge or the system's MariaDB is read or written, and no
 # process is signalled by name. Where another cluster runs (a SLURM daemon it did not
-# start) or its ports are taken, it refuses with one line and exit code 3.
+# start) or its ports are taken, it refuses with one line and exit code 3; so it does where
+# its own cluster of the same directory still runs and answers (another CI run's, or one a
+# user started: its jobs and accounting are not wiped unasked) unless --restart says to
+# replace it. What a killed or interrupted earlier run left (daemons gone or not
+# answering) is stopped by PID and started afresh.
 #
 # Clients find the cluster through SLURM_CONF: `. $TILEDATTN_SLURM_DIR/env.sh` (the last
 # line it prints says so).
-#   tests/cluster/start-slurm.sh        start (installs the packages if missing)
-#   tests/cluster/start-slurm.sh stop   stop it (same as stop-slurm.sh)
+#   tests/cluster/start-slurm.sh            start (installs the packages if missing)
+#   tests/cluster/start-slurm.sh --restart  replace a running cluster of this directory
+#                                           (its jobs cancelled, its accounting emptied);
+#                                           also TILEDATTN_SLURM_RESTART=1
+#   tests/cluster/start-slurm.sh stop       stop it (same as stop-slurm.sh)
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
-if [ "${1:-}" = stop ]; then exec bash "$HERE/stop-slurm.sh"; fi
+RESTART=${TILEDATTN_SLURM_RESTART:-0}
+case "${1:-}" in
+  stop) exec bash "$HERE/stop-slurm.sh";;
+  --restart) RESTART=1;;
+  "") ;;
+  *) echo "start-slurm.sh: unknown argument '$1' (use: start-slurm.sh [--restart | stop])" >&2
+     exit 2;;
+esac
 DIR=${TILEDATTN_SLURM_DIR:-/var/tmp/tiledattn-ci-slurm}
 PORT=${TILEDATTN_SLURM_PORT:-16817}
 CTLD_PORT=$PORT; SLURMD_PORT=$((PORT + 1)); DBD_PORT=$((PORT + 2)); DB_PORT=$((PORT + 3))
@@ -30,6 +44,27 @@ MARK=.tiledattn-ci-slurm
 if [ -e "$DIR" ] && [ ! -e "$DIR/$MARK" ]; then
   refuse "$DIR exists and is not a cluster directory of this script (no $MARK in it); set TILEDATTN_SLURM_DIR to a new path"
 fi
+# A previous run of this script in $DIR. Its cluster still running and answering is refused
+# (unless --restart): stopping it would cancel someone's jobs and wipe their accounting.
+# One it left stale (killed, an interrupted start) is stopped by PID, then started afresh.
+live_daemons() {  # the daemons of run/pids still running the program they were started as
+  local name pid
+  while read -r name pid; do
+    [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = "$name" ] && printf ' %s(pid %s)' "$name" "$pid"
+  done < "$DIR/run/pids"
+  return 0
+}
+if [ -f "$DIR/run/pids" ]; then
+  live=$(live_daemons)
+  if [ "$RESTART" != 1 ] && [[ "$live" == *slurmctld* ]] \
+      && SLURM_CONF=$DIR/etc/slurm.conf timeout 30 squeue -h -o %i >/dev/null 2>&1; then
+    refuse "a cluster of this script runs in $DIR and answers (daemons:$live); not touching" \
+      "it: stop it with TILEDATTN_SLURM_DIR=$DIR tests/cluster/stop-slurm.sh, or replace it" \
+      "(its jobs cancelled, its accounting emptied) with start-slurm.sh --restart"
+  fi
+  bash "$HERE/stop-slurm.sh"
+fi
+
 if ! command -v slurmctld >/dev/null || ! command -v mariadbd >/dev/null \
     || ! command -v munged >/dev/null; then
   export DEBIAN_FRONTEND=noninteractive
@@ -37,9 +72,6 @@ if ! command -v slurmctld >/dev/null || ! command -v mariadbd >/dev/null \
   apt-get install -y -qq --no-install-recommends slurmctld slurmd slurm-client munge slurmdbd \
     mariadb-server >/dev/null
 fi
-
-# A previous run of this script: stop what it started (by PID), then start afresh.
-[ -f "$DIR/run/pids" ] && bash "$HERE/stop-slurm.sh"
 
 # Another cluster on this machine: any SLURM daemon running now is not ours (ours are stopped).
 others=""

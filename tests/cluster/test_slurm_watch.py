@@ -74,6 +74,12 @@ def _states(ids: list[str]) -> dict[str, str]:
 
 
 
+def _sacct_state(job: str) -> str:
+    out = subprocess.run(["sacct", "-X", "-n", "-P", "-j", job, "-o", "State"],
+                         capture_output=True, text=True, timeout=60).stdout.split()
+    return out[0] if out else ""
+
+
 def _one_line(err: str, words: str) -> None:
     hits = [ln for ln in err.splitlines() if words in ln]
     assert len(hits) == 1, err[-3000:]
@@ -144,6 +150,26 @@ def test_a_drained_partition_is_not_called_a_mis_sized_request(tmp_path):
     assert sweep.returncode == 0, err[-2000:]
     _one_line(err, "no node of partition gpu takes jobs")
     assert "drain" in err and "refuses the request:" not in err
+
+
+def test_a_drained_partition_is_said_once_in_a_workflow_run_not_once_per_step(tmp_path):
+    # The preflight and each of the two shard steps ask sbatch --test-only; the run says
+    # "queued and waits" once (it used to say it once per step: 11 times in a study).
+    _node_state("drain", "tiledattn-test")
+    try:
+        run = _snakemake(_study(tmp_path, [64], shards=2))
+        shards = tmp_path / "out" / "shards"
+        ids = _wait_for(lambda: len(_job_ids(shards)) == 2 and _job_ids(shards),
+                        "two queued jobs", 300)
+        _wait_for(lambda: set(_states(ids).values()) == {"PENDING"}, "pending jobs", 60)
+    finally:
+        _node_state("resume")
+    try:
+        _, err = run.communicate(timeout=600)
+    finally:
+        run.kill()
+    assert run.returncode == 0, err[-3000:]
+    _one_line(err, "is queued and waits for a node")
 
 
 def test_a_job_pending_for_a_reason_that_never_resolves_fails_naming_it(tmp_path):
@@ -230,6 +256,45 @@ def test_a_cancelled_job_stops_measuring_at_once_and_keeps_only_its_finished_poi
     assert len(keys) == 1 and len(_rows(rows)) == 2, keys  # the first point only, once
     assert sweep.returncode == 1, err[-2000:]
     assert f"slurm: job {job} RUNNING [tiledattn-bench-shard0of1]" in err, err[-2000:]
+
+
+def _job_python(logs: Path) -> int | None:
+    """The pid of the job's Python (submitit's runner for the jobs of ``logs``; not the
+    srun that started it, whose command line names it too)."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        argv = argv.split("\0")
+        if argv[1:4] == ["-u", "-m", "submitit.core._submit"] and str(logs) in argv:
+            return int(pid)
+    return None
+
+
+def test_a_job_whose_python_was_killed_says_the_signal_and_its_log(tmp_path):
+    # kill -9 of the job's Python (as the OOM killer does): not a bare "FAILED
+    # (NonZeroExitCode)", but the signal from sacct's exit codes, and the job's log.
+    config = tmp_path / "bench.yaml"
+    config.write_text(_grid([64, 1024, 1280], reps=20000))
+    out = tmp_path / "out"
+    sweep = subprocess.Popen(
+        [sys.executable, "-m", "tiledattention.cli", "sweep", "--config", str(config),
+         "--launcher", "slurm", "--launcher-options", json.dumps({**SMALL, "array": False}),
+         "--shards", "1", "--out", str(out)], cwd=ROOT, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(lambda: _rows(out / "rows-shard0of1.jsonl"), "first rows", 400, 0.2)
+        os.kill(_wait_for(lambda: _job_python(out / "logs"), "job's Python", 60), 9)
+        _, err = sweep.communicate(timeout=300)
+    finally:
+        sweep.kill()
+    job = _job_ids(out)[0]
+    assert sweep.returncode == 1, err[-2000:]
+    _one_line(err, f"SLURM job {job} (FAILED (")
+    line = next(ln for ln in err.splitlines() if f"SLURM job {job} (FAILED (" in ln)
+    assert "signal 9 (SIGKILL)" in line or "signal 9, SIGKILL" in line, line
+    assert f"log {out / 'logs' / f'{job}_0_log.err'}" in line, line
 
 
 def test_a_time_limit_in_the_last_attempt_fails_the_study_naming_it_and_stores_no_row(
@@ -327,7 +392,12 @@ def test_a_rerun_after_snakemake_and_its_steps_were_killed_unlocks_and_ends_the_
     _one_line(err, "workflow: removed the lock left by an earlier run")
     for job in orphans:
         _one_line(err, f"slurm: job(s) {job} of tiledattn-bench-shard")
-    assert set(_states(orphans).values()) == {"CANCELLED"}, _states(orphans)
+        line = next(ln for ln in err.splitlines() if f"slurm: job(s) {job} of" in ln)
+        # Called cancelled only where accounting says so (a shard may have completed).
+        state = _sacct_state(job)
+        assert (f": {job} cancelled;" if state == "CANCELLED" else
+                f": {job} had already completed;") in line, (state, line)
+    assert set(_states(orphans).values()) <= {"CANCELLED", "COMPLETED"}, _states(orphans)
     keys = [(r["point_key"], r["method"]) for i in range(2)
             for r in _rows(shards / f"rows-shard{i}of2.jsonl")]
     assert len(keys) == len(set(keys)) == 6 * 2  # every row once

@@ -49,8 +49,17 @@ from .body import (
     store_rows,
     zeros_chunks,
 )
-from .flags import FwdFlags, fwd_zero_safe
-from .visit import block_at, block_range, key_range, split_range
+from .flags import FwdFlags, fwd_zero_safe, has_seqs
+from .visit import (
+    block_at,
+    block_range,
+    key_range,
+    mapped_tile,
+    seq_key_range,
+    sequence_slice,
+    sequence_span,
+    split_range,
+)
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -75,9 +84,10 @@ def fwd_tile(q, arrays, fns, aux, where, state, j, diag, ALL_MASKS, f):
     K, V, Mask = arrays
     score_mod, mask_mod = fns
     A0, A1, A2, A3 = aux
-    b, h, hk, bid_m, offs_m, seq_k, c, inv_scale, scale = where
+    b, h, hk, bid_m, offs_m, seq_k, c, inv_scale, scale, seq = where
     m_i, l_i, acc0, acc1, acc2 = state
-    qk = dot_streamed(q0, q1, q2, K, b, hk, j, TILE_N, TILE_M, W0, W1, W2, NCHUNK, f.LAT_K)
+    kb, kj = key_tile_at(seq, b, j, f)
+    qk = dot_streamed(q0, q1, q2, K, kb, hk, kj, TILE_N, TILE_M, W0, W1, W2, NCHUNK, f.LAT_K)
     kv_idx = j * TILE_N + ct.arange(TILE_N, dtype=np.int32)[None, :]
     s = modified(qk, b, h, offs_m, kv_idx, score_mod, A0, A1, A2, A3, scale, f.HAS_SCORE_MOD)
     if f.HAS_MASK:
@@ -85,26 +95,48 @@ def fwd_tile(q, arrays, fns, aux, where, state, j, diag, ALL_MASKS, f):
                           f.MASK_ROWS) * inv_scale
     if ALL_MASKS:
         s = masked(s, keep_tile(b, h, offs_m, kv_idx, seq_k, mask_mod, A0, A1, A2, A3,
-                                TILE_M, TILE_N, CAUSAL, TAIL, HAS_MASK_MOD))
+                                TILE_M, TILE_N, CAUSAL, TAIL, HAS_MASK_MOD, seq_diag(seq, f)))
     elif (CAUSAL or TAIL) and diag:
         s = masked(s, keep_tile(b, h, offs_m, kv_idx, seq_k, mask_mod, A0, A1, A2, A3,
-                                TILE_M, TILE_N, CAUSAL, TAIL, False))
+                                TILE_M, TILE_N, CAUSAL, TAIL, False, seq_diag(seq, f)))
     p, alpha, m_i, l_i = online_softmax(s, m_i, l_i, c, fwd_zero_safe(f))
     acc0, acc1, acc2 = scale_chunks(acc0, acc1, acc2, alpha, NCHUNK)
-    acc0, acc1, acc2 = mma_streamed(p.astype(K.dtype), V, b, hk, j, TILE_N, acc0, acc1, acc2,
-                                    W0, W1, W2, NCHUNK, f.LAT_V)
+    acc0, acc1, acc2 = mma_streamed(p.astype(K.dtype), V, kb, hk, kj, TILE_N, acc0, acc1,
+                                    acc2, W0, W1, W2, NCHUNK, f.LAT_V)
     return m_i, l_i, acc0, acc1, acc2
 
 
-def fwd_program(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns):
-    """The forward program both entry points run (grouped arguments: tuples of
+def key_tile_at(seq, b, j, f):
+    """(array batch, tile) of key tile ``j`` of sequence ``b``: (b, j) dense; (0, j) in a
+    sequence's slice of packed keys; (page, j mod tiles per page) in a page cache, the
+    page read from the block table and clamped into the cache (a bad page id reads the
+    wrong page of this cache, never memory outside it)."""
+    kb = b
+    kj = j
+    if f.VARLEN_K:
+        kb = 0
+    if f.PAGED:
+        Pages, num_pages = seq[0], seq[1]
+        page = ct.gather(Pages, (b, j // f.PAGE_TILES))
+        kb = ct.minimum(ct.maximum(page, 0), num_pages - 1)
+        kj = j % f.PAGE_TILES
+    return kb, kj
+
+
+def seq_diag(seq, f):
+    """``keep_tile``'s bottom-right diagonal of a packed or paged sequence, else None."""
+    if has_seqs(f):
+        return (seq[2], f.WINDOW, seq[3], seq[4])
+    return None
+
+
+def fwd_program(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns, seqs=None):
+    """The forward program every entry point runs (grouped arguments: tuples of
     compile-time constants stay constants). ``extra`` (BlkCnt, BlkIdx, A0..A3): a block
     mask's lists and the captured tensors, None in the plain kernel; ``scalars``
     (qk_scale_log2, inv_scale, scale, GROUP, SEQ_Q, NUM_SPLITS, SPLIT_TILES); ``f`` the
-    ``FwdFlags``; ``fns`` (score_mod, mask_mod)."""
-    BlkCnt, BlkIdx, A0, A1, A2, A3 = extra
-    qk_scale_log2, inv_scale, scale, GROUP, SEQ_Q, NUM_SPLITS, SPLIT_TILES = scalars
-    TILE_M, W0, W1, W2, NCHUNK = f.TILE_M, f.W0, f.W1, f.W2, f.NCHUNK
+    ``FwdFlags``; ``fns`` (score_mod, mask_mod); ``seqs`` (CuQ, CuK, SeqK, Pages, TileMap,
+    WIN_L, WIN_R) of a packed or paged call (``attention_fwd_seqs``), else None."""
     # Grid (query tiles, heads, batch): query tiles of one head are adjacent, so
     # they share its K/V in L2.
     bid_m = ct.bid(0)
@@ -112,13 +144,63 @@ def fwd_program(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns):
         # Under causality the last query tiles visit the most keys; starting them first
         # leaves the short ones to fill the final wave.
         bid_m = ct.num_blocks(0) - 1 - bid_m
+    b = ct.bid(2)
+    if has_seqs(f):
+        CuQ, CuK, SeqK, Pages, TileMap, WIN_L, WIN_R = seqs
+        valid = True
+        if f.VARLEN_Q:
+            # Packed queries: one grid axis over every sequence's tiles, in the order of
+            # ``seqmap.sequence_map`` (deepest first); its last entries may be unused.
+            b, bid_m, valid = mapped_tile(TileMap, ct.bid(0))
+        if valid:
+            seq_program(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns, seqs, b, bid_m)
+    else:
+        rows_program(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns, b, bid_m, b,
+                     K.shape[2], (None, None, 0, 0, 0))
+
+
+def seq_program(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns, seqs, b, bid_m):
+    """A query tile of sequence ``b`` of a packed or paged call: its rows' slice of the
+    packed q / out / lse (the array batch is then 0), its keys' slice or its pages, and
+    ``shift`` = Skv - Sq, where causality and the window align (bottom-right)."""
+    CuQ, CuK, SeqK, Pages, TileMap, WIN_L, WIN_R = seqs
+    SEQ_Q = scalars[4]
+    ab = b
+    seq_q = SEQ_Q
+    if f.VARLEN_Q:
+        start, stop = sequence_span(CuQ, b, Q.shape[2])
+        Q = sequence_slice(Q, start, stop)
+        Out = sequence_slice(Out, start, stop)
+        if f.RETURN_LSE:
+            Lse = sequence_slice(Lse, start, stop)
+        seq_q = stop - start
+        ab = 0
+    seq_k = K.shape[2]
+    if f.VARLEN_K:
+        kstart, kstop = sequence_span(CuK, b, K.shape[2])
+        K = sequence_slice(K, kstart, kstop)
+        V = sequence_slice(V, kstart, kstop)
+        seq_k = kstop - kstart
+    if f.PAGED:
+        seq_k = Pages.shape[1] * (f.PAGE_TILES * f.TILE_N)
+    if f.SEQUSED:
+        seq_k = ct.minimum(ct.maximum(ct.gather(SeqK, b), 0), seq_k)
+    rows_program(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns, b, bid_m, ab, seq_k,
+                 (Pages, K.shape[0], seq_k - seq_q, WIN_L, WIN_R))
+
+
+def rows_program(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns, b, bid_m, ab, seq_k, seq):
+    """One query tile ``bid_m`` of (batch or sequence) ``b``: Q, Out and Lse indexed at
+    array batch ``ab``; ``seq`` (Pages, pages in the cache, shift, WIN_L, WIN_R) is what
+    ``key_tile_at`` and ``seq_diag`` read for a packed or paged sequence."""
+    BlkCnt, BlkIdx, A0, A1, A2, A3 = extra
+    qk_scale_log2, inv_scale, scale, GROUP, SEQ_Q, NUM_SPLITS, SPLIT_TILES = scalars
+    TILE_M, W0, W1, W2, NCHUNK = f.TILE_M, f.W0, f.W1, f.W2, f.NCHUNK
     hb = ct.bid(1)  # the head (and split) index of Out and Lse
     h = hb
     if f.SPLIT_K:
         h = hb // NUM_SPLITS
-    b = ct.bid(2)
     hk = h // GROUP
-    seq_k = K.shape[2]
 
     if f.PDL:
         # Programmatic dependent launch: the CTA's setup and the index math (no memory
@@ -129,7 +211,7 @@ def fwd_program(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns):
         ct.grid_dependency_control_launch_dependents()
         ct.grid_dependency_control_wait()
 
-    q = load_rows(Q, b, h, bid_m, TILE_M, W0, W1, W2, NCHUNK, None)
+    q = load_rows(Q, ab, h, bid_m, TILE_M, W0, W1, W2, NCHUNK, None)
     m_i, l_i = softmax_init(TILE_M)
     acc0, acc1, acc2 = zeros_chunks(TILE_M, W0, W1, W2)
     state = (m_i, l_i, acc0, acc1, acc2)
@@ -140,7 +222,7 @@ def fwd_program(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns):
         offs_m = offs_m % SEQ_Q  # query position of each packed row
     arrays = (K, V, Mask)
     aux = (A0, A1, A2, A3)
-    where = (b, h, hk, bid_m, offs_m, seq_k, qk_scale_log2, inv_scale, scale)
+    where = (b, h, hk, bid_m, offs_m, seq_k, qk_scale_log2, inv_scale, scale, seq)
 
     if f.BLOCK_SPARSE:
         # Positions [0, n_part) of this tile's list are partial tiles, then n_full full
@@ -154,11 +236,18 @@ def fwd_program(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns):
             j = block_at(BlkIdx, b, h, bid_m, t, f.BLK_BATCH, f.BLK_HEAD)
             state = fwd_tile(q, arrays, fns, aux, where, state, j, False, False, f)
     else:
-        # Key tiles [j_start, n_tiles) are visited; from mask_start on, some element of
-        # the tile may be masked by causality or the key tail.
-        n_tiles, mask_start = key_range(q_start, seq_k, SEQ_Q, TILE_M, f.TILE_N, f.CAUSAL,
-                                        not f.EVEN_N, f.PACKED)
-        j_start, n_tiles = split_range(0, n_tiles, hb % NUM_SPLITS, SPLIT_TILES, f.SPLIT_K)
+        # Key tiles [j_lo, n_tiles) are visited; from mask_start on, some element of
+        # the tile may be masked by causality, the window or the key tail.
+        if has_seqs(f):
+            j_lo, n_tiles, mask_start = seq_key_range(
+                q_start, seq_k, seq[2], TILE_M, f.TILE_N, f.CAUSAL, f.WINDOW, seq[3], seq[4],
+                f.PACKED, SEQ_Q)
+        else:
+            j_lo = 0
+            n_tiles, mask_start = key_range(q_start, seq_k, SEQ_Q, TILE_M, f.TILE_N,
+                                            f.CAUSAL, not f.EVEN_N, f.PACKED)
+        j_start, n_tiles = split_range(j_lo, n_tiles, hb % NUM_SPLITS, SPLIT_TILES,
+                                       f.SPLIT_K)
         for j in range(j_start, n_tiles):
             state = fwd_tile(q, arrays, fns, aux, where, state, j, j >= mask_start,
                              f.HAS_MASK_MOD, f)
@@ -166,9 +255,9 @@ def fwd_program(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns):
     # Fully masked rows (l = 0) are written as zeros, and their log-sum-exp as -inf.
     m_i, l_i, acc0, acc1, acc2 = state
     o0, o1, o2 = divide_chunks(acc0, acc1, acc2, safe_divisor(l_i, fwd_zero_safe(f)), NCHUNK)
-    store_rows(Out, b, hb, bid_m, o0, o1, o2, TILE_M, W0, W1, W2, NCHUNK)
+    store_rows(Out, ab, hb, bid_m, o0, o1, o2, TILE_M, W0, W1, W2, NCHUNK)
     if f.RETURN_LSE or f.SPLIT_K:
-        ct.store(Lse, index=(b, hb, bid_m), tile=row_lse(m_i, l_i).reshape((1, 1, TILE_M)))
+        ct.store(Lse, index=(ab, hb, bid_m), tile=row_lse(m_i, l_i).reshape((1, 1, TILE_M)))
 
 
 @ct.kernel
@@ -228,3 +317,36 @@ def attention_fwd_variant(
                  HAS_MASK_MOD=HAS_MASK_MOD, BLOCK_SPARSE=BLOCK_SPARSE, BLK_BATCH=BLK_BATCH,
                  BLK_HEAD=BLK_HEAD),
         (SCORE_MOD, MASK_MOD))
+
+
+@ct.kernel
+def attention_fwd_seqs(
+    Q, K, V, Out, Lse, Mask, BlkCnt, BlkIdx, A0, A1, A2, A3, CuQ, CuK, SeqK, Pages, TileMap,
+    qk_scale_log2: float, inv_scale: float, scale: float,
+    GROUP: int, SEQ_Q: int, NUM_SPLITS: int, SPLIT_TILES: int,
+    WIN_L: int, WIN_R: int,  # the window's keys left / right of the diagonal (2**30: none)
+    TILE_M: ConstInt, TILE_N: ConstInt, NCHUNK: ConstInt,
+    W0: ConstInt, W1: ConstInt, W2: ConstInt,
+    CAUSAL: ConstBool, RETURN_LSE: ConstBool, LAT_K: ConstInt, LAT_V: ConstInt,
+    SPLIT_K: ConstBool, PACKED: ConstBool,
+    HAS_SCORE_MOD: ConstBool, HAS_MASK_MOD: ConstBool,
+    VARLEN_Q: ConstBool, VARLEN_K: ConstBool, SEQUSED: ConstBool, PAGED: ConstBool,
+    PAGE_TILES: ConstInt, WINDOW: ConstBool,
+):
+    """Packed (``sdpa_varlen``) and paged (``sdpa_paged``) sequences: the same program,
+    each tile's sequence read from ``TileMap`` (packed q: ``seqmap.sequence_map``) or the
+    grid's batch axis, its keys
+    sliced by ``CuK`` or read through the block table ``Pages`` ([B, max_pages]; K and V
+    viewed [pages, Hkv, page, D]), capped by ``SeqK``. Q, Out are [1, H, total_q, D] and
+    Lse [1, H, total_q] when packed, else [B, H, Sq, D] / [B, H, Sq]."""
+    fwd_program(
+        Q, K, V, Out, Lse, Mask, (BlkCnt, BlkIdx, A0, A1, A2, A3),
+        (qk_scale_log2, inv_scale, scale, GROUP, SEQ_Q, NUM_SPLITS, SPLIT_TILES),
+        FwdFlags(TILE_M=TILE_M, TILE_N=TILE_N, NCHUNK=NCHUNK, W0=W0, W1=W1, W2=W2,
+                 CAUSAL=CAUSAL, HEAVY_FIRST=False, EVEN_N=False, HAS_MASK=False,
+                 MASK_BATCH=False, MASK_HEAD=False, MASK_ROWS=False,
+                 RETURN_LSE=RETURN_LSE, LAT_K=LAT_K, LAT_V=LAT_V, SPLIT_K=SPLIT_K,
+                 PACKED=PACKED, PDL=False, HAS_SCORE_MOD=HAS_SCORE_MOD,
+                 HAS_MASK_MOD=HAS_MASK_MOD, VARLEN_Q=VARLEN_Q, VARLEN_K=VARLEN_K,
+                 SEQUSED=SEQUSED, PAGED=PAGED, PAGE_TILES=PAGE_TILES, WINDOW=WINDOW),
+        (SCORE_MOD, MASK_MOD), (CuQ, CuK, SeqK, Pages, TileMap, WIN_L, WIN_R))

@@ -62,8 +62,18 @@ from .body import (
     store_rows,
     zeros_chunks,
 )
-from .flags import DkdvFlags, DqFlags, bwd_zero_safe
-from .visit import block_at, block_range, key_range, query_range
+from .flags import DkdvFlags, DqFlags, bwd_zero_safe, has_seqs
+from .visit import (
+    block_at,
+    block_range,
+    key_range,
+    mapped_tile,
+    query_range,
+    seq_key_range,
+    seq_query_range,
+    sequence_slice,
+    sequence_span,
+)
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -104,13 +114,15 @@ def attention_bwd_delta(
                  tile=ct.full((1, 1, TILE_M, WD), 0.0, dtype=np.float32))
 
 
-def grad_scores(qk, dp, arrays, fns, aux, where, i, j, diag, ALL_MASKS, f, ROW_TAIL,
+def grad_scores(qk, dp, arrays, fns, aux, where, i, j, on_diag, ALL_MASKS, f, ROW_TAIL,
                 KEY_ROWS, stats=None):
     """P and dS of query tile ``i`` against key tile ``j`` from its products ``qk = Q K^T``
     and ``dp = dO V^T``, both rounded to the input dtype for the MMAs: the shared step of
     the dK/dV and dQ kernels. Grouped arguments as the forward's ``fwd_tile``: ``arrays``
     (Q, K, V, dO, Lse, Delta, Mask); ``fns`` (score_mod, its derivative, mask_mod);
-    ``where`` (b, h, hk, seq_k, c, inv_scale, scale); ``aux`` A0..A3 and G0..G3 (the
+    ``where`` (b, h, hk, seq_k, c, inv_scale, scale, ab, diag: the array batch of Q, dO,
+    Lse, Delta and ``keep_tile``'s diagonal of a packed sequence, else b and None); ``aux``
+    A0..A3 and G0..G3 (the
     captured tensors and their gradients' fp32 accumulators); ``f`` the kernel's flags
     (``DkdvFlags`` or ``DqFlags``: the fields read here are common to both); ``ROW_TAIL``
     mask the padded query rows (``masked_rows``). ``KEY_ROWS``: the products are the
@@ -123,7 +135,7 @@ def grad_scores(qk, dp, arrays, fns, aux, where, i, j, diag, ALL_MASKS, f, ROW_T
     Q, K, V, dOut, Lse, Delta, Mask = arrays
     score_mod, score_grad, mask_mod, captured_grad = fns
     A0, A1, A2, A3, G0, G1, G2, G3 = aux
-    b, h, hk, seq_k, c, inv_scale, scale = where
+    b, h, hk, seq_k, c, inv_scale, scale, ab, diag = where
     # (Each orientation's index tiles in the order of the queries-as-rows original: the
     # default kernels compile to the same SASS as before the flag.)
     if KEY_ROWS:
@@ -143,13 +155,13 @@ def grad_scores(qk, dp, arrays, fns, aux, where, i, j, diag, ALL_MASKS, f, ROW_T
         s = s + bias * inv_scale
     if ALL_MASKS:
         s = masked(s, keep_tile(b, h, q_idx, kv_idx, seq_k, mask_mod, A0, A1, A2, A3, ROWS,
-                                COLS, CAUSAL, TAIL, f.HAS_MASK_MOD))
-    elif (CAUSAL or TAIL) and diag:
+                                COLS, CAUSAL, TAIL, f.HAS_MASK_MOD, diag))
+    elif (CAUSAL or TAIL) and on_diag:
         s = masked(s, keep_tile(b, h, q_idx, kv_idx, seq_k, mask_mod, A0, A1, A2, A3, ROWS,
-                                COLS, CAUSAL, TAIL, False))
+                                COLS, CAUSAL, TAIL, False, diag))
     s = masked_rows(s, q_idx, Q.shape[2], ROW_TAIL)
     if stats is None:
-        lse, delta = load_row_stats(Lse, Delta, b, h, i, TILE_M, bwd_zero_safe(f))
+        lse, delta = load_row_stats(Lse, Delta, ab, h, i, TILE_M, bwd_zero_safe(f))
     else:
         lse, delta = stats
     if KEY_ROWS:
@@ -189,11 +201,11 @@ def dkdv_tile(kv, acc, arrays, fns, aux, where, i, bid_n, diag, ALL_MASKS, f, dQ
     takes a transpose."""
     TILE_M, TILE_N, NCHUNK, W0, W1, W2 = f.TILE_M, f.TILE_N, f.NCHUNK, f.W0, f.W1, f.W2
     Q, K, V, dOut, Lse, Delta, Mask = arrays
-    b, h = where[:2]
+    h, ab = where[1], where[7]
     (kt0, kt1, kt2), (vt0, vt1, vt2), (k0, k1, k2) = kv
     dk0, dk1, dk2, dv0, dv1, dv2 = acc
-    q0, q1, q2 = load_rows(Q, b, h, i, TILE_M, W0, W1, W2, NCHUNK, None)
-    do0, do1, do2 = load_rows(dOut, b, h, i, TILE_M, W0, W1, W2, NCHUNK, None)
+    q0, q1, q2 = load_rows(Q, ab, h, i, TILE_M, W0, W1, W2, NCHUNK, None)
+    do0, do1, do2 = load_rows(dOut, ab, h, i, TILE_M, W0, W1, W2, NCHUNK, None)
     # A score_mod may give the padded query rows of the last query tile large scores:
     # they are masked; the plain kernels' padded rows add zeros anyway.
     if f.KEY_ROWS:
@@ -204,7 +216,7 @@ def dkdv_tile(kv, acc, arrays, fns, aux, where, i, bid_n, diag, ALL_MASKS, f, dQ
         p, ds = grad_scores(st, dpt, arrays, fns, aux, where, i, bid_n, diag, ALL_MASKS, f,
                             f.HAS_SCORE_MOD, True)  # P^T and dS^T
         if f.DQ_ATOMIC:
-            dq_reduce(dQacc, ct.transpose(ds), k0, k1, k2, b, h, i, TILE_M, W0, W1, W2,
+            dq_reduce(dQacc, ct.transpose(ds), k0, k1, k2, ab, h, i, TILE_M, W0, W1, W2,
                       NCHUNK)
     else:
         qk = dot(q0, q1, q2, kt0, kt1, kt2, TILE_M, TILE_N, NCHUNK)
@@ -212,7 +224,7 @@ def dkdv_tile(kv, acc, arrays, fns, aux, where, i, bid_n, diag, ALL_MASKS, f, dQ
         p, ds = grad_scores(qk, dp, arrays, fns, aux, where, i, bid_n, diag, ALL_MASKS, f,
                             f.HAS_SCORE_MOD, False)
         if f.DQ_ATOMIC:
-            dq_reduce(dQacc, ds, k0, k1, k2, b, h, i, TILE_M, W0, W1, W2, NCHUNK)
+            dq_reduce(dQacc, ds, k0, k1, k2, ab, h, i, TILE_M, W0, W1, W2, NCHUNK)
     # Each transpose right before its product, as before the flag (same default SASS).
     dv0, dv1, dv2 = mma_into(keys_as_rows(p, f.KEY_ROWS), do0, do1, do2, dv0, dv1, dv2,
                              NCHUNK)
@@ -271,31 +283,60 @@ def dq_tile(q, do, stats, acc, arrays, fns, aux, where, bid_m, j, diag, ALL_MASK
     or None to load them per tile; ``acc`` (dq0..2); ``f`` the ``DqFlags``."""
     TILE_M, TILE_N, NCHUNK, W0, W1, W2 = f.TILE_M, f.TILE_N, f.NCHUNK, f.W0, f.W1, f.W2
     K, V = arrays[1], arrays[2]
-    b, hk = where[0], where[2]
+    hk, kb = where[2], where[7]
     q0, q1, q2 = q
     do0, do1, do2 = do
     dq0, dq1, dq2 = acc
-    qk, dp = dots_streamed(q0, q1, q2, do0, do1, do2, K, V, b, hk, j, TILE_N, TILE_M, W0, W1,
-                           W2, NCHUNK)
+    qk, dp = dots_streamed(q0, q1, q2, do0, do1, do2, K, V, kb, hk, j, TILE_N, TILE_M, W0,
+                           W1, W2, NCHUNK)
     # Padded query rows of dQ are never stored and stay in their own rows: no row mask.
     _, ds = grad_scores(qk, dp, arrays, fns, aux, where, bid_m, j, diag, ALL_MASKS, f, False,
                         False, stats)
-    return mma_streamed(ds, K, b, hk, j, TILE_N, dq0, dq1, dq2, W0, W1, W2, NCHUNK, None)
+    return mma_streamed(ds, K, kb, hk, j, TILE_N, dq0, dq1, dq2, W0, W1, W2, NCHUNK, None)
 
 
-def dkdv_program(Q, K, V, dOut, Lse, Delta, Mask, extra, dK, dV, dQacc, scalars, f, fns):
-    """One key tile's dK/dV (both entry points run it). Grouped arguments as the forward's
+def dkdv_program(Q, K, V, dOut, Lse, Delta, Mask, extra, dK, dV, dQacc, scalars, f, fns,
+                 seqs=None):
+    """One key tile's dK/dV (every entry point runs it). Grouped arguments as the forward's
     ``fwd_program``: ``extra`` (BlkCnt, BlkIdx, A0..A3, G0..G3), None in the plain kernel;
     ``scalars`` (qk_scale_log2, inv_scale, scale, GROUP); ``f`` the ``DkdvFlags``; ``fns``
     (score_mod, its derivative, mask_mod, the captured tensors' gradients: this program
-    visits every (query, key) pair once, so it is the one that adds them up)."""
+    visits every (query, key) pair once, so it is the one that adds them up); ``seqs``
+    (CuQ, CuK, SeqK, TileMap, WIN_L, WIN_R) of a packed call (``attention_bwd_dkdv_seqs``:
+    the map runs over the key tiles), else None."""
+    # Grid (key tiles, K/V heads, batch).
+    bid_n = ct.bid(0)
+    b = ct.bid(2)
+    if has_seqs(f):
+        CuQ, CuK, SeqK, TileMap, WIN_L, WIN_R = seqs
+        b, bid_n, valid = mapped_tile(TileMap, ct.bid(0))
+        if valid:
+            qs, qe = sequence_span(CuQ, b, Q.shape[2])
+            ks, ke = sequence_span(CuK, b, K.shape[2])
+            seq_k = ke - ks
+            if f.SEQUSED:
+                seq_k = ct.minimum(ct.maximum(ct.gather(SeqK, b), 0), seq_k)
+            arrays = (sequence_slice(Q, qs, qe), sequence_slice(K, ks, ke),
+                      sequence_slice(V, ks, ke), sequence_slice(dOut, qs, qe),
+                      sequence_slice(Lse, qs, qe),
+                      sequence_slice(Delta, qs, qe), Mask)
+            dkdv_key_tile(arrays, extra, sequence_slice(dK, ks, ke),
+                          sequence_slice(dV, ks, ke), dQacc, scalars, f, fns, b,
+                          bid_n, 0, seq_k, (seq_k - (qe - qs), f.WINDOW, WIN_L, WIN_R))
+    else:
+        dkdv_key_tile((Q, K, V, dOut, Lse, Delta, Mask), extra, dK, dV, dQacc, scalars, f,
+                      fns, b, bid_n, b, K.shape[2], None)
+
+
+def dkdv_key_tile(arrays, extra, dK, dV, dQacc, scalars, f, fns, b, bid_n, ab, seq_k, diag):
+    """Key tile ``bid_n`` of (batch or sequence) ``b``: arrays at array batch ``ab``;
+    ``diag`` ``keep_tile``'s bottom-right diagonal (shift, WINDOW, WIN_L, WIN_R) of a
+    packed sequence, else None."""
+    Q, K, V, dOut, Lse, Delta, Mask = arrays
     BlkCnt, BlkIdx, A0, A1, A2, A3, G0, G1, G2, G3 = extra
     qk_scale_log2, inv_scale, scale, GROUP = scalars
     TILE_M, TILE_N, NCHUNK, W0, W1, W2 = f.TILE_M, f.TILE_N, f.NCHUNK, f.W0, f.W1, f.W2
-    # Grid (key tiles, K/V heads, batch).
-    bid_n = ct.bid(0)
     hk = ct.bid(1)
-    b = ct.bid(2)
     seq_q = Q.shape[2]
     TAIL = not f.EVEN_N
 
@@ -304,21 +345,25 @@ def dkdv_program(Q, K, V, dOut, Lse, Delta, Mask, extra, dK, dV, dQacc, scalars,
     # KEY_ROWS the score products are K Q^T and V dO^T: K and V as they lie, K serving
     # dS K too.
     if f.KEY_ROWS:
-        k_rows = load_rows(K, b, hk, bid_n, TILE_N, W0, W1, W2, NCHUNK, None)
-        kv = (k_rows, load_rows(V, b, hk, bid_n, TILE_N, W0, W1, W2, NCHUNK, None), k_rows)
+        k_rows = load_rows(K, ab, hk, bid_n, TILE_N, W0, W1, W2, NCHUNK, None)
+        kv = (k_rows, load_rows(V, ab, hk, bid_n, TILE_N, W0, W1, W2, NCHUNK, None), k_rows)
     else:
-        kt = load_cols(K, b, hk, bid_n, TILE_N, W0, W1, W2, NCHUNK, None)
-        vt = load_cols(V, b, hk, bid_n, TILE_N, W0, W1, W2, NCHUNK, None)
+        kt = load_cols(K, ab, hk, bid_n, TILE_N, W0, W1, W2, NCHUNK, None)
+        vt = load_cols(V, ab, hk, bid_n, TILE_N, W0, W1, W2, NCHUNK, None)
         k_rows = kt
         if f.DQ_ATOMIC:
-            k_rows = load_rows(K, b, hk, bid_n, TILE_N, W0, W1, W2, NCHUNK, None)
+            k_rows = load_rows(K, ab, hk, bid_n, TILE_N, W0, W1, W2, NCHUNK, None)
         kv = (kt, vt, k_rows)
     dk0, dk1, dk2 = zeros_chunks(TILE_N, W0, W1, W2)
     dv0, dv1, dv2 = zeros_chunks(TILE_N, W0, W1, W2)
     acc = (dk0, dk1, dk2, dv0, dv1, dv2)
-    arrays = (Q, K, V, dOut, Lse, Delta, Mask)
     aux = (A0, A1, A2, A3, G0, G1, G2, G3)
-    m_lo, m_hi, mask_end = query_range(bid_n * TILE_N, seq_q, TILE_M, TILE_N, f.CAUSAL)
+    if has_seqs(f):
+        m_lo, m_hi, mask_end = seq_query_range(bid_n * TILE_N, seq_q, diag[0], TILE_M, TILE_N,
+                                               f.CAUSAL, f.WINDOW, diag[2], diag[3])
+        m_hi = ct.where(bid_n * TILE_N < seq_k, m_hi, m_lo)  # keys past seqused_k: zeros
+    else:
+        m_lo, m_hi, mask_end = query_range(bid_n * TILE_N, seq_q, TILE_M, TILE_N, f.CAUSAL)
 
     # A runtime trip count here spills the causal D = 192 / 256 programs; a constant one
     # does not (the group size as a constant unrolls and spills worse). Without the loop
@@ -326,7 +371,7 @@ def dkdv_program(Q, K, V, dOut, Lse, Delta, Mask, extra, dK, dV, dQacc, scalars,
     # (NOTES §36g, §37a).
     for g in range(1 if f.ONE_HEAD else GROUP):
         h = hk * GROUP + g
-        where = (b, h, hk, K.shape[2], qk_scale_log2, inv_scale, scale)
+        where = (b, h, hk, seq_k, qk_scale_log2, inv_scale, scale, ab, diag)
         if f.BLOCK_SPARSE:
             n_part, n_full = block_range(BlkCnt, b, h, bid_n, f.BLK_BATCH, f.BLK_HEAD)
             for t in range(0, n_part):
@@ -350,8 +395,8 @@ def dkdv_program(Q, K, V, dOut, Lse, Delta, Mask, extra, dK, dV, dQacc, scalars,
 
     dk0, dk1, dk2, dv0, dv1, dv2 = acc
     dk0, dk1, dk2 = scale_chunks(dk0, dk1, dk2, scale, NCHUNK)
-    store_rows(dV, b, hk, bid_n, dv0, dv1, dv2, TILE_N, W0, W1, W2, NCHUNK)
-    store_rows(dK, b, hk, bid_n, dk0, dk1, dk2, TILE_N, W0, W1, W2, NCHUNK)
+    store_rows(dV, ab, hk, bid_n, dv0, dv1, dv2, TILE_N, W0, W1, W2, NCHUNK)
+    store_rows(dK, ab, hk, bid_n, dk0, dk1, dk2, TILE_N, W0, W1, W2, NCHUNK)
 
 
 def dq_row_stats(Out, Lse, Delta, Dlse, do, b, h, bid_m, f):
@@ -378,30 +423,55 @@ def dq_row_stats(Out, Lse, Delta, Dlse, do, b, h, bid_m, f):
     return load_lse(Lse, b, h, bid_m, TILE_M, bwd_zero_safe(f)), delta
 
 
-def dq_program(Q, K, V, dOut, Lse, Delta, Mask, extra, Out, Dlse, dQ, scalars, f, fns):
-    """One query tile's dQ, and its rows' delta for the dK/dV kernel (both entry points
-    run it); arguments as ``dkdv_program``'s, ``f`` the ``DqFlags``."""
+def dq_program(Q, K, V, dOut, Lse, Delta, Mask, extra, Out, Dlse, dQ, scalars, f, fns,
+               seqs=None):
+    """One query tile's dQ, and its rows' delta for the dK/dV kernel (every entry point
+    runs it); arguments as ``dkdv_program``'s, ``f`` the ``DqFlags``; a packed call's map
+    runs over the query tiles."""
+    # Grid (query tiles, query heads, batch), as the forward.
+    bid_m = ct.bid(0)
+    b = ct.bid(2)
+    if has_seqs(f):
+        CuQ, CuK, SeqK, TileMap, WIN_L, WIN_R = seqs
+        b, bid_m, valid = mapped_tile(TileMap, ct.bid(0))
+        if valid:
+            qs, qe = sequence_span(CuQ, b, Q.shape[2])
+            ks, ke = sequence_span(CuK, b, K.shape[2])
+            seq_k = ke - ks
+            if f.SEQUSED:
+                seq_k = ct.minimum(ct.maximum(ct.gather(SeqK, b), 0), seq_k)
+            arrays = (sequence_slice(Q, qs, qe), sequence_slice(K, ks, ke),
+                      sequence_slice(V, ks, ke), sequence_slice(dOut, qs, qe),
+                      sequence_slice(Lse, qs, qe),
+                      sequence_slice(Delta, qs, qe), Mask)
+            dq_query_tile(arrays, extra, Out, Dlse, sequence_slice(dQ, qs, qe),
+                          scalars, f, fns, b, bid_m, 0, seq_k,
+                          (seq_k - (qe - qs), f.WINDOW, WIN_L, WIN_R))
+    else:
+        dq_query_tile((Q, K, V, dOut, Lse, Delta, Mask), extra, Out, Dlse, dQ, scalars, f,
+                      fns, b, bid_m, b, K.shape[2], None)
+
+
+def dq_query_tile(arrays, extra, Out, Dlse, dQ, scalars, f, fns, b, bid_m, ab, seq_k, diag):
+    """Query tile ``bid_m`` of (batch or sequence) ``b``, arrays at array batch ``ab``
+    (``dkdv_key_tile``'s arguments)."""
+    Q, K, V, dOut, Lse, Delta, Mask = arrays
     BlkCnt, BlkIdx, A0, A1, A2, A3 = extra
     score_mod, score_grad, mask_mod = fns
     fns = (score_mod, score_grad, mask_mod, no_captured_grad)
     qk_scale_log2, inv_scale, scale, GROUP = scalars
     TILE_M, NCHUNK, W0, W1, W2 = f.TILE_M, f.NCHUNK, f.W0, f.W1, f.W2
-    # Grid (query tiles, query heads, batch), as the forward.
-    bid_m = ct.bid(0)
     h = ct.bid(1)
-    b = ct.bid(2)
     hk = h // GROUP
-    seq_k = K.shape[2]
 
-    q = load_rows(Q, b, h, bid_m, TILE_M, W0, W1, W2, NCHUNK, None)
-    do = load_rows(dOut, b, h, bid_m, TILE_M, W0, W1, W2, NCHUNK, None)
+    q = load_rows(Q, ab, h, bid_m, TILE_M, W0, W1, W2, NCHUNK, None)
+    do = load_rows(dOut, ab, h, bid_m, TILE_M, W0, W1, W2, NCHUNK, None)
     stats = None  # (lse, delta) loaded on every key tile, as the dK/dV program does
     if f.DELTA:
         stats = dq_row_stats(Out, Lse, Delta, Dlse, do, b, h, bid_m, f)
     acc = zeros_chunks(TILE_M, W0, W1, W2)
-    arrays = (Q, K, V, dOut, Lse, Delta, Mask)
     aux = (A0, A1, A2, A3, None, None, None, None)
-    where = (b, h, hk, seq_k, qk_scale_log2, inv_scale, scale)
+    where = (b, h, hk, seq_k, qk_scale_log2, inv_scale, scale, ab, diag)
 
     if f.BLOCK_SPARSE:
         n_part, n_full = block_range(BlkCnt, b, h, bid_m, f.BLK_BATCH, f.BLK_HEAD)
@@ -412,15 +482,21 @@ def dq_program(Q, K, V, dOut, Lse, Delta, Mask, extra, Out, Dlse, dQ, scalars, f
             j = block_at(BlkIdx, b, h, bid_m, t, f.BLK_BATCH, f.BLK_HEAD)
             acc = dq_tile(q, do, stats, acc, arrays, fns, aux, where, bid_m, j, False, False, f)
     else:
-        n_tiles, mask_start = key_range(bid_m * TILE_M, seq_k, 0, TILE_M, f.TILE_N, f.CAUSAL,
-                                        not f.EVEN_N, False)
-        for j in range(0, n_tiles):
+        if has_seqs(f):
+            j_lo, n_tiles, mask_start = seq_key_range(
+                bid_m * TILE_M, seq_k, diag[0], TILE_M, f.TILE_N, f.CAUSAL, f.WINDOW, diag[2],
+                diag[3], False, 0)
+        else:
+            j_lo = 0
+            n_tiles, mask_start = key_range(bid_m * TILE_M, seq_k, 0, TILE_M, f.TILE_N,
+                                            f.CAUSAL, not f.EVEN_N, False)
+        for j in range(j_lo, n_tiles):
             acc = dq_tile(q, do, stats, acc, arrays, fns, aux, where, bid_m, j, j >= mask_start,
                           f.HAS_MASK_MOD, f)
 
     dq0, dq1, dq2 = acc
     dq0, dq1, dq2 = scale_chunks(dq0, dq1, dq2, scale, NCHUNK)
-    store_rows(dQ, b, h, bid_m, dq0, dq1, dq2, TILE_M, W0, W1, W2, NCHUNK)
+    store_rows(dQ, ab, h, bid_m, dq0, dq1, dq2, TILE_M, W0, W1, W2, NCHUNK)
 
 
 # The entry points: flags arrive as ``ct.Constant`` parameters (``flags``: their meaning)
@@ -521,3 +597,50 @@ def attention_bwd_dq_variant(
                        HAS_MASK_MOD=HAS_MASK_MOD, BLOCK_SPARSE=BLOCK_SPARSE,
                        BLK_BATCH=BLK_BATCH, BLK_HEAD=BLK_HEAD),
                (SCORE_MOD, SCORE_GRAD, MASK_MOD))
+
+
+@ct.kernel
+def attention_bwd_dkdv_seqs(
+    Q, K, V, dOut, Lse, Delta, Mask, BlkCnt, BlkIdx, A0, A1, A2, A3, G0, G1, G2, G3, dK, dV,
+    dQacc, CuQ, CuK, SeqK, TileMap,
+    qk_scale_log2: float, inv_scale: float, scale: float, GROUP: int, WIN_L: int, WIN_R: int,
+    TILE_M: ConstInt, TILE_N: ConstInt, NCHUNK: ConstInt,
+    W0: ConstInt, W1: ConstInt, W2: ConstInt, CAUSAL: ConstBool, KEY_ROWS: ConstBool,
+    ONE_HEAD: ConstBool, HAS_SCORE_MOD: ConstBool, HAS_MASK_MOD: ConstBool,
+    SEQUSED: ConstBool, WINDOW: ConstBool,
+):
+    """dK/dV of packed sequences (``sdpa_varlen``): Q, dO [1, Hq, total_q, D], Lse and
+    Delta [1, Hq, total_q], K, V, dK, dV [1, Hkv, total_k, D]; ``TileMap`` runs over the
+    key tiles (``seqmap``)."""
+    dkdv_program(Q, K, V, dOut, Lse, Delta, Mask,
+                 (BlkCnt, BlkIdx, A0, A1, A2, A3, G0, G1, G2, G3), dK, dV,
+                 dQacc, (qk_scale_log2, inv_scale, scale, GROUP),
+                 DkdvFlags(TILE_M=TILE_M, TILE_N=TILE_N, NCHUNK=NCHUNK, W0=W0, W1=W1, W2=W2,
+                           CAUSAL=CAUSAL, EVEN_N=False, HAS_MASK=False, MASK_BATCH=False,
+                           MASK_HEAD=False, MASK_ROWS=False, DQ_ATOMIC=False, MASK_ALL=False,
+                           KEY_ROWS=KEY_ROWS, ONE_HEAD=ONE_HEAD, HAS_SCORE_MOD=HAS_SCORE_MOD,
+                           HAS_MASK_MOD=HAS_MASK_MOD, VARLEN_Q=True, VARLEN_K=True,
+                           SEQUSED=SEQUSED, WINDOW=WINDOW),
+                 (SCORE_MOD, SCORE_GRAD, MASK_MOD, SCORE_CAPGRAD),
+                 (CuQ, CuK, SeqK, TileMap, WIN_L, WIN_R))
+
+
+@ct.kernel
+def attention_bwd_dq_seqs(
+    Q, K, V, dOut, Lse, Delta, Mask, BlkCnt, BlkIdx, A0, A1, A2, A3, Out, Dlse, dQ,
+    CuQ, CuK, SeqK, TileMap,
+    qk_scale_log2: float, inv_scale: float, scale: float, GROUP: int, WIN_L: int, WIN_R: int,
+    TILE_M: ConstInt, TILE_N: ConstInt, NCHUNK: ConstInt,
+    W0: ConstInt, W1: ConstInt, W2: ConstInt, CAUSAL: ConstBool,
+    HAS_SCORE_MOD: ConstBool, HAS_MASK_MOD: ConstBool, SEQUSED: ConstBool, WINDOW: ConstBool,
+):
+    """dQ of packed sequences (delta comes from ``attention_bwd_delta`` over the packed
+    rows, run first); ``TileMap`` runs over the query tiles."""
+    dq_program(Q, K, V, dOut, Lse, Delta, Mask, (BlkCnt, BlkIdx, A0, A1, A2, A3), Out, Dlse,
+               dQ, (qk_scale_log2, inv_scale, scale, GROUP),
+               DqFlags(TILE_M=TILE_M, TILE_N=TILE_N, NCHUNK=NCHUNK, W0=W0, W1=W1, W2=W2,
+                       CAUSAL=CAUSAL, EVEN_N=False, HAS_MASK=False, MASK_BATCH=False,
+                       MASK_HEAD=False, MASK_ROWS=False, DELTA=False, HAS_DLSE=False,
+                       HAS_SCORE_MOD=HAS_SCORE_MOD, HAS_MASK_MOD=HAS_MASK_MOD, VARLEN_Q=True,
+                       VARLEN_K=True, SEQUSED=SEQUSED, WINDOW=WINDOW),
+               (SCORE_MOD, SCORE_GRAD, MASK_MOD), (CuQ, CuK, SeqK, TileMap, WIN_L, WIN_R))

@@ -164,7 +164,14 @@ def block_mask(mask_mod, B: int | None, H: int | None, Sq: int, Skv: int,
     from .mods import mods_for
 
     mods_for(None, mask_mod)  # lift now: a bad mask_mod fails here, not at the first call
-    device = torch.device(device)
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError):
+        parsed = None
+    if parsed is None or parsed.type not in ("cuda", "cpu", "meta"):  # the calls' devices
+        raise InputError(f"block_mask: device must be a CUDA device ('cuda', 'cuda:0' or a "
+                         f"torch.device), got {device!r}"[:200])
+    device = parsed
     if device.type == "cuda" and device.index is None and torch.cuda.is_available():
         device = torch.device("cuda", torch.cuda.current_device())
     return BlockMask(mask_mod, B, H, Sq, Skv, device)

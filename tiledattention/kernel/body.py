@@ -211,16 +211,26 @@ def modified(qk, b, h, q_idx, kv_idx, score_mod, A0, A1, A2, A3, scale, HAS_SCOR
 
 
 def keep_tile(b, h, q_idx, kv_idx, seq_k, mask_mod, A0, A1, A2, A3, ROWS, COLS,
-              CAUSAL, TAIL, HAS_MASK_MOD):
+              CAUSAL, TAIL, HAS_MASK_MOD, diag=None):
     """Which (query, key) pairs of a [ROWS, COLS] tile attend: causality (top-left
     aligned, as torch's ``is_causal``), the key tail past ``seq_k``, and the user's
     ``mask_mod``. Queries are the rows ([TILE_M, 1] ``q_idx``) or, in the dK/dV program's
-    ``KEY_ROWS`` orientation, the columns ([1, TILE_M])."""
+    ``KEY_ROWS`` orientation, the columns ([1, TILE_M]).
+
+    ``diag`` (packed and paged sequences: ``seq_diag``): (shift, WINDOW, WIN_L, WIN_R):
+    query i stands at key position i + shift (bottom-right alignment, shift = Skv - Sq),
+    where causality and the window are measured; the mask_mod still sees i."""
     keep = ct.full((ROWS, COLS), True, dtype=np.bool_)
+    at = q_idx
+    if diag is not None:
+        at = q_idx + diag[0]
     if TAIL:
         keep = keep & (kv_idx < seq_k)
     if CAUSAL:
-        keep = keep & (q_idx >= kv_idx)
+        keep = keep & (at >= kv_idx)
+    if diag is not None:  # noqa: SIM102 - diag[1] only exists when diag does
+        if diag[1]:
+            keep = keep & (kv_idx <= at + diag[3]) & (kv_idx >= at - diag[2])
     if HAS_MASK_MOD:
         keep = keep & mask_mod(b, h, q_idx, kv_idx, A0, A1, A2, A3)
     return keep

@@ -16,8 +16,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+@dataclass(frozen=True, kw_only=True)
+class SeqFlags:
+    """How a packed or paged call finds its sequences (``visit.mapped_tile``): the
+    score kernels of ``sdpa_varlen`` / ``sdpa_paged`` set these; the dense kernels leave
+    them off (every family's flags end with them)."""
+
+    VARLEN_Q: bool = False  # q (out, lse) packed by CuQ: grid axis 0 runs over its tiles
+    VARLEN_K: bool = False  # k, v packed by CuK (else paged, or dense by batch)
+    SEQUSED: bool = False  # SeqK caps each sequence's keys (seqused_k; paged: the context)
+    PAGED: bool = False  # k, v are a page cache [pages, Hkv, P, D] addressed by Pages
+    PAGE_TILES: int = 1  # key tiles per page (P // TILE_N)
+    WINDOW: bool = False  # a (left, right) window around the bottom-right diagonal
+
+
 @dataclass(frozen=True)
-class FwdFlags:
+class FwdFlags(SeqFlags):
     """The forward's flags (``attention.attention_fwd`` / ``attention_fwd_variant``)."""
 
     TILE_M: int
@@ -47,7 +61,7 @@ class FwdFlags:
 
 
 @dataclass(frozen=True)
-class DkdvFlags:
+class DkdvFlags(SeqFlags):
     """The dK/dV kernel's flags (``backward.attention_bwd_dkdv`` / ``..._variant``)."""
 
     TILE_M: int  # query rows per inner step
@@ -74,7 +88,7 @@ class DkdvFlags:
 
 
 @dataclass(frozen=True)
-class DqFlags:
+class DqFlags(SeqFlags):
     """The dQ kernel's flags (``backward.attention_bwd_dq`` / ``..._variant``)."""
 
     TILE_M: int  # query rows per program
@@ -104,14 +118,21 @@ FAMILIES = {"attention_fwd": FwdFlags, "attention_bwd_dkdv": DkdvFlags,
 
 
 # Derived flags, as tile functions (constants of constants stay constants).
+def has_seqs(f) -> bool:
+    """A packed or paged call: per-sequence lengths, bottom-right alignment."""
+    return f.VARLEN_Q or f.VARLEN_K or f.PAGED
+
+
 def fwd_zero_safe(f: FwdFlags) -> bool:
     """A row may end up fully masked: a user mask, causal keys past the row in a later
     split, a mask_mod, a block mask that lists no tile for the row, or a score_mod
     returning -inf (FlexAttention's masking idiom). The plain kernels without a mask have
     none."""
-    return f.HAS_MASK or f.SPLIT_K or f.HAS_MASK_MOD or f.BLOCK_SPARSE or f.HAS_SCORE_MOD
+    return (f.HAS_MASK or f.SPLIT_K or f.HAS_MASK_MOD or f.BLOCK_SPARSE or f.HAS_SCORE_MOD
+            or has_seqs(f))
 
 
 def bwd_zero_safe(f: DkdvFlags | DqFlags) -> bool:
     """``fwd_zero_safe`` of the backward kernels (no split-K)."""
-    return f.HAS_MASK or f.HAS_MASK_MOD or f.BLOCK_SPARSE or f.HAS_SCORE_MOD
+    return (f.HAS_MASK or f.HAS_MASK_MOD or f.BLOCK_SPARSE or f.HAS_SCORE_MOD
+            or has_seqs(f))

@@ -125,6 +125,8 @@ def call_key(q, k, v, attn_mask, causal, scale, enable_gqa, return_lse, schedule
     """
     if not (type(q) is _Tensor and type(k) is _Tensor and type(v) is _Tensor):
         return None
+    if q.is_nested or k.is_nested or v.is_nested:  # no shape to key: refused by the build
+        return None
     if attn_mask is None:
         mask = None
     elif type(attn_mask) is _Tensor and not attn_mask.requires_grad:

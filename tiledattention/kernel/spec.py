@@ -120,7 +120,18 @@ DQ = KernelSpec("backward", "attention_bwd_dq", (*_BWD, "Out", "Dlse", "dQ"))
 DQ_VARIANT = KernelSpec("backward", "attention_bwd_dq_variant",
                         (*_BWD, *_EXTRA, "Out", "Dlse", "dQ"))
 CLASSIFY = KernelSpec("blockmask", "classify_tiles", ("Cls", *_EXTRA[2:]))
-SPECS = (FWD, FWD_VARIANT, COMBINE, DELTA, DKDV, DKDV_VARIANT, DQ, DQ_VARIANT, CLASSIFY)
+# Packed (varlen) and paged sequences: the variant entry points' tensors, then the offsets,
+# the block table and the tile map (``seqmap``).
+_SEQS = ("CuQ", "CuK", "SeqK")
+FWD_SEQS = KernelSpec("attention", "attention_fwd_seqs",
+                      (*_ATT, "Out", "Lse", "Mask", *_EXTRA, *_SEQS, "Pages", "TileMap"))
+DKDV_SEQS = KernelSpec("backward", "attention_bwd_dkdv_seqs",
+                       (*_BWD, *_EXTRA, *GRADS, "dK", "dV", "dQacc", *_SEQS, "TileMap"))
+DQ_SEQS = KernelSpec("backward", "attention_bwd_dq_seqs",
+                     (*_BWD, *_EXTRA, "Out", "Dlse", "dQ", *_SEQS, "TileMap"))
+SEQMAP = KernelSpec("seqmap", "sequence_map", ("Cu", "TileMap"))
+SPECS = (FWD, FWD_VARIANT, COMBINE, DELTA, DKDV, DKDV_VARIANT, DQ, DQ_VARIANT, CLASSIFY,
+         FWD_SEQS, DKDV_SEQS, DQ_SEQS, SEQMAP)
 
 
 def score_specs(plain: bool) -> tuple[KernelSpec, KernelSpec, KernelSpec]:

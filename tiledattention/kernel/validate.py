@@ -54,6 +54,10 @@ def check_inputs(q, k, v, *, causal, scale, attn_mask, enable_gqa,
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise InputError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.is_nested:  # its shape is ragged: nothing below can read it
+            raise InputError(f"{name} is a nested tensor; sdpa takes dense [B, H, S, D] "
+                             "tensors: pad it (torch.nested.to_padded_tensor) or pack the "
+                             "sequences into one row with variants.document")
     if not (q.device == k.device == v.device):
         raise DeviceError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
     for name, t in (("q", q), ("k", k), ("v", v)):

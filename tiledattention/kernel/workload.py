@@ -1,22 +1,455 @@
-"""The host path of packed (varlen) and paged calls: validate, plan, launch."""
+"""The host path of packed (varlen) and paged calls: validate once per plan, launch.
+
+A plan holds what a call's launches need but the tensors and the packed length: the
+compiled kernels, the schedule, the scalar and constant arguments. It is keyed on the
+facts that decide them (heads, head dim, dtype, device, strides of a token, batch size,
+flags, the variant, the schedule table's bucket of ``max_seqlen``), not on the packed
+length, which changes with every training batch; per call the grid is sized from the packed
+length (``programs``), the tile map launched (``seqmap``), then the attention kernel.
+
+Layouts the kernels see: packed ``[total, H, D]`` tensors as ``[1, H, total, D]`` views,
+the log-sum-exp ``[H, total]`` as ``[1, H, total]``; a page cache ``[pages, P, Hkv, D]`` as
+``[pages, Hkv, P, D]``; ``q [B, Sq, H, D]`` of a paged call as ``[B, H, Sq, D]`` (or, for
+GQA decode, its heads packed into the rows of their K/V head: ``[B, Hkv, G * Sq, D]``).
+"""
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass, replace
+
+import torch
+
+from ..errors import InputError
+from ..schedules import policy
+from ..schedules.backward import BwdSchedule
+from ..schedules.schedule import Schedule
+from . import mods as _mods
+from .headdim import plan_head_dim
+from .launch import _int_pad, _placeholders, launch_kernel, variant_arrays
+from .plan import _cached, combine_constants, fwd_hints, scalars, sm_count, split_count
+from .spec import COMBINE, DELTA, DKDV_SEQS, DQ_SEQS, FWD_SEQS, SEQMAP
+from .toolchain import check_gpu
 from .validate import check_device
-from .workload_check import check_paged, check_varlen
+from .variant import DELTA_TILE_M, ONE_HEAD_DIMS
+from .workload_check import Workload, check_paged, check_varlen, checked_cache, checked_offsets
+
+NO_WINDOW = 1 << 30  # a window edge that never masks
 
 
-def varlen(q, k, v, cu_q, cu_k, max_q, max_k, *, seqused_k, causal, scale, window_size,
-           softcap, score_mod, mask_mod, return_lse, schedule):
-    w = check_varlen(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, causal, scale,
-                     window_size, softcap)
-    check_device(q)
-    raise NotImplementedError(w)
+def head_dim_constants(d: int) -> dict:
+    plan = plan_head_dim(d)
+    w0, w1, w2 = plan.kernel_widths()
+    return dict(NCHUNK=len(plan.widths), W0=w0, W1=w1, W2=w2)
 
 
-def paged(q, k_cache, v_cache, page_table, cache_seqlens, *, cu_seqlens_q, max_seqlen_q,
-          causal, scale, window_size, softcap, score_mod, mask_mod, return_lse, schedule):
-    w = check_paged(q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q,
-                    max_seqlen_q, causal, scale, window_size, softcap)
-    check_device(q)
-    raise NotImplementedError(w)
+def window_scalars(window: tuple[int, int]) -> dict:
+    left, right = window
+    return dict(WIN_L=NO_WINDOW if left < 0 else left, WIN_R=NO_WINDOW if right < 0 else right)
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def _bucket(w: Workload, index: int, seq_q: int, seq_k: int):
+    return policy.bucket_for(cc=policy._capability(index), dtype=w.dtype, head_dim=w.head_dim,
+                             causal=w.causal, seq_q=max(seq_q, 1), seq_kv=max(seq_k, 1),
+                             gqa=w.heads_q // w.heads_kv)
+
+
+def _index(device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+# ----------------------------------------------------------------------------- the tile map
+def programs(total: int, batch: int, tile: int) -> int:
+    """The grid of a packed launch: an upper bound on sum_b ceil(len_b / tile) from the
+    packed length alone (no sync): each sequence wastes less than one tile."""
+    return math.ceil(total / tile) + batch
+
+
+def map_steps(total: int, tile: int) -> int:
+    """``sequence_tile``'s bisection rounds: 2**steps exceeds any sequence's tile count."""
+    return max(math.ceil(total / tile), 1).bit_length()
+
+
+def tile_map(cu: torch.Tensor, total: int, tile: int, bpad: int) -> torch.Tensor:
+    """The [programs, 2] int32 (sequence, tile) map of a packed grid, made on the GPU."""
+    batch = cu.shape[0] - 1
+    n = programs(total, batch, tile)
+    tmap = torch.empty((n, 2), dtype=torch.int32, device=cu.device)
+    launch_kernel(cu.device, (n, 1, 1), SEQMAP.kernel(),
+                  (cu, tmap, *SEQMAP.ordered(dict(STEPS=map_steps(total, tile), TILE=tile,
+                                                  BPAD=bpad), skip_tensors=True)))
+    return tmap
+
+
+def packed4(t: torch.Tensor) -> torch.Tensor:
+    """[total, H, D] as the kernels' [1, H, total, D] (a view)."""
+    return t.unsqueeze(0).transpose(1, 2)
+
+
+# ----------------------------------------------------------------------------- forward plans
+@dataclass(frozen=True, eq=False)
+class SeqPlan:
+    """One packed or paged forward, fixed but for the tensors and the packed length."""
+
+    work: Workload
+    schedule: Schedule
+    kernel: object
+    values: dict  # the kernel's scalar and constant arguments by name
+    tile_m: int
+    bpad: int
+    device: torch.device
+    return_lse: bool
+    mods: object
+    # paged only: the grid's (rows per head, heads) and split-K's combine (None: no split)
+    rows: int = 0
+    heads: int = 0
+    splits: int = 1
+    combine: object = None
+    combine_values: tuple = ()
+    packed_heads: bool = False  # GQA decode: q's heads packed into their K/V head's rows
+
+
+def _forward_schedule(w: Workload, index: int, seq_q: int, seq_k: int, schedule) -> Schedule:
+    if schedule is not None:
+        return schedule if isinstance(schedule, Schedule) else Schedule.from_dict(schedule)
+    return policy._choose(_bucket(w, index, seq_q, seq_k))[0]
+
+
+def _fwd_values(w: Workload, s: Schedule, mods, *, return_lse, varlen_q, varlen_k, paged,
+                page_tiles=1, split=1, split_tiles=1, packed=False, seq_q=0, group=1) -> dict:
+    values = dict(
+        **scalars(w.scale, mods, FWD_SEQS), GROUP=group, SEQ_Q=seq_q, NUM_SPLITS=split,
+        SPLIT_TILES=split_tiles, **window_scalars(w.window), TILE_M=s.tile_m, TILE_N=s.tile_n,
+        **head_dim_constants(w.head_dim), CAUSAL=w.causal, RETURN_LSE=return_lse,
+        LAT_K=s.latency_k, LAT_V=s.latency_v, SPLIT_K=split > 1, PACKED=packed,
+        HAS_SCORE_MOD=mods.has_score_mod, HAS_MASK_MOD=mods.has_mask_mod, VARLEN_Q=varlen_q,
+        VARLEN_K=varlen_k, SEQUSED=paged or w.seqused, PAGED=paged, PAGE_TILES=page_tiles,
+        WINDOW=w.window != (-1, -1))
+    return values
+
+
+def varlen_plan(w: Workload, q, k, schedule, mods, return_lse: bool) -> SeqPlan:
+    index = _index(q.device)
+    check_gpu(index)
+    s = _forward_schedule(w, index, w.max_q, w.max_k, schedule)
+    s = replace(s, splits=1, heavy_first=False, pdl=False)
+    values = _fwd_values(w, s, mods, return_lse=return_lse, varlen_q=True, varlen_k=True,
+                         paged=False, group=w.heads_q // w.heads_kv)
+    return SeqPlan(w, s, FWD_SEQS.kernel(mods, **fwd_hints(s)), values, s.tile_m,
+                   max(_pow2(w.batch + 1), 16), q.device, return_lse, mods)
+
+
+def run_varlen(plan: SeqPlan, q, k, v, cu_q, cu_k, seqused_k, aux=()):
+    """(out [total_q, Hq, D], lse [Hq, total_q] or None) of a packed forward."""
+    w, dev = plan.work, plan.device
+    total = q.shape[0]
+    out = torch.empty(q.shape, dtype=q.dtype, device=dev)
+    lse = torch.empty((w.heads_q, total), dtype=torch.float32, device=dev) \
+        if plan.return_lse else None
+    if total == 0 or w.batch == 0 or k.shape[0] == 0:
+        # no key anywhere: every row attends nothing (zeros, log-sum-exp -inf)
+        out.zero_()
+        if lse is not None:
+            lse.fill_(float("-inf"))
+        return out, lse
+    pad = _int_pad(dev)
+    lse_ph, mask_ph = _placeholders(dev, False)
+    tmap = tile_map(cu_q, total, plan.tile_m, plan.bpad)
+    lse_arg = lse_ph if lse is None else lse.unsqueeze(0)
+    args = (packed4(q), packed4(k), packed4(v), packed4(out), lse_arg, mask_ph,
+            *variant_arrays(None, aux, dev), cu_q, cu_k,
+            pad.view(1) if seqused_k is None else seqused_k, pad.view(1, 1), tmap,
+            *FWD_SEQS.ordered(plan.values, skip_tensors=True))
+    launch_kernel(dev, (tmap.shape[0], w.heads_q, 1), plan.kernel, args)
+    return out, lse
+
+
+def _paged_tiles(s: Schedule, page: int) -> Schedule:
+    """A key tile must lie within one page: at most the page size."""
+    return s if s.tile_n <= page else replace(s, tile_n=page)
+
+
+def paged_plan(w: Workload, q, schedule, mods, return_lse: bool) -> SeqPlan:
+    index = _index(q.device)
+    check_gpu(index)
+    group = w.heads_q // w.heads_kv
+    if w.packed_q:
+        s = _forward_schedule(w, index, w.max_q, w.max_k, schedule)
+        s = _paged_tiles(replace(s, splits=1, heavy_first=False, pdl=False), w.page_size)
+        values = _fwd_values(w, s, mods, return_lse=return_lse, varlen_q=True,
+                             varlen_k=False, paged=True, page_tiles=w.page_size // s.tile_n,
+                             group=group)
+        return SeqPlan(w, s, FWD_SEQS.kernel(mods, **fwd_hints(s)), values, s.tile_m,
+                       max(_pow2(w.batch + 1), 16), q.device, return_lse, mods)
+    seq_q = w.max_q
+    # GQA decode: the group's query heads share the rows of one tile (K/V read once).
+    packed = group > 1 and seq_q <= 16 and not mods.key
+    heads, rows, kgroup = (w.heads_kv, group * seq_q, 1) if packed else (w.heads_q, seq_q,
+                                                                           group)
+    s = _forward_schedule(w, index, seq_q, w.max_k, schedule)
+    s = _paged_tiles(replace(s, heavy_first=False, pdl=False), w.page_size)
+    if rows <= 64 and s.tile_m > 64:
+        s = replace(s, tile_m=64)
+    m_tiles = math.ceil(rows / s.tile_m)
+    key_tiles = math.ceil(w.max_k / s.tile_n)
+    splits = split_count(s, m_tiles * heads * w.batch, key_tiles, sm_count(index))
+    split_tiles = math.ceil(key_tiles / splits)
+    splits = math.ceil(key_tiles / split_tiles)
+    values = _fwd_values(w, s, mods, return_lse=return_lse or splits > 1, varlen_q=False,
+                         varlen_k=False, paged=True, page_tiles=w.page_size // s.tile_n,
+                         split=splits, split_tiles=split_tiles, packed=packed, seq_q=seq_q,
+                         group=kgroup)
+    combine, combine_values = None, ()
+    if splits > 1:
+        consts = combine_constants(w.head_dim, rows, return_lse)
+        combine = COMBINE.kernel()
+        combine_values = (math.ceil(rows / consts["TILE_R"]),
+                          COMBINE.ordered(dict(NUM_SPLITS=splits, **consts),
+                                          skip_tensors=True))
+    return SeqPlan(w, s, FWD_SEQS.kernel(mods, **fwd_hints(s)), values, s.tile_m, 16,
+                   q.device, return_lse, mods, rows=rows, heads=heads, splits=splits,
+                   combine=combine, combine_values=combine_values, packed_heads=packed)
+
+
+def _paged_q(plan: SeqPlan, q: torch.Tensor) -> torch.Tensor:
+    """q [B, Sq, Hq, D] as the kernel's [B, H, rows, D]: a view, or for packed GQA with
+    Sq > 1 a copy (its rows interleave heads and positions)."""
+    w = plan.work
+    b, sq = q.shape[0], q.shape[1]
+    if not plan.packed_heads:
+        return q.transpose(1, 2)
+    group = w.heads_q // w.heads_kv
+    return q.reshape(b, sq, w.heads_kv, group, w.head_dim).permute(0, 2, 3, 1, 4).reshape(
+        b, w.heads_kv, group * sq, w.head_dim)
+
+
+def run_paged(plan: SeqPlan, q, k_cache, v_cache, page_table, cache_seqlens, cu_q, aux=()):
+    w, dev = plan.work, plan.device
+    pad = _int_pad(dev)
+    lse_ph, mask_ph = _placeholders(dev, False)
+    kc, vc = k_cache.transpose(1, 2), v_cache.transpose(1, 2)
+    variant = variant_arrays(None, aux, dev)
+    tail = FWD_SEQS.ordered(plan.values, skip_tensors=True)
+    if w.packed_q:
+        total = q.shape[0]
+        out = torch.empty(q.shape, dtype=q.dtype, device=dev)
+        lse = torch.empty((w.heads_q, total), dtype=torch.float32, device=dev) \
+            if plan.return_lse else None
+        if total == 0 or w.batch == 0:
+            return out, lse
+        tmap = tile_map(cu_q, total, plan.tile_m, plan.bpad)
+        lse_arg = lse_ph if lse is None else lse.unsqueeze(0)
+        launch_kernel(dev, (tmap.shape[0], w.heads_q, 1), plan.kernel,
+                      (packed4(q), kc, vc, packed4(out), lse_arg, mask_ph, *variant, cu_q,
+                       cu_q, cache_seqlens, page_table, tmap, *tail))
+        return out, lse
+    b, sq = q.shape[0], q.shape[1]
+    out = torch.empty(q.shape, dtype=q.dtype, device=dev)
+    lse = torch.empty((b, w.heads_q, sq), dtype=torch.float32, device=dev) \
+        if plan.return_lse else None
+    if b == 0 or sq == 0:
+        return out, lse
+    kq = _paged_q(plan, q)
+    rows_shape = (b, plan.heads, plan.rows, w.head_dim)
+    seqs = (pad.view(1), pad.view(1), cache_seqlens, page_table, pad.view(1, 1))
+    grid = (math.ceil(plan.rows / plan.tile_m), plan.heads * plan.splits, b)
+    direct = not plan.packed_heads or sq == 1  # out viewed as the kernel's rows
+    kout = out.transpose(1, 2) if not plan.packed_heads else (
+        out.view(rows_shape) if sq == 1 else torch.empty(rows_shape, dtype=q.dtype,
+                                                          device=dev))
+    if plan.splits == 1:
+        klse = lse_ph if lse is None else (
+            lse if not plan.packed_heads else lse.view(b, plan.heads, plan.rows))
+        launch_kernel(dev, grid, plan.kernel, (kq, kc, vc, kout, klse, mask_ph, *variant,
+                                                *seqs, *tail))
+    else:
+        part = torch.empty((b, plan.heads * plan.splits, plan.rows, w.head_dim),
+                           dtype=torch.float32, device=dev)
+        part_lse = torch.empty(part.shape[:3], dtype=torch.float32, device=dev)
+        launch_kernel(dev, grid, plan.kernel, (kq, kc, vc, part, part_lse, mask_ph,
+                                                *variant, *seqs, *tail))
+        klse = lse_ph if lse is None else (
+            lse if not plan.packed_heads else lse.view(b, plan.heads, plan.rows))
+        r_tiles, combine_tail = plan.combine_values
+        launch_kernel(dev, (r_tiles, plan.heads, b), plan.combine,
+                      (part, part_lse, kout, klse, *combine_tail))
+    if not direct:
+        group = w.heads_q // w.heads_kv
+        out.copy_(kout.view(b, w.heads_kv, group, sq, w.head_dim).permute(0, 3, 1, 2, 4)
+                  .reshape(b, sq, w.heads_q, w.head_dim))
+    return out, lse
+
+
+# ----------------------------------------------------------------------------- backward
+@dataclass(frozen=True, eq=False)
+class SeqBwdPlan:
+    schedule: BwdSchedule
+    dkdv: object
+    dq: object
+    delta: object
+    dkdv_values: dict
+    dq_values: dict
+    delta_values: dict
+    bpad: int
+
+
+def varlen_bwd_schedule(w: Workload, index: int, mods) -> BwdSchedule:
+    """The table's deterministic pick for the bucket of ``max_seqlen`` (dQ by its own
+    kernel: the packed kernels have no reduce-add dQ), the default for a variant."""
+    b = _bucket(w, index, w.max_q, w.max_k)
+    if mods.key:
+        from ..schedules.backward import default_bwd_schedule
+
+        return default_bwd_schedule(w.head_dim, w.causal)
+    s = policy._choose_bwd(b, True)[0]
+    return s if s.dq == "kernel" else replace(s, dq="kernel")
+
+
+def varlen_bwd_plan(w: Workload, device, mods, has_dlse: bool, schedule=None) -> SeqBwdPlan:
+    index = _index(device)
+    s = schedule or varlen_bwd_schedule(w, index, mods)
+    hd = head_dim_constants(w.head_dim)
+    common = dict(**scalars(w.scale, mods, DKDV_SEQS), GROUP=w.heads_q // w.heads_kv,
+                  **window_scalars(w.window), **hd, CAUSAL=w.causal,
+                  HAS_SCORE_MOD=mods.has_score_mod, HAS_MASK_MOD=mods.has_mask_mod,
+                  SEQUSED=w.seqused, WINDOW=w.window != (-1, -1))
+    one_head = w.heads_q == w.heads_kv and w.head_dim in ONE_HEAD_DIMS
+    dkdv_values = dict(common, TILE_M=s.dkdv_m, TILE_N=s.dkdv_n, KEY_ROWS=s.key_rows,
+                       ONE_HEAD=one_head)
+    dq_values = dict(common, TILE_M=s.dq_m, TILE_N=s.dq_n)
+    wd = _pow2(w.head_dim)
+    delta_values = dict(TILE_M=DELTA_TILE_M, WD=wd, HAS_DLSE=has_dlse, ZERO_DQ=False)
+    return SeqBwdPlan(s, DKDV_SEQS.kernel(mods, **s.hints()), DQ_SEQS.kernel(mods, **s.hints()),
+                      DELTA.kernel(), dkdv_values, dq_values, delta_values,
+                      max(_pow2(w.batch + 1), 16))
+
+
+def run_varlen_backward(plan: SeqBwdPlan, w: Workload, q, k, v, out, lse, dout, dlse, cu_q,
+                        cu_k, seqused_k, aux=(), captured=()):
+    """(dq, dk, dv) of a packed forward: delta over the packed rows, then dQ over the query
+    tiles and dK/dV over the key tiles, each through its tile map."""
+    dev = q.device
+    total_q, total_k = q.shape[0], k.shape[0]
+    dq = torch.zeros_like(q, memory_format=torch.contiguous_format)
+    dk = torch.zeros_like(k, memory_format=torch.contiguous_format)
+    dv = torch.zeros_like(v, memory_format=torch.contiguous_format)
+    if total_q == 0 or w.batch == 0 or total_k == 0:
+        return dq, dk, dv
+    pad = _int_pad(dev)
+    q4, k4, v4, o4 = packed4(q), packed4(k), packed4(v), packed4(out)
+    do4 = packed4(dout if dout.stride(-1) == 1 else dout.contiguous())
+    delta = torch.empty((1, w.heads_q, total_q), dtype=torch.float32, device=dev)
+    lse3 = lse.unsqueeze(0).contiguous()
+    dlse3 = delta if dlse is None else dlse.to(torch.float32).unsqueeze(0).contiguous()
+    launch_kernel(dev, (math.ceil(total_q / DELTA_TILE_M), w.heads_q, 1), plan.delta,
+                  (o4, do4, delta, dlse3, delta.view(1, w.heads_q, total_q, 1),
+                   *DELTA.ordered(plan.delta_values, skip_tensors=True)))
+    seqused = pad.view(1) if seqused_k is None else seqused_k
+    mask = _placeholders(dev, False)[1]
+    variant = variant_arrays(None, aux, dev)
+    qmap = tile_map(cu_q, total_q, plan.schedule.dq_m, plan.bpad)
+    launch_kernel(dev, (qmap.shape[0], w.heads_q, 1), plan.dq,
+                  (q4, k4, v4, do4, lse3, delta, mask, *variant, o4, dlse3, packed4(dq), cu_q,
+                   cu_k, seqused, qmap, *DQ_SEQS.ordered(plan.dq_values, skip_tensors=True)))
+    kmap = tile_map(cu_k, total_k, plan.schedule.dkdv_n, plan.bpad)
+    grads = tuple(pad if g is None else g for g in captured)
+    grads = (*grads, *([pad] * (4 - len(grads))))
+    launch_kernel(dev, (kmap.shape[0], w.heads_kv, 1), plan.dkdv,
+                  (q4, k4, v4, do4, lse3, delta, mask, *variant, *grads, packed4(dk),
+                   packed4(dv), delta.view(1, w.heads_q, total_q, 1), cu_q, cu_k, seqused,
+                   kmap, *DKDV_SEQS.ordered(plan.dkdv_values, skip_tensors=True)))
+    return dq, dk, dv
+
+
+# ----------------------------------------------------------------------------- entry
+def _facts(t) -> tuple:
+    return None if t is None else (type(t), t.shape[1:], t.stride(), t.dtype, t.device)
+
+
+def _keyable(*ts) -> bool:
+    """Plain dense tensors (or None): their facts make a plan key. Anything else is
+    checked first (the typed error) and never cached."""
+    return all(t is None or (type(t) is torch.Tensor and t.layout == torch.strided
+                             and not t.is_nested) for t in ts)
+
+
+def _checked_now(t) -> bool:
+    """Whether an offsets tensor's values may be read here: not while a CUDA graph is
+    captured or a compiler traces (a sync would break both)."""
+    return (t.device.type == "cuda" and not torch.cuda.is_current_stream_capturing()
+            and not torch.compiler.is_compiling())
+
+
+_checked: set = set()
+
+
+def varlen_setup(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, causal, scale, window_size,
+                 softcap, mods, return_lse, schedule):
+    """(plan, work) of a packed call: checked and planned on the first call of a plan key
+    (its offsets' values read then, once: a sync), found in one lookup afterwards."""
+    def build():
+        w = check_varlen(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, causal, scale,
+                         window_size, softcap)
+        check_device(q)
+        return varlen_plan(w, q, k, schedule, mods, return_lse)
+
+    if not _keyable(q, k, v, cu_q, cu_k, seqused_k):
+        return build()
+    key = ("varlen", _facts(q), _facts(k), _facts(v), _facts(cu_q), _facts(cu_k),
+           _facts(seqused_k), max_q, max_k, type(causal), causal, type(scale), scale,
+           tuple(window_size) if isinstance(window_size, (tuple, list)) else window_size,
+           softcap, mods.key, bool(return_lse), None if schedule is None else str(schedule),
+           policy.generation())
+    plan = _cached(key, build)
+    if plan.work.batch and key not in _checked and _checked_now(cu_q):
+        checked_offsets(cu_q, cu_k, seqused_k, max_q, max_k, q.shape[0], k.shape[0])
+        _checked.add(key)
+    if max_q > q.shape[0] or max_k > k.shape[0]:
+        raise InputError(f"max_seqlen_q={max_q} / max_seqlen_k={max_k} exceed the packed "
+                         f"tokens ({q.shape[0]} / {k.shape[0]})")
+    return plan
+
+
+def paged_setup(q, k_cache, v_cache, page_table, cache_seqlens, cu_q, max_q, causal, scale,
+                window_size, softcap, mods, return_lse, schedule):
+    packed = cu_q is not None
+
+    def build():
+        w = check_paged(q, k_cache, v_cache, page_table, cache_seqlens, cu_q, max_q, causal,
+                        scale, window_size, softcap)
+        check_device(q)
+        return paged_plan(w, q, schedule, mods, return_lse)
+
+    if not _keyable(q, k_cache, v_cache, page_table, cache_seqlens, cu_q):
+        return build()
+    key = ("paged", _facts(q) if packed else (type(q), q.shape, q.stride(), q.dtype,
+                                              q.device),
+           (k_cache.shape, k_cache.stride(), k_cache.dtype, k_cache.device), _facts(v_cache),
+           (page_table.shape, page_table.dtype), _facts(cache_seqlens), _facts(cu_q), max_q,
+           type(causal), causal, type(scale), scale,
+           tuple(window_size) if isinstance(window_size, (tuple, list)) else window_size,
+           softcap, mods.key, bool(return_lse), None if schedule is None else str(schedule),
+           policy.generation())
+    plan = _cached(key, build)
+    if key not in _checked and _checked_now(cache_seqlens):
+        checked_cache(page_table, cache_seqlens, k_cache.shape[0], k_cache.shape[1], cu_q,
+                      max_q, q.shape[0] if packed else None)
+        _checked.add(key)
+    return plan
+
+
+def varlen_mods(score_mod, mask_mod, softcap: float):
+    """The call's Mods: ``softcap`` is the built-in softcap score_mod (with its
+    derivative); with a score_mod of the caller's, pass the cap inside it."""
+    if softcap:
+        if score_mod is not None:
+            raise InputError("pass either softcap or a score_mod (write the cap into the "
+                             "score_mod: cap * tanh(score / cap))")
+        from ..variants import softcap as _softcap
+
+        score_mod = _softcap(softcap)
+    return _mods.mods_for(score_mod, mask_mod)

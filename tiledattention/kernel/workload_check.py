@@ -34,6 +34,7 @@ class Workload:
     scale: float
     window: tuple[int, int]
     softcap: float
+    seqused: bool = False  # seqused_k given: it caps each sequence's keys
     page_size: int = 0  # 0: keys packed by cu_seqlens_k, else the cache's page size
     packed_q: bool = True  # q is [total_q, H, D] (else [B, Sq, H, D], a uniform Sq)
 
@@ -136,7 +137,7 @@ def check_varlen(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, causal, scale, wi
     if cu_q.device.type == "cpu":
         checked_offsets(cu_q, cu_k, seqused_k, max_q, max_k, q.shape[0], k.shape[0])
     return Workload(batch, q.shape[1], k.shape[1], q.shape[2], q.dtype, max_q, max_k,
-                    causal, scale, window, softcap)
+                    causal, scale, window, softcap, seqused=seqused_k is not None)
 
 
 def checked_offsets(cu_q, cu_k, seqused_k, max_q, max_k, total_q, total_k) -> None:

@@ -87,6 +87,15 @@ def export_pid() -> None:
     os.environ["TILEDATTN_WORKFLOW_PID"] = str(os.getpid())
 
 
+# Where a run's SLURM launchers keep what they last said about waiting (slurm._say_changed).
+SAID_ENV = "TILEDATTN_SLURM_SAID"
+
+
+def export_said_file(results: str) -> None:
+    """Tell the steps where this run keeps what it said (the study's logs folder)."""
+    os.environ[SAID_ENV] = os.path.abspath(os.path.join(results, "logs", "slurm-said"))
+
+
 # Snakemake's lock after a kill: Snakemake records no holder, so a killed run leaves
 # .snakemake/locks/N.{input,output}.lock behind and every rerun stops asking for --unlock.
 # The workflow records, for each lock file it holds, its process (pid and start time); a

@@ -7,6 +7,7 @@ COMPLETED, and cancels the jobs on SIGINT/SIGTERM."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import io
 import os
@@ -127,9 +128,9 @@ def why_refused(o: SlurmOptions, sbatch_says: str) -> str | None:
                 f"[sbatch: {sbatch_says}]")
     if nodes and not any(n.usable for n in nodes):
         states = ", ".join(sorted({f"{n.name} {n.state}" for n in nodes}))
-        _say(f"slurm: sbatch --test-only refuses the request now ({sbatch_says}), but no node "
-             f"of {where} takes jobs ({states}) and the request fits them: it is queued and "
-             "waits for a node")
+        _say_changed(f"slurm: sbatch --test-only refuses the request now ({sbatch_says}), but "
+                     f"no node of {where} takes jobs ({states}) and the request fits them: it "
+                     "is queued and waits for a node")
         return None
     limits = slurm_jobs.partition_limits(o.partition) or "sinfo did not answer"
     return (f"slurm launcher: sbatch --test-only refuses the request: {sbatch_says} "
@@ -232,14 +233,12 @@ class Launcher:
                 if not submitter_alive(comment)]
         if not left:  # none, or a live run's (its rows lock then refuses, naming the job)
             return
-        _say(f"slurm: job(s) {' '.join(left)} of {', '.join(names)} (this study, left running "
-             "by an earlier run that was killed) cancelled; their rows are kept and the step "
-             "resumes after them")
         slurm_jobs.cancel(left)
         deadline = time.monotonic() + LEFTOVER_WAIT_S
         while time.monotonic() < deadline:
-            if not any(s.state in slurm_jobs.ACTIVE
-                       for s in slurm_jobs.query(left).values()):
+            states = slurm_jobs.query(left)
+            if not any(s.state in slurm_jobs.ACTIVE for s in states.values()):
+                _say(_leftovers_line(names, _final_states(states)))
                 return
             time.sleep(self.options.poll_s)
         raise LauncherError(f"slurm launcher: job(s) {' '.join(left)} left by an earlier run "
@@ -276,10 +275,12 @@ class Launcher:
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise LauncherError(f"slurm launcher: sbatch --test-only did not answer ({exc})"
                                 ) from None
-        if out.returncode != 0:
-            refusal = why_refused(self.options, _sbatch_error(out.stderr + out.stdout))
-            if refusal:
-                raise LauncherOptionError(refusal)
+        if out.returncode == 0:
+            _say_changed(None)  # nodes take jobs: a later wait is said anew
+            return
+        refusal = why_refused(self.options, _sbatch_error(out.stderr + out.stdout))
+        if refusal:
+            raise LauncherOptionError(refusal)
 
 
     def _name(self, job) -> str:
@@ -301,9 +302,11 @@ class Launcher:
         ran: set[str] = set()
         while True:
             if workflow_gone():
-                slurm_jobs.cancel(ids)
+                live = self.cancel_all()
+                ended = [i for i in ids if i not in live]
                 raise LauncherError("slurm launcher: the Snakemake run that started this step "
-                                    f"has ended; cancelled {' '.join(ids)}")
+                                    f"has ended; cancelled {' '.join(live) or '(none)'}"
+                                    + (f" ({' '.join(ended)} had ended)" if ended else ""))
             states = slurm_jobs.query(ids)
             now = time.monotonic()
             for j in jobs:
@@ -313,7 +316,9 @@ class Launcher:
                         now - last[1] > HEARTBEAT_S.get(s.state, float("inf"))):
                     again = f" (still, after {now - started:.0f}s)" if last and \
                         last[0] == s.describe() else ""
-                    _say(f"slurm: job {j.job_id} {s.describe()}{again}"
+                    log = f", log {j.paths.stderr}" if s.final and s.state != "COMPLETED" \
+                        else ""
+                    _say(f"slurm: job {j.job_id} {s.describe()}{again}{log}"
                          f"{_requeued(j.job_id, s, ran)} [{self._name(j)}]")
                     shown[j.job_id] = (s.describe(), now)
                 if s.state == "RUNNING":
@@ -364,6 +369,35 @@ class Launcher:
         return results
 
 
+def _final_states(states: dict) -> dict:
+    """How each ended job ended, as accounting (sacct) records it: a job that was finishing
+    (COMPLETING) when it was cancelled ends COMPLETED, not CANCELLED; squeue's view where
+    sacct has no final record yet."""
+    accounted = slurm_jobs.accounting(list(states))
+    return {j: accounted[j] if j in accounted and accounted[j].final else s
+            for j, s in states.items()}
+
+
+def _leftovers_line(names: list[str], ended: dict) -> str:
+    """The line for the jobs an earlier, killed run left, once they have ended: only those
+    the scancel stopped are called cancelled."""
+    by_state: dict[str, list[str]] = {}
+    for j, s in ended.items():
+        by_state.setdefault(s.state, []).append(j)
+    said = [f"{' '.join(by_state.pop('CANCELLED'))} cancelled"] if "CANCELLED" in by_state \
+        else []
+    if "COMPLETED" in by_state:
+        said.append(f"{' '.join(by_state.pop('COMPLETED'))} had already completed")
+    others: dict[str, list[str]] = {}
+    for ids in by_state.values():
+        for j in ids:
+            others.setdefault(ended[j].describe(), []).append(j)
+    said += [f"{' '.join(ids)} ended {how}" for how, ids in sorted(others.items())]
+    return (f"slurm: job(s) {' '.join(ended)} of {', '.join(names)} (this study, left "
+            f"running by an earlier run that was killed): {'; '.join(said)}; their rows are "
+            "kept and the step resumes after them")
+
+
 def _job_names(tasks: list, array: bool) -> list[str]:
     """The job names the tasks are submitted under (one for an array: its step's)."""
     return ([job_name(tasks[0]).rsplit("-shard", 1)[0]] if array
@@ -396,6 +430,48 @@ def _hit_time_limit(job, s) -> bool:
 def _say(line: str) -> None:
     with contextlib.suppress(OSError):  # the terminal's pipe is gone (an interrupt)
         print(line, file=sys.stderr, flush=True)
+
+
+# Every step of a workflow run asks sbatch --test-only: a partition whose nodes take no jobs
+# would be reported once per step (11 times in one run). The workflow names a file (see
+# interrupt.export_said_file) where its processes keep what they last said about waiting,
+# so the run says a waiting state once per change.
+SAID_ENV = interrupt.SAID_ENV
+
+
+def _run_key() -> str | None:
+    """The workflow run this process belongs to (its pid and start time), None outside one."""
+    pid = os.environ.get("TILEDATTN_WORKFLOW_PID", "")
+    start = interrupt._started(int(pid)) if pid.isdigit() else None
+    return f"{pid}:{start}" if start else None
+
+
+def _say_changed(line: str | None) -> None:
+    """Say the waiting ``line`` unless this run said the same last; None: the nodes take jobs
+    again, so the next wait is said anew."""
+    path, run = os.environ.get(SAID_ENV), _run_key()
+    if not (path and run):
+        if line:
+            _say(line)
+        return
+    now = f"{run}\n{line or ''}"
+    try:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        with open(path, "a+") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)  # parallel steps: one says it
+            f.seek(0)
+            said = f.read()
+            if said == now or (line is None and said.partition("\n")[0] != run):
+                return
+            f.seek(0)
+            f.truncate()
+            f.write(now)
+            f.flush()
+            if line:
+                _say(line)
+    except OSError:  # no note to keep: say it (more often, never less)
+        if line:
+            _say(line)
 
 
 class _cancel_on_signal:

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import re
+import signal
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 # States after which the job never runs again (unless requeued, which squeue then shows).
 FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL",
@@ -41,6 +42,8 @@ class JobState:
     job_id: str
     state: str  # PENDING, RUNNING, COMPLETED, CANCELLED, ... (UNKNOWN: SLURM has no record)
     reason: str = ""
+    exit_code: str = ""  # sacct's ExitCode, "status:signal" of the job's batch script
+    derived_exit_code: str = ""  # sacct's DerivedExitCode: the worst of its steps'
 
     @property
     def final(self) -> bool:
@@ -63,8 +66,43 @@ class JobState:
         return None
 
     def describe(self) -> str:
-        return f"{self.state} ({self.reason})" if self.reason and self.reason != "None" \
-            else self.state
+        """The state, with its reason and, for a job that failed, how it ended (the exit
+        code or signal sacct recorded: FAILED (NonZeroExitCode) alone does not say that
+        the job's Python was killed)."""
+        parts = [self.reason] if self.reason and self.reason != "None" else []
+        if self.final and self.state not in _SAYS_HOW:
+            ended = exit_text(self.exit_code)
+            step = exit_text(self.derived_exit_code)
+            parts += [ended] if ended else []
+            parts += [f"a job step {step}"] if step and step != ended else []
+        return f"{self.state} ({', '.join(parts)})" if parts else self.state
+
+
+# Final states that say how the job ended themselves (its exit code would only repeat it:
+# scancel's and the time limit's SIGTERM).
+_SAYS_HOW = {"COMPLETED", "CANCELLED", "TIMEOUT", "DEADLINE", "PREEMPTED"}
+
+
+def exit_text(code: str) -> str | None:
+    """sacct's "status:signal" in words (None for 0:0 or no record): "killed by signal 9
+    (SIGKILL)", "exit code 1", "exit code 137 (128 + signal 9, SIGKILL)"."""
+    status, _, sig = code.partition(":")
+    if not (status.isdigit() and sig.isdigit()):
+        return None
+    status_n, sig_n = int(status), int(sig)
+    if sig_n:
+        return f"killed by signal {sig_n} ({_signal_name(sig_n)})"
+    if status_n > 128 and _signal_name(status_n - 128) != "unknown signal":
+        return f"exit code {status_n} (128 + signal {status_n - 128}, " \
+               f"{_signal_name(status_n - 128)})"
+    return f"exit code {status_n}" if status_n else None
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return "unknown signal"
 
 
 def _nodes_exist(nodes: str) -> bool:
@@ -100,15 +138,33 @@ def query(job_ids: list[str]) -> dict[str, JobState]:
         parts = line.strip().split("|")
         if len(parts) == 3 and parts[0] in job_ids:
             found[parts[0]] = JobState(parts[0], parts[1], parts[2])
-    missing = [j for j in job_ids if j not in found]
-    if missing:
-        for line in _run(["sacct", "-X", "-n", "-P", "-j", ",".join(missing),
-                          "-o", "JobID,State,Reason"]).splitlines():
-            parts = line.strip().split("|")
-            if len(parts) == 3 and parts[0] in missing:
-                # "CANCELLED by 0": the state is the first word.
-                found[parts[0]] = JobState(parts[0], parts[1].split()[0], parts[2])
+    # Accounting for the jobs squeue does not know, and for the exit codes of those that
+    # ended otherwise than COMPLETED (squeue has none).
+    ask = [j for j in job_ids if j not in found or
+           (found[j].final and found[j].state != "COMPLETED")]
+    accounted = accounting(ask) if ask else {}
+    for j, s in accounted.items():
+        if j not in found:
+            found[j] = s
+        elif s.state == found[j].state:
+            found[j] = replace(found[j], exit_code=s.exit_code,
+                               derived_exit_code=s.derived_exit_code)
     return {j: found.get(j, JobState(j, "UNKNOWN")) for j in job_ids}
+
+
+def accounting(job_ids: list[str]) -> dict[str, JobState]:
+    """What accounting (sacct) records of each job: its state (final once the job ended:
+    the authority on how it ended), reason and exit codes; a job it has no record of is
+    left out."""
+    found = {}
+    for line in _run(["sacct", "-X", "-n", "-P", "-j", ",".join(job_ids),
+                      "-o", "JobID,State,Reason,ExitCode,DerivedExitCode"]).splitlines():
+        parts = line.strip().split("|")
+        if len(parts) == 5 and parts[0] in job_ids:
+            # "CANCELLED by 0": the state is the first word.
+            found[parts[0]] = JobState(parts[0], (parts[1].split() or ["UNKNOWN"])[0],
+                                       parts[2], parts[3], parts[4])
+    return found
 
 
 def partition_limits(partition: str | None) -> str:

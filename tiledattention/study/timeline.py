@@ -92,17 +92,23 @@ def end(results: str, workflow, run: str, status: str) -> None:
 
 def read(results: str) -> list[dict]:
     """The runs of a study: one dict per run (its start record with ``end`` merged in when
-    it ended), in start order; malformed lines are skipped."""
+    it ended), in start order; malformed lines are skipped, one nested too deeply for the
+    parser is refused (StudyError naming it)."""
     path = os.path.join(results, NAME)
     runs: dict[str, dict] = {}
     if not os.path.isfile(path):
         return []
     with open(path) as f:
-        for line in f:
+        for n, line in enumerate(f, 1):
             try:
                 rec = json.loads(line)
             except ValueError:
                 continue
+            except RecursionError:  # nested past the parser's depth: no record of ours
+                from ..errors import StudyError
+
+                raise StudyError(f"line {n} of {path} is not a run record (JSON nested too "
+                                 "deeply)") from None
             if not isinstance(rec, dict) or rec.get("format") != FORMAT or "run" not in rec:
                 continue
             if rec.get("event") == "start":

@@ -171,6 +171,9 @@ refuse_config(check_shapes, config)
 SHAPES = {i: refuse_config(_bench_config, shapes_bench(i)) for i in SHAPE_GRIDS}  # bad grids
 
 RESULTS = config["results_dir"]
+# The SLURM launchers of this run (preflight, every step) say a waiting partition once per
+# change, not once per step: they keep what they said in the study's logs.
+_interrupt.export_said_file(RESULTS)
 STAGE_RULE_FILES = _stage_rule_files()
 SHARDS = config["shards"]
 TABLES = list(_tables.NAMES)  # the modules that write them name them

@@ -1,8 +1,9 @@
 """The Zenodo-ready bundle of a study.
 
 ``create`` gathers the study's data, tables, figures, profiles (as one archive), manifest,
-exact config and a snapshot of the workflow and container definitions into a directory
-and a zip, with README, .zenodo.json, CITATION.cff, ro-crate-metadata.json and SHA256SUMS.
+exact config, a snapshot of the workflow and container definitions and a wheel of the
+package that ran (source/, so that the bundle alone re-runs) into a directory and a zip,
+with README, .zenodo.json, CITATION.cff, ro-crate-metadata.json and SHA256SUMS.
 ``verify`` (publication/verify.py) checks what it made.
 """
 
@@ -54,14 +55,15 @@ from .metadata import (
     zenodo,
 )
 from .prose import headline, not_run, readme_text, variant_rows_in
+from .source import SOURCE_DIR, write_wheel
 
 
 def stage_rows() -> list[tuple[str, str]]:
     """(the rows file under the study directory, its name in a bundle's data/) of each GPU
     stage with rows of its own, in registry order. A compact bundle (a reference committed
     to git) gzips them (+ ".gz"), as every row file, and holds no figures, no CSV or LaTeX
-    tables (they regenerate from the rows) and no package source (the repository's history
-    holds it)."""
+    tables (they regenerate from the rows) and no package source in its workflow snapshot
+    (its wheel, source/, holds it)."""
     from ...stages import STAGES
 
     return [(os.path.join(s.name, s.rows_file), s.data_name) for s in STAGES.values()
@@ -179,18 +181,35 @@ def _snapshot(repo_root: str, dest_zip: str, config: str | None = None,
     return len(set(files) | set(source) | ({STUDY_CONFIG} if config else set())), how
 
 
+def _package_root() -> str:
+    """The directory above tiledattention/, however deep this module sits in it."""
+    package_root = os.path.abspath(__file__)
+    for _ in range(__name__.count(".") + 1):
+        package_root = os.path.dirname(package_root)
+    return package_root
+
+
 def _package_source(repo_root: str) -> dict[str, str]:
     """{name in the snapshot: path} of the package that ran, from where it was imported (a
     checkout, or an installed copy: the directory above tiledattention/, however deep this
     module sits in it), and the README its pyproject names."""
-    package_root = os.path.abspath(__file__)
-    for _ in range(__name__.count(".") + 1):
-        package_root = os.path.dirname(package_root)
+    package_root = _package_root()
     source = {rel: os.path.join(package_root, rel)
               for rel in snapshot_files(package_root, SNAPSHOT_SOURCE)[0]}
     if "README.md" not in source and _plain_file(os.path.join(repo_root, "README.md")):
         source["README.md"] = os.path.join(repo_root, "README.md")  # pyproject's readme
     return source
+
+
+def _source_wheel(out_dir: str, repo_root: str, revision: str | None) -> str:
+    """source/<wheel> in the bundle (its path there): the recorded revision's committed
+    tree where ``revision`` names it, else the package that ran with its pyproject.toml."""
+    files = {} if revision else _package_source(repo_root)
+    for root in ([] if revision else [_package_root(), repo_root]):
+        if _plain_file(os.path.join(root, "pyproject.toml")):
+            files.setdefault("pyproject.toml", os.path.join(root, "pyproject.toml"))
+    name = write_wheel(os.path.join(out_dir, SOURCE_DIR), repo_root, revision, files)
+    return f"{SOURCE_DIR}/{name}"
 
 
 def _is_ours(out_dir: str) -> bool:
@@ -474,9 +493,11 @@ def _build(out_dir: str, study_dir: str, rows: list[dict], manifest: dict, *, co
     os.makedirs(os.path.join(out_dir, "config"))
     with open(os.path.join(out_dir, "config", "study-config.yaml"), "w") as f:
         yaml.safe_dump(config, f, sort_keys=False)
-    revision = snapshot_revision(repo_root, manifest) if compact else None
+    recorded = snapshot_revision(repo_root, manifest)
+    revision = recorded if compact else None
     snap = _snapshot(repo_root, os.path.join(out_dir, "workflow-snapshot.zip"),
                      os.path.join(out_dir, STUDY_CONFIG), with_source=revision is None)
+    wheel = _source_wheel(out_dir, repo_root, recorded)
     # Zenodo takes at most 100 files per record: group directories into archives until the
     # bundle fits (metadata files stay loose so Zenodo and readers see them).
     for sub in ("figures", "tables"):
@@ -494,7 +515,7 @@ def _build(out_dir: str, study_dir: str, rows: list[dict], manifest: dict, *, co
 
     variants_line = variants_sentence(variant_rows_in(study_dir))
     readme = readme_text(publication, rows, manifest, table4, f"config/{config_name}", snap,
-                     variants_line, data_files if compact else None, revision)
+                     variants_line, data_files if compact else None, revision, wheel=wheel)
     missing = not_run(study_dir, rows)
     if missing:  # before the column dictionary: what a reader must know first
         cut = readme.index("## How to reproduce")
@@ -514,7 +535,8 @@ def _build(out_dir: str, study_dir: str, rows: list[dict], manifest: dict, *, co
     files = tree_files(out_dir)
     with open(os.path.join(out_dir, MARKER), "w") as f:
         json.dump({"format": "tiledattention-bundle/1", "files": files + [MARKER, SUMS],
-                   "rows": len(rows)}, f)
+                   "rows": len(rows), "source": {"wheel": wheel, "revision": recorded,
+                                                 "repository": publication.repository}}, f)
     files = tree_files(out_dir)
     if len(files) + 1 > ZENODO_MAX_FILES:
         raise StudyError(f"bundle: {len(files) + 1} files exceed Zenodo's "

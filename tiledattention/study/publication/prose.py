@@ -34,10 +34,12 @@ def rows_summary(rows: list[dict]) -> str:
 
 def readme_text(pub: Publication, rows: list[dict], manifest: dict, table4: str,
             config_name: str, snapshot: tuple[int, str], variants_line: str = "",
-            compact: list[str] | None = None, checkout: str | None = None) -> str:
+            compact: list[str] | None = None, checkout: str | None = None, *,
+            wheel: str) -> str:
     """The bundle's README; ``compact``: the data files of a compact bundle (its Files
     section names them, and how the figures and tables rebuild from them); ``checkout``:
-    the revision whose checkout holds the source its snapshot leaves out."""
+    the revision whose source its snapshot leaves out; ``wheel``: the bundle's wheel of
+    the package (source/…), which its install line installs."""
     from ...stages import STAGES
 
     stack = manifest.get("stack") or {}
@@ -67,7 +69,7 @@ def readme_text(pub: Publication, rows: list[dict], manifest: dict, table4: str,
         f"- One software stack and GPU across all runs: "
         f"{'yes' if manifest.get('consistent') else 'NO — see manifest.json mismatches'}",
         f"- Container: {(manifest.get('container') or {}).get('image') or 'none'}", "",
-        *reproduce_section(pub, manifest, snapshot, checkout),
+        *reproduce_section(pub, manifest, snapshot, checkout, wheel),
         "## Files", "",
         *(_compact_files(compact) if compact is not None else [
             "- `data/rows.parquet`, `data/rows.csv`, `data/rows.jsonl`: every row; "
@@ -129,63 +131,53 @@ def _rebuild_section(data_files: list[str]) -> list[str]:
 
 
 # What the README says where no repository URL was known when the bundle was made.
-NO_REPOSITORY = ("no repository URL recorded (set `publication.repository` in the study config, "
-                 "or `Repository` under `[project.urls]` in pyproject.toml, or a git remote "
-                 "`origin`, then rebuild the bundle)")
+NO_REPOSITORY = ("no repository URL recorded (none is needed: `source/` holds the package; "
+                 "to record one, set `publication.repository` in the study config, or "
+                 "`Repository` under `[project.urls]` in pyproject.toml, or a git remote "
+                 "`origin`)")
 CPU_TORCH = "https://download.pytorch.org/whl/cpu"  # PyTorch's CPU wheels (no CUDA)
 
 
-# A compact bundle without a repository URL: the repository it is committed in.
-ENCLOSING_REPOSITORY = '"$(git rev-parse --show-toplevel)"'
-
-
-def install_lines(manifest: dict, checkout: tuple[str, str] | None = None) -> list[str]:
-    """The README's install steps: tiledattention from the bundle's own source snapshot
-    (the run's package, workflow and pyproject.toml), or with ``checkout`` (repository,
-    revision: a compact bundle, whose snapshot holds the workflow alone) from a clone of it
-    at that revision; with the gpu extra where the study ran on a GPU; a CPU study's torch
-    from PyTorch's CPU wheels unless one is installed (PyPI's default Linux wheel carries the
-    CUDA libraries, gigabytes)."""
+def install_lines(manifest: dict, wheel: str) -> list[str]:
+    """The README's install steps: tiledattention from the bundle's own wheel (``wheel``,
+    source/…: no clone, no package index), with the gpu extra where the study ran on a GPU;
+    a CPU study's torch from PyTorch's CPU wheels unless one is installed (PyPI's default
+    Linux wheel carries the CUDA libraries, gigabytes)."""
     gpu = isinstance(manifest.get("gpu"), dict) and bool(manifest["gpu"].get("name"))
-    lines = ["python -m zipfile -e workflow-snapshot.zip ../source   # this run's source"] \
-        if checkout is None else [
-        f"git clone --quiet {checkout[0]} ../source",
-        f"git -C ../source checkout --quiet {checkout[1]}   # this run's source"]
-    if not gpu:
-        lines.append(f'python -c "import torch" 2>/dev/null || python -m pip install torch '
-                     f"--index-url {CPU_TORCH}")
-    lines.append(f'python -m pip install "../source[{"gpu,workflow" if gpu else "workflow"}]"')
-    return lines
+    lines = [] if gpu else [
+        f'python -c "import torch" 2>/dev/null || python -m pip install torch '
+        f"--index-url {CPU_TORCH}"]
+    return lines + [f'python -m pip install "{wheel}[{"gpu,workflow" if gpu else "workflow"}]"'
+                    "   # this run's package, from this bundle"]
 
 
 def reproduce_section(pub: Publication, manifest: dict, snapshot: tuple[int, str],
-                      checkout: str | None = None) -> list[str]:
+                      checkout: str | None, wheel: str) -> list[str]:
     """## How to reproduce: the install step and the one command (tests/test_reproduce.py
-    follows these lines literally). ``checkout``: the revision (one the manifest records,
-    the snapshot's workflow taken from it) whose checkout holds the package source a
-    compact bundle's snapshot leaves out."""
+    follows these lines literally), from the bundle alone. ``checkout``: the recorded
+    revision a compact bundle's snapshot leaves the package source out for (its wheel
+    holds it)."""
+    from .source import wheel_revision
+
     image = (manifest.get("container") or {}).get("image")
-    where = "the bundle's `workflow-snapshot.zip` holds it"
-    if checkout:
-        where = ("this compact bundle's `workflow-snapshot.zip` holds the workflow alone; "
-                 "the source is that of " + ("the repository this bundle is committed in"
-                                             if not pub.repository else f"`{pub.repository}`")
-                 + f" at revision {checkout}, one the manifest records and the one the "
-                 "snapshot's workflow comes from" + (
-                     ", so run these lines inside a checkout of that repository"
-                     if not pub.repository else ""))
+    built = wheel_revision(wheel)
+    where = (f"`{wheel}`, a wheel of revision {built}, one the manifest records"
+             if built else f"`{wheel}`, a wheel of the package as it ran")
     return [
         "## How to reproduce", "",
-        "In the directory holding this README (the unpacked bundle), install this run's "
-        f"source ({where}) with its workflow tools, "
+        "In the directory holding this README (the unpacked bundle; nothing else is "
+        f"needed: no clone, no package index release), install this run's package ({where}"
+        + (f"; the source repository is `{pub.repository}`" if pub.repository else "")
+        + ") with its workflow tools, "
         "then re-run the study: the same config and grid "
         "(`config/study-config.yaml`), the workflow of this run (`workflow-snapshot.zip`), "
         "through a Snakemake profile (`local`, `slurm`, or the path of your own). It ends "
         "with a verified bundle of the new run and `tiledattn compare` of it against this "
         "one (exit 1 on a regression beyond the tolerances; `--source checkout` takes the "
-        "workflow from a checkout of the recorded revision instead).", "",
-        "```bash", *install_lines(manifest, (pub.repository or ENCLOSING_REPOSITORY,
-                                             checkout) if checkout else None),
+        "workflow from a checkout of the recorded revision instead). Offline, "
+        "`pip install --no-index --find-links DIR` installs the dependencies from a wheel "
+        "kit in DIR.", "",
+        "```bash", *install_lines(manifest, wheel),
         "tiledattn reproduce . --out ../reproduction --profile local", "```", "",
         *([f"The study ran on {manifest['gpu']['name']}: on a machine without a CUDA GPU "
            "`tiledattn reproduce` with the local profile refuses it (it would measure on the "
@@ -196,8 +188,8 @@ def reproduce_section(pub: Publication, manifest: dict, snapshot: tuple[int, str
          "The jobs ran without a container image (the config names none)."), "",
         f"The snapshot holds {snapshot[0]} files: {snapshot[1]} under "
         f"{', '.join(SNAPSHOT)}"
-        + (f" (not the package's source, {', '.join(SNAPSHOT_SOURCE)}: the repository's at "
-           f"revision {checkout})" if checkout else "")
+        + (f" (not the package's source, {', '.join(SNAPSHOT_SOURCE)}: the wheel holds "
+           f"revision {checkout}'s)" if checkout else "")
         + " — untracked and ignored files (a local `.env`, credentials) "
         "are never included. `tiledattn bundle verify .` checks this bundle's files.", ""]
 

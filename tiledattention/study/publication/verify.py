@@ -5,6 +5,7 @@ metadata; every problem is named. The bundle may come from anyone (archive.py re
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import hashlib
 import os
 import shutil
@@ -39,6 +40,7 @@ from .metadata import (
     validate_zenodo,
 )
 from .prose import rows_summary
+from .source import SOURCE_DIR, WHEEL_GLOB
 
 
 def verify(path: str, partial: dict | None = None) -> list[str]:
@@ -62,19 +64,18 @@ def verify(path: str, partial: dict | None = None) -> list[str]:
         return [f"{path}: {exc}"]
 
 
-def _verify(view, *, scratch: str | None, root: str | None,
-            partial: dict | None = None) -> list[str]:
-    """``partial`` (a dict): a committed summary of a bundle, not the bundle: files SHA256SUMS
-    lists that are absent go to partial["withheld"], files it does not list to
-    partial["extra"]; every file present that it lists must still match."""
+def _check_sums(view, partial: dict | None = None
+                ) -> tuple[list[str], dict[str, str] | None, set[str]]:
+    """SHA256SUMS against the files it lists: (problems, {file: digest} it lists (None: no
+    usable SHA256SUMS), the files whose content is not the published one)."""
     problems = list(view.problems)
     if SUMS not in view.names:
-        return problems + [f"{SUMS} is missing"]
+        return problems + [f"{SUMS} is missing"], None, set()
     listed: dict[str, str] = {}
     try:
         text = read_capped(view, SUMS, MAX_META_BYTES).decode("utf-8")
     except (StudyError, UnicodeDecodeError) as exc:
-        return problems + [f"{SUMS}: unreadable ({exc})"]
+        return problems + [f"{SUMS}: unreadable ({exc})"], None, set()
     for n, line in enumerate(text.splitlines(), 1):
         parts = line.split("  ", 1)
         if len(parts) != 2 or len(parts[0]) != 64 or \
@@ -87,7 +88,7 @@ def _verify(view, *, scratch: str | None, root: str | None,
         else:
             listed[parts[1]] = parts[0]
         if n > MAX_MEMBERS:
-            return problems + [f"{SUMS}: more than {MAX_MEMBERS} lines"]
+            return problems + [f"{SUMS}: more than {MAX_MEMBERS} lines"], None, set()
     changed: set[str] = set()  # their content is not the published one: nothing more to say
     for rel, digest in listed.items():
         if rel not in view.names:
@@ -109,6 +110,33 @@ def _verify(view, *, scratch: str | None, root: str | None,
         elif h.hexdigest() != digest:
             problems.append(f"changed: {rel} (checksum differs)")
             changed.add(rel)
+    return problems, listed, changed
+
+
+def checksums(path: str) -> list[str]:
+    """The checksum problems alone of the bundle at ``path`` (a directory or its zip):
+    files SHA256SUMS lists that are missing or changed. What a reader of a bundle's rows
+    (tiledattn compare) checks first: rows edited after the bundle was made are refused."""
+    if os.path.isdir(path):
+        return _check_sums(DirView(path))[0]
+    try:
+        with zipfile.ZipFile(path) as z:
+            return _check_sums(ZipView(z))[0]
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, EOFError,
+            OSError) as exc:
+        return [f"{path}: unreadable zip ({exc})"]
+    except StudyError as exc:
+        return [f"{path}: {exc}"]
+
+
+def _verify(view, *, scratch: str | None, root: str | None,
+            partial: dict | None = None) -> list[str]:
+    """``partial`` (a dict): a committed summary of a bundle, not the bundle: files SHA256SUMS
+    lists that are absent go to partial["withheld"], files it does not list to
+    partial["extra"]; every file present that it lists must still match."""
+    problems, listed, changed = _check_sums(view, partial)
+    if listed is None:
+        return problems
     present = view.names - {SUMS}
     if partial is not None:
         partial["extra"] = sorted(present - set(listed))
@@ -117,6 +145,8 @@ def _verify(view, *, scratch: str | None, root: str | None,
     if len(present) + 1 > ZENODO_MAX_FILES:
         problems.append(f"{len(present) + 1} files exceed Zenodo's {ZENODO_MAX_FILES}")
     problems += _check_listing(view, listed)
+    if partial is None:
+        problems += _check_source(view, listed)
     problems += _check_rows(view, changed)
     meta = {}
     for name in (".zenodo.json", "CITATION.cff", "ro-crate-metadata.json"):
@@ -149,6 +179,27 @@ def _check_listing(view, listed: dict[str, str]) -> list[str]:
         return [f"{MARKER}: 'files' is not a list of names"]
     return [f"deleted from {SUMS}: {rel} (the bundle lists it)" for rel in files
             if rel not in (SUMS, MARKER) and rel not in listed]
+
+
+def _check_source(view, listed: dict[str, str]) -> list[str]:
+    """A publication bundle carries the package that ran (source/, a wheel; create.py):
+    without it the bundle does not re-run on its own."""
+    wheels = [rel for rel in listed if rel.startswith(f"{SOURCE_DIR}/")
+              and fnmatch.fnmatchcase(rel[len(SOURCE_DIR) + 1:], WHEEL_GLOB)]
+    if not wheels:
+        return [f"missing: the package source ({SOURCE_DIR}/{WHEEL_GLOB}, a wheel of the "
+                "revision that ran, listed in SHA256SUMS): a publication bundle carries it so "
+                "that it re-runs on its own; make the bundle again with tiledattn bundle "
+                "create"]
+    named = None
+    if MARKER in view.names:
+        try:
+            named = (json_of(view, MARKER).get("source") or {}).get("wheel")
+        except (StudyError, AttributeError):
+            named = None  # _check_listing names an unreadable marker
+    if isinstance(named, str) and named not in wheels:
+        return [f"missing: {named} (the package source the bundle lists in {MARKER})"]
+    return []
 
 
 def _check_rows(view, changed: set[str] = frozenset()) -> list[str]:

@@ -27,6 +27,7 @@ import io
 import json
 import math
 import os
+import re
 import zipfile
 from dataclasses import dataclass, replace
 from importlib import resources
@@ -240,6 +241,8 @@ def load_study(path: str) -> tuple[list[dict], str]:
                              ("aggregate/rows.jsonl", "manifest.json"),
                              ("bundle/data/rows.jsonl", "bundle/manifest.json")):
                 if os.path.isfile(os.path.join(path, rel)):
+                    if not rel.startswith("aggregate/"):  # a bundle's rows: as published?
+                        _check_sums(os.path.join(path, rel.split("data/")[0]))
                     rows = _json_lines(_read(os.path.join(path, rel)), os.path.join(path, rel))
                     rows += _stage_rows(os.path.join(path, rel.split("data/")[0]
                                                      if "data/" in rel else ""))
@@ -252,6 +255,7 @@ def load_study(path: str) -> tuple[list[dict], str]:
             raise StudyError(f"{path}: no such bundle, study directory or rows file"
                              + (" (a special file)" if os.path.exists(path) else ""))
         elif zipfile.is_zipfile(path):
+            _check_sums(path)
             rows, manifest = _from_zip(path)
         else:
             rows = _json_lines(_read(path), path)
@@ -263,6 +267,30 @@ def load_study(path: str) -> tuple[list[dict], str]:
     _check_rows(rows, path)
     gpu = _gpu_name(manifest, path) or _row_device(rows)
     return rows, gpu
+
+
+def _check_sums(bundle: str) -> None:
+    """A bundle (a directory or zip holding SHA256SUMS or the bundle marker) whose files are
+    the ones it was made with, or one StudyError naming the first that is not: rows edited
+    after the bundle was made are never compared (nor PASSed)."""
+    from ..publication.archive import MARKER, SUMS
+    from ..publication.verify import checksums
+
+    if os.path.isdir(bundle):
+        if not any(os.path.lexists(os.path.join(bundle, n)) for n in (SUMS, MARKER)):
+            return  # rows in a directory, not a bundle: nothing vouches for them
+    else:
+        with zipfile.ZipFile(bundle) as z:
+            tops = {n.split("/", 1)[-1] for n in z.namelist()}
+        if not tops & {SUMS, MARKER}:
+            return
+    problems = checksums(bundle)
+    if problems:
+        more = f" and {len(problems) - 1} more" if len(problems) > 1 else ""
+        where = bundle.rstrip(os.sep) or bundle
+        raise StudyError(f"{where}: the bundle fails its checksums ({problems[0]}{more}): it "
+                         "was changed after it was made, so it is not compared; tiledattn "
+                         f"bundle verify {where} names every problem")
 
 
 def _stage_rows(root: str) -> list[dict]:
@@ -286,6 +314,14 @@ def systems() -> list[str]:
     root = resources.files("tiledattention.study") / "references"
     return sorted(p.name[:-len(REF_SUFFIX)] for p in root.iterdir()
                   if p.name.endswith(REF_SUFFIX))
+
+
+def shipped_system(gpu_name: str) -> str | None:
+    """The shipped reference measured on this GPU's model (``h200`` for "NVIDIA H200"), or
+    None: another model's times are no reference for it (nor is a GH200 an H200's)."""
+    found = re.search(r"(?<![A-Za-z0-9])H\d{3}(?![0-9])", gpu_name, re.IGNORECASE)
+    name = found.group(0).lower() if found else None
+    return name if name in systems() else None
 
 
 def load_reference(name_or_path: str, tolerance: dict[str, float] | None = None) -> dict:

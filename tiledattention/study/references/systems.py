@@ -31,6 +31,25 @@ def _kernel_ms(row: dict | None) -> float | None:
 
 
 
+# A median kernel time outside these bounds (ms) is no measurement (an edited or corrupted
+# row): refused, so that every ratio and geomean of the table stays a finite number.
+LIMITS_MS = (1e-4, 86_400_000.0)  # 0.1 us to a day
+
+
+def _check_times(rows: list[dict], where: str) -> None:
+    for n, r in enumerate(rows, 1):
+        t = _kernel_ms(r) if r.get("method") in (SUBJECT, BASELINE) else None
+        if t is not None and not LIMITS_MS[0] <= t <= LIMITS_MS[1]:
+            raise StudyError(f"{where}: row {n} ({r.get('point_key')}, {r.get('method')}): "
+                             f"median_ms {t!r} is not a kernel time (0.0001 ms to a day)")
+
+
+def _round(x: float, digits: int) -> float:
+    """``round(x, digits)``, or ``digits`` significant digits where that would give 0 (a
+    ratio far below 1 stays positive: its geomean needs a logarithm)."""
+    return round(x, digits) or float(f"{x:.{digits}g}")
+
+
 def _label(point: dict) -> str:
     shape = (f"S{point['seq_q']}" if point["seq_q"] == point["seq_kv"]
              else f"Sq{point['seq_q']} Skv{point['seq_kv']}")
@@ -72,9 +91,9 @@ def side_by_side(studies: list[tuple[str, list[dict]]]) -> tuple[list[str], list
         base = [_kernel_ms(i.get((key, BASELINE))) for i in idx]
         row = [pass_of(point), _label(point)]
         for t, b in zip(times, base):
-            row += [None if t is None else round(t, 4),
-                    None if t is None or b is None else round(b / t, 3)]
-        row += [None if t is None or times[0] is None else round(t / times[0], 3)
+            row += [None if t is None else _round(t, 4),
+                    None if t is None or b is None else _round(b / t, 3)]
+        row += [None if t is None or times[0] is None else _round(t / times[0], 3)
                 for t in times[1:]]
         out.append(row)
     return columns, out
@@ -88,7 +107,7 @@ def geomeans(columns: list[str], rows: list[list]) -> list[list]:
         full = [r for r in rows if r[0] == pass_ and all(v is not None for v in r[2:])]
         means = [geomean([r[i] for r in full]) for i in range(2, len(columns))]
         out.append([pass_, f"geomean over {len(full)} points"]
-                   + [None if m is None else round(m, 4 if "ms" in c else 3)
+                   + [None if m is None else _round(m, 4 if "ms" in c else 3)
                       for m, c in zip(means, columns[2:])])
     return out
 
@@ -127,6 +146,7 @@ def write(paths: list[str], names: list[str] | None, out_dir: str) -> list[str]:
         raise StudyError(f"--names: each system needs its own name, got {names}")
     for path, (rows_, _) in zip(paths, loaded):
         _check_points(rows_, path)
+        _check_times(rows_, path)
     columns, rows = side_by_side([(n, r) for n, (r, _) in zip(names, loaded)])
     if not rows:
         raise StudyError(f"{paths[0]}: no {SUBJECT} row measured ok: nothing to set side by "

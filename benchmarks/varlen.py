@@ -1,0 +1,287 @@
+"""Packed (varlen) training batches and paged decode, side by side in one process (GPU).
+
+Varlen: a batch of documents whose lengths follow a lognormal (median 512 tokens, sigma
+1.0, capped at 8192; seeded) packed to ``--tokens`` in total; methods: ``ta.sdpa_varlen``;
+FlashAttention-4's ``flash_attn_varlen_func`` (``--fa4-site`` on PYTHONPATH, else
+unavailable); FlexAttention with a document block mask over the packed stream (TRITON, and
+FLASH where FA4 imports); ``ta.sdpa`` with our own document block mask; torch SDPA on the
+padded [B, H, max_len, D] batch with a key-padding mask (what a user without varlen runs; the
+padding copy is not timed). Paged decode: ``ta.sdpa_paged`` against our dense decode on the
+same contexts padded to the longest, FA4 with ``page_table``. Every method's output is
+checked against the float64 reference first; kernel time by ``timing.time_cuda`` (L2
+flushed); ratios are to ``ta`` in the same run. Prints one table per workload; ``--json``
+writes the rows.
+
+    python benchmarks/varlen.py [--tokens 16384 65536] [--head-dims 64 128] [--fa4-site /tmp/site]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import tiledattention as ta  # noqa: E402
+from tiledattention.timing import L2Flusher, summarize, time_cuda  # noqa: E402
+from tiledattention.tolerance import relative_error  # noqa: E402
+from tiledattention.workload_reference import paged_reference, varlen_reference  # noqa: E402
+
+BF16 = torch.bfloat16
+
+
+def doc_lengths(tokens: int, seed: int, median=512, sigma=1.0, cap=8192) -> list[int]:
+    """Lognormal document lengths filling ``tokens`` exactly (the last one cut)."""
+    g = torch.Generator().manual_seed(seed)
+    lens = []
+    while sum(lens) < tokens:
+        n = int(math.exp(math.log(median) + sigma * torch.randn(1, generator=g).item()))
+        lens.append(max(1, min(n, cap, tokens - sum(lens))))
+    return lens
+
+
+def fa4(site):
+    if site:
+        sys.path[:0] = [site, f"{site}/nvidia_cutlass_dsl/python_packages"]
+    try:
+        from flash_attn.cute import flash_attn_varlen_func
+
+        return flash_attn_varlen_func
+    except Exception as exc:  # noqa: BLE001 - reported as unavailable
+        return f"unavailable: {type(exc).__name__}: {exc}"[:120]
+
+
+def varlen_methods(q, k, v, lens, causal, fa):
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32,
+                      device="cuda")
+    mx = max(lens)
+    total = sum(lens)
+    out = {"ta": lambda: ta.sdpa_varlen(q, k, v, cu, cu, mx, mx, causal=causal)}
+    if callable(fa):
+        out["fa4"] = lambda: fa(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=mx,
+                                max_seqlen_k=mx, causal=causal)[0]
+    seg = ta.variants.segments_from_lengths(lens)
+    doc = ta.variants.document(seg)
+    mask = ta.and_masks(doc, lambda b, h, q_idx, kv_idx: kv_idx <= q_idx) if causal else doc
+    bm = ta.block_mask(mask, None, None, total, total)
+    qd, kd, vd = (t.transpose(0, 1)[None] for t in (q, k, v))
+    out["ta_blockmask"] = lambda: ta.sdpa(qd, kd, vd, block_mask=bm)[0].transpose(0, 1)
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+        ids = seg
+
+        def doc_mask(b, h, qi, ki):
+            same = ids[qi] == ids[ki]
+            return same & (ki <= qi) if causal else same
+
+        fbm = create_block_mask(doc_mask, None, None, total, total, device="cuda")
+        flex = torch.compile(flex_attention)
+        out["flex_triton"] = lambda: flex(qd, kd, vd, block_mask=fbm)[0].transpose(0, 1)
+        if callable(fa):
+            out["flex_flash"] = lambda: flex(qd, kd, vd, block_mask=fbm,
+                                             kernel_options={"BACKEND": "FLASH"})[0].transpose(
+                                                 0, 1)
+    except Exception as exc:  # noqa: BLE001
+        out["flex_triton"] = f"unavailable: {exc}"[:120]
+    b = len(lens)
+    pq = torch.zeros(b, q.shape[1], mx, q.shape[2], device="cuda", dtype=q.dtype)
+    pk, pv = torch.zeros_like(pq), torch.zeros_like(pq)
+    keep = torch.zeros(b, 1, 1, mx, dtype=torch.bool, device="cuda")
+    for i, (s, n) in enumerate(zip(cu.tolist(), lens)):
+        pq[i, :, :n] = q[s:s + n].transpose(0, 1)
+        pk[i, :, :n] = k[s:s + n].transpose(0, 1)
+        pv[i, :, :n] = v[s:s + n].transpose(0, 1)
+        keep[i, ..., :n] = True
+    if causal:
+        keep = keep & torch.ones(mx, mx, dtype=torch.bool, device="cuda").tril()
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def padded():
+        o = sdpa(pq, pk, pv, attn_mask=keep)
+        return torch.cat([o[i, :, :n].transpose(0, 1) for i, n in enumerate(lens)])
+    out["sdpa_padded"] = (lambda: sdpa(pq, pk, pv, attn_mask=keep), padded)
+    return out, cu
+
+
+def run_varlen(args, fa):
+    rows = []
+    for tokens in args.tokens:
+        for d in args.head_dims:
+            for causal in (False, True):
+                lens = doc_lengths(tokens, seed=tokens + d)
+                h = 2048 // d
+                q, k, v = (torch.randn(tokens, h, d, device="cuda", dtype=BF16)
+                           .requires_grad_(args.backward) for _ in range(3))
+                with torch.no_grad():
+                    methods, cu = varlen_methods(q, k, v, lens, causal, fa)
+                    ref, _ = varlen_reference(q, k, v, cu.cpu(), cu.cpu(), causal=causal)
+                flush = L2Flusher()
+                # useful FLOPs: 4 * H * D * sum(pairs attended)
+                pairs = sum(n * n if not causal else n * (n + 1) // 2 for n in lens)
+                flops = 4 * h * d * pairs
+                for name, fn in methods.items():
+                    row = dict(workload="varlen", pass_="fwd", tokens=tokens, docs=len(lens),
+                               max_len=max(lens), d=d, causal=causal, method=name)
+                    if isinstance(fn, str):
+                        rows.append(dict(row, status=fn))
+                        continue
+                    timed, check = fn if isinstance(fn, tuple) else (fn, fn)
+                    try:
+                        with torch.no_grad():
+                            err = relative_error(check(), ref)
+                            if not err <= 2e-2:
+                                rows.append(dict(row, status=f"wrong: rel err {err:.2e}"))
+                                continue
+                            ms = summarize(time_cuda(timed, flush=flush)).median_ms
+                        rows.append(dict(row, status="ok", ms=ms, tflops=flops / ms / 1e9,
+                                         err=err))
+                    except Exception as exc:  # noqa: BLE001 - one method's failure is a row
+                        rows.append(dict(row, status=f"error: {type(exc).__name__}: "
+                                                     f"{exc}"[:160]))
+                    if args.backward and name in ("ta", "fa4", "sdpa_padded", "flex_flash",
+                                                  "ta_blockmask") and rows[-1]["status"] == "ok":
+                        rows.append(backward_row(row, name, methods, flops, flush, q, k, v))
+    return rows
+
+
+def backward_row(row, name, methods, flops, flush, q, k, v):
+    """forward+backward of a method whose output depends on the leaves q, k, v."""
+    fn = methods[name]
+    if isinstance(fn, tuple):
+        return dict(row, pass_="fwd+bwd", status="not timed: the padded copy is not a leaf")
+    grad = None
+
+    def step():
+        nonlocal grad
+        o = fn()
+        grad = torch.ones_like(o) if grad is None else grad
+        torch.autograd.backward(o, grad)
+    try:
+        with torch.enable_grad():
+            ms = summarize(time_cuda(step, flush=flush, reps=20)).median_ms
+        return dict(row, pass_="fwd+bwd", status="ok", ms=ms, tflops=3.5 * flops / ms / 1e9)
+    except Exception as exc:  # noqa: BLE001
+        return dict(row, pass_="fwd+bwd", status=f"error: {type(exc).__name__}: {exc}"[:160])
+    finally:
+        for t in (q, k, v):
+            t.grad = None
+
+
+def run_paged(args, fa_site_ok):
+    flash = None
+    if fa_site_ok:
+        from flash_attn.cute import flash_attn_varlen_func as flash
+    rows = []
+    for b in args.batches:
+        for page in args.pages:
+            rows += paged_point(b, page, flash)
+    return rows
+
+
+def paged_point(b, page, flash):
+    """One paged-decode point: B sequences, lognormal contexts (median 4096), GQA 32/8."""
+    rows = []
+    g = torch.Generator().manual_seed(b * 1000 + page)
+    ctx = [int(min(32768, max(64, math.exp(math.log(4096) + 0.8 * torch.randn(
+        1, generator=g).item())))) for _ in range(b)]
+    hq, hk, d = 32, 8, 128
+    npages = [math.ceil(n / page) for n in ctx]
+    total = sum(npages)
+    perm = torch.randperm(total, device="cuda").to(torch.int32)
+    table = torch.zeros(b, max(npages), dtype=torch.int32, device="cuda")
+    at = 0
+    for i, n in enumerate(npages):
+        table[i, :n] = perm[at:at + n]
+        at += n
+    kc = torch.randn(total, page, hk, d, device="cuda", dtype=BF16)
+    vc = torch.randn_like(kc)
+    seqlens = torch.tensor(ctx, dtype=torch.int32, device="cuda")
+    q = torch.randn(b, 1, hq, d, device="cuda", dtype=BF16)
+    ref, _ = paged_reference(q, kc, vc, table, seqlens.cpu(), causal=True)
+    methods = {"ta": lambda: ta.sdpa_paged(q, kc, vc, table, seqlens, causal=True)}
+    mx = max(ctx)
+    dk = torch.zeros(b, hk, mx, d, device="cuda", dtype=BF16)
+    dv = torch.zeros_like(dk)
+    keep = torch.zeros(b, 1, 1, mx, dtype=torch.bool, device="cuda")
+    for i, n in enumerate(ctx):
+        pages = table[i, :npages[i]].long()
+        dk[i, :, :n] = kc[pages].reshape(-1, hk, d)[:n].transpose(0, 1)
+        dv[i, :, :n] = vc[pages].reshape(-1, hk, d)[:n].transpose(0, 1)
+        keep[i, ..., :n] = True
+    qd = q.transpose(1, 2)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    methods["ta_dense_padded"] = lambda: ta.sdpa(qd, dk, dv, attn_mask=keep,
+                                                 enable_gqa=True).transpose(1, 2)
+    methods["sdpa_dense_padded"] = lambda: sdpa(qd, dk, dv, attn_mask=keep,
+                                                enable_gqa=True).transpose(1, 2)
+    if flash is not None:
+        methods["fa4"] = lambda: flash(q, kc, vc, seqused_k=seqlens, page_table=table,
+                                       causal=True)[0]
+    flush = L2Flusher()
+    nbytes = sum(ctx) * hk * d * 2 * 2 + q.numel() * 2 * 2
+    for name, fn in methods.items():
+        row = dict(workload="paged_decode", b=b, page=page, mean_ctx=sum(ctx) / b,
+                   method=name)
+        try:
+            err = relative_error(fn(), ref)
+            if not err <= 2e-2:
+                rows.append(dict(row, status=f"wrong: rel err {err:.2e}"))
+                continue
+            ms = summarize(time_cuda(fn, flush=flush)).median_ms
+            rows.append(dict(row, status="ok", ms=ms, gbps=nbytes / ms / 1e6))
+        except Exception as exc:  # noqa: BLE001
+            rows.append(dict(row, status=f"error: {type(exc).__name__}: {exc}"[:160]))
+    return rows
+
+
+def table(rows, keys):
+    groups = {}
+    for r in rows:
+        groups.setdefault(tuple(r.get(k) for k in keys), []).append(r)
+    for key, rs in groups.items():
+        base = next((r["ms"] for r in rs if r["method"] == "ta" and r.get("ms")), None)
+        cells = []
+        for r in rs:
+            if r.get("ms"):
+                ratio = f" ({r['ms'] / base:.2f}x ta)" if base else ""
+                cells.append(f"{r['method']} {r['ms']:.3f} ms{ratio}")
+            else:
+                cells.append(f"{r['method']} {r['status'][:60]}")
+        print(dict(zip(keys, key)), " | ".join(cells))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tokens", type=int, nargs="+", default=[16384, 65536])
+    p.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64])
+    p.add_argument("--pages", type=int, nargs="+", default=[16, 64, 256])
+    p.add_argument("--fa4-site", default=None)
+    p.add_argument("--backward", action="store_true")
+    p.add_argument("--skip", choices=["varlen", "paged"], default=None)
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    fa = fa4(args.fa4_site)
+    print("fa4:", "importable" if callable(fa) else fa)
+    rows = []
+    if args.skip != "varlen":
+        rows += run_varlen(args, fa)
+        table([r for r in rows if r["workload"] == "varlen"],
+              ("tokens", "d", "causal", "pass_"))
+    if args.skip != "paged":
+        prow = run_paged(args, callable(fa))
+        table(prow, ("b", "page"))
+        rows += prow
+    if args.json:
+        Path(args.json).write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

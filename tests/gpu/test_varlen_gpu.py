@@ -1,0 +1,247 @@
+"""Packed (varlen) and paged-cache attention against the float64 references on a GPU:
+forward, LSE and dq/dk/dv, causal (bottom-right), windows, softcap, GQA, seqused_k,
+score_mod / mask_mod with per-sequence indices, the ragged edge cases (empty and one-token
+sequences, Sq > Skv, page sizes that do not divide the context, one page), outputs
+poisoned first so an unwritten row shows, CUDA-graph capture and torch.compile."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import tiledattention as ta
+from tiledattention.tolerance import relative_error, rtol, rtol_bwd
+from tiledattention.workload_reference import paged_reference, varlen_reference
+
+BF16 = torch.bfloat16
+
+
+def _cu(lens):
+    return torch.tensor([0, *itertools_accumulate(lens)], dtype=torch.int32, device="cuda")
+
+
+def itertools_accumulate(lens):
+    out, s = [], 0
+    for n in lens:
+        s += n
+        out.append(s)
+    return out
+
+
+def _packed(lens, heads, d, dtype):
+    return torch.randn(sum(lens), heads, d, device="cuda").to(dtype)
+
+
+def _poisoned(fn):
+    """Run ``fn`` on an allocator whose fresh blocks hold NaN: a row the kernels do not
+    write stays NaN."""
+    torch.cuda.empty_cache()
+    junk = torch.full((64 << 20,), float("nan"), device="cuda")
+    del junk
+    return fn()
+
+
+def _check_varlen(lens_q, lens_k, *, hq=4, hk=4, d=64, dtype=BF16, causal=False,
+                  window=(-1, -1), softcap=0.0, grad=True, seqused=None, **mods):
+    q = _packed(lens_q, hq, d, dtype).requires_grad_(grad)
+    k = _packed(lens_k, hk, d, dtype).requires_grad_(grad)
+    v = _packed(lens_k, hk, d, dtype).requires_grad_(grad)
+    cq, ck = _cu(lens_q), _cu(lens_k)
+    used = None if seqused is None else torch.tensor(seqused, dtype=torch.int32, device="cuda")
+    out, lse = _poisoned(lambda: ta.sdpa_varlen(
+        q, k, v, cq, ck, max(lens_q, default=0), max(lens_k, default=0), seqused_k=used,
+        causal=causal, window_size=window, softcap=softcap, return_lse=True, **mods))
+    ref, ref_lse = varlen_reference(q.detach(), k.detach(), v.detach(), cq.cpu(), ck.cpu(),
+                                    seqused_k=None if used is None else used.cpu(),
+                                    causal=causal, window_size=window, softcap=softcap,
+                                    **_refs(mods))
+    assert not out.isnan().any(), "unwritten or NaN output rows"
+    assert relative_error(out, ref) <= rtol(dtype)
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse), finite.to(lse.device))
+    assert torch.allclose(lse[finite].double(), ref_lse[finite], atol=2e-2)
+    if not grad or q.shape[0] == 0:
+        return
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
+    r, _ = varlen_reference(qd, kd, vd, cq.cpu(), ck.cpu(),
+                            seqused_k=None if used is None else used.cpu(), causal=causal,
+                            window_size=window, softcap=softcap, **_refs(mods))
+    r.backward(dout.double())
+    for name, got, want in (("dq", q.grad, qd.grad), ("dk", k.grad, kd.grad),
+                            ("dv", v.grad, vd.grad)):
+        assert not got.isnan().any(), f"{name} has NaN"
+        if want.abs().max() > 0:
+            err = relative_error(got, want)
+            assert err <= rtol_bwd(dtype), f"{name} relative error {err:.3e}"
+
+
+def _refs(mods):
+    out = {}
+    if "score_mod" in mods:
+        out["score_ref"] = mods["score_mod"].reference
+    if "mask_mod" in mods:
+        out["keep_ref"] = mods["mask_mod"].reference
+    return out
+
+
+LENS = [([300, 1, 0, 129, 64, 700], [300, 1, 0, 129, 64, 700]),
+        ([17, 513, 64], [100, 513, 1000])]
+
+
+@pytest.mark.parametrize("lens", LENS, ids=["self", "cross"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [64, 128])
+def test_varlen_matches_float64_forward_and_backward(lens, causal, d):
+    _check_varlen(*lens, causal=causal, d=d)
+
+
+@pytest.mark.parametrize("d", [96, 256])
+def test_varlen_head_dims_without_padding(d):
+    _check_varlen([200, 77], [200, 77], causal=True, d=d, dtype=torch.float16)
+
+
+def test_varlen_gqa_sums_the_group_in_dk_dv():
+    _check_varlen([130, 5, 260], [130, 5, 260], hq=8, hk=2, causal=True)
+
+
+def test_varlen_query_longer_than_keys_gives_zero_rows_under_causality():
+    # Sq > Skv, bottom-right: the first Sq - Skv queries attend nothing (zeros, lse -inf).
+    _check_varlen([50, 8], [20, 8], causal=True)
+
+
+def test_varlen_sliding_window_and_softcap():
+    _check_varlen([300, 70], [300, 70], causal=True, window=(64, 0), softcap=30.0)
+    _check_varlen([300, 70], [300, 90], window=(32, 16))
+
+
+def test_varlen_seqused_k_caps_each_sequences_keys():
+    _check_varlen([40, 60], [100, 80], seqused=[37, 80], grad=False)
+
+
+def test_varlen_mods_see_positions_within_the_sequence():
+    def rel(score, b, h, q_idx, kv_idx):
+        return score - 0.01 * (q_idx - kv_idx)
+
+    def every_third(b, h, q_idx, kv_idx):
+        return (kv_idx % 3) != (b % 3)
+
+    rel.reference = lambda s, b, h, q, k: s - 0.01 * (q - k)
+    every_third.reference = lambda b, h, q, k: (k % 3) != (b % 3)
+    _check_varlen([90, 130, 7], [90, 130, 7], causal=True, score_mod=rel,
+                  mask_mod=every_third)
+
+
+def test_varlen_under_cuda_graph_capture_needs_no_sync():
+    lens = [120, 33, 400]
+    q, k, v = (_packed(lens, 4, 64, BF16) for _ in range(3))
+    cq = _cu(lens)
+    ta.sdpa_varlen(q, k, v, cq, cq, 400, 400, causal=True)  # plan and check outside
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = ta.sdpa_varlen(q, k, v, cq, cq, 400, 400, causal=True)
+    q.copy_(torch.randn_like(q))
+    g.replay()
+    ref, _ = varlen_reference(q, k, v, cq.cpu(), cq.cpu(), causal=True)
+    assert relative_error(out, ref) <= rtol(BF16)
+
+
+def test_varlen_trains_under_torch_compile():
+    lens = [64, 200]
+    q, k, v = (_packed(lens, 4, 64, BF16).requires_grad_() for _ in range(3))
+    cq = _cu(lens)
+
+    @torch.compile(fullgraph=True)
+    def step(q, k, v):
+        return ta.sdpa_varlen(q, k, v, cq, cq, 200, 200, causal=True).float().square().sum()
+
+    step(q, k, v).backward()
+    qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
+    r, _ = varlen_reference(qd, kd, vd, cq.cpu(), cq.cpu(), causal=True)
+    r.square().sum().backward()
+    assert relative_error(q.grad, qd.grad) <= rtol_bwd(BF16)
+    assert relative_error(v.grad, vd.grad) <= rtol_bwd(BF16)
+
+
+def test_varlen_refuses_bad_offsets_with_one_typed_error():
+    q = _packed([10, 10], 2, 64, BF16)
+    bad = torch.tensor([0, 12, 8], dtype=torch.int32, device="cuda")
+    with pytest.raises(ta.InputError, match="non-decreasing"):
+        ta.sdpa_varlen(q, q, q, bad, bad, 12, 12)
+    cu = _cu([10, 10])
+    with pytest.raises(ta.InputError, match="longer than max_seqlen"):
+        ta.sdpa_varlen(q, q, q, cu, cu, 5, 10)
+    with pytest.raises(ta.DTypeError):
+        ta.sdpa_varlen(q, q, q, cu.long(), cu, 10, 10)
+
+
+# ----------------------------------------------------------------------------- paged
+def _cache(lens, page, hk, d, dtype, spare=3):
+    """A shuffled page cache holding sequences of ``lens`` tokens, and its block table."""
+    pages_per = [max(math.ceil(n / page), 1) for n in lens]
+    total = sum(pages_per) + spare
+    order = torch.randperm(total, device="cuda").to(torch.int32)
+    table = torch.zeros(len(lens), max(pages_per), dtype=torch.int32, device="cuda")
+    at = 0
+    for b, n in enumerate(pages_per):
+        table[b, :n] = order[at:at + n]
+        at += n
+    kc = torch.randn(total, page, hk, d, device="cuda").to(dtype)
+    vc = torch.randn_like(kc)
+    return kc, vc, table
+
+
+@pytest.mark.parametrize("page", [16, 64, 256])
+@pytest.mark.parametrize("sq", [1, 4])
+def test_paged_decode_matches_float64(page, sq):
+    lens = [1, 37, 1000, 4096, 250]
+    kc, vc, table = _cache(lens, page, 2, 128, BF16)
+    seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    q = torch.randn(len(lens), sq, 8, 128, device="cuda").to(BF16)
+    if sq > 1:
+        seqlens = seqlens.clamp(min=sq)
+    with torch.no_grad():
+        out, lse = _poisoned(lambda: ta.sdpa_paged(q, kc, vc, table, seqlens, causal=True,
+                                                   return_lse=True))
+    ref, ref_lse = paged_reference(q, kc, vc, table, seqlens.cpu(), causal=True)
+    assert not out.isnan().any()
+    assert relative_error(out, ref) <= rtol(BF16)
+    assert torch.allclose(lse.double(), ref_lse, atol=2e-2)
+
+
+@pytest.mark.parametrize("page", [16, 64])
+def test_paged_chunked_prefill_matches_float64(page):
+    ctx = [300, 64, 1200]
+    new = [100, 64, 7]
+    kc, vc, table = _cache(ctx, page, 2, 64, BF16)
+    seqlens = torch.tensor(ctx, dtype=torch.int32, device="cuda")
+    cq = _cu(new)
+    q = _packed(new, 4, 64, BF16)
+    with torch.no_grad():
+        out = _poisoned(lambda: ta.sdpa_paged(q, kc, vc, table, seqlens, cu_seqlens_q=cq,
+                                              max_seqlen_q=100, causal=True))
+    ref, _ = paged_reference(q, kc, vc, table, seqlens.cpu(), cu_seqlens_q=cq.cpu(),
+                             causal=True)
+    assert not out.isnan().any()
+    assert relative_error(out, ref) <= rtol(BF16)
+
+
+def test_paged_one_page_and_a_context_the_page_does_not_divide():
+    kc, vc, table = _cache([5, 17], 16, 1, 64, BF16, spare=0)
+    seqlens = torch.tensor([5, 17], dtype=torch.int32, device="cuda")
+    q = torch.randn(2, 1, 4, 64, device="cuda").to(BF16)
+    with torch.no_grad():
+        out = ta.sdpa_paged(q, kc, vc, table, seqlens)
+    ref, _ = paged_reference(q, kc, vc, table, seqlens.cpu())
+    assert relative_error(out, ref) <= rtol(BF16)
+
+
+def test_paged_refuses_out_of_range_pages_before_reading_them():
+    kc, vc, table = _cache([40], 16, 1, 64, BF16, spare=0)
+    table[0, 1] = 99
+    q = torch.randn(1, 1, 1, 64, device="cuda").to(BF16)
+    with pytest.raises(ta.InputError, match="outside the cache"):
+        ta.sdpa_paged(q, kc, vc, table, torch.tensor([40], dtype=torch.int32, device="cuda"))

@@ -1,0 +1,96 @@
+"""The packed grid's tile order and sizes, on the host (no GPU): every (sequence, tile)
+once, deepest tiles first, the grid bound never short, and the checks of a packed or
+paged call (typed errors before anything runs, CPU tensors)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import tiledattention as ta
+from tiledattention.kernel.visit import host_sequence_order
+from tiledattention.kernel.workload import map_steps, programs
+
+
+@pytest.mark.parametrize("lens", [[300, 1, 0, 129, 64, 700], [5], [0, 0], [4096, 17, 17, 2]])
+@pytest.mark.parametrize("tile", [64, 128])
+def test_every_tile_of_every_sequence_runs_once_deepest_first(lens, tile):
+    order = host_sequence_order(lens, tile)
+    want = {(b, m) for b, n in enumerate(lens) for m in range(math.ceil(n / tile))}
+    assert sorted(order) == sorted(want) and len(order) == len(want)
+    levels = [m for _, m in order]
+    assert levels == sorted(levels, reverse=True)
+
+
+@pytest.mark.parametrize("lens", [[1] * 50, [8191, 1], [64] * 3, [65, 63, 1, 0]])
+def test_the_grid_bound_covers_every_tile_and_the_bisection_every_level(lens):
+    tile = 64
+    total = sum(lens)
+    assert programs(total, len(lens), tile) >= len(host_sequence_order(lens, tile))
+    assert 2 ** map_steps(total, tile) > max(math.ceil(n / tile) for n in lens)
+
+
+def _packed(lens, h=2, d=64, dtype=torch.bfloat16):
+    return torch.zeros(sum(lens), h, d, dtype=dtype)
+
+
+def _cu(lens):
+    return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+
+
+@pytest.mark.parametrize("cu, match", [
+    ([0, 5, 3], "non-decreasing"), ([1, 5, 8], "must be 0"), ([0, 5, 99], "past the"),
+])
+def test_bad_offsets_get_one_typed_error(cu, match):
+    q = _packed([5, 3])
+    cu = torch.tensor(cu, dtype=torch.int32)
+    with pytest.raises(ta.InputError, match=match):
+        ta.sdpa_varlen(q, q, q, cu, _cu([5, 3]), 5, 5)
+
+
+def test_an_understated_max_seqlen_is_refused_on_cpu_offsets():
+    q = _packed([5, 3])
+    with pytest.raises(ta.InputError, match="longer than max_seqlen_q"):
+        ta.sdpa_varlen(q, q, q, _cu([5, 3]), _cu([5, 3]), 4, 5)
+
+
+@pytest.mark.parametrize("kw, err", [
+    (dict(window_size=(1,)), ta.InputError), (dict(softcap=-1.0), ta.InputError),
+    (dict(scale=0.0), ta.InputError), (dict(causal=1), ta.InputError),
+])
+def test_bad_options_get_one_typed_error(kw, err):
+    q = _packed([5])
+    with pytest.raises(err):
+        ta.sdpa_varlen(q, q, q, _cu([5]), _cu([5]), 5, 5, **kw)
+
+
+def test_offsets_of_another_dtype_or_a_nested_tensor_are_refused():
+    q = _packed([5])
+    with pytest.raises(ta.DTypeError, match="int32"):
+        ta.sdpa_varlen(q, q, q, _cu([5]).long(), _cu([5]), 5, 5)
+    nested = torch.nested.nested_tensor([torch.zeros(3, 2, 64), torch.zeros(2, 2, 64)])
+    with pytest.raises(ta.InputError, match="dense"):
+        ta.sdpa_varlen(nested, q, q, _cu([5]), _cu([5]), 5, 5)
+
+
+def test_paged_checks_pages_context_and_layout():
+    kc = torch.zeros(4, 16, 1, 64, dtype=torch.bfloat16)
+    q = torch.zeros(1, 1, 2, 64, dtype=torch.bfloat16)
+    table = torch.tensor([[0, 7]], dtype=torch.int32)
+    with pytest.raises(ta.InputError, match="outside the cache"):
+        ta.sdpa_paged(q, kc, kc, table, torch.tensor([20], dtype=torch.int32))
+    with pytest.raises(ta.InputError, match="holds 0..32"):
+        ta.sdpa_paged(q, kc, kc, table, torch.tensor([40], dtype=torch.int32))
+    with pytest.raises(ta.ShapeError, match="page_size"):
+        bad = torch.zeros(4, 24, 1, 64, dtype=torch.bfloat16)
+        ta.sdpa_paged(q, bad, bad, table, torch.tensor([20], dtype=torch.int32))
+    with pytest.raises(ta.BackwardNotSupportedError):
+        ta.sdpa_paged(q.requires_grad_(), kc, kc, table, torch.tensor([20], dtype=torch.int32))
+
+
+def test_valid_cpu_calls_pass_the_checks_and_then_need_a_gpu():
+    q = _packed([5, 3])
+    with pytest.raises(ta.NoGPUError):
+        ta.sdpa_varlen(q, q, q, _cu([5, 3]), _cu([5, 3]), 5, 5, causal=True)
