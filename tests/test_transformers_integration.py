@@ -38,11 +38,14 @@ def calls(monkeypatch):
 
 
 def test_register_adds_the_attention_and_its_mask_function():
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from transformers.masking_utils import AttentionMaskInterface
+
+    from tiledattention.integrations.transformers_packed import packed_aware_mask
 
     name = hf.register("tiledattention-test")
     assert AttentionInterface._global_mapping[name] is hf.attention_forward
-    assert AttentionMaskInterface._global_mapping[name] is sdpa_mask
+    # sdpa_mask, except for a packed row (tests/test_transformers_packed.py)
+    assert AttentionMaskInterface._global_mapping[name] is packed_aware_mask
 
 
 class _Module(torch.nn.Module):

@@ -2,7 +2,8 @@
 
 ``register()`` adds ``attention_forward`` to ``transformers.AttentionInterface`` and the
 matching mask function (transformers' own ``sdpa_mask``: a bool mask, True = attend, or
-None where causality alone decides) to ``AttentionMaskInterface``; then
+None where causality alone decides; none for a packed row, see below) to
+``AttentionMaskInterface``; then
 
     model = AutoModelForCausalLM.from_config(cfg, attn_implementation="tiledattention")
     # or: model.set_attn_implementation("tiledattention")
@@ -29,6 +30,14 @@ The model's attention arguments map onto ``tiledattention.variants``:
   ``sliding_window`` to the attention.
 A call without them takes the plain path, unchanged.
 
+Padding-free training (``DataCollatorWithFlattening``: one row of sequences back to back,
+with ``cu_seq_lens_*`` / ``max_length_*`` or restarting ``position_ids``) calls
+``tiledattention.sdpa_varlen`` per sequence, causal, with the model's window and softcap,
+as ``flash_attention_2`` does (``integrations/transformers_packed.py``). Continuous
+batching (``model.generate_batch``, with ``attn_implementation="paged|tiledattention"``,
+also registered) reads the paged cache through ``tiledattention.sdpa_paged``
+(``integrations/transformers_paged.py``).
+
 Needs the ``hf`` extra (``pip install 'tiledattention[hf]'``); dropout must be 0. It
 trains (``sdpa`` is differentiable) and compiles (``torch.compile``; a variant call costs
 one graph break); ``stages/model.py`` times prefill, decode and a training step, eager and
@@ -42,6 +51,9 @@ from __future__ import annotations
 import functools
 
 import torch
+
+from . import transformers_packed as _packed
+from .transformers_paged import PAGED_PREFIX, paged_attention_forward
 
 NAME = "tiledattention"
 _AHEAD = 2**30  # a window's right extent that rules nothing out (one compile per W)
@@ -63,9 +75,18 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         raise InputError("tiledattention does not take position_bias; use "
                          "attn_implementation='sdpa' for this model")
     is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
-    causal = bool(query.shape[2] > 1 and attention_mask is None and is_causal)
     softcap, window, sink = kwargs.get("softcap"), kwargs.get("sliding_window"), kwargs.get(
         "s_aux")
+    packed = _packed.packed_call(query, key, attention_mask, kwargs)
+    if packed is not None:
+        marked = _packed.marked_window(attention_mask)
+        return _packed.packed_forward(module, query, key, value, packed, scaling=scaling,
+                                      is_causal=is_causal, softcap=softcap, sink=sink,
+                                      window=marked if marked is not None else window), None
+    if _packed.marked_window(attention_mask) is not None:
+        raise InputError("tiledattention: the mask says this row is packed (padding-free) "
+                         "but neither position_ids nor cu_seq_lens_q/k reached the attention")
+    causal = bool(query.shape[2] > 1 and attention_mask is None and is_causal)
     if softcap is None and window is None and sink is None:
         out = sdpa(query, key, value, causal=causal, scale=scaling, attn_mask=attention_mask,
                    enable_gqa=query.shape[1] != key.shape[1])
@@ -127,11 +148,14 @@ def register(name: str = NAME) -> str:
         raise InputError("transformers is not installed: pip install 'tiledattention[hf]'"
                          ) from exc
     AttentionInterface.register(name, attention_forward)
+    # continuous batching (generate_batch) asks for "paged|<name>"; no mask function for
+    # it: the paged path needs none, and transformers then builds none
+    AttentionInterface.register(PAGED_PREFIX + name, paged_attention_forward)
     try:  # transformers >= 4.53 picks the mask builder per implementation
-        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+        from transformers.masking_utils import AttentionMaskInterface
     except ImportError:
         return name
-    AttentionMaskInterface.register(name, sdpa_mask)
+    AttentionMaskInterface.register(name, _packed.packed_aware_mask)
     return name
 
 
