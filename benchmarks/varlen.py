@@ -65,7 +65,7 @@ def varlen_methods(q, k, v, lens, causal, fa):
     if callable(fa):
         out["fa4"] = lambda: fa(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=mx,
                                 max_seqlen_k=mx, causal=causal)[0]
-    seg = ta.variants.segments_from_lengths(lens)
+    seg = ta.variants.segments_from_lengths(lens)  # [1, total]
     doc = ta.variants.document(seg)
     mask = ta.and_masks(doc, lambda b, h, q_idx, kv_idx: kv_idx <= q_idx) if causal else doc
     bm = ta.block_mask(mask, None, None, total, total)
@@ -74,7 +74,7 @@ def varlen_methods(q, k, v, lens, causal, fa):
     try:
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-        ids = seg
+        ids = seg[0]
 
         def doc_mask(b, h, qi, ki):
             same = ids[qi] == ids[ki]
