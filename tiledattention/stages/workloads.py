@@ -377,9 +377,9 @@ def run_workloads(cfg: WorkloadsConfig, out_dir: str, log=None) -> dict:
     device = resolve_device("cpu" if reason else "cuda")
     with Lock(path, log):
         store = ResultStore(path)
-        open(path, "ab").close()  # the rule's output exists even if nothing is measured
-        digest = cfg.measure_digest(device.type)
+        digest = cfg.measure_digest("cpu" if reason else "cuda")
         resume(store, digest, True, log)  # rows of another config (or device): aside
+        open(path, "ab").close()  # the rule's output exists even if nothing is measured
         started = now()
         manifest = os.path.join(out_dir, MANIFEST)
         write_manifest(manifest, capture(cfg, started=started))
