@@ -680,8 +680,8 @@ def _torch_varlen_workload(inputs, point):
     max_q, max_k = max(point.seqs_q), max(point.seqs_kv)
     details = {"torch": torch.__version__, "kwargs": sorted(kw)}
     if point.paged:
-        if "block_table" not in params:
-            raise Unsupported(f"torch {torch.__version__}'s varlen_attn takes no block_table "
+        if "block_table" not in params:  # the installed torch lacks it (2.12's docs list it)
+            raise Unavailable(f"torch {torch.__version__}'s varlen_attn takes no block_table "
                               f"(a paged KV cache); its parameters: {', '.join(params)}")
         cu_k = torch.zeros(point.batch + 1, dtype=torch.int32, device=q.device)
         cu_k[1:] = inputs.cache_seqlens.cumsum(0)
