@@ -226,7 +226,8 @@ def test_smoke_study_runs_end_to_end_with_the_local_profile(tmp_path):
     assert (bundle / "data" / "workloads-rows.jsonl").stat().st_size > 0
     table5 = (results / "aggregate" / "tables" / "table5_schedules.md").read_text()
     readme = (bundle / "README.md").read_text()
-    assert "Workloads (lengths: lognormal(mu=3.5, sigma=1; median 33 tokens)" in readme
+    assert "Workloads (lengths: contexts lognormal(mu=4, sigma=1; median 55 tokens) " \
+        "clipped to [16, 80]; documents lognormal(mu=3.5, sigma=1; median 33 tokens)" in readme
     gpu = "| float16 | full | 64 |" in table5
     if not gpu:  # on a CPU the tuning job recorded why; Table 5 and the README say so
         assert "tuning did not run: no CUDA GPU visible" in table5
@@ -236,6 +237,8 @@ def test_smoke_study_runs_end_to_end_with_the_local_profile(tmp_path):
         assert "- model benchmark (model_e2e): unavailable at 12 row(s): no CUDA GPU" in readme
         assert "- variants: flex unavailable at 4 point(s): no CUDA GPU" in readme
         assert "- workloads: fa4 unavailable at 6 point(s): needs a CUDA GPU (no CUDA" in readme
+        assert "no speedup over a baseline measured (tiledattention unavailable: needs a " \
+            "CUDA GPU" in readme
         assert "no speedup over a fused baseline measured (fa4 unavailable: no CUDA GPU" in readme
     # The exact config is the smoke config's own: nothing of config/config.yaml's grid.
     exact = (bundle / "config" / "study-config.yaml").read_text()

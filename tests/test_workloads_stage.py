@@ -194,7 +194,8 @@ def test_the_headline_and_the_readme_sentence_show_the_ratio_to_the_fastest_base
                                    "forward)")]
     assert first[1] == 1 and first[3] == pytest.approx(1.2) and first[-1] == "fa4 1"
     text = wr.sentence(rows)
-    assert "lognormal(mu=3" in text and "1.200x over 1 points" in text
+    assert "(lengths: contexts lognormal(mu=3.5" in text and "; documents lognormal(mu=3" in text
+    assert "1.200x over 1 points" in text
     assert wr.sentence([]) == ""
 
 
@@ -202,7 +203,7 @@ def test_without_ours_ok_the_sentence_says_why():
     from tiledattention.study.presentation import workloads_report as wr
 
     rows = [{**r, "status": "unavailable", "reason": "needs a CUDA GPU"}
-            if r["method"] == "tiledattention" else r for r in _rows()]
+            if r["method"] in ("tiledattention", "fa4") else r for r in _rows()]
     assert "no speedup over a baseline measured (tiledattention unavailable: needs a CUDA " \
         "GPU)." in wr.sentence(rows)
 
@@ -269,3 +270,65 @@ def test_rows_measured_without_a_gpu_are_measured_again_where_one_is(tmp_path, m
     run_workloads(cfg, str(tmp_path))
     assert [p.key() for p, _ in planned] == [p.key() for p in points(cfg)]
     assert load_rows(str(tmp_path)) == [] and list(tmp_path.glob("stale-*"))
+
+
+# --- baselines that cannot run say why --------------------------------------------------
+def _point(kind):
+    from tiledattention.stages.workloads import points
+
+    return next(p for p in points(_cfg()) if p.kind == kind)
+
+
+def test_flashinfer_without_its_wheel_is_unavailable_with_the_reason(monkeypatch):
+    import importlib.util
+    from types import SimpleNamespace
+
+    from tiledattention.bench.methods import METHODS, Unavailable
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "flashinfer" else real(name, *a))
+    on_gpu = SimpleNamespace(q=SimpleNamespace(device=torch.device("cuda")))
+    with pytest.raises(Unavailable, match=r"flashinfer wheel \(flashinfer-python.*not installed"):
+        METHODS["flashinfer"].workload(on_gpu, _point("decode"))
+
+
+def test_torch_varlen_takes_what_the_installed_torch_offers(monkeypatch):
+    """Causality through is_causal (PyTorch 2.10) or window_size=(-1, 0) (later); a paged
+    cache only where varlen_attn takes a block_table, else unavailable, naming why."""
+    import torch.nn.attention.varlen as varlen
+
+    from tiledattention.bench import methods
+    from tiledattention.bench.methods import METHODS, Unavailable
+    from tiledattention.stages.workloads import points
+
+    monkeypatch.setattr(methods, "_cuda_only", lambda point, device: None)
+    seen = {}
+
+    def old(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False,
+            return_aux=None):
+        seen.update(is_causal=is_causal)
+        return query
+
+    def new(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None,
+            scale=None, window_size=(-1, -1), enable_gqa=False, seqused_k=None,
+            block_table=None):
+        seen.update(window_size=window_size, enable_gqa=enable_gqa, block_table=block_table)
+        return query
+
+    point = _point("varlen")
+    inputs = wc.make_inputs(point, 0, torch.device("cpu"))
+    monkeypatch.setattr(varlen, "varlen_attn", old)
+    METHODS["torch_varlen"].workload(inputs, point).call()
+    assert seen == {"is_causal": True}
+    with pytest.raises(Unavailable, match="takes no block_table"):
+        paged = _point("decode")
+        METHODS["torch_varlen"].workload(wc.make_inputs(paged, 0, torch.device("cpu")), paged)
+    monkeypatch.setattr(varlen, "varlen_attn", new)
+    gqa = next(p for p in points(_cfg()) if p.kind == "varlen" and p.gqa == 2)
+    METHODS["torch_varlen"].workload(wc.make_inputs(gqa, 0, torch.device("cpu")), gqa).call()
+    assert seen["window_size"] == (-1, 0) and seen["enable_gqa"] is True
+    paged = _point("prefill")
+    METHODS["torch_varlen"].workload(wc.make_inputs(paged, 0, torch.device("cpu")),
+                                     paged).call()
+    assert seen["block_table"] is not None

@@ -11,6 +11,7 @@ import contextlib
 import functools
 import importlib.metadata
 import importlib.util
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -695,14 +696,49 @@ def _torch_varlen_workload(inputs, point):
 
 
 def _flashinfer_workload(inputs, point):
+    """FlashInfer's batch wrappers, planned once per point (not timed; a serving engine
+    plans once per step and reuses it across layers): paged decode, paged prefill (causal
+    bottom-right, as its append attention), ragged prefill for varlen. Inference only."""
     _cuda_only(point, inputs.q.device)
     if importlib.util.find_spec("flashinfer") is None:
         raise Unavailable("the flashinfer wheel (flashinfer-python, with flashinfer-cubin's "
                           "prebuilt kernels) is not installed here: its wheels are built per "
                           "CUDA and torch version and were not carried to this machine")
-    raise Unavailable("flashinfer is installed, but the workloads stage has no FlashInfer "
-                      "runner yet (its batch wrappers plan per batch: "
-                      "BatchDecodeWithPagedKVCacheWrapper, BatchPrefillWithPagedKVCacheWrapper)")
+    if _backward(point):
+        raise Unsupported("FlashInfer's kernels are inference only (no backward)")
+    import flashinfer
+    import torch
+
+    from .workload_cases import Prepared
+
+    device, dtype = inputs.q.device, inputs.q.dtype
+    workspace = torch.empty(128 << 20, dtype=torch.uint8, device=device)
+    heads = (point.heads, point.heads_kv, point.head_dim)
+    details = {"version": getattr(flashinfer, "__version__", None)}
+    if not point.paged:
+        w = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(workspace, "NHD")
+        w.plan(inputs.cu_q, inputs.cu_k, *heads, causal=point.causal, q_data_type=dtype)
+        return Prepared(lambda: w.run(inputs.q, inputs.k, inputs.v),
+                        details={**details, "wrapper": "BatchPrefillWithRaggedKVCacheWrapper"})
+    page = point.page_size
+    counts = [-(-n // page) for n in point.seqs_kv]
+    indptr = torch.tensor([0, *itertools.accumulate(counts)], dtype=torch.int32,
+                          device=device)
+    indices = torch.cat([inputs.page_table[b, :c] for b, c in enumerate(counts)])
+    last = torch.tensor([(n - 1) % page + 1 for n in point.seqs_kv], dtype=torch.int32,
+                        device=device)
+    cache = (inputs.k, inputs.v)  # NHD: [num_pages, page_size, Hkv, D], as ours
+    if point.kind == "decode":
+        w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD")
+        w.plan(indptr, indices, last, *heads[:2], point.head_dim, page, q_data_type=dtype,
+               kv_data_type=dtype)
+        return Prepared(lambda: w.run(inputs.q, cache),
+                        details={**details, "wrapper": "BatchDecodeWithPagedKVCacheWrapper"})
+    w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD")
+    w.plan(inputs.cu_q, indptr, indices, last, *heads, page, causal=point.causal,
+           q_data_type=dtype, kv_data_type=dtype)
+    return Prepared(lambda: w.run(inputs.q, cache),
+                    details={**details, "wrapper": "BatchPrefillWithPagedKVCacheWrapper"})
 
 
 def _workload_only_check(point, device):

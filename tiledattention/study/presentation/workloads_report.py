@@ -240,7 +240,9 @@ def sentence(rows: list[dict]) -> str:
     distributions, then per table the speedup over the fastest baseline, naming it."""
     if not rows:
         return ""
-    dists = "; ".join(sorted({r["length_dist"] for r in rows if r.get("length_dist")}))
+    dists = "; ".join(f"{what} {d}" for what, d in sorted({
+        ("documents" if r.get("kind") == "varlen" else "contexts", r["length_dist"])
+        for r in rows if r.get("length_dist")}))
     parts = [f"{label.split(' (workloads: ')[1][:-1]} {k.geomean:.3f}x over {k.n} points "
              f"(min {k.min:.3f}x; fastest: " + (", ".join(f"{m} {n}" for m, n in
                                                    fastest.items()) or "—") + ")"
@@ -248,9 +250,10 @@ def sentence(rows: list[dict]) -> str:
              if label.startswith(BEST)]
     text = f" Workloads (lengths: {dists})"
     if not parts:
-        reasons = not_ok_reasons(rows)
-        why = [w for w in reasons if w.startswith((f"{SUBJECT} ", "fa4 ", "sdpa_padded "))]
+        reasons = not_ok_reasons(rows)  # ours first, then the strongest baseline's
+        why = [w for side in (SUBJECT, "fa4", "sdpa_padded") for w in reasons
+               if w.startswith(f"{side} ")] + reasons
         return text + ": no speedup over a baseline measured" + (
-            f" ({(why or reasons)[0]})." if why or reasons else ".")
+            f" ({why[0]})." if why else ".")
     return (text + ", against the fastest baseline at each point, geometric-mean speedup by "
             "kernel time: " + "; ".join(parts) + ".")
