@@ -210,5 +210,5 @@ def test_a_stage_added_to_the_registry_reaches_the_bundle_aggregate_and_its_read
     assert "gunzip -c data/fake-rows.jsonl.gz > $R/fake/rows.jsonl" in lines
     assert lines[-1].endswith(" --fake $R/fake")
     assert "- fake: 1 row(s) not run" in prose.not_run(str(study), [])
-    args = argparse.Namespace(fake=str(study / "fake"), model=None, variants=None)
+    args = argparse.Namespace(**{**dict.fromkeys(stages.STAGES), "fake": str(study / "fake")})
     assert cli._stage_rows_of(args, "aggregate")["fake_rows"] == [{"status": "unavailable"}]

@@ -196,7 +196,8 @@ def test_smoke_study_runs_end_to_end_with_the_local_profile(tmp_path):
     assert all(r["status"] in ("ok", "unavailable") for r in rows)
     assert (results / "shards" / "manifest-shard0of2.json").exists()
     # Every GPU step ran as a local launcher job (submitit's files in its log folder).
-    for step in ("shards", "ladder", "tune", "profile", "shapes/g0", "model", "variants"):
+    for step in ("shards", "ladder", "tune", "profile", "shapes/g0", "model", "variants",
+                 "workloads"):
         assert list((results / step / "logs").glob("*_submitted.pkl")), step
     # It ends with a verified bundle: tables, figures, the profile step's reason, metadata.
     assert "bundle verify: OK" in (results / "bundle.verified").read_text()
@@ -220,8 +221,13 @@ def test_smoke_study_runs_end_to_end_with_the_local_profile(tmp_path):
     assert "| window | bfloat16 | 64 | 256 | 2 | 2 | fwd |" in variants  # the variants job ran
     assert (bundle / "figures" / "variants.png").stat().st_size > 0
     assert (bundle / "data" / "variants-rows.jsonl").stat().st_size > 0
+    workloads = (bundle / "tables" / "workloads_decode.md").read_text()
+    assert "× sdpa_padded" in workloads  # the workloads job ran (SDPA on the padded batch)
+    assert (bundle / "data" / "workloads-rows.jsonl").stat().st_size > 0
     table5 = (results / "aggregate" / "tables" / "table5_schedules.md").read_text()
     readme = (bundle / "README.md").read_text()
+    assert "Workloads (lengths: contexts lognormal(mu=4, sigma=1; median 55 tokens) " \
+        "clipped to [16, 80]; documents lognormal(mu=3.5, sigma=1; median 33 tokens)" in readme
     gpu = "| float16 | full | 64 |" in table5
     if not gpu:  # on a CPU the tuning job recorded why; Table 5 and the README say so
         assert "tuning did not run: no CUDA GPU visible" in table5
@@ -230,6 +236,9 @@ def test_smoke_study_runs_end_to_end_with_the_local_profile(tmp_path):
         # FA4 through transformers joined the model stage (f94f811): its rows too
         assert "- model benchmark (model_e2e): unavailable at 12 row(s): no CUDA GPU" in readme
         assert "- variants: flex unavailable at 4 point(s): no CUDA GPU" in readme
+        assert "- workloads: fa4 unavailable at 6 point(s): needs a CUDA GPU (no CUDA" in readme
+        assert "no speedup over a baseline measured (tiledattention unavailable: needs a " \
+            "CUDA GPU" in readme
         assert "no speedup over a fused baseline measured (fa4 unavailable: no CUDA GPU" in readme
     # The exact config is the smoke config's own: nothing of config/config.yaml's grid.
     exact = (bundle / "config" / "study-config.yaml").read_text()

@@ -23,3 +23,23 @@ def attention_flops(batch: int, heads: int, seq_q: int, seq_kv: int, head_dim: i
 
 def tflops_per_s(flops: float, milliseconds: float) -> float:
     return flops / (milliseconds * 1e-3) / 1e12
+
+
+def attended_pairs(seq_q: int, seq_kv: int, causal: bool) -> int:
+    """(query, key) pairs one sequence computes: Sq·Skv, or with causality aligned
+    bottom-right (FlashAttention's varlen and paged convention: query i sees keys
+    j <= i + Skv - Sq) the exact count of unmasked pairs."""
+    if not causal:
+        return seq_q * seq_kv
+    blind = max(0, seq_q - seq_kv)  # leading queries with no key (Sq > Skv)
+    first = blind + seq_kv - seq_q + 1  # keys the first seeing query attends
+    return (seq_q - blind) * (first + seq_kv) // 2
+
+
+def ragged_attention_flops(heads: int, seqs_q, seqs_kv, head_dim: int, causal: bool,
+                           pass_: str = "fwd") -> float:
+    """Useful-token FLOPs of a ragged batch (packed or paged): 4·H·D per attended pair,
+    summed over the sequences, each counted on its own lengths (padding never counts;
+    causal pairs exactly, per sequence, as ``attended_pairs``); the passes as above."""
+    pairs = sum(attended_pairs(q, k, causal) for q, k in zip(seqs_q, seqs_kv, strict=True))
+    return 4.0 * heads * head_dim * pairs * _PASS_FACTOR[pass_]

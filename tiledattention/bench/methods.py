@@ -11,6 +11,7 @@ import contextlib
 import functools
 import importlib.metadata
 import importlib.util
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -50,6 +51,10 @@ class Method:
     # A fused attention kernel: it competes for "the fastest fused baseline" at each point
     # (study/ratios.py). Unfused paths (math, eager) say fused=False; the subject never counts.
     fused: bool = True
+    # The workloads stage's call (packed varlen batches, a paged KV cache):
+    # (bench.workload_cases.Inputs, WorkloadPoint) -> Prepared, raising Unavailable /
+    # Unsupported where it cannot run the point; None: not measured there.
+    workload: Callable | None = None
 
     @property
     def label(self) -> str:
@@ -202,6 +207,11 @@ def _eager_check(point, device):
 
 def _flex_check(point, device, name="flex"):
     _variant_only(name, point)
+    _flex_runtime(device)
+
+
+def _flex_runtime(device):
+    """What FlexAttention needs of the machine (any point)."""
     if device.type != "cuda":
         raise Unavailable("FlexAttention runs here on a CUDA GPU only (torch.compile's "
                           "Triton backend)")
@@ -246,6 +256,11 @@ def _flex_flash_check(point, device):
     with flash-attn-4 importable). Inductor raises rather than fall back to Triton when
     BACKEND="FLASH" cannot be used, so an ok row is FA4's kernels."""
     _flex_check(point, device, "flex_flash")
+    _flex_flash_runtime(point, device)
+
+
+def _flex_flash_runtime(point, device):
+    """What the FLASH backend needs beyond FlexAttention itself (any point)."""
     why = fa4_import_error()
     if why:
         raise Unavailable(f"FlexAttention's FLASH backend needs FA4: {why}")
@@ -464,6 +479,282 @@ def _sdpa_mask_describe(q, k, v, point):
     return {"mask": parts_for(point, q.device).sdpa}
 
 
+# --- the workloads stage (bench/workload_cases.py): packed varlen batches and a paged KV
+# cache. Each ``workload`` checks, then builds its call's tensors (masks, padding, layout
+# copies) outside the timed region; the call itself is attention only. -----------------
+def _backward(point) -> bool:
+    return point.pass_ != "fwd"
+
+
+def _first(result):
+    """The output of a call that may also return the log-sum-exp."""
+    return result[0] if isinstance(result, (tuple, list)) else result
+
+
+def _ours_workload(inputs, point):
+    import tiledattention as ta
+
+    from .workload_cases import Prepared, leaves_of
+
+    _tiled_check(point, inputs.q.device)
+    q, k, v = leaves_of(inputs, _backward(point))
+    if point.kind == "decode":  # [B, 1, Hq, D]: what a decode step passes
+        q4 = q.view(point.batch, 1, point.heads, point.head_dim)
+        return Prepared(lambda: ta.sdpa_paged(q4, k, v, inputs.page_table,
+                                              inputs.cache_seqlens, causal=point.causal),
+                        packed=lambda out: out.reshape(-1, *out.shape[2:]))
+    if point.kind == "prefill":
+        return Prepared(lambda: ta.sdpa_paged(q, k, v, inputs.page_table, inputs.cache_seqlens,
+                                              cu_seqlens_q=inputs.cu_q,
+                                              max_seqlen_q=max(point.seqs_q),
+                                              causal=point.causal))
+    return Prepared(lambda: ta.sdpa_varlen(q, k, v, inputs.cu_q, inputs.cu_k,
+                                           max(point.seqs_q), max(point.seqs_kv),
+                                           causal=point.causal),
+                    leaves=(q, k, v), grads=lambda: (q.grad, k.grad, v.grad), dout=inputs.dout)
+
+
+def _fa4_workload(inputs, point):
+    """FA4's own varlen (cu_seqlens) and paged (page_table + seqused_k) entry point."""
+    from .workload_cases import Prepared, leaves_of
+
+    _fa4_device_check(point, inputs.q.device)
+    from flash_attn.cute import flash_attn_varlen_func
+
+    q, k, v = leaves_of(inputs, _backward(point))
+    details = {"version": fa4_version(), "entry": "flash_attn.cute.flash_attn_varlen_func"}
+    if point.kind == "decode":  # [B, 1, Hq, D] against the pages
+        q4 = q.view(point.batch, 1, point.heads, point.head_dim)
+        return Prepared(lambda: _first(flash_attn_varlen_func(
+            q4, k, v, seqused_k=inputs.cache_seqlens, page_table=inputs.page_table,
+            causal=point.causal)), packed=lambda out: out.reshape(-1, *out.shape[2:]),
+            details=details)
+    if point.kind == "prefill":
+        return Prepared(lambda: _first(flash_attn_varlen_func(
+            q, k, v, cu_seqlens_q=inputs.cu_q, max_seqlen_q=max(point.seqs_q),
+            seqused_k=inputs.cache_seqlens, page_table=inputs.page_table,
+            causal=point.causal)), details=details)
+    return Prepared(lambda: _first(flash_attn_varlen_func(
+        q, k, v, cu_seqlens_q=inputs.cu_q, cu_seqlens_k=inputs.cu_k,
+        max_seqlen_q=max(point.seqs_q), max_seqlen_k=max(point.seqs_kv), causal=point.causal)),
+        leaves=(q, k, v), grads=lambda: (q.grad, k.grad, v.grad), dout=inputs.dout,
+        details=details)
+
+
+FLEX_PAGED = ("FlexAttention has no paged kernel here: on the gathered cache it would time a "
+              "dense call, not a paged one, and its paged path "
+              "(torch.nn.attention.experimental._paged_attention, private) keeps a cache "
+              "layout of its own ([1, H, pages x page_size, D] with its own page table)")
+
+
+def _stream(inputs, point):
+    """q, k, v as one packed row [1, H, total, D] (contiguous copies, leaves of their own),
+    dO likewise, and how an output or gradient maps back to [total, H, D]."""
+    def row(t):
+        return t.detach().transpose(0, 1)[None].contiguous()
+
+    def back(t):
+        return t[0].transpose(0, 1)
+
+    leaves = tuple(row(t).requires_grad_(_backward(point))
+                   for t in (inputs.q, inputs.k, inputs.v))
+    return leaves, back, None if inputs.dout is None else row(inputs.dout)
+
+
+def _doc_mask(point, device):
+    """A token attends the tokens of its own document (causally when the point is)."""
+    import torch
+
+    ids = torch.repeat_interleave(torch.arange(point.batch, device=device),
+                                  torch.tensor(point.seqs_q, device=device))
+    if point.causal:
+        return lambda b, h, q, k: (ids[q] == ids[k]) & (q >= k)
+    return lambda b, h, q, k: ids[q] == ids[k]
+
+
+def _flex_workload(kernel_options: dict | None):
+    """FlexAttention with a document block mask over the packed stream (the block mask is
+    made once per point, not timed)."""
+    def prepare(inputs, point):
+        from .workload_cases import Prepared
+
+        device = inputs.q.device
+        _flex_runtime(device)
+        if kernel_options:
+            _flex_flash_runtime(point, device)
+        if point.paged:
+            raise Unsupported(FLEX_PAGED)
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        total = sum(point.seqs_q)
+        block = create_block_mask(_doc_mask(point, device), None, None, total, total,
+                                  device=device)
+        (q, k, v), back, dout = _stream(inputs, point)
+        return Prepared(lambda: _compiled_flex()(q, k, v, block_mask=block,
+                                                 enable_gqa=point.gqa > 1,
+                                                 kernel_options=kernel_options),
+                        packed=back, leaves=(q, k, v),
+                        grads=lambda: (back(q.grad), back(k.grad), back(v.grad)), dout=dout)
+    return prepare
+
+
+def _blockmask_workload(inputs, point):
+    """Our own block-mask packing: ``ta.sdpa`` over the packed stream with a block mask of
+    ``ta.variants.document`` (what the library offered before varlen)."""
+    import tiledattention as ta
+
+    from .workload_cases import Prepared
+
+    device = inputs.q.device
+    _tiled_check(point, device)
+    if point.paged:
+        raise Unsupported("a block mask packs sequences into one stream where each query "
+                          "sees its own document's keys; a paged cache's new tokens against "
+                          "their contexts (Sq != Skv per sequence) have no such form")
+    total = sum(point.seqs_q)
+    ids = ta.variants.segments_from_lengths(list(point.seqs_q), device)
+    block = ta.block_mask(ta.variants.document(ids), None, None, total, total, device)
+    (q, k, v), back, dout = _stream(inputs, point)
+    return Prepared(lambda: ta.sdpa(q, k, v, is_causal=point.causal, block_mask=block,
+                                    enable_gqa=point.gqa > 1),
+                    packed=back, leaves=(q, k, v),
+                    grads=lambda: (back(q.grad), back(k.grad), back(v.grad)), dout=dout)
+
+
+def _padded_workload(inputs, point):
+    """torch SDPA on the padded [B, H, max_len, D] batch with a key-padding (and causal)
+    mask: what a caller without varlen does. The padding copies and the mask are made
+    before the timed call (so the time is attention alone, padding included)."""
+    import torch.nn.functional as F
+
+    from .workload_cases import Prepared, gathered, padded, padding_mask, unpadded
+
+    lq, lk = max(point.seqs_q), max(point.seqs_kv)
+    k, v = inputs.k.detach(), inputs.v.detach()
+    if point.paged:
+        k, v = (gathered(t, inputs.page_table, point.seqs_kv) for t in (k, v))
+    back = _backward(point)
+    q, k, v = (padded(t, lens, n).contiguous().requires_grad_(back)
+               for t, lens, n in ((inputs.q.detach(), point.seqs_q, lq),
+                                  (k, point.seqs_kv, lk), (v, point.seqs_kv, lk)))
+    mask = padding_mask(point, q.device, lq, lk)
+    dout = None if inputs.dout is None else padded(inputs.dout, point.seqs_q, lq).contiguous()
+    useful = sum(a * b for a, b in zip(point.seqs_q, point.seqs_kv))
+    return Prepared(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                                           enable_gqa=point.gqa > 1),
+                    packed=lambda out: unpadded(out, point.seqs_q), leaves=(q, k, v),
+                    grads=lambda: (unpadded(q.grad, point.seqs_q),
+                                   unpadded(k.grad, point.seqs_kv),
+                                   unpadded(v.grad, point.seqs_kv)), dout=dout,
+                    details={"padded_to": [lq, lk],
+                             "padding_share": 1 - useful / (point.batch * lq * lk)})
+
+
+def _torch_varlen_workload(inputs, point):
+    """PyTorch's own varlen entry point, ``torch.nn.attention.varlen.varlen_attn`` (its
+    FlashAttention-2 kernels), with the arguments this torch's signature takes."""
+    import inspect
+
+    import torch
+
+    from .workload_cases import Prepared, leaves_of
+
+    _cuda_only(point, inputs.q.device)
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except Exception as exc:
+        raise Unavailable(f"torch {torch.__version__} has no torch.nn.attention.varlen."
+                          f"varlen_attn ({type(exc).__name__}: {exc})") from None
+    params = inspect.signature(varlen_attn).parameters
+    kw = {}
+    if point.causal:  # is_causal until the window_size form replaced it
+        if "is_causal" in params:
+            kw["is_causal"] = True
+        elif "window_size" in params:
+            kw["window_size"] = (-1, 0)
+        else:
+            raise Unsupported(f"torch {torch.__version__}'s varlen_attn takes neither "
+                              "is_causal nor window_size")
+    if point.gqa > 1 and "enable_gqa" in params:
+        kw["enable_gqa"] = True
+    q, k, v = leaves_of(inputs, _backward(point))
+    max_q, max_k = max(point.seqs_q), max(point.seqs_kv)
+    details = {"torch": torch.__version__, "kwargs": sorted(kw)}
+    if point.paged:
+        if "block_table" not in params:  # the installed torch lacks it (2.12's docs list it)
+            raise Unavailable(f"torch {torch.__version__}'s varlen_attn takes no block_table "
+                              f"(a paged KV cache); its parameters: {', '.join(params)}")
+        cu_k = torch.zeros(point.batch + 1, dtype=torch.int32, device=q.device)
+        cu_k[1:] = inputs.cache_seqlens.cumsum(0)
+        return Prepared(lambda: varlen_attn(q, k, v, inputs.cu_q, cu_k, max_q, max_k,
+                                            seqused_k=inputs.cache_seqlens,
+                                            block_table=inputs.page_table, **kw),
+                        details=details)
+    return Prepared(lambda: varlen_attn(q, k, v, inputs.cu_q, inputs.cu_k, max_q, max_k, **kw),
+                    leaves=(q, k, v), grads=lambda: (q.grad, k.grad, v.grad), dout=inputs.dout,
+                    details=details)
+
+
+def _flashinfer_workload(inputs, point):
+    """FlashInfer's batch wrappers, planned once per point (not timed; a serving engine
+    plans once per step and reuses it across layers): paged decode, paged prefill (causal
+    bottom-right, as its append attention), ragged prefill for varlen. Inference only."""
+    _cuda_only(point, inputs.q.device)
+    if importlib.util.find_spec("flashinfer") is None:
+        raise Unavailable("the flashinfer wheel (flashinfer-python, with flashinfer-cubin's "
+                          "prebuilt kernels) is not installed here: its wheels are built per "
+                          "CUDA and torch version and were not carried to this machine")
+    if _backward(point):
+        raise Unsupported("FlashInfer's kernels are inference only (no backward)")
+    import flashinfer
+    import torch
+
+    from .workload_cases import Prepared
+
+    device, dtype = inputs.q.device, inputs.q.dtype
+    workspace = torch.empty(128 << 20, dtype=torch.uint8, device=device)
+    heads = (point.heads, point.heads_kv, point.head_dim)
+    details = {"version": getattr(flashinfer, "__version__", None)}
+    if not point.paged:
+        w = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(workspace, "NHD")
+        w.plan(inputs.cu_q, inputs.cu_k, *heads, causal=point.causal, q_data_type=dtype)
+        return Prepared(lambda: w.run(inputs.q, inputs.k, inputs.v),
+                        details={**details, "wrapper": "BatchPrefillWithRaggedKVCacheWrapper"})
+    page = point.page_size
+    counts = [-(-n // page) for n in point.seqs_kv]
+    indptr = torch.tensor([0, *itertools.accumulate(counts)], dtype=torch.int32,
+                          device=device)
+    indices = torch.cat([inputs.page_table[b, :c] for b, c in enumerate(counts)])
+    last = torch.tensor([(n - 1) % page + 1 for n in point.seqs_kv], dtype=torch.int32,
+                        device=device)
+    cache = (inputs.k, inputs.v)  # NHD: [num_pages, page_size, Hkv, D], as ours
+    if point.kind == "decode":
+        w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD")
+        w.plan(indptr, indices, last, *heads[:2], point.head_dim, page, q_data_type=dtype,
+               kv_data_type=dtype)
+        return Prepared(lambda: w.run(inputs.q, cache),
+                        details={**details, "wrapper": "BatchDecodeWithPagedKVCacheWrapper"})
+    w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD")
+    w.plan(inputs.cu_q, indptr, indices, last, *heads, page, causal=point.causal,
+           q_data_type=dtype, kv_data_type=dtype)
+    return Prepared(lambda: w.run(inputs.q, cache),
+                    details={**details, "wrapper": "BatchPrefillWithPagedKVCacheWrapper"})
+
+
+def _workload_only_check(point, device):
+    raise Unsupported("runs the workloads stage's points only (tiledattn workloads)")
+
+
+def _workload_only_run(q, k, v, point):
+    raise Unsupported("runs the workloads stage's points only (tiledattn workloads)")
+
+
+def workload_methods() -> list[str]:
+    """The methods the workloads stage can compare (registry order): those with a
+    ``workload`` call."""
+    return [m.name for m in METHODS.values() if m.workload is not None]
+
+
 # The study's subject, and the baseline its headline ratio is taken against (PyTorch's
 # automatic dispatch: "fused SDPA" in the paper).
 SUBJECT = "tiledattention"
@@ -473,7 +764,7 @@ FUSED = "torch_sdpa"
 METHODS: dict[str, Method] = {m.name: m for m in (
     Method("tiledattention", "this project's cuTile kernel", True, _tiled_run, _tiled_check,
            _tiled_describe, _tiled_geometry, color="C0", kernel_filter="regex:attention_fwd",
-           variants=True),
+           variants=True, workload=_ours_workload),
     Method("torch_sdpa", "torch SDPA, automatic backend dispatch", False, _torch_run(None),
            describe=_auto_describe, color="C1", kernel_filter="regex:sdpa|flash|fmha|attention",
            headline="torch_sdpa (fused SDPA), all points", headline_by_head_dim=True),
@@ -489,7 +780,8 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     # FlashAttention-4: the grid, decode and the variants it expresses natively.
     Method("fa4", "FlashAttention-4 (flash-attn-4, flash_attn.cute.flash_attn_func)", True,
            _fa4_run, _fa4_check, _fa4_describe, color="indigo",
-           headline="fa4 (FlashAttention-4)", display="FA4", variants=True),
+           headline="fa4 (FlashAttention-4)", display="FA4", variants=True,
+           workload=_fa4_workload),
     Method("sdpa_fa4", "torch SDPA forced to FLASH_ATTENTION with FA4 as the flash impl",
            True, _sdpa_fa4_run, _sdpa_fa4_check, color="sienna", display="SDPA (FA4)",
            scope=fa4_sdpa_impl),
@@ -498,14 +790,32 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     # The variants stage's baselines (their points only).
     Method("flex", "torch.compile'd FlexAttention with the variant's score_mod and block "
            "mask", True, _flex_runner(None), _flex_check, color="C8", display="FlexAttention",
-           variants=True),
+           variants=True, workload=_flex_workload(None)),
     Method("flex_flash", "torch.compile'd FlexAttention on its FLASH backend (FA4's "
            "kernels) with the variant's score_mod and block mask", True,
            _flex_runner({"BACKEND": "FLASH"}), _flex_flash_check, color="teal",
-           display="FlexAttention (FLASH)", variants=True),
+           display="FlexAttention (FLASH)", variants=True,
+           workload=_flex_workload({"BACKEND": "FLASH"})),
     Method("sdpa_mask", "torch SDPA with the variant as an explicit materialised mask",
            False, _sdpa_mask_run, _sdpa_mask_check, _sdpa_mask_describe, color="C9",
            display="SDPA + mask", variants=True),
+    # The workloads stage's own baselines (its points only). Not ``fused``: they never meet
+    # the dense grid, and the workloads tables take the fastest of every baseline at a
+    # point themselves (presentation/workloads_report.py).
+    Method("sdpa_padded", "torch SDPA on the padded [B, H, max_len, D] batch with a "
+           "key-padding mask (what a caller without varlen does; the padding copy not timed)",
+           False, _workload_only_run, _workload_only_check, color="olive",
+           display="SDPA (padded)", fused=False, workload=_padded_workload),
+    Method("tiledattention_blockmask", "this project's ta.sdpa over the packed stream with a "
+           "block mask of ta.variants.document (block-mask packing)", True, _workload_only_run,
+           _workload_only_check, color="lightskyblue", display="tiledattention (block mask)",
+           fused=False, workload=_blockmask_workload),
+    Method("torch_varlen", "PyTorch's torch.nn.attention.varlen.varlen_attn", True,
+           _workload_only_run, _workload_only_check, color="darkorange",
+           display="torch varlen_attn", fused=False, workload=_torch_varlen_workload),
+    Method("flashinfer", "FlashInfer's paged and ragged attention (flashinfer-python)", True,
+           _workload_only_run, _workload_only_check, color="crimson", display="FlashInfer",
+           fused=False, workload=_flashinfer_workload),
     # Last: the variants stage's baselines list it last too.
     Method("eager", "explicit matmul + fp32 softmax + matmul", False, eager_attention,
            _eager_check, color="C7", headline="eager attention", variants=True, fused=False),

@@ -273,6 +273,29 @@ def _run_point(point: Point, methods: list[str], cfg: BenchConfig, device, flush
                 torch.cuda.empty_cache()
         finally:
             held.close()
+    samples, call_samples, calls = time_methods(callables, eager, scopes, t, device, flush,
+                                                rows)
+    flops = attention_flops(point.batch, point.heads, point.seq_q, point.seq_kv,
+                            point.head_dim, point.causal, point.pass_)
+    nbytes = _bytes_moved(point)
+    for m in callables:
+        st = summarize(samples[m])
+        sec = st.median_ms * 1e-3
+        rows[m].update(status="ok", time_ms=st.as_dict(),
+                       tflops=tflops_per_s(flops, st.median_ms),
+                       tokens_per_s=point.batch * point.heads * point.seq_q / sec,
+                       gbytes_per_s=nbytes / sec / 1e9, flops=flops, bytes_moved=nbytes,
+                       call_us=statistics.median(call_samples[m]), call_calls=calls)
+    return list(rows.values())
+
+
+def time_methods(callables: dict, eager: dict, scopes: dict, t, device, flush,
+                 rows: dict) -> tuple[dict[str, list[float]], dict[str, list[float]], int]:
+    """The one timing loop of a point's methods: kernel time (ms, ``time_cuda`` or
+    ``time_cpu``) over ``t.rounds`` rounds, methods interleaved, order alternating, then
+    call latency (us per back-to-back call of ``eager``). A method that fails while timed
+    gets its row's status and leaves ``callables``. Returns (kernel samples, call samples,
+    calls per latency round)."""
     samples: dict[str, list[float]] = {m: [] for m in callables}
     per_round = max(1, t.reps // t.rounds)
     for r in range(t.rounds):
@@ -295,18 +318,7 @@ def _run_point(point: Point, methods: list[str], cfg: BenchConfig, device, flush
     calls = _call_count([summarize(samples[m]).median_ms for m in callables])
     call_samples = _time_call_latency({m: eager[m] for m in callables}, calls, t.rounds,
                                       device, rows, callables, scopes)
-    flops = attention_flops(point.batch, point.heads, point.seq_q, point.seq_kv,
-                            point.head_dim, point.causal, point.pass_)
-    nbytes = _bytes_moved(point)
-    for m in callables:
-        st = summarize(samples[m])
-        sec = st.median_ms * 1e-3
-        rows[m].update(status="ok", time_ms=st.as_dict(),
-                       tflops=tflops_per_s(flops, st.median_ms),
-                       tokens_per_s=point.batch * point.heads * point.seq_q / sec,
-                       gbytes_per_s=nbytes / sec / 1e9, flops=flops, bytes_moved=nbytes,
-                       call_us=statistics.median(call_samples[m]), call_calls=calls)
-    return list(rows.values())
+    return samples, call_samples, calls
 
 
 def _call_count(kernel_ms: list[float]) -> int:
@@ -399,7 +411,7 @@ def summary_table(rows: list[dict], methods: list[str]) -> str:
 
 
 def measure(plan: list[tuple[Point, list[str]]], cfg: BenchConfig, store: ResultStore,
-            device, log) -> bool:
+            device, log, run=None) -> bool:
     """Measure every (point, method) of ``plan`` not yet in ``store``, appending each
     point's rows as it finishes. The one measurement loop: ``tiledattn bench`` and
     ``tiledattn tune`` both run through it. Ctrl-C stops after the current point (twice
@@ -407,7 +419,10 @@ def measure(plan: list[tuple[Point, list[str]]], cfg: BenchConfig, store: Result
     limit) stops at once (``jobenv.JobStopped``: a cancelled job does not measure on until
     SLURM kills it), and the point it cut is not stored: the signal also reaches the
     point's child processes (a kernel compile), whose failure would otherwise be recorded
-    as an error row that a resumed run never measures again."""
+    as an error row that a resumed run never measures again. ``run``: how a point's rows
+    are measured, ``run_point``'s signature (default: ``run_point``; the workloads stage
+    passes its own, whose points are batches of ragged sequences)."""
+    run = run or run_point
     todo = [(p, [m for m in methods if not store.done(p.key(), m)]) for p, methods in plan]
     todo = [(p, methods) for p, methods in todo if methods]
     stop = {"requested": False}
@@ -441,7 +456,7 @@ def measure(plan: list[tuple[Point, list[str]]], cfg: BenchConfig, store: Result
                 break
             stop["measuring"] = True
             try:
-                rows = run_point(p, methods, cfg, device, flush)
+                rows = run(p, methods, cfg, device, flush)
             except jobenv.JobStopped:
                 rows = []  # cut short: nothing of this point is stored
             finally:

@@ -10,12 +10,12 @@ loader and the workflow iterate ``STAGES``; no stage imports another, and the co
 from __future__ import annotations
 
 from ..bench.config import section_from_dict
-from . import bench, model, profile, tune, variants
+from . import bench, model, profile, tune, variants, workloads
 from .base import Stage, section_json_schema
 
 # In the order the workflow includes their rule files.
 STAGES: dict[str, Stage] = {m.STAGE.name: m.STAGE for m in (bench, tune, profile, model,
-                                                             variants)}
+                                                             variants, workloads)}
 # The stages with a section of their own (bench's is the common BenchConfig).
 SECTIONS = {name: s.config for name, s in STAGES.items() if s.config is not None}
 

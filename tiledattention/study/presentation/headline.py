@@ -121,11 +121,18 @@ def lines(rows: list[dict], variant_rows: list[dict] | None = None) -> list[Line
     return out + _variants(variant_rows or [])
 
 
-def table(rows: list[dict], variant_rows: list[dict] | None = None) -> Table:
-    """The headline table (tables/headline.*)."""
+def table(rows: list[dict], variant_rows: list[dict] | None = None,
+          workload_rows: list[dict] | None = None) -> Table:
+    """The headline table (tables/headline.*); the workloads stage's lines last
+    (``workloads_report.headline_lines``)."""
+    from .workloads_report import headline_lines
+
     all_lines = lines(rows, variant_rows)
     t = Table("headline", f"Headline: {SUBJECT} ÷ baseline, by kernel time and by call "
               "latency", COLUMNS, [ln.cells() for ln in all_lines])
+    work = headline_lines(workload_rows or [])
+    t.rows += [Line("workloads", pass_, "", label, k, c, fastest or None).cells()
+               for label, _, pass_, k, c, fastest in work]
     t.notes.append("kernel: CUDA-event time with host work hidden; call: steady-state wall "
                    "time per back-to-back call (call_us), what a caller waits. Rows without a "
                    "pass are the forward; 'fwd+bwd' rows time forward and backward together "
@@ -136,6 +143,10 @@ def table(rows: list[dict], variant_rows: list[dict] | None = None) -> Table:
                        "stage's points (table variants).")
     if any(ln.baseline == BEST for ln in all_lines):
         t.notes.append(_BEST_NOTE)
+    if work:
+        t.notes.append("'(workloads: ...)' rows: the workloads stage's packed varlen batches "
+                       "and paged KV cache against the fastest baseline at each point (every "
+                       "method but ours) and each baseline (tables workloads_*).")
     return t
 
 

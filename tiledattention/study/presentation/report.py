@@ -15,7 +15,8 @@ from .frame import write_rows_table
 def write_report(rows: list[dict], out_dir: str, *, where: str, tune_table: str | None = None,
                  ladder_rows: list[dict] | None = None, shape_rows: list[dict] | None = None,
                  model_rows: list[dict] | None = None,
-                 variant_rows: list[dict] | None = None) -> dict:
+                 variant_rows: list[dict] | None = None,
+                 workload_rows: list[dict] | None = None) -> dict:
     """``out_dir``/rows.csv, rows.parquet, tables/ and rows.jsonl from the checked benchmark
     rows (``where``: their source, for the one-line error) and the other stages' rows.
     Returns {"csv": the rows table, "tables": the table files}."""
@@ -30,6 +31,7 @@ def write_report(rows: list[dict], out_dir: str, *, where: str, tune_table: str 
     table = write_rows_table(rows, out_dir)["csv"]
     paths = tables.write_all(rows, os.path.join(out_dir, "tables"), tune_table=tune_table,
                              ladder_rows=ladder_rows or [], shape_rows=shape_rows or [],
-                             model_rows=model_rows or [], variant_rows=variant_rows or [])
+                             model_rows=model_rows or [], variant_rows=variant_rows or [],
+                             workload_rows=workload_rows or [])
     write(rows, out_dir, csv_table=False)
     return {"csv": table, "tables": paths}

@@ -126,10 +126,11 @@ def by_regime(rows: list[dict]) -> Table:
     return _with_note(t, per)
 
 
-def headline(rows: list[dict], variant_rows: list[dict] | None = None) -> Table:
+def headline(rows: list[dict], variant_rows: list[dict] | None = None,
+             workload_rows: list[dict] | None = None) -> Table:
     """The paper's headline comparisons (its abstract and Table 4): ``presentation/headline.py``'s
     lines as a table."""
-    return headline_table(rows, variant_rows)
+    return headline_table(rows, variant_rows, workload_rows)
 
 
 def _per_point(rows: list[dict], name: str, title: str, column: str) -> Table:
@@ -344,27 +345,32 @@ NAMES = ("headline", "table4_ratios", "ratios_by_head_dim", "ratios_by_regime",
          "ratios_per_point",
          "table5_schedules", "table6_ladder", "throughput", "call_latency", "status",
          "shapes", "shapes_cost", "model_e2e", "variants",
-         "variants_summary")
+         "variants_summary", "workloads_varlen_fwd", "workloads_varlen_fwdbwd",
+         "workloads_decode", "workloads_prefill")
 
 
 def write_all(rows: list[dict], out_dir: str, *, tune_table: str | None = None,
               ladder_rows: list[dict] | None = None,
               shape_rows: list[dict] | None = None,
               model_rows: list[dict] | None = None,
-              variant_rows: list[dict] | None = None) -> list[str]:
+              variant_rows: list[dict] | None = None,
+              workload_rows: list[dict] | None = None) -> list[str]:
     from .shapes import shapes_cost_table, shapes_table
     from .variants_report import variants_summary, variants_table
+    from .workloads_report import tables as workload_tables
 
     paths = []
     # The ratio tables compare forward rows, as before the pass axis; the headline adds
     # the backward passes and the variants stage's points, and the per-point tables list
     # every pass's rows.
     fwd = [r for r in rows if pass_of(r) == "fwd"]
-    for table in (headline(rows, variant_rows), table4(fwd), by_head_dim(fwd), by_regime(fwd),
+    for table in (headline(rows, variant_rows, workload_rows), table4(fwd), by_head_dim(fwd),
+                  by_regime(fwd),
                   per_point_ratios(rows), table5(tune_table), table6(ladder_rows or []),
                   throughput(rows),
                   call_latency(rows), status(rows), shapes_table(shape_rows or []),
                   shapes_cost_table(shape_rows or []), model_e2e(model_rows or []),
-                  variants_table(variant_rows or []), variants_summary(variant_rows or [])):
+                  variants_table(variant_rows or []), variants_summary(variant_rows or []),
+                  *workload_tables(workload_rows or [])):
         paths += table.write(out_dir)
     return paths

@@ -54,7 +54,7 @@ from .metadata import (
     write_ro_crate,
     zenodo,
 )
-from .prose import headline, not_run, readme_text, variant_rows_in
+from .prose import headline, not_run, readme_text, stage_rows_in, variant_rows_in
 from .source import SOURCE_DIR, write_wheel
 
 
@@ -512,8 +512,10 @@ def _build(out_dir: str, study_dir: str, rows: list[dict], manifest: dict, *, co
         table4 = "\n" + read_bytes(study_file(t4, study_dir), cap=JSON_MAX).decode("utf-8",
                                                                                "replace")
     from ..presentation.headline import variants_sentence
+    from ..presentation.workloads_report import sentence as workloads_sentence
 
-    variants_line = variants_sentence(variant_rows_in(study_dir))
+    variants_line = variants_sentence(variant_rows_in(study_dir)) + workloads_sentence(
+        stage_rows_in(study_dir, "workloads"))
     readme = readme_text(publication, rows, manifest, table4, f"config/{config_name}", snap,
                      variants_line, data_files if compact else None, revision, wheel=wheel)
     missing = not_run(study_dir, rows)

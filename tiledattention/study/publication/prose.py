@@ -80,7 +80,9 @@ def readme_text(pub: Publication, rows: list[dict], manifest: dict, table4: str,
         "against each baseline), per-D, per-regime and per-point ratios, "
         "Table 5 (schedules), Table 6 (schedule ladder), throughput, status, model_e2e (tiny "
         "Llama tokens/s per attention implementation), variants and variants_summary (against "
-        "FlexAttention and SDPA + mask, and the targets) — "
+        "FlexAttention and SDPA + mask, and the targets), workloads_* (packed varlen batches "
+        "and a paged KV cache against the fastest baseline; their length distributions in "
+        "the headline and the tables' notes) — "
         + ("Markdown (their CSV and LaTeX rebuild from the rows, below)" if compact is not None
            else "Markdown, CSV, LaTeX"),
         *([] if compact is not None else ["- `figures/`: PNG and PDF"]),
