@@ -43,7 +43,9 @@ def _step(model, batch):
     model.zero_grad(set_to_none=True)
     loss = model(**batch, use_cache=False).loss  # a cache would drop eager's packed mask
     loss.backward()
-    return loss.detach().double(), {n: p.grad.double() for n, p in model.named_parameters()}
+    # A compiled model's names carry torch.compile's "_orig_mod." prefix.
+    return loss.detach().double(), {n.removeprefix("_orig_mod."): p.grad.double()
+                                    for n, p in model.named_parameters()}
 
 
 @pytest.fixture(scope="module")
