@@ -24,6 +24,13 @@ def test_every_tile_of_every_sequence_runs_once_deepest_first(lens, tile):
     assert levels == sorted(levels, reverse=True)
 
 
+def test_causal_dkdv_starts_with_each_long_sequences_first_key_tiles():
+    # a key tile's causal dK/dV work falls with its position: its first tiles go first
+    order = host_sequence_order([700, 64, 300], 64, first_heavy=True)
+    assert order[0] == (0, 0) and order[-1] in {(0, 10), (1, 0), (2, 4)}
+    assert sorted(order) == sorted(host_sequence_order([700, 64, 300], 64))
+
+
 @pytest.mark.parametrize("lens", [[1] * 50, [8191, 1], [64] * 3, [65, 63, 1, 0]])
 def test_the_grid_bound_covers_every_tile_and_the_bisection_every_level(lens):
     tile = 64

@@ -222,9 +222,12 @@ def host_key_range(q_start: int, seq_k: int, tile_m: int, tile_n: int, causal: b
     return n_tiles, mask_start
 
 
-def host_sequence_order(lengths: list[int], tile: int) -> list[tuple[int, int]]:
-    """``sequence_tile``'s (sequence, tile) of each program, on the host: level-major,
-    deepest level first, sequences in order within a level."""
+def host_sequence_order(lengths: list[int], tile: int,
+                        first_heavy: bool = False) -> list[tuple[int, int]]:
+    """``seqmap.sequence_map``'s (sequence, tile) of each program, on the host: level-major,
+    deepest level first, sequences in order within a level (``first_heavy``: a sequence's
+    tiles numbered from its end)."""
     tiles = [math.ceil(max(n, 0) / tile) for n in lengths]
     depth = max(tiles, default=0)
-    return [(b, m) for m in range(depth - 1, -1, -1) for b, t in enumerate(tiles) if t > m]
+    return [(b, t - 1 - m if first_heavy else m) for m in range(depth - 1, -1, -1)
+            for b, t in enumerate(tiles) if t > m]

@@ -35,6 +35,8 @@ from .variant import DELTA_TILE_M, ONE_HEAD_DIMS
 from .workload_check import Workload, check_paged, check_varlen, checked_cache, checked_offsets
 
 NO_WINDOW = 1 << 30  # a window edge that never masks
+PAGED_SPLIT_KEYS = 2048  # keys per program of a paged decode at most (split-K beyond)
+MAX_PAGED_SPLITS = 64
 
 
 def head_dim_constants(d: int) -> dict:
@@ -74,14 +76,17 @@ def map_steps(total: int, tile: int) -> int:
     return max(math.ceil(total / tile), 1).bit_length()
 
 
-def tile_map(cu: torch.Tensor, total: int, tile: int, bpad: int) -> torch.Tensor:
-    """The [programs, 2] int32 (sequence, tile) map of a packed grid, made on the GPU."""
+def tile_map(cu: torch.Tensor, total: int, tile: int, bpad: int,
+             first_heavy: bool = False) -> torch.Tensor:
+    """The [programs, 2] int32 (sequence, tile) map of a packed grid, made on the GPU
+    (``first_heavy``: a sequence's first tiles are its heaviest, causal dK/dV)."""
     batch = cu.shape[0] - 1
     n = programs(total, batch, tile)
     tmap = torch.empty((n, 2), dtype=torch.int32, device=cu.device)
     launch_kernel(cu.device, (n, 1, 1), SEQMAP.kernel(),
                   (cu, tmap, *SEQMAP.ordered(dict(STEPS=map_steps(total, tile), TILE=tile,
-                                                  BPAD=bpad), skip_tensors=True)))
+                                                  BPAD=bpad, FIRST_HEAVY=first_heavy),
+                                             skip_tensors=True)))
     return tmap
 
 
@@ -197,6 +202,11 @@ def paged_plan(w: Workload, q, schedule, mods, return_lse: bool) -> SeqPlan:
     m_tiles = math.ceil(rows / s.tile_m)
     key_tiles = math.ceil(w.max_k / s.tile_n)
     splits = split_count(s, m_tiles * heads * w.batch, key_tiles, sm_count(index))
+    if not s.splits:
+        # Ragged contexts: the longest sequence's program would run alone at the end of
+        # the grid; no program takes more than PAGED_SPLIT_KEYS keys (NOTES §38c).
+        splits = min(max(splits, math.ceil(w.max_k / PAGED_SPLIT_KEYS)), MAX_PAGED_SPLITS,
+                     key_tiles)
     split_tiles = math.ceil(key_tiles / splits)
     splits = math.ceil(key_tiles / split_tiles)
     values = _fwd_values(w, s, mods, return_lse=return_lse or splits > 1, varlen_q=False,
@@ -297,21 +307,18 @@ class SeqBwdPlan:
     bpad: int
 
 
-def varlen_bwd_schedule(w: Workload, index: int, mods) -> BwdSchedule:
-    """The table's deterministic pick for the bucket of ``max_seqlen`` (dQ by its own
-    kernel: the packed kernels have no reduce-add dQ), the default for a variant."""
-    b = _bucket(w, index, w.max_q, w.max_k)
-    if mods.key:
-        from ..schedules.backward import default_bwd_schedule
+def varlen_bwd_schedule(w: Workload) -> BwdSchedule:
+    """``default_bwd_schedule``: the table's backward entries were tuned on dense batches of
+    one length, and on packed documents (median 512 tokens) its 128-key picks ran our
+    varlen backward slower than the block-mask packing on the default (NOTES §38c). dQ has
+    its own kernel (the packed kernels have no reduce-add dQ)."""
+    from ..schedules.backward import default_bwd_schedule
 
-        return default_bwd_schedule(w.head_dim, w.causal)
-    s = policy._choose_bwd(b, True)[0]
-    return s if s.dq == "kernel" else replace(s, dq="kernel")
+    return default_bwd_schedule(w.head_dim, w.causal)
 
 
 def varlen_bwd_plan(w: Workload, device, mods, has_dlse: bool, schedule=None) -> SeqBwdPlan:
-    index = _index(device)
-    s = schedule or varlen_bwd_schedule(w, index, mods)
+    s = schedule or varlen_bwd_schedule(w)
     hd = head_dim_constants(w.head_dim)
     common = dict(**scalars(w.scale, mods, DKDV_SEQS), GROUP=w.heads_q // w.heads_kv,
                   **window_scalars(w.window), **hd, CAUSAL=w.causal,
@@ -355,7 +362,7 @@ def run_varlen_backward(plan: SeqBwdPlan, w: Workload, q, k, v, out, lse, dout, 
     launch_kernel(dev, (qmap.shape[0], w.heads_q, 1), plan.dq,
                   (q4, k4, v4, do4, lse3, delta, mask, *variant, o4, dlse3, packed4(dq), cu_q,
                    cu_k, seqused, qmap, *DQ_SEQS.ordered(plan.dq_values, skip_tensors=True)))
-    kmap = tile_map(cu_k, total_k, plan.schedule.dkdv_n, plan.bpad)
+    kmap = tile_map(cu_k, total_k, plan.schedule.dkdv_n, plan.bpad, w.causal)
     grads = tuple(pad if g is None else g for g in captured)
     grads = (*grads, *([pad] * (4 - len(grads))))
     launch_kernel(dev, (kmap.shape[0], w.heads_kv, 1), plan.dkdv,
