@@ -201,8 +201,9 @@ def test_smoke_study_runs_end_to_end_with_the_local_profile(tmp_path):
     # It ends with a verified bundle: tables, figures, the profile step's reason, metadata.
     assert "bundle verify: OK" in (results / "bundle.verified").read_text()
     bundle = results / "bundle"
-    for name in ("tables/table4_ratios.tex", "tables/table6_ladder.md", "figures/regime_map.pdf",
-                 "data/rows.parquet", "profiles.zip", ".zenodo.json", "CITATION.cff"):
+    for name in ("tables/table4_ratios.tex", "tables/table6_ladder.md",
+                 "figures/regime_map_fwd.pdf", "data/rows.parquet", "profiles.zip",
+                 ".zenodo.json", "CITATION.cff"):
         assert (bundle / name).stat().st_size > 0, name
     summary = (results / "profile" / "summary.md").read_text()
     # Profiled where ncu and a GPU are present; otherwise the reason is recorded.
@@ -242,7 +243,7 @@ def test_smoke_study_runs_end_to_end_with_the_local_profile(tmp_path):
                  f"results_dir={results}")
     assert report.returncode == 0, report.stderr[-2000:]
     html = (results / "report.html").read_text(errors="replace")
-    assert "regime_map.png" in html and "table4_ratios.csv" in html
+    assert "regime_map_fwd.png" in html and "table4_ratios.csv" in html
     # Nothing left to do on a rerun.
     again = smk("--profile", "profiles/local", "--configfile", "config/smoke.yaml",
                 "--config", f"results_dir={results}", "-n")

@@ -41,6 +41,7 @@ rule figures:
     input:
         unpack(aggregate_inputs),
         rows=rules.aggregate.output.jsonl,
+        manifest=f"{RESULTS}/manifest.json",  # the GPU every title names, its peaks
     output:
         # One report entry per figure, each with its own caption; the key ones first.
         **{name: report(f"{RESULTS}/figures/{name}.png", caption=figure_caption(name),
@@ -53,7 +54,8 @@ rule figures:
     conda:
         "../envs/tiledattn.yaml"
     shell:
-        "tiledattn figures --rows {input.rows:q} --out {params.out:q} {params.extra}"
+        "tiledattn figures --rows {input.rows:q} --out {params.out:q}"
+        " --manifest {input.manifest:q} {params.extra}"
         " > {log:q} 2>&1"
 
 

@@ -174,21 +174,26 @@ RESULTS = config["results_dir"]
 STAGE_RULE_FILES = _stage_rule_files()
 SHARDS = config["shards"]
 TABLES = list(_tables.NAMES)  # the modules that write them name them
-FIGURES = _figures.names(BENCH.grid.head_dims)
+FIGURES = _figures.names_for(BENCH, model=STAGE["model"].enabled)
 
 
 # The report's key figures (category "2. Key figures", after the headline); every figure
-# has its own caption, workflow/report/figures/<name>.rst (one for all throughput_vs_seq_d*).
-KEY_FIGURES = ("regime_map", "ratios_vs_seq", "baselines_d128")
+# has its own caption, workflow/report/figures/<stem>.rst: one per kind, whatever its pass and D
+# (throughput_fwdbwd_d128 -> throughput, regime_map_fwd -> regime_map).
+KEY_FIGURES = ("regime_map", "ratios_vs_seq", "baselines_d128", "decode")
+_FIGURE_KINDS = ("throughput", "regime_map", "ratios_vs_seq", "baselines_d128")
+
+
+def figure_stem(name):
+    return next((k for k in _FIGURE_KINDS if name.startswith(f"{k}_")), name)
 
 
 def figure_caption(name):
-    stem = "throughput_vs_seq" if name.startswith("throughput_vs_seq_d") else name
-    return f"../report/figures/{stem}.rst"
+    return f"../report/figures/{figure_stem(name)}.rst"
 
 
 def figure_category(name):
-    return "2. Key figures" if name in KEY_FIGURES else "3. More figures"
+    return "2. Key figures" if figure_stem(name) in KEY_FIGURES else "3. More figures"
 
 
 def n_points(bench):

@@ -285,6 +285,7 @@ def rebuild_commands(data_files: list[str]) -> list[str]:
     only = "".join(f" --{s.name} $R/{s.name}" for s in stages
                    if not any(v == "figures" for v, _ in s.verbs))
     opts = (" " + " ".join(extra)) if extra else ""
-    lines += [f"tiledattn figures --rows $R/rows/rows-shard0of1.jsonl --out $R/figures{opts}",
+    lines += [f"tiledattn figures --rows $R/rows/rows-shard0of1.jsonl --out $R/figures"
+              f" --manifest manifest.json{opts}",
               f"tiledattn aggregate --rows $R/rows --out $R/aggregate{opts}{only}"]
     return lines
