@@ -402,6 +402,8 @@ def tile_sensitivity(ladder_rows, tune_entries, out_dir, tune_reason=None, gpu=N
         return _empty_figure(plt, gpu, f"no schedule ladder in this study; {no_tune}",
                              "tile_sensitivity", "tile/schedule sensitivity", out_dir)
     fig, axes = _grid(plt, len(panels))
+    n_points = len(points_of(ladder_rows or []))  # a bar group per point: tall enough
+    fig.set_size_inches(max(fig.get_size_inches()[0], 5.5), max(2.8, 0.5 * n_points + 1.4))
     for ax, panel in zip(axes, panels):
         if panel == "tune":
             vals = sorted(100 * e["sensitivity"] for e in tune_entries
@@ -416,28 +418,28 @@ def tile_sensitivity(ladder_rows, tune_entries, out_dir, tune_reason=None, gpu=N
             _no_data(ax, _why_empty(ladder_rows, need=set(steps)))
             continue
         keys = list(points_of(ladder_rows))
-        width = 0.8 / len(steps)
+        height = 0.8 / len(steps)
+        # Horizontal bars: each point's label reads level, never over its neighbour's.
         for i, m in enumerate(steps):
             idx = {r["point_key"]: r for r in _ok(ladder_rows, method=m)}
-            ax.bar([k + i * width for k in range(len(keys))],
-                   [idx[k]["tflops"] if k in idx else 0 for k in keys], width,
-                   label=pinned_label(m) if m != SUBJECT else "tuned")
-        ax.set_xticks([k + 0.4 - width / 2 for k in range(len(keys))],
-                      [_point_label(points_of(ladder_rows)[k]) for k in keys],
-                      rotation=35, ha="right", fontsize=6.5)
-        ax.set_ylabel("TFLOP/s")
-        _peak_line(ax, gpu)
+            ax.barh([k + i * height for k in range(len(keys))],
+                    [idx[k]["tflops"] if k in idx else 0 for k in keys], height,
+                    label=pinned_label(m) if m != SUBJECT else "tuned")
+        ax.set_yticks([k + 0.4 - height / 2 for k in range(len(keys))],
+                      [_point_label(points_of(ladder_rows)[k]) for k in keys], fontsize=7)
+        ax.invert_yaxis()
+        ax.set_xlabel("TFLOP/s")
     _legend(fig, axes, ncol=3)
-    if no_tune:
-        fig.text(0.5, 0.0, textwrap_fill(no_tune), ha="center", va="top", fontsize=7)
-    _suptitle(fig, gpu, "tile/schedule sensitivity")
+    # Why there is no tuning panel goes in the title, where the layout keeps room for it.
+    _suptitle(fig, gpu, "tile/schedule sensitivity" + (f"\n({_wrap(no_tune)})" if no_tune
+                                                       else ""))
     return _save(fig, out_dir, "tile_sensitivity")
 
 
-def textwrap_fill(text: str) -> str:
+def _wrap(text: str) -> str:
     import textwrap
 
-    return textwrap.fill(text, 100)
+    return textwrap.fill(text, 90)
 
 
 def _point_label(p: dict) -> str:
