@@ -4,6 +4,7 @@ before any job, and the smoke study runs end to end with the local profile."""
 from __future__ import annotations
 
 import csv
+import os
 import re
 import shutil
 import subprocess
@@ -244,6 +245,12 @@ def test_smoke_study_runs_end_to_end_with_the_local_profile(tmp_path):
     assert report.returncode == 0, report.stderr[-2000:]
     html = (results / "report.html").read_text(errors="replace")
     assert "regime_map_fwd.png" in html and "table4_ratios.csv" in html
+    if os.path.exists("/usr/bin/chromium"):  # the page as a browser renders it
+        from test_report_page import dump_dom
+
+        words = " ".join(dump_dom(results / "report.html").split())
+        assert '<table id="headline">' in words and '<table id="status">' in words
+        assert "A CPU study: nothing was timed on a GPU." in words or "Timed on" in words
     # Nothing left to do on a rerun.
     again = smk("--profile", "profiles/local", "--configfile", "config/smoke.yaml",
                 "--config", f"results_dir={results}", "-n")

@@ -126,6 +126,13 @@ def build_parser() -> argparse.ArgumentParser:
                    "title names and whose data-sheet peaks it draws (default: none named)")
     _stage_rows_options(p, "figures")
 
+    p = _verb(sub, "report-pages", _report_pages, "the HTML report's pages: what was and "
+              "was not measured, the headline, the status and Table 4 as HTML")
+    p.add_argument("--rows", required=True, help="aggregated rows.jsonl")
+    p.add_argument("--tables", required=True, help="the aggregate's tables/ (Markdown)")
+    p.add_argument("--manifest", help="the study's manifest.json (the GPU's name)")
+    p.add_argument("--out", required=True, help="directory for landing.html and the pages")
+
     p = _verb(sub, "manifest", _manifest, "merge run manifests into the study manifest and "
               "flag mixed GPUs or software stacks")
     p.add_argument("--runs", nargs="+", required=True,
@@ -489,6 +496,22 @@ def _figures(args) -> int:
                       tune_reason=why if isinstance(why, str) else None,
                       **_stage_rows_of(args, "figures"))
     print(f"figures: {len(paths)} files in {args.out}", file=sys.stderr)
+    return 0
+
+
+def _report_pages(args) -> int:
+    import os
+
+    from .bench.store import ResultStore, RowsError
+    from .study.presentation.report_pages import write_pages
+
+    if not os.path.isfile(args.rows):
+        raise RowsError(f"--rows {args.rows}: no such file")
+    if not os.path.isdir(args.tables):
+        raise RowsError(f"--tables {args.tables}: not a directory")
+    rows = list(ResultStore(args.rows).rows.values())
+    paths = write_pages(rows, args.tables, args.out, _manifest_gpu(args.manifest))
+    print(f"report-pages: {len(paths)} files in {args.out}", file=sys.stderr)
     return 0
 
 

@@ -24,6 +24,7 @@ from tiledattention.launchers import preflight_launcher as _preflight_launcher
 from tiledattention.launchers import profiles as _profiles
 from tiledattention.launchers.base import typed_options as _typed_options
 from tiledattention.study.presentation import figures as _figures
+from tiledattention.study.presentation import report_pages as _report_pages
 from tiledattention.study.presentation import tables as _tables
 from tiledattention.study import timeline as _timeline
 from tiledattention.stages import SECTIONS as _STAGE_SECTIONS
@@ -175,6 +176,7 @@ STAGE_RULE_FILES = _stage_rule_files()
 SHARDS = config["shards"]
 TABLES = list(_tables.NAMES)  # the modules that write them name them
 FIGURES = _figures.names_for(BENCH, model=STAGE["model"].enabled)
+REPORT_PAGES = _report_pages.PAGES
 
 
 # The report's key figures (category "2. Key figures", after the headline); every figure
@@ -280,7 +282,8 @@ def bundle_stage_inputs():
 
 
 def all_outputs():
-    return [f"{RESULTS}/bundle/SHA256SUMS", f"{RESULTS}/bundle.verified"]
+    return [f"{RESULTS}/bundle/SHA256SUMS", f"{RESULTS}/bundle.verified",
+            f"{RESULTS}/report/landing.html"]
 
 
 # The study's timeline (logs/runs.jsonl): each run's start, end, GPUs and job times, for
