@@ -173,3 +173,35 @@ def test_every_number_drawn_on_a_figure_is_stated_in_the_readme_or_tables(study)
         for t in texts:
             for n in NUMBER.findall(t.get_text()):
                 assert n in stated, (name, t.get_text(), n)
+
+
+NO_TORCH = """
+import sys
+sys.modules["torch"] = None  # any import of torch now raises ImportError
+from tiledattention.cli import main
+rc = main(sys.argv[1:])
+assert "torch" not in [m for m, v in sys.modules.items() if v is not None], "torch imported"
+sys.exit(rc)
+"""
+
+
+def test_the_figures_and_tables_rebuild_without_torch(tmp_path):
+    """The README's light path (`pip install --no-deps`, the figures extra's packages): the
+    rebuild lines run with torch unimportable."""
+    import subprocess
+    import sys
+
+    ref = Path(ROOT, "results/reference/h200")
+    rows = tmp_path / "rows"
+    rows.mkdir()
+    (rows / "rows-shard0of1.jsonl").write_bytes(
+        gzip.decompress((ref / "data/rows.jsonl.gz").read_bytes()))
+    env = {**os.environ, "PYTHONPATH": ROOT, "MPLBACKEND": "Agg"}
+    for argv in (["figures", "--rows", str(rows / "rows-shard0of1.jsonl"), "--out",
+                  str(tmp_path / "figures"), "--manifest", str(ref / "manifest.json")],
+                 ["aggregate", "--rows", str(rows), "--out", str(tmp_path / "aggregate")]):
+        out = subprocess.run([sys.executable, "-c", NO_TORCH, *argv], capture_output=True,
+                             text=True, env=env, timeout=600)
+        assert out.returncode == 0, out.stderr[-2000:]
+    assert (tmp_path / "figures" / "decode.png").stat().st_size > 0
+    assert (tmp_path / "aggregate" / "tables" / "headline.md").stat().st_size > 0

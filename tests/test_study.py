@@ -339,11 +339,11 @@ def test_a_tampered_missing_or_added_file_fails_verify_naming_it(built, tmp_path
     shutil.copytree(built["dir"], copy)
     with open(copy / "data" / "rows.csv", "a") as f:
         f.write("forged\n")
-    os.remove(copy / "figures" / "regime_map.png")
+    os.remove(copy / "figures" / "regime_map_fwd.png")
     (copy / "extra.txt").write_text("x")
     problems = verify.verify(str(copy))
     assert "changed: data/rows.csv (checksum differs)" in problems
-    assert "missing: figures/regime_map.png" in problems
+    assert "missing: figures/regime_map_fwd.png" in problems
     assert "not in SHA256SUMS: extra.txt" in problems
 
 

@@ -306,6 +306,10 @@ def create(study_dir: str, out_dir: str, *, config: dict, config_name: str, repo
     if not isinstance(manifest, dict):
         raise StudyError(f"{manifest_path}: not a manifest (expected a JSON object)")
     _check_config(manifest, config, manifest_path)
+    from .measured import for_study
+
+    publication = for_study(publication, rows + variant_rows_in(study_dir),
+                            (manifest.get("gpu") or {}).get("name"))
     parent = os.path.dirname(os.path.abspath(out_dir))
     os.makedirs(parent, exist_ok=True)
     base = os.path.basename(os.path.abspath(out_dir))
@@ -494,7 +498,8 @@ def _build(out_dir: str, study_dir: str, rows: list[dict], manifest: dict, *, co
 
     variants_line = variants_sentence(variant_rows_in(study_dir))
     readme = readme_text(publication, rows, manifest, table4, f"config/{config_name}", snap,
-                     variants_line, data_files if compact else None, revision)
+                     variants_line, data_files if compact else None, revision,
+                     present=set(tree_files(out_dir)))
     missing = not_run(study_dir, rows)
     if missing:  # before the column dictionary: what a reader must know first
         cut = readme.index("## How to reproduce")

@@ -9,6 +9,7 @@ import os
 from ..presentation.frame import columns_markdown, columns_of
 from ..presentation.hardware import peak_sentence
 from .archive import SNAPSHOT, SNAPSHOT_SOURCE, study_file
+from .measured import how_to_cite, points_by_kind, spread, stack_line
 from .metadata import (
     Publication,
 )
@@ -35,10 +36,12 @@ def rows_summary(rows: list[dict]) -> str:
 
 def readme_text(pub: Publication, rows: list[dict], manifest: dict, table4: str,
             config_name: str, snapshot: tuple[int, str], variants_line: str = "",
-            compact: list[str] | None = None, checkout: str | None = None) -> str:
+            compact: list[str] | None = None, checkout: str | None = None,
+            present: set[str] | None = None) -> str:
     """The bundle's README; ``compact``: the data files of a compact bundle (its Files
     section names them, and how the figures and tables rebuild from them); ``checkout``:
-    the revision whose checkout holds the source its snapshot leaves out."""
+    the revision whose checkout holds the source its snapshot leaves out; ``present``: the
+    bundle's files (the Files section names only what is there; None: every kind)."""
     from ...stages import STAGES
 
     stack = manifest.get("stack") or {}
@@ -48,13 +51,14 @@ def readme_text(pub: Publication, rows: list[dict], manifest: dict, table4: str,
         headline(rows, manifest) + variants_line, table4, "", "## What was measured", "",
         rows_summary(rows)
         + " (`tables/status.*` groups the rows that are not ok by method, status and "
-        "reason).", "",
+        "reason). Points by kind and pass: " + points_by_kind(rows) + ".", "",
         ("Timing: CUDA events around each call (L2 flushed before each call when the "
          "config says so), " if gpu else "Timing: wall clock around each call on the CPU, ")
         + "methods interleaved over rounds; throughput from the median time with the FLOP "
         "model "
         "4·B·H·Sq·Skv·D (halved when causal). Correctness: each method's output against a "
-        "float64 reference on a slice of heads.", "", "## On what", "",
+        "float64 reference on a slice of heads.", "",
+        *([noise, ""] if (noise := spread(rows)) else []), "## On what", "",
         f"- GPU: {gpu.get('name', '—')} (compute capability "
         f"{gpu.get('compute_capability', '—')}, driver {gpu.get('driver', '—')})",
         *([f"- {peaks}"] if (peaks := peak_sentence(gpu.get("name"))) else []),
@@ -66,9 +70,9 @@ def readme_text(pub: Publication, rows: list[dict], manifest: dict, table4: str,
         f" at revision {stack.get('git_commit')}"
         + (" (some runs from a tree with uncommitted changes: manifest.json)"
            if manifest.get("runs_from_dirty_tree") else ""),
-        f"- One software stack and GPU across all runs: "
-        f"{'yes' if manifest.get('consistent') else 'NO — see manifest.json mismatches'}",
+        stack_line(manifest),
         f"- Container: {(manifest.get('container') or {}).get('image') or 'none'}", "",
+        *how_to_cite(pub),
         *reproduce_section(pub, manifest, snapshot, checkout),
         "## Files", "",
         *(_compact_files(compact) if compact is not None else [
@@ -84,13 +88,16 @@ def readme_text(pub: Publication, rows: list[dict], manifest: dict, table4: str,
         + ("Markdown (their CSV and LaTeX rebuild from the rows, below)" if compact is not None
            else "Markdown, CSV, LaTeX"),
         *([] if compact is not None else ["- `figures/`: PNG and PDF"]),
-        "- `compare/`: `tiledattn compare` against a reference (table and figure), when the "
-        "study was compared (`tiledattn reproduce`)",
-        "- `profiles.zip`: Nsight Compute reports, raw CSV "
-        "exports and `summary.md`", "- `manifest.json`: merged version manifest",
+        *_if_present(present, "compare/", "- `compare/`: `tiledattn compare` against a "
+                     "reference (table and figure), when the study was compared "
+                     "(`tiledattn reproduce`)"),
+        *_if_present(present, "profiles.zip", "- `profiles.zip`: Nsight Compute reports, raw "
+                     "CSV exports and `summary.md`"),
+        "- `manifest.json`: merged version manifest",
         "- `config/`: the exact study config",
-        "- `scaling/`: `tiledattn scaling`, study wall time against GPU count (table and "
-        "figure), when the study's runs were set side by side",
+        *_if_present(present, "scaling/", "- `scaling/`: `tiledattn scaling`, study wall "
+                     "time against GPU count (table and figure), when the study's runs were "
+                     "set side by side"),
         "- `.zenodo.json`, `CITATION.cff`, "
         "`ro-crate-metadata.json`, `SHA256SUMS` (check: `sha256sum -c SHA256SUMS` or "
         "`tiledattn bundle verify`)", "", "## Column dictionary", "",
@@ -99,6 +106,14 @@ def readme_text(pub: Publication, rows: list[dict], manifest: dict, table4: str,
         cut = lines.index("## Column dictionary")
         lines[cut:cut] = _rebuild_section(compact)
     return "\n".join(lines)
+
+
+def _if_present(present: set[str] | None, name: str, line: str) -> list[str]:
+    """``line`` where the bundle holds ``name`` (a file, or a directory ending in "/")."""
+    if present is None or any(p == name or (name.endswith("/") and p.startswith(name))
+                              for p in present):
+        return [line]
+    return []
 
 
 def _compact_files(data_files: list[str]) -> list[str]:
@@ -127,7 +142,11 @@ def _rebuild_section(data_files: list[str]) -> list[str]:
             "LaTeX (`$R/aggregate/tables`: its `*.md` are `tables/` again, `diff` shows at "
             "most a float's last digit where another machine's math library rounds "
             "differently) from them:", "",
-            "```bash", *rebuild_commands(data_files), "```", ""]
+            "```bash", *rebuild_commands(data_files), "```", "",
+            "Redrawing needs neither torch nor a GPU: `python -m pip install --no-deps "
+            "../source` installs `tiledattn` alone, and the `figures` extra's packages "
+            "(`python -m pip install \"matplotlib>=3.7\" \"pandas>=2\" \"pyarrow>=14\"`) "
+            "are all these lines need besides.", ""]
 
 
 # What the README says where no repository URL was known when the bundle was made.
