@@ -182,7 +182,7 @@ REPORT_PAGES = _report_pages.PAGES
 # The report's key figures (category "2. Key figures", after the headline); every figure
 # has its own caption, workflow/report/figures/<stem>.rst: one per kind, whatever its pass and D
 # (throughput_fwdbwd_d128 -> throughput, regime_map_fwd -> regime_map).
-KEY_FIGURES = ("regime_map", "ratios_vs_seq", "baselines_d128", "decode")
+KEY_FIGURES = ("regime_map", "ratios_vs_seq", "baselines_d128", "decode", "utilisation")
 _FIGURE_KINDS = ("throughput", "regime_map", "ratios_vs_seq", "baselines_d128")
 
 

@@ -56,7 +56,8 @@ def names(head_dims, passes=("fwd",), decode: bool = False, model: bool = False)
     for p in passes:
         out += [f"throughput_{slug(p)}_d{d}" for d in sorted(set(head_dims))]
         out += [f"regime_map_{slug(p)}", f"ratios_vs_seq_{slug(p)}", f"baselines_d128_{slug(p)}"]
-    return out + (["decode"] if decode else []) + ["tile_sensitivity", "shapes", "variants"] + (
+    return out + (["decode"] if decode else []) + [
+        "utilisation", "tile_sensitivity", "shapes", "variants"] + (
         ["model_stage"] if model else [])
 
 
@@ -448,6 +449,40 @@ def _point_label(p: dict) -> str:
             f"{'causal' if p['causal'] else 'full'} D{p['head_dim']} S{p['seq_q']}")
 
 
+def utilisation(rows, out_dir, gpu=None) -> list[str]:
+    """Per pass, each method's best prefill throughput as horizontal bars against the dense
+    peak (dashed), each labelled with its TFLOP/s and share of the peak as the README
+    states them: the training result (forward+backward) at a glance."""
+    from .hardware import best_throughput, share
+
+    plt = _plt()
+    what = "best prefill throughput per method (any D, dtype, mask), share of the dense peak"
+    best = {p: [(m, t) for m, t in ms if pinned_label(m) is None]
+            for p, ms in best_throughput(rows).items()}
+    if not best:
+        return _empty_figure(plt, gpu, _why_empty(_prefill(rows)), "utilisation", what,
+                             out_dir)
+    fig, axes = _grid(plt, len(best))
+    peak = peak_of(gpu)
+    for ax, (p, ms) in zip(axes, best.items()):
+        ys = list(range(len(ms)))
+        ax.barh(ys, [t for _, t in ms], color=[_color(m) or "C0" for m, _ in ms])
+        for y, (_, t) in zip(ys, ms):
+            ax.text(t, y, f" {share(t, gpu)}", va="center", ha="left", fontsize=7)
+        ax.set_yticks(ys, [m for m, _ in ms])
+        ax.invert_yaxis()
+        if peak:
+            ax.axvline(peak.dense_tflops, ls="--", color="0.25", lw=0.9,
+                       label=f"peak {peak.dense_tflops:g} TFLOP/s (dense bf16/fp16)")
+        top = max([t for _, t in ms] + ([peak.dense_tflops] if peak else []))
+        ax.set_xlim(0, top * 1.35)
+        ax.set_xlabel("TFLOP/s")
+        ax.set_title(PASS_NAME.get(p, p))
+    _legend(fig, axes)
+    _suptitle(fig, gpu, what)
+    return _save(fig, out_dir, "utilisation")
+
+
 def model_stage(model_rows, out_dir, gpu=None) -> list[str]:
     """The model stage (tiny Llama end to end) as horizontal bars: each implementation's
     tokens/s ÷ transformers' sdpa path's, per phase and batch, labelled with the value
@@ -488,7 +523,7 @@ def write_all(rows, out_dir, *, ladder_rows=None, tune_entries=None, shape_rows=
 
     return (throughput_vs_seq(rows, out_dir, gpu) + regime_map(rows, out_dir, gpu)
             + ratios_vs_seq(rows, out_dir, gpu) + baselines_at_d128(rows, out_dir, gpu)
-            + decode(rows, out_dir, gpu)
+            + decode(rows, out_dir, gpu) + utilisation(rows, out_dir, gpu)
             + tile_sensitivity(ladder_rows or [], tune_entries or [], out_dir, tune_reason, gpu)
             + shapes_figure(shape_rows or [], out_dir, gpu)
             + variants_figure(variant_rows or [], out_dir, gpu)

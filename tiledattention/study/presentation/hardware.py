@@ -49,3 +49,45 @@ def peak_sentence(gpu: str | None) -> str | None:
         return None
     return (f"Peaks (the figures' dashed lines, {peak.part} data sheet): "
             f"{peak.dense_tflops:g} TFLOP/s dense bf16/fp16, HBM {peak.hbm_tbs:g} TB/s")
+
+
+def best_throughput(rows: list[dict]) -> dict[str, list[tuple[str, float]]]:
+    """Per pass, each method's highest TFLOP/s at a prefill point (Sq = Skv; any D, dtype,
+    mask): the top of its throughput figures. Methods in registry order; pinned schedules
+    (the ladder's) are not methods."""
+    from ...bench.methods import METHODS
+    from ...flops import PASSES
+
+    best: dict[str, dict[str, float]] = {}
+    for r in rows:
+        if r.get("status") == "ok" and r.get("seq_q") == r.get("seq_kv") and r.get("tflops"):
+            by = best.setdefault(r.get("pass", "fwd"), {})
+            by[r["method"]] = max(by.get(r["method"], 0.0), r["tflops"])
+    order = list(METHODS)
+    return {p: sorted(best[p].items(), key=lambda kv: order.index(kv[0])
+                      if kv[0] in order else len(order))
+            for p in PASSES if p in best}
+
+
+def share(tflops: float, gpu: str | None) -> str:
+    """"432 TFLOP/s (44%)": a throughput and its share of the GPU's dense peak, as the
+    README and the utilisation figure both print it."""
+    peak = peak_of(gpu)
+    return f"{tflops:.0f} TFLOP/s" + (f" ({100 * tflops / peak.dense_tflops:.0f}%)"
+                                      if peak else "")
+
+
+def utilisation_sentence(rows: list[dict], gpu: str | None) -> str | None:
+    """The README's line of each method's best prefill throughput per pass, with its share
+    of the dense peak (the utilisation figure's numbers); None without ok prefill rows."""
+    names = {"fwd": "forward", "bwd": "backward", "fwd+bwd": "forward+backward"}
+    best = best_throughput(rows)
+    if not best:
+        return None
+    peak = peak_of(gpu)
+    what = (f"share of the {peak.dense_tflops:g} TFLOP/s dense peak" if peak else
+            "no data-sheet peak for this GPU")
+    return (f"Best prefill throughput per method (the highest point of its throughput "
+            f"figures; {what}): " + "; ".join(
+                f"{names.get(p, p)}: " + ", ".join(f"{m} {share(t, gpu)}" for m, t in ms)
+                for p, ms in best.items()) + ".")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 
 from ..presentation.frame import columns_markdown, columns_of
-from ..presentation.hardware import peak_sentence
+from ..presentation.hardware import peak_sentence, utilisation_sentence
 from .archive import SNAPSHOT, SNAPSHOT_SOURCE, study_file
 from .measured import how_to_cite, points_by_kind, spread, stack_line
 from .metadata import (
@@ -58,7 +58,9 @@ def readme_text(pub: Publication, rows: list[dict], manifest: dict, table4: str,
         "model "
         "4·B·H·Sq·Skv·D (halved when causal). Correctness: each method's output against a "
         "float64 reference on a slice of heads.", "",
-        *([noise, ""] if (noise := spread(rows)) else []), "## On what", "",
+        *([noise, ""] if (noise := spread(rows)) else []),
+        *([best, ""] if (best := utilisation_sentence(rows, gpu.get("name"))) else []),
+        "## On what", "",
         f"- GPU: {gpu.get('name', '—')} (compute capability "
         f"{gpu.get('compute_capability', '—')}, driver {gpu.get('driver', '—')})",
         *([f"- {peaks}"] if (peaks := peak_sentence(gpu.get("name"))) else []),
