@@ -487,7 +487,7 @@ def model_stage(model_rows, out_dir, gpu=None) -> list[str]:
     """The model stage (tiny Llama end to end) as horizontal bars: each implementation's
     tokens/s ÷ transformers' sdpa path's, per phase and batch, labelled with the value
     (the model_e2e table's ÷ sdpa)."""
-    from .tables import model_e2e
+    from .tables import MODEL_METHODS, model_e2e
 
     plt = _plt()
     what = "model stage, tiny Llama tokens/s ÷ transformers' sdpa (> 1: faster)"
@@ -502,7 +502,8 @@ def model_stage(model_rows, out_dir, gpu=None) -> list[str]:
     for ax, (b, ph) in zip(axes, groups):
         mine = [(m, v) for bb, pp, m, v in recs if (bb, pp) == (b, ph)]
         ys = range(len(mine))
-        ax.barh(list(ys), [v for _, v in mine], color=[_color(m) or "C0" for m, _ in mine])
+        ax.barh(list(ys), [v for _, v in mine],
+                color=[_color(MODEL_METHODS.get(m, m)) or "C0" for m, _ in mine])
         for y, (_, v) in zip(ys, mine):
             ax.text(v, y, f" {_fmt(v)}", va="center", ha="left", fontsize=7)
         ax.set_yticks(list(ys), [m for m, _ in mine])

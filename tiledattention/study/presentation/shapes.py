@@ -155,6 +155,7 @@ def shapes_figure(rows: list[dict], out_dir: str, gpu: str | None = None) -> lis
 
     fig, axes = grid(plt(), 3)
     idx = index_rows(rows)
+    n = 0  # one colour per group across both panels: their legend is one
     for ax, vary, fixed, xlabel, align in (
             (axes[0], "head_dim", ("dtype", "causal", "seq_q", "seq_kv", "batch", "heads"),
              "head dim D", D_ALIGN),
@@ -162,7 +163,8 @@ def shapes_figure(rows: list[dict], out_dir: str, gpu: str | None = None) -> lis
              "sequence length S", S_ALIGN)):
         groups = _groups(rows, vary, fixed)
         drawn = 0
-        for i, (key, pts) in enumerate(groups.items()):
+        for key, pts in groups.items():
+            i, n = n, n + 1
             tag = (f"S={key[2]}" if vary == "head_dim" else f"D={key[2]}")
             for m, style in ((SUBJECT, "-"), (FUSED, "--")):
                 ok = [(p[vary], idx[(p["point_key"], m)]["tflops"]) for p in pts
