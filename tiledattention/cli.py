@@ -130,7 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
               "was not measured, the headline, the status and Table 4 as HTML")
     p.add_argument("--rows", required=True, help="aggregated rows.jsonl")
     p.add_argument("--tables", required=True, help="the aggregate's tables/ (Markdown)")
-    p.add_argument("--manifest", help="the study's manifest.json (the GPU's name)")
+    p.add_argument("--manifest", help="the study's manifest.json: the GPU's name (default: "
+                   "none named)")
     p.add_argument("--out", required=True, help="directory for landing.html and the pages")
 
     p = _verb(sub, "manifest", _manifest, "merge run manifests into the study manifest and "
