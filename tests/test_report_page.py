@@ -20,8 +20,8 @@ from tiledattention.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = "/usr/bin/chromium"
-pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
-                                reason=f"{CHROMIUM} absent (apt-get install -y chromium)")
+browser = pytest.mark.skipif(not os.path.exists(CHROMIUM),
+                             reason=f"{CHROMIUM} absent (apt-get install -y chromium)")
 
 
 def dump_dom(page: Path) -> str:
@@ -59,6 +59,7 @@ def pages(rows_path: Path, tables: Path, results: Path, manifest: Path | None = 
     assert main(argv + (["--manifest", str(manifest)] if manifest else [])) == 0
 
 
+@browser
 def test_the_landing_page_shows_the_headline_status_and_table4_as_tables(tmp_path):
     import gzip
 
@@ -79,6 +80,7 @@ def test_the_landing_page_shows_the_headline_status_and_table4_as_tables(tmp_pat
     assert "data:" not in dom  # nothing offered as a download
 
 
+@browser
 def test_a_cpu_studys_landing_page_says_nothing_was_timed_on_a_gpu(tmp_path):
     rows = tmp_path / "rows.jsonl"
     rows.write_text("".join(json.dumps(r) + "\n" for r in [
@@ -92,3 +94,15 @@ def test_a_cpu_studys_landing_page_says_nothing_was_timed_on_a_gpu(tmp_path):
     dom = dump_dom(landing(results, tmp_path))
     assert "A CPU study: nothing was timed on a GPU." in dom
     assert "not measured (no ok row, the status table says why): tiledattention" in dom
+
+
+@pytest.mark.parametrize("what", ["rows", "tables"])
+def test_report_pages_refuses_a_missing_input_in_one_line(what, tmp_path, capsys):
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("")
+    argv = {"rows": str(rows if what != "rows" else tmp_path / "none.jsonl"),
+            "tables": str(tmp_path if what != "tables" else tmp_path / "none")}
+    assert main(["report-pages", "--rows", argv["rows"], "--tables", argv["tables"],
+                 "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"--{what}" in err and "Traceback" not in err
