@@ -193,3 +193,19 @@ def test_every_count_an_empty_panel_states_is_the_rows(tmp_path):
     stated = {m: int(n) for m, n in re.findall(r"(\w+) (\d+)", text)}
     for method, n in stated.items():
         assert n == sum(r["method"] == method for r in SMOKE), (method, text)
+
+
+def test_a_figure_with_nothing_drawn_is_listed_beside_the_figures_and_dropped_once_drawn(
+        tmp_path):
+    """The workflow needs every figure's file, so an empty one is written; not-drawn.json
+    names it with why, for the bundle to leave it out and say so."""
+    import json
+
+    out = tmp_path / "figures"
+    figures.ratios_vs_seq(CPU, str(out))
+    listed = json.loads((out / plotting.NOT_DRAWN).read_text())
+    assert list(listed) == ["ratios_vs_seq_fwd"] and GPU_REASON in listed["ratios_vs_seq_fwd"]
+    figures.ratios_vs_seq(GPU, str(out))  # the same figure, drawn this time
+    assert json.loads((out / plotting.NOT_DRAWN).read_text()) == {}
+    figures.throughput_vs_seq(CPU, str(out))  # eager ran: drawn, never listed
+    assert json.loads((out / plotting.NOT_DRAWN).read_text()) == {}

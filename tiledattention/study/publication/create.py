@@ -53,7 +53,7 @@ from .metadata import (
     write_ro_crate,
     zenodo,
 )
-from .prose import headline, not_run, readme_text, variant_rows_in
+from .prose import headline, not_drawn, not_run, readme_text, variant_rows_in
 
 
 def stage_rows() -> list[tuple[str, str]]:
@@ -455,10 +455,16 @@ def _build(out_dir: str, study_dir: str, rows: list[dict], manifest: dict, *, co
         _copy_data(out_dir, study_dir)
     # compare: tiledattn compare's table, figure; a compact bundle's figures regenerate, and
     # of its tables only the Markdown is kept (CSV and LaTeX rebuild with the figures).
+    # A figure with nothing drawn stays out (the README's What did not run says why).
+    from ..presentation.plotting import NOT_DRAWN
+
+    empty = not_drawn(study_dir)
     for sub in ("tables", "compare") if compact else ("tables", "figures", "compare"):
         src_dir = os.path.join(study_dir, sub) if sub != "tables" else os.path.join(agg, sub)
         if os.path.lexists(src_dir):
             for rel in _study_files(src_dir, study_dir):
+                if sub == "figures" and (rel == NOT_DRAWN or rel.rsplit(".", 1)[0] in empty):
+                    continue
                 if not (compact and sub == "tables" and not rel.endswith(".md")):
                     _copy(os.path.join(src_dir, rel), os.path.join(out_dir, sub, rel))
     scaling_dir = os.path.join(study_dir, "scaling")  # tiledattn scaling's table, figure

@@ -266,7 +266,27 @@ def not_run(study_dir: str, rows: list[dict]) -> list[str]:
                         key=lambda s: s.rows_file is None):
         out += stage.not_run(os.path.join(study_dir, stage.name),
                              lambda path: study_file(path, study_dir))
+    out += [f"- figures: {name} not drawn, nothing to draw ({_line(why)})"
+            for name, why in sorted(not_drawn(study_dir).items())]
     return out
+
+
+def not_drawn(study_dir: str) -> dict[str, str]:
+    """{figure: why} of the study's figures with nothing drawn (``tiledattn figures``
+    lists them beside the figures): the bundle leaves them out and says why."""
+    import json
+
+    from ...safeio import JSON_MAX, read_bytes
+    from ..presentation.plotting import NOT_DRAWN
+
+    path = os.path.join(study_dir, "figures", NOT_DRAWN)
+    if not os.path.lexists(path):
+        return {}
+    try:
+        listed = json.loads(read_bytes(study_file(path, study_dir), cap=JSON_MAX))
+    except ValueError:
+        return {}
+    return {str(k): str(v) for k, v in listed.items()} if isinstance(listed, dict) else {}
 
 
 def _line(text) -> str:

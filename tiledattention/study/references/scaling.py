@@ -236,7 +236,7 @@ def figure(runs: list[Run], out_dir: str) -> list[str]:
     fig.suptitle("Study wall time against GPU count")
     from ..presentation.plotting import save
 
-    return save(fig, out_dir, "scaling")
+    return save(fig, out_dir, "scaling", record=False)
 
 
 def write(studies: list[str], out_dir: str) -> tuple[list[Run], list[str]]:

@@ -174,4 +174,4 @@ def figure(names: list[str], gpus: list[str], columns: list[str], rows: list[lis
     fig.suptitle(" vs ".join(f"{n} ({g})" for n, g in zip(names, gpus))
                  + ": TiledAttention's kernel time ÷ the first system's at the same points "
                  "(< 1: faster)")
-    return save(fig, out_dir, "systems")
+    return save(fig, out_dir, "systems", record=False)
