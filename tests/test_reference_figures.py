@@ -205,3 +205,31 @@ def test_the_figures_and_tables_rebuild_without_torch(tmp_path):
         assert out.returncode == 0, out.stderr[-2000:]
     assert (tmp_path / "figures" / "decode.png").stat().st_size > 0
     assert (tmp_path / "aggregate" / "tables" / "headline.md").stat().st_size > 0
+
+
+def test_the_systems_figure_sets_the_references_side_by_side_with_the_tables_numbers(
+        tmp_path, monkeypatch):
+    """H100 against H200: one panel per pass, the GPU names in the title, each drawn number
+    (the geomeans) one systems.md prints."""
+    from tiledattention.study.references import systems
+
+    drawn = {}
+
+    def keep(fig, out_dir, name, record=True):
+        fig.canvas.draw()
+        drawn[name] = fig
+        return [name]
+
+    monkeypatch.setattr(plotting, "save", keep)
+    systems.write([os.path.join(ROOT, r) for r in REFERENCES], ["H100", "H200"],
+                  str(tmp_path))
+    fig = drawn["systems"]
+    table = (tmp_path / "systems.md").read_text()
+    assert "NVIDIA H100 80GB HBM3" in fig._suptitle.get_text()
+    assert "NVIDIA H200" in fig._suptitle.get_text()
+    panels = _panels(fig)
+    assert [ax.get_title() for ax in panels] == ["forward", "forward+backward"]
+    stated = set(NUMBER.findall(table))
+    for ax in panels:
+        assert ax.texts and all(n in stated for t in ax.texts
+                                for n in NUMBER.findall(t.get_text()))
