@@ -209,3 +209,13 @@ def test_a_figure_with_nothing_drawn_is_listed_beside_the_figures_and_dropped_on
     assert json.loads((out / plotting.NOT_DRAWN).read_text()) == {}
     figures.throughput_vs_seq(CPU, str(out))  # eager ran: drawn, never listed
     assert json.loads((out / plotting.NOT_DRAWN).read_text()) == {}
+
+
+def test_the_peaks_come_from_one_table_and_never_for_a_part_it_does_not_list():
+    from tiledattention.study.presentation.hardware import peak_of
+
+    assert peak_of("NVIDIA H100 80GB HBM3").hbm_tbs == 3.35
+    assert peak_of("NVIDIA H200").hbm_tbs == 4.8
+    assert peak_of("NVIDIA H200").dense_tflops == peak_of("NVIDIA H100 80GB HBM3").dense_tflops
+    for other in ("NVIDIA H200 NVL", "NVIDIA H100 PCIe", "NVIDIA A100-SXM4-80GB", None):
+        assert peak_of(other) is None, other

@@ -29,8 +29,14 @@ PEAKS: tuple[tuple[str, Peak], ...] = (
 )
 
 
+# Other parts of the same names (lower clocks, other memory): no peak rather than the SXM's.
+NOT_SXM = ("NVL", "PCIe")
+
+
 def peak_of(gpu: str | None) -> Peak | None:
     """The data-sheet peak of the GPU named ``gpu`` (None: not a GPU we list)."""
+    if gpu and any(part in gpu for part in NOT_SXM):
+        return None
     for pattern, peak in PEAKS:
         if gpu and pattern in gpu:
             return peak
