@@ -335,16 +335,30 @@ def test_a_fresh_bundle_verifies_as_directory_and_zip(built):
             Path(built["dir"], "config", "study-config.yaml").read_bytes()
 
 
+def test_a_bundle_leaves_out_the_figures_with_nothing_drawn_and_says_why(built):
+    """The study without a variants stage or shapes grid: those figures are written (the
+    workflow needs them) but the bundle holds only figures with data, and its README names
+    the others with why."""
+    figs = set(os.listdir(os.path.join(built["dir"], "figures")))
+    assert "regime_map_fwd.png" in figs and "throughput_fwd_d64.pdf" in figs
+    assert not figs & {"variants.png", "shapes.png", "not-drawn.json"}
+    readme = Path(built["dir"], "README.md").read_text()
+    assert "- figures: variants not drawn, nothing to draw (no data: no variants stage in " \
+           "this study)" in readme
+    assert "- figures: shapes not drawn, nothing to draw (no data: no shapes grid" in readme
+    assert "- figures: regime_map_fwd not drawn" not in readme
+
+
 def test_a_tampered_missing_or_added_file_fails_verify_naming_it(built, tmp_path):
     copy = tmp_path / "b"
     shutil.copytree(built["dir"], copy)
     with open(copy / "data" / "rows.csv", "a") as f:
         f.write("forged\n")
-    os.remove(copy / "figures" / "regime_map.png")
+    os.remove(copy / "figures" / "regime_map_fwd.png")
     (copy / "extra.txt").write_text("x")
     problems = verify.verify(str(copy))
     assert "changed: data/rows.csv (checksum differs)" in problems
-    assert "missing: figures/regime_map.png" in problems
+    assert "missing: figures/regime_map_fwd.png" in problems
     assert "not in SHA256SUMS: extra.txt" in problems
 
 

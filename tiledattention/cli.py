@@ -122,7 +122,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tune-table", help="the study's tuning table (default: none)")
     p.add_argument("--shapes", nargs="+", metavar="DIR", help="directories of the shapes "
                    "grids' rows for the shapes figure (default: none)")
+    p.add_argument("--manifest", help="the study's manifest.json: the GPU every figure's "
+                   "title names and whose data-sheet peaks it draws (default: none named)")
     _stage_rows_options(p, "figures")
+
+    p = _verb(sub, "report-pages", _report_pages, "the HTML report's pages: what was and "
+              "was not measured, the headline, the status and Table 4 as HTML")
+    p.add_argument("--rows", required=True, help="aggregated rows.jsonl")
+    p.add_argument("--tables", required=True, help="the aggregate's tables/ (Markdown)")
+    p.add_argument("--manifest", help="the study's manifest.json: the GPU's name (default: "
+                   "none named)")
+    p.add_argument("--out", required=True, help="directory for landing.html and the pages")
 
     p = _verb(sub, "manifest", _manifest, "merge run manifests into the study manifest and "
               "flag mixed GPUs or software stacks")
@@ -481,13 +491,46 @@ def _figures(args) -> int:
     if not rows:
         raise RowsError(f"--rows {args.rows}: no rows (empty, or no line is a row)")
     check_rows(rows, args.rows, store.conflicts, point=True)  # nothing impossible is plotted
-    paths = write_all(rows, args.out,
+    paths = write_all(rows, args.out, gpu=_manifest_gpu(args.manifest),
                       ladder_rows=load_checked(args.ladder, point=True) if args.ladder else [],
                       tune_entries=tune, shape_rows=_shape_rows(args.shapes),
                       tune_reason=why if isinstance(why, str) else None,
                       **_stage_rows_of(args, "figures"))
     print(f"figures: {len(paths)} files in {args.out}", file=sys.stderr)
     return 0
+
+
+def _report_pages(args) -> int:
+    import os
+
+    from .bench.store import ResultStore, RowsError
+    from .study.presentation.report_pages import write_pages
+
+    if not os.path.isfile(args.rows):
+        raise RowsError(f"--rows {args.rows}: no such file")
+    if not os.path.isdir(args.tables):
+        raise RowsError(f"--tables {args.tables}: not a directory")
+    rows = list(ResultStore(args.rows).rows.values())
+    paths = write_pages(rows, args.tables, args.out, _manifest_gpu(args.manifest))
+    print(f"report-pages: {len(paths)} files in {args.out}", file=sys.stderr)
+    return 0
+
+
+def _manifest_gpu(path: str | None) -> str | None:
+    """The GPU name a study manifest records (None: no manifest given, or a CPU study)."""
+    import os
+
+    from .bench.store import RowsError
+    from .safeio import load_json
+
+    if not path:
+        return None
+    if not os.path.isfile(path):
+        raise RowsError(f"--manifest {path}: no such file")
+    manifest = load_json(path, what="--manifest")
+    gpu = manifest.get("gpu") if isinstance(manifest, dict) else None
+    name = gpu.get("name") if isinstance(gpu, dict) else None
+    return name if isinstance(name, str) else None
 
 
 def _manifest(args) -> int:

@@ -435,4 +435,5 @@ STAGE = Stage("model", ModelConfig, "model.smk", run_model, help=HELP,
               measure="model", not_run=not_run, rows_what="the model benchmark's rows",
               data_what="the tiny Llama's tokens/s rows (model stage)",
               data_readme="the tiny Llama's tokens/s rows, when the study ran the model stage",
-              verbs=(("aggregate", "the model_e2e table"),), rows_keyword="model_rows")
+              verbs=(("aggregate", "the model_e2e table"), ("figures", "the model_stage figure")),
+              rows_keyword="model_rows")

@@ -14,7 +14,7 @@ rule aggregate:
         headline=report(
             f"{RESULTS}/aggregate/tables/headline.csv",
             caption="../report/headline.rst",
-            category="1. Headline",
+            category="4. Tables",
         ),
         tables=report(
             expand(f"{RESULTS}/aggregate/tables/{{name}}.csv",
@@ -41,6 +41,7 @@ rule figures:
     input:
         unpack(aggregate_inputs),
         rows=rules.aggregate.output.jsonl,
+        manifest=f"{RESULTS}/manifest.json",  # the GPU every title names, its peaks
     output:
         # One report entry per figure, each with its own caption; the key ones first.
         **{name: report(f"{RESULTS}/figures/{name}.png", caption=figure_caption(name),
@@ -53,8 +54,32 @@ rule figures:
     conda:
         "../envs/tiledattn.yaml"
     shell:
-        "tiledattn figures --rows {input.rows:q} --out {params.out:q} {params.extra}"
+        "tiledattn figures --rows {input.rows:q} --out {params.out:q}"
+        " --manifest {input.manifest:q} {params.extra}"
         " > {log:q} 2>&1"
+
+
+# The report's own pages: the landing text includes landing.html (what was and was not
+# measured, the headline, the status, Table 4); each table is also a page of its own.
+rule report_pages:
+    input:
+        rows=rules.aggregate.output.jsonl,
+        headline=rules.aggregate.output.headline,
+        manifest=f"{RESULTS}/manifest.json",
+    output:
+        landing=f"{RESULTS}/report/landing.html",
+        **{name: report(f"{RESULTS}/report/{name}.html", caption="../report/pages.rst",
+                        category="1. Headline") for name in REPORT_PAGES},
+    log:
+        f"{RESULTS}/logs/report_pages.log",
+    params:
+        tables=lambda wildcards, input: os.path.dirname(input.headline),
+        out=lambda wildcards, output: os.path.dirname(output.landing),
+    conda:
+        "../envs/tiledattn.yaml"
+    shell:
+        "tiledattn report-pages --rows {input.rows:q} --tables {params.tables:q}"
+        " --manifest {input.manifest:q} --out {params.out:q} > {log:q} 2>&1"
 
 
 rule manifest:

@@ -24,6 +24,7 @@ from tiledattention.launchers import preflight_launcher as _preflight_launcher
 from tiledattention.launchers import profiles as _profiles
 from tiledattention.launchers.base import typed_options as _typed_options
 from tiledattention.study.presentation import figures as _figures
+from tiledattention.study.presentation import report_pages as _report_pages
 from tiledattention.study.presentation import tables as _tables
 from tiledattention.study import timeline as _timeline
 from tiledattention.stages import SECTIONS as _STAGE_SECTIONS
@@ -177,21 +178,27 @@ _interrupt.export_said_file(RESULTS)
 STAGE_RULE_FILES = _stage_rule_files()
 SHARDS = config["shards"]
 TABLES = list(_tables.NAMES)  # the modules that write them name them
-FIGURES = _figures.names(BENCH.grid.head_dims)
+FIGURES = _figures.names_for(BENCH, model=STAGE["model"].enabled)
+REPORT_PAGES = _report_pages.PAGES
 
 
 # The report's key figures (category "2. Key figures", after the headline); every figure
-# has its own caption, workflow/report/figures/<name>.rst (one for all throughput_vs_seq_d*).
-KEY_FIGURES = ("regime_map", "ratios_vs_seq", "baselines_d128")
+# has its own caption, workflow/report/figures/<stem>.rst: one per kind, whatever its pass and D
+# (throughput_fwdbwd_d128 -> throughput, regime_map_fwd -> regime_map).
+KEY_FIGURES = ("regime_map", "ratios_vs_seq", "baselines_d128", "decode", "utilisation")
+_FIGURE_KINDS = ("throughput", "regime_map", "ratios_vs_seq", "baselines_d128")
+
+
+def figure_stem(name):
+    return next((k for k in _FIGURE_KINDS if name.startswith(f"{k}_")), name)
 
 
 def figure_caption(name):
-    stem = "throughput_vs_seq" if name.startswith("throughput_vs_seq_d") else name
-    return f"../report/figures/{stem}.rst"
+    return f"../report/figures/{figure_stem(name)}.rst"
 
 
 def figure_category(name):
-    return "2. Key figures" if name in KEY_FIGURES else "3. More figures"
+    return "2. Key figures" if figure_stem(name) in KEY_FIGURES else "3. More figures"
 
 
 def n_points(bench):
@@ -278,7 +285,8 @@ def bundle_stage_inputs():
 
 
 def all_outputs():
-    return [f"{RESULTS}/bundle/SHA256SUMS", f"{RESULTS}/bundle.verified"]
+    return [f"{RESULTS}/bundle/SHA256SUMS", f"{RESULTS}/bundle.verified",
+            f"{RESULTS}/report/landing.html"]
 
 
 # The study's timeline (logs/runs.jsonl): each run's start, end, GPUs and job times, for

@@ -178,8 +178,8 @@ def bench_sentence(rows: list[dict], gpu: str) -> str:
     k, c = best.kernel, best.call
     text = (f"Measured on {gpu}: {SUBJECT} reaches a geometric mean of {k.geomean:.3f}x the "
             f"throughput of the fastest fused baseline at each point (by kernel time "
-            f"{_fastest(best)}) over {k.n} points (median {k.median:.3f}x, {_summary(k)}) by "
-            "kernel time (host work hidden)")
+            f"{_fastest(best)}) over {k.n} forward points{_kinds(rows)} (median "
+            f"{k.median:.3f}x, {_summary(k)}) by kernel time (host work hidden)")
     text += ("; call latency was not measured in these rows." if not c.n else
              f"; by call latency (wall time per back-to-back call, host work included) the "
              f"geometric mean is {c.geomean:.3f}x over {c.n} points ({_summary(c)}).")
@@ -189,6 +189,19 @@ def bench_sentence(rows: list[dict], gpu: str) -> str:
                  f"{k.geomean:.3f}x ({_summary(k)}) by kernel time"
                  + (f", {c.geomean:.3f}x by call latency." if c.n else "."))
     return text + _training_sentence(all_lines)
+
+
+def _kinds(rows: list[dict]) -> str:
+    """" (100 prefill, 63 decode)": the forward points compared, by kind (decode: Sq < Skv),
+    where there are both."""
+    from .ratios import ratios
+
+    fwd = [r for r in rows if r.get("pass", "fwd") == "fwd"]
+    points = {r["point_key"]: r for r in fwd}
+    keys = ratios(with_best(fwd), SUBJECT, BEST)[0]
+    decode = sum(points[k]["seq_q"] != points[k]["seq_kv"] for k in keys)
+    return f" ({len(keys) - decode} prefill, {decode} decode)" if decode and decode < len(
+        keys) else ""
 
 
 def _fastest(line: Line) -> str:
@@ -217,8 +230,8 @@ def _training_sentence(all_lines: list[Line]) -> str:
                      if (ln.stage, ln.pass_, ln.baseline) == ("bench", p, BEST)
                      and ln.dtype and ln.kernel.n]
         out += (f" {what}, geometric mean by kernel time: " + "; ".join(parts) + "."
-                + (" Against the fastest fused baseline per dtype: " + ", ".join(per_dtype)
-                   + "." if len(per_dtype) > 1 else ""))
+                + (f" {what} against the fastest fused baseline per dtype: "
+                   + ", ".join(per_dtype) + "." if len(per_dtype) > 1 else ""))
     return out
 
 

@@ -30,20 +30,69 @@ def plt():
     return pyplot
 
 
-def save(fig, out_dir, name) -> list[str]:
+# Beside the figures: {figure: why} for each figure with nothing drawn (every panel "no
+# data"). The workflow needs every file; the bundle leaves these out and says why.
+NOT_DRAWN = "not-drawn.json"
+NO_DATA = "no-data"  # the gid of a panel no_data wrote
+
+
+def save(fig, out_dir, name, record: bool = True) -> list[str]:
+    """``name``.png and .pdf in ``out_dir``; ``record``: a study figure, whose having
+    nothing drawn NOT_DRAWN keeps (compare, scaling and systems draw their own)."""
     os.makedirs(out_dir, exist_ok=True)
     paths = [os.path.join(out_dir, f"{name}.{ext}") for ext in ("png", "pdf")]
     for p in paths:
         with atomic_path(p) as tmp:  # never a truncated figure after a kill
             fig.savefig(tmp, bbox_inches="tight", format=p.rsplit(".", 1)[1])
+    if record:
+        _record_not_drawn(fig, out_dir, name)
     import matplotlib.pyplot as pyplot
 
     pyplot.close(fig)
     return paths
 
 
+def _record_not_drawn(fig, out_dir, name) -> None:
+    """Keep ``out_dir``/NOT_DRAWN current for ``name``: listed, with the first panel's
+    reason, when every panel says "no data"; dropped when it is drawn."""
+    import json
+
+    from ...safeio import write_text
+
+    panels = [a for a in fig.axes if a.get_visible() and a.get_label() != "<colorbar>"]
+    path = os.path.join(out_dir, NOT_DRAWN)
+    try:
+        with open(path, encoding="utf-8") as f:
+            listed = json.load(f)
+    except (OSError, ValueError):
+        listed = {}
+    listed = listed if isinstance(listed, dict) else {}
+    if panels and all(a.get_gid() == NO_DATA for a in panels):
+        listed[name] = " ".join(panels[0].texts[0].get_text().split()) if panels[0].texts \
+            else "no data"
+    elif name not in listed:
+        return
+    else:
+        del listed[name]
+    write_text(path, json.dumps(listed, indent=1, sort_keys=True) + "\n")
+
+
+def not_drawn(figures_dir: str) -> dict[str, str]:
+    """{figure: why} of the figures in ``figures_dir`` that have nothing drawn."""
+    import json
+
+    try:
+        with open(os.path.join(figures_dir, NOT_DRAWN), encoding="utf-8") as f:
+            listed = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return {str(k): str(v) for k, v in listed.items()} if isinstance(listed, dict) else {}
+
+
 def no_data(ax, why):
     import textwrap
+
+    ax.set_gid(NO_DATA)
 
     head = "no data (no GPU)" if "gpu" in why.lower() else "no data"
     # Wrapped by hand: matplotlib's wrap=True wraps at the figure's edge, not the panel's.

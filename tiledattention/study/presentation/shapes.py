@@ -131,11 +131,31 @@ def _groups(rows, vary: str, fixed: tuple[str, ...]):
             if len({p[vary] for p in v}) >= 3}
 
 
-def shapes_figure(rows: list[dict], out_dir: str) -> list[str]:
+def _runs(xy):
+    """Split a sorted sweep where it jumps (a step over three times the median step): no
+    line is drawn across S values that were not measured."""
+    steps = sorted(b[0] - a[0] for a, b in zip(xy, xy[1:]))
+    if not steps:
+        return [xy]
+    cut = 3 * steps[len(steps) // 2]
+    runs, cur = [], [xy[0]]
+    for a, b in zip(xy, xy[1:]):
+        if b[0] - a[0] > cut:
+            runs.append(cur)
+            cur = []
+        cur.append(b)
+    return runs + [cur]
+
+
+def shapes_figure(rows: list[dict], out_dir: str, gpu: str | None = None) -> list[str]:
     """TFLOP/s vs D and vs S (ours solid, SDPA dashed), and ours against waves coloured by
-    the last wave's fill."""
+    the last wave's fill; one legend below the panels."""
+    from .hardware import gpu_title
+    from .plotting import legend
+
     fig, axes = grid(plt(), 3)
     idx = index_rows(rows)
+    n = 0  # one colour per group across both panels: their legend is one
     for ax, vary, fixed, xlabel, align in (
             (axes[0], "head_dim", ("dtype", "causal", "seq_q", "seq_kv", "batch", "heads"),
              "head dim D", D_ALIGN),
@@ -143,14 +163,15 @@ def shapes_figure(rows: list[dict], out_dir: str) -> list[str]:
              "sequence length S", S_ALIGN)):
         groups = _groups(rows, vary, fixed)
         drawn = 0
-        for i, (key, pts) in enumerate(groups.items()):
+        for key, pts in groups.items():
+            i, n = n, n + 1
             tag = (f"S={key[2]}" if vary == "head_dim" else f"D={key[2]}")
             for m, style in ((SUBJECT, "-"), (FUSED, "--")):
                 ok = [(p[vary], idx[(p["point_key"], m)]["tflops"]) for p in pts
                       if _ok(idx.get((p["point_key"], m)))]
-                if ok:
-                    ax.plot(*zip(*ok), style, marker="o", ms=3, color=f"C{i % 10}",
-                            label=f"{m} {tag}")
+                for j, run in enumerate(_runs(ok) if ok else []):
+                    ax.plot(*zip(*run), style, marker="o", ms=3, color=f"C{i % 10}",
+                            label=f"{m} {tag}" if j == 0 else None)
                     drawn += 1
         if drawn:
             lo, hi = ax.get_xlim()
@@ -158,7 +179,6 @@ def shapes_figure(rows: list[dict], out_dir: str) -> list[str]:
                 ax.axvline(x, color="0.7", lw=0.6, zorder=0)
             ax.set_xlabel(f"{xlabel} (grey: multiples of {align})")
             ax.set_ylabel("TFLOP/s")
-            ax.legend(loc="best", fontsize=6)
         else:
             no_data(ax, NO_SHAPES if not rows else f"no points differing only in {xlabel}")
         ax.set_title(f"Throughput vs {xlabel}")
@@ -176,5 +196,7 @@ def shapes_figure(rows: list[dict], out_dir: str) -> list[str]:
     else:
         no_data(ax, NO_SHAPES if not rows else f"no ok {SUBJECT} rows with geometry")
     ax.set_title("Throughput vs waves")
-    fig.suptitle("Shapes: tile and wave quantization (TiledAttention solid, PyTorch SDPA dashed)")
+    legend(fig, axes, ncol=3)
+    fig.suptitle(f"{gpu_title(gpu)}: shapes, forward, tile and wave quantization "
+                 "(TiledAttention solid, PyTorch SDPA dashed)")
     return save(fig, out_dir, "shapes")

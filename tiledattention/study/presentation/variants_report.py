@@ -163,39 +163,46 @@ def _fastest_at(recs: list[dict]) -> str:
         or "—"
 
 
-def variants_figure(rows: list[dict], out_dir: str) -> list[str]:
-    """Speedup over the fastest fused baseline at each point vs S, one line per variant (and
-    D, dtype), one panel per pass, its title naming which baselines were the fastest; written
-    with the reason where nothing was measured."""
-    from .plotting import grid, legend, no_data, no_pair, plt, save, seq_axis
+def _bar_label(r: dict, groups: int) -> str:
+    """A variant bar's tick: the variant, with its dtype, D and S where the stage has more
+    than one such group."""
+    return r["variant"] + (f" {r['dtype']} D{r['head_dim']} S{r['seq']}" if groups > 1 else "")
+
+
+def variants_figure(rows: list[dict], out_dir: str, gpu: str | None = None) -> list[str]:
+    """The variants as horizontal bars, one panel per pass: TiledAttention's speedup over the
+    fastest fused baseline at each point, each bar labelled with the ratio (as the variants
+    table prints it) and the winner; written with the reason where nothing was measured."""
+    from .hardware import gpu_title
+    from .plotting import grid, no_data, no_pair, plt, save
+    from .table import _fmt
 
     pyplot = plt()
-    fig, axes = grid(pyplot, len(PASSES))
     recs = ratio_rows(rows)
-    names = sorted({r["variant"] for r in recs}, key=variant_order)
-    groups = sorted({(r["dtype"], r["head_dim"]) for r in recs})
-    styles = ["-", "--", ":", "-."]
-    for ax, p in zip(axes, PASSES):
-        seqs = []
-        for i, name in enumerate(names):
-            for j, (dtype, d) in enumerate(groups):
-                pts = sorted((r["seq"], r["x_best"]) for r in recs if r["x_best"]
-                             and (r["variant"], r["pass"], r["dtype"], r["head_dim"]) ==
-                             (name, p, dtype, d))
-                if pts:
-                    ax.plot(*zip(*pts), styles[j % len(styles)], marker="o", ms=3,
-                            color=f"C{i % 10}", label=f"{name}, {dtype} D={d}")
-                    seqs += [s for s, _ in pts]
-        ax.set_title(f"{p}: fastest fused ÷ tiledattention\n(fastest: "
-                     f"{_fastest_at([r for r in recs if r['pass'] == p])})", fontsize=9)
-        if seqs:
-            ax.axhline(1.0, color="0.4", lw=0.8)
-            seq_axis(ax, seqs)
-            ax.set_ylabel("speedup over the fastest fused baseline (> 1: faster)")
-        else:
-            no_data(ax, "no variants stage in this study" if not rows else
-                    no_pair(rows, lambda r, p=p: r.get("pass", "fwd") == p))
-    legend(fig, axes, ncol=3)
-    fig.suptitle("Variants: speedup over the fastest fused baseline at each point, by kernel "
-                 "time")
+    passes = [p for p in PASSES if any(r["pass"] == p and r["x_best"] for r in recs)]
+    fig, axes = grid(pyplot, len(passes) or 1)
+    title = (f"{gpu_title(gpu)}: variants, {SUBJECT}'s speedup over the fastest fused "
+             "baseline at each point, by kernel time (> 1: faster)")
+    if not passes:
+        no_data(axes[0], "no variants stage in this study" if not rows else
+                no_pair(rows, lambda r: True))
+        fig.suptitle(title)
+        return save(fig, out_dir, "variants")
+    n_groups = len({(r["dtype"], r["head_dim"], r["seq"]) for r in recs})
+    for ax, p in zip(axes, passes):
+        mine = [r for r in recs if r["pass"] == p and r["x_best"]]
+        ys = list(range(len(mine)))
+        xs = [r["x_best"] for r in mine]
+        ax.barh(ys, xs, color=["C2" if x > 1 else "C3" for x in xs])
+        for y, r in zip(ys, mine):
+            winner = SUBJECT if r["x_best"] > 1 else r["best"]
+            ax.text(r["x_best"], y, f" {_fmt(r['x_best'])} {winner}", va="center",
+                    ha="left", fontsize=7)
+        ax.set_yticks(ys, [_bar_label(r, n_groups) for r in mine])
+        ax.invert_yaxis()
+        ax.axvline(1.0, color="0.4", lw=0.8)
+        ax.set_xlim(0, max(xs) * 1.6)
+        ax.set_xlabel("speedup")
+        ax.set_title({"fwd": "forward", "fwd+bwd": "forward+backward"}.get(p, p))
+    fig.suptitle(title)
     return save(fig, out_dir, "variants")

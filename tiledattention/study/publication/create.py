@@ -54,7 +54,7 @@ from .metadata import (
     write_ro_crate,
     zenodo,
 )
-from .prose import headline, not_run, readme_text, stage_rows_in, variant_rows_in
+from .prose import headline, not_drawn, not_run, readme_text, stage_rows_in, variant_rows_in
 from .source import SOURCE_DIR, write_wheel
 
 
@@ -325,6 +325,10 @@ def create(study_dir: str, out_dir: str, *, config: dict, config_name: str, repo
     if not isinstance(manifest, dict):
         raise StudyError(f"{manifest_path}: not a manifest (expected a JSON object)")
     _check_config(manifest, config, manifest_path)
+    from .measured import for_study
+
+    publication = for_study(publication, rows + variant_rows_in(study_dir),
+                            (manifest.get("gpu") or {}).get("name"))
     parent = os.path.dirname(os.path.abspath(out_dir))
     os.makedirs(parent, exist_ok=True)
     base = os.path.basename(os.path.abspath(out_dir))
@@ -470,10 +474,16 @@ def _build(out_dir: str, study_dir: str, rows: list[dict], manifest: dict, *, co
         _copy_data(out_dir, study_dir)
     # compare: tiledattn compare's table, figure; a compact bundle's figures regenerate, and
     # of its tables only the Markdown is kept (CSV and LaTeX rebuild with the figures).
+    # A figure with nothing drawn stays out (the README's What did not run says why).
+    from ..presentation.plotting import NOT_DRAWN
+
+    empty = not_drawn(study_dir)
     for sub in ("tables", "compare") if compact else ("tables", "figures", "compare"):
         src_dir = os.path.join(study_dir, sub) if sub != "tables" else os.path.join(agg, sub)
         if os.path.lexists(src_dir):
             for rel in _study_files(src_dir, study_dir):
+                if sub == "figures" and (rel == NOT_DRAWN or rel.rsplit(".", 1)[0] in empty):
+                    continue
                 if not (compact and sub == "tables" and not rel.endswith(".md")):
                     _copy(os.path.join(src_dir, rel), os.path.join(out_dir, sub, rel))
     scaling_dir = os.path.join(study_dir, "scaling")  # tiledattn scaling's table, figure
@@ -517,7 +527,8 @@ def _build(out_dir: str, study_dir: str, rows: list[dict], manifest: dict, *, co
     variants_line = variants_sentence(variant_rows_in(study_dir)) + workloads_sentence(
         stage_rows_in(study_dir, "workloads"))
     readme = readme_text(publication, rows, manifest, table4, f"config/{config_name}", snap,
-                     variants_line, data_files if compact else None, revision, wheel=wheel)
+                     variants_line, data_files if compact else None, revision, wheel=wheel,
+                     present=set(tree_files(out_dir)))
     missing = not_run(study_dir, rows)
     if missing:  # before the column dictionary: what a reader must know first
         cut = readme.index("## How to reproduce")

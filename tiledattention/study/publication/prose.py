@@ -7,7 +7,9 @@ from __future__ import annotations
 import os
 
 from ..presentation.frame import columns_markdown, columns_of
+from ..presentation.hardware import peak_sentence, utilisation_sentence
 from .archive import SNAPSHOT, SNAPSHOT_SOURCE, study_file
+from .measured import how_to_cite, points_by_kind, spread, stack_line
 from .metadata import (
     Publication,
 )
@@ -35,11 +37,12 @@ def rows_summary(rows: list[dict]) -> str:
 def readme_text(pub: Publication, rows: list[dict], manifest: dict, table4: str,
             config_name: str, snapshot: tuple[int, str], variants_line: str = "",
             compact: list[str] | None = None, checkout: str | None = None, *,
-            wheel: str) -> str:
+            wheel: str, present: set[str] | None = None) -> str:
     """The bundle's README; ``compact``: the data files of a compact bundle (its Files
     section names them, and how the figures and tables rebuild from them); ``checkout``:
     the revision whose source its snapshot leaves out; ``wheel``: the bundle's wheel of
-    the package (source/…), which its install line installs."""
+    the package (source/…), which its install line installs; ``present``: the bundle's
+    files (the Files section names only what is there; None: every kind)."""
     from ...stages import STAGES
 
     stack = manifest.get("stack") or {}
@@ -49,15 +52,19 @@ def readme_text(pub: Publication, rows: list[dict], manifest: dict, table4: str,
         headline(rows, manifest) + variants_line, table4, "", "## What was measured", "",
         rows_summary(rows)
         + " (`tables/status.*` groups the rows that are not ok by method, status and "
-        "reason).", "",
+        "reason). Points by kind and pass: " + points_by_kind(rows) + ".", "",
         ("Timing: CUDA events around each call (L2 flushed before each call when the "
          "config says so), " if gpu else "Timing: wall clock around each call on the CPU, ")
         + "methods interleaved over rounds; throughput from the median time with the FLOP "
         "model "
         "4·B·H·Sq·Skv·D (halved when causal). Correctness: each method's output against a "
-        "float64 reference on a slice of heads.", "", "## On what", "",
+        "float64 reference on a slice of heads.", "",
+        *([noise, ""] if (noise := spread(rows)) else []),
+        *([best, ""] if (best := utilisation_sentence(rows, gpu.get("name"))) else []),
+        "## On what", "",
         f"- GPU: {gpu.get('name', '—')} (compute capability "
         f"{gpu.get('compute_capability', '—')}, driver {gpu.get('driver', '—')})",
+        *([f"- {peaks}"] if (peaks := peak_sentence(gpu.get("name"))) else []),
         f"- Software: tiledattention {stack.get('tiledattention')}, torch {stack.get('torch')}"
         f" (CUDA {stack.get('cuda_runtime')}, cuDNN {stack.get('cudnn')}), cuda-tile "
         f"{stack.get('cuda_tile')}, tileiras {stack.get('tileiras')}, Python "
@@ -66,9 +73,9 @@ def readme_text(pub: Publication, rows: list[dict], manifest: dict, table4: str,
         f" at revision {stack.get('git_commit')}"
         + (" (some runs from a tree with uncommitted changes: manifest.json)"
            if manifest.get("runs_from_dirty_tree") else ""),
-        f"- One software stack and GPU across all runs: "
-        f"{'yes' if manifest.get('consistent') else 'NO — see manifest.json mismatches'}",
+        stack_line(manifest),
         f"- Container: {(manifest.get('container') or {}).get('image') or 'none'}", "",
+        *how_to_cite(pub),
         *reproduce_section(pub, manifest, snapshot, checkout, wheel),
         "## Files", "",
         *(_compact_files(compact) if compact is not None else [
@@ -86,13 +93,18 @@ def readme_text(pub: Publication, rows: list[dict], manifest: dict, table4: str,
         + ("Markdown (their CSV and LaTeX rebuild from the rows, below)" if compact is not None
            else "Markdown, CSV, LaTeX"),
         *([] if compact is not None else ["- `figures/`: PNG and PDF"]),
-        "- `compare/`: `tiledattn compare` against a reference (table and figure), when the "
-        "study was compared (`tiledattn reproduce`)",
-        "- `profiles.zip`: Nsight Compute reports, raw CSV "
-        "exports and `summary.md`", "- `manifest.json`: merged version manifest",
+        *_if_present(present, "compare/", "- `compare/`: `tiledattn compare` against a "
+                     "reference (table and figure), when the study was compared "
+                     "(`tiledattn reproduce`)"),
+        *_if_present(present, "profiles.zip", "- `profiles.zip`: Nsight Compute reports, raw "
+                     "CSV exports and `summary.md`"),
+        f"- `{wheel}`: the package as it ran (a wheel of the recorded revision); the "
+        "install line above installs it",
+        "- `manifest.json`: merged version manifest",
         "- `config/`: the exact study config",
-        "- `scaling/`: `tiledattn scaling`, study wall time against GPU count (table and "
-        "figure), when the study's runs were set side by side",
+        *_if_present(present, "scaling/", "- `scaling/`: `tiledattn scaling`, study wall "
+                     "time against GPU count (table and figure), when the study's runs were "
+                     "set side by side"),
         "- `.zenodo.json`, `CITATION.cff`, "
         "`ro-crate-metadata.json`, `SHA256SUMS` (check: `sha256sum -c SHA256SUMS` or "
         "`tiledattn bundle verify`)", "", "## Column dictionary", "",
@@ -101,6 +113,14 @@ def readme_text(pub: Publication, rows: list[dict], manifest: dict, table4: str,
         cut = lines.index("## Column dictionary")
         lines[cut:cut] = _rebuild_section(compact)
     return "\n".join(lines)
+
+
+def _if_present(present: set[str] | None, name: str, line: str) -> list[str]:
+    """``line`` where the bundle holds ``name`` (a file, or a directory ending in "/")."""
+    if present is None or any(p == name or (name.endswith("/") and p.startswith(name))
+                              for p in present):
+        return [line]
+    return []
 
 
 def _compact_files(data_files: list[str]) -> list[str]:
@@ -129,7 +149,11 @@ def _rebuild_section(data_files: list[str]) -> list[str]:
             "LaTeX (`$R/aggregate/tables`: its `*.md` are `tables/` again, `diff` shows at "
             "most a float's last digit where another machine's math library rounds "
             "differently) from them:", "",
-            "```bash", *rebuild_commands(data_files), "```", ""]
+            "```bash", *rebuild_commands(data_files), "```", "",
+            "Redrawing needs neither torch nor a GPU: `python -m pip install --no-deps "
+            "../source` installs `tiledattn` alone, and the `figures` extra's packages "
+            "(`python -m pip install \"matplotlib>=3.7\" \"pandas>=2\" \"pyarrow>=14\"`) "
+            "are all these lines need besides.", ""]
 
 
 # What the README says where no repository URL was known when the bundle was made.
@@ -237,7 +261,27 @@ def not_run(study_dir: str, rows: list[dict]) -> list[str]:
                         key=lambda s: s.rows_file is None):
         out += stage.not_run(os.path.join(study_dir, stage.name),
                              lambda path: study_file(path, study_dir))
+    out += [f"- figures: {name} not drawn, nothing to draw ({_line(why)})"
+            for name, why in sorted(not_drawn(study_dir).items())]
     return out
+
+
+def not_drawn(study_dir: str) -> dict[str, str]:
+    """{figure: why} of the study's figures with nothing drawn (``tiledattn figures``
+    lists them beside the figures): the bundle leaves them out and says why."""
+    import json
+
+    from ...safeio import JSON_MAX, read_bytes
+    from ..presentation.plotting import NOT_DRAWN
+
+    path = os.path.join(study_dir, "figures", NOT_DRAWN)
+    if not os.path.lexists(path):
+        return {}
+    try:
+        listed = json.loads(read_bytes(study_file(path, study_dir), cap=JSON_MAX))
+    except ValueError:
+        return {}
+    return {str(k): str(v) for k, v in listed.items()} if isinstance(listed, dict) else {}
 
 
 def _line(text) -> str:
@@ -279,6 +323,7 @@ def rebuild_commands(data_files: list[str]) -> list[str]:
     only = "".join(f" --{s.name} $R/{s.name}" for s in stages
                    if not any(v == "figures" for v, _ in s.verbs))
     opts = (" " + " ".join(extra)) if extra else ""
-    lines += [f"tiledattn figures --rows $R/rows/rows-shard0of1.jsonl --out $R/figures{opts}",
+    lines += [f"tiledattn figures --rows $R/rows/rows-shard0of1.jsonl --out $R/figures"
+              f" --manifest manifest.json{opts}",
               f"tiledattn aggregate --rows $R/rows --out $R/aggregate{opts}{only}"]
     return lines

@@ -641,7 +641,7 @@ def figure(checks: list[Check], out_dir: str) -> list[str]:
         ax.set_ylabel("new ÷ reference − 1 (%)")
         ax.legend(loc="best", fontsize=6)
     fig.suptitle("Against the reference (grey: tolerance band)")
-    return save(fig, out_dir, "compare")
+    return save(fig, out_dir, "compare", record=False)
 
 
 # --- the command ------------------------------------------------------------------------------

@@ -162,4 +162,36 @@ def write(paths: list[str], names: list[str] | None, out_dir: str) -> list[str]:
         f.write(buf.getvalue())
     with open(out[1], "w") as f:
         f.write(markdown(names, [g for _, g in loaded], columns, rows, means))
-    return out
+    return out + figure(names, [g for _, g in loaded], columns, rows, means, out_dir)
+
+
+def figure(names: list[str], gpus: list[str], columns: list[str], rows: list[list],
+           means: list[list], out_dir: str) -> list[str]:
+    """systems.png/.pdf: one panel per pass, each system's TiledAttention time over the
+    first system's per point (sorted, so the spread shows) with the geomean dashed and
+    labelled as the table prints it. Nothing is drawn that systems.md does not state."""
+    try:
+        from ..presentation.plotting import grid, legend, plt, save
+    except ImportError:  # no matplotlib: the table alone (figures are the [figures] extra)
+        return []
+    pyplot = plt()
+    passes = [m[0] for m in means]
+    fig, axes = grid(pyplot, len(passes))
+    ratio_cols = [i for i, c in enumerate(columns) if c.endswith(f"÷ {names[0]} time")]
+    for ax, p, mean in zip(axes, passes, means):
+        for k, i in enumerate(ratio_cols):
+            ys = sorted(r[i] for r in rows if r[0] == p and r[i] is not None)
+            ax.plot(range(len(ys)), ys, ".", ms=3, color=f"C{k}",
+                    label=f"{columns[i].split(' ÷ ')[0]} ÷ {names[0]}, per point")
+            if mean[i] is not None:
+                ax.axhline(mean[i], ls="--", color=f"C{k}", lw=1)
+                ax.text(0, mean[i], f"geomean {mean[i]}", va="bottom", fontsize=7)
+        ax.axhline(1.0, color="0.4", lw=0.8)
+        ax.set_title({"fwd": "forward", "fwd+bwd": "forward+backward"}.get(p, p))
+        ax.set_xlabel("points, sorted")
+        ax.set_ylabel(f"time ÷ {names[0]}'s")
+    legend(fig, axes)
+    fig.suptitle(" vs ".join(f"{n} ({g})" for n, g in zip(names, gpus))
+                 + ": TiledAttention's kernel time ÷ the first system's at the same points "
+                 "(< 1: faster)")
+    return save(fig, out_dir, "systems", record=False)
