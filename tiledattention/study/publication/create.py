@@ -201,6 +201,25 @@ def _package_source(repo_root: str) -> dict[str, str]:
     return source
 
 
+def wheel_cli_options(wheel: str) -> dict[str, set[str]] | None:
+    """The options ``tiledattn figures`` and ``aggregate`` of the bundle's own wheel take
+    (its README's rebuild lines must run with it: a reference made again ships the older
+    revision that measured), read from the wheel's ``--help``; None where it cannot say."""
+    import re
+    import sys
+
+    out = {}
+    for verb in ("figures", "aggregate"):
+        run = subprocess.run(
+            [sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
+             "from tiledattention.cli import main; main([sys.argv[2], '--help'])", wheel, verb],
+            capture_output=True, text=True, timeout=120)
+        if run.returncode != 0:
+            return None
+        out[verb] = set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", run.stdout))
+    return out
+
+
 def _source_wheel(out_dir: str, repo_root: str, revision: str | None) -> str:
     """source/<wheel> in the bundle (its path there): the recorded revision's committed
     tree where ``revision`` names it, else the package that ran with its pyproject.toml."""
@@ -528,7 +547,8 @@ def _build(out_dir: str, study_dir: str, rows: list[dict], manifest: dict, *, co
         stage_rows_in(study_dir, "workloads"))
     readme = readme_text(publication, rows, manifest, table4, f"config/{config_name}", snap,
                      variants_line, data_files if compact else None, revision, wheel=wheel,
-                     present=set(tree_files(out_dir)))
+                     present=set(tree_files(out_dir)),
+                     cli=wheel_cli_options(os.path.join(out_dir, wheel)) if compact else None)
     missing = not_run(study_dir, rows)
     if missing:  # before the column dictionary: what a reader must know first
         cut = readme.index("## How to reproduce")

@@ -37,12 +37,14 @@ def rows_summary(rows: list[dict]) -> str:
 def readme_text(pub: Publication, rows: list[dict], manifest: dict, table4: str,
             config_name: str, snapshot: tuple[int, str], variants_line: str = "",
             compact: list[str] | None = None, checkout: str | None = None, *,
-            wheel: str, present: set[str] | None = None) -> str:
+            wheel: str, present: set[str] | None = None,
+            cli: dict[str, set[str]] | None = None) -> str:
     """The bundle's README; ``compact``: the data files of a compact bundle (its Files
     section names them, and how the figures and tables rebuild from them); ``checkout``:
     the revision whose source its snapshot leaves out; ``wheel``: the bundle's wheel of
     the package (source/…), which its install line installs; ``present``: the bundle's
-    files (the Files section names only what is there; None: every kind)."""
+    files (the Files section names only what is there; None: every kind); ``cli``: the
+    options the wheel's ``tiledattn figures`` / ``aggregate`` take (None: today's)."""
     from ...stages import STAGES
 
     stack = manifest.get("stack") or {}
@@ -111,7 +113,7 @@ def readme_text(pub: Publication, rows: list[dict], manifest: dict, table4: str,
         columns_markdown(columns_of(rows)) if rows else "(no rows)", ""]
     if compact is not None:
         cut = lines.index("## Column dictionary")
-        lines[cut:cut] = _rebuild_section(compact)
+        lines[cut:cut] = _rebuild_section(compact, cli)
     return "\n".join(lines)
 
 
@@ -139,7 +141,8 @@ def _compact_files(data_files: list[str]) -> list[str]:
         "no figures (they rebuild from the rows, below)"]
 
 
-def _rebuild_section(data_files: list[str]) -> list[str]:
+def _rebuild_section(data_files: list[str], cli: dict[str, set[str]] | None = None
+                     ) -> list[str]:
     """## Figures and tables from the rows: the exact commands (tests run them)."""
     return ["## Figures and tables from the rows", "",
             "This compact bundle holds the measurements, not the figures, and its tables as "
@@ -149,7 +152,7 @@ def _rebuild_section(data_files: list[str]) -> list[str]:
             "LaTeX (`$R/aggregate/tables`: its `*.md` are `tables/` again, `diff` shows at "
             "most a float's last digit where another machine's math library rounds "
             "differently) from them:", "",
-            "```bash", *rebuild_commands(data_files), "```", "",
+            "```bash", *rebuild_commands(data_files, cli), "```", "",
             "Redrawing needs neither torch nor a GPU: `python -m pip install --no-deps "
             "../source` installs `tiledattn` alone, and the `figures` extra's packages "
             "(`python -m pip install \"matplotlib>=3.7\" \"pandas>=2\" \"pyarrow>=14\"`) "
@@ -289,9 +292,12 @@ def _line(text) -> str:
     return " ".join(str(text).split())
 
 
-def rebuild_commands(data_files: list[str]) -> list[str]:
+def rebuild_commands(data_files: list[str], cli: dict[str, set[str]] | None = None
+                     ) -> list[str]:
     """The shell lines that unpack a compact bundle's rows (outside it, in REBUILT) and
-    rebuild its figures and tables with ``tiledattn figures`` and ``tiledattn aggregate``."""
+    rebuild its figures and tables with ``tiledattn figures`` and ``tiledattn aggregate``;
+    ``cli``: the options each verb of the bundle's own package takes (an option it lacks
+    is left out of its line), None for today's."""
     from ...stages import STAGES
 
     have = set(data_files)
@@ -318,12 +324,17 @@ def rebuild_commands(data_files: list[str]) -> list[str]:
         extra.append("--shapes " + " ".join(f"$R/shapes/{g}" for g in grids))
     # A stage's --<name> DIR goes to both verbs when figures reads it, else to aggregate
     # alone, after the others.
+    figures = (cli or {}).get("figures")
+
+    def takes(option: str) -> bool:
+        return figures is None or option in figures
     extra += [f"--{s.name} $R/{s.name}" for s in stages
-              if any(v == "figures" for v, _ in s.verbs)]
+              if any(v == "figures" for v, _ in s.verbs) and takes(f"--{s.name}")]
     only = "".join(f" --{s.name} $R/{s.name}" for s in stages
-                   if not any(v == "figures" for v, _ in s.verbs))
+                   if not (any(v == "figures" for v, _ in s.verbs) and takes(f"--{s.name}")))
     opts = (" " + " ".join(extra)) if extra else ""
+    manifest = " --manifest manifest.json" if takes("--manifest") else ""
     lines += [f"tiledattn figures --rows $R/rows/rows-shard0of1.jsonl --out $R/figures"
-              f" --manifest manifest.json{opts}",
+              f"{manifest}{opts}",
               f"tiledattn aggregate --rows $R/rows --out $R/aggregate{opts}{only}"]
     return lines
