@@ -335,7 +335,7 @@ def create(study_dir: str, out_dir: str, *, config: dict, config_name: str, repo
         if not os.path.lexists(need):
             raise StudyError(f"bundle: {need} is missing (run the aggregate and manifest "
                              "steps first)")
-    _check_tables(agg)
+    _check_tables(agg, study_dir)
     _check_out(out_dir, study_dir, repo_root, force)
     publication = dataclasses.replace(
         publication, repository=repository_url(publication.repository, repo_root))
@@ -372,12 +372,17 @@ def create(study_dir: str, out_dir: str, *, config: dict, config_name: str, repo
     return {"dir": out_dir, "zip": zip_path, "files": files}
 
 
-def _check_tables(agg: str) -> None:
+def _check_tables(agg: str, study_dir: str) -> None:
     """The aggregate's tables are all there: an aggregate stopped before them (or run with
-    --rows-only) left a study that is not ready to publish."""
+    --rows-only) left a study that is not ready to publish. A study made before the
+    workloads stage existed (a committed reference made again) has no rows for it and
+    needs no tables of it."""
     from ..presentation.tables import NAMES
+    from ..presentation.workloads_report import NAMES as WORKLOADS
 
-    missing = [n for n in NAMES if not os.path.isfile(os.path.join(agg, "tables", f"{n}.md"))]
+    ran = os.path.isdir(os.path.join(study_dir, "workloads"))
+    missing = [n for n in NAMES if not os.path.isfile(os.path.join(agg, "tables", f"{n}.md"))
+               and (ran or n not in WORKLOADS)]
     if missing:
         raise StudyError(f"bundle: {agg}/tables lacks {len(missing)} of the study's "
                          f"{len(NAMES)} tables ({', '.join(missing[:3])}"

@@ -48,7 +48,6 @@ def study_of(bundle: str, study: str) -> str:
     agg = os.path.join(study, "aggregate")
     _gunzip(os.path.join(data, "rows.jsonl.gz"), os.path.join(agg, "rows.jsonl"))
     shutil.copytree(os.path.join(bundle, "tables"), os.path.join(agg, "tables"))
-    _tables_it_predates(os.path.join(agg, "tables"))
     for name in os.listdir(data):
         src = os.path.join(data, name)
         if name == "ladder-rows.jsonl.gz":
@@ -77,19 +76,6 @@ def study_of(bundle: str, study: str) -> str:
     os.makedirs(os.path.dirname(config))
     shutil.copyfile(os.path.join(bundle, "config", "study-config.yaml"), config)
     return config
-
-
-def _tables_it_predates(tables: str) -> None:
-    """The tables of a stage the reference never ran (it predates it: the workloads
-    stage) written from no rows, so they say that nothing of it was measured; every table
-    it has is kept as published."""
-    from ..presentation.workloads_report import tables as workload_tables
-
-    for table in workload_tables([]):
-        path = os.path.join(tables, f"{table.name}.md")
-        if not os.path.isfile(path):
-            with open(path, "w", encoding="utf-8") as f:
-                f.write(table.to_markdown())
 
 
 def recorded_revision(bundle: str, repo: str) -> str:
