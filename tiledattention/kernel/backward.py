@@ -311,21 +311,32 @@ def dkdv_program(Q, K, V, dOut, Lse, Delta, Mask, extra, dK, dV, dQacc, scalars,
         CuQ, CuK, SeqK, TileMap, WIN_L, WIN_R = seqs
         b, bid_n, valid = mapped_tile(TileMap, ct.bid(0))
         if valid:
-            qs, qe = sequence_span(CuQ, b, Q.shape[2])
-            ks, ke = sequence_span(CuK, b, K.shape[2])
-            seq_k = ke - ks
-            if f.SEQUSED:
-                seq_k = ct.minimum(ct.maximum(ct.gather(SeqK, b), 0), seq_k)
-            arrays = (sequence_slice(Q, qs, qe), sequence_slice(K, ks, ke),
-                      sequence_slice(V, ks, ke), sequence_slice(dOut, qs, qe),
-                      sequence_slice(Lse, qs, qe),
-                      sequence_slice(Delta, qs, qe), Mask)
+            arrays, ks, ke, seq_k, diag = sequence_arrays(
+                (Q, K, V, dOut, Lse, Delta, Mask), seqs, b, f)
             dkdv_key_tile(arrays, extra, sequence_slice(dK, ks, ke),
                           sequence_slice(dV, ks, ke), dQacc, scalars, f, fns, b,
-                          bid_n, 0, seq_k, (seq_k - (qe - qs), f.WINDOW, WIN_L, WIN_R))
+                          bid_n, 0, seq_k, diag)
     else:
         dkdv_key_tile((Q, K, V, dOut, Lse, Delta, Mask), extra, dK, dV, dQacc, scalars, f,
                       fns, b, bid_n, b, K.shape[2], None)
+
+
+def sequence_arrays(arrays, seqs, b, f):
+    """(arrays, key start, key stop, keys, diag) of packed sequence ``b``: the score
+    kernels' arrays (Q, K, V, dO, Lse, Delta, Mask) sliced to its rows and keys, its keys
+    capped by ``SeqK``, and ``keep_tile``'s bottom-right diagonal (shift, WINDOW, WIN_L,
+    WIN_R)."""
+    Q, K, V, dOut, Lse, Delta, Mask = arrays
+    CuQ, CuK, SeqK, TileMap, WIN_L, WIN_R = seqs
+    qs, qe = sequence_span(CuQ, b, Q.shape[2])
+    ks, ke = sequence_span(CuK, b, K.shape[2])
+    seq_k = ke - ks
+    if f.SEQUSED:
+        seq_k = ct.minimum(ct.maximum(ct.gather(SeqK, b), 0), seq_k)
+    sliced = (sequence_slice(Q, qs, qe), sequence_slice(K, ks, ke), sequence_slice(V, ks, ke),
+              sequence_slice(dOut, qs, qe), sequence_slice(Lse, qs, qe),
+              sequence_slice(Delta, qs, qe), Mask)
+    return sliced, ks, ke, seq_k, (seq_k - (qe - qs), f.WINDOW, WIN_L, WIN_R)
 
 
 def dkdv_key_tile(arrays, extra, dK, dV, dQacc, scalars, f, fns, b, bid_n, ab, seq_k, diag):
@@ -435,18 +446,11 @@ def dq_program(Q, K, V, dOut, Lse, Delta, Mask, extra, Out, Dlse, dQ, scalars, f
         CuQ, CuK, SeqK, TileMap, WIN_L, WIN_R = seqs
         b, bid_m, valid = mapped_tile(TileMap, ct.bid(0))
         if valid:
+            arrays, _, _, seq_k, diag = sequence_arrays(
+                (Q, K, V, dOut, Lse, Delta, Mask), seqs, b, f)
             qs, qe = sequence_span(CuQ, b, Q.shape[2])
-            ks, ke = sequence_span(CuK, b, K.shape[2])
-            seq_k = ke - ks
-            if f.SEQUSED:
-                seq_k = ct.minimum(ct.maximum(ct.gather(SeqK, b), 0), seq_k)
-            arrays = (sequence_slice(Q, qs, qe), sequence_slice(K, ks, ke),
-                      sequence_slice(V, ks, ke), sequence_slice(dOut, qs, qe),
-                      sequence_slice(Lse, qs, qe),
-                      sequence_slice(Delta, qs, qe), Mask)
             dq_query_tile(arrays, extra, Out, Dlse, sequence_slice(dQ, qs, qe),
-                          scalars, f, fns, b, bid_m, 0, seq_k,
-                          (seq_k - (qe - qs), f.WINDOW, WIN_L, WIN_R))
+                          scalars, f, fns, b, bid_m, 0, seq_k, diag)
     else:
         dq_query_tile((Q, K, V, dOut, Lse, Delta, Mask), extra, Out, Dlse, dQ, scalars, f,
                       fns, b, bid_m, b, K.shape[2], None)

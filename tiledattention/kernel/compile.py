@@ -62,7 +62,11 @@ def _arrays(io_name: str, mask_name: str | None, aux: tuple = ()) -> dict:
     arrays.update(dQacc=export_array(f32, 4), Lse=export_array(f32, 3),
                   Delta=export_array(f32, 3), Dlse=export_array(f32, 3),
                   Mask=export_array(getattr(ct, mask_name or "float32"), 4),
-                  BlkCnt=_gathered(ct.int32, 4), BlkIdx=_gathered(ct.int32, 4))
+                  BlkCnt=_gathered(ct.int32, 4), BlkIdx=_gathered(ct.int32, 4),
+                  # packed / paged sequences: offsets, block table, tile map (gathered)
+                  CuQ=_gathered(ct.int32, 1), CuK=_gathered(ct.int32, 1),
+                  SeqK=_gathered(ct.int32, 1), Cu=_gathered(ct.int32, 1),
+                  Pages=_gathered(ct.int32, 2), TileMap=_gathered(ct.int32, 2))
     for i in range(_mods.MAX_TENSORS):
         dtype, ndim, *grad = aux[i] if i < len(aux) else (ct.int32, 4)
         arrays[f"A{i}"] = _gathered(dtype, ndim)
@@ -78,7 +82,8 @@ def _scalars() -> dict:
 
     f32, i32 = ScalarConstraint(ct.float32), ScalarConstraint(ct.int32)
     return dict(qk_scale_log2=f32, inv_scale=f32, scale=f32, GROUP=i32, SEQ_Q=i32,
-                NUM_SPLITS=i32, SPLIT_TILES=i32, seq_q=i32, seq_k=i32, HEADS=i32)
+                NUM_SPLITS=i32, SPLIT_TILES=i32, seq_q=i32, seq_k=i32, HEADS=i32,
+                WIN_L=i32, WIN_R=i32, STEPS=i32)
 
 
 def signature(spec: KernelSpec, arrays: dict, constants: dict):
@@ -163,3 +168,44 @@ def export_classify_cubin(mods, gpu_code: str, tile_m: int = 64, tile_n: int = 6
     arrays["Cls"] = _gathered(ct.int32, 4)
     sig = signature(CLASSIFY, arrays, dict(TILE_M=tile_m, TILE_N=tile_n, CAUSAL=causal))
     return _export(CLASSIFY, CLASSIFY.kernel(mods), sig, gpu_code, "a block mask")
+
+
+def export_workload_cubins(work, gpu_code: str, *, paged: bool = False,
+                           backward: tuple[str, ...] = ("dkdv", "dq")) -> dict[str, bytes]:
+    """Every kernel a packed (or, ``paged``, a paged decode) call of ``work``
+    (``workload_check.Workload``) launches, with the constants its plans pass: the tile
+    map, the forward and, packed, the backward's dQ and dK/dV."""
+    from ..schedules.schedule import default_schedule
+    from . import workload as W
+    from .spec import DKDV_SEQS, DQ_SEQS, FWD_SEQS, SEQMAP
+
+    arrays = _arrays(str(work.dtype).removeprefix("torch."), None)
+    mods = _mods.NONE
+    s = W._paged_tiles(default_schedule(work.head_dim, work.causal), work.page_size) \
+        if paged else default_schedule(work.head_dim, work.causal)
+    if paged:
+        fwd = W._fwd_values(work, s, mods, return_lse=True, varlen_q=False, varlen_k=False,
+                            paged=True, page_tiles=work.page_size // s.tile_n, split=4,
+                            split_tiles=8, packed=True, seq_q=1)
+    else:
+        fwd = W._fwd_values(work, s, mods, return_lse=True, varlen_q=True, varlen_k=True,
+                            paged=False, group=work.heads_q // work.heads_kv)
+    out = {}
+    for spec, values, hints in ((FWD_SEQS, fwd, fwd_hints(s)),
+                                (SEQMAP, dict(TILE=s.tile_m, BPAD=16, FIRST_HEAVY=False), {})):
+        consts = {k: v for k, v in values.items() if k in spec.constants()}
+        out[spec.name] = _export(spec, spec.kernel(mods, **hints), signature(
+            spec, arrays, consts), gpu_code, "a packed call")
+    if not paged:
+        b = W.varlen_bwd_schedule(work)
+        common = dict(GROUP=work.heads_q // work.heads_kv, **W.head_dim_constants(
+            work.head_dim), CAUSAL=work.causal, HAS_SCORE_MOD=False, HAS_MASK_MOD=False,
+            SEQUSED=work.seqused, WINDOW=work.window != (-1, -1))
+        steps = {"dkdv": (DKDV_SEQS, dict(common, TILE_M=b.dkdv_m, TILE_N=b.dkdv_n,
+                                          KEY_ROWS=b.key_rows, ONE_HEAD=False)),
+                 "dq": (DQ_SEQS, dict(common, TILE_M=b.dq_m, TILE_N=b.dq_n))}
+        for spec, values in (steps[name] for name in backward):
+            consts = {k: v for k, v in values.items() if k in spec.constants()}
+            out[spec.name] = _export(spec, spec.kernel(mods, **b.hints()), signature(
+                spec, arrays, consts), gpu_code, "a packed call's backward")
+    return out
