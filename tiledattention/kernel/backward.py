@@ -373,10 +373,6 @@ def dkdv_key_tile(arrays, extra, dK, dV, dQacc, scalars, f, fns, b, bid_n, ab, s
         m_lo, m_hi, mask_end = seq_query_range(bid_n * TILE_N, seq_q, diag[0], TILE_M, TILE_N,
                                                f.CAUSAL, f.WINDOW, diag[2], diag[3])
         m_hi = ct.where(bid_n * TILE_N < seq_k, m_hi, m_lo)  # keys past seqused_k: zeros
-        # Only a sequence's last key tile has keys past its end: the others need the key
-        # tail's mask no more than a dense key tile does (the dense kernel knows it from
-        # EVEN_N, a constant; here it is per program).
-        edge = bid_n * TILE_N + TILE_N > seq_k
     else:
         m_lo, m_hi, mask_end = query_range(bid_n * TILE_N, seq_q, TILE_M, TILE_N, f.CAUSAL)
 
@@ -405,11 +401,8 @@ def dkdv_key_tile(arrays, extra, dK, dV, dQacc, scalars, f, fns, b, bid_n, ab, s
                 # The key tail is masked on every query tile (no padded key reaches dQ).
                 # MASK_ALL: one loop body (the causal mask past the diagonal adds nothing)
                 # instead of a masked and an unmasked version of it, which spill at D > 128.
-                on_diag = TAIL or f.MASK_ALL or i < mask_end
-                if has_seqs(f):
-                    on_diag = f.MASK_ALL or (edge | (i < mask_end))
-                acc = dkdv_tile(kv, acc, arrays, fns, aux, where, i, bid_n, on_diag,
-                                f.HAS_MASK_MOD, f, dQacc)
+                acc = dkdv_tile(kv, acc, arrays, fns, aux, where, i, bid_n,
+                                TAIL or f.MASK_ALL or i < mask_end, f.HAS_MASK_MOD, f, dQacc)
 
     dk0, dk1, dk2, dv0, dv1, dv2 = acc
     dk0, dk1, dk2 = scale_chunks(dk0, dk1, dk2, scale, NCHUNK)
@@ -480,10 +473,6 @@ def dq_query_tile(arrays, extra, Out, Dlse, dQ, scalars, f, fns, b, bid_m, ab, s
     stats = None  # (lse, delta) loaded on every key tile, as the dK/dV program does
     if f.DELTA:
         stats = dq_row_stats(Out, Lse, Delta, Dlse, do, b, h, bid_m, f)
-    elif has_seqs(f):
-        # delta came from the delta kernel over the packed rows: loaded once, as the
-        # dense dQ computes it once (``DELTA``), not on every key tile
-        stats = load_row_stats(Lse, Delta, ab, h, bid_m, TILE_M, bwd_zero_safe(f))
     acc = zeros_chunks(TILE_M, W0, W1, W2)
     aux = (A0, A1, A2, A3, None, None, None, None)
     where = (b, h, hk, seq_k, qk_scale_log2, inv_scale, scale, ab, diag)
@@ -621,7 +610,7 @@ def attention_bwd_dkdv_seqs(
     qk_scale_log2: float, inv_scale: float, scale: float, GROUP: int, WIN_L: int, WIN_R: int,
     TILE_M: ConstInt, TILE_N: ConstInt, NCHUNK: ConstInt,
     W0: ConstInt, W1: ConstInt, W2: ConstInt, CAUSAL: ConstBool, KEY_ROWS: ConstBool,
-    MASK_ALL: ConstBool, ONE_HEAD: ConstBool, HAS_SCORE_MOD: ConstBool, HAS_MASK_MOD: ConstBool,
+    ONE_HEAD: ConstBool, HAS_SCORE_MOD: ConstBool, HAS_MASK_MOD: ConstBool,
     SEQUSED: ConstBool, WINDOW: ConstBool,
 ):
     """dK/dV of packed sequences (``sdpa_varlen``): Q, dO [1, Hq, total_q, D], Lse and
@@ -632,9 +621,8 @@ def attention_bwd_dkdv_seqs(
                  dQacc, (qk_scale_log2, inv_scale, scale, GROUP),
                  DkdvFlags(TILE_M=TILE_M, TILE_N=TILE_N, NCHUNK=NCHUNK, W0=W0, W1=W1, W2=W2,
                            CAUSAL=CAUSAL, EVEN_N=False, HAS_MASK=False, MASK_BATCH=False,
-                           MASK_HEAD=False, MASK_ROWS=False, DQ_ATOMIC=False,
-                           MASK_ALL=MASK_ALL, KEY_ROWS=KEY_ROWS, ONE_HEAD=ONE_HEAD,
-                           HAS_SCORE_MOD=HAS_SCORE_MOD,
+                           MASK_HEAD=False, MASK_ROWS=False, DQ_ATOMIC=False, MASK_ALL=False,
+                           KEY_ROWS=KEY_ROWS, ONE_HEAD=ONE_HEAD, HAS_SCORE_MOD=HAS_SCORE_MOD,
                            HAS_MASK_MOD=HAS_MASK_MOD, VARLEN_Q=True, VARLEN_K=True,
                            SEQUSED=SEQUSED, WINDOW=WINDOW),
                  (SCORE_MOD, SCORE_GRAD, MASK_MOD, SCORE_CAPGRAD),

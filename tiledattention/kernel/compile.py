@@ -202,8 +202,7 @@ def export_workload_cubins(work, gpu_code: str, *, paged: bool = False,
             work.head_dim), CAUSAL=work.causal, HAS_SCORE_MOD=False, HAS_MASK_MOD=False,
             SEQUSED=work.seqused, WINDOW=work.window != (-1, -1))
         steps = {"dkdv": (DKDV_SEQS, dict(common, TILE_M=b.dkdv_m, TILE_N=b.dkdv_n,
-                                          KEY_ROWS=b.key_rows, ONE_HEAD=False,
-                                          MASK_ALL=work.causal and work.head_dim > 128)),
+                                          KEY_ROWS=b.key_rows, ONE_HEAD=False)),
                  "dq": (DQ_SEQS, dict(common, TILE_M=b.dq_m, TILE_N=b.dq_n))}
         for spec, values in (steps[name] for name in backward):
             consts = {k: v for k, v in values.items() if k in spec.constants()}

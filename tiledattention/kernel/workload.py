@@ -325,9 +325,8 @@ def varlen_bwd_plan(w: Workload, device, mods, has_dlse: bool, schedule=None) ->
                   HAS_SCORE_MOD=mods.has_score_mod, HAS_MASK_MOD=mods.has_mask_mod,
                   SEQUSED=w.seqused, WINDOW=w.window != (-1, -1))
     one_head = w.heads_q == w.heads_kv and w.head_dim in ONE_HEAD_DIMS
-    # MASK_ALL: one masked loop body where two would spill (the dense rule, D > 128 causal)
     dkdv_values = dict(common, TILE_M=s.dkdv_m, TILE_N=s.dkdv_n, KEY_ROWS=s.key_rows,
-                       MASK_ALL=w.causal and w.head_dim > 128, ONE_HEAD=one_head)
+                       ONE_HEAD=one_head)
     dq_values = dict(common, TILE_M=s.dq_m, TILE_N=s.dq_n)
     wd = _pow2(w.head_dim)
     delta_values = dict(TILE_M=DELTA_TILE_M, WD=wd, HAS_DLSE=has_dlse, ZERO_DQ=False)
