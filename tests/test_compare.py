@@ -364,3 +364,15 @@ def test_compare_refuses_a_bundle_that_fails_its_checksums_in_one_line(
     assert "PASS" not in out and len(err.strip().splitlines()) == 1, (out, err)
     assert f"changed: {rel} (checksum differs)" in err and "fails its checksums" in err
     assert not (tmp_path / "cmp").exists()
+
+
+def test_the_compare_figure_names_the_gpu_of_the_new_rows(tmp_path, monkeypatch):
+    # issue 50: every figure names the GPU; the comparison's did not
+    from tiledattention.study.presentation import plotting
+
+    titles = []
+    monkeypatch.setattr(plotting, "save", lambda fig, out, name, record=True:
+                        titles.append(fig._suptitle.get_text()) or [])
+    ref = "results/reference/h200"
+    assert main(["compare", ref, ref, "--out", str(tmp_path / "cmp")]) == 0
+    assert titles and titles[0].startswith("NVIDIA H200"), titles

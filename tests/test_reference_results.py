@@ -105,7 +105,7 @@ def test_the_committed_tables_rebuild_from_the_committed_rows(ref, tmp_path):
     run = subprocess.run(["bash", "-e", "-c", script], cwd=copy, capture_output=True,
                          text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
-    rebuilt = tmp_path / "rebuilt"
+    rebuilt = tmp_path / "rebuilt-bundle"  # one per bundle, named after its directory
     assert len(list((rebuilt / "figures").glob("*.png"))) >= 10
     for name in sorted(os.listdir(copy / "tables")):
         want, got = (copy / "tables" / name).read_text(), \

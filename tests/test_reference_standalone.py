@@ -108,7 +108,7 @@ def test_a_committed_reference_reruns_from_the_bundle_alone(ref, tmp_path):
     # Every table rebuilds from the rows with the bundle's own package.
     run = _run("\n".join(_block(readme, "Figures and tables from the rows")), bundle, env)
     assert run.returncode == 0, run.stderr[-3000:]
-    rebuilt = tmp_path / "empty" / "rebuilt" / "aggregate" / "tables"
+    rebuilt = tmp_path / "empty" / "rebuilt-downloaded-bundle" / "aggregate" / "tables"
     for name in sorted(os.listdir(bundle / "tables")):
         want, got = (bundle / "tables" / name).read_text(), (rebuilt / name).read_text()
         # The committed status table was grouped by a later revision than the one that

@@ -14,7 +14,9 @@ from .metadata import (
     Publication,
 )
 
-REBUILT = "../rebuilt"  # where the README's commands unpack the rows: outside the bundle
+# Where the README's commands unpack the rows: outside the bundle, one directory per bundle
+# (two bundles rebuilt side by side, H100 and H200, no longer write into one).
+REBUILT = '../rebuilt-"$(basename "$PWD")"'
 
 
 def headline(rows: list[dict], manifest: dict) -> str:
@@ -312,7 +314,8 @@ def rebuild_commands(data_files: list[str], cli: dict[str, set[str]] | None = No
               *[(f"{s.data_name}.gz", f"{s.name}/{s.rows_file}") for s in stages]]
     unpack = [(src, dest) for src, dest in unpack if f"data/{src}" in have]
     r = REBUILT
-    lines = [f"R={r}   # outside the bundle: SHA256SUMS lists exactly what is in it",
+    lines = [f"R={r}   # outside the bundle (SHA256SUMS lists exactly what is in it), one "
+             "per bundle",
              "mkdir -p " + " ".join(sorted({f"$R/{os.path.dirname(d)}" for _, d in unpack}))]
     lines += [f"gunzip -c data/{src} > $R/{dest}" for src, dest in unpack]
     extra = []

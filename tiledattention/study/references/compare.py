@@ -529,7 +529,8 @@ def _cells(c: Check) -> list:
             round(100 * c.upper, 1), c.verdict, c.why, c.stage]
 
 
-def write(checks: list[Check], out_dir: str, *, new_name: str, ref: dict) -> list[str]:
+def write(checks: list[Check], out_dir: str, *, new_name: str, ref: dict,
+          gpu: str | None = None) -> list[str]:
     """compare.csv (every check), compare.md (the verdict, per method, then the checks that
     did not pass) and compare.png/.pdf (percent differences against the bounds)."""
     os.makedirs(out_dir, exist_ok=True)
@@ -542,7 +543,7 @@ def write(checks: list[Check], out_dir: str, *, new_name: str, ref: dict) -> lis
         f.write(buf.getvalue())
     with open(paths[1], "w") as f:
         f.write(markdown(checks, new_name=new_name, ref=ref))
-    return paths + figure(checks, out_dir)
+    return paths + figure(checks, out_dir, gpu)
 
 
 def verdict_line(checks: list[Check]) -> str:
@@ -607,9 +608,10 @@ def markdown(checks: list[Check], *, new_name: str, ref: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def figure(checks: list[Check], out_dir: str) -> list[str]:
+def figure(checks: list[Check], out_dir: str, gpu: str | None = None) -> list[str]:
     """Percent difference per point: times (top) and ratios (bottom), one panel per measure
-    (kernel time, call latency, the model stage's time), the tolerance band shaded."""
+    (kernel time, call latency, the model stage's time), the tolerance band shaded; the GPU
+    the new rows ran on opens the title, as on every figure of the study."""
     from ..presentation.plotting import color, grid, no_data, plt, save
 
     p = plt()
@@ -640,7 +642,7 @@ def figure(checks: list[Check], out_dir: str) -> list[str]:
         ax.set_xlabel("point (sorted by key)")
         ax.set_ylabel("new ÷ reference − 1 (%)")
         ax.legend(loc="best", fontsize=6)
-    fig.suptitle("Against the reference (grey: tolerance band)")
+    fig.suptitle(f"{gpu + ': ' if gpu else ''}against the reference (grey: tolerance band)")
     return save(fig, out_dir, "compare", record=False)
 
 
@@ -693,7 +695,7 @@ def run(new: str, reference: str, *, tolerance: list[str] | None, out: str | Non
     if all(c.verdict == "not measured" for c in checks):
         raise StudyError(f"{new} and {reference} share no point and method measured ok in "
                          "the reference: nothing to compare (a different grid?)")
-    return checks, write(checks, out, new_name=f"{new} ({gpu})", ref=ref)
+    return checks, write(checks, out, new_name=f"{new} ({gpu})", ref=ref, gpu=gpu)
 
 
 def check_out(out: str) -> str:
