@@ -13,8 +13,10 @@ import pytest
 
 pytest.importorskip("cuda.tile", reason="cuTile not installed: pip install 'cuda-tile[tileiras]'")
 
-from tiledattention.kernel.flags import FAMILIES  # noqa: E402
-from tiledattention.kernel.spec import score_specs  # noqa: E402
+from tiledattention.kernel.flags import FAMILIES, SeqFlags  # noqa: E402
+from tiledattention.kernel.spec import DKDV_SEQS, DQ_SEQS, FWD_SEQS, score_specs  # noqa: E402
+
+SEQ_FIELDS = {f.name for f in dataclasses.fields(SeqFlags)}
 
 KERNEL = Path(__file__).resolve().parents[1] / "tiledattention" / "kernel"
 
@@ -30,10 +32,19 @@ def test_each_kernels_constants_are_its_familys_fields(plain):
         required = {f.name for f in fields if f.default is dataclasses.MISSING}
         names = {f.name for f in fields}
         constants = spec.constants()
-        # plain kernels leave the variant fields at their defaults (off)
-        assert required <= constants <= names, spec.name
+        # plain kernels leave the variant fields at their defaults (off); the dense ones
+        # leave the packed/paged sequences' fields off
+        assert required <= constants | SEQ_FIELDS and constants <= names, spec.name
         if not plain:
-            assert constants == names, spec.name
+            assert constants == names - SEQ_FIELDS, spec.name
+
+
+def test_the_packed_and_paged_kernels_constants_are_their_familys_fields():
+    # each takes the sequences' fields it reads; every constant is a field of its family
+    for spec in (FWD_SEQS, DKDV_SEQS, DQ_SEQS):
+        names = {f.name for f in dataclasses.fields(_family(spec))}
+        assert spec.constants() <= names, spec.name
+        assert {"CAUSAL", "WINDOW", "SEQUSED"} <= spec.constants(), spec.name
 
 
 def test_entry_points_build_their_flags_by_keyword_from_same_named_parameters():
@@ -49,7 +60,9 @@ def test_entry_points_build_their_flags_by_keyword_from_same_named_parameters():
                 built += 1
                 assert not call.args, f"{fn.name}: {call.func.id} built by position"
                 for kw in call.keywords:
+                    if isinstance(kw.value, ast.Constant):
+                        continue  # a field this entry point fixes (by name all the same)
                     assert isinstance(kw.value, ast.Name) and kw.value.id == kw.arg, (
                         f"{fn.name}: {call.func.id}({kw.arg}=...) is not its own parameter")
                     assert kw.arg in params, f"{fn.name}: {kw.arg} is not a parameter"
-    assert built == 6  # forward, dK/dV, dQ: plain and variant entry points
+    assert built == 9  # forward, dK/dV, dQ: plain, variant and packed/paged entry points
