@@ -131,7 +131,10 @@ def _venv(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def _clean_env(**extra) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    # PYTHON / TORCH_FROM name setup.sh's interpreters: a caller's (scripts/check-dist-
+    # python.sh exports TORCH_FROM) would decide what these tests mean to leave to PATH.
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHON", "TORCH_FROM")}
     return {**env, "PIP_NO_INDEX": "1", **extra}
 
 

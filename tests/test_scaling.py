@@ -92,12 +92,13 @@ def test_a_two_gpu_run_records_itself_and_runs_two_gpu_steps_at_once(tmp_path):
     assert len(runs) == 1 and runs[0]["gpus"] == 2 and runs[0]["end"]["status"] == "ok"
     jobs = runs[0]["end"]["jobs"]
     assert {j["rule"] for j in jobs if j["gpu"]} == {"bench_shard", "ladder", "tune",
-                                                     "profile", "shapes", "model", "variants"}
+                                                     "profile", "shapes", "model", "variants",
+                                                     "workloads"}
     assert {j["rule"] for j in jobs if not j["gpu"]} >= {"plan", "aggregate", "figures",
                                                          "bundle", "bundle_verify"}
     found, notes = scaling.collect([str(results)])
     assert notes == [] and found[0].count == 2 and found[0].peak == 2
-    assert found[0].gpu_steps == 8
+    assert found[0].gpu_steps == 9
     # The table in the study's scaling/ goes into the bundle made next, which verifies.
     assert main(["scaling", str(results), "--out", str(results / "scaling")]) == 0
     assert main(["bundle", "create", "--study", str(results), "--config",

@@ -94,7 +94,8 @@ def test_smoke_study_runs_every_gpu_step_as_a_slurm_job(slurm_smoke):
     assert sorted(j["name"] for j in jobs) == [
         "tiledattn-bench-shard0of2", "tiledattn-bench-shard1of2",
         "tiledattn-ladder-shard0of1", "tiledattn-model", "tiledattn-profile",
-        "tiledattn-shapes-g0-shard0of1", "tiledattn-tune", "tiledattn-variants"], jobs
+        "tiledattn-shapes-g0-shard0of1", "tiledattn-tune", "tiledattn-variants",
+        "tiledattn-workloads"], jobs
     assert all(j["state"] == "COMPLETED" and j["partition"] == "gpu" for j in jobs), jobs
     # Each GPU step was given the GPU it asked for (start-slurm.sh accounts gres/gpu).
     assert all("gres/gpu=1" in j["tres"] for j in jobs), jobs
@@ -119,8 +120,8 @@ def test_the_sharded_slurm_study_yields_the_scaling_table(slurm_smoke, tmp_path)
     with open(table / "scaling.csv") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 1 and rows[0]["launcher"] == "slurm"
-    # two bench shards, ladder, tune, profile, shapes, model, variants
-    assert rows[0]["GPU steps"] == "8"
+    # two bench shards, ladder, tune, profile, shapes, model, variants, workloads
+    assert rows[0]["GPU steps"] == "9"
     assert int(rows[0]["GPUs"]) == int(rows[0]["peak in flight"]) >= 1
     assert 0 < float(rows[0]["serial s"]) < float(rows[0]["wall s"])
     assert (table / "scaling.png").stat().st_size > 0

@@ -381,11 +381,11 @@ def _check_tables(agg: str, study_dir: str) -> None:
     from ..presentation.workloads_report import NAMES as WORKLOADS
 
     ran = os.path.isdir(os.path.join(study_dir, "workloads"))
-    missing = [n for n in NAMES if not os.path.isfile(os.path.join(agg, "tables", f"{n}.md"))
-               and (ran or n not in WORKLOADS)]
+    needed = [n for n in NAMES if ran or n not in WORKLOADS]
+    missing = [n for n in needed if not os.path.isfile(os.path.join(agg, "tables", f"{n}.md"))]
     if missing:
         raise StudyError(f"bundle: {agg}/tables lacks {len(missing)} of the study's "
-                         f"{len(NAMES)} tables ({', '.join(missing[:3])}"
+                         f"{len(needed)} tables ({', '.join(missing[:3])}"
                          f"{', …' if len(missing) > 3 else ''}); run the aggregate step "
                          "again (without --rows-only)")
 
