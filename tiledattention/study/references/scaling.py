@@ -198,9 +198,10 @@ def markdown(runs: list[Run], notes: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def figure(runs: list[Run], out_dir: str) -> list[str]:
+def figure(runs: list[Run], out_dir: str, gpu: str | None = None) -> list[str]:
     """Wall time per GPU count (serial and GPU phase stacked) with the ideal and Amdahl's
-    bound, and the speedup against the ideal."""
+    estimate, and the speedup against the ideal; ``gpu`` (the studies' manifests' GPU)
+    opens the title, as on every figure of a study."""
     from ..presentation.plotting import grid, no_data, plt
 
     p = plt()
@@ -233,7 +234,7 @@ def figure(runs: list[Run], out_dir: str) -> list[str]:
         bx.set_ylabel(f"speedup over {xs[0]} GPU(s)")
         bx.set_title("speedup")
         bx.legend(fontsize=6)
-    fig.suptitle("Study wall time against GPU count")
+    fig.suptitle(f"{gpu + ': ' if gpu else ''}study wall time against GPU count")
     from ..presentation.plotting import save
 
     return save(fig, out_dir, "scaling", record=False)
@@ -254,4 +255,20 @@ def write(studies: list[str], out_dir: str) -> tuple[list[Run], list[str]]:
         f.write(buf.getvalue())
     with open(paths[1], "w") as f:
         f.write(markdown(runs, notes))
-    return runs, paths + figure(runs, out_dir)
+    return runs, paths + figure(runs, out_dir, _gpu_of(studies))
+
+
+def _gpu_of(studies: list[str]) -> str | None:
+    """The GPU the studies' manifests name (the first that names one), else None."""
+    import json
+
+    for study in studies:
+        path = os.path.join(study, "manifest.json")
+        try:
+            with open(path, encoding="utf-8") as f:
+                name = ((json.load(f).get("gpu") or {}).get("name"))
+        except (OSError, ValueError, AttributeError):
+            continue
+        if name:
+            return name
+    return None
