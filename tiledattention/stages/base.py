@@ -123,3 +123,64 @@ def json_object(text: str, option: str) -> dict:
         raise ConfigError(f"{option}: expected a JSON object, e.g. '{{\"partition\": "
                           "\"gpu\"}'")
     return value
+
+
+def config_section(args, stage: str, keys) -> dict:
+    """A stage verb's settings: its ``--config`` file's ``stage`` section (or a file of the
+    section alone), the options given on the command line (``keys``) on top, enabled."""
+    from ..errors import ConfigError
+
+    data = {}
+    if args.config:
+        from ..yamlio import YAMLInputError, load_yaml
+
+        try:
+            loaded = load_yaml(args.config)
+        except YAMLInputError as exc:
+            raise ConfigError(str(exc)) from None
+        if isinstance(loaded, dict) and isinstance(loaded.get(stage), dict):
+            loaded = loaded[stage]
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{args.config}: expected a mapping of the {stage} stage's "
+                              f"settings (or a study config with a {stage} section)")
+        data = dict(loaded)
+    for key in keys:
+        if getattr(args, key) is not None:
+            data[key] = getattr(args, key)
+    return {**data, "enabled": True}
+
+
+def run_or_launch(args, cfg, run, load_rows, summary, out: str) -> int:
+    """A stage verb's run: through its launcher (``--launcher``: one step, its rows'
+    summary printed) or here; a run that left rows missing never exits 0."""
+    import os
+    import sys
+
+    if args.launcher:
+        from ..launchers import run_step
+
+        options = json_object(args.launcher_options, "--launcher-options")
+        run_step(args.launcher, options, os.path.join(out, "logs"), cfg.task(out))
+        print(summary(load_rows(out)))
+        return 0
+    res = run(cfg, out, sys.stdout)
+    if res["status"] == "incomplete":
+        return 130 if res.get("stopped") else 1
+    return 0
+
+
+def not_run_bullets(stage: str, rows_file: str, load_rows, out_dir: str, checked) -> list[str]:
+    """A stage's bundle README bullets: one per method and status that did not run, with
+    its reason (``checked``: the study's guard on a path it reads)."""
+    import os
+
+    path = os.path.join(out_dir, rows_file)
+    if not os.path.lexists(path):
+        return []
+    checked(path)
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for r in load_rows(out_dir):
+        if r.get("status") != "ok":
+            groups.setdefault((r["method"], r["status"]), []).append(r)
+    return [f"- {stage}: {m} {st} at {len(g)} point(s): {one_line(g[0].get('reason') or '—')}"
+            for (m, st), g in sorted(groups.items())]

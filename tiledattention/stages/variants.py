@@ -30,7 +30,15 @@ from ..bench.grid import PAPER_DTYPES, TOKENS, WIDTH, tokens_shape
 from ..bench.methods import variant_methods
 from ..bench.variant_cases import VARIANT_NAMES, VariantPoint
 from ..launchers.base import LAUNCHERS
-from .base import Stage, count, default_of, json_object, launcher_options, one_line
+from .base import (
+    Stage,
+    config_section,
+    count,
+    default_of,
+    launcher_options,
+    not_run_bullets,
+    run_or_launch,
+)
 
 VARIANT_METHODS = tuple(variant_methods())  # bench/methods.py: those with variants=True
 VARIANT_PASSES = ("fwd", "fwd+bwd")
@@ -285,44 +293,11 @@ def add_arguments(p) -> None:
 def _variants(args) -> int:
     import os
 
-    cfg = section_from_dict(VariantsConfig, "variants", _variants_section(args))
-    out = os.path.abspath(args.out)
-    if args.launcher:
-        from ..launchers import run_step
-
-        options = json_object(args.launcher_options, "--launcher-options")
-        run_step(args.launcher, options, os.path.join(out, "logs"), cfg.task(out))
-        print(summary(load_rows(out)))
-    else:
-        res = run_variants(cfg, out, sys.stdout)
-        if res["status"] == "incomplete":  # rows missing: never exit 0 on a gap
-            return 130 if res.get("stopped") else 1
-    return 0
-
-
-def _variants_section(args) -> dict:
-    """The --config file's variants section with the options given on top."""
-    from ..errors import ConfigError
-
-    data = {}
-    if args.config:
-        from ..yamlio import YAMLInputError, load_yaml
-
-        try:
-            loaded = load_yaml(args.config)
-        except YAMLInputError as exc:
-            raise ConfigError(str(exc)) from None
-        if isinstance(loaded, dict) and isinstance(loaded.get("variants"), dict):
-            loaded = loaded["variants"]
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"{args.config}: expected a mapping of the variants stage's "
-                              "settings (or a study config with a variants section)")
-        data = dict(loaded)
-    for key in ("variants", "methods", "seqs", "head_dims", "dtypes", "passes", "tokens",
-                "width", "warmup", "reps", "rounds", "max_ref_heads", "seed"):
-        if getattr(args, key) is not None:
-            data[key] = getattr(args, key)
-    return {**data, "enabled": True}
+    keys = ("variants", "methods", "seqs", "head_dims", "dtypes", "passes", "tokens", "width",
+            "warmup", "reps", "rounds", "max_ref_heads", "seed")
+    cfg = section_from_dict(VariantsConfig, "variants", config_section(args, "variants", keys))
+    return run_or_launch(args, cfg, run_variants, load_rows, summary,
+                         os.path.abspath(args.out))
 
 
 # `tiledattn variants --help`
@@ -332,18 +307,8 @@ HELP = ("each attention variant (sliding window, softcap, ALiBi, documents, pref
 
 
 def not_run(out_dir: str, checked) -> list[str]:
-    """The bundle README's bullets: one per method and status that did not run, with its
-    reason (``checked``: the study's guard on a path it reads)."""
-    path = os.path.join(out_dir, ROWS)
-    if not os.path.lexists(path):
-        return []
-    checked(path)
-    groups: dict[tuple[str, str], list[dict]] = {}
-    for r in load_rows(out_dir):
-        if r.get("status") != "ok":
-            groups.setdefault((r["method"], r["status"]), []).append(r)
-    return [f"- variants: {m} {st} at {len(g)} point(s): {one_line(g[0].get('reason') or '—')}"
-            for (m, st), g in sorted(groups.items())]
+    """The bundle README's bullets of the variants rows that did not run (``base``)."""
+    return not_run_bullets("variants", ROWS, load_rows, out_dir, checked)
 
 
 STAGE = Stage("variants", VariantsConfig, "variants.smk", run_variants, help=HELP,

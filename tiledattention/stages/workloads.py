@@ -39,7 +39,15 @@ from ..bench.config import (
 from ..bench.methods import workload_methods
 from ..bench.workload_cases import KINDS, Lognormal, WorkloadPoint
 from ..launchers.base import LAUNCHERS
-from .base import Stage, count, default_of, json_object, launcher_options, one_line
+from .base import (
+    Stage,
+    config_section,
+    count,
+    default_of,
+    launcher_options,
+    not_run_bullets,
+    run_or_launch,
+)
 
 WORKLOAD_METHODS = tuple(workload_methods())
 WORKLOAD_PASSES = ("fwd", "fwd+bwd")
@@ -515,43 +523,9 @@ def add_arguments(p) -> None:
 
 
 def _workloads(args) -> int:
-    cfg = workloads_from_dict(_section(args))
-    out = os.path.abspath(args.out)
-    if args.launcher:
-        from ..launchers import run_step
-
-        options = json_object(args.launcher_options, "--launcher-options")
-        run_step(args.launcher, options, os.path.join(out, "logs"), cfg.task(out))
-        print(summary(load_rows(out)))
-    else:
-        res = run_workloads(cfg, out, sys.stdout)
-        if res["status"] == "incomplete":  # rows missing: never exit 0 on a gap
-            return 130 if res.get("stopped") else 1
-    return 0
-
-
-def _section(args) -> dict:
-    """The --config file's workloads section with the options given on top."""
-    from ..errors import ConfigError
-
-    data = {}
-    if args.config:
-        from ..yamlio import YAMLInputError, load_yaml
-
-        try:
-            loaded = load_yaml(args.config)
-        except YAMLInputError as exc:
-            raise ConfigError(str(exc)) from None
-        if isinstance(loaded, dict) and isinstance(loaded.get("workloads"), dict):
-            loaded = loaded["workloads"]
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"{args.config}: expected a mapping of the workloads stage's "
-                              "settings (or a study config with a workloads section)")
-        data = dict(loaded)
-    for name, _ in _options():
-        if getattr(args, name) is not None:
-            data[name] = getattr(args, name)
-    return {**data, "enabled": True}
+    cfg = workloads_from_dict(config_section(args, "workloads", [n for n, _ in _options()]))
+    return run_or_launch(args, cfg, run_workloads, load_rows, summary,
+                         os.path.abspath(args.out))
 
 
 # `tiledattn workloads --help`
@@ -561,18 +535,8 @@ HELP = ("packed variable-length training batches and a paged KV cache (decode, c
 
 
 def not_run(out_dir: str, checked) -> list[str]:
-    """The bundle README's bullets: one per method and status that did not run, with its
-    reason (``checked``: the study's guard on a path it reads)."""
-    path = os.path.join(out_dir, ROWS)
-    if not os.path.lexists(path):
-        return []
-    checked(path)
-    groups: dict[tuple[str, str], list[dict]] = {}
-    for r in load_rows(out_dir):
-        if r.get("status") != "ok":
-            groups.setdefault((r["method"], r["status"]), []).append(r)
-    return [f"- workloads: {m} {st} at {len(g)} point(s): {one_line(g[0].get('reason') or '—')}"
-            for (m, st), g in sorted(groups.items())]
+    """The bundle README's bullets of the workloads rows that did not run (``base``)."""
+    return not_run_bullets("workloads", ROWS, load_rows, out_dir, checked)
 
 
 STAGE = Stage("workloads", WorkloadsConfig, "workloads.smk", run_workloads, help=HELP,
