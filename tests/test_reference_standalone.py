@@ -42,9 +42,14 @@ def _fresh_environment(tmp: Path) -> dict:
     venv = tmp / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     site = next(venv.glob("lib/python*/site-packages"))
-    # A path line, not a site dir: the parent's .pth files (its editable tiledattention) stay
-    # unread, so the only tiledattention there is the one installed from the bundle.
-    (site / "parent-environment.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    # Path lines, not site dirs: the parent's .pth files (its editable tiledattention) stay
+    # unread, so the only tiledattention there is the one installed from the bundle. Every
+    # directory the parent imports from but a checkout's (a torch that setup.sh lent the
+    # venv through its own .pth, numpy with it, is on sys.path, not in purelib).
+    paths = [sysconfig.get_paths()["purelib"]] + [
+        p for p in sys.path if p and os.path.isdir(p)
+        and not os.path.isdir(os.path.join(p, "tiledattention"))]
+    (site / "parent-environment.pth").write_text("\n".join(dict.fromkeys(paths)) + "\n")
     env = dict(os.environ, PATH=f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}",
                PIP_NO_INDEX="1", PIP_DISABLE_PIP_VERSION_CHECK="1")
     for key in ("PYTHONPATH", "VIRTUAL_ENV"):
