@@ -125,8 +125,6 @@ def call_key(q, k, v, attn_mask, causal, scale, enable_gqa, return_lse, schedule
     """
     if not (type(q) is _Tensor and type(k) is _Tensor and type(v) is _Tensor):
         return None
-    if q.is_nested or k.is_nested or v.is_nested:  # no shape to key: refused by the build
-        return None
     if attn_mask is None:
         mask = None
     elif type(attn_mask) is _Tensor and not attn_mask.requires_grad:
@@ -172,8 +170,11 @@ def plan_for(q, k, v, attn_mask, causal, scale, enable_gqa, return_lse, schedule
     """The cached forward plan of this call, built (and every argument checked) on first
     sight, or found in its growing-cache family (``family_key``). ``variant``: (Mods,
     BlockMask or None) of a call with score/mask mods."""
-    key = call_key(q, k, v, attn_mask, causal, scale, enable_gqa, return_lse, schedule,
-                   variant)
+    try:
+        key = call_key(q, k, v, attn_mask, causal, scale, enable_gqa, return_lse, schedule,
+                       variant)
+    except RuntimeError:  # a nested tensor has no strides to key: the build refuses it
+        key = None  # (off the hot path: no per-call is_nested checks)
     if key is None:
         return build_plan(q, k, v, attn_mask, causal, scale, enable_gqa, return_lse,
                           schedule, variant)
