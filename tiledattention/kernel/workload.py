@@ -317,7 +317,7 @@ def varlen_bwd_schedule(w: Workload) -> BwdSchedule:
     return default_bwd_schedule(w.head_dim, w.causal)
 
 
-def varlen_bwd_plan(w: Workload, device, mods, has_dlse: bool, schedule=None) -> SeqBwdPlan:
+def varlen_bwd_plan(w: Workload, mods, has_dlse: bool, schedule=None) -> SeqBwdPlan:
     s = schedule or varlen_bwd_schedule(w)
     hd = head_dim_constants(w.head_dim)
     common = dict(**scalars(w.scale, mods, DKDV_SEQS), GROUP=w.heads_q // w.heads_kv,
