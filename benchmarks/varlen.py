@@ -150,6 +150,40 @@ def run_varlen(args, fa):
     return rows
 
 
+def profile_backward(args, fa):
+    """Per-kernel CUDA time of one forward+backward step of ``ta``, ``ta_blockmask`` and
+    ``fa4`` at the first --tokens / --head-dims point, causal (torch.profiler, 10 steps):
+    where the packed backward's time goes, kernel by kernel."""
+    from torch.profiler import ProfilerActivity, profile
+
+    tokens, d = args.tokens[0], args.head_dims[0]
+    lens = doc_lengths(tokens, seed=tokens + d)
+    h = 2048 // d
+    q, k, v = (torch.randn(tokens, h, d, device="cuda", dtype=BF16).requires_grad_()
+               for _ in range(3))
+    methods, _ = varlen_methods(q, k, v, lens, True, fa)
+    for name in ("ta", "ta_blockmask", "fa4"):
+        fn = methods.get(name)
+        if not callable(fn):
+            continue
+
+        def step(fn=fn):
+            torch.autograd.backward(fn(), torch.ones(tokens, h, d, device="cuda", dtype=BF16))
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(10):
+                step()
+            torch.cuda.synchronize()
+        print(f"--- {name}: tokens {tokens} D {d} causal, {len(lens)} documents, "
+              f"CUDA time per step (us)")
+        for e in sorted(prof.key_averages(), key=lambda e: -e.device_time_total)[:12]:
+            print(f"{e.device_time_total / 10:10.1f} {e.count / 10:5.1f}x {e.key[:90]}")
+        for t in (q, k, v):
+            t.grad = None
+
+
 def backward_row(row, name, methods, flops, flush, q, k, v):
     """forward+backward of a method whose output depends on the leaves q, k, v."""
     fn = methods[name]
@@ -178,15 +212,33 @@ def run_paged(args, fa_site_ok):
     if fa_site_ok:
         from flash_attn.cute import flash_attn_varlen_func as flash
     rows = []
-    for b in args.batches:
-        for page in args.pages:
-            rows += paged_point(b, page, flash)
+    for chunk in args.chunks:
+        for b in args.batches:
+            for page in args.pages:
+                rows += paged_point(b, page, flash, chunk, args.ab_page_span)
     return rows
 
 
-def paged_point(b, page, flash):
-    """One paged-decode point: B sequences, lognormal contexts (median 4096), GQA 32/8."""
-    rows = []
+def span_one(q, kc, vc, table, seqlens, cq, max_q):
+    """``ta.sdpa_paged`` as it ran before key tiles spanned pages (one page-sized key tile
+    a step): the plan built with ``MAX_PAGE_SPAN = 1``, run directly (NOTES §39b's A/B)."""
+    from tiledattention.kernel import mods as _mods
+    from tiledattention.kernel import workload as W
+    from tiledattention.kernel.workload_check import check_paged
+
+    w = check_paged(q, kc, vc, table, seqlens, cq, max_q, True, None, (-1, -1), 0.0)
+    kept, W.MAX_PAGE_SPAN = W.MAX_PAGE_SPAN, 1
+    try:
+        plan = W.paged_plan(w, q, None, _mods.NONE, False)
+    finally:
+        W.MAX_PAGE_SPAN = kept
+    return lambda: W.run_paged(plan, q, kc, vc, table, seqlens, cq)[0]
+
+
+def paged_point(b, page, flash, chunk=1, ab=False):
+    """One paged point: B sequences, lognormal contexts (median 4096), GQA 32/8; decode
+    (``chunk`` 1: one new token each) or chunked prefill (``chunk`` new tokens each, packed
+    by cu_seqlens_q, fewer where the context is shorter)."""
     g = torch.Generator().manual_seed(b * 1000 + page)
     ctx = [int(min(32768, max(64, math.exp(math.log(4096) + 0.8 * torch.randn(
         1, generator=g).item())))) for _ in range(b)]
@@ -202,9 +254,13 @@ def paged_point(b, page, flash):
     kc = torch.randn(total, page, hk, d, device="cuda", dtype=BF16)
     vc = torch.randn_like(kc)
     seqlens = torch.tensor(ctx, dtype=torch.int32, device="cuda")
+    if chunk > 1:
+        return prefill_point(b, page, flash, chunk, ab, ctx, kc, vc, table, seqlens)
     q = torch.randn(b, 1, hq, d, device="cuda", dtype=BF16)
     ref, _ = paged_reference(q, kc, vc, table, seqlens.cpu(), causal=True)
     methods = {"ta": lambda: ta.sdpa_paged(q, kc, vc, table, seqlens, causal=True)}
+    if ab:
+        methods["ta_span1"] = span_one(q, kc, vc, table, seqlens, None, None)
     mx = max(ctx)
     dk = torch.zeros(b, hk, mx, d, device="cuda", dtype=BF16)
     dv = torch.zeros_like(dk)
@@ -223,18 +279,48 @@ def paged_point(b, page, flash):
     if flash is not None:
         methods["fa4"] = lambda: flash(q, kc, vc, seqused_k=seqlens, page_table=table,
                                        causal=True)[0]
-    flush = L2Flusher()
     nbytes = sum(ctx) * hk * d * 2 * 2 + q.numel() * 2 * 2
+    return timed_rows(methods, ref, dict(workload="paged_decode", b=b, page=page,
+                                         mean_ctx=sum(ctx) / b), nbytes)
+
+
+def prefill_point(b, page, flash, chunk, ab, ctx, kc, vc, table, seqlens):
+    """Chunked prefill: the last min(chunk, context) tokens of each context are new."""
+    hq, d = 32, kc.shape[-1]
+    new = [min(chunk, n) for n in ctx]
+    cq = torch.tensor([0, *torch.tensor(new).cumsum(0).tolist()], dtype=torch.int32,
+                      device="cuda")
+    q = torch.randn(sum(new), hq, d, device="cuda", dtype=BF16)
+    ref, _ = paged_reference(q, kc, vc, table, seqlens.cpu(), cu_seqlens_q=cq.cpu(),
+                             causal=True)
+    mq = max(new)
+    methods = {"ta": lambda: ta.sdpa_paged(q, kc, vc, table, seqlens, cu_seqlens_q=cq,
+                                           max_seqlen_q=mq, causal=True)}
+    if ab:
+        methods["ta_span1"] = span_one(q, kc, vc, table, seqlens, cq, mq)
+    if flash is not None:
+        methods["fa4"] = lambda: flash(q, kc, vc, cu_seqlens_q=cq, max_seqlen_q=mq,
+                                       seqused_k=seqlens, page_table=table, causal=True)[0]
+    pairs = sum(n * c - n * (n - 1) // 2 for n, c in zip(new, ctx))
+    return timed_rows(methods, ref, dict(workload="paged_prefill", b=b, page=page,
+                                         mean_ctx=sum(ctx) / b, chunk=chunk),
+                      None, flops=4 * hq * d * pairs)
+
+
+def timed_rows(methods, ref, base, nbytes, flops=None):
+    """Each method's row: checked against ``ref`` first, then timed (L2 flushed)."""
+    rows = []
+    flush = L2Flusher()
     for name, fn in methods.items():
-        row = dict(workload="paged_decode", b=b, page=page, mean_ctx=sum(ctx) / b,
-                   method=name)
+        row = dict(base, method=name)
         try:
             err = relative_error(fn(), ref)
             if not err <= 2e-2:
                 rows.append(dict(row, status=f"wrong: rel err {err:.2e}"))
                 continue
             ms = summarize(time_cuda(fn, flush=flush)).median_ms
-            rows.append(dict(row, status="ok", ms=ms, gbps=nbytes / ms / 1e6))
+            rate = dict(gbps=nbytes / ms / 1e6) if nbytes else dict(tflops=flops / ms / 1e9)
+            rows.append(dict(row, status="ok", ms=ms, **rate))
         except Exception as exc:  # noqa: BLE001
             rows.append(dict(row, status=f"error: {type(exc).__name__}: {exc}"[:160]))
     return rows
@@ -262,13 +348,23 @@ def main(argv=None) -> int:
     p.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64])
     p.add_argument("--pages", type=int, nargs="+", default=[16, 64, 256])
+    p.add_argument("--chunks", type=int, nargs="+", default=[1],
+                   help="paged: new tokens per sequence (1: decode; more: chunked prefill)")
+    p.add_argument("--ab-page-span", action="store_true",
+                   help="paged: also time key tiles of one page (ta_span1) beside ta")
     p.add_argument("--fa4-site", default=None)
     p.add_argument("--backward", action="store_true")
     p.add_argument("--skip", choices=["varlen", "paged"], default=None)
+    p.add_argument("--profile-backward", action="store_true",
+                   help="print per-kernel CUDA time of a packed forward+backward step, then "
+                        "exit")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     fa = fa4(args.fa4_site)
     print("fa4:", "importable" if callable(fa) else fa)
+    if args.profile_backward:
+        profile_backward(args, fa)
+        return 0
     rows = []
     if args.skip != "varlen":
         rows += run_varlen(args, fa)
@@ -276,7 +372,7 @@ def main(argv=None) -> int:
               ("tokens", "d", "causal", "pass_"))
     if args.skip != "paged":
         prow = run_paged(args, callable(fa))
-        table(prow, ("b", "page"))
+        table(prow, ("workload", "b", "page"))
         rows += prow
     if args.json:
         Path(args.json).write_text("\n".join(json.dumps(r) for r in rows) + "\n")

@@ -47,7 +47,7 @@ def test_the_packed_dq_for_blackwell_is_the_known_tileiras_limit():
     export_workload_cubins(_work(128, True), "sm_100", backward=("dq",))
 
 
-@pytest.mark.parametrize("page", [16, 256])
+@pytest.mark.parametrize("page", [16, 64, 256])  # 16, 64: key tiles that span pages
 def test_paged_gqa_decode_with_split_k_compiles(page):
     cubins = export_workload_cubins(_work(128, True, page=page, hq=32, hk=8), "sm_90",
                                     paged=True)

@@ -11,7 +11,7 @@ import torch
 
 import tiledattention as ta
 from tiledattention.kernel.visit import host_sequence_order
-from tiledattention.kernel.workload import map_steps, programs
+from tiledattention.kernel.workload import _paged_tiles, map_steps, programs
 
 
 @pytest.mark.parametrize("lens", [[300, 1, 0, 129, 64, 700], [5], [0, 0], [4096, 17, 17, 2]])
@@ -101,3 +101,16 @@ def test_valid_cpu_calls_pass_the_checks_and_then_need_a_gpu():
     q = _packed([5, 3])
     with pytest.raises(ta.NoGPUError):
         ta.sdpa_varlen(q, q, q, _cu([5, 3]), _cu([5, 3]), 5, 5, causal=True)
+
+
+@pytest.mark.parametrize("tile_n, page, expect", [
+    (128, 256, (128, 2, 1)), (128, 128, (128, 1, 1)), (128, 64, (128, 1, 2)),
+    (128, 32, (128, 1, 4)), (128, 16, (64, 1, 4)), (64, 16, (64, 1, 4)), (64, 32, (64, 1, 2)),
+])
+def test_key_tiles_lie_in_one_page_or_span_up_to_four_whole_pages(tile_n, page, expect):
+    from dataclasses import replace
+
+    from tiledattention.schedules.schedule import default_schedule
+    s, tiles, span = _paged_tiles(replace(default_schedule(128, True), tile_n=tile_n), page)
+    assert (s.tile_n, tiles, span) == expect
+    assert s.tile_n == span * page if span > 1 else page % s.tile_n == 0

@@ -194,7 +194,7 @@ def _cache(lens, page, hk, d, dtype, spare=3):
     return kc, vc, table
 
 
-@pytest.mark.parametrize("page", [16, 64, 256])
+@pytest.mark.parametrize("page", [16, 32, 64, 256])  # 16-64: key tiles span 2-4 pages
 @pytest.mark.parametrize("sq", [1, 4])
 def test_paged_decode_matches_float64(page, sq):
     lens = [1, 37, 1000, 4096, 250]

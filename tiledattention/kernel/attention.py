@@ -87,7 +87,11 @@ def fwd_tile(q, arrays, fns, aux, where, state, j, diag, ALL_MASKS, f):
     b, h, hk, bid_m, offs_m, seq_k, c, inv_scale, scale, seq = where
     m_i, l_i, acc0, acc1, acc2 = state
     kb, kj = key_tile_at(seq, b, j, f)
-    qk = dot_streamed(q0, q1, q2, K, kb, hk, kj, TILE_N, TILE_M, W0, W1, W2, NCHUNK, f.LAT_K)
+    if f.PAGE_SPAN > 1:
+        qk = span_scores(q, K, seq, b, j, hk, f)
+    else:
+        qk = dot_streamed(q0, q1, q2, K, kb, hk, kj, TILE_N, TILE_M, W0, W1, W2, NCHUNK,
+                          f.LAT_K)
     kv_idx = j * TILE_N + ct.arange(TILE_N, dtype=np.int32)[None, :]
     s = modified(qk, b, h, offs_m, kv_idx, score_mod, A0, A1, A2, A3, scale, f.HAS_SCORE_MOD)
     if f.HAS_MASK:
@@ -101,8 +105,12 @@ def fwd_tile(q, arrays, fns, aux, where, state, j, diag, ALL_MASKS, f):
                                 TILE_M, TILE_N, CAUSAL, TAIL, False, seq_diag(seq, f)))
     p, alpha, m_i, l_i = online_softmax(s, m_i, l_i, c, fwd_zero_safe(f))
     acc0, acc1, acc2 = scale_chunks(acc0, acc1, acc2, alpha, NCHUNK)
-    acc0, acc1, acc2 = mma_streamed(p.astype(K.dtype), V, kb, hk, kj, TILE_N, acc0, acc1,
-                                    acc2, W0, W1, W2, NCHUNK, f.LAT_V)
+    if f.PAGE_SPAN > 1:
+        acc0, acc1, acc2 = span_values(p.astype(K.dtype), V, seq, b, j, hk, acc0, acc1, acc2,
+                                       f)
+    else:
+        acc0, acc1, acc2 = mma_streamed(p.astype(K.dtype), V, kb, hk, kj, TILE_N, acc0,
+                                        acc1, acc2, W0, W1, W2, NCHUNK, f.LAT_V)
     return m_i, l_i, acc0, acc1, acc2
 
 
@@ -116,11 +124,56 @@ def key_tile_at(seq, b, j, f):
     if f.VARLEN_K:
         kb = 0
     if f.PAGED:
-        Pages, num_pages = seq[0], seq[1]
-        page = ct.gather(Pages, (b, j // f.PAGE_TILES))
-        kb = ct.minimum(ct.maximum(page, 0), num_pages - 1)
+        kb = page_at(seq, b, j // f.PAGE_TILES)
         kj = j % f.PAGE_TILES
     return kb, kj
+
+
+def page_at(seq, b, i):
+    """Physical page of page ``i`` of sequence ``b``, clamped into the cache (a bad id, or
+    one past the block table's row, reads a page of this cache, never memory outside it)."""
+    Pages, num_pages = seq[0], seq[1]
+    page = ct.gather(Pages, (b, i))
+    return ct.minimum(ct.maximum(page, 0), num_pages - 1)
+
+
+def page_scores(q, K, seq, b, i, hk, f):
+    """Q K^T over page ``i`` of sequence ``b``: [TILE_M, page]."""
+    q0, q1, q2 = q
+    return dot_streamed(q0, q1, q2, K, page_at(seq, b, i), hk, 0, f.TILE_N // f.PAGE_SPAN,
+                        f.TILE_M, f.W0, f.W1, f.W2, f.NCHUNK, f.LAT_K)
+
+
+def span_scores(q, K, seq, b, j, hk, f):
+    """Q K^T of key tile ``j`` when it spans ``PAGE_SPAN`` (2 or 4) pages (pages smaller than the
+    tile): one MMA per page (each page its own TMA load), the scores joined along the keys,
+    so the softmax and the rescale of the accumulators run once per tile, not per page."""
+    first = j * f.PAGE_SPAN
+    s = ct.cat((page_scores(q, K, seq, b, first, hk, f),
+                page_scores(q, K, seq, b, first + 1, hk, f)), 1)
+    if f.PAGE_SPAN > 2:
+        s = ct.cat((s, ct.cat((page_scores(q, K, seq, b, first + 2, hk, f),
+                               page_scores(q, K, seq, b, first + 3, hk, f)), 1)), 1)
+    return s
+
+
+def page_values(p, V, seq, b, j, i, hk, acc, f):
+    """acc += P's columns of page ``i`` of key tile ``j`` @ that page's values."""
+    page = f.TILE_N // f.PAGE_SPAN
+    acc0, acc1, acc2 = acc
+    return mma_streamed(ct.extract(p, index=(0, i), shape=(f.TILE_M, page)), V,
+                        page_at(seq, b, j * f.PAGE_SPAN + i), hk, 0, page, acc0, acc1, acc2,
+                        f.W0, f.W1, f.W2, f.NCHUNK, f.LAT_V)
+
+
+def span_values(p, V, seq, b, j, hk, acc0, acc1, acc2, f):
+    """acc += P V over the ``PAGE_SPAN`` pages (2 or 4) of key tile ``j``."""
+    acc = page_values(p, V, seq, b, j, 0, hk, (acc0, acc1, acc2), f)
+    acc = page_values(p, V, seq, b, j, 1, hk, acc, f)
+    if f.PAGE_SPAN > 2:
+        acc = page_values(p, V, seq, b, j, 2, hk, acc, f)
+        acc = page_values(p, V, seq, b, j, 3, hk, acc, f)
+    return acc
 
 
 def seq_diag(seq, f):
@@ -182,7 +235,7 @@ def seq_program(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns, seqs, b, bid_m)
         V = sequence_slice(V, kstart, kstop)
         seq_k = kstop - kstart
     if f.PAGED:
-        seq_k = Pages.shape[1] * (f.PAGE_TILES * f.TILE_N)
+        seq_k = Pages.shape[1] * (f.PAGE_TILES * f.TILE_N // f.PAGE_SPAN)
     if f.SEQUSED:
         seq_k = ct.minimum(ct.maximum(ct.gather(SeqK, b), 0), seq_k)
     rows_program(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns, b, bid_m, ab, seq_k,
@@ -331,7 +384,7 @@ def attention_fwd_seqs(
     SPLIT_K: ConstBool, PACKED: ConstBool,
     HAS_SCORE_MOD: ConstBool, HAS_MASK_MOD: ConstBool,
     VARLEN_Q: ConstBool, VARLEN_K: ConstBool, SEQUSED: ConstBool, PAGED: ConstBool,
-    PAGE_TILES: ConstInt, WINDOW: ConstBool,
+    PAGE_TILES: ConstInt, PAGE_SPAN: ConstInt, WINDOW: ConstBool,
 ):
     """Packed (``sdpa_varlen``) and paged (``sdpa_paged``) sequences: the same program,
     each tile's sequence read from ``TileMap`` (packed q: ``seqmap.sequence_map``) or the
@@ -348,5 +401,6 @@ def attention_fwd_seqs(
                  RETURN_LSE=RETURN_LSE, LAT_K=LAT_K, LAT_V=LAT_V, SPLIT_K=SPLIT_K,
                  PACKED=PACKED, PDL=False, HAS_SCORE_MOD=HAS_SCORE_MOD,
                  HAS_MASK_MOD=HAS_MASK_MOD, VARLEN_Q=VARLEN_Q, VARLEN_K=VARLEN_K,
-                 SEQUSED=SEQUSED, PAGED=PAGED, PAGE_TILES=PAGE_TILES, WINDOW=WINDOW),
+                 SEQUSED=SEQUSED, PAGED=PAGED, PAGE_TILES=PAGE_TILES,
+                 PAGE_SPAN=PAGE_SPAN, WINDOW=WINDOW),
         (SCORE_MOD, MASK_MOD), (CuQ, CuK, SeqK, Pages, TileMap, WIN_L, WIN_R))

@@ -181,11 +181,12 @@ def export_workload_cubins(work, gpu_code: str, *, paged: bool = False,
 
     arrays = _arrays(str(work.dtype).removeprefix("torch."), None)
     mods = _mods.NONE
-    s = W._paged_tiles(default_schedule(work.head_dim, work.causal), work.page_size) \
-        if paged else default_schedule(work.head_dim, work.causal)
+    s, tiles, span = W._paged_tiles(default_schedule(work.head_dim, work.causal),
+                                    work.page_size) if paged else (
+        default_schedule(work.head_dim, work.causal), 1, 1)
     if paged:
         fwd = W._fwd_values(work, s, mods, return_lse=True, varlen_q=False, varlen_k=False,
-                            paged=True, page_tiles=work.page_size // s.tile_n, split=4,
+                            paged=True, page_tiles=tiles, page_span=span, split=4,
                             split_tiles=8, packed=True, seq_q=1)
     else:
         fwd = W._fwd_values(work, s, mods, return_lse=True, varlen_q=True, varlen_k=True,

@@ -27,6 +27,7 @@ class SeqFlags:
     SEQUSED: bool = False  # SeqK caps each sequence's keys (seqused_k; paged: the context)
     PAGED: bool = False  # k, v are a page cache [pages, Hkv, P, D] addressed by Pages
     PAGE_TILES: int = 1  # key tiles per page (P // TILE_N)
+    PAGE_SPAN: int = 1  # pages per key tile (TILE_N // P): pages smaller than the tile
     WINDOW: bool = False  # a (left, right) window around the bottom-right diagonal
 
 

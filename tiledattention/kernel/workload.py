@@ -125,7 +125,8 @@ def _forward_schedule(w: Workload, index: int, seq_q: int, seq_k: int, schedule)
 
 
 def _fwd_values(w: Workload, s: Schedule, mods, *, return_lse, varlen_q, varlen_k, paged,
-                page_tiles=1, split=1, split_tiles=1, packed=False, seq_q=0, group=1) -> dict:
+                page_tiles=1, page_span=1, split=1, split_tiles=1, packed=False, seq_q=0,
+                group=1) -> dict:
     values = dict(
         **scalars(w.scale, mods, FWD_SEQS), GROUP=group, SEQ_Q=seq_q, NUM_SPLITS=split,
         SPLIT_TILES=split_tiles, **window_scalars(w.window), TILE_M=s.tile_m, TILE_N=s.tile_n,
@@ -133,7 +134,7 @@ def _fwd_values(w: Workload, s: Schedule, mods, *, return_lse, varlen_q, varlen_
         LAT_K=s.latency_k, LAT_V=s.latency_v, SPLIT_K=split > 1, PACKED=packed,
         HAS_SCORE_MOD=mods.has_score_mod, HAS_MASK_MOD=mods.has_mask_mod, VARLEN_Q=varlen_q,
         VARLEN_K=varlen_k, SEQUSED=paged or w.seqused, PAGED=paged, PAGE_TILES=page_tiles,
-        WINDOW=w.window != (-1, -1))
+        PAGE_SPAN=page_span, WINDOW=w.window != (-1, -1))
     return values
 
 
@@ -173,9 +174,17 @@ def run_varlen(plan: SeqPlan, q, k, v, cu_q, cu_k, seqused_k, aux=()):
     return out, lse
 
 
-def _paged_tiles(s: Schedule, page: int) -> Schedule:
-    """A key tile must lie within one page: at most the page size."""
-    return s if s.tile_n <= page else replace(s, tile_n=page)
+MAX_PAGE_SPAN = 4  # pages per key tile at most, where pages are smaller than the tile
+
+
+def _paged_tiles(s: Schedule, page: int) -> tuple[Schedule, int, int]:
+    """(schedule, key tiles per page, pages per key tile): a key tile lies within one page,
+    or spans up to ``MAX_PAGE_SPAN`` whole pages (one TMA load and MMA each, one softmax
+    step: NOTES §39b) when pages are smaller than the schedule's tile."""
+    if s.tile_n <= page:
+        return s, page // s.tile_n, 1
+    span = max(1, min(s.tile_n // page, MAX_PAGE_SPAN))
+    return replace(s, tile_n=span * page), 1, span
 
 
 def paged_plan(w: Workload, q, schedule, mods, return_lse: bool) -> SeqPlan:
@@ -184,9 +193,10 @@ def paged_plan(w: Workload, q, schedule, mods, return_lse: bool) -> SeqPlan:
     group = w.heads_q // w.heads_kv
     if w.packed_q:
         s = _forward_schedule(w, index, w.max_q, w.max_k, schedule)
-        s = _paged_tiles(replace(s, splits=1, heavy_first=False, pdl=False), w.page_size)
+        s, tiles, span = _paged_tiles(replace(s, splits=1, heavy_first=False, pdl=False),
+                                      w.page_size)
         values = _fwd_values(w, s, mods, return_lse=return_lse, varlen_q=True,
-                             varlen_k=False, paged=True, page_tiles=w.page_size // s.tile_n,
+                             varlen_k=False, paged=True, page_tiles=tiles, page_span=span,
                              group=group)
         return SeqPlan(w, s, FWD_SEQS.kernel(mods, **fwd_hints(s)), values, s.tile_m,
                        max(_pow2(w.batch + 1), 16), q.device, return_lse, mods)
@@ -196,7 +206,7 @@ def paged_plan(w: Workload, q, schedule, mods, return_lse: bool) -> SeqPlan:
     heads, rows, kgroup = (w.heads_kv, group * seq_q, 1) if packed else (w.heads_q, seq_q,
                                                                            group)
     s = _forward_schedule(w, index, seq_q, w.max_k, schedule)
-    s = _paged_tiles(replace(s, heavy_first=False, pdl=False), w.page_size)
+    s, tiles, span = _paged_tiles(replace(s, heavy_first=False, pdl=False), w.page_size)
     if rows <= 64 and s.tile_m > 64:
         s = replace(s, tile_m=64)
     m_tiles = math.ceil(rows / s.tile_m)
@@ -210,7 +220,7 @@ def paged_plan(w: Workload, q, schedule, mods, return_lse: bool) -> SeqPlan:
     split_tiles = math.ceil(key_tiles / splits)
     splits = math.ceil(key_tiles / split_tiles)
     values = _fwd_values(w, s, mods, return_lse=return_lse or splits > 1, varlen_q=False,
-                         varlen_k=False, paged=True, page_tiles=w.page_size // s.tile_n,
+                         varlen_k=False, paged=True, page_tiles=tiles, page_span=span,
                          split=splits, split_tiles=split_tiles, packed=packed, seq_q=seq_q,
                          group=kgroup)
     combine, combine_values = None, ()
