@@ -229,6 +229,39 @@ def test_paged_chunked_prefill_matches_float64(page):
     assert relative_error(out, ref) <= rtol(BF16)
 
 
+@pytest.mark.parametrize("page", [16, 64, 256])
+@pytest.mark.parametrize("chunk", [1, 40])
+def test_paged_free_slots_holding_nan_do_not_reach_the_output(page, chunk):
+    """A cache from ``torch.empty`` (transformers' paged cache): the slots past each
+    context hold whatever the allocator had, here NaN. Masked keys' P = 0 must not meet
+    their V (0 * NaN): the output is finite and matches float64 over the written slots."""
+    lens = [5, 70, 300]
+    kc, vc, table = _cache(lens, page, 2, 64, BF16)
+    written = torch.zeros(kc.shape[:2], dtype=torch.bool, device="cuda")
+    for b, n in enumerate(lens):
+        for t in range(n):
+            written[table[b, t // page], t % page] = True
+    kc[~written] = float("nan")
+    vc[~written] = float("nan")
+    seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    new = [min(chunk, n) for n in lens]
+    with torch.no_grad():
+        if chunk == 1:
+            q = torch.randn(len(lens), 1, 4, 64, device="cuda").to(BF16)
+            out = ta.sdpa_paged(q, kc, vc, table, seqlens, causal=True)
+            ref, _ = paged_reference(q, kc.nan_to_num(0), vc.nan_to_num(0), table,
+                                     seqlens.cpu(), causal=True)
+        else:
+            cq = _cu(new)
+            q = _packed(new, 4, 64, BF16)
+            out = ta.sdpa_paged(q, kc, vc, table, seqlens, cu_seqlens_q=cq,
+                                max_seqlen_q=max(new), causal=True)
+            ref, _ = paged_reference(q, kc.nan_to_num(0), vc.nan_to_num(0), table,
+                                     seqlens.cpu(), cu_seqlens_q=cq.cpu(), causal=True)
+    assert not out.isnan().any()
+    assert relative_error(out, ref) <= rtol(BF16)
+
+
 def test_paged_one_page_and_a_context_the_page_does_not_divide():
     kc, vc, table = _cache([5, 17], 16, 1, 64, BF16, spare=0)
     seqlens = torch.tensor([5, 17], dtype=torch.int32, device="cuda")

@@ -69,7 +69,7 @@ SCORE_MOD = no_score_mod
 MASK_MOD = no_mask_mod
 
 
-def fwd_tile(q, arrays, fns, aux, where, state, j, diag, ALL_MASKS, f):
+def fwd_tile(q, arrays, fns, aux, where, state, j, diag, ALL_MASKS, f, CACHE_END=False):
     """One key tile ``j`` of the forward: scores, masks, online softmax, P V.
 
     Grouped arguments (tuples of compile-time constants stay constants): ``q`` the query
@@ -77,7 +77,9 @@ def fwd_tile(q, arrays, fns, aux, where, state, j, diag, ALL_MASKS, f):
     ``where`` (b, h, hk, bid_m, offs_m, seq_k, c, inv_scale, scale); ``state`` (m, l,
     acc0..2); ``diag`` whether causality or the key tail may mask this tile; ``ALL_MASKS``
     apply every mask (a partial block, or a mask_mod without block mask); ``f`` the
-    kernel's ``FwdFlags``."""
+    kernel's ``FwdFlags``; ``CACHE_END`` the tile holds the end of a cache's context
+    (``SEQUSED``): V's rows past it read as zeros, since a page's free slots may be
+    unwritten memory whose NaN would survive P = 0 in P V."""
     TILE_M, TILE_N, NCHUNK, W0, W1, W2 = f.TILE_M, f.TILE_N, f.NCHUNK, f.W0, f.W1, f.W2
     CAUSAL, TAIL, HAS_MASK_MOD = f.CAUSAL, not f.EVEN_N, f.HAS_MASK_MOD
     q0, q1, q2 = q
@@ -105,13 +107,26 @@ def fwd_tile(q, arrays, fns, aux, where, state, j, diag, ALL_MASKS, f):
                                 TILE_M, TILE_N, CAUSAL, TAIL, False, seq_diag(seq, f)))
     p, alpha, m_i, l_i = online_softmax(s, m_i, l_i, c, fwd_zero_safe(f))
     acc0, acc1, acc2 = scale_chunks(acc0, acc1, acc2, alpha, NCHUNK)
-    if f.PAGE_SPAN > 1:
-        acc0, acc1, acc2 = span_values(p.astype(K.dtype), V, seq, b, j, hk, acc0, acc1, acc2,
-                                       f)
-    else:
-        acc0, acc1, acc2 = mma_streamed(p.astype(K.dtype), V, kb, hk, kj, TILE_N, acc0,
-                                        acc1, acc2, W0, W1, W2, NCHUNK, f.LAT_V)
+    acc0, acc1, acc2 = values_step(p.astype(K.dtype), V, seq, b, j, hk, kb, kj,
+                                   (acc0, acc1, acc2), seq_k if CACHE_END else None, f)
     return m_i, l_i, acc0, acc1, acc2
+
+
+def values_step(p, V, seq, b, j, hk, kb, kj, acc, seq_k, f):
+    """acc += P V over key tile ``j``; ``seq_k`` (or None): V's rows from it on read as
+    zeros."""
+    acc0, acc1, acc2 = acc
+    if f.PAGE_SPAN > 1:
+        return span_values(p, V, seq, b, j, hk, acc0, acc1, acc2, seq_k, f)
+    return mma_streamed(p, V, kb, hk, kj, f.TILE_N, acc0, acc1, acc2, f.W0, f.W1, f.W2,
+                        f.NCHUNK, f.LAT_V, keys_before(j * f.TILE_N, f.TILE_N, seq_k))
+
+
+def keys_before(start, n, seq_k):
+    """[n, 1]: which of the keys start.. lie before ``seq_k`` (None: no limit)."""
+    if seq_k is None:
+        return None
+    return (start + ct.arange(n, dtype=np.int32))[:, None] < seq_k
 
 
 def key_tile_at(seq, b, j, f):
@@ -157,22 +172,23 @@ def span_scores(q, K, seq, b, j, hk, f):
     return s
 
 
-def page_values(p, V, seq, b, j, i, hk, acc, f):
+def page_values(p, V, seq, b, j, i, hk, acc, seq_k, f):
     """acc += P's columns of page ``i`` of key tile ``j`` @ that page's values."""
     page = f.TILE_N // f.PAGE_SPAN
     acc0, acc1, acc2 = acc
+    first = j * f.PAGE_SPAN + i
     return mma_streamed(ct.extract(p, index=(0, i), shape=(f.TILE_M, page)), V,
-                        page_at(seq, b, j * f.PAGE_SPAN + i), hk, 0, page, acc0, acc1, acc2,
-                        f.W0, f.W1, f.W2, f.NCHUNK, f.LAT_V)
+                        page_at(seq, b, first), hk, 0, page, acc0, acc1, acc2, f.W0, f.W1,
+                        f.W2, f.NCHUNK, f.LAT_V, keys_before(first * page, page, seq_k))
 
 
-def span_values(p, V, seq, b, j, hk, acc0, acc1, acc2, f):
+def span_values(p, V, seq, b, j, hk, acc0, acc1, acc2, seq_k, f):
     """acc += P V over the ``PAGE_SPAN`` pages (2 or 4) of key tile ``j``."""
-    acc = page_values(p, V, seq, b, j, 0, hk, (acc0, acc1, acc2), f)
-    acc = page_values(p, V, seq, b, j, 1, hk, acc, f)
+    acc = page_values(p, V, seq, b, j, 0, hk, (acc0, acc1, acc2), seq_k, f)
+    acc = page_values(p, V, seq, b, j, 1, hk, acc, seq_k, f)
     if f.PAGE_SPAN > 2:
-        acc = page_values(p, V, seq, b, j, 2, hk, acc, f)
-        acc = page_values(p, V, seq, b, j, 3, hk, acc, f)
+        acc = page_values(p, V, seq, b, j, 2, hk, acc, seq_k, f)
+        acc = page_values(p, V, seq, b, j, 3, hk, acc, seq_k, f)
     return acc
 
 
@@ -301,9 +317,18 @@ def rows_program(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns, b, bid_m, ab, 
                                             f.CAUSAL, not f.EVEN_N, f.PACKED)
         j_start, n_tiles = split_range(j_lo, n_tiles, hb % NUM_SPLITS, SPLIT_TILES,
                                        f.SPLIT_K)
-        for j in range(j_start, n_tiles):
+        n_whole = n_tiles
+        if f.SEQUSED:
+            # The tile holding the context's end runs apart, after the loop: only it
+            # zeroes V's rows past the end, and the loop's pipeline stays as it was.
+            n_whole = max(min(n_tiles, seq_k // f.TILE_N), j_start)
+        for j in range(j_start, n_whole):
             state = fwd_tile(q, arrays, fns, aux, where, state, j, j >= mask_start,
                              f.HAS_MASK_MOD, f)
+        if f.SEQUSED:
+            for j in range(n_whole, n_tiles):
+                state = fwd_tile(q, arrays, fns, aux, where, state, j, True,
+                                 f.HAS_MASK_MOD, f, CACHE_END=True)
 
     # Fully masked rows (l = 0) are written as zeros, and their log-sum-exp as -inf.
     m_i, l_i, acc0, acc1, acc2 = state
