@@ -72,6 +72,24 @@ def _call(c: F.Case, made: F.Made, q, k, v):
     return ta.sdpa(q, k, v, **kw)
 
 
+def _call_varlen(c: F.Case, made: F.Made, q, k, v):
+    """The case's B sequences packed ([total, H, D], cu_seqlens) through ``sdpa_varlen``:
+    its mods see the sequence as ``b`` and positions within it, so the output is the
+    dense call's and the same float64 reference judges it."""
+    b, hq, hk, sq, sk, d = c.shape
+
+    def packed(t, n):
+        return t.transpose(1, 2).reshape(b * n, t.shape[1], d)
+
+    def offsets(n):
+        return torch.arange(0, (b + 1) * n, n, dtype=torch.int32, device="cuda")
+
+    kw = {"score_mod" if c.kind == "score" else "mask_mod": made.fn}
+    out = ta.sdpa_varlen(packed(q, sq), packed(k, sk), packed(v, sk), offsets(sq),
+                         offsets(sk), sq, sk, **kw)
+    return out.reshape(b, sq, hq, d).transpose(1, 2)
+
+
 def _reference(c: F.Case, made: F.Made, q, k, v):
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
     refs = {}
@@ -93,22 +111,22 @@ def _check(name: str, got, want, tol: float, rounding=None):
         raise SilentlyWrong(f"{name}: relative error {err:.2e} > {tol:.0e}")
 
 
-def _run(c: F.Case) -> str:
+def _run(c: F.Case, call=_call) -> str:
     made = c.make("cuda")
     if c.expect == "refuse":
         q, k, v = _inputs(c, grads=False)
         with pytest.raises(ta.TiledAttentionError):
-            _call(c, made, q, k, v)
+            call(c, made, q, k, v)
         return "refused"
     grads = c.expect == "run"
     q, k, v = _inputs(c, grads=grads)
-    out = _call(c, made, q, k, v)
+    out = call(c, made, q, k, v)
     ref, ref_lse, leaves, refs = _reference(c, made, q, k, v)
     _check("out", out, ref, rtol(DTYPE))
     if not grads:
         qg, kg, vg = _inputs(c, grads=True)
         with pytest.raises(ta.BackwardNotSupportedError):
-            _call(c, made, qg, kg, vg)
+            call(c, made, qg, kg, vg)
         return "forward"
     dout = torch.randn_like(out)
     out.backward(dout)
@@ -139,6 +157,18 @@ def test_flexattention_case_runs_as_written_or_is_refused_typed(c):
     except Exception:
         RESULTS[c.name] = "failed"
         raise
+    finally:
+        torch.cuda.empty_cache()
+
+
+@pytest.mark.parametrize("c", CASES, ids=lambda c: c.name)
+def test_flexattention_case_through_sdpa_varlen_matches_the_dense_reference(c):
+    """The same case with its batch packed (issue 46: the mods see per-sequence indices):
+    forward and every gradient, or the same typed refusal."""
+    try:
+        _run(c, _call_varlen)
+    except SilentlyWrong as exc:
+        pytest.fail(f"{c.name} ({c.source}) through sdpa_varlen silently wrong: {exc}")
     finally:
         torch.cuda.empty_cache()
 
