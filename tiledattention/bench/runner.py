@@ -19,6 +19,7 @@ from ..flops import attention_flops, tflops_per_s
 from ..launchers import jobenv
 from ..timing import L2Flusher, as_cuda_graph, summarize, time_calls, time_cpu, time_cuda
 from ..tolerance import relative_error, rtol_bwd
+from .clock import ClockSampler
 from .config import BenchConfig
 from .grid import Point, expand, left_out, shard
 from .manifest import capture, now
@@ -297,6 +298,7 @@ def time_methods(callables: dict, eager: dict, scopes: dict, t, device, flush,
     gets its row's status and leaves ``callables``. Returns (kernel samples, call samples,
     calls per latency round)."""
     samples: dict[str, list[float]] = {m: [] for m in callables}
+    clocks: dict[str, list[int]] = {m: [] for m in callables}
     per_round = max(1, t.reps // t.rounds)
     for r in range(t.rounds):
         order = list(callables) if r % 2 == 0 else list(reversed(callables))
@@ -307,14 +309,19 @@ def time_methods(callables: dict, eager: dict, scopes: dict, t, device, flush,
                 warm = t.warmup if r == 0 else min(2, t.warmup)
                 with scopes[m]():
                     if device.type == "cuda":
-                        samples[m] += time_cuda(callables[m], warmup=warm, reps=per_round,
-                                                flush=flush)
+                        with ClockSampler(device) as clock:
+                            samples[m] += time_cuda(callables[m], warmup=warm,
+                                                    reps=per_round, flush=flush)
+                        clocks[m] += clock.samples
                     else:
                         samples[m] += time_cpu(callables[m], warmup=warm, reps=per_round)
             except Exception as exc:
                 status, msg = classify(exc)
                 rows[m].update(status=status, reason=msg)
                 del callables[m]
+    for m in callables:
+        if clocks[m]:  # the SM clock the kernel ran at (NVML), for the peak at that clock
+            rows[m]["sm_clock_mhz"] = statistics.median(clocks[m])
     calls = _call_count([summarize(samples[m]).median_ms for m in callables])
     call_samples = _time_call_latency({m: eager[m] for m in callables}, calls, t.rounds,
                                       device, rows, callables, scopes)

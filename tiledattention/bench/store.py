@@ -203,7 +203,7 @@ ERROR_FIELDS = ("rel_err", "max_abs_err", "grad_rel_err.dq", "grad_rel_err.dk",
                 "grad_rel_err.dv")
 NUMBER_FIELDS = SHAPE_FIELDS + TIME_FIELDS + ERROR_FIELDS + (
     "tflops", "tokens_per_s", "gbytes_per_s", "flops", "bytes_moved", "rtol",
-    "time_ms.std_ms", "time_ms.reps", "call_calls", "seed")
+    "time_ms.std_ms", "time_ms.reps", "call_calls", "seed", "sm_clock_mhz")
 
 
 def _leaves(row: dict, prefix: str = ""):

@@ -59,6 +59,9 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "call_us": ("us", "call latency: steady-state wall time per call of call_calls "
                       "back-to-back eager calls (host work included; no L2 flush, no spin, "
                       "one synchronisation per round), median of timing.rounds rounds"),
+    "sm_clock_mhz": ("MHz", "SM clock while the kernel time was measured: median of NVML "
+                            "samples every 2 ms (absent without NVML); the peak at this "
+                            "clock is SMs x clock x dense FLOP per SM per cycle"),
     "call_calls": ("", "back-to-back calls per call_us round (about 50 ms at the point's "
                        "fastest kernel time, 10 to 2000)"),
     "time_ms.mean_ms": ("ms", "mean time per call"),

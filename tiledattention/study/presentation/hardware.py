@@ -15,6 +15,19 @@ class Peak:
     part: str  # the part the numbers are for, as the data sheet names it
     dense_tflops: float  # bf16/fp16 tensor cores, dense
     hbm_tbs: float  # HBM bandwidth, TB/s (10^12 B/s)
+    sms: int = 132  # streaming multiprocessors
+    flop_per_sm_cycle: int = 4096  # dense bf16/fp16 tensor-core FLOP per SM per cycle
+
+    @property
+    def clock_mhz(self) -> float:
+        """The clock the data-sheet peak assumes (989 TFLOP/s on 132 SMs: 1830 MHz)."""
+        return self.dense_tflops * 1e6 / (self.sms * self.flop_per_sm_cycle)
+
+    def at_clock(self, mhz: float, dtype: str = "bfloat16") -> float:
+        """Dense tensor-core TFLOP/s at an SM clock of ``mhz``: SMs x clock x FLOP per SM
+        per cycle (twice bf16's for 8-bit floats)."""
+        per_cycle = self.flop_per_sm_cycle * (2 if "float8" in dtype else 1)
+        return self.sms * mhz * 1e6 * per_cycle / 1e12
 
     @property
     def hbm_gbs(self) -> float:
@@ -57,37 +70,62 @@ def peak_sentence(gpu: str | None) -> str | None:
             f"{peak.dense_tflops:g} TFLOP/s dense bf16/fp16, HBM {peak.hbm_tbs:g} TB/s")
 
 
-def best_throughput(rows: list[dict]) -> dict[str, list[tuple[str, float]]]:
-    """Per pass, each method's highest TFLOP/s at a prefill point (Sq = Skv; any D, dtype,
-    mask): the top of its throughput figures. Methods in registry order; pinned schedules
-    (the ladder's) are not methods."""
+def best_rows(rows: list[dict]) -> dict[str, list[tuple[str, dict]]]:
+    """Per pass, each method's row of highest TFLOP/s at a prefill point (Sq = Skv; any D,
+    dtype, mask): the top of its throughput figures. Methods in registry order; pinned
+    schedules (the ladder's) are not methods."""
     from ...bench.methods import METHODS
     from ...flops import PASSES
 
-    best: dict[str, dict[str, float]] = {}
+    best: dict[str, dict[str, dict]] = {}
     for r in rows:
         if r.get("status") == "ok" and r.get("seq_q") == r.get("seq_kv") and r.get("tflops"):
             by = best.setdefault(r.get("pass", "fwd"), {})
-            by[r["method"]] = max(by.get(r["method"], 0.0), r["tflops"])
+            if r["tflops"] > by.get(r["method"], {}).get("tflops", 0.0):
+                by[r["method"]] = r
     order = list(METHODS)
     return {p: sorted(best[p].items(), key=lambda kv: order.index(kv[0])
                       if kv[0] in order else len(order))
             for p in PASSES if p in best}
 
 
-def share(tflops: float, gpu: str | None) -> str:
+def best_throughput(rows: list[dict]) -> dict[str, list[tuple[str, float]]]:
+    """``best_rows`` as (method, TFLOP/s)."""
+    return {p: [(m, r["tflops"]) for m, r in ms] for p, ms in best_rows(rows).items()}
+
+
+def share(tflops: float, gpu: str | None, mhz: float | None = None) -> str:
     """"432 TFLOP/s (44%)": a throughput and its share of the GPU's dense peak, as the
-    README and the utilisation figure both print it."""
+    README and the utilisation figure both print it; with the SM clock it ran at
+    (``mhz``), also its share of the peak at that clock: "(44%; 47% at 1700 MHz)"."""
     peak = peak_of(gpu)
-    return f"{tflops:.0f} TFLOP/s" + (f" ({100 * tflops / peak.dense_tflops:.0f}%)"
-                                      if peak else "")
+    if peak is None:
+        return f"{tflops:.0f} TFLOP/s"
+    at = f"; {100 * tflops / peak.at_clock(mhz):.0f}% at {mhz:.0f} MHz" if mhz else ""
+    return f"{tflops:.0f} TFLOP/s ({100 * tflops / peak.dense_tflops:.0f}%{at})"
+
+
+def clock_sentence(rows: list[dict], gpu: str | None) -> str | None:
+    """The README's line of the SM clocks the kernels ran at and the peak there, for rows
+    that recorded one (``sm_clock_mhz``); None for rows without (studies before it)."""
+    peak = peak_of(gpu)
+    clocks = sorted(r["sm_clock_mhz"] for r in rows
+                    if r.get("status") == "ok" and r.get("sm_clock_mhz"))
+    if not clocks or peak is None:
+        return None
+    mid = clocks[len(clocks) // 2]
+    return (f"SM clock while timed (NVML, per row `sm_clock_mhz`): median {mid:.0f} MHz, "
+            f"{clocks[0]:.0f}-{clocks[-1]:.0f} MHz over the rows; the dense bf16/fp16 peak "
+            f"at a clock f is {peak.sms} SMs x f x {peak.flop_per_sm_cycle} FLOP per SM "
+            f"per cycle ({peak.at_clock(mid):.0f} TFLOP/s at {mid:.0f} MHz; the data "
+            f"sheet's {peak.dense_tflops:g} assumes {peak.clock_mhz:.0f} MHz).")
 
 
 def utilisation_sentence(rows: list[dict], gpu: str | None) -> str | None:
     """The README's line of each method's best prefill throughput per pass, with its share
     of the dense peak (the utilisation figure's numbers); None without ok prefill rows."""
     names = {"fwd": "forward", "bwd": "backward", "fwd+bwd": "forward+backward"}
-    best = best_throughput(rows)
+    best = best_rows(rows)
     if not best:
         return None
     peak = peak_of(gpu)
@@ -95,5 +133,6 @@ def utilisation_sentence(rows: list[dict], gpu: str | None) -> str | None:
             "no data-sheet peak for this GPU")
     return (f"Best prefill throughput per method (the highest point of its throughput "
             f"figures; {what}): " + "; ".join(
-                f"{names.get(p, p)}: " + ", ".join(f"{m} {share(t, gpu)}" for m, t in ms)
+                f"{names.get(p, p)}: " + ", ".join(
+                    f"{m} {share(r['tflops'], gpu, r.get('sm_clock_mhz'))}" for m, r in ms)
                 for p, ms in best.items()) + ".")

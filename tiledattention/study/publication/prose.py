@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 
 from ..presentation.frame import columns_markdown, columns_of
-from ..presentation.hardware import peak_sentence, utilisation_sentence
+from ..presentation.hardware import clock_sentence, peak_sentence, utilisation_sentence
 from .archive import SNAPSHOT, SNAPSHOT_SOURCE, study_file
 from .measured import how_to_cite, points_by_kind, spread, stack_line
 from .metadata import (
@@ -69,6 +69,7 @@ def readme_text(pub: Publication, rows: list[dict], manifest: dict, table4: str,
         f"- GPU: {gpu.get('name', '—')} (compute capability "
         f"{gpu.get('compute_capability', '—')}, driver {gpu.get('driver', '—')})",
         *([f"- {peaks}"] if (peaks := peak_sentence(gpu.get("name"))) else []),
+        *([f"- {clock}"] if (clock := clock_sentence(rows, gpu.get("name"))) else []),
         f"- Software: tiledattention {stack.get('tiledattention')}, torch {stack.get('torch')}"
         f" (CUDA {stack.get('cuda_runtime')}, cuDNN {stack.get('cudnn')}), cuda-tile "
         f"{stack.get('cuda_tile')}, tileiras {stack.get('tileiras')}, Python "
