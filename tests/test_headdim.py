@@ -2,7 +2,7 @@
 
 import pytest
 
-from tiledattention.kernel.headdim import MIN_CHUNK, plan_head_dim, supported_head_dim
+from tiledattention.headdim import MIN_CHUNK, plan_head_dim, supported_head_dim
 
 
 @pytest.mark.parametrize("d", range(8, 257, 8))

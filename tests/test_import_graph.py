@@ -6,6 +6,12 @@ import only hides a circle until the function runs); relative imports are resolv
 A circle is a set of modules that reach each other (a strongly connected component of
 more than one module, or a module importing itself) with every module in ``CHECKED``.
 Widen ``CHECKED`` to ``("tiledattention",)`` once every room is free of circles.
+
+A room (a sub-package, or a module of the package root) may also reach another room
+that reaches it back without any module circle: ``schedules/`` importing
+``kernel/headdim.py`` while ``kernel/`` imports ``schedules/`` was one (issue 49), an
+up-arrow that hides a layering. The room graph collapses each room to one node; its
+circles must be those in ``ROOM_CIRCLES_LEFT`` or fewer.
 """
 
 from __future__ import annotations
@@ -15,6 +21,17 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "tiledattention"
 CHECKED = ("tiledattention",)
+# Room circles still standing; a new one (or one of these grown by a room) fails. Strike
+# one out when it is gone: the test does not fail on that, so that a branch removing one
+# merges with a branch that does not.
+ROOM_CIRCLES_LEFT = (
+    # kernel.workload lifts variants.softcap into the paged kernel (a function-level
+    # import); variants calls api's sdpa and reference, both of which reach kernel
+    ["tiledattention.api", "tiledattention.kernel", "tiledattention.reference",
+     "tiledattention.variants"],
+    # study's bundle and prose read stages.STAGES; stages' tasks write study tables
+    ["tiledattention.stages", "tiledattention.study"],
+)
 
 
 def modules() -> dict[str, Path]:
@@ -57,6 +74,21 @@ def graph() -> dict[str, set[str]]:
     return {name: imports(name, path, known) for name, path in found.items()}
 
 
+def room(module: str) -> str:
+    """The room a module lies in: ``tiledattention.kernel.plan`` -> ``tiledattention.kernel``;
+    a module of the package root (``tiledattention.headdim``) is its own room."""
+    return ".".join(module.split(".")[:2])
+
+
+def room_graph(edges: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The import graph with each room one node (imports inside a room dropped)."""
+    out: dict[str, set[str]] = {}
+    for name, targets in edges.items():
+        here = room(name)
+        out.setdefault(here, set()).update(room(t) for t in targets if room(t) != here)
+    return out
+
+
 def circles(edges: dict[str, set[str]], rooms=CHECKED) -> list[list[str]]:
     """Strongly connected components (Tarjan) of the graph restricted to ``rooms``."""
     inside = {n for n in edges if n.startswith(rooms)}
@@ -97,6 +129,27 @@ def test_the_checked_rooms_have_no_import_circles():
     found = circles(graph())
     assert not found, "import circles (function-level imports included): " + "; ".join(
         " <-> ".join(c) for c in found)
+
+
+def test_no_room_reaches_a_room_that_reaches_it_beyond_those_left():
+    found = circles(room_graph(graph()))
+    new = [c for c in found if c not in ROOM_CIRCLES_LEFT]
+    assert not new, "room circles (one room imports a room that imports it): " + "; ".join(
+        " <-> ".join(c) for c in new)
+
+
+def test_a_room_circle_is_found_where_no_module_circle_is():
+    """The up-arrow this guards: schedules.space imports kernel.headdim, kernel.plan
+    imports schedules.schedule; no module reaches itself, the two rooms reach each other."""
+    edges = {"tiledattention.kernel.plan": {"tiledattention.schedules.schedule"},
+             "tiledattention.kernel.headdim": set(),
+             "tiledattention.schedules.schedule": set(),
+             "tiledattention.schedules.space": {"tiledattention.kernel.headdim"},
+             "tiledattention.headdim": set()}
+    assert circles(edges) == []
+    assert circles(room_graph(edges)) == [["tiledattention.kernel", "tiledattention.schedules"]]
+    edges["tiledattention.schedules.space"] = {"tiledattention.headdim"}  # moved below both
+    assert circles(room_graph(edges)) == []
 
 
 def test_function_level_and_relative_imports_are_edges(tmp_path, monkeypatch):

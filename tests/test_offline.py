@@ -5,6 +5,7 @@ venv, a real pip install); they need no network, only the wheels pip can already
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import os
 import platform
@@ -12,10 +13,12 @@ import re
 import subprocess
 import sys
 import venv
+import zipfile
 from importlib.metadata import distribution
 from pathlib import Path
 
 import pytest
+from study_kit import cli
 
 from tiledattention.offline import OfflineError, PackOptions, locked
 
@@ -149,3 +152,52 @@ def test_default_wheelhouse_installs_beside_a_node_provided_torch(tmp_path):
     assert ours.startswith(site) and tile.startswith(site), (ours, tile)
     assert torch_file.startswith(str(node)), torch_file
     assert not Path(site, "torch").exists()  # pip took the node's torch as installed
+
+
+def _wheel(dest: Path, name: str, version: str, body: str, build: str = "") -> str:
+    tag = f"{name}-{version}" + (f"-{build}" if build else "") + "-py3-none-any.whl"
+    di = f"{name}-{version}.dist-info"
+    files = {f"{name}.py": body,
+             f"{di}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+             f"{di}/WHEEL": "Wheel-Version: 1.0\nGenerator: t\nRoot-Is-Purelib: true\n"
+                            "Tag: py3-none-any\n" + (f"Build: {build}\n" if build else "")}
+    record = "".join(
+        f"{p},sha256={base64.urlsafe_b64encode(hashlib.sha256(c.encode()).digest()).rstrip(b'=').decode()},{len(c)}\n"  # noqa: E501
+        for p, c in files.items()) + f"{di}/RECORD,,\n"
+    with zipfile.ZipFile(dest / tag, "w") as z:
+        for p, c in files.items():
+            z.writestr(p, c)
+        z.writestr(f"{di}/RECORD", record)
+    return tag
+
+
+def test_install_sh_installs_only_listed_wheels_checked_by_hash(tmp_path):
+    from tiledattention.offline import write_installer
+
+    house = tmp_path / "house"
+    house.mkdir()
+    good = _wheel(house, "demo", "1.0", "X = 'good'\n")
+    write_installer(str(house), [good], ["demo==1.0"])
+    assert "--require-hashes" in (house / "install.sh").read_text()
+    _wheel(house, "demo", "1.0", "X = 'evil'\n", build="1")  # pip prefers a higher build tag
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "python3").symlink_to(sys.executable)
+    env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}", "PIP_NO_INPUT": "1"}
+    run = subprocess.run(["sh", str(house / "install.sh"), "-q", "--target",
+                          str(tmp_path / "t")], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert (tmp_path / "t" / "demo.py").read_text() == "X = 'good'\n"
+    # A listed wheel swapped for another: pip's hash check refuses it.
+    (house / good).unlink()
+    _wheel(house, "demo", "1.0", "X = 'evil'\n")
+    run = subprocess.run(["sh", str(house / "install.sh"), "--target", str(tmp_path / "u")],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode != 0 and not (tmp_path / "u" / "demo.py").exists()
+
+
+def test_offline_pack_takes_only_a_torch_requirement(tmp_path):
+    code, err = cli("offline", "pack", str(tmp_path / "w"), "--torch=--index-url=http://x")
+    assert code == 2 and "expected a requirement on torch" in err
+    assert not (tmp_path / "w").exists()

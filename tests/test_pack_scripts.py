@@ -16,6 +16,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
+
 FAKE_PIP = """#!/usr/bin/env bash
 if [ "$1" = -m ] && [ "$2" = pip ]; then
   dir=; pins=()
@@ -249,3 +250,68 @@ def test_a_pack_stopped_by_a_full_disk_says_so_in_one_line_and_the_next_pack_rep
     assert sorted(_tree(dest)) == [".fa4kit-pack", ".gitignore", "load1/MD5SUMS", "load1/PARTS",
                                    "load1/a-1-py3-none-any.whl", "load1/b-2-py3-none-any.whl"]
     assert (dest / "load1" / "a-1-py3-none-any.whl").stat().st_size == 6000
+
+
+def _device_study(tmp_path: Path, **env) -> subprocess.CompletedProcess:
+    """The script up to its packing, on the CPU: no kit, a stand-in ``snakemake`` on PATH
+    that finishes at once, RESULTS naming a prepared results directory."""
+    stub = tmp_path / "bin"
+    stub.mkdir(exist_ok=True)
+    (stub / "snakemake").write_text("#!/bin/sh\n[ \"$1\" = --version ] && echo 9.0\nexit 0\n")
+    (stub / "snakemake").chmod(0o755)
+    base = {"PATH": f"{stub}:/usr/bin:/bin", "KIT": str(tmp_path / "no-kit"),
+            "SITE": str(tmp_path / "site"), "RESULTS": str(tmp_path / "results" / "smoke"),
+            "PRECOMPILE": "0", "TILEDATTENTION_SOURCE_REVISION": "x"}
+    return subprocess.run(["bash", "scripts/device-study.sh", "config/smoke.yaml", "60"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**base, **env})
+
+
+def test_device_study_never_splits_or_deletes_a_file_in_out_it_did_not_make(tmp_path):
+    results = tmp_path / "results" / "smoke"
+    results.mkdir(parents=True)
+    (results / "rows.bin").write_bytes(os.urandom(17 << 20))  # a packed study over 16 MiB
+    out = tmp_path / "out"
+    out.mkdir()
+    mine = os.urandom(17 << 20)
+    (out / "dataset.bin").write_bytes(mine)
+    run = _device_study(tmp_path, OUT=str(out))
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert (out / "dataset.bin").read_bytes() == mine
+    assert sorted(p.name for p in out.iterdir() if p.name != "dataset.bin") != []
+    (sub,) = [p for p in out.iterdir() if p.is_dir()]
+    assert sub.name.startswith("device-study-") and f"writing into {sub}" in run.stderr
+    parts = sorted(sub.glob("smoke-results.tar.gz.part*"))
+    assert len(parts) == 2 and not (sub / "smoke-results.tar.gz").exists()
+    # a second run into its own (marked) directory packs there again, splitting only its own
+    run = _device_study(tmp_path, OUT=str(sub))
+    assert run.returncode == 0 and len(list(sub.glob("smoke-results.tar.gz.part*"))) == 2
+    assert not [p for p in sub.iterdir() if p.is_dir()]
+
+
+@pytest.mark.parametrize("env,words", [({"OUT": "FILE"}, "exists and is not a directory"),
+                                       ({"GPUS": "00"}, "GPUS must be a positive whole"),
+                                       ({"GPUS": "0"}, "GPUS must be a positive whole"),
+                                       ({"GPUS": "2x"}, "GPUS must be a positive whole")])
+def test_device_study_refuses_out_naming_a_file_and_a_zero_gpu_count(tmp_path, env, words):
+    (tmp_path / "results" / "smoke").mkdir(parents=True)
+    f = tmp_path / "file"
+    f.write_text("mine")
+    env = {k: str(f) if v == "FILE" else v for k, v in env.items()}
+    run = _device_study(tmp_path, **{"OUT": str(tmp_path / "out"), **env})
+    assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, run.stderr
+    assert words in run.stderr and f.read_text() == "mine"
+
+
+def test_device_study_never_removes_a_site_directory_it_did_not_install(tmp_path):
+    (tmp_path / "results" / "smoke").mkdir(parents=True)
+    kit = tmp_path / "kit"
+    kit.mkdir()
+    (kit / "x-1.0-py3-none-any.whl").write_bytes(b"not really")
+    site = tmp_path / "mysite"
+    site.mkdir()
+    (site / "mine.py").write_text("years of work")
+    run = _device_study(tmp_path, OUT=str(tmp_path / "out"), KIT=str(kit), SITE=str(site))
+    assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, run.stderr
+    assert "holds files this script did not install" in run.stderr
+    assert (site / "mine.py").read_text() == "years of work"

@@ -138,3 +138,33 @@ def test_the_readme_systems_command_rebuilds_the_committed_systems_table(tmp_pat
         os.chdir(cwd)
     assert (tmp_path / "systems.csv").read_text() == \
         (ROOT / "results/reference/systems/systems.csv").read_text()
+
+
+EXTENDING = ROOT / "docs" / "EXTENDING.md"
+# A path in backticks (a file, or a folder ending in /), optionally ``::name`` of a def,
+# class or assignment in it; placeholders such as ``<stage>`` are not paths to check.
+_CITED = re.compile(r"`((?:[\w.-]+/)+[\w.-]*)(?:::(\w+))?`")
+
+
+def _defines(path: Path, name: str) -> bool:
+    """``name`` is a function, class or module-level name that ``path`` defines."""
+    return bool(re.search(rf"^\s*(?:def|class) {name}\b|^{name}\b[^=\n]*=", path.read_text(),
+                          flags=re.M))
+
+
+def test_the_readme_links_to_the_extending_page():
+    assert "(docs/EXTENDING.md)" in README
+
+
+def test_every_path_and_name_the_extending_page_cites_exists():
+    text = EXTENDING.read_text()
+    cited = _CITED.findall(text)
+    assert len(cited) > 20, "the page cites its files as `path` and `path::name`"
+    for path, name in cited:
+        assert (ROOT / path).exists(), f"docs/EXTENDING.md names {path}, which is not here"
+        if name:
+            assert _defines(ROOT / path, name), f"{path} defines no {name}"
+    for target in re.findall(r"\]\(([^)#]+)(#[^)]*)?\)", text):
+        assert (EXTENDING.parent / target[0]).resolve().exists(), target
+    for anchor in re.findall(r"\]\(\.\./README\.md#([^)]+)\)", text):
+        assert anchor in anchors(README), anchor

@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+from study_kit import cli
 
 import tiledattention as ta
 from tiledattention.bench.grid import Point, pinned
@@ -224,3 +225,30 @@ def test_tuning_table_has_winner_runner_up_sensitivity_and_failures(tmp_path):
     assert entry.sensitivity == pytest.approx(1 - 400 / 450)
     assert entry.failed == ("128x128_o1_c1_lk2_lv4:error",) and entry.candidates == 3
     assert json.loads(json.dumps(table.to_json()))["entries"][0]["bucket"]["s_bucket"] == 512
+
+
+def test_tune_without_a_gpu_never_replaces_an_existing_table(tmp_path):
+    import torch
+
+    from tiledattention.schedules.backward import BwdSchedule
+    from tiledattention.schedules.schedule import Schedule
+    from tiledattention.schedules.table import Bucket, BwdEntry, Entry, ScheduleTable
+    from tiledattention.stages.tune import TuneTask
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is visible: the task would tune instead")
+    table = ScheduleTable(meta={"gpu": "H100"})
+    bucket = Bucket("9.0", "float16", 64, False, 512)
+    table.add(Entry(bucket, Schedule(64, 128, 2), 500.0))
+    table.add(BwdEntry(bucket, BwdSchedule.from_label("kv64x64_q64x64_o1"), 300.0))
+    out = tmp_path / "schedule-table.json"
+    table.save(str(out))
+    before = out.read_bytes()
+    for passes in (("fwd",), ("fwd+bwd",), ("fwd", "fwd+bwd")):
+        result = TuneTask(str(out), str(tmp_path / "state.jsonl"), seqs=(512,),
+                          head_dims=(64,), dtypes=("float16",), passes=passes)()
+        assert result["status"] == "unavailable" and "is kept as it was" in result["reason"]
+        assert out.read_bytes() == before
+    code, _ = cli("tune", "--seqs", "512", "--head-dims", "64", "--out", str(out),
+                  "--state", str(tmp_path / "s.jsonl"), "--pass", "fwd+bwd")
+    assert code == 2 and out.read_bytes() == before

@@ -100,3 +100,12 @@ def test_a_tiny_llama_through_the_mapping_matches_builtin_sdpa(calls):
     assert torch.equal(ours.generate(ids, **gen), ref.generate(ids, **gen))
     assert any(c["sq"] == 1 and not c["causal"] for c in calls)  # decode steps ran
     assert any(c["causal"] for c in calls)  # the unpadded prefill ran causal
+
+
+def test_register_refuses_an_empty_name():
+    from tiledattention.errors import InputError
+    from tiledattention.integrations.transformers import register
+
+    for name in ("", "  ", " tiled"):
+        with pytest.raises(InputError, match="must be a non-empty string"):
+            register(name)

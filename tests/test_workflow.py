@@ -301,3 +301,27 @@ def test_ctrl_c_on_the_local_profile_ends_with_one_line_saying_what_the_errors_a
     assert lines == ["workflow: stopped by Ctrl-C (SIGINT): the 'Error in rule' blocks above "
                      "are the steps that were running, stopped, their jobs cancelled, not "
                      "failures; the same command resumes (finished rows are kept)"], text[-3000:]
+
+
+def _snakemake_n(tmp_path: Path, extra: str) -> subprocess.CompletedProcess:
+    import shutil
+
+    cfg = tmp_path / "extra.yaml"
+    cfg.write_text(f"results_dir: {tmp_path / 'results'}\n{extra}")
+    snakemake = shutil.which("snakemake") or str(Path(sys.executable).with_name("snakemake"))
+    return subprocess.run([snakemake, "-n", "--cores", "1", "--configfile", "config/smoke.yaml",
+                           str(cfg)], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+@pytest.mark.parametrize("extra,words", [
+    ("benchh: {}\n", "config: unknown key(s) ['benchh']"),
+    ("shapes: {enabled: true, grids: []}\n", "config: shapes: enabled with no grids"),
+    ("bench: {grid: {seqs: [0]}}\n", "config: grid.seqs: 0 must be >= 1"),
+])
+def test_a_bad_study_config_ends_the_workflow_in_one_line_exit_2(tmp_path, extra, words):
+    run = _snakemake_n(tmp_path, extra)
+    assert run.returncode == 2, run.stderr[-2000:]
+    lines = [ln for ln in run.stderr.strip().splitlines() if "config:" in ln or "Error" in ln]
+    assert lines == [next(ln for ln in lines if words in ln)], run.stderr[-2000:]
+    assert "WorkflowError" not in run.stderr and "File \"" not in run.stderr

@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from .kernel.headdim import plan_head_dim
+from .headdim import plan_head_dim
 
 LOG2E = 1.0 / math.log(2.0)
 

@@ -66,7 +66,7 @@ def _gqa(point: Point) -> bool:
 
 
 def _tiled_check(point, device):
-    from ..kernel.headdim import supported_head_dim
+    from ..headdim import supported_head_dim
     from ..kernel.toolchain import tileiras_path
 
     if device.type != "cuda":

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from .headdim import plan_head_dim
+from ..headdim import plan_head_dim
 
 # Where ``per_sm`` came from: the schedule's occupancy hint (cuTile 1.7 exposes neither
 # the loaded function nor its registers / shared memory, so the compiled kernel's own

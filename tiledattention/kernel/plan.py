@@ -27,13 +27,13 @@ from dataclasses import dataclass
 
 import torch
 
+from ..headdim import plan_head_dim
 from ..schedules import policy
 from ..schedules.backward import BwdSchedule
 from ..schedules.schedule import Schedule
 from ..schedules.table import seq_bucket
 from . import mods as _mods
 from .geometry import grid_for
-from .headdim import plan_head_dim
 from .mask import mask_layout
 from .spec import COMBINE, DELTA, score_specs
 from .toolchain import check_gpu

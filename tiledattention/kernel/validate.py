@@ -18,9 +18,9 @@ from ..errors import (
     ShapeError,
     UnsupportedHeadDimError,
 )
+from ..headdim import MAX_HEAD_DIM, supported_head_dim
 from ..schedules.schedule import Schedule
 from ..schedules.space import rejection
-from .headdim import MAX_HEAD_DIM, supported_head_dim
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 

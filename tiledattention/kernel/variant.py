@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..headdim import plan_head_dim
 from ..schedules.backward import BwdSchedule
 from ..schedules.schedule import Schedule
-from .headdim import plan_head_dim
 
 DTYPES = ("float16", "bfloat16")
 MASK_KINDS = ("none", "key_padding", "full")

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 
 from ..errors import ScheduleError
-from ..kernel.headdim import plan_head_dim
+from ..headdim import plan_head_dim
 from .space import DEFAULT_WORKER_WARPS, MAX_REGISTERS_PER_THREAD, REGISTER_BYTES_PER_SM
 
 DQ_MODES = ("kernel", "atomic")

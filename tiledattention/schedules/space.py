@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 
-from ..kernel.headdim import plan_head_dim
+from ..headdim import plan_head_dim
 from .schedule import Schedule
 
 # Register file per SM on Hopper and Blackwell: 64K 32-bit registers.

@@ -93,7 +93,7 @@ class Shape:
 
     def check(self) -> None:
         """Refuse what is not one attention shape (one line each)."""
-        from ...kernel.headdim import supported_head_dim
+        from ...headdim import supported_head_dim
 
         if not supported_head_dim(self.head_dim):
             raise AdviceError(f"--head-dim {self.head_dim}: the kernel takes multiples of 8 "
@@ -226,7 +226,7 @@ def _geometry(shape: Shape, data: dict):
 
 
 def _flags(shape: Shape, schedule, geo) -> list[str]:
-    from ...kernel.headdim import plan_head_dim
+    from ...headdim import plan_head_dim
 
     flags = []
     hd = plan_head_dim(shape.head_dim)

@@ -1,4 +1,9 @@
-"""How a head dim is split into the power-of-two chunks cuTile tiles require."""
+"""How a head dim is split into the power-of-two chunks cuTile tiles require.
+
+Host-only arithmetic (no cuTile, no torch): ``schedules`` (register and shared-memory
+estimates) and ``kernel`` (plans, geometry, checks) both read it, and ``kernel`` imports
+``schedules``, so it sits in the package root below both rather than in either room.
+"""
 
 from __future__ import annotations
 
