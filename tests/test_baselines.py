@@ -37,7 +37,7 @@ from tiledattention.bench.variant_cases import (
     indices,
 )
 from tiledattention.bench.variant_cases import parts_for as variant_parts
-from tiledattention.stages import stage_from_dict
+from tiledattention.stages import stage_from_dict, study_schema
 from tiledattention.stages.variants import VARIANT_METHODS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,7 +51,7 @@ def test_the_new_baselines_are_registry_entries_the_stages_pick_up():
     assert {"fa4", "flex", "flex_flash"} <= set(VARIANT_METHODS)
     assert "sdpa_fa4" not in VARIANT_METHODS  # SDPA's flash backend takes only causal
     with open(ROOT / "workflow/schemas/config.schema.yaml") as f:
-        schema = yaml.safe_load(f)
+        schema = study_schema(yaml.safe_load(f))
     enum = schema["properties"]["variants"]["properties"]["methods"]["items"]["enum"]
     assert enum == list(VARIANT_METHODS)
     # The benchmark (grid and decode) validates any registry name.

@@ -42,8 +42,10 @@ def test_a_method_added_to_the_registry_reaches_figures_and_profiles(monkeypatch
 
 
 def test_the_schema_profile_enum_is_the_registry_profilable_methods():
+    from tiledattention.stages import study_schema
+
     with open("workflow/schemas/config.schema.yaml") as f:
-        schema = yaml.safe_load(f)
+        schema = study_schema(yaml.safe_load(f))
     enum = schema["properties"]["profile"]["properties"]["methods"]["items"]["enum"]
     assert enum == methods.profilable()
 

@@ -10,6 +10,7 @@ import gzip
 import json
 import os
 
+import pytest
 import yaml
 
 from tiledattention import stages
@@ -79,15 +80,23 @@ def test_the_snakefile_includes_the_stage_rule_files_from_the_registry_not_by_na
         assert f'"workflow/rules/{s.rule_file}"' not in text, s.rule_file
 
 
-def test_every_stage_section_appears_in_the_generated_config_schema():
+def test_every_stage_section_is_generated_into_the_workflow_schema_not_pasted():
     with open(os.path.join(ROOT, "workflow", "schemas", "config.schema.yaml")) as f:
-        schema = yaml.safe_load(f)
+        written = yaml.safe_load(f)
+    # The file holds the study's own keys only: no copy of a section to fall behind.
+    assert not set(written["properties"]) & {"bench", *SECTIONS}
+    schema = stages.study_schema(written)
     assert schema["properties"]["bench"] == json_schema()
     assert set(SECTIONS) == {n for n, s in STAGES.items() if s.config is not None}
     for name in SECTIONS:
-        assert schema["properties"][name] == stage_json_schema(name), (
-            f"regenerate the {name} section: python -m tiledattention.stages")
+        assert schema["properties"][name] == stage_json_schema(name)
     assert set(stages.schema()) == {"bench", *SECTIONS}
+    assert schema["additionalProperties"] is False  # no key beyond the file's and theirs
+
+
+def test_a_section_written_into_the_schema_file_is_refused():
+    with pytest.raises(ValueError, match=r"generated section\(s\) \['model'\]"):
+        stages.study_schema({"properties": {"model": {"type": "object"}}})
 
 
 def test_every_stage_is_a_tiledattn_verb_with_its_registered_handler():
@@ -107,6 +116,78 @@ def test_no_stage_module_imports_another_stage():
         assert not others, f"{os.path.relpath(path, ROOT)} imports the stage(s) {others}"
         assert "tiledattention.stages" not in _imports(path) - {
             "tiledattention.stages.base"}, f"{path} imports the registry"
+
+
+def test_no_stage_module_imports_the_study_which_reads_the_stages():
+    """The study (its presentation: tables, figures, the report) reads the stages' rows;
+    a stage's own run summary reads them below it, function-level imports included."""
+    for path in glob.glob(os.path.join(PKG, "stages", "*.py")):
+        bad = {m for m in _imports(path) if m.startswith("tiledattention.study")}
+        assert not bad, f"{os.path.relpath(path, ROOT)} imports {sorted(bad)}"
+
+
+def _verb_options(name: str) -> dict[str, tuple[str, ...]]:
+    """A stage verb's options: dest -> its flags."""
+    from tiledattention.cli import build_parser
+
+    verb = build_parser()._subparsers._group_actions[0].choices[name]
+    return {a.dest: tuple(a.option_strings) for a in verb._actions if a.option_strings}
+
+
+# The options a stage verb takes that are no config field, each stage's own.
+NOT_FIELDS = {"-h", "--help", "--out", "--config", "--launcher", "--launcher-options", "--grid",
+              "--state", "--reps", "--compile-timeout"}
+
+
+def test_every_stage_verb_accepts_exactly_its_config_fields_as_flags():
+    from dataclasses import fields
+
+    for name, cls in SECTIONS.items():
+        opts = _verb_options(name)
+        flags = {f.name: (f.metadata["flag"],) for f in fields(cls) if "flag" in f.metadata}
+        assert {f.name for f in fields(cls)} - set(flags) == {"enabled"}, name
+        assert {d: opts[d] for d in flags if d in opts} == flags, name
+        others = {o for d, o in opts.items() if d not in flags}
+        assert set().union(*others) <= NOT_FIELDS, (name, others)
+
+
+def test_a_field_option_reads_values_as_its_config_holds_them(tmp_path, capsys):
+    """Lists take one or more, choices come from the field, an option left out keeps the
+    --config file's value, and the dataclass's default under it."""
+    import argparse
+
+    from tiledattention.cli import build_parser
+    from tiledattention.stages.base import config_section
+
+    args = build_parser().parse_args(["workloads", "--out", "o", "--causal", "true", "false",
+                                      "--doc-mu", "2.5", "--page-sizes", "16", "64"])
+    assert (args.causal, args.doc_mu, args.page_sizes, args.kinds) == (
+        [True, False], 2.5, [16, 64], None)
+    cfg = tmp_path / "w.yaml"
+    cfg.write_text("workloads: {chunk: 64, doc_mu: 1.0}\n")
+    args = argparse.Namespace(**{**vars(args), "config": str(cfg)})
+    section = config_section(args, "workloads", SECTIONS["workloads"])
+    assert section["chunk"] == 64 and section["doc_mu"] == 2.5 and "kinds" not in section
+    with pytest.raises(SystemExit) as exc:
+        build_parser().parse_args(["profile", "--out", "o"])  # a shape must be given
+    assert exc.value.code == 2 and "--shape" in capsys.readouterr().err
+
+
+def test_the_stages_method_help_is_the_registrys_each_method_named_once():
+    from tiledattention.bench.methods import METHODS
+
+    for name in ("variants", "workloads"):
+        field = next(f for f in fields_of(name) if f.name == "methods")
+        text = field.metadata["help"]
+        for m in field.metadata["choices"]:
+            assert f"{m}, {METHODS[m].description}" in text, (name, m)
+            assert text.count(f"; {m}, ") + text.startswith(f"Methods compared - {m}, ") == 1
+
+
+def fields_of(name: str):
+    from dataclasses import fields
+
+    return fields(SECTIONS[name])
 
 
 def test_the_common_config_the_harness_and_the_launchers_import_no_stage():

@@ -822,6 +822,12 @@ METHODS: dict[str, Method] = {m.name: m for m in (
 )}
 
 
+def methods_help(names) -> str:
+    """``names`` as help prose (a config key's, its schema's, its option's): each with the
+    registry's description, so a method is named and described once, in its entry."""
+    return "; ".join(f"{n}, {METHODS[n].description}" for n in names)
+
+
 def variant_methods() -> list[str]:
     """The methods the variants stage can compare (registry order): ours and those that
     run its points (bench/variant_cases.py)."""

@@ -20,7 +20,7 @@ STAGES: dict[str, Stage] = {m.STAGE.name: m.STAGE for m in (bench, tune, profile
 SECTIONS = {name: s.config for name, s in STAGES.items() if s.config is not None}
 
 __all__ = ["SECTIONS", "STAGES", "Stage", "rule_files", "schema", "stage_from_dict",
-           "stage_json_schema"]
+           "stage_json_schema", "study_schema"]
 
 
 def stage_from_dict(name: str, data: dict | None):
@@ -39,6 +39,18 @@ def schema() -> dict:
     from ..bench.config import json_schema
 
     return {"bench": json_schema(), **{name: stage_json_schema(name) for name in SECTIONS}}
+
+
+def study_schema(study: dict) -> dict:
+    """The workflow's whole config schema: ``study``, its schema file of the study's own
+    keys (workflow/schemas/config.schema.yaml), with the generated sections added where it
+    is used (no pasted copy to fall behind the dataclasses), and no key beyond the two."""
+    generated = schema()
+    both = sorted(set(study.get("properties", {})) & set(generated))
+    if both:  # a section written by hand would shadow the dataclass's
+        raise ValueError(f"the study schema file writes the generated section(s) {both}")
+    return {**study, "additionalProperties": False,
+            "properties": {**study.get("properties", {}), **generated}}
 
 
 def rule_files() -> list[str]:

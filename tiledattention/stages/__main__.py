@@ -1,5 +1,6 @@
 """``python -m tiledattention.stages``: the generated sections of the workflow's config
-schema (workflow/schemas/config.schema.yaml holds them verbatim; tests/test_schema.py)."""
+schema, as the workflow adds them to workflow/schemas/config.schema.yaml's keys at its start
+(``study_schema``)."""
 
 import yaml
 

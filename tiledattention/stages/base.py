@@ -95,18 +95,94 @@ def positive(what: str):
 seconds = positive("number of seconds")
 
 
-def default_of(cls, name: str):
-    """A GPU stage option's default: its config dataclass's (tiledattention/stages/), the one
-    source the workflow's schema and rules read too."""
-    from dataclasses import fields
-
-    value = next(f.default for f in fields(cls) if f.name == name)
-    return list(value) if isinstance(value, tuple) else value
-
 def launcher_options(p) -> None:
     """--launcher-options, as every stage verb that runs through a launcher takes it."""
     p.add_argument("--launcher-options", default="{}", metavar="JSON",
                    help='launcher options as a JSON object, e.g. \'{"partition": "gpu"}\'')
+
+
+# A stage verb's options: one per config field with a ``flag`` (``field_options``), and the
+# few that are no config field, each written once here (--config, --launcher).
+def config_file_option(p, stage: str) -> None:
+    """--config, a YAML file of the stage's settings the field options override."""
+    p.add_argument("--config", help=f"YAML with the stage's settings: a `{stage}:` section "
+                   "(a study config) or the section itself; the options below override it "
+                   "(default: the stage's defaults)")
+
+
+def launcher_option(p) -> None:
+    """--launcher and --launcher-options: where the verb's one job runs."""
+    from ..launchers.base import LAUNCHERS
+
+    p.add_argument("--launcher", choices=LAUNCHERS, help="run it as a job of this launcher "
+                   "(slurm: on a GPU node; local: on a free local GPU) (default: in this "
+                   "process)")
+    launcher_options(p)
+
+
+def flagged(cls) -> list:
+    """The fields of a stage's config dataclass that are command-line options (a ``flag``):
+    the same ones ``bench.config.stage_args`` writes the workflow's argv from."""
+    from dataclasses import fields
+
+    return [f for f in fields(cls) if "flag" in f.metadata]
+
+
+def boolean(text: str) -> bool:
+    """argparse type: true or false (as the config file spells them)."""
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    raise argparse.ArgumentTypeError(f"{text!r} is not true or false")
+
+
+def _parser_of(f) -> dict:
+    """argparse keywords that read one field's values: its choices where they are words,
+    else its element type. The field's other limits (min, max, a choice of numbers) are the
+    config's to check: its errors name the key (``<stage>.<key>``)."""
+    meta, typ = f.metadata, str(f.type)
+    if isinstance(next(iter(meta.get("choices", ())), None), str):
+        return {"choices": list(meta["choices"])}
+    if "bool" in typ:
+        return {"type": boolean}
+    if "float" in typ:
+        return {"type": positive(f.name) if "above" in meta else float}
+    if "int" in typ:
+        return {"type": count(1 if meta.get("min", 0) >= 1 else 0)}
+    return {}
+
+
+def _help_of(f, config_file: bool) -> str:
+    """The field's help (the schema's description too) and the default it leaves."""
+    value = f.default
+    shown = ("null" if value is None else " ".join(map(str, value))
+             if isinstance(value, tuple) else value)
+    where = "the --config file's, else " if config_file else ""
+    return f"{f.metadata['help']} (default: {where}{shown})".replace("%", "%%")
+
+
+def field_options(p, cls, *, config_file: bool = False, required=()) -> None:
+    """One option per flagged field of ``cls``: its flag, its values parsed as the field
+    holds them (a list: one or more; ``repeat``: the flag repeated), its help. No argparse
+    default: an option left out keeps the --config file's value, else the dataclass's
+    (``given``), so the default lives in one place. ``required``: fields that must be given."""
+    for f in flagged(cls):
+        flag, kw = f.metadata["flag"], _parser_of(f)
+        if f.metadata.get("repeat"):
+            kw["action"] = "append"
+        elif str(f.type).startswith("tuple"):
+            kw["nargs"] = "+"
+        if "choices" not in kw:  # argparse would name the values by the field, not the flag
+            kw["metavar"] = flag[2:].upper().replace("-", "_")
+        must = f.name in required
+        p.add_argument(flag, dest=f.name, required=must, **kw,
+                       help=f.metadata["help"] if must else _help_of(f, config_file))
+
+
+def given(args, cls) -> dict:
+    """The config fields given on the command line (an option left out is None)."""
+    return {f.name: getattr(args, f.name) for f in flagged(cls)
+            if getattr(args, f.name) is not None}
+
 
 def json_object(text: str, option: str) -> dict:
     import json
@@ -125,9 +201,10 @@ def json_object(text: str, option: str) -> dict:
     return value
 
 
-def config_section(args, stage: str, keys) -> dict:
+def config_section(args, stage: str, cls) -> dict:
     """A stage verb's settings: its ``--config`` file's ``stage`` section (or a file of the
-    section alone), the options given on the command line (``keys``) on top, enabled."""
+    section alone), the options given on the command line (``cls``'s fields) on top,
+    enabled."""
     from ..errors import ConfigError
 
     data = {}
@@ -144,10 +221,7 @@ def config_section(args, stage: str, keys) -> dict:
             raise ConfigError(f"{args.config}: expected a mapping of the {stage} stage's "
                               f"settings (or a study config with a {stage} section)")
         data = dict(loaded)
-    for key in keys:
-        if getattr(args, key) is not None:
-            data[key] = getattr(args, key)
-    return {**data, "enabled": True}
+    return {**data, **given(args, cls), "enabled": True}
 
 
 def run_or_launch(args, cfg, run, load_rows, summary, out: str) -> int:
@@ -167,6 +241,42 @@ def run_or_launch(args, cfg, run, load_rows, summary, out: str) -> int:
     if res["status"] == "incomplete":
         return 130 if res.get("stopped") else 1
     return 0
+
+
+# A stage's run summary (its log's last table): read from its rows here, below the study's
+# presentation (whose tables compare more: every baseline, geometric means), which reads
+# the stages and never the reverse.
+def by_point(rows) -> dict[str, dict[str, dict]]:
+    """Each point key's rows by method, in the order the points were measured."""
+    out: dict[str, dict[str, dict]] = {}
+    for r in rows:
+        out.setdefault(r["point_key"], {})[r["method"]] = r
+    return out
+
+
+def median_ms(row: dict | None) -> float | None:
+    """A row's median kernel time (ms) where it ran ok, else None."""
+    if not row or row.get("status") != "ok":
+        return None
+    t = (row.get("time_ms") or {}).get("median_ms")
+    return t if isinstance(t, (int, float)) and t > 0 else None
+
+
+def time_or_status(cells: dict, method: str):
+    """``method``'s kernel time at a point, or its row's status where it did not run."""
+    return median_ms(cells.get(method)) or (cells.get(method) or {}).get("status")
+
+
+def cell(value, width: int) -> str:
+    """A summary cell: a number to 3 decimals, a word (a status) as it is, '—' for none."""
+    return f"{value:{width}.3f}" if isinstance(value, float) else f"{value or '—':>{width}s}"
+
+
+def status_counts(rows) -> str:
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r["status"]] = counts.get(r["status"], 0) + 1
+    return "rows by status: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
 
 
 def not_run_bullets(stage: str, rows_file: str, load_rows, out_dir: str, checked) -> list[str]:

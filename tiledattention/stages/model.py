@@ -37,13 +37,12 @@ import time
 from dataclasses import asdict, dataclass
 
 from ..bench.config import option, section_from_dict
-from ..launchers.base import LAUNCHERS
 from .base import (
     Stage,
-    count,
-    default_of,
+    field_options,
+    given,
     json_object,
-    launcher_options,
+    launcher_option,
     one_line,
     section_json_schema,
 )
@@ -374,32 +373,18 @@ class ModelTask:
         return run_model(model_from_dict(dict(self.config)), self.out_dir)
 
 
-# `tiledattn model`: its options and its handler.
+# `tiledattn model`: its options (its config's fields, ``base.field_options``) and its
+# handler.
 def add_arguments(p) -> None:
     p.add_argument("--out", required=True, help="directory for rows.jsonl and the manifest")
-    p.add_argument("--batches", type=count(1), nargs="+",
-                   default=default_of(ModelConfig, "batches"), help="batch sizes")
-    p.add_argument("--prompt", type=count(1), default=default_of(ModelConfig, "prompt"),
-                   help="prompt tokens per sequence")
-    p.add_argument("--steps", type=count(1), default=default_of(ModelConfig, "steps"),
-                   help="greedy decode steps timed")
-    p.add_argument("--reps", type=count(1), default=default_of(ModelConfig, "reps"),
-                   help="interleaved reps per implementation")
-    p.add_argument("--seed", type=count(0), default=default_of(ModelConfig, "seed"),
-                   help="seed of weights and prompt")
-    p.add_argument("--phases", nargs="+", default=list(default_of(ModelConfig, "phases")),
-                   choices=MODEL_PHASES, help="what to time (default: all)")
-    p.add_argument("--launcher", choices=LAUNCHERS, help="run it as a job of this launcher "
-                   "(slurm: on a GPU node) (default: in this process)")
-    launcher_options(p)
+    field_options(p, ModelConfig)
+    launcher_option(p)
 
 
 def _model(args) -> int:
     import os
 
-    cfg = model_from_dict({"enabled": True, "batches": args.batches, "prompt": args.prompt,
-                           "steps": args.steps, "reps": args.reps, "seed": args.seed,
-                           "phases": args.phases})
+    cfg = model_from_dict({"enabled": True, **given(args, ModelConfig)})
     out = os.path.abspath(args.out)
     if args.launcher:
         from ..launchers import run_step

@@ -26,9 +26,8 @@ from ..bench.config import INT32, option, section_from_dict
 from ..bench.grid import TOKENS, WIDTH, Point
 from ..bench.methods import METHODS, profilable
 from ..errors import StudyError
-from ..launchers.base import LAUNCHERS
 from ..safeio import write_json, write_text
-from .base import Stage, count, default_of, json_object, launcher_options, one_line
+from .base import Stage, field_options, given, json_object, launcher_option, one_line
 
 CLOCK_CONTROL = ("base", "none")
 
@@ -72,7 +71,7 @@ def kernel_filters() -> dict[str, str]:
     return {name: METHODS[name].kernel_filter for name in profilable()}
 
 
-KERNEL_FILTERS = kernel_filters()  # at import, for the command line's help
+KERNEL_FILTERS = kernel_filters()  # at import (tests hold the schema's enum to it)
 
 _METRICS = {  # summary key: (ncu metric, kind of unit)
     "duration_us": ("gpu__time_duration.sum", "time"),
@@ -340,45 +339,30 @@ def _run(cfg: ProfileConfig, out_dir: str) -> dict:
     return cfg.task(out_dir)()
 
 
-# `tiledattn profile`: its options and its handler.
+# `tiledattn profile`: its options (its config's fields, ``base.field_options``; a shape
+# must be given) and its handler.
 def add_arguments(p) -> None:
-    p.add_argument("--shape", action="append", required=True,
-                   help="dtype:mask:D:S, e.g. float16:causal:128:4096 (repeatable)")
-    p.add_argument("--methods", nargs="+", default=default_of(ProfileConfig, "methods"),
-                   help=f"whose kernels to capture, of {sorted(KERNEL_FILTERS)}")
     p.add_argument("--out", required=True, help="directory for reports and summary.md")
-    p.add_argument("--clock-control", choices=CLOCK_CONTROL,
-                   default=default_of(ProfileConfig, "clock_control"),
-                   help="base (locked base clocks, ncu's default) or none (boost clocks, as "
-                   "the benchmark runs)")
-    p.add_argument("--warmup", type=count(0), default=default_of(ProfileConfig, "warmup"),
-                   help="launches skipped before the captured one")
-    p.add_argument("--tokens", type=count(1), default=default_of(ProfileConfig, "tokens"),
-                   help="B*S of the profiled point")
-    p.add_argument("--width", type=count(1), default=default_of(ProfileConfig, "width"),
-                   help="H*D of the profiled point")
-    p.add_argument("--launcher", choices=LAUNCHERS, help="run the profiling as a job of this "
-                   "launcher (slurm: on a GPU node) (default: in this process)")
-    launcher_options(p)
+    field_options(p, ProfileConfig, required=("shapes",))
+    launcher_option(p)
 
 
 def _profile(args) -> int:
     import os
 
-    shapes = [Shape.parse(s) for s in args.shape]
+    cfg = section_from_dict(ProfileConfig, "profile", given(args, ProfileConfig))
+    shapes = [Shape.parse(s) for s in cfg.shapes]
     code = 0
     if args.launcher:
         from ..launchers import get_launcher
 
-        task = section_from_dict(ProfileConfig, "profile", {
-            "shapes": args.shape, "methods": args.methods, "clock_control": args.clock_control,
-            "warmup": args.warmup, "tokens": args.tokens, "width": args.width,
-        }).task(os.path.abspath(args.out))
+        task = cfg.task(os.path.abspath(args.out))
         options = json_object(args.launcher_options, "--launcher-options")
         get_launcher(args.launcher, os.path.join(args.out, "logs"), options).run([task])
     else:
-        code = run_profile(shapes, args.methods, args.out, clock_control=args.clock_control,
-                           warmup=args.warmup, tokens=args.tokens, width=args.width)
+        code = run_profile(shapes, list(cfg.methods), args.out,
+                           clock_control=cfg.clock_control, warmup=cfg.warmup,
+                           tokens=cfg.tokens, width=cfg.width)
     with open(os.path.join(args.out, "summary.md")) as f:
         print(f.read())
     return code

@@ -47,12 +47,20 @@ from ..bench.grid import (
 )
 from ..bench.store import ResultStore, check_rows
 from ..errors import ConfigError
-from ..launchers.base import LAUNCHERS
 from ..schedules.backward import BwdSchedule, bwd_space_for
 from ..schedules.schedule import Schedule
-from ..schedules.space import SPACES, space_for
+from ..schedules.space import space_for
 from ..schedules.table import BwdEntry, Entry, ScheduleTable, TableError
-from .base import Stage, count, default_of, json_object, launcher_options, one_line, seconds
+from .base import (
+    Stage,
+    count,
+    field_options,
+    given,
+    json_object,
+    launcher_option,
+    one_line,
+    seconds,
+)
 
 # The stage's config section: one frozen dataclass, from which the workflow schema's section
 # is generated, the workflow validates the config's section once (``stage_from_dict``) and
@@ -300,55 +308,38 @@ def _run(cfg: TuneConfig, out_path: str, state_path: str, **kwargs) -> int:
                       out_path=out_path, **kwargs)
 
 
-# `tiledattn tune`: its options and its handler.
+# `tiledattn tune`: its options (its config's fields, ``base.field_options``; the harness
+# settings and the files below are no config field) and its handler.
 def add_arguments(p) -> None:
     p.add_argument("--grid", choices=("paper",), default="paper",
                    help="paper: S x D x fp16/bf16 x causal/not, B*S = 16384, H*D = 2048")
-    p.add_argument("--seqs", type=count(1), nargs="+", default=list(PAPER_SEQS),
-                   help="the grid's S values")
-    p.add_argument("--head-dims", type=count(1), nargs="+", default=list(PAPER_HEAD_DIMS),
-                   help="the grid's D values")
-    p.add_argument("--dtypes", nargs="+", choices=PAPER_DTYPES, default=list(PAPER_DTYPES),
-                   help="the grid's dtypes")
-    p.add_argument("--space", choices=SPACES, default=default_of(TuneConfig, "space"),
-                   help="candidate schedules per point: quick (8 that won in sweeps) or full")
-    p.add_argument("--pass", dest="passes", nargs="+", choices=TUNE_PASSES,
-                   default=default_of(TuneConfig, "passes"),
-                   help="one or more, run in order: fwd tunes the forward's schedule; fwd+bwd "
-                   "the backward's, timed with forward+backward (written as the table's "
-                   "backward entries; an existing --out keeps its other half)")
+    field_options(p, TuneConfig)
     p.add_argument("--state", default="results/tune-state.jsonl",
                    help="the harness' row file of finished measurements (resume from it)")
     p.add_argument("--out", default="results/schedule-table.json", help="tuning table to write")
     p.add_argument("--reps", type=count(1), default=20, help="timed calls per candidate")
     p.add_argument("--compile-timeout", type=seconds, default=120.0,
                    help="seconds a candidate may compile before it is recorded as failed")
-    p.add_argument("--launcher", choices=LAUNCHERS, help="run the tuning as a job of this "
-                   "launcher (slurm: on a GPU node; local: on a free local GPU) (default: in "
-                   "this process)")
-    launcher_options(p)
+    launcher_option(p)
 
 
 def _tune(args) -> int:
     import os
 
+    cfg = section_from_dict(TuneConfig, "tune", given(args, TuneConfig))
     if args.launcher:
-        return _tune_through_launcher(args)
-    points = paper_grid(seqs=args.seqs, head_dims=args.head_dims, dtypes=args.dtypes)
+        return _tune_through_launcher(args, cfg)
     for path in (args.state, args.out):
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    return run_passes(points, passes=args.passes, space=args.space, state_path=args.state,
-                      out_path=args.out, reps=args.reps, compile_timeout=args.compile_timeout)
+    return _run(cfg, args.out, args.state, reps=args.reps,
+                compile_timeout=args.compile_timeout)
 
 
-def _tune_through_launcher(args) -> int:
+def _tune_through_launcher(args, cfg: TuneConfig) -> int:
     import os
 
     from ..launchers import run_step
 
-    cfg = section_from_dict(TuneConfig, "tune", {
-        "space": args.space, "seqs": args.seqs, "head_dims": args.head_dims,
-        "dtypes": args.dtypes, "passes": args.passes})
     task = cfg.task(os.path.abspath(args.out), os.path.abspath(args.state), args.reps,
                     args.compile_timeout)
     folder = os.path.join(os.path.dirname(task.out_path), "logs")

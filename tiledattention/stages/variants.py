@@ -27,17 +27,21 @@ from ..bench.config import (
     section_from_dict,
 )
 from ..bench.grid import PAPER_DTYPES, TOKENS, WIDTH, tokens_shape
-from ..bench.methods import variant_methods
+from ..bench.methods import methods_help, variant_methods
 from ..bench.variant_cases import VARIANT_NAMES, VariantPoint
-from ..launchers.base import LAUNCHERS
 from .base import (
     Stage,
+    by_point,
+    cell,
+    config_file_option,
     config_section,
-    count,
-    default_of,
-    launcher_options,
+    field_options,
+    launcher_option,
+    median_ms,
     not_run_bullets,
     run_or_launch,
+    status_counts,
+    time_or_status,
 )
 
 VARIANT_METHODS = tuple(variant_methods())  # bench/methods.py: those with variants=True
@@ -55,15 +59,9 @@ class VariantsConfig:
     variants: tuple[str, ...] = option(VARIANT_NAMES, "Variants measured (bench/variant_cases.py's "
                                        "registry).", choices=VARIANT_NAMES, unique=True,
                                        flag="--variants")
-    methods: tuple[str, ...] = option(VARIANT_METHODS, "tiledattention; fa4, FlashAttention-4 "
-                                      "(causal, window, softcap natively, ALiBi as a CuTe DSL "
-                                      "score_mod); flex, torch.compile'd flex_attention with the "
-                                      "same score_mod and a block mask (Triton backend); "
-                                      "flex_flash, the same on its FLASH backend (FA4's kernels); "
-                                      "sdpa_mask, torch SDPA with an explicit mask (where one "
-                                      "expresses the variant); eager, matmul + softmax + matmul "
-                                      "(where the device's memory holds its scores). A baseline "
-                                      "that cannot run a variant has a row saying why.",
+    methods: tuple[str, ...] = option(VARIANT_METHODS, f"Methods compared - "
+                                      f"{methods_help(VARIANT_METHODS)}. A baseline that "
+                                      "cannot run a variant has a row saying why.",
                                       choices=VARIANT_METHODS, unique=True, flag="--methods")
     seqs: tuple[int, ...] = option((1024, 2048, 4096, 8192, 16384), "Sequence lengths S.",
                                    min=1, max=INT32, unique=True, flag="--seqs")
@@ -227,24 +225,29 @@ def load_rows(out_dir: str) -> list[dict]:
 
 
 def summary(rows: list[dict]) -> str:
-    """Kernel time per row and the ratio to FlexAttention (> 1: tiledattention faster)."""
-    from ..study.presentation.variants_report import ratio_rows
-
+    """Kernel time per point and the ratio to FlexAttention and to SDPA + mask (> 1:
+    tiledattention faster); a method that did not run shows its status."""
     lines = [f"{'variant':10s} {'dtype':9s} {'D':>4s} {'S':>6s} {'pass':8s} {'ours ms':>9s} "
              f"{'flex ms':>9s} {'x flex':>7s} {'x sdpa+mask':>11s}"]
-    for r in ratio_rows(rows):
-        lines.append(f"{r['variant']:10s} {r['dtype']:9s} {r['head_dim']:4d} {r['seq']:6d} "
-                     f"{r['pass']:8s} {_cell(r['ours_ms'], 9)} {_cell(r['flex_ms'], 9)} "
-                     f"{_cell(r['x_flex'], 7)} {_cell(r['x_sdpa_mask'], 11)}")
-    counts: dict[str, int] = {}
-    for r in rows:
-        counts[r["status"]] = counts.get(r["status"], 0) + 1
-    lines.append("rows by status: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
-    return "\n".join(lines)
+    for cells in sorted(by_point(rows).values(), key=_order):
+        p = next(iter(cells.values()))
+        ours, flex, sdpa = (median_ms(cells.get(m)) for m in ("tiledattention", "flex",
+                                                              "sdpa_mask"))
+        lines.append(f"{p['variant']:10s} {p['dtype']:9s} {p['head_dim']:4d} {p['seq_q']:6d} "
+                     f"{p.get('pass', 'fwd'):8s} "
+                     f"{cell(time_or_status(cells, 'tiledattention'), 9)} "
+                     f"{cell(time_or_status(cells, 'flex'), 9)} "
+                     f"{cell(flex / ours if ours and flex else None, 7)} "
+                     f"{cell(sdpa / ours if ours and sdpa else None, 11)}")
+    return "\n".join([*lines, status_counts(rows)])
 
 
-def _cell(value, width: int) -> str:
-    return f"{value:{width}.3f}" if isinstance(value, float) else f"{value or '—':>{width}s}"
+def _order(cells: dict) -> tuple:
+    """The summary's order: variant (the registry's), dtype, D, forward first, S."""
+    p = next(iter(cells.values()))
+    v = p["variant"]
+    return (VARIANT_NAMES.index(v) if v in VARIANT_NAMES else len(VARIANT_NAMES), p["dtype"],
+            p["head_dim"], p.get("pass", "fwd") != "fwd", p["seq_q"])
 
 
 @dataclass(frozen=True)
@@ -260,42 +263,17 @@ class VariantsTask:
         return run_variants(variants_from_dict(dict(self.config)), self.out_dir)
 
 
-# `tiledattn variants`: its options and its handler.
+# `tiledattn variants`: its options (its config's fields, ``base.field_options``) and its
+# handler.
 def add_arguments(p) -> None:
     p.add_argument("--out", required=True, help="directory for rows.jsonl and the manifest")
-    p.add_argument("--config", help="YAML with the stage's settings: a `variants:` section "
-                   "(a study config) or the section itself; the options below override it "
-                   "(default: the stage's defaults)")
-    # Left out, an option keeps the --config file's value, else the stage's default.
-    def stage_opt(flag, what, **kw):
-        name = flag[2:].replace("-", "_")
-        value = default_of(VariantsConfig, name)
-        shown = " ".join(map(str, value)) if isinstance(value, list) else value
-        p.add_argument(flag, help=f"{what} (default: the --config file's, else {shown})",
-                       **kw)
-
-    stage_opt("--variants", "variants measured", nargs="+", choices=VARIANT_NAMES)
-    stage_opt("--methods", "methods compared", nargs="+", choices=VARIANT_METHODS)
-    stage_opt("--seqs", "sequence lengths S", type=count(1), nargs="+")
-    stage_opt("--head-dims", "head dims D", type=count(1), nargs="+")
-    stage_opt("--dtypes", "element types", nargs="+", choices=PAPER_DTYPES)
-    stage_opt("--passes", "passes timed", nargs="+", choices=VARIANT_PASSES)
-    for flag, what in (("--tokens", "B*S"), ("--width", "H*D"), ("--warmup", "untimed calls"),
-                       ("--reps", "timed calls per method"), ("--rounds", "interleaved rounds"),
-                       ("--max-ref-heads", "heads checked against float64"),
-                       ("--seed", "seed of the inputs")):
-        stage_opt(flag, what, type=count(0))
-    p.add_argument("--launcher", choices=LAUNCHERS, help="run it as a job of this launcher "
-                   "(slurm: on a GPU node) (default: in this process)")
-    launcher_options(p)
+    config_file_option(p, "variants")
+    field_options(p, VariantsConfig, config_file=True)
+    launcher_option(p)
 
 
 def _variants(args) -> int:
-    import os
-
-    keys = ("variants", "methods", "seqs", "head_dims", "dtypes", "passes", "tokens", "width",
-            "warmup", "reps", "rounds", "max_ref_heads", "seed")
-    cfg = section_from_dict(VariantsConfig, "variants", config_section(args, "variants", keys))
+    cfg = variants_from_dict(config_section(args, "variants", VariantsConfig))
     return run_or_launch(args, cfg, run_variants, load_rows, summary,
                          os.path.abspath(args.out))
 

@@ -36,17 +36,20 @@ from ..bench.config import (
     option,
     section_from_dict,
 )
-from ..bench.methods import workload_methods
+from ..bench.methods import methods_help, workload_methods
 from ..bench.workload_cases import KINDS, Lognormal, WorkloadPoint
-from ..launchers.base import LAUNCHERS
 from .base import (
     Stage,
+    by_point,
+    cell,
+    config_file_option,
     config_section,
-    count,
-    default_of,
-    launcher_options,
+    field_options,
+    launcher_option,
+    median_ms,
     not_run_bullets,
     run_or_launch,
+    status_counts,
 )
 
 WORKLOAD_METHODS = tuple(workload_methods())
@@ -70,16 +73,9 @@ class WorkloadsConfig:
                                     "decode, one new token per sequence against a paged cache; "
                                     "prefill, a chunk of new tokens per sequence against it.",
                                     choices=KINDS, unique=True, flag="--kinds")
-    methods: tuple[str, ...] = option(WORKLOAD_METHODS, "tiledattention (ta.sdpa_varlen, "
-                                      "ta.sdpa_paged); fa4, flash_attn.cute."
-                                      "flash_attn_varlen_func (cu_seqlens, or page_table + "
-                                      "seqused_k); flex / flex_flash, FlexAttention with a "
-                                      "document block mask over the packed stream (Triton / "
-                                      "FLASH backend); sdpa_padded, torch SDPA on the padded "
-                                      "batch with a key-padding mask; tiledattention_blockmask, "
-                                      "ta.sdpa with a document block mask; torch_varlen, "
-                                      "torch.nn.attention.varlen.varlen_attn; flashinfer. A "
-                                      "method that cannot run a point has a row saying why.",
+    methods: tuple[str, ...] = option(WORKLOAD_METHODS, f"Methods compared - "
+                                      f"{methods_help(WORKLOAD_METHODS)}. A method that "
+                                      "cannot run a point has a row saying why.",
                                       choices=WORKLOAD_METHODS, unique=True, flag="--methods")
     dtypes: tuple[str, ...] = option(("bfloat16",), "Element types.", choices=WORKLOAD_DTYPES,
                                      unique=True, flag="--dtypes")
@@ -437,22 +433,27 @@ def load_rows(out_dir: str) -> list[dict]:
 
 
 def summary(rows: list[dict]) -> str:
-    """Useful TFLOP/s of ours and the fastest baseline per point, and their ratio."""
-    from ..study.presentation.workloads_report import ratio_rows
-
+    """Useful TFLOP/s of ours and the fastest baseline per point (by kernel time), and our
+    speedup over it."""
     lines = [f"{'point':58s} {'ours TF/s':>9s} {'fastest':>16s} {'x fastest':>9s}"]
-    for r in ratio_rows(rows):
-        lines.append(f"{r['point_key'][:58]:58s} {_cell(r['ours_tflops'], 9)} "
-                     f"{str(r['best'] or '—')[:16]:>16s} {_cell(r['x_best'], 9)}")
-    counts: dict[str, int] = {}
-    for r in rows:
-        counts[r["status"]] = counts.get(r["status"], 0) + 1
-    lines.append("rows by status: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
-    return "\n".join(lines)
+    for key, cells in by_point(rows).items():
+        ours = cells.get("tiledattention")
+        t_ours = median_ms(ours)
+        best, t_best = _fastest(cells)
+        lines.append(f"{key[:58]:58s} {cell(ours.get('tflops') if t_ours else None, 9)} "
+                     f"{str(best or '—')[:16]:>16s} "
+                     f"{cell(t_best / t_ours if t_ours and t_best else None, 9)}")
+    return "\n".join([*lines, status_counts(rows)])
 
 
-def _cell(value, width: int) -> str:
-    return f"{value:{width}.3f}" if isinstance(value, float) else f"{value or '—':>{width}s}"
+def _fastest(cells: dict) -> tuple[str | None, float | None]:
+    """The fastest baseline at a point and its kernel time: ("none ok", None) where none
+    ran, (None, None) where the point has no baseline row."""
+    timed = [(t, m) for m, r in cells.items() if m != "tiledattention" and (t := median_ms(r))]
+    if timed:
+        t, m = min(timed)
+        return m, t
+    return ("none ok" if len(cells) > ("tiledattention" in cells) else None), None
 
 
 @dataclass(frozen=True)
@@ -468,62 +469,17 @@ class WorkloadsTask:
         return run_workloads(workloads_from_dict(dict(self.config)), self.out_dir)
 
 
-# `tiledattn workloads`: its options and its handler.
-_LISTS = {"kinds": dict(choices=KINDS), "methods": dict(choices=WORKLOAD_METHODS),
-          "dtypes": dict(choices=WORKLOAD_DTYPES), "passes": dict(choices=WORKLOAD_PASSES),
-          "page_sizes": dict(type=count(1)), "varlen_tokens": dict(type=count(1)),
-          "varlen_head_dims": dict(type=count(1)), "varlen_gqa": dict(type=count(1)),
-          "decode_batches": dict(type=count(1)), "prefill_batches": dict(type=count(1))}
-
-
-def _bool(text: str) -> bool:
-    import argparse
-
-    if text.lower() in ("true", "false"):
-        return text.lower() == "true"
-    raise argparse.ArgumentTypeError(f"{text!r} is not true or false")
-
-
-def _options() -> list[tuple[str, dict]]:
-    """(config key, argparse keywords) of every option the verb takes, from the dataclass."""
-    from dataclasses import fields
-
-    from .base import positive
-
-    out = []
-    for f in fields(WorkloadsConfig):
-        if "flag" not in f.metadata:
-            continue
-        typ = str(f.type)
-        if f.name in _LISTS:
-            kw = dict(nargs="+", **_LISTS[f.name])
-        elif f.name == "causal":
-            kw = dict(nargs="+", type=_bool)
-        elif typ == "float":
-            kw = dict(type=float) if f.name.endswith("_mu") else dict(type=positive(f.name))
-        else:
-            kw = dict(type=count(0))
-        out.append((f.name, kw))
-    return out
-
-
+# `tiledattn workloads`: its options (its config's fields, ``base.field_options``) and its
+# handler.
 def add_arguments(p) -> None:
     p.add_argument("--out", required=True, help="directory for rows.jsonl and the manifest")
-    p.add_argument("--config", help="YAML with the stage's settings: a `workloads:` section "
-                   "(a study config) or the section itself; the options below override it "
-                   "(default: the stage's defaults)")
-    for name, kw in _options():
-        value = default_of(WorkloadsConfig, name)
-        shown = " ".join(map(str, value)) if isinstance(value, list) else value
-        p.add_argument("--" + name.replace("_", "-"), help=f"{name.replace('_', ' ')} "
-                       f"(default: the --config file's, else {shown})", **kw)
-    p.add_argument("--launcher", choices=LAUNCHERS, help="run it as a job of this launcher "
-                   "(slurm: on a GPU node) (default: in this process)")
-    launcher_options(p)
+    config_file_option(p, "workloads")
+    field_options(p, WorkloadsConfig, config_file=True)
+    launcher_option(p)
 
 
 def _workloads(args) -> int:
-    cfg = workloads_from_dict(config_section(args, "workloads", [n for n, _ in _options()]))
+    cfg = workloads_from_dict(config_section(args, "workloads", WorkloadsConfig))
     return run_or_launch(args, cfg, run_workloads, load_rows, summary,
                          os.path.abspath(args.out))
 

@@ -1,6 +1,7 @@
 # Helpers shared by the rules. The config is validated here, once, before any job starts:
-# tiledattention checks the benchmark sections (the schema's bench part is generated from
-# the same classes), the JSON schema the study keys (and fills defaults).
+# tiledattention checks the benchmark and stage sections, the JSON schema every key (its
+# generated sections from the same classes, added here: study_schema), and Snakemake's
+# validate fills the study keys' defaults from the schema file.
 import json
 import os
 import shlex
@@ -31,6 +32,7 @@ from tiledattention.stages import SECTIONS as _STAGE_SECTIONS
 from tiledattention.stages import STAGES as _STAGES
 from tiledattention.stages import rule_files as _stage_rule_files
 from tiledattention.stages import stage_from_dict as _stage_config
+from tiledattention.stages import study_schema as _study_schema
 from tiledattention.stages.profile import Shape as _ProfileShape
 from tiledattention.yamlio import YAMLInputError, load_yaml
 
@@ -66,7 +68,7 @@ def check_study_keys(config):
     """Every study key known, every value as the schema says: one line naming the key
     (and the valid keys), not the whole schema (Snakemake's validate prints all of it)."""
     with open(os.path.join(workflow.basedir, "workflow", "schemas", "config.schema.yaml")) as f:
-        schema = yaml.safe_load(f)
+        schema = _study_schema(yaml.safe_load(f))  # the file's keys + the generated sections
     valid = sorted(schema["properties"])
     unknown = sorted(set(map(str, config)) - set(valid))
     if unknown:
@@ -160,7 +162,8 @@ BENCH = refuse_config(_bench_config, config.get("bench") or {})
 STAGE = {name: refuse_config(_stage_config, name, config.get(name))
          for name in _STAGE_SECTIONS}
 refuse_config(check_study_keys, config)
-validate(config, "../schemas/config.schema.yaml")  # fills the schema's defaults
+# Fills the study keys' defaults (the generated sections have none: the dataclasses do).
+validate(config, "../schemas/config.schema.yaml")
 refuse_config(check_launcher_options, config)
 for _shape in STAGE["profile"].shapes:  # a bad shape fails here, naming the expected form
     refuse_config(_ProfileShape.parse, _shape)
