@@ -23,6 +23,19 @@ unzip, and pass ``--cuobjdump PATH`` (or have it on PATH).
     python benchmarks/bwd_sass.py --step kv64x128_q128x64_o1_w8_atomic_keyrows
     python benchmarks/bwd_sass.py --step --loops --causal --head-dim 128 kv64x64_q64x64_o2_atomic
     python benchmarks/bwd_sass.py --head-dim 256 --group-loop none kv64x64_q64x64_o1_w8
+    python benchmarks/bwd_sass.py --causal --step --loops --variant none,causal,softcap,window
+
+``--variant`` (none, causal, softcap, window) compiles the variant entry points
+(``attention_bwd_dkdv_variant`` / ``attention_bwd_dq_variant``) with a built-in's functions,
+as a call passes them: softcap 30 (``variants.softcap``) as a score_mod on the dense
+causal path; window 1024 (``variants.sliding_window``) and causality itself (the mask_mod
+``q_idx >= kv_idx``, non-causal flags) as a mask_mod through a block mask (the
+block-sparse path: a loop over the partial tiles, where the mask_mod runs per element, and
+one over the full tiles, where it must not). Without schedule labels the schedule is the
+one a call of that kind gets: the table's for ``none`` (plain), the default for a variant
+(``choose_bwd_schedule(..., variant=True)``). The step columns add MUFU (TANH, EX2, RCP),
+FMUL, FFMA, FSEL, ISETP and WGWAIT per loop iteration; with ``--loops`` a block-sparse
+program prints its partial loop first, then its full loop.
 """
 
 from __future__ import annotations
@@ -38,12 +51,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tiledattention.kernel.compile import export_bwd_cubins  # noqa: E402
-from tiledattention.kernel.variant import BwdVariant  # noqa: E402
+from tiledattention.kernel.variant import BwdVariant, Flags  # noqa: E402
 from tiledattention.schedules.backward import BwdSchedule  # noqa: E402
 
 COUNTED = ("HGMMA", "UTMAREDG", "UTMALDG", "UTMASTG", "ATOMG", "REDG", "MEMBAR", "STL", "LDL")
 STEP = ("INSTR", "HGMMA_REG", "HGMMA_SMEM", "STS", "STSM", "LDS", "BAR", "PRMT", "MEMBAR",
-        "FENCE", "LOCAL")
+        "FENCE", "LOCAL", "WGWAIT", "TANH", "EX2", "RCP", "FMUL", "FFMA", "FSEL", "ISETP")
+MUFU = ("TANH", "EX2", "RCP")
 _INSTR = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Za-z0-9_.]*)([^;]*);")
 
 
@@ -111,6 +125,14 @@ def _body_counts(body) -> dict[str, int]:
             out["BAR"] += 1
         elif name in ("STL", "LDL"):
             out["LOCAL"] += 1
+        elif op.startswith("WARPGROUP.DEPBAR"):
+            out["WGWAIT"] += 1
+        elif name == "MUFU":
+            kind = op.split(".")[1] if "." in op else ""
+            if kind in MUFU:
+                out[kind] += 1
+        elif name in ("INSTR",) + MUFU:
+            pass
         elif name in out:
             out[name] += 1
     return out
@@ -118,11 +140,55 @@ def _body_counts(body) -> dict[str, int]:
 
 # --group-loop -> BwdVariant.one_head
 ONE_HEAD = {"shipped": None, "runtime": False, "none": True}
+VARIANTS = ("none", "causal", "softcap", "window")
+
+
+def _causal_mask(b, h, q_idx, kv_idx):
+    return q_idx >= kv_idx
+
+
+def variant_parts(name: str, causal: bool):
+    """(mods, aux, causal flag, block axes) of a built-in variant as a call compiles it:
+    softcap 30 a score_mod on the dense path; window 1024 and causality a mask_mod through
+    a block mask (causality as a mask_mod drops the kernel's own causal flag)."""
+    import cuda.tile as ct
+    import torch
+
+    from tiledattention import variants
+    from tiledattention.kernel import mods as M
+
+    if name == "none":
+        return M.NONE, (), causal, None
+    score, mask = {"softcap": (variants.softcap(30.0), None),
+                   "window": (None, variants.sliding_window(1024)),
+                   "causal": (None, _causal_mask)}[name]
+    mods = M.mods_for(score, mask)
+    dt = {torch.float32: ct.float32, torch.int32: ct.int32}
+    aux = tuple((dt[t.dtype], t.dim()) for t in mods.tensors())
+    return (mods, aux, causal and name != "causal",
+            (False, False) if mods.has_mask_mod else None)
+
+
+def schedule_for(name: str, head_dim: int, causal: bool, seq: int) -> BwdSchedule:
+    """The backward schedule a call of this kind picks on sm_90 (bf16, MHA, S = seq): the
+    table's for plain attention, the default for a variant."""
+    from tiledattention.schedules.backward import default_bwd_schedule
+
+    if name != "none":
+        return default_bwd_schedule(head_dim, causal)
+    from tiledattention.schedules.policy import _choose_bwd, bucket_for
+
+    return _choose_bwd(bucket_for(cc="9.0", dtype="torch.bfloat16", head_dim=head_dim,
+                                  causal=causal, seq_q=seq, seq_kv=seq, gqa=1), False)[0]
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("schedules", nargs="+", help="backward schedule labels")
+    ap.add_argument("schedules", nargs="*",
+                    help="backward schedule labels (none: the one a call picks, --variant)")
+    ap.add_argument("--variant", default="none",
+                    help="comma-separated built-in variants: " + ", ".join(VARIANTS))
+    ap.add_argument("--seq", type=int, default=4096, help="the table's bucket (no labels)")
     ap.add_argument("--head-dim", default="128", help="comma-separated, e.g. 64,128,256")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--causal", action="store_true")
@@ -139,16 +205,25 @@ def main(argv=None) -> int:
     if not args.cuobjdump:
         print("cuobjdump not found: pass --cuobjdump PATH (pip nvidia-cuda-cuobjdump)")
         return 2
-    print("D  causal  schedule  kernel  " + "  ".join(COUNTED) + "  WGWAIT  REG  STACK"
+    print("D  causal  variant  schedule  kernel  " + "  ".join(COUNTED) + "  WGWAIT  REG  STACK"
           + ("  | step: " + "  ".join(STEP) if args.step else ""))
-    for d in (int(x) for x in args.head_dim.split(",")):
-        for label in args.schedules:
-            v = BwdVariant(args.dtype, d, args.causal, BwdSchedule.from_label(label),
-                           even_n=True, one_head=ONE_HEAD[args.group_loop])
-            cubins = export_bwd_cubins(v, args.gpu_code)
-            for name, cubin in cubins.items():
-                if name.endswith("delta") or (name.endswith("_dq")
-                                              and v.schedule.dq == "atomic"):
+    for d, name in ((int(x), n) for x in args.head_dim.split(",")
+                    for n in args.variant.split(",")):
+        if name not in VARIANTS:
+            ap.error(f"--variant {name!r} is not one of {VARIANTS}")
+        mods, aux, causal, block = variant_parts(name, args.causal)
+        flags = None if name == "none" else Flags(
+            args.dtype, d, causal, mods=mods.key, has_score_mod=mods.has_score_mod,
+            has_mask_mod=mods.has_mask_mod, block_axes=block)
+        labels = args.schedules or [schedule_for(name, d, args.causal, args.seq).label()]
+        for label in labels:
+            v = BwdVariant(args.dtype, d, causal, BwdSchedule.from_label(label),
+                           even_n=True, one_head=ONE_HEAD[args.group_loop], flags=flags)
+            cubins = export_bwd_cubins(v, args.gpu_code, mods=mods, aux=aux)
+            for kname, cubin in cubins.items():
+                variant = name
+                if kname.endswith("delta") or ("_dq" in kname
+                                               and v.schedule.dq == "atomic"):
                     continue
                 c = sass_counts(cubin, args.cuobjdump)
                 step = ""
@@ -157,7 +232,8 @@ def main(argv=None) -> int:
                     step = "  | " + (" | ".join("  ".join(str(st[k]) for k in STEP)
                                                 for st in loops[:None if args.loops else 1])
                                      or "no loop")
-                print(f"{d}  {args.causal}  {label}  {name.removeprefix('attention_bwd_')}  "
+                print(f"{d}  {args.causal}  {variant}  {label}  "
+                      f"{kname.removeprefix('attention_bwd_')}  "
                       + "  ".join(str(c[k]) for k in COUNTED)
                       + f"  {c['WGWAIT']}  {c['REG']}  {c['STACK']}"
                       + step, flush=True)

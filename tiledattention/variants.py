@@ -86,22 +86,35 @@ def sliding_window(left: int, right: int = 0, *, q_offset: torch.Tensor | None =
 
 
 def softcap(cap: float) -> ScoreMod:
-    """Gemma 2's logit soft-capping: ``cap * tanh(score / cap)`` (its derivative is derived
-    symbolically: ``1 - tanh^2``). The hardware tanh (``tanh.approx.f32``, one MUFU
-    instruction, relative error ~2^-11, as FlashAttention-3's softcap) instead of the
-    full-precision one: below the fp16/bf16 rounding of P."""
+    """Gemma 2's logit soft-capping: ``cap * tanh(score / cap)``, with its derivative
+    ``1 - tanh^2(score / cap)`` given (the backward's tanh is the same expression as the
+    score's, so the kernel computes it once per score). The hardware tanh
+    (``tanh.approx.f32``, one MUFU instruction, relative error ~2^-11, as
+    FlashAttention-3's softcap) instead of the full-precision one: below the fp16/bf16
+    rounding of P. ``score * (1 / cap)``, not ``score / cap``: an fp32 division is
+    IEEE-rounded in cuTile (a five-FFMA sequence, a range check and a slow-path call per
+    element, each bracketed by a convergence barrier), which made the sm_90 backward's loop
+    2.3x the instructions of the mask-only variants' and spilled the dK/dV program
+    (benchmarks/NOTES.md §39e); the product differs from the quotient by at most an ulp,
+    far below the approximate tanh's error."""
     from .kernel.mods import VariantError
 
     if isinstance(cap, bool) or not isinstance(cap, numbers.Real) or not (
             math.isfinite(cap) and cap > 0):
         raise VariantError(f"softcap: cap must be a finite number > 0, got {cap!r}")
     cap = float(cap)
+    inv = 1.0 / cap
 
     def softcap_score(score, b, h, q_idx, kv_idx):
-        return cap * ct.tanh(score / cap, rounding_mode=ct.RoundingMode.APPROX)
+        return cap * ct.tanh(score * inv, rounding_mode=ct.RoundingMode.APPROX)
+
+    def softcap_grad(score, b, h, q_idx, kv_idx):
+        t = ct.tanh(score * inv, rounding_mode=ct.RoundingMode.APPROX)
+        return 1.0 - t * t
 
     return ScoreMod(_with_reference(softcap_score,
-                                    lambda s, b, h, q, k: cap * torch.tanh(s / cap)))
+                                    lambda s, b, h, q, k: cap * torch.tanh(s / cap)),
+                    grad=softcap_grad)
 
 
 def alibi(slopes: torch.Tensor, *, q_offset: torch.Tensor | None = None):
