@@ -1,19 +1,20 @@
-"""The README's "Writing your own variant" as its tests run it: the section's three Python
-blocks (the variant's module, its test file, its variants-stage entry), and the first one
-written out as the module ``my_variants`` the others import."""
+"""docs/API.md's "Writing your own variant" (moved out of the README; the README links it)
+as its tests run it: the section's three Python blocks (the variant's module, its test
+file, its variants-stage entry), and the first one written out as the module
+``my_variants`` the others import."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
-README = Path(__file__).resolve().parent.parent / "README.md"
-SECTION = "### Writing your own variant"
+README = Path(__file__).resolve().parent.parent / "docs" / "API.md"
+SECTION = "## Writing your own variant"
 
 
 def blocks() -> list[str]:
     text = README.read_text()
-    section = text.split(SECTION, 1)[1].split("\n### ", 1)[0]
+    section = text.split(SECTION, 1)[1].split("\n## ", 1)[0]
     return re.findall(r"```python\n(.*?)```", section, re.S)
 
 

@@ -1,6 +1,9 @@
-"""README.md's own references: in-page links resolve to a heading (GitHub's anchor rules),
-the Layout section names what the tree holds, paths the examples use exist, and each
-measured number is quoted once, from the committed rows."""
+"""README.md's own references and those of the docs/ pages it links (the reference material
+moved out of it, one link away): in-page links and links between the pages resolve to a file
+and a heading (GitHub's anchor rules), every docs page and every section of the API and study
+pages is linked from the README, the Layout sections (the README's short one, docs/LAYOUT.md's
+full one) name what the tree holds, paths the pages name exist, and each measured number is
+quoted once, from the committed rows."""
 
 from __future__ import annotations
 
@@ -11,8 +14,16 @@ import subprocess
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
+DOCS = ROOT / "docs"
+# Every page: the README and each docs/*.md, by path from the root.
+PAGES = {"README.md": README,
+         **{f"docs/{p.name}": p.read_text() for p in sorted(DOCS.glob("*.md"))}}
+MOVED = ("docs/API.md", "docs/STUDY.md", "docs/RESULTS.md", "docs/LAYOUT.md")
+_LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 
 def _prose(text: str) -> str:
@@ -48,48 +59,95 @@ def test_github_slug_follows_githubs_rules():
     assert anchors("# A\n```\n# A\n```\n## A\n") == {"a", "a-1"}
 
 
-def test_every_in_page_link_resolves_to_a_heading():
-    targets = re.findall(r"\]\(#([^)]+)\)", _prose(README))
-    assert targets, "the README links within itself"
-    missing = sorted(set(targets) - anchors(README))
-    assert not missing, f"in-page links with no heading: {missing}"
+@pytest.mark.parametrize("page", sorted(PAGES))
+def test_every_in_page_link_resolves_to_a_heading(page):
+    text = PAGES[page]
+    targets = re.findall(r"\]\(#([^)]+)\)", _prose(text))
+    if page in ("README.md", "docs/API.md", "docs/STUDY.md"):
+        assert targets, f"{page} links within itself"
+    missing = sorted(set(targets) - anchors(text))
+    assert not missing, f"{page}: in-page links with no heading: {missing}"
 
 
-def _layout() -> str:
-    return README.split("## Layout", 1)[1].split("\n## ", 1)[0]
+@pytest.mark.parametrize("page", sorted(PAGES))
+def test_every_link_to_another_file_resolves_to_it_and_its_heading(page):
+    """A relative link of the README or a docs page names a file that is here, and an
+    ``#anchor`` on a Markdown file names one of its headings."""
+    for target in _LINK.findall(_prose(PAGES[page])):
+        if target.startswith(("#", "http://", "https://", "mailto:")):
+            continue
+        path, _, anchor = target.partition("#")
+        file = (ROOT / page).parent / path
+        assert file.exists(), f"{page} links {target}: no {path}"
+        if anchor:
+            assert file.suffix == ".md", (page, target)
+            assert anchor in anchors(file.read_text()), f"{page} links {target}: no heading"
 
 
-def test_the_layout_names_every_package_directory_and_module():
-    layout = _layout()
-    pkg = ROOT / "tiledattention"
-    for d in sorted(p for p in pkg.iterdir() if (p / "__init__.py").exists()):
-        assert f"{d.name}/" in layout, f"Layout does not name tiledattention/{d.name}/"
-    for m in sorted(pkg.glob("*.py")):
-        if m.stem != "__init__":
-            assert re.search(rf"\b{m.stem}\b", layout), f"Layout does not name {m.stem}"
+def test_every_docs_page_and_moved_section_is_one_link_from_the_readme():
+    for page in PAGES:
+        if page != "README.md":
+            assert f"]({page})" in README, f"the README does not link {page}"
+    for page in MOVED:
+        assert page in PAGES, f"{page} is missing"
+    # each section of the API and study pages, by its anchor
+    for page in ("docs/API.md", "docs/STUDY.md"):
+        for m in re.finditer(r"^## +(.+?) *$", _prose(PAGES[page]), flags=re.M):
+            link = f"]({page}#{github_slug(m.group(1))})"
+            assert link in README, f"the README does not link {page}'s {m.group(1)!r}"
+
+
+def _layout(text: str = README) -> str:
+    return text.split("# Layout", 1)[1].split("\n## ", 1)[0]
+
+
+LAYOUTS = {"README.md": lambda: _layout(), "docs/LAYOUT.md": lambda: _layout(
+    PAGES["docs/LAYOUT.md"])}
+
+
+def _tracked_folders() -> list[str]:
     tracked = subprocess.run(["git", "-C", str(ROOT), "ls-files"], capture_output=True,
                              text=True, check=True).stdout.splitlines()
     # the repository's own folders (build outputs and venvs are ignored, not part of it)
-    for name in sorted({f.split("/", 1)[0] for f in tracked if "/" in f}):
-        if not name.startswith("."):
-            assert f"{name}/" in layout, f"Layout does not name {name}/"
+    return sorted(n for n in {f.split("/", 1)[0] for f in tracked if "/" in f}
+                  if not n.startswith("."))
 
 
-def test_the_layout_names_only_what_exists():
-    layout = _layout()
+@pytest.mark.parametrize("page", sorted(LAYOUTS))
+def test_the_layout_names_every_package_directory_and_top_level_folder(page):
+    layout = LAYOUTS[page]()
+    pkg = ROOT / "tiledattention"
+    for d in sorted(p for p in pkg.iterdir() if (p / "__init__.py").exists()):
+        assert f"{d.name}/" in layout, f"{page} Layout does not name tiledattention/{d.name}/"
+    for name in _tracked_folders():
+        assert f"{name}/" in layout, f"{page} Layout does not name {name}/"
+
+
+def test_the_full_layout_names_every_module():
+    layout = LAYOUTS["docs/LAYOUT.md"]()
+    for m in sorted((ROOT / "tiledattention").glob("*.py")):
+        if m.stem != "__init__":
+            assert re.search(rf"\b{m.stem}\b", layout), f"docs/LAYOUT.md does not name {m.stem}"
+    assert "(docs/LAYOUT.md)" in LAYOUTS["README.md"]()
+
+
+@pytest.mark.parametrize("page", sorted(LAYOUTS))
+def test_the_layout_names_only_what_exists(page):
+    layout = LAYOUTS[page]()
     for script in re.findall(r"[\w-]+\.(?:sh|py)\b", layout):
-        assert list(ROOT.glob(f"**/{script}")), f"Layout names {script}, which is not here"
+        assert list(ROOT.glob(f"**/{script}")), f"{page} Layout names {script}, not here"
 
 
-def test_the_reference_paths_the_readme_names_exist():
-    paths = set(re.findall(r"results/reference[\w/.-]*", README))
-    assert paths
-    for p in sorted(paths):
-        p = p.rstrip(".")
-        if "{" in p or p.endswith("<"):
-            continue
-        assert (ROOT / p).exists(), f"README names {p}, which does not exist"
-    assert not re.search(r"results/reference-h\d00", README)
+def test_the_reference_paths_the_pages_name_exist():
+    for page, text in PAGES.items():
+        for p in sorted(set(re.findall(r"results/reference[\w/.-]*", text))):
+            p = p.rstrip(".")
+            if "{" in p or p.endswith("<"):
+                continue
+            assert (ROOT / p).exists(), f"{page} names {p}, which does not exist"
+        assert not re.search(r"results/reference-h\d00", text), page
+    for page in ("README.md", "docs/RESULTS.md"):
+        assert re.search(r"results/reference/h100", PAGES[page]), page
 
 
 def _model_ratios(system: str) -> dict[tuple[int, str], float]:
@@ -103,20 +161,23 @@ def _model_ratios(system: str) -> dict[tuple[int, str], float]:
 
 
 def test_the_tiny_llama_speedups_are_quoted_once_from_the_committed_rows():
-    text = " ".join(README.split())
+    # docs/RESULTS.md's bullet, the one such bullet on any page
+    text = " ".join("\n".join(PAGES.values()).split())
     bullets = re.findall(r"\*\*Tiny Llama\*\*.*?training step [\d.]+× / [\d.]+×", text)
     assert len(bullets) == 1, bullets
+    assert bullets[0] in " ".join(PAGES["docs/RESULTS.md"].split())
     r = _model_ratios("h100")
     want = (f"H100 prefill {r[1, 'prefill']:.2f}× (B1) / {r[8, 'prefill']:.2f}× (B8), "
             f"decode {r[1, 'decode']:.2f}× / {r[8, 'decode']:.2f}×, "
             f"training step {r[1, 'train']:.2f}× / {r[8, 'train']:.2f}×")
     assert want in bullets[0], (want, bullets[0])
-    # no other section quotes the model's ratios to sdpa with other numbers
+    # no other section of any page quotes the model's ratios to sdpa with other numbers
     assert not re.search(r"B1 prefill [\d.]+×", text)
 
 
 def test_the_readme_systems_command_rebuilds_the_committed_systems_table(tmp_path):
-    # "For the committed references: `tiledattn systems results/reference/h100 …`": the
+    # docs/STUDY.md, "For the committed references: `tiledattn systems
+    # results/reference/h100 …`": the
     # bundles hold the model stage's rows too, which are no benchmark points (it failed on
     # them: "causal is missing").
     import os
@@ -125,7 +186,7 @@ def test_the_readme_systems_command_rebuilds_the_committed_systems_table(tmp_pat
     from tiledattention.cli import main
 
     line = re.search(r"`(tiledattn systems results/reference/h100 [^`]*)`",
-                     " ".join(README.split())).group(1)
+                     " ".join(PAGES["docs/STUDY.md"].split())).group(1)
     argv = shlex.split(line)[1:]
     out = argv.index("--out") + 1
     assert argv[out] == "results/reference/systems"
@@ -166,5 +227,5 @@ def test_every_path_and_name_the_extending_page_cites_exists():
             assert _defines(ROOT / path, name), f"{path} defines no {name}"
     for target in re.findall(r"\]\(([^)#]+)(#[^)]*)?\)", text):
         assert (EXTENDING.parent / target[0]).resolve().exists(), target
-    for anchor in re.findall(r"\]\(\.\./README\.md#([^)]+)\)", text):
-        assert anchor in anchors(README), anchor
+    for path, anchor in re.findall(r"\]\(([^)#]+\.md)#([^)]+)\)", text):
+        assert anchor in anchors((EXTENDING.parent / path).read_text()), (path, anchor)

@@ -1,9 +1,11 @@
-"""The README's results tables: every number is what
+"""The results tables of docs/RESULTS.md (moved out of the README) and the headline the
+README quotes from them: every number is what
 `tiledattention.study.presentation.ratios` computes
 from the committed reference rows (results/reference/<system>/data/rows.jsonl.gz and the
 variants stage's variants-rows.jsonl.gz). The block against the fastest fused baseline is
 generated: `python tests/test_readme_numbers.py` prints it from the committed rows (paste it
-between its markers after a re-run: the baselines in the rows decide what it compares)."""
+between its markers in docs/RESULTS.md after a re-run: the baselines in the rows decide what
+it compares)."""
 
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from tiledattention.study.presentation.ratios import (
 )
 
 ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "docs" / "RESULTS.md"  # the results section, one link from the README
 BASELINES = {"fused SDPA": "torch_sdpa", "forced FlashAttention-2": "flash",
              "FlashAttention-4": "fa4"}
 # (pass, decode points, head dims): the paper's 80 points (D 64..160) apart from the
@@ -45,8 +48,8 @@ SYSTEMS = ("h100", "h200")  # the table's column pairs, in order
 
 
 def _table() -> list[list[str]]:
-    text = (ROOT / "README.md").read_text()
-    section = text.split("## Results: the reference study on an H100 and an H200", 1)[1]
+    text = RESULTS.read_text()
+    section = text.split("# Results: the reference study on an H100 and an H200", 1)[1]
     table = section.split("\n\n| TiledAttention ÷", 1)[1].split(
         "\n\n", 1)[0]  # the first table: the per-baseline one
     lines = [ln for ln in table.splitlines() if ln.startswith("| ")]
@@ -149,7 +152,8 @@ def _where_table(systems) -> list[str]:
 
 
 def fastest_fused_block(systems=SYSTEMS) -> str:
-    """The README block against the fastest fused baseline, from the committed rows."""
+    """The docs/RESULTS.md block against the fastest fused baseline, from the committed
+    rows."""
     head = ["| TiledAttention ÷ the fastest fused baseline | " + " | ".join(
         f"{NAMES[s]} kernel time | {NAMES[s]} call latency" for s in systems) + " |",
         "|---|" + "---|---|" * len(systems)]
@@ -171,13 +175,14 @@ def fastest_fused_block(systems=SYSTEMS) -> str:
 
 
 def test_the_fastest_fused_block_is_computed_from_the_committed_rows():
-    text = (ROOT / "README.md").read_text()
+    text = RESULTS.read_text()
     assert BEGIN in text and END in text
     block = BEGIN + text.split(BEGIN, 1)[1].split(END, 1)[0] + END
     assert block == fastest_fused_block(), "run: python tests/test_readme_numbers.py"
 
 
-# The README's plain-words sentence under the block, claim by claim: (row, column): word.
+# The plain-words sentence under the block (docs/RESULTS.md, quoted in the README's "Reading
+# the results"), claim by claim: (row, column): word.
 GRID = [f"D={d}, {m}" for d in (64, 96, 128, 160, 256) for m in ("full", "causal")]
 CLAIMS = {**{(row, c): "trail" for row in GRID for c in (1, 2)},
           ("decode (D=128)", 1): "trail", ("variants", 1): "trail", ("variants", 2): "trail"}
@@ -189,8 +194,8 @@ WIDEST = "D=96, full"
 
 
 def test_the_plain_words_under_the_block_hold_for_the_committed_rows():
-    text = " ".join((ROOT / "README.md").read_text().split())
-    assert SENTENCE in text
+    for page in (RESULTS, ROOT / "README.md"):
+        assert SENTENCE in " ".join(page.read_text().split()), page
     rows = {}
     for line in fastest_fused_block().splitlines():
         cells = [c.strip() for c in line.strip("|").split("|")]
@@ -226,7 +231,8 @@ if __name__ == "__main__":
 
 
 def test_the_readme_scaling_numbers_are_the_committed_scaling_tables():
-    """README's 'Over several GPUs' bullet quotes results/reference/scaling-h200x2/scaling.csv."""
+    """docs/RESULTS.md's 'Over several GPUs' bullet quotes
+    results/reference/scaling-h200x2/scaling.csv."""
     import csv
     import re
     from pathlib import Path
@@ -235,10 +241,40 @@ def test_the_readme_scaling_numbers_are_the_committed_scaling_tables():
     table = (root / "results/reference/scaling-h200x2/scaling.csv").read_text()
     rows = list(csv.DictReader(table.splitlines()))
     one, two = (next(r for r in rows if r["GPUs"] == n) for n in ("1", "2"))
-    text = " ".join((root / "README.md").read_text().split())
+    text = " ".join((root / "docs" / "RESULTS.md").read_text().split())
     bullet = re.search(r"\*\*Over several GPUs\*\*.*?Amdahl's bound.*?s\)\.", text).group(0)
     assert f"{float(one['wall s']):.1f} s and {float(two['wall s']):.1f} s" in bullet
     assert f"speedup {float(two['speedup']):.2f}" in bullet
     assert f"efficiency {float(two['efficiency']):.2f}" in bullet
     assert f"ideal {float(two['ideal s']):.0f} s" in bullet
     assert f"serial part {float(two['Amdahl s']):.0f} s" in bullet
+
+
+# --- the README's headline: cells quoted from the two tables above --------------------------
+
+FASTEST = "the fastest fused baseline, "
+
+
+def _readme_headline() -> list[list[str]]:
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Reading the results", 1)[1].split("\n## ", 1)[0]
+    lines = [ln for ln in section.splitlines() if ln.startswith("| ")]
+    assert lines[0].startswith("| TiledAttention ÷ … (kernel time) | H100 | H200 |")
+    return [[c.strip() for c in ln.strip("|").split("|")] for ln in lines[1:]]
+
+
+def test_the_readme_headline_is_quoted_from_the_checked_tables():
+    """Each headline line of the README is a line of docs/RESULTS.md's tables (which the
+    tests above recompute from the rows): its H100 and H200 kernel-time cells, as printed
+    there (bold dropped)."""
+    headline = _readme_headline()
+    assert len(headline) >= 6 and any(ln[0].startswith(FASTEST) for ln in headline)
+    table = {ln[0]: ln for ln in _table()}
+    block = {}
+    for line in fastest_fused_block().splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) == 5:
+            block[cells[0]] = cells
+    for label, h100, h200 in headline:
+        source = block[label[len(FASTEST):]] if label.startswith(FASTEST) else table[label]
+        assert [h100, h200] == [source[1].replace("**", ""), source[3].replace("**", "")], label

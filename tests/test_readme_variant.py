@@ -1,4 +1,4 @@
-"""README, "Writing your own variant": its three blocks as written. On a CPU: the variant's
+"""docs/API.md, "Writing your own variant": its three blocks as written. On a CPU: the variant's
 gradient is derived, and as a variants-stage entry its eager and SDPA-mask rows pass the
 harness' float64 check (ours and FlexAttention need a GPU: those rows say so). The GPU half
 is tests/gpu/test_readme_variant_gpu.py."""

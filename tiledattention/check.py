@@ -119,7 +119,7 @@ def _gpu_correctness():
 
 
 # The speed check fails below this share of PyTorch SDPA's throughput at its point: the
-# floor every point of the paper grid must clear (README, Results: measured >= 0.85x on H100).
+# floor every point of the paper grid must clear (docs/RESULTS.md: measured >= 0.85x on H100).
 MIN_SPEED_RATIO = 0.80
 SPEED_POINT = Point.of_tokens("float16", False, 128, 4096)  # B=4, H=16
 

@@ -1,4 +1,4 @@
-"""README, "Writing your own variant": the test it shows, run as written on a CUDA GPU."""
+"""docs/API.md, "Writing your own variant": the test it shows, run as written on a CUDA GPU."""
 
 from __future__ import annotations
 
