@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-from pathlib import Path
+import inspect
 
 import pytest
 
@@ -17,8 +17,6 @@ from tiledattention.kernel.flags import FAMILIES, SeqFlags  # noqa: E402
 from tiledattention.kernel.spec import DKDV_SEQS, DQ_SEQS, FWD_SEQS, score_specs  # noqa: E402
 
 SEQ_FIELDS = {f.name for f in dataclasses.fields(SeqFlags)}
-
-KERNEL = Path(__file__).resolve().parents[1] / "tiledattention" / "kernel"
 
 
 def _family(spec):
@@ -48,21 +46,34 @@ def test_the_packed_and_paged_kernels_constants_are_their_familys_fields():
 
 
 def test_entry_points_build_their_flags_by_keyword_from_same_named_parameters():
+    # the entry points are written out from the flag dataclasses (``kernel.entry``): read
+    # the source cuTile compiles
     built = 0
-    for source in ("attention.py", "backward.py"):
-        tree = ast.parse((KERNEL / source).read_text())
-        for fn in (n for n in tree.body if isinstance(n, ast.FunctionDef)):
-            params = {a.arg for a in fn.args.args}
-            for call in ast.walk(fn):
-                if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)
-                        and call.func.id in {c.__name__ for c in FAMILIES.values()}):
-                    continue
-                built += 1
-                assert not call.args, f"{fn.name}: {call.func.id} built by position"
-                for kw in call.keywords:
-                    if isinstance(kw.value, ast.Constant):
-                        continue  # a field this entry point fixes (by name all the same)
-                    assert isinstance(kw.value, ast.Name) and kw.value.id == kw.arg, (
-                        f"{fn.name}: {call.func.id}({kw.arg}=...) is not its own parameter")
-                    assert kw.arg in params, f"{fn.name}: {kw.arg} is not a parameter"
+    for spec in (*score_specs(True), *score_specs(False), FWD_SEQS, DKDV_SEQS, DQ_SEQS):
+        fn = ast.parse(inspect.getsource(spec.pyfunc())).body[0]
+        params = {a.arg for a in fn.args.args}
+        for call in ast.walk(fn):
+            if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)
+                    and call.func.id in {c.__name__ for c in FAMILIES.values()}):
+                continue
+            built += 1
+            assert not call.args, f"{fn.name}: {call.func.id} built by position"
+            for kw in call.keywords:
+                if isinstance(kw.value, ast.Constant):
+                    continue  # a field this entry point fixes (by name all the same)
+                assert isinstance(kw.value, ast.Name) and kw.value.id == kw.arg, (
+                    f"{fn.name}: {call.func.id}({kw.arg}=...) is not its own parameter")
+                assert kw.arg in params, f"{fn.name}: {kw.arg} is not a parameter"
     assert built == 9  # forward, dK/dV, dQ: plain, variant and packed/paged entry points
+
+
+def test_entry_points_take_their_scopes_flags_in_declaration_order():
+    from tiledattention.kernel import flags as F
+    from tiledattention.kernel.entry import entry_fields
+
+    for spec, scopes in ((FWD_SEQS, F.FWD_SEQS), (DKDV_SEQS, F.BWD_SEQS), (DQ_SEQS, F.BWD_SEQS),
+                         *((s, F.PLAIN) for s in score_specs(True)),
+                         *((s, F.VARIANT) for s in score_specs(False))):
+        taken = [n for n in entry_fields(_family(spec), scopes)
+                 if spec is FWD_SEQS or n not in ("VARLEN_Q", "VARLEN_K")]
+        assert [n for n in spec.names() if n in spec.constants()] == taken, spec.name

@@ -49,7 +49,8 @@ from .body import (
     store_rows,
     zeros_chunks,
 )
-from .flags import FwdFlags, fwd_zero_safe, has_seqs
+from .entry import entry_point
+from .flags import FWD_SEQS, PLAIN, VARIANT, FwdFlags, fwd_zero_safe, has_seqs
 from .visit import (
     block_at,
     block_range,
@@ -338,7 +339,10 @@ def rows_program(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns, b, bid_m, ab, 
         ct.store(Lse, index=(ab, hb, bid_m), tile=row_lse(m_i, l_i).reshape((1, 1, TILE_M)))
 
 
-@ct.kernel
+# The entry points, written out from ``FwdFlags``' fields (``entry``): ``FLAGS`` stands for
+# one ``ct.Constant`` parameter per flag the entry point takes (``flags``: their meaning and
+# scopes), then for the ``FwdFlags`` built from them by name.
+attention_fwd = entry_point(FwdFlags, PLAIN, """
 def attention_fwd(
     Q, K, V, Out, Lse, Mask,
     qk_scale_log2: float,  # scale * log2(e): the softmax units' factor
@@ -346,86 +350,50 @@ def attention_fwd(
     GROUP: int,  # query heads per K/V head (GQA); 1 for MHA (and when PACKED)
     SEQ_Q: int,  # query positions per head (PACKED: rows per head in the packed tile)
     NUM_SPLITS: int, SPLIT_TILES: int,  # SPLIT_K: key splits per (batch, head), tiles each
-    TILE_M: ConstInt, TILE_N: ConstInt,
-    NCHUNK: ConstInt, W0: ConstInt, W1: ConstInt, W2: ConstInt,
-    CAUSAL: ConstBool, HEAVY_FIRST: ConstBool, EVEN_N: ConstBool,
-    HAS_MASK: ConstBool, MASK_BATCH: ConstBool, MASK_HEAD: ConstBool, MASK_ROWS: ConstBool,
-    RETURN_LSE: ConstBool, LAT_K: ConstInt, LAT_V: ConstInt,
-    SPLIT_K: ConstBool, PACKED: ConstBool, PDL: ConstBool,
+    FLAGS,
 ):
-    """Plain attention (no variant functions, no block mask): only the arrays it reads.
-    The flags are ``FwdFlags``' fields (their meaning is documented there)."""
+    \"\"\"Plain attention (no variant functions, no block mask): only the arrays it reads.\"\"\"
     fwd_program(
         Q, K, V, Out, Lse, Mask, (None, None, None, None, None, None),
-        (qk_scale_log2, inv_scale, 1.0, GROUP, SEQ_Q, NUM_SPLITS, SPLIT_TILES),
-        FwdFlags(TILE_M=TILE_M, TILE_N=TILE_N, NCHUNK=NCHUNK, W0=W0, W1=W1, W2=W2,
-                 CAUSAL=CAUSAL, HEAVY_FIRST=HEAVY_FIRST, EVEN_N=EVEN_N, HAS_MASK=HAS_MASK,
-                 MASK_BATCH=MASK_BATCH, MASK_HEAD=MASK_HEAD, MASK_ROWS=MASK_ROWS,
-                 RETURN_LSE=RETURN_LSE, LAT_K=LAT_K, LAT_V=LAT_V, SPLIT_K=SPLIT_K,
-                 PACKED=PACKED, PDL=PDL),
+        (qk_scale_log2, inv_scale, 1.0, GROUP, SEQ_Q, NUM_SPLITS, SPLIT_TILES), FLAGS,
         (no_score_mod, no_mask_mod))
+""", globals())
 
 
-@ct.kernel
+attention_fwd_variant = entry_point(FwdFlags, VARIANT, """
 def attention_fwd_variant(
     Q, K, V, Out, Lse, Mask, BlkCnt, BlkIdx, A0, A1, A2, A3,
     qk_scale_log2: float,  # log2(e) with a score_mod (it sees scaled scores), else as above
     inv_scale: float,  # 1 with a score_mod: an additive mask is added as is
     scale: float,
     GROUP: int, SEQ_Q: int, NUM_SPLITS: int, SPLIT_TILES: int,
-    TILE_M: ConstInt, TILE_N: ConstInt, NCHUNK: ConstInt,
-    W0: ConstInt, W1: ConstInt, W2: ConstInt,
-    CAUSAL: ConstBool, HEAVY_FIRST: ConstBool, EVEN_N: ConstBool,
-    HAS_MASK: ConstBool, MASK_BATCH: ConstBool, MASK_HEAD: ConstBool, MASK_ROWS: ConstBool,
-    RETURN_LSE: ConstBool, LAT_K: ConstInt, LAT_V: ConstInt,
-    SPLIT_K: ConstBool, PACKED: ConstBool, PDL: ConstBool,
-    HAS_SCORE_MOD: ConstBool, HAS_MASK_MOD: ConstBool,
-    BLOCK_SPARSE: ConstBool, BLK_BATCH: ConstBool, BLK_HEAD: ConstBool,
+    FLAGS,
 ):
-    """Attention with the variant's functions (``SCORE_MOD``, ``MASK_MOD``), the tensors
-    they capture (``A0..A3``) and a block mask's lists."""
+    \"\"\"Attention with the variant's functions (``SCORE_MOD``, ``MASK_MOD``), the tensors
+    they capture (``A0..A3``) and a block mask's lists.\"\"\"
     fwd_program(
         Q, K, V, Out, Lse, Mask, (BlkCnt, BlkIdx, A0, A1, A2, A3),
-        (qk_scale_log2, inv_scale, scale, GROUP, SEQ_Q, NUM_SPLITS, SPLIT_TILES),
-        FwdFlags(TILE_M=TILE_M, TILE_N=TILE_N, NCHUNK=NCHUNK, W0=W0, W1=W1, W2=W2,
-                 CAUSAL=CAUSAL, HEAVY_FIRST=HEAVY_FIRST, EVEN_N=EVEN_N, HAS_MASK=HAS_MASK,
-                 MASK_BATCH=MASK_BATCH, MASK_HEAD=MASK_HEAD, MASK_ROWS=MASK_ROWS,
-                 RETURN_LSE=RETURN_LSE, LAT_K=LAT_K, LAT_V=LAT_V, SPLIT_K=SPLIT_K,
-                 PACKED=PACKED, PDL=PDL, HAS_SCORE_MOD=HAS_SCORE_MOD,
-                 HAS_MASK_MOD=HAS_MASK_MOD, BLOCK_SPARSE=BLOCK_SPARSE, BLK_BATCH=BLK_BATCH,
-                 BLK_HEAD=BLK_HEAD),
+        (qk_scale_log2, inv_scale, scale, GROUP, SEQ_Q, NUM_SPLITS, SPLIT_TILES), FLAGS,
         (SCORE_MOD, MASK_MOD))
+""", globals())
 
 
-@ct.kernel
+attention_fwd_seqs = entry_point(FwdFlags, FWD_SEQS, """
 def attention_fwd_seqs(
     Q, K, V, Out, Lse, Mask, BlkCnt, BlkIdx, A0, A1, A2, A3, CuQ, CuK, SeqK, Pages, TileMap,
     qk_scale_log2: float, inv_scale: float, scale: float,
     GROUP: int, SEQ_Q: int, NUM_SPLITS: int, SPLIT_TILES: int,
     WIN_L: int, WIN_R: int,  # the window's keys left / right of the diagonal (2**30: none)
-    TILE_M: ConstInt, TILE_N: ConstInt, NCHUNK: ConstInt,
-    W0: ConstInt, W1: ConstInt, W2: ConstInt,
-    CAUSAL: ConstBool, RETURN_LSE: ConstBool, LAT_K: ConstInt, LAT_V: ConstInt,
-    SPLIT_K: ConstBool, PACKED: ConstBool,
-    HAS_SCORE_MOD: ConstBool, HAS_MASK_MOD: ConstBool,
-    VARLEN_Q: ConstBool, VARLEN_K: ConstBool, SEQUSED: ConstBool, PAGED: ConstBool,
-    PAGE_TILES: ConstInt, PAGE_SPAN: ConstInt, WINDOW: ConstBool,
+    FLAGS,
 ):
-    """Packed (``sdpa_varlen``) and paged (``sdpa_paged``) sequences: the same program,
+    \"\"\"Packed (``sdpa_varlen``) and paged (``sdpa_paged``) sequences: the same program,
     each tile's sequence read from ``TileMap`` (packed q: ``seqmap.sequence_map``) or the
-    grid's batch axis, its keys
-    sliced by ``CuK`` or read through the block table ``Pages`` ([B, max_pages]; K and V
-    viewed [pages, Hkv, page, D]), capped by ``SeqK``. Q, Out are [1, H, total_q, D] and
-    Lse [1, H, total_q] when packed, else [B, H, Sq, D] / [B, H, Sq]."""
+    grid's batch axis, its keys sliced by ``CuK`` or read through the block table ``Pages``
+    ([B, max_pages]; K and V viewed [pages, Hkv, page, D]), capped by ``SeqK``. Q, Out are
+    [1, H, total_q, D] and Lse [1, H, total_q] when packed, else [B, H, Sq, D] / [B, H,
+    Sq].\"\"\"
     fwd_program(
         Q, K, V, Out, Lse, Mask, (BlkCnt, BlkIdx, A0, A1, A2, A3),
-        (qk_scale_log2, inv_scale, scale, GROUP, SEQ_Q, NUM_SPLITS, SPLIT_TILES),
-        FwdFlags(TILE_M=TILE_M, TILE_N=TILE_N, NCHUNK=NCHUNK, W0=W0, W1=W1, W2=W2,
-                 CAUSAL=CAUSAL, HEAVY_FIRST=False, EVEN_N=False, HAS_MASK=False,
-                 MASK_BATCH=False, MASK_HEAD=False, MASK_ROWS=False,
-                 RETURN_LSE=RETURN_LSE, LAT_K=LAT_K, LAT_V=LAT_V, SPLIT_K=SPLIT_K,
-                 PACKED=PACKED, PDL=False, HAS_SCORE_MOD=HAS_SCORE_MOD,
-                 HAS_MASK_MOD=HAS_MASK_MOD, VARLEN_Q=VARLEN_Q, VARLEN_K=VARLEN_K,
-                 SEQUSED=SEQUSED, PAGED=PAGED, PAGE_TILES=PAGE_TILES,
-                 PAGE_SPAN=PAGE_SPAN, WINDOW=WINDOW),
+        (qk_scale_log2, inv_scale, scale, GROUP, SEQ_Q, NUM_SPLITS, SPLIT_TILES), FLAGS,
         (SCORE_MOD, MASK_MOD), (CuQ, CuK, SeqK, Pages, TileMap, WIN_L, WIN_R))
+""", globals())

@@ -62,7 +62,8 @@ from .body import (
     store_rows,
     zeros_chunks,
 )
-from .flags import DkdvFlags, DqFlags, bwd_zero_safe, has_seqs
+from .entry import entry_point
+from .flags import BWD_SEQS, PLAIN, VARIANT, DkdvFlags, DqFlags, bwd_zero_safe, has_seqs
 from .visit import (
     block_at,
     block_range,
@@ -503,148 +504,98 @@ def dq_query_tile(arrays, extra, Out, Dlse, dQ, scalars, f, fns, b, bid_m, ab, s
     store_rows(dQ, ab, h, bid_m, dq0, dq1, dq2, TILE_M, W0, W1, W2, NCHUNK)
 
 
-# The entry points: flags arrive as ``ct.Constant`` parameters (``flags``: their meaning)
-# and are gathered into the family's flags by name; the plain ones leave the variant
-# fields off and take only the arrays a plain call reads.
-@ct.kernel
+# The entry points, written out from the families' fields (``entry``): ``FLAGS`` stands
+# for one ``ct.Constant`` parameter per flag the entry point takes (``flags``: their meaning
+# and scopes), then for the flags built from them by name. The plain ones take only the
+# arrays a plain call reads.
+attention_bwd_dkdv = entry_point(DkdvFlags, PLAIN, """
 def attention_bwd_dkdv(
     Q, K, V, dOut, Lse, Delta, Mask, dK, dV, dQacc,
     qk_scale_log2: float,  # scale * log2(e), the forward's softmax-units factor
     inv_scale: float,  # 1 / scale: the forward's additive-mask factor
     scale: float,
     GROUP: int,  # query heads per K/V head; this program sums their contributions
-    TILE_M: ConstInt, TILE_N: ConstInt,
-    NCHUNK: ConstInt, W0: ConstInt, W1: ConstInt, W2: ConstInt,
-    CAUSAL: ConstBool, EVEN_N: ConstBool,
-    HAS_MASK: ConstBool, MASK_BATCH: ConstBool, MASK_HEAD: ConstBool, MASK_ROWS: ConstBool,
-    DQ_ATOMIC: ConstBool, MASK_ALL: ConstBool,
-    KEY_ROWS: ConstBool,  # keys as the MMA rows: S^T = K Q^T (``dkdv_tile``)
-    ONE_HEAD: ConstBool,  # GROUP == 1 (``DkdvFlags``)
+    FLAGS,
 ):
-    """Plain dK/dV (no variant functions, no block mask): only the arrays it reads."""
+    \"\"\"Plain dK/dV (no variant functions, no block mask): only the arrays it reads.\"\"\"
     dkdv_program(Q, K, V, dOut, Lse, Delta, Mask,
                  (None, None, None, None, None, None, None, None, None, None), dK, dV,
-                 dQacc, (qk_scale_log2, inv_scale, scale, GROUP),
-                 DkdvFlags(TILE_M=TILE_M, TILE_N=TILE_N, NCHUNK=NCHUNK, W0=W0, W1=W1, W2=W2,
-                           CAUSAL=CAUSAL, EVEN_N=EVEN_N, HAS_MASK=HAS_MASK,
-                           MASK_BATCH=MASK_BATCH, MASK_HEAD=MASK_HEAD, MASK_ROWS=MASK_ROWS,
-                           DQ_ATOMIC=DQ_ATOMIC, MASK_ALL=MASK_ALL, KEY_ROWS=KEY_ROWS,
-                           ONE_HEAD=ONE_HEAD),
+                 dQacc, (qk_scale_log2, inv_scale, scale, GROUP), FLAGS,
                  (no_score_mod, no_score_mod, no_mask_mod, no_captured_grad))
+""", globals())
 
 
-@ct.kernel
+attention_bwd_dkdv_variant = entry_point(DkdvFlags, VARIANT, """
 def attention_bwd_dkdv_variant(
     Q, K, V, dOut, Lse, Delta, Mask, BlkCnt, BlkIdx, A0, A1, A2, A3, G0, G1, G2, G3, dK, dV,
     dQacc,
     qk_scale_log2: float, inv_scale: float, scale: float, GROUP: int,
-    TILE_M: ConstInt, TILE_N: ConstInt, NCHUNK: ConstInt,
-    W0: ConstInt, W1: ConstInt, W2: ConstInt, CAUSAL: ConstBool, EVEN_N: ConstBool,
-    HAS_MASK: ConstBool, MASK_BATCH: ConstBool, MASK_HEAD: ConstBool,
-    MASK_ROWS: ConstBool, DQ_ATOMIC: ConstBool, MASK_ALL: ConstBool, KEY_ROWS: ConstBool,
-    ONE_HEAD: ConstBool, HAS_SCORE_MOD: ConstBool, HAS_MASK_MOD: ConstBool,
-    BLOCK_SPARSE: ConstBool, BLK_BATCH: ConstBool, BLK_HEAD: ConstBool,
+    FLAGS,
 ):
-    """dK/dV with the variant's functions, captured tensors (A0..A3), the fp32 gradients
-    of those that require grad (G0..G3, written by ``SCORE_CAPGRAD``) and block lists."""
+    \"\"\"dK/dV with the variant's functions, captured tensors (A0..A3), the fp32 gradients
+    of those that require grad (G0..G3, written by ``SCORE_CAPGRAD``) and block lists.\"\"\"
     dkdv_program(Q, K, V, dOut, Lse, Delta, Mask,
                  (BlkCnt, BlkIdx, A0, A1, A2, A3, G0, G1, G2, G3), dK, dV,
-                 dQacc, (qk_scale_log2, inv_scale, scale, GROUP),
-                 DkdvFlags(TILE_M=TILE_M, TILE_N=TILE_N, NCHUNK=NCHUNK, W0=W0, W1=W1, W2=W2,
-                           CAUSAL=CAUSAL, EVEN_N=EVEN_N, HAS_MASK=HAS_MASK,
-                           MASK_BATCH=MASK_BATCH, MASK_HEAD=MASK_HEAD, MASK_ROWS=MASK_ROWS,
-                           DQ_ATOMIC=DQ_ATOMIC, MASK_ALL=MASK_ALL, KEY_ROWS=KEY_ROWS,
-                           ONE_HEAD=ONE_HEAD, HAS_SCORE_MOD=HAS_SCORE_MOD,
-                           HAS_MASK_MOD=HAS_MASK_MOD, BLOCK_SPARSE=BLOCK_SPARSE,
-                           BLK_BATCH=BLK_BATCH, BLK_HEAD=BLK_HEAD),
+                 dQacc, (qk_scale_log2, inv_scale, scale, GROUP), FLAGS,
                  (SCORE_MOD, SCORE_GRAD, MASK_MOD, SCORE_CAPGRAD))
+""", globals())
 
 
-@ct.kernel
+attention_bwd_dq = entry_point(DqFlags, PLAIN, """
 def attention_bwd_dq(
     Q, K, V, dOut, Lse, Delta, Mask, Out, Dlse, dQ,
     qk_scale_log2: float, inv_scale: float, scale: float, GROUP: int,
-    TILE_M: ConstInt, TILE_N: ConstInt,
-    NCHUNK: ConstInt, W0: ConstInt, W1: ConstInt, W2: ConstInt,
-    CAUSAL: ConstBool, EVEN_N: ConstBool,
-    HAS_MASK: ConstBool, MASK_BATCH: ConstBool, MASK_HEAD: ConstBool, MASK_ROWS: ConstBool,
-    DELTA: ConstBool,  # compute delta for the dK/dV kernel (``DqFlags``)
-    HAS_DLSE: ConstBool,  # the log-sum-exp output has a gradient: delta -= dlse
+    FLAGS,
 ):
-    """Plain dQ (and delta): only the arrays it reads."""
+    \"\"\"Plain dQ (and delta): only the arrays it reads.\"\"\"
     dq_program(Q, K, V, dOut, Lse, Delta, Mask, (None, None, None, None, None, None), Out,
-               Dlse, dQ, (qk_scale_log2, inv_scale, scale, GROUP),
-               DqFlags(TILE_M=TILE_M, TILE_N=TILE_N, NCHUNK=NCHUNK, W0=W0, W1=W1, W2=W2,
-                       CAUSAL=CAUSAL, EVEN_N=EVEN_N, HAS_MASK=HAS_MASK, MASK_BATCH=MASK_BATCH,
-                       MASK_HEAD=MASK_HEAD, MASK_ROWS=MASK_ROWS, DELTA=DELTA,
-                       HAS_DLSE=HAS_DLSE),
+               Dlse, dQ, (qk_scale_log2, inv_scale, scale, GROUP), FLAGS,
                (no_score_mod, no_score_mod, no_mask_mod))
+""", globals())
 
 
-@ct.kernel
+attention_bwd_dq_variant = entry_point(DqFlags, VARIANT, """
 def attention_bwd_dq_variant(
     Q, K, V, dOut, Lse, Delta, Mask, BlkCnt, BlkIdx, A0, A1, A2, A3, Out, Dlse, dQ,
     qk_scale_log2: float, inv_scale: float, scale: float, GROUP: int,
-    TILE_M: ConstInt, TILE_N: ConstInt, NCHUNK: ConstInt,
-    W0: ConstInt, W1: ConstInt, W2: ConstInt, CAUSAL: ConstBool, EVEN_N: ConstBool,
-    HAS_MASK: ConstBool, MASK_BATCH: ConstBool, MASK_HEAD: ConstBool,
-    MASK_ROWS: ConstBool, DELTA: ConstBool, HAS_DLSE: ConstBool, HAS_SCORE_MOD: ConstBool,
-    HAS_MASK_MOD: ConstBool, BLOCK_SPARSE: ConstBool, BLK_BATCH: ConstBool, BLK_HEAD: ConstBool,
+    FLAGS,
 ):
-    """dQ (and delta) with the variant's functions, captured tensors and block lists."""
+    \"\"\"dQ (and delta) with the variant's functions, captured tensors and block lists.\"\"\"
     dq_program(Q, K, V, dOut, Lse, Delta, Mask, (BlkCnt, BlkIdx, A0, A1, A2, A3), Out, Dlse,
-               dQ, (qk_scale_log2, inv_scale, scale, GROUP),
-               DqFlags(TILE_M=TILE_M, TILE_N=TILE_N, NCHUNK=NCHUNK, W0=W0, W1=W1, W2=W2,
-                       CAUSAL=CAUSAL, EVEN_N=EVEN_N, HAS_MASK=HAS_MASK, MASK_BATCH=MASK_BATCH,
-                       MASK_HEAD=MASK_HEAD, MASK_ROWS=MASK_ROWS, DELTA=DELTA,
-                       HAS_DLSE=HAS_DLSE, HAS_SCORE_MOD=HAS_SCORE_MOD,
-                       HAS_MASK_MOD=HAS_MASK_MOD, BLOCK_SPARSE=BLOCK_SPARSE,
-                       BLK_BATCH=BLK_BATCH, BLK_HEAD=BLK_HEAD),
+               dQ, (qk_scale_log2, inv_scale, scale, GROUP), FLAGS,
                (SCORE_MOD, SCORE_GRAD, MASK_MOD))
+""", globals())
 
 
-@ct.kernel
+# Packed sequences: the keys and queries always packed (``VARLEN_Q`` / ``VARLEN_K``).
+attention_bwd_dkdv_seqs = entry_point(DkdvFlags, BWD_SEQS, """
 def attention_bwd_dkdv_seqs(
     Q, K, V, dOut, Lse, Delta, Mask, BlkCnt, BlkIdx, A0, A1, A2, A3, G0, G1, G2, G3, dK, dV,
     dQacc, CuQ, CuK, SeqK, TileMap,
     qk_scale_log2: float, inv_scale: float, scale: float, GROUP: int, WIN_L: int, WIN_R: int,
-    TILE_M: ConstInt, TILE_N: ConstInt, NCHUNK: ConstInt,
-    W0: ConstInt, W1: ConstInt, W2: ConstInt, CAUSAL: ConstBool, KEY_ROWS: ConstBool,
-    ONE_HEAD: ConstBool, HAS_SCORE_MOD: ConstBool, HAS_MASK_MOD: ConstBool,
-    SEQUSED: ConstBool, WINDOW: ConstBool,
+    FLAGS,
 ):
-    """dK/dV of packed sequences (``sdpa_varlen``): Q, dO [1, Hq, total_q, D], Lse and
+    \"\"\"dK/dV of packed sequences (``sdpa_varlen``): Q, dO [1, Hq, total_q, D], Lse and
     Delta [1, Hq, total_q], K, V, dK, dV [1, Hkv, total_k, D]; ``TileMap`` runs over the
-    key tiles (``seqmap``)."""
+    key tiles (``seqmap``).\"\"\"
     dkdv_program(Q, K, V, dOut, Lse, Delta, Mask,
                  (BlkCnt, BlkIdx, A0, A1, A2, A3, G0, G1, G2, G3), dK, dV,
-                 dQacc, (qk_scale_log2, inv_scale, scale, GROUP),
-                 DkdvFlags(TILE_M=TILE_M, TILE_N=TILE_N, NCHUNK=NCHUNK, W0=W0, W1=W1, W2=W2,
-                           CAUSAL=CAUSAL, EVEN_N=False, HAS_MASK=False, MASK_BATCH=False,
-                           MASK_HEAD=False, MASK_ROWS=False, DQ_ATOMIC=False, MASK_ALL=False,
-                           KEY_ROWS=KEY_ROWS, ONE_HEAD=ONE_HEAD, HAS_SCORE_MOD=HAS_SCORE_MOD,
-                           HAS_MASK_MOD=HAS_MASK_MOD, VARLEN_Q=True, VARLEN_K=True,
-                           SEQUSED=SEQUSED, WINDOW=WINDOW),
+                 dQacc, (qk_scale_log2, inv_scale, scale, GROUP), FLAGS,
                  (SCORE_MOD, SCORE_GRAD, MASK_MOD, SCORE_CAPGRAD),
                  (CuQ, CuK, SeqK, TileMap, WIN_L, WIN_R))
+""", globals(), fixed=dict(VARLEN_Q=True, VARLEN_K=True))
 
 
-@ct.kernel
+attention_bwd_dq_seqs = entry_point(DqFlags, BWD_SEQS, """
 def attention_bwd_dq_seqs(
     Q, K, V, dOut, Lse, Delta, Mask, BlkCnt, BlkIdx, A0, A1, A2, A3, Out, Dlse, dQ,
     CuQ, CuK, SeqK, TileMap,
     qk_scale_log2: float, inv_scale: float, scale: float, GROUP: int, WIN_L: int, WIN_R: int,
-    TILE_M: ConstInt, TILE_N: ConstInt, NCHUNK: ConstInt,
-    W0: ConstInt, W1: ConstInt, W2: ConstInt, CAUSAL: ConstBool,
-    HAS_SCORE_MOD: ConstBool, HAS_MASK_MOD: ConstBool, SEQUSED: ConstBool, WINDOW: ConstBool,
+    FLAGS,
 ):
-    """dQ of packed sequences (delta comes from ``attention_bwd_delta`` over the packed
-    rows, run first); ``TileMap`` runs over the query tiles."""
+    \"\"\"dQ of packed sequences (delta comes from ``attention_bwd_delta`` over the packed
+    rows, run first); ``TileMap`` runs over the query tiles.\"\"\"
     dq_program(Q, K, V, dOut, Lse, Delta, Mask, (BlkCnt, BlkIdx, A0, A1, A2, A3), Out, Dlse,
-               dQ, (qk_scale_log2, inv_scale, scale, GROUP),
-               DqFlags(TILE_M=TILE_M, TILE_N=TILE_N, NCHUNK=NCHUNK, W0=W0, W1=W1, W2=W2,
-                       CAUSAL=CAUSAL, EVEN_N=False, HAS_MASK=False, MASK_BATCH=False,
-                       MASK_HEAD=False, MASK_ROWS=False, DELTA=False, HAS_DLSE=False,
-                       HAS_SCORE_MOD=HAS_SCORE_MOD, HAS_MASK_MOD=HAS_MASK_MOD, VARLEN_Q=True,
-                       VARLEN_K=True, SEQUSED=SEQUSED, WINDOW=WINDOW),
+               dQ, (qk_scale_log2, inv_scale, scale, GROUP), FLAGS,
                (SCORE_MOD, SCORE_GRAD, MASK_MOD), (CuQ, CuK, SeqK, TileMap, WIN_L, WIN_R))
+""", globals(), fixed=dict(VARLEN_Q=True, VARLEN_K=True))

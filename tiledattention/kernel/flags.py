@@ -6,14 +6,36 @@ neither tuple nor dataclass parameters) and builds its family's flags from them 
 keyword; every tile function below it reads ``flags.CAUSAL``, never a position. cuTile
 builds frozen dataclass instances in device code, and a field built from a constant stays
 a constant: branches on it fold away as on the parameter itself (the same SASS,
-benchmarks/kernel_identity.py). A new flag is one field here, one parameter of the entry
-points and its value in ``variant``; the plain entry points leave the variant fields at
-their defaults (off).
+benchmarks/kernel_identity.py). The entry points are generated from these fields
+(``entry``): a new flag is one field here (its ``scope``: which entry points take it), its
+value in ``variant`` and the tile code that reads it.
+
+Scopes: none, every entry point of the family; ``dense``, the plain and variant ones (the
+packed/paged one leaves it off); ``variant``, the variant and packed/paged ones;
+``sparse``, the variant one; ``seqs``, the packed/paged ones; ``paged``, the packed/paged
+forward.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+# The scopes each entry point takes (``entry.entry_point``).
+PLAIN = (None, "dense")
+VARIANT = (None, "dense", "variant", "sparse")
+FWD_SEQS = (None, "variant", "seqs", "paged")
+BWD_SEQS = (None, "variant", "seqs")
+
+
+_REQUIRED = object()
+
+
+def flag(scope: str, default=_REQUIRED):
+    """A field the entry points of ``scope`` take (``entry``); ``default``: its value in
+    the others (none: off)."""
+    if default is _REQUIRED:
+        return field(metadata={"scope": scope})
+    return field(default=default, metadata={"scope": scope})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -22,13 +44,17 @@ class SeqFlags:
     score kernels of ``sdpa_varlen`` / ``sdpa_paged`` set these; the dense kernels leave
     them off (every family's flags end with them)."""
 
-    VARLEN_Q: bool = False  # q (out, lse) packed by CuQ: grid axis 0 runs over its tiles
-    VARLEN_K: bool = False  # k, v packed by CuK (else paged, or dense by batch)
-    SEQUSED: bool = False  # SeqK caps each sequence's keys (seqused_k; paged: the context)
-    PAGED: bool = False  # k, v are a page cache [pages, Hkv, P, D] addressed by Pages
-    PAGE_TILES: int = 1  # key tiles per page (P // TILE_N)
-    PAGE_SPAN: int = 1  # pages per key tile (TILE_N // P): pages smaller than the tile
-    WINDOW: bool = False  # a (left, right) window around the bottom-right diagonal
+    # q (out, lse) packed by CuQ: grid axis 0 runs over its tiles
+    VARLEN_Q: bool = flag("seqs", False)
+    VARLEN_K: bool = flag("seqs", False)  # k, v packed by CuK (else paged, or dense by batch)
+    # SeqK caps each sequence's keys (seqused_k; paged: the context)
+    SEQUSED: bool = flag("seqs", False)
+    # k, v are a page cache [pages, Hkv, P, D] addressed by Pages
+    PAGED: bool = flag("paged", False)
+    PAGE_TILES: int = flag("paged", 1)  # key tiles per page (P // TILE_N)
+    # pages per key tile (TILE_N // P): pages smaller than the tile
+    PAGE_SPAN: int = flag("paged", 1)
+    WINDOW: bool = flag("seqs", False)  # a (left, right) window around the bottom-right diagonal
 
 
 @dataclass(frozen=True)
@@ -42,23 +68,24 @@ class FwdFlags(SeqFlags):
     W1: int
     W2: int
     CAUSAL: bool
-    HEAVY_FIRST: bool  # causal: launch the longest query tiles (last rows) first
-    EVEN_N: bool  # Skv % TILE_N == 0: no key-tail masking needed
-    HAS_MASK: bool
-    MASK_BATCH: bool  # the additive mask's real axes (else broadcast)
-    MASK_HEAD: bool
-    MASK_ROWS: bool  # the mask has a query axis (False: key-padding mask, one row)
+    HEAVY_FIRST: bool = flag("dense")  # causal: launch the longest query tiles (last rows) first
+    EVEN_N: bool = flag("dense")  # Skv % TILE_N == 0: no key-tail masking needed
+    HAS_MASK: bool = flag("dense")
+    MASK_BATCH: bool = flag("dense")  # the additive mask's real axes (else broadcast)
+    MASK_HEAD: bool = flag("dense")
+    MASK_ROWS: bool = flag("dense")  # the mask has a query axis (False: key-padding mask, one row)
     RETURN_LSE: bool
     LAT_K: int  # load latency hints of K and V
     LAT_V: int
     SPLIT_K: bool  # write per-split partials (fp32 Out, Lse) for the combine kernel
     PACKED: bool  # rows are (query head in group, query position) pairs
-    PDL: bool  # launched as a programmatic dependent: wait before the first load
-    HAS_SCORE_MOD: bool = False
-    HAS_MASK_MOD: bool = False
-    BLOCK_SPARSE: bool = False  # visit the tiles a block mask lists (BlkCnt, BlkIdx)
-    BLK_BATCH: bool = False  # the block mask's real axes
-    BLK_HEAD: bool = False
+    PDL: bool = flag("dense")  # launched as a programmatic dependent: wait before the first load
+    HAS_SCORE_MOD: bool = flag("variant", False)
+    HAS_MASK_MOD: bool = flag("variant", False)
+    # visit the tiles a block mask lists (BlkCnt, BlkIdx)
+    BLOCK_SPARSE: bool = flag("sparse", False)
+    BLK_BATCH: bool = flag("sparse", False)  # the block mask's real axes
+    BLK_HEAD: bool = flag("sparse", False)
 
 
 @dataclass(frozen=True)
@@ -72,20 +99,21 @@ class DkdvFlags(SeqFlags):
     W1: int
     W2: int
     CAUSAL: bool
-    EVEN_N: bool
-    HAS_MASK: bool
-    MASK_BATCH: bool
-    MASK_HEAD: bool
-    MASK_ROWS: bool
-    DQ_ATOMIC: bool  # also reduce-add dS K into the fp32 dQacc (TMA)
-    MASK_ALL: bool  # apply the causal mask on every query tile (one loop body)
+    EVEN_N: bool = flag("dense")
+    HAS_MASK: bool = flag("dense")
+    MASK_BATCH: bool = flag("dense")
+    MASK_HEAD: bool = flag("dense")
+    MASK_ROWS: bool = flag("dense")
+    DQ_ATOMIC: bool = flag("dense")  # also reduce-add dS K into the fp32 dQacc (TMA)
+    MASK_ALL: bool = flag("dense")  # apply the causal mask on every query tile (one loop body)
     KEY_ROWS: bool  # keys as the MMA rows: S^T = K Q^T, P^T and dS^T untransposed
     ONE_HEAD: bool  # one query head per K/V head: no runtime loop over the group
-    HAS_SCORE_MOD: bool = False
-    HAS_MASK_MOD: bool = False
-    BLOCK_SPARSE: bool = False  # the block mask's transposed lists: query tiles per key tile
-    BLK_BATCH: bool = False
-    BLK_HEAD: bool = False
+    HAS_SCORE_MOD: bool = flag("variant", False)
+    HAS_MASK_MOD: bool = flag("variant", False)
+    # the block mask's transposed lists: query tiles per key tile
+    BLOCK_SPARSE: bool = flag("sparse", False)
+    BLK_BATCH: bool = flag("sparse", False)
+    BLK_HEAD: bool = flag("sparse", False)
 
 
 @dataclass(frozen=True)
@@ -99,18 +127,18 @@ class DqFlags(SeqFlags):
     W1: int
     W2: int
     CAUSAL: bool
-    EVEN_N: bool
-    HAS_MASK: bool
-    MASK_BATCH: bool
-    MASK_HEAD: bool
-    MASK_ROWS: bool
-    DELTA: bool  # compute the rows' delta here (for dK/dV, run after); else load it
-    HAS_DLSE: bool  # that delta subtracts dlse
-    HAS_SCORE_MOD: bool = False
-    HAS_MASK_MOD: bool = False
-    BLOCK_SPARSE: bool = False  # the block mask's lists: key tiles per query tile
-    BLK_BATCH: bool = False
-    BLK_HEAD: bool = False
+    EVEN_N: bool = flag("dense")
+    HAS_MASK: bool = flag("dense")
+    MASK_BATCH: bool = flag("dense")
+    MASK_HEAD: bool = flag("dense")
+    MASK_ROWS: bool = flag("dense")
+    DELTA: bool = flag("dense")  # compute the rows' delta here (for dK/dV, run after); else load it
+    HAS_DLSE: bool = flag("dense")  # that delta subtracts dlse
+    HAS_SCORE_MOD: bool = flag("variant", False)
+    HAS_MASK_MOD: bool = flag("variant", False)
+    BLOCK_SPARSE: bool = flag("sparse", False)  # the block mask's lists: key tiles per query tile
+    BLK_BATCH: bool = flag("sparse", False)
+    BLK_HEAD: bool = flag("sparse", False)
 
 
 FAMILIES = {"attention_fwd": FwdFlags, "attention_bwd_dkdv": DkdvFlags,

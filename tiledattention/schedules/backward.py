@@ -7,16 +7,17 @@ room only says how they are tiled, as ``schedule.py`` and ``space.py`` do for th
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from ..errors import ScheduleError
 from ..headdim import plan_head_dim
+from .label import label
+from .label import parse as parse_label
+from .label import write as write_label
 from .space import DEFAULT_WORKER_WARPS, MAX_REGISTERS_PER_THREAD, REGISTER_BYTES_PER_SM
 
 DQ_MODES = ("kernel", "atomic")
 BWD_TILES = (32, 64, 128)
-_LABEL = re.compile(r"kv(\d+)x(\d+)_q(\d+)x(\d+)_o(\d+)(_w8)?(_atomic)?(_keyrows)?")
 
 
 @dataclass(frozen=True)
@@ -27,22 +28,22 @@ class BwdSchedule:
     query rows per dQ program x keys per inner step.
     """
 
-    dkdv_m: int = 64
-    dkdv_n: int = 64
-    dq_m: int = 64
-    dq_n: int = 64
-    occupancy: int = 1
+    dkdv_m: int = label(0, "kv", default=64)
+    dkdv_n: int = label(1, "x", default=64)
+    dq_m: int = label(2, "_q", default=64)
+    dq_n: int = label(3, "x", default=64)
+    occupancy: int = label(4, "_o", default=1)
     # "kernel": dQ in its own program over query tiles (deterministic, seven matmuls);
     # "atomic": the dK/dV programs reduce-add dS K into an fp32 buffer by TMA (five
     # matmuls; the order of the additions varies between runs), converted after.
-    dq: str = "kernel"
+    dq: str = label(6, "_atomic", default="kernel", when="atomic")
     # cuTile's num_worker_warps for both score kernels: None = the compiler's default (4),
     # 8 = two consumer warp groups sharing the CTA's fp32 state (half the registers each).
-    worker_warps: int | None = None
+    worker_warps: int | None = label(5, "_w", default=None, absent=None)
     # The dK/dV program's orientation: False, queries as the MMA rows (S = Q K^T, P and dS
     # transposed into dV and dK); True, keys as the rows (S^T = K Q^T: P^T and dS^T are
     # the row operands as they come; ``kernel.backward.dkdv_tile``). Label ``_keyrows``.
-    key_rows: bool = False
+    key_rows: bool = label(7, "_keyrows", default=False, when=True)
 
     def __post_init__(self) -> None:
         if self.dq not in DQ_MODES:
@@ -58,10 +59,7 @@ class BwdSchedule:
                                 "or 8")
 
     def label(self) -> str:
-        return (f"kv{self.dkdv_m}x{self.dkdv_n}_q{self.dq_m}x{self.dq_n}_o{self.occupancy}"
-                f"{'_w8' if self.worker_warps == 8 else ''}"
-                f"{'_atomic' if self.dq == 'atomic' else ''}"
-                f"{'_keyrows' if self.key_rows else ''}")
+        return write_label(self)
 
     def hints(self) -> dict:
         """cuTile's compiler hints of the dK/dV and dQ kernels."""
@@ -75,13 +73,12 @@ class BwdSchedule:
     def from_label(cls, label: str) -> BwdSchedule:
         """Inverse of :meth:`label`, e.g. ``kv64x128_q128x64_o1`` (``_w8``: eight worker
         warps; ``_atomic``: dQ by atomics; ``_keyrows``: keys as the dK/dV MMA rows)."""
-        m = _LABEL.fullmatch(label)
-        if m is None:
+        schedule = parse_label(cls, label)
+        if schedule is None:
             raise ScheduleError(f"backward schedule label {label!r} is not like "
                                 "kv64x64_q64x64_o1 (optionally ending in _w8, _atomic, "
                                 "_keyrows)")
-        return cls(*(int(x) for x in m.groups()[:5]), dq="atomic" if m.group(7) else "kernel",
-                   worker_warps=8 if m.group(6) else None, key_rows=bool(m.group(8)))
+        return schedule
 
 
 def _live_bytes(schedule: BwdSchedule, head_dim: int) -> dict[str, int]:

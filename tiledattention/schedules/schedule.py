@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 
 from ..errors import ScheduleError
+from .label import label
+from .label import parse as parse_label
+from .label import write as write_label
 
 TILE_SIZES = (16, 32, 64, 128, 256)
 NUM_CTAS = (1, 2, 4, 8, 16)
@@ -33,16 +36,16 @@ class Schedule:
     kernel's tail, and waits (``grid_dependency_control_wait``) before its first load.
     """
 
-    tile_m: int = 64
-    tile_n: int = 64
-    occupancy: int = 4
-    num_ctas: int = 1
-    latency_k: int = 2
-    latency_v: int = 4
-    heavy_first: bool = True
-    splits: int = 0
-    worker_warps: int | None = None
-    pdl: bool = False
+    tile_m: int = label(0, "", default=64)
+    tile_n: int = label(1, "x", default=64)
+    occupancy: int = label(2, "_o", default=4)
+    num_ctas: int = label(3, "_c", default=1)
+    latency_k: int = label(4, "_lk", default=2)
+    latency_v: int = label(5, "_lv", default=4)
+    heavy_first: bool = label(7, "_natural", default=True, when=False)
+    splits: int = label(8, "_k", default=0, absent=0)
+    worker_warps: int | None = label(6, "_w", default=None, absent=None)
+    pdl: bool = label(9, "_pdl", default=False, when=True)
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -96,27 +99,15 @@ class Schedule:
         """Inverse of :meth:`label`, e.g. ``64x128_o2_c1_lk2_lv4`` (``_w8``: 8 worker warps,
         absent: the compiler's choice; ``_natural``: no heavy-first order; ``_k4``:
         splits=4, absent means 0, chosen per call; ``_pdl``: programmatic dependent launch)."""
-        import re
-
-        m = re.fullmatch(r"(\d+)x(\d+)_o(\d+)_c(\d+)_lk(\d+)_lv(\d+)(?:_w(\d+))?(_natural)?"
-                         r"(?:_k(\d+))?(_pdl)?", label)
-        if m is None:
+        schedule = parse_label(cls, label)
+        if schedule is None:
             raise ScheduleError(f"schedule label {label!r} is not like 64x128_o2_c1_lk2_lv4 "
                                 "(optionally followed by _w4 or _w8, then _natural, then "
                                 "_k<splits>)")
-        tm, tn, occ, ctas, lk, lv = (int(x) for x in m.groups()[:6])
-        return cls(tm, tn, occ, ctas, lk, lv, heavy_first=m.group(8) is None,
-                   splits=int(m.group(9) or 0),
-                   worker_warps=None if m.group(7) is None else int(m.group(7)),
-                   pdl=m.group(10) is not None)
+        return schedule
 
     def label(self) -> str:
-        return (f"{self.tile_m}x{self.tile_n}_o{self.occupancy}_c{self.num_ctas}"
-                f"_lk{self.latency_k}_lv{self.latency_v}"
-                f"{'' if self.worker_warps is None else f'_w{self.worker_warps}'}"
-                f"{'' if self.heavy_first else '_natural'}"
-                f"{f'_k{self.splits}' if self.splits else ''}"
-                f"{'_pdl' if self.pdl else ''}")
+        return write_label(self)
 
 
 def default_schedule(head_dim: int, causal: bool) -> Schedule:
