@@ -55,11 +55,11 @@ def study(request, tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         for module, attr in ((figures, "_save"), (plotting, "save"), (shapes, "save")):
             mp.setattr(module, attr, keep)
-        figures.write_all(rows, str(tmp_path_factory.mktemp("figures")),
-                          ladder_rows=_rows(ref, "ladder-rows.jsonl.gz"),
-                          shape_rows=shape_rows,
-                          variant_rows=_rows(ref, "variants-rows.jsonl.gz"),
-                          model_rows=_rows(ref, "model-rows.jsonl.gz"), gpu=gpu)
+        figures.write_all(rows, str(tmp_path_factory.mktemp("figures")), gpu=gpu,
+                          stage_rows={"ladder": _rows(ref, "ladder-rows.jsonl.gz"),
+                                      "shapes": shape_rows,
+                                      "variants": _rows(ref, "variants-rows.jsonl.gz"),
+                                      "model": _rows(ref, "model-rows.jsonl.gz")})
     text = [Path(ROOT, ref, "README.md").read_text()]
     text += [t.read_text() for t in sorted(Path(ROOT, ref, "tables").iterdir())]
     yield {"rows": rows, "figures": drawn, "gpu": gpu, "text": "\n".join(text)}

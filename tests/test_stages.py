@@ -66,18 +66,20 @@ def _gpu_rule_files() -> set[str]:
 
 
 def test_the_registry_lists_every_stage_the_workflow_has_a_rule_file_for_and_no_other():
-    assert {s.rule_file for s in STAGES.values()} == _gpu_rule_files()
-    assert stages.rule_files() == [s.rule_file for s in STAGES.values()]
-    for s in STAGES.values():
-        assert os.path.isfile(os.path.join(RULES, s.rule_file)), s.rule_file
+    assert set(stages.rule_files()) == _gpu_rule_files()
+    assert stages.rule_files() == [s.rule_file for s in STAGES.values() if s.run]
+    for f in stages.rule_files():
+        assert os.path.isfile(os.path.join(RULES, f)), f
+    # The ladder and the shapes grids: the bench stage's sweeps, its rules' (bench.smk).
+    assert {n for n, s in STAGES.items() if s.run is None} == {"ladder", "shapes"}
 
 
 def test_the_snakefile_includes_the_stage_rule_files_from_the_registry_not_by_name():
     with open(os.path.join(ROOT, "Snakefile")) as f:
         text = f.read()
     assert "for _rule_file in STAGE_RULE_FILES" in text
-    for s in STAGES.values():
-        assert f'"workflow/rules/{s.rule_file}"' not in text, s.rule_file
+    for f in stages.rule_files():
+        assert f'"workflow/rules/{f}"' not in text, f
 
 
 def test_every_stage_section_is_generated_into_the_workflow_schema_not_pasted():
@@ -104,7 +106,13 @@ def test_every_stage_is_a_tiledattn_verb_with_its_registered_handler():
 
     verbs = build_parser()._subparsers._group_actions[0].choices
     for name, s in STAGES.items():
-        assert verbs[name].get_default("handler") is s.handler, name
+        if s.cli:
+            assert verbs[name].get_default("handler") is s.cli.handler, name
+        else:  # the ladder and the shapes grids: measured by the bench stage's sweep
+            assert name not in verbs and s.run is None, name
+    from tiledattention.stages import bench
+
+    assert verbs["sweep"].get_default("handler") is bench.sweep
 
 
 def test_no_stage_module_imports_another_stage():
@@ -244,16 +252,17 @@ def test_published_model_rows_with_the_sdpa_label_still_give_the_ratio_column():
         assert sdpa_ok and all(r[ratio] == 1.0 for r in sdpa_ok), path
 
 
-def test_every_stages_presentation_reference_names_a_function_that_exists():
-    """STAGE.tables are "module:function" strings (the stage does not import presentation):
-    each must resolve, so a move of the study's modules cannot leave one dangling."""
-    import importlib
+def test_every_stage_with_rows_the_verbs_read_has_its_writers_registered_by_name():
+    """The presentation registers each stage's table and figure writers by stage name (the
+    stages import no presentation): every stage whose rows aggregate reads has tables, every
+    one figures reads has figures, and no writer names a stage the registry lacks."""
+    from tiledattention.study.presentation import figures, tables
 
-    refs = [ref for stage in STAGES.values() for ref in stage.tables]
-    assert refs
-    for ref in refs:
-        module, name = ref.split(":")
-        assert callable(getattr(importlib.import_module(module), name)), ref
+    def reads(verb):
+        return {n for n, s in STAGES.items() if s.rows and any(v == verb for v, _ in
+                                                               s.rows.verbs)}
+    assert set(tables.STAGE_TABLES) == reads("aggregate")
+    assert set(figures.STAGE_FIGURES) == reads("figures")
 
 
 def test_a_stage_added_to_the_registry_reaches_the_bundle_aggregate_and_its_readme(
@@ -273,10 +282,11 @@ def test_a_stage_added_to_the_registry_reaches_the_bundle_aggregate_and_its_read
             return [json.loads(line) for line in f]
 
     fake = dataclasses.replace(
-        stages.STAGES["model"], name="fake", rows_file="rows.jsonl",
-        data_name="fake-rows.jsonl", data_what="the fake stage's rows", load_rows=load,
-        verbs=(("aggregate", "the fake table"),), rows_keyword="fake_rows",
-        not_run=lambda d, checked: [f"- fake: {len(load(d))} row(s) not run"])
+        stages.STAGES["model"], name="fake",
+        rows=stages.Rows(load, "rows.jsonl", verbs=(("aggregate", "the fake table"),)),
+        publish=stages.Publish("fake-rows.jsonl", "the fake stage's rows",
+                               not_run=lambda d, checked: [f"- fake: {len(load(d))} row(s) "
+                                                           "not run"]))
     monkeypatch.setitem(stages.STAGES, "fake", fake)
     study = tmp_path / "study"
     (study / "fake").mkdir(parents=True)
@@ -292,4 +302,4 @@ def test_a_stage_added_to_the_registry_reaches_the_bundle_aggregate_and_its_read
     assert lines[-1].endswith(" --fake $R/fake")
     assert "- fake: 1 row(s) not run" in prose.not_run(str(study), [])
     args = argparse.Namespace(**{**dict.fromkeys(stages.STAGES), "fake": str(study / "fake")})
-    assert cli._stage_rows_of(args, "aggregate")["fake_rows"] == [{"status": "unavailable"}]
+    assert cli._stage_rows_of(args, "aggregate")["fake"] == [{"status": "unavailable"}]

@@ -11,11 +11,8 @@ import argparse
 import sys
 
 from .bench.grid import PAPER_DTYPES
-from .launchers.base import LAUNCHERS
 from .stages import STAGES
 from .stages.base import count as _count
-from .stages.base import json_object as _json_object
-from .stages.base import launcher_options as _launcher_options
 from .stages.base import positive as _positive
 
 # Exit codes: 2 for bad input (a config, an option, a file the user named), 1 for a step
@@ -78,19 +75,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "(fp16, D=128, S=4096, B=4, H=16)")
 
     for stage in STAGES.values():  # one verb per GPU stage, its options from its module
-        stage.add_arguments(_verb(sub, stage.name, stage.handler, stage.help))
+        if stage.cli:
+            stage.cli.add_arguments(_verb(sub, stage.name, stage.cli.handler, stage.cli.help))
 
-    p = _verb(sub, "sweep", _sweep, "run a benchmark config's shards through a launcher and "
-              "wait for them; no Snakemake needed")
-    p.add_argument("--config", required=True, help="YAML benchmark config")
-    p.add_argument("--launcher", choices=LAUNCHERS, default="local", help="where shards run")
-    _launcher_options(p)
-    p.add_argument("--shards", type=_count(1), default=1, help="split the grid into N shards")
-    p.add_argument("--only", type=_count(0), nargs="+", help="run only these shard indices "
-                   "(default: all)")
-    p.add_argument("--out", default="results/bench", help="directory for rows + manifests")
-    p.add_argument("--step", default="bench", help="the study step the shards belong to "
-                   "(names the jobs, e.g. tiledattn-ladder-shard0of1)")
+    from .stages import bench  # the bench stage's sweep: its shards through a launcher
+
+    bench.add_sweep_arguments(_verb(sub, "sweep", bench.sweep, bench.SWEEP_HELP))
 
     p = _verb(sub, "precompile", _precompile, "compile the kernels of benchmark configs' points "
               "into cuTile's disk cache in parallel processes, before the study measures them "
@@ -106,11 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="directory for rows.* and tables/")
     p.add_argument("--expect-shards", type=_count(1), help="fail unless this many shard files "
                    "(default: any number)")
-    p.add_argument("--ladder", help="directory of the schedule-ladder rows for Table 6 "
-                   "(default: no ladder)")
     p.add_argument("--tune-table", help="the study's tuning table for Table 5 (default: none)")
-    p.add_argument("--shapes", nargs="+", metavar="DIR", help="directories of the shapes "
-                   "grids' rows for the shapes tables (default: none)")
     _stage_rows_options(p, "aggregate")
     p.add_argument("--rows-only", action="store_true",
                    help="only rows.jsonl and rows.csv (no pandas/pyarrow needed)")
@@ -118,10 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = _verb(sub, "figures", _figures, "the study's figures (PNG and PDF) from aggregated rows")
     p.add_argument("--rows", required=True, help="aggregated rows.jsonl")
     p.add_argument("--out", required=True, help="directory for the figures")
-    p.add_argument("--ladder", help="directory of the schedule-ladder rows (default: none)")
     p.add_argument("--tune-table", help="the study's tuning table (default: none)")
-    p.add_argument("--shapes", nargs="+", metavar="DIR", help="directories of the shapes "
-                   "grids' rows for the shapes figure (default: none)")
     p.add_argument("--manifest", help="the study's manifest.json: the GPU every figure's "
                    "title names and whose data-sheet peaks it draws (default: none named)")
     _stage_rows_options(p, "figures")
@@ -346,38 +329,6 @@ def _check(args) -> int:
     return run_check(args.json, args.min_speed_ratio)
 
 
-def _sweep(args) -> int:
-    import os
-
-    from .bench.config import load_config
-    from .bench.reshard import reshard
-    from .errors import ConfigError
-    from .launchers import get_launcher
-    from .stages.bench import ShardTask
-
-    cfg = load_config(args.config)  # fail before anything is submitted
-    indices = args.only if args.only is not None else list(range(args.shards))
-    bad = sorted({i for i in indices if not 0 <= i < args.shards})
-    if bad or len(set(indices)) != len(indices):
-        raise ConfigError(f"--only {args.only}: each index once, from 0 to "
-                          f"{args.shards - 1} (--shards {args.shards})")
-    options = _json_object(args.launcher_options, "--launcher-options")
-    launcher = get_launcher(args.launcher, os.path.join(args.out, "logs"), options)
-    from .bench.store import ensure_unlocked
-
-    os.makedirs(args.out, exist_ok=True)
-    tasks = [ShardTask(os.path.abspath(args.config), os.path.abspath(args.out), i,
-                       args.shards, args.step) for i in indices]
-    if hasattr(launcher, "end_leftovers"):  # jobs a killed run of these shards left running
-        launcher.end_leftovers(tasks)
-    for i in indices:  # another sweep or bench writing a shard: one line, nothing submitted
-        ensure_unlocked(os.path.join(args.out, f"rows-shard{i}of{args.shards}.jsonl"))
-    reshard(cfg, args.out, args.shards, sys.stderr)  # a changed count keeps measured rows
-    for r in launcher.run(tasks):
-        print(f"sweep: shard {r['shard']}/{r['of']} done", file=sys.stderr)
-    return 0
-
-
 def _aggregate(args) -> int:
     import glob
     import os
@@ -409,63 +360,50 @@ def _aggregate(args) -> int:
         return 0
     from .study.presentation.report import write_report
 
-    ladder = load_checked(args.ladder, point=True) if args.ladder else []
     done = write_report(rows, args.out, where=args.rows, tune_table=args.tune_table,
-                        ladder_rows=ladder, shape_rows=_shape_rows(args.shapes),
-                        **_stage_rows_of(args, "aggregate"))
+                        stage_rows=_stage_rows_of(args, "aggregate"))
     print(f"aggregate: {len(rows)} rows ({counts}) -> {done['csv']}; {len(done['tables'])} "
           f"table files in {args.out}/tables", file=sys.stderr)
     return 0
 
 
 def _stage_rows_options(p, verb: str) -> None:
-    """--<stage> DIR for each GPU stage whose rows ``verb`` reads (the registry's)."""
+    """--<stage> DIR for each stage whose rows ``verb`` reads (the registry's)."""
     for stage in STAGES.values():
-        for what in (w for v, w in stage.verbs if v == verb):
-            p.add_argument(f"--{stage.name}", metavar="DIR", help=f"directory of "
-                           f"{stage.rows_what} for {what} (default: none)")
+        rows = stage.rows
+        for what in (w for v, w in (rows.verbs if rows else ()) if v == verb):
+            p.add_argument(f"--{stage.name}", metavar="DIR", nargs="+" if rows.many else None,
+                           help=f"{'directories' if rows.many else 'directory'} of "
+                           f"{rows.what} for {what} (default: none)")
 
 
 def _stage_rows_of(args, verb: str) -> dict[str, list[dict]]:
-    """The rows of each GPU stage ``verb`` reads, by the keyword the writers take them by."""
-    return {s.rows_keyword: _stage_rows(getattr(args, s.name), f"--{s.name}", s)
-            for s in STAGES.values() if any(v == verb for v, _ in s.verbs)}
+    """The rows of each stage ``verb`` reads, by stage name (as the writers take them)."""
+    return {s.name: _stage_rows(getattr(args, s.name), f"--{s.name}", s)
+            for s in STAGES.values() if s.rows and any(v == verb for v, _ in s.rows.verbs)}
 
 
-def _stage_rows(path: str | None, flag: str, stage) -> list[dict]:
-    """A GPU stage's rows (``--model DIR`` / ``--variants DIR``: its rows file must exist);
-    ``stage``: the stage's descriptor (its rows file and ``load_rows``)."""
+def _stage_rows(paths: str | list[str] | None, flag: str, stage) -> list[dict]:
+    """A stage's rows from the directories named (``--model DIR``: its rows file must be
+    there; ``--shapes DIR...``: each must be a directory); ``stage``: its record."""
     import os
 
-    from .bench.store import RowsError
-
-    if not path:
-        return []
-    rows = stage.rows_file
-    if not os.path.exists(os.path.join(path, rows)):
-        raise RowsError(f"{flag} {path}: no {rows} there")
-    return stage.load_rows(path)
-
-
-def _shape_rows(dirs: list[str] | None) -> list[dict]:
-    """The rows of every shapes grid directory named (each must exist)."""
-    import os
-
-    from .bench.aggregate import load_checked
     from .bench.store import RowsError
 
     rows: list[dict] = []
-    for d in dirs or ():
-        if not os.path.isdir(d):
-            raise RowsError(f"--shapes {d}: not a directory")
-        rows += load_checked(d, point=True)
+    for path in [paths] if isinstance(paths, str) else paths or ():
+        if stage.rows.file is None:
+            if not os.path.isdir(path):
+                raise RowsError(f"{flag} {path}: not a directory")
+        elif not os.path.exists(os.path.join(path, stage.rows.file)):
+            raise RowsError(f"{flag} {path}: no {stage.rows.file} there")
+        rows += stage.rows.load(path)
     return rows
 
 
 def _figures(args) -> int:
     import os
 
-    from .bench.aggregate import load_checked
     from .bench.store import ResultStore, RowsError, check_rows
     from .safeio import load_json
     from .study.presentation.figures import write_all
@@ -491,11 +429,9 @@ def _figures(args) -> int:
     if not rows:
         raise RowsError(f"--rows {args.rows}: no rows (empty, or no line is a row)")
     check_rows(rows, args.rows, store.conflicts, point=True)  # nothing impossible is plotted
-    paths = write_all(rows, args.out, gpu=_manifest_gpu(args.manifest),
-                      ladder_rows=load_checked(args.ladder, point=True) if args.ladder else [],
-                      tune_entries=tune, shape_rows=_shape_rows(args.shapes),
+    paths = write_all(rows, args.out, gpu=_manifest_gpu(args.manifest), tune_entries=tune,
                       tune_reason=why if isinstance(why, str) else None,
-                      **_stage_rows_of(args, "figures"))
+                      stage_rows=_stage_rows_of(args, "figures"))
     print(f"figures: {len(paths)} files in {args.out}", file=sys.stderr)
     return 0
 

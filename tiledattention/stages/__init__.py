@@ -1,8 +1,11 @@
 """The GPU stages, one module each, and their one registry.
 
 A stage module holds its config section (a frozen dataclass the schema, the workflow and the
-``tiledattn`` verb read), its launcher task, its run entry and its ``STAGE`` descriptor
-(``base.Stage``); its rules are one file, ``workflow/rules/<stage>.smk``. The CLI, the config
+``tiledattn`` verb read), its launcher task, its run entry and its ``STAGE`` record
+(``base.Stage``: name, config, run, task, and its ``Rows``, ``Publish`` and ``Cli``
+records); its rules are one file, ``workflow/rules/<stage>.smk``. The ladder and the
+shapes grids are entries too, bench configs the bench stage sweeps (``bench.LADDER``,
+``bench.SHAPES``). The CLI, the config
 loader and the workflow iterate ``STAGES``; no stage imports another, and the common config
 (``bench/config.py``) imports none of them.
 """
@@ -11,15 +14,18 @@ from __future__ import annotations
 
 from ..bench.config import section_from_dict
 from . import bench, model, profile, tune, variants, workloads
-from .base import Stage, section_json_schema
+from .base import Cli, Publish, Rows, Stage, section_json_schema
 
-# In the order the workflow includes their rule files.
-STAGES: dict[str, Stage] = {m.STAGE.name: m.STAGE for m in (bench, tune, profile, model,
-                                                             variants, workloads)}
+# In the order the workflow includes their rule files; the ladder and the shapes grids after
+# the bench stage that sweeps them (their rules are bench.smk's).
+STAGES: dict[str, Stage] = {s.name: s for s in (bench.STAGE, bench.LADDER, bench.SHAPES,
+                                                tune.STAGE, profile.STAGE, model.STAGE,
+                                                variants.STAGE, workloads.STAGE)}
 # The stages with a section of their own (bench's is the common BenchConfig).
 SECTIONS = {name: s.config for name, s in STAGES.items() if s.config is not None}
 
-__all__ = ["SECTIONS", "STAGES", "Stage", "rule_files", "schema", "stage_from_dict",
+__all__ = ["SECTIONS", "STAGES", "Cli", "Publish", "Rows", "Stage", "rule_files", "schema",
+           "stage_from_dict",
            "stage_json_schema", "study_schema"]
 
 
@@ -55,4 +61,4 @@ def study_schema(study: dict) -> dict:
 
 def rule_files() -> list[str]:
     """The stages' rule files, in registry order (the Snakefile includes them)."""
-    return [s.rule_file for s in STAGES.values()]
+    return [s.rule_file for s in STAGES.values() if s.rule_file]

@@ -16,40 +16,63 @@ from ..bench.config import section_schema
 
 
 @dataclass(frozen=True)
-class Stage:
-    name: str  # the `tiledattn` verb and the study config's key
-    config: type | None  # its config section's dataclass (None: the bench section's own)
-    rule_file: str  # its rule file, workflow/rules/<rule_file>
-    run: Callable  # the run entry the CLI verb calls in-process
-    help: str  # the `tiledattn <name>` verb's help
-    add_arguments: Callable[[argparse.ArgumentParser], None]  # the verb's options
-    handler: Callable[[argparse.Namespace], int]  # the verb (its exit code)
-    # Files a compact bundle's data/ takes from RESULTS/<name>/ as they are (its rows file
-    # aside: that one is gzipped under ``data_name``).
-    bundle_copies: tuple[str, ...] = ()
-    load_rows: Callable | None = None  # its rows, as aggregate and the bundle read them
-    tables: tuple[str, ...] = ()  # "module:function" of the presentation its rows feed
-    # Its rows of its own: the file in RESULTS/<name>/ (aggregate's and figures' --<name> DIR
-    # read it), and its name in a bundle's data/ (a compact bundle's: gzipped, + ".gz").
-    rows_file: str | None = None
-    data_name: str | None = None
-    data_what: str = ""  # what its rows are, in a compact bundle README's Files bullet
-    data_readme: str = ""  # and in a full bundle README's (where it says when they are there)
-    row_key: str | None = None  # a key only its rows hold (compare tells rows apart by it)
+class Rows:
+    """A stage's rows of its own, as the CLI, the workflow, the presentation and compare read
+    them. ``tiledattn aggregate`` / ``figures`` take them as ``--<stage> DIR`` (``many``: one
+    or more DIRs) where ``verbs`` names the verb: (verb, what they feed there); ``what``
+    names them in the option's help. The presentation's writers take them by stage name."""
+
+    load: Callable[[str], list[dict]]  # the rows in one directory
+    file: str | None = None  # the file in RESULTS/<name>/ that must be there (None: any rows)
+    verbs: tuple[tuple[str, str], ...] = ()
+    what: str = ""
+    many: bool = False
+    key: str | None = None  # a key only its rows hold (compare tells rows apart by it)
     # `tiledattn compare` checks its rows; ``measure``: the key of its own time in compare's
     # MEASURES and TOLERANCE (None: the benchmark's kernel and call times).
     compared: bool = False
     measure: str | None = None
-    # `tiledattn aggregate` / `figures` take its rows as --<name> DIR: (verb, what they feed
-    # there) per verb; ``rows_what`` names them in the option's help, ``rows_keyword`` is the
-    # keyword the presentation's writers (write_report, figures.write_all) take them by.
-    verbs: tuple[tuple[str, str], ...] = ()
-    rows_what: str = ""
-    rows_keyword: str | None = None
+
+
+@dataclass(frozen=True)
+class Publish:
+    """What a bundle takes of a stage's results directory, RESULTS/<name>/."""
+
+    data_name: str | None = None  # its rows file's name in data/ (compact: gzipped, + ".gz")
+    data_what: str = ""  # what its rows are, in a compact bundle README's Files bullet
+    data_readme: str = ""  # and in a full bundle README's (where it says when they are there)
+    copies: tuple[str, ...] = ()  # files data/ takes as they are (tune's schedule table)
     archive: str | None = None  # the bundle zips RESULTS/<name>/ whole as this file
-    bundle_input: str | None = None  # the file in RESULTS/<name>/ the bundle rule waits for
+    waits_for: str | None = None  # the file in RESULTS/<name>/ the bundle rule waits for
     # The bundle README's "What did not run" bullets from its results dir (None: none).
     not_run: Callable[[str], list[str]] | None = None
+
+
+@dataclass(frozen=True)
+class Cli:
+    """The stage's ``tiledattn <name>`` verb."""
+
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]  # the verb's options
+    handler: Callable[[argparse.Namespace], int]  # the verb (its exit code)
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str  # the `tiledattn` verb, the study config's key, RESULTS/<name>/
+    config: type | None  # its config section's dataclass (None: none of its own)
+    # The run entry the CLI verb calls in-process; None: measured by the bench stage's
+    # sweep (the ladder, the shapes grids), whose rules are bench.smk's.
+    run: Callable | None
+    task: type | None  # the launcher task its workflow step submits
+    rows: Rows | None = None  # rows of its own (None: the benchmark's rows, or none)
+    publish: Publish = Publish()
+    cli: Cli | None = None  # its verb (None: none of its own)
+
+    @property
+    def rule_file(self) -> str | None:
+        """Its rule file, workflow/rules/<name>.smk (one per stage with a run entry)."""
+        return f"{self.name}.smk" if self.run is not None else None
 
 
 def one_line(text) -> str:

@@ -1,14 +1,16 @@
 """The benchmark stage: the config's grid, sharded, through the one harness
 (``bench/runner.py``). Its config section is the common one (``bench/config.py``'s
 ``BenchConfig``: grid, timing, correctness), which the other stages read too; the ladder and
-the shapes grids are bench configs of this stage (rules in ``bench.smk``)."""
+the shapes grids are bench configs of this stage (rules in ``bench.smk``), registry entries
+of their own (``LADDER``, ``SHAPES``: their rows feed their own tables and figures), measured
+by this stage's sweep (``tiledattn sweep``: shards through a launcher)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ..launchers.base import LauncherError
-from .base import Stage
+from .base import Cli, Rows, Stage, count, launcher_options
 
 
 def run_bench(cfg, out_dir: str, **kwargs) -> int:
@@ -78,8 +80,78 @@ class ShardTask:
         return f"tiledattn-{self.step}-{self.tag}"
 
 
+# `tiledattn sweep`: a bench config's shards through a launcher, as the workflow's bench,
+# ladder and shapes steps run them.
+SWEEP_HELP = ("run a benchmark config's shards through a launcher and wait for them; no "
+              "Snakemake needed")
+
+
+def add_sweep_arguments(p) -> None:
+    from ..launchers.base import LAUNCHERS
+
+    p.add_argument("--config", required=True, help="YAML benchmark config")
+    p.add_argument("--launcher", choices=LAUNCHERS, default="local", help="where shards run")
+    launcher_options(p)
+    p.add_argument("--shards", type=count(1), default=1, help="split the grid into N shards")
+    p.add_argument("--only", type=count(0), nargs="+", help="run only these shard indices "
+                   "(default: all)")
+    p.add_argument("--out", default="results/bench", help="directory for rows + manifests")
+    p.add_argument("--step", default="bench", help="the study step the shards belong to "
+                   "(names the jobs, e.g. tiledattn-ladder-shard0of1)")
+
+
+def sweep(args) -> int:
+    import os
+    import sys
+
+    from ..bench.config import load_config
+    from ..bench.reshard import reshard
+    from ..bench.store import ensure_unlocked
+    from ..errors import ConfigError
+    from ..launchers import get_launcher
+    from .base import json_object
+
+    cfg = load_config(args.config)  # fail before anything is submitted
+    indices = args.only if args.only is not None else list(range(args.shards))
+    bad = sorted({i for i in indices if not 0 <= i < args.shards})
+    if bad or len(set(indices)) != len(indices):
+        raise ConfigError(f"--only {args.only}: each index once, from 0 to "
+                          f"{args.shards - 1} (--shards {args.shards})")
+    options = json_object(args.launcher_options, "--launcher-options")
+    launcher = get_launcher(args.launcher, os.path.join(args.out, "logs"), options)
+    os.makedirs(args.out, exist_ok=True)
+    tasks = [ShardTask(os.path.abspath(args.config), os.path.abspath(args.out), i,
+                       args.shards, args.step) for i in indices]
+    if hasattr(launcher, "end_leftovers"):  # jobs a killed run of these shards left running
+        launcher.end_leftovers(tasks)
+    for i in indices:  # another sweep or bench writing a shard: one line, nothing submitted
+        ensure_unlocked(os.path.join(args.out, f"rows-shard{i}of{args.shards}.jsonl"))
+    reshard(cfg, args.out, args.shards, sys.stderr)  # a changed count keeps measured rows
+    for r in launcher.run(tasks):
+        print(f"sweep: shard {r['shard']}/{r['of']} done", file=sys.stderr)
+    return 0
+
+
+def sweep_rows(rows_dir: str) -> list[dict]:
+    """A sweep's rows (every shard's), checked as the tables read them (the ladder's, a
+    shapes grid's)."""
+    from ..bench.aggregate import load_checked
+
+    return load_checked(rows_dir, point=True)
+
+
 # `tiledattn bench --help`
 HELP = ("benchmark tiledattention against PyTorch's SDPA backends and eager attention over a "
         "config's grid (resumable)")
-STAGE = Stage("bench", None, "bench.smk", run_bench, help=HELP, add_arguments=add_arguments,
-              handler=_bench, tables=("tiledattention.study.presentation.tables:write_all",))
+STAGE = Stage("bench", None, run_bench, ShardTask, cli=Cli(HELP, add_arguments, _bench))
+# The ladder (Table 6, the tile_sensitivity figure) and the shapes grids (the shapes tables
+# and figure): bench configs of this stage, swept in bench.smk's rules, with rows of their
+# own (a bundle's data/ holds them as ladder-rows and shapes-<grid>-rows).
+LADDER = Stage("ladder", None, None, ShardTask,
+               rows=Rows(sweep_rows, what="the schedule-ladder rows",
+                         verbs=(("aggregate", "Table 6"),
+                                ("figures", "the tile_sensitivity figure"))))
+SHAPES = Stage("shapes", None, None, ShardTask,
+               rows=Rows(sweep_rows, many=True, what="the shapes grids' rows",
+                         verbs=(("aggregate", "the shapes tables"),
+                                ("figures", "the shapes figure"))))

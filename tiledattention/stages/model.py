@@ -38,6 +38,9 @@ from dataclasses import asdict, dataclass
 
 from ..bench.config import option, section_from_dict
 from .base import (
+    Cli,
+    Publish,
+    Rows,
     Stage,
     field_options,
     given,
@@ -413,12 +416,13 @@ def not_run(out_dir: str, checked) -> list[str]:
             f"row(s): {one_line(skipped[0].get('reason') or '—')}"] if skipped else []
 
 
-STAGE = Stage("model", ModelConfig, "model.smk", run_model, help=HELP,
-              add_arguments=add_arguments, handler=_model,
-              load_rows=load_rows, tables=("tiledattention.study.presentation.tables:model_e2e",),
-              rows_file=ROWS, data_name="model-rows.jsonl", row_key="phase", compared=True,
-              measure="model", not_run=not_run, rows_what="the model benchmark's rows",
-              data_what="the tiny Llama's tokens/s rows (model stage)",
-              data_readme="the tiny Llama's tokens/s rows, when the study ran the model stage",
-              verbs=(("aggregate", "the model_e2e table"), ("figures", "the model_stage figure")),
-              rows_keyword="model_rows")
+STAGE = Stage("model", ModelConfig, run_model, ModelTask,
+              rows=Rows(load_rows, ROWS, what="the model benchmark's rows",
+                        verbs=(("aggregate", "the model_e2e table"),
+                               ("figures", "the model_stage figure")),
+                        key="phase", compared=True, measure="model"),
+              publish=Publish("model-rows.jsonl",
+                              "the tiny Llama's tokens/s rows (model stage)",
+                              "the tiny Llama's tokens/s rows, when the study ran the model "
+                              "stage", not_run=not_run),
+              cli=Cli(HELP, add_arguments, _model))

@@ -27,7 +27,7 @@ from ..bench.grid import TOKENS, WIDTH, Point
 from ..bench.methods import METHODS, profilable
 from ..errors import StudyError
 from ..safeio import write_json, write_text
-from .base import Stage, field_options, given, json_object, launcher_option, one_line
+from .base import Cli, Publish, Stage, field_options, given, json_object, launcher_option, one_line
 
 CLOCK_CONTROL = ("base", "none")
 
@@ -391,7 +391,7 @@ def not_run(out_dir: str, checked) -> list[str]:
             if isinstance(c, dict) and c.get("status") != "ok"]
 
 
-STAGE = Stage("profile", ProfileConfig, "profile.smk", _run, help=HELP,
-              add_arguments=add_arguments, handler=_profile,
-              archive="profiles.zip", bundle_input="summary.md",  # the directory, zipped
-              not_run=not_run)
+STAGE = Stage("profile", ProfileConfig, _run, ProfileTask,
+              publish=Publish(archive="profiles.zip", waits_for="summary.md",  # zipped whole
+                              not_run=not_run),
+              cli=Cli(HELP, add_arguments, _profile))

@@ -52,6 +52,8 @@ from ..schedules.schedule import Schedule
 from ..schedules.space import space_for
 from ..schedules.table import BwdEntry, Entry, ScheduleTable, TableError
 from .base import (
+    Cli,
+    Publish,
     Stage,
     count,
     field_options,
@@ -365,6 +367,6 @@ def not_run(out_dir: str, checked) -> list[str]:
     return [f"- tuning (Table 5): not run: {one_line(why)}"] if why else []
 
 
-STAGE = Stage("tune", TuneConfig, "tune.smk", _run, help=HELP, add_arguments=add_arguments,
-              handler=_tune, bundle_copies=("schedule-table.json",),
-              tables=("tiledattention.study.presentation.tables:table5",), not_run=not_run)
+STAGE = Stage("tune", TuneConfig, _run, TuneTask,
+              publish=Publish(copies=("schedule-table.json",), not_run=not_run),
+              cli=Cli(HELP, add_arguments, _tune))

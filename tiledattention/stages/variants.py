@@ -30,6 +30,9 @@ from ..bench.grid import PAPER_DTYPES, TOKENS, WIDTH, tokens_shape
 from ..bench.methods import methods_help, variant_methods
 from ..bench.variant_cases import VARIANT_NAMES, VariantPoint
 from .base import (
+    Cli,
+    Publish,
+    Rows,
     Stage,
     by_point,
     cell,
@@ -289,13 +292,11 @@ def not_run(out_dir: str, checked) -> list[str]:
     return not_run_bullets("variants", ROWS, load_rows, out_dir, checked)
 
 
-STAGE = Stage("variants", VariantsConfig, "variants.smk", run_variants, help=HELP,
-              add_arguments=add_arguments, handler=_variants,
-              load_rows=load_rows, rows_file=ROWS, data_name="variants-rows.jsonl",
-              row_key="variant", compared=True, not_run=not_run,
-              rows_what="the variants stage's rows", data_what="the variants stage's rows",
-              data_readme="the variants stage's rows, when it ran",
-              rows_keyword="variant_rows",
-              verbs=(("aggregate", "the variants table"), ("figures", "the variants figure")),
-              tables=("tiledattention.study.presentation.variants_report:variants_table",
-                      "tiledattention.study.presentation.variants_report:variants_summary"))
+STAGE = Stage("variants", VariantsConfig, run_variants, VariantsTask,
+              rows=Rows(load_rows, ROWS, what="the variants stage's rows",
+                        verbs=(("aggregate", "the variants table"),
+                               ("figures", "the variants figure")),
+                        key="variant", compared=True),
+              publish=Publish("variants-rows.jsonl", "the variants stage's rows",
+                              "the variants stage's rows, when it ran", not_run=not_run),
+              cli=Cli(HELP, add_arguments, _variants))

@@ -39,6 +39,9 @@ from ..bench.config import (
 from ..bench.methods import methods_help, workload_methods
 from ..bench.workload_cases import KINDS, Lognormal, WorkloadPoint
 from .base import (
+    Cli,
+    Publish,
+    Rows,
     Stage,
     by_point,
     cell,
@@ -495,15 +498,9 @@ def not_run(out_dir: str, checked) -> list[str]:
     return not_run_bullets("workloads", ROWS, load_rows, out_dir, checked)
 
 
-STAGE = Stage("workloads", WorkloadsConfig, "workloads.smk", run_workloads, help=HELP,
-              add_arguments=add_arguments, handler=_workloads,
-              load_rows=load_rows, rows_file=ROWS, data_name="workloads-rows.jsonl",
-              row_key="kind", not_run=not_run,
-              rows_what="the workloads stage's rows", data_what="the workloads stage's rows",
-              data_readme="the workloads stage's rows, when it ran",
-              rows_keyword="workload_rows",
-              verbs=(("aggregate", "the workloads tables"),),
-              tables=("tiledattention.study.presentation.workloads_report:varlen_fwd_table",
-                      "tiledattention.study.presentation.workloads_report:varlen_fwdbwd_table",
-                      "tiledattention.study.presentation.workloads_report:decode_table",
-                      "tiledattention.study.presentation.workloads_report:prefill_table"))
+STAGE = Stage("workloads", WorkloadsConfig, run_workloads, WorkloadsTask,
+              rows=Rows(load_rows, ROWS, what="the workloads stage's rows",
+                        verbs=(("aggregate", "the workloads tables"),), key="kind"),
+              publish=Publish("workloads-rows.jsonl", "the workloads stage's rows",
+                              "the workloads stage's rows, when it ran", not_run=not_run),
+              cli=Cli(HELP, add_arguments, _workloads))

@@ -93,7 +93,7 @@ rule manifest:
     params:
         runs=lambda wildcards, input: sorted(
             {os.path.dirname(p)
-             for k in ("shards", "ladder", "shapes", *ROWS_STAGES)
+             for k in ("shards", *ROWS_STAGES)
              if k in input.keys()
              for p in ([input[k]] if isinstance(input[k], str) else input[k])}
         ),

@@ -230,47 +230,49 @@ def gpu_slots():
 
 def aggregate_inputs(wildcards):
     out = {"shards": [shard_marker(i) for i in range(SHARDS)]}
-    if config["ladder"]["enabled"]:
-        out["ladder"] = f"{RESULTS}/ladder/ladder.done"
     if STAGE["tune"].enabled:
         out["tune"] = f"{RESULTS}/tune/schedule-table.json"
+    # The stages whose own rows aggregate or figures read, by stage name: the ladder's and
+    # the shapes grids' sweeps (bench.smk's markers), the others' rows files.
+    if config["ladder"]["enabled"]:
+        out["ladder"] = f"{RESULTS}/ladder/ladder.done"
     if SHAPE_GRIDS:
         out["shapes"] = [f"{RESULTS}/shapes/g{g}/shapes.done" for g in SHAPE_GRIDS]
-    for name in ROWS_STAGES:  # the GPU stages whose own rows aggregate or figures read
-        if STAGE[name].enabled:
-            out[name] = f"{RESULTS}/{name}/{_STAGES[name].rows_file}"
+    for name in ROWS_STAGES:
+        if name in STAGE and STAGE[name].enabled:
+            out[name] = f"{RESULTS}/{name}/{_STAGES[name].rows.file}"
     return out
 
 
-# The GPU stages with rows of their own that aggregate (or figures) take as --<name> DIR,
-# in registry order; those figures reads too go with study_extras, the others after them.
-ROWS_STAGES = [n for n, s in _STAGES.items() if s.rows_file and s.verbs]
-_FIGURES_STAGES = [n for n in ROWS_STAGES if any(v == "figures" for v, _ in _STAGES[n].verbs)]
+# The stages with rows of their own that aggregate (or figures) take as --<name> DIR, in
+# registry order; those figures reads too go with study_extras, the others after them.
+ROWS_STAGES = [n for n, s in _STAGES.items() if s.rows and s.rows.verbs]
+_FIGURES_STAGES = [n for n in ROWS_STAGES
+                   if any(v == "figures" for v, _ in _STAGES[n].rows.verbs)]
 
 
 def _stage_rows_flags(names, input):
-    return [f"--{n} {shlex.quote(os.path.dirname(input[n]))}" for n in names
-            if n in input.keys()]
+    """--<name> DIR... for each stage named whose input is there: the directory of each of
+    its input files."""
+    return [f"--{n} " + " ".join(shlex.quote(os.path.dirname(p))
+                                 for p in ([input[n]] if isinstance(input[n], str)
+                                           else input[n]))
+            for n in names if n in input.keys()]
 
 
 def study_extras(wildcards, input):
-    """--ladder/--tune-table/--shapes/--variants for aggregate and figures, when the study
-    ran those stages."""
+    """--tune-table and --<stage> DIR (ladder, shapes, model, variants) for aggregate and
+    figures, when the study ran those stages."""
     extra = []
-    if "ladder" in input.keys():
-        extra.append(f"--ladder {shlex.quote(os.path.dirname(input.ladder))}")
     if "tune" in input.keys():
         extra.append(f"--tune-table {shlex.quote(input.tune)}")
-    if "shapes" in input.keys():
-        extra.append("--shapes " + " ".join(shlex.quote(os.path.dirname(p))
-                                            for p in input.shapes))
     extra += _stage_rows_flags(_FIGURES_STAGES, input)
     return " ".join(extra)
 
 
 def aggregate_rows_arg(wildcards, input):
-    """--<stage> DIR for aggregate alone (the model stage's, for the model_e2e table), for
-    each such stage the study ran."""
+    """--<stage> DIR for aggregate alone (the workloads stage's, for its tables), for each
+    such stage the study ran."""
     return " ".join(_stage_rows_flags([n for n in ROWS_STAGES if n not in _FIGURES_STAGES],
                                       input))
 
@@ -283,8 +285,8 @@ def stage_args(name):
 def bundle_stage_inputs():
     """What the bundle waits for from the stages whose results directory it takes whole
     (profile's, as profiles.zip), when the study runs them."""
-    return [f"{RESULTS}/{n}/{s.bundle_input}" for n, s in _STAGES.items()
-            if s.bundle_input and n in STAGE and STAGE[n].enabled]
+    return [f"{RESULTS}/{n}/{s.publish.waits_for}" for n, s in _STAGES.items()
+            if s.publish.waits_for and n in STAGE and STAGE[n].enabled]
 
 
 def all_outputs():

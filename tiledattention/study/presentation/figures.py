@@ -516,16 +516,34 @@ def model_stage(model_rows, out_dir, gpu=None) -> list[str]:
     return _save(fig, out_dir, "model_stage")
 
 
-def write_all(rows, out_dir, *, ladder_rows=None, tune_entries=None, shape_rows=None,
-              tune_reason=None, variant_rows=None, model_rows=None, gpu=None) -> list[str]:
-    """Every figure of the study (``names`` lists them); ``gpu``: the GPU's name as the
-    manifest records it, for every title and the peak lines."""
+def _variants_figure(rows, out_dir, gpu=None, **_) -> list[str]:
     from .variants_report import variants_figure
 
+    return variants_figure(rows, out_dir, gpu)
+
+
+# The figures each stage's own rows become, by stage name (``stages.STAGES``' rows records;
+# write_all takes their rows by it), drawn in this order after the benchmark's. Each takes
+# (rows, out_dir, gpu) and the tuning table's entries and reason (the ladder's figure
+# draws them beside its rows).
+STAGE_FIGURES = {
+    "ladder": lambda rows, out_dir, gpu, tune_entries=None, tune_reason=None:
+        tile_sensitivity(rows, tune_entries or [], out_dir, tune_reason, gpu),
+    "shapes": lambda rows, out_dir, gpu, **_: shapes_figure(rows, out_dir, gpu),
+    "variants": _variants_figure,
+    "model": lambda rows, out_dir, gpu, **_: model_stage(rows, out_dir, gpu) if rows else [],
+}
+
+
+def write_all(rows, out_dir, *, tune_entries=None, tune_reason=None, gpu=None,
+              stage_rows=None) -> list[str]:
+    """Every figure of the study (``names`` lists them); ``gpu``: the GPU's name as the
+    manifest records it, for every title and the peak lines; ``stage_rows``: the stages'
+    own rows by stage name (``STAGE_FIGURES``)."""
+    stage_rows = stage_rows or {}
     return (throughput_vs_seq(rows, out_dir, gpu) + regime_map(rows, out_dir, gpu)
             + ratios_vs_seq(rows, out_dir, gpu) + baselines_at_d128(rows, out_dir, gpu)
             + decode(rows, out_dir, gpu) + utilisation(rows, out_dir, gpu)
-            + tile_sensitivity(ladder_rows or [], tune_entries or [], out_dir, tune_reason, gpu)
-            + shapes_figure(shape_rows or [], out_dir, gpu)
-            + variants_figure(variant_rows or [], out_dir, gpu)
-            + (model_stage(model_rows, out_dir, gpu) if model_rows else []))
+            + [p for name, draw in STAGE_FIGURES.items()
+               for p in draw(stage_rows.get(name) or [], out_dir, gpu,
+                             tune_entries=tune_entries, tune_reason=tune_reason)])

@@ -13,12 +13,10 @@ from .frame import write_rows_table
 
 
 def write_report(rows: list[dict], out_dir: str, *, where: str, tune_table: str | None = None,
-                 ladder_rows: list[dict] | None = None, shape_rows: list[dict] | None = None,
-                 model_rows: list[dict] | None = None,
-                 variant_rows: list[dict] | None = None,
-                 workload_rows: list[dict] | None = None) -> dict:
+                 stage_rows: dict[str, list[dict]] | None = None) -> dict:
     """``out_dir``/rows.csv, rows.parquet, tables/ and rows.jsonl from the checked benchmark
-    rows (``where``: their source, for the one-line error) and the other stages' rows.
+    rows (``where``: their source, for the one-line error) and the other stages' rows
+    (``stage_rows``: by stage name, as ``tables.STAGE_TABLES`` takes them).
     Returns {"csv": the rows table, "tables": the table files}."""
     from ...bench.aggregate import write
     from ...bench.store import check_rows
@@ -30,8 +28,6 @@ def write_report(rows: list[dict], out_dir: str, *, where: str, tune_table: str 
         os.unlink(os.path.join(out_dir, "rows.jsonl"))
     table = write_rows_table(rows, out_dir)["csv"]
     paths = tables.write_all(rows, os.path.join(out_dir, "tables"), tune_table=tune_table,
-                             ladder_rows=ladder_rows or [], shape_rows=shape_rows or [],
-                             model_rows=model_rows or [], variant_rows=variant_rows or [],
-                             workload_rows=workload_rows or [])
+                             stage_rows=stage_rows)
     write(rows, out_dir, csv_table=False)
     return {"csv": table, "tables": paths}

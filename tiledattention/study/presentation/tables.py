@@ -349,28 +349,49 @@ NAMES = ("headline", "table4_ratios", "ratios_by_head_dim", "ratios_by_regime",
          "workloads_decode", "workloads_prefill")
 
 
-def write_all(rows: list[dict], out_dir: str, *, tune_table: str | None = None,
-              ladder_rows: list[dict] | None = None,
-              shape_rows: list[dict] | None = None,
-              model_rows: list[dict] | None = None,
-              variant_rows: list[dict] | None = None,
-              workload_rows: list[dict] | None = None) -> list[str]:
+def _shapes_tables(rows: list[dict]) -> list[Table]:
     from .shapes import shapes_cost_table, shapes_table
-    from .variants_report import variants_summary, variants_table
-    from .workloads_report import tables as workload_tables
 
+    return [shapes_table(rows), shapes_cost_table(rows)]
+
+
+def _variants_tables(rows: list[dict]) -> list[Table]:
+    from .variants_report import variants_summary, variants_table
+
+    return [variants_table(rows), variants_summary(rows)]
+
+
+def _workloads_tables(rows: list[dict]) -> list[Table]:
+    from .workloads_report import tables
+
+    return tables(rows)
+
+
+# The tables each stage's own rows become, by stage name (``stages.STAGES``' rows records;
+# write_all takes their rows by it), in the order they are written after the benchmark's.
+STAGE_TABLES = {
+    "ladder": lambda rows: [table6(rows)],
+    "shapes": _shapes_tables,
+    "model": lambda rows: [model_e2e(rows)],
+    "variants": _variants_tables,
+    "workloads": _workloads_tables,
+}
+
+
+def write_all(rows: list[dict], out_dir: str, *, tune_table: str | None = None,
+              stage_rows: dict[str, list[dict]] | None = None) -> list[str]:
+    """Every table: the benchmark rows' and each stage's (``stage_rows``: their rows by
+    stage name; a stage left out writes its tables empty, saying so)."""
+    stage_rows = stage_rows or {}
     paths = []
     # The ratio tables compare forward rows, as before the pass axis; the headline adds
     # the backward passes and the variants stage's points, and the per-point tables list
     # every pass's rows.
     fwd = [r for r in rows if pass_of(r) == "fwd"]
-    for table in (headline(rows, variant_rows, workload_rows), table4(fwd), by_head_dim(fwd),
-                  by_regime(fwd),
-                  per_point_ratios(rows), table5(tune_table), table6(ladder_rows or []),
-                  throughput(rows),
-                  call_latency(rows), status(rows), shapes_table(shape_rows or []),
-                  shapes_cost_table(shape_rows or []), model_e2e(model_rows or []),
-                  variants_table(variant_rows or []), variants_summary(variant_rows or []),
-                  *workload_tables(workload_rows or [])):
+    for table in (headline(rows, stage_rows.get("variants"), stage_rows.get("workloads")),
+                  table4(fwd), by_head_dim(fwd), by_regime(fwd), per_point_ratios(rows),
+                  table5(tune_table), throughput(rows), call_latency(rows), status(rows),
+                  *[t for name, tables in STAGE_TABLES.items()
+                    for t in tables(stage_rows.get(name) or [])]):
         paths += table.write(out_dir)
     return paths

@@ -66,8 +66,8 @@ def stage_rows() -> list[tuple[str, str]]:
     (its wheel, source/, holds it)."""
     from ...stages import STAGES
 
-    return [(os.path.join(s.name, s.rows_file), s.data_name) for s in STAGES.values()
-            if s.rows_file and s.data_name]
+    return [(os.path.join(s.name, s.rows.file), s.publish.data_name) for s in STAGES.values()
+            if s.rows and s.rows.file and s.publish.data_name]
 
 
 def _zip_dir(src: str, dest_zip: str, arc_root: str = "", skip: tuple[str, ...] = (),
@@ -479,7 +479,7 @@ def _compact_data(out_dir: str, study_dir: str) -> list[str]:
     from ...stages import STAGES
 
     for stage in STAGES.values():  # the stages' other files (tune's schedule table)
-        for name in stage.bundle_copies:
+        for name in stage.publish.copies:
             src = os.path.join(study_dir, stage.name, name)
             if os.path.lexists(src):
                 _copy(study_file(src, study_dir), os.path.join(data, name))
@@ -516,11 +516,11 @@ def _build(out_dir: str, study_dir: str, rows: list[dict], manifest: dict, *, co
             _copy(os.path.join(scaling_dir, rel), os.path.join(out_dir, "scaling", rel))
     from ...stages import STAGES
 
-    for stage in (s for s in STAGES.values() if s.archive):  # profile's, as profiles.zip
-        src = os.path.join(study_dir, stage.name)
+    for stage in (s for s in STAGES.values() if s.publish.archive):  # profile's: profiles.zip
+        src, archive = os.path.join(study_dir, stage.name), stage.publish.archive
         if os.path.lexists(src):
-            _zip_dir(src, os.path.join(out_dir, stage.archive),
-                     stage.archive.removesuffix(".zip"), files=_study_files(src, study_dir))
+            _zip_dir(src, os.path.join(out_dir, archive), archive.removesuffix(".zip"),
+                     files=_study_files(src, study_dir))
     _copy(study_file(manifest_path, study_dir), os.path.join(out_dir, "manifest.json"))
     import yaml
 

@@ -86,8 +86,8 @@ def readme_text(pub: Publication, rows: list[dict], manifest: dict, table4: str,
         *(_compact_files(compact) if compact is not None else [
             "- `data/rows.parquet`, `data/rows.csv`, `data/rows.jsonl`: every row; "
             "`data/columns.md`: the column dictionary (also below)" + "".join(
-                f"; `data/{s.data_name}`: {s.data_readme}" for s in STAGES.values()
-                if s.data_name)]),
+                f"; `data/{s.publish.data_name}`: {s.publish.data_readme}"
+                for s in STAGES.values() if s.publish.data_name)]),
         "- `tables/`: Table 4 (ratios against the fastest fused baseline at each point and "
         "against each baseline), per-D, per-regime and per-point ratios, "
         "Table 5 (schedules), Table 6 (schedule ladder), throughput, status, model_e2e (tiny "
@@ -133,7 +133,8 @@ def _compact_files(data_files: list[str]) -> list[str]:
     from ...stages import STAGES
 
     what = {"data/rows.jsonl.gz": "every row (the aggregate's rows.jsonl, gzipped)",
-            **{f"data/{s.data_name}.gz": s.data_what for s in STAGES.values() if s.data_name},
+            **{f"data/{s.publish.data_name}.gz": s.publish.data_what for s in STAGES.values()
+               if s.publish.data_name},
             "data/ladder-rows.jsonl.gz": "the schedule ladder's rows (Table 6, tile "
                                          "sensitivity)",
             "data/schedule-table.json": "the study's tuning table (Table 5)",
@@ -227,15 +228,15 @@ def reproduce_section(pub: Publication, manifest: dict, snapshot: tuple[int, str
 
 
 def stage_rows_in(study_dir: str, name: str) -> list[dict]:
-    """A GPU stage's own rows (its ``rows_file``), when the study ran it."""
+    """A GPU stage's own rows (its rows file), when the study ran it."""
     from ...stages import STAGES
 
     stage = STAGES[name]
-    path = os.path.join(study_dir, name, stage.rows_file)
+    path = os.path.join(study_dir, name, stage.rows.file)
     if not os.path.lexists(path):
         return []
     study_file(path, study_dir)  # a link out of the study or a FIFO is refused
-    return stage.load_rows(os.path.dirname(path))
+    return stage.rows.load(os.path.dirname(path))
 
 
 def variant_rows_in(study_dir: str) -> list[dict]:
@@ -263,9 +264,9 @@ def not_run(study_dir: str, rows: list[dict]) -> list[str]:
     # The stages with rows of their own first, then the others, each in registry order.
     from ...stages import STAGES
 
-    for stage in sorted((s for s in STAGES.values() if s.not_run),
-                        key=lambda s: s.rows_file is None):
-        out += stage.not_run(os.path.join(study_dir, stage.name),
+    for stage in sorted((s for s in STAGES.values() if s.publish.not_run),
+                        key=lambda s: s.rows is None):
+        out += stage.publish.not_run(os.path.join(study_dir, stage.name),
                              lambda path: study_file(path, study_dir))
     out += [f"- figures: {name} not drawn, nothing to draw ({_line(why)})"
             for name, why in sorted(not_drawn(study_dir).items())]
@@ -304,15 +305,15 @@ def rebuild_commands(data_files: list[str], cli: dict[str, set[str]] | None = No
     from ...stages import STAGES
 
     have = set(data_files)
-    stages = [s for s in STAGES.values() if s.data_name and s.verbs
-              and f"data/{s.data_name}.gz" in have]  # the stages' own rows, as aggregate reads
+    stages = [s for s in STAGES.values() if s.publish.data_name and s.rows and s.rows.verbs
+              and f"data/{s.publish.data_name}.gz" in have]  # their own rows, as aggregate reads
     grids = sorted(f[len("data/shapes-"):-len("-rows.jsonl.gz")] for f in have
                    if f.startswith("data/shapes-") and f.endswith("-rows.jsonl.gz"))
     unpack = [("rows.jsonl.gz", "rows/rows-shard0of1.jsonl"),
               ("ladder-rows.jsonl.gz", "ladder/rows-shard0of1.jsonl"),
               *[(f"shapes-{g}-rows.jsonl.gz", f"shapes/{g}/rows-shard0of1.jsonl")
                 for g in grids],
-              *[(f"{s.data_name}.gz", f"{s.name}/{s.rows_file}") for s in stages]]
+              *[(f"{s.publish.data_name}.gz", f"{s.name}/{s.rows.file}") for s in stages]]
     unpack = [(src, dest) for src, dest in unpack if f"data/{src}" in have]
     r = REBUILT
     lines = [f"R={r}   # outside the bundle (SHA256SUMS lists exactly what is in it), one "
@@ -333,9 +334,10 @@ def rebuild_commands(data_files: list[str], cli: dict[str, set[str]] | None = No
     def takes(option: str) -> bool:
         return figures is None or option in figures
     extra += [f"--{s.name} $R/{s.name}" for s in stages
-              if any(v == "figures" for v, _ in s.verbs) and takes(f"--{s.name}")]
+              if any(v == "figures" for v, _ in s.rows.verbs) and takes(f"--{s.name}")]
     only = "".join(f" --{s.name} $R/{s.name}" for s in stages
-                   if not (any(v == "figures" for v, _ in s.verbs) and takes(f"--{s.name}")))
+                   if not (any(v == "figures" for v, _ in s.rows.verbs)
+                           and takes(f"--{s.name}")))
     opts = (" " + " ".join(extra)) if extra else ""
     manifest = " --manifest manifest.json" if takes("--manifest") else ""
     lines += [f"tiledattn figures --rows $R/rows/rows-shard0of1.jsonl --out $R/figures"

@@ -54,9 +54,9 @@ MEASURES = {**ROW_MEASURES, "model": (
 TOLERANCE = {"kernel": 0.10, "call": 0.25, "model": 0.25}
 # The GPU stages whose rows compare checks besides the benchmark's (registry order), and
 # where their rows lie: a bundle's data/ (plain or compact), a study's results directory.
-COMPARED = [s for s in STAGES.values() if s.compared]
-STAGE_FILES = {s.name: (f"data/{s.data_name}", f"data/{s.data_name}.gz",
-                        f"{s.name}/{s.rows_file}") for s in COMPARED}
+COMPARED = [s for s in STAGES.values() if s.rows and s.rows.compared]
+STAGE_FILES = {s.name: (f"data/{s.publish.data_name}", f"data/{s.publish.data_name}.gz",
+                        f"{s.name}/{s.rows.file}") for s in COMPARED}
 # A call at most this much longer than its kernel time hides its host work behind the GPU:
 # across three H100 machines, such calls moved like kernel times (p95 5 %, README); calls
 # that showed host time moved 0.4-2.6x, the host CPU's doing (benchmarks/NOTES.md §27).
@@ -126,10 +126,10 @@ def _json_lines(data: bytes, where: str) -> list[dict]:
 
 
 def stage_of(row: dict) -> str:
-    """The stage a row comes from: the first compared stage whose ``row_key`` it holds
+    """The stage a row comes from: the first compared stage whose rows' ``key`` it holds
     (model: a per-phase time; variants), or bench."""
-    return row.get("stage") or next((s.name for s in COMPARED if s.row_key and s.row_key in row),
-                                    "bench")
+    return row.get("stage") or next((s.name for s in COMPARED
+                                     if s.rows.key and s.rows.key in row), "bench")
 
 
 def _as_compared(row: dict) -> dict:
@@ -137,12 +137,12 @@ def _as_compared(row: dict) -> dict:
     ``<measure>_ms`` (its ``time_ms`` is one number, not a benchmark row's timing dict);
     other rows as they are."""
     stage = STAGES.get(stage_of(row))
-    if stage is None or stage.measure is None:
+    if stage is None or stage.rows is None or stage.rows.measure is None:
         return row
     out = {k: v for k, v in row.items() if k not in ("time_ms", "times_ms")}
     t = row.get("time_ms")
     if isinstance(t, (int, float)) and not isinstance(t, bool):
-        out[f"{stage.measure}_ms"] = t
+        out[f"{stage.rows.measure}_ms"] = t
     return dict(out, stage=stage.name)
 
 
@@ -563,7 +563,7 @@ def stages_line(checks: list[Check]) -> str:
     parts = []
     # bench, then the stages timed by the benchmark's measures, then those with their own
     # (registry order within each).
-    order = ["bench"] + sorted((s.name for s in COMPARED), key=lambda n: STAGES[n].measure
+    order = ["bench"] + sorted((s.name for s in COMPARED), key=lambda n: STAGES[n].rows.measure
                                is not None)
     for stage in sorted({c.stage for c in checks},
                         key=lambda st: (order.index(st) if st in order else len(order), st)):

@@ -58,15 +58,16 @@ def study_of(bundle: str, study: str) -> str:
         elif name == "columns.md":
             shutil.copyfile(src, os.path.join(agg, "columns.md"))
     for stage in STAGES.values():
-        if stage.data_name and os.path.isfile(os.path.join(data, stage.data_name + ".gz")):
-            _gunzip(os.path.join(data, stage.data_name + ".gz"),
-                    os.path.join(study, stage.name, stage.rows_file))
-        for name in stage.bundle_copies:
+        data_name, publish = stage.publish.data_name, stage.publish
+        if data_name and os.path.isfile(os.path.join(data, data_name + ".gz")):
+            _gunzip(os.path.join(data, data_name + ".gz"),
+                    os.path.join(study, stage.name, stage.rows.file))
+        for name in publish.copies:
             if os.path.isfile(os.path.join(data, name)):
                 os.makedirs(os.path.join(study, stage.name), exist_ok=True)
                 shutil.copyfile(os.path.join(data, name), os.path.join(study, stage.name, name))
-        if stage.archive and os.path.isfile(os.path.join(bundle, stage.archive)):
-            with zipfile.ZipFile(os.path.join(bundle, stage.archive)) as z:
+        if publish.archive and os.path.isfile(os.path.join(bundle, publish.archive)):
+            with zipfile.ZipFile(os.path.join(bundle, publish.archive)) as z:
                 z.extractall(study)  # its top directory is the stage's
     for sub in ("compare", "scaling"):
         if os.path.isdir(os.path.join(bundle, sub)):
