@@ -154,8 +154,8 @@ def variant_parts(name: str, causal: bool):
     import cuda.tile as ct
     import torch
 
+    from tiledattention import mods as M
     from tiledattention import variants
-    from tiledattention.kernel import mods as M
 
     if name == "none":
         return M.NONE, (), causal, None

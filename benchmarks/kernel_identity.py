@@ -37,8 +37,8 @@ def cases():
     import cuda.tile as ct
     import torch
 
+    from tiledattention import mods as M
     from tiledattention import variants
-    from tiledattention.kernel import mods as M
     from tiledattention.kernel.compile import (
         export_bwd_cubins,
         export_classify_cubin,

@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 
 import tiledattention as ta
+from tiledattention import mods as _mods
 from tiledattention.kernel import launch as L
-from tiledattention.kernel import mods as _mods
 from tiledattention.kernel.plan import bwd_plan_for, plan_for
 from tiledattention.timing import time_host
 

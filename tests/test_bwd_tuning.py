@@ -330,8 +330,8 @@ def test_the_policy_follows_torchs_deterministic_mode(on_h100):
 
 def test_the_backward_plan_is_deterministic_under_torchs_switch_and_for_variants(on_h100):
     pytest.importorskip("cuda.tile", reason="cuTile (cuda-tile) is not installed")
+    from tiledattention import mods as M
     from tiledattention import variants
-    from tiledattention.kernel import mods as M
     from tiledattention.kernel import plan as planning
 
     q = torch.zeros(1, 2, 4096, 64, dtype=torch.bfloat16)
@@ -360,9 +360,9 @@ def test_a_variants_backward_takes_the_default_not_the_plain_tables_entry(on_h10
     2.63 ms, the 2026-11-26 reference); a score_mod, mask_mod or block mask gets the default,
     in the plan and in the row's description alike."""
     pytest.importorskip("cuda.tile", reason="cuTile (cuda-tile) is not installed")
+    from tiledattention import mods as M
     from tiledattention import variants
     from tiledattention.bench.methods import _tiled_describe
-    from tiledattention.kernel import mods as M
     from tiledattention.kernel import plan as planning
 
     q = torch.zeros(1, 2, 4096, 128, dtype=torch.bfloat16)

@@ -11,8 +11,8 @@ pytest.importorskip("cuda.tile", reason="cuTile not installed: pip install 'cuda
 
 import cuda.tile as ct  # noqa: E402
 
+from tiledattention import mods as M  # noqa: E402
 from tiledattention import variants  # noqa: E402
-from tiledattention.kernel import mods as M  # noqa: E402
 from tiledattention.kernel.compile import (  # noqa: E402
     export_bwd_cubins,
     export_classify_cubin,

@@ -14,7 +14,7 @@ pytest.importorskip("cuda.tile", reason="cuTile not installed: pip install 'cuda
 import flex_conformance as F  # noqa: E402
 
 import tiledattention as ta  # noqa: E402
-from tiledattention.kernel import mods as M  # noqa: E402
+from tiledattention import mods as M  # noqa: E402
 
 
 def _lift(c: F.Case, made: F.Made):

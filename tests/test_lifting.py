@@ -21,7 +21,7 @@ import cuda.tile as ct  # noqa: E402
 
 import tiledattention as ta  # noqa: E402
 from tiledattention import api, variants  # noqa: E402
-from tiledattention.kernel import mods as M  # noqa: E402
+from tiledattention import mods as M  # noqa: E402
 
 HERE = __file__
 W = 128

@@ -320,8 +320,8 @@ def test_mask_layout_follows_from_shape_strides_and_dtype(mask, want):
 @pytest.mark.parametrize("variant", [False, True])
 def test_backward_plans_place_every_kernels_arguments_by_name(variant):
     pytest.importorskip("cuda.tile", reason="cuTile (cuda-tile) is not installed")
+    from tiledattention import mods as M
     from tiledattention import variants
-    from tiledattention.kernel import mods as M
     from tiledattention.schedules.backward import BwdSchedule
 
     q = torch.randn(2, 4, 100, 96, dtype=torch.float16)

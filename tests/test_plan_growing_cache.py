@@ -117,8 +117,8 @@ def test_an_explicit_schedule_over_a_growing_cache(h100):
 
 
 def test_a_score_mod_over_a_growing_cache(h100):
+    from tiledattention import mods as M
     from tiledattention import variants
-    from tiledattention.kernel import mods as M
 
     built = decode(h100, variant=(M.mods_for(variants.softcap(5.0), None), None),
                    steps=range(1, 801))

@@ -57,10 +57,11 @@ def test_torch_softmax_of_a_row_holding_plus_inf_is_nan():
 # ----------------------------------------------------------------------------- compiles
 ct = pytest.importorskip("cuda.tile", reason="cuTile not installed")
 
-from tiledattention.kernel import mods as M  # noqa: E402
+from tiledattention import mods as M  # noqa: E402
 from tiledattention.kernel.compile import export_bwd_cubins, export_cubin  # noqa: E402
 from tiledattention.kernel.toolchain import tileiras_path  # noqa: E402
 from tiledattention.kernel.variant import BwdVariant, Flags, Variant  # noqa: E402
+from tiledattention.mods import derivative  # noqa: E402
 from tiledattention.schedules.backward import default_bwd_schedule  # noqa: E402
 from tiledattention.schedules.schedule import Schedule, default_schedule  # noqa: E402
 
@@ -227,10 +228,25 @@ def test_the_symbolic_derivative_covers_the_torch_ops_a_mod_uses():
              "ct.log(score)": "1.0 / score", "score / (2.0 + score)": None,
              "score ** 2": "2.0 * score ** 1", "ct.sin(score)": "ct.cos(score)"}
     for src, want in cases.items():
-        d = M._d(ast.parse(src, mode="eval").body, "score")
+        d = derivative._d(ast.parse(src, mode="eval").body, "score")
         assert d is not None, src
         if want is not None:
             assert ast.unparse(d) == want, (src, ast.unparse(d))
+
+
+def test_the_rules_only_the_translated_ops_need_and_their_keyword_refusal():
+    """``_d_more``: tan, rsqrt and pow by a constant exponent (the rest of its old table was
+    unreachable behind ``_d_call``); a keyword on them is refused, on sin it is kept."""
+    import ast
+
+    cases = {"ct.tan(score)": "1.0 + ct.tan(score) * ct.tan(score)",
+             "ct.rsqrt(score)": "-0.5 * ct.rsqrt(score) / score",
+             "ct.pow(score, 3.0)": "3.0 * _ta_ct.pow(score, 3.0 - 1.0)",
+             "ct.tan(score, flush_to_zero=True)": None, "ct.pow(2.0, score)": None,
+             "ct.sin(score, flush_to_zero=True)": "ct.cos(score)"}
+    for src, want in cases.items():
+        d = derivative._d(ast.parse(src, mode="eval").body, "score")
+        assert (None if d is None else ast.unparse(d)) == want, src
 
 
 def test_a_captured_tensor_read_where_the_derivative_cannot_follow_is_refused_typed():

@@ -10,8 +10,8 @@ import torch
 
 pytest.importorskip("cuda.tile", reason="cuTile not installed: pip install 'cuda-tile[tileiras]'")
 
+from tiledattention import mods as M  # noqa: E402
 from tiledattention import variants  # noqa: E402
-from tiledattention.kernel import mods as M  # noqa: E402
 from tiledattention.reference import naive_attention  # noqa: E402
 
 B, H, S = 2, 4, 24

@@ -14,9 +14,9 @@ pytest.importorskip("cuda.tile", reason="cuTile not installed: pip install 'cuda
 import cuda.tile as ct  # noqa: E402
 
 import tiledattention as ta  # noqa: E402
+from tiledattention import mods as M  # noqa: E402
 from tiledattention import variants  # noqa: E402
 from tiledattention.errors import BackwardNotSupportedError, InputError  # noqa: E402
-from tiledattention.kernel import mods as M  # noqa: E402
 from tiledattention.kernel.blockmask import FULL, PARTIAL, lists_from_classes  # noqa: E402
 
 SHIM = types.SimpleNamespace(tanh=torch.tanh, exp=torch.exp, exp2=torch.exp2,

@@ -24,8 +24,8 @@ from collections import OrderedDict
 
 import torch
 
+from . import mods as _mods
 from .errors import BackwardNotSupportedError, InputError
-from .kernel import mods as _mods
 from .kernel.launch import captured_buffers, launch, run_backward
 from .kernel.plan import bwd_plan_for, pinned_schedule, plan_for
 from .kernel.validate import check_device, check_inputs, resolve_schedule
@@ -363,7 +363,7 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         tile; ``score`` is ``scale * q.k`` (so a modified score is not scaled again),
         ``q_idx`` a [TILE_M, 1] and ``kv_idx`` a [1, TILE_N] tile of absolute positions.
         It is cuTile tile code compiled into the forward and backward kernels
-        (``kernel.mods``); tensors it captures are indexed with subscripts. An additive
+        (``mods``); tensors it captures are indexed with subscripts. An additive
         ``attn_mask`` is added after it. Its gradient: ``ScoreMod(fn, grad=dfn)``, or
         derived symbolically from a one-expression body (``+ - * /``, ``ct.tanh``,
         ``ct.exp``, ``ct.where``); a ``score_mod`` with neither is refused, before

@@ -1,10 +1,13 @@
 """Attention variants written only through the public API (``sdpa``'s ``score_mod`` /
 ``mask_mod`` / ``block_mask``): each is a small definition a user could have written.
 
-Every function returned here is cuTile tile code (``kernel.mods`` says what that may use)
+Every function returned here is cuTile tile code (``mods`` says what that may use)
 and carries ``.reference``: the same modification in plain PyTorch over broadcast index
-tensors (b [B,1,1,1], h [1,H,1,1], q_idx [1,1,Sq,1], kv_idx [1,1,1,Skv]), which the tests
-compare against (``reference.naive_attention(score_ref=..., keep_ref=...)``).
+tensors (b [B,1,1,1], h [1,H,1,1], q_idx [1,1,Sq,1], kv_idx [1,1,1,Skv]), in the scores'
+dtype, which the tests compare against (``reference.naive_attention(score_ref=...,
+keep_ref=...)``) and the ``variants`` stage's torch methods run (FlexAttention, eager,
+SDPA's mask: ``bench/variant_cases.py``). The ct code beside it is hand-written: lifting
+the reference (``mods``) would change the built-ins' kernels, which needs GPU timing.
 
 ``sinks`` is the one variant that is not a modification of scores: it wraps ``sdpa``
 (``return_lse=True``) and rescales the output, and its ``.reference`` is a whole float64
@@ -25,7 +28,7 @@ import numbers
 import cuda.tile as ct
 import torch
 
-from .kernel.mods import ScoreMod
+from .mods import ScoreMod
 
 
 def _with_reference(fn, reference):
@@ -35,7 +38,7 @@ def _with_reference(fn, reference):
 
 def _count(name: str, value, low: int) -> int:
     """An int argument >= ``low`` (a window size), or VariantError in one line."""
-    from .kernel.mods import VariantError
+    from .mods import VariantError
 
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
         raise VariantError(f"{name} must be an int >= {low}, got {value!r}")
@@ -45,7 +48,7 @@ def _count(name: str, value, low: int) -> int:
 def _index_tensor(name: str, value) -> None:
     """An integer tensor [B] (per-row lengths or offsets, read by index in the kernel), or
     VariantError in one line: a number would be baked into the kernel, not read per row."""
-    from .kernel.mods import VariantError
+    from .mods import VariantError
 
     if not isinstance(value, torch.Tensor) or value.dim() != 1 or value.is_floating_point() \
             or value.is_complex() or value.dtype == torch.bool:
@@ -97,7 +100,7 @@ def softcap(cap: float) -> ScoreMod:
     2.3x the instructions of the mask-only variants' and spilled the dK/dV program
     (benchmarks/NOTES.md §39e); the product differs from the quotient by at most an ulp,
     far below the approximate tanh's error."""
-    from .kernel.mods import VariantError
+    from .mods import VariantError
 
     if isinstance(cap, bool) or not isinstance(cap, numbers.Real) or not (
             math.isfinite(cap) and cap > 0):
@@ -128,8 +131,8 @@ def alibi(slopes: torch.Tensor, *, q_offset: torch.Tensor | None = None):
         def alibi_score(score, b, h, q_idx, kv_idx):
             return score + slopes[h] * (kv_idx - q_idx - q_offset[b])
 
-    def reference(s, b, h, q, k):
-        return s + slopes.double()[h] * (k - q - _ref_offset(q_offset))
+    def reference(s, b, h, q, k):  # in the scores' dtype: float64 for naive_attention
+        return s + slopes[h].to(s.dtype) * (k - q - _ref_offset(q_offset))
 
     return _with_reference(alibi_score, reference)
 
@@ -163,7 +166,7 @@ def document(segment_ids: torch.Tensor, *, q_offset: torch.Tensor | None = None)
 def segments_from_lengths(lengths: list[int], device="cuda") -> torch.Tensor:
     """int32 [1, sum(lengths)] document ids of a packed row built from sequence lengths
     (the ``cu_seqlens`` way of describing a varlen batch)."""
-    from .kernel.mods import VariantError
+    from .mods import VariantError
 
     if isinstance(lengths, torch.Tensor):
         lengths = lengths.tolist()
@@ -202,7 +205,7 @@ def prefix_lm(prefix_lengths: torch.Tensor, *, q_offset: torch.Tensor | None = N
 
 
 def _combine(name: str, mask_mods: tuple, op):
-    from .kernel.mods import VariantError
+    from .mods import VariantError
 
     if not mask_mods:
         raise VariantError(f"{name} needs at least one mask_mod")

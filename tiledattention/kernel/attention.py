@@ -65,7 +65,7 @@ from .visit import (
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
 
-# The variant's functions; ``mods.with_mods`` compiles a copy of the kernel against others.
+# The variant's functions; ``binding.with_mods`` compiles a copy of the kernel against others.
 SCORE_MOD = no_score_mod
 MASK_MOD = no_mask_mod
 

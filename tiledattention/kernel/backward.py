@@ -80,7 +80,7 @@ ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
 
 # The variant's functions, the score modification's derivative and the captured tensors'
-# gradients (``mods.with_mods``).
+# gradients (``binding.with_mods``).
 SCORE_MOD = no_score_mod
 SCORE_GRAD = no_score_mod
 MASK_MOD = no_mask_mod

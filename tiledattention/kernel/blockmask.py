@@ -82,7 +82,7 @@ class BlockMask:
     key: tuple = field(default=(), repr=False)
 
     def __post_init__(self):
-        from .mods import mods_for
+        from ..mods import mods_for
 
         mods = mods_for(None, self.mask_mod)
         self._made_with = mods.key  # the constants it was classified with (a snapshot)
@@ -95,7 +95,7 @@ class BlockMask:
         changed since this block mask was made: its tile lists would skip tiles the
         changed mask attends."""
         from ..errors import InputError
-        from .mods import mods_for
+        from ..mods import mods_for
 
         if mods_for(None, self.mask_mod).key != self._made_with:
             raise InputError("a constant the block mask's mask_mod reads (a global or a "
@@ -114,7 +114,7 @@ class BlockMask:
 
     def classes(self, tile_m: int, tile_n: int, causal: bool) -> torch.Tensor:
         """uint8 [B', H', ceil(Sq/tile_m), ceil(Skv/tile_n)] of EMPTY / PARTIAL / FULL."""
-        from . import mods as _mods
+        from .. import mods as _mods
         from .launch import launch_kernel, variant_arrays
         from .spec import CLASSIFY
 
@@ -161,7 +161,7 @@ def block_mask(mask_mod, B: int | None, H: int | None, Sq: int, Skv: int,
     for name, value in (("Sq", Sq), ("Skv", Skv)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise InputError(f"block_mask: {name} must be a positive int, got {value!r}")
-    from .mods import mods_for
+    from ..mods import mods_for
 
     mods_for(None, mask_mod)  # lift now: a bad mask_mod fails here, not at the first call
     try:

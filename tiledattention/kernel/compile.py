@@ -14,8 +14,8 @@ import io
 import time
 from dataclasses import dataclass
 
+from .. import mods as _mods
 from ..errors import CompileError
-from . import mods as _mods
 from .plan import combine_constants, fwd_hints
 from .spec import CLASSIFY, COMBINE, DELTA, KernelSpec, score_specs
 from .variant import BwdVariant, Variant

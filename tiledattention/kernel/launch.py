@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from ..mods import MAX_TENSORS as _MAX_TENSORS
 from .mask import prepare_mask
-from .mods import MAX_TENSORS as _MAX_TENSORS
 
 # The current stream's raw handle without building a torch.cuda.Stream object (~9 us on
 # the H100 host for torch.cuda.current_stream()); a CPU-only torch build has neither.

@@ -27,12 +27,12 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import mods as _mods
 from ..headdim import plan_head_dim
 from ..schedules import policy
 from ..schedules.backward import BwdSchedule
 from ..schedules.schedule import Schedule
 from ..schedules.table import seq_bucket
-from . import mods as _mods
 from .geometry import grid_for
 from .mask import mask_layout
 from .spec import COMBINE, DELTA, score_specs

@@ -6,7 +6,7 @@ parameters. A ``KernelSpec`` reads the declaration once; a plan builds a dict of
 name and ``spec.ordered`` places them, so adding, removing or reordering a parameter changes
 one place, the kernel. ``spec.kernel(mods, **hints)`` is the kernel object carrying the
 schedule's compiler hints, compiled against the variant's ``score_mod`` / ``mask_mod``
-(``mods.with_mods``); cuTile then caches the specialisations per constants in memory and on
+(``binding.with_mods``); cuTile then caches the specialisations per constants in memory and on
 disk (``$CUDA_TILE_CACHE_DIR``).
 """
 
@@ -53,7 +53,7 @@ class KernelSpec:
 
     def kernel(self, mods=None, **hints):
         """The kernel object for a variant's functions and compiler hints (cached)."""
-        from .mods import NONE
+        from ..mods import NONE
 
         mods = mods or NONE
         return _kernel(self, mods.key, mods, tuple(sorted(hints.items())))
@@ -84,7 +84,7 @@ def _kernel(spec: KernelSpec, key: tuple, mods, hints: tuple):
     if found is None:
         import cuda.tile as ct
 
-        from .mods import with_mods
+        from .binding import with_mods
 
         pyfunc = spec.pyfunc()
         if key:

@@ -20,12 +20,12 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from .. import mods as _mods
 from ..errors import InputError
 from ..headdim import plan_head_dim
 from ..schedules import policy
 from ..schedules.backward import BwdSchedule
 from ..schedules.schedule import Schedule
-from . import mods as _mods
 from .launch import _int_pad, _placeholders, launch_kernel, variant_arrays
 from .plan import _cached, combine_constants, fwd_hints, scalars, sm_count, split_count
 from .spec import COMBINE, DELTA, DKDV_SEQS, DQ_SEQS, FWD_SEQS, SEQMAP

@@ -295,7 +295,7 @@ def _head_dim_elsewhere(shape: Shape, points: list[dict]) -> str:
         for (dtype, causal), ps in sorted(groups.items()))
     return (f"; D within 25% of {shape.head_dim} is measured only as {where}" if where else
             f"; D={shape.head_dim} is not measured at all") + \
-        " (config/shapes-models.yaml's grids measure more: README 'Shape advice')"
+        " (config/shapes-models.yaml's grids measure more: docs/STUDY.md 'Shape advice')"
 
 
 def _refuse_window(shape: Shape, points: list[dict], gpu: str) -> AdviceError:

@@ -35,8 +35,9 @@ MARKER = ".tiledattention-bundle"
 # code directories, files of the kinds below (never dotfiles such as config/.env).
 SNAPSHOT = ("Snakefile", "workflow", "config", "profiles", "containers", "pyproject.toml")
 # The package that ran (from the checkout it was imported from) goes into the snapshot too:
-# the bundle README installs from it. tiledattn reproduce lays out only the workflow.
-SNAPSHOT_SOURCE = ("tiledattention", "README.md")
+# the bundle README installs from it; the README's pages (docs/) with it, so its links
+# resolve. tiledattn reproduce lays out only the workflow.
+SNAPSHOT_SOURCE = ("tiledattention", "README.md", "docs")
 SNAPSHOT_SHIPPED = (
     "Snakefile", "pyproject.toml", "README.md", "config/README.md", "config/config.yaml",
     "config/reference.yaml", "config/scaling.yaml",
@@ -46,7 +47,7 @@ SNAPSHOT_SHIPPED = (
     "config/variants-h100.yaml",
     "profiles/README.md", "profiles/local/config.yaml", "profiles/slurm/README.md",
     "profiles/slurm/config.yaml")
-SNAPSHOT_CODE = ("workflow", "containers", "tiledattention")
+SNAPSHOT_CODE = ("workflow", "containers", "tiledattention", "docs")
 SNAPSHOT_SUFFIXES = (".smk", ".py", ".yaml", ".yml", ".json", ".lock", ".def", ".md", ".txt",
                      ".sh", ".toml", ".cfg", ".tsv", ".csv", ".rst", ".json.gz")
 SNAPSHOT_NAMES = ("Snakefile", "Dockerfile", "Containerfile")

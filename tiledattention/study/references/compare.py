@@ -45,7 +45,8 @@ FORMAT = "tiledattention-reference/1"
 MEASURES = {**ROW_MEASURES, "model": (
     "model time", lambda r: r.get("model_ms") if isinstance(r.get("model_ms"), (int, float))
     else None)}
-# Default tolerances, as fractions: the README's "Comparing against a reference" says why.
+# Default tolerances, as fractions: docs/STUDY.md ("Re-running a bundle and holding a
+# study against a reference") says why.
 # Kernel time on one H100, run to run: p95 2-3 %, max 4 % (benchmarks/results, bench80 runs);
 # call latency adds the host (CPU, Python, driver): p95 4-7 %, max 17 %. The model stage's
 # times are medians of 3 reps, host in every phase: as wide as call latency until a repeat
@@ -58,7 +59,7 @@ COMPARED = [s for s in STAGES.values() if s.rows and s.rows.compared]
 STAGE_FILES = {s.name: (f"data/{s.publish.data_name}", f"data/{s.publish.data_name}.gz",
                         f"{s.name}/{s.rows.file}") for s in COMPARED}
 # A call at most this much longer than its kernel time hides its host work behind the GPU:
-# across three H100 machines, such calls moved like kernel times (p95 5 %, README); calls
+# across three H100 machines, such calls moved like kernel times (p95 5 %, docs/STUDY.md); calls
 # that showed host time moved 0.4-2.6x, the host CPU's doing (benchmarks/NOTES.md §27).
 HOST_EXPOSED = 1.10
 # The host-bound calls still count together: their geometric-mean change, TiledAttention's

@@ -1,7 +1,6 @@
 """Reading a user's ``score_mod`` / ``mask_mod``: its source and AST (checked against
 the code that runs), the names it reads and their values, and the error every refusal
-raises. ``lifting`` (rewriting it into one expression) and ``mods`` (a call's variant)
-both build on this room.
+raises. The rest of the package builds on this module.
 """
 
 from __future__ import annotations
