@@ -25,13 +25,18 @@ browser = pytest.mark.skipif(not os.path.exists(CHROMIUM),
 
 
 def dump_dom(page: Path) -> str:
-    """The DOM Chromium renders from ``page`` (scripts run), as HTML."""
+    """The DOM Chromium renders from ``page`` (scripts run), as HTML. The virtual-time
+    budget makes Chromium run the page's timers and scripts to idle before it dumps (in
+    virtual time, so a loaded machine waits as long as an idle one): without it, under a
+    concurrent ``xz -9 -T0``, Snakemake's report was dumped while its loading screen still
+    stood (CI rehearsal, 2026-12-02)."""
     with tempfile.TemporaryDirectory() as profile:
         out = subprocess.run(
             [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
              "--no-first-run", "--disable-background-networking",
              "--disable-component-update", "--disable-sync", f"--user-data-dir={profile}",
-             "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120)
+             "--virtual-time-budget=60000", "--dump-dom", page.as_uri()],
+            capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     return out.stdout
 
