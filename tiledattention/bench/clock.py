@@ -10,6 +10,7 @@ missing the sampler records nothing and rows carry no clock.
 from __future__ import annotations
 
 import ctypes
+import functools
 import threading
 
 PERIOD_S = 0.002  # kernels of a timed point last 0.01-100 ms; NVML reads take ~10 us
@@ -30,14 +31,23 @@ def _nvml():
 
 
 def _handle(device):
-    """NVML's handle of the torch CUDA ``device``, found by PCI address (NVML's indices
-    ignore CUDA_VISIBLE_DEVICES); None where NVML or the device is not there."""
+    """NVML's handle of the torch CUDA ``device`` (looked up once per device)."""
+    import torch
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _handle_of(index)
+
+
+@functools.cache
+def _handle_of(index: int):
+    """NVML's handle of CUDA device ``index``, found by PCI address (NVML's indices ignore
+    CUDA_VISIBLE_DEVICES); None where NVML or the device is not there."""
     lib = _nvml()
     if lib is None:
         return None
     import torch
 
-    p = torch.cuda.get_device_properties(device)
+    p = torch.cuda.get_device_properties(index)
     bus = f"{p.pci_domain_id:08x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0".encode()
     handle = ctypes.c_void_p()
     if lib.nvmlDeviceGetHandleByPciBusId_v2(ctypes.c_char_p(bus), ctypes.byref(handle)):
