@@ -133,31 +133,32 @@ def section_json_schema(cls) -> dict:
 
 # The stage verbs' argument vocabulary (the CLI's other verbs use it too): argparse types
 # that refuse bad input in one line, and the defaults the config dataclasses hold.
-def count(minimum: int):
-    """argparse type: an integer >= ``minimum`` (and below 2**31, which no count needs)."""
-    def parse(text: str) -> int:
+def number(convert, noun: str, ok, refusal):
+    """argparse type: ``convert(text)`` ("is not ``noun``" where it fails) that ``ok``
+    accepts, else the line ``refusal(text, value)``."""
+    def parse(text: str):
         try:
-            value = int(text)
+            value = convert(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if not minimum <= value < 2 ** 31:
-            raise argparse.ArgumentTypeError(f"{value} must be >= {minimum} (and < 2**31)")
+            raise argparse.ArgumentTypeError(f"{text!r} is not {noun}") from None
+        if not ok(value):
+            raise argparse.ArgumentTypeError(refusal(text, value))
         return value
     return parse
+
+
+def count(minimum: int):
+    """argparse type: an integer >= ``minimum`` (and below 2**31, which no count needs)."""
+    return number(int, "an integer", lambda v: minimum <= v < 2 ** 31,
+                  lambda _, v: f"{v} must be >= {minimum} (and < 2**31)")
+
 
 def positive(what: str):
     """An argparse type: a finite number > 0 (``what`` names it in the error)."""
-    def parse(text: str) -> float:
-        import math
+    import math
 
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if not (math.isfinite(value) and value > 0):
-            raise argparse.ArgumentTypeError(f"{text!r} must be a positive {what}")
-        return value
-    return parse
+    return number(float, "a number", lambda v: math.isfinite(v) and v > 0,
+                  lambda text, _: f"{text!r} must be a positive {what}")
 
 seconds = positive("number of seconds")
 
