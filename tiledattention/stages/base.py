@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from functools import partial
 
-from ..bench.config import section_schema
+from ..bench.config import section_from_dict, section_schema
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,49 @@ class Stage:
         return f"{self.name}.smk" if self.run is not None else None
 
 
+class SectionConfig:
+    """What a stage's config section shares when its launcher job is the stage's run entry
+    on the whole section (``ConfigTask``): its items, its digest, that job. A subclass (a
+    frozen dataclass) names its stage in ``stage``."""
+
+    stage = ""  # the stage's name (its STAGES key; a class attribute, no config field)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def digest(self) -> str:
+        import hashlib
+        import json
+
+        return hashlib.sha256(json.dumps(self.as_dict(), sort_keys=True).encode()
+                              ).hexdigest()[:16]
+
+    def task(self, out_dir: str) -> ConfigTask:
+        """The stage's launcher job (the config travels as items, validated on the node)."""
+        return ConfigTask(self.stage, out_dir, tuple(self.as_dict().items()))
+
+
+@dataclass(frozen=True)
+class ConfigTask:
+    """A stage's run entry on its config section as a picklable job, so a launcher puts it
+    on a GPU (a SLURM GPU node, a local GPU); the config travels as items and is validated
+    again on the node (the stage found by name in the registry there)."""
+
+    stage: str
+    out_dir: str
+    config: tuple  # SectionConfig.as_dict() items (hashable, picklable)
+
+    @property
+    def job_name(self) -> str:
+        return f"tiledattn-{self.stage}"
+
+    def __call__(self) -> dict:
+        from . import STAGES
+
+        s = STAGES[self.stage]
+        return s.run(section_from_dict(s.config, self.stage, dict(self.config)), self.out_dir)
+
+
 def one_line(text) -> str:
     """A reason as one Markdown line (a newline would end a bullet)."""
     return " ".join(str(text).split())
@@ -89,31 +133,32 @@ def section_json_schema(cls) -> dict:
 
 # The stage verbs' argument vocabulary (the CLI's other verbs use it too): argparse types
 # that refuse bad input in one line, and the defaults the config dataclasses hold.
-def count(minimum: int):
-    """argparse type: an integer >= ``minimum`` (and below 2**31, which no count needs)."""
-    def parse(text: str) -> int:
+def number(convert, noun: str, ok, refusal):
+    """argparse type: ``convert(text)`` ("is not ``noun``" where it fails) that ``ok``
+    accepts, else the line ``refusal(text, value)``."""
+    def parse(text: str):
         try:
-            value = int(text)
+            value = convert(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if not minimum <= value < 2 ** 31:
-            raise argparse.ArgumentTypeError(f"{value} must be >= {minimum} (and < 2**31)")
+            raise argparse.ArgumentTypeError(f"{text!r} is not {noun}") from None
+        if not ok(value):
+            raise argparse.ArgumentTypeError(refusal(text, value))
         return value
     return parse
+
+
+def count(minimum: int):
+    """argparse type: an integer >= ``minimum`` (and below 2**31, which no count needs)."""
+    return number(int, "an integer", lambda v: minimum <= v < 2 ** 31,
+                  lambda _, v: f"{v} must be >= {minimum} (and < 2**31)")
+
 
 def positive(what: str):
     """An argparse type: a finite number > 0 (``what`` names it in the error)."""
-    def parse(text: str) -> float:
-        import math
+    import math
 
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if not (math.isfinite(value) and value > 0):
-            raise argparse.ArgumentTypeError(f"{text!r} must be a positive {what}")
-        return value
-    return parse
+    return number(float, "a number", lambda v: math.isfinite(v) and v > 0,
+                  lambda text, _: f"{text!r} must be a positive {what}")
 
 seconds = positive("number of seconds")
 
@@ -266,6 +311,75 @@ def run_or_launch(args, cfg, run, load_rows, summary, out: str) -> int:
     return 0
 
 
+def section_cli(help: str, cls, load_rows, summary) -> Cli:
+    """The verb of a stage that runs its config section (``cls``, a ``SectionConfig``):
+    ``--out``, ``--config`` (the section's file), one option per config field on top, and
+    ``--launcher``; it runs the section here or as one job (``run_or_launch``)."""
+    def add_arguments(p) -> None:
+        p.add_argument("--out", required=True, help="directory for rows.jsonl and the manifest")
+        config_file_option(p, cls.stage)
+        field_options(p, cls, config_file=True)
+        launcher_option(p)
+
+    def handler(args) -> int:
+        import os
+
+        from . import STAGES
+
+        cfg = section_from_dict(cls, cls.stage, config_section(args, cls.stage, cls))
+        return run_or_launch(args, cfg, STAGES[cls.stage].run, load_rows, summary,
+                             os.path.abspath(args.out))
+
+    return Cli(help, add_arguments, handler)
+
+
+def measured_run(cfg, out_dir: str, plan, digest: str, header: str, measure_rows, summary,
+                 reason, log) -> dict:
+    """A measured stage's run (or resume) into ``out_dir``, ``cfg.stage``'s: its rows file
+    (rows.jsonl) under a lock, rows of another config (``digest``) set aside, its manifest
+    written before and after ``measure_rows(store)`` (which returns whether a signal stopped
+    it) measures ``plan``; then its summary and status (``run_status``). ``header``: the
+    log's first line, after the stage's name; ``reason``: why no GPU is there, or None."""
+    import os
+
+    from ..bench.manifest import capture, now
+    from ..bench.runner import resume, write_manifest
+    from ..bench.store import Lock, ResultStore
+
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, "rows.jsonl")
+    with Lock(path, log):
+        store = ResultStore(path)
+        resume(store, digest, True, log)  # rows of another config: aside
+        open(path, "ab").close()  # the rule's output exists even if nothing is measured
+        started = now()
+        manifest = os.path.join(out_dir, f"manifest-{cfg.stage}.json")
+        write_manifest(manifest, capture(cfg, started=started))
+        print(f"{cfg.stage}: {header}", file=log, flush=True)
+        try:
+            stopped = measure_rows(store)
+        finally:
+            write_manifest(manifest, capture(cfg, started=started, finished=now()))
+        rows = list(store.rows.values())
+        missing = [(p.key(), m) for p, ms in plan for m in ms if not store.done(p.key(), m)]
+    print(summary(rows), file=log, flush=True)
+    return run_status(cfg.stage, plan, missing, stopped, reason, out_dir, log)
+
+
+def run_status(stage: str, plan, missing, stopped: bool, reason, out_dir: str, log) -> dict:
+    """A measured stage's status: ``incomplete`` where rows of ``plan`` are ``missing``
+    (never a silent gap: it says which, and why, in the log too), else ``unavailable``
+    where no GPU was there (``reason``), else ``ok``."""
+    if missing:
+        why = ("stopped by a signal (Ctrl-C or SIGTERM) before they were measured; run "
+               "again to resume" if stopped else "the harness returned no row for them")
+        msg = (f"{len(missing)} of {sum(len(m) for _, m in plan)} rows missing ({why}), "
+               f"e.g. {', '.join(f'{k} {m}' for k, m in missing[:3])}")
+        print(f"{stage}: {msg}", file=log, flush=True)
+        return {"status": "incomplete", "reason": msg, "out": out_dir, "stopped": stopped}
+    return {"status": "unavailable" if reason else "ok", "reason": reason, "out": out_dir}
+
+
 # A stage's run summary (its log's last table): read from its rows here, below the study's
 # presentation (whose tables compare more: every baseline, geometric means), which reads
 # the stages and never the reverse.
@@ -302,18 +416,29 @@ def status_counts(rows) -> str:
     return "rows by status: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
 
 
+def results_file(out_dir: str, name: str, checked) -> str | None:
+    """A stage's results file ``name`` for its bundle README bullets, through ``checked``
+    (the study's guard on a path it reads); None where the stage left none."""
+    import os
+
+    path = os.path.join(out_dir, name)
+    return checked(path) if os.path.lexists(path) else None
+
+
 def not_run_bullets(stage: str, rows_file: str, load_rows, out_dir: str, checked) -> list[str]:
     """A stage's bundle README bullets: one per method and status that did not run, with
     its reason (``checked``: the study's guard on a path it reads)."""
-    import os
-
-    path = os.path.join(out_dir, rows_file)
-    if not os.path.lexists(path):
+    if results_file(out_dir, rows_file, checked) is None:
         return []
-    checked(path)
     groups: dict[tuple[str, str], list[dict]] = {}
     for r in load_rows(out_dir):
         if r.get("status") != "ok":
             groups.setdefault((r["method"], r["status"]), []).append(r)
     return [f"- {stage}: {m} {st} at {len(g)} point(s): {one_line(g[0].get('reason') or '—')}"
             for (m, st), g in sorted(groups.items())]
+
+
+def not_run_rows(stage: str, rows_file: str, load_rows) -> Callable[[str, object], list[str]]:
+    """``Publish.not_run`` of a stage whose rows say why they did not run
+    (``not_run_bullets``)."""
+    return partial(not_run_bullets, stage, rows_file, load_rows)

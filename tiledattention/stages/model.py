@@ -28,19 +28,20 @@ keeps its other phases.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from ..bench.config import option, section_from_dict
 from .base import (
     Cli,
+    ConfigTask,
     Publish,
     Rows,
+    SectionConfig,
     Stage,
     field_options,
     given,
@@ -54,8 +55,10 @@ MODEL_PHASES = ("prefill", "decode", "train", "prefill_compiled", "train_compile
 
 
 @dataclass(frozen=True)
-class ModelConfig:
+class ModelConfig(SectionConfig):
     """Optional end-to-end model benchmark (the `model_e2e` table), one launcher job."""
+
+    stage = "model"
 
     enabled: bool = option(False, "Time prefill, decode and training-step tokens/s of the tiny "
                            "Llama (4 layers, hidden 2048, 16/4 heads, D 128, random weights) per "
@@ -76,17 +79,6 @@ class ModelConfig:
                        min=1, max=1000, flag="--reps")
     seed: int = option(0, "Seed of the weights and the prompt.", min=0, max=2**63 - 1,
                        flag="--seed")
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-    def task(self, out_dir: str):
-        """The stage's launcher job (the config travels as items, validated on the node)."""
-        return ModelTask(out_dir, tuple(self.as_dict().items()))
-
-    def digest(self) -> str:
-        return hashlib.sha256(json.dumps(self.as_dict(), sort_keys=True).encode()
-                              ).hexdigest()[:16]
 
 
 def model_from_dict(data: dict | None) -> ModelConfig:
@@ -363,19 +355,6 @@ def summary(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-@dataclass(frozen=True)
-class ModelTask:
-    """``run_model`` as a picklable job, so a launcher puts it on a GPU (a SLURM GPU node,
-    a local GPU); the config travels as a dict and is validated again on the node."""
-
-    out_dir: str
-    config: tuple  # ModelConfig.as_dict() items (hashable, picklable)
-    job_name: str = "tiledattn-model"
-
-    def __call__(self) -> dict:
-        return run_model(model_from_dict(dict(self.config)), self.out_dir)
-
-
 # `tiledattn model`: its options (its config's fields, ``base.field_options``) and its
 # handler.
 def add_arguments(p) -> None:
@@ -416,7 +395,7 @@ def not_run(out_dir: str, checked) -> list[str]:
             f"row(s): {one_line(skipped[0].get('reason') or '—')}"] if skipped else []
 
 
-STAGE = Stage("model", ModelConfig, run_model, ModelTask,
+STAGE = Stage("model", ModelConfig, run_model, ConfigTask,
               rows=Rows(load_rows, ROWS, what="the model benchmark's rows",
                         verbs=(("aggregate", "the model_e2e table"),
                                ("figures", "the model_stage figure")),

@@ -61,6 +61,7 @@ from .base import (
     json_object,
     launcher_option,
     one_line,
+    results_file,
     seconds,
 )
 
@@ -360,10 +361,8 @@ HELP = ("time candidate schedules per shape bucket on this GPU and write the tun
 def not_run(out_dir: str, checked) -> list[str]:
     """The bundle README's bullet where the tuning table records why it did not run
     (``checked``: the study's guard on a path it reads)."""
-    path = os.path.join(out_dir, "schedule-table.json")
-    if not os.path.lexists(path):
-        return []
-    why = ScheduleTable.load(checked(path)).meta.get("unavailable")
+    path = results_file(out_dir, "schedule-table.json", checked)
+    why = path and ScheduleTable.load(path).meta.get("unavailable")
     return [f"- tuning (Table 5): not run: {one_line(why)}"] if why else []
 
 

@@ -12,11 +12,9 @@ is ``unavailable`` with the reason and the study goes on; where FlexAttention ca
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from ..bench.config import (
     INT32,
@@ -30,19 +28,17 @@ from ..bench.grid import PAPER_DTYPES, TOKENS, WIDTH, tokens_shape
 from ..bench.methods import methods_help, variant_methods
 from ..bench.variant_cases import VARIANT_NAMES, VariantPoint
 from .base import (
-    Cli,
+    ConfigTask,
     Publish,
     Rows,
+    SectionConfig,
     Stage,
     by_point,
     cell,
-    config_file_option,
-    config_section,
-    field_options,
-    launcher_option,
+    measured_run,
     median_ms,
-    not_run_bullets,
-    run_or_launch,
+    not_run_rows,
+    section_cli,
     status_counts,
     time_or_status,
 )
@@ -52,8 +48,10 @@ VARIANT_PASSES = ("fwd", "fwd+bwd")
 
 
 @dataclass(frozen=True)
-class VariantsConfig:
+class VariantsConfig(SectionConfig):
     """Variants against FlexAttention and SDPA, one launcher job (`tiledattn variants`)."""
+
+    stage = "variants"
 
     enabled: bool = option(False, "Time each variant (tiledattention's built-in, through the "
                            "public API) against FlexAttention, SDPA with the variant as a "
@@ -91,9 +89,6 @@ class VariantsConfig:
                                 flag="--max-ref-heads")
     seed: int = option(0, "Seed of the inputs.", min=0, max=2**63 - 1, flag="--seed")
 
-    def as_dict(self) -> dict:
-        return asdict(self)
-
     def bench_config(self) -> BenchConfig:
         """The harness' config of the stage's rows: its timing and correctness (the L2
         flushed before each timed call, as every benchmark row)."""
@@ -104,21 +99,12 @@ class VariantsConfig:
     def measure_digest(self) -> str:
         return self.bench_config().measure_digest()
 
-    def digest(self) -> str:
-        return hashlib.sha256(json.dumps(self.as_dict(), sort_keys=True).encode()
-                              ).hexdigest()[:16]
-
-    def task(self, out_dir: str):
-        """The stage's launcher job (the config travels as items, validated on the node)."""
-        return VariantsTask(out_dir, tuple(self.as_dict().items()))
-
 
 def variants_from_dict(data: dict | None) -> VariantsConfig:
     """The ``variants`` section, validated; errors name ``variants.<key>``."""
     return section_from_dict(VariantsConfig, "variants", data)
 
 ROWS = "rows.jsonl"
-MANIFEST = "manifest-variants.json"
 
 
 def points(cfg: VariantsConfig) -> list[VariantPoint]:
@@ -171,50 +157,23 @@ def _forget_no_gpu_rows(store, log) -> None:
 
 def run_variants(cfg: VariantsConfig, out_dir: str, log=None) -> dict:
     """Measure (or resume) the stage into ``out_dir``; returns its status."""
+    from ..bench.runner import measure, no_gpu_reason, resolve_device
+
     log = log or sys.stderr
-    from ..bench.manifest import capture, now
-    from ..bench.runner import measure, no_gpu_reason, resolve_device, resume, write_manifest
-    from ..bench.store import Lock, ResultStore
-
-    os.makedirs(out_dir, exist_ok=True)
-    path = os.path.join(out_dir, ROWS)
     plan = [(p, list(cfg.methods)) for p in points(cfg)]
-    with Lock(path, log):
-        store = ResultStore(path)
-        open(path, "ab").close()  # the rule's output exists even if nothing is measured
-        resume(store, cfg.measure_digest(), True, log)  # rows of another config: aside
-        started = now()
-        manifest = os.path.join(out_dir, MANIFEST)
-        write_manifest(manifest, capture(cfg, started=started))
-        reason = no_gpu_reason()
-        print(f"variants: {len(plan)} points x {len(cfg.methods)} methods"
-              + (f"; not run: {reason}" if reason else ""), file=log, flush=True)
-        stopped = False
-        try:
-            if reason:
-                _unavailable(plan, cfg, reason, store)
-            else:
-                _forget_no_gpu_rows(store, log)
-                stopped = measure(plan, cfg.bench_config(), store, resolve_device("cuda"),
-                                  log)
-        finally:
-            write_manifest(manifest, capture(cfg, started=started, finished=now()))
-        rows = list(store.rows.values())
-        missing = missing_rows(plan, store)
-    print(summary(rows), file=log, flush=True)
-    if missing:  # never a silent gap: the status says which rows are not there, and why
-        why = ("stopped by a signal (Ctrl-C or SIGTERM) before they were measured; run "
-               "again to resume" if stopped else "the harness returned no row for them")
-        msg = (f"{len(missing)} of {sum(len(m) for _, m in plan)} rows missing ({why}), "
-               f"e.g. {', '.join(f'{k} {m}' for k, m in missing[:3])}")
-        print(f"variants: {msg}", file=log, flush=True)
-        return {"status": "incomplete", "reason": msg, "out": out_dir, "stopped": stopped}
-    return {"status": "unavailable" if reason else "ok", "reason": reason, "out": out_dir}
+    reason = no_gpu_reason()
 
+    def measure_rows(store) -> bool:
+        if reason:
+            _unavailable(plan, cfg, reason, store)
+            return False
+        _forget_no_gpu_rows(store, log)
+        return measure(plan, cfg.bench_config(), store, resolve_device("cuda"), log)
 
-def missing_rows(plan, store) -> list[tuple[str, str]]:
-    """The (point key, method) pairs of ``plan`` that have no row in ``store``."""
-    return [(p.key(), m) for p, methods in plan for m in methods if not store.done(p.key(), m)]
+    header = (f"{len(plan)} points x {len(cfg.methods)} methods"
+              + (f"; not run: {reason}" if reason else ""))
+    return measured_run(cfg, out_dir, plan, cfg.measure_digest(), header, measure_rows,
+                        summary, reason, log)
 
 
 def load_rows(out_dir: str) -> list[dict]:
@@ -253,50 +212,18 @@ def _order(cells: dict) -> tuple:
             p["head_dim"], p.get("pass", "fwd") != "fwd", p["seq_q"])
 
 
-@dataclass(frozen=True)
-class VariantsTask:
-    """``run_variants`` as a picklable job, so a launcher puts it on a GPU (a SLURM GPU
-    node, a local GPU); the config travels as items and is validated again on the node."""
-
-    out_dir: str
-    config: tuple  # VariantsConfig.as_dict() items
-    job_name: str = "tiledattn-variants"
-
-    def __call__(self) -> dict:
-        return run_variants(variants_from_dict(dict(self.config)), self.out_dir)
-
-
-# `tiledattn variants`: its options (its config's fields, ``base.field_options``) and its
-# handler.
-def add_arguments(p) -> None:
-    p.add_argument("--out", required=True, help="directory for rows.jsonl and the manifest")
-    config_file_option(p, "variants")
-    field_options(p, VariantsConfig, config_file=True)
-    launcher_option(p)
-
-
-def _variants(args) -> int:
-    cfg = variants_from_dict(config_section(args, "variants", VariantsConfig))
-    return run_or_launch(args, cfg, run_variants, load_rows, summary,
-                         os.path.abspath(args.out))
-
-
 # `tiledattn variants --help`
 HELP = ("each attention variant (sliding window, softcap, ALiBi, documents, prefix-LM) "
         "against FlexAttention, SDPA with a materialised mask and eager attention, forward "
         "and forward+backward; records why when it cannot run (resumable)")
 
 
-def not_run(out_dir: str, checked) -> list[str]:
-    """The bundle README's bullets of the variants rows that did not run (``base``)."""
-    return not_run_bullets("variants", ROWS, load_rows, out_dir, checked)
-
-
-STAGE = Stage("variants", VariantsConfig, run_variants, VariantsTask,
+STAGE = Stage("variants", VariantsConfig, run_variants, ConfigTask,
               rows=Rows(load_rows, ROWS, what="the variants stage's rows",
                         verbs=(("aggregate", "the variants table"),
                                ("figures", "the variants figure")),
                         key="variant", compared=True),
               publish=Publish("variants-rows.jsonl", "the variants stage's rows",
-                              "the variants stage's rows, when it ran", not_run=not_run),
-              cli=Cli(HELP, add_arguments, _variants))
+                              "the variants stage's rows, when it ran",
+                              not_run=not_run_rows("variants", ROWS, load_rows)),
+              cli=section_cli(HELP, VariantsConfig, load_rows, summary))

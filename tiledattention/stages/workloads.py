@@ -26,7 +26,7 @@ import json
 import math
 import os
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from ..bench.config import (
     INT32,
@@ -39,19 +39,17 @@ from ..bench.config import (
 from ..bench.methods import methods_help, workload_methods
 from ..bench.workload_cases import KINDS, Lognormal, WorkloadPoint
 from .base import (
-    Cli,
+    ConfigTask,
     Publish,
     Rows,
+    SectionConfig,
     Stage,
     by_point,
     cell,
-    config_file_option,
-    config_section,
-    field_options,
-    launcher_option,
+    measured_run,
     median_ms,
-    not_run_bullets,
-    run_or_launch,
+    not_run_rows,
+    section_cli,
     status_counts,
 )
 
@@ -62,10 +60,12 @@ PAGE_SIZES = (16, 32, 64, 128, 256)
 
 
 @dataclass(frozen=True)
-class WorkloadsConfig:
+class WorkloadsConfig(SectionConfig):
     """Varlen and paged-KV workloads against FA4, Flex and padded SDPA (`tiledattn workloads`).
 
     One launcher job; its grid, length distributions, methods, timing and checks."""
+
+    stage = "workloads"
 
     enabled: bool = option(False, "Time packed variable-length training batches and a paged "
                            "KV cache (decode, chunked prefill) against FlashAttention-4, "
@@ -165,13 +165,6 @@ class WorkloadsConfig:
             raise ConfigError(f"workloads.varlen_gqa: {bad} do not divide varlen_heads = "
                               f"{self.varlen_heads}")
 
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-    def digest(self) -> str:
-        return hashlib.sha256(json.dumps(self.as_dict(), sort_keys=True).encode()
-                              ).hexdigest()[:16]
-
     def doc_dist(self) -> Lognormal:
         return Lognormal(self.doc_mu, self.doc_sigma, self.doc_min, self.doc_max)
 
@@ -200,10 +193,6 @@ class WorkloadsConfig:
                           sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
-    def task(self, out_dir: str):
-        """The stage's launcher job (the config travels as items, validated on the node)."""
-        return WorkloadsTask(out_dir, tuple(self.as_dict().items()))
-
 
 def workloads_from_dict(data: dict | None) -> WorkloadsConfig:
     """The ``workloads`` section, validated; errors name ``workloads.<key>``."""
@@ -211,7 +200,6 @@ def workloads_from_dict(data: dict | None) -> WorkloadsConfig:
 
 
 ROWS = "rows.jsonl"
-MANIFEST = "manifest-workloads.json"
 
 
 def points(cfg: WorkloadsConfig) -> list[WorkloadPoint]:
@@ -372,43 +360,23 @@ def _grads_compared(grads, refs, hq: int, hk: int, dtype: str) -> dict:
 
 def run_workloads(cfg: WorkloadsConfig, out_dir: str, log=None) -> dict:
     """Measure (or resume) the stage into ``out_dir``; returns its status."""
-    log = log or sys.stderr
-    from ..bench.manifest import capture, now
-    from ..bench.runner import measure, no_gpu_reason, resolve_device, resume, write_manifest
-    from ..bench.store import Lock, ResultStore
+    from ..bench.runner import measure, no_gpu_reason, resolve_device
 
-    os.makedirs(out_dir, exist_ok=True)
-    path = os.path.join(out_dir, ROWS)
+    log = log or sys.stderr
     plan = [(p, list(cfg.methods)) for p in points(cfg)]
     reason = no_gpu_reason()
     device = resolve_device("cpu" if reason else "cuda")
-    with Lock(path, log):
-        store = ResultStore(path)
-        digest = cfg.measure_digest("cpu" if reason else "cuda")
-        resume(store, digest, True, log)  # rows of another config (or device): aside
-        open(path, "ab").close()  # the rule's output exists even if nothing is measured
-        started = now()
-        manifest = os.path.join(out_dir, MANIFEST)
-        write_manifest(manifest, capture(cfg, started=started))
-        print(f"workloads: {len(plan)} points x {len(cfg.methods)} methods on {device}"
-              + (f" ({reason}: the GPU methods' rows say so)" if reason else ""), file=log,
-              flush=True)
-        try:
-            stopped = measure(plan, _Digest(cfg.bench_config(), digest), store, device, log,
-                              run=run_point)
-        finally:
-            write_manifest(manifest, capture(cfg, started=started, finished=now()))
-        rows = list(store.rows.values())
-        missing = [(p.key(), m) for p, ms in plan for m in ms if not store.done(p.key(), m)]
-    print(summary(rows), file=log, flush=True)
-    if missing:  # never a silent gap
-        why = ("stopped by a signal (Ctrl-C or SIGTERM) before they were measured; run "
-               "again to resume" if stopped else "the harness returned no row for them")
-        msg = (f"{len(missing)} of {sum(len(m) for _, m in plan)} rows missing ({why}), "
-               f"e.g. {', '.join(f'{k} {m}' for k, m in missing[:3])}")
-        print(f"workloads: {msg}", file=log, flush=True)
-        return {"status": "incomplete", "reason": msg, "out": out_dir, "stopped": stopped}
-    return {"status": "unavailable" if reason else "ok", "reason": reason, "out": out_dir}
+    # rows of another device kind go aside too: the digest names it
+    digest = cfg.measure_digest("cpu" if reason else "cuda")
+
+    def measure_rows(store) -> bool:
+        return measure(plan, _Digest(cfg.bench_config(), digest), store, device, log,
+                       run=run_point)
+
+    header = (f"{len(plan)} points x {len(cfg.methods)} methods on {device}"
+              + (f" ({reason}: the GPU methods' rows say so)" if reason else ""))
+    return measured_run(cfg, out_dir, plan, digest, header, measure_rows, summary, reason,
+                        log)
 
 
 class _Digest:
@@ -459,48 +427,16 @@ def _fastest(cells: dict) -> tuple[str | None, float | None]:
     return ("none ok" if len(cells) > ("tiledattention" in cells) else None), None
 
 
-@dataclass(frozen=True)
-class WorkloadsTask:
-    """``run_workloads`` as a picklable job, so a launcher puts it on a GPU; the config
-    travels as items and is validated again on the node."""
-
-    out_dir: str
-    config: tuple  # WorkloadsConfig.as_dict() items
-    job_name: str = "tiledattn-workloads"
-
-    def __call__(self) -> dict:
-        return run_workloads(workloads_from_dict(dict(self.config)), self.out_dir)
-
-
-# `tiledattn workloads`: its options (its config's fields, ``base.field_options``) and its
-# handler.
-def add_arguments(p) -> None:
-    p.add_argument("--out", required=True, help="directory for rows.jsonl and the manifest")
-    config_file_option(p, "workloads")
-    field_options(p, WorkloadsConfig, config_file=True)
-    launcher_option(p)
-
-
-def _workloads(args) -> int:
-    cfg = workloads_from_dict(config_section(args, "workloads", WorkloadsConfig))
-    return run_or_launch(args, cfg, run_workloads, load_rows, summary,
-                         os.path.abspath(args.out))
-
-
 # `tiledattn workloads --help`
 HELP = ("packed variable-length training batches and a paged KV cache (decode, chunked "
         "prefill) against FlashAttention-4, FlexAttention, SDPA on the padded batch and "
         "PyTorch's varlen; every row checked against float64; resumable")
 
 
-def not_run(out_dir: str, checked) -> list[str]:
-    """The bundle README's bullets of the workloads rows that did not run (``base``)."""
-    return not_run_bullets("workloads", ROWS, load_rows, out_dir, checked)
-
-
-STAGE = Stage("workloads", WorkloadsConfig, run_workloads, WorkloadsTask,
+STAGE = Stage("workloads", WorkloadsConfig, run_workloads, ConfigTask,
               rows=Rows(load_rows, ROWS, what="the workloads stage's rows",
                         verbs=(("aggregate", "the workloads tables"),), key="kind"),
               publish=Publish("workloads-rows.jsonl", "the workloads stage's rows",
-                              "the workloads stage's rows, when it ran", not_run=not_run),
-              cli=Cli(HELP, add_arguments, _workloads))
+                              "the workloads stage's rows, when it ran",
+                              not_run=not_run_rows("workloads", ROWS, load_rows)),
+              cli=section_cli(HELP, WorkloadsConfig, load_rows, summary))
