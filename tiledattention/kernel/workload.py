@@ -119,10 +119,10 @@ def _forward_schedule(w: Workload, index: int, seq_q: int, seq_k: int, schedule)
     return policy._choose(_bucket(w, index, seq_q, seq_k))[0]
 
 
-def _fwd_tail(w: Workload, s: Schedule, mods, *, return_lse, varlen_q, varlen_k, paged,
-              page_tiles=1, page_span=1, split=1, split_tiles=1, packed=False, seq_q=0,
-              group=1) -> tuple:
-    """The packed forward kernel's arguments after its tensors."""
+def _fwd_values(w: Workload, s: Schedule, mods, *, return_lse, varlen_q, varlen_k, paged,
+                page_tiles=1, page_span=1, split=1, split_tiles=1, packed=False, seq_q=0,
+                group=1) -> dict:
+    """The packed forward kernel's scalar and constant arguments by name."""
     values = dict(
         **scalars(w.scale, mods, FWD_SEQS), GROUP=group, SEQ_Q=seq_q, NUM_SPLITS=split,
         SPLIT_TILES=split_tiles, **window_scalars(w.window), TILE_M=s.tile_m, TILE_N=s.tile_n,
@@ -131,7 +131,12 @@ def _fwd_tail(w: Workload, s: Schedule, mods, *, return_lse, varlen_q, varlen_k,
         HAS_SCORE_MOD=mods.has_score_mod, HAS_MASK_MOD=mods.has_mask_mod, VARLEN_Q=varlen_q,
         VARLEN_K=varlen_k, SEQUSED=paged or w.seqused, PAGED=paged, PAGE_TILES=page_tiles,
         PAGE_SPAN=page_span, WINDOW=w.window != (-1, -1))
-    return FWD_SEQS.ordered(values, skip_tensors=True)
+    return values
+
+
+def _fwd_tail(*args, **kwargs) -> tuple:
+    """``_fwd_values`` in the kernel's order, after its tensors."""
+    return FWD_SEQS.ordered(_fwd_values(*args, **kwargs), skip_tensors=True)
 
 
 def _packed_plan(w: Workload, s: Schedule, mods, tail: tuple, device, return_lse: bool
