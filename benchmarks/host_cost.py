@@ -144,7 +144,8 @@ def breakdown(calls: int = 2000) -> dict[str, float]:
     plan = plan_for(q, k, v, None, False, None, False, False, None)
     out = torch.empty_like(q)
     lse, mask = launching._placeholders(q.device, False)
-    args = (q, k, v, out, lse, mask, *plan.tail)
+    _, kernel, grid, tail = plan.launches[0]
+    args = (q, k, v, out, lse, mask, *tail)
     stream = torch.cuda.current_stream().cuda_stream
     pieces = {
         "api._plain_eager": lambda: api._plain_eager(q),
@@ -154,7 +155,7 @@ def breakdown(calls: int = 2000) -> dict[str, float]:
                                                  device=plan.device),
         "raw current stream": lambda: launching._raw_stream(0),
         "torch.cuda.current_stream()": lambda: torch.cuda.current_stream(),
-        "ct.launch, args ready": lambda: ct.launch(stream, plan.grid, plan.kernel, args),
+        "ct.launch, args ready": lambda: ct.launch(stream, grid, kernel, args),
         "launch(plan)": lambda: launching.launch(plan, q, k, v, None, fresh_lse=False),
         "ta.sdpa": lambda: ta.sdpa(q, k, v),
         "F.sdpa": lambda: F.scaled_dot_product_attention(q, k, v),

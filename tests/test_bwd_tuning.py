@@ -27,7 +27,7 @@ from tiledattention.schedules.backward import (
     default_bwd_schedule,
 )
 from tiledattention.schedules.schedule import Schedule
-from tiledattention.schedules.table import Bucket, BwdEntry, Entry, ScheduleTable, TableError
+from tiledattention.schedules.table import Bucket, Entry, ScheduleTable, TableError
 from tiledattention.stages.tune import build_table, merge_into, paper_grid, tune_config, tune_plan
 
 
@@ -142,7 +142,7 @@ def test_dkdv_masks_every_causal_query_tile_only_above_d128():
 
 
 def bwd_entry(b, label, tflops=300.0):
-    return BwdEntry(bucket=b, best=BwdSchedule.from_label(label), best_tflops=tflops,
+    return Entry(bucket=b, best=BwdSchedule.from_label(label), best_tflops=tflops,
                     runner_up=BwdSchedule(), runner_up_tflops=tflops * 0.9, gpu="H100",
                     candidates=4, failed=("kv128x64_q64x128_o2:error",))
 
@@ -213,7 +213,7 @@ SEVEN_MM = BwdSchedule.from_label("kv64x64_q64x64_o2")
 
 def test_a_reduce_add_winner_serves_its_own_bucket_and_never_deterministic_mode():
     t = ScheduleTable()
-    t.add(BwdEntry(bucket=bucket(), best=REDUCE_ADD, best_tflops=445.0, runner_up=SEVEN_MM,
+    t.add(Entry(bucket=bucket(), best=REDUCE_ADD, best_tflops=445.0, runner_up=SEVEN_MM,
                    runner_up_tflops=422.0))
     assert t.lookup_bwd(bucket()) == (REDUCE_ADD, "exact")
     assert t.lookup_bwd(bucket(), deterministic=True) == (SEVEN_MM, "exact")
@@ -275,7 +275,7 @@ def test_keys_as_rows_over_128_keys_is_refused_where_its_sass_spills(d, refused)
 
 def test_a_nearest_bucket_whose_pick_cannot_run_the_head_dim_lends_its_runner_up(tmp_path):
     t = ScheduleTable(meta={"gpu": "H100"})
-    t.add(BwdEntry(bucket=bucket(), best=KEY_ROWS, best_tflops=449.0,
+    t.add(Entry(bucket=bucket(), best=KEY_ROWS, best_tflops=449.0,
                    runner_up=BwdSchedule.from_label("kv64x64_q64x64_o2"),
                    runner_up_tflops=393.0, gpu="H100", candidates=3))
     t.save(str(tmp_path / "t.json"))

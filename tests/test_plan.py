@@ -205,9 +205,9 @@ def test_a_plan_holds_grid_and_arguments_placed_by_name():
     p = planning.make_plan(problem, torch.float16, torch.device("cpu"), Schedule(64, 128),
                            False, copy_qkv=False, mask=("float16", (True, False, False)),
                            build_kernels=False)
-    assert p.grid == (2, 8, 2)  # ceil(100 / 64) query tiles, heads, batch
+    assert p.launches[0].grid == (2, 8, 2)  # ceil(100 / 64) query tiles, heads, batch
     assert p.out_shape == (2, 8, 100, 96) and p.lse_shape == (1, 1, 1)
-    assert p.tail == (0.125 * planning.LOG2E, 8.0, 4,  # scale*log2e, 1/scale, GROUP
+    assert p.launches[0].tail == (0.125 * planning.LOG2E, 8.0, 4,  # scale*log2e, 1/scale, GROUP
                       100, 1, 1,  # SEQ_Q, one split of one tile run (sm_count 0: no split-K)
                       64, 128, 2, 64, 32, 32,  # tiles, chunks of D=96 (64 + 32)
                       True, True, False,  # causal, heavy first, Skv % 128 != 0
@@ -229,7 +229,7 @@ def test_a_pdl_schedule_sets_the_kernel_flag_and_the_launch_flag_together():
                            build_kernels=False)
     # The kernel waits before its first load exactly when it is launched as a dependent.
     pdl_index = FWD.names()[len(FWD.tensors):].index("PDL")
-    assert p.pdl and p.tail[pdl_index] is True and p.variant.constants()["PDL"] is True
+    assert p.pdl and p.launches[0].tail[pdl_index] is True and p.variant.constants()["PDL"] is True
     split = _decode_plan(1, 32, 32, 1, 4096, schedule=Schedule(64, 64, 2, pdl=True))
     assert split.part_shape is not None and split.pdl  # the combine launches plainly
 
@@ -255,11 +255,13 @@ def _decode_plan(b, hq, hkv, sq, skv, *, causal=False, schedule=None, mask=None,
 def test_a_grid_under_half_a_wave_splits_the_keys_to_about_two_programs_per_sm():
     pytest.importorskip("cuda.tile", reason="cuTile (cuda-tile) is not installed")
     p = _decode_plan(4, 8, 8, 1, 4096)  # 32 programs on 132 SMs, 64 key tiles
-    assert p.splits_per_head == 8 and p.grid == (1, 64, 4)  # ceil(64/9)=8 tiles per split
-    assert p.part_shape == (4, 64, 1, 128) and p.combine_grid == (1, 8, 4)
-    assert p.variant.split_k and p.tail[3:6] == (1, 8, 8)  # SEQ_Q, NUM_SPLITS, SPLIT_TILES
+    # ceil(64/9)=8 tiles per split
+    assert p.splits_per_head == 8 and p.launches[0].grid == (1, 64, 4)
+    assert p.part_shape == (4, 64, 1, 128) and p.launches[1].grid == (1, 8, 4)
+    # SEQ_Q, NUM_SPLITS, SPLIT_TILES
+    assert p.variant.split_k and p.launches[0].tail[3:6] == (1, 8, 8)
     full = _decode_plan(64, 32, 32, 1, 4096)  # 2048 programs: no split
-    assert full.part_shape is None and full.grid == (1, 32, 64)
+    assert full.part_shape is None and full.launches[0].grid == (1, 32, 64)
     short = _decode_plan(1, 8, 8, 1, 100)  # 2 key tiles: too few to split
     assert short.part_shape is None
 
@@ -269,7 +271,8 @@ def test_a_grid_of_few_programs_splits_the_keys_to_about_one_program_per_sm():
     # B1 GQA decode packs 4 query heads per KV head: 8 programs; 128 key tiles of 64.
     p = _decode_plan(1, 32, 8, 1, 8192)
     assert p.packed_shape is not None
-    assert p.splits_per_head == 16 and p.grid == (1, 128, 1)  # ceil(132/8)=17 -> 8 tiles each
+    # ceil(132/8)=17 -> 8 tiles each
+    assert p.splits_per_head == 16 and p.launches[0].grid == (1, 128, 1)
     assert _decode_plan(2, 32, 8, 1, 8192).splits_per_head == 9  # 16 programs: ceil(132/16)
     assert _decode_plan(4, 32, 8, 1, 8192).splits_per_head == 9  # 32: two per SM, ceil(264/32)
 
@@ -290,8 +293,8 @@ def test_gqa_decode_packs_query_heads_into_the_rows_of_one_tile():
     pytest.importorskip("cuda.tile", reason="cuTile (cuda-tile) is not installed")
     p = _decode_plan(16, 32, 8, 1, 8192)
     assert p.packed_shape == (16, 8, 4, 128) and p.variant.packed
-    assert p.tail[2] == 1  # GROUP: the packed view is MHA over the K/V heads
-    assert p.grid[0] == 1 and p.grid[1] % 8 == 0
+    assert p.launches[0].tail[2] == 1  # GROUP: the packed view is MHA over the K/V heads
+    assert p.launches[0].grid[0] == 1 and p.launches[0].grid[1] % 8 == 0
     assert _decode_plan(2, 32, 8, 16, 1024).packed_shape == (2, 8, 64, 128)
     assert _decode_plan(2, 32, 8, 17, 1024).packed_shape is None  # past speculative lengths
     assert _decode_plan(2, 32, 8, 4, 1024, viewable=False).packed_shape is None

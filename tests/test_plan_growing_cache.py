@@ -48,8 +48,9 @@ def h100(monkeypatch):
 def assert_same_plan(got, want):
     for field in dataclasses.fields(planning.Plan):
         a, b = getattr(got, field.name), getattr(want, field.name)
-        if field.name in ("kernel", "combine"):
-            assert a is b, field.name
+        if field.name == "launches":  # the kernels by identity, the rest by value
+            assert [(x.role, x.grid, x.tail) for x in a] == [(y.role, y.grid, y.tail) for y in b]
+            assert [id(x.kernel) for x in a] == [id(y.kernel) for y in b]
         else:
             assert a == b and type(a) is type(b), (field.name, a, b)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -232,7 +233,7 @@ def test_tune_without_a_gpu_never_replaces_an_existing_table(tmp_path):
 
     from tiledattention.schedules.backward import BwdSchedule
     from tiledattention.schedules.schedule import Schedule
-    from tiledattention.schedules.table import Bucket, BwdEntry, Entry, ScheduleTable
+    from tiledattention.schedules.table import Bucket, Entry, ScheduleTable
     from tiledattention.stages.tune import TuneTask
 
     if torch.cuda.is_available():
@@ -240,7 +241,7 @@ def test_tune_without_a_gpu_never_replaces_an_existing_table(tmp_path):
     table = ScheduleTable(meta={"gpu": "H100"})
     bucket = Bucket("9.0", "float16", 64, False, 512)
     table.add(Entry(bucket, Schedule(64, 128, 2), 500.0))
-    table.add(BwdEntry(bucket, BwdSchedule.from_label("kv64x64_q64x64_o1"), 300.0))
+    table.add(Entry(bucket, BwdSchedule.from_label("kv64x64_q64x64_o1"), 300.0))
     out = tmp_path / "schedule-table.json"
     table.save(str(out))
     before = out.read_bytes()
@@ -252,3 +253,51 @@ def test_tune_without_a_gpu_never_replaces_an_existing_table(tmp_path):
     code, _ = cli("tune", "--seqs", "512", "--head-dims", "64", "--out", str(out),
                   "--state", str(tmp_path / "s.jsonl"), "--pass", "fwd+bwd")
     assert code == 2 and out.read_bytes() == before
+
+
+# Points the shipped H100 table resolved to before its forward and backward entries became
+# one class (captured on the old code over 2048 buckets, every kind): (cc, dtype, head dim,
+# causal, S bucket, GQA) -> (forward, backward, deterministic backward), each (label, how).
+SHIPPED_POINTS = [
+    (("9.0", "float16", 128, True, 4096, 1),
+     ("64x128_o3_c1_lk2_lv4", "exact"), ("kv64x128_q128x64_o1_w8_keyrows", "exact"),
+     ("kv64x128_q128x64_o1_w8_keyrows", "exact")),
+    (("9.0", "bfloat16", 64, False, 4096, 1),
+     ("128x64_o2_c1_lk2_lv4_w8", "exact"), ("kv64x64_q64x64_o2_atomic", "exact"),
+     ("kv128x64_q64x128_o2", "exact")),
+    (("9.0", "bfloat16", 64, False, 1024, 4),
+     ("64x64_o4_c1_lk2_lv4", "nearest"), ("kv128x64_q64x128_o2", "nearest"),
+     ("kv128x64_q64x128_o2", "nearest")),
+    (("9.0", "float16", 96, False, 512, 1),
+     ("128x64_o2_c1_lk2_lv4", "exact"), ("kv64x64_q64x64_o2", "nearest"),
+     ("kv64x64_q64x64_o2", "nearest")),
+    (("9.0", "bfloat16", 256, True, 16384, 8),
+     ("128x128_o1_c1_lk2_lv4_w8", "nearest"), ("kv64x64_q64x64_o1_w8", "nearest"),
+     ("kv64x64_q64x64_o1_w8", "nearest")),
+    (("8.0", "float16", 128, True, 4096, 1),
+     ("64x128_o2_c1_lk2_lv4", "default"), ("kv64x64_q64x64_o2", "default"),
+     ("kv64x64_q64x64_o2", "default")),
+]
+
+
+@pytest.mark.parametrize("point,fwd,bwd,det", SHIPPED_POINTS)
+def test_shipped_table_resolves_each_kind_to_the_schedule_it_did(monkeypatch, point, fwd,
+                                                                   bwd, det):
+    monkeypatch.delenv(policy.ENV_VAR, raising=False)
+    policy.set_schedule_table(None)
+    bucket = Bucket(*point)
+    got = [(s.label(), how) for s, how in (policy._choose(bucket),
+                                           policy._choose_bwd(bucket, False),
+                                           policy._choose_bwd(bucket, True))]
+    assert got == [fwd, bwd, det]
+
+
+def test_shipped_table_saves_back_to_its_own_bytes(tmp_path):
+    """One entry class, one loader, one writer: what loads writes the same file again."""
+    for path in policy.shipped_table_paths():
+        table = ScheduleTable.load(path)
+        assert {e.backward for e in table.entries.values()} == {False}
+        assert {e.backward for e in table.backward.values()} == {True}
+        out = tmp_path / "again.json.gz"
+        table.save(str(out))
+        assert out.read_bytes() == Path(path).read_bytes()

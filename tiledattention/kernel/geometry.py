@@ -3,8 +3,8 @@
 The one place that computes it, as a pure function of the plan's grid, the problem's
 sizes, the schedule's tiles, the SM count and the programs per SM that fit, so that the
 benchmark rows, ``tiledattn advise`` and the tests all agree. The grid is taken from the
-plan (``Plan.grid``) rather than rebuilt from the shape, so a new grid axis (e.g. split-K
-for decode) is counted without a change here.
+plan (its first launch's grid, ``Plan.launches``) rather than rebuilt from the shape, so a
+new grid axis (e.g. split-K for decode) is counted without a change here.
 
 Wave quantization: ``programs`` run in waves of ``sms * per_sm / num_ctas`` slots; a last
 wave that is barely filled (133 programs on 132 one-program SMs) costs a whole wave's time
@@ -79,8 +79,8 @@ def launch_geometry(grid: tuple[int, ...], *, head_dim: int, seq_q: int, seq_kv:
 
 def plan_geometry(plan, seq_kv: int, sms: int) -> Geometry:
     """The geometry of a built ``kernel.plan.Plan`` (its grid, schedule and sizes)."""
-    s = plan.variant.schedule
-    return launch_geometry(plan.grid, head_dim=plan.variant.head_dim,
+    s = plan.schedule
+    return launch_geometry(plan.launches[0].grid, head_dim=plan.variant.head_dim,
                            seq_q=plan.out_shape[2], seq_kv=seq_kv, tile_m=s.tile_m,
                            tile_n=s.tile_n, sms=sms, per_sm=s.occupancy,
                            num_ctas=s.num_ctas)

@@ -91,16 +91,17 @@ def launch(plan, q, k, v, attn_mask, *, fresh_lse: bool = True, aux: tuple = ())
         kout = out.view(plan.packed_shape)
         if plan.variant.return_lse:
             klse = lse.view(plan.packed_shape[:3])
+    _, kernel, grid, tail = plan.launches[0]
     if plan.part_shape is None:
-        launch_kernel(device, plan.grid, plan.kernel,
-                      (q, k, v, kout, klse, mask, *extra, *plan.tail), plan.pdl)
+        launch_kernel(device, grid, kernel, (q, k, v, kout, klse, mask, *extra, *tail),
+                      plan.pdl)
     else:
         part = torch.empty(plan.part_shape, dtype=torch.float32, device=device)
         part_lse = torch.empty(plan.part_shape[:3], dtype=torch.float32, device=device)
-        launch_kernel(device, plan.grid, plan.kernel,
-                      (q, k, v, part, part_lse, mask, *extra, *plan.tail), plan.pdl)
-        launch_kernel(device, plan.combine_grid, plan.combine,
-                      (part, part_lse, kout, klse, *plan.combine_tail))
+        launch_kernel(device, grid, kernel, (q, k, v, part, part_lse, mask, *extra, *tail),
+                      plan.pdl)
+        _, kernel, grid, tail = plan.launches[1]
+        launch_kernel(device, grid, kernel, (part, part_lse, kout, klse, *tail))
     return out, lse
 
 
@@ -121,7 +122,7 @@ def run_backward(plan, q, k, v, out, lse, dout, dlse, attn_mask, *, aux: tuple =
     mask = lse.view(1, 1, 1, -1)[..., :1]  # never read without HAS_MASK
     if plan.mask_target is not None:
         mask = prepare_mask(attn_mask, plan.dtype, plan.mask_target)
-    atomic = plan.variant.schedule.dq == "atomic"
+    atomic = plan.schedule.dq == "atomic"
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)
     dv = torch.empty_like(v, memory_format=torch.contiguous_format)

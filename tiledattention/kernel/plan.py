@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -56,28 +57,44 @@ _plans: dict[tuple, object] = {}
 _Tensor = torch.Tensor
 
 
-@dataclass(frozen=True, eq=False)
-class Plan:
-    """One forward launch, fixed but for the tensors' data."""
+class Step(NamedTuple):
+    """One kernel launch of a plan: its role ("fwd", "combine", "delta", "dq", "dkdv"), the
+    compiled kernel, its grid and its arguments after the per-call tensors, in the kernel's
+    order. A grid axis of 0 is sized per call (a packed plan's tile map, a paged batch)."""
+
+    role: str
+    kernel: object
+    grid: tuple[int, int, int]
+    tail: tuple
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class LaunchPlan:
+    """What every plan (dense and packed, forward and backward) holds under the same names:
+    the schedule, its launches in the order they run, the device. Each kind adds the facts
+    its per-call tensors need (shapes, the mask's target, the packed workload)."""
+
+    schedule: Schedule | BwdSchedule
+    launches: tuple[Step, ...]
+    device: torch.device
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class Plan(LaunchPlan):
+    """One forward launch, fixed but for the tensors' data: the attention kernel's step
+    (carrying the schedule's hints and variant functions), then with split-K the combine's."""
 
     variant: Variant
-    kernel: object  # the cuTile kernel carrying the schedule's hints and variant functions
-    grid: tuple[int, int, int]
-    tail: tuple  # the kernel's arguments after the per-call tensors, in its order
     out_shape: tuple[int, int, int, int]
     lse_shape: tuple[int, ...]
     dtype: torch.dtype
-    device: torch.device
     copy_qkv: bool  # some head-dim axis is not unit-stride: copy before launching
     mask_target: tuple[int, int, int, int] | None  # [B, H, Sq, Skv] when a mask is given
     # GQA packing: q and out are viewed as [B, Hkv, GROUP * Sq, D] (None: not packed).
     packed_shape: tuple[int, int, int, int] | None = None
     # Split-K: the partial outputs' shape [B, H' * splits, R, D] (fp32; the LSE drops D),
-    # the combine kernel, its grid and its arguments after the tensors (None: no split).
+    # which the combine step reduces (None: no split, one step).
     part_shape: tuple[int, int, int, int] | None = None
-    combine: object = None
-    combine_grid: tuple[int, int, int] = (1, 1, 1)
-    combine_tail: tuple = ()
     # Programmatic dependent launch of the attention kernel (the schedule's ``pdl``; the
     # kernel then waits before its first load). The combine kernel launches plainly.
     pdl: bool = False
@@ -89,21 +106,19 @@ class Plan:
         """Key splits per (batch, head): 1 without split-K."""
         if self.part_shape is None:
             return 1
-        return self.grid[1] // self.combine_grid[1]
+        return self.launches[0].grid[1] // self.launches[1].grid[1]
 
 
-@dataclass(frozen=True, eq=False)
-class BwdPlan:
-    """The backward launches of one call in the order they run, each (role, kernel, grid,
-    tail) with role "delta", "dkdv" or "dq", and each score kernel's block lists (()
-    without a block mask). Mostly two launches: dQ (which computes delta) then dK/dV; with
-    dQ by reduce-add, delta (which zeroes dQ's fp32 buffer) then dK/dV; causal D > 128:
-    delta, dQ, dK/dV (``BwdVariant.delta_in_dq``)."""
+@dataclass(frozen=True, eq=False, kw_only=True)
+class BwdPlan(LaunchPlan):
+    """The backward launches of one call in the order they run, roles "delta", "dkdv" or
+    "dq", and each score kernel's block lists (() without a block mask). Mostly two
+    launches: dQ (which computes delta) then dK/dV; with dQ by reduce-add, delta (which
+    zeroes dQ's fp32 buffer) then dK/dV; causal D > 128: delta, dQ, dK/dV
+    (``BwdVariant.delta_in_dq``)."""
 
     variant: BwdVariant
-    launches: tuple
     dtype: torch.dtype
-    device: torch.device
     mask_target: tuple[int, int, int, int] | None
     blocks: tuple = ((), ())  # (dK/dV's transposed lists, dQ's lists)
     scale: float = 1.0  # the call's softmax scale (dQ by reduce-add is scaled after)
@@ -262,7 +277,7 @@ def _grown(key, q, k, v, attn_mask, *args) -> Plan:
         if fkey is not None and isinstance(plan, Plan):
             from .visit import key_tiles
 
-            family = _Family(q.shape[2], plan.variant.schedule.tile_n, plan.variant.causal,
+            family = _Family(q.shape[2], plan.schedule.tile_n, plan.variant.causal,
                              key_tiles)
             _store(fkey, family)
             _store((fkey, family.member(k.shape[2])), plan)
@@ -395,34 +410,40 @@ def make_plan(problem, dtype: torch.dtype, device, schedule: Schedule, return_ls
     tail = fwd.ordered(dict(**scalars(p.scale, mods, fwd), GROUP=group, SEQ_Q=p.seq_q,
                             NUM_SPLITS=splits, SPLIT_TILES=split_tiles, **variant.constants()),
                        skip_tensors=True)
-    combine = {}
+    steps = [Step(
+        "fwd", fwd.kernel(mods, **fwd_hints(schedule)) if build_kernels else None,
+        # Split-K multiplies the head axis; packing makes heads K/V heads of GROUP*Sq rows.
+        grid_for(batch=p.batch, heads=heads * splits, seq_q=rows, tile_m=schedule.tile_m),
+        tail)]
     if splits > 1:
-        consts = combine_constants(p.head_dim, rows, return_lse)
-        combine = dict(
-            part_shape=(p.batch, heads * splits, rows, p.head_dim),
-            combine=COMBINE.kernel() if build_kernels else None,
-            combine_grid=(math.ceil(rows / consts["TILE_R"]), heads, p.batch),
-            combine_tail=COMBINE.ordered(dict(NUM_SPLITS=splits, **consts),
-                                         skip_tensors=True))
+        steps.append(combine_step(p.head_dim, rows, return_lse, splits, (heads, p.batch),
+                                  build_kernels))
     blocks = () if block is None else block.lists(schedule.tile_m, schedule.tile_n, p.causal)
     return Plan(
-        variant=variant,
-        kernel=fwd.kernel(mods, **fwd_hints(schedule)) if build_kernels else None,
-        # Split-K multiplies the head axis; packing makes heads K/V heads of GROUP*Sq rows.
-        grid=grid_for(batch=p.batch, heads=heads * splits, seq_q=rows, tile_m=schedule.tile_m),
-        tail=tail,
+        schedule=schedule, launches=tuple(steps), variant=variant,
         out_shape=(p.batch, p.heads_q, p.seq_q, p.head_dim),
         lse_shape=(p.batch, p.heads_q, p.seq_q) if return_lse else (1, 1, 1),
         dtype=dtype, device=device, copy_qkv=copy_qkv,
         mask_target=None if mask is None else (p.batch, p.heads_q, p.seq_q, p.seq_kv),
         packed_shape=(p.batch, heads, rows, p.head_dim) if packed else None,
-        pdl=schedule.pdl, blocks=blocks, scale=p.scale, **combine,
+        part_shape=(p.batch, heads * splits, rows, p.head_dim) if splits > 1 else None,
+        pdl=schedule.pdl, blocks=blocks, scale=p.scale,
     )
 
 
 def fwd_hints(schedule: Schedule) -> dict:
     return dict(occupancy=schedule.occupancy, num_ctas=schedule.num_ctas,
                 num_worker_warps=schedule.worker_warps)
+
+
+def combine_step(head_dim: int, rows: int, return_lse: bool, splits: int, grid: tuple,
+                 build_kernel: bool = True) -> Step:
+    """Split-K's combine launch over ``rows`` query rows per head: its grid is the row
+    tiles, then ``grid`` (heads, batch)."""
+    consts = combine_constants(head_dim, rows, return_lse)
+    return Step("combine", COMBINE.kernel() if build_kernel else None,
+                (math.ceil(rows / consts["TILE_R"]), *grid),
+                COMBINE.ordered(dict(NUM_SPLITS=splits, **consts), skip_tensors=True))
 
 
 def combine_constants(head_dim: int, rows: int, return_lse: bool) -> dict[str, int | bool]:
@@ -506,9 +527,10 @@ def make_bwd_plan(q, k, attn_mask, causal: bool, scale: float, has_dlse: bool,
         if spec is not DELTA:
             values.update(scalars(scale, mods, spec), GROUP=hq // hk)
         kernel = DELTA.kernel() if spec is DELTA else spec.kernel(mods, **s.hints())
-        launches.append((role, kernel, grid, spec.ordered(values, skip_tensors=True)))
+        launches.append(Step(role, kernel, grid, spec.ordered(values, skip_tensors=True)))
     blocks = ((), ()) if block is None else (
         block.lists(s.dkdv_m, s.dkdv_n, causal, transposed=True),
         block.lists(s.dq_m, s.dq_n, causal))
-    return BwdPlan(v, tuple(launches), q.dtype, q.device,
-                   None if mask is None else target, blocks, scale)
+    return BwdPlan(schedule=s, launches=tuple(launches), device=q.device, variant=v,
+                   dtype=q.dtype, mask_target=None if mask is None else target, blocks=blocks,
+                   scale=scale)

@@ -1,11 +1,13 @@
 """The host path of packed (varlen) and paged calls: validate once per plan, launch.
 
-A plan holds what a call's launches need but the tensors and the packed length: the
-compiled kernels, the schedule, the scalar and constant arguments. It is keyed on the
+A plan (``plan.LaunchPlan``: the schedule, its launches in order, the device) holds what a
+call's launches need but the tensors and the packed length: the compiled kernels, the
+schedule, the scalar and constant arguments. It is keyed on the
 facts that decide them (heads, head dim, dtype, device, strides of a token, batch size,
 flags, the variant, the schedule table's bucket of ``max_seqlen``), not on the packed
-length, which changes with every training batch; per call the grid is sized from the packed
-length (``programs``), the tile map launched (``seqmap``), then the attention kernel.
+length, which changes with every training batch; per call the grid axes that follow it (0 in
+the plan's steps) are sized from the packed length (``programs``) or the batch, the tile map
+launched (``seqmap``), then the attention kernel.
 
 Layouts the kernels see: packed ``[total, H, D]`` tensors as ``[1, H, total, D]`` views,
 the log-sum-exp ``[H, total]`` as ``[1, H, total]``; a page cache ``[pages, P, Hkv, D]`` as
@@ -27,8 +29,8 @@ from ..schedules import policy
 from ..schedules.backward import BwdSchedule
 from ..schedules.schedule import Schedule
 from .launch import _int_pad, _placeholders, launch_kernel, variant_arrays
-from .plan import _cached, combine_constants, fwd_hints, scalars, sm_count, split_count
-from .spec import COMBINE, DELTA, DKDV_SEQS, DQ_SEQS, FWD_SEQS, SEQMAP
+from .plan import LaunchPlan, Step, _cached, combine_step, fwd_hints, scalars, sm_count, split_count
+from .spec import DELTA, DKDV_SEQS, DQ_SEQS, FWD_SEQS, SEQMAP
 from .toolchain import check_gpu
 from .validate import check_device
 from .variant import DELTA_TILE_M, ONE_HEAD_DIMS
@@ -96,25 +98,18 @@ def packed4(t: torch.Tensor) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------- forward plans
-@dataclass(frozen=True, eq=False)
-class SeqPlan:
-    """One packed or paged forward, fixed but for the tensors and the packed length."""
+@dataclass(frozen=True, eq=False, kw_only=True)
+class SeqPlan(LaunchPlan):
+    """One packed or paged forward, fixed but for the tensors and the packed length: the
+    attention kernel's step, then (paged split-K) the combine's."""
 
     work: Workload
-    schedule: Schedule
-    kernel: object
-    values: dict  # the kernel's scalar and constant arguments by name
-    tile_m: int
     bpad: int
-    device: torch.device
     return_lse: bool
-    mods: object
-    # paged only: the grid's (rows per head, heads) and split-K's combine (None: no split)
+    # paged only: the partials' (rows per head, heads) and key splits (1: no combine step)
     rows: int = 0
     heads: int = 0
     splits: int = 1
-    combine: object = None
-    combine_values: tuple = ()
     packed_heads: bool = False  # GQA decode: q's heads packed into their K/V head's rows
 
 
@@ -127,6 +122,7 @@ def _forward_schedule(w: Workload, index: int, seq_q: int, seq_k: int, schedule)
 def _fwd_values(w: Workload, s: Schedule, mods, *, return_lse, varlen_q, varlen_k, paged,
                 page_tiles=1, page_span=1, split=1, split_tiles=1, packed=False, seq_q=0,
                 group=1) -> dict:
+    """The packed forward kernel's scalar and constant arguments by name."""
     values = dict(
         **scalars(w.scale, mods, FWD_SEQS), GROUP=group, SEQ_Q=seq_q, NUM_SPLITS=split,
         SPLIT_TILES=split_tiles, **window_scalars(w.window), TILE_M=s.tile_m, TILE_N=s.tile_n,
@@ -138,20 +134,34 @@ def _fwd_values(w: Workload, s: Schedule, mods, *, return_lse, varlen_q, varlen_
     return values
 
 
+def _fwd_tail(*args, **kwargs) -> tuple:
+    """``_fwd_values`` in the kernel's order, after its tensors."""
+    return FWD_SEQS.ordered(_fwd_values(*args, **kwargs), skip_tensors=True)
+
+
+def _packed_plan(w: Workload, s: Schedule, mods, tail: tuple, device, return_lse: bool
+                 ) -> SeqPlan:
+    """A forward over a tile map of packed query rows: the grid's programs follow the
+    packed length (0, sized per call), one program row per query head."""
+    step = Step("fwd", FWD_SEQS.kernel(mods, **fwd_hints(s)), (0, w.heads_q, 1), tail)
+    return SeqPlan(schedule=s, launches=(step,), device=device, work=w,
+                   bpad=max(_pow2(w.batch + 1), 16), return_lse=return_lse)
+
+
 def varlen_plan(w: Workload, q, k, schedule, mods, return_lse: bool) -> SeqPlan:
     index = _index(q.device)
     check_gpu(index)
     s = _forward_schedule(w, index, w.max_q, w.max_k, schedule)
     s = replace(s, splits=1, heavy_first=False, pdl=False)
-    values = _fwd_values(w, s, mods, return_lse=return_lse, varlen_q=True, varlen_k=True,
-                         paged=False, group=w.heads_q // w.heads_kv)
-    return SeqPlan(w, s, FWD_SEQS.kernel(mods, **fwd_hints(s)), values, s.tile_m,
-                   max(_pow2(w.batch + 1), 16), q.device, return_lse, mods)
+    tail = _fwd_tail(w, s, mods, return_lse=return_lse, varlen_q=True, varlen_k=True,
+                     paged=False, group=w.heads_q // w.heads_kv)
+    return _packed_plan(w, s, mods, tail, q.device, return_lse)
 
 
 def run_varlen(plan: SeqPlan, q, k, v, cu_q, cu_k, seqused_k, aux=()):
     """(out [total_q, Hq, D], lse [Hq, total_q] or None) of a packed forward."""
     w, dev = plan.work, plan.device
+    _, kernel, grid, tail = plan.launches[0]
     total = q.shape[0]
     out = torch.empty(q.shape, dtype=q.dtype, device=dev)
     lse = torch.empty((w.heads_q, total), dtype=torch.float32, device=dev) \
@@ -164,13 +174,12 @@ def run_varlen(plan: SeqPlan, q, k, v, cu_q, cu_k, seqused_k, aux=()):
         return out, lse
     pad = _int_pad(dev)
     lse_ph, mask_ph = _placeholders(dev, False)
-    tmap = tile_map(cu_q, total, plan.tile_m, plan.bpad)
+    tmap = tile_map(cu_q, total, plan.schedule.tile_m, plan.bpad)
     lse_arg = lse_ph if lse is None else lse.unsqueeze(0)
     args = (packed4(q), packed4(k), packed4(v), packed4(out), lse_arg, mask_ph,
             *variant_arrays(None, aux, dev), cu_q, cu_k,
-            pad.view(1) if seqused_k is None else seqused_k, pad.view(1, 1), tmap,
-            *FWD_SEQS.ordered(plan.values, skip_tensors=True))
-    launch_kernel(dev, (tmap.shape[0], w.heads_q, 1), plan.kernel, args)
+            pad.view(1) if seqused_k is None else seqused_k, pad.view(1, 1), tmap, *tail)
+    launch_kernel(dev, (tmap.shape[0], grid[1], grid[2]), kernel, args)
     return out, lse
 
 
@@ -195,11 +204,9 @@ def paged_plan(w: Workload, q, schedule, mods, return_lse: bool) -> SeqPlan:
         s = _forward_schedule(w, index, w.max_q, w.max_k, schedule)
         s, tiles, span = _paged_tiles(replace(s, splits=1, heavy_first=False, pdl=False),
                                       w.page_size)
-        values = _fwd_values(w, s, mods, return_lse=return_lse, varlen_q=True,
-                             varlen_k=False, paged=True, page_tiles=tiles, page_span=span,
-                             group=group)
-        return SeqPlan(w, s, FWD_SEQS.kernel(mods, **fwd_hints(s)), values, s.tile_m,
-                       max(_pow2(w.batch + 1), 16), q.device, return_lse, mods)
+        tail = _fwd_tail(w, s, mods, return_lse=return_lse, varlen_q=True, varlen_k=False,
+                         paged=True, page_tiles=tiles, page_span=span, group=group)
+        return _packed_plan(w, s, mods, tail, q.device, return_lse)
     seq_q = w.max_q
     # GQA decode: the group's query heads share the rows of one tile (K/V read once).
     packed = group > 1 and seq_q <= 16 and not mods.key
@@ -219,20 +226,18 @@ def paged_plan(w: Workload, q, schedule, mods, return_lse: bool) -> SeqPlan:
                      key_tiles)
     split_tiles = math.ceil(key_tiles / splits)
     splits = math.ceil(key_tiles / split_tiles)
-    values = _fwd_values(w, s, mods, return_lse=return_lse or splits > 1, varlen_q=False,
-                         varlen_k=False, paged=True, page_tiles=tiles, page_span=span,
-                         split=splits, split_tiles=split_tiles, packed=packed, seq_q=seq_q,
-                         group=kgroup)
-    combine, combine_values = None, ()
+    tail = _fwd_tail(w, s, mods, return_lse=return_lse or splits > 1, varlen_q=False,
+                     varlen_k=False, paged=True, page_tiles=tiles, page_span=span,
+                     split=splits, split_tiles=split_tiles, packed=packed, seq_q=seq_q,
+                     group=kgroup)
+    # The batch axis (0) is the call's: B of q [B, Sq, H, D].
+    steps = [Step("fwd", FWD_SEQS.kernel(mods, **fwd_hints(s)),
+                  (m_tiles, heads * splits, 0), tail)]
     if splits > 1:
-        consts = combine_constants(w.head_dim, rows, return_lse)
-        combine = COMBINE.kernel()
-        combine_values = (math.ceil(rows / consts["TILE_R"]),
-                          COMBINE.ordered(dict(NUM_SPLITS=splits, **consts),
-                                          skip_tensors=True))
-    return SeqPlan(w, s, FWD_SEQS.kernel(mods, **fwd_hints(s)), values, s.tile_m, 16,
-                   q.device, return_lse, mods, rows=rows, heads=heads, splits=splits,
-                   combine=combine, combine_values=combine_values, packed_heads=packed)
+        steps.append(combine_step(w.head_dim, rows, return_lse, splits, (heads, 0)))
+    return SeqPlan(schedule=s, launches=tuple(steps), device=q.device, work=w, bpad=16,
+                   return_lse=return_lse, rows=rows, heads=heads, splits=splits,
+                   packed_heads=packed)
 
 
 def _paged_q(plan: SeqPlan, q: torch.Tensor) -> torch.Tensor:
@@ -253,7 +258,7 @@ def run_paged(plan: SeqPlan, q, k_cache, v_cache, page_table, cache_seqlens, cu_
     lse_ph, mask_ph = _placeholders(dev, False)
     kc, vc = k_cache.transpose(1, 2), v_cache.transpose(1, 2)
     variant = variant_arrays(None, aux, dev)
-    tail = FWD_SEQS.ordered(plan.values, skip_tensors=True)
+    _, kernel, grid, tail = plan.launches[0]
     if w.packed_q:
         total = q.shape[0]
         out = torch.empty(q.shape, dtype=q.dtype, device=dev)
@@ -261,9 +266,9 @@ def run_paged(plan: SeqPlan, q, k_cache, v_cache, page_table, cache_seqlens, cu_
             if plan.return_lse else None
         if total == 0 or w.batch == 0:
             return out, lse
-        tmap = tile_map(cu_q, total, plan.tile_m, plan.bpad)
+        tmap = tile_map(cu_q, total, plan.schedule.tile_m, plan.bpad)
         lse_arg = lse_ph if lse is None else lse.unsqueeze(0)
-        launch_kernel(dev, (tmap.shape[0], w.heads_q, 1), plan.kernel,
+        launch_kernel(dev, (tmap.shape[0], grid[1], grid[2]), kernel,
                       (packed4(q), kc, vc, packed4(out), lse_arg, mask_ph, *variant, cu_q,
                        cu_q, cache_seqlens, page_table, tmap, *tail))
         return out, lse
@@ -276,7 +281,7 @@ def run_paged(plan: SeqPlan, q, k_cache, v_cache, page_table, cache_seqlens, cu_
     kq = _paged_q(plan, q)
     rows_shape = (b, plan.heads, plan.rows, w.head_dim)
     seqs = (pad.view(1), pad.view(1), cache_seqlens, page_table, pad.view(1, 1))
-    grid = (math.ceil(plan.rows / plan.tile_m), plan.heads * plan.splits, b)
+    grid = (grid[0], grid[1], b)
     direct = not plan.packed_heads or sq == 1  # out viewed as the kernel's rows
     kout = out.transpose(1, 2) if not plan.packed_heads else (
         out.view(rows_shape) if sq == 1 else torch.empty(rows_shape, dtype=q.dtype,
@@ -284,18 +289,18 @@ def run_paged(plan: SeqPlan, q, k_cache, v_cache, page_table, cache_seqlens, cu_
     if plan.splits == 1:
         klse = lse_ph if lse is None else (
             lse if not plan.packed_heads else lse.view(b, plan.heads, plan.rows))
-        launch_kernel(dev, grid, plan.kernel, (kq, kc, vc, kout, klse, mask_ph, *variant,
-                                                *seqs, *tail))
+        launch_kernel(dev, grid, kernel, (kq, kc, vc, kout, klse, mask_ph, *variant, *seqs,
+                                          *tail))
     else:
         part = torch.empty((b, plan.heads * plan.splits, plan.rows, w.head_dim),
                            dtype=torch.float32, device=dev)
         part_lse = torch.empty(part.shape[:3], dtype=torch.float32, device=dev)
-        launch_kernel(dev, grid, plan.kernel, (kq, kc, vc, part, part_lse, mask_ph,
-                                                *variant, *seqs, *tail))
+        launch_kernel(dev, grid, kernel, (kq, kc, vc, part, part_lse, mask_ph, *variant,
+                                          *seqs, *tail))
         klse = lse_ph if lse is None else (
             lse if not plan.packed_heads else lse.view(b, plan.heads, plan.rows))
-        r_tiles, combine_tail = plan.combine_values
-        launch_kernel(dev, (r_tiles, plan.heads, b), plan.combine,
+        _, combine, (r_tiles, heads, _), combine_tail = plan.launches[1]
+        launch_kernel(dev, (r_tiles, heads, b), combine,
                       (part, part_lse, kout, klse, *combine_tail))
     if not direct:
         group = w.heads_q // w.heads_kv
@@ -305,15 +310,11 @@ def run_paged(plan: SeqPlan, q, k_cache, v_cache, page_table, cache_seqlens, cu_
 
 
 # ----------------------------------------------------------------------------- backward
-@dataclass(frozen=True, eq=False)
-class SeqBwdPlan:
-    schedule: BwdSchedule
-    dkdv: object
-    dq: object
-    delta: object
-    dkdv_values: dict
-    dq_values: dict
-    delta_values: dict
+@dataclass(frozen=True, eq=False, kw_only=True)
+class SeqBwdPlan(LaunchPlan):
+    """A packed backward: the delta, dQ and dK/dV steps in that order, each over its tile
+    map (programs sized per call: 0), one program row per query (K/V, for dK/dV) head."""
+
     bpad: int
 
 
@@ -327,7 +328,7 @@ def varlen_bwd_schedule(w: Workload) -> BwdSchedule:
     return default_bwd_schedule(w.head_dim, w.causal)
 
 
-def varlen_bwd_plan(w: Workload, mods, has_dlse: bool, schedule=None) -> SeqBwdPlan:
+def varlen_bwd_plan(w: Workload, device, mods, has_dlse: bool, schedule=None) -> SeqBwdPlan:
     s = schedule or varlen_bwd_schedule(w)
     hd = head_dim_constants(w.head_dim)
     common = dict(**scalars(w.scale, mods, DKDV_SEQS), GROUP=w.heads_q // w.heads_kv,
@@ -340,9 +341,15 @@ def varlen_bwd_plan(w: Workload, mods, has_dlse: bool, schedule=None) -> SeqBwdP
     dq_values = dict(common, TILE_M=s.dq_m, TILE_N=s.dq_n)
     wd = _pow2(w.head_dim)
     delta_values = dict(TILE_M=DELTA_TILE_M, WD=wd, HAS_DLSE=has_dlse, ZERO_DQ=False)
-    return SeqBwdPlan(s, DKDV_SEQS.kernel(mods, **s.hints()), DQ_SEQS.kernel(mods, **s.hints()),
-                      DELTA.kernel(), dkdv_values, dq_values, delta_values,
-                      max(_pow2(w.batch + 1), 16))
+    steps = (
+        Step("delta", DELTA.kernel(), (0, w.heads_q, 1),
+             DELTA.ordered(delta_values, skip_tensors=True)),
+        Step("dq", DQ_SEQS.kernel(mods, **s.hints()), (0, w.heads_q, 1),
+             DQ_SEQS.ordered(dq_values, skip_tensors=True)),
+        Step("dkdv", DKDV_SEQS.kernel(mods, **s.hints()), (0, w.heads_kv, 1),
+             DKDV_SEQS.ordered(dkdv_values, skip_tensors=True)))
+    return SeqBwdPlan(schedule=s, launches=steps, device=device,
+                      bpad=max(_pow2(w.batch + 1), 16))
 
 
 def run_varlen_backward(plan: SeqBwdPlan, w: Workload, q, k, v, out, lse, dout, dlse, cu_q,
@@ -362,23 +369,24 @@ def run_varlen_backward(plan: SeqBwdPlan, w: Workload, q, k, v, out, lse, dout, 
     delta = torch.empty((1, w.heads_q, total_q), dtype=torch.float32, device=dev)
     lse3 = lse.unsqueeze(0).contiguous()
     dlse3 = delta if dlse is None else dlse.to(torch.float32).unsqueeze(0).contiguous()
-    launch_kernel(dev, (math.ceil(total_q / DELTA_TILE_M), w.heads_q, 1), plan.delta,
-                  (o4, do4, delta, dlse3, delta.view(1, w.heads_q, total_q, 1),
-                   *DELTA.ordered(plan.delta_values, skip_tensors=True)))
+    (_, dkernel, dgrid, dtail), (_, qkernel, qgrid, qtail), (_, kkernel, kgrid, ktail) = \
+        plan.launches
+    launch_kernel(dev, (math.ceil(total_q / DELTA_TILE_M), dgrid[1], dgrid[2]), dkernel,
+                  (o4, do4, delta, dlse3, delta.view(1, w.heads_q, total_q, 1), *dtail))
     seqused = pad.view(1) if seqused_k is None else seqused_k
     mask = _placeholders(dev, False)[1]
     variant = variant_arrays(None, aux, dev)
     qmap = tile_map(cu_q, total_q, plan.schedule.dq_m, plan.bpad)
-    launch_kernel(dev, (qmap.shape[0], w.heads_q, 1), plan.dq,
+    launch_kernel(dev, (qmap.shape[0], qgrid[1], qgrid[2]), qkernel,
                   (q4, k4, v4, do4, lse3, delta, mask, *variant, o4, dlse3, packed4(dq), cu_q,
-                   cu_k, seqused, qmap, *DQ_SEQS.ordered(plan.dq_values, skip_tensors=True)))
+                   cu_k, seqused, qmap, *qtail))
     kmap = tile_map(cu_k, total_k, plan.schedule.dkdv_n, plan.bpad, w.causal)
     grads = tuple(pad if g is None else g for g in captured)
     grads = (*grads, *([pad] * (4 - len(grads))))
-    launch_kernel(dev, (kmap.shape[0], w.heads_kv, 1), plan.dkdv,
+    launch_kernel(dev, (kmap.shape[0], kgrid[1], kgrid[2]), kkernel,
                   (q4, k4, v4, do4, lse3, delta, mask, *variant, *grads, packed4(dk),
                    packed4(dv), delta.view(1, w.heads_q, total_q, 1), cu_q, cu_k, seqused,
-                   kmap, *DKDV_SEQS.ordered(plan.dkdv_values, skip_tensors=True)))
+                   kmap, *ktail))
     return dq, dk, dv
 
 

@@ -76,16 +76,33 @@ class Bucket:
                 + 0.5 * abs(math.log2(self.gqa / other.gqa)))
 
 
+# What a table entry tunes, by its schedule's class: the table's list that holds it, how its
+# schedules are written (the forward's as field mappings, the backward's as labels) and read.
+_KINDS = {
+    Schedule: ("entries", "entry", Schedule.as_dict, Schedule.from_dict),
+    BwdSchedule: ("backward", "backward entry", BwdSchedule.label, BwdSchedule.from_label),
+}
+
+
 @dataclass(frozen=True)
 class Entry:
+    """The winner of one bucket, the runner-up and what was tried. It tunes the forward
+    (``best`` a ``Schedule``, ranked by forward TFLOP/s) or the backward (a ``BwdSchedule``,
+    by forward+backward TFLOP/s: the forward runs the table's own schedule in every
+    candidate, so only the backward differs)."""
+
     bucket: Bucket
-    best: Schedule
+    best: Schedule | BwdSchedule
     best_tflops: float
-    runner_up: Schedule | None = None
+    runner_up: Schedule | BwdSchedule | None = None
     runner_up_tflops: float | None = None
     gpu: str = ""
     candidates: int = 0
     failed: tuple[str, ...] = ()
+
+    @property
+    def backward(self) -> bool:
+        return type(self.best) is BwdSchedule
 
     @property
     def sensitivity(self) -> float | None:
@@ -94,67 +111,41 @@ class Entry:
             return None
         return 1.0 - self.runner_up_tflops / self.best_tflops
 
-    def to_json(self) -> dict:
-        d = {"bucket": asdict(self.bucket), "best": self.best.as_dict(),
-             "best_tflops": round(self.best_tflops, 2), "gpu": self.gpu,
-             "candidates": self.candidates, "failed": list(self.failed)}
-        if self.runner_up is not None:
-            d.update(runner_up=self.runner_up.as_dict(),
-                     runner_up_tflops=round(self.runner_up_tflops, 2),
-                     sensitivity=round(self.sensitivity, 4))
-        return d
-
-    @classmethod
-    def from_json(cls, d: dict) -> Entry:
-        _check_tflops(d)
-        return cls(bucket=Bucket(**d["bucket"]), best=Schedule.from_dict(d["best"]),
-                   best_tflops=float(d["best_tflops"]),
-                   runner_up=Schedule.from_dict(d["runner_up"]) if d.get("runner_up") else None,
-                   runner_up_tflops=d.get("runner_up_tflops"), gpu=d.get("gpu", ""),
-                   candidates=int(d.get("candidates", 0)), failed=tuple(d.get("failed", ())))
-
-
-@dataclass(frozen=True)
-class BwdEntry:
-    """The backward's winner of one bucket, by forward+backward TFLOP/s (the forward runs
-    the table's own schedule in every candidate, so only the backward differs)."""
-
-    bucket: Bucket
-    best: BwdSchedule
-    best_tflops: float
-    runner_up: BwdSchedule | None = None
-    runner_up_tflops: float | None = None
-    gpu: str = ""
-    candidates: int = 0
-    failed: tuple[str, ...] = ()
-
-    def to_json(self) -> dict:
-        d = {"bucket": asdict(self.bucket), "best": self.best.label(),
-             "best_tflops": round(self.best_tflops, 2), "gpu": self.gpu,
-             "candidates": self.candidates, "failed": list(self.failed)}
-        if self.runner_up is not None:
-            d.update(runner_up=self.runner_up.label(),
-                     runner_up_tflops=round(self.runner_up_tflops, 2))
-        return d
-
     @property
-    def deterministic(self) -> BwdSchedule:
-        """The best deterministic schedule measured for the bucket."""
+    def deterministic(self) -> BwdSchedule | None:
+        """The best deterministic backward schedule measured for the bucket."""
         return self.best if self.best.deterministic else self.runner_up
 
+    def to_json(self) -> dict:
+        write = _KINDS[type(self.best)][2]
+        d = {"bucket": asdict(self.bucket), "best": write(self.best),
+             "best_tflops": round(self.best_tflops, 2), "gpu": self.gpu,
+             "candidates": self.candidates, "failed": list(self.failed)}
+        if self.runner_up is not None:
+            d.update(runner_up=write(self.runner_up),
+                     runner_up_tflops=round(self.runner_up_tflops, 2))
+            if not self.backward:  # Table 5 publishes the forward's
+                d.update(sensitivity=round(self.sensitivity, 4))
+        return d
+
     @classmethod
-    def from_json(cls, d: dict) -> BwdEntry:
+    def from_json(cls, d: dict, kind: type = Schedule) -> Entry:
+        """The entry of ``kind`` (its schedule's class) written by :meth:`to_json`."""
         _check_tflops(d)
-        entry = cls(bucket=Bucket(**d["bucket"]), best=BwdSchedule.from_label(d["best"]),
+        read = _KINDS[kind][3]
+        entry = cls(bucket=Bucket(**d["bucket"]), best=read(d["best"]),
                     best_tflops=float(d["best_tflops"]),
-                    runner_up=BwdSchedule.from_label(d["runner_up"]) if d.get("runner_up")
-                    else None,
+                    runner_up=read(d["runner_up"]) if d.get("runner_up") else None,
                     runner_up_tflops=d.get("runner_up_tflops"), gpu=d.get("gpu", ""),
                     candidates=int(d.get("candidates", 0)), failed=tuple(d.get("failed", ())))
-        if entry.deterministic is None or not entry.deterministic.deterministic:
+        if entry.backward and (entry.deterministic is None
+                               or not entry.deterministic.deterministic):
             raise ValueError(f"best {d['best']!r} is not deterministic and its runner_up is "
                              "no deterministic schedule")
         return entry
+
+
+BwdEntry = Entry  # the name ``stages.tune`` still imports (one class: ``Entry.backward``)
 
 
 def _check_tflops(d: dict) -> None:
@@ -188,7 +179,7 @@ class ScheduleTable:
     entries: dict[Bucket, Entry] = field(default_factory=dict)
     meta: dict = field(default_factory=dict)
     source: str = "<memory>"
-    backward: dict[Bucket, BwdEntry] = field(default_factory=dict)
+    backward: dict[Bucket, Entry] = field(default_factory=dict)
 
     def lookup(self, bucket: Bucket) -> tuple[Schedule, str] | None:
         """(schedule, how) for the exact bucket, else the nearest one on the same GPU."""
@@ -214,8 +205,8 @@ class ScheduleTable:
             return spare, "nearest"
         return entry.deterministic, "nearest"
 
-    def add(self, entry: Entry | BwdEntry) -> None:
-        (self.backward if isinstance(entry, BwdEntry) else self.entries)[entry.bucket] = entry
+    def add(self, entry: Entry) -> None:
+        (self.backward if entry.backward else self.entries)[entry.bucket] = entry
 
     def to_json(self) -> dict:
         d = {"format": FORMAT, "meta": self.meta,
@@ -244,14 +235,13 @@ class ScheduleTable:
         if not isinstance(data.get("meta", {}), dict):
             raise TableError(f"schedule table {path}: 'meta' must be a mapping")
         table = cls(meta=data.get("meta", {}), source=path)
-        for key, kind in (("entries", Entry), ("backward", BwdEntry)):
+        for kind, (key, what, _, _) in _KINDS.items():
             if not isinstance(data.get(key, []), list):
                 raise TableError(f"schedule table {path}: {key!r} must be a list")
             for i, raw in enumerate(data.get(key, [])):
                 try:
-                    table.add(kind.from_json(raw))
+                    table.add(Entry.from_json(raw, kind))
                 except (KeyError, TypeError, ValueError, AttributeError) as exc:
-                    what = "backward entry" if key == "backward" else "entry"
                     raise TableError(f"schedule table {path}: {what} {i} is malformed "
                                      f"({exc})") from exc
         return table
