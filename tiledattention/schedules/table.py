@@ -145,7 +145,6 @@ class Entry:
         return entry
 
 
-BwdEntry = Entry  # the name ``stages.tune`` still imports (one class: ``Entry.backward``)
 
 
 def _check_tflops(d: dict) -> None:

@@ -50,7 +50,7 @@ from ..errors import ConfigError
 from ..schedules.backward import BwdSchedule, bwd_space_for
 from ..schedules.schedule import Schedule
 from ..schedules.space import space_for
-from ..schedules.table import BwdEntry, Entry, ScheduleTable, TableError
+from ..schedules.table import Entry, ScheduleTable, TableError
 from .base import (
     Cli,
     Publish,
@@ -156,9 +156,8 @@ def build_table(points: Iterable[Point], rows: Iterable[dict], cc: str,
     from ..schedules.policy import bucket_for  # torch: loaded where a table is built
 
     table = ScheduleTable(meta={"gpu": gpu, "cc": cc, "torch": torch.__version__})
-    for kind, label_of, parse, pass_ in ((Entry, _fwd_label, Schedule.from_label, "fwd"),
-                                         (BwdEntry, pinned_bwd_label, BwdSchedule.from_label,
-                                          "fwd+bwd")):
+    for label_of, parse, pass_ in ((_fwd_label, Schedule.from_label, "fwd"),
+                                   (pinned_bwd_label, BwdSchedule.from_label, "fwd+bwd")):
         by_point = _ranked(rows, label_of)
         for p in points:
             tried = by_point.get(dataclasses.replace(p, pass_=pass_).key(), [])
@@ -166,7 +165,7 @@ def build_table(points: Iterable[Point], rows: Iterable[dict], cc: str,
             if not ok:
                 continue
             best, second = ok[0], (ok[1] if len(ok) > 1 else None)
-            table.add(kind(
+            table.add(Entry(
                 bucket=bucket_for(cc=cc, dtype=p.dtype, head_dim=p.head_dim, causal=p.causal,
                                   seq_q=p.seq_q, seq_kv=p.seq_kv, gqa=p.gqa),
                 best=parse(label_of(best["method"])), best_tflops=best["tflops"],
