@@ -43,17 +43,34 @@ def _poisoned(fn):
     return fn()
 
 
+def _past_used(lens_k, seqused):
+    """[total_k] bool: the key rows past each sequence's ``seqused_k``."""
+    past = torch.zeros(sum(lens_k), dtype=torch.bool, device="cuda")
+    for start, n, u in zip(itertools_accumulate([0, *lens_k[:-1]]), lens_k, seqused):
+        past[start + min(u, n):start + n] = True
+    return past
+
+
 def _check_varlen(lens_q, lens_k, *, hq=4, hk=4, d=64, dtype=BF16, causal=False,
-                  window=(-1, -1), softcap=0.0, grad=True, seqused=None, **mods):
+                  window=(-1, -1), softcap=0.0, grad=True, seqused=None, nan_past_used=False,
+                  **mods):
+    """``nan_past_used``: the key and value rows past ``seqused`` hold NaN (a cache's
+    unwritten slots); the references read them as zeros, which they never use."""
     q = _packed(lens_q, hq, d, dtype).requires_grad_(grad)
-    k = _packed(lens_k, hk, d, dtype).requires_grad_(grad)
-    v = _packed(lens_k, hk, d, dtype).requires_grad_(grad)
+    k = _packed(lens_k, hk, d, dtype)
+    v = _packed(lens_k, hk, d, dtype)
+    if nan_past_used:
+        k[_past_used(lens_k, seqused)] = float("nan")
+        v[_past_used(lens_k, seqused)] = float("nan")
+    k.requires_grad_(grad)
+    v.requires_grad_(grad)
     cq, ck = _cu(lens_q), _cu(lens_k)
     used = None if seqused is None else torch.tensor(seqused, dtype=torch.int32, device="cuda")
     out, lse = _poisoned(lambda: ta.sdpa_varlen(
         q, k, v, cq, ck, max(lens_q, default=0), max(lens_k, default=0), seqused_k=used,
         causal=causal, window_size=window, softcap=softcap, return_lse=True, **mods))
-    ref, ref_lse = varlen_reference(q.detach(), k.detach(), v.detach(), cq.cpu(), ck.cpu(),
+    ref, ref_lse = varlen_reference(q.detach(), k.detach().nan_to_num(0),
+                                    v.detach().nan_to_num(0), cq.cpu(), ck.cpu(),
                                     seqused_k=None if used is None else used.cpu(),
                                     causal=causal, window_size=window, softcap=softcap,
                                     **_refs(mods))
@@ -66,7 +83,7 @@ def _check_varlen(lens_q, lens_k, *, hq=4, hk=4, d=64, dtype=BF16, causal=False,
         return
     dout = torch.randn_like(out)
     out.backward(dout)
-    qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
+    qd, kd, vd = (t.detach().double().nan_to_num(0).requires_grad_() for t in (q, k, v))
     r, _ = varlen_reference(qd, kd, vd, cq.cpu(), ck.cpu(),
                             seqused_k=None if used is None else used.cpu(), causal=causal,
                             window_size=window, softcap=softcap, **_refs(mods))
@@ -122,6 +139,16 @@ def test_varlen_seqused_k_caps_each_sequences_keys():
     _check_varlen([40, 60], [100, 80], seqused=[37, 80], grad=False)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [64, 128])
+def test_varlen_rows_past_seqused_k_holding_nan_reach_no_output_or_gradient(causal, d):
+    """Keys past seqused_k may be a cache's unwritten slots: masked (P = 0), yet 0 * NaN
+    is NaN in P V, dP = dO V^T and dS K. Output and dq/dk/dv stay finite and match
+    float64; dk/dv of the unused rows are zero."""
+    _check_varlen([40, 60, 33, 1], [100, 80, 130, 64], seqused=[37, 80, 65, 0], causal=causal,
+                  d=d, nan_past_used=True)
+
+
 def test_varlen_mods_see_positions_within_the_sequence():
     def rel(score, b, h, q_idx, kv_idx):
         return score - 0.01 * (q_idx - kv_idx)
@@ -159,7 +186,7 @@ def test_varlen_trains_under_torch_compile():
         return ta.sdpa_varlen(q, k, v, cq, cq, 200, 200, causal=True).float().square().sum()
 
     step(q, k, v).backward()
-    qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
+    qd, kd, vd = (t.detach().double().nan_to_num(0).requires_grad_() for t in (q, k, v))
     r, _ = varlen_reference(qd, kd, vd, cq.cpu(), cq.cpu(), causal=True)
     r.square().sum().backward()
     assert relative_error(q.grad, qd.grad) <= rtol_bwd(BF16)
@@ -229,13 +256,15 @@ def test_paged_chunked_prefill_matches_float64(page):
     assert relative_error(out, ref) <= rtol(BF16)
 
 
-@pytest.mark.parametrize("page", [16, 64, 256])
+@pytest.mark.parametrize("page", [16, 32, 64, 256])
 @pytest.mark.parametrize("chunk", [1, 40])
 def test_paged_free_slots_holding_nan_do_not_reach_the_output(page, chunk):
     """A cache from ``torch.empty`` (transformers' paged cache): the slots past each
     context hold whatever the allocator had, here NaN. Masked keys' P = 0 must not meet
-    their V (0 * NaN): the output is finite and matches float64 over the written slots."""
-    lens = [5, 70, 300]
+    their V (0 * NaN): the output is finite and matches float64 over the written slots.
+    Contexts end inside a page, on a page's edge within a key tile (96) and in a tile's
+    first page, so a tile spanning pages has pages wholly past the end."""
+    lens = [5, 70, 96, 300]
     kc, vc, table = _cache(lens, page, 2, 64, BF16)
     written = torch.zeros(kc.shape[:2], dtype=torch.bool, device="cuda")
     for b, n in enumerate(lens):

@@ -78,9 +78,9 @@ def fwd_tile(q, arrays, fns, aux, where, state, j, diag, ALL_MASKS, f, CACHE_END
     ``where`` (b, h, hk, bid_m, offs_m, seq_k, c, inv_scale, scale); ``state`` (m, l,
     acc0..2); ``diag`` whether causality or the key tail may mask this tile; ``ALL_MASKS``
     apply every mask (a partial block, or a mask_mod without block mask); ``f`` the
-    kernel's ``FwdFlags``; ``CACHE_END`` the tile holds the end of a cache's context
-    (``SEQUSED``): V's rows past it read as zeros, since a page's free slots may be
-    unwritten memory whose NaN would survive P = 0 in P V."""
+    kernel's ``FwdFlags``; ``CACHE_END`` the tile holds the end of a paged cache's context
+    (``SEQUSED``): V's rows past it read as zeros (``end_rows``), since a page's free slots
+    may be unwritten memory whose NaN would survive P = 0 in P V."""
     TILE_M, TILE_N, NCHUNK, W0, W1, W2 = f.TILE_M, f.TILE_N, f.NCHUNK, f.W0, f.W1, f.W2
     CAUSAL, TAIL, HAS_MASK_MOD = f.CAUSAL, not f.EVEN_N, f.HAS_MASK_MOD
     q0, q1, q2 = q
@@ -114,20 +114,24 @@ def fwd_tile(q, arrays, fns, aux, where, state, j, diag, ALL_MASKS, f, CACHE_END
 
 
 def values_step(p, V, seq, b, j, hk, kb, kj, acc, seq_k, f):
-    """acc += P V over key tile ``j``; ``seq_k`` (or None): V's rows from it on read as
-    zeros."""
+    """acc += P V over key tile ``j``; ``seq_k`` (or None): the tile holds the end of a
+    cache's context, and V's rows from it on read as zeros (``end_rows``)."""
     acc0, acc1, acc2 = acc
     if f.PAGE_SPAN > 1:
         return span_values(p, V, seq, b, j, hk, acc0, acc1, acc2, seq_k, f)
-    return mma_streamed(p, V, kb, hk, kj, f.TILE_N, acc0, acc1, acc2, f.W0, f.W1, f.W2,
-                        f.NCHUNK, f.LAT_V, keys_before(j * f.TILE_N, f.TILE_N, seq_k))
+    T = V
+    if seq_k is not None:
+        T = end_rows(V, seq_k, f.TILE_N * f.PAGE_TILES)  # tile j lies in the end's page
+    return mma_streamed(p, T, kb, hk, kj, f.TILE_N, acc0, acc1, acc2, f.W0, f.W1, f.W2,
+                        f.NCHUNK, f.LAT_V)
 
 
-def keys_before(start, n, seq_k):
-    """[n, 1]: which of the keys start.. lie before ``seq_k`` (None: no limit)."""
-    if seq_k is None:
-        return None
-    return (start + ct.arange(n, dtype=np.int32))[:, None] < seq_k
+def end_rows(V, seq_k, page):
+    """V's pages cut to the rows that the page holding a context's end (``seq_k``) uses: a
+    tile load from this view reads that page's rows past the end as zeros, and TMA reads
+    nothing there. (A select on the loaded rows instead held the tile in registers, and
+    the whole kernel took that tile's register count: 177 at page 16, from 128.)"""
+    return V.slice(axis=2, start=0, stop=ct.maximum(seq_k - 1, 0) % page + 1)
 
 
 def key_tile_at(seq, b, j, f):
@@ -173,23 +177,41 @@ def span_scores(q, K, seq, b, j, hk, f):
     return s
 
 
-def page_values(p, V, seq, b, j, i, hk, acc, seq_k, f):
-    """acc += P's columns of page ``i`` of key tile ``j`` @ that page's values."""
+def page_values(p, V, Vend, seq, b, j, i, hk, acc, seq_k, f):
+    """acc += P's columns of page ``i`` of key tile ``j`` @ that page's values. ``seq_k``
+    (or None): the tile holds a context's end; a page wholly before it is read whole, the
+    page holding it through ``end_rows``, and a page wholly past it not at all (its
+    columns of P are zero)."""
     page = f.TILE_N // f.PAGE_SPAN
-    acc0, acc1, acc2 = acc
     first = j * f.PAGE_SPAN + i
-    return mma_streamed(ct.extract(p, index=(0, i), shape=(f.TILE_M, page)), V,
-                        page_at(seq, b, first), hk, 0, page, acc0, acc1, acc2, f.W0, f.W1,
-                        f.W2, f.NCHUNK, f.LAT_V, keys_before(first * page, page, seq_k))
+    pv = ct.extract(p, index=(0, i), shape=(f.TILE_M, page))
+    if seq_k is None:
+        return page_mma(pv, V, seq, b, first, hk, acc, f)
+    n = seq_k - first * page  # this page's rows before the end
+    if n >= page:
+        acc = page_mma(pv, V, seq, b, first, hk, acc, f)
+    elif n > 0:
+        acc = page_mma(pv, Vend, seq, b, first, hk, acc, f)
+    return acc
+
+
+def page_mma(pv, V, seq, b, first, hk, acc, f):
+    """acc += pv @ V's page ``first`` of sequence ``b``."""
+    acc0, acc1, acc2 = acc
+    return mma_streamed(pv, V, page_at(seq, b, first), hk, 0, f.TILE_N // f.PAGE_SPAN, acc0,
+                        acc1, acc2, f.W0, f.W1, f.W2, f.NCHUNK, f.LAT_V)
 
 
 def span_values(p, V, seq, b, j, hk, acc0, acc1, acc2, seq_k, f):
     """acc += P V over the ``PAGE_SPAN`` pages (2 or 4) of key tile ``j``."""
-    acc = page_values(p, V, seq, b, j, 0, hk, (acc0, acc1, acc2), seq_k, f)
-    acc = page_values(p, V, seq, b, j, 1, hk, acc, seq_k, f)
+    Vend = V
+    if seq_k is not None:
+        Vend = end_rows(V, seq_k, f.TILE_N // f.PAGE_SPAN)  # one view for the end's page
+    acc = page_values(p, V, Vend, seq, b, j, 0, hk, (acc0, acc1, acc2), seq_k, f)
+    acc = page_values(p, V, Vend, seq, b, j, 1, hk, acc, seq_k, f)
     if f.PAGE_SPAN > 2:
-        acc = page_values(p, V, seq, b, j, 2, hk, acc, seq_k, f)
-        acc = page_values(p, V, seq, b, j, 3, hk, acc, seq_k, f)
+        acc = page_values(p, V, Vend, seq, b, j, 2, hk, acc, seq_k, f)
+        acc = page_values(p, V, Vend, seq, b, j, 3, hk, acc, seq_k, f)
     return acc
 
 
@@ -248,12 +270,16 @@ def seq_program(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns, seqs, b, bid_m)
     seq_k = K.shape[2]
     if f.VARLEN_K:
         kstart, kstop = sequence_span(CuK, b, K.shape[2])
+        if f.SEQUSED:
+            # The slice ends at the used length: TMA reads the rows past it as zeros (they
+            # may be unwritten memory, and 0 * NaN is NaN in P V), so no tile is apart.
+            kstop = ct.minimum(kstop, kstart + ct.maximum(ct.gather(SeqK, b), 0))
         K = sequence_slice(K, kstart, kstop)
         V = sequence_slice(V, kstart, kstop)
         seq_k = kstop - kstart
     if f.PAGED:
         seq_k = Pages.shape[1] * (f.PAGE_TILES * f.TILE_N // f.PAGE_SPAN)
-    if f.SEQUSED:
+    if f.SEQUSED and not f.VARLEN_K:
         seq_k = ct.minimum(ct.maximum(ct.gather(SeqK, b), 0), seq_k)
     rows_program(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns, b, bid_m, ab, seq_k,
                  (Pages, K.shape[0], seq_k - seq_q, WIN_L, WIN_R))
@@ -319,14 +345,14 @@ def rows_program(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns, b, bid_m, ab, 
         j_start, n_tiles = split_range(j_lo, n_tiles, hb % NUM_SPLITS, SPLIT_TILES,
                                        f.SPLIT_K)
         n_whole = n_tiles
-        if f.SEQUSED:
-            # The tile holding the context's end runs apart, after the loop: only it
-            # zeroes V's rows past the end, and the loop's pipeline stays as it was.
+        if f.PAGED and f.SEQUSED:
+            # The tile holding the context's end runs apart, after the loop: only it reads
+            # V through a view cut at the end (``end_rows``), and the loop stays as it was.
             n_whole = max(min(n_tiles, seq_k // f.TILE_N), j_start)
         for j in range(j_start, n_whole):
             state = fwd_tile(q, arrays, fns, aux, where, state, j, j >= mask_start,
                              f.HAS_MASK_MOD, f)
-        if f.SEQUSED:
+        if f.PAGED and f.SEQUSED:
             for j in range(n_whole, n_tiles):
                 state = fwd_tile(q, arrays, fns, aux, where, state, j, True,
                                  f.HAS_MASK_MOD, f, CACHE_END=True)

@@ -323,18 +323,23 @@ def dkdv_program(Q, K, V, dOut, Lse, Delta, Mask, extra, dK, dV, dQacc, scalars,
 
 
 def sequence_arrays(arrays, seqs, b, f):
-    """(arrays, key start, key stop, keys, diag) of packed sequence ``b``: the score
-    kernels' arrays (Q, K, V, dO, Lse, Delta, Mask) sliced to its rows and keys, its keys
-    capped by ``SeqK``, and ``keep_tile``'s bottom-right diagonal (shift, WINDOW, WIN_L,
-    WIN_R)."""
+    """(arrays, key start, key stop, keys used, diag) of packed sequence ``b``: the score
+    kernels' arrays (Q, K, V, dO, Lse, Delta, Mask) sliced to its rows and keys (K and V
+    to the keys used, capped by ``SeqK``), and ``keep_tile``'s bottom-right diagonal
+    (shift, WINDOW, WIN_L, WIN_R)."""
     Q, K, V, dOut, Lse, Delta, Mask = arrays
     CuQ, CuK, SeqK, TileMap, WIN_L, WIN_R = seqs
     qs, qe = sequence_span(CuQ, b, Q.shape[2])
     ks, ke = sequence_span(CuK, b, K.shape[2])
-    seq_k = ke - ks
+    used = ke
     if f.SEQUSED:
-        seq_k = ct.minimum(ct.maximum(ct.gather(SeqK, b), 0), seq_k)
-    sliced = (sequence_slice(Q, qs, qe), sequence_slice(K, ks, ke), sequence_slice(V, ks, ke),
+        # K and V end at the used length: TMA reads the rows past it as zeros. They may be
+        # unwritten memory, and 0 * NaN is NaN in dP = dO V^T, then in dS, dQ and dK; dK
+        # and dV keep their whole slice (rows past the end are written as zeros).
+        used = ct.minimum(ke, ks + ct.maximum(ct.gather(SeqK, b), 0))
+    seq_k = used - ks
+    sliced = (sequence_slice(Q, qs, qe), sequence_slice(K, ks, used),
+              sequence_slice(V, ks, used),
               sequence_slice(dOut, qs, qe), sequence_slice(Lse, qs, qe),
               sequence_slice(Delta, qs, qe), Mask)
     return sliced, ks, ke, seq_k, (seq_k - (qe - qs), f.WINDOW, WIN_L, WIN_R)

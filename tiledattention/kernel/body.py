@@ -137,29 +137,19 @@ def dots_streamed(a0, a1, a2, c0, c1, c2, T, U, b, h, tile, TILE, M, W0, W1, W2,
     return x, y
 
 
-def kept_rows(t, keep):
-    """``t`` with the rows ``keep`` ([TILE, 1]) rules out set to zero (None: all kept)."""
-    if keep is None:
-        return t
-    return ct.where(keep, t, 0.0)
-
-
-def mma_streamed(a, T, b, h, tile, TILE, acc0, acc1, acc2, W0, W1, W2, NCHUNK, latency,
-                 keep=None):
-    """acc_c += a @ T[b, h, tile]_c, each row chunk loaded right before its MMA (P V, dS K).
-    ``keep``: rows of T to use, the others read as zeros (keys past a sequence's end in a
-    page or a seqused_k cache may be unwritten memory, and 0 * NaN is NaN)."""
+def mma_streamed(a, T, b, h, tile, TILE, acc0, acc1, acc2, W0, W1, W2, NCHUNK, latency):
+    """acc_c += a @ T[b, h, tile]_c, each row chunk loaded right before its MMA (P V, dS K)."""
     t0 = ct.load(T, index=(b, h, tile, 0), shape=(1, 1, TILE, W0), padding_mode=_ZERO,
                  latency=latency).reshape((TILE, W0))
-    acc0 = ct.mma(a, kept_rows(t0, keep), acc0)
+    acc0 = ct.mma(a, t0, acc0)
     if NCHUNK > 1:
         t1 = ct.load(T, index=(b, h, tile, W0 // W1), shape=(1, 1, TILE, W1),
                      padding_mode=_ZERO, latency=latency).reshape((TILE, W1))
-        acc1 = ct.mma(a, kept_rows(t1, keep), acc1)
+        acc1 = ct.mma(a, t1, acc1)
     if NCHUNK > 2:
         t2 = ct.load(T, index=(b, h, tile, (W0 + W1) // W2), shape=(1, 1, TILE, W2),
                      padding_mode=_ZERO, latency=latency).reshape((TILE, W2))
-        acc2 = ct.mma(a, kept_rows(t2, keep), acc2)
+        acc2 = ct.mma(a, t2, acc2)
     return acc0, acc1, acc2
 
 
