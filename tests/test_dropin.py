@@ -173,17 +173,30 @@ def _sdpa_takes_torchs_names():
 @pytest.mark.skipif(not _sdpa_takes_torchs_names(), reason="tiledattention.sdpa does not take "
                     "PyTorch's argument names yet (issue 26, item 4: the coordinator's part)")
 def test_the_real_kernels_argument_checks_send_a_call_back_to_torch(monkeypatch):
-    """A value head dim unlike the query's: PyTorch takes it, sdpa's checks refuse it (before
-    the device check, so on the CPU too); eager and compiled, the call goes to torch."""
+    """A value head dim the kernel does not run (20: not a multiple of 8): PyTorch takes
+    it, sdpa's checks refuse it (before the device check, so on the CPU too); eager and
+    compiled, the call goes to torch."""
     monkeypatch.setattr(dropin, "ROUTED_DEVICES", ("cuda", "cpu"))
     q, k, _ = qkv()
-    v = qkv(d=16)[2]
+    v = qkv(d=20)[2]
     want = F.scaled_dot_product_attention(q, k, v)
     with ta.sdpa_mode() as mode:
         got = F.scaled_dot_product_attention(q, k, v)
         (compiled,), graphs = _compiled_counts(_plain_attend, (q, k, v), calls=1)
     assert torch.equal(got, want) and torch.allclose(compiled.float(), want.float())
-    assert mode.fallbacks == {"rejected: ShapeError": 2} and graphs == 1
+    assert mode.fallbacks == {"rejected: UnsupportedHeadDimError": 2} and graphs == 1
+
+
+def test_a_value_head_dim_needing_a_gradient_falls_back_under_its_reason(routed_on_cpu):
+    # The kernel runs D_qk != D_v forward only: a training call goes to torch, not to a
+    # BackwardNotSupportedError in the middle of a model.
+    q, k, _ = qkv(grad=True)
+    v = qkv(d=16, grad=True)[2]
+    want = F.scaled_dot_product_attention(q, k, v)
+    with ta.sdpa_mode() as mode:
+        got = F.scaled_dot_product_attention(q, k, v)
+    assert torch.equal(got, want) and got.requires_grad
+    assert mode.fallbacks == {"D_qk != D_v backward": 1} and not routed_on_cpu.calls
 
 
 @pytest.mark.parametrize("failure", [CompileError("tileiras failed"), RuntimeError("CUDA")])

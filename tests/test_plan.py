@@ -178,7 +178,7 @@ def test_grad_requiring_masks_next_to_a_cached_plan_are_refused(seeded):
     with pytest.raises(ta.BackwardNotSupportedError, match="attn_mask requires grad"):
         ta.sdpa(q, k, v, attn_mask=mask)
     with pytest.raises(ta.ShapeError, match="head dims"):
-        ta.sdpa(*qkv()[:2], qkv(d=32)[2])
+        ta.sdpa(qkv()[0], qkv(d=32)[1], qkv()[2])
 
 
 def test_eager_calls_skip_the_op_but_tracers_and_modes_do_not():
@@ -214,8 +214,9 @@ def test_a_plan_holds_grid_and_arguments_placed_by_name():
                       True, True, False, False,  # key-padding mask: batch axis only
                       False, 2, 4,  # no LSE, latency hints
                       False, False,  # no split-K, no GQA packing
-                      False)  # no programmatic dependent launch (the plain kernel: no
-    # variant flags, and no block lists or captured tensors among its arrays)
+                      False,  # no programmatic dependent launch (the plain kernel: no
+                      # variant flags, and no block lists or captured tensors among its arrays)
+                      2, 64, 32, 32)  # V's chunks: D=96 as Q/K's
 
 
 def test_a_pdl_schedule_sets_the_kernel_flag_and_the_launch_flag_together():

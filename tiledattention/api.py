@@ -28,7 +28,12 @@ from . import mods as _mods
 from .errors import BackwardNotSupportedError, InputError
 from .kernel.launch import captured_buffers, launch, run_backward
 from .kernel.plan import bwd_plan_for, pinned_schedule, plan_for
-from .kernel.validate import check_device, check_inputs, resolve_schedule
+from .kernel.validate import (
+    check_device,
+    check_inputs,
+    check_value_dim_backward,
+    resolve_schedule,
+)
 from .schedules.backward import BwdSchedule
 from .schedules.schedule import Schedule
 
@@ -129,8 +134,8 @@ def _fwd_cpu(q, k, v, attn_mask, aux, causal, scale, return_lse, schedule, varia
 
 
 def _fwd_fake(q, k, v, attn_mask, aux, causal, scale, return_lse, schedule, variant):
-    b, hq, sq, d = q.shape
-    out = q.new_empty((b, hq, sq, d))
+    b, hq, sq, _ = q.shape
+    out = q.new_empty((b, hq, sq, v.shape[3]))  # the output has V's head dim
     lse = q.new_empty((b, hq, sq) if return_lse else (1, 1, 1), dtype=torch.float32)
     return out, lse
 
@@ -340,9 +345,11 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     The first eight parameters are ``torch.nn.functional.scaled_dot_product_attention``'s,
     in its order, so ``sdpa`` is a drop-in for it.
 
-    ``q``: [B, Hq, Sq, D]; ``k``, ``v``: [B, Hkv, Skv, D]; fp16 or bf16 CUDA tensors of one
-    dtype and device. D is any multiple of 8 up to 256 (96 and 160 run without padding).
-    Scores, softmax statistics and the accumulator are fp32.
+    ``q``, ``k``: [B, Hq, Sq, D], [B, Hkv, Skv, D]; ``v``: [B, Hkv, Skv, D_v]; fp16 or bf16
+    CUDA tensors of one dtype and device. D and D_v are any multiples of 8 up to 256 (96
+    and 160 run without padding); the output has D_v, as in PyTorch (D_v != D, MLA's
+    (192, 128): forward only for now, a gradient is refused before anything runs). Scores,
+    softmax statistics and the accumulator are fp32.
 
     attn_mask: bool (True = attend) or additive (q's dtype or float32), broadcastable
         to [B, Hq, Sq, Skv]. Key-padding masks [B, 1, 1, Skv] are read one row per key
@@ -351,7 +358,7 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     dropout_p: must be 0.0 (the kernels have no dropout).
     is_causal (or ``causal``): query i attends keys j <= i (top-left aligned, also when
         Sq != Skv), as PyTorch's. Unlike PyTorch, it may be combined with ``attn_mask``.
-    scale: multiplies q @ k^T; default 1/sqrt(D); must be finite and > 0.
+    scale: multiplies q @ k^T; default 1/sqrt(D) (q's head dim); must be finite and > 0.
     enable_gqa: allow Hq to be a multiple of Hkv (grouped-query / multi-query).
     return_lse: also return the natural-log log-sum-exp of each query row's scaled
         scores, fp32 [B, Hq, Sq].
@@ -419,6 +426,8 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         aux = mods.tensors() if mods.key else ()
         bwd_mods, needs = _backward_mods(mods, aux, needs_grad) if aux else (mods, ())
         needs_grad = needs_grad or any(needs)
+        if needs_grad:
+            check_value_dim_backward(q, v)
         plan = plan_for(q, k, v, attn_mask, is_causal, scale, enable_gqa,
                         bool(return_lse) or needs_grad, schedule, variant)
         if not needs_grad:
@@ -434,6 +443,8 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     key, aux = "", []
     if has_variant:
         key, aux, needs_grad = _traced_variant(score_mod, mask_mod, block_mask, needs_grad)
+    if needs_grad:
+        check_value_dim_backward(q, v)
     # With a gradient to compute, the forward always keeps the LSE: the backward needs it.
     op = _attention_fwd if needs_grad else _attention
     out, lse = op(q, k, v, attn_mask, aux, problem.causal, problem.scale,

@@ -126,12 +126,14 @@ def attention_backward(q, k, v, dout, *, causal=False, scale=None, attn_mask=Non
     dk = (ds.transpose(-1, -2) @ q * scale)
     dv = p.transpose(-1, -2) @ dout
     b, hk, sk, d = k.shape
-    return (dq, dk.reshape(b, hk, group, sk, d).sum(2), dv.reshape(b, hk, group, sk, d).sum(2))
+    return (dq, dk.reshape(b, hk, group, sk, d).sum(2),
+            dv.reshape(b, hk, group, sk, v.shape[-1]).sum(2))
 
 
 def tiled_attention(q, k, v, *, causal=False, scale=None, attn_mask=None, tile_m=64,
                     tile_n=64):
-    """The kernel's algorithm, tile by tile, in float64. Returns (out, lse)."""
+    """The kernel's algorithm, tile by tile, in float64. Returns (out, lse). V's head dim
+    may differ from Q/K's: Q K^T runs over Q/K's chunks, P V and the output over V's."""
     q, k, v = q.double(), k.double(), v.double()
     b, hq, sq, d = q.shape
     k, v = _expand_kv(k, v, hq)
@@ -144,18 +146,19 @@ def tiled_attention(q, k, v, *, causal=False, scale=None, attn_mask=None, tile_m
     from .kernel.visit import host_key_range  # the kernels' visit range (loads cuTile)
 
     widths = plan_head_dim(d).widths
-    offsets = [sum(widths[:i]) for i in range(len(widths))]
+    vwidths = plan_head_dim(v.shape[-1]).widths
     even_n = sk % tile_n == 0
 
-    def chunk(x, c, rows, n_rows):
+    def chunk(x, c, rows, n_rows, widths=widths):
         # A zero-padded [n_rows, W_c] tile: rows past the sequence and columns past D
         # are explicit zeros, as the kernel's padding_mode=ZERO loads.
+        start = sum(widths[:c])
         t = x.new_zeros(b, hq, n_rows, widths[c])
-        r = x[:, :, rows, offsets[c]:offsets[c] + widths[c]]
+        r = x[:, :, rows, start:start + widths[c]]
         t[:, :, : r.shape[2], : r.shape[3]] = r
         return t
 
-    out = q.new_zeros(b, hq, sq, d)
+    out = q.new_zeros(b, hq, sq, v.shape[-1])
     lse = q.new_empty(b, hq, sq)
     for mt in range(math.ceil(sq / tile_m)):
         q_start = mt * tile_m
@@ -163,7 +166,7 @@ def tiled_attention(q, k, v, *, causal=False, scale=None, attn_mask=None, tile_m
         qc = [chunk(q, c, rows, tile_m) for c in range(len(widths))]
         m_i = q.new_full((b, hq, tile_m, 1), float("-inf"))
         l_i = q.new_zeros(b, hq, tile_m, 1)
-        acc = [q.new_zeros(b, hq, tile_m, w) for w in widths]
+        acc = [q.new_zeros(b, hq, tile_m, w) for w in vwidths]
         n_tiles, mask_start = host_key_range(q_start, sk, tile_m, tile_n, causal, even_n)
         offs_m = torch.arange(q_start, q_start + tile_m, device=q.device)[:, None]
         for j in range(n_tiles):
@@ -188,11 +191,12 @@ def tiled_attention(q, k, v, *, causal=False, scale=None, attn_mask=None, tile_m
             p = torch.exp2(qk * qk_scale_log2 - m_sub)
             alpha = torch.exp2(m_i - m_sub)
             l_i = l_i * alpha + p.sum(-1, keepdim=True)
-            acc = [a * alpha + p @ chunk(v, c, keys, tile_n) for c, a in enumerate(acc)]
+            acc = [a * alpha + p @ chunk(v, c, keys, tile_n, vwidths)
+                   for c, a in enumerate(acc)]
             m_i = m_ij
         l_div = l_i.masked_fill(l_i == 0, 1.0)
         n = rows.stop - rows.start
-        tile_out = torch.cat([a / l_div for a in acc], dim=-1)[..., :d]
+        tile_out = torch.cat([a / l_div for a in acc], dim=-1)[..., :v.shape[-1]]
         out[:, :, rows] = tile_out[:, :, :n]
         lse[:, :, rows] = ((m_i + torch.log2(l_i)) * math.log(2.0))[:, :, :n, 0]
     return out, lse

@@ -50,7 +50,15 @@ from .body import (
     zeros_chunks,
 )
 from .entry import entry_point
-from .flags import FWD_SEQS, PLAIN, VARIANT, FwdFlags, fwd_zero_safe, has_seqs
+from .flags import (
+    FWD_SEQS,
+    PLAIN,
+    VARIANT,
+    FwdFlags,
+    fwd_zero_safe,
+    has_seqs,
+    value_chunks,
+)
 from .visit import (
     block_at,
     block_range,
@@ -107,7 +115,7 @@ def fwd_tile(q, arrays, fns, aux, where, state, j, diag, ALL_MASKS, f, CACHE_END
         s = masked(s, keep_tile(b, h, offs_m, kv_idx, seq_k, mask_mod, A0, A1, A2, A3,
                                 TILE_M, TILE_N, CAUSAL, TAIL, False, seq_diag(seq, f)))
     p, alpha, m_i, l_i = online_softmax(s, m_i, l_i, c, fwd_zero_safe(f))
-    acc0, acc1, acc2 = scale_chunks(acc0, acc1, acc2, alpha, NCHUNK)
+    acc0, acc1, acc2 = scale_chunks(acc0, acc1, acc2, alpha, value_chunks(f)[0])
     acc0, acc1, acc2 = values_step(p.astype(K.dtype), V, seq, b, j, hk, kb, kj,
                                    (acc0, acc1, acc2), seq_k if CACHE_END else None, f)
     return m_i, l_i, acc0, acc1, acc2
@@ -122,8 +130,9 @@ def values_step(p, V, seq, b, j, hk, kb, kj, acc, seq_k, f):
     T = V
     if seq_k is not None:
         T = end_rows(V, seq_k, f.TILE_N * f.PAGE_TILES)  # tile j lies in the end's page
-    return mma_streamed(p, T, kb, hk, kj, f.TILE_N, acc0, acc1, acc2, f.W0, f.W1, f.W2,
-                        f.NCHUNK, f.LAT_V)
+    VNCHUNK, VW0, VW1, VW2 = value_chunks(f)
+    return mma_streamed(p, T, kb, hk, kj, f.TILE_N, acc0, acc1, acc2, VW0, VW1, VW2,
+                        VNCHUNK, f.LAT_V)
 
 
 def end_rows(V, seq_k, page):
@@ -198,8 +207,9 @@ def page_values(p, V, Vend, seq, b, j, i, hk, acc, seq_k, f):
 def page_mma(pv, V, seq, b, first, hk, acc, f):
     """acc += pv @ V's page ``first`` of sequence ``b``."""
     acc0, acc1, acc2 = acc
+    VNCHUNK, VW0, VW1, VW2 = value_chunks(f)
     return mma_streamed(pv, V, page_at(seq, b, first), hk, 0, f.TILE_N // f.PAGE_SPAN, acc0,
-                        acc1, acc2, f.W0, f.W1, f.W2, f.NCHUNK, f.LAT_V)
+                        acc1, acc2, VW0, VW1, VW2, VNCHUNK, f.LAT_V)
 
 
 def span_values(p, V, seq, b, j, hk, acc0, acc1, acc2, seq_k, f):
@@ -309,7 +319,8 @@ def rows_program(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns, b, bid_m, ab, 
 
     q = load_rows(Q, ab, h, bid_m, TILE_M, W0, W1, W2, NCHUNK, None)
     m_i, l_i = softmax_init(TILE_M)
-    acc0, acc1, acc2 = zeros_chunks(TILE_M, W0, W1, W2)
+    VNCHUNK, VW0, VW1, VW2 = value_chunks(f)  # the accumulators and Out: V's head dim
+    acc0, acc1, acc2 = zeros_chunks(TILE_M, VW0, VW1, VW2)
     state = (m_i, l_i, acc0, acc1, acc2)
 
     q_start = bid_m * TILE_M
@@ -359,8 +370,8 @@ def rows_program(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns, b, bid_m, ab, 
 
     # Fully masked rows (l = 0) are written as zeros, and their log-sum-exp as -inf.
     m_i, l_i, acc0, acc1, acc2 = state
-    o0, o1, o2 = divide_chunks(acc0, acc1, acc2, safe_divisor(l_i, fwd_zero_safe(f)), NCHUNK)
-    store_rows(Out, ab, hb, bid_m, o0, o1, o2, TILE_M, W0, W1, W2, NCHUNK)
+    o0, o1, o2 = divide_chunks(acc0, acc1, acc2, safe_divisor(l_i, fwd_zero_safe(f)), VNCHUNK)
+    store_rows(Out, ab, hb, bid_m, o0, o1, o2, TILE_M, VW0, VW1, VW2, VNCHUNK)
     if f.RETURN_LSE or f.SPLIT_K:
         ct.store(Lse, index=(ab, hb, bid_m), tile=row_lse(m_i, l_i).reshape((1, 1, TILE_M)))
 

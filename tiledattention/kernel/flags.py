@@ -86,6 +86,13 @@ class FwdFlags(SeqFlags):
     BLOCK_SPARSE: bool = flag("sparse", False)
     BLK_BATCH: bool = flag("sparse", False)  # the block mask's real axes
     BLK_HEAD: bool = flag("sparse", False)
+    # V's and the output's head-dim chunks when V's head dim differs from Q/K's (D_v !=
+    # D_qk, as torch's SDPA allows: MLA); 0: the Q/K chunks above (the packed and paged
+    # entry point leaves them there). Read through ``value_chunks``.
+    VNCHUNK: int = flag("dense", 0)
+    VW0: int = flag("dense", 0)
+    VW1: int = flag("dense", 0)
+    VW2: int = flag("dense", 0)
 
 
 @dataclass(frozen=True)
@@ -150,6 +157,14 @@ FAMILIES = {"attention_fwd": FwdFlags, "attention_bwd_dkdv": DkdvFlags,
 def has_seqs(f) -> bool:
     """A packed or paged call: per-sequence lengths, bottom-right alignment."""
     return f.VARLEN_Q or f.VARLEN_K or f.PAGED
+
+
+def value_chunks(f: FwdFlags):
+    """(NCHUNK, W0, W1, W2) of V, the accumulators and the output: their own
+    (``VNCHUNK``..) when V's head dim differs from Q/K's, else Q/K's."""
+    if f.VNCHUNK > 0:
+        return f.VNCHUNK, f.VW0, f.VW1, f.VW2
+    return f.NCHUNK, f.W0, f.W1, f.W2
 
 
 def fwd_zero_safe(f: FwdFlags) -> bool:

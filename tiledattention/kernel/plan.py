@@ -32,13 +32,13 @@ from .. import mods as _mods
 from ..headdim import plan_head_dim
 from ..schedules import policy
 from ..schedules.backward import BwdSchedule
-from ..schedules.schedule import Schedule
+from ..schedules.schedule import Schedule, default_schedule
 from ..schedules.table import seq_bucket
 from .geometry import grid_for
 from .mask import mask_layout
 from .spec import COMBINE, DELTA, score_specs
 from .toolchain import check_gpu
-from .validate import Problem, check_inputs, resolve_schedule
+from .validate import Problem, check_inputs, resolve_schedule, schedule_head_dim
 from .variant import DELTA_TILE_M, BwdVariant, Flags, Variant
 
 LOG2E = 1.0 / math.log(2.0)
@@ -90,7 +90,8 @@ class Plan(LaunchPlan):
     dtype: torch.dtype
     copy_qkv: bool  # some head-dim axis is not unit-stride: copy before launching
     mask_target: tuple[int, int, int, int] | None  # [B, H, Sq, Skv] when a mask is given
-    # GQA packing: q and out are viewed as [B, Hkv, GROUP * Sq, D] (None: not packed).
+    # GQA packing: q and out are viewed as [B, Hkv, GROUP * Sq, D] (None: not packed; out
+    # with its own head dim, D_v).
     packed_shape: tuple[int, int, int, int] | None = None
     # Split-K: the partial outputs' shape [B, H' * splits, R, D] (fp32; the LSE drops D),
     # which the combine step reduces (None: no split, one step).
@@ -314,7 +315,7 @@ def build_plan(q, k, v, attn_mask, causal, scale, enable_gqa, return_lse, schedu
     index = q.device.index if q.device.index is not None else torch.cuda.current_device()
     check_gpu(index)
     if chosen is None:
-        chosen, _ = policy.choose_schedule(q, k, problem.causal)
+        chosen = choose_schedule(q, k, problem)
     copy_qkv = any(t.stride(-1) != 1 for t in (q, k, v))
     # q.view(B, Hkv, GROUP * Sq, D) needs the head axis to step over whole sequences.
     viewable = copy_qkv or q.shape[2] == 1 or q.stride(1) == q.shape[2] * q.stride(2)
@@ -324,6 +325,17 @@ def build_plan(q, k, v, attn_mask, causal, scale, enable_gqa, return_lse, schedu
                      mask=None if attn_mask is None else mask_layout(attn_mask, q.dtype, (
                          problem.batch, problem.heads_q, problem.seq_q, problem.seq_kv)),
                      mods=mods, block=block, sm_count=sm_count(index), q_viewable=viewable)
+
+
+def choose_schedule(q, k, problem: Problem) -> Schedule:
+    """The policy's schedule for a call: the table's bucket of q's head dim, which bounds
+    the registers when V's is no wider (``schedule_head_dim``: D_v < D_qk runs D_qk's
+    tuned schedule, its accumulator narrower than tuned for); a wider V's head dim (no
+    table bucket has that shape) runs the default schedule of V's head dim."""
+    d = schedule_head_dim(problem)
+    if d == problem.head_dim:
+        return policy.choose_schedule(q, k, problem.causal)[0]
+    return default_schedule(d, problem.causal)
 
 
 @functools.cache
@@ -405,7 +417,8 @@ def make_plan(problem, dtype: torch.dtype, device, schedule: Schedule, return_ls
         dtype=flags.dtype, head_dim=p.head_dim, causal=p.causal, schedule=schedule,
         even_n=p.seq_kv % schedule.tile_n == 0, mask_dtype=flags.mask_dtype,
         mask_axes=flags.mask_axes, return_lse=return_lse, split_k=splits > 1, packed=packed,
-        flags=None if plain else flags)
+        flags=None if plain else flags, head_dim_v=p.head_dim_v)
+    dv = p.value_dim  # the output's (and the partials') head dim
     fwd = score_specs(plain)[0]
     tail = fwd.ordered(dict(**scalars(p.scale, mods, fwd), GROUP=group, SEQ_Q=p.seq_q,
                             NUM_SPLITS=splits, SPLIT_TILES=split_tiles, **variant.constants()),
@@ -416,17 +429,17 @@ def make_plan(problem, dtype: torch.dtype, device, schedule: Schedule, return_ls
         grid_for(batch=p.batch, heads=heads * splits, seq_q=rows, tile_m=schedule.tile_m),
         tail)]
     if splits > 1:
-        steps.append(combine_step(p.head_dim, rows, return_lse, splits, (heads, p.batch),
+        steps.append(combine_step(dv, rows, return_lse, splits, (heads, p.batch),
                                   build_kernels))
     blocks = () if block is None else block.lists(schedule.tile_m, schedule.tile_n, p.causal)
     return Plan(
         schedule=schedule, launches=tuple(steps), variant=variant,
-        out_shape=(p.batch, p.heads_q, p.seq_q, p.head_dim),
+        out_shape=(p.batch, p.heads_q, p.seq_q, dv),
         lse_shape=(p.batch, p.heads_q, p.seq_q) if return_lse else (1, 1, 1),
         dtype=dtype, device=device, copy_qkv=copy_qkv,
         mask_target=None if mask is None else (p.batch, p.heads_q, p.seq_q, p.seq_kv),
         packed_shape=(p.batch, heads, rows, p.head_dim) if packed else None,
-        part_shape=(p.batch, heads * splits, rows, p.head_dim) if splits > 1 else None,
+        part_shape=(p.batch, heads * splits, rows, dv) if splits > 1 else None,
         pdl=schedule.pdl, blocks=blocks, scale=p.scale,
     )
 

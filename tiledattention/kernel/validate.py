@@ -37,10 +37,15 @@ class Problem:
     head_dim: int
     causal: bool
     scale: float
+    head_dim_v: int | None = None  # V's and the output's head dim; None: ``head_dim``
 
     @property
     def group(self) -> int:
         return self.heads_q // self.heads_kv
+
+    @property
+    def value_dim(self) -> int:
+        return self.head_dim if self.head_dim_v is None else self.head_dim_v
 
 
 def _dtype_names() -> str:
@@ -74,16 +79,19 @@ def check_inputs(q, k, v, *, causal, scale, attn_mask, enable_gqa,
     if k.shape[:3] != v.shape[:3]:
         raise ShapeError(f"k and v must agree on [B, H, S], got {tuple(k.shape)} and "
                          f"{tuple(v.shape)}")
-    if dk != d or v.shape[3] != d:
-        raise ShapeError(f"head dims differ: q {d}, k {dk}, v {v.shape[3]}; the kernel needs "
-                         "one head dim for q, k and v")
+    dv = v.shape[3]
+    if dk != d:
+        raise ShapeError(f"head dims differ: q {d}, k {dk}; q and k need one head dim (v's "
+                         "may differ, as in torch's SDPA)")
     for name, size in (("batch", b), ("query heads", hq), ("key/value heads", hk),
                        ("query sequence (q.shape[2])", sq), ("key sequence (k.shape[2])", sk)):
         if size < 1:
             raise ShapeError(f"empty {name}: got length {size}; every axis must be >= 1")
-    if not supported_head_dim(d):
-        raise UnsupportedHeadDimError(
-            f"head dim {d} is not supported; accepted: multiples of 8 from 8 to {MAX_HEAD_DIM}")
+    for name, size in (("head dim", d), ("v's head dim", dv)):
+        if not supported_head_dim(size):
+            raise UnsupportedHeadDimError(
+                f"{name} {size} is not supported; accepted for q/k and for v (which may "
+                f"differ): multiples of 8 from 8 to {MAX_HEAD_DIM}")
     if not isinstance(enable_gqa, bool):
         raise InputError(f"enable_gqa must be a bool, got {enable_gqa!r}")
     if hq != hk:
@@ -104,7 +112,20 @@ def check_inputs(q, k, v, *, causal, scale, attn_mask, enable_gqa,
     # Last, so every other check also runs (and is tested) on machines without a GPU.
     if device:
         check_device(q)
-    return Problem(b, hq, hk, sq, sk, d, causal, float(scale))
+    return Problem(b, hq, hk, sq, sk, d, causal, float(scale), None if dv == d else dv)
+
+
+def check_value_dim_backward(q, v) -> None:
+    """A gradient of a call whose V head dim differs from Q/K's (D_qk != D_v) is refused
+    before anything runs: the backward kernels take one head dim (the forward runs)."""
+    if not (isinstance(q, torch.Tensor) and isinstance(v, torch.Tensor)) or q.is_nested \
+            or v.is_nested or q.dim() != 4 or v.dim() != 4:
+        return  # check_inputs names what is wrong with these
+    if q.shape[3] != v.shape[3]:
+        raise BackwardNotSupportedError(
+            f"D_qk != D_v backward not supported yet (q/k head dim {q.shape[3]}, v's "
+            f"{v.shape[3]}); the forward runs: call it without a gradient (torch.no_grad(), "
+            "or inputs that do not require grad)")
 
 
 def check_device(q) -> None:
@@ -140,6 +161,14 @@ def check_mask(mask, q, target: tuple[int, int, int, int]) -> None:
                             f"[B, H, Sq, Skv] = {list(target)} (axis {axis}: {size} vs {want})")
 
 
+def schedule_head_dim(problem: Problem) -> int:
+    """The head dim whose schedules (table bucket, default, register check) a call runs:
+    Q/K's, or V's where that is wider. The forward holds Q [M, D_qk] and the fp32
+    accumulator [M, D_v]; a schedule tuned for max(D_qk, D_v) in both fits both (for the
+    MLA-style D_v < D_qk: Q/K's, with the accumulator narrower than it was tuned for)."""
+    return max(problem.head_dim, problem.value_dim)
+
+
 def resolve_schedule(schedule, problem: Problem) -> Schedule | None:
     """The explicit schedule, validated for this head dim; None lets the policy choose."""
     if schedule is None:
@@ -147,7 +176,8 @@ def resolve_schedule(schedule, problem: Problem) -> Schedule | None:
     if isinstance(schedule, dict):
         schedule = Schedule.from_dict(schedule)
     if isinstance(schedule, Schedule):
-        reason = rejection(schedule, problem.head_dim)
+        # The wider of Q/K's and V's chunks bounds the registers (``schedule_head_dim``).
+        reason = rejection(schedule, schedule_head_dim(problem))
         if reason:
             raise ScheduleError(reason)
         return schedule

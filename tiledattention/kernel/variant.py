@@ -72,6 +72,14 @@ class Flags:
                 f"{mods}{sparse}")
 
 
+def value_constants(head_dim_v: int) -> dict[str, int]:
+    """The forward's ``FwdFlags.VNCHUNK``.. : the chunks of V's head dim (passed also when
+    it equals Q/K's: the same constants, the same kernel)."""
+    plan = plan_head_dim(head_dim_v)
+    w0, w1, w2 = plan.kernel_widths()
+    return dict(VNCHUNK=len(plan.widths), VW0=w0, VW1=w1, VW2=w2)
+
+
 class _Shared:
     """What the forward and backward variants derive alike from their fields."""
 
@@ -99,6 +107,11 @@ class Variant(_Shared):
     split_k: bool = False  # partial outputs per key split (then the combine kernel)
     packed: bool = False  # GQA query heads packed into the rows of one tile
     flags: Flags | None = None  # variant functions and block sparsity (None: plain)
+    head_dim_v: int | None = None  # V's (and the output's) head dim; None: ``head_dim``
+
+    @property
+    def value_dim(self) -> int:
+        return self.head_dim if self.head_dim_v is None else self.head_dim_v
 
     def constants(self) -> dict[str, int | bool]:
         """The kernel's ``ct.Constant`` arguments by parameter name."""
@@ -106,10 +119,12 @@ class Variant(_Shared):
         return dict(
             TILE_M=s.tile_m, TILE_N=s.tile_n, HEAVY_FIRST=s.heavy_first, EVEN_N=self.even_n,
             RETURN_LSE=self.return_lse, LAT_K=s.latency_k, LAT_V=s.latency_v,
-            SPLIT_K=self.split_k, PACKED=self.packed, PDL=s.pdl, **self.shared().constants())
+            SPLIT_K=self.split_k, PACKED=self.packed, PDL=s.pdl, **self.shared().constants(),
+            **value_constants(self.value_dim))
 
     def label(self) -> str:
-        return (f"{self.shared().label()}{'_even' if self.even_n else ''}"
+        dv = "" if self.value_dim == self.head_dim else f"_dv{self.value_dim}"
+        return (f"{self.shared().label()}{dv}{'_even' if self.even_n else ''}"
                 f"{'_lse' if self.return_lse else ''}{'_splitk' if self.split_k else ''}"
                 f"{'_packed' if self.packed else ''}_{self.schedule.label()}")
 
