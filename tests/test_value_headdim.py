@@ -49,13 +49,11 @@ def test_a_head_dim_the_kernel_cannot_run_is_one_typed_error(k_dim, v_dim, error
 
 
 @pytest.mark.parametrize("which", ["q", "k", "v"])
-def test_the_backward_of_a_value_head_dim_is_refused_before_anything_runs(which):
-    # On the CPU the device check would come next: the refusal comes first, so no forward
-    # ever runs whose gradient would be wrong.
+def test_a_gradient_of_a_value_head_dim_is_no_longer_refused(which):
+    # The backward runs D_qk != D_v: on the CPU the call gets as far as the device check.
     args = [t(1, 4, 16, 192, grad=which == "q"), t(1, 2, 16, 192, grad=which == "k"),
             t(1, 2, 16, 128, grad=which == "v")]
-    with pytest.raises(ta.BackwardNotSupportedError, match="D_qk != D_v backward not "
-                       "supported yet.*the forward runs"):
+    with pytest.raises((ta.NoGPUError, ta.DeviceError)):
         ta.sdpa(*args, enable_gqa=True)
 
 
@@ -63,14 +61,6 @@ def test_without_a_gradient_a_value_head_dim_reaches_the_device_check():
     args = (t(1, 2, 16, 192, grad=True), t(1, 2, 16, 192), t(1, 2, 16, 128))
     with torch.no_grad(), pytest.raises((ta.NoGPUError, ta.DeviceError)):
         ta.sdpa(*args)
-
-
-def test_the_backward_launcher_refuses_a_value_head_dim_too():
-    from tiledattention.kernel.launch import run_backward
-
-    q, v = t(1, 2, 16, 192), t(1, 2, 16, 128)
-    with pytest.raises(ta.BackwardNotSupportedError, match="D_qk != D_v"):
-        run_backward(None, q, q, v, v, None, v, None, None)
 
 
 @pytest.mark.parametrize("dqk,dv,want", [(192, 128, 192), (128, 64, 128), (64, 128, 128)])
@@ -86,6 +76,63 @@ def test_the_kernel_takes_value_chunks_only_in_the_dense_entry_points():
     assert value <= set(entry_fields(FwdFlags, PLAIN))
     assert value <= set(entry_fields(FwdFlags, VARIANT))
     assert not value & set(entry_fields(FwdFlags, FWD_SEQS))  # fixed 0: Q/K's chunks
+
+
+@pytest.mark.parametrize("family", ["DkdvFlags", "DqFlags"])
+def test_the_backward_takes_value_chunks_only_in_the_dense_entry_points(family):
+    from tiledattention.kernel import flags
+    from tiledattention.kernel.entry import entry_fields
+
+    cls = getattr(flags, family)
+    value = {"VNCHUNK", "VW0", "VW1", "VW2"}
+    assert value <= set(entry_fields(cls, flags.PLAIN))
+    assert value <= set(entry_fields(cls, flags.VARIANT))
+    assert not value & set(entry_fields(cls, flags.BWD_SEQS))  # varlen: one head dim
+
+
+@pytest.mark.parametrize("dqk,dv,qk,value", [
+    (192, 128, (2, 128, 64, 64), (1, 128, 128, 128)),
+    (128, 64, (1, 128, 128, 128), (1, 64, 64, 64)),
+    (128, 128, (1, 128, 128, 128), (1, 128, 128, 128)),
+])
+def test_backward_constants_chunk_q_k_and_v_each_by_their_head_dim(dqk, dv, qk, value):
+    # S, dQ and dK over Q/K's chunks; dO, V, O and dV over V's; delta's O/dO tile is V's
+    # head dim wide, the dQacc rows it zeroes Q's.
+    from tiledattention.kernel.variant import BwdVariant
+    from tiledattention.schedules.backward import BwdSchedule
+
+    v = BwdVariant("bfloat16", dqk, True, BwdSchedule(dq="atomic"),
+                   head_dim_v=None if dv == dqk else dv)
+    for kernel in ("attention_bwd_dkdv", "attention_bwd_dq"):
+        c = v.constants(kernel)
+        assert (c["NCHUNK"], c["W0"], c["W1"], c["W2"]) == qk
+        assert (c["VNCHUNK"], c["VW0"], c["VW1"], c["VW2"]) == value
+    delta = v.constants("attention_bwd_delta")
+    assert (delta["WD"], delta["WQ"]) == (1 << (dv - 1).bit_length(),
+                                          1 << (dqk - 1).bit_length())
+    assert ("_dv" in v.label()) == (dv != dqk)
+
+
+@pytest.mark.parametrize("dqk,dv", SHAPES)
+def test_the_backward_plan_carries_the_value_head_dim(dqk, dv):
+    pytest.importorskip("cuda.tile", reason="plans read the kernels' parameters (cuTile)")
+    from tiledattention.kernel import plan as planning
+    from tiledattention.kernel.spec import DKDV
+    from tiledattention.schedules.backward import BwdSchedule, default_bwd_schedule
+
+    q, k = t(2, 8, 100, dqk), t(2, 2, 130, dqk)
+    plan = planning.make_bwd_plan(q, k, None, True, 0.1, False, BwdSchedule(),
+                                  head_dim_v=dv)
+    assert plan.variant.value_dim == dv
+    step = dict((role, tail) for role, _, _, tail in plan.launches)["dkdv"]
+    consts = dict(zip(DKDV.names()[len(DKDV.tensors):], step))
+    assert consts["VW0"] == (128 if dv > 64 else 64) and consts["GROUP"] == 4
+    same = planning.make_bwd_plan(q, k, None, True, 0.1, False, BwdSchedule(),
+                                  head_dim_v=dqk)
+    assert same.variant.head_dim_v is None  # one head dim: the kernels of before
+    if dv > dqk:  # no table bucket has a wider V: the default of V's head dim
+        chosen = planning.make_bwd_plan(q, k, None, True, 0.1, False, None, head_dim_v=dv)
+        assert chosen.schedule == default_bwd_schedule(dv, True)
 
 
 @pytest.mark.parametrize("dqk,dv,qk,value", [

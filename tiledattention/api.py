@@ -28,12 +28,7 @@ from . import mods as _mods
 from .errors import BackwardNotSupportedError, InputError
 from .kernel.launch import captured_buffers, launch, run_backward
 from .kernel.plan import bwd_plan_for, pinned_schedule, plan_for
-from .kernel.validate import (
-    check_device,
-    check_inputs,
-    check_value_dim_backward,
-    resolve_schedule,
-)
+from .kernel.validate import check_device, check_inputs, resolve_schedule
 from .schedules.backward import BwdSchedule
 from .schedules.schedule import Schedule
 
@@ -147,7 +142,8 @@ def _bwd_cuda(q, k, v, out, lse, dout, dlse, attn_mask, aux, causal, scale, bwd_
     captured = captured_buffers(tuple(aux), needs)
     plan = bwd_plan_for(q, k, attn_mask, causal, scale, dlse is not None,
                         BwdSchedule.from_label(bwd_schedule) if bwd_schedule
-                        else pinned_schedule(), bwd_mods or _mods.NONE, block)
+                        else pinned_schedule(), bwd_mods or _mods.NONE, block,
+                        head_dim_v=v.shape[3])
     dq, dk, dv = run_backward(plan, q, k, v, out, lse, dout, dlse, attn_mask,
                               aux=tuple(aux), captured=captured)
     return dq, dk, dv, _captured_out(q, aux, captured)
@@ -248,7 +244,8 @@ class _Attention(torch.autograd.Function):
             dout = torch.zeros_like(out)
         captured = captured_buffers(ctx.aux, ctx.needs)
         plan = bwd_plan_for(q, k, ctx.mask, ctx.causal, ctx.scale, dlse is not None,
-                            ctx.pinned or pinned_schedule(), ctx.mods or _mods.NONE, ctx.block)
+                            ctx.pinned or pinned_schedule(), ctx.mods or _mods.NONE, ctx.block,
+                            head_dim_v=v.shape[3])
         dq, dk, dv = run_backward(plan, q, k, v, out, lse, dout, dlse, ctx.mask, aux=ctx.aux,
                                   captured=captured)
         daux = tuple(None if g is None else g.to(t.dtype) for t, g in zip(ctx.aux, captured))
@@ -347,9 +344,9 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
     ``q``, ``k``: [B, Hq, Sq, D], [B, Hkv, Skv, D]; ``v``: [B, Hkv, Skv, D_v]; fp16 or bf16
     CUDA tensors of one dtype and device. D and D_v are any multiples of 8 up to 256 (96
-    and 160 run without padding); the output has D_v, as in PyTorch (D_v != D, MLA's
-    (192, 128): forward only for now, a gradient is refused before anything runs). Scores,
-    softmax statistics and the accumulator are fp32.
+    and 160 run without padding); the output has D_v, as in PyTorch (D_v != D: MLA's
+    (192, 128), forward and backward; dV has D_v). Scores, softmax statistics and the
+    accumulator are fp32.
 
     attn_mask: bool (True = attend) or additive (q's dtype or float32), broadcastable
         to [B, Hq, Sq, Skv]. Key-padding masks [B, 1, 1, Skv] are read one row per key
@@ -426,8 +423,6 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         aux = mods.tensors() if mods.key else ()
         bwd_mods, needs = _backward_mods(mods, aux, needs_grad) if aux else (mods, ())
         needs_grad = needs_grad or any(needs)
-        if needs_grad:
-            check_value_dim_backward(q, v)
         plan = plan_for(q, k, v, attn_mask, is_causal, scale, enable_gqa,
                         bool(return_lse) or needs_grad, schedule, variant)
         if not needs_grad:
@@ -443,8 +438,6 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     key, aux = "", []
     if has_variant:
         key, aux, needs_grad = _traced_variant(score_mod, mask_mod, block_mask, needs_grad)
-    if needs_grad:
-        check_value_dim_backward(q, v)
     # With a gradient to compute, the forward always keeps the LSE: the backward needs it.
     op = _attention_fwd if needs_grad else _attention
     out, lse = op(q, k, v, attn_mask, aux, problem.causal, problem.scale,

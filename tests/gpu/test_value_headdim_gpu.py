@@ -1,7 +1,9 @@
 """D_qk != D_v forward (MLA's (192, 128), and (128, 64)) on a CUDA GPU: against the float64
 reference (softmax(Q K^T / sqrt(D_qk)) V) by the tolerance table, and against torch's SDPA;
 causal and not, MHA, GQA and MQA, prefill and decode (GQA packing, split-K), masks, the
-LSE, torch.compile. Its backward is refused before anything runs (not yet implemented)."""
+LSE, torch.compile; and its backward (dQ, dK of Q/K's head dim, dV of V's) against the
+float64 backward (``tolerance.rtol_bwd``) and torch's SDPA backward, with the LSE's
+gradient, dQ by reduce-add, and a torch.compile training step."""
 
 from __future__ import annotations
 
@@ -10,8 +12,8 @@ import torch
 import torch.nn.functional as F
 
 import tiledattention as ta
-from tiledattention.reference import naive_attention
-from tiledattention.tolerance import relative_error, rtol
+from tiledattention.reference import attention_backward, naive_attention
+from tiledattention.tolerance import relative_error, rtol, rtol_bwd
 
 DTYPES = [torch.float16, torch.bfloat16]
 SHAPES = [(192, 128), (128, 64)]  # (D_qk, D_v)
@@ -85,9 +87,91 @@ def test_repeat_calls_reuse_the_plan_and_compile_fullgraph():
     assert torch.equal(compiled(q, k, v), first)
 
 
-def test_the_backward_is_refused_before_the_forward_runs():
-    q, k, v = (t.requires_grad_() for t in _qkv(1, 2, 2, 64, 64, 192, 128, torch.bfloat16))
-    with pytest.raises(ta.BackwardNotSupportedError, match="D_qk != D_v backward"):
-        ta.sdpa(q, k, v)
-    with torch.no_grad():
-        assert ta.sdpa(q, k, v).shape == (1, 2, 64, 128)
+def check_grads(q, k, v, *, causal=False, with_lse=False):
+    """Gradients of ``sdpa`` against the float64 backward by the tolerance table, and
+    torch's SDPA backward (of the same inputs) within twice it."""
+    gqa = q.shape[1] != k.shape[1]
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    res = ta.sdpa(q, k, v, is_causal=causal, enable_gqa=gqa, return_lse=with_lse)
+    out, lse = res if with_lse else (res, None)
+    dout = torch.randn_like(out)
+    dlse = torch.randn(lse.shape, device="cuda") if with_lse else None
+    torch.autograd.backward([out] + ([lse] if with_lse else []),
+                            [dout] + ([dlse] if with_lse else []))
+    refs = attention_backward(q.detach(), k.detach(), v.detach(), dout, causal=causal,
+                              dlse=dlse)
+    bound = rtol_bwd(q.dtype)
+    for name, t, ref in zip(("dq", "dk", "dv"), (q, k, v), refs):
+        assert t.grad.shape == t.shape and t.grad.dtype == t.dtype, name
+        assert torch.isfinite(t.grad).all(), f"{name}: non-finite gradient"
+        err = relative_error(t.grad, ref) if ref.norm() > 0 else t.grad.abs().max().item()
+        assert err <= bound, f"{name}: relative error {err:.3e} > {bound}"
+    if with_lse:
+        return
+    tq, tk, tv = (t.detach().requires_grad_() for t in (q, k, v))
+    F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal, enable_gqa=gqa).backward(dout)
+    for name, t, want in zip(("dq", "dk", "dv"), (q, k, v), (tq, tk, tv)):
+        err = relative_error(t.grad, want.grad.double())
+        assert err <= 2 * bound, f"{name} vs torch: relative error {err:.3e}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("dqk,dv", SHAPES)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("sq,sk", [(1, 1), (17, 17), (128, 128), (1000, 1000), (100, 1000),
+                                   (1000, 300)])
+def test_grads_match_the_float64_backward_and_torch(dtype, dqk, dv, causal, sq, sk):
+    b, h = (1, 2) if max(sq, sk) >= 1000 else (2, 3)
+    check_grads(*_qkv(b, h, h, sq, sk, dqk, dv, dtype), causal=causal)
+
+
+@pytest.mark.parametrize("dqk,dv", SHAPES)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("hq,hk", [(8, 2), (16, 1)])  # GQA, MQA: dK, dV summed over a group
+def test_gqa_and_mqa_grads(dqk, dv, causal, hq, hk):
+    check_grads(*_qkv(2, hq, hk, 300, 300, dqk, dv, torch.bfloat16), causal=causal)
+
+
+@pytest.mark.parametrize("dqk,dv", SHAPES)
+def test_the_lse_gradient_enters_delta(dqk, dv):
+    check_grads(*_qkv(2, 4, 2, 200, 333, dqk, dv, torch.float16), causal=True, with_lse=True)
+
+
+@pytest.mark.parametrize("dqk,dv", SHAPES + [(64, 128)])
+@pytest.mark.parametrize("label", ["kv64x64_q64x64_o1_w8_atomic",
+                                   "kv64x64_q64x64_o1_w8_keyrows"])
+def test_other_backward_paths_agree(dqk, dv, label):
+    # dQ by reduce-add (the delta kernel zeroes Q's columns of dQacc) and keys as the MMA
+    # rows (dP^T = V dO^T); (64, 128) a V wider than Q/K.
+    from tiledattention.kernel.plan import pinned_bwd_schedule
+    from tiledattention.schedules.backward import BwdSchedule
+
+    with pinned_bwd_schedule(BwdSchedule.from_label(label)):
+        check_grads(*_qkv(2, 4, 2, 300, 300, dqk, dv, torch.bfloat16), causal=True)
+
+
+def test_a_torch_compile_training_step():
+    # One step of a tiny MLA-shaped attention layer: loss, backward, SGD, under
+    # torch.compile(fullgraph); its gradients equal the eager ones.
+    torch.manual_seed(0)
+    x = torch.randn(2, 128, 256, device="cuda", dtype=torch.bfloat16)
+    wq, wk, wv = (torch.randn(256, n, device="cuda", dtype=torch.bfloat16) * 0.05
+                  for n in (4 * 192, 2 * 192, 2 * 128))  # 4 query heads, 2 K/V heads
+
+    def loss(x, wq, wk, wv):
+        q = (x @ wq).view(2, 128, 4, 192).transpose(1, 2)
+        k = (x @ wk).view(2, 128, 2, 192).transpose(1, 2)
+        v = (x @ wv).view(2, 128, 2, 128).transpose(1, 2)
+        return ta.sdpa(q, k, v, is_causal=True, enable_gqa=True).float().square().mean()
+
+    grads = []
+    for fn in (loss, torch.compile(loss, fullgraph=True)):
+        ws = [w.detach().clone().requires_grad_() for w in (wq, wk, wv)]
+        fn(x, *ws).backward()
+        grads.append([w.grad for w in ws])
+        with torch.no_grad():
+            for w in ws:
+                w -= 0.1 * w.grad
+        assert all(torch.isfinite(w).all() for w in ws)
+    for eager, compiled in zip(*grads):
+        assert relative_error(compiled, eager.double()) <= rtol_bwd(torch.bfloat16)

@@ -12,6 +12,9 @@ log-sum-exp (never stored) and the upstream gradient ``dO``::
     dK    = scale * dS^T Q            (of one K/V head: GQA sums its query heads inside)
     dQ    = scale * dS K              attention_bwd_dq, one program per query tile
 
+V's head dim may differ from Q/K's (D_v != D_qk, MLA's (192, 128)): delta, dP and dV run
+over V's head-dim chunks (``flags.value_chunks``), S, dQ and dK over Q/K's.
+
 dQ comes either from its own kernel (deterministic: no atomics; it recomputes S and dP,
 7 matmuls in all) or, with ``DQ_ATOMIC``, from the dK/dV programs adding their share into
 an fp32 buffer by TMA bulk reduce-add (5 matmuls; the order of the additions, and so the
@@ -63,7 +66,16 @@ from .body import (
     zeros_chunks,
 )
 from .entry import entry_point
-from .flags import BWD_SEQS, PLAIN, VARIANT, DkdvFlags, DqFlags, bwd_zero_safe, has_seqs
+from .flags import (
+    BWD_SEQS,
+    PLAIN,
+    VARIANT,
+    DkdvFlags,
+    DqFlags,
+    bwd_zero_safe,
+    has_seqs,
+    value_chunks,
+)
 from .visit import (
     block_at,
     block_range,
@@ -91,7 +103,8 @@ SCORE_CAPGRAD = no_captured_grad
 def attention_bwd_delta(
     Out, dOut, Delta, Dlse, dQacc,
     TILE_M: ConstInt,
-    WD: ConstInt,  # a power of two >= D: the columns past D load as zeros
+    WD: ConstInt,  # a power of two >= V's head dim (O, dO): the columns past it load as zeros
+    WQ: ConstInt,  # the same for Q's head dim (dQacc's columns zeroed)
     HAS_DLSE: ConstBool,  # the log-sum-exp output has a gradient: delta -= dlse
     ZERO_DQ: ConstBool,  # also zero these rows of the fp32 dQacc (dQ by reduce-add)
 ):
@@ -112,7 +125,7 @@ def attention_bwd_delta(
         # The pass that reads every row anyway clears the reduce-add's target: no memset
         # launch. Columns past D fall outside the array and are not written.
         ct.store(dQacc, index=(b, h, bid_m, 0),
-                 tile=ct.full((1, 1, TILE_M, WD), 0.0, dtype=np.float32))
+                 tile=ct.full((1, 1, TILE_M, WQ), 0.0, dtype=np.float32))
 
 
 def grad_scores(qk, dp, arrays, fns, aux, where, i, j, on_diag, ALL_MASKS, f, ROW_TAIL,
@@ -201,19 +214,20 @@ def dkdv_tile(kv, acc, arrays, fns, aux, where, i, bid_n, diag, ALL_MASKS, f, dQ
     P and dS; benchmarks/NOTES.md §34a). Only dS K (the dQ share) then
     takes a transpose."""
     TILE_M, TILE_N, NCHUNK, W0, W1, W2 = f.TILE_M, f.TILE_N, f.NCHUNK, f.W0, f.W1, f.W2
+    VNCHUNK, VW0, VW1, VW2 = value_chunks(f)  # dO, V, dV: V's head dim
     Q, K, V, dOut, Lse, Delta, Mask = arrays
     h, ab = where[1], where[7]
     (kt0, kt1, kt2), (vt0, vt1, vt2), (k0, k1, k2) = kv
     dk0, dk1, dk2, dv0, dv1, dv2 = acc
     q0, q1, q2 = load_rows(Q, ab, h, i, TILE_M, W0, W1, W2, NCHUNK, None)
-    do0, do1, do2 = load_rows(dOut, ab, h, i, TILE_M, W0, W1, W2, NCHUNK, None)
+    do0, do1, do2 = load_rows(dOut, ab, h, i, TILE_M, VW0, VW1, VW2, VNCHUNK, None)
     # A score_mod may give the padded query rows of the last query tile large scores:
     # they are masked; the plain kernels' padded rows add zeros anyway.
     if f.KEY_ROWS:
         st = dot(kt0, kt1, kt2, ct.transpose(q0), ct.transpose(q1), ct.transpose(q2), TILE_N,
                  TILE_M, NCHUNK)
         dpt = dot(vt0, vt1, vt2, ct.transpose(do0), ct.transpose(do1), ct.transpose(do2),
-                  TILE_N, TILE_M, NCHUNK)
+                  TILE_N, TILE_M, VNCHUNK)
         p, ds = grad_scores(st, dpt, arrays, fns, aux, where, i, bid_n, diag, ALL_MASKS, f,
                             f.HAS_SCORE_MOD, True)  # P^T and dS^T
         if f.DQ_ATOMIC:
@@ -221,14 +235,14 @@ def dkdv_tile(kv, acc, arrays, fns, aux, where, i, bid_n, diag, ALL_MASKS, f, dQ
                       NCHUNK)
     else:
         qk = dot(q0, q1, q2, kt0, kt1, kt2, TILE_M, TILE_N, NCHUNK)
-        dp = dot(do0, do1, do2, vt0, vt1, vt2, TILE_M, TILE_N, NCHUNK)
+        dp = dot(do0, do1, do2, vt0, vt1, vt2, TILE_M, TILE_N, VNCHUNK)
         p, ds = grad_scores(qk, dp, arrays, fns, aux, where, i, bid_n, diag, ALL_MASKS, f,
                             f.HAS_SCORE_MOD, False)
         if f.DQ_ATOMIC:
             dq_reduce(dQacc, ds, k0, k1, k2, ab, h, i, TILE_M, W0, W1, W2, NCHUNK)
     # Each transpose right before its product, as before the flag (same default SASS).
     dv0, dv1, dv2 = mma_into(keys_as_rows(p, f.KEY_ROWS), do0, do1, do2, dv0, dv1, dv2,
-                             NCHUNK)
+                             VNCHUNK)
     dk0, dk1, dk2 = mma_into(keys_as_rows(ds, f.KEY_ROWS), q0, q1, q2, dk0, dk1, dk2, NCHUNK)
     return dk0, dk1, dk2, dv0, dv1, dv2
 
@@ -288,8 +302,9 @@ def dq_tile(q, do, stats, acc, arrays, fns, aux, where, bid_m, j, diag, ALL_MASK
     q0, q1, q2 = q
     do0, do1, do2 = do
     dq0, dq1, dq2 = acc
+    VNCHUNK, VW0, VW1, VW2 = value_chunks(f)
     qk, dp = dots_streamed(q0, q1, q2, do0, do1, do2, K, V, kb, hk, j, TILE_N, TILE_M, W0,
-                           W1, W2, NCHUNK)
+                           W1, W2, NCHUNK, VW0, VW1, VW2, VNCHUNK)
     # Padded query rows of dQ are never stored and stay in their own rows: no row mask.
     _, ds = grad_scores(qk, dp, arrays, fns, aux, where, bid_m, j, diag, ALL_MASKS, f, False,
                         False, stats)
@@ -353,6 +368,7 @@ def dkdv_key_tile(arrays, extra, dK, dV, dQacc, scalars, f, fns, b, bid_n, ab, s
     BlkCnt, BlkIdx, A0, A1, A2, A3, G0, G1, G2, G3 = extra
     qk_scale_log2, inv_scale, scale, GROUP = scalars
     TILE_M, TILE_N, NCHUNK, W0, W1, W2 = f.TILE_M, f.TILE_N, f.NCHUNK, f.W0, f.W1, f.W2
+    VNCHUNK, VW0, VW1, VW2 = value_chunks(f)  # V and dV: V's head dim
     hk = ct.bid(1)
     seq_q = Q.shape[2]
     TAIL = not f.EVEN_N
@@ -363,16 +379,17 @@ def dkdv_key_tile(arrays, extra, dK, dV, dQacc, scalars, f, fns, b, bid_n, ab, s
     # dS K too.
     if f.KEY_ROWS:
         k_rows = load_rows(K, ab, hk, bid_n, TILE_N, W0, W1, W2, NCHUNK, None)
-        kv = (k_rows, load_rows(V, ab, hk, bid_n, TILE_N, W0, W1, W2, NCHUNK, None), k_rows)
+        kv = (k_rows, load_rows(V, ab, hk, bid_n, TILE_N, VW0, VW1, VW2, VNCHUNK, None),
+              k_rows)
     else:
         kt = load_cols(K, ab, hk, bid_n, TILE_N, W0, W1, W2, NCHUNK, None)
-        vt = load_cols(V, ab, hk, bid_n, TILE_N, W0, W1, W2, NCHUNK, None)
+        vt = load_cols(V, ab, hk, bid_n, TILE_N, VW0, VW1, VW2, VNCHUNK, None)
         k_rows = kt
         if f.DQ_ATOMIC:
             k_rows = load_rows(K, ab, hk, bid_n, TILE_N, W0, W1, W2, NCHUNK, None)
         kv = (kt, vt, k_rows)
     dk0, dk1, dk2 = zeros_chunks(TILE_N, W0, W1, W2)
-    dv0, dv1, dv2 = zeros_chunks(TILE_N, W0, W1, W2)
+    dv0, dv1, dv2 = zeros_chunks(TILE_N, VW0, VW1, VW2)
     acc = (dk0, dk1, dk2, dv0, dv1, dv2)
     aux = (A0, A1, A2, A3, G0, G1, G2, G3)
     if has_seqs(f):
@@ -412,7 +429,7 @@ def dkdv_key_tile(arrays, extra, dK, dV, dQacc, scalars, f, fns, b, bid_n, ab, s
 
     dk0, dk1, dk2, dv0, dv1, dv2 = acc
     dk0, dk1, dk2 = scale_chunks(dk0, dk1, dk2, scale, NCHUNK)
-    store_rows(dV, ab, hk, bid_n, dv0, dv1, dv2, TILE_N, W0, W1, W2, NCHUNK)
+    store_rows(dV, ab, hk, bid_n, dv0, dv1, dv2, TILE_N, VW0, VW1, VW2, VNCHUNK)
     store_rows(dK, ab, hk, bid_n, dk0, dk1, dk2, TILE_N, W0, W1, W2, NCHUNK)
 
 
@@ -422,7 +439,8 @@ def dq_row_stats(Out, Lse, Delta, Dlse, do, b, h, bid_m, f):
     output's gradient) is computed here and stored for the dK/dV kernel, which runs after:
     the delta launch folded into dQ's (one launch fewer per training call; dO is on chip
     already, O is one more load)."""
-    TILE_M, NCHUNK, W0, W1, W2 = f.TILE_M, f.NCHUNK, f.W0, f.W1, f.W2
+    TILE_M = f.TILE_M
+    NCHUNK, W0, W1, W2 = value_chunks(f)  # O and dO: V's head dim
     o0, o1, o2 = load_rows(Out, b, h, bid_m, TILE_M, W0, W1, W2, NCHUNK, None)
     do0, do1, do2 = do
     delta = ct.sum(o0.astype(np.float32) * do0.astype(np.float32), axis=-1, keepdims=True)
@@ -475,7 +493,8 @@ def dq_query_tile(arrays, extra, Out, Dlse, dQ, scalars, f, fns, b, bid_m, ab, s
     hk = h // GROUP
 
     q = load_rows(Q, ab, h, bid_m, TILE_M, W0, W1, W2, NCHUNK, None)
-    do = load_rows(dOut, ab, h, bid_m, TILE_M, W0, W1, W2, NCHUNK, None)
+    VNCHUNK, VW0, VW1, VW2 = value_chunks(f)  # dO: V's head dim
+    do = load_rows(dOut, ab, h, bid_m, TILE_M, VW0, VW1, VW2, VNCHUNK, None)
     stats = None  # (lse, delta) loaded on every key tile, as the dK/dV program does
     if f.DELTA:
         stats = dq_row_stats(Out, Lse, Delta, Dlse, do, b, h, bid_m, f)

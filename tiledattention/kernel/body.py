@@ -110,29 +110,38 @@ def dot_streamed(a0, a1, a2, T, b, h, tile, TILE, M, W0, W1, W2, NCHUNK, latency
     return acc
 
 
-def dots_streamed(a0, a1, a2, c0, c1, c2, T, U, b, h, tile, TILE, M, W0, W1, W2, NCHUNK):
+def dots_streamed(a0, a1, a2, c0, c1, c2, T, U, b, h, tile, TILE, M, W0, W1, W2, NCHUNK,
+                  UW0, UW1, UW2, UNCHUNK):
     """(sum_c a_c @ T^T_c, sum_c c_c @ U^T_c) with the chunks of T and U loaded in pairs
     right before their MMAs (Q K^T and dO V^T of the dQ kernel, in the old kernel's order:
-    the compiler keeps one pair of buffers in flight)."""
+    the compiler keeps one pair of buffers in flight). U's chunks (``UW0``.., V's head dim)
+    may differ from T's; a chunk one of them lacks is skipped."""
     t0 = ct.load(T, index=(b, h, 0, tile), shape=(1, 1, W0, TILE), order=_T,
                  padding_mode=_ZERO).reshape((W0, TILE))
-    u0 = ct.load(U, index=(b, h, 0, tile), shape=(1, 1, W0, TILE), order=_T,
-                 padding_mode=_ZERO).reshape((W0, TILE))
+    u0 = ct.load(U, index=(b, h, 0, tile), shape=(1, 1, UW0, TILE), order=_T,
+                 padding_mode=_ZERO).reshape((UW0, TILE))
     x = ct.mma(a0, t0, ct.full((M, TILE), 0.0, dtype=np.float32))
     y = ct.mma(c0, u0, ct.full((M, TILE), 0.0, dtype=np.float32))
+    t1, t2, u1, u2 = t0, t0, u0, u0  # (as load_rows: names for the chunks a dim lacks)
     if NCHUNK > 1:
         t1 = ct.load(T, index=(b, h, W0 // W1, tile), shape=(1, 1, W1, TILE), order=_T,
                      padding_mode=_ZERO).reshape((W1, TILE))
-        u1 = ct.load(U, index=(b, h, W0 // W1, tile), shape=(1, 1, W1, TILE), order=_T,
-                     padding_mode=_ZERO).reshape((W1, TILE))
+    if UNCHUNK > 1:
+        u1 = ct.load(U, index=(b, h, UW0 // UW1, tile), shape=(1, 1, UW1, TILE), order=_T,
+                     padding_mode=_ZERO).reshape((UW1, TILE))
+    if NCHUNK > 1:
         x = ct.mma(a1, t1, x)
+    if UNCHUNK > 1:
         y = ct.mma(c1, u1, y)
     if NCHUNK > 2:
         t2 = ct.load(T, index=(b, h, (W0 + W1) // W2, tile), shape=(1, 1, W2, TILE), order=_T,
                      padding_mode=_ZERO).reshape((W2, TILE))
-        u2 = ct.load(U, index=(b, h, (W0 + W1) // W2, tile), shape=(1, 1, W2, TILE), order=_T,
-                     padding_mode=_ZERO).reshape((W2, TILE))
+    if UNCHUNK > 2:
+        u2 = ct.load(U, index=(b, h, (UW0 + UW1) // UW2, tile), shape=(1, 1, UW2, TILE),
+                     order=_T, padding_mode=_ZERO).reshape((UW2, TILE))
+    if NCHUNK > 2:
         x = ct.mma(a2, t2, x)
+    if UNCHUNK > 2:
         y = ct.mma(c2, u2, y)
     return x, y
 

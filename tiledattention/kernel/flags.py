@@ -121,6 +121,13 @@ class DkdvFlags(SeqFlags):
     BLOCK_SPARSE: bool = flag("sparse", False)
     BLK_BATCH: bool = flag("sparse", False)
     BLK_HEAD: bool = flag("sparse", False)
+    # V's head-dim chunks (and dO's, O's, dV's) where V's head dim differs from Q/K's
+    # (D_v != D_qk); 0: the Q/K chunks (the packed entry points leave them there). Read
+    # through ``value_chunks``.
+    VNCHUNK: int = flag("dense", 0)
+    VW0: int = flag("dense", 0)
+    VW1: int = flag("dense", 0)
+    VW2: int = flag("dense", 0)
 
 
 @dataclass(frozen=True)
@@ -146,6 +153,13 @@ class DqFlags(SeqFlags):
     BLOCK_SPARSE: bool = flag("sparse", False)  # the block mask's lists: key tiles per query tile
     BLK_BATCH: bool = flag("sparse", False)
     BLK_HEAD: bool = flag("sparse", False)
+    # V's head-dim chunks (and dO's, O's, dV's) where V's head dim differs from Q/K's
+    # (D_v != D_qk); 0: the Q/K chunks (the packed entry points leave them there). Read
+    # through ``value_chunks``.
+    VNCHUNK: int = flag("dense", 0)
+    VW0: int = flag("dense", 0)
+    VW1: int = flag("dense", 0)
+    VW2: int = flag("dense", 0)
 
 
 FAMILIES = {"attention_fwd": FwdFlags, "attention_bwd_dkdv": DkdvFlags,
@@ -159,9 +173,10 @@ def has_seqs(f) -> bool:
     return f.VARLEN_Q or f.VARLEN_K or f.PAGED
 
 
-def value_chunks(f: FwdFlags):
-    """(NCHUNK, W0, W1, W2) of V, the accumulators and the output: their own
-    (``VNCHUNK``..) when V's head dim differs from Q/K's, else Q/K's."""
+def value_chunks(f: FwdFlags | DkdvFlags | DqFlags):
+    """(NCHUNK, W0, W1, W2) of V and what has its head dim (the forward's accumulators
+    and output; the backward's O, dO and dV): their own (``VNCHUNK``..) when V's head dim
+    differs from Q/K's, else Q/K's."""
     if f.VNCHUNK > 0:
         return f.VNCHUNK, f.VW0, f.VW1, f.VW2
     return f.NCHUNK, f.W0, f.W1, f.W2

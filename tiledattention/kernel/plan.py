@@ -31,7 +31,7 @@ import torch
 from .. import mods as _mods
 from ..headdim import plan_head_dim
 from ..schedules import policy
-from ..schedules.backward import BwdSchedule
+from ..schedules.backward import BwdSchedule, default_bwd_schedule
 from ..schedules.schedule import Schedule, default_schedule
 from ..schedules.table import seq_bucket
 from .geometry import grid_for
@@ -496,26 +496,40 @@ def pinned_schedule() -> BwdSchedule | None:
 
 
 def bwd_plan_for(q, k, attn_mask, causal, scale, has_dlse, schedule, mods=_mods.NONE,
-                 block=None) -> BwdPlan:
+                 block=None, *, head_dim_v: int | None = None) -> BwdPlan:
     """The cached backward plan of a call (its forward was checked already); torch's
-    deterministic mode is part of its key (it decides the schedule, ``make_bwd_plan``)."""
+    deterministic mode is part of its key (it decides the schedule, ``make_bwd_plan``).
+    ``head_dim_v``: V's head dim where it differs from Q/K's (None: theirs)."""
     key = ("bwd", _facts(q), _facts(k), None if attn_mask is None else _facts(attn_mask),
            causal, scale, has_dlse, schedule, mods.key, None if block is None else block.key,
-           policy.generation(), torch.are_deterministic_algorithms_enabled())
+           policy.generation(), torch.are_deterministic_algorithms_enabled(), head_dim_v)
     return _cached(key, lambda: make_bwd_plan(q, k, attn_mask, causal, scale, has_dlse,
-                                              schedule, mods, block))
+                                              schedule, mods, block, head_dim_v=head_dim_v))
+
+
+def choose_bwd_schedule(q, k, causal: bool, deterministic: bool, variant: bool,
+                        head_dim_v: int | None) -> BwdSchedule:
+    """The policy's backward schedule: the table's bucket of q's head dim, which bounds the
+    registers when V's is no wider (D_v < D_qk: K/V's tiles and dV narrower than tuned
+    for); a wider V's head dim (no bucket has that shape) runs the default of V's."""
+    if head_dim_v is not None and head_dim_v > q.shape[3]:
+        return default_bwd_schedule(head_dim_v, causal)
+    return policy.choose_bwd_schedule(q, k, causal, deterministic, variant=variant)[0]
 
 
 def make_bwd_plan(q, k, attn_mask, causal: bool, scale: float, has_dlse: bool,
-                  schedule: BwdSchedule | None, mods=_mods.NONE, block=None) -> BwdPlan:
+                  schedule: BwdSchedule | None, mods=_mods.NONE, block=None, *,
+                  head_dim_v: int | None = None) -> BwdPlan:
     b, hq, sq, d = q.shape
     hk, sk = k.shape[1], k.shape[2]
     plain = not (mods.key or block is not None)
+    if head_dim_v == d:
+        head_dim_v = None  # one head dim: the same variant (and kernels) as without it
     # The table's dQ reduce-add (not deterministic) was measured and tested on plain
     # attention only: masks, variants and an LSE gradient keep the deterministic kernel.
-    s = schedule or policy.choose_bwd_schedule(
+    s = schedule or choose_bwd_schedule(
         q, k, causal, torch.are_deterministic_algorithms_enabled()
-        or not plain or attn_mask is not None or has_dlse, variant=not plain)[0]
+        or not plain or attn_mask is not None or has_dlse, not plain, head_dim_v)
     target = (b, hq, sq, sk)
     mask = None if attn_mask is None else mask_layout(attn_mask, q.dtype, target)
     problem = Problem(b, hq, hk, sq, sk, d, causal, scale)
@@ -524,7 +538,7 @@ def make_bwd_plan(q, k, attn_mask, causal: bool, scale: float, has_dlse: bool,
                    even_n=sk % max(s.dkdv_n, s.dq_n) == 0, mask_dtype=flags.mask_dtype,
                    mask_axes=flags.mask_axes, has_dlse=has_dlse,
                    flags=None if plain else flags,
-                   one_head=None if hq == hk else False)
+                   one_head=None if hq == hk else False, head_dim_v=head_dim_v)
     _, dkdv, dq = score_specs(plain)
     steps = {"delta": (DELTA, (math.ceil(sq / DELTA_TILE_M), hq, b)),
              "dkdv": (dkdv, (math.ceil(sk / s.dkdv_n), hk, b)),

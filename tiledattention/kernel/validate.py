@@ -115,19 +115,6 @@ def check_inputs(q, k, v, *, causal, scale, attn_mask, enable_gqa,
     return Problem(b, hq, hk, sq, sk, d, causal, float(scale), None if dv == d else dv)
 
 
-def check_value_dim_backward(q, v) -> None:
-    """A gradient of a call whose V head dim differs from Q/K's (D_qk != D_v) is refused
-    before anything runs: the backward kernels take one head dim (the forward runs)."""
-    if not (isinstance(q, torch.Tensor) and isinstance(v, torch.Tensor)) or q.is_nested \
-            or v.is_nested or q.dim() != 4 or v.dim() != 4:
-        return  # check_inputs names what is wrong with these
-    if q.shape[3] != v.shape[3]:
-        raise BackwardNotSupportedError(
-            f"D_qk != D_v backward not supported yet (q/k head dim {q.shape[3]}, v's "
-            f"{v.shape[3]}); the forward runs: call it without a gradient (torch.no_grad(), "
-            "or inputs that do not require grad)")
-
-
 def check_device(q) -> None:
     """CUDA tensors, or NoGPUError / DeviceError naming where they are."""
     if q.device.type != "cuda":

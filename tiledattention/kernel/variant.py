@@ -73,8 +73,9 @@ class Flags:
 
 
 def value_constants(head_dim_v: int) -> dict[str, int]:
-    """The forward's ``FwdFlags.VNCHUNK``.. : the chunks of V's head dim (passed also when
-    it equals Q/K's: the same constants, the same kernel)."""
+    """The score kernels' ``VNCHUNK``.. (``FwdFlags``, ``DkdvFlags``, ``DqFlags``): the
+    chunks of V's head dim (passed also when it equals Q/K's: the same constants, the
+    same kernel)."""
     plan = plan_head_dim(head_dim_v)
     w0, w1, w2 = plan.kernel_widths()
     return dict(VNCHUNK=len(plan.widths), VW0=w0, VW1=w1, VW2=w2)
@@ -151,6 +152,17 @@ class BwdVariant(_Shared):
     # ``DkdvFlags.ONE_HEAD``: dK/dV without the loop over a GQA group (only for one query
     # head per K/V head). None: as an MHA call ships it, at ONE_HEAD_DIMS.
     one_head: bool | None = None
+    head_dim_v: int | None = None  # V's (O's, dO's, dV's) head dim; None: ``head_dim``
+
+    @property
+    def value_dim(self) -> int:
+        return self.head_dim if self.head_dim_v is None else self.head_dim_v
+
+    @property
+    def wide_dim(self) -> int:
+        """The wider of Q/K's and V's head dims, which the register-bound choices below
+        (MASK_ALL, delta's own kernel) compare: with one head dim, that one, as before."""
+        return max(self.head_dim, self.value_dim)
 
     @property
     def loop_free(self) -> bool:
@@ -161,24 +173,29 @@ class BwdVariant(_Shared):
         """The dQ kernel computes delta (one launch fewer), except with dQ by reduce-add
         (no dQ kernel) and causal D > 128: there its extra O tile made the dQ kernel up to
         2x slower on the H100 (benchmarks/NOTES.md §36a) and the delta kernel stays."""
-        return self.schedule.dq != "atomic" and not (self.causal and self.head_dim > 128)
+        return self.schedule.dq != "atomic" and not (self.causal and self.wide_dim > 128)
 
     def constants(self, kernel: str) -> dict:
         """The ``ct.Constant`` arguments of one of the three backward kernels."""
         s = self.schedule
         if kernel == "attention_bwd_delta":
-            return dict(TILE_M=DELTA_TILE_M, WD=1 << (self.head_dim - 1).bit_length(),
-                        HAS_DLSE=self.has_dlse, ZERO_DQ=s.dq == "atomic")
+            return dict(TILE_M=DELTA_TILE_M, WD=1 << (self.value_dim - 1).bit_length(),
+                        WQ=1 << (self.head_dim - 1).bit_length(), HAS_DLSE=self.has_dlse,
+                        ZERO_DQ=s.dq == "atomic")
+        # The score kernels' V chunks (``DkdvFlags.VNCHUNK``..), passed also when V's head
+        # dim is Q/K's (the same constants, the same kernel), as the forward's.
+        values = value_constants(self.value_dim)
         if kernel.startswith("attention_bwd_dkdv"):
             return dict(TILE_M=s.dkdv_m, TILE_N=s.dkdv_n, EVEN_N=self.even_n,
-                        DQ_ATOMIC=s.dq == "atomic", MASK_ALL=self.causal and self.head_dim > 128,
+                        DQ_ATOMIC=s.dq == "atomic", MASK_ALL=self.causal and self.wide_dim > 128,
                         KEY_ROWS=s.key_rows, ONE_HEAD=self.loop_free,
-                        **self.shared().constants())
+                        **self.shared().constants(), **values)
         return dict(TILE_M=s.dq_m, TILE_N=s.dq_n, EVEN_N=self.even_n, HAS_DLSE=self.has_dlse,
-                    DELTA=self.delta_in_dq, **self.shared().constants())
+                    DELTA=self.delta_in_dq, **self.shared().constants(), **values)
 
     def label(self) -> str:
-        return (f"bwd_{self.shared().label()}{'_even' if self.even_n else ''}"
+        dv = "" if self.value_dim == self.head_dim else f"_dv{self.value_dim}"
+        return (f"bwd_{self.shared().label()}{dv}{'_even' if self.even_n else ''}"
                 f"{'_dlse' if self.has_dlse else ''}{'' if self.loop_free else '_loop'}"
                 f"_{self.schedule.label()}")
 
