@@ -69,9 +69,12 @@ def _ms(row: dict | None) -> float | None:
     return time_of(row, "kernel")
 
 
-def ratio_rows(rows: list[dict]) -> list[dict]:
+def ratio_rows(rows: list[dict], gpu: str | None = None) -> list[dict]:
     """One record per point: its shape, our row's throughput, the fastest baseline (name, or
-    why there is none) and the speedup over it, and per baseline its speedup or its status."""
+    why there is none) and the speedup over it, per baseline its speedup or its status, and
+    ours and the fastest's % of the peak at their rows' SM clocks (``gpu``'s peak)."""
+    from .tables import at_clock_cell
+
     idx: dict[str, dict[str, dict]] = {}
     for r in with_best(rows):
         idx.setdefault(r["point_key"], {})[r["method"]] = r
@@ -93,7 +96,10 @@ def ratio_rows(rows: list[dict]) -> list[dict]:
                    best_tflops=best.get("tflops") if t_best else None,
                    best_gbs=best.get("gbytes_per_s") if t_best else None,
                    x_best=t_best / t_ours if t_ours and t_best else None,
-                   x={m: _ratio(t_ours, cells.get(m)) for m in others})
+                   x={m: _ratio(t_ours, cells.get(m)) for m in others},
+                   ours_pct=at_clock_cell(ours, gpu),
+                   best_pct=at_clock_cell(cells.get(best["best_of"].get("kernel")), gpu)
+                   if t_best else None)
         out.append(rec)
     return out
 
@@ -125,25 +131,33 @@ _SHAPE = {"varlen": ["dtype", "mask", "D", "H/Hkv", "tokens", "docs", "longest"]
                     "context max"]}
 
 
-def workload_table(rows: list[dict], name: str, kind: str, pass_: str, title: str) -> Table:
+def workload_table(rows: list[dict], name: str, kind: str, pass_: str, title: str,
+                   gpu: str | None = None) -> Table:
+    from .hardware import AT_CLOCK, at_clock_note
+
     mine = [r for r in rows if r.get("kind") == kind and r.get("pass", "fwd") == pass_]
     others = baselines(mine)
     decode = kind == "decode"
     unit = "GB/s" if decode else "TFLOP/s"
     t = Table(name, f"Workloads: {title}: {SUBJECT} against the fastest baseline "
               "(kernel time)", _SHAPE["varlen" if kind == "varlen" else "paged"]
-              + [f"ours {unit}", "ours ms", "fastest baseline", f"its {unit}", "× fastest"]
+              + [f"ours {unit}", "ours ms", f"ours {AT_CLOCK}", "fastest baseline",
+                 f"its {unit}", f"its {AT_CLOCK}", "× fastest"]
               + [f"× {m}" for m in others])
     if not mine:
         t.notes.append("no such points in this study (config workloads.enabled: false, or "
                        f"workloads.kinds/passes without {kind} {pass_}).")
         return t
-    for r in sorted(ratio_rows(mine), key=_order):
+    for r in sorted(ratio_rows(mine, gpu), key=_order):
         t.rows.append(_shape(r) + [
             (r["ours_gbs"] if decode else r["ours_tflops"]) or r["ours_status"],
-            r["ours_ms"], r["best"], r["best_gbs"] if decode else r["best_tflops"],
+            r["ours_ms"], r["ours_pct"], r["best"],
+            r["best_gbs"] if decode else r["best_tflops"], r["best_pct"],
             r["x_best"]] + [r["x"][m] for m in others])
     t.notes += notes(mine, decode)
+    t.notes.append(at_clock_note(mine, gpu) + (" Decode is bound by memory, not the tensor "
+                                               "cores: a small share is expected." if decode
+                                               else ""))
     return t
 
 
@@ -198,8 +212,8 @@ def prefill_table(rows: list[dict]) -> Table:
     return workload_table(rows, *TABLES[3])
 
 
-def tables(rows: list[dict]) -> list[Table]:
-    return [workload_table(rows, *spec) for spec in TABLES]
+def tables(rows: list[dict], gpu: str | None = None) -> list[Table]:
+    return [workload_table(rows, *spec, gpu=gpu) for spec in TABLES]
 
 
 # The headline: per table, the geometric-mean speedup over the fastest baseline (and which

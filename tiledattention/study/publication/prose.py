@@ -330,6 +330,7 @@ def rebuild_commands(data_files: list[str], cli: dict[str, set[str]] | None = No
     # A stage's --<name> DIR goes to both verbs when figures reads it, else to aggregate
     # alone, after the others.
     figures = (cli or {}).get("figures")
+    aggregate = (cli or {}).get("aggregate")
 
     def takes(option: str) -> bool:
         return figures is None or option in figures
@@ -340,7 +341,10 @@ def rebuild_commands(data_files: list[str], cli: dict[str, set[str]] | None = No
                            and takes(f"--{s.name}")))
     opts = (" " + " ".join(extra)) if extra else ""
     manifest = " --manifest manifest.json" if takes("--manifest") else ""
+    # The tables' % peak @ clock need the GPU too (a wheel before it has no --manifest).
+    tables_gpu = (" --manifest manifest.json" if aggregate is None or "--manifest" in aggregate
+                  else "")
     lines += [f"tiledattn figures --rows $R/rows/rows-shard0of1.jsonl --out $R/figures"
               f"{manifest}{opts}",
-              f"tiledattn aggregate --rows $R/rows --out $R/aggregate{opts}{only}"]
+              f"tiledattn aggregate --rows $R/rows --out $R/aggregate{tables_gpu}{opts}{only}"]
     return lines
