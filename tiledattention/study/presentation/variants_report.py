@@ -73,8 +73,6 @@ def _status(cells: dict, method: str) -> str | None:
     return None if r is None else r.get("status")
 
 
-
-
 def variants_table(rows: list[dict]) -> Table:
     others = other_baselines(rows)
     t = Table("variants", "Variants: tiledattention against FlexAttention and SDPA + mask "
