@@ -98,6 +98,27 @@ class SectionConfig:
         return ConfigTask(self.stage, out_dir, tuple(self.as_dict().items()))
 
 
+class TimedSection(SectionConfig):
+    """A section whose rows the harness times (``runner.measure``): its fields ``warmup``,
+    ``reps``, ``rounds``, ``max_ref_heads``, ``seed`` and ``methods`` are the harness'
+    config. The fields stay in each stage's dataclass: a base dataclass's fields would come
+    first, moving their options ahead of the grid's in the verb's --help, and each stage
+    words some of their help its own way."""
+
+    def bench_config(self):
+        """The harness' config of the stage's rows: its timing and correctness (the L2
+        flushed before each timed call, as every benchmark row)."""
+        from ..bench.config import BenchConfig, CorrectnessConfig, TimingConfig
+
+        return BenchConfig(timing=TimingConfig(self.warmup, self.reps, self.rounds),
+                           correctness=CorrectnessConfig(self.max_ref_heads),
+                           seed=self.seed, methods=self.methods)
+
+    def measure_digest(self) -> str:
+        """What changes a row's numbers beyond its point and method (``BenchConfig``'s)."""
+        return self.bench_config().measure_digest()
+
+
 @dataclass(frozen=True)
 class ConfigTask:
     """A stage's run entry on its config section as a picklable job, so a launcher puts it

@@ -10,7 +10,7 @@ Speedup = their kernel time ÷ ours (> 1: faster).
 from __future__ import annotations
 
 from ...bench.methods import METHODS, SUBJECT
-from .ratios import BEST, fused_baselines, geomean, methods_in, with_best
+from .ratios import BEST, fused_baselines, geomean, methods_in, not_ok_reasons, with_best
 from .table import Table
 
 FLEX, SDPA_MASK = "flex", "sdpa_mask"
@@ -76,17 +76,6 @@ def ratio_rows(rows: list[dict], gpu: str | None = None) -> list[dict]:
 def _status(cells: dict, method: str) -> str | None:
     r = cells.get(method)
     return None if r is None else r.get("status")
-
-
-
-
-def not_ok_reasons(rows: list[dict]) -> list[str]:
-    """One note per (method, status) that did not run, with its first reason."""
-    seen: dict[tuple[str, str], str] = {}
-    for r in rows:
-        if r.get("status") != "ok":
-            seen.setdefault((r["method"], r["status"]), " ".join(str(r.get("reason")).split()))
-    return [f"{m} {st}: {why}" for (m, st), why in sorted(seen.items())]
 
 
 def variants_table(rows: list[dict], gpu: str | None = None) -> Table:

@@ -12,7 +12,7 @@ SDPA on the padded batch, our block-mask packing, torch's varlen, FlashInfer: th
 from __future__ import annotations
 
 from ...bench.methods import METHODS, SUBJECT
-from .ratios import MEASURES, RatioSummary, compare, methods_in, time_of
+from .ratios import MEASURES, RatioSummary, compare, methods_in, not_ok_reasons, time_of
 from .table import Table
 
 BEST = "fastest baseline"  # the pseudo-method of the fastest baseline at a point
@@ -185,15 +185,6 @@ def notes(rows: list[dict], decode: bool = False) -> list[str]:
     dists = sorted({r["length_dist"] for r in rows if r.get("length_dist")})
     out += [f"lengths: {d}, seeded per batch (lengths_seed in the rows)." for d in dists]
     return out + not_ok_reasons(rows)
-
-
-def not_ok_reasons(rows: list[dict]) -> list[str]:
-    """One note per (method, status) that did not run, with its first reason."""
-    seen: dict[tuple[str, str], str] = {}
-    for r in rows:
-        if r.get("status") != "ok":
-            seen.setdefault((r["method"], r["status"]), " ".join(str(r.get("reason")).split()))
-    return [f"{m} {st}: {why}" for (m, st), why in sorted(seen.items())]
 
 
 def varlen_fwd_table(rows: list[dict]) -> Table:
