@@ -22,7 +22,6 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from .. import mods as _mods
 from ..errors import InputError
 from ..headdim import plan_head_dim
 from ..schedules import policy
@@ -468,16 +467,3 @@ def paged_setup(q, k_cache, v_cache, page_table, cache_seqlens, cu_q, max_q, cau
                       max_q, q.shape[0] if packed else None)
         _checked.add(key)
     return plan
-
-
-def varlen_mods(score_mod, mask_mod, softcap: float):
-    """The call's Mods: ``softcap`` is the built-in softcap score_mod (with its
-    derivative); with a score_mod of the caller's, pass the cap inside it."""
-    if softcap:
-        if score_mod is not None:
-            raise InputError("pass either softcap or a score_mod (write the cap into the "
-                             "score_mod: cap * tanh(score / cap))")
-        from ..variants import softcap as _softcap
-
-        score_mod = _softcap(softcap)
-    return _mods.mods_for(score_mod, mask_mod)

@@ -209,4 +209,4 @@ STAGE = Stage("variants", VariantsConfig, run_variants, ConfigTask,
               publish=Publish("variants-rows.jsonl", "the variants stage's rows",
                               "the variants stage's rows, when it ran",
                               not_run=not_run_rows("variants", ROWS, load_rows)),
-              cli=section_cli(HELP, VariantsConfig, load_rows, summary))
+              cli=section_cli(HELP, VariantsConfig, run_variants, load_rows, summary))

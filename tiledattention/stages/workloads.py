@@ -425,4 +425,4 @@ STAGE = Stage("workloads", WorkloadsConfig, run_workloads, ConfigTask,
               publish=Publish("workloads-rows.jsonl", "the workloads stage's rows",
                               "the workloads stage's rows, when it ran",
                               not_run=not_run_rows("workloads", ROWS, load_rows)),
-              cli=section_cli(HELP, WorkloadsConfig, load_rows, summary))
+              cli=section_cli(HELP, WorkloadsConfig, run_workloads, load_rows, summary))

@@ -192,3 +192,10 @@ def utilisation_sentence(rows: list[dict], gpu: str | None) -> str | None:
                     f"{m} {share(r['tflops'], gpu, r.get('sm_clock_mhz'), r.get('dtype'))}"
                     for m, r in ms)
                 for p, ms in best.items()) + ".")
+
+
+def at_clock_cell(row: dict | None, gpu: str | None) -> str | None:
+    """A row's % of the peak at its recorded SM clock as a table prints it (one decimal),
+    None (—) where there is none (``pct_at_clock``)."""
+    pct = pct_at_clock(row, gpu)
+    return None if pct is None else f"{pct:.1f}"

@@ -11,6 +11,7 @@ its aligned neighbour) and one figure (``shapes``).
 from __future__ import annotations
 
 from ...bench.methods import FUSED, SUBJECT
+from .hardware import AT_CLOCK, at_clock_cell, at_clock_note, gpu_title
 from .plotting import color, grid, no_data, plt, save
 from .ratios import index_rows, points_of
 from .table import Table
@@ -32,8 +33,6 @@ def _pair(rows):
 
 
 def shapes_table(rows: list[dict], gpu: str | None = None):
-    from .hardware import AT_CLOCK, at_clock_note
-    from .tables import at_clock_cell
 
     t = Table("shapes", "Shapes grid: throughput and launch geometry per point",
               ["dtype", "mask", "D", "S", "B", "H", "schedule", "programs", "per SM", "waves",
@@ -156,7 +155,6 @@ def _runs(xy):
 def shapes_figure(rows: list[dict], out_dir: str, gpu: str | None = None) -> list[str]:
     """TFLOP/s vs D and vs S (ours solid, SDPA dashed), and ours against waves coloured by
     the last wave's fill; one legend below the panels."""
-    from .hardware import gpu_title
     from .plotting import legend, peak_at_clock_axis
 
     fig, axes = grid(plt(), 3)

@@ -18,7 +18,7 @@ import os
 
 from ...bench.grid import pinned_label
 from ...bench.methods import FUSED, SUBJECT
-from .hardware import AT_CLOCK, at_clock_note, pct_at_clock
+from .hardware import AT_CLOCK, at_clock_cell, at_clock_note, pct_at_clock
 from .headline import table as headline_table
 from .ratios import (
     BEST,
@@ -150,13 +150,6 @@ def _per_point(rows: list[dict], name: str, title: str, column: str) -> Table:
         t.rows.append([p["dtype"], "causal" if p["causal"] else "full", p["head_dim"],
                        p["seq_q"], p["batch"], p["heads"]] + cells)
     return t
-
-
-def at_clock_cell(row: dict | None, gpu: str | None) -> str | None:
-    """A row's % of the peak at its recorded SM clock as a table prints it (one decimal),
-    None (—) where there is none (``hardware.pct_at_clock``)."""
-    pct = pct_at_clock(row, gpu)
-    return None if pct is None else f"{pct:.1f}"
 
 
 def per_point_ratios(rows: list[dict], gpu: str | None = None) -> Table:

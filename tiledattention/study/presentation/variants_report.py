@@ -10,6 +10,7 @@ Speedup = their kernel time ÷ ours (> 1: faster).
 from __future__ import annotations
 
 from ...bench.methods import METHODS, SUBJECT
+from .hardware import AT_CLOCK, at_clock_cell, at_clock_note, gpu_title
 from .ratios import BEST, fused_baselines, geomean, methods_in, not_ok_reasons, with_best
 from .table import Table
 
@@ -46,7 +47,6 @@ def ratio_rows(rows: list[dict], gpu: str | None = None) -> list[dict]:
     fastest fused baseline (``best``: its name, or why there is none) and the speedup over it
     (``x_best``), the status of a method that did not run, and our and FlexAttention's %
     of the peak at their rows' SM clocks (``ours_pct``, ``flex_pct``; ``gpu``'s peak)."""
-    from .tables import at_clock_cell
 
     by_point: dict[str, dict[str, dict]] = {}
     for r in with_best(rows):
@@ -79,7 +79,6 @@ def _status(cells: dict, method: str) -> str | None:
 
 
 def variants_table(rows: list[dict], gpu: str | None = None) -> Table:
-    from .hardware import AT_CLOCK, at_clock_note
 
     others = other_baselines(rows)
     t = Table("variants", "Variants: tiledattention against FlexAttention and SDPA + mask "
@@ -172,7 +171,6 @@ def variants_figure(rows: list[dict], out_dir: str, gpu: str | None = None) -> l
     """The variants as horizontal bars, one panel per pass: TiledAttention's speedup over the
     fastest fused baseline at each point, each bar labelled with the ratio (as the variants
     table prints it) and the winner; written with the reason where nothing was measured."""
-    from .hardware import gpu_title
     from .plotting import grid, no_data, no_pair, plt, save
     from .table import _fmt
 

@@ -12,6 +12,7 @@ SDPA on the padded batch, our block-mask packing, torch's varlen, FlashInfer: th
 from __future__ import annotations
 
 from ...bench.methods import METHODS, SUBJECT
+from .hardware import AT_CLOCK, at_clock_cell, at_clock_note
 from .ratios import MEASURES, RatioSummary, compare, methods_in, not_ok_reasons, time_of
 from .table import Table
 
@@ -73,7 +74,6 @@ def ratio_rows(rows: list[dict], gpu: str | None = None) -> list[dict]:
     """One record per point: its shape, our row's throughput, the fastest baseline (name, or
     why there is none) and the speedup over it, per baseline its speedup or its status, and
     ours and the fastest's % of the peak at their rows' SM clocks (``gpu``'s peak)."""
-    from .tables import at_clock_cell
 
     idx: dict[str, dict[str, dict]] = {}
     for r in with_best(rows):
@@ -133,7 +133,6 @@ _SHAPE = {"varlen": ["dtype", "mask", "D", "H/Hkv", "tokens", "docs", "longest"]
 
 def workload_table(rows: list[dict], name: str, kind: str, pass_: str, title: str,
                    gpu: str | None = None) -> Table:
-    from .hardware import AT_CLOCK, at_clock_note
 
     mine = [r for r in rows if r.get("kind") == kind and r.get("pass", "fwd") == pass_]
     others = baselines(mine)
