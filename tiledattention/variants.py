@@ -91,7 +91,7 @@ def softcap(cap: float) -> ScoreMod:
     IEEE-rounded in cuTile (a five-FFMA sequence, a range check and a slow-path call per
     element, each bracketed by a convergence barrier), which made the sm_90 backward's loop
     2.3x the instructions of the mask-only variants' and spilled the dK/dV program
-    (benchmarks/NOTES.md §39e); the product differs from the quotient by at most an ulp,
+    (benchmarks/notes/variants.md §39e); the product differs from the quotient by at most an ulp,
     far below the approximate tanh's error."""
     from .mods import VariantError
 
