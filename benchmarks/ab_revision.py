@@ -55,7 +55,8 @@ def points(grid: str):
                     for skv in (1024, 4096, 8192, 32768):
                         yield "bfloat16", 128, False, (sq, skv, hkv), b, 32
         return
-    if grid == "d192":  # where the D = 128 table entries are the nearest bucket (NOTES §35)
+    # where the D = 128 table entries are the nearest bucket (benchmarks/notes/backward.md §35b)
+    if grid == "d192":
         for dtype in ("float16", "bfloat16"):
             for causal in (False, True):
                 for s in (4096, 8192):
@@ -67,7 +68,8 @@ def points(grid: str):
                 for s in (2048, 8192):
                     yield dtype, 256, causal, s, TOKENS // s, WIDTH // 256
         return
-    if grid == "d160":  # the causal dK/dV spill (NOTES §23) and controls beside it
+    # the causal dK/dV spill (benchmarks/notes/backward.md §23) and controls beside it
+    if grid == "d160":
         for dtype in ("float16", "bfloat16"):
             for d, causal, s in ((160, True, 1024), (160, True, 2048), (160, True, 4096),
                                  (160, False, 4096), (128, True, 4096), (256, True, 2048)):

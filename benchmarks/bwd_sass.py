@@ -6,7 +6,8 @@ per kernel, the registers per thread, the stack frame, and counts of the instruc
 decide the backward's speed — HGMMA (warp-group MMAs), UTMAREDG (TMA reduce-add of dQ),
 UTMALDG / UTMASTG, per-element atomics (ATOMG / REDG / MEMBAR), local-memory spills
 (STL / LDL) and warp-group MMA waits (WGWAIT: WARPGROUP.DEPBAR; about one per MMA when
-tileiras serializes the MMAs, as at D = 256 without the group loop, NOTES §37a).
+tileiras serializes the MMAs, as at D = 256 without the group loop, benchmarks/notes/backward.md
+§37a).
 
 ``--step`` adds what one iteration of the dK/dV program's query loop does, per thread
 (``step_counts``): the instructions of the loop body, its warp-group MMAs by where their

@@ -1,8 +1,8 @@
 """SM clock, power and throughput while one attention kernel runs back to back.
 
-Tests whether the boost-clock gap to cuDNN (NOTES §8: 0.97x at locked base clocks, 0.95x in
-the benchmark) comes from clocks under load: each method runs alone for --seconds while
-nvidia-smi samples SM clock, power and the active throttle reasons every 100 ms. Shapes,
+Tests whether the boost-clock gap to cuDNN (benchmarks/notes/forward.md §8: 0.97x at locked base
+clocks, 0.95x in the benchmark) comes from clocks under load: each method runs alone for --seconds
+while nvidia-smi samples SM clock, power and the active throttle reasons every 100 ms. Shapes,
 inputs and methods are the benchmark harness' (tiledattention/bench): one point of the
 paper grid's tokens policy.
 

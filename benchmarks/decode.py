@@ -151,8 +151,8 @@ SWEEP_CASES = TARGETS[:3] + [
 ]
 
 
-# The decode grid's two weakest points on the H100 (NOTES §14): packed GQA, one program
-# per KV head, 4 and 32 splits of 2 key tiles each chosen by the policy.
+# The decode grid's two weakest points on the H100 (benchmarks/notes/decode.md §14): packed GQA, one
+# program per KV head, 4 and 32 splits of 2 key tiles each chosen by the policy.
 WORST_CASES = SWEEP_CASES[3:5]
 # Issue 37 item 3: single-sequence GQA decode (B1, Hq 32 / Hkv 8, D 128) over the cache lengths
 # the issue names; the policy's split count is printed beside each pinned one.

@@ -1,4 +1,4 @@
-"""Experiment (benchmarks/NOTES.md §19): a persistent grid for the forward kernel.
+"""Experiment (benchmarks/notes/forward.md §19): a persistent grid for the forward kernel.
 
 One program per SM slot (SMs x occupancy programs) loops over (query tile, head, batch)
 work items, w = start, start + programs, ...; work item w is query tile w % M of head
@@ -6,7 +6,8 @@ work items, w = start, start + programs, ...; work item w is query tile w % M of
 head and share its K/V in L2. The loop body is the shipped kernel's (one head-dim chunk,
 no mask, no LSE, Skv a multiple of TILE_N: the paper grid's D = 64/128 points), so the
 A/B against ``tiledattention.sdpa`` with the same schedule measures the grid alone.
-Kept out of ``kernel/attention.py`` unless it wins (it did not: see NOTES §19).
+Kept out of ``kernel/attention.py`` unless it wins (it did not: see benchmarks/notes/forward.md
+§19).
 
     python benchmarks/persistent_grid.py   # on a GPU; prints TFLOP/s and ratios
 """

@@ -1,8 +1,8 @@
 """What a decode step with a growing KV cache pays to find its plan (CPU; no GPU needed).
 
 The GPU facts are stubbed as an H100 (capability 9.0, 132 SMs) and the tensors live on the
-meta device: ``plan_for`` reads shapes, strides and dtypes only. Shape as NOTES §34c: B1,
-Hq 32 / Hkv 8, Sq 1, D 128, bf16, a dense cache growing over Skv 1025..1424 (400 steps),
+meta device: ``plan_for`` reads shapes, strides and dtypes only. Shape as benchmarks/notes/decode.md
+§34c: B1, Hq 32 / Hkv 8, Sq 1, D 128, bf16, a dense cache growing over Skv 1025..1424 (400 steps),
 medians of the 400 calls, per round; the rounds interleave:
 
 - miss: the cache cleared before each call (build + family bookkeeping);

@@ -221,7 +221,8 @@ def run_paged(args, fa_site_ok):
 
 def span_one(q, kc, vc, table, seqlens, cq, max_q):
     """``ta.sdpa_paged`` as it ran before key tiles spanned pages (one page-sized key tile
-    a step): the plan built with ``MAX_PAGE_SPAN = 1``, run directly (NOTES §39b's A/B)."""
+    a step): the plan built with ``MAX_PAGE_SPAN = 1``, run directly
+    (benchmarks/notes/varlen-paged.md §39b's A/B)."""
     from tiledattention import mods as _mods
     from tiledattention.kernel import workload as W
     from tiledattention.kernel.workload_check import check_paged

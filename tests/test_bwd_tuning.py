@@ -59,7 +59,8 @@ def test_default_follows_the_backward_tune_and_fits_every_head_dim():
         assert default_bwd_schedule(64, causal).label() == "kv128x64_q64x128_o2"
         assert default_bwd_schedule(128, causal).label() == "kv64x64_q64x64_o2"
         assert default_bwd_schedule(160, causal).label() == "kv128x64_q64x128_o2"
-        # D > 160: two consumer warp groups (four worker warps spill dK/dV, NOTES §28)
+        # D > 160: two consumer warp groups (four worker warps spill dK/dV,
+        # benchmarks/notes/backward.md §28)
         assert default_bwd_schedule(192, causal).label() == "kv64x64_q64x64_o1_w8"
         assert default_bwd_schedule(256, causal).label() == "kv64x64_q64x64_o1_w8"
     for d in range(8, 257, 8):
@@ -246,9 +247,9 @@ def test_the_shipped_backward_entries_reach_the_policy():
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("s", [1024, 4096, 8192])
 def test_wide_heads_get_two_consumer_warp_groups_from_the_shipped_table(dtype, causal, s):
-    # D = 160 / 192: 128 query rows a step over eight warps (tuned: NOTES §37c); D = 224 /
-    # 256: 64, since 128 rows lose the warp-group MMAs there, even where the nearest bucket
-    # (D = 192 for fp16 D = 224) names them.
+    # D = 160 / 192: 128 query rows a step over eight warps (tuned: benchmarks/notes/backward.md
+    # §37c); D = 224 /256: 64, since 128 rows lose the warp-group MMAs there, even where the nearest
+    # bucket (D = 192 for fp16 D = 224) names them.
     ta.set_schedule_table(None)
     rows128 = BwdSchedule.from_label("kv128x64_q64x128_o1_w8")
     w8 = BwdSchedule.from_label("kv64x64_q64x64_o1_w8")

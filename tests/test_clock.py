@@ -18,18 +18,24 @@ def test_the_data_sheet_peak_is_132_sms_at_1830_mhz_and_4096_flop_per_cycle():
 
 
 def test_a_share_names_the_peak_at_the_clock_the_row_ran():
-    assert share(400.0, "NVIDIA H100 80GB HBM3") == "400 TFLOP/s (40%)"
-    assert share(400.0, "NVIDIA H100 80GB HBM3", 1500) == "400 TFLOP/s (40%; 49% at 1500 MHz)"
+    assert share(400.0, "NVIDIA H100 80GB HBM3") == "400 TFLOP/s (40% nominal)"
+    assert share(400.0, "NVIDIA H100 80GB HBM3", 1500) == \
+        "400 TFLOP/s (40% nominal; 49% at 1500 MHz)"
+    # fp8: twice the FLOP per cycle, at the data sheet's clock and at the measured one
+    assert share(800.0, "NVIDIA H100 80GB HBM3", 1500, "float8_e4m3fn") == \
+        "800 TFLOP/s (40% nominal; 49% at 1500 MHz)"
     assert share(400.0, "some GPU", 1500) == "400 TFLOP/s"
 
 
-def test_the_readme_states_the_clocks_and_the_formula_only_for_rows_that_carry_one():
+def test_the_readme_states_the_formula_once_with_the_clocks_or_that_none_was_recorded():
     rows = [dict(status="ok", sm_clock_mhz=c) for c in (1980, 1755, 1600)]
     line = clock_sentence(rows, "NVIDIA H200")
     assert "median 1755 MHz, 1600-1980 MHz" in line
-    assert "132 SMs x f x 4096 FLOP per SM per cycle" in line
+    assert "132 SMs x f x 4096 FLOP per SM per cycle for bf16/fp16 (8192 for fp8)" in line
     assert "(949 TFLOP/s at 1755 MHz" in line
-    assert clock_sentence([dict(status="ok", tflops=1.0)], "NVIDIA H200") is None
+    old = clock_sentence([dict(status="ok", tflops=1.0)], "NVIDIA H200")
+    assert old.startswith("SM clock while timed: not recorded in these rows")
+    assert "132 SMs x f x 4096" in old and "reads —" in old and "MHz over" not in old
     assert clock_sentence(rows, "some GPU") is None
 
 

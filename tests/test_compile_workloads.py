@@ -41,8 +41,8 @@ def test_the_packed_forward_and_dkdv_compile_for_blackwell():
 
 @pytest.mark.xfail(strict=True, raises=CompileError,
                    reason="tileiras 13.4.92 exits 5 on the packed dQ program for sm_100 "
-                          "(benchmarks/NOTES.md §38f); strict: a toolchain that compiles it "
-                          "makes this test fail, so the limit is noticed")
+                          "(benchmarks/notes/varlen-paged.md §38f); strict: a toolchain that "
+                          "compiles it makes this test fail, so the limit is noticed")
 def test_the_packed_dq_for_blackwell_is_the_known_tileiras_limit():
     export_workload_cubins(_work(128, True), "sm_100", backward=("dq",))
 

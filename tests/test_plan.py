@@ -353,7 +353,8 @@ def test_a_causal_backward_above_d128_keeps_the_delta_kernel_before_dq_and_dkdv(
 
 @pytest.mark.parametrize("d,hk,loop_free", [
     (64, 4, False), (96, 4, False), (128, 4, True), (160, 4, True), (192, 4, True),
-    (256, 4, False),  # without the loop tileiras waits on every MMA there (NOTES §37a)
+    # D 256: without the loop tileiras waits on every MMA there (benchmarks/notes/backward.md §37a)
+    (256, 4, False),
     (128, 2, False),  # GQA: the program loops over its group
 ])
 def test_mha_dkdv_drops_the_group_loop_only_at_the_head_dims_measured_faster(d, hk, loop_free):

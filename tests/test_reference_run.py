@@ -49,19 +49,50 @@ def test_systems_table_sets_each_systems_time_and_ratio_side_by_side(tmp_path):
     out = tmp_path / "two"
     assert main(["systems", h100, h200, "--names", "H100", "H200", "--out", str(out)]) == 0
     lines = (out / "systems.csv").read_text().splitlines()
-    assert lines[0] == ("pass,point,H100 ms,H100 ratio to SDPA,H200 ms,H200 ratio to SDPA,"
-                        "H200 ÷ H100 time")
-    # geomeans first: fwd over both points (ratios 1 and 2 -> 1.414; time ratio 0.5)
+    assert lines[0] == ("pass,point,H100 ms,H100 % peak @ clock,H100 ratio to SDPA,H200 ms,"
+                        "H200 % peak @ clock,H200 ratio to SDPA,H200 ÷ H100 time")
+    # geomeans first: fwd over both points (ratios 1 and 2 -> 1.414; time ratio 0.5); no
+    # clock in these rows: the % peak @ clock cells are empty, the geomeans still there
     fwd = lines[1].split(",")
-    assert fwd[:2] == ["fwd", "geomean over 2 points"]
-    assert float(fwd[3]) == pytest.approx(1.414, abs=1e-3) and float(fwd[6]) == 0.5
+    assert fwd[:2] == ["fwd", "geomean over 2 points"] and fwd[3] == fwd[6] == ""
+    assert float(fwd[4]) == pytest.approx(1.414, abs=1e-3) and float(fwd[8]) == 0.5
     # a pass measured on one system only: its geomean covers no point, its row stays
     bwd = lines[2].split(",")
     assert bwd[:2] == ["fwd+bwd", "geomean over 0 points"] and bwd[2] == ""
-    assert any(ln.startswith("fwd+bwd,float16 full D64 S512 B2 H16,8.0,,,,") for ln in lines)
+    assert any(ln.startswith("fwd+bwd,float16 full D64 S512 B2 H16,8.0,,,,,,") for ln in lines)
     md = (out / "systems.md").read_text()
     assert "Systems: H100 (unknown); H200 (unknown)." in md  # rows files name no GPU
-    assert "| fwd | geomean over 2 points | 1.4142 | 1.414 | 0.7071 | 1.414 | 0.5 |" in md
+    assert ("| fwd | geomean over 2 points | 1.4142 | — | 1.414 | 0.7071 | — | 1.414 | 0.5 |"
+            in md)
+    assert "H100, H200: % peak @ clock: " in md and "no data-sheet peak listed for unknown" in md
+
+
+def _clocked(rows, mhz):
+    """The rows with the SM clock they ran at, and the FLOP that puts ours at 50 % of the
+    H100's peak at 1000 MHz when the time is 1 ms (132 SMs x 1e9 Hz x 4096 FLOP per cycle)."""
+    for r in rows:
+        r.update(sm_clock_mhz=mhz, flops=132 * 1e9 * 4096 * 1e-3 * 0.5)
+    return rows
+
+
+def test_systems_table_gives_each_systems_peak_at_clock_without_blanking_the_geomeans():
+    from tiledattention.study.references.systems import geomeans, side_by_side
+
+    h100 = _clocked([_row((64, 512), "tiledattention", 1.0), _row((64, 512), "torch_sdpa", 1.0),
+                     _row((128, 512), "tiledattention", 2.0),
+                     _row((128, 512), "torch_sdpa", 2.0)], 1000.0)
+    h200 = [_row((64, 512), "tiledattention", 0.5), _row((64, 512), "torch_sdpa", 1.0),
+            _row((128, 512), "tiledattention", 1.0), _row((128, 512), "torch_sdpa", 2.0)]
+    columns, rows = side_by_side([("H100", h100), ("H200", h200)],
+                                 ["NVIDIA H100 80GB HBM3", "NVIDIA H200"])
+    at = columns.index("H100 % peak @ clock")
+    assert [r[at] for r in rows] == [50.0, 25.0]  # twice the time at one FLOP count: half
+    assert [r[columns.index("H200 % peak @ clock")] for r in rows] == [None, None]  # no clock
+    (mean,) = geomeans(columns, rows)
+    assert mean[1] == "geomean over 2 points"  # the H200's missing clock blanks no point
+    assert mean[at] == pytest.approx(35.4, abs=0.05)  # sqrt(50 x 25)
+    assert mean[columns.index("H200 % peak @ clock")] is None
+    assert mean[columns.index("H200 ratio to SDPA")] == 2.0
 
 
 @pytest.mark.parametrize("args,words", [

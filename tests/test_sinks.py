@@ -20,7 +20,7 @@ from tiledattention.tolerance import relative_error, rtol, rtol_bwd  # noqa: E40
 
 
 def _ref_of(mod):
-    return None if mod is None else getattr(mod, "fn", mod).reference
+    return variants.reference_of(mod)
 
 
 @pytest.fixture

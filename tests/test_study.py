@@ -186,7 +186,9 @@ def test_table5_reads_winner_runner_up_and_sensitivity(tmp_path):
                                              "runner_up": ru, "runner_up_tflops": 450.0,
                                              "sensitivity": 0.1}]}))
     t = tables.table5(str(path))
-    assert t.rows[0][5:] == ["64x128_o2_c1_lk2_lv4", 500.0, "64x64_o4_c1_lk2_lv4", 450.0, 0.1]
+    assert t.rows[0][5:] == ["64x128_o2_c1_lk2_lv4", 500.0, "64x64_o4_c1_lk2_lv4", 450.0, 0.1,
+                             None]  # % peak @ clock: the tuning table records no clock
+    assert "not the SM clock it ran at" in t.notes[-1]
     assert tables.table5(None).rows == [] and "did not run" in tables.table5(None).notes[0]
 
 

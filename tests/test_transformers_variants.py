@@ -1,9 +1,10 @@
 """transformers' ``softcap``, ``sliding_window`` and ``s_aux`` (sinks) arguments on the CPU:
 how the integration maps them onto ``tiledattention.variants``, with the kernel replaced by
 a float64 torch stand-in of ``sdpa`` that applies exactly the mapped arguments (variants
-through their ``.reference``), so tiny Gemma-2-, Mistral- and gpt-oss-style models must
-reproduce transformers' eager path: prefill, a left-padded batch, greedy generation with a
-cache. The kernel itself runs in tests/gpu/test_transformers_variants_gpu.py."""
+through their torch form, ``variants.reference_of``), so tiny Gemma-2-, Mistral- and
+gpt-oss-style models must reproduce transformers' eager path: prefill, a left-padded
+batch, greedy generation with a cache. The kernel itself runs in
+tests/gpu/test_transformers_variants_gpu.py."""
 
 from __future__ import annotations
 
@@ -18,13 +19,13 @@ pytest.importorskip("cuda.tile", reason="cuTile not installed: pip install 'cuda
 
 import transformers  # noqa: E402
 
-from tiledattention import api  # noqa: E402
+from tiledattention import api, variants  # noqa: E402
 from tiledattention.integrations import transformers as hf  # noqa: E402
 from tiledattention.reference import naive_attention  # noqa: E402
 
 
 def _ref(mod):
-    return None if mod is None else getattr(mod, "fn", mod).reference
+    return variants.reference_of(mod)
 
 
 @pytest.fixture

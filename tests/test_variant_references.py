@@ -48,7 +48,7 @@ BUILTINS = {
 
 
 def _apply(mod, is_score, sq, sk):
-    ref = getattr(mod, "fn", mod).reference
+    ref = variants.reference_of(mod)
     if is_score:
         return ref(torch.zeros(B, H, sq, sk, dtype=torch.float64), *_idx(sq, sk))
     return ref(*_idx(sq, sk)).expand(B, H, sq, sk)
@@ -96,7 +96,7 @@ def test_the_window_counts_keys_as_transformers_does():
         hf = masking.sliding_window_causal_mask_function(w)
         i, j = torch.arange(S)[:, None], torch.arange(S)[None, :]
         want = hf(0, 0, i, j)
-        got = variants.sliding_window(w).reference(0, 0, i, j) & (j <= i)
+        got = variants.sliding_window(w)(0, 0, i, j) & (j <= i)
         assert torch.equal(got, want) and int(want[-1].sum()) == w  # w keys, itself included
 
 
@@ -107,5 +107,30 @@ def test_a_window_reference_is_what_naive_attention_applies():
                                                                    ).tril(-5)
     want, _ = naive_attention(q, k, v, attn_mask=keep)
     got, _ = naive_attention(q, k, v, causal=True,
-                             keep_ref=variants.sliding_window(5).reference)
+                             keep_ref=variants.sliding_window(5))
     assert torch.allclose(got, want)
+
+
+@pytest.mark.parametrize("name", sorted(BUILTINS))
+def test_a_builtin_is_one_torch_function_its_own_reference(name):
+    mod = BUILTINS[name][0]()
+    assert variants.reference_of(mod) is mod and not hasattr(mod, "reference")
+
+
+def test_softcap_keeps_hand_written_tile_code_with_a_torch_reference():
+    cap = variants.softcap(30.0)
+    assert variants.reference_of(cap) is cap.fn.reference
+    assert "RoundingMode.APPROX" in M.mods_for(cap, None).score_mod.key[1]
+
+
+def test_combining_a_hand_written_mask_combines_the_torch_forms():
+    def ct_style(b, h, q_idx, kv_idx):
+        return kv_idx >= 2
+
+    ct_style.reference = lambda b, h, q, k: k >= 2
+    both = variants.and_masks(variants.sliding_window(5), ct_style)
+    i, j = torch.arange(S)[:, None], torch.arange(S)[None, :]
+    want = (i - 5 < j) & (j <= i) & (j >= 2)
+    assert torch.equal(variants.reference_of(both)(0, 0, i, j), want)
+    pure = variants.and_masks(variants.sliding_window(5), variants.prefix_lm(PREFIX))
+    assert variants.reference_of(pure) is pure

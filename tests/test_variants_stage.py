@@ -216,8 +216,9 @@ def test_table_headline_and_figure_from_synthetic_rows(tmp_path):
     from tiledattention.study.presentation.variants_report import variants_figure, variants_table
 
     t = variants_table(_synthetic())
-    assert t.columns[7:] == ["ours ms", "flex ms", "× flex", "× sdpa+mask", "fastest fused",
-                             "× fastest"]
+    assert t.columns[7:] == ["ours ms", "flex ms", "ours % peak @ clock", "flex % peak @ clock",
+                             "× flex", "× sdpa+mask", "fastest fused", "× fastest"]
+    assert [r[9:11] for r in t.rows] == [[None, None]] * 8  # no GPU named, no clock
     assert len(t.rows) == 8 and t.rows[0][:7] == ["window", "bfloat16", 128, 1024, 16, 16,
                                                   "fwd"]
     assert [r[-4:] for r in t.rows] == [[2.0, 4.0, "flex", 2.0]] * 8
@@ -271,7 +272,8 @@ def test_unavailable_rows_give_an_empty_table_with_the_reason_and_no_ratio(tmp_p
     rows = [_row("window", 1024, "fwd", m, status="unavailable", reason="no CUDA GPU visible")
             for m in METHOD_NAMES]
     t = variants_table(rows)
-    assert t.rows[0][7:] == ["unavailable", "unavailable", None, None, "none ok", None]
+    assert t.rows[0][7:] == ["unavailable", "unavailable", None, None, None, None, "none ok",
+                             None]
     assert "no speedup over a fused baseline measured (flex unavailable: no CUDA GPU" in \
         variants_sentence(rows)
     assert variants_figure(rows, str(tmp_path))  # written, with the reason in place

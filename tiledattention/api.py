@@ -95,8 +95,8 @@ def _captured_needs(aux) -> tuple[bool, ...]:
 
 # The ops are defined with ``torch.library.Library`` rather than ``torch.library.custom_op``:
 # the latter wraps every call in Python autograd and aliasing checks (~13 us a call on the
-# CPU, ~21 us for an empty op on the H100 host: NOTES §25). ``attention`` has no autograd
-# kernel and serves traced calls that need no gradient (a compiled inference graph pays
+# CPU, ~21 us for an empty op on the H100 host: benchmarks/notes/backward.md §25). ``attention`` has
+# no autograd kernel and serves traced calls that need no gradient (a compiled inference graph pays
 # only the dispatcher); ``attention_fwd`` is the same forward with autograd registered.
 _FWD_ARGS = ("Tensor q, Tensor k, Tensor v, Tensor? attn_mask, Tensor[] aux, bool causal, "
              "float scale, bool return_lse, str schedule, str variant")

@@ -97,6 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--expect-shards", type=_count(1), help="fail unless this many shard files "
                    "(default: any number)")
     p.add_argument("--tune-table", help="the study's tuning table for Table 5 (default: none)")
+    p.add_argument("--manifest", help="the study's manifest.json: the GPU whose peak at each "
+                   "row's SM clock the tables' %% peak @ clock columns use (default: none "
+                   "named, those columns read —)")
     _stage_rows_options(p, "aggregate")
     p.add_argument("--rows-only", action="store_true",
                    help="only rows.jsonl and rows.csv (no pandas/pyarrow needed)")
@@ -361,7 +364,8 @@ def _aggregate(args) -> int:
     from .study.presentation.report import write_report
 
     done = write_report(rows, args.out, where=args.rows, tune_table=args.tune_table,
-                        stage_rows=_stage_rows_of(args, "aggregate"))
+                        stage_rows=_stage_rows_of(args, "aggregate"),
+                        gpu=_manifest_gpu(args.manifest))
     print(f"aggregate: {len(rows)} rows ({counts}) -> {done['csv']}; {len(done['tables'])} "
           f"table files in {args.out}/tables", file=sys.stderr)
     return 0

@@ -1,13 +1,13 @@
 """Attention variants written only through the public API (``sdpa``'s ``score_mod`` /
 ``mask_mod`` / ``block_mask``): each is a small definition a user could have written.
 
-Every function returned here is cuTile tile code (``mods`` says what that may use)
-and carries ``.reference``: the same modification in plain PyTorch over broadcast index
-tensors (b [B,1,1,1], h [1,H,1,1], q_idx [1,1,Sq,1], kv_idx [1,1,1,Skv]), in the scores'
-dtype, which the tests compare against (``reference.naive_attention(score_ref=...,
-keep_ref=...)``) and the ``variants`` stage's torch methods run (FlexAttention, eager,
-SDPA's mask: ``bench/variant_cases.py``). The ct code beside it is hand-written: lifting
-the reference (``mods``) would change the built-ins' kernels, which needs GPU timing.
+A built-in is one torch function (FlexAttention's signature): the kernels get its tile code
+from the lifter (``mods``), and the same function, evaluated over broadcast index tensors
+(b [B,1,1,1], h [1,H,1,1], q_idx [1,1,Sq,1], kv_idx [1,1,1,Skv]), is its float64 reference
+(``reference.naive_attention(score_ref=..., keep_ref=...)``) and what the ``variants``
+stage's torch methods run (FlexAttention, eager, SDPA's mask: ``bench/variant_cases.py``):
+``reference_of`` gives it. Only ``softcap`` is hand-written ct, for the speed of its
+backward (its docstring says why), and carries a torch ``.reference``.
 
 ``sinks`` is the one variant that is not a modification of scores: it wraps ``sdpa``
 (``return_lse=True``) and rescales the output, and its ``.reference`` is a whole float64
@@ -31,9 +31,12 @@ import torch
 from .mods import ScoreMod
 
 
-def _with_reference(fn, reference):
-    fn.reference = reference
-    return fn
+def reference_of(mod):
+    """A variant's torch form over broadcast index tensors (None for None): the
+    ``.reference`` of hand-written ct code, else the function itself (a ``ScoreMod``'s
+    ``fn``), which a torch function is."""
+    fn = mod.fn if isinstance(mod, ScoreMod) else mod
+    return getattr(fn, "reference", fn)
 
 
 def _count(name: str, value, low: int) -> int:
@@ -58,11 +61,6 @@ def _index_tensor(name: str, value) -> None:
                            f"got {got}")
 
 
-def _ref_offset(q_offset):
-    """The torch references' q_idx shift: 0, or q_offset [B] broadcast as [B, 1, 1, 1]."""
-    return 0 if q_offset is None else q_offset.long()[:, None, None, None]
-
-
 def sliding_window(left: int, right: int = 0, *, q_offset: torch.Tensor | None = None):
     """Query i attends keys j with i - left < j <= i + right (``right=0``: causal window of
     ``left`` keys including itself, Mistral's and Gemma's ``sliding_window``; a ``right`` >
@@ -80,12 +78,7 @@ def sliding_window(left: int, right: int = 0, *, q_offset: torch.Tensor | None =
         def window_mask(b, h, q_idx, kv_idx):
             return (q_idx + q_offset[b] - kv_idx < left) & (kv_idx - q_idx - q_offset[b]
                                                             <= right)
-
-    def reference(b, h, q, k):
-        q = q + _ref_offset(q_offset)
-        return (q - k < left) & (k - q <= right)
-
-    return _with_reference(window_mask, reference)
+    return window_mask
 
 
 def softcap(cap: float) -> ScoreMod:
@@ -98,7 +91,7 @@ def softcap(cap: float) -> ScoreMod:
     IEEE-rounded in cuTile (a five-FFMA sequence, a range check and a slow-path call per
     element, each bracketed by a convergence barrier), which made the sm_90 backward's loop
     2.3x the instructions of the mask-only variants' and spilled the dK/dV program
-    (benchmarks/NOTES.md §39e); the product differs from the quotient by at most an ulp,
+    (benchmarks/notes/variants.md §39e); the product differs from the quotient by at most an ulp,
     far below the approximate tanh's error."""
     from .mods import VariantError
 
@@ -115,9 +108,12 @@ def softcap(cap: float) -> ScoreMod:
         t = ct.tanh(score * inv, rounding_mode=ct.RoundingMode.APPROX)
         return 1.0 - t * t
 
-    return ScoreMod(_with_reference(softcap_score,
-                                    lambda s, b, h, q, k: cap * torch.tanh(s / cap)),
-                    grad=softcap_grad)
+    # Hand-written ct for speed: the torch spelling lifts to the full-precision tanh (EX2 +
+    # RCP + FFMAs, no MUFU.TANH) and a derived gradient that recomputes it: sm_90 D = 128
+    # causal, 1.6x the dK/dV loop's instructions (887 -> 1398), 1.9x dQ's, 2.3x the
+    # forward's. Its torch definition is its reference.
+    softcap_score.reference = lambda s, b, h, q, k: cap * torch.tanh(s / cap)
+    return ScoreMod(softcap_score, grad=softcap_grad)
 
 
 def alibi(slopes: torch.Tensor, *, q_offset: torch.Tensor | None = None):
@@ -130,11 +126,7 @@ def alibi(slopes: torch.Tensor, *, q_offset: torch.Tensor | None = None):
     else:
         def alibi_score(score, b, h, q_idx, kv_idx):
             return score + slopes[h] * (kv_idx - q_idx - q_offset[b])
-
-    def reference(s, b, h, q, k):  # in the scores' dtype: float64 for naive_attention
-        return s + slopes[h].to(s.dtype) * (k - q - _ref_offset(q_offset))
-
-    return _with_reference(alibi_score, reference)
+    return alibi_score
 
 
 def alibi_slopes(heads: int, device="cuda") -> torch.Tensor:
@@ -154,13 +146,7 @@ def document(segment_ids: torch.Tensor, *, q_offset: torch.Tensor | None = None)
     else:
         def document_mask(b, h, q_idx, kv_idx):
             return segment_ids[b, q_idx + q_offset[b]] == segment_ids[b, kv_idx]
-
-    ids = segment_ids.long()
-
-    def reference(b, h, q, k):
-        return ids[b, q + _ref_offset(q_offset)] == ids[b, k]
-
-    return _with_reference(document_mask, reference)
+    return document_mask
 
 
 def segments_from_lengths(lengths: list[int], device="cuda") -> torch.Tensor:
@@ -195,13 +181,7 @@ def prefix_lm(prefix_lengths: torch.Tensor, *, q_offset: torch.Tensor | None = N
     else:
         def prefix_mask(b, h, q_idx, kv_idx):
             return (kv_idx <= q_idx + q_offset[b]) | (kv_idx < prefix_lengths[b])
-
-    lens = prefix_lengths.long()
-
-    def reference(b, h, q, k):
-        return (k <= q + _ref_offset(q_offset)) | (k < lens[b])
-
-    return _with_reference(prefix_mask, reference)
+    return prefix_mask
 
 
 def _combine(name: str, mask_mods: tuple, op):
@@ -222,8 +202,8 @@ def _combine(name: str, mask_mods: tuple, op):
     else:
         def combined(b, h, q_idx, kv_idx):
             return first(b, h, q_idx, kv_idx) | rest(b, h, q_idx, kv_idx)
-    refs = [getattr(m, "reference", None) for m in (first, rest)]
-    if None not in refs:
+    refs = [reference_of(m) for m in (first, rest)]
+    if refs != [first, rest]:  # a part is hand-written ct: combine the torch forms
         combined.reference = ((lambda *a: refs[0](*a) & refs[1](*a)) if op == "and"
                               else (lambda *a: refs[0](*a) | refs[1](*a)))
     return combined

@@ -26,7 +26,9 @@ from __future__ import annotations
 import torch
 
 from . import api as _api
-from .errors import BackwardNotSupportedError
+from . import mods as _mods
+from . import variants as _variants
+from .errors import BackwardNotSupportedError, InputError
 from .kernel import workload as _w
 from .kernel.launch import captured_buffers
 from .kernel.workload_check import check_paged, check_varlen
@@ -54,7 +56,7 @@ def sdpa_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seql
 
     Returns out [total_q, Hq, D] (and lse [Hq, total_q] fp32 with ``return_lse``).
     Differentiable in q, k and v (and in tensors a score_mod captures, as ``sdpa``)."""
-    mods = _w.varlen_mods(score_mod, mask_mod, softcap)
+    mods = varlen_mods(score_mod, mask_mod, softcap)
     needs_grad = _needs_grad(q, k, v)
     if not _api._plain_eager(q):
         return _traced_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -204,7 +206,7 @@ _varlen_bwd = torch.ops.tiledattention.varlen_bwd.default
 def _traced_mods(score_mod, mask_mod, softcap, needs_grad: bool):
     """(variant key, captured tensors) of a traced call: lifting reads source code, which
     Dynamo cannot trace (one graph break with a variant, as ``sdpa``)."""
-    mods = _w.varlen_mods(score_mod, mask_mod, softcap)
+    mods = varlen_mods(score_mod, mask_mod, softcap)
     if needs_grad and mods.grad_error:
         raise BackwardNotSupportedError(mods.grad_error)
     aux = mods.tensors()
@@ -250,7 +252,7 @@ def sdpa_paged(q, k_cache, v_cache, page_table, cache_seqlens, *, cu_seqlens_q=N
     if _needs_grad(q, k_cache, v_cache):
         raise BackwardNotSupportedError("sdpa_paged is inference only (no gradient): call it "
                                         "under torch.no_grad(), or use sdpa_varlen to train")
-    mods = _w.varlen_mods(score_mod, mask_mod, softcap)
+    mods = varlen_mods(score_mod, mask_mod, softcap)
     if not _api._plain_eager(q):
         return _traced_paged(q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q,
                              max_seqlen_q, causal, scale, window_size, softcap, score_mod,
@@ -308,3 +310,14 @@ def _traced_paged(q, k_cache, v_cache, page_table, cache_seqlens, cu_q, max_q, c
                          w.causal, w.scale, w.window[0], w.window[1], bool(return_lse),
                          variant)
     return (out, lse) if return_lse else out
+
+
+def varlen_mods(score_mod, mask_mod, softcap: float):
+    """The call's Mods: ``softcap`` is the built-in softcap score_mod (with its
+    derivative); with a score_mod of the caller's, pass the cap inside it."""
+    if softcap:
+        if score_mod is not None:
+            raise InputError("pass either softcap or a score_mod (write the cap into the "
+                             "score_mod: cap * tanh(score / cap))")
+        score_mod = _variants.softcap(softcap)
+    return _mods.mods_for(score_mod, mask_mod)

@@ -1,7 +1,7 @@
 """Repro 4: a TMA store, then a device-scope atomic: no proxy fence between them.
 
-FlashDecoding's "last split combines" pattern (NOTES §36b): each program stores its
-partial tile, then adds 1 to a counter (``ct.atomic_add``, ACQ_REL, device scope); the
+FlashDecoding's "last split combines" pattern (benchmarks/notes/decode.md §36b): each program stores
+its partial tile, then adds 1 to a counter (``ct.atomic_add``, ACQ_REL, device scope); the
 program that reads N-1 loads every partial and merges them. On sm_90 a tile store may
 lower to TMA (``UTMASTG``: the async proxy); the PTX memory model orders async-proxy
 writes before a generic-proxy release only through ``fence.proxy.async`` (SASS
@@ -15,7 +15,7 @@ waits for it (``DEPBAR``) and signals an mbarrier; the consumer warp then runs
 ``MEMBAR.ALL.GPU; ATOMG`` with no ``FENCE.VIEW.ASYNC.G`` (the global proxy fence) before it
 — the one there is comes after the atomic, before the last program's TMA loads. The
 pattern is then correct by PTX's rules only with plain (generic-proxy) stores, which cost
-the fused decode kernel 13-30 % (NOTES §36b).
+the fused decode kernel 13-30 % (benchmarks/notes/decode.md §36b).
 
     CUDA_TILE_CACHE_DIR=/tmp/repro-cache python proxy_fence.py \
         [--cuobjdump /tmp/cuobj/nvidia/cu13/bin/cuobjdump]

@@ -18,8 +18,7 @@ DTYPES = [torch.float16, torch.bfloat16]
 
 def _parts(mod):
     """(score_mod, its torch reference) or (mask_mod, reference) of a variants.* result."""
-    fn = getattr(mod, "fn", mod)
-    return fn.reference
+    return variants.reference_of(mod)
 
 
 def run(b, hq, hk, sq, sk, d, dtype, *, score=None, mask=None, sparse=False, causal=False,

@@ -18,7 +18,7 @@ B, HQ, HK = 2, 4, 2  # GQA: two query heads per K/V head
 
 
 def _ref(mod):
-    return None if mod is None else getattr(mod, "fn", mod).reference
+    return variants.reference_of(mod)
 
 
 def _variant(name, sq, sk, q_offset=None):

@@ -5,9 +5,9 @@ A variant is built for one point's (B, H, S) on one device into ``Parts``: the k
 arguments of ``tiledattention.sdpa`` (the built-in variant through the public API), the
 same modification as torch ``score_mod`` / ``mask_mod`` functions (FlexAttention's
 signature; eager attention and SDPA's materialised mask evaluate them over broadcast index
-tensors), and the float64 reference's arguments. Both torch forms are the built-in's own
-``.reference`` (its one torch definition, following the scores' dtype), causality folded
-in where the built-in leaves it to ``is_causal``.
+tensors), and the float64 reference's arguments. Both torch forms are the built-in's one
+torch definition (``variants.reference_of``), causality folded in where the built-in
+leaves it to ``is_causal``.
 Adding a variant to the stage is one ``Variant`` entry in ``VARIANTS`` (docs/API.md, "Writing
 your own variant"). Nothing here imports torch until a variant is built, so the config
 and the command line read the names for free.
@@ -32,8 +32,8 @@ class Parts:
 
     ours: dict  # tiledattention.sdpa keyword arguments (is_causal, score_mod, block_mask)
     reference: dict  # reference.naive_attention keyword arguments (causal, score_ref, ...)
-    # the built-in's ``.reference``: torch score_mod(score, b, h, q_idx, kv_idx) and
-    # mask_mod(b, h, q_idx, kv_idx), causality folded in
+    # the built-in's torch form (``variants.reference_of``): score_mod(score, b, h, q_idx,
+    # kv_idx) and mask_mod(b, h, q_idx, kv_idx), causality folded in
     score: Callable | None = None
     mask: Callable | None = None
     # The mask depends on the batch / head index (else None: FlexAttention's block mask and
@@ -81,7 +81,7 @@ def _causal(b, h, q, k):
 
 
 def _causal_and(keep: Callable) -> Callable:
-    """A built-in mask_mod's ``.reference`` with causality folded in."""
+    """A built-in mask_mod's torch form with causality folded in."""
     return lambda b, h, q, k: (q >= k) & keep(b, h, q, k)
 
 
@@ -97,8 +97,8 @@ def _build_window(batch, heads, seq, device):
     window = variants.sliding_window(WINDOW)
     return Parts({"is_causal": True, "block_mask": ta.block_mask(window, None, None, seq, seq,
                                                                  device)},
-                 {"causal": True, "keep_ref": window.reference},
-                 mask=window.reference, sdpa="bool",  # right=0: causal already
+                 {"causal": True, "keep_ref": window},
+                 mask=window, sdpa="bool",  # right=0: causal already
                  # FA4 keeps keys q - left .. q + right: WINDOW keys including the diagonal
                  fa4={"causal": True, "window_size": (WINDOW - 1, 0)})
 
@@ -107,9 +107,10 @@ def _build_softcap(batch, heads, seq, device):
     from tiledattention import variants
 
     cap = variants.softcap(SOFTCAP)
+    ref = variants.reference_of(cap)  # softcap's kernel code is hand-written ct
     return Parts({"is_causal": True, "score_mod": cap},
-                 {"causal": True, "score_ref": cap.fn.reference},
-                 score=cap.fn.reference, mask=_causal,
+                 {"causal": True, "score_ref": ref},
+                 score=ref, mask=_causal,
                  no_sdpa="SDPA takes no score modification: softcapping is not a mask",
                  # FA4 caps the scaled scores, as the score_mod above (s = q.k * scale)
                  fa4={"causal": True, "softcap": SOFTCAP})
@@ -122,8 +123,8 @@ def _build_alibi(batch, heads, seq, device):
     alibi = variants.alibi(slopes)
     mods = _fa4_alibi_mods()
     return Parts({"is_causal": True, "score_mod": alibi},
-                 {"causal": True, "score_ref": alibi.reference},
-                 score=alibi.reference, mask=_causal,
+                 {"causal": True, "score_ref": alibi},
+                 score=alibi, mask=_causal,
                  bias_heads=heads, sdpa="bias",
                  # FA4: the same bias as a CuTe DSL score_mod, the slopes as its aux tensor
                  fa4=mods and {"causal": True, "score_mod": mods[0], "score_mod_bwd": mods[1],
@@ -174,8 +175,8 @@ def _build_documents(batch, heads, seq, device):
     doc = variants.document(ids)
     return Parts({"is_causal": True, "block_mask": ta.block_mask(doc, None, None, seq, seq,
                                                                  device)},
-                 {"causal": True, "keep_ref": doc.reference},
-                 mask=_causal_and(doc.reference), sdpa="bool", no_fa4=_NO_FA4.format("mask_mod"))
+                 {"causal": True, "keep_ref": doc},
+                 mask=_causal_and(doc), sdpa="bool", no_fa4=_NO_FA4.format("mask_mod"))
 
 
 def _build_prefix_lm(batch, heads, seq, device):
@@ -187,8 +188,8 @@ def _build_prefix_lm(batch, heads, seq, device):
     lens = torch.full((batch,), seq // 4, dtype=torch.int32, device=device)
     prefix = variants.prefix_lm(lens)
     return Parts({"block_mask": ta.block_mask(prefix, None, None, seq, seq, device)},
-                 {"causal": False, "keep_ref": prefix.reference},
-                 mask=prefix.reference, sdpa="bool",
+                 {"causal": False, "keep_ref": prefix},
+                 mask=prefix, sdpa="bool",
                  no_fa4=_NO_FA4.format("mask_mod"))
 
 

@@ -22,7 +22,7 @@ Two flags reshape the grid for small ones (decode):
 ``SCORE_MOD`` / ``MASK_MOD`` are the variant's functions (``mods``): module globals here,
 replaced per variant in a copy of this kernel, and inlined by cuTile. ``A0..A3`` are the
 tensors they capture. ``PDL`` (``Schedule.pdl``): launched as a programmatic dependent, the
-kernel waits for the previous kernel's grid before its first load (benchmarks/NOTES.md §20).
+kernel waits for the previous kernel's grid before its first load (benchmarks/notes/forward.md §20).
 """
 
 from __future__ import annotations

@@ -211,7 +211,7 @@ def dkdv_tile(kv, acc, arrays, fns, aux, where, i, bid_n, diag, ALL_MASKS, f, dQ
     keeps its own keys' rows of S^T, dK and dV. Without it (queries as the rows) P and dS
     are transposed into those products, which tileiras stages through shared memory on
     every step (sm_90 SASS: 8 STS.64, a CTA barrier and 4 LDS.128 per thread for each of
-    P and dS; benchmarks/NOTES.md §34a). Only dS K (the dQ share) then
+    P and dS; benchmarks/notes/backward.md §34a). Only dS K (the dQ share) then
     takes a transpose."""
     TILE_M, TILE_N, NCHUNK, W0, W1, W2 = f.TILE_M, f.TILE_N, f.NCHUNK, f.W0, f.W1, f.W2
     VNCHUNK, VW0, VW1, VW2 = value_chunks(f)  # dO, V, dV: V's head dim
@@ -402,7 +402,7 @@ def dkdv_key_tile(arrays, extra, dK, dV, dQacc, scalars, f, fns, b, bid_n, ab, s
     # A runtime trip count here spills the causal D = 192 / 256 programs; a constant one
     # does not (the group size as a constant unrolls and spills worse). Without the loop
     # tileiras waits on every MMA at D = 256, so MHA drops it only at variant.ONE_HEAD_DIMS
-    # (NOTES §36g, §37a).
+    # (benchmarks/notes/backward.md §36g, §37a).
     for g in range(1 if f.ONE_HEAD else GROUP):
         h = hk * GROUP + g
         where = (b, h, hk, seq_k, qk_scale_log2, inv_scale, scale, ab, diag)

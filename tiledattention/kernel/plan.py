@@ -47,8 +47,8 @@ SPLIT_BELOW = 2  # split-K: only grids of at most half a wave (sms / SPLIT_BELOW
 TARGET_WAVES = 2  # split-K: aim the grid at about two programs per SM
 # ... but at one where the grid has at most sms / FEW_PROGRAMS programs (16 on an H100): two
 # per SM leave each split a few key tiles, and each split adds a Q load and a partial.
-# Measured on the H100 (NOTES §35c): B1/B2 GQA decode (8 and 16 programs) 0.69-1.03x the
-# time of two per SM; grids of 32 and 64 programs lost up to 6 % with one per SM.
+# Measured on the H100 (benchmarks/notes/decode.md §35c): B1/B2 GQA decode (8 and 16 programs)
+# 0.69-1.03x the time of two per SM; grids of 32 and 64 programs lost up to 6 % with one per SM.
 FEW_PROGRAMS = 8
 MIN_SPLIT_TILES = 2  # split-K: key tiles per split at least (each split writes partials)
 MAX_PLANS = 4096  # a process that sees ever new shapes (growing decode) must not grow without end
@@ -297,7 +297,7 @@ def _grown(key, q, k, v, attn_mask, *args) -> Plan:
 
 def _retarget(plan: Plan, mask_target: tuple) -> Plan:
     """``plan`` with another ``mask_target``: a shallow copy (``dataclasses.replace``
-    re-runs ``__init__``, 3.7 us on the CPU of NOTES §34c against 0.4)."""
+    re-runs ``__init__``, 3.7 us on the CPU of benchmarks/notes/decode.md §34c against 0.4)."""
     new = object.__new__(Plan)
     new.__dict__.update(plan.__dict__, mask_target=mask_target)
     return new

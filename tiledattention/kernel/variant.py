@@ -132,7 +132,8 @@ class Variant(_Shared):
 
 # MHA's dK/dV program without the runtime loop over a GQA group, for these head dims: there it
 # removes the causal D = 192 spill and runs 2-5 % faster (D 128-192); at D = 256 tileiras then
-# waits on every MMA of the query loop (8 % slower), at D 64-96 it is 0-1 % slower (NOTES §37a).
+# waits on every MMA of the query loop (8 % slower), at D 64-96 it is 0-1 % slower
+# (benchmarks/notes/backward.md §37a).
 ONE_HEAD_DIMS = range(97, 193)
 
 
@@ -172,7 +173,7 @@ class BwdVariant(_Shared):
     def delta_in_dq(self) -> bool:
         """The dQ kernel computes delta (one launch fewer), except with dQ by reduce-add
         (no dQ kernel) and causal D > 128: there its extra O tile made the dQ kernel up to
-        2x slower on the H100 (benchmarks/NOTES.md §36a) and the delta kernel stays."""
+        2x slower on the H100 (benchmarks/notes/backward.md §36a) and the delta kernel stays."""
         return self.schedule.dq != "atomic" and not (self.causal and self.wide_dim > 128)
 
     def constants(self, kernel: str) -> dict:

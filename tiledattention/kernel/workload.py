@@ -22,7 +22,6 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from .. import mods as _mods
 from ..errors import InputError
 from ..headdim import plan_head_dim
 from ..schedules import policy
@@ -189,7 +188,7 @@ MAX_PAGE_SPAN = 4  # pages per key tile at most, where pages are smaller than th
 def _paged_tiles(s: Schedule, page: int) -> tuple[Schedule, int, int]:
     """(schedule, key tiles per page, pages per key tile): a key tile lies within one page,
     or spans up to ``MAX_PAGE_SPAN`` whole pages (one TMA load and MMA each, one softmax
-    step: NOTES §39b) when pages are smaller than the schedule's tile."""
+    step: benchmarks/notes/varlen-paged.md §39b) when pages are smaller than the schedule's tile."""
     if s.tile_n <= page:
         return s, page // s.tile_n, 1
     span = max(1, min(s.tile_n // page, MAX_PAGE_SPAN))
@@ -221,7 +220,8 @@ def paged_plan(w: Workload, q, schedule, mods, return_lse: bool) -> SeqPlan:
     splits = split_count(s, m_tiles * heads * w.batch, key_tiles, sm_count(index))
     if not s.splits:
         # Ragged contexts: the longest sequence's program would run alone at the end of
-        # the grid; no program takes more than PAGED_SPLIT_KEYS keys (NOTES §38c).
+        # the grid; no program takes more than PAGED_SPLIT_KEYS keys
+        # (benchmarks/notes/varlen-paged.md §38c).
         splits = min(max(splits, math.ceil(w.max_k / PAGED_SPLIT_KEYS)), MAX_PAGED_SPLITS,
                      key_tiles)
     split_tiles = math.ceil(key_tiles / splits)
@@ -321,8 +321,9 @@ class SeqBwdPlan(LaunchPlan):
 def varlen_bwd_schedule(w: Workload) -> BwdSchedule:
     """``default_bwd_schedule``: the table's backward entries were tuned on dense batches of
     one length, and on packed documents (median 512 tokens) its 128-key picks ran our
-    varlen backward slower than the block-mask packing on the default (NOTES §38c). dQ has
-    its own kernel (the packed kernels have no reduce-add dQ)."""
+    varlen backward slower than the block-mask packing on the default
+    (benchmarks/notes/varlen-paged.md §38c). dQ has its own kernel (the packed kernels have no
+    reduce-add dQ)."""
     from ..schedules.backward import default_bwd_schedule
 
     return default_bwd_schedule(w.head_dim, w.causal)
@@ -468,16 +469,3 @@ def paged_setup(q, k_cache, v_cache, page_table, cache_seqlens, cu_q, max_q, cau
                       max_q, q.shape[0] if packed else None)
         _checked.add(key)
     return plan
-
-
-def varlen_mods(score_mod, mask_mod, softcap: float):
-    """The call's Mods: ``softcap`` is the built-in softcap score_mod (with its
-    derivative); with a score_mod of the caller's, pass the cap inside it."""
-    if softcap:
-        if score_mod is not None:
-            raise InputError("pass either softcap or a score_mod (write the cap into the "
-                             "score_mod: cap * tanh(score / cap))")
-        from ..variants import softcap as _softcap
-
-        score_mod = _softcap(softcap)
-    return _mods.mods_for(score_mod, mask_mod)

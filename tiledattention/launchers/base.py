@@ -97,15 +97,13 @@ def check_launcher(name: str, options: dict) -> None:
     if name not in LAUNCHERS:
         raise LauncherOptionError(f"unknown launcher {name!r}; valid launchers are "
                                   f"{sorted(LAUNCHERS)}")
-    module = importlib.import_module(f"{__package__}.{name}")
-    module.check(options or {})
+    importlib.import_module(f"{__package__}.{name}").Launcher.check(options or {})
 
 
 def typed_options(name: str, options: dict) -> dict:
     """``options`` as the launcher reads them (numbers as numbers, "null" as None): what a
     displayed command line shows."""
-    module = importlib.import_module(f"{__package__}.{name}")
-    checked = module.check(options or {})
+    checked = importlib.import_module(f"{__package__}.{name}").Launcher.check(options or {})
     return {k: getattr(checked, k) for k in options or {}}
 
 
@@ -125,6 +123,24 @@ def get_launcher(name: str, folder: str, options: dict | None = None):
                                   f"{sorted(LAUNCHERS)}")
     module = importlib.import_module(f"{__package__}.{name}")
     return module.Launcher(folder, options or {})
+
+
+class Launcher:
+    """What each launcher module's ``Launcher`` shares (as submitit's executors share
+    theirs): its ``name``, its checked ``options`` (``Options``, a frozen dataclass, through
+    ``check``) and the ``folder`` its jobs' logs go to; a subclass adds ``run(tasks)``."""
+
+    name = ""
+    Options: type = type(None)
+
+    def __init__(self, folder: str, options: dict):
+        self.options = self.check(options)
+        self.folder = folder
+
+    @classmethod
+    def check(cls, options: dict):
+        """The typed options, or LauncherOptionError naming the option and the valid ones."""
+        return check_options(cls.Options, options, cls.name)
 
 
 class interrupts_raise:

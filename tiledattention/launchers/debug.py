@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 import submitit
 
-from .base import check_options, wait
+from . import base
+from .base import wait
 
 
 @dataclass(frozen=True)
@@ -14,16 +15,12 @@ class DebugOptions:
     timeout_s: float | None = None
 
 
-def check(options: dict) -> DebugOptions:
-    """The typed options, or LauncherOptionError naming the option and the valid ones."""
-    return check_options(DebugOptions, options, "debug")
-
-
-class Launcher:
+class Launcher(base.Launcher):
     name = "debug"
+    Options = DebugOptions
 
     def __init__(self, folder: str, options: dict):
-        self.options = check(options)
+        super().__init__(folder, options)
         self.executor = submitit.DebugExecutor(folder=folder)
 
     def run(self, tasks: list) -> list[dict]:

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import submitit
 from submitit.local import local as submitit_local
 
-from .base import LauncherError, check_options, interrupts_raise, wait
+from . import base
+from .base import LauncherError, interrupts_raise, wait
 from .gpu_lock import reserve
 
 
@@ -92,17 +93,9 @@ def visible_gpus() -> list[str]:
         return []
 
 
-def check(options: dict) -> LocalOptions:
-    """The typed options, or LauncherOptionError naming the option and the valid ones."""
-    return check_options(LocalOptions, options, "local")
-
-
-class Launcher:
+class Launcher(base.Launcher):
     name = "local"
-
-    def __init__(self, folder: str, options: dict):
-        self.options = check(options)
-        self.folder = folder
+    Options = LocalOptions
 
     def run(self, tasks: list) -> list[dict]:
         self.started: list[subprocess.Popen] = []  # every job controller, as it starts

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import submitit
 
-from . import interrupt, slurm_jobs
+from . import base, interrupt, slurm_jobs
 from .base import LauncherError, LauncherOptionError, check_options, job_name
 
 # Status lines go to stderr, which the workflow's rules show on the terminal.
@@ -181,12 +181,14 @@ def _sbatch_error(text: str) -> str:
     return (errors or lines or ["no output"])[-1][-300:]
 
 
-class Launcher:
+class Launcher(base.Launcher):
     name = "slurm"
+    Options = SlurmOptions
+    check = staticmethod(check)  # check_options, then the limits no one option states
 
     def __init__(self, folder: str, options: dict):
-        self.options = o = check(options)
-        self.folder = folder
+        super().__init__(folder, options)
+        o = self.options
         try:
             self.executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=o.max_requeue,
                                                    python=job_python(o))

@@ -98,9 +98,10 @@ def bwd_rejection(schedule: BwdSchedule, head_dim: int) -> str | None:
 
     The forward's register reasoning per kernel: the fp32 state must fit the CTA's share of
     the register file at the schedule's occupancy and the 255 registers of each of the
-    worker warps' threads (4, or the schedule's 8). It matches the measurement (NOTES §17):
-    128-key dK/dV tiles over 4 worker warps count 192 registers per thread at D=64 (the
-    fastest there) and 320 at D=128, where they ran 1.49-1.57x slower than the default.
+    worker warps' threads (4, or the schedule's 8). It matches the measurement
+    (benchmarks/notes/backward.md §17): 128-key dK/dV tiles over 4 worker warps count 192 registers
+    per thread at D=64 (the fastest there) and 320 at D=128, where they ran 1.49-1.57x slower than
+    the default.
     """
     for kernel, live in _live_bytes(schedule, head_dim).items():
         budget = REGISTER_BYTES_PER_SM // schedule.occupancy
@@ -114,19 +115,21 @@ def bwd_rejection(schedule: BwdSchedule, head_dim: int) -> str | None:
                     f"per thread at D={head_dim}, over {MAX_REGISTERS_PER_THREAD} (it would "
                     "spill)")
     if schedule.worker_warps is None and plan_head_dim(head_dim).padded > 160:
-        # Below the count above, what the sm_90 SASS showed (NOTES §28): four worker warps
-        # spill the fp32 dK/dV at D = 192 (144 bytes) and 256 (1024 bytes); eight do not.
+        # Below the count above, what the sm_90 SASS showed (benchmarks/notes/backward.md §28): four
+        # worker warps spill the fp32 dK/dV at D = 192 (144 bytes) and 256 (1024 bytes); eight do
+        # not.
         return (f"{schedule.label()}: four worker warps spill the fp32 dK/dV at "
                 f"D={head_dim}; eight (_w8) keep them in registers")
     if schedule.key_rows and schedule.dkdv_n >= 128 and plan_head_dim(head_dim).padded > 128:
-        # What the sm_90 SASS showed (NOTES §35): keys as rows over 128 keys spill the fp32
-        # dK/dV from D = 160 (a 192-byte stack; 384 bytes at D = 192), none at D = 96 / 128.
+        # What the sm_90 SASS showed (benchmarks/notes/backward.md §35b): keys as rows over 128 keys
+        # spill the fp32 dK/dV from D = 160 (a 192-byte stack; 384 bytes at D = 192), none at D = 96
+        # / 128.
         return (f"{schedule.label()}: keys as rows over {schedule.dkdv_n} keys spill the "
                 f"fp32 dK/dV at D={head_dim}")
     if schedule.dkdv_m >= 128 and plan_head_dim(head_dim).padded > 192:
-        # What the sm_90 SASS and the H100 showed (NOTES §37c, benchmarks/repro/
-        # dkdv_accumulators.py): 128 query rows per dK/dV step at D = 256 compile without
-        # warp-group MMAs (mma.sync, a 2.5 KB stack) and ran at 52-57 TFLOP/s; at D = 160 /
+        # What the sm_90 SASS and the H100 showed (benchmarks/notes/backward.md §37c,
+        # benchmarks/repro/dkdv_accumulators.py): 128 query rows per dK/dV step at D = 256 compile
+        # without warp-group MMAs (mma.sync, a 2.5 KB stack) and ran at 52-57 TFLOP/s; at D = 160 /
         # 192 the same schedule is the fastest.
         return (f"{schedule.label()}: {schedule.dkdv_m} query rows per dK/dV step at "
                 f"D={head_dim} compile without warp-group MMAs")
@@ -137,7 +140,7 @@ def bwd_rejection(schedule: BwdSchedule, head_dim: int) -> str | None:
 
 
 def default_bwd_schedule(head_dim: int, causal: bool) -> BwdSchedule:
-    """The backward schedule where the table has none (benchmarks/NOTES.md §17b).
+    """The backward schedule where the table has none (benchmarks/notes/backward.md §17b).
 
     From the H100 backward tune (fp16, D 64/96/128/160, causal and not, S 1024 and 4096,
     fwd+bwd TFLOP/s): D <= 64 kv128x64_q64x128_o2 won all 4 buckets (e.g. causal S=4096
@@ -160,9 +163,9 @@ def default_bwd_schedule(head_dim: int, causal: bool) -> BwdSchedule:
     return base if bwd_rejection(best, head_dim) else best
 
 
-# The quick backward space: the measured schedules (NOTES §17) and their occupancy-2
-# versions, plus 128-key dK/dV and 128-row dQ tiles over eight worker warps (FA3's tiling
-# at D=128: two consumer warp groups over 128 keys). 128 x 128 dK/dV tiles compile to a
+# The quick backward space: the measured schedules (benchmarks/notes/backward.md §17) and their
+# occupancy-2 versions, plus 128-key dK/dV and 128-row dQ tiles over eight worker warps (FA3's
+# tiling at D=128: two consumer warp groups over 128 keys). 128 x 128 dK/dV tiles compile to a
 # spilling kernel without warp-group MMAs at D=128 (offline): left out. Full: every tile
 # combination of 64 and 128 at occupancy 1 and 2, with 4 or 8 worker warps.
 BWD_QUICK_SPACE = tuple(BwdSchedule.from_label(label) for label in (
@@ -170,7 +173,7 @@ BWD_QUICK_SPACE = tuple(BwdSchedule.from_label(label) for label in (
     "kv128x64_q64x128_o2", "kv64x128_q128x64_o2", "kv64x128_q128x64_o1_w8",
     "kv64x128_q128x128_o1_w8",
     # eight worker warps over 64 keys: at D = 160 these keep their MMAs in flight without
-    # spilling where the four-warp programs wait on every MMA (NOTES §37c)
+    # spilling where the four-warp programs wait on every MMA (benchmarks/notes/backward.md §37c)
     "kv128x64_q64x128_o1_w8", "kv64x64_q64x64_o1_w8"))
 
 
@@ -191,7 +194,7 @@ def bwd_space_for(head_dim: int, space: str) -> list[BwdSchedule]:
 
 # Candidates that benchmarks/bwd_compare.py times side by side with the table's choice
 # (issue 37), not table entries until measured. Picked from the sm_90 SASS of each
-# (benchmarks/bwd_sass.py; counts in benchmarks/NOTES.md §28): warp-group MMAs
+# (benchmarks/bwd_sass.py; counts in benchmarks/notes/backward.md §28): warp-group MMAs
 # kept, the dQ share by UTMAREDG, no (or, at D = 256, little) local-memory spilling of the
 # fp32 accumulators. Where the register count admits more, the SASS did not: 128-key
 # programs at D = 160 lost every HGMMA (1960-byte stack), 64 keys at occupancy 2 spilled.
@@ -201,14 +204,14 @@ BWD_CANDIDATES = (
     # 64 keys), and 64 keys at occupancy 2. "kr": the same 128-key programs with keys as
     # the dK/dV MMA rows (``_keyrows``: no P / dS transposes through shared memory; the
     # seven-matmul one has no CTA barrier left in its step; sm_90 SASS in
-    # benchmarks/NOTES.md §34a). 64 keys at occupancy 2 spill with it (the
+    # benchmarks/notes/backward.md §34a). 64 keys at occupancy 2 spill with it (the
     # row statistics per column cost registers at the 128 of two CTAs): not a candidate.
     (128, {"5mm-k128w8": BwdSchedule.from_label("kv64x128_q128x64_o1_w8_atomic"),
            "5mm-k64o2": BwdSchedule.from_label("kv64x64_q64x64_o2_atomic"),
            "5mm-k128w8kr": BwdSchedule.from_label("kv64x128_q128x64_o1_w8_atomic_keyrows"),
            "7mm-k128w8kr": BwdSchedule.from_label("kv64x128_q128x64_o1_w8_keyrows")}),
     (160, {"5mm-k64w8": BwdSchedule.from_label("kv64x64_q64x64_o1_w8_atomic"),
-           # pipelined MMAs, no spill at D = 160 (NOTES §37c)
+           # pipelined MMAs, no spill at D = 160 (benchmarks/notes/backward.md §37c)
            "7mm-k64w8": BwdSchedule.from_label("kv64x64_q64x64_o1_w8"),
            "7mm-q128w8": BwdSchedule.from_label("kv128x64_q64x128_o1_w8")}),
     # D > 160: 64 keys, the fp32 dK and dV [64, D] over two warp groups (eight worker

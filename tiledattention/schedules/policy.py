@@ -115,7 +115,7 @@ def choose_bwd_schedule(q: torch.Tensor, k: torch.Tensor, causal: bool,
     dQ differs from run to run (``ScheduleTable.lookup_bwd``). ``variant`` (a score_mod,
     mask_mod or block mask): the default, measured on the variants; the table's entries
     were tuned on plain attention, and its 128-key non-causal pick ran prefix-LM's
-    backward 2x slower than the default (NOTES §32)."""
+    backward 2x slower than the default (benchmarks/notes/study-pipeline.md §32)."""
     if variant:
         return default_bwd_schedule(q.shape[3], causal), "default"
     if deterministic is None:

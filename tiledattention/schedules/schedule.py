@@ -117,9 +117,9 @@ def default_schedule(head_dim: int, causal: bool) -> Schedule:
     benchmarks/NOTES.md): 64x128 at occupancy 2 wins at D=128 and 160 (615 vs 538
     TFLOP/s for 64x64 at D=128 S=4096) and non-causal D=64; 64x64 at occupancy 4 wins
     causal D=64 at S=1024; 128x64 at occupancy 2 wins non-causal D=96 (482 vs 467).
-    D above 192 takes 64x128 at occupancy 1 (NOTES §15, B2 H8 S1000 bf16: 0.88x of SDPA
-    causal and 0.81x non-causal, against 0.77x and 0.68x for the former 64x64 o2; where the
-    nearest tuned bucket's occupancy does not fit D=256 the policy lands here).
+    D above 192 takes 64x128 at occupancy 1 (benchmarks/notes/forward.md §15, B2 H8 S1000 bf16:
+    0.88x of SDPA causal and 0.81x non-causal, against 0.77x and 0.68x for the former 64x64 o2;
+    where the nearest tuned bucket's occupancy does not fit D=256 the policy lands here).
     """
     if head_dim <= 64:
         return Schedule(64, 64, occupancy=4) if causal else Schedule(64, 128, occupancy=2)

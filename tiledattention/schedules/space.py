@@ -29,7 +29,7 @@ def rejection(schedule: Schedule, head_dim: int) -> str | None:
     # The same fp32 state is spread over the worker warps' threads; past 255 registers per
     # thread it spills (128x128 at D=128 with 4 worker warps: 256, and the sm_90 cubin has
     # a 264-byte stack; with 8 worker warps it is 128 per thread and no stack,
-    # benchmarks/inspect_kernel.py, NOTES §18).
+    # benchmarks/inspect_kernel.py, benchmarks/notes/forward.md §18).
     warps = schedule.worker_warps or DEFAULT_WORKER_WARPS
     per_thread = live // (4 * 32 * warps)
     if per_thread > MAX_REGISTERS_PER_THREAD:
@@ -60,8 +60,8 @@ def candidates(head_dim: int, *, tiles=((64, 64), (64, 128), (128, 64), (128, 12
 
 
 # tiledattn tune --space: quick, the 8 schedules that won somewhere in the sweeps
-# (benchmarks/NOTES.md §2, §5) plus 8-worker-warp variants of the 128-row tiles and of the
-# D=128 winner (NOTES §18); full, every schedule of ``candidates``.
+# (benchmarks/notes/forward.md §2, §5) plus 8-worker-warp variants of the 128-row tiles and of the
+# D=128 winner (benchmarks/notes/forward.md §18); full, every schedule of ``candidates``.
 SPACES = ("quick", "full")
 QUICK_SPACE = (Schedule(64, 64, 4), Schedule(64, 64, 2), Schedule(64, 128, 2),
                Schedule(64, 128, 1), Schedule(64, 128, 3), Schedule(128, 64, 2),

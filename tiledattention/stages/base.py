@@ -93,30 +93,51 @@ class SectionConfig:
         return hashlib.sha256(json.dumps(self.as_dict(), sort_keys=True).encode()
                               ).hexdigest()[:16]
 
-    def task(self, out_dir: str) -> ConfigTask:
-        """The stage's launcher job (the config travels as items, validated on the node)."""
-        return ConfigTask(self.stage, out_dir, tuple(self.as_dict().items()))
+    def task(self, out_dir: str, run: Callable) -> ConfigTask:
+        """The stage's launcher job: its run entry on this section (the config travels as
+        items, validated on the node)."""
+        return ConfigTask(run, type(self), out_dir, tuple(self.as_dict().items()))
+
+
+class TimedSection(SectionConfig):
+    """A section whose rows the harness times (``runner.measure``): its fields ``warmup``,
+    ``reps``, ``rounds``, ``max_ref_heads``, ``seed`` and ``methods`` are the harness'
+    config. The fields stay in each stage's dataclass: a base dataclass's fields would come
+    first, moving their options ahead of the grid's in the verb's --help, and each stage
+    words some of their help its own way."""
+
+    def bench_config(self):
+        """The harness' config of the stage's rows: its timing and correctness (the L2
+        flushed before each timed call, as every benchmark row)."""
+        from ..bench.config import BenchConfig, CorrectnessConfig, TimingConfig
+
+        return BenchConfig(timing=TimingConfig(self.warmup, self.reps, self.rounds),
+                           correctness=CorrectnessConfig(self.max_ref_heads),
+                           seed=self.seed, methods=self.methods)
+
+    def measure_digest(self) -> str:
+        """What changes a row's numbers beyond its point and method (``BenchConfig``'s)."""
+        return self.bench_config().measure_digest()
 
 
 @dataclass(frozen=True)
 class ConfigTask:
     """A stage's run entry on its config section as a picklable job, so a launcher puts it
     on a GPU (a SLURM GPU node, a local GPU); the config travels as items and is validated
-    again on the node (the stage found by name in the registry there)."""
+    again on the node. ``run`` and ``cls`` pickle by reference (module and name)."""
 
-    stage: str
+    run: Callable  # the stage's run entry, run(cfg, out_dir)
+    cls: type  # its SectionConfig
     out_dir: str
     config: tuple  # SectionConfig.as_dict() items (hashable, picklable)
 
     @property
     def job_name(self) -> str:
-        return f"tiledattn-{self.stage}"
+        return f"tiledattn-{self.cls.stage}"
 
     def __call__(self) -> dict:
-        from . import STAGES
-
-        s = STAGES[self.stage]
-        return s.run(section_from_dict(s.config, self.stage, dict(self.config)), self.out_dir)
+        return self.run(section_from_dict(self.cls, self.cls.stage, dict(self.config)),
+                        self.out_dir)
 
 
 def one_line(text) -> str:
@@ -302,7 +323,7 @@ def run_or_launch(args, cfg, run, load_rows, summary, out: str) -> int:
         from ..launchers import run_step
 
         options = json_object(args.launcher_options, "--launcher-options")
-        run_step(args.launcher, options, os.path.join(out, "logs"), cfg.task(out))
+        run_step(args.launcher, options, os.path.join(out, "logs"), cfg.task(out, run))
         print(summary(load_rows(out)))
         return 0
     res = run(cfg, out, sys.stdout)
@@ -311,7 +332,7 @@ def run_or_launch(args, cfg, run, load_rows, summary, out: str) -> int:
     return 0
 
 
-def section_cli(help: str, cls, load_rows, summary) -> Cli:
+def section_cli(help: str, cls, run, load_rows, summary) -> Cli:
     """The verb of a stage that runs its config section (``cls``, a ``SectionConfig``):
     ``--out``, ``--config`` (the section's file), one option per config field on top, and
     ``--launcher``; it runs the section here or as one job (``run_or_launch``)."""
@@ -324,10 +345,8 @@ def section_cli(help: str, cls, load_rows, summary) -> Cli:
     def handler(args) -> int:
         import os
 
-        from . import STAGES
-
         cfg = section_from_dict(cls, cls.stage, config_section(args, cls.stage, cls))
-        return run_or_launch(args, cfg, STAGES[cls.stage].run, load_rows, summary,
+        return run_or_launch(args, cfg, run, load_rows, summary,
                              os.path.abspath(args.out))
 
     return Cli(help, add_arguments, handler)

@@ -372,7 +372,7 @@ def _model(args) -> int:
         from ..launchers import run_step
 
         options = json_object(args.launcher_options, "--launcher-options")
-        run_step(args.launcher, options, os.path.join(out, "logs"), cfg.task(out))
+        run_step(args.launcher, options, os.path.join(out, "logs"), cfg.task(out, run_model))
     else:
         run_model(cfg, out)
     print(summary(load_rows(out)))

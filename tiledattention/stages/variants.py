@@ -16,14 +16,7 @@ import os
 import sys
 from dataclasses import dataclass
 
-from ..bench.config import (
-    INT32,
-    BenchConfig,
-    CorrectnessConfig,
-    TimingConfig,
-    option,
-    section_from_dict,
-)
+from ..bench.config import INT32, option, section_from_dict
 from ..bench.grid import PAPER_DTYPES, TOKENS, WIDTH, tokens_shape
 from ..bench.methods import methods_help, variant_methods
 from ..bench.variant_cases import VARIANT_NAMES, VariantPoint
@@ -31,8 +24,8 @@ from .base import (
     ConfigTask,
     Publish,
     Rows,
-    SectionConfig,
     Stage,
+    TimedSection,
     by_point,
     cell,
     measured_run,
@@ -48,7 +41,7 @@ VARIANT_PASSES = ("fwd", "fwd+bwd")
 
 
 @dataclass(frozen=True)
-class VariantsConfig(SectionConfig):
+class VariantsConfig(TimedSection):
     """Variants against FlexAttention and SDPA, one launcher job (`tiledattn variants`)."""
 
     stage = "variants"
@@ -88,16 +81,6 @@ class VariantsConfig(SectionConfig):
                                 "scores: 2 GiB a head at S 16k).", min=1, max=INT32,
                                 flag="--max-ref-heads")
     seed: int = option(0, "Seed of the inputs.", min=0, max=2**63 - 1, flag="--seed")
-
-    def bench_config(self) -> BenchConfig:
-        """The harness' config of the stage's rows: its timing and correctness (the L2
-        flushed before each timed call, as every benchmark row)."""
-        return BenchConfig(timing=TimingConfig(self.warmup, self.reps, self.rounds),
-                           correctness=CorrectnessConfig(self.max_ref_heads),
-                           seed=self.seed, methods=self.methods)
-
-    def measure_digest(self) -> str:
-        return self.bench_config().measure_digest()
 
 
 def variants_from_dict(data: dict | None) -> VariantsConfig:
@@ -226,4 +209,4 @@ STAGE = Stage("variants", VariantsConfig, run_variants, ConfigTask,
               publish=Publish("variants-rows.jsonl", "the variants stage's rows",
                               "the variants stage's rows, when it ran",
                               not_run=not_run_rows("variants", ROWS, load_rows)),
-              cli=section_cli(HELP, VariantsConfig, load_rows, summary))
+              cli=section_cli(HELP, VariantsConfig, run_variants, load_rows, summary))

@@ -28,22 +28,15 @@ import os
 import sys
 from dataclasses import dataclass
 
-from ..bench.config import (
-    INT32,
-    BenchConfig,
-    CorrectnessConfig,
-    TimingConfig,
-    option,
-    section_from_dict,
-)
+from ..bench.config import INT32, BenchConfig, option, section_from_dict
 from ..bench.methods import methods_help, workload_methods
 from ..bench.workload_cases import KINDS, Lognormal, WorkloadPoint
 from .base import (
     ConfigTask,
     Publish,
     Rows,
-    SectionConfig,
     Stage,
+    TimedSection,
     by_point,
     cell,
     measured_run,
@@ -60,7 +53,7 @@ PAGE_SIZES = (16, 32, 64, 128, 256)
 
 
 @dataclass(frozen=True)
-class WorkloadsConfig(SectionConfig):
+class WorkloadsConfig(TimedSection):
     """Varlen and paged-KV workloads against FA4, Flex and padded SDPA (`tiledattn workloads`).
 
     One launcher job; its grid, length distributions, methods, timing and checks."""
@@ -172,13 +165,6 @@ class WorkloadsConfig(SectionConfig):
         return Lognormal(self.context_mu, self.context_sigma, self.context_min,
                          self.context_max)
 
-    def bench_config(self) -> BenchConfig:
-        """The harness' timing and correctness of the stage's rows (as every benchmark
-        row's: the L2 flushed before each timed call)."""
-        return BenchConfig(timing=TimingConfig(self.warmup, self.reps, self.rounds),
-                           correctness=CorrectnessConfig(self.max_ref_heads),
-                           seed=self.seed, methods=("tiledattention",))
-
     def measure_digest(self, device: str | None = None) -> str:
         """What changes a row's numbers beyond its point and method: the timing, checks,
         seed, the length distributions and the device kind (``device``, default where this
@@ -188,7 +174,7 @@ class WorkloadsConfig(SectionConfig):
 
             device = "cpu" if no_gpu_reason() else "cuda"
         d = self.as_dict()
-        blob = json.dumps({"bench": self.bench_config().measure_digest(), "device": device,
+        blob = json.dumps({"bench": super().measure_digest(), "device": device,
                            **{k: d[k] for k in d if k.startswith(("doc_", "context_"))}},
                           sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
@@ -439,4 +425,4 @@ STAGE = Stage("workloads", WorkloadsConfig, run_workloads, ConfigTask,
               publish=Publish("workloads-rows.jsonl", "the workloads stage's rows",
                               "the workloads stage's rows, when it ran",
                               not_run=not_run_rows("workloads", ROWS, load_rows)),
-              cli=section_cli(HELP, WorkloadsConfig, load_rows, summary))
+              cli=section_cli(HELP, WorkloadsConfig, run_workloads, load_rows, summary))

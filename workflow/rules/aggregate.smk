@@ -2,6 +2,7 @@
 rule aggregate:
     input:
         unpack(aggregate_inputs),
+        manifest=f"{RESULTS}/manifest.json",  # the GPU whose peak the % peak @ clock use
     output:
         table=report(
             f"{RESULTS}/aggregate/rows.csv",
@@ -34,6 +35,7 @@ rule aggregate:
         "../envs/tiledattn.yaml"
     shell:
         "tiledattn aggregate --rows {params.rows:q} --out {params.out:q}"
+        " --manifest {input.manifest:q}"
         " --expect-shards {params.shards} {params.extra} {params.stage_rows} > {log:q} 2>&1"
 
 

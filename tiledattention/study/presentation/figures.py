@@ -21,6 +21,7 @@ from .plotting import grid as _grid
 from .plotting import legend as _legend
 from .plotting import no_data as _no_data
 from .plotting import no_pair as _no_pair
+from .plotting import peak_at_clock_axis as _peak_at_clock_axis
 from .plotting import plt as _plt
 from .plotting import save as _save
 from .plotting import seq_axis as _seq_axis
@@ -132,13 +133,15 @@ def _ok(rows, **match):
 
 
 def _peak_line(ax, gpu, what="tflops"):
-    """The data sheet's peak as a dashed line (none for a GPU hardware.py does not list)."""
+    """The data sheet's peak as a dashed line (none for a GPU hardware.py does not list):
+    nominal, at the data sheet's clock, not the clock the kernels ran at."""
     peak = peak_of(gpu)
     if peak is None:
         return
     if what == "tflops":
         ax.axhline(peak.dense_tflops, ls="--", color="0.25", lw=0.9, zorder=1,
-                   label=f"peak {peak.dense_tflops:g} TFLOP/s (dense bf16/fp16)")
+                   label=f"nominal peak {peak.dense_tflops:g} TFLOP/s (data sheet, dense "
+                   "bf16/fp16)")
     else:
         ax.axhline(peak.hbm_gbs, ls="--", color="0.25", lw=0.9, zorder=1,
                    label=f"HBM {peak.hbm_tbs:g} TB/s")
@@ -170,7 +173,7 @@ def throughput_vs_seq(rows, out_dir, gpu=None) -> list[str]:
                 continue
             fig, axes = _grid(plt, len(panels))
             for ax, (dtype, causal) in zip(axes, panels):
-                seqs = []
+                seqs, drawn = [], []
                 for m in methods:
                     ok = _by_seq(mine, method=m, head_dim=d, dtype=dtype, causal=causal)
                     if not ok:
@@ -181,7 +184,9 @@ def throughput_vs_seq(rows, out_dir, gpu=None) -> list[str]:
                     ax.errorbar(s, y, yerr=[[a - b for a, b in zip(y, p95)], [0] * len(y)],
                                 capsize=2, label=m, **_style(m))
                     seqs += s
+                    drawn += ok
                 _peak_line(ax, gpu)
+                _peak_at_clock_axis(ax, drawn, gpu)
                 ax.set_title(_title(dtype, causal))
                 _seq_axis(ax, seqs)
                 ax.set_ylabel("TFLOP/s")
@@ -311,18 +316,20 @@ def baselines_at_d128(rows, out_dir, gpu=None) -> list[str]:
             continue
         fig, axes = _grid(plt, len(panels))
         for ax, (dtype, causal) in zip(axes, panels):
-            seqs = []
+            seqs, drawn = [], []
             for m in [m for m in METHODS if m in methods_in(mine)]:
                 ok = _by_seq(mine, method=m, head_dim=d, dtype=dtype, causal=causal)
                 if ok:
                     ax.plot([r["seq_q"] for r in ok], [r["tflops"] for r in ok], label=m,
                             **_style(m))
                     seqs += [r["seq_q"] for r in ok]
+                    drawn += ok
             _peak_line(ax, gpu)
             ax.set_title(_title(dtype, causal))
             _seq_axis(ax, seqs, "S")
             ax.set_yscale("log")
             ax.set_ylabel("TFLOP/s")
+            _peak_at_clock_axis(ax, drawn, gpu)  # after the log scale: it takes the parent's
         _legend(fig, axes)
         _suptitle(fig, gpu, what)
         paths += _save(fig, out_dir, name)
@@ -430,6 +437,7 @@ def tile_sensitivity(ladder_rows, tune_entries, out_dir, tune_reason=None, gpu=N
                       [_point_label(points_of(ladder_rows)[k]) for k in keys], fontsize=7)
         ax.invert_yaxis()
         ax.set_xlabel("TFLOP/s")
+        _peak_at_clock_axis(ax, ladder_ok, gpu, "x")
     _legend(fig, axes, ncol=3)
     # Why there is no tuning panel goes in the title, where the layout keeps room for it.
     _suptitle(fig, gpu, "tile/schedule sensitivity" + (f"\n({_wrap(no_tune)})" if no_tune
@@ -453,12 +461,13 @@ def utilisation(rows, out_dir, gpu=None) -> list[str]:
     """Per pass, each method's best prefill throughput as horizontal bars against the dense
     peak (dashed), each labelled with its TFLOP/s and share of the peak as the README
     states them: the training result (forward+backward) at a glance."""
-    from .hardware import best_throughput, share
+    from .hardware import best_rows, share
 
     plt = _plt()
-    what = "best prefill throughput per method (any D, dtype, mask), share of the dense peak"
-    best = {p: [(m, t) for m, t in ms if pinned_label(m) is None]
-            for p, ms in best_throughput(rows).items()}
+    what = ("best prefill throughput per method (any D, dtype, mask), share of the dense peak: "
+            "nominal (data sheet's clock); at MHz: at the SM clock the row ran")
+    best = {p: [(m, r["tflops"], r) for m, r in ms if pinned_label(m) is None]
+            for p, ms in best_rows(rows).items()}
     if not best:
         return _empty_figure(plt, gpu, _why_empty(_prefill(rows)), "utilisation", what,
                              out_dir)
@@ -466,15 +475,17 @@ def utilisation(rows, out_dir, gpu=None) -> list[str]:
     peak = peak_of(gpu)
     for ax, (p, ms) in zip(axes, best.items()):
         ys = list(range(len(ms)))
-        ax.barh(ys, [t for _, t in ms], color=[_color(m) or "C0" for m, _ in ms])
-        for y, (_, t) in zip(ys, ms):
-            ax.text(t, y, f" {share(t, gpu)}", va="center", ha="left", fontsize=7)
-        ax.set_yticks(ys, [m for m, _ in ms])
+        ax.barh(ys, [t for _, t, _ in ms], color=[_color(m) or "C0" for m, _, _ in ms])
+        for y, (_, t, r) in zip(ys, ms):
+            ax.text(t, y, f" {share(t, gpu, r.get('sm_clock_mhz'), r.get('dtype'))}",
+                    va="center", ha="left", fontsize=7)
+        ax.set_yticks(ys, [m for m, _, _ in ms])
         ax.invert_yaxis()
         if peak:
             ax.axvline(peak.dense_tflops, ls="--", color="0.25", lw=0.9,
-                       label=f"peak {peak.dense_tflops:g} TFLOP/s (dense bf16/fp16)")
-        top = max([t for _, t in ms] + ([peak.dense_tflops] if peak else []))
+                       label=f"nominal peak {peak.dense_tflops:g} TFLOP/s (data sheet, "
+                       "dense bf16/fp16)")
+        top = max([t for _, t, _ in ms] + ([peak.dense_tflops] if peak else []))
         ax.set_xlim(0, top * 1.35)
         ax.set_xlabel("TFLOP/s")
         ax.set_title(PASS_NAME.get(p, p))

@@ -30,6 +30,38 @@ def plt():
     return pyplot
 
 
+def peak_at_clock_axis(ax, rows: list[dict], gpu: str | None, axis: str = "y"):
+    """A second TFLOP/s axis (right, or top for ``axis="x"``) in % of the dense peak at the
+    median SM clock of ``rows`` (the ok rows the panel draws), its clock in the label;
+    None, drawing nothing, where a row recorded no clock (never the data sheet's clock
+    instead), the GPU has no listed peak, or fp8 and 16-bit rows share the panel. Each
+    row's exact share at its own clock is in the tables."""
+    from .hardware import peak_of
+
+    peak = peak_of(gpu)
+    ok = [r for r in rows if r.get("status") == "ok"]
+    clocks = sorted(r.get("sm_clock_mhz") or 0 for r in ok)
+    fp8 = {"float8" in str(r.get("dtype")) for r in ok}
+    if peak is None or not ok or not clocks[0] or len(fp8) > 1:
+        return None
+    mid = clocks[len(clocks) // 2]
+    top = peak.at_clock(mid, "float8" if fp8 == {True} else "bfloat16")
+
+    def pct(t):
+        return 100 * t / top
+
+    def tflops(p):
+        return p * top / 100
+
+    if axis == "y":
+        sec = ax.secondary_yaxis("right", functions=(pct, tflops))
+        sec.set_ylabel(f"% of peak at {mid:.0f} MHz")
+    else:
+        sec = ax.secondary_xaxis("top", functions=(pct, tflops))
+        sec.set_xlabel(f"% of peak at {mid:.0f} MHz")
+    return sec
+
+
 # Beside the figures: {figure: why} for each figure with nothing drawn (every panel "no
 # data"). The workflow needs every file; the bundle leaves these out and says why.
 NOT_DRAWN = "not-drawn.json"

@@ -152,6 +152,15 @@ def methods_in(rows: list[dict]) -> list[str]:
     return list(seen)
 
 
+def not_ok_reasons(rows: list[dict]) -> list[str]:
+    """One note per (method, status) that did not run, with its first reason."""
+    seen: dict[tuple[str, str], str] = {}
+    for r in rows:
+        if r.get("status") != "ok":
+            seen.setdefault((r["method"], r["status"]), " ".join(str(r.get("reason")).split()))
+    return [f"{m} {st}: {why}" for (m, st), why in sorted(seen.items())]
+
+
 def points_of(rows: list[dict]) -> dict[str, dict]:
     """point_key -> one row of that point (for its shape fields), in first-seen order."""
     out: dict[str, dict] = {}

@@ -11,6 +11,7 @@ its aligned neighbour) and one figure (``shapes``).
 from __future__ import annotations
 
 from ...bench.methods import FUSED, SUBJECT
+from .hardware import AT_CLOCK, at_clock_cell, at_clock_note, gpu_title
 from .plotting import color, grid, no_data, plt, save
 from .ratios import index_rows, points_of
 from .table import Table
@@ -31,11 +32,13 @@ def _pair(rows):
     return [(p, idx.get((k, SUBJECT)), idx.get((k, FUSED))) for k, p in points_of(rows).items()]
 
 
-def shapes_table(rows: list[dict]):
+def shapes_table(rows: list[dict], gpu: str | None = None):
+
     t = Table("shapes", "Shapes grid: throughput and launch geometry per point",
               ["dtype", "mask", "D", "S", "B", "H", "schedule", "programs", "per SM", "waves",
                "tail eff.", "D pad", "Sq pad", "Skv pad", f"{SUBJECT} TFLOP/s",
-               f"{FUSED} TFLOP/s", "÷ SDPA", "SDPA backend"])
+               f"{FUSED} TFLOP/s", "÷ SDPA", "SDPA backend", f"{SUBJECT} {AT_CLOCK}",
+               f"{FUSED} {AT_CLOCK}"])
     if not rows:
         t.notes.append(NO_SHAPES + ".")
         return t
@@ -50,7 +53,9 @@ def shapes_table(rows: list[dict]):
             g.get("head_dim_pad_fraction"), g.get("seq_q_pad_fraction"),
             g.get("seq_kv_pad_fraction"), a, b,
             a / b if isinstance(a, float) and isinstance(b, float) else None,
-            ((sdpa or {}).get("details") or {}).get("backend")])
+            ((sdpa or {}).get("details") or {}).get("backend"), at_clock_cell(ours, gpu),
+            at_clock_cell(sdpa, gpu)])
+    t.notes.append(at_clock_note(rows, gpu))
     t.notes.append("waves: programs ÷ (SMs × programs per SM, the schedule's occupancy hint); "
                    "tail eff.: share of the last wave's slots in use; pads: fraction of the "
                    "computed head dim / query / key tiles that is padding. ÷ SDPA > 1: "
@@ -150,8 +155,7 @@ def _runs(xy):
 def shapes_figure(rows: list[dict], out_dir: str, gpu: str | None = None) -> list[str]:
     """TFLOP/s vs D and vs S (ours solid, SDPA dashed), and ours against waves coloured by
     the last wave's fill; one legend below the panels."""
-    from .hardware import gpu_title
-    from .plotting import legend
+    from .plotting import legend, peak_at_clock_axis
 
     fig, axes = grid(plt(), 3)
     idx = index_rows(rows)
@@ -162,13 +166,15 @@ def shapes_figure(rows: list[dict], out_dir: str, gpu: str | None = None) -> lis
             (axes[1], "seq_q", ("dtype", "causal", "head_dim", "batch", "heads"),
              "sequence length S", S_ALIGN)):
         groups = _groups(rows, vary, fixed)
-        drawn = 0
+        drawn, plotted = 0, []
         for key, pts in groups.items():
             i, n = n, n + 1
             tag = (f"S={key[2]}" if vary == "head_dim" else f"D={key[2]}")
             for m, style in ((SUBJECT, "-"), (FUSED, "--")):
                 ok = [(p[vary], idx[(p["point_key"], m)]["tflops"]) for p in pts
                       if _ok(idx.get((p["point_key"], m)))]
+                plotted += [idx[(p["point_key"], m)] for p in pts
+                            if _ok(idx.get((p["point_key"], m)))]
                 for j, run in enumerate(_runs(ok) if ok else []):
                     ax.plot(*zip(*run), style, marker="o", ms=3, color=f"C{i % 10}",
                             label=f"{m} {tag}" if j == 0 else None)
@@ -179,6 +185,7 @@ def shapes_figure(rows: list[dict], out_dir: str, gpu: str | None = None) -> lis
                 ax.axvline(x, color="0.7", lw=0.6, zorder=0)
             ax.set_xlabel(f"{xlabel} (grey: multiples of {align})")
             ax.set_ylabel("TFLOP/s")
+            peak_at_clock_axis(ax, plotted, gpu)
         else:
             no_data(ax, NO_SHAPES if not rows else f"no points differing only in {xlabel}")
         ax.set_title(f"Throughput vs {xlabel}")

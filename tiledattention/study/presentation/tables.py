@@ -18,6 +18,7 @@ import os
 
 from ...bench.grid import pinned_label
 from ...bench.methods import FUSED, SUBJECT
+from .hardware import AT_CLOCK, at_clock_cell, at_clock_note, pct_at_clock
 from .headline import table as headline_table
 from .ratios import (
     BEST,
@@ -151,7 +152,7 @@ def _per_point(rows: list[dict], name: str, title: str, column: str) -> Table:
     return t
 
 
-def per_point_ratios(rows: list[dict]) -> Table:
+def per_point_ratios(rows: list[dict], gpu: str | None = None) -> Table:
     """At every point and pass: the fastest fused baseline (named), its kernel time and ours,
     the ratio to it, then the ratio to each baseline — kernel time; where no fused baseline
     (or not the subject) is ok, why, and no ratio."""
@@ -159,7 +160,8 @@ def per_point_ratios(rows: list[dict]) -> Table:
     t = Table("ratios_per_point", f"{SUBJECT} ÷ the fastest fused baseline at each point, "
               "and ÷ each baseline (kernel time)",
               ["dtype", "mask", "D", "S", "B", "H", "pass", "fastest fused", "its ms",
-               f"{SUBJECT} ms", "× fastest"] + [f"× {b}" for b in others],
+               f"{SUBJECT} ms", f"its {AT_CLOCK}", f"{SUBJECT} {AT_CLOCK}", "× fastest"]
+              + [f"× {b}" for b in others],
               notes=[BEST_NOTE, "× : the baseline's median kernel time ÷ ours (> 1: "
                      f"{SUBJECT} faster); a status where that method's row is not ok."])
     idx = index_rows(with_best(rows))
@@ -168,10 +170,13 @@ def per_point_ratios(rows: list[dict]) -> Table:
         ts, tb = _kernel_ms(ours), _kernel_ms(best)
         name = None if best is None else best["best_of"].get("kernel") or "none ok"
         cells = [_ratio(ts, idx.get((key, b))) for b in others]
+        its = idx.get((key, name)) if tb else None  # the fastest's own row: its clock
         t.rows.append([p["dtype"], "causal" if p["causal"] else "full", p["head_dim"],
                        p["seq_q"], p["batch"], p["heads"], pass_of(p), name, tb,
                        ts if ts else None if ours is None else ours.get("status"),
+                       at_clock_cell(its, gpu), at_clock_cell(ours, gpu),
                        tb / ts if ts and tb else None] + cells)
+    t.notes.append(at_clock_note(rows, gpu))
     return t
 
 
@@ -187,10 +192,17 @@ def _ratio(ours_ms: float | None, row: dict | None):
     return (t / ours_ms if ours_ms else None) if t else row.get("status")
 
 
-def throughput(rows: list[dict]) -> Table:
-    """TFLOP/s of every method at every point (status where not ok)."""
-    return _per_point(rows, "throughput", "TFLOP/s per point and method (median time)",
-                      "tflops")
+def throughput(rows: list[dict], gpu: str | None = None) -> Table:
+    """TFLOP/s of every method at every point (status where not ok), then each method's %
+    of the peak at the SM clock its row recorded."""
+    t = _per_point(rows, "throughput", "TFLOP/s per point and method (median time)",
+                   "tflops")
+    ms, idx = methods_in(rows), index_rows(rows)
+    t.columns += [f"{m} {AT_CLOCK}" for m in ms]
+    for line, key in zip(t.rows, points_of(rows)):
+        line += [at_clock_cell(idx.get((key, m)), gpu) for m in ms]
+    t.notes.append(at_clock_note(rows, gpu))
+    return t
 
 
 def call_latency(rows: list[dict]) -> Table:
@@ -242,7 +254,7 @@ def _points_text(points: list[str], method: str, method_rows: int) -> str:
 def table5(tune_table: str | None) -> Table:
     t = Table("table5_schedules", "Best and runner-up schedule per tuned bucket",
               ["GPU", "dtype", "mask", "D", "S bucket", "best", "TFLOP/s", "runner-up",
-               "TFLOP/s ", "sensitivity"])
+               "TFLOP/s ", "sensitivity", AT_CLOCK])
     if not tune_table or not os.path.exists(tune_table):
         t.notes.append("tuning did not run in this study (config tune.enabled: false); the "
                        "shipped table's own winners are in tiledattention/schedules/tables/.")
@@ -260,17 +272,20 @@ def table5(tune_table: str | None) -> Table:
                        b.s_bucket, e.best.label(), round(e.best_tflops, 2),
                        e.runner_up.label() if e.runner_up else None,
                        round(e.runner_up_tflops, 2) if e.runner_up else None,
-                       round(e.sensitivity, 4) if e.sensitivity is not None else None])
+                       round(e.sensitivity, 4) if e.sensitivity is not None else None, None])
     t.notes.append(f"from {os.path.basename(tune_table)}; sensitivity: how much slower the "
                    "runner-up is (1 - runner-up / best).")
+    t.notes.append(f"{AT_CLOCK}: —: the tuning table keeps each schedule's TFLOP/s, not the "
+                   "SM clock it ran at, so no share of the peak at the clock is known (no "
+                   "nominal clock stands in for it).")
     return t
 
 
-def table6(ladder_rows: list[dict]) -> Table:
+def table6(ladder_rows: list[dict], gpu: str | None = None) -> Table:
     """Each ladder step's geometric-mean TFLOP/s and its ratio to fused SDPA."""
     t = Table("table6_ladder", "Schedule ladder on the reduced grid",
               ["step", "schedule", "geomean TFLOP/s", f"÷ {FUSED} (geomean)", "n",
-               "÷ fastest fused (geomean)"])
+               "÷ fastest fused (geomean)", f"geomean {AT_CLOCK}"])
     if not ladder_rows:
         t.notes.append("no ladder in this study (config ladder.enabled: false).")
         return t
@@ -281,10 +296,15 @@ def table6(ladder_rows: list[dict]) -> Table:
         geo = geomean(r["tflops"] for r in ok)
         s = compare(ladder_rows, m, FUSED)
         label = pinned_label(m) or "tuned table"
-        t.rows.append([i, label, geo, s.geomean, len(ok), compare(best, m, BEST).geomean])
+        pcts = [pct_at_clock(r, gpu) for r in ok]
+        at = geomean(pcts) if ok and None not in pcts else None  # every row's own clock
+        t.rows.append([i, label, geo, s.geomean, len(ok), compare(best, m, BEST).geomean,
+                       None if at is None else f"{at:.1f}"])
     t.notes.append("÷ fastest fused: against the fastest fused baseline at each point of the "
                    "ladder's grid (" + (counts_text(fastest_counts(ladder_rows, steps[-1]))
                                         if steps else "—") + ").")
+    t.notes.append(at_clock_note(ladder_rows, gpu) + " The geomean is over a step's ok "
+                   "rows, each at its own clock; — where any of them has none.")
     return t
 
 
@@ -349,39 +369,42 @@ NAMES = ("headline", "table4_ratios", "ratios_by_head_dim", "ratios_by_regime",
          "workloads_decode", "workloads_prefill")
 
 
-def _shapes_tables(rows: list[dict]) -> list[Table]:
+def _shapes_tables(rows: list[dict], gpu: str | None) -> list[Table]:
     from .shapes import shapes_cost_table, shapes_table
 
-    return [shapes_table(rows), shapes_cost_table(rows)]
+    return [shapes_table(rows, gpu), shapes_cost_table(rows)]
 
 
-def _variants_tables(rows: list[dict]) -> list[Table]:
+def _variants_tables(rows: list[dict], gpu: str | None) -> list[Table]:
     from .variants_report import variants_summary, variants_table
 
-    return [variants_table(rows), variants_summary(rows)]
+    return [variants_table(rows, gpu), variants_summary(rows)]
 
 
-def _workloads_tables(rows: list[dict]) -> list[Table]:
+def _workloads_tables(rows: list[dict], gpu: str | None) -> list[Table]:
     from .workloads_report import tables
 
-    return tables(rows)
+    return tables(rows, gpu)
 
 
 # The tables each stage's own rows become, by stage name (``stages.STAGES``' rows records;
-# write_all takes their rows by it), in the order they are written after the benchmark's.
+# write_all takes their rows by it), in the order they are written after the benchmark's;
+# each takes (rows, gpu): the GPU whose peak the % peak @ clock columns use.
 STAGE_TABLES = {
-    "ladder": lambda rows: [table6(rows)],
+    "ladder": lambda rows, gpu: [table6(rows, gpu)],
     "shapes": _shapes_tables,
-    "model": lambda rows: [model_e2e(rows)],
+    "model": lambda rows, gpu: [model_e2e(rows)],
     "variants": _variants_tables,
     "workloads": _workloads_tables,
 }
 
 
 def write_all(rows: list[dict], out_dir: str, *, tune_table: str | None = None,
-              stage_rows: dict[str, list[dict]] | None = None) -> list[str]:
+              stage_rows: dict[str, list[dict]] | None = None,
+              gpu: str | None = None) -> list[str]:
     """Every table: the benchmark rows' and each stage's (``stage_rows``: their rows by
-    stage name; a stage left out writes its tables empty, saying so)."""
+    stage name; a stage left out writes its tables empty, saying so); ``gpu``: the GPU's
+    name as the manifest records it, whose peak the % peak @ clock columns use (None: —)."""
     stage_rows = stage_rows or {}
     paths = []
     # The ratio tables compare forward rows, as before the pass axis; the headline adds
@@ -389,9 +412,9 @@ def write_all(rows: list[dict], out_dir: str, *, tune_table: str | None = None,
     # every pass's rows.
     fwd = [r for r in rows if pass_of(r) == "fwd"]
     for table in (headline(rows, stage_rows.get("variants"), stage_rows.get("workloads")),
-                  table4(fwd), by_head_dim(fwd), by_regime(fwd), per_point_ratios(rows),
-                  table5(tune_table), throughput(rows), call_latency(rows), status(rows),
+                  table4(fwd), by_head_dim(fwd), by_regime(fwd), per_point_ratios(rows, gpu),
+                  table5(tune_table), throughput(rows, gpu), call_latency(rows), status(rows),
                   *[t for name, tables in STAGE_TABLES.items()
-                    for t in tables(stage_rows.get(name) or [])]):
+                    for t in tables(stage_rows.get(name) or [], gpu)]):
         paths += table.write(out_dir)
     return paths

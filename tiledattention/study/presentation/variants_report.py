@@ -10,7 +10,8 @@ Speedup = their kernel time ÷ ours (> 1: faster).
 from __future__ import annotations
 
 from ...bench.methods import METHODS, SUBJECT
-from .ratios import BEST, fused_baselines, geomean, methods_in, with_best
+from .hardware import AT_CLOCK, at_clock_cell, at_clock_note, gpu_title
+from .ratios import BEST, fused_baselines, geomean, methods_in, not_ok_reasons, with_best
 from .table import Table
 
 FLEX, SDPA_MASK = "flex", "sdpa_mask"
@@ -40,11 +41,13 @@ def other_baselines(rows: list[dict]) -> list[str]:
     return [m for m in fused_baselines(methods_in(rows)) if m not in (FLEX, SDPA_MASK)]
 
 
-def ratio_rows(rows: list[dict]) -> list[dict]:
+def ratio_rows(rows: list[dict], gpu: str | None = None) -> list[dict]:
     """One record per point: our and FlexAttention's kernel time (ms), the speedups over
     FlexAttention, over SDPA + mask and over each other fused baseline (``x`` by name), the
     fastest fused baseline (``best``: its name, or why there is none) and the speedup over it
-    (``x_best``), and the status of a method that did not run."""
+    (``x_best``), the status of a method that did not run, and our and FlexAttention's %
+    of the peak at their rows' SM clocks (``ours_pct``, ``flex_pct``; ``gpu``'s peak)."""
+
     by_point: dict[str, dict[str, dict]] = {}
     for r in with_best(rows):
         by_point.setdefault(r["point_key"], {})[r["method"]] = r
@@ -63,7 +66,9 @@ def ratio_rows(rows: list[dict]) -> list[dict]:
                     "x": {m: t / ours if ours and (t := _ms(cells.get(m))) else None
                           for m in others},
                     "best": None if b is None else (b["best_of"].get("kernel") or "none ok"),
-                    "x_best": best / ours if ours and best else None})
+                    "x_best": best / ours if ours and best else None,
+                    "ours_pct": at_clock_cell(cells.get(SUBJECT), gpu),
+                    "flex_pct": at_clock_cell(cells.get(FLEX), gpu)})
     return sorted(out, key=lambda r: (variant_order(r["variant"]), r["dtype"], r["head_dim"],
                                       r["pass"] != "fwd", r["seq"]))
 
@@ -73,29 +78,21 @@ def _status(cells: dict, method: str) -> str | None:
     return None if r is None else r.get("status")
 
 
+def variants_table(rows: list[dict], gpu: str | None = None) -> Table:
 
-
-def not_ok_reasons(rows: list[dict]) -> list[str]:
-    """One note per (method, status) that did not run, with its first reason."""
-    seen: dict[tuple[str, str], str] = {}
-    for r in rows:
-        if r.get("status") != "ok":
-            seen.setdefault((r["method"], r["status"]), " ".join(str(r.get("reason")).split()))
-    return [f"{m} {st}: {why}" for (m, st), why in sorted(seen.items())]
-
-
-def variants_table(rows: list[dict]) -> Table:
     others = other_baselines(rows)
     t = Table("variants", "Variants: tiledattention against FlexAttention and SDPA + mask "
               "(kernel time)", ["variant", "dtype", "D", "S", "B", "H", "pass", "ours ms",
-                                "flex ms", "× flex", "× sdpa+mask"]
+                                "flex ms", f"ours {AT_CLOCK}", f"flex {AT_CLOCK}", "× flex",
+                                "× sdpa+mask"]
               + [f"× {m}" for m in others] + (["fastest fused", "× fastest"] if rows else []))
     if not rows:
         t.notes.append("no variants stage in this study (config variants.enabled: false).")
         return t
-    for r in ratio_rows(rows):
+    for r in ratio_rows(rows, gpu):
         t.rows.append([r["variant"], r["dtype"], r["head_dim"], r["seq"], r["batch"],
-                       r["heads"], r["pass"], r["ours_ms"], r["flex_ms"], r["x_flex"],
+                       r["heads"], r["pass"], r["ours_ms"], r["flex_ms"], r["ours_pct"],
+                       r["flex_pct"], r["x_flex"],
                        r["x_sdpa_mask"]] + [r["x"][m] for m in others]
                       + [r["best"], r["x_best"]])
     t.notes.append("× flex, × sdpa+mask: their median kernel time ÷ ours (> 1: tiledattention "
@@ -104,6 +101,7 @@ def variants_table(rows: list[dict]) -> Table:
                    "Every row's output (and gradients) checked against float64; L2 flushed "
                    "before each timed call, methods interleaved.")
     t.notes.append(_BEST_NOTE)
+    t.notes.append(at_clock_note(rows, gpu))
     t.notes += not_ok_reasons(rows)
     return t
 
@@ -173,7 +171,6 @@ def variants_figure(rows: list[dict], out_dir: str, gpu: str | None = None) -> l
     """The variants as horizontal bars, one panel per pass: TiledAttention's speedup over the
     fastest fused baseline at each point, each bar labelled with the ratio (as the variants
     table prints it) and the winner; written with the reason where nothing was measured."""
-    from .hardware import gpu_title
     from .plotting import grid, no_data, no_pair, plt, save
     from .table import _fmt
 

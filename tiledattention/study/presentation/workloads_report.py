@@ -12,7 +12,8 @@ SDPA on the padded batch, our block-mask packing, torch's varlen, FlashInfer: th
 from __future__ import annotations
 
 from ...bench.methods import METHODS, SUBJECT
-from .ratios import MEASURES, RatioSummary, compare, methods_in, time_of
+from .hardware import AT_CLOCK, at_clock_cell, at_clock_note
+from .ratios import MEASURES, RatioSummary, compare, methods_in, not_ok_reasons, time_of
 from .table import Table
 
 BEST = "fastest baseline"  # the pseudo-method of the fastest baseline at a point
@@ -69,9 +70,11 @@ def _ms(row: dict | None) -> float | None:
     return time_of(row, "kernel")
 
 
-def ratio_rows(rows: list[dict]) -> list[dict]:
+def ratio_rows(rows: list[dict], gpu: str | None = None) -> list[dict]:
     """One record per point: its shape, our row's throughput, the fastest baseline (name, or
-    why there is none) and the speedup over it, and per baseline its speedup or its status."""
+    why there is none) and the speedup over it, per baseline its speedup or its status, and
+    ours and the fastest's % of the peak at their rows' SM clocks (``gpu``'s peak)."""
+
     idx: dict[str, dict[str, dict]] = {}
     for r in with_best(rows):
         idx.setdefault(r["point_key"], {})[r["method"]] = r
@@ -93,7 +96,10 @@ def ratio_rows(rows: list[dict]) -> list[dict]:
                    best_tflops=best.get("tflops") if t_best else None,
                    best_gbs=best.get("gbytes_per_s") if t_best else None,
                    x_best=t_best / t_ours if t_ours and t_best else None,
-                   x={m: _ratio(t_ours, cells.get(m)) for m in others})
+                   x={m: _ratio(t_ours, cells.get(m)) for m in others},
+                   ours_pct=at_clock_cell(ours, gpu),
+                   best_pct=at_clock_cell(cells.get(best["best_of"].get("kernel")), gpu)
+                   if t_best else None)
         out.append(rec)
     return out
 
@@ -125,25 +131,32 @@ _SHAPE = {"varlen": ["dtype", "mask", "D", "H/Hkv", "tokens", "docs", "longest"]
                     "context max"]}
 
 
-def workload_table(rows: list[dict], name: str, kind: str, pass_: str, title: str) -> Table:
+def workload_table(rows: list[dict], name: str, kind: str, pass_: str, title: str,
+                   gpu: str | None = None) -> Table:
+
     mine = [r for r in rows if r.get("kind") == kind and r.get("pass", "fwd") == pass_]
     others = baselines(mine)
     decode = kind == "decode"
     unit = "GB/s" if decode else "TFLOP/s"
     t = Table(name, f"Workloads: {title}: {SUBJECT} against the fastest baseline "
               "(kernel time)", _SHAPE["varlen" if kind == "varlen" else "paged"]
-              + [f"ours {unit}", "ours ms", "fastest baseline", f"its {unit}", "× fastest"]
+              + [f"ours {unit}", "ours ms", f"ours {AT_CLOCK}", "fastest baseline",
+                 f"its {unit}", f"its {AT_CLOCK}", "× fastest"]
               + [f"× {m}" for m in others])
     if not mine:
         t.notes.append("no such points in this study (config workloads.enabled: false, or "
                        f"workloads.kinds/passes without {kind} {pass_}).")
         return t
-    for r in sorted(ratio_rows(mine), key=_order):
+    for r in sorted(ratio_rows(mine, gpu), key=_order):
         t.rows.append(_shape(r) + [
             (r["ours_gbs"] if decode else r["ours_tflops"]) or r["ours_status"],
-            r["ours_ms"], r["best"], r["best_gbs"] if decode else r["best_tflops"],
+            r["ours_ms"], r["ours_pct"], r["best"],
+            r["best_gbs"] if decode else r["best_tflops"], r["best_pct"],
             r["x_best"]] + [r["x"][m] for m in others])
     t.notes += notes(mine, decode)
+    t.notes.append(at_clock_note(mine, gpu) + (" Decode is bound by memory, not the tensor "
+                                               "cores: a small share is expected." if decode
+                                               else ""))
     return t
 
 
@@ -173,15 +186,6 @@ def notes(rows: list[dict], decode: bool = False) -> list[str]:
     return out + not_ok_reasons(rows)
 
 
-def not_ok_reasons(rows: list[dict]) -> list[str]:
-    """One note per (method, status) that did not run, with its first reason."""
-    seen: dict[tuple[str, str], str] = {}
-    for r in rows:
-        if r.get("status") != "ok":
-            seen.setdefault((r["method"], r["status"]), " ".join(str(r.get("reason")).split()))
-    return [f"{m} {st}: {why}" for (m, st), why in sorted(seen.items())]
-
-
 def varlen_fwd_table(rows: list[dict]) -> Table:
     return workload_table(rows, *TABLES[0])
 
@@ -198,8 +202,8 @@ def prefill_table(rows: list[dict]) -> Table:
     return workload_table(rows, *TABLES[3])
 
 
-def tables(rows: list[dict]) -> list[Table]:
-    return [workload_table(rows, *spec) for spec in TABLES]
+def tables(rows: list[dict], gpu: str | None = None) -> list[Table]:
+    return [workload_table(rows, *spec, gpu=gpu) for spec in TABLES]
 
 
 # The headline: per table, the geometric-mean speedup over the fastest baseline (and which

@@ -548,12 +548,14 @@ def _build(out_dir: str, study_dir: str, rows: list[dict], manifest: dict, *, co
     from ..presentation.headline import variants_sentence
     from ..presentation.workloads_report import sentence as workloads_sentence
 
-    variants_line = variants_sentence(variant_rows_in(study_dir)) + workloads_sentence(
+    variant_rows = variant_rows_in(study_dir)
+    variants_line = variants_sentence(variant_rows) + workloads_sentence(
         stage_rows_in(study_dir, "workloads"))
     readme = readme_text(publication, rows, manifest, table4, f"config/{config_name}", snap,
                      variants_line, data_files if compact else None, revision, wheel=wheel,
                      present=set(tree_files(out_dir)),
-                     cli=wheel_cli_options(os.path.join(out_dir, wheel)) if compact else None)
+                     cli=wheel_cli_options(os.path.join(out_dir, wheel)) if compact else None,
+                     variant_rows=variant_rows)
     missing = not_run(study_dir, rows)
     if missing:  # before the column dictionary: what a reader must know first
         cut = readme.index("## How to reproduce")

@@ -40,20 +40,24 @@ def readme_text(pub: Publication, rows: list[dict], manifest: dict, table4: str,
             config_name: str, snapshot: tuple[int, str], variants_line: str = "",
             compact: list[str] | None = None, checkout: str | None = None, *,
             wheel: str, present: set[str] | None = None,
-            cli: dict[str, set[str]] | None = None) -> str:
+            cli: dict[str, set[str]] | None = None,
+            variant_rows: list[dict] | None = None) -> str:
     """The bundle's README; ``compact``: the data files of a compact bundle (its Files
     section names them, and how the figures and tables rebuild from them); ``checkout``:
     the revision whose source its snapshot leaves out; ``wheel``: the bundle's wheel of
     the package (source/…), which its install line installs; ``present``: the bundle's
     files (the Files section names only what is there; None: every kind); ``cli``: the
-    options the wheel's ``tiledattn figures`` / ``aggregate`` take (None: today's)."""
+    options the wheel's ``tiledattn figures`` / ``aggregate`` take (None: today's);
+    ``variant_rows``: the variants stage's (the standing block's variants lines)."""
     from ...stages import STAGES
+    from ..presentation.standing import block as standing
 
     stack = manifest.get("stack") or {}
     gpu = manifest.get("gpu") or {}
     lines = [
         f"# {pub.title}", "", pub.description, "", "## Headline", "",
-        headline(rows, manifest) + variants_line, table4, "", "## What was measured", "",
+        headline(rows, manifest) + variants_line, table4, "",
+        *standing(rows, variant_rows), "## What was measured", "",
         rows_summary(rows)
         + " (`tables/status.*` groups the rows that are not ok by method, status and "
         "reason). Points by kind and pass: " + points_by_kind(rows) + ".", "",
@@ -330,6 +334,7 @@ def rebuild_commands(data_files: list[str], cli: dict[str, set[str]] | None = No
     # A stage's --<name> DIR goes to both verbs when figures reads it, else to aggregate
     # alone, after the others.
     figures = (cli or {}).get("figures")
+    aggregate = (cli or {}).get("aggregate")
 
     def takes(option: str) -> bool:
         return figures is None or option in figures
@@ -340,7 +345,10 @@ def rebuild_commands(data_files: list[str], cli: dict[str, set[str]] | None = No
                            and takes(f"--{s.name}")))
     opts = (" " + " ".join(extra)) if extra else ""
     manifest = " --manifest manifest.json" if takes("--manifest") else ""
+    # The tables' % peak @ clock need the GPU too (a wheel before it has no --manifest).
+    tables_gpu = (" --manifest manifest.json" if aggregate is None or "--manifest" in aggregate
+                  else "")
     lines += [f"tiledattn figures --rows $R/rows/rows-shard0of1.jsonl --out $R/figures"
               f"{manifest}{opts}",
-              f"tiledattn aggregate --rows $R/rows --out $R/aggregate{opts}{only}"]
+              f"tiledattn aggregate --rows $R/rows --out $R/aggregate{tables_gpu}{opts}{only}"]
     return lines

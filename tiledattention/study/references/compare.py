@@ -60,7 +60,8 @@ STAGE_FILES = {s.name: (f"data/{s.publish.data_name}", f"data/{s.publish.data_na
                         f"{s.name}/{s.rows.file}") for s in COMPARED}
 # A call at most this much longer than its kernel time hides its host work behind the GPU:
 # across three H100 machines, such calls moved like kernel times (p95 5 %, docs/STUDY.md); calls
-# that showed host time moved 0.4-2.6x, the host CPU's doing (benchmarks/NOTES.md §27).
+# that showed host time moved 0.4-2.6x, the host CPU's doing (benchmarks/notes/study-pipeline.md
+# §27).
 HOST_EXPOSED = 1.10
 # The host-bound calls still count together: their geometric-mean change, TiledAttention's
 # over the baselines' (the machine's host speed cancels out), within this fraction. Across

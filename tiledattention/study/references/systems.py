@@ -16,6 +16,7 @@ import os
 
 from ...bench.methods import FUSED, SUBJECT
 from ...errors import StudyError
+from ..presentation.hardware import AT_CLOCK, at_clock_note, pct_at_clock
 from ..presentation.ratios import geomean, index_rows, pass_of, points_of
 from .compare import load_study, stage_of
 
@@ -73,15 +74,18 @@ def _check_points(rows: list[dict], where: str) -> None:
                                  f"{'an' if kind is int else 'a'} {kind.__name__}")
 
 
-def side_by_side(studies: list[tuple[str, list[dict]]]) -> tuple[list[str], list[list]]:
+def side_by_side(studies: list[tuple[str, list[dict]]],
+                 gpus: list[str | None] | None = None) -> tuple[list[str], list[list]]:
     """(columns, rows): per point of the first study, in its order, each system's kernel
-    time (ms) and ratio (SDPA time / ours, > 1: ours faster), and each later system's time
-    over the first's."""
+    time (ms), its % of the peak at the SM clock its row recorded (``gpus``: each study's
+    GPU; None where there is no clock or peak) and ratio (SDPA time / ours, > 1: ours
+    faster), and each later system's time over the first's."""
     names = [n for n, _ in studies]
+    gpus = gpus or [None] * len(studies)
     idx = [index_rows(rows) for _, rows in studies]
     columns = ["pass", "point"]
     for n in names:
-        columns += [f"{n} ms", f"{n} ratio to SDPA"]
+        columns += [f"{n} ms", f"{n} {AT_CLOCK}", f"{n} ratio to SDPA"]
     columns += [f"{n} ÷ {names[0]} time" for n in names[1:]]
     out = []
     for key, point in points_of(studies[0][1]).items():
@@ -90,8 +94,10 @@ def side_by_side(studies: list[tuple[str, list[dict]]]) -> tuple[list[str], list
             continue
         base = [_kernel_ms(i.get((key, BASELINE))) for i in idx]
         row = [pass_of(point), _label(point)]
-        for t, b in zip(times, base):
+        for t, b, i, gpu in zip(times, base, idx, gpus):
+            pct = pct_at_clock(i.get((key, SUBJECT)), gpu)
             row += [None if t is None else _round(t, 4),
+                    None if pct is None else round(pct, 1),
                     None if t is None or b is None else _round(b / t, 3)]
         row += [None if t is None or times[0] is None else _round(t / times[0], 3)
                 for t in times[1:]]
@@ -99,15 +105,25 @@ def side_by_side(studies: list[tuple[str, list[dict]]]) -> tuple[list[str], list
     return columns, out
 
 
+def _at_clock(column: str) -> bool:
+    return column.endswith(AT_CLOCK)
+
+
 def geomeans(columns: list[str], rows: list[list]) -> list[list]:
     """Per pass: the geometric mean of every numeric column over the points where every
-    column of the table has a value (the same points for each system)."""
+    column of the table has a value (the same points for each system). The % peak @ clock
+    columns are not in that rule (rows from before the clock sampler have none, and must
+    not blank the times' geomeans): theirs is over the same points where each of them has
+    a value, — where one lacks it."""
+    timed = [i for i, c in enumerate(columns) if i >= 2 and not _at_clock(c)]
     out = []
     for pass_ in sorted({r[0] for r in rows}, key=lambda p: (p != "fwd", p)):
-        full = [r for r in rows if r[0] == pass_ and all(v is not None for v in r[2:])]
-        means = [geomean([r[i] for r in full]) for i in range(2, len(columns))]
+        full = [r for r in rows if r[0] == pass_ and all(r[i] is not None for i in timed)]
+        means = [None if _at_clock(columns[i]) and any(r[i] is None for r in full)
+                 else geomean([r[i] for r in full]) for i in range(2, len(columns))]
         out.append([pass_, f"geomean over {len(full)} points"]
-                   + [None if m is None else _round(m, 4 if "ms" in c else 3)
+                   + [None if m is None else round(m, 1) if _at_clock(c)
+                      else _round(m, 4 if "ms" in c else 3)
                       for m, c in zip(means, columns[2:])])
     return out
 
@@ -116,14 +132,26 @@ def _fmt(v) -> str:
     return "—" if v is None else str(v)
 
 
+def clock_notes(names: list[str], studies: list[tuple[list[dict], str | None]]) -> list[str]:
+    """The % peak @ clock footnote per system (``hardware.at_clock_note`` of its subject's
+    rows: what the number is and why a cell reads —), one line for systems that share it."""
+    by_note: dict[str, list[str]] = {}
+    for name, (rows, gpu) in zip(names, studies):
+        note = at_clock_note([r for r in rows if r.get("method") == SUBJECT], gpu)
+        by_note.setdefault(note, []).append(name)
+    return [f"{', '.join(who)}: {note}" for note, who in by_note.items()]
+
+
 def markdown(names: list[str], gpus: list[str], columns: list[str], rows: list[list],
-             means: list[list]) -> str:
+             means: list[list], notes: list[str] = ()) -> str:
     lines = ["# " + " and ".join(names) + ": TiledAttention side by side", "",
              "Systems: " + "; ".join(f"{n} ({g})" for n, g in zip(names, gpus)) + ".", "",
              "Kernel time: TiledAttention's median CUDA-event time (ms). Ratio to SDPA: "
              "PyTorch SDPA's (automatic dispatch) kernel time over ours on the same system "
              "(> 1: ours faster). Last columns: each system's time over the first's. "
-             "Geomeans are over the points every system measured ok.", "",
+             "Geomeans are over the points every system measured ok (a % peak @ clock "
+             "column's, where each of them recorded a clock).", "",
+             *[line for note in notes for line in (note, "")],
              "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(_fmt(v) for v in r) + " |" for r in means]
     lines += ["", "## Per point", "", "| " + " | ".join(columns) + " |",
@@ -147,7 +175,8 @@ def write(paths: list[str], names: list[str] | None, out_dir: str) -> list[str]:
     for path, (rows_, _) in zip(paths, loaded):
         _check_points(rows_, path)
         _check_times(rows_, path)
-    columns, rows = side_by_side([(n, r) for n, (r, _) in zip(names, loaded)])
+    columns, rows = side_by_side([(n, r) for n, (r, _) in zip(names, loaded)],
+                                 [g for _, g in loaded])
     if not rows:
         raise StudyError(f"{paths[0]}: no {SUBJECT} row measured ok: nothing to set side by "
                          "side")
@@ -161,7 +190,8 @@ def write(paths: list[str], names: list[str] | None, out_dir: str) -> list[str]:
     with open(out[0], "w") as f:
         f.write(buf.getvalue())
     with open(out[1], "w") as f:
-        f.write(markdown(names, [g for _, g in loaded], columns, rows, means))
+        f.write(markdown(names, [g for _, g in loaded], columns, rows, means,
+                         clock_notes(names, loaded)))
     return out + figure(names, [g for _, g in loaded], columns, rows, means, out_dir)
 
 
