@@ -83,7 +83,7 @@ def _mask_requiring_grad(q):
     ("dtype float32", lambda: (qkv(dtype=torch.float32), {})),
     ("dtype float64", lambda: (qkv(dtype=torch.float64), {})),
     ("head dim 20", lambda: (qkv(d=20), {})),
-    ("head dim 264", lambda: (qkv(d=264), {})),
+    ("head dim 584", lambda: (qkv(d=584), {})),
     ("rank 3", lambda: (tuple(t[0] for t in qkv()), {})),
     ("nested or subclass tensor", lambda: (tuple(t.as_subclass(Sub) for t in qkv()), {})),
     ("attn_mask requires grad", lambda: (qkv(), {"attn_mask": _mask_requiring_grad(qkv()[0])})),

@@ -31,7 +31,7 @@ QKV = (t(2, 4, 16, 64), t(2, 4, 16, 64), t(2, 4, 16, 64))
     ((QKV[0], t(2, 4, 0, 64), t(2, 4, 0, 64)), ta.ShapeError, "empty key sequence"),
     ((t(2, 4, 16, 36), t(2, 4, 16, 36), t(2, 4, 16, 36)), ta.UnsupportedHeadDimError,
      "multiples of 8"),
-    ((t(2, 4, 16, 264), t(2, 4, 16, 264), t(2, 4, 16, 264)), ta.UnsupportedHeadDimError, "256"),
+    ((t(2, 4, 16, 584), t(2, 4, 16, 584), t(2, 4, 16, 584)), ta.UnsupportedHeadDimError, "256"),
     ((t(2, 6, 16, 64), t(2, 4, 16, 64), t(2, 4, 16, 64)), ta.ShapeError, "multiple of"),
     ((t(2, 8, 16, 64), t(2, 2, 16, 64), t(2, 2, 16, 64)), ta.ShapeError, "enable_gqa=True"),
     ((QKV[0], QKV[1], torch.zeros(2, 4, 16, 64, dtype=torch.float16, device="meta")),

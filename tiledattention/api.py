@@ -28,7 +28,7 @@ from . import mods as _mods
 from .errors import BackwardNotSupportedError, InputError
 from .kernel.launch import captured_buffers, launch, run_backward
 from .kernel.plan import bwd_plan_for, pinned_schedule, plan_for
-from .kernel.validate import check_device, check_inputs, resolve_schedule
+from .kernel.validate import check_device, check_head_dim_backward, check_inputs, resolve_schedule
 from .schedules.backward import BwdSchedule
 from .schedules.schedule import Schedule
 
@@ -345,8 +345,9 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     ``q``, ``k``: [B, Hq, Sq, D], [B, Hkv, Skv, D]; ``v``: [B, Hkv, Skv, D_v]; fp16 or bf16
     CUDA tensors of one dtype and device. D and D_v are any multiples of 8 up to 256 (96
     and 160 run without padding); the output has D_v, as in PyTorch (D_v != D: MLA's
-    (192, 128), forward and backward; dV has D_v). Scores, softmax statistics and the
-    accumulator are fp32.
+    (192, 128), forward and backward; dV has D_v). Forward only, past 256: D up to 576 and
+    D_v up to 512 (D = 512; MLA decode's (576, 512)); a gradient there is refused before
+    anything runs. Scores, softmax statistics and the accumulator are fp32.
 
     attn_mask: bool (True = attend) or additive (q's dtype or float32), broadcastable
         to [B, Hq, Sq, Skv]. Key-padding masks [B, 1, 1, Skv] are read one row per key
@@ -423,6 +424,8 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         aux = mods.tensors() if mods.key else ()
         bwd_mods, needs = _backward_mods(mods, aux, needs_grad) if aux else (mods, ())
         needs_grad = needs_grad or any(needs)
+        if needs_grad:
+            check_head_dim_backward(q, v)
         plan = plan_for(q, k, v, attn_mask, is_causal, scale, enable_gqa,
                         bool(return_lse) or needs_grad, schedule, variant)
         if not needs_grad:
@@ -438,6 +441,8 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     key, aux = "", []
     if has_variant:
         key, aux, needs_grad = _traced_variant(score_mod, mask_mod, block_mask, needs_grad)
+    if needs_grad:
+        check_head_dim_backward(q, v)
     # With a gradient to compute, the forward always keeps the LSE: the backward needs it.
     op = _attention_fwd if needs_grad else _attention
     out, lse = op(q, k, v, attn_mask, aux, problem.causal, problem.scale,

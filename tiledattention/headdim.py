@@ -10,7 +10,13 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-MAX_HEAD_DIM = 256
+MAX_HEAD_DIM = 256  # forward and backward
+# Forward only (inference, decode), beyond MAX_HEAD_DIM: Q/K's head dim up to 576 (MLA
+# decode's 512 + 64 rope) and V's up to 512. A [64, 512] fp32 accumulator fits two
+# consumer warp groups' registers without a spill; no backward is compiled for them
+# (benchmarks/repro/d512_forward.py).
+MAX_FWD_HEAD_DIM = 576
+MAX_FWD_VALUE_DIM = 512
 MAX_CHUNKS = 3
 # Smallest chunk: fp16/bf16 MMA contracts over at least 16 elements.
 MIN_CHUNK = 16
@@ -44,20 +50,21 @@ class HeadDimPlan:
         return w[0], w[1], w[2]
 
 
-def supported_head_dim(d: int) -> bool:
-    return isinstance(d, int) and 8 <= d <= MAX_HEAD_DIM and d % 8 == 0
+def supported_head_dim(d: int, limit: int = MAX_HEAD_DIM) -> bool:
+    return isinstance(d, int) and 8 <= d <= limit and d % 8 == 0
 
 
 @functools.cache
 def plan_head_dim(d: int) -> HeadDimPlan:
     """Greedy split into at most three power-of-two chunks.
 
-    Every head dim with at most three set bits above 8 (64, 96, 128, 160, 192, 224, ...)
-    is split exactly; the rest round only their last chunk up (e.g. 120 = 64 + 32 + 32,
-    6.25% padding) and head dims below 16 are padded to 16.
+    Every head dim with at most three set bits above 8 (64, 96, 128, 160, 192, 224, ...;
+    past 256 the forward's 384, 512, 576 = 512 + 64) is split exactly; the rest round only
+    their last chunk up (e.g. 120 = 64 + 32 + 32, 6.25% padding) and head dims below 16 are
+    padded to 16.
     """
-    if not supported_head_dim(d):
-        raise ValueError(f"head dim {d} is not a multiple of 8 in [8, {MAX_HEAD_DIM}]")
+    if not supported_head_dim(d, MAX_FWD_HEAD_DIM):
+        raise ValueError(f"head dim {d} is not a multiple of 8 in [8, {MAX_FWD_HEAD_DIM}]")
     widths: list[int] = []
     rest = d
     while rest > 0:

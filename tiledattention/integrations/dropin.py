@@ -13,9 +13,11 @@ reason at DEBUG on the ``tiledattention.dropin`` logger:
 
 - ``device cpu`` (any non-CUDA device), ``dtype float32`` (anything but fp16/bf16),
   ``dtypes differ``, ``dropout`` (dropout_p > 0), ``head dim N`` (the kernel takes
-  multiples of 8 up to 256), ``rank N`` (the kernel takes [B, H, S, D]), ``nested or
-  subclass tensor``, ``attn_mask requires grad``, ``is_causal with attn_mask`` (PyTorch's
-  answer is kept: its CUDA backends refuse the pair), ``unknown argument``;
+  multiples of 8 up to 256; forward only: q/k up to 576, v up to 512), ``head dim > 256
+  backward`` (a gradient past 256: the kernel runs that forward only), ``rank N`` (the
+  kernel takes [B, H, S, D]), ``nested or subclass tensor``, ``attn_mask requires grad``,
+  ``is_causal with attn_mask`` (PyTorch's answer is kept: its CUDA backends refuse the
+  pair), ``unknown argument``;
 - ``rejected: <Error>``: any other refusal of ``tiledattention.sdpa``'s argument checks
   (an ``InputError``: shapes, GQA, mask layout). Only argument checks, which run before
   any kernel: a kernel or compiler failure is raised, never hidden by a fallback.
@@ -54,6 +56,7 @@ from torch._dynamo.comptime import comptime
 from torch.overrides import TorchFunctionMode
 
 from ..errors import InputError
+from ..headdim import MAX_FWD_HEAD_DIM, MAX_HEAD_DIM, supported_head_dim
 
 log = logging.getLogger("tiledattention.dropin")
 
@@ -121,8 +124,12 @@ def fallback_reason(q, k, v, attn_mask, dropout_p, is_causal) -> tuple[str, str]
     if q.dim() != 4:
         return f"rank {q.dim()}", "the kernel takes [B, H, S, D] tensors"
     d = q.shape[-1]
-    if not (8 <= d <= 256 and d % 8 == 0):
-        return f"head dim {d}", "the kernel takes head dims that are multiples of 8 up to 256"
+    if not supported_head_dim(d, MAX_FWD_HEAD_DIM):
+        return f"head dim {d}", ("the kernel takes head dims that are multiples of 8 up to "
+                                 "256 (the forward: q/k up to 576, v up to 512)")
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    if grad and max(d, v.shape[-1]) > MAX_HEAD_DIM:
+        return "head dim > 256 backward", "the kernel's backward takes head dims up to 256"
     if attn_mask is not None:
         if is_causal:
             return "is_causal with attn_mask", "PyTorch's answer to the pair is kept"

@@ -29,7 +29,7 @@ from typing import NamedTuple
 import torch
 
 from .. import mods as _mods
-from ..headdim import plan_head_dim
+from ..headdim import MAX_HEAD_DIM, plan_head_dim
 from ..schedules import policy
 from ..schedules.backward import BwdSchedule, default_bwd_schedule
 from ..schedules.schedule import Schedule, default_schedule
@@ -333,7 +333,7 @@ def choose_schedule(q, k, problem: Problem) -> Schedule:
     tuned schedule, its accumulator narrower than tuned for); a wider V's head dim (no
     table bucket has that shape) runs the default schedule of V's head dim."""
     d = schedule_head_dim(problem)
-    if d == problem.head_dim:
+    if d == problem.head_dim and d <= MAX_HEAD_DIM:  # no table bucket past 256
         return policy.choose_schedule(q, k, problem.causal)[0]
     return default_schedule(d, problem.causal)
 
@@ -465,7 +465,8 @@ def combine_constants(head_dim: int, rows: int, return_lse: bool) -> dict[str, i
     w0, w1, w2 = plan.kernel_widths()
     # A power of two covering small row counts (decode) without idle lanes; 32 rows of
     # fp32 accumulators (32 x 256) stay within one CTA's registers.
-    tile_r = min(1 << max(rows - 1, 0).bit_length(), 32)
+    # 16 past D = 256: 16 x 512 (a 32-row tile at D 512 keeps 128 KB of fp32).
+    tile_r = min(1 << max(rows - 1, 0).bit_length(), 32 * 256 // max(plan.padded, 256))
     return dict(TILE_R=tile_r, NCHUNK=len(plan.widths), W0=w0, W1=w1, W2=w2,
                 RETURN_LSE=return_lse)
 

@@ -18,7 +18,12 @@ from ..errors import (
     ShapeError,
     UnsupportedHeadDimError,
 )
-from ..headdim import MAX_HEAD_DIM, supported_head_dim
+from ..headdim import (
+    MAX_FWD_HEAD_DIM,
+    MAX_FWD_VALUE_DIM,
+    MAX_HEAD_DIM,
+    supported_head_dim,
+)
 from ..schedules.schedule import Schedule
 from ..schedules.space import rejection
 
@@ -87,11 +92,14 @@ def check_inputs(q, k, v, *, causal, scale, attn_mask, enable_gqa,
                        ("query sequence (q.shape[2])", sq), ("key sequence (k.shape[2])", sk)):
         if size < 1:
             raise ShapeError(f"empty {name}: got length {size}; every axis must be >= 1")
-    for name, size in (("head dim", d), ("v's head dim", dv)):
-        if not supported_head_dim(size):
+    # Past MAX_HEAD_DIM the forward only (``check_head_dim_backward``).
+    for name, size, limit in (("head dim", d, MAX_FWD_HEAD_DIM),
+                              ("v's head dim", dv, MAX_FWD_VALUE_DIM)):
+        if not supported_head_dim(size, limit):
             raise UnsupportedHeadDimError(
                 f"{name} {size} is not supported; accepted for q/k and for v (which may "
-                f"differ): multiples of 8 from 8 to {MAX_HEAD_DIM}")
+                f"differ): multiples of 8 from 8 to {MAX_HEAD_DIM}, and for the forward "
+                f"only q/k up to {MAX_FWD_HEAD_DIM} with v up to {MAX_FWD_VALUE_DIM}")
     if not isinstance(enable_gqa, bool):
         raise InputError(f"enable_gqa must be a bool, got {enable_gqa!r}")
     if hq != hk:
@@ -146,6 +154,19 @@ def check_mask(mask, q, target: tuple[int, int, int, int]) -> None:
         if size not in (1, want):
             raise MaskError(f"attn_mask of shape {tuple(mask.shape)} does not broadcast to "
                             f"[B, H, Sq, Skv] = {list(target)} (axis {axis}: {size} vs {want})")
+
+
+def check_head_dim_backward(q, v) -> None:
+    """A gradient of a call whose head dim is past ``MAX_HEAD_DIM`` (the forward-only
+    head dims, ``headdim.forward_only_head_dims``) is refused before anything runs."""
+    if not (isinstance(q, torch.Tensor) and isinstance(v, torch.Tensor)) or q.is_nested \
+            or v.is_nested or q.dim() != 4 or v.dim() != 4:
+        return  # check_inputs names what is wrong with these
+    if max(q.shape[3], v.shape[3]) > MAX_HEAD_DIM:
+        raise BackwardNotSupportedError(
+            f"backward of head dims above {MAX_HEAD_DIM} not supported (q/k head dim "
+            f"{q.shape[3]}, v's {v.shape[3]}); the forward runs: call it without a gradient "
+            "(torch.no_grad(), or inputs that do not require grad)")
 
 
 def schedule_head_dim(problem: Problem) -> int:

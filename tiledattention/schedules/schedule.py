@@ -119,10 +119,17 @@ def default_schedule(head_dim: int, causal: bool) -> Schedule:
     causal D=64 at S=1024; 128x64 at occupancy 2 wins non-causal D=96 (482 vs 467).
     D above 192 takes 64x128 at occupancy 1 (benchmarks/notes/forward.md §15, B2 H8 S1000 bf16:
     0.88x of SDPA causal and 0.81x non-causal, against 0.77x and 0.68x for the former 64x64 o2;
-    where the nearest tuned bucket's occupancy does not fit D=256 the policy lands here).
+    where the nearest tuned bucket's occupancy does not fit D=256 the policy lands here). D
+    above 256 (forward only) takes 64x64 with 8 worker warps (compiled, not yet timed).
     """
     if head_dim <= 64:
         return Schedule(64, 64, occupancy=4) if causal else Schedule(64, 128, occupancy=2)
+    if head_dim > 256:
+        # The forward-only head dims (to 512, MLA's 576 / 512): the [64, 512] fp32
+        # accumulator is 128 registers a thread over 8 worker warps (two consumer warp
+        # groups, 232 each), no spill; Q, K and V's tiles take 207-223 KB of shared memory
+        # (benchmarks/repro/d512_forward.py). 4 warps spill, 128 keys leave shared memory.
+        return Schedule(64, 64, occupancy=1, worker_warps=8)
     if head_dim > 192:
         return Schedule(64, 128, occupancy=1)
     if not causal and head_dim & (head_dim - 1) and head_dim < 128:

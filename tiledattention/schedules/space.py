@@ -12,6 +12,8 @@ REGISTER_BYTES_PER_SM = 256 * 1024
 # Registers one thread can address; the compiler's default for num_worker_warps is 4.
 MAX_REGISTERS_PER_THREAD = 255
 DEFAULT_WORKER_WARPS = 4
+# Shared memory one CTA may take on sm_90 (227 KiB; sm_100 the same, sm_120 less).
+SHARED_BYTES_PER_CTA = 227 * 1024
 
 
 def rejection(schedule: Schedule, head_dim: int) -> str | None:
@@ -36,6 +38,14 @@ def rejection(schedule: Schedule, head_dim: int) -> str | None:
         return (f"{schedule.label()}: {per_thread} registers of fp32 accumulator and scores "
                 f"per worker thread at D={head_dim} exceed the {MAX_REGISTERS_PER_THREAD} a "
                 f"thread holds with {warps} worker warps (it would spill)")
+    # Q's tile and one K and one V tile (2-byte elements) sit in shared memory; past the
+    # CTA's share tileiras drops warp specialisation for mma.sync and spills (D = 512 at
+    # 64x128 with 8 warps: a 3 KB stack, benchmarks/repro/d512_forward.py). No schedule
+    # at D <= 256 reaches it (128x128 at 256: 192 KiB).
+    tiles = 2 * (schedule.tile_m + 2 * schedule.tile_n) * padded
+    if tiles > SHARED_BYTES_PER_CTA:
+        return (f"{schedule.label()}: its Q, K and V tiles take {tiles // 1024} KiB of shared "
+                f"memory at D={head_dim}, past the {SHARED_BYTES_PER_CTA // 1024} KiB of a CTA")
     if schedule.tile_m < 64 or schedule.tile_n < 32:
         # Hopper's warpgroup MMA works on 64-row tiles; smaller tiles idle the tensor cores.
         return f"{schedule.label()}: tiles below 64x32 leave the tensor cores idle"
