@@ -20,16 +20,28 @@ import dataclasses
 import linecache
 import re
 
-from .flags import SeqFlags
+from .flags import ModFlags, SeqFlags
 
 _CONST = {"int": "ConstInt", "bool": "ConstBool"}
+
+
+def declared_fields(cls) -> list:
+    """``cls``' fields in the order the flags were declared before ``ModFlags`` and
+    ``ScoreFlags`` held the shared ones (the entry points' parameter order): the
+    sequences', the family's own, then the variant's (a base's fields come first in
+    ``dataclasses.fields``, so ``ModFlags``' are moved behind the family's)."""
+    seq = {f.name for f in dataclasses.fields(SeqFlags)}
+    mod = {f.name for f in dataclasses.fields(ModFlags)} - seq
+    fields = dataclasses.fields(cls)
+    return ([f for f in fields if f.name in seq] + [f for f in fields if f.name not in seq | mod]
+            + [f for f in fields if f.name in mod])
 
 
 def entry_fields(cls, scopes) -> tuple[str, ...]:
     """The flags an entry point of ``scopes`` takes as parameters, in declaration order:
     the family's own fields, then the sequences' (``SeqFlags``)."""
     seq = list(dataclasses.fields(SeqFlags))
-    own = [f for f in dataclasses.fields(cls) if f.name not in {s.name for s in seq}]
+    own = [f for f in declared_fields(cls) if f.name not in {s.name for s in seq}]
     return tuple(f.name for f in own + seq if f.metadata.get("scope") in scopes)
 
 
@@ -40,7 +52,7 @@ def entry_source(cls, scopes, template: str, fixed: dict | None = None) -> str:
     taken = [n for n in entry_fields(cls, scopes) if n not in fixed]
     params = ", ".join(f"{n}: {_CONST[types[n]]}" for n in taken)
     args = [f"{n}={n}" for n in taken]
-    for f in dataclasses.fields(cls):
+    for f in declared_fields(cls):
         if f.name in taken:
             continue
         if f.name in fixed:

@@ -57,17 +57,57 @@ class SeqFlags:
     WINDOW: bool = flag("seqs", False)  # a (left, right) window around the bottom-right diagonal
 
 
-@dataclass(frozen=True)
-class FwdFlags(SeqFlags):
-    """The forward's flags (``attention.attention_fwd`` / ``attention_fwd_variant``)."""
+@dataclass(frozen=True, kw_only=True)
+class ModFlags(SeqFlags):
+    """The variant's functions, the block mask and V's chunks: every family's flags have
+    them, after its own (``entry.declared_fields``: a base class's fields come first in
+    the dataclass, so the entry points place these by that order, not the MRO's)."""
 
-    TILE_M: int
-    TILE_N: int
+    HAS_SCORE_MOD: bool = flag("variant", False)
+    HAS_MASK_MOD: bool = flag("variant", False)
+    # visit the tiles a block mask lists (BlkCnt, BlkIdx; dK/dV: the transposed lists,
+    # query tiles per key tile)
+    BLOCK_SPARSE: bool = flag("sparse", False)
+    BLK_BATCH: bool = flag("sparse", False)  # the block mask's real axes
+    BLK_HEAD: bool = flag("sparse", False)
+    # V's head-dim chunks (and what has its head dim: the forward's accumulators and
+    # output, the backward's O, dO and dV) when V's head dim differs from Q/K's (D_v !=
+    # D_qk, as torch's SDPA allows: MLA); 0: the Q/K chunks (the packed and paged entry
+    # points leave them there). Read through ``value_chunks``.
+    VNCHUNK: int = flag("dense", 0)
+    VW0: int = flag("dense", 0)
+    VW1: int = flag("dense", 0)
+    VW2: int = flag("dense", 0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScoreFlags(ModFlags):
+    """What every score kernel's flags begin with: tiles, head-dim chunks, causality."""
+
+    TILE_M: int  # query rows (forward, dQ: per program; dK/dV: per inner step)
+    TILE_N: int  # keys (dK/dV: per program; forward, dQ: per inner step)
     NCHUNK: int  # head-dim chunks (1..3) of widths W0 >= W1 >= W2
     W0: int
     W1: int
     W2: int
     CAUSAL: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class BwdFlags(ScoreFlags):
+    """What the two backward kernels' flags share next: the key tail and the mask."""
+
+    EVEN_N: bool = flag("dense")  # Skv % TILE_N == 0: no key-tail masking needed
+    HAS_MASK: bool = flag("dense")
+    MASK_BATCH: bool = flag("dense")  # the additive mask's real axes (else broadcast)
+    MASK_HEAD: bool = flag("dense")
+    MASK_ROWS: bool = flag("dense")  # the mask has a query axis (False: key-padding mask, one row)
+
+
+@dataclass(frozen=True, kw_only=True)
+class FwdFlags(ScoreFlags):
+    """The forward's flags (``attention.attention_fwd`` / ``attention_fwd_variant``)."""
+
     HEAVY_FIRST: bool = flag("dense")  # causal: launch the longest query tiles (last rows) first
     EVEN_N: bool = flag("dense")  # Skv % TILE_N == 0: no key-tail masking needed
     HAS_MASK: bool = flag("dense")
@@ -80,86 +120,24 @@ class FwdFlags(SeqFlags):
     SPLIT_K: bool  # write per-split partials (fp32 Out, Lse) for the combine kernel
     PACKED: bool  # rows are (query head in group, query position) pairs
     PDL: bool = flag("dense")  # launched as a programmatic dependent: wait before the first load
-    HAS_SCORE_MOD: bool = flag("variant", False)
-    HAS_MASK_MOD: bool = flag("variant", False)
-    # visit the tiles a block mask lists (BlkCnt, BlkIdx)
-    BLOCK_SPARSE: bool = flag("sparse", False)
-    BLK_BATCH: bool = flag("sparse", False)  # the block mask's real axes
-    BLK_HEAD: bool = flag("sparse", False)
-    # V's and the output's head-dim chunks when V's head dim differs from Q/K's (D_v !=
-    # D_qk, as torch's SDPA allows: MLA); 0: the Q/K chunks above (the packed and paged
-    # entry point leaves them there). Read through ``value_chunks``.
-    VNCHUNK: int = flag("dense", 0)
-    VW0: int = flag("dense", 0)
-    VW1: int = flag("dense", 0)
-    VW2: int = flag("dense", 0)
 
 
-@dataclass(frozen=True)
-class DkdvFlags(SeqFlags):
+@dataclass(frozen=True, kw_only=True)
+class DkdvFlags(BwdFlags):
     """The dK/dV kernel's flags (``backward.attention_bwd_dkdv`` / ``..._variant``)."""
 
-    TILE_M: int  # query rows per inner step
-    TILE_N: int  # keys per program
-    NCHUNK: int
-    W0: int
-    W1: int
-    W2: int
-    CAUSAL: bool
-    EVEN_N: bool = flag("dense")
-    HAS_MASK: bool = flag("dense")
-    MASK_BATCH: bool = flag("dense")
-    MASK_HEAD: bool = flag("dense")
-    MASK_ROWS: bool = flag("dense")
     DQ_ATOMIC: bool = flag("dense")  # also reduce-add dS K into the fp32 dQacc (TMA)
     MASK_ALL: bool = flag("dense")  # apply the causal mask on every query tile (one loop body)
     KEY_ROWS: bool  # keys as the MMA rows: S^T = K Q^T, P^T and dS^T untransposed
     ONE_HEAD: bool  # one query head per K/V head: no runtime loop over the group
-    HAS_SCORE_MOD: bool = flag("variant", False)
-    HAS_MASK_MOD: bool = flag("variant", False)
-    # the block mask's transposed lists: query tiles per key tile
-    BLOCK_SPARSE: bool = flag("sparse", False)
-    BLK_BATCH: bool = flag("sparse", False)
-    BLK_HEAD: bool = flag("sparse", False)
-    # V's head-dim chunks (and dO's, O's, dV's) where V's head dim differs from Q/K's
-    # (D_v != D_qk); 0: the Q/K chunks (the packed entry points leave them there). Read
-    # through ``value_chunks``.
-    VNCHUNK: int = flag("dense", 0)
-    VW0: int = flag("dense", 0)
-    VW1: int = flag("dense", 0)
-    VW2: int = flag("dense", 0)
 
 
-@dataclass(frozen=True)
-class DqFlags(SeqFlags):
+@dataclass(frozen=True, kw_only=True)
+class DqFlags(BwdFlags):
     """The dQ kernel's flags (``backward.attention_bwd_dq`` / ``..._variant``)."""
 
-    TILE_M: int  # query rows per program
-    TILE_N: int  # keys per inner step
-    NCHUNK: int
-    W0: int
-    W1: int
-    W2: int
-    CAUSAL: bool
-    EVEN_N: bool = flag("dense")
-    HAS_MASK: bool = flag("dense")
-    MASK_BATCH: bool = flag("dense")
-    MASK_HEAD: bool = flag("dense")
-    MASK_ROWS: bool = flag("dense")
     DELTA: bool = flag("dense")  # compute the rows' delta here (for dK/dV, run after); else load it
     HAS_DLSE: bool = flag("dense")  # that delta subtracts dlse
-    HAS_SCORE_MOD: bool = flag("variant", False)
-    HAS_MASK_MOD: bool = flag("variant", False)
-    BLOCK_SPARSE: bool = flag("sparse", False)  # the block mask's lists: key tiles per query tile
-    BLK_BATCH: bool = flag("sparse", False)
-    BLK_HEAD: bool = flag("sparse", False)
-    # V's head-dim chunks (and dO's, O's, dV's) where V's head dim differs from Q/K's
-    # (D_v != D_qk); 0: the Q/K chunks (the packed entry points leave them there). Read
-    # through ``value_chunks``.
-    VNCHUNK: int = flag("dense", 0)
-    VW0: int = flag("dense", 0)
-    VW1: int = flag("dense", 0)
-    VW2: int = flag("dense", 0)
 
 
 FAMILIES = {"attention_fwd": FwdFlags, "attention_bwd_dkdv": DkdvFlags,
@@ -173,7 +151,7 @@ def has_seqs(f) -> bool:
     return f.VARLEN_Q or f.VARLEN_K or f.PAGED
 
 
-def value_chunks(f: FwdFlags | DkdvFlags | DqFlags):
+def value_chunks(f: ScoreFlags):
     """(NCHUNK, W0, W1, W2) of V and what has its head dim (the forward's accumulators
     and output; the backward's O, dO and dV): their own (``VNCHUNK``..) when V's head dim
     differs from Q/K's, else Q/K's."""
