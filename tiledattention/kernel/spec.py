@@ -130,8 +130,6 @@ DKDV_SEQS = KernelSpec("backward", "attention_bwd_dkdv_seqs",
 DQ_SEQS = KernelSpec("backward", "attention_bwd_dq_seqs",
                      (*_BWD, *_EXTRA, "Out", "Dlse", "dQ", *_SEQS, "TileMap"))
 SEQMAP = KernelSpec("seqmap", "sequence_map", ("Cu", "TileMap"))
-SPECS = (FWD, FWD_VARIANT, COMBINE, DELTA, DKDV, DKDV_VARIANT, DQ, DQ_VARIANT, CLASSIFY,
-         FWD_SEQS, DKDV_SEQS, DQ_SEQS, SEQMAP)
 
 
 def score_specs(plain: bool) -> tuple[KernelSpec, KernelSpec, KernelSpec]:

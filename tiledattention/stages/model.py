@@ -97,7 +97,6 @@ IMPLS = ("tiledattention", "sdpa", "eager", "fa4")
 # switches a model to it. Its rows say `unavailable` where it cannot run; the stage goes on.
 ATTN = {"fa4": "flash_attention_4"}
 OPTIONAL = ("fa4",)
-PHASES = MODEL_PHASES
 # torch.compile of transformers' eager attention is nobody's baseline: compiled phases time
 # ours against sdpa (FA4's CuTe DSL kernels are timed eager).
 COMPILED_IMPLS = ("tiledattention", "sdpa")

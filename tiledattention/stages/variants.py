@@ -16,7 +16,7 @@ import os
 import sys
 from dataclasses import dataclass
 
-from ..bench.config import INT32, option, section_from_dict
+from ..bench.config import INT32, option
 from ..bench.grid import PAPER_DTYPES, TOKENS, WIDTH, tokens_shape
 from ..bench.methods import methods_help, variant_methods
 from ..bench.variant_cases import VARIANT_NAMES, VariantPoint
@@ -82,10 +82,6 @@ class VariantsConfig(TimedSection):
                                 flag="--max-ref-heads")
     seed: int = option(0, "Seed of the inputs.", min=0, max=2**63 - 1, flag="--seed")
 
-
-def variants_from_dict(data: dict | None) -> VariantsConfig:
-    """The ``variants`` section, validated; errors name ``variants.<key>``."""
-    return section_from_dict(VariantsConfig, "variants", data)
 
 ROWS = "rows.jsonl"
 

@@ -28,7 +28,7 @@ import os
 import sys
 from dataclasses import dataclass
 
-from ..bench.config import INT32, BenchConfig, option, section_from_dict
+from ..bench.config import INT32, BenchConfig, option
 from ..bench.methods import methods_help, workload_methods
 from ..bench.workload_cases import KINDS, Lognormal, WorkloadPoint
 from .base import (
@@ -178,11 +178,6 @@ class WorkloadsConfig(TimedSection):
                            **{k: d[k] for k in d if k.startswith(("doc_", "context_"))}},
                           sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
-
-
-def workloads_from_dict(data: dict | None) -> WorkloadsConfig:
-    """The ``workloads`` section, validated; errors name ``workloads.<key>``."""
-    return section_from_dict(WorkloadsConfig, "workloads", data)
 
 
 ROWS = "rows.jsonl"

@@ -102,6 +102,21 @@ def _prefill(rows, p=None):
     return [r for r in rows if not is_decode(r) and (p is None or pass_of(r) == p)]
 
 
+def _by_pass(rows):
+    """Each prefill pass and its rows; fwd where none was measured, so that the workflow
+    still gets its figure (saying why it is empty)."""
+    for p in passes_in(_prefill(rows)) or ["fwd"]:
+        yield p, _prefill(rows, p)
+
+
+def _ratio_passes(rows, figure, what):
+    """Per pass of a ratio figure: its rows, them with the fastest baseline, the figure's
+    name and title (both ratio figures name and word theirs alike)."""
+    for p, mine in _by_pass(rows):
+        yield (mine, with_best(mine), f"{figure}_{slug(p)}",
+               f"{PASS_NAME[p]}, {SUBJECT} ÷ the fastest fused baseline{what}")
+
+
 def _panels(rows):
     present = {(p["dtype"], p["causal"]) for p in points_of(rows).values()}
     return [p for p in PANELS if p in present] or sorted(present) or [("float16", False)]
@@ -161,8 +176,7 @@ def throughput_vs_seq(rows, out_dir, gpu=None) -> list[str]:
     plt = _plt()
     paths = []
     methods = [m for m in methods_in(rows) if pinned_label(m) is None]
-    for p in passes_in(_prefill(rows)) or ["fwd"]:
-        mine = _prefill(rows, p)
+    for p, mine in _by_pass(rows):
         for d in sorted({q["head_dim"] for q in points_of(mine).values()}):
             name = f"throughput_{slug(p)}_d{d}"
             what = f"{PASS_NAME[p]} throughput vs S, D={d} (whisker: p95 time)"
@@ -213,12 +227,8 @@ def regime_map(rows, out_dir, gpu=None) -> list[str]:
     one panel per dtype/mask; a cell where a baseline wins names it."""
     plt = _plt()
     paths = []
-    for p in passes_in(_prefill(rows)) or ["fwd"]:
-        mine = _prefill(rows, p)
-        best = with_best(mine)
-        name = f"regime_map_{slug(p)}"
-        what = (f"{PASS_NAME[p]}, {SUBJECT} ÷ the fastest fused baseline at each point "
-                "(named where it wins)")
+    for mine, best, name, what in _ratio_passes(rows, "regime_map",
+                                                " at each point (named where it wins)"):
         panels = [pn for pn in _panels(mine) if _cell_ratios(best, *pn)[1]]
         if not panels:
             paths += _empty_figure(plt, gpu, _no_pair(mine, lambda r: True), name, what,
@@ -257,12 +267,8 @@ def ratios_vs_seq(rows, out_dir, gpu=None) -> list[str]:
     per D: kernel time (solid) and call latency (dashed), one panel per dtype/mask."""
     plt = _plt()
     paths = []
-    for p in passes_in(_prefill(rows)) or ["fwd"]:
-        mine = _prefill(rows, p)
-        best = with_best(mine)
-        name = f"ratios_vs_seq_{slug(p)}"
-        what = (f"{PASS_NAME[p]}, {SUBJECT} ÷ the fastest fused baseline: kernel time "
-                "(solid), call latency (dashed)")
+    for mine, best, name, what in _ratio_passes(
+            rows, "ratios_vs_seq", ": kernel time (solid), call latency (dashed)"):
         ds = sorted({q["head_dim"] for q in points_of(mine).values()})
         drawn = []
         for dtype, causal in _panels(mine):
@@ -303,8 +309,7 @@ def baselines_at_d128(rows, out_dir, gpu=None) -> list[str]:
     plt = _plt()
     d = 128
     paths = []
-    for p in passes_in(_prefill(rows)) or ["fwd"]:
-        mine = _prefill(rows, p)
+    for p, mine in _by_pass(rows):
         name = f"baselines_d128_{slug(p)}"
         what = f"{PASS_NAME[p]}, every baseline at D={d}"
         ds = sorted({q["head_dim"] for q in points_of(mine).values()})

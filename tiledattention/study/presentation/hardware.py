@@ -89,11 +89,6 @@ def best_rows(rows: list[dict]) -> dict[str, list[tuple[str, dict]]]:
             for p in PASSES if p in best}
 
 
-def best_throughput(rows: list[dict]) -> dict[str, list[tuple[str, float]]]:
-    """``best_rows`` as (method, TFLOP/s)."""
-    return {p: [(m, r["tflops"]) for m, r in ms] for p, ms in best_rows(rows).items()}
-
-
 def share(tflops: float, gpu: str | None, mhz: float | None = None,
           dtype: str | None = None) -> str:
     """"432 TFLOP/s (44% nominal)": a throughput and its share of the data sheet's dense

@@ -186,22 +186,6 @@ def notes(rows: list[dict], decode: bool = False) -> list[str]:
     return out + not_ok_reasons(rows)
 
 
-def varlen_fwd_table(rows: list[dict]) -> Table:
-    return workload_table(rows, *TABLES[0])
-
-
-def varlen_fwdbwd_table(rows: list[dict]) -> Table:
-    return workload_table(rows, *TABLES[1])
-
-
-def decode_table(rows: list[dict]) -> Table:
-    return workload_table(rows, *TABLES[2])
-
-
-def prefill_table(rows: list[dict]) -> Table:
-    return workload_table(rows, *TABLES[3])
-
-
 def tables(rows: list[dict], gpu: str | None = None) -> list[Table]:
     return [workload_table(rows, *spec, gpu=gpu) for spec in TABLES]
 

@@ -29,7 +29,6 @@ from ..publication.create import create as create_bundle
 from ..publication.verify import verify as verify_bundle
 
 CONFIG = "config/study-config.yaml"
-SOURCES = ("snapshot", "checkout")
 # What a prepared --out records of its bundle, so that the same command again continues the
 # re-run there (an allocation that ended mid-study) instead of refusing a non-empty directory.
 MARK = ".tiledattn-reproduce.json"
