@@ -144,6 +144,14 @@ def index_rows(rows: list[dict]) -> dict[tuple[str, str], dict]:
     return {(r["point_key"], r["method"]): r for r in rows}
 
 
+def cells_by_point(rows: list[dict]) -> dict[str, dict[str, dict]]:
+    """The rows by point (its key, in first-seen order), then by method."""
+    cells: dict[str, dict[str, dict]] = {}
+    for r in rows:
+        cells.setdefault(r["point_key"], {})[r["method"]] = r
+    return cells
+
+
 def methods_in(rows: list[dict]) -> list[str]:
     """The methods of ``rows``, in first-seen order."""
     seen: dict[str, None] = {}

@@ -11,7 +11,15 @@ from __future__ import annotations
 
 from ...bench.methods import METHODS, SUBJECT
 from .hardware import AT_CLOCK, at_clock_cell, at_clock_note, gpu_title
-from .ratios import BEST, fused_baselines, geomean, methods_in, not_ok_reasons, with_best
+from .ratios import (
+    BEST,
+    cells_by_point,
+    fused_baselines,
+    geomean,
+    methods_in,
+    not_ok_reasons,
+    with_best,
+)
 from .table import Table
 
 FLEX, SDPA_MASK = "flex", "sdpa_mask"
@@ -48,12 +56,9 @@ def ratio_rows(rows: list[dict], gpu: str | None = None) -> list[dict]:
     (``x_best``), the status of a method that did not run, and our and FlexAttention's %
     of the peak at their rows' SM clocks (``ours_pct``, ``flex_pct``; ``gpu``'s peak)."""
 
-    by_point: dict[str, dict[str, dict]] = {}
-    for r in with_best(rows):
-        by_point.setdefault(r["point_key"], {})[r["method"]] = r
     others = other_baselines(rows)
     out = []
-    for cells in by_point.values():
+    for cells in cells_by_point(with_best(rows)).values():
         p = next(iter(cells.values()))
         ours, flex, sdpa, best = (_ms(cells.get(m)) for m in (SUBJECT, FLEX, SDPA_MASK, BEST))
         b = cells.get(BEST)

@@ -13,7 +13,15 @@ from __future__ import annotations
 
 from ...bench.methods import METHODS, SUBJECT
 from .hardware import AT_CLOCK, at_clock_cell, at_clock_note
-from .ratios import MEASURES, RatioSummary, compare, methods_in, not_ok_reasons, time_of
+from .ratios import (
+    MEASURES,
+    RatioSummary,
+    cells_by_point,
+    compare,
+    methods_in,
+    not_ok_reasons,
+    time_of,
+)
 from .table import Table
 
 BEST = "fastest baseline"  # the pseudo-method of the fastest baseline at a point
@@ -75,12 +83,9 @@ def ratio_rows(rows: list[dict], gpu: str | None = None) -> list[dict]:
     why there is none) and the speedup over it, per baseline its speedup or its status, and
     ours and the fastest's % of the peak at their rows' SM clocks (``gpu``'s peak)."""
 
-    idx: dict[str, dict[str, dict]] = {}
-    for r in with_best(rows):
-        idx.setdefault(r["point_key"], {})[r["method"]] = r
     others = baselines(rows)
     out = []
-    for cells in idx.values():
+    for cells in cells_by_point(with_best(rows)).values():
         p = next(r for r in cells.values())
         ours, best = cells.get(SUBJECT), cells.get(BEST)
         t_ours, t_best = _ms(ours), _ms(best)
