@@ -114,6 +114,17 @@ def test_the_combine_halves_its_row_tile_past_256():
     assert combine_constants(512, 4, True)["TILE_R"] == 4
 
 
+@pytest.mark.parametrize("d", [200, 264, 320, 384, 448, 512, 576])
+def test_the_combine_row_tile_is_a_power_of_two_at_every_head_dim(d):
+    # cuTile tiles are powers of two: D = 384 once gave 21 rows (tileiras refused it).
+    pytest.importorskip("cuda.tile", reason="the plan module reads the kernels (cuTile)")
+    from tiledattention.kernel.plan import combine_constants
+
+    for rows in (1, 3, 64, 1000):
+        r = combine_constants(d, rows, True)["TILE_R"]
+        assert r & (r - 1) == 0 and r * max(d, 256) <= 32 * 256
+
+
 def test_the_dropin_falls_back_for_a_wide_backward_only():
     from tiledattention.integrations.dropin import fallback_reason
 

@@ -114,3 +114,18 @@ def test_key_tiles_lie_in_one_page_or_span_up_to_four_whole_pages(tile_n, page, 
     s, tiles, span = _paged_tiles(replace(default_schedule(128, True), tile_n=tile_n), page)
     assert (s.tile_n, tiles, span) == expect
     assert s.tile_n == span * page if span > 1 else page % s.tile_n == 0
+
+
+@pytest.mark.parametrize("d, hk", [(64, 16), (128, 4), (256, 16)])
+def test_the_packed_backward_plan_names_every_kernel_argument(d, hk):
+    # Built on the host as a call builds it: a constant a kernel gained (delta's WQ) and
+    # the packed plan does not pass raises TypeError here, not first on a GPU.
+    pytest.importorskip("cuda.tile", reason="the plan builds cuTile kernel objects")
+    from tiledattention import mods
+    from tiledattention.kernel.workload import varlen_bwd_plan
+    from tiledattention.kernel.workload_check import Workload
+
+    w = Workload(4, 16, hk, d, torch.bfloat16, 1024, 1024, True, d ** -0.5, (-1, -1), 0.0)
+    for has_dlse in (False, True):
+        plan = varlen_bwd_plan(w, torch.device("cpu"), mods.NONE, has_dlse)
+        assert [s.role for s in plan.launches] == ["delta", "dq", "dkdv"]

@@ -10,14 +10,16 @@ _PASS_FACTOR = {"fwd": 1.0, "bwd": BWD_FACTOR, "fwd+bwd": 1.0 + BWD_FACTOR}
 
 
 def attention_flops(batch: int, heads: int, seq_q: int, seq_kv: int, head_dim: int,
-                    causal: bool, pass_: str = "fwd") -> float:
+                    causal: bool, pass_: str = "fwd", head_dim_v: int | None = None) -> float:
     """4·B·H·Sq·Skv·D (two matmuls of 2·Sq·Skv·D each), half when causal; times 2.5 for
-    the backward, 3.5 for forward plus backward.
+    the backward, 3.5 for forward plus backward. With V's head dim ``head_dim_v``
+    (MLA's 192 / 128), 2·B·H·Sq·Skv·(D + D_v): Q K^T and P V each at their own width.
 
     The convention of FlashAttention, Triton and the paper; for causal Sq != Skv it
     is the same nominal half, not the exact count of unmasked pairs.
     """
-    flops = 4.0 * batch * heads * seq_q * seq_kv * head_dim * _PASS_FACTOR[pass_]
+    width = 2 * head_dim if head_dim_v is None else head_dim + head_dim_v
+    flops = 2.0 * batch * heads * seq_q * seq_kv * width * _PASS_FACTOR[pass_]
     return flops / 2 if causal else flops
 
 

@@ -110,7 +110,13 @@ def check_grads(q, k, v, *, causal=False, with_lse=False):
         return
     tq, tk, tv = (t.detach().requires_grad_() for t in (q, k, v))
     F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal, enable_gqa=gqa).backward(dout)
-    for name, t, want in zip(("dq", "dk", "dv"), (q, k, v), (tq, tk, tv)):
+    for name, t, want, ref in zip(("dq", "dk", "dv"), (q, k, v), (tq, tk, tv), refs):
+        if ref.norm() == 0:
+            # One key per row: dS = P (dP - delta) is exactly 0, so dQ is too; both
+            # implementations return rounding noise, whose ratio means nothing. Both must be
+            # that small (ours is checked above).
+            assert want.grad.abs().max().item() <= bound, f"{name}: torch's is not ~0"
+            continue
         err = relative_error(t.grad, want.grad.double())
         assert err <= 2 * bound, f"{name} vs torch: relative error {err:.3e}"
 

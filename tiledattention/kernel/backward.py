@@ -353,8 +353,12 @@ def sequence_arrays(arrays, seqs, b, f):
         # and dV keep their whole slice (rows past the end are written as zeros).
         used = ct.minimum(ke, ks + ct.maximum(ct.gather(SeqK, b), 0))
     seq_k = used - ks
-    sliced = (sequence_slice(Q, qs, qe), sequence_slice(K, ks, used),
-              sequence_slice(V, ks, used),
+    # The dK/dV program loads its key tile before any query tile: with no key used, a
+    # zero-row view there is an illegal TMA read (an H200 stopped on it), so K and V
+    # keep one row, which no query tile visits (``m_hi`` past seqused_k).
+    kv_stop = ct.maximum(used, ct.minimum(ks + 1, ke))
+    sliced = (sequence_slice(Q, qs, qe), sequence_slice(K, ks, kv_stop),
+              sequence_slice(V, ks, kv_stop),
               sequence_slice(dOut, qs, qe), sequence_slice(Lse, qs, qe),
               sequence_slice(Delta, qs, qe), Mask)
     return sliced, ks, ke, seq_k, (seq_k - (qe - qs), f.WINDOW, WIN_L, WIN_R)

@@ -465,8 +465,10 @@ def combine_constants(head_dim: int, rows: int, return_lse: bool) -> dict[str, i
     w0, w1, w2 = plan.kernel_widths()
     # A power of two covering small row counts (decode) without idle lanes; 32 rows of
     # fp32 accumulators (32 x 256) stay within one CTA's registers.
-    # 16 past D = 256: 16 x 512 (a 32-row tile at D 512 keeps 128 KB of fp32).
-    tile_r = min(1 << max(rows - 1, 0).bit_length(), 32 * 256 // max(plan.padded, 256))
+    # 16 past D = 256: 16 x 512 (a 32-row tile at D 512 keeps 128 KB of fp32). The cap is
+    # floored to a power of two (cuTile tiles are), so D = 264 or 384 get 16 too.
+    cap = 32 * 256 // max(plan.padded, 256)
+    tile_r = min(1 << max(rows - 1, 0).bit_length(), 1 << (cap.bit_length() - 1))
     return dict(TILE_R=tile_r, NCHUNK=len(plan.widths), W0=w0, W1=w1, W2=w2,
                 RETURN_LSE=return_lse)
 

@@ -341,7 +341,7 @@ def varlen_bwd_plan(w: Workload, device, mods, has_dlse: bool, schedule=None) ->
                        ONE_HEAD=one_head)
     dq_values = dict(common, TILE_M=s.dq_m, TILE_N=s.dq_n)
     wd = _pow2(w.head_dim)
-    delta_values = dict(TILE_M=DELTA_TILE_M, WD=wd, HAS_DLSE=has_dlse, ZERO_DQ=False)
+    delta_values = dict(TILE_M=DELTA_TILE_M, WD=wd, WQ=wd, HAS_DLSE=has_dlse, ZERO_DQ=False)
     steps = (
         Step("delta", DELTA.kernel(), (0, w.heads_q, 1),
              DELTA.ordered(delta_values, skip_tensors=True)),
