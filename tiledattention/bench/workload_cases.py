@@ -24,8 +24,8 @@ import random
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-KINDS = ("varlen", "decode", "prefill")
-PAGED = ("decode", "prefill")
+PAGED = ("decode", "prefill")  # the kinds that read a paged KV cache
+KINDS = ("varlen", *PAGED)
 
 
 @dataclass(frozen=True)

@@ -352,10 +352,14 @@ def section_cli(help: str, cls, run, load_rows, summary) -> Cli:
     return Cli(help, add_arguments, handler)
 
 
+# A measured stage's rows file in its results directory, RESULTS/<name>/.
+ROWS_FILE = "rows.jsonl"
+
+
 def measured_run(cfg, out_dir: str, plan, digest: str, header: str, measure_rows, summary,
                  reason, log) -> dict:
     """A measured stage's run (or resume) into ``out_dir``, ``cfg.stage``'s: its rows file
-    (rows.jsonl) under a lock, rows of another config (``digest``) set aside, its manifest
+    (``ROWS_FILE``) under a lock, rows of another config (``digest``) set aside, its manifest
     written before and after ``measure_rows(store)`` (which returns whether a signal stopped
     it) measures ``plan``; then its summary and status (``run_status``). ``header``: the
     log's first line, after the stage's name; ``reason``: why no GPU is there, or None."""
@@ -366,7 +370,7 @@ def measured_run(cfg, out_dir: str, plan, digest: str, header: str, measure_rows
     from ..bench.store import Lock, ResultStore
 
     os.makedirs(out_dir, exist_ok=True)
-    path = os.path.join(out_dir, "rows.jsonl")
+    path = os.path.join(out_dir, ROWS_FILE)
     with Lock(path, log):
         store = ResultStore(path)
         resume(store, digest, True, log)  # rows of another config: aside
@@ -385,6 +389,34 @@ def measured_run(cfg, out_dir: str, plan, digest: str, header: str, measure_rows
     return run_status(cfg.stage, plan, missing, stopped, reason, out_dir, log)
 
 
+def measured_rows(out_dir: str, stage: str, keys: tuple[str, ...]) -> list[dict]:
+    """A measured stage's rows (bounded, regular file only): a line that is not a row with
+    ``point_key``, ``method``, ``status`` and the stage's own ``keys`` is one StudyError
+    naming the file and line. A resumed point keeps its last rows."""
+    import os
+
+    from ..safeio import read_row_objects
+
+    rows = read_row_objects(os.path.join(out_dir, ROWS_FILE), f"{stage} rows",
+                            ("point_key", "method", "status", *keys))
+    return list({(r["point_key"], r["method"]): r for r in rows}.values())
+
+
+def measured_stage(cls, run, load_rows, summary, help: str, *, verbs, key: str,
+                   compared: bool = False) -> Stage:
+    """The descriptor of a stage that ``measured_run`` measures: its section ``cls`` run as
+    one ``ConfigTask``, its rows (``ROWS_FILE``: ``Rows``' ``verbs``, ``key``,
+    ``compared``), in a bundle as ``<stage>-rows.jsonl`` with what did not run, and its
+    ``tiledattn <stage>`` verb (``section_cli``, ``help``)."""
+    what = f"the {cls.stage} stage's rows"
+    return Stage(cls.stage, cls, run, ConfigTask,
+                 rows=Rows(load_rows, ROWS_FILE, what=what, verbs=verbs, key=key,
+                           compared=compared),
+                 publish=Publish(f"{cls.stage}-rows.jsonl", what, f"{what}, when it ran",
+                                 not_run=not_run_rows(cls.stage, ROWS_FILE, load_rows)),
+                 cli=section_cli(help, cls, run, load_rows, summary))
+
+
 def run_status(stage: str, plan, missing, stopped: bool, reason, out_dir: str, log) -> dict:
     """A measured stage's status: ``incomplete`` where rows of ``plan`` are ``missing``
     (never a silent gap: it says which, and why, in the log too), else ``unavailable``
@@ -397,42 +429,6 @@ def run_status(stage: str, plan, missing, stopped: bool, reason, out_dir: str, l
         print(f"{stage}: {msg}", file=log, flush=True)
         return {"status": "incomplete", "reason": msg, "out": out_dir, "stopped": stopped}
     return {"status": "unavailable" if reason else "ok", "reason": reason, "out": out_dir}
-
-
-# A stage's run summary (its log's last table): read from its rows here, below the study's
-# presentation (whose tables compare more: every baseline, geometric means), which reads
-# the stages and never the reverse.
-def by_point(rows) -> dict[str, dict[str, dict]]:
-    """Each point key's rows by method, in the order the points were measured."""
-    out: dict[str, dict[str, dict]] = {}
-    for r in rows:
-        out.setdefault(r["point_key"], {})[r["method"]] = r
-    return out
-
-
-def median_ms(row: dict | None) -> float | None:
-    """A row's median kernel time (ms) where it ran ok, else None."""
-    if not row or row.get("status") != "ok":
-        return None
-    t = (row.get("time_ms") or {}).get("median_ms")
-    return t if isinstance(t, (int, float)) and t > 0 else None
-
-
-def time_or_status(cells: dict, method: str):
-    """``method``'s kernel time at a point, or its row's status where it did not run."""
-    return median_ms(cells.get(method)) or (cells.get(method) or {}).get("status")
-
-
-def cell(value, width: int) -> str:
-    """A summary cell: a number to 3 decimals, a word (a status) as it is, '—' for none."""
-    return f"{value:{width}.3f}" if isinstance(value, float) else f"{value or '—':>{width}s}"
-
-
-def status_counts(rows) -> str:
-    counts: dict[str, int] = {}
-    for r in rows:
-        counts[r["status"]] = counts.get(r["status"], 0) + 1
-    return "rows by status: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
 
 
 def results_file(out_dir: str, name: str, checked) -> str | None:

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 from ..bench.config import option, section_from_dict
 from .base import (
+    ROWS_FILE,
     Cli,
     ConfigTask,
     Publish,
@@ -101,7 +102,6 @@ OPTIONAL = ("fa4",)
 # ours against sdpa (FA4's CuTe DSL kernels are timed eager).
 COMPILED_IMPLS = ("tiledattention", "sdpa")
 FORMAT = 1
-ROWS = "rows.jsonl"
 
 
 def point_key(batch: int, phase: str, cfg: ModelConfig) -> str:
@@ -307,8 +307,8 @@ def run_model(cfg: ModelConfig, out_dir: str, log=sys.stderr) -> dict:
         r.update(recorded=finished, config_hash=cfg.digest())
     _write(os.path.join(out_dir, "manifest-model.json"),
            json.dumps(capture(cfg, started=started, finished=finished), indent=1, default=str))
-    _write(os.path.join(out_dir, ROWS), "".join(json.dumps(r, sort_keys=True) + "\n"
-                                                for r in rows))
+    _write(os.path.join(out_dir, ROWS_FILE),
+           "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
     # An optional baseline that cannot run here says so in its rows; the stage is still ok.
     bad = [r for r in rows if r["status"] != "ok"
            and not (r["status"] == "unavailable" and r["method"] in OPTIONAL
@@ -333,7 +333,7 @@ def load_rows(out_dir: str) -> list[dict]:
     object is one StudyError naming the file and line."""
     from ..safeio import read_row_objects
 
-    return read_row_objects(os.path.join(out_dir, ROWS), "model rows",
+    return read_row_objects(os.path.join(out_dir, ROWS_FILE), "model rows",
                             ("method", "status", "phase"))
 
 
@@ -387,7 +387,7 @@ HELP = ("prefill, decode and training-step tokens/s (eager and compiled) of a ti
 def not_run(out_dir: str, checked) -> list[str]:
     """The bundle README's bullet for the rows that did not run (``checked``: the study's
     guard on a path it reads)."""
-    if not os.path.lexists(os.path.join(out_dir, ROWS)):
+    if not os.path.lexists(os.path.join(out_dir, ROWS_FILE)):
         return []
     skipped = [r for r in load_rows(out_dir) if r.get("status") != "ok"]
     return [f"- model benchmark (model_e2e): {skipped[0]['status']} at {len(skipped)} "
@@ -395,7 +395,7 @@ def not_run(out_dir: str, checked) -> list[str]:
 
 
 STAGE = Stage("model", ModelConfig, run_model, ConfigTask,
-              rows=Rows(load_rows, ROWS, what="the model benchmark's rows",
+              rows=Rows(load_rows, ROWS_FILE, what="the model benchmark's rows",
                         verbs=(("aggregate", "the model_e2e table"),
                                ("figures", "the model_stage figure")),
                         key="phase", compared=True, measure="model"),

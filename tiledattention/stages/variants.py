@@ -20,21 +20,8 @@ from ..bench.config import INT32, option
 from ..bench.grid import PAPER_DTYPES, TOKENS, WIDTH, tokens_shape
 from ..bench.methods import methods_help, variant_methods
 from ..bench.variant_cases import VARIANT_NAMES, VariantPoint
-from .base import (
-    ConfigTask,
-    Publish,
-    Rows,
-    Stage,
-    TimedSection,
-    by_point,
-    cell,
-    measured_run,
-    median_ms,
-    not_run_rows,
-    section_cli,
-    status_counts,
-    time_or_status,
-)
+from .base import TimedSection, measured_rows, measured_run, measured_stage
+from .summary import by_point, cell, median_ms, status_counts, time_or_status
 
 VARIANT_METHODS = tuple(variant_methods())  # bench/methods.py: those with variants=True
 VARIANT_PASSES = ("fwd", "fwd+bwd")
@@ -81,9 +68,6 @@ class VariantsConfig(TimedSection):
                                 "scores: 2 GiB a head at S 16k).", min=1, max=INT32,
                                 flag="--max-ref-heads")
     seed: int = option(0, "Seed of the inputs.", min=0, max=2**63 - 1, flag="--seed")
-
-
-ROWS = "rows.jsonl"
 
 
 def points(cfg: VariantsConfig) -> list[VariantPoint]:
@@ -156,13 +140,8 @@ def run_variants(cfg: VariantsConfig, out_dir: str, log=None) -> dict:
 
 
 def load_rows(out_dir: str) -> list[dict]:
-    """The stage's rows (bounded, regular file only); a line that is not a variants row is
-    one StudyError naming the file and line. A resumed point keeps its last rows."""
-    from ..safeio import read_row_objects
-
-    rows = read_row_objects(os.path.join(out_dir, ROWS), "variants rows",
-                            ("point_key", "method", "status", "variant", "pass"))
-    return list({(r["point_key"], r["method"]): r for r in rows}.values())
+    """The stage's rows (``measured_rows``: its variant and pass named in each)."""
+    return measured_rows(out_dir, "variants", ("variant", "pass"))
 
 
 def summary(rows: list[dict]) -> str:
@@ -197,12 +176,7 @@ HELP = ("each attention variant (sliding window, softcap, ALiBi, documents, pref
         "and forward+backward; records why when it cannot run (resumable)")
 
 
-STAGE = Stage("variants", VariantsConfig, run_variants, ConfigTask,
-              rows=Rows(load_rows, ROWS, what="the variants stage's rows",
-                        verbs=(("aggregate", "the variants table"),
-                               ("figures", "the variants figure")),
-                        key="variant", compared=True),
-              publish=Publish("variants-rows.jsonl", "the variants stage's rows",
-                              "the variants stage's rows, when it ran",
-                              not_run=not_run_rows("variants", ROWS, load_rows)),
-              cli=section_cli(HELP, VariantsConfig, run_variants, load_rows, summary))
+STAGE = measured_stage(VariantsConfig, run_variants, load_rows, summary, HELP,
+                       verbs=(("aggregate", "the variants table"),
+                              ("figures", "the variants figure")),
+                       key="variant", compared=True)

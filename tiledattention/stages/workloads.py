@@ -24,27 +24,14 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import sys
 from dataclasses import dataclass
 
 from ..bench.config import INT32, BenchConfig, option
 from ..bench.methods import methods_help, workload_methods
 from ..bench.workload_cases import KINDS, Lognormal, WorkloadPoint
-from .base import (
-    ConfigTask,
-    Publish,
-    Rows,
-    Stage,
-    TimedSection,
-    by_point,
-    cell,
-    measured_run,
-    median_ms,
-    not_run_rows,
-    section_cli,
-    status_counts,
-)
+from .base import TimedSection, measured_rows, measured_run, measured_stage
+from .summary import by_point, cell, median_ms, status_counts
 
 WORKLOAD_METHODS = tuple(workload_methods())
 WORKLOAD_PASSES = ("fwd", "fwd+bwd")
@@ -178,9 +165,6 @@ class WorkloadsConfig(TimedSection):
                            **{k: d[k] for k in d if k.startswith(("doc_", "context_"))}},
                           sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
-
-
-ROWS = "rows.jsonl"
 
 
 def points(cfg: WorkloadsConfig) -> list[WorkloadPoint]:
@@ -375,13 +359,8 @@ class _Digest:
 
 
 def load_rows(out_dir: str) -> list[dict]:
-    """The stage's rows (bounded, regular file only); a line that is not a workloads row is
-    one StudyError naming the file and line. A resumed point keeps its last rows."""
-    from ..safeio import read_row_objects
-
-    rows = read_row_objects(os.path.join(out_dir, ROWS), "workloads rows",
-                            ("point_key", "method", "status", "kind", "pass"))
-    return list({(r["point_key"], r["method"]): r for r in rows}.values())
+    """The stage's rows (``measured_rows``: its kind and pass named in each)."""
+    return measured_rows(out_dir, "workloads", ("kind", "pass"))
 
 
 def summary(rows: list[dict]) -> str:
@@ -414,10 +393,5 @@ HELP = ("packed variable-length training batches and a paged KV cache (decode, c
         "PyTorch's varlen; every row checked against float64; resumable")
 
 
-STAGE = Stage("workloads", WorkloadsConfig, run_workloads, ConfigTask,
-              rows=Rows(load_rows, ROWS, what="the workloads stage's rows",
-                        verbs=(("aggregate", "the workloads tables"),), key="kind"),
-              publish=Publish("workloads-rows.jsonl", "the workloads stage's rows",
-                              "the workloads stage's rows, when it ran",
-                              not_run=not_run_rows("workloads", ROWS, load_rows)),
-              cli=section_cli(HELP, WorkloadsConfig, run_workloads, load_rows, summary))
+STAGE = measured_stage(WorkloadsConfig, run_workloads, load_rows, summary, HELP,
+                       verbs=(("aggregate", "the workloads tables"),), key="kind")
