@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# FlashAttention-4 and NVIDIA's CuTe DSL (the study's fa4, sdpa_fa4 and flex_flash baselines)
+# FlashAttention-4, NVIDIA's CuTe DSL and the cuDNN frontend (the study's fa4, sdpa_fa4,
+# flex_flash and cudnn_fe baselines)
 # for a GPU machine without a package index, in loads small enough for one device call each
 # (it carries at most 64 MiB, the working tree included; the cuTile toolchain alone is ~60 MB,
 # so the loads travel in calls of their own, before the study's):

@@ -479,6 +479,76 @@ def _sdpa_mask_describe(q, k, v, point):
     return {"mask": parts_for(point, q.device).sdpa}
 
 
+# --- cuDNN through its Python frontend (bench/cudnn_fe.py: graphs built once per shape) ---
+def _cudnn_fe_kinds(point) -> tuple[str, ...]:
+    """The graphs a point's pass executes."""
+    from .cudnn_fe import FP8
+
+    if point.dtype == FP8:
+        return ("fp8_fwd",)
+    return ("fwd",) if point.pass_ == "fwd" else ("fwd_stats", "bwd")
+
+
+def _cudnn_fe_check(point, device):
+    """The frontend imports and found torch's cuDNN, the GPU is sm_90+, and cuDNN builds the
+    point's graphs (built here, untimed; the calls find them cached). A graph cuDNN refuses
+    is ``unavailable`` with its error: what it lacks is this cuDNN build's."""
+    import torch
+
+    from . import cudnn_fe as fe
+
+    _cuda_only(point, device)
+    if variant_of(point) is not None:
+        raise Unsupported("cudnn_fe runs the grid's and decode's dense points, not the "
+                          "variants stage's")
+    if point.dtype not in (*fe.HALF_TYPES, fe.FP8):
+        raise Unsupported(f"dtype {point.dtype}: cuDNN's SDPA takes float16, bfloat16 and "
+                          f"{fe.FP8} (forward)")
+    if point.dtype == fe.FP8 and point.pass_ != "fwd":
+        raise Unsupported("the FP8 points are inference only: no FP8 backward is measured")
+    why = fe.import_error()
+    if why:
+        raise Unavailable(why)
+    major, minor = torch.cuda.get_device_capability(device)
+    if major < 9:
+        raise Unavailable(f"cudnn_fe is measured on sm_90 and newer (Hopper, Blackwell), "
+                          f"not sm_{major}{minor}")
+    why = fe.second_cudnn_error()
+    if why:
+        raise Unavailable(why)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    try:
+        for kind in _cudnn_fe_kinds(point):
+            fe.cached_graph(fe.point_key(kind, point, index))
+    except fe.GraphRefused as exc:
+        raise Unavailable(str(exc)) from None
+
+
+def _cudnn_fe_run(q, k, v, point, descale=None):
+    """cuDNN's SDPA; an FP8 point's q, k, v are e4m3 with ``descale`` = (dq, dk, dv), each a
+    one-element float32 tensor (real = stored x descale)."""
+    from ..errors import InputError
+    from . import cudnn_fe as fe
+
+    if str(q.dtype).endswith(fe.FP8):
+        try:
+            return fe.sdpa_fp8(q, k, v, *(descale or (None,) * 3), causal=point.causal)
+        except fe.NeedsScales as exc:
+            raise InputError(str(exc)) from None
+    return fe.sdpa(q, k, v, causal=point.causal)
+
+
+def _cudnn_fe_describe(q, k, v, point):
+    from . import cudnn_fe as fe
+
+    out = fe.versions()
+    for kind in _cudnn_fe_kinds(point):
+        key = fe.key_of(kind, q, k, v, point.causal,
+                        "bfloat16" if kind == "fp8_fwd" else None)
+        out[f"plan_{kind}"] = fe.plan_name(key)
+    return out
+
+
 # --- the workloads stage (bench/workload_cases.py): packed varlen batches and a paged KV
 # cache. Each ``workload`` checks, then builds its call's tensors (masks, padding, layout
 # copies) outside the timed region; the call itself is attention only. -----------------
@@ -785,6 +855,13 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("sdpa_fa4", "torch SDPA forced to FLASH_ATTENTION with FA4 as the flash impl",
            True, _sdpa_fa4_run, _sdpa_fa4_check, color="sienna", display="SDPA (FA4)",
            scope=fa4_sdpa_impl),
+    # cuDNN's own frontend: its graphs as NVIDIA's samples build them (GQA, D_qk != D_v,
+    # large head dims, FP8 forward), not torch's cudnn backend's subset.
+    Method("cudnn_fe", "cuDNN's SDPA through its Python frontend (nvidia-cudnn-frontend), "
+           "one graph per shape built and cached before timing", True, _cudnn_fe_run,
+           _cudnn_fe_check, _cudnn_fe_describe, color="darkgreen",
+           kernel_filter="regex:sdpa|fmha|cudnn", headline="cudnn_fe (cuDNN frontend)",
+           display="cuDNN (frontend)"),
     Method("math", "torch SDPA forced to MATH", False, _torch_run("math"), color="C6",
            headline="math SDPA", fused=False),
     # The variants stage's baselines (their points only).
