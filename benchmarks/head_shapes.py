@@ -2,7 +2,8 @@
 (128, 64)) and D = 512 / (576, 512), side by side with their equal-D neighbours, in one
 process (GPU).
 
-Methods per point: ``ta.sdpa``; FlashAttention-4's ``flash_attn_func`` (``--fa4-site`` on
+Methods per point: ``ta.sdpa``; cuDNN's frontend (``bench.cudnn_fe``, its graph built once
+per shape); FlashAttention-4's ``flash_attn_func`` (``--fa4-site`` on
 PYTHONPATH, else unavailable; [B, S, H, D]); torch SDPA (its own backend choice: cuDNN,
 flash or memory-efficient, as a user gets it). Every output is checked against torch SDPA's
 in fp32 first; kernel time by ``timing.time_cuda`` (L2 flushed); TFLOP/s by ``flops.
@@ -28,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from varlen import table  # noqa: E402
 
 import tiledattention as ta  # noqa: E402
+from tiledattention.bench import cudnn_fe  # noqa: E402
 from tiledattention.flops import attention_flops  # noqa: E402
 from tiledattention.timing import L2Flusher, summarize, time_cuda  # noqa: E402
 from tiledattention.tolerance import relative_error  # noqa: E402
@@ -53,6 +55,9 @@ def fa4_func(site):
 def methods(q, k, v, causal, fa):
     out = {"ta": lambda: ta.sdpa(q, k, v, is_causal=causal),
            "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)}
+    reason = cudnn_fe.import_error()
+    out["cudnn_fe"] = (f"unavailable: {reason}" if reason
+                       else lambda: cudnn_fe.sdpa(q, k, v, causal=causal))
     if callable(fa):
         qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
         out["fa4"] = lambda: fa(qt, kt, vt, causal=causal)[0].transpose(1, 2)
