@@ -189,3 +189,17 @@ def test_a_v_head_dim_gets_its_own_throughput_figure(tmp_path):
     stems = {os.path.splitext(os.path.basename(p))[0]
              for p in throughput_vs_seq(rows, str(tmp_path))}
     assert stems == {"throughput_fwd_d192", "throughput_fwd_d192v128"}
+
+
+def test_a_decode_section_takes_mlas_absorbed_shape_and_counts_v_in_the_cache_cap():
+    cfg = from_dict({"decode": {"enabled": True, "head_dims": [[576, 512]], "seqs_q": [1],
+                                "seqs_kv": [4096, 65536], "batches": [1], "heads": 16,
+                                "gqa": [16], "max_kv_gib": 0.07},
+                     "grid": {"seqs": [64], "head_dims": [64], "dtypes": ["bfloat16"],
+                              "causal": [False]}})
+    (point,) = [p for p in expand(cfg) if p.seq_q == 1]  # K/V at 65536: 0.13 GiB > the cap
+    assert (point.head_dim, point.head_dim_v, point.heads_kv) == (576, 512, 1)
+    assert "d576v512-sq1-skv4096" in point.key()
+    with pytest.raises(ConfigError, match=r"decode.head_dims: 576/512 \(fwd\): no listed"):
+        from_dict({"decode": {"enabled": True, "head_dims": [[576, 512]]},
+                   "methods": ["fa4", "flash"]})

@@ -78,7 +78,9 @@ class DecodeConfig:
     heads: int = option(32, "Query heads H.", min=1, max=INT32)
     gqa: tuple[int, ...] = option((1, 4), "Query heads per key/value head (1: MHA).", min=1,
                                   max=INT32)
-    head_dims: tuple[int, ...] = option((128,), "Head dims D.", min=1, max=INT32)
+    head_dims: tuple[int | tuple[int, int], ...] = option(
+        (128,), "Head dims: D, or [D, D_v] (MLA's absorbed decode: [576, 512]).", min=1,
+        max=INT32, pairs=True)
     dtypes: tuple[str, ...] = option(("bfloat16",), "Element types.", choices=DTYPES)
     max_kv_gib: float = option(8.0, "Points whose K and V together exceed this many GiB are "
                                "left out.", above=0, max=1024)
@@ -252,22 +254,25 @@ def _check_value_dim(name: str, pair: tuple[int, int]) -> None:
 
 
 def _check_head_shapes(cfg: BenchConfig) -> None:
-    """Every head shape and pass of the grid run by at least one listed method (each
-    method's ``head_limits``); else one line with each one's reason and what runs it."""
+    """Every head shape and pass of the grid and the decode section run by at least one
+    listed method (each method's ``head_limits``); else one line with each one's reason
+    and the methods that run it."""
     from .grid import head_label, head_shape
     from .methods import get_method, head_shape_methods
 
-    g = cfg.grid
-    for d, dv in {head_shape(e) for e in g.head_dims}:
+    g, dec = cfg.grid, cfg.decode
+    wanted = [("grid", head_shape(e), p) for e in g.head_dims for p in g.passes]
+    if dec.enabled:  # decode points are forward only
+        wanted += [("decode", head_shape(e), "fwd") for e in dec.head_dims]
+    for where, (d, dv), p in dict.fromkeys(wanted):
         dv = d if dv is None else dv
-        for p in g.passes:
-            why = {m: get_method(m).head_limits(d, dv, p) for m in cfg.methods}
-            if all(why.values()):
-                runs = head_shape_methods(d, dv, p)
-                raise ConfigError(
-                    f"grid.head_dims: {head_label(d, dv)} ({p}): no listed method runs it ("
-                    + "; ".join(f"{m}: {r}" for m, r in why.items())
-                    + f"); methods that do: {', '.join(runs)}")
+        why = {m: get_method(m).head_limits(d, dv, p) for m in cfg.methods}
+        if all(why.values()):
+            runs = head_shape_methods(d, dv, p)
+            raise ConfigError(
+                f"{where}.head_dims: {head_label(d, dv)} ({p}): no listed method runs it ("
+                + "; ".join(f"{m}: {r}" for m, r in why.items())
+                + f"); methods that do: {', '.join(runs)}")
 
 
 # A grid larger than this is refused before it is planned (it would run for days): the

@@ -198,15 +198,16 @@ def decode_points(dec) -> list[Point]:
     points = []
     for dtype in dec.dtypes:
         item = 4 if dtype == "float32" else 2
-        for d in dec.head_dims:
+        for d, dv in map(head_shape, dec.head_dims):
             for sq in dec.seqs_q:
                 for skv in dec.seqs_kv:
                     for b in dec.batches:
                         for gqa in dec.gqa:
-                            kv_bytes = 2 * b * (dec.heads // gqa) * skv * d * item
+                            kv_bytes = b * (dec.heads // gqa) * skv * (d + (dv or d)) * item
                             if dec.heads % gqa or kv_bytes > cap:
                                 continue
-                            points.append(Point(dtype, False, d, sq, skv, b, dec.heads, gqa))
+                            points.append(Point(dtype, False, d, sq, skv, b, dec.heads, gqa,
+                                                head_dim_v=dv))
     return points
 
 
