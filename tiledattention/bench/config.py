@@ -46,7 +46,9 @@ class GridConfig:
     seqs: tuple[int, ...] = option(PAPER_SEQS, "Sequence lengths S.", min=1, max=INT32)
     seqs_kv: tuple[int, ...] | None = option(None, "Key/value lengths (null: Skv = S).", min=1,
                                               max=INT32)
-    head_dims: tuple[int, ...] = option(PAPER_HEAD_DIMS, "Head dims D.", min=1, max=INT32)
+    head_dims: tuple[int | tuple[int, int], ...] = option(
+        PAPER_HEAD_DIMS, "Head dims: D (q, k and v alike), or the pair [D, D_v] where V's "
+        "head dim differs (MLA: [192, 128]; D_v at most 512).", min=1, max=INT32, pairs=True)
     dtypes: tuple[str, ...] = option(PAPER_DTYPES, "Element types.", choices=DTYPES)
     causal: tuple[bool, ...] = option(PAPER_CAUSAL, "Causal mask off/on.")
     shape_policy: str = option("tokens", "tokens - B = tokens // S, H = width // D (else "
@@ -76,7 +78,9 @@ class DecodeConfig:
     heads: int = option(32, "Query heads H.", min=1, max=INT32)
     gqa: tuple[int, ...] = option((1, 4), "Query heads per key/value head (1: MHA).", min=1,
                                   max=INT32)
-    head_dims: tuple[int, ...] = option((128,), "Head dims D.", min=1, max=INT32)
+    head_dims: tuple[int | tuple[int, int], ...] = option(
+        (128,), "Head dims: D, or [D, D_v] (MLA's absorbed decode: [576, 512]).", min=1,
+        max=INT32, pairs=True)
     dtypes: tuple[str, ...] = option(("bfloat16",), "Element types.", choices=DTYPES)
     max_kv_gib: float = option(8.0, "Points whose K and V together exceed this many GiB are "
                                "left out.", above=0, max=1024)
@@ -162,6 +166,9 @@ def _coerce(value, f, where):
         elem = bool if "bool" in typ else int if "int" in typ else str
         out = []
         for item in items:
+            if f.metadata.get("pairs") and isinstance(item, (list, tuple)):
+                out.append(_pair(item, name))
+                continue
             if elem is int and (isinstance(item, bool) or not isinstance(item, int)):
                 raise ConfigError(f"{name}: {item!r} is not an integer")
             if elem is bool and not isinstance(item, bool):
@@ -185,6 +192,14 @@ def _coerce(value, f, where):
     elif typ == "str" and not isinstance(value, str):
         raise ConfigError(f"{name}: {value!r} is not a string")
     return value
+
+
+def _pair(item, name: str):
+    """[D, D_v] as a tuple, or D where the two agree (one spelling per shape)."""
+    if len(item) != 2 or any(isinstance(x, bool) or not isinstance(x, int) for x in item):
+        raise ConfigError(f"{name}: {list(item)!r} is not a head dim nor a pair [D, D_v] of "
+                          "integers")
+    return item[0] if item[0] == item[1] else tuple(item)
 
 
 def _build(cls, data, where):
@@ -221,9 +236,43 @@ def _validate_section(obj, where: str) -> None:
             continue
         items = value if isinstance(value, tuple) else () if value is None else (value,)
         for item in items:
-            _check_limits(name, item, f.metadata)
+            for number in item if isinstance(item, tuple) else (item,):  # a [D, D_v] pair
+                _check_limits(name, number, f.metadata)
+            if isinstance(item, tuple):
+                _check_value_dim(name, item)
         if f.metadata.get("unique") and len(set(items)) != len(items):
             raise ConfigError(f"{name}: listed more than once")
+
+
+def _check_value_dim(name: str, pair: tuple[int, int]) -> None:
+    """V's head dim of a [D, D_v] pair within the largest any kernel here runs."""
+    from ..headdim import MAX_FWD_VALUE_DIM
+
+    if pair[1] > MAX_FWD_VALUE_DIM:
+        raise ConfigError(f"{name}: {list(pair)}: V's head dim {pair[1]} is over "
+                          f"{MAX_FWD_VALUE_DIM}, the largest the study measures")
+
+
+def _check_head_shapes(cfg: BenchConfig) -> None:
+    """Every head shape and pass of the grid and the decode section run by at least one
+    listed method (each method's ``head_limits``); else one line with each one's reason
+    and the methods that run it."""
+    from .grid import head_label, head_shape
+    from .methods import get_method, head_shape_methods
+
+    g, dec = cfg.grid, cfg.decode
+    wanted = [("grid", head_shape(e), p) for e in g.head_dims for p in g.passes]
+    if dec.enabled:  # decode points are forward only
+        wanted += [("decode", head_shape(e), "fwd") for e in dec.head_dims]
+    for where, (d, dv), p in dict.fromkeys(wanted):
+        dv = d if dv is None else dv
+        why = {m: get_method(m).head_limits(d, dv, p) for m in cfg.methods}
+        if all(why.values()):
+            runs = head_shape_methods(d, dv, p)
+            raise ConfigError(
+                f"{where}.head_dims: {head_label(d, dv)} ({p}): no listed method runs it ("
+                + "; ".join(f"{m}: {r}" for m, r in why.items())
+                + f"); methods that do: {', '.join(runs)}")
 
 
 # A grid larger than this is refused before it is planned (it would run for days): the
@@ -269,6 +318,7 @@ def validate(cfg: BenchConfig) -> BenchConfig:
             get_method(m)
         except (KeyError, ScheduleError) as exc:
             raise ConfigError(f"methods: {exc.args[0]}") from exc
+    _check_head_shapes(cfg)
     return cfg
 
 
@@ -284,6 +334,9 @@ def _field_schema(f) -> dict:
     elem = next(v for k, v in _JSON_TYPES.items() if k in typ.removeprefix("tuple"))
     item = {"type": elem, **{_JSON_LIMITS[k]: list(v) if k == "choices" else v
                              for k, v in f.metadata.items() if k in _JSON_LIMITS}}
+    if f.metadata.get("pairs"):  # D, or [D, D_v]
+        item = {"anyOf": [item, {"type": "array", "items": item, "minItems": 2,
+                                 "maxItems": 2}]}
     if typ.startswith("tuple"):
         schema = {"type": ["array", "null"] if "None" in typ else "array", "items": item,
                   "minItems": 1}

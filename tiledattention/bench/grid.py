@@ -4,6 +4,10 @@ a config's grid expands into points and splits into shards.
 Every tool that times attention (``tiledattn bench``, ``tune``, ``profile``, the scripts in
 benchmarks/) takes its shapes from here: under the ``tokens`` policy B = tokens // S and
 H = width // D, or ``heads_fallback`` where width is not a multiple of D (D = 96, 160).
+
+A head shape is D (q, k and v alike) or the pair (D, D_v) where V's head dim differs (MLA's
+(192, 128) training, (576, 512) absorbed decode): a point's ``head_dim`` is q/k's, its
+``head_dim_v`` V's, None when equal, so every row of a D_v = D point reads as before.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from ..errors import ConfigError
-from ..flops import PASSES
+from ..flops import PASSES, attention_flops
 
 # The passes tuning knows: fwd tunes the forward's schedule, fwd+bwd the backward's.
 TUNE_PASSES = ("fwd", "fwd+bwd")
@@ -63,6 +67,32 @@ def tokens_shape(seq: int, head_dim: int, *, tokens: int = TOKENS, width: int = 
     return max(1, tokens // seq), heads
 
 
+def head_shape(entry) -> tuple[int, int | None]:
+    """(D, D_v) of a grid's ``head_dims`` entry: D, or the pair [D, D_v]; D_v is None
+    where it equals D (one spelling per shape: its key and rows are D's)."""
+    if isinstance(entry, (tuple, list)):
+        d, dv = entry
+        return d, (None if dv == d else dv)
+    return entry, None
+
+
+def head_label(head_dim: int, head_dim_v: int | None = None) -> int | str:
+    """A head shape in tables and figures: D (an int, as every row before D_v), or
+    "192/128" where V's head dim differs."""
+    return head_dim if head_dim_v in (None, head_dim) else f"{head_dim}/{head_dim_v}"
+
+
+def row_head_label(row: dict) -> int | str:
+    """:func:`head_label` of a row (or a point's dict)."""
+    return head_label(row["head_dim"], row.get("head_dim_v"))
+
+
+def head_labels(rows) -> list[int | str]:
+    """The head shapes of ``rows`` (dicts) as labels, by D, then V's head dim."""
+    shapes = {(r["head_dim"], r.get("head_dim_v")) for r in rows}
+    return [head_label(d, dv) for d, dv in sorted(shapes, key=lambda s: (s[0], s[1] or 0))]
+
+
 @dataclass(frozen=True)
 class Point:
     dtype: str
@@ -74,6 +104,11 @@ class Point:
     heads: int
     gqa: int = 1
     pass_: str = "fwd"  # fwd, bwd (the backward alone) or fwd+bwd; "pass" in rows
+    head_dim_v: int | None = None  # V's head dim where it differs from D (None: D)
+
+    def __post_init__(self):
+        if self.head_dim_v == self.head_dim:  # one spelling per shape: D's key and row
+            object.__setattr__(self, "head_dim_v", None)
 
     @classmethod
     def of_tokens(cls, dtype: str, causal: bool, head_dim: int, seq: int, *,
@@ -88,16 +123,34 @@ class Point:
     def heads_kv(self) -> int:
         return self.heads // self.gqa
 
+    @property
+    def value_dim(self) -> int:
+        """V's head dim (and the output's, and dO's)."""
+        return self.head_dim if self.head_dim_v is None else self.head_dim_v
+
+    @property
+    def head_label(self) -> int | str:
+        return head_label(self.head_dim, self.head_dim_v)
+
+    def flops(self) -> float:
+        """The point's nominal FLOPs (flops.attention_flops, V's head dim included)."""
+        return attention_flops(self.batch, self.heads, self.seq_q, self.seq_kv, self.head_dim,
+                               self.causal, self.pass_, head_dim_v=self.head_dim_v)
+
     def key(self) -> str:
-        # Forward keys are unchanged from before the pass axis, so old rows still resume.
+        # Forward keys are unchanged from before the pass axis, so old rows still resume;
+        # likewise D_v = D points' keys from before V's head dim.
         tail = "" if self.pass_ == "fwd" else "-" + self.pass_.replace("+", "")
-        return (f"{self.dtype}-{'causal' if self.causal else 'full'}-d{self.head_dim}"
+        dv = "" if self.head_dim_v is None else f"v{self.head_dim_v}"
+        return (f"{self.dtype}-{'causal' if self.causal else 'full'}-d{self.head_dim}{dv}"
                 f"-sq{self.seq_q}-skv{self.seq_kv}-b{self.batch}-h{self.heads}-g{self.gqa}"
                 f"{tail}")
 
     def as_dict(self) -> dict:
         d = asdict(self)
         d["pass"] = d.pop("pass_")
+        if d["head_dim_v"] is None:  # rows of D_v = D points stay byte-identical
+            del d["head_dim_v"]
         return d
 
     @classmethod
@@ -118,7 +171,7 @@ def expand(cfg) -> list[Point]:
     points = []
     for dtype in g.dtypes:
         for causal in g.causal:
-            for d in g.head_dims:
+            for d, dv in map(head_shape, g.head_dims):
                 for s in g.seqs:
                     for skv in (g.seqs_kv or (s,)):
                         for gqa in g.gqa:
@@ -130,8 +183,8 @@ def expand(cfg) -> list[Point]:
                                 batch, heads = g.batch, g.heads
                             if heads % gqa:
                                 continue
-                            points += [Point(dtype, causal, d, s, skv, batch, heads, gqa, p)
-                                       for p in g.passes]
+                            points += [Point(dtype, causal, d, s, skv, batch, heads, gqa, p,
+                                             dv) for p in g.passes]
     return points + decode_points(cfg.decode)
 
 
@@ -145,23 +198,25 @@ def decode_points(dec) -> list[Point]:
     points = []
     for dtype in dec.dtypes:
         item = 4 if dtype == "float32" else 2
-        for d in dec.head_dims:
+        for d, dv in map(head_shape, dec.head_dims):
             for sq in dec.seqs_q:
                 for skv in dec.seqs_kv:
                     for b in dec.batches:
                         for gqa in dec.gqa:
-                            kv_bytes = 2 * b * (dec.heads // gqa) * skv * d * item
+                            kv_bytes = b * (dec.heads // gqa) * skv * (d + (dv or d)) * item
                             if dec.heads % gqa or kv_bytes > cap:
                                 continue
-                            points.append(Point(dtype, False, d, sq, skv, b, dec.heads, gqa))
+                            points.append(Point(dtype, False, d, sq, skv, b, dec.heads, gqa,
+                                                head_dim_v=dv))
     return points
 
 
 def _grid_heads(g) -> dict[int, int]:
-    """Query heads per head dim under the grid's shape policy."""
+    """Query heads per head dim (q/k's: H·D = width) under the grid's shape policy."""
+    dims = [head_shape(e)[0] for e in g.head_dims]
     return {d: (tokens_shape(1, d, tokens=g.tokens, width=g.width,
                              heads_fallback=g.heads_fallback)[1]
-                if g.shape_policy == "tokens" else g.heads) for d in g.head_dims}
+                if g.shape_policy == "tokens" else g.heads) for d in dims}
 
 
 def impossible(cfg) -> str | None:
@@ -190,10 +245,12 @@ def left_out(cfg) -> list[str]:
     g, lines = cfg.grid, []
     per = len(g.dtypes) * len(g.causal) * len(g.seqs) * len(g.seqs_kv or (None,)) * \
         len(g.passes)
+    shapes = [head_shape(e)[0] for e in g.head_dims]  # D with every V head dim it comes in
     for d, h in _grid_heads(g).items():
         bad = [gqa for gqa in g.gqa if h % gqa]
         if bad:
-            lines.append(f"left out {per * len(bad)} grid point(s) at D={d}: GQA ratio(s) "
+            n = per * len(bad) * shapes.count(d)
+            lines.append(f"left out {n} grid point(s) at D={d}: GQA ratio(s) "
                          f"{bad} do not divide H={h}")
     dec = cfg.decode
     if dec.enabled:

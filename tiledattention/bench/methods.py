@@ -15,7 +15,7 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .grid import PINNED_PREFIX, Point, pinned_bwd_label, pinned_label
+from .grid import PINNED_PREFIX, Point, head_label, pinned_bwd_label, pinned_label
 from .variant_cases import flex_block_mask, modified_scores, parts_for, sdpa_mask, variant_of
 
 
@@ -55,6 +55,10 @@ class Method:
     # (bench.workload_cases.Inputs, WorkloadPoint) -> Prepared, raising Unavailable /
     # Unsupported where it cannot run the point; None: not measured there.
     workload: Callable | None = None
+    # The head shapes it runs, on any device: (D, D_v, pass) -> why not, or None (then its
+    # check decides, per device). The runner makes the reason the row's (``unsupported``);
+    # the config refuses a head shape no listed method runs. Default: any (torch's own).
+    head_limits: Callable = lambda d, dv, pass_: None
 
     @property
     def label(self) -> str:
@@ -65,8 +69,36 @@ def _gqa(point: Point) -> bool:
     return point.gqa > 1
 
 
+def _tiled_heads(d: int, dv: int, pass_: str) -> str | None:
+    """The kernel's head shapes (kernel/validate.py's limits): D and D_v multiples of 8 up
+    to 256, any pair; forward only past 256 (q/k up to 576, v up to 512)."""
+    from ..headdim import MAX_FWD_HEAD_DIM, MAX_FWD_VALUE_DIM, MAX_HEAD_DIM, supported_head_dim
+
+    shape = f"D {head_label(d, dv)}"
+    if not (supported_head_dim(d, MAX_FWD_HEAD_DIM)
+            and supported_head_dim(dv, MAX_FWD_VALUE_DIM)):
+        return (f"{shape}: the kernel takes multiples of 8 up to {MAX_HEAD_DIM} (forward "
+                f"only: q/k up to {MAX_FWD_HEAD_DIM}, v up to {MAX_FWD_VALUE_DIM})")
+    if pass_ != "fwd" and max(d, dv) > MAX_HEAD_DIM:
+        return (f"{shape}: the kernel's backward takes head dims up to "
+                f"{MAX_HEAD_DIM} (a gradient past it raises BackwardNotSupportedError); "
+                "forward only here")
+    return None
+
+
+def _one_head_dim(name: str, limit: int = 256):
+    """head_limits of a kernel with one head dim for q, k and v, a multiple of 8 up to
+    ``limit`` (FlashAttention-2, torch's FLASH_ATTENTION backend)."""
+    def limits(d, dv, pass_):
+        if d != dv:
+            return f"{name} takes one head dim for q, k and v, not {d}/{dv}"
+        if d % 8 or not 8 <= d <= limit:
+            return f"{name} takes head dims that are multiples of 8 up to {limit}, not {d}"
+        return None
+    return limits
+
+
 def _tiled_check(point, device):
-    from ..headdim import supported_head_dim
     from ..kernel.toolchain import tileiras_path
 
     if device.type != "cuda":
@@ -75,8 +107,6 @@ def _tiled_check(point, device):
         raise Unavailable("cuTile toolchain not installed (pip install 'cuda-tile[tileiras]')")
     if point.dtype not in ("float16", "bfloat16"):
         raise Unsupported(f"dtype {point.dtype}: the kernel takes float16 and bfloat16")
-    if not supported_head_dim(point.head_dim):
-        raise Unsupported(f"head dim {point.head_dim}: multiples of 8 up to 256")
 
 
 def _tiled_run(q, k, v, point, schedule=None):
@@ -98,15 +128,29 @@ def _tiled_bwd_run(q, k, v, point, bwd_schedule):
 
 
 def _tiled_describe(q, k, v, point):
+    from ..headdim import MAX_HEAD_DIM
     from ..schedules.policy import choose_schedule
 
-    schedule, how = choose_schedule(q, k, point.causal)
+    # The table's bucket is q's head dim; a wider V or D past 256 has none, and the kernel
+    # runs V's (or D's) default schedule (kernel/plan.py's choose_schedule, its backward's).
+    wide = point.value_dim > point.head_dim or point.head_dim > MAX_HEAD_DIM
+    if wide:
+        from ..kernel.plan import plan_for
+
+        plan = plan_for(q, k, v, None, point.causal, None, _gqa(point), False, None)
+        schedule, how = plan.schedule, "default"
+    else:
+        schedule, how = choose_schedule(q, k, point.causal)
     out = {"schedule": schedule.label(), "schedule_source": how}
     if point.pass_ != "fwd":
+        from ..schedules.backward import default_bwd_schedule
         from ..schedules.policy import choose_bwd_schedule
 
-        bwd, bwd_how = choose_bwd_schedule(q, k, point.causal,
-                                           variant=variant_of(point) is not None)
+        if wide:
+            bwd, bwd_how = default_bwd_schedule(point.value_dim, point.causal), "default"
+        else:
+            bwd, bwd_how = choose_bwd_schedule(q, k, point.causal,
+                                               variant=variant_of(point) is not None)
         out.update(bwd_schedule=bwd.label(), bwd_schedule_source=bwd_how)
     return out
 
@@ -290,10 +334,25 @@ def fa4_import_error() -> str | None:
     return None
 
 
-def fa4_head_dim_error(head_dim: int, major: int) -> str | None:
+# The one D_v != D shape FA4 ships (DeepSeek's MLA training, both architectures).
+FA4_HEAD_PAIRS = ((192, 128),)
+
+
+def _fa4_heads(d: int, dv: int, pass_: str) -> str | None:
+    """FA4's head shapes on any architecture it is measured on: D = D_v up to 256, or
+    (192, 128); fa4_head_dim_error decides per architecture."""
+    if d != dv and (d, dv) not in FA4_HEAD_PAIRS:
+        return (f"FA4 takes D_v != D only as {', '.join(f'{a}/{b}' for a, b in FA4_HEAD_PAIRS)}"
+                f", not {d}/{dv}")
+    return fa4_head_dim_error(d, 9) if d == dv else None
+
+
+def fa4_head_dim_error(head_dim: int, major: int, head_dim_v: int | None = None) -> str | None:
     """Why FA4 has no kernel for this head dim on compute capability ``major`` (its
     interface's _validate_head_dims: sm_90 takes 8..256, sm_100 8..128 and 256, multiples
-    of 8 for 16-bit types)."""
+    of 8 for 16-bit types; both take V's head dim differing only as (192, 128))."""
+    if head_dim_v not in (None, head_dim):
+        return _fa4_heads(head_dim, head_dim_v, "fwd")
     if head_dim % 8:
         return f"FA4 takes head dims that are multiples of 8, not {head_dim}"
     if major == 9 and not 8 <= head_dim <= 256:
@@ -317,7 +376,7 @@ def _fa4_device_check(point, device, name: str = "FA4"):
                           f"not sm_{major}{minor}")
     if point.dtype not in ("float16", "bfloat16"):
         raise Unsupported(f"dtype {point.dtype}: {name} takes float16 and bfloat16")
-    why = fa4_head_dim_error(point.head_dim, major)
+    why = fa4_head_dim_error(point.head_dim, major, getattr(point, "head_dim_v", None))
     if why:
         raise Unsupported(why)
 
@@ -834,27 +893,28 @@ FUSED = "torch_sdpa"
 METHODS: dict[str, Method] = {m.name: m for m in (
     Method("tiledattention", "this project's cuTile kernel", True, _tiled_run, _tiled_check,
            _tiled_describe, _tiled_geometry, color="C0", kernel_filter="regex:attention_fwd",
-           variants=True, workload=_ours_workload),
+           variants=True, workload=_ours_workload, head_limits=_tiled_heads),
     Method("torch_sdpa", "torch SDPA, automatic backend dispatch", False, _torch_run(None),
            describe=_auto_describe, color="C1", kernel_filter="regex:sdpa|flash|fmha|attention",
            headline="torch_sdpa (fused SDPA), all points", headline_by_head_dim=True),
     Method("flash", "torch SDPA forced to FLASH_ATTENTION", True, _torch_run("flash"),
            _cuda_only, color="C2", kernel_filter="regex:flash",
-           headline="flash (forced FlashAttention-2)"),
+           headline="flash (forced FlashAttention-2)",
+           head_limits=_one_head_dim("torch's FLASH_ATTENTION backend")),
     Method("cudnn", "torch SDPA forced to CUDNN_ATTENTION", True, _torch_run("cudnn"),
            _cuda_only, color="C3", kernel_filter="regex:sdpa", headline="cudnn (forced)"),
     Method("efficient", "torch SDPA forced to EFFICIENT_ATTENTION", True,
            _torch_run("efficient"), _cuda_only, color="C4", kernel_filter="regex:fmha"),
     Method("flash_attn", "the flash_attn package (FlashAttention-2)", True, _flash_attn_run,
-           _flash_attn_check, color="C5"),
+           _flash_attn_check, color="C5", head_limits=_one_head_dim("FlashAttention-2")),
     # FlashAttention-4: the grid, decode and the variants it expresses natively.
     Method("fa4", "FlashAttention-4 (flash-attn-4, flash_attn.cute.flash_attn_func)", True,
            _fa4_run, _fa4_check, _fa4_describe, color="indigo",
            headline="fa4 (FlashAttention-4)", display="FA4", variants=True,
-           workload=_fa4_workload),
+           workload=_fa4_workload, head_limits=_fa4_heads),
     Method("sdpa_fa4", "torch SDPA forced to FLASH_ATTENTION with FA4 as the flash impl",
            True, _sdpa_fa4_run, _sdpa_fa4_check, color="sienna", display="SDPA (FA4)",
-           scope=fa4_sdpa_impl),
+           scope=fa4_sdpa_impl, head_limits=_one_head_dim("torch's flash backend (FA4 impl)")),
     # cuDNN's own frontend: its graphs as NVIDIA's samples build them (GQA, D_qk != D_v,
     # large head dims, FP8 forward), not torch's cudnn backend's subset.
     Method("cudnn_fe", "cuDNN's SDPA through its Python frontend (nvidia-cudnn-frontend), "
@@ -899,6 +959,14 @@ METHODS: dict[str, Method] = {m.name: m for m in (
 )}
 
 
+def head_shape_methods(d: int, dv: int, pass_: str) -> list[str]:
+    """The registry's methods for the dense grid (not the variants' or the workloads' own)
+    whose ``head_limits`` allow (D, D_v) in ``pass_``: what a config may name to run it."""
+    own = (_workload_only_check, _flex_check, _flex_flash_check, _sdpa_mask_check)
+    return [m.name for m in METHODS.values()
+            if m.check not in own and not m.head_limits(d, dv, pass_)]
+
+
 def methods_help(names) -> str:
     """``names`` as help prose (a config key's, its schema's, its option's): each with the
     registry's description, so a method is named and described once, in its entry."""
@@ -936,7 +1004,8 @@ def get_method(name: str) -> Method:
                       True, lambda q, k, v, point: _tiled_bwd_run(q, k, v, point, bwd),
                       _tiled_check, lambda q, k, v, point: {
                           **_tiled_describe(q, k, v, point), "bwd_schedule": bwd.label(),
-                          "bwd_schedule_source": "pinned"}, _tiled_geometry)
+                          "bwd_schedule_source": "pinned"}, _tiled_geometry,
+                      head_limits=_tiled_heads)
     label = pinned_label(name)
     if label is not None:
         from ..schedules.schedule import Schedule
@@ -946,7 +1015,8 @@ def get_method(name: str) -> Method:
                       True, lambda q, k, v, point: _tiled_run(q, k, v, point, schedule),
                       _tiled_check, lambda q, k, v, point: {"schedule": schedule.label(),
                                                             "schedule_source": "pinned"},
-                      lambda q, k, v, point: _tiled_geometry(q, k, v, point, schedule))
+                      lambda q, k, v, point: _tiled_geometry(q, k, v, point, schedule),
+                      head_limits=_tiled_heads)
     raise KeyError(f"{name!r} is not one of {sorted(METHODS)} nor {PINNED_PREFIX}<schedule "
                    "label>, e.g. tiledattention@64x128_o2_c1_lk2_lv4, nor "
                    f"{PINNED_PREFIX}bwd:<backward schedule label>, e.g. "

@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from ..flops import attention_flops, tflops_per_s
+from ..flops import tflops_per_s
 from ..launchers import jobenv
 from ..timing import L2Flusher, as_cuda_graph, summarize, time_calls, time_cpu, time_cuda
 from ..tolerance import relative_error, rtol_bwd
@@ -62,12 +62,12 @@ def make_inputs(point: Point, seed: int, device: torch.device):
     gen = torch.Generator(device=device).manual_seed(_seed_for(seed, point))
     dtype = getattr(torch, point.dtype)
 
-    def rand(heads, seq):
-        return torch.randn(point.batch, heads, seq, point.head_dim, generator=gen,
+    def rand(heads, seq, dim=point.head_dim):
+        return torch.randn(point.batch, heads, seq, dim, generator=gen,
                            device=device, dtype=dtype)
 
     return rand(point.heads, point.seq_q), rand(point.heads_kv, point.seq_kv), \
-        rand(point.heads_kv, point.seq_kv)
+        rand(point.heads_kv, point.seq_kv, point.value_dim)
 
 
 def _ref_slice(point: Point, max_heads: int) -> tuple[int, int]:
@@ -86,9 +86,9 @@ def reference(q, k, v, point: Point, max_heads: int):
 
 
 def make_dout(point: Point, seed: int, device: torch.device):
-    """The upstream gradient dO of a backward pass (seeded like the inputs)."""
+    """The upstream gradient dO of a backward pass (seeded like the inputs; V's head dim)."""
     gen = torch.Generator(device=device).manual_seed(_seed_for(seed + 1, point))
-    return torch.randn(point.batch, point.heads, point.seq_q, point.head_dim, generator=gen,
+    return torch.randn(point.batch, point.heads, point.seq_q, point.value_dim, generator=gen,
                        device=device, dtype=getattr(torch, point.dtype))
 
 
@@ -142,11 +142,12 @@ def pass_callable(run, q, k, v, dout, pass_: str):
 
 def _bytes_moved(point: Point) -> int:
     """Compulsory bytes: forward reads q, k, v and writes out; the backward reads q, k, v,
-    out and dO and writes dq, dk, dv."""
+    out and dO and writes dq, dk, dv (q, k, dq, dk at D; v, out, dO, dv at V's head dim)."""
     elem = torch.finfo(getattr(torch, point.dtype)).bits // 8
-    qs = point.batch * point.heads * point.seq_q * point.head_dim
-    kvs = point.batch * point.heads_kv * point.seq_kv * point.head_dim
-    per = {"fwd": 2 * qs + 2 * kvs, "bwd": 4 * qs + 4 * kvs}
+    rows_q = point.batch * point.heads * point.seq_q
+    rows_kv = point.batch * point.heads_kv * point.seq_kv
+    width = point.head_dim + point.value_dim  # one tensor at D and one at D_v
+    per = {"fwd": (rows_q + rows_kv) * width, "bwd": 2 * (rows_q + rows_kv) * width}
     total = per["fwd"] * (point.pass_ != "bwd") + per["bwd"] * (point.pass_ != "fwd")
     return elem * total
 
@@ -234,6 +235,10 @@ def _run_point(point: Point, methods: list[str], cfg: BenchConfig, device, flush
         row = rows[m]
         held = contextlib.ExitStack()
         try:
+            # A head shape the method never runs says so on any machine, GPU or not.
+            why = method.head_limits(point.head_dim, point.value_dim, point.pass_)
+            if why:
+                raise Unsupported(why)
             if method.needs_cuda and device.type != "cuda":
                 raise Unavailable("needs a CUDA GPU")
             method.check(point, device)
@@ -276,8 +281,7 @@ def _run_point(point: Point, methods: list[str], cfg: BenchConfig, device, flush
             held.close()
     samples, call_samples, calls = time_methods(callables, eager, scopes, t, device, flush,
                                                 rows)
-    flops = attention_flops(point.batch, point.heads, point.seq_q, point.seq_kv,
-                            point.head_dim, point.causal, point.pass_)
+    flops = point.flops()
     nbytes = _bytes_moved(point)
     for m in callables:
         st = summarize(samples[m])

@@ -13,7 +13,7 @@ over data; every measured S is a labelled tick.
 
 from __future__ import annotations
 
-from ...bench.grid import pinned_label
+from ...bench.grid import head_label, head_labels, head_shape, pinned_label, row_head_label
 from ...bench.methods import METHODS, SUBJECT
 from .hardware import gpu_title, peak_of
 from .plotting import color as _color
@@ -49,13 +49,23 @@ def slug(p: str) -> str:
     return p.replace("+", "")
 
 
+def head_slug(d: int, dv: int | None = None) -> str:
+    """A head shape as a file-name part, as in point keys: 128, or 192v128 (D_v differs)."""
+    return f"{d}" if dv in (None, d) else f"{d}v{dv}"
+
+
+def _shape_order(shape):
+    return shape[0], shape[1] or 0
+
+
 def names(head_dims, passes=("fwd",), decode: bool = False, model: bool = False) -> list[str]:
-    """The figures write_all writes for a study over ``head_dims`` and ``passes`` (with
-    decode points, with the model stage), by file stem: the workflow lists its outputs from
-    here."""
+    """The figures write_all writes for a study over ``head_dims`` (D, or [D, D_v]) and
+    ``passes`` (with decode points, with the model stage), by file stem: the workflow lists
+    its outputs from here."""
+    shapes = sorted({head_shape(e) for e in head_dims}, key=_shape_order)
     out = []
     for p in passes:
-        out += [f"throughput_{slug(p)}_d{d}" for d in sorted(set(head_dims))]
+        out += [f"throughput_{slug(p)}_d{head_slug(d, dv)}" for d, dv in shapes]
         out += [f"regime_map_{slug(p)}", f"ratios_vs_seq_{slug(p)}", f"baselines_d128_{slug(p)}"]
     return out + (["decode"] if decode else []) + [
         "utilisation", "tile_sensitivity", "shapes", "variants"] + (
@@ -143,8 +153,9 @@ def _by_seq(rows, **match):
 
 
 def _ok(rows, **match):
+    # .get: head_dim_v is in a row only where V's head dim differs
     return [r for r in rows if r["status"] == "ok"
-            and all(r[k] == v for k, v in match.items())]
+            and all(r.get(k) == v for k, v in match.items())]
 
 
 def _peak_line(ax, gpu, what="tflops"):
@@ -177,19 +188,23 @@ def throughput_vs_seq(rows, out_dir, gpu=None) -> list[str]:
     paths = []
     methods = [m for m in methods_in(rows) if pinned_label(m) is None]
     for p, mine in _by_pass(rows):
-        for d in sorted({q["head_dim"] for q in points_of(mine).values()}):
-            name = f"throughput_{slug(p)}_d{d}"
-            what = f"{PASS_NAME[p]} throughput vs S, D={d} (whisker: p95 time)"
-            panels = _drawn_panels(mine, head_dim=d)
+        shapes = {(q["head_dim"], q.get("head_dim_v")) for q in points_of(mine).values()}
+        for d, dv in sorted(shapes, key=_shape_order):
+            name = f"throughput_{slug(p)}_d{head_slug(d, dv)}"
+            what = (f"{PASS_NAME[p]} throughput vs S, D={head_label(d, dv)} "
+                    "(whisker: p95 time)")
+            panels = _drawn_panels(mine, head_dim=d, head_dim_v=dv)
             if not panels:
-                paths += _empty_figure(plt, gpu, _why_empty(mine, lambda r, d=d: (
-                    r.get("head_dim") == d)), name, what, out_dir)
+                paths += _empty_figure(plt, gpu, _why_empty(mine, lambda r, d=d, dv=dv: (
+                    r.get("head_dim") == d and r.get("head_dim_v") == dv)), name, what,
+                    out_dir)
                 continue
             fig, axes = _grid(plt, len(panels))
             for ax, (dtype, causal) in zip(axes, panels):
                 seqs, drawn = [], []
                 for m in methods:
-                    ok = _by_seq(mine, method=m, head_dim=d, dtype=dtype, causal=causal)
+                    ok = _by_seq(mine, method=m, head_dim=d, head_dim_v=dv, dtype=dtype,
+                                 causal=causal)
                     if not ok:
                         continue
                     s = [r["seq_q"] for r in ok]
@@ -212,9 +227,10 @@ def throughput_vs_seq(rows, out_dir, gpu=None) -> list[str]:
 
 
 def _cell_ratios(best, dtype, causal, measure="kernel"):
-    """{(D, S): TiledAttention ÷ the fastest fused baseline} over one dtype/mask's points."""
+    """{(D, S): TiledAttention ÷ the fastest fused baseline} over one dtype/mask's points
+    (D: the head shape's label, "192/128" where V's head dim differs)."""
     def cell(q):
-        return (q["head_dim"], q["seq_q"]) if (q["dtype"], q["causal"]) == (dtype, causal) \
+        return (row_head_label(q), q["seq_q"]) if (q["dtype"], q["causal"]) == (dtype, causal) \
             else None
 
     per = compare_by(best, SUBJECT, BEST, cell, measure)
@@ -237,7 +253,7 @@ def regime_map(rows, out_dir, gpu=None) -> list[str]:
         fig, axes = _grid(plt, len(panels))
         for ax, (dtype, causal) in zip(axes, panels):
             cell, cells = _cell_ratios(best, dtype, causal)
-            ds = sorted({k[0] for k in cells})
+            ds = [d for d in head_labels(points_of(mine).values()) if d in {k[0] for k in cells}]
             ss = sorted({k[1] for k in cells})
             grid = [[cells.get((d, s), float("nan")) for s in ss] for d in ds]
             im = ax.imshow(grid, cmap="RdYlGn", vmin=0.5, vmax=1.5, aspect="auto",
@@ -269,7 +285,7 @@ def ratios_vs_seq(rows, out_dir, gpu=None) -> list[str]:
     paths = []
     for mine, best, name, what in _ratio_passes(
             rows, "ratios_vs_seq", ": kernel time (solid), call latency (dashed)"):
-        ds = sorted({q["head_dim"] for q in points_of(mine).values()})
+        ds = head_labels(points_of(mine).values())
         drawn = []
         for dtype, causal in _panels(mine):
             lines = []
@@ -277,7 +293,7 @@ def ratios_vs_seq(rows, out_dir, gpu=None) -> list[str]:
                 for measure, style in (("kernel", "-"), ("call", "--")):
                     per = compare_by(best, SUBJECT, BEST,
                                      lambda q, d=d, dt=dtype, c=causal: q["seq_q"]
-                                     if (q["head_dim"], q["dtype"], q["causal"]) == (d, dt, c)
+                                     if (row_head_label(q), q["dtype"], q["causal"]) == (d, dt, c)
                                      else None, measure)
                     per.pop(None, None)
                     pts = sorted((s, r.geomean) for s, r in per.items() if r.n)
@@ -312,18 +328,20 @@ def baselines_at_d128(rows, out_dir, gpu=None) -> list[str]:
     for p, mine in _by_pass(rows):
         name = f"baselines_d128_{slug(p)}"
         what = f"{PASS_NAME[p]}, every baseline at D={d}"
-        ds = sorted({q["head_dim"] for q in points_of(mine).values()})
-        panels = _drawn_panels(mine, head_dim=d)
+        ds = head_labels(points_of(mine).values())
+        panels = _drawn_panels(mine, head_dim=d, head_dim_v=None)  # D_v = D only
         if not panels:
             why = (f"no D={d} points in this study (D measured: {ds})" if d not in ds else
-                   _why_empty(mine, lambda r: r.get("head_dim") == d))
+                   _why_empty(mine, lambda r: r.get("head_dim") == d
+                              and r.get("head_dim_v") is None))
             paths += _empty_figure(plt, gpu, why, name, what, out_dir)
             continue
         fig, axes = _grid(plt, len(panels))
         for ax, (dtype, causal) in zip(axes, panels):
             seqs, drawn = [], []
             for m in [m for m in METHODS if m in methods_in(mine)]:
-                ok = _by_seq(mine, method=m, head_dim=d, dtype=dtype, causal=causal)
+                ok = _by_seq(mine, method=m, head_dim=d, head_dim_v=None, dtype=dtype,
+                             causal=causal)
                 if ok:
                     ax.plot([r["seq_q"] for r in ok], [r["tflops"] for r in ok], label=m,
                             **_style(m))
@@ -459,7 +477,7 @@ def _wrap(text: str) -> str:
 def _point_label(p: dict) -> str:
     """A point as a short tick label: "fp16 causal D64 S1024"."""
     return (f"{p['dtype'].replace('float', 'fp').replace('bfloat', 'bf')} "
-            f"{'causal' if p['causal'] else 'full'} D{p['head_dim']} S{p['seq_q']}")
+            f"{'causal' if p['causal'] else 'full'} D{row_head_label(p)} S{p['seq_q']}")
 
 
 def utilisation(rows, out_dir, gpu=None) -> list[str]:

@@ -27,6 +27,8 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "dtype": ("", "element type of q, k, v"),
     "causal": ("", "causal (top-left aligned) mask"),
     "head_dim": ("", "head dimension D"),
+    "head_dim_v": ("", "V's head dimension D_v where it differs from D (MLA's 192/128); "
+                   "absent: D"),
     "seq_q": ("tokens", "query sequence length Sq"),
     "seq_kv": ("tokens", "key/value sequence length Skv"),
     "batch": ("", "batch size B"),

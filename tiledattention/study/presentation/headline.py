@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ...bench.grid import head_labels, row_head_label
 from ...bench.methods import FUSED, METHODS, SUBJECT
 from .ratios import (
     BEST,
@@ -41,7 +42,7 @@ class Line:
     kernel: RatioSummary
     call: RatioSummary
     fastest: dict[str, int] | None = None  # BEST: points each fused baseline was fastest at
-    head_dim: int | None = None
+    head_dim: int | str | None = None  # its head shape's label (grid.head_label)
     dtype: str | None = None
 
     def cells(self) -> list:
@@ -57,8 +58,9 @@ def _line(rows, stage, pass_, baseline, label, where=lambda p: True, **kw) -> Li
                 fastest_counts(rows, SUBJECT, where) if baseline == BEST else None, **kw)
 
 
-def _head_dims(rows) -> list[int]:
-    return sorted({p["head_dim"] for p in points_of(rows).values()})
+def _head_dims(rows) -> list[int | str]:
+    """The head shapes' labels (D, or "192/128" where V's head dim differs)."""
+    return head_labels(points_of(rows).values())
 
 
 def _forward(rows: list[dict]) -> list[Line]:
@@ -70,7 +72,8 @@ def _forward(rows: list[dict]) -> list[Line]:
     if fused_baselines(present):
         out.append(_line(rows, "bench", "fwd", BEST, "fastest fused baseline, all points"))
         out += [_line(rows, "bench", "fwd", BEST, f"fastest fused, D={d}",
-                      lambda p, d=d: p["head_dim"] == d, head_dim=d) for d in _head_dims(rows)]
+                      lambda p, d=d: row_head_label(p) == d, head_dim=d)
+                for d in _head_dims(rows)]
     for m in METHODS.values():
         label = m.headline or (m.label if m.fused else None)
         if m.name == SUBJECT or label is None or m.name not in present:
@@ -78,7 +81,7 @@ def _forward(rows: list[dict]) -> list[Line]:
         out.append(_line(rows, "bench", "fwd", m.name, label))
         if m.headline_by_head_dim:
             out += [_line(rows, "bench", "fwd", m.name, f"{m.label}, D={d}",
-                          lambda p, d=d: p["head_dim"] == d, head_dim=d)
+                          lambda p, d=d: row_head_label(p) == d, head_dim=d)
                     for d in _head_dims(rows)]
     return out
 

@@ -50,8 +50,8 @@ class RatioSummary:
 # The pseudo-method of the fastest fused baseline at each point (never a registry name).
 BEST = "fastest fused"
 # The fields that place a row at its point (copied onto the BEST row of that point).
-_POINT_FIELDS = ("point_key", "dtype", "causal", "head_dim", "seq_q", "seq_kv", "batch",
-                 "heads", "gqa", "pass", "variant", "device")
+_POINT_FIELDS = ("point_key", "dtype", "causal", "head_dim", "head_dim_v", "seq_q", "seq_kv",
+                 "batch", "heads", "gqa", "pass", "variant", "device")
 
 
 def baselines(rows: list[dict]) -> list[str]:

@@ -10,6 +10,7 @@ its aligned neighbour) and one figure (``shapes``).
 
 from __future__ import annotations
 
+from ...bench.grid import row_head_label
 from ...bench.methods import FUSED, SUBJECT
 from .hardware import AT_CLOCK, at_clock_cell, at_clock_note, gpu_title
 from .plotting import color, grid, no_data, plt, save
@@ -47,7 +48,7 @@ def shapes_table(rows: list[dict], gpu: str | None = None):
         a = ours["tflops"] if _ok(ours) else (ours or {}).get("status")
         b = sdpa["tflops"] if _ok(sdpa) else (sdpa or {}).get("status")
         t.rows.append([
-            p["dtype"], "causal" if p["causal"] else "full", p["head_dim"], p["seq_q"],
+            p["dtype"], "causal" if p["causal"] else "full", row_head_label(p), p["seq_q"],
             p["batch"], p["heads"], ((ours or {}).get("details") or {}).get("schedule"),
             g.get("programs"), g.get("per_sm"), g.get("waves"), g.get("tail_efficiency"),
             g.get("head_dim_pad_fraction"), g.get("seq_q_pad_fraction"),

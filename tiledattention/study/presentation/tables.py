@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 
-from ...bench.grid import pinned_label
+from ...bench.grid import head_labels, pinned_label, row_head_label
 from ...bench.methods import FUSED, SUBJECT
 from .hardware import AT_CLOCK, at_clock_cell, at_clock_note, pct_at_clock
 from .headline import table as headline_table
@@ -105,10 +105,10 @@ def _with_note(t: Table, per: dict) -> Table:
 
 
 def by_head_dim(rows: list[dict]) -> Table:
-    per = _pairs_by(rows, lambda p: p["head_dim"])
+    per = _pairs_by(rows, row_head_label)
     t = Table("ratios_by_head_dim", f"{SUBJECT} ÷ baseline by head dim: kernel time / call "
               "latency", ["D"] + list(per), notes=[_PAIR_NOTE])
-    for d in sorted({p["head_dim"] for p in points_of(rows).values()}):
+    for d in head_labels(points_of(rows).values()):
         t.rows.append([d] + [_pair(k.get(d), c.get(d)) for k, c in per.values()])
     return _with_note(t, per)
 
@@ -147,7 +147,7 @@ def _per_point(rows: list[dict], name: str, title: str, column: str) -> Table:
             cells.append(None if r is None else r.get("status") if r.get("status") != "ok"
                          else None if r.get(column) is None
                          else float(f"{r[column]:.4g}"))
-        t.rows.append([p["dtype"], "causal" if p["causal"] else "full", p["head_dim"],
+        t.rows.append([p["dtype"], "causal" if p["causal"] else "full", row_head_label(p),
                        p["seq_q"], p["batch"], p["heads"]] + cells)
     return t
 
@@ -171,7 +171,7 @@ def per_point_ratios(rows: list[dict], gpu: str | None = None) -> Table:
         name = None if best is None else best["best_of"].get("kernel") or "none ok"
         cells = [_ratio(ts, idx.get((key, b))) for b in others]
         its = idx.get((key, name)) if tb else None  # the fastest's own row: its clock
-        t.rows.append([p["dtype"], "causal" if p["causal"] else "full", p["head_dim"],
+        t.rows.append([p["dtype"], "causal" if p["causal"] else "full", row_head_label(p),
                        p["seq_q"], p["batch"], p["heads"], pass_of(p), name, tb,
                        ts if ts else None if ours is None else ours.get("status"),
                        at_clock_cell(its, gpu), at_clock_cell(ours, gpu),

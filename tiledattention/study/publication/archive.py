@@ -43,7 +43,8 @@ SNAPSHOT_SHIPPED = (
     "config/reference.yaml", "config/scaling.yaml",
     "config/smoke.yaml", "config/bench-backward.yaml", "config/bench-decode.yaml",
     "config/bench-h100-small.yaml", "config/bench-sdpa.yaml", "config/bench-smoke.yaml",
-    "config/shapes-head-dims.yaml", "config/shapes-models.yaml", "config/shapes-seqs.yaml",
+    "config/shapes-head-dims.yaml", "config/shapes-heads.yaml", "config/shapes-models.yaml",
+    "config/shapes-seqs.yaml",
     "config/variants-h100.yaml",
     "profiles/README.md", "profiles/local/config.yaml", "profiles/slurm/README.md",
     "profiles/slurm/config.yaml")
