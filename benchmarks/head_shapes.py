@@ -26,7 +26,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from varlen import table  # noqa: E402
+from varlen import backward_row, fa4, table  # noqa: E402
 
 import tiledattention as ta  # noqa: E402
 from tiledattention.bench import cudnn_fe  # noqa: E402
@@ -39,17 +39,6 @@ BF16 = torch.bfloat16
 # the wide ones (forward only).
 SHAPES = [(192, 128, 16, True), (192, 192, 16, True), (128, 128, 16, True),
           (128, 64, 16, True), (64, 64, 32, True), (512, 512, 8, False), (576, 512, 8, False)]
-
-
-def fa4_func(site):
-    if site:  # scripts/device-baselines.sh's --target install (its .pth not applied)
-        sys.path[:0] = [site, f"{site}/nvidia_cutlass_dsl/dsl_packages"]
-    try:
-        from flash_attn.cute import flash_attn_func
-
-        return flash_attn_func
-    except Exception as exc:  # noqa: BLE001 - reported as unavailable
-        return f"unavailable: {type(exc).__name__}: {exc}"[:120]
 
 
 def methods(q, k, v, causal, fa):
@@ -67,13 +56,16 @@ def methods(q, k, v, causal, fa):
 
 
 def point(dqk, dv, h, train, causal, b, s, fa, flush):
-    q, k = (torch.randn(b, h, s, dqk, device="cuda", dtype=BF16) for _ in range(2))
-    v = torch.randn(b, h, s, dv, device="cuda", dtype=BF16)
+    # Leaves for varlen.backward_row's forward+backward; the forward runs under no_grad.
+    q, k = (torch.randn(b, h, s, dqk, device="cuda", dtype=BF16, requires_grad=train)
+            for _ in range(2))
+    v = torch.randn(b, h, s, dv, device="cuda", dtype=BF16, requires_grad=train)
     with torch.no_grad():
-        ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal)
+        ref = F.scaled_dot_product_attention(*(t.float() for t in (q, k, v)), is_causal=causal)
     base = dict(d=dqk, dv=dv, h=h, causal=causal)
     rows = []
-    for name, fn in methods(q, k, v, causal, fa).items():
+    fns = methods(q, k, v, causal, fa)
+    for name, fn in fns.items():
         row = dict(base, method=name, pass_="fwd")
         if isinstance(fn, str):
             rows.append(dict(row, status=fn))
@@ -90,31 +82,9 @@ def point(dqk, dv, h, train, causal, b, s, fa, flush):
         except Exception as exc:  # noqa: BLE001 - one method's failure is a row
             rows.append(dict(row, status=f"error: {type(exc).__name__}: {exc}"[:160]))
         if train and rows[-1]["status"] == "ok":
-            rows.append(train_row(row, fn, (q, k, v), flush,
-                                  attention_flops(b, h, s, s, dqk, causal, "fwd+bwd",
-                                                  head_dim_v=dv)))
+            # backward_row counts 3.5x the forward's FLOPs: attention_flops' fwd+bwd.
+            rows.append(backward_row(row, name, fns, flops, flush, q, k, v))
     return rows
-
-
-def train_row(row, fn, leaves, flush, flops):
-    for t in leaves:
-        t.requires_grad_(True)
-    grad = None
-
-    def step():
-        nonlocal grad
-        o = fn()
-        grad = torch.randn_like(o) if grad is None else grad
-        torch.autograd.backward(o, grad)
-    try:
-        ms = summarize(time_cuda(step, flush=flush, reps=20)).median_ms
-        return dict(row, pass_="fwd+bwd", status="ok", ms=ms, tflops=flops / ms / 1e9)
-    except Exception as exc:  # noqa: BLE001
-        return dict(row, pass_="fwd+bwd", status=f"error: {type(exc).__name__}: {exc}"[:160])
-    finally:
-        for t in leaves:
-            t.grad = None
-            t.requires_grad_(False)
 
 
 def main(argv=None) -> int:
@@ -125,7 +95,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json")
     ap.add_argument("--shapes", nargs="*", help="D_qk,D_v pairs to run (default: all)")
     args = ap.parse_args(argv)
-    fa = fa4_func(args.fa4_site)
+    fa = fa4(args.fa4_site, "flash_attn_func")
     print("fa4:", "importable" if callable(fa) else fa)
     flush = L2Flusher()
     rows = []

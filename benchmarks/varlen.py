@@ -45,13 +45,14 @@ def doc_lengths(tokens: int, seed: int, median=512, sigma=1.0, cap=8192) -> list
     return lens
 
 
-def fa4(site):
+def fa4(site, name="flash_attn_varlen_func"):
+    """FA4's ``flash_attn.cute.<name>``, else the reason it is unavailable."""
     if site:  # scripts/device-baselines.sh's --target install (its .pth not applied)
         sys.path[:0] = [site, f"{site}/nvidia_cutlass_dsl/dsl_packages"]
     try:
-        from flash_attn.cute import flash_attn_varlen_func
+        import flash_attn.cute as cute
 
-        return flash_attn_varlen_func
+        return getattr(cute, name)
     except Exception as exc:  # noqa: BLE001 - reported as unavailable
         return f"unavailable: {type(exc).__name__}: {exc}"[:120]
 
