@@ -13,8 +13,8 @@
 #
 # 1. installs the wheel kit (.whl, from scripts/pack-study-wheels.sh) into $SITE and puts a
 #    `tiledattn` command there that runs this checkout (skipped when already installed);
-# 2. activates the carried cuTile toolchain (.toolchain/activate.sh) when there is one, and
-#    on a GPU compiles the planned points' kernels in parallel first (tiledattn precompile,
+# 2. activates the carried cuTile toolchain ($TOOLCHAIN/activate.sh, default .toolchain) when
+#    there is one, and on a GPU compiles the planned points' kernels in parallel first (tiledattn precompile,
 #    once per machine and set of plans);
 # 3. runs `snakemake --profile profiles/local --configfile CONFIG` on $GPUS GPUs (default:
 #    every visible one; the first $GPUS are made visible, `--resources gpu=$GPUS`), stopped
@@ -116,8 +116,9 @@ export PYTHONUNBUFFERED=1 CUDA_TILE_CACHE_DIR=${CUDA_TILE_CACHE_DIR:-/tmp/cutile
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 
 # 2. The cuTile toolchain.
-if [ -f .toolchain/activate.sh ]; then
-  . .toolchain/activate.sh >&2 || { echo "device-study: .toolchain failed" >&2; exit 1; }
+TOOLCHAIN=${TOOLCHAIN:-.toolchain}
+if [ -f "$TOOLCHAIN/activate.sh" ]; then
+  . "$TOOLCHAIN/activate.sh" >&2 || { echo "device-study: $TOOLCHAIN failed" >&2; exit 1; }
 fi
 command -v snakemake >/dev/null || { echo "device-study: no snakemake (carry .whl)" >&2
                                      exit 2; }

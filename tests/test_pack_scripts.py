@@ -259,7 +259,9 @@ def _device_study(tmp_path: Path, **env) -> subprocess.CompletedProcess:
     stub.mkdir(exist_ok=True)
     (stub / "snakemake").write_text("#!/bin/sh\n[ \"$1\" = --version ] && echo 9.0\nexit 0\n")
     (stub / "snakemake").chmod(0o755)
+    # TOOLCHAIN: not the checkout's carried .toolchain (a developer's, Python 3.12's).
     base = {"PATH": f"{stub}:/usr/bin:/bin", "KIT": str(tmp_path / "no-kit"),
+            "TOOLCHAIN": str(tmp_path / "no-toolchain"),
             "SITE": str(tmp_path / "site"), "RESULTS": str(tmp_path / "results" / "smoke"),
             "PRECOMPILE": "0", "TILEDATTENTION_SOURCE_REVISION": "x"}
     return subprocess.run(["bash", "scripts/device-study.sh", "config/smoke.yaml", "60"],
