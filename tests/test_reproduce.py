@@ -183,6 +183,7 @@ def test_device_study_reproduce_re_runs_a_bundle_and_continues_a_stopped_re_run(
     the finished re-run instead of refusing its directory."""
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
                KIT=str(tmp_path / "no-kit"), SITE=str(tmp_path / "site"),
+               TOOLCHAIN=str(tmp_path / "no-toolchain"),  # not a developer's carried one
                WORKDIR=str(tmp_path / "work"), OUT=str(tmp_path / "out"), PRECOMPILE="0")
     for _ in range(2):
         run = subprocess.run(["bash", "scripts/device-study.sh", "--reproduce", str(original),
