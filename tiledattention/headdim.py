@@ -22,6 +22,11 @@ MAX_CHUNKS = 3
 MIN_CHUNK = 16
 
 
+def value_dim(head_dim: int, head_dim_v: int | None) -> int:
+    """V's (and the output's) head dim: ``head_dim_v``, or Q/K's where it is None (one head dim)."""
+    return head_dim if head_dim_v is None else head_dim_v
+
+
 @dataclass(frozen=True)
 class HeadDimPlan:
     """Chunk widths (non-increasing powers of two) covering a head dim ``d``."""

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 
 from ..errors import ConfigError
 from ..flops import PASSES, attention_flops
+from ..headdim import value_dim
 
 # The passes tuning knows: fwd tunes the forward's schedule, fwd+bwd the backward's.
 TUNE_PASSES = ("fwd", "fwd+bwd")
@@ -126,7 +127,7 @@ class Point:
     @property
     def value_dim(self) -> int:
         """V's head dim (and the output's, and dO's)."""
-        return self.head_dim if self.head_dim_v is None else self.head_dim_v
+        return value_dim(self.head_dim, self.head_dim_v)
 
     @property
     def head_label(self) -> int | str:

@@ -23,6 +23,7 @@ from ..headdim import (
     MAX_FWD_VALUE_DIM,
     MAX_HEAD_DIM,
     supported_head_dim,
+    value_dim,
 )
 from ..schedules.schedule import Schedule
 from ..schedules.space import rejection
@@ -50,7 +51,7 @@ class Problem:
 
     @property
     def value_dim(self) -> int:
-        return self.head_dim if self.head_dim_v is None else self.head_dim_v
+        return value_dim(self.head_dim, self.head_dim_v)
 
 
 def _dtype_names() -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..headdim import plan_head_dim
+from ..headdim import plan_head_dim, value_dim
 from ..schedules.backward import BwdSchedule
 from ..schedules.schedule import Schedule
 
@@ -112,7 +112,7 @@ class Variant(_Shared):
 
     @property
     def value_dim(self) -> int:
-        return self.head_dim if self.head_dim_v is None else self.head_dim_v
+        return value_dim(self.head_dim, self.head_dim_v)
 
     def constants(self) -> dict[str, int | bool]:
         """The kernel's ``ct.Constant`` arguments by parameter name."""
@@ -157,7 +157,7 @@ class BwdVariant(_Shared):
 
     @property
     def value_dim(self) -> int:
-        return self.head_dim if self.head_dim_v is None else self.head_dim_v
+        return value_dim(self.head_dim, self.head_dim_v)
 
     @property
     def wide_dim(self) -> int:
