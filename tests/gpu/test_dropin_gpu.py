@@ -174,16 +174,21 @@ def test_what_the_kernel_does_not_do_on_the_gpu_goes_to_pytorch_counted():
         dropped = F.scaled_dot_product_attention(q.to(DTYPE), k.to(DTYPE), v.to(DTYPE),
                                                  dropout_p=0.3)
         odd = F.scaled_dot_product_attention(*(t[..., :20].to(DTYPE) for t in (q, k, v)))
-        # PyTorch takes a value head dim unlike the query's; sdpa's checks refuse it.
+        # A value head dim unlike the query's is the kernel's (D_qk != D_v) where both are
+        # head dims it takes; a V of 20 is refused by sdpa's checks and goes to PyTorch.
         narrow = F.scaled_dot_product_attention(q.to(DTYPE), k.to(DTYPE),
                                                 v[..., :32].to(DTYPE))
-    assert torch.equal(narrow, F.scaled_dot_product_attention(q.to(DTYPE), k.to(DTYPE),
-                                                              v[..., :32].to(DTYPE)))
+        odd_v = F.scaled_dot_product_attention(q.to(DTYPE), k.to(DTYPE),
+                                               v[..., :20].to(DTYPE))
+    assert _err(narrow, F.scaled_dot_product_attention(
+        q.to(DTYPE), k.to(DTYPE), v[..., :32].to(DTYPE))) <= 2 * rtol(DTYPE)
+    assert torch.equal(odd_v, F.scaled_dot_product_attention(q.to(DTYPE), k.to(DTYPE),
+                                                             v[..., :20].to(DTYPE)))
     torch.manual_seed(1)
     assert torch.equal(dropped, F.scaled_dot_product_attention(
         q.to(DTYPE), k.to(DTYPE), v.to(DTYPE), dropout_p=0.3))
     assert torch.equal(fp32, F.scaled_dot_product_attention(q, k, v))
     assert odd.shape[-1] == 20
     assert mode.fallbacks == {"dtype float32": 1, "dropout": 1, "head dim 20": 1,
-                              "rejected: ShapeError": 1}
-    assert mode.routed == 0
+                              "rejected: UnsupportedHeadDimError": 1}
+    assert mode.routed == 1
