@@ -296,7 +296,7 @@ def test_paged_free_slots_holding_nan_do_not_reach_the_output(page, chunk):
 
 @pytest.mark.parametrize("page", [16, 32])
 @pytest.mark.parametrize("chunk", [1, 40])
-def test_small_pages_match_float64_gathered_and_by_per_page_tma(page, chunk):
+def test_paged_small_pages_match_float64_gathered_and_by_per_page_tma(page, chunk):
     """Pages below ``workload.PAGE_GATHER_BELOW`` are gathered; with it at 0 the same call
     runs one TMA load per page (the A/B of benchmarks/varlen.py --ab-page-span): both
     match float64, over ragged contexts ending mid-page."""
