@@ -185,7 +185,7 @@ def run_varlen(plan: SeqPlan, q, k, v, cu_q, cu_k, seqused_k, aux=()):
 MAX_PAGE_SPAN = 4  # pages per key tile at most, where pages are smaller than the tile
 # Pages smaller than this many keys are gathered row by row (cp.async through the block
 # table) into GATHER_TILE-key tiles (``FwdFlags.PAGE_GATHER``); 0: every page its own TMA
-# load (benchmarks/notes/varlen-paged.md §40f).
+# load (benchmarks/notes/varlen-paged.md §40f). Read when a plan is built (plans are cached).
 PAGE_GATHER_BELOW = 64
 GATHER_TILE = 64
 
