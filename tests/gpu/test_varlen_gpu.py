@@ -243,7 +243,7 @@ def test_paged_decode_matches_float64(page, sq):
 
 @pytest.mark.parametrize("page, d", [(16, 64), (32, 64), (64, 64), (16, 128), (32, 128)])
 def test_paged_chunked_prefill_matches_float64(page, d):
-    # ragged: contexts ending mid-page (300, 1200 at page 32, 1201), one of a page's edge
+    # ragged contexts: 300 and 1201 end inside a page, 64 on a page's edge
     ctx = [300, 64, 1201]
     new = [100, 64, 7]
     kc, vc, table = _cache(ctx, page, 2, d, BF16)
