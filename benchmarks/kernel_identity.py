@@ -6,7 +6,8 @@ shared visit-range helper) must give identical machine code. The set: forward pl
 causal / masked / D = 64, 96, 128, 256, split-K and GQA-packed decode, a forward with a
 score_mod, a mask_mod and a block mask, the three backward kernels plain, with dQ by TMA
 reduce-add, D = 256 (``MASK_ALL``), a variant with captured-tensor gradients (G0..G3) and a
-block-sparse variant, the combine and the block classification kernels.
+block-sparse variant, the combine and the block classification kernels, and the paged
+forward (GQA decode and chunked prefill) at pages 16, 32, 64 and 256.
 
 ``cuobjdump`` (``--cuobjdump`` or on PATH) adds the SASS text's hash and its instruction
 count per kernel, so that a cubin differing only in embedded metadata can be told apart
@@ -44,8 +45,10 @@ def cases():
         export_classify_cubin,
         export_combine_cubin,
         export_cubin,
+        export_workload_cubins,
     )
     from tiledattention.kernel.variant import BwdVariant, Flags, Variant, mask_axes_for
+    from tiledattention.kernel.workload_check import Workload
     from tiledattention.schedules.backward import BwdSchedule, default_bwd_schedule
     from tiledattention.schedules.schedule import Schedule, default_schedule
 
@@ -66,6 +69,13 @@ def cases():
     def vflags(d, mods, sparse):
         return Flags("bfloat16", d, True, mods=mods.key, has_score_mod=mods.has_score_mod,
                      has_mask_mod=mods.has_mask_mod, block_axes=(True, False) if sparse else None)
+
+    def paged(page, prefill=False):
+        # GQA 32/8 D 128 causal: a paged decode (split-K, packed heads) or chunked prefill
+        w = Workload(4, 32, 8, 128, torch.bfloat16, 512 if prefill else 1, 4096, True,
+                     128 ** -0.5, (-1, -1), 0.0, page_size=page, packed_q=prefill)
+        return lambda: {"attention_fwd_seqs": export_workload_cubins(
+            w, "sm_90", paged=True)["attention_fwd_seqs"]}
 
     ids = torch.zeros(1, 64, dtype=torch.int32)
     both = M.mods_for(variants.softcap(50.0), variants.document(ids))
@@ -107,6 +117,8 @@ def cases():
         ("classify_window", lambda: {"classify_tiles": export_classify_cubin(
             window, "sm_90", causal=True)}),
     ]
+    out += [(f"paged_{kind}_page{page}", paged(page, kind == "prefill"))
+            for kind in ("decode", "prefill") for page in (16, 32, 64, 256)]
     return out
 
 

@@ -216,25 +216,34 @@ def run_paged(args, fa_site_ok):
     for chunk in args.chunks:
         for b in args.batches:
             for page in args.pages:
-                rows += paged_point(b, page, flash, chunk, args.ab_page_span)
+                point = paged_point(b, page, flash, chunk, args.ab_page_span)
+                table(point, ("workload", "b", "page"))  # each point as it ends
+                rows += point
     return rows
 
 
-def span_one(q, kc, vc, table, seqlens, cq, max_q):
-    """``ta.sdpa_paged`` as it ran before key tiles spanned pages (one page-sized key tile
-    a step): the plan built with ``MAX_PAGE_SPAN = 1``, run directly
-    (benchmarks/notes/varlen-paged.md §39b's A/B)."""
+def per_page_tma(q, kc, vc, table, seqlens, cq, max_q):
+    """``ta.sdpa_paged`` on the per-page TMA path (every page its own TMA load, key tiles
+    spanning up to four pages: benchmarks/notes/varlen-paged.md §39b): the plan built with
+    ``PAGE_GATHER_BELOW = 0``, run directly (§40f's A/B against the gathered rows)."""
     from tiledattention import mods as _mods
     from tiledattention.kernel import workload as W
     from tiledattention.kernel.workload_check import check_paged
 
     w = check_paged(q, kc, vc, table, seqlens, cq, max_q, True, None, (-1, -1), 0.0)
-    kept, W.MAX_PAGE_SPAN = W.MAX_PAGE_SPAN, 1
+    kept, W.PAGE_GATHER_BELOW = W.PAGE_GATHER_BELOW, 0
     try:
         plan = W.paged_plan(w, q, None, _mods.NONE, False)
     finally:
-        W.MAX_PAGE_SPAN = kept
+        W.PAGE_GATHER_BELOW = kept
     return lambda: W.run_paged(plan, q, kc, vc, table, seqlens, cq)[0]
+
+
+def gathered(page: int) -> bool:
+    """Whether ``ta`` gathers this page size's rows (else ``ta_pertma`` is the same program)."""
+    from tiledattention.kernel import workload as W
+
+    return page < W.PAGE_GATHER_BELOW
 
 
 def paged_point(b, page, flash, chunk=1, ab=False):
@@ -261,8 +270,8 @@ def paged_point(b, page, flash, chunk=1, ab=False):
     q = torch.randn(b, 1, hq, d, device="cuda", dtype=BF16)
     ref, _ = paged_reference(q, kc, vc, table, seqlens.cpu(), causal=True)
     methods = {"ta": lambda: ta.sdpa_paged(q, kc, vc, table, seqlens, causal=True)}
-    if ab:
-        methods["ta_span1"] = span_one(q, kc, vc, table, seqlens, None, None)
+    if ab and gathered(page):
+        methods["ta_pertma"] = per_page_tma(q, kc, vc, table, seqlens, None, None)
     mx = max(ctx)
     dk = torch.zeros(b, hk, mx, d, device="cuda", dtype=BF16)
     dv = torch.zeros_like(dk)
@@ -298,8 +307,8 @@ def prefill_point(b, page, flash, chunk, ab, ctx, kc, vc, table, seqlens):
     mq = max(new)
     methods = {"ta": lambda: ta.sdpa_paged(q, kc, vc, table, seqlens, cu_seqlens_q=cq,
                                            max_seqlen_q=mq, causal=True)}
-    if ab:
-        methods["ta_span1"] = span_one(q, kc, vc, table, seqlens, cq, mq)
+    if ab and gathered(page):
+        methods["ta_pertma"] = per_page_tma(q, kc, vc, table, seqlens, cq, mq)
     if flash is not None:
         methods["fa4"] = lambda: flash(q, kc, vc, cu_seqlens_q=cq, max_seqlen_q=mq,
                                        seqused_k=seqlens, page_table=table, causal=True)[0]
@@ -341,7 +350,7 @@ def table(rows, keys):
                 cells.append(f"{r['method']} {r['ms']:.3f} ms{ratio}")
             else:
                 cells.append(f"{r['method']} {r['status'][:60]}")
-        print(dict(zip(keys, key)), " | ".join(cells))
+        print(dict(zip(keys, key)), " | ".join(cells), flush=True)
 
 
 def main(argv=None) -> int:
@@ -353,7 +362,8 @@ def main(argv=None) -> int:
     p.add_argument("--chunks", type=int, nargs="+", default=[1],
                    help="paged: new tokens per sequence (1: decode; more: chunked prefill)")
     p.add_argument("--ab-page-span", action="store_true",
-                   help="paged: also time key tiles of one page (ta_span1) beside ta")
+                   help="paged: also time the per-page TMA path (ta_pertma, "
+                        "PAGE_GATHER_BELOW = 0) beside ta where ta gathers (pages < 64)")
     p.add_argument("--fa4-site", default=None)
     p.add_argument("--backward", action="store_true")
     p.add_argument("--skip", choices=["varlen", "paged"], default=None)
@@ -373,9 +383,7 @@ def main(argv=None) -> int:
         table([r for r in rows if r["workload"] == "varlen"],
               ("tokens", "d", "causal", "pass_"))
     if args.skip != "paged":
-        prow = run_paged(args, callable(fa))
-        table(prow, ("workload", "b", "page"))
-        rows += prow
+        rows += run_paged(args, callable(fa))
     if args.json:
         Path(args.json).write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     return 0

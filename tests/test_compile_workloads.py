@@ -4,6 +4,13 @@ pass (causal, a window, seqused_k, GQA decode with split-K over pages)."""
 
 from __future__ import annotations
 
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -18,9 +25,30 @@ if tileiras_path() is None:
     pytest.skip("tileiras not found: pip install 'cuda-tile[tileiras]'", allow_module_level=True)
 
 
-def _work(d, causal, window=(-1, -1), seqused=False, page=0, hq=16, hk=16):
+def _work(d, causal, window=(-1, -1), seqused=False, page=0, hq=16, hk=16, prefill=False):
     return Workload(4, hq, hk, d, torch.bfloat16, 1024, 1024, causal, d ** -0.5, window, 0.0,
-                    seqused=seqused, page_size=page, packed_q=not page)
+                    seqused=seqused, page_size=page, packed_q=not page or prefill)
+
+
+def _tool(name):
+    """cuobjdump / nvdisasm on PATH, or where benchmarks/repro/README.md unpacks them."""
+    return shutil.which(name) or next((str(p) for p in Path("/tmp").glob(
+        f"*/nvidia/cu*/bin/{name}")), None)
+
+
+def _sass(cubin: bytes) -> tuple[str, str]:
+    """(``cuobjdump -sass``, ``-res-usage``) of a cubin; skips without the tools."""
+    cuobjdump, nvdisasm = _tool("cuobjdump"), _tool("nvdisasm")
+    if cuobjdump is None or nvdisasm is None:
+        pytest.skip("cuobjdump/nvdisasm not found (pip download nvidia-cuda-cuobjdump and "
+                    "nvidia-cuda-nvdisasm; see benchmarks/repro/README.md)")
+    env = dict(os.environ, NVDISASM_PATH=str(Path(nvdisasm).parent))
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        return tuple(subprocess.run([cuobjdump, flag, f.name], capture_output=True, text=True,
+                                    check=True, env=env).stdout
+                     for flag in ("-sass", "-res-usage"))
 
 
 @pytest.mark.parametrize("work, gpu", [
@@ -47,8 +75,25 @@ def test_the_packed_dq_for_blackwell_is_the_known_tileiras_limit():
     export_workload_cubins(_work(128, True), "sm_100", backward=("dq",))
 
 
-@pytest.mark.parametrize("page", [16, 64, 256])  # 16, 64: key tiles that span pages
+@pytest.mark.parametrize("page", [16, 64, 256])  # 16: gathered rows; 64: tiles span pages
 def test_paged_gqa_decode_with_split_k_compiles(page):
     cubins = export_workload_cubins(_work(128, True, page=page, hq=32, hk=8), "sm_90",
                                     paged=True)
     assert cubins["attention_fwd_seqs"][:4] == b"\x7fELF"
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("kind", ["decode", "prefill"])
+@pytest.mark.parametrize("page", [16, 32])
+def test_small_pages_gather_their_rows_by_cp_async_without_spilling(page, kind):
+    # benchmarks/notes/varlen-paged.md §40f: K/V rows through the block table by cp.async
+    # (LDGSTS), no TMA load per page (Q's own: at most 2 UTMALDG), no local memory
+    work = _work(128, True, page=page, hq=32, hk=8, prefill=kind == "prefill")
+    cubin = export_workload_cubins(work, "sm_90", paged=True)["attention_fwd_seqs"]
+    assert cubin[:4] == b"\x7fELF"
+    sass, res = _sass(cubin)
+    ops = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass)
+    assert sum(op.startswith("LDGSTS") for op in ops) >= 32
+    assert sum(op.startswith("UTMALDG") for op in ops) <= 2
+    assert not any(op.startswith(("STL", "LDL")) for op in ops)
+    assert re.search(r"STACK:0\b", res) and re.search(r"LOCAL:0\b", res)

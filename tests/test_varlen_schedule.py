@@ -105,15 +105,62 @@ def test_valid_cpu_calls_pass_the_checks_and_then_need_a_gpu():
 
 @pytest.mark.parametrize("tile_n, page, expect", [
     (128, 256, (128, 2, 1)), (128, 128, (128, 1, 1)), (128, 64, (128, 1, 2)),
-    (128, 32, (128, 1, 4)), (128, 16, (64, 1, 4)), (64, 16, (64, 1, 4)), (64, 32, (64, 1, 2)),
+    (64, 64, (64, 1, 1)), (128, 32, (128, 1, 4)), (128, 16, (64, 1, 4)), (64, 16, (64, 1, 4)),
+    (64, 32, (64, 1, 2)),
 ])
-def test_key_tiles_lie_in_one_page_or_span_up_to_four_whole_pages(tile_n, page, expect):
+def test_key_tiles_lie_in_one_page_or_span_up_to_four_whole_pages(tile_n, page, expect,
+                                                                   monkeypatch):
+    # the per-page TMA path (PAGE_GATHER_BELOW = 0): every page size takes it
+    from dataclasses import replace
+
+    from tiledattention.kernel import workload as W
+    from tiledattention.schedules.schedule import default_schedule
+    monkeypatch.setattr(W, "PAGE_GATHER_BELOW", 0)
+    s, tiles, span, gather = _paged_tiles(replace(default_schedule(128, True), tile_n=tile_n),
+                                          page)
+    assert (s.tile_n, tiles, span, gather) == (*expect, False)
+    assert s.tile_n == span * page if span > 1 else page % s.tile_n == 0
+
+
+@pytest.mark.parametrize("tile_n", [64, 128])
+@pytest.mark.parametrize("page, span", [(16, 4), (32, 2)])
+def test_pages_below_64_keys_are_gathered_into_64_key_tiles(tile_n, page, span):
     from dataclasses import replace
 
     from tiledattention.schedules.schedule import default_schedule
-    s, tiles, span = _paged_tiles(replace(default_schedule(128, True), tile_n=tile_n), page)
-    assert (s.tile_n, tiles, span) == expect
-    assert s.tile_n == span * page if span > 1 else page % s.tile_n == 0
+    s, tiles, got_span, gather = _paged_tiles(
+        replace(default_schedule(128, True), tile_n=tile_n), page)
+    assert gather and (s.tile_n, tiles, got_span) == (64, 1, span)
+
+
+@pytest.mark.parametrize("tile_n", [64, 128])
+@pytest.mark.parametrize("page", [64, 128, 256])
+def test_pages_of_64_keys_or_more_keep_their_tma_loads(tile_n, page):
+    from dataclasses import replace
+
+    from tiledattention.schedules.schedule import default_schedule
+    s = replace(default_schedule(128, True), tile_n=tile_n)
+    assert _paged_tiles(s, page)[3] is False
+
+
+def test_the_paged_forward_passes_page_gather_to_its_kernel_by_name():
+    # the flag reaches the kernel's constant of that name (not a position), on and off
+    pytest.importorskip("cuda.tile", reason="the kernel's parameter names come from cuTile")
+    from tiledattention import mods
+    from tiledattention.kernel.spec import FWD_SEQS
+    from tiledattention.kernel.workload import _fwd_tail
+    from tiledattention.kernel.workload_check import Workload
+    from tiledattention.schedules.schedule import default_schedule
+
+    w = Workload(2, 32, 8, 128, torch.bfloat16, 1, 4096, True, 128 ** -0.5, (-1, -1), 0.0,
+                 page_size=16, packed_q=False)
+    names = FWD_SEQS.names()[len(FWD_SEQS.tensors):]
+    for page, want in ((16, True), (64, False)):
+        s, tiles, span, gather = _paged_tiles(default_schedule(128, True), page)
+        tail = _fwd_tail(w, s, mods.NONE, return_lse=False, varlen_q=False, varlen_k=False,
+                         paged=True, page_tiles=tiles, page_span=span, page_gather=gather,
+                         group=4)
+        assert tail[names.index("PAGE_GATHER")] is want
 
 
 @pytest.mark.parametrize("d, hk", [(64, 16), (128, 4), (256, 16)])

@@ -222,7 +222,8 @@ def _cache(lens, page, hk, d, dtype, spare=3):
     return kc, vc, table
 
 
-@pytest.mark.parametrize("page", [16, 32, 64, 256])  # 16-64: key tiles span 2-4 pages
+# 16, 32: rows gathered into 64-key tiles (PAGE_GATHER); 64: key tiles span 2 pages
+@pytest.mark.parametrize("page", [16, 32, 64, 256])
 @pytest.mark.parametrize("sq", [1, 4])
 def test_paged_decode_matches_float64(page, sq):
     lens = [1, 37, 1000, 4096, 250]
@@ -240,14 +241,15 @@ def test_paged_decode_matches_float64(page, sq):
     assert torch.allclose(lse.double(), ref_lse, atol=2e-2)
 
 
-@pytest.mark.parametrize("page", [16, 64])
-def test_paged_chunked_prefill_matches_float64(page):
-    ctx = [300, 64, 1200]
+@pytest.mark.parametrize("page, d", [(16, 64), (32, 64), (64, 64), (16, 128), (32, 128)])
+def test_paged_chunked_prefill_matches_float64(page, d):
+    # ragged contexts: 300 and 1201 end inside a page, 64 on a page's edge
+    ctx = [300, 64, 1201]
     new = [100, 64, 7]
-    kc, vc, table = _cache(ctx, page, 2, 64, BF16)
+    kc, vc, table = _cache(ctx, page, 2, d, BF16)
     seqlens = torch.tensor(ctx, dtype=torch.int32, device="cuda")
     cq = _cu(new)
-    q = _packed(new, 4, 64, BF16)
+    q = _packed(new, 4, d, BF16)
     with torch.no_grad():
         out = _poisoned(lambda: ta.sdpa_paged(q, kc, vc, table, seqlens, cu_seqlens_q=cq,
                                               max_seqlen_q=100, causal=True))
@@ -290,6 +292,43 @@ def test_paged_free_slots_holding_nan_do_not_reach_the_output(page, chunk):
                                      seqlens.cpu(), cu_seqlens_q=cq.cpu(), causal=True)
     assert not out.isnan().any()
     assert relative_error(out, ref) <= rtol(BF16)
+
+
+@pytest.mark.parametrize("page", [16, 32])
+@pytest.mark.parametrize("chunk", [1, 40])
+def test_paged_small_pages_match_float64_gathered_and_by_per_page_tma(page, chunk):
+    """Pages below ``workload.PAGE_GATHER_BELOW`` are gathered; with it at 0 the same call
+    runs one TMA load per page (the A/B of benchmarks/varlen.py --ab-page-span): both
+    match float64, over ragged contexts ending mid-page."""
+    from tiledattention import mods
+    from tiledattention.kernel import workload as W
+    from tiledattention.kernel.spec import FWD_SEQS
+    from tiledattention.kernel.workload_check import check_paged
+
+    names = FWD_SEQS.names()[len(FWD_SEQS.tensors):]
+    lens = [1, 37, 1000, 250]
+    kc, vc, table = _cache(lens, page, 2, 128, BF16)
+    seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    new = [min(chunk, n) for n in lens]
+    cq = _cu(new) if chunk > 1 else None
+    q = _packed(new, 8, 128, BF16) if chunk > 1 else torch.randn(
+        len(lens), 1, 8, 128, device="cuda").to(BF16)
+    max_q = max(new) if chunk > 1 else None
+    w = check_paged(q, kc, vc, table, seqlens, cq, max_q, True, None, (-1, -1), 0.0)
+    ref, _ = paged_reference(q, kc, vc, table, seqlens.cpu(), cu_seqlens_q=None if cq is None
+                             else cq.cpu(), causal=True)
+    for below in (W.PAGE_GATHER_BELOW, 0):
+        kept, W.PAGE_GATHER_BELOW = W.PAGE_GATHER_BELOW, below
+        try:
+            plan = W.paged_plan(w, q, None, mods.NONE, False)
+        finally:
+            W.PAGE_GATHER_BELOW = kept
+        tail = plan.launches[0][3]
+        assert tail[names.index("PAGE_GATHER")] is (below > 0)  # each path ran
+        with torch.no_grad():
+            out = W.run_paged(plan, q, kc, vc, table, seqlens, cq)[0]
+        assert not out.isnan().any()
+        assert relative_error(out, ref) <= rtol(BF16), f"PAGE_GATHER_BELOW={below}"
 
 
 def test_paged_one_page_and_a_context_the_page_does_not_divide():

@@ -32,11 +32,13 @@ import numpy as np
 
 from .body import (
     divide_chunks,
+    dot,
     dot_streamed,
     keep_tile,
     load_bias,
     load_rows,
     masked,
+    mma_into,
     mma_streamed,
     modified,
     no_mask_mod,
@@ -98,7 +100,9 @@ def fwd_tile(q, arrays, fns, aux, where, state, j, diag, ALL_MASKS, f, CACHE_END
     b, h, hk, bid_m, offs_m, seq_k, c, inv_scale, scale, seq = where
     m_i, l_i, acc0, acc1, acc2 = state
     kb, kj = key_tile_at(seq, b, j, f)
-    if f.PAGE_SPAN > 1:
+    if f.PAGE_GATHER:
+        qk = gathered_scores(q, K, seq, b, j, hk, f)
+    elif f.PAGE_SPAN > 1:
         qk = span_scores(q, K, seq, b, j, hk, f)
     else:
         qk = dot_streamed(q0, q1, q2, K, kb, hk, kj, TILE_N, TILE_M, W0, W1, W2, NCHUNK,
@@ -125,6 +129,8 @@ def values_step(p, V, seq, b, j, hk, kb, kj, acc, seq_k, f):
     """acc += P V over key tile ``j``; ``seq_k`` (or None): the tile holds the end of a
     cache's context, and V's rows from it on read as zeros (``end_rows``)."""
     acc0, acc1, acc2 = acc
+    if f.PAGE_GATHER:
+        return gathered_values(p, V, seq, b, j, hk, acc, seq_k, f)
     if f.PAGE_SPAN > 1:
         return span_values(p, V, seq, b, j, hk, acc0, acc1, acc2, seq_k, f)
     T = V
@@ -223,6 +229,65 @@ def span_values(p, V, seq, b, j, hk, acc0, acc1, acc2, seq_k, f):
         acc = page_values(p, V, Vend, seq, b, j, 2, hk, acc, seq_k, f)
         acc = page_values(p, V, Vend, seq, b, j, 3, hk, acc, seq_k, f)
     return acc
+
+
+def tile_rows(seq, b, j, f):
+    """(page, row) of each key of tile ``j`` ([TILE_N, 1] each) when K/V rows are gathered
+    (``PAGE_GATHER``): the tile's ``PAGE_SPAN`` page ids read as scalars, each key
+    selecting its own. (Row ids built from a loaded tile of page ids made tileiras stage
+    every element's pointer through shared memory: repro 7, ``paged_gather.py``.)"""
+    page = f.TILE_N // f.PAGE_SPAN
+    key = ct.arange(f.TILE_N, dtype=np.int32)
+    first = j * f.PAGE_SPAN
+    pg = ct.full((f.TILE_N,), 0, dtype=np.int32) + page_at(seq, b, first)
+    if f.PAGE_SPAN > 1:
+        pg = ct.where(key >= page, page_at(seq, b, first + 1), pg)
+    if f.PAGE_SPAN > 2:
+        pg = ct.where(key >= 2 * page, page_at(seq, b, first + 2), pg)
+        pg = ct.where(key >= 3 * page, page_at(seq, b, first + 3), pg)
+    return pg[:, None], (key % page)[:, None]
+
+
+def gathered_chunks(T, rows, hk, keep, W0, W1, W2, NCHUNK):
+    """Key rows ``rows`` (``tile_rows``) of page cache ``T`` [pages, Hkv, P, D] at K/V head
+    ``hk`` as [TILE_N, W] head-dim chunks, by cp.async (``check_bounds=False``: the pages
+    are clamped into the cache, rows lie in a page). ``keep`` (or None): [TILE_N, 1], rows
+    where it is False read as zeros and are not read at all (a free slot may hold NaN)."""
+    pg, row = rows
+    c0 = ct.gather(T, (pg, hk, row, ct.arange(W0, dtype=np.int32)[None, :]), mask=keep,
+                   check_bounds=False)
+    c1 = c0
+    c2 = c0
+    if NCHUNK > 1:
+        c1 = ct.gather(T, (pg, hk, row, W0 + ct.arange(W1, dtype=np.int32)[None, :]),
+                       mask=keep, check_bounds=False)
+    if NCHUNK > 2:
+        c2 = ct.gather(T, (pg, hk, row, W0 + W1 + ct.arange(W2, dtype=np.int32)[None, :]),
+                       mask=keep, check_bounds=False)
+    return c0, c1, c2
+
+
+def gathered_scores(q, K, seq, b, j, hk, f):
+    """Q K^T of key tile ``j`` with its K rows gathered across its pages: one MMA per
+    head-dim chunk over the whole tile (benchmarks/notes/varlen-paged.md §40f)."""
+    q0, q1, q2 = q
+    k0, k1, k2 = gathered_chunks(K, tile_rows(seq, b, j, f), hk, None, f.W0, f.W1, f.W2,
+                                 f.NCHUNK)
+    return dot(q0, q1, q2, ct.transpose(k0), ct.transpose(k1), ct.transpose(k2), f.TILE_M,
+               f.TILE_N, f.NCHUNK)
+
+
+def gathered_values(p, V, seq, b, j, hk, acc, seq_k, f):
+    """acc += P V over key tile ``j``, V's rows gathered; ``seq_k`` (or None): the tile
+    holds a context's end, and V's rows from it on read as zeros (its free slots may hold
+    NaN, which P = 0 would not cancel)."""
+    keep = None
+    if seq_k is not None:
+        keep = (j * f.TILE_N + ct.arange(f.TILE_N, dtype=np.int32))[:, None] < seq_k
+    VNCHUNK, VW0, VW1, VW2 = value_chunks(f)
+    v0, v1, v2 = gathered_chunks(V, tile_rows(seq, b, j, f), hk, keep, VW0, VW1, VW2, VNCHUNK)
+    acc0, acc1, acc2 = acc
+    return mma_into(p, v0, v1, v2, acc0, acc1, acc2, VNCHUNK)
 
 
 def seq_diag(seq, f):

@@ -172,22 +172,27 @@ def export_classify_cubin(mods, gpu_code: str, tile_m: int = 64, tile_n: int = 6
 
 def export_workload_cubins(work, gpu_code: str, *, paged: bool = False,
                            backward: tuple[str, ...] = ("dkdv", "dq")) -> dict[str, bytes]:
-    """Every kernel a packed (or, ``paged``, a paged decode) call of ``work``
-    (``workload_check.Workload``) launches, with the constants its plans pass: the tile
-    map, the forward and, packed, the backward's dQ and dK/dV."""
+    """Every kernel a packed (or, ``paged``, a paged decode; with ``work.packed_q`` a paged
+    chunked prefill) call of ``work`` (``workload_check.Workload``) launches, with the
+    constants its plans pass: the tile map, the forward and, packed, the backward's dQ and
+    dK/dV."""
     from ..schedules.schedule import default_schedule
     from . import workload as W
     from .spec import DKDV_SEQS, DQ_SEQS, FWD_SEQS, SEQMAP
 
     arrays = _arrays(str(work.dtype).removeprefix("torch."), None)
     mods = _mods.NONE
-    s, tiles, span = W._paged_tiles(default_schedule(work.head_dim, work.causal),
-                                    work.page_size) if paged else (
-        default_schedule(work.head_dim, work.causal), 1, 1)
-    if paged:
+    s, tiles, span, gather = W._paged_tiles(default_schedule(work.head_dim, work.causal),
+                                            work.page_size) if paged else (
+        default_schedule(work.head_dim, work.causal), 1, 1, False)
+    if paged and work.packed_q:
+        fwd = W._fwd_values(work, s, mods, return_lse=True, varlen_q=True, varlen_k=False,
+                            paged=True, page_tiles=tiles, page_span=span,
+                            page_gather=gather, group=work.heads_q // work.heads_kv)
+    elif paged:
         fwd = W._fwd_values(work, s, mods, return_lse=True, varlen_q=False, varlen_k=False,
-                            paged=True, page_tiles=tiles, page_span=span, split=4,
-                            split_tiles=8, packed=True, seq_q=1)
+                            paged=True, page_tiles=tiles, page_span=span,
+                            page_gather=gather, split=4, split_tiles=8, packed=True, seq_q=1)
     else:
         fwd = W._fwd_values(work, s, mods, return_lse=True, varlen_q=True, varlen_k=True,
                             paged=False, group=work.heads_q // work.heads_kv)

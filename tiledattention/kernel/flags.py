@@ -55,6 +55,9 @@ class SeqFlags:
     # pages per key tile (TILE_N // P): pages smaller than the tile
     PAGE_SPAN: int = flag("paged", 1)
     WINDOW: bool = flag("seqs", False)  # a (left, right) window around the bottom-right diagonal
+    # K/V rows gathered through the block table (cp.async) into key tiles of PAGE_SPAN
+    # whole pages, not one TMA load per page (pages < workload.PAGE_GATHER_BELOW)
+    PAGE_GATHER: bool = flag("paged", False)
 
 
 @dataclass(frozen=True, kw_only=True)

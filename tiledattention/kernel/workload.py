@@ -119,8 +119,8 @@ def _forward_schedule(w: Workload, index: int, seq_q: int, seq_k: int, schedule)
 
 
 def _fwd_values(w: Workload, s: Schedule, mods, *, return_lse, varlen_q, varlen_k, paged,
-                page_tiles=1, page_span=1, split=1, split_tiles=1, packed=False, seq_q=0,
-                group=1) -> dict:
+                page_tiles=1, page_span=1, page_gather=False, split=1, split_tiles=1,
+                packed=False, seq_q=0, group=1) -> dict:
     """The packed forward kernel's scalar and constant arguments by name."""
     values = dict(
         **scalars(w.scale, mods, FWD_SEQS), GROUP=group, SEQ_Q=seq_q, NUM_SPLITS=split,
@@ -129,7 +129,7 @@ def _fwd_values(w: Workload, s: Schedule, mods, *, return_lse, varlen_q, varlen_
         LAT_K=s.latency_k, LAT_V=s.latency_v, SPLIT_K=split > 1, PACKED=packed,
         HAS_SCORE_MOD=mods.has_score_mod, HAS_MASK_MOD=mods.has_mask_mod, VARLEN_Q=varlen_q,
         VARLEN_K=varlen_k, SEQUSED=paged or w.seqused, PAGED=paged, PAGE_TILES=page_tiles,
-        PAGE_SPAN=page_span, WINDOW=w.window != (-1, -1))
+        PAGE_SPAN=page_span, WINDOW=w.window != (-1, -1), PAGE_GATHER=page_gather)
     return values
 
 
@@ -183,16 +183,26 @@ def run_varlen(plan: SeqPlan, q, k, v, cu_q, cu_k, seqused_k, aux=()):
 
 
 MAX_PAGE_SPAN = 4  # pages per key tile at most, where pages are smaller than the tile
+# Pages smaller than this many keys are gathered row by row (cp.async through the block
+# table) into GATHER_TILE-key tiles (``FwdFlags.PAGE_GATHER``); 0: every page its own TMA
+# load (benchmarks/notes/varlen-paged.md §40f). Read when a plan is built (plans are cached).
+PAGE_GATHER_BELOW = 64
+GATHER_TILE = 64
 
 
-def _paged_tiles(s: Schedule, page: int) -> tuple[Schedule, int, int]:
-    """(schedule, key tiles per page, pages per key tile): a key tile lies within one page,
-    or spans up to ``MAX_PAGE_SPAN`` whole pages (one TMA load and MMA each, one softmax
-    step: benchmarks/notes/varlen-paged.md §39b) when pages are smaller than the schedule's tile."""
+def _paged_tiles(s: Schedule, page: int) -> tuple[Schedule, int, int, bool]:
+    """(schedule, key tiles per page, pages per key tile, gathered): a key tile lies within
+    one page, or spans up to ``MAX_PAGE_SPAN`` whole pages (one TMA load and MMA each, one
+    softmax step: benchmarks/notes/varlen-paged.md §39b) when pages are smaller than the
+    schedule's tile; pages below ``PAGE_GATHER_BELOW`` keys are gathered into
+    ``GATHER_TILE``-key tiles (§40f)."""
+    if page < PAGE_GATHER_BELOW:
+        span = max(1, min(GATHER_TILE // page, MAX_PAGE_SPAN))
+        return replace(s, tile_n=span * page), 1, span, True
     if s.tile_n <= page:
-        return s, page // s.tile_n, 1
+        return s, page // s.tile_n, 1, False
     span = max(1, min(s.tile_n // page, MAX_PAGE_SPAN))
-    return replace(s, tile_n=span * page), 1, span
+    return replace(s, tile_n=span * page), 1, span, False
 
 
 def paged_plan(w: Workload, q, schedule, mods, return_lse: bool) -> SeqPlan:
@@ -201,10 +211,11 @@ def paged_plan(w: Workload, q, schedule, mods, return_lse: bool) -> SeqPlan:
     group = w.heads_q // w.heads_kv
     if w.packed_q:
         s = _forward_schedule(w, index, w.max_q, w.max_k, schedule)
-        s, tiles, span = _paged_tiles(replace(s, splits=1, heavy_first=False, pdl=False),
-                                      w.page_size)
+        s, tiles, span, gather = _paged_tiles(
+            replace(s, splits=1, heavy_first=False, pdl=False), w.page_size)
         tail = _fwd_tail(w, s, mods, return_lse=return_lse, varlen_q=True, varlen_k=False,
-                         paged=True, page_tiles=tiles, page_span=span, group=group)
+                         paged=True, page_tiles=tiles, page_span=span, page_gather=gather,
+                         group=group)
         return _packed_plan(w, s, mods, tail, q.device, return_lse)
     seq_q = w.max_q
     # GQA decode: the group's query heads share the rows of one tile (K/V read once).
@@ -212,7 +223,8 @@ def paged_plan(w: Workload, q, schedule, mods, return_lse: bool) -> SeqPlan:
     heads, rows, kgroup = (w.heads_kv, group * seq_q, 1) if packed else (w.heads_q, seq_q,
                                                                            group)
     s = _forward_schedule(w, index, seq_q, w.max_k, schedule)
-    s, tiles, span = _paged_tiles(replace(s, heavy_first=False, pdl=False), w.page_size)
+    s, tiles, span, gather = _paged_tiles(replace(s, heavy_first=False, pdl=False),
+                                          w.page_size)
     if rows <= 64 and s.tile_m > 64:
         s = replace(s, tile_m=64)
     m_tiles = math.ceil(rows / s.tile_m)
@@ -228,8 +240,8 @@ def paged_plan(w: Workload, q, schedule, mods, return_lse: bool) -> SeqPlan:
     splits = math.ceil(key_tiles / split_tiles)
     tail = _fwd_tail(w, s, mods, return_lse=return_lse or splits > 1, varlen_q=False,
                      varlen_k=False, paged=True, page_tiles=tiles, page_span=span,
-                     split=splits, split_tiles=split_tiles, packed=packed, seq_q=seq_q,
-                     group=kgroup)
+                     page_gather=gather, split=splits, split_tiles=split_tiles, packed=packed,
+                     seq_q=seq_q, group=kgroup)
     # The batch axis (0) is the call's: B of q [B, Sq, H, D].
     steps = [Step("fwd", FWD_SEQS.kernel(mods, **fwd_hints(s)),
                   (m_tiles, heads * splits, 0), tail)]
