@@ -111,6 +111,11 @@ class Point:
         if self.head_dim_v == self.head_dim:  # one spelling per shape: D's key and row
             object.__setattr__(self, "head_dim_v", None)
 
+    @property
+    def value_dim(self) -> int:
+        """V's head dim (and the output's, and dO's)."""
+        return value_dim(self.head_dim, self.head_dim_v)
+
     @classmethod
     def of_tokens(cls, dtype: str, causal: bool, head_dim: int, seq: int, *,
                   tokens: int = TOKENS, width: int = WIDTH,
@@ -123,11 +128,6 @@ class Point:
     @property
     def heads_kv(self) -> int:
         return self.heads // self.gqa
-
-    @property
-    def value_dim(self) -> int:
-        """V's head dim (and the output's, and dO's)."""
-        return value_dim(self.head_dim, self.head_dim_v)
 
     @property
     def head_label(self) -> int | str:
