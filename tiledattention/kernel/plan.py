@@ -542,11 +542,17 @@ def build_fp8_plan(q, k, v, causal, scale, enable_gqa, return_lse, schedule, out
     check_fp8_gpu(index)
     return make_fp8_plan(
         problem, q.device, chosen or default_fp8_schedule(problem.head_dim, problem.causal),
-        bool(return_lse), out_dtype or torch.bfloat16,
-        copy_q=not (q.stride(3) == 1 and tma_strides(q)),
-        copy_k=not (k.stride(3) == 1 and tma_strides(k)),
-        vt_view=v.stride(2) == 1 and tma_strides(v, (0, 1, 3)),
+        bool(return_lse), out_dtype or torch.bfloat16, **fp8_layout(q, k, v),
         per_head=tuple(d is not None and d.dim() == 2 for d in descales))
+
+
+def fp8_layout(q, k, v) -> dict[str, bool]:
+    """What the launch does to reach 16-byte strides: copy q, copy k (unless already so,
+    head dim unit-stride), and whether v is a transposed view of an aligned V^T (its key
+    axis unit-stride) to read in place."""
+    return dict(copy_q=not (q.stride(3) == 1 and tma_strides(q)),
+                copy_k=not (k.stride(3) == 1 and tma_strides(k)),
+                vt_view=v.stride(2) == 1 and tma_strides(v, (0, 1, 3)))
 
 
 @functools.cache
