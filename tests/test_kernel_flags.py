@@ -14,9 +14,17 @@ import pytest
 pytest.importorskip("cuda.tile", reason="cuTile not installed: pip install 'cuda-tile[tileiras]'")
 
 from tiledattention.kernel.flags import FAMILIES, SeqFlags  # noqa: E402
-from tiledattention.kernel.spec import DKDV_SEQS, DQ_SEQS, FWD_SEQS, score_specs  # noqa: E402
+from tiledattention.kernel.spec import (  # noqa: E402
+    DKDV_SEQS,
+    DQ_SEQS,
+    FWD_FP8,
+    FWD_SEQS,
+    score_specs,
+)
 
 SEQ_FIELDS = {f.name for f in dataclasses.fields(SeqFlags)}
+FP8_FIELDS = {f.name for fam in FAMILIES.values() for f in dataclasses.fields(fam)
+              if f.metadata.get("scope") == "fp8"}
 
 
 def _family(spec):
@@ -34,7 +42,14 @@ def test_each_kernels_constants_are_its_familys_fields(plain):
         # leave the packed/paged sequences' fields off
         assert required <= constants | SEQ_FIELDS and constants <= names, spec.name
         if not plain:
-            assert constants == names - SEQ_FIELDS, spec.name
+            assert constants == names - SEQ_FIELDS - FP8_FIELDS, spec.name
+
+
+def test_the_fp8_forward_takes_the_plain_forwards_flags_and_fp8():
+    plain = score_specs(True)[0]
+    assert {"FP8"} == FP8_FIELDS
+    assert FWD_FP8.constants() == plain.constants() | {"FP8"}
+    assert "FP8" not in plain.constants()
 
 
 def test_the_packed_and_paged_kernels_constants_are_their_familys_fields():
@@ -49,7 +64,8 @@ def test_entry_points_build_their_flags_by_keyword_from_same_named_parameters():
     # the entry points are written out from the flag dataclasses (``kernel.entry``): read
     # the source cuTile compiles
     built = 0
-    for spec in (*score_specs(True), *score_specs(False), FWD_SEQS, DKDV_SEQS, DQ_SEQS):
+    for spec in (*score_specs(True), *score_specs(False), FWD_SEQS, DKDV_SEQS, DQ_SEQS,
+                 FWD_FP8):
         fn = ast.parse(inspect.getsource(spec.pyfunc())).body[0]
         params = {a.arg for a in fn.args.args}
         for call in ast.walk(fn):
@@ -64,7 +80,7 @@ def test_entry_points_build_their_flags_by_keyword_from_same_named_parameters():
                 assert isinstance(kw.value, ast.Name) and kw.value.id == kw.arg, (
                     f"{fn.name}: {call.func.id}({kw.arg}=...) is not its own parameter")
                 assert kw.arg in params, f"{fn.name}: {kw.arg} is not a parameter"
-    assert built == 9  # forward, dK/dV, dQ: plain, variant and packed/paged entry points
+    assert built == 10  # forward, dK/dV, dQ: plain, variant, packed/paged; the FP8 forward
 
 
 def test_entry_points_take_their_scopes_flags_in_declaration_order():
@@ -72,6 +88,7 @@ def test_entry_points_take_their_scopes_flags_in_declaration_order():
     from tiledattention.kernel.entry import entry_fields
 
     for spec, scopes in ((FWD_SEQS, F.FWD_SEQS), (DKDV_SEQS, F.BWD_SEQS), (DQ_SEQS, F.BWD_SEQS),
+                         (FWD_FP8, F.FWD_FP8),
                          *((s, F.PLAIN) for s in score_specs(True)),
                          *((s, F.VARIANT) for s in score_specs(False))):
         taken = [n for n in entry_fields(_family(spec), scopes)

@@ -26,9 +26,16 @@ import torch
 
 from . import mods as _mods
 from .errors import BackwardNotSupportedError, InputError
-from .kernel.launch import captured_buffers, launch, run_backward
-from .kernel.plan import bwd_plan_for, pinned_schedule, plan_for
-from .kernel.validate import check_device, check_head_dim_backward, check_inputs, resolve_schedule
+from .kernel.launch import captured_buffers, launch, launch_fp8, run_backward
+from .kernel.plan import bwd_plan_for, fp8_plan_for, pinned_schedule, plan_for
+from .kernel.validate import (
+    FP8_DTYPES,
+    check_device,
+    check_fp8_call,
+    check_head_dim_backward,
+    check_inputs,
+    resolve_schedule,
+)
 from .schedules.backward import BwdSchedule
 from .schedules.schedule import Schedule
 
@@ -331,12 +338,29 @@ def _check_block(block, q, k) -> None:
                          f"(None/1: broadcast), the call has {[b, h, sq, k.shape[2]]}")
 
 
+def _sdpa_fp8(q, k, v, attn_mask, causal, scale, enable_gqa, return_lse, schedule,
+              has_variant: bool, needs_grad: bool, descales: tuple, out_dtype):
+    """The FP8 forward's eager path (``sdpa``'s FP8 arguments): checks, the cached plan,
+    one launch (V transposed first unless v is a transposed view)."""
+    check_fp8_call(q, descales=descales, out_dtype=out_dtype, needs_grad=needs_grad,
+                   attn_mask=attn_mask, has_variant=has_variant)
+    if not _plain_eager(q):
+        raise InputError("the FP8 forward runs eagerly only (no torch.compile, tracing, "
+                         "dispatch mode or tensor subclass: it has no custom op yet)")
+    plan = fp8_plan_for(q, k, v, causal, scale, enable_gqa, return_lse, schedule, out_dtype,
+                        descales)
+    out, lse = launch_fp8(plan, q, k, v, descales, fresh_lse=False)
+    return (out, lse) if return_lse else out
+
+
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
          attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0,
          is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False, *,
          causal: bool | None = None, return_lse: bool = False,
          schedule: Schedule | dict | None = None, score_mod=None, mask_mod=None,
-         block_mask=None):
+         block_mask=None, q_descale: torch.Tensor | None = None,
+         k_descale: torch.Tensor | None = None, v_descale: torch.Tensor | None = None,
+         out_dtype: torch.dtype | None = None):
     """Scaled-dot-product attention with cuTile kernels, forward and backward.
 
     The first eight parameters are ``torch.nn.functional.scaled_dot_product_attention``'s,
@@ -404,6 +428,18 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     The backward's schedule comes from the table's backward entries unless
     ``pinned_bwd_schedule`` pins one; every shipped choice is deterministic (no atomics).
 
+    FP8 (forward only, as FlashAttention-3's): float8_e4m3fn ``q``, ``k``, ``v`` with one
+    head dim in 32, 64, ..., 256; both products on e4m3 with fp32 accumulation, P rounded
+    to e4m3 for P V. ``q_descale``, ``k_descale``, ``v_descale``: fp32 factors that
+    dequantize the inputs (the scores are ``scale * (q * q_descale) . (k * k_descale)``,
+    the values ``v * v_descale``), each of shape [] or [1] (per tensor) or [B, Hkv] (per
+    batch and K/V head); one left out is 1.0. ``out_dtype``: torch.bfloat16 (default) or
+    torch.float16. Causal and GQA run; a mask, variant, dropout or gradient is refused
+    (typed errors), and so is any of these arguments on a non-FP8 call. V is transposed
+    once per call into a 16-byte-aligned copy (wgmma reads fp8 operands K-major only),
+    unless ``v`` is already a transposed view (``vt.transpose(2, 3)`` of a [B, Hkv, D,
+    Skv] tensor whose key axis is padded to a multiple of 16). Eager only.
+
     Returns ``out``, or ``(out, lse)`` when ``return_lse``.
     """
     if causal is not None:
@@ -416,6 +452,11 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     needs_grad = _grad_enabled() and (getattr(q, "requires_grad", False) or getattr(
         k, "requires_grad", False) or getattr(v, "requires_grad", False))
     has_variant = score_mod is not None or mask_mod is not None or block_mask is not None
+    if (q_descale is not None or k_descale is not None or v_descale is not None
+            or out_dtype is not None or (isinstance(q, _Tensor) and q.dtype in FP8_DTYPES)):
+        return _sdpa_fp8(q, k, v, attn_mask, is_causal, scale, enable_gqa, return_lse,
+                         schedule, has_variant, needs_grad, (q_descale, k_descale, v_descale),
+                         out_dtype)
     if block_mask is not None and isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor):
         _check_block(block_mask, q, k)
     if _plain_eager(q):

@@ -85,6 +85,29 @@ def naive_attention(q, k, v, *, causal=False, scale=None, attn_mask=None, score_
     return out, lse
 
 
+def dequantized(t, descale, heads: int):
+    """``t`` (e4m3) in float64 times its descale ([], [1] or per (batch, K/V head) [B,
+    Hkv], None: 1.0), the descale repeated over the ``heads // Hkv`` heads of a group."""
+    t = t.double()
+    if descale is None:
+        return t
+    d = descale.double()
+    if d.dim() == 2:
+        d = d.repeat_interleave(heads // d.shape[1], dim=1)[:, :, None, None]
+    else:
+        d = d.reshape(())
+    return t * d
+
+
+def fp8_attention(q, k, v, *, q_descale=None, k_descale=None, v_descale=None, causal=False,
+                  scale=None):
+    """The FP8 forward's float64 reference: ``naive_attention`` of the dequantized inputs
+    (q's descales are per K/V head, as FA3's: repeated over the group's query heads)."""
+    hk = k.shape[1]
+    return naive_attention(dequantized(q, q_descale, q.shape[1]), dequantized(k, k_descale, hk),
+                           dequantized(v, v_descale, hk), causal=causal, scale=scale)
+
+
 def delta_rounding_effect(out, ref, ref_lse, dout, leaves):
     """The change of the float64 gradients of ``leaves`` (captured tensors' copies read by
     ``score_ref``) when delta = rowsum(dO * O) takes the kernel's ``out``, rounded to its

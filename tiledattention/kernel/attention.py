@@ -19,6 +19,11 @@ Two flags reshape the grid for small ones (decode):
   heads of one K/V head share the rows of a tile and K/V are read once per group; row r
   is query position ``r % SEQ_Q`` of head ``r // SEQ_Q``.
 
+``FP8`` (``attention_fwd_fp8``): e4m3 Q, K and V^T (V transposed once per call: wgmma
+takes fp8 operands K-major only), both products on fp8 with P rounded to e4m3 (as FA3),
+the softmax factor and V's descale per (batch, K/V head), the output in bf16 or fp16
+(benchmarks/notes/head-shapes.md §40h).
+
 ``SCORE_MOD`` / ``MASK_MOD`` are the variant's functions (``mods``): module globals here,
 replaced per variant in a copy of this kernel, and inlined by cuTile. ``A0..A3`` are the
 tensors they capture. ``PDL`` (``Schedule.pdl``): launched as a programmatic dependent, the
@@ -31,9 +36,11 @@ import cuda.tile as ct
 import numpy as np
 
 from .body import (
+    _T,
     divide_chunks,
     dot,
     dot_streamed,
+    fp8_factors,
     keep_tile,
     load_bias,
     load_rows,
@@ -53,6 +60,7 @@ from .body import (
 )
 from .entry import entry_point
 from .flags import (
+    FWD_FP8,
     FWD_SEQS,
     PLAIN,
     VARIANT,
@@ -106,7 +114,7 @@ def fwd_tile(q, arrays, fns, aux, where, state, j, diag, ALL_MASKS, f, CACHE_END
         qk = span_scores(q, K, seq, b, j, hk, f)
     else:
         qk = dot_streamed(q0, q1, q2, K, kb, hk, kj, TILE_N, TILE_M, W0, W1, W2, NCHUNK,
-                          f.LAT_K)
+                          f.LAT_K, fast=f.FP8)
     kv_idx = j * TILE_N + ct.arange(TILE_N, dtype=np.int32)[None, :]
     s = modified(qk, b, h, offs_m, kv_idx, score_mod, A0, A1, A2, A3, scale, f.HAS_SCORE_MOD)
     if f.HAS_MASK:
@@ -137,6 +145,9 @@ def values_step(p, V, seq, b, j, hk, kb, kj, acc, seq_k, f):
     if seq_k is not None:
         T = end_rows(V, seq_k, f.TILE_N * f.PAGE_TILES)  # tile j lies in the end's page
     VNCHUNK, VW0, VW1, VW2 = value_chunks(f)
+    if f.FP8:  # V is V^T: [.., D, Skv] in memory
+        return mma_streamed(p, T, kb, hk, kj, f.TILE_N, acc0, acc1, acc2, VW0, VW1, VW2,
+                            VNCHUNK, f.LAT_V, order=_T, fast=True)
     return mma_streamed(p, T, kb, hk, kj, f.TILE_N, acc0, acc1, acc2, VW0, VW1, VW2,
                         VNCHUNK, f.LAT_V)
 
@@ -297,13 +308,14 @@ def seq_diag(seq, f):
     return None
 
 
-def fwd_program(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns, seqs=None):
+def fwd_program(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns, seqs=None, descale=None):
     """The forward program every entry point runs (grouped arguments: tuples of
     compile-time constants stay constants). ``extra`` (BlkCnt, BlkIdx, A0..A3): a block
     mask's lists and the captured tensors, None in the plain kernel; ``scalars``
     (qk_scale_log2, inv_scale, scale, GROUP, SEQ_Q, NUM_SPLITS, SPLIT_TILES); ``f`` the
     ``FwdFlags``; ``fns`` (score_mod, mask_mod); ``seqs`` (CuQ, CuK, SeqK, Pages, TileMap,
-    WIN_L, WIN_R) of a packed or paged call (``attention_fwd_seqs``), else None."""
+    WIN_L, WIN_R) of a packed or paged call (``attention_fwd_seqs``), else None;
+    ``descale`` the FP8 forward's descale arrays (``fp8_factors``), else None."""
     # Grid (query tiles, heads, batch): query tiles of one head are adjacent, so
     # they share its K/V in L2.
     bid_m = ct.bid(0)
@@ -323,7 +335,7 @@ def fwd_program(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns, seqs=None):
             seq_program(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns, seqs, b, bid_m)
     else:
         rows_program(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns, b, bid_m, b,
-                     K.shape[2], (None, None, 0, 0, 0))
+                     K.shape[2], (None, None, 0, 0, 0), descale)
 
 
 def seq_program(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns, seqs, b, bid_m):
@@ -360,10 +372,12 @@ def seq_program(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns, seqs, b, bid_m)
                  (Pages, K.shape[0], seq_k - seq_q, WIN_L, WIN_R))
 
 
-def rows_program(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns, b, bid_m, ab, seq_k, seq):
+def rows_program(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns, b, bid_m, ab, seq_k, seq,
+                 descale=None):
     """One query tile ``bid_m`` of (batch or sequence) ``b``: Q, Out and Lse indexed at
     array batch ``ab``; ``seq`` (Pages, pages in the cache, shift, WIN_L, WIN_R) is what
-    ``key_tile_at`` and ``seq_diag`` read for a packed or paged sequence."""
+    ``key_tile_at`` and ``seq_diag`` read for a packed or paged sequence; ``descale``
+    (FP8): the descale arrays."""
     BlkCnt, BlkIdx, A0, A1, A2, A3 = extra
     qk_scale_log2, inv_scale, scale, GROUP, SEQ_Q, NUM_SPLITS, SPLIT_TILES = scalars
     TILE_M, W0, W1, W2, NCHUNK = f.TILE_M, f.W0, f.W1, f.W2, f.NCHUNK
@@ -394,7 +408,11 @@ def rows_program(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns, b, bid_m, ab, 
         offs_m = offs_m % SEQ_Q  # query position of each packed row
     arrays = (K, V, Mask)
     aux = (A0, A1, A2, A3)
-    where = (b, h, hk, bid_m, offs_m, seq_k, qk_scale_log2, inv_scale, scale, seq)
+    c = qk_scale_log2
+    v_descale = 1.0
+    if f.FP8:
+        c, v_descale = fp8_factors(descale, b, hk, qk_scale_log2)
+    where = (b, h, hk, bid_m, offs_m, seq_k, c, inv_scale, scale, seq)
 
     if f.BLOCK_SPARSE:
         # Positions [0, n_part) of this tile's list are partial tiles, then n_full full
@@ -435,7 +453,10 @@ def rows_program(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns, b, bid_m, ab, 
 
     # Fully masked rows (l = 0) are written as zeros, and their log-sum-exp as -inf.
     m_i, l_i, acc0, acc1, acc2 = state
-    o0, o1, o2 = divide_chunks(acc0, acc1, acc2, safe_divisor(l_i, fwd_zero_safe(f)), VNCHUNK)
+    l_div = safe_divisor(l_i, fwd_zero_safe(f))
+    if f.FP8:
+        l_div = l_div / v_descale  # V's descale folds into the row sums: one op a row
+    o0, o1, o2 = divide_chunks(acc0, acc1, acc2, l_div, VNCHUNK)
     store_rows(Out, ab, hb, bid_m, o0, o1, o2, TILE_M, VW0, VW1, VW2, VNCHUNK)
     if f.RETURN_LSE or f.SPLIT_K:
         ct.store(Lse, index=(ab, hb, bid_m), tile=row_lse(m_i, l_i).reshape((1, 1, TILE_M)))
@@ -498,4 +519,22 @@ def attention_fwd_seqs(
         Q, K, V, Out, Lse, Mask, (BlkCnt, BlkIdx, A0, A1, A2, A3),
         (qk_scale_log2, inv_scale, scale, GROUP, SEQ_Q, NUM_SPLITS, SPLIT_TILES), FLAGS,
         (SCORE_MOD, MASK_MOD), (CuQ, CuK, SeqK, Pages, TileMap, WIN_L, WIN_R))
+""", globals())
+
+
+attention_fwd_fp8 = entry_point(FwdFlags, FWD_FP8, """
+def attention_fwd_fp8(
+    Q, K, Vt, Out, Lse, QDescale, KDescale, VDescale,
+    qk_scale_log2: float,  # scale * log2(e); times q's and k's descales per (b, K/V head)
+    GROUP: int, SEQ_Q: int,
+    QD_HEADS: int, KD_HEADS: int, VD_HEADS: int,  # 1: that descale is [B, Hkv]; 0: [1, 1]
+    FLAGS,
+):
+    \"\"\"The FP8 forward (``FP8``): e4m3 Q, K and Vt = V^T [B, Hkv, D, Skv]; the descales
+    fp32; Out bf16 or fp16; no mask, variant or split.\"\"\"
+    fwd_program(
+        Q, K, Vt, Out, Lse, None, (None, None, None, None, None, None),
+        (qk_scale_log2, 1.0, 1.0, GROUP, SEQ_Q, 1, 1), FLAGS,
+        (no_score_mod, no_mask_mod), None,
+        (QDescale, KDescale, VDescale, QD_HEADS, KD_HEADS, VD_HEADS))
 """, globals())

@@ -93,20 +93,22 @@ def dot(a0, a1, a2, b0, b1, b2, M, N, NCHUNK):
     return acc
 
 
-def dot_streamed(a0, a1, a2, T, b, h, tile, TILE, M, W0, W1, W2, NCHUNK, latency):
+def dot_streamed(a0, a1, a2, T, b, h, tile, TILE, M, W0, W1, W2, NCHUNK, latency,
+                 fast=False):
     """sum_c a_c @ T[b, h, tile]^T_c, each transposed chunk loaded right before its MMA
-    (the order the compiler pipelines best: one chunk's buffer in flight at a time)."""
+    (the order the compiler pipelines best: one chunk's buffer in flight at a time).
+    ``fast``: fp8 operands, Hopper's fast accumulation (``mma_streamed``)."""
     t0 = ct.load(T, index=(b, h, 0, tile), shape=(1, 1, W0, TILE), order=_T,
                  padding_mode=_ZERO, latency=latency).reshape((W0, TILE))
-    acc = ct.mma(a0, t0, ct.full((M, TILE), 0.0, dtype=np.float32))
+    acc = ct.mma(a0, t0, ct.full((M, TILE), 0.0, dtype=np.float32), use_fast_acc=fast)
     if NCHUNK > 1:
         t1 = ct.load(T, index=(b, h, W0 // W1, tile), shape=(1, 1, W1, TILE), order=_T,
                      padding_mode=_ZERO, latency=latency).reshape((W1, TILE))
-        acc = ct.mma(a1, t1, acc)
+        acc = ct.mma(a1, t1, acc, use_fast_acc=fast)
     if NCHUNK > 2:
         t2 = ct.load(T, index=(b, h, (W0 + W1) // W2, tile), shape=(1, 1, W2, TILE), order=_T,
                      padding_mode=_ZERO, latency=latency).reshape((W2, TILE))
-        acc = ct.mma(a2, t2, acc)
+        acc = ct.mma(a2, t2, acc, use_fast_acc=fast)
     return acc
 
 
@@ -146,19 +148,24 @@ def dots_streamed(a0, a1, a2, c0, c1, c2, T, U, b, h, tile, TILE, M, W0, W1, W2,
     return x, y
 
 
-def mma_streamed(a, T, b, h, tile, TILE, acc0, acc1, acc2, W0, W1, W2, NCHUNK, latency):
-    """acc_c += a @ T[b, h, tile]_c, each row chunk loaded right before its MMA (P V, dS K)."""
-    t0 = ct.load(T, index=(b, h, tile, 0), shape=(1, 1, TILE, W0), padding_mode=_ZERO,
-                 latency=latency).reshape((TILE, W0))
-    acc0 = ct.mma(a, t0, acc0)
+def mma_streamed(a, T, b, h, tile, TILE, acc0, acc1, acc2, W0, W1, W2, NCHUNK, latency,
+                 order="C", fast=False):
+    """acc_c += a @ T[b, h, tile]_c, each row chunk loaded right before its MMA (P V, dS K).
+
+    ``order=_T``: T holds the transpose ([.., W, TILE] in memory: the FP8 forward's V^T,
+    since wgmma takes fp8 operands K-major only); ``fast``: fp8 operands, Hopper's fast
+    accumulation (without it tileiras keeps a second fp32 accumulator: D 256 spilled)."""
+    t0 = ct.load(T, index=(b, h, tile, 0), shape=(1, 1, TILE, W0), order=order,
+                 padding_mode=_ZERO, latency=latency).reshape((TILE, W0))
+    acc0 = ct.mma(a, t0, acc0, use_fast_acc=fast)
     if NCHUNK > 1:
-        t1 = ct.load(T, index=(b, h, tile, W0 // W1), shape=(1, 1, TILE, W1),
+        t1 = ct.load(T, index=(b, h, tile, W0 // W1), shape=(1, 1, TILE, W1), order=order,
                      padding_mode=_ZERO, latency=latency).reshape((TILE, W1))
-        acc1 = ct.mma(a, t1, acc1)
+        acc1 = ct.mma(a, t1, acc1, use_fast_acc=fast)
     if NCHUNK > 2:
         t2 = ct.load(T, index=(b, h, tile, (W0 + W1) // W2), shape=(1, 1, TILE, W2),
-                     padding_mode=_ZERO, latency=latency).reshape((TILE, W2))
-        acc2 = ct.mma(a, t2, acc2)
+                     order=order, padding_mode=_ZERO, latency=latency).reshape((TILE, W2))
+        acc2 = ct.mma(a, t2, acc2, use_fast_acc=fast)
     return acc0, acc1, acc2
 
 
@@ -298,6 +305,16 @@ def online_softmax(s, m_i, l_i, c, ZERO_SAFE):
     alpha = ct.exp2(m_i - m_sub, flush_to_zero=True)
     l_i = l_i * alpha + ct.sum(p, axis=-1, keepdims=True)
     return p, alpha, m_ij, l_i
+
+
+def fp8_factors(descale, b, hk, qk_scale_log2):
+    """(the softmax factor, V's descale) of batch ``b``, K/V head ``hk``: q.k of e4m3
+    inputs times q's and k's descales is the dequantized score. ``descale``: the q, k and
+    v descales, each a [B, Hkv] array (its ``*_HEADS`` 1) or a [1, 1] one (0: per
+    tensor, read at (0, 0)), then the three ``*_HEADS``."""
+    Qd, Kd, Vd, QH, KH, VH = descale
+    return (qk_scale_log2 * ct.gather(Qd, (b * QH, hk * QH))
+            * ct.gather(Kd, (b * KH, hk * KH)), ct.gather(Vd, (b * VH, hk * VH)))
 
 
 def softmax_init(TILE_M):

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from .. import mods as _mods
 from ..errors import CompileError
 from .plan import combine_constants, fwd_hints
-from .spec import CLASSIFY, COMBINE, DELTA, KernelSpec, score_specs
+from .spec import CLASSIFY, COMBINE, DELTA, FWD_FP8, KernelSpec, score_specs
 from .variant import BwdVariant, Variant
 
 
@@ -83,7 +83,7 @@ def _scalars() -> dict:
     f32, i32 = ScalarConstraint(ct.float32), ScalarConstraint(ct.int32)
     return dict(qk_scale_log2=f32, inv_scale=f32, scale=f32, GROUP=i32, SEQ_Q=i32,
                 NUM_SPLITS=i32, SPLIT_TILES=i32, seq_q=i32, seq_k=i32, HEADS=i32,
-                WIN_L=i32, WIN_R=i32, STEPS=i32)
+                WIN_L=i32, WIN_R=i32, STEPS=i32, QD_HEADS=i32, KD_HEADS=i32, VD_HEADS=i32)
 
 
 def signature(spec: KernelSpec, arrays: dict, constants: dict):
@@ -106,27 +106,47 @@ def _export(spec: KernelSpec, kernel, sig, gpu_code: str, what: str) -> bytes:
     return buf.getvalue()
 
 
+def fwd_spec(variant: Variant) -> KernelSpec:
+    """The forward entry point a variant runs: FP8, plain or with the variant's arrays."""
+    return FWD_FP8 if variant.fp8 else score_specs(variant.flags is None)[0]
+
+
+def _fp8_arrays(variant: Variant) -> dict:
+    """The FP8 forward's tensors: e4m3 Q, K, Vt with 16-element strides (16 bytes, what
+    TMA needs and the host guarantees; with 8, a 1-byte array loses TMA and D 256 spilled:
+    benchmarks/notes/head-shapes.md §40h), the output's dtype, the descales (gathered)."""
+    import cuda.tile as ct
+
+    arrays = _arrays(variant.out_dtype, None)
+    arrays.update({n: export_array(ct.float8_e4m3fn, 4, stride_divisible_by=16)
+                   for n in ("Q", "K", "Vt")})
+    arrays.update({n: _gathered(ct.float32, 2) for n in ("QDescale", "KDescale", "VDescale")})
+    return arrays
+
+
 def signature_for(variant: Variant, aux: tuple = ()):
     """The forward's export signature for contiguous, 16-byte aligned tensors."""
     import cuda.tile as ct
 
+    if variant.fp8:
+        return signature(FWD_FP8, _fp8_arrays(variant), variant.constants())
     arrays = _arrays(variant.dtype, variant.mask_dtype, aux)
     if variant.split_k:
         arrays["Out"] = export_array(ct.float32, 4)
     return signature(score_specs(variant.flags is None)[0], arrays, variant.constants())
 
 
-def kernel_for(schedule, mods=None, plain: bool = True):
+def kernel_for(schedule, mods=None, plain: bool = True, spec: KernelSpec | None = None):
     """The forward kernel object carrying this schedule's hints (and a variant's mods)."""
-    return score_specs(plain)[0].kernel(mods, **fwd_hints(schedule))
+    return (spec or score_specs(plain)[0]).kernel(mods, **fwd_hints(schedule))
 
 
 def export_cubin(variant: Variant, gpu_code: str, mods=None, aux: tuple = ()) -> CompiledCubin:
     """Compile one forward variant to a cubin for ``gpu_code`` (e.g. ``"sm_90"``).
     ``mods``/``aux``: a variant's functions and its captured tensors' (dtype, ndim)."""
     start = time.perf_counter()
-    plain = variant.flags is None
-    cubin = _export(score_specs(plain)[0], kernel_for(variant.schedule, mods, plain),
+    spec = fwd_spec(variant)
+    cubin = _export(spec, kernel_for(variant.schedule, mods, spec=spec),
                     signature_for(variant, aux), gpu_code, variant.label())
     return CompiledCubin(variant, gpu_code, cubin, time.perf_counter() - start)
 

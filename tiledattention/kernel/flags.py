@@ -25,6 +25,7 @@ PLAIN = (None, "dense")
 VARIANT = (None, "dense", "variant", "sparse")
 FWD_SEQS = (None, "variant", "seqs", "paged")
 BWD_SEQS = (None, "variant", "seqs")
+FWD_FP8 = (None, "dense", "fp8")
 
 
 _REQUIRED = object()
@@ -123,6 +124,10 @@ class FwdFlags(ScoreFlags):
     SPLIT_K: bool  # write per-split partials (fp32 Out, Lse) for the combine kernel
     PACKED: bool  # rows are (query head in group, query position) pairs
     PDL: bool = flag("dense")  # launched as a programmatic dependent: wait before the first load
+    # e4m3 Q, K and V^T (``attention_fwd_fp8``): both products on fp8 (P rounded to e4m3,
+    # as FA3), V read from its transpose (wgmma's fp8 operands are K-major), the softmax
+    # factor and V's descale per (batch, K/V head) from the descale arrays
+    FP8: bool = flag("fp8", False)
 
 
 @dataclass(frozen=True, kw_only=True)

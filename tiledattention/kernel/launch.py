@@ -106,6 +106,55 @@ def launch(plan, q, k, v, attn_mask, *, fresh_lse: bool = True, aux: tuple = ())
     return out, lse
 
 
+_ones: dict[torch.device, torch.Tensor] = {}
+
+
+def _one(device: torch.device) -> torch.Tensor:
+    """A [1, 1] fp32 1.0: a descale left out (made once per device)."""
+    one = _ones.get(device)
+    if one is None:
+        one = torch.ones((1, 1), dtype=torch.float32, device=device)
+        _ones[device] = one
+    return one
+
+
+def transposed_copy(v: torch.Tensor, cols: int) -> torch.Tensor:
+    """V^T [B, H, D, Skv] in a new buffer whose rows hold ``cols`` keys (Skv rounded up to
+    16: 16-byte strides for TMA), one pass over V (wgmma takes fp8 operands K-major only)."""
+    b, h, s, d = v.shape
+    buf = torch.empty((b, h, d, cols), dtype=v.dtype, device=v.device)
+    vt = buf if cols == s else buf[..., :s]
+    vt.copy_(v.transpose(2, 3))
+    return vt
+
+
+def _dense_copy(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in canonical contiguous strides (``contiguous`` keeps odd strides of size-1
+    axes, which would cost TMA)."""
+    return torch.empty(t.shape, dtype=t.dtype, device=t.device).copy_(t)
+
+
+def launch_fp8(plan, q, k, v, descales, *, fresh_lse: bool = True):
+    """Launch an FP8 plan (``plan.Fp8Plan``): q, k copied only where the plan says, V^T a
+    view or a copy, the descales as [1, 1] or [B, Hkv] arrays (a left-out one: 1.0)."""
+    device = plan.device
+    if plan.copy_q:
+        q = _dense_copy(q)
+    if plan.copy_k:
+        k = _dense_copy(k)
+    vt = v.transpose(2, 3) if plan.vt_view else transposed_copy(v, plan.vt_cols)
+    out = torch.empty(plan.out_shape, dtype=plan.out_dtype, device=device)
+    if plan.variant.return_lse:
+        lse = torch.empty(plan.lse_shape, dtype=torch.float32, device=device)
+    else:
+        lse = _placeholders(device, fresh_lse)[0]
+    ds = tuple(_one(device) if d is None else d if d.dim() == 2 else d.view(1, 1)
+               for d in descales)
+    _, kernel, grid, tail = plan.launches[0]
+    launch_kernel(device, grid, kernel, (q, k, vt, out, lse, *ds, *tail))
+    return out, lse
+
+
 def run_backward(plan, q, k, v, out, lse, dout, dlse, attn_mask, *, aux: tuple = (),
                  captured: tuple = ()):
     """(dq, dk, dv) of ``sdpa``'s forward by ``plan`` (``plan.bwd_plan_for``), given its

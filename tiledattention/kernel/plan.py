@@ -32,13 +32,22 @@ from .. import mods as _mods
 from ..headdim import MAX_HEAD_DIM, plan_head_dim
 from ..schedules import policy
 from ..schedules.backward import BwdSchedule, default_bwd_schedule
-from ..schedules.schedule import Schedule, default_schedule
+from ..schedules.schedule import Schedule, default_fp8_schedule, default_schedule
 from ..schedules.table import seq_bucket
 from .geometry import grid_for
 from .mask import mask_layout
-from .spec import COMBINE, DELTA, score_specs
+from .spec import COMBINE, DELTA, FWD_FP8, score_specs
 from .toolchain import check_gpu
-from .validate import Problem, check_inputs, resolve_schedule, schedule_head_dim
+from .validate import (
+    FP8_INPUT,
+    Problem,
+    check_descale,
+    check_device,
+    check_fp8_shapes,
+    check_inputs,
+    resolve_schedule,
+    schedule_head_dim,
+)
 from .variant import DELTA_TILE_M, BwdVariant, Flags, Variant
 
 LOG2E = 1.0 / math.log(2.0)
@@ -471,6 +480,114 @@ def combine_constants(head_dim: int, rows: int, return_lse: bool) -> dict[str, i
     tile_r = min(1 << max(rows - 1, 0).bit_length(), 1 << (cap.bit_length() - 1))
     return dict(TILE_R=tile_r, NCHUNK=len(plan.widths), W0=w0, W1=w1, W2=w2,
                 RETURN_LSE=return_lse)
+
+
+# ----------------------------------------------------------------------------- FP8
+DESCALES = ("q_descale", "k_descale", "v_descale")
+FP8_MIN_CAPABILITY = (9, 0)  # QGMMA (wgmma on e4m3): Hopper and newer
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class Fp8Plan(LaunchPlan):
+    """The FP8 forward's one launch, fixed but for the tensors' data: how q and k reach
+    the kernel (16-byte strides, what TMA needs for 1-byte elements: else a copy) and V^T
+    (a view of v when v is a transposed view of an aligned V^T, else a copy into rows of
+    ``vt_cols`` keys, Skv rounded up to 16). The descales' layouts are in the key: the
+    launch's ``QD_HEADS``.. say which are per (batch, K/V head)."""
+
+    variant: Variant
+    out_shape: tuple[int, int, int, int]
+    lse_shape: tuple[int, ...]
+    out_dtype: torch.dtype
+    copy_q: bool
+    copy_k: bool
+    vt_view: bool
+    vt_cols: int
+
+
+def tma_strides(t, axes=(0, 1, 2)) -> bool:
+    """``axes`` of a 1-byte tensor step by multiples of 16 elements and its last axis (in
+    the kernel's view) is unit-stride."""
+    return all(t.stride(i) % 16 == 0 for i in axes)
+
+
+def fp8_plan_for(q, k, v, causal, scale, enable_gqa, return_lse, schedule, out_dtype,
+                 descales) -> Fp8Plan:
+    """The cached FP8 forward plan of this call (``call_key`` plus the output dtype and the
+    descales' facts), built and checked on first sight."""
+    try:
+        key = call_key(q, k, v, None, causal, scale, enable_gqa, return_lse, schedule)
+    except RuntimeError:  # a nested tensor: the build refuses it
+        key = None
+    if key is not None and all(d is None or type(d) is _Tensor for d in descales):
+        key = ("fp8", key, out_dtype, tuple(None if d is None else _facts(d)
+                                            for d in descales))
+    else:
+        key = None
+    return _cached(key, lambda: build_fp8_plan(q, k, v, causal, scale, enable_gqa,
+                                               return_lse, schedule, out_dtype, descales))
+
+
+def build_fp8_plan(q, k, v, causal, scale, enable_gqa, return_lse, schedule, out_dtype,
+                   descales) -> Fp8Plan:
+    problem = check_inputs(q, k, v, causal=causal, scale=scale, attn_mask=None,
+                           enable_gqa=enable_gqa, dtypes=FP8_INPUT, device=False)
+    check_fp8_shapes(problem)
+    for name, d in zip(DESCALES, descales):
+        check_descale(name, d, q, problem.batch, problem.heads_kv)
+    check_device(q)  # last: the checks above run (and are tested) without a GPU
+    chosen = resolve_schedule(schedule, problem)
+    index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    check_gpu(index)
+    check_fp8_gpu(index)
+    return make_fp8_plan(
+        problem, q.device, chosen or default_fp8_schedule(problem.head_dim, problem.causal),
+        bool(return_lse), out_dtype or torch.bfloat16, **fp8_layout(q, k, v),
+        per_head=tuple(d is not None and d.dim() == 2 for d in descales))
+
+
+def fp8_layout(q, k, v) -> dict[str, bool]:
+    """What the launch does to reach 16-byte strides: copy q, copy k (unless already so,
+    head dim unit-stride), and whether v is a transposed view of an aligned V^T (its key
+    axis unit-stride) to read in place."""
+    return dict(copy_q=not (q.stride(3) == 1 and tma_strides(q)),
+                copy_k=not (k.stride(3) == 1 and tma_strides(k)),
+                vt_view=v.stride(2) == 1 and tma_strides(v, (0, 1, 3)))
+
+
+@functools.cache
+def check_fp8_gpu(index: int) -> None:
+    from ..errors import GPUTooOldError
+
+    cap = torch.cuda.get_device_capability(index)
+    if cap < FP8_MIN_CAPABILITY:
+        raise GPUTooOldError(
+            f"{torch.cuda.get_device_name(index)} has compute capability {cap[0]}.{cap[1]}; "
+            "the FP8 forward needs 9.0 or newer (Hopper, Blackwell)")
+
+
+def make_fp8_plan(problem, device, schedule: Schedule, return_lse: bool,
+                  out_dtype: torch.dtype, *, copy_q: bool, copy_k: bool, vt_view: bool,
+                  per_head: tuple[bool, bool, bool], build_kernels: bool = True) -> Fp8Plan:
+    """The plan of a validated FP8 problem (``build_kernels`` False: no cuTile needed)."""
+    p = problem
+    variant = Variant(dtype="float8_e4m3fn", head_dim=p.head_dim, causal=p.causal,
+                      schedule=schedule, even_n=p.seq_kv % schedule.tile_n == 0,
+                      return_lse=return_lse,
+                      out_dtype=str(out_dtype).removeprefix("torch."))
+    qd, kd, vd = (int(x) for x in per_head)
+    tail = FWD_FP8.ordered(dict(qk_scale_log2=p.scale * LOG2E, GROUP=p.group, SEQ_Q=p.seq_q,
+                                QD_HEADS=qd, KD_HEADS=kd, VD_HEADS=vd,
+                                **variant.constants()), skip_tensors=True)
+    step = Step("fwd", FWD_FP8.kernel(**fwd_hints(schedule)) if build_kernels else None,
+                grid_for(batch=p.batch, heads=p.heads_q, seq_q=p.seq_q,
+                         tile_m=schedule.tile_m), tail)
+    return Fp8Plan(
+        schedule=schedule, launches=(step,), device=device, variant=variant,
+        out_shape=(p.batch, p.heads_q, p.seq_q, p.head_dim),
+        lse_shape=(p.batch, p.heads_q, p.seq_q) if return_lse else (1, 1, 1),
+        out_dtype=out_dtype, copy_q=copy_q, copy_k=copy_k, vt_view=vt_view,
+        vt_cols=-(-p.seq_kv // 16) * 16)
 
 
 # ----------------------------------------------------------------------------- backward

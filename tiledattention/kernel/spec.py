@@ -119,6 +119,9 @@ DKDV_VARIANT = KernelSpec("backward", "attention_bwd_dkdv_variant",
 DQ = KernelSpec("backward", "attention_bwd_dq", (*_BWD, "Out", "Dlse", "dQ"))
 DQ_VARIANT = KernelSpec("backward", "attention_bwd_dq_variant",
                         (*_BWD, *_EXTRA, "Out", "Dlse", "dQ"))
+# The FP8 forward: V transposed (Vt [B, Hkv, D, Skv]) and the q, k, v descales [B, Hkv].
+FWD_FP8 = KernelSpec("attention", "attention_fwd_fp8",
+                     ("Q", "K", "Vt", "Out", "Lse", "QDescale", "KDescale", "VDescale"))
 CLASSIFY = KernelSpec("blockmask", "classify_tiles", ("Cls", *_EXTRA[2:]))
 # Packed (varlen) and paged sequences: the variant entry points' tensors, then the offsets,
 # the block table and the tile map (``seqmap``).

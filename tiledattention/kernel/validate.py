@@ -29,6 +29,12 @@ from ..schedules.schedule import Schedule
 from ..schedules.space import rejection
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
+# The FP8 forward (``check_fp8``): e4m3 q, k, v (e5m2 refused), bf16 or fp16 out, head
+# dims 32-256 in steps of 32 (wgmma's fp8 contraction is 32 elements, so are the chunks).
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+FP8_INPUT = (torch.float8_e4m3fn,)
+FP8_OUT_DTYPES = (torch.bfloat16, torch.float16)
+FP8_HEAD_DIMS = range(32, 257, 32)
 
 
 @dataclass(frozen=True)
@@ -54,14 +60,18 @@ class Problem:
         return value_dim(self.head_dim, self.head_dim_v)
 
 
-def _dtype_names() -> str:
-    return ", ".join(str(d).removeprefix("torch.") for d in SUPPORTED_DTYPES)
+def _dtype_names(dtypes=SUPPORTED_DTYPES) -> str:
+    names = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
+    if dtypes is SUPPORTED_DTYPES:
+        names += " (and float8_e4m3fn for q, k and v together: the FP8 forward)"
+    return names
 
 
 def check_inputs(q, k, v, *, causal, scale, attn_mask, enable_gqa,
-                 device: bool = True) -> Problem:
+                 device: bool = True, dtypes=SUPPORTED_DTYPES) -> Problem:
     """The validated problem of a call, or its typed error. ``device`` False leaves the
-    device check to run time (a trace under torch.compile: ``check_device``)."""
+    device check to run time (a trace under torch.compile: ``check_device``); ``dtypes``
+    the accepted input dtypes (``FP8_INPUT`` for the FP8 forward)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise InputError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -72,8 +82,9 @@ def check_inputs(q, k, v, *, causal, scale, attn_mask, enable_gqa,
     if not (q.device == k.device == v.device):
         raise DeviceError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.dtype not in SUPPORTED_DTYPES:
-            raise DTypeError(f"{name}.dtype is {t.dtype}; supported dtypes are {_dtype_names()}")
+        if t.dtype not in dtypes:
+            raise DTypeError(f"{name}.dtype is {t.dtype}; supported dtypes are "
+                             f"{_dtype_names(dtypes)}")
     if not (q.dtype == k.dtype == v.dtype):
         raise DTypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -192,3 +203,59 @@ def resolve_schedule(schedule, problem: Problem) -> Schedule | None:
         return schedule
     raise ScheduleError(f"schedule must be a Schedule, a dict of its fields or None, got "
                         f"{type(schedule).__name__}")
+
+
+# ----------------------------------------------------------------------------- FP8
+def check_fp8_call(q, *, descales, out_dtype, needs_grad: bool, attn_mask,
+                   has_variant: bool) -> None:
+    """What an FP8 call (or a call with an FP8 argument) may not ask for, each one typed
+    error before anything else is read: FP8 arguments with other inputs, e5m2, a
+    gradient, a mask or variant; ``out_dtype`` must be bf16 or fp16."""
+    fp8 = isinstance(q, torch.Tensor) and q.dtype in FP8_DTYPES
+    if not fp8:
+        given = [n for n, d in zip(("q_descale", "k_descale", "v_descale"), descales)
+                 if d is not None] + (["out_dtype"] if out_dtype is not None else [])
+        got = q.dtype if isinstance(q, torch.Tensor) else type(q).__name__
+        verb = "applies" if len(given) == 1 else "apply"
+        raise InputError(f"{', '.join(given)} {verb} to float8_e4m3fn q, k, v only (the FP8 "
+                         f"forward); q is {got}: leave {'it' if len(given) == 1 else 'them'} "
+                         "out")
+    if q.dtype != torch.float8_e4m3fn:
+        raise DTypeError(f"q.dtype is {q.dtype}; the FP8 forward takes float8_e4m3fn "
+                         "(e4m3) q, k and v only")
+    if needs_grad:
+        raise BackwardNotSupportedError(
+            "the FP8 forward has no backward (inference only): call it under "
+            "torch.no_grad() or with inputs that do not require grad")
+    if attn_mask is not None or has_variant:
+        raise InputError("the FP8 forward takes no attn_mask, score_mod, mask_mod or "
+                         "block_mask (plain or causal attention only); use bf16/fp16 "
+                         "inputs for them")
+    if out_dtype is not None and out_dtype not in FP8_OUT_DTYPES:
+        raise DTypeError(f"out_dtype is {out_dtype!r}; the FP8 forward writes "
+                         "torch.bfloat16 (default) or torch.float16")
+
+
+def check_fp8_shapes(problem: Problem) -> None:
+    """The FP8 forward's head dims: 32-256 in steps of 32, one for q, k and v."""
+    d, dv = problem.head_dim, problem.value_dim
+    if d not in FP8_HEAD_DIMS or dv != d:
+        raise UnsupportedHeadDimError(
+            f"the FP8 forward takes one head dim for q, k and v in 32, 64, ..., 256 (steps "
+            f"of 32); got q/k {d}, v {dv}")
+
+
+def check_descale(name: str, d, q, batch: int, heads_kv: int) -> None:
+    """A descale factor: None (1.0), or an fp32 tensor on q's device of shape [], [1]
+    (per tensor) or [B, Hkv] (per batch and K/V head, as FA3 takes them)."""
+    if d is None:
+        return
+    if not isinstance(d, torch.Tensor):
+        raise InputError(f"{name} must be a torch.Tensor or None, got {type(d).__name__}")
+    if d.dtype != torch.float32:
+        raise DTypeError(f"{name}.dtype is {d.dtype}; descale factors are torch.float32")
+    if d.device != q.device:
+        raise DeviceError(f"{name} is on {d.device}, q on {q.device}")
+    if tuple(d.shape) not in ((), (1,), (batch, heads_kv)):
+        raise ShapeError(f"{name} has shape {tuple(d.shape)}; accepted: [] or [1] (per "
+                         f"tensor) or [B, Hkv] = [{batch}, {heads_kv}]")

@@ -109,23 +109,32 @@ class Variant(_Shared):
     packed: bool = False  # GQA query heads packed into the rows of one tile
     flags: Flags | None = None  # variant functions and block sparsity (None: plain)
     head_dim_v: int | None = None  # V's (and the output's) head dim; None: ``head_dim``
+    # The FP8 forward (``attention_fwd_fp8``, ``dtype`` "float8_e4m3fn"): the output's
+    # dtype ("bfloat16" / "float16"); None: not FP8, the output has ``dtype``.
+    out_dtype: str | None = None
 
     @property
     def value_dim(self) -> int:
         return value_dim(self.head_dim, self.head_dim_v)
 
+    @property
+    def fp8(self) -> bool:
+        return self.out_dtype is not None
+
     def constants(self) -> dict[str, int | bool]:
         """The kernel's ``ct.Constant`` arguments by parameter name."""
         s = self.schedule
+        fp8 = dict(FP8=True) if self.fp8 else {}  # only the FP8 entry point declares it
         return dict(
             TILE_M=s.tile_m, TILE_N=s.tile_n, HEAVY_FIRST=s.heavy_first, EVEN_N=self.even_n,
             RETURN_LSE=self.return_lse, LAT_K=s.latency_k, LAT_V=s.latency_v,
             SPLIT_K=self.split_k, PACKED=self.packed, PDL=s.pdl, **self.shared().constants(),
-            **value_constants(self.value_dim))
+            **value_constants(self.value_dim), **fp8)
 
     def label(self) -> str:
         dv = "" if self.value_dim == self.head_dim else f"_dv{self.value_dim}"
-        return (f"{self.shared().label()}{dv}{'_even' if self.even_n else ''}"
+        out = "" if self.out_dtype is None else f"_out_{self.out_dtype}"
+        return (f"{self.shared().label()}{dv}{out}{'_even' if self.even_n else ''}"
                 f"{'_lse' if self.return_lse else ''}{'_splitk' if self.split_k else ''}"
                 f"{'_packed' if self.packed else ''}_{self.schedule.label()}")
 

@@ -135,3 +135,13 @@ def default_schedule(head_dim: int, causal: bool) -> Schedule:
     if not causal and head_dim & (head_dim - 1) and head_dim < 128:
         return Schedule(128, 64, occupancy=2)  # chunked D below 128, e.g. 96 = 64 + 32
     return Schedule(64, 128, occupancy=2)
+
+
+def default_fp8_schedule(head_dim: int, causal: bool) -> Schedule:
+    """The FP8 forward's schedule (untuned; no table entries yet): D <= 128 the bf16
+    default (64x128 at occupancy 2: 128 registers, no stack, sm_90); wider, 128x128 tiles
+    on 8 worker warps (D 256: 168 registers, no stack; benchmarks/notes/head-shapes.md
+    §40h). An e4m3 tile is half a bf16 one's bytes, so these fit shared memory as bf16's do."""
+    if head_dim > 128:
+        return Schedule(128, 128, occupancy=1, worker_warps=8)
+    return default_schedule(head_dim, causal)
