@@ -363,7 +363,8 @@ def main(argv=None) -> int:
                    help="paged: new tokens per sequence (1: decode; more: chunked prefill)")
     p.add_argument("--ab-page-span", action="store_true",
                    help="paged: also time the per-page TMA path (ta_pertma, "
-                        "PAGE_GATHER_BELOW = 0) beside ta where ta gathers (pages < 64)")
+                        "PAGE_GATHER_BELOW = 0) beside ta where ta gathers "
+                        "(pages < PAGE_GATHER_BELOW)")
     p.add_argument("--fa4-site", default=None)
     p.add_argument("--backward", action="store_true")
     p.add_argument("--skip", choices=["varlen", "paged"], default=None)

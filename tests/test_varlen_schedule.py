@@ -123,19 +123,24 @@ def test_key_tiles_lie_in_one_page_or_span_up_to_four_whole_pages(tile_n, page, 
 
 
 @pytest.mark.parametrize("tile_n", [64, 128])
-@pytest.mark.parametrize("page, span", [(16, 4), (32, 2)])
-def test_pages_below_64_keys_are_gathered_into_64_key_tiles(tile_n, page, span):
+@pytest.mark.parametrize("page, span, below", [(16, 4, None), (16, 4, 64), (32, 2, 64)])
+def test_pages_below_the_threshold_are_gathered_into_64_key_tiles(tile_n, page, span, below,
+                                                                  monkeypatch):
+    # page 16 by default; page 32 too where the threshold is raised (the GPU tests run both)
     from dataclasses import replace
 
+    from tiledattention.kernel import workload as W
     from tiledattention.schedules.schedule import default_schedule
+    if below is not None:
+        monkeypatch.setattr(W, "PAGE_GATHER_BELOW", below)
     s, tiles, got_span, gather = _paged_tiles(
         replace(default_schedule(128, True), tile_n=tile_n), page)
     assert gather and (s.tile_n, tiles, got_span) == (64, 1, span)
 
 
 @pytest.mark.parametrize("tile_n", [64, 128])
-@pytest.mark.parametrize("page", [64, 128, 256])
-def test_pages_of_64_keys_or_more_keep_their_tma_loads(tile_n, page):
+@pytest.mark.parametrize("page", [32, 64, 128, 256])
+def test_pages_of_32_keys_or_more_keep_their_tma_loads(tile_n, page):
     from dataclasses import replace
 
     from tiledattention.schedules.schedule import default_schedule

@@ -297,9 +297,10 @@ def test_paged_free_slots_holding_nan_do_not_reach_the_output(page, chunk):
 @pytest.mark.parametrize("page", [16, 32])
 @pytest.mark.parametrize("chunk", [1, 40])
 def test_paged_small_pages_match_float64_gathered_and_by_per_page_tma(page, chunk):
-    """Pages below ``workload.PAGE_GATHER_BELOW`` are gathered; with it at 0 the same call
-    runs one TMA load per page (the A/B of benchmarks/varlen.py --ab-page-span): both
-    match float64, over ragged contexts ending mid-page."""
+    """With ``workload.PAGE_GATHER_BELOW`` at 64 pages 16 and 32 are gathered (the default
+    gathers page 16 only); with it at 0 the same call runs one TMA load per page (the A/B
+    of benchmarks/varlen.py --ab-page-span): both match float64, over ragged contexts
+    ending mid-page."""
     from tiledattention import mods
     from tiledattention.kernel import workload as W
     from tiledattention.kernel.spec import FWD_SEQS
@@ -317,7 +318,7 @@ def test_paged_small_pages_match_float64_gathered_and_by_per_page_tma(page, chun
     w = check_paged(q, kc, vc, table, seqlens, cq, max_q, True, None, (-1, -1), 0.0)
     ref, _ = paged_reference(q, kc, vc, table, seqlens.cpu(), cu_seqlens_q=None if cq is None
                              else cq.cpu(), causal=True)
-    for below in (W.PAGE_GATHER_BELOW, 0):
+    for below in (64, 0):
         kept, W.PAGE_GATHER_BELOW = W.PAGE_GATHER_BELOW, below
         try:
             plan = W.paged_plan(w, q, None, mods.NONE, False)

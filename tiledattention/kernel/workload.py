@@ -185,8 +185,10 @@ def run_varlen(plan: SeqPlan, q, k, v, cu_q, cu_k, seqused_k, aux=()):
 MAX_PAGE_SPAN = 4  # pages per key tile at most, where pages are smaller than the tile
 # Pages smaller than this many keys are gathered row by row (cp.async through the block
 # table) into GATHER_TILE-key tiles (``FwdFlags.PAGE_GATHER``); 0: every page its own TMA
-# load (benchmarks/notes/varlen-paged.md §40f). Read when a plan is built (plans are cached).
-PAGE_GATHER_BELOW = 64
+# load (benchmarks/notes/varlen-paged.md §40f). Page 16 gathers (1.15-1.32x the per-page
+# loads on the H200); page 32 keeps its 128-key TMA tiles, which beat 64-key gathered ones
+# (1.13-1.97x, §41b). Read when a plan is built (plans are cached).
+PAGE_GATHER_BELOW = 32
 GATHER_TILE = 64
 
 
