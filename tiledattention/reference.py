@@ -85,6 +85,17 @@ def naive_attention(q, k, v, *, causal=False, scale=None, attn_mask=None, score_
     return out, lse
 
 
+def quantized(x):
+    """``x`` in e4m3 with its per-tensor float32 descale (one element; real = stored x
+    descale): amax / 448 maps x's largest magnitude to e4m3's largest, so every element
+    keeps e4m3's relative precision (2^-4) unless it is below its normal range. An all-zero
+    ``x`` gets descale 1."""
+    amax = x.detach().abs().amax().float()
+    descale = torch.where(amax > 0, amax / torch.finfo(torch.float8_e4m3fn).max,
+                          torch.ones_like(amax)).reshape(1)
+    return (x.float() / descale).to(torch.float8_e4m3fn), descale
+
+
 def dequantized(t, descale, heads: int):
     """``t`` (e4m3) in float64 times its descale ([], [1] or per (batch, K/V head) [B,
     Hkv], None: 1.0), the descale repeated over the ``heads // Hkv`` heads of a group."""

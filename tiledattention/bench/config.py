@@ -29,7 +29,10 @@ __all__ = ["BenchConfig", "ConfigError", "CorrectnessConfig", "DecodeConfig", "G
            "TimingConfig", "from_dict", "load_config", "option", "section_from_dict",
            "section_schema", "stage_args", "validate"]
 
-DTYPES = ("float16", "bfloat16", "float32")
+# float8_e4m3fn: the FP8 forward's points (forward only; inputs quantized per tensor from
+# the bfloat16 point's, tolerance RTOL's; the runner's ``fp8_inputs``).
+FP8 = "float8_e4m3fn"
+DTYPES = ("float16", "bfloat16", "float32", FP8)
 SHAPE_POLICIES = ("tokens", "explicit")
 DEVICES = ("auto", "cuda", "cpu")
 INT32 = 2**31 - 1  # grid sizes reach int32 kernel arguments
@@ -319,7 +322,26 @@ def validate(cfg: BenchConfig) -> BenchConfig:
         except (KeyError, ScheduleError) as exc:
             raise ConfigError(f"methods: {exc.args[0]}") from exc
     _check_head_shapes(cfg)
+    _check_fp8(cfg)
     return cfg
+
+
+def _check_fp8(cfg: BenchConfig) -> None:
+    """An FP8 point is a forward (no method here has an FP8 backward), and some listed
+    method runs FP8 (the ``fp8`` of its registry entry); else one line naming what runs."""
+    from .methods import fp8_methods, get_method
+
+    g, dec = cfg.grid, cfg.decode
+    if FP8 not in g.dtypes and not (dec.enabled and FP8 in dec.dtypes):
+        return
+    backward = [p for p in g.passes if p != "fwd"] if FP8 in g.dtypes else []
+    if backward:
+        raise ConfigError(f"grid.dtypes: {FP8} is forward only (no FP8 backward), but "
+                          f"grid.passes lists {backward}; run {FP8} in a config with passes "
+                          "[fwd] (the 16-bit dtypes run every pass)")
+    if not any(get_method(m).fp8 for m in cfg.methods):
+        raise ConfigError(f"methods: none of {list(cfg.methods)} runs {FP8}; methods that "
+                          f"do: {', '.join(fp8_methods())}")
 
 
 _JSON_TYPES = {"int": "integer", "float": "number", "str": "string", "bool": "boolean"}

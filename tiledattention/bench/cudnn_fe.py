@@ -22,8 +22,9 @@ import re
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from .config import FP8
+
 FE_INSTALL = "pip install 'tiledattention[baselines]' (nvidia-cudnn-frontend)"
-FP8 = "float8_e4m3fn"
 HALF_TYPES = ("float16", "bfloat16")
 # The softmax probabilities P (in [0, 1]) go through e4m3 in the FP8 forward, scaled by this
 # (descaled by its inverse): the largest power of two e4m3 holds (max 448), so the small

@@ -15,6 +15,7 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .config import FP8
 from .grid import PINNED_PREFIX, Point, head_label, pinned_bwd_label, pinned_label
 from .variant_cases import flex_block_mask, modified_scores, parts_for, sdpa_mask, variant_of
 
@@ -59,6 +60,10 @@ class Method:
     # check decides, per device). The runner makes the reason the row's (``unsupported``);
     # the config refuses a head shape no listed method runs. Default: any (torch's own).
     head_limits: Callable = lambda d, dv, pass_: None
+    # It runs the FP8 (e4m3) forward points: ``run`` then takes ``descale=(dq, dk, dv)``
+    # (one-element float32 tensors, real = stored x descale; the runner's ``fp8_inputs``).
+    # Every other method's row at an FP8 point is ``unsupported`` with ``FP8_UNSUPPORTED``.
+    fp8: bool = False
 
     @property
     def label(self) -> str:
@@ -98,6 +103,11 @@ def _one_head_dim(name: str, limit: int = 256):
     return limits
 
 
+# Why a method without ``fp8`` does not run an FP8 point (the runner's row reason).
+FP8_UNSUPPORTED = ("{name} has no FP8 (e4m3) forward here; its bfloat16 row of the same "
+                   "shape is the comparison")
+
+
 def _tiled_check(point, device):
     from ..kernel.toolchain import tileiras_path
 
@@ -105,13 +115,20 @@ def _tiled_check(point, device):
         raise Unavailable("needs a CUDA GPU")
     if importlib.util.find_spec("cuda.tile") is None or tileiras_path() is None:
         raise Unavailable("cuTile toolchain not installed (pip install 'cuda-tile[tileiras]')")
-    if point.dtype not in ("float16", "bfloat16"):
-        raise Unsupported(f"dtype {point.dtype}: the kernel takes float16 and bfloat16")
+    if point.dtype not in ("float16", "bfloat16", FP8):
+        raise Unsupported(f"dtype {point.dtype}: the kernel takes float16, bfloat16 and "
+                          f"{FP8} (forward)")
 
 
-def _tiled_run(q, k, v, point, schedule=None):
+def _tiled_run(q, k, v, point, schedule=None, descale=None):
     from ..api import sdpa
 
+    if descale is not None:  # the FP8 forward, bf16 out (what cuDNN's FP8 graph writes)
+        import torch
+
+        dq, dk, dv = descale
+        return sdpa(q, k, v, causal=point.causal, enable_gqa=_gqa(point), schedule=schedule,
+                    q_descale=dq, k_descale=dk, v_descale=dv, out_dtype=torch.bfloat16)
     if variant_of(point) is not None:  # the built-in variant, through the public API
         return sdpa(q, k, v, enable_gqa=_gqa(point), schedule=schedule,
                     **parts_for(point, q.device).ours)
@@ -131,6 +148,11 @@ def _tiled_describe(q, k, v, point):
     from ..headdim import MAX_HEAD_DIM
     from ..schedules.policy import choose_schedule
 
+    if point.dtype == FP8:  # the FP8 forward takes no table: its default, or one pinned
+        from ..schedules.schedule import default_fp8_schedule
+
+        return {"schedule": default_fp8_schedule(point.head_dim, point.causal).label(),
+                "schedule_source": "default"}
     # The table's bucket is q's head dim; a wider V or D past 256 has none, and the kernel
     # runs V's (or D's) default schedule (kernel/plan.py's choose_schedule, its backward's).
     wide = point.value_dim > point.head_dim or point.head_dim > MAX_HEAD_DIM
@@ -162,8 +184,8 @@ def _tiled_geometry(q, k, v, point, schedule=None):
     from ..kernel.geometry import plan_geometry
     from ..kernel.plan import plan_for
 
-    if variant_of(point) is not None:
-        return None  # a variant's plan walks its block lists: no closed-form geometry
+    if variant_of(point) is not None or point.dtype == FP8:
+        return None  # a variant's plan walks its block lists; the FP8 plan is its own
     plan = plan_for(q, k, v, None, point.causal, None, _gqa(point), False, schedule)
     sms = torch.cuda.get_device_properties(q.device).multi_processor_count
     return plan_geometry(plan, point.seq_kv, sms).as_dict()
@@ -893,7 +915,7 @@ FUSED = "torch_sdpa"
 METHODS: dict[str, Method] = {m.name: m for m in (
     Method("tiledattention", "this project's cuTile kernel", True, _tiled_run, _tiled_check,
            _tiled_describe, _tiled_geometry, color="C0", kernel_filter="regex:attention_fwd",
-           variants=True, workload=_ours_workload, head_limits=_tiled_heads),
+           variants=True, workload=_ours_workload, head_limits=_tiled_heads, fp8=True),
     Method("torch_sdpa", "torch SDPA, automatic backend dispatch", False, _torch_run(None),
            describe=_auto_describe, color="C1", kernel_filter="regex:sdpa|flash|fmha|attention",
            headline="torch_sdpa (fused SDPA), all points", headline_by_head_dim=True),
@@ -921,7 +943,7 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            "one graph per shape built and cached before timing", True, _cudnn_fe_run,
            _cudnn_fe_check, _cudnn_fe_describe, color="darkgreen",
            kernel_filter="regex:sdpa|fmha|cudnn", headline="cudnn_fe (cuDNN frontend)",
-           display="cuDNN (frontend)"),
+           display="cuDNN (frontend)", fp8=True),
     Method("math", "torch SDPA forced to MATH", False, _torch_run("math"), color="C6",
            headline="math SDPA", fused=False),
     # The variants stage's baselines (their points only).
@@ -965,6 +987,19 @@ def head_shape_methods(d: int, dv: int, pass_: str) -> list[str]:
     own = (_workload_only_check, _flex_check, _flex_flash_check, _sdpa_mask_check)
     return [m.name for m in METHODS.values()
             if m.check not in own and not m.head_limits(d, dv, pass_)]
+
+
+def fp8_methods() -> list[str]:
+    """The registry's methods that run the FP8 forward points (``Method.fp8``)."""
+    return [m.name for m in METHODS.values() if m.fp8]
+
+
+def fp8_unsupported(method: Method, point: Point) -> str | None:
+    """Why ``method`` does not run ``point`` for its dtype (an FP8 point, a method without
+    ``fp8``), or None: the one place the runner asks."""
+    if point.dtype == FP8 and not method.fp8:
+        return FP8_UNSUPPORTED.format(name=method.name)
+    return None
 
 
 def methods_help(names) -> str:
@@ -1012,11 +1047,12 @@ def get_method(name: str) -> Method:
 
         schedule = Schedule.from_label(label)
         return Method(name, f"this project's cuTile kernel with schedule {schedule.label()}",
-                      True, lambda q, k, v, point: _tiled_run(q, k, v, point, schedule),
+                      True, lambda q, k, v, point, descale=None: _tiled_run(
+                          q, k, v, point, schedule, descale),
                       _tiled_check, lambda q, k, v, point: {"schedule": schedule.label(),
                                                             "schedule_source": "pinned"},
                       lambda q, k, v, point: _tiled_geometry(q, k, v, point, schedule),
-                      head_limits=_tiled_heads)
+                      head_limits=_tiled_heads, fp8=True)
     raise KeyError(f"{name!r} is not one of {sorted(METHODS)} nor {PINNED_PREFIX}<schedule "
                    "label>, e.g. tiledattention@64x128_o2_c1_lk2_lv4, nor "
                    f"{PINNED_PREFIX}bwd:<backward schedule label>, e.g. "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import json
@@ -18,12 +19,12 @@ import torch
 from ..flops import tflops_per_s
 from ..launchers import jobenv
 from ..timing import L2Flusher, as_cuda_graph, summarize, time_calls, time_cpu, time_cuda
-from ..tolerance import relative_error, rtol_bwd
+from ..tolerance import RTOL, relative_error, rtol_bwd
 from .clock import ClockSampler
-from .config import BenchConfig
+from .config import FP8, BenchConfig
 from .grid import Point, expand, left_out, shard
 from .manifest import capture, now
-from .methods import Unavailable, Unsupported, get_method
+from .methods import Unavailable, Unsupported, fp8_unsupported, get_method
 from .store import Lock, ResultStore, RowsError, check_rows
 from .variant_cases import reference_kwargs
 
@@ -59,6 +60,10 @@ def _seed_for(seed: int, point: Point) -> int:
 
 
 def make_inputs(point: Point, seed: int, device: torch.device):
+    """q, k, v of ``point``, seeded by its key (an FP8 point: its bfloat16 twin's, which
+    ``fp8_inputs`` then quantizes)."""
+    if point.dtype == FP8:
+        point = dataclasses.replace(point, dtype="bfloat16")
     gen = torch.Generator(device=device).manual_seed(_seed_for(seed, point))
     dtype = getattr(torch, point.dtype)
 
@@ -70,18 +75,31 @@ def make_inputs(point: Point, seed: int, device: torch.device):
         rand(point.heads_kv, point.seq_kv, point.value_dim)
 
 
+def fp8_inputs(q, k, v):
+    """An FP8 point's inputs: each of q, k, v quantized to e4m3 with its per-tensor descale
+    (``reference.quantized``); returns ((q8, k8, v8), (dq, dk, dv))."""
+    from ..reference import quantized
+
+    pairs = [quantized(t) for t in (q, k, v)]
+    return tuple(p[0] for p in pairs), tuple(p[1] for p in pairs)
+
+
 def _ref_slice(point: Point, max_heads: int) -> tuple[int, int]:
     """(query heads, kv heads) of batch 0 that the reference covers."""
     hq = max(point.gqa, min(point.heads, max_heads) // point.gqa * point.gqa)
     return hq, hq // point.gqa
 
 
-def reference(q, k, v, point: Point, max_heads: int):
-    from ..reference import naive_attention
+def reference(q, k, v, point: Point, max_heads: int, descale=None):
+    """The float64 output on the reference slice; FP8 inputs (``descale`` given) are
+    dequantized first: the reference is exact attention of what the kernels were given."""
+    from ..reference import dequantized, naive_attention
 
     hq, hk = _ref_slice(point, max_heads)
-    ref, _ = naive_attention(q[:1, :hq], k[:1, :hk], v[:1, :hk],
-                             **reference_kwargs(point, q.device))
+    q, k, v = q[:1, :hq], k[:1, :hk], v[:1, :hk]
+    if descale is not None:
+        q, k, v = (dequantized(t, d, t.shape[1]) for t, d in zip((q, k, v), descale))
+    ref, _ = naive_attention(q, k, v, **reference_kwargs(point, q.device))
     return ref, hq
 
 
@@ -149,7 +167,15 @@ def _bytes_moved(point: Point) -> int:
     width = point.head_dim + point.value_dim  # one tensor at D and one at D_v
     per = {"fwd": (rows_q + rows_kv) * width, "bwd": 2 * (rows_q + rows_kv) * width}
     total = per["fwd"] * (point.pass_ != "bwd") + per["bwd"] * (point.pass_ != "fwd")
-    return elem * total
+    # FP8 (forward only): 1-byte q, k, v, and the bfloat16 output's second byte per element
+    out_extra = rows_q * point.value_dim if point.dtype == FP8 else 0
+    return elem * total + out_extra
+
+
+def rtol_of(cfg: BenchConfig, dtype: str) -> float:
+    """The relative error a point's output may have: the config's per dtype; FP8's is
+    tolerance.RTOL's (no config key: one would change every config's measure digest)."""
+    return RTOL[dtype] if dtype == FP8 else getattr(cfg.correctness, f"rtol_{dtype}")
 
 
 def compare(out, ref, hq: int, rtol: float) -> dict:
@@ -207,7 +233,7 @@ def run_point(point: Point, methods: list[str], cfg: BenchConfig, device, flush)
 
 def _run_point(point: Point, methods: list[str], cfg: BenchConfig, device, flush) -> list[dict]:
     t = cfg.timing
-    rtol = getattr(cfg.correctness, f"rtol_{point.dtype}")
+    rtol = rtol_of(cfg, point.dtype)
     timing = {"warmup": t.warmup, "reps": t.reps, "rounds": t.rounds, "flush_l2": t.flush_l2,
               "cuda_graph": t.cuda_graph}
     if device.type == "cpu":
@@ -218,7 +244,10 @@ def _run_point(point: Point, methods: list[str], cfg: BenchConfig, device, flush
     backward = point.pass_ != "fwd"
     try:
         q, k, v = make_inputs(point, cfg.seed, device)
-        ref, hq = reference(q, k, v, point, cfg.correctness.max_ref_heads)
+        descale = None
+        if point.dtype == FP8:
+            (q, k, v), descale = fp8_inputs(q, k, v)
+        ref, hq = reference(q, k, v, point, cfg.correctness.max_ref_heads, descale)
         if backward:
             q, k, v = (t.requires_grad_() for t in (q, k, v))
             dout = make_dout(point, cfg.seed, device)
@@ -235,8 +264,9 @@ def _run_point(point: Point, methods: list[str], cfg: BenchConfig, device, flush
         row = rows[m]
         held = contextlib.ExitStack()
         try:
-            # A head shape the method never runs says so on any machine, GPU or not.
-            why = method.head_limits(point.head_dim, point.value_dim, point.pass_)
+            # A dtype or head shape the method never runs says so on any machine.
+            why = fp8_unsupported(method, point) or method.head_limits(
+                point.head_dim, point.value_dim, point.pass_)
             if why:
                 raise Unsupported(why)
             if method.needs_cuda and device.type != "cuda":
@@ -245,7 +275,8 @@ def _run_point(point: Point, methods: list[str], cfg: BenchConfig, device, flush
             if backward and not method.has_backward:
                 raise Unsupported(f"{m} has no backward pass")
             held.enter_context(scopes[m]())
-            fn = functools.partial(method.run, q, k, v, point)
+            extra = {} if descale is None else {"descale": descale}
+            fn = functools.partial(method.run, q, k, v, point, **extra)
             with torch.no_grad():
                 out = fn()
             row.update(compare(out, ref, hq, rtol), ref_heads=hq, ref_batch=1)
