@@ -27,12 +27,11 @@ import argparse
 import io
 import re
 import shutil
-import subprocess
-import tempfile
 
 import cuda.tile as ct
 import cuda.tile.compilation as tc
 import numpy as np
+from dkdv_accumulators import cuobjdump_text  # this directory's repro 1
 
 FORMS = ("tma", "advidx", "advidx-notma", "gather", "gather-nocheck", "gather-scalar")
 PAGE, TM, TN, D = 16, 64, 64, 128
@@ -148,14 +147,6 @@ def cubin(form: int) -> bytes:
     tc.export_kernel(paged_loop.replace_hints(num_worker_warps=4, occupancy=1), [sig], buf,
                      gpu_code="sm_90", output_format="cubin")
     return buf.getvalue()
-
-
-def cuobjdump_text(blob: bytes, cuobjdump: str, flag: str) -> str:
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(blob)
-        f.flush()
-        return subprocess.run([cuobjdump, flag, f.name], capture_output=True, text=True,
-                              check=True).stdout
 
 
 def read(blob: bytes, cuobjdump: str) -> dict:
