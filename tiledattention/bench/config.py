@@ -16,6 +16,7 @@ from ..errors import ConfigError
 from ..flops import PASSES
 from ..tolerance import RTOL
 from .grid import (
+    FP8,
     HEADS_FALLBACK,
     PAPER_CAUSAL,
     PAPER_DTYPES,
@@ -29,9 +30,6 @@ __all__ = ["BenchConfig", "ConfigError", "CorrectnessConfig", "DecodeConfig", "G
            "TimingConfig", "from_dict", "load_config", "option", "section_from_dict",
            "section_schema", "stage_args", "validate"]
 
-# float8_e4m3fn: the FP8 forward's points (forward only; inputs quantized per tensor from
-# the bfloat16 point's, tolerance RTOL's; the runner's ``fp8_inputs``).
-FP8 = "float8_e4m3fn"
 DTYPES = ("float16", "bfloat16", "float32", FP8)
 SHAPE_POLICIES = ("tokens", "explicit")
 DEVICES = ("auto", "cuda", "cpu")

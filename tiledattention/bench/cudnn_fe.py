@@ -22,7 +22,7 @@ import re
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from .config import FP8
+from .grid import FP8
 
 FE_INSTALL = "pip install 'tiledattention[baselines]' (nvidia-cudnn-frontend)"
 HALF_TYPES = ("float16", "bfloat16")

@@ -25,6 +25,10 @@ TUNE_PASSES = ("fwd", "fwd+bwd")
 PAPER_SEQS = (512, 1024, 2048, 4096, 8192)
 PAPER_HEAD_DIMS = (64, 96, 128, 160)
 PAPER_DTYPES = ("float16", "bfloat16")
+# float8_e4m3fn: the FP8 forward's points (forward only; inputs quantized per tensor from
+# the bfloat16 point's, tolerance RTOL's; the runner's ``fp8_inputs``). Here, below config,
+# methods and cudnn_fe, which all name it.
+FP8 = "float8_e4m3fn"
 PAPER_CAUSAL = (False, True)
 TOKENS = 16384
 WIDTH = 2048

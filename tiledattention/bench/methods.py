@@ -15,8 +15,7 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .config import FP8
-from .grid import PINNED_PREFIX, Point, head_label, pinned_bwd_label, pinned_label
+from .grid import FP8, PINNED_PREFIX, Point, head_label, pinned_bwd_label, pinned_label
 from .variant_cases import flex_block_mask, modified_scores, parts_for, sdpa_mask, variant_of
 
 
