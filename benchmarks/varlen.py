@@ -222,28 +222,29 @@ def run_paged(args, fa_site_ok):
     return rows
 
 
-def per_page_tma(q, kc, vc, table, seqlens, cq, max_q):
-    """``ta.sdpa_paged`` on the per-page TMA path (every page its own TMA load, key tiles
-    spanning up to four pages: benchmarks/notes/varlen-paged.md §39b): the plan built with
-    ``PAGE_GATHER_BELOW = 0``, run directly (§40f's A/B against the gathered rows)."""
+def other_path(q, kc, vc, table, seqlens, cq, max_q, page):
+    """(name, call) of the paged path ``ta.sdpa_paged`` does not take at this point, built
+    as a call builds its plan, or None where it has one path: ``ta_pertma`` (every page its
+    own TMA load, key tiles spanning up to four pages: benchmarks/notes/varlen-paged.md
+    §39b) where ``ta`` gathers, ``ta_gather`` (§40f's gathered rows) where a page small
+    enough to gather takes the TMA loads for its many new tokens (§42c)."""
     from tiledattention import mods as _mods
     from tiledattention.kernel import workload as W
     from tiledattention.kernel.workload_check import check_paged
 
+    if page >= W.PAGE_GATHER_BELOW:
+        return None
+    seq_q = 1 if cq is None else max_q
     w = check_paged(q, kc, vc, table, seqlens, cq, max_q, True, None, (-1, -1), 0.0)
-    kept, W.PAGE_GATHER_BELOW = W.PAGE_GATHER_BELOW, 0
+    gathers = seq_q <= W.GATHER_MAX_Q
+    kept = W.PAGE_GATHER_BELOW, W.GATHER_MAX_Q
+    W.PAGE_GATHER_BELOW, W.GATHER_MAX_Q = (0, kept[1]) if gathers else (kept[0], seq_q)
     try:
         plan = W.paged_plan(w, q, None, _mods.NONE, False)
     finally:
-        W.PAGE_GATHER_BELOW = kept
-    return lambda: W.run_paged(plan, q, kc, vc, table, seqlens, cq)[0]
-
-
-def gathered(page: int) -> bool:
-    """Whether ``ta`` gathers this page size's rows (else ``ta_pertma`` is the same program)."""
-    from tiledattention.kernel import workload as W
-
-    return page < W.PAGE_GATHER_BELOW
+        W.PAGE_GATHER_BELOW, W.GATHER_MAX_Q = kept
+    return ("ta_pertma" if gathers else "ta_gather",
+            lambda: W.run_paged(plan, q, kc, vc, table, seqlens, cq)[0])
 
 
 def paged_point(b, page, flash, chunk=1, ab=False):
@@ -270,8 +271,9 @@ def paged_point(b, page, flash, chunk=1, ab=False):
     q = torch.randn(b, 1, hq, d, device="cuda", dtype=BF16)
     ref, _ = paged_reference(q, kc, vc, table, seqlens.cpu(), causal=True)
     methods = {"ta": lambda: ta.sdpa_paged(q, kc, vc, table, seqlens, causal=True)}
-    if ab and gathered(page):
-        methods["ta_pertma"] = per_page_tma(q, kc, vc, table, seqlens, None, None)
+    other = other_path(q, kc, vc, table, seqlens, None, None, page) if ab else None
+    if other:
+        methods[other[0]] = other[1]
     mx = max(ctx)
     dk = torch.zeros(b, hk, mx, d, device="cuda", dtype=BF16)
     dv = torch.zeros_like(dk)
@@ -307,8 +309,9 @@ def prefill_point(b, page, flash, chunk, ab, ctx, kc, vc, table, seqlens):
     mq = max(new)
     methods = {"ta": lambda: ta.sdpa_paged(q, kc, vc, table, seqlens, cu_seqlens_q=cq,
                                            max_seqlen_q=mq, causal=True)}
-    if ab and gathered(page):
-        methods["ta_pertma"] = per_page_tma(q, kc, vc, table, seqlens, cq, mq)
+    other = other_path(q, kc, vc, table, seqlens, cq, mq, page) if ab else None
+    if other:
+        methods[other[0]] = other[1]
     if flash is not None:
         methods["fa4"] = lambda: flash(q, kc, vc, cu_seqlens_q=cq, max_seqlen_q=mq,
                                        seqused_k=seqlens, page_table=table, causal=True)[0]
@@ -362,9 +365,9 @@ def main(argv=None) -> int:
     p.add_argument("--chunks", type=int, nargs="+", default=[1],
                    help="paged: new tokens per sequence (1: decode; more: chunked prefill)")
     p.add_argument("--ab-page-span", action="store_true",
-                   help="paged: also time the per-page TMA path (ta_pertma, "
-                        "PAGE_GATHER_BELOW = 0) beside ta where ta gathers "
-                        "(pages < PAGE_GATHER_BELOW)")
+                   help="paged: also time the small-page path ta does not take: "
+                        "ta_pertma (per-page TMA) where ta gathers (decode), ta_gather "
+                        "where it does not (chunked prefill)")
     p.add_argument("--fa4-site", default=None)
     p.add_argument("--backward", action="store_true")
     p.add_argument("--skip", choices=["varlen", "paged"], default=None)

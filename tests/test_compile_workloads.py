@@ -88,10 +88,12 @@ def test_paged_gqa_decode_with_split_k_compiles(page):
 def test_small_pages_gather_their_rows_by_cp_async_without_spilling(page, kind, monkeypatch):
     # benchmarks/notes/varlen-paged.md §40f: K/V rows through the block table by cp.async
     # (LDGSTS), no TMA load per page (Q's own: at most 2 UTMALDG), no local memory. Page 32
-    # gathers where the threshold is raised to 64 (the default keeps its TMA tiles, §41b).
+    # gathers where the threshold is raised to 64 (the default keeps its TMA tiles, §41b);
+    # prefill where GATHER_MAX_Q is raised past its chunk (the default: decode only, §42c).
     from tiledattention.kernel import workload as W
 
     monkeypatch.setattr(W, "PAGE_GATHER_BELOW", 64)
+    monkeypatch.setattr(W, "GATHER_MAX_Q", 1 << 20)
     work = _work(128, True, page=page, hq=32, hk=8, prefill=kind == "prefill")
     cubin = export_workload_cubins(work, "sm_90", paged=True)["attention_fwd_seqs"]
     assert cubin[:4] == b"\x7fELF"

@@ -117,7 +117,7 @@ def test_key_tiles_lie_in_one_page_or_span_up_to_four_whole_pages(tile_n, page, 
     from tiledattention.schedules.schedule import default_schedule
     monkeypatch.setattr(W, "PAGE_GATHER_BELOW", 0)
     s, tiles, span, gather = _paged_tiles(replace(default_schedule(128, True), tile_n=tile_n),
-                                          page)
+                                          page, 1)
     assert (s.tile_n, tiles, span, gather) == (*expect, False)
     assert s.tile_n == span * page if span > 1 else page % s.tile_n == 0
 
@@ -134,8 +134,17 @@ def test_pages_below_the_threshold_are_gathered_into_64_key_tiles(tile_n, page, 
     if below is not None:
         monkeypatch.setattr(W, "PAGE_GATHER_BELOW", below)
     s, tiles, got_span, gather = _paged_tiles(
-        replace(default_schedule(128, True), tile_n=tile_n), page)
+        replace(default_schedule(128, True), tile_n=tile_n), page, 1)
     assert gather and (s.tile_n, tiles, got_span) == (64, 1, span)
+
+
+@pytest.mark.parametrize("seq_q, gathers", [(1, True), (16, True), (17, False), (512, False)])
+def test_only_decode_gathers_small_pages_chunked_prefill_keeps_tma(seq_q, gathers):
+    # chunked prefill re-reads each K/V tile per query tile: TMA won 1.26-1.63x (§42c)
+    from tiledattention.schedules.schedule import default_schedule
+    s, _, span, gather = _paged_tiles(default_schedule(128, True), 16, seq_q)
+    assert gather is gathers
+    assert span == 4 if gathers else s.tile_n == 16 * span
 
 
 @pytest.mark.parametrize("tile_n", [64, 128])
@@ -145,7 +154,7 @@ def test_pages_of_32_keys_or_more_keep_their_tma_loads(tile_n, page):
 
     from tiledattention.schedules.schedule import default_schedule
     s = replace(default_schedule(128, True), tile_n=tile_n)
-    assert _paged_tiles(s, page)[3] is False
+    assert _paged_tiles(s, page, 1)[3] is False
 
 
 def test_the_paged_forward_passes_page_gather_to_its_kernel_by_name():
@@ -161,7 +170,7 @@ def test_the_paged_forward_passes_page_gather_to_its_kernel_by_name():
                  page_size=16, packed_q=False)
     names = FWD_SEQS.names()[len(FWD_SEQS.tensors):]
     for page, want in ((16, True), (64, False)):
-        s, tiles, span, gather = _paged_tiles(default_schedule(128, True), page)
+        s, tiles, span, gather = _paged_tiles(default_schedule(128, True), page, 1)
         tail = _fwd_tail(w, s, mods.NONE, return_lse=False, varlen_q=False, varlen_k=False,
                          paged=True, page_tiles=tiles, page_span=span, page_gather=gather,
                          group=4)

@@ -297,10 +297,10 @@ def test_paged_free_slots_holding_nan_do_not_reach_the_output(page, chunk):
 @pytest.mark.parametrize("page", [16, 32])
 @pytest.mark.parametrize("chunk", [1, 40])
 def test_paged_small_pages_match_float64_gathered_and_by_per_page_tma(page, chunk):
-    """With ``workload.PAGE_GATHER_BELOW`` at 64 pages 16 and 32 are gathered (the default
-    gathers page 16 only); with it at 0 the same call runs one TMA load per page (the A/B
-    of benchmarks/varlen.py --ab-page-span): both match float64, over ragged contexts
-    ending mid-page."""
+    """With ``workload.PAGE_GATHER_BELOW`` at 64 (and ``GATHER_MAX_Q`` past the chunk) pages
+    16 and 32 are gathered (the default gathers page 16 in decode only); with it at 0 the
+    same call runs one TMA load per page (the A/B of benchmarks/varlen.py --ab-page-span):
+    both match float64, over ragged contexts ending mid-page."""
     from tiledattention import mods
     from tiledattention.kernel import workload as W
     from tiledattention.kernel.spec import FWD_SEQS
@@ -319,11 +319,12 @@ def test_paged_small_pages_match_float64_gathered_and_by_per_page_tma(page, chun
     ref, _ = paged_reference(q, kc, vc, table, seqlens.cpu(), cu_seqlens_q=None if cq is None
                              else cq.cpu(), causal=True)
     for below in (64, 0):
-        kept, W.PAGE_GATHER_BELOW = W.PAGE_GATHER_BELOW, below
+        kept = W.PAGE_GATHER_BELOW, W.GATHER_MAX_Q
+        W.PAGE_GATHER_BELOW, W.GATHER_MAX_Q = below, chunk
         try:
             plan = W.paged_plan(w, q, None, mods.NONE, False)
         finally:
-            W.PAGE_GATHER_BELOW = kept
+            W.PAGE_GATHER_BELOW, W.GATHER_MAX_Q = kept
         tail = plan.launches[0][3]
         assert tail[names.index("PAGE_GATHER")] is (below > 0)  # each path ran
         with torch.no_grad():

@@ -203,7 +203,7 @@ def export_workload_cubins(work, gpu_code: str, *, paged: bool = False,
     arrays = _arrays(str(work.dtype).removeprefix("torch."), None)
     mods = _mods.NONE
     s, tiles, span, gather = W._paged_tiles(default_schedule(work.head_dim, work.causal),
-                                            work.page_size) if paged else (
+                                            work.page_size, work.max_q) if paged else (
         default_schedule(work.head_dim, work.causal), 1, 1, False)
     if paged and work.packed_q:
         fwd = W._fwd_values(work, s, mods, return_lse=True, varlen_q=True, varlen_k=False,

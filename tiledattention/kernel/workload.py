@@ -187,18 +187,23 @@ MAX_PAGE_SPAN = 4  # pages per key tile at most, where pages are smaller than th
 # table) into GATHER_TILE-key tiles (``FwdFlags.PAGE_GATHER``); 0: every page its own TMA
 # load (benchmarks/notes/varlen-paged.md §40f). Page 16 gathers (1.15-1.32x the per-page
 # loads on the H200); page 32 keeps its 128-key TMA tiles, which beat 64-key gathered ones
-# (1.13-1.97x, §41b). Read when a plan is built (plans are cached).
+# (1.13-1.97x, §41b). Only decode gathers (at most GATHER_MAX_Q new tokens a sequence):
+# chunked prefill of 512 tokens at page 16 ran the per-page TMA loads 1.26x / 1.63x faster
+# at B 8 / 64 (B 1: 0.87x; §42c), its K/V tiles being re-read by every query tile. Read
+# when a plan is built (plans are cached).
 PAGE_GATHER_BELOW = 32
+GATHER_MAX_Q = 16
 GATHER_TILE = 64
 
 
-def _paged_tiles(s: Schedule, page: int) -> tuple[Schedule, int, int, bool]:
+def _paged_tiles(s: Schedule, page: int, seq_q: int) -> tuple[Schedule, int, int, bool]:
     """(schedule, key tiles per page, pages per key tile, gathered): a key tile lies within
     one page, or spans up to ``MAX_PAGE_SPAN`` whole pages (one TMA load and MMA each, one
     softmax step: benchmarks/notes/varlen-paged.md §39b) when pages are smaller than the
     schedule's tile; pages below ``PAGE_GATHER_BELOW`` keys are gathered into
-    ``GATHER_TILE``-key tiles (§40f)."""
-    if page < PAGE_GATHER_BELOW:
+    ``GATHER_TILE``-key tiles (§40f) where a sequence has at most ``GATHER_MAX_Q`` new
+    tokens (``seq_q``, the longest)."""
+    if page < PAGE_GATHER_BELOW and seq_q <= GATHER_MAX_Q:
         span = max(1, min(GATHER_TILE // page, MAX_PAGE_SPAN))
         return replace(s, tile_n=span * page), 1, span, True
     if s.tile_n <= page:
@@ -214,7 +219,7 @@ def paged_plan(w: Workload, q, schedule, mods, return_lse: bool) -> SeqPlan:
     if w.packed_q:
         s = _forward_schedule(w, index, w.max_q, w.max_k, schedule)
         s, tiles, span, gather = _paged_tiles(
-            replace(s, splits=1, heavy_first=False, pdl=False), w.page_size)
+            replace(s, splits=1, heavy_first=False, pdl=False), w.page_size, w.max_q)
         tail = _fwd_tail(w, s, mods, return_lse=return_lse, varlen_q=True, varlen_k=False,
                          paged=True, page_tiles=tiles, page_span=span, page_gather=gather,
                          group=group)
@@ -226,7 +231,7 @@ def paged_plan(w: Workload, q, schedule, mods, return_lse: bool) -> SeqPlan:
                                                                            group)
     s = _forward_schedule(w, index, seq_q, w.max_k, schedule)
     s, tiles, span, gather = _paged_tiles(replace(s, heavy_first=False, pdl=False),
-                                          w.page_size)
+                                          w.page_size, seq_q)
     if rows <= 64 and s.tile_m > 64:
         s = replace(s, tile_m=64)
     m_tiles = math.ceil(rows / s.tile_m)
