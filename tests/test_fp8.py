@@ -107,6 +107,16 @@ def test_every_accepted_descale_passes_the_checks(shape):
             out_dtype=torch.float16, enable_gqa=True, is_causal=True, return_lse=True)
 
 
+@pytest.mark.parametrize("given", [(), ("q_descale", "k_descale"), ("k_descale",)])
+def test_an_fp8_call_without_every_descale_is_refused_naming_the_missing(given):
+    # a forgotten scale would give wrong numbers silently (issue 48: bad input)
+    q, k, v = qkv()
+    msg = refused(InputError, qkv=(q, k, v), **{n: torch.ones(()) for n in given})
+    missing = [n for n in ("q_descale", "k_descale", "v_descale") if n not in given]
+    assert msg.endswith("(unit scales: torch.ones((), device=q.device))")
+    assert "missing: " + ", ".join(missing) in msg
+
+
 def test_a_bf16_call_never_reaches_the_fp8_path():
     b = torch.randn(1, 2, 64, 48, dtype=torch.bfloat16)  # D 48: refused on the fp8 path
     refused(NoGPUError, qkv=(b, b, b))

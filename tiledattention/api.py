@@ -433,7 +433,8 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     to e4m3 for P V. ``q_descale``, ``k_descale``, ``v_descale``: fp32 factors that
     dequantize the inputs (the scores are ``scale * (q * q_descale) . (k * k_descale)``,
     the values ``v * v_descale``), each of shape [] or [1] (per tensor) or [B, Hkv] (per
-    batch and K/V head); one left out is 1.0. ``out_dtype``: torch.bfloat16 (default) or
+    batch and K/V head); all three are required (a call without one is refused: pass
+    ``torch.ones(())`` for unit scales). ``out_dtype``: torch.bfloat16 (default) or
     torch.float16. Causal and GQA run; a mask, variant, dropout or gradient is refused
     (typed errors), and so is any of these arguments on a non-FP8 call. V is transposed
     once per call into a 16-byte-aligned copy (wgmma reads fp8 operands K-major only),

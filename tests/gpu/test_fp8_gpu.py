@@ -84,10 +84,10 @@ def test_output_dtype(out_dtype):
     check(q, k, v, ds, out_dtype=out_dtype)
 
 
-def test_descales_left_out_are_one():
+def test_unit_descales_per_tensor_and_as_one_element_agree():
     q, k, v, _ = inputs(1, 4, 4, 512, 512, 128, seed=4)
-    out = check(q, k, v, {})
     ones = torch.ones((), device="cuda")
+    out = check(q, k, v, dict(q_descale=ones, k_descale=ones, v_descale=ones))
     same = ta.sdpa(q, k, v, q_descale=ones, k_descale=ones.view(1), v_descale=ones)
     assert torch.equal(out, same)
 

@@ -42,6 +42,7 @@ from .validate import (
     FP8_INPUT,
     Problem,
     check_descale,
+    check_descales_given,
     check_device,
     check_fp8_shapes,
     check_inputs,
@@ -535,6 +536,7 @@ def build_fp8_plan(q, k, v, causal, scale, enable_gqa, return_lse, schedule, out
     check_fp8_shapes(problem)
     for name, d in zip(DESCALES, descales):
         check_descale(name, d, q, problem.batch, problem.heads_kv)
+    check_descales_given(DESCALES, descales)
     check_device(q)  # last: the checks above run (and are tested) without a GPU
     chosen = resolve_schedule(schedule, problem)
     index = q.device.index if q.device.index is not None else torch.cuda.current_device()

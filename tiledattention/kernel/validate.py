@@ -246,8 +246,9 @@ def check_fp8_shapes(problem: Problem) -> None:
 
 
 def check_descale(name: str, d, q, batch: int, heads_kv: int) -> None:
-    """A descale factor: None (1.0), or an fp32 tensor on q's device of shape [], [1]
-    (per tensor) or [B, Hkv] (per batch and K/V head, as FA3 takes them)."""
+    """A descale factor: None (checked by ``check_descales_given``), or an fp32 tensor on
+    q's device of shape [], [1] (per tensor) or [B, Hkv] (per batch and K/V head, as FA3
+    takes them)."""
     if d is None:
         return
     if not isinstance(d, torch.Tensor):
@@ -259,3 +260,14 @@ def check_descale(name: str, d, q, batch: int, heads_kv: int) -> None:
     if tuple(d.shape) not in ((), (1,), (batch, heads_kv)):
         raise ShapeError(f"{name} has shape {tuple(d.shape)}; accepted: [] or [1] (per "
                          f"tensor) or [B, Hkv] = [{batch}, {heads_kv}]")
+
+
+def check_descales_given(names, descales) -> None:
+    """Every descale of an FP8 call given. FA3 reads a missing one as 1.0, but e4m3
+    inputs are almost always scaled, so a forgotten factor would give wrong numbers
+    silently (issue 48 counts it as bad input)."""
+    missing = [n for n, d in zip(names, descales) if d is None]
+    if missing:
+        raise InputError(f"the FP8 forward needs q_descale, k_descale and v_descale (fp32, "
+                         f"[] or [1] per tensor, or [B, Hkv]); missing: {', '.join(missing)} "
+                         "(unit scales: torch.ones((), device=q.device))")
