@@ -2,10 +2,11 @@
 benchmarks/notes/head-shapes.md §40h).
 
 Methods per point: ``ta_fp8`` (``ta.sdpa`` on e4m3 with per-tensor descales, V transposed
-in the call, as a user pays it), ``ta_fp8_vt`` (the same with V given as a transposed view
-of an aligned V^T: no copy, the kernel alone), ``ta_bf16`` (ours on the dequantized
-inputs in bf16), ``sdpa_bf16`` (torch's SDPA, its own backend choice: cuDNN or flash, as a
-user without FP8 runs it) and ``cudnn_fp8`` (cuDNN's FP8 SDPA through ``bench.cudnn_fe``,
+in the call by the ``transpose`` kernel, as a user pays it), ``ta_fp8_torch_vt`` (V^T made
+by torch's copy in the call, then read in place: what ``ta_fp8`` paid before §42g),
+``ta_fp8_vt`` (V given as a transposed view of an aligned V^T: no copy, the kernel alone),
+``ta_bf16`` (ours on the dequantized inputs in bf16), ``sdpa_bf16`` (torch's SDPA, its own
+backend choice: cuDNN or flash, as a user without FP8 runs it) and ``cudnn_fp8`` (cuDNN's FP8 SDPA through ``bench.cudnn_fe``,
 per-tensor descales; unavailable with the frontend's reason). Shapes: D 128 and 256, S 4k,
 8k and 16k, causal and not, tokens B·S = 16k and H·D = 2048 (H 16 at D 128, 8 at D 256).
 
@@ -72,6 +73,7 @@ def methods(fp8, scales, bf, causal):
     ds = dict(q_descale=qd, k_descale=kd, v_descale=vd)
     v_view = aligned_vt(v8)
     out = {"ta_fp8": lambda: ta.sdpa(q8, k8, v8, is_causal=causal, **ds),
+           "ta_fp8_torch_vt": lambda: ta.sdpa(q8, k8, aligned_vt(v8), is_causal=causal, **ds),
            "ta_fp8_vt": lambda: ta.sdpa(q8, k8, v_view, is_causal=causal, **ds),
            "ta_bf16": lambda: ta.sdpa(*bf, is_causal=causal),
            "sdpa_bf16": lambda: F.scaled_dot_product_attention(*bf, is_causal=causal)}
@@ -125,11 +127,11 @@ def show(rows) -> None:
           f"{'causal' if r0['causal'] else 'full'}:")
     for r in rows:
         if not r.get("ms"):
-            print(f"  {r['method']:<10} {r['status']}")
+            print(f"  {r['method']:<15} {r['status']}")
             continue
         ratios = "".join(f"  {ms[base] / r['ms']:.2f}x {base}" for base in ("ta_bf16", "cudnn_fp8")
                          if base in ms and base != r["method"])
-        print(f"  {r['method']:<10} {r['ms']:8.3f} ms {r['tflops']:7.1f} TFLOP/s "
+        print(f"  {r['method']:<15} {r['ms']:8.3f} ms {r['tflops']:7.1f} TFLOP/s "
               f"err {r['err']:.1e}{ratios}")
     sys.stdout.flush()
 

@@ -61,3 +61,21 @@ def test_fp8_forward_runs_both_products_on_e4m3_mmas_without_spilling(d, causal,
     assert not re.search(r"\b(STL|LDL)\b", sass)
     assert int(re.search(r"STACK:(\d+)", res).group(1)) == 0
     assert int(re.search(r"REG:(\d+)", res).group(1)) <= 168
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("d,s", [(64, 4096), (96, 1000), (256, 1000)])
+def test_the_v_transpose_compiles_without_local_memory(d, s):
+    # the copy that replaced torch's 1-byte transpose (benchmarks/notes/head-shapes.md
+    # §42g): the permute stays on chip (shared memory, no STL/LDL); D 96 pads to 128
+    from tiledattention.kernel.compile import export_transpose_cubin
+
+    cubin = export_transpose_cubin(d, s, "sm_90")
+    assert cubin[:4] == b"\x7fELF" and b"keys_last" in cubin
+    if CUOBJDUMP is None:
+        pytest.skip("cuobjdump not found (pip download nvidia-cuda-cuobjdump; see "
+                    "benchmarks/repro/README.md)")
+    sass, res = sass_and_resources(cubin)
+    assert re.search(r"\bLDG\.E", sass) and re.search(r"\bSTG\.E", sass)
+    assert not re.search(r"\b(STL|LDL)\b", sass)
+    assert int(re.search(r"STACK:(\d+)", res).group(1)) == 0

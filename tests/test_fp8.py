@@ -201,6 +201,28 @@ def test_the_fp8_plan_places_descale_layouts_and_output_by_name():
     assert plan.launches[0].grid == (8, 8, 2)
 
 
+@pytest.mark.parametrize("d, tile_s, d_pad", [(64, 128, 64), (96, 128, 128), (256, 64, 256)])
+def test_a_v_the_kernel_can_read_is_transposed_by_the_plans_own_launch(d, tile_s, d_pad):
+    # V [B, Hkv, Skv, D] -> V^T by transpose.keys_last, one program per key tile and head
+    pytest.importorskip("cuda.tile", reason="cuTile not installed")
+    from tiledattention.kernel.plan import make_fp8_plan
+    from tiledattention.kernel.spec import TRANSPOSE
+    from tiledattention.kernel.validate import Problem
+    from tiledattention.schedules.schedule import default_fp8_schedule
+
+    p = Problem(2, 8, 2, 1000, 1000, d, False, 0.125)
+    plan = make_fp8_plan(p, torch.device("cpu"), default_fp8_schedule(d, False), False,
+                         torch.bfloat16, copy_q=False, copy_k=False, vt_view=False,
+                         vt_kernel=True, per_head=(False,) * 3, build_kernels=False)
+    assert plan.vt_step.grid == (-(-1000 // tile_s), 2, 2)
+    assert dict(zip(TRANSPOSE.names()[2:], plan.vt_step.tail)) == dict(TILE_S=tile_s,
+                                                                      D_PAD=d_pad)
+    torch_copy = make_fp8_plan(p, torch.device("cpu"), default_fp8_schedule(d, False), False,
+                               torch.bfloat16, copy_q=False, copy_k=False, vt_view=False,
+                               per_head=(False,) * 3, build_kernels=False)
+    assert torch_copy.vt_step is None
+
+
 def test_only_the_fp8_variant_carries_the_fp8_flag():
     from tiledattention.kernel.variant import Variant
     from tiledattention.schedules.schedule import default_schedule
@@ -215,12 +237,13 @@ def test_layout_copies_only_what_lacks_16_byte_strides():
     from tiledattention.kernel.plan import fp8_layout
 
     q, k, v = qkv(s=64, d=64)
-    assert fp8_layout(q, k, v) == dict(copy_q=False, copy_k=False, vt_view=False)
+    assert fp8_layout(q, k, v) == dict(copy_q=False, copy_k=False, vt_view=False,
+                                       vt_kernel=True)
     vt = fp8(1, 2, 64, 80)[..., :64]  # an aligned V^T [B, H, D, Skv]: rows of 80 keys
     assert fp8_layout(q, k, vt.transpose(2, 3))["vt_view"]
     odd = fp8(1, 2, 64, 72)[..., :64]  # rows of 72 bytes: not 16-byte strides
     assert fp8_layout(odd, odd, odd.transpose(2, 3)) == dict(copy_q=True, copy_k=True,
-                                                              vt_view=False)
+                                                              vt_view=False, vt_kernel=False)
 
 
 def test_v_is_transposed_into_rows_padded_to_16_keys():

@@ -114,6 +114,23 @@ def test_a_transposed_v_view_is_read_in_place_and_agrees_with_the_copy():
     assert torch.equal(out, ta.sdpa(q, k, v, **ds))
 
 
+@pytest.mark.parametrize("d", [64, 96, 256])
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+def test_the_v_transpose_kernel_gives_torchs_transpose_bit_for_bit(d, layout):
+    # keys past a 128-key tile's end (1000) and D 96 padded to 128 on chip, clipped on store
+    from tiledattention.kernel.launch import transposed_copy
+    from tiledattention.kernel.plan import fp8_layout, transpose_step
+    from tiledattention.kernel.validate import Problem
+
+    v = torch.randn(2, 1000, 4, d, device="cuda").to(E4M3)  # [B, S, H, D] memory
+    v = v.transpose(1, 2) if layout == "bshd" else v.transpose(1, 2).contiguous()
+    assert fp8_layout(v, v, v)["vt_kernel"]
+    step = transpose_step(Problem(2, 4, 4, 1000, 1000, d, False, 1.0))
+    vt = transposed_copy(v, 1008, step)
+    assert vt.shape == (2, 4, d, 1000) and vt.stride(2) == 1008
+    assert torch.equal(vt.view(torch.uint8), v.transpose(2, 3).view(torch.uint8))
+
+
 def test_q_and_k_without_16_byte_strides_are_copied_and_right():
     # heads interleaved in a [B, S, H, D] layout: strides of H*D bytes are 16-aligned; a
     # slice of a wider head dim (D 128 of 136) is not

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from .. import mods as _mods
 from ..errors import CompileError
 from .plan import combine_constants, fwd_hints
-from .spec import CLASSIFY, COMBINE, DELTA, FWD_FP8, KernelSpec, score_specs
+from .spec import CLASSIFY, COMBINE, DELTA, FWD_FP8, TRANSPOSE, KernelSpec, score_specs
 from .variant import BwdVariant, Variant
 
 
@@ -177,6 +177,20 @@ def export_combine_cubin(dtype: str, head_dim: int, return_lse: bool,
                   Lse=export_array(ct.float32, 3, stride_divisible_by=1))
     sig = signature(COMBINE, arrays, combine_constants(head_dim, 4, return_lse))
     return _export(COMBINE, COMBINE.kernel(), sig, gpu_code, f"{dtype} D={head_dim}")
+
+
+def export_transpose_cubin(head_dim: int, seq_kv: int, gpu_code: str) -> bytes:
+    """Compile the FP8 forward's V transpose (``transpose.keys_last``) for one head dim and
+    key count, as ``plan.transpose_step`` launches it (1-byte arrays, 16-element strides)."""
+    import cuda.tile as ct
+
+    from .plan import transpose_step
+    from .validate import Problem
+
+    step = transpose_step(Problem(1, 1, 1, 1, seq_kv, head_dim, False, 1.0), build_kernel=False)
+    arrays = {n: export_array(ct.float8_e4m3fn, 4, stride_divisible_by=16) for n in ("V", "Vt")}
+    sig = signature(TRANSPOSE, arrays, dict(zip(TRANSPOSE.names()[2:], step.tail)))
+    return _export(TRANSPOSE, TRANSPOSE.kernel(), sig, gpu_code, f"e4m3 D={head_dim}")
 
 
 def export_classify_cubin(mods, gpu_code: str, tile_m: int = 64, tile_n: int = 64,

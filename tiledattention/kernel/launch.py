@@ -118,13 +118,17 @@ def _one(device: torch.device) -> torch.Tensor:
     return one
 
 
-def transposed_copy(v: torch.Tensor, cols: int) -> torch.Tensor:
+def transposed_copy(v: torch.Tensor, cols: int, step=None) -> torch.Tensor:
     """V^T [B, H, D, Skv] in a new buffer whose rows hold ``cols`` keys (Skv rounded up to
-    16: 16-byte strides for TMA), one pass over V (wgmma takes fp8 operands K-major only)."""
+    16: 16-byte strides for TMA), one pass over V (wgmma takes fp8 operands K-major only):
+    by the plan's ``transpose`` launch ``step``, else by torch's copy."""
     b, h, s, d = v.shape
     buf = torch.empty((b, h, d, cols), dtype=v.dtype, device=v.device)
     vt = buf if cols == s else buf[..., :s]
-    vt.copy_(v.transpose(2, 3))
+    if step is None:
+        vt.copy_(v.transpose(2, 3))
+    else:
+        launch_kernel(v.device, step.grid, step.kernel, (v, vt, *step.tail))
     return vt
 
 
@@ -142,7 +146,8 @@ def launch_fp8(plan, q, k, v, descales, *, fresh_lse: bool = True):
         q = _dense_copy(q)
     if plan.copy_k:
         k = _dense_copy(k)
-    vt = v.transpose(2, 3) if plan.vt_view else transposed_copy(v, plan.vt_cols)
+    vt = v.transpose(2, 3) if plan.vt_view else transposed_copy(v, plan.vt_cols,
+                                                                plan.vt_step)
     out = torch.empty(plan.out_shape, dtype=plan.out_dtype, device=device)
     if plan.variant.return_lse:
         lse = torch.empty(plan.lse_shape, dtype=torch.float32, device=device)

@@ -36,7 +36,7 @@ from ..schedules.schedule import Schedule, default_fp8_schedule, default_schedul
 from ..schedules.table import seq_bucket
 from .geometry import grid_for
 from .mask import mask_layout
-from .spec import COMBINE, DELTA, FWD_FP8, score_specs
+from .spec import COMBINE, DELTA, FWD_FP8, TRANSPOSE, score_specs
 from .toolchain import check_gpu
 from .validate import (
     FP8_INPUT,
@@ -493,8 +493,9 @@ class Fp8Plan(LaunchPlan):
     """The FP8 forward's one launch, fixed but for the tensors' data: how q and k reach
     the kernel (16-byte strides, what TMA needs for 1-byte elements: else a copy) and V^T
     (a view of v when v is a transposed view of an aligned V^T, else a copy into rows of
-    ``vt_cols`` keys, Skv rounded up to 16). The descales' layouts are in the key: the
-    launch's ``QD_HEADS``.. say which are per (batch, K/V head)."""
+    ``vt_cols`` keys, Skv rounded up to 16: by ``vt_step``, the ``transpose`` kernel, where
+    v is TMA-readable, else by torch). The descales' layouts are in the key: the launch's
+    ``QD_HEADS``.. say which are per (batch, K/V head)."""
 
     variant: Variant
     out_shape: tuple[int, int, int, int]
@@ -504,6 +505,7 @@ class Fp8Plan(LaunchPlan):
     copy_k: bool
     vt_view: bool
     vt_cols: int
+    vt_step: Step | None
 
 
 def tma_strides(t, axes=(0, 1, 2)) -> bool:
@@ -550,11 +552,25 @@ def build_fp8_plan(q, k, v, causal, scale, enable_gqa, return_lse, schedule, out
 
 def fp8_layout(q, k, v) -> dict[str, bool]:
     """What the launch does to reach 16-byte strides: copy q, copy k (unless already so,
-    head dim unit-stride), and whether v is a transposed view of an aligned V^T (its key
-    axis unit-stride) to read in place."""
+    head dim unit-stride), whether v is a transposed view of an aligned V^T (its key
+    axis unit-stride) to read in place, else whether the ``transpose`` kernel can read
+    it (head dim unit-stride, 16-byte strides)."""
+    vt_view = v.stride(2) == 1 and tma_strides(v, (0, 1, 3))
     return dict(copy_q=not (q.stride(3) == 1 and tma_strides(q)),
                 copy_k=not (k.stride(3) == 1 and tma_strides(k)),
-                vt_view=v.stride(2) == 1 and tma_strides(v, (0, 1, 3)))
+                vt_view=vt_view,
+                vt_kernel=not vt_view and v.stride(3) == 1 and tma_strides(v))
+
+
+def transpose_step(problem, build_kernel: bool = True) -> Step:
+    """V [B, Hkv, Skv, D] -> V^T by ``transpose.keys_last``: ``TILE_S`` keys a program, the
+    head dim padded to a power of two (a [TILE_S, D_PAD] e4m3 tile: 16 KB at most)."""
+    p = problem
+    d_pad = 1 << (p.head_dim - 1).bit_length()
+    tile_s = 128 if d_pad <= 128 else 64
+    return Step("vt", TRANSPOSE.kernel() if build_kernel else None,
+                (-(-p.seq_kv // tile_s), p.heads_kv, p.batch),
+                TRANSPOSE.ordered(dict(TILE_S=tile_s, D_PAD=d_pad), skip_tensors=True))
 
 
 @functools.cache
@@ -570,7 +586,8 @@ def check_fp8_gpu(index: int) -> None:
 
 def make_fp8_plan(problem, device, schedule: Schedule, return_lse: bool,
                   out_dtype: torch.dtype, *, copy_q: bool, copy_k: bool, vt_view: bool,
-                  per_head: tuple[bool, bool, bool], build_kernels: bool = True) -> Fp8Plan:
+                  per_head: tuple[bool, bool, bool], vt_kernel: bool = False,
+                  build_kernels: bool = True) -> Fp8Plan:
     """The plan of a validated FP8 problem (``build_kernels`` False: no cuTile needed)."""
     p = problem
     variant = Variant(dtype="float8_e4m3fn", head_dim=p.head_dim, causal=p.causal,
@@ -589,7 +606,8 @@ def make_fp8_plan(problem, device, schedule: Schedule, return_lse: bool,
         out_shape=(p.batch, p.heads_q, p.seq_q, p.head_dim),
         lse_shape=(p.batch, p.heads_q, p.seq_q) if return_lse else (1, 1, 1),
         out_dtype=out_dtype, copy_q=copy_q, copy_k=copy_k, vt_view=vt_view,
-        vt_cols=-(-p.seq_kv // 16) * 16)
+        vt_cols=-(-p.seq_kv // 16) * 16,
+        vt_step=transpose_step(p, build_kernels) if vt_kernel else None)
 
 
 # ----------------------------------------------------------------------------- backward

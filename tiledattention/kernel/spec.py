@@ -123,6 +123,8 @@ DQ_VARIANT = KernelSpec("backward", "attention_bwd_dq_variant",
 FWD_FP8 = KernelSpec("attention", "attention_fwd_fp8",
                      ("Q", "K", "Vt", "Out", "Lse", "QDescale", "KDescale", "VDescale"))
 CLASSIFY = KernelSpec("blockmask", "classify_tiles", ("Cls", *_EXTRA[2:]))
+# V^T for the FP8 forward where the caller's V is not a transposed view (``transpose``).
+TRANSPOSE = KernelSpec("transpose", "keys_last", ("V", "Vt"))
 # Packed (varlen) and paged sequences: the variant entry points' tensors, then the offsets,
 # the block table and the tile map (``seqmap``).
 _SEQS = ("CuQ", "CuK", "SeqK")
