@@ -6,8 +6,9 @@ in the call by the ``transpose`` kernel, as a user pays it), ``ta_fp8_torch_vt``
 by torch's copy in the call, then read in place: what ``ta_fp8`` paid before §42g),
 ``ta_fp8_vt`` (V given as a transposed view of an aligned V^T: no copy, the kernel alone),
 ``ta_bf16`` (ours on the dequantized inputs in bf16), ``sdpa_bf16`` (torch's SDPA, its own
-backend choice: cuDNN or flash, as a user without FP8 runs it) and ``cudnn_fp8`` (cuDNN's FP8 SDPA through ``bench.cudnn_fe``,
-per-tensor descales; unavailable with the frontend's reason). Shapes: D 128 and 256, S 4k,
+backend choice: cuDNN or flash, as a user without FP8 runs it) and ``cudnn_fp8`` (cuDNN's
+FP8 SDPA through ``bench.cudnn_fe``, per-tensor descales; unavailable with the frontend's
+reason). Shapes: D 128 and 256, S 4k,
 8k and 16k, causal and not, tokens B·S = 16k and H·D = 2048 (H 16 at D 128, 8 at D 256).
 
 Every method is checked first against float64 (FP8: of the dequantized inputs, by the
