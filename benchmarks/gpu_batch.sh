@@ -64,7 +64,7 @@ case "${1:?what to run}" in
   sweep-shapes)
     shift
     [ $# -gt 0 ] || set -- --sweep both --shapes 192,128 512,512
-    # Parallel shards fill $CUDA_TILE_CACHE_DIR (70 kernels by default, ~2 s each cold on
+    # Parallel shards fill $CUDA_TILE_CACHE_DIR (70 runs by default, 0.5-3 s each cold on
     # one core: benchmarks/notes/head-shapes.md §42b); a shard past 200 s is cut off and
     # the timed run compiles what it left. FA4's JIT runs in the timed process only.
     for i in $(seq 0 $((${JOBS:-14} - 1))); do
