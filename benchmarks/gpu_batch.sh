@@ -63,7 +63,8 @@ case "${1:?what to run}" in
     python benchmarks/host_profile.py 2>&1 | tee "$OUT/host-profile.log" | grep "===\|GPU kernels" ;;
   sweep-shapes)
     shift
-    [ $# -gt 0 ] || set -- --sweep both --shapes 192,128 512,512
+    # No --sweep given: both passes at issue 48's shapes (a later --shapes wins).
+    case " $* " in *" --sweep "*) ;; *) set -- --sweep both --shapes 192,128 512,512 "$@" ;; esac
     # Parallel shards fill $CUDA_TILE_CACHE_DIR (70 runs by default, 0.5-3 s each cold on
     # one core: benchmarks/notes/head-shapes.md §42b); a shard past 200 s is cut off and
     # the timed run compiles what it left. FA4's JIT runs in the timed process only.
