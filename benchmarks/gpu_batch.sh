@@ -10,6 +10,9 @@
 #   bash benchmarks/gpu_batch.sh tune-bwd   # backward tune (quick space) into $OUT/h100.json
 #   bash benchmarks/gpu_batch.sh launch     # host cost of each step of a training call
 #   bash benchmarks/gpu_batch.sh host       # host cost table + profiler attribution
+#   bash benchmarks/gpu_batch.sh sweep-shapes [--sweep both --shapes 192,128 512,512
+#       --fa4-site /tmp/fa4site]            # head-shape schedule sweep: $JOBS compile
+#                                           # shards (<= 200 s), then one timed process
 # Start each device command with `. .toolchain/activate.sh &&`.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -58,5 +61,22 @@ case "${1:?what to run}" in
   host)
     python benchmarks/host_cost.py --tables paths 2>&1 | tee "$OUT/host-cost.log"
     python benchmarks/host_profile.py 2>&1 | tee "$OUT/host-profile.log" | grep "===\|GPU kernels" ;;
+  sweep-shapes)
+    shift
+    # No --sweep given: both passes at issue 48's shapes (a later --shapes wins).
+    case " $* " in *" --sweep "*) ;; *) set -- --sweep both --shapes 192,128 512,512 "$@" ;; esac
+    # Parallel shards fill $CUDA_TILE_CACHE_DIR (70 runs by default, 0.5-3 s each cold on
+    # one core: benchmarks/notes/head-shapes.md §42b); a shard past 200 s is cut off and
+    # the timed run compiles what it left. FA4's JIT runs in the timed process only.
+    for i in $(seq 0 $((${JOBS:-14} - 1))); do
+      timeout 200 python benchmarks/head_shapes.py "$@" --compile-only \
+        --shard "$i/${JOBS:-14}" > "$OUT/sweep-compile-$i.log" 2>&1 &
+    done
+    wait
+    tail -qn1 "$OUT"/sweep-compile-*.log | sort | uniq -c
+    grep -h "error" "$OUT"/sweep-compile-*.log | head -5
+    timeout "${SWEEP_TIMEOUT:-300}" python benchmarks/head_shapes.py "$@" \
+      --json "$OUT/sweep-shapes.json" 2>&1 | tee "$OUT/sweep-shapes.log" \
+      | grep -v "UserWarning\|exe_args" ;;
   *) echo "gpu_batch.sh: unknown step $1" >&2; exit 2 ;;
 esac
