@@ -106,6 +106,17 @@ def _refs(mods):
     return out
 
 
+@pytest.fixture(params=[False, True], ids=["sliced-bwd", "whole-bwd"])
+def packed_bwd(request, monkeypatch):
+    """Both packed backwards (benchmarks/notes/varlen-paged.md §42a): per-sequence sliced
+    loads, and whole-array loads whose rows and keys past a sequence hold the next
+    sequence's data (masked in the compute). The plan cache keys on the switch."""
+    from tiledattention.kernel import workload as W
+
+    monkeypatch.setattr(W, "PACKED_BWD_WHOLE", request.param)
+    return request.param
+
+
 LENS = [([300, 1, 0, 129, 64, 700], [300, 1, 0, 129, 64, 700]),
         ([17, 513, 64], [100, 513, 1000])]
 
@@ -113,25 +124,25 @@ LENS = [([300, 1, 0, 129, 64, 700], [300, 1, 0, 129, 64, 700]),
 @pytest.mark.parametrize("lens", LENS, ids=["self", "cross"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("d", [64, 128])
-def test_varlen_matches_float64_forward_and_backward(lens, causal, d):
+def test_varlen_matches_float64_forward_and_backward(lens, causal, d, packed_bwd):
     _check_varlen(*lens, causal=causal, d=d)
 
 
 @pytest.mark.parametrize("d", [96, 256])
-def test_varlen_head_dims_without_padding(d):
+def test_varlen_head_dims_without_padding(d, packed_bwd):
     _check_varlen([200, 77], [200, 77], causal=True, d=d, dtype=torch.float16)
 
 
-def test_varlen_gqa_sums_the_group_in_dk_dv():
+def test_varlen_gqa_sums_the_group_in_dk_dv(packed_bwd):
     _check_varlen([130, 5, 260], [130, 5, 260], hq=8, hk=2, causal=True)
 
 
-def test_varlen_query_longer_than_keys_gives_zero_rows_under_causality():
+def test_varlen_query_longer_than_keys_gives_zero_rows_under_causality(packed_bwd):
     # Sq > Skv, bottom-right: the first Sq - Skv queries attend nothing (zeros, lse -inf).
     _check_varlen([50, 8], [20, 8], causal=True)
 
 
-def test_varlen_sliding_window_and_softcap():
+def test_varlen_sliding_window_and_softcap(packed_bwd):
     _check_varlen([300, 70], [300, 70], causal=True, window=(64, 0), softcap=30.0)
     _check_varlen([300, 70], [300, 90], window=(32, 16))
 
@@ -142,7 +153,7 @@ def test_varlen_seqused_k_caps_each_sequences_keys():
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("d", [64, 128])
-def test_varlen_rows_past_seqused_k_holding_nan_reach_no_output_or_gradient(causal, d):
+def test_varlen_rows_past_seqused_k_holding_nan_reach_no_output_or_gradient(causal, d, packed_bwd):
     """Keys past seqused_k may be a cache's unwritten slots: masked (P = 0), yet 0 * NaN
     is NaN in P V, dP = dO V^T and dS K. Output and dq/dk/dv stay finite and match
     float64; dk/dv of the unused rows are zero."""
@@ -150,7 +161,7 @@ def test_varlen_rows_past_seqused_k_holding_nan_reach_no_output_or_gradient(caus
                   d=d, nan_past_used=True)
 
 
-def test_varlen_mods_see_positions_within_the_sequence():
+def test_varlen_mods_see_positions_within_the_sequence(packed_bwd):
     def rel(score, b, h, q_idx, kv_idx):
         return score - 0.01 * (q_idx - kv_idx)
 
