@@ -161,6 +161,31 @@ def test_varlen_rows_past_seqused_k_holding_nan_reach_no_output_or_gradient(caus
                   d=d, nan_past_used=True)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_rows_no_sequence_covers_add_nothing_to_the_gradients(causal, packed_bwd):
+    """cu_seqlens[-1] < total: the forward leaves out and lse of the rows past it unwritten
+    (NaN on the poisoned allocator), so their delta is NaN too. The whole-array dK/dV
+    program of the last sequence reads them (its last query tile runs past the sequence's
+    end) and must add nothing (lse +inf, delta 0 there); dq/dk/dv match float64, zero on
+    the uncovered rows."""
+    lens, extra, h, d = [70, 129], 37, 4, 64
+    q, k, v = (torch.randn(sum(lens) + extra, h, d, device="cuda").to(BF16).requires_grad_()
+               for _ in range(3))
+    cu = _cu(lens)
+    out = _poisoned(lambda: ta.sdpa_varlen(q, k, v, cu, cu, max(lens), max(lens),
+                                           causal=causal))
+    dout = torch.randn_like(out)
+    _poisoned(lambda: out.backward(dout))
+    qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
+    r, _ = varlen_reference(qd, kd, vd, cu.cpu(), cu.cpu(), causal=causal)
+    r.backward(dout.double())
+    for name, got, want in (("dq", q.grad, qd.grad), ("dk", k.grad, kd.grad),
+                            ("dv", v.grad, vd.grad)):
+        assert not got.isnan().any(), f"{name} has NaN"
+        assert not got[sum(lens):].any(), f"{name} of uncovered rows not zero"
+        assert relative_error(got, want) <= rtol_bwd(BF16), name
+
+
 def test_varlen_mods_see_positions_within_the_sequence(packed_bwd):
     def rel(score, b, h, q_idx, kv_idx):
         return score - 0.01 * (q_idx - kv_idx)
