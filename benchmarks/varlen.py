@@ -185,6 +185,9 @@ def run_varlen(args, fa):
                 if args.ab_packed_bwd and args.backward:
                     rows.append(dict(row, pass_="fwd+bwd", method="whole_vs_sliced",
                                      status=grads_agree(methods["ta"], q, k, v)))
+                # each point as it ends (a run cut short keeps what it timed)
+                table([r for r in rows if (r["tokens"], r["d"], r["causal"]) == (
+                    tokens, d, causal)], ("tokens", "d", "causal", "pass_"))
     return rows
 
 
@@ -437,8 +440,6 @@ def main(argv=None) -> int:
     rows = []
     if args.skip != "varlen":
         rows += run_varlen(args, fa)
-        table([r for r in rows if r["workload"] == "varlen"],
-              ("tokens", "d", "causal", "pass_"))
     if args.skip != "paged":
         rows += run_paged(args, callable(fa))
     if args.json:
