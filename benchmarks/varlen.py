@@ -13,11 +13,17 @@ flushed); ratios are to ``ta`` in the same run. Prints one table per workload; `
 writes the rows.
 
     python benchmarks/varlen.py [--tokens 16384 65536] [--head-dims 64 128] [--fa4-site /tmp/site]
+
+``--ab-packed-bwd`` (with ``--backward``): ``ta`` twice more, its packed backward with the
+per-sequence sliced loads (``ta_sliced``) and through the whole arrays (``ta_whole``,
+``workload.PACKED_BWD_WHOLE``: benchmarks/notes/varlen-paged.md §42a), beside FA4 and our
+block-mask packing only (Flex and the padded SDPA left out: the A/B's time is short).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import sys
@@ -57,12 +63,36 @@ def fa4(site, name="flash_attn_varlen_func"):
         return f"unavailable: {type(exc).__name__}: {exc}"[:120]
 
 
-def varlen_methods(q, k, v, lens, causal, fa):
+# --ab-packed-bwd: ta with workload.PACKED_BWD_WHOLE off / on for its forward+backward
+PACKED_BWD = {"ta_sliced": False, "ta_whole": True}
+
+
+@contextlib.contextmanager
+def packed_bwd(name):
+    """The packed backward's switch set for method ``name`` while it runs (a plan is built,
+    and cached under the switch, when its backward first runs), restored after."""
+    if name not in PACKED_BWD:
+        yield
+        return
+    from tiledattention.kernel import workload as W
+
+    kept, W.PACKED_BWD_WHOLE = W.PACKED_BWD_WHOLE, PACKED_BWD[name]
+    try:
+        yield
+    finally:
+        W.PACKED_BWD_WHOLE = kept
+
+
+def varlen_methods(q, k, v, lens, causal, fa, ab=False):
+    """The methods of one varlen point; ``ab`` (--ab-packed-bwd): ta's two packed
+    backwards, FA4 and the block-mask packing only."""
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32,
                       device="cuda")
     mx = max(lens)
     total = sum(lens)
     out = {"ta": lambda: ta.sdpa_varlen(q, k, v, cu, cu, mx, mx, causal=causal)}
+    if ab:
+        out.update(dict.fromkeys(PACKED_BWD, out["ta"]))
     if callable(fa):
         out["fa4"] = lambda: fa(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=mx,
                                 max_seqlen_k=mx, causal=causal)[0]
@@ -72,6 +102,8 @@ def varlen_methods(q, k, v, lens, causal, fa):
     bm = ta.block_mask(mask, None, None, total, total)
     qd, kd, vd = (t.transpose(0, 1)[None] for t in (q, k, v))
     out["ta_blockmask"] = lambda: ta.sdpa(qd, kd, vd, block_mask=bm)[0].transpose(0, 1)
+    if ab:
+        return out, cu
     try:
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
@@ -120,7 +152,8 @@ def run_varlen(args, fa):
                 q, k, v = (torch.randn(tokens, h, d, device="cuda", dtype=BF16)
                            .requires_grad_(args.backward) for _ in range(3))
                 with torch.no_grad():
-                    methods, cu = varlen_methods(q, k, v, lens, causal, fa)
+                    methods, cu = varlen_methods(q, k, v, lens, causal, fa,
+                                                 args.ab_packed_bwd)
                     ref, _ = varlen_reference(q, k, v, cu.cpu(), cu.cpu(), causal=causal)
                 flush = L2Flusher()
                 # useful FLOPs: 4 * H * D * sum(pairs attended)
@@ -146,9 +179,30 @@ def run_varlen(args, fa):
                         rows.append(dict(row, status=f"error: {type(exc).__name__}: "
                                                      f"{exc}"[:160]))
                     if args.backward and name in ("ta", "fa4", "sdpa_padded", "flex_flash",
-                                                  "ta_blockmask") and rows[-1]["status"] == "ok":
+                                                  "ta_blockmask", *PACKED_BWD) and \
+                            rows[-1]["status"] == "ok":
                         rows.append(backward_row(row, name, methods, flops, flush, q, k, v))
+                if args.ab_packed_bwd and args.backward:
+                    rows.append(dict(row, pass_="fwd+bwd", method="whole_vs_sliced",
+                                     status=grads_agree(methods["ta"], q, k, v)))
+                # each point as it ends (a run cut short keeps what it timed)
+                table([r for r in rows if (r["tokens"], r["d"], r["causal"]) == (
+                    tokens, d, causal)], ("tokens", "d", "causal", "pass_"))
     return rows
+
+
+def grads_agree(fn, q, k, v) -> str:
+    """dq, dk, dv of ``fn`` with the whole-array packed backward against the sliced one
+    (the same dout): the largest relative error of the three, as a row's status."""
+    grads = {}
+    dout = None
+    for name in PACKED_BWD:
+        with packed_bwd(name), torch.enable_grad():
+            o = fn()
+            dout = torch.randn_like(o) if dout is None else dout
+            grads[name] = torch.autograd.grad(o, (q, k, v), dout)
+    err = max(relative_error(a, b) for a, b in zip(grads["ta_whole"], grads["ta_sliced"]))
+    return f"{'ok' if err <= 1e-2 else 'DIFFER'}: dq/dk/dv max rel err {err:.2e}"
 
 
 def profile_backward(args, fa):
@@ -194,9 +248,10 @@ def backward_row(row, name, methods, flops, flush, q, k, v):
 
     def step():
         nonlocal grad
-        o = fn()
-        grad = torch.ones_like(o) if grad is None else grad
-        torch.autograd.backward(o, grad)
+        with packed_bwd(name):
+            o = fn()
+            grad = torch.ones_like(o) if grad is None else grad
+            torch.autograd.backward(o, grad)
     try:
         with torch.enable_grad():
             ms = summarize(time_cuda(step, flush=flush, reps=20)).median_ms
@@ -368,6 +423,10 @@ def main(argv=None) -> int:
                    help="paged: also time the small-page path ta does not take: "
                         "ta_pertma (per-page TMA) where ta gathers (decode), ta_gather "
                         "where it does not (chunked prefill)")
+    p.add_argument("--ab-packed-bwd", action="store_true",
+                   help="varlen, with --backward: also time ta's packed backward with "
+                        "PACKED_BWD_WHOLE off (ta_sliced) and on (ta_whole), beside FA4 and "
+                        "the block-mask packing only")
     p.add_argument("--fa4-site", default=None)
     p.add_argument("--backward", action="store_true")
     p.add_argument("--skip", choices=["varlen", "paged"], default=None)
@@ -384,8 +443,6 @@ def main(argv=None) -> int:
     rows = []
     if args.skip != "varlen":
         rows += run_varlen(args, fa)
-        table([r for r in rows if r["workload"] == "varlen"],
-              ("tokens", "d", "causal", "pass_"))
     if args.skip != "paged":
         rows += run_paged(args, callable(fa))
     if args.json:

@@ -103,3 +103,38 @@ def test_small_pages_gather_their_rows_by_cp_async_without_spilling(page, kind, 
     assert sum(op.startswith("UTMALDG") for op in ops) <= 2
     assert not any(op.startswith(("STL", "LDL")) for op in ops)
     assert re.search(r"STACK:0\b", res) and re.search(r"LOCAL:0\b", res)
+
+
+def _ops(cubin: bytes) -> tuple[list[str], str]:
+    sass, res = _sass(cubin)
+    return re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass), res
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("work, built", [
+    (_work(128, True), {"attention_bwd_dkdv_seqs": 2, "attention_bwd_dq_seqs": 1}),
+    # seqused_k keeps K and V sliced (NaN past the used keys must load as TMA zeros)
+    (_work(64, False, (256, 0), True), {"attention_bwd_dkdv_seqs": 4,
+                                        "attention_bwd_dq_seqs": 4}),
+], ids=["d128-causal", "d64-window-seqused"])
+def test_whole_array_loads_build_only_the_sliced_stores_tensor_maps(work, built, monkeypatch):
+    # benchmarks/notes/varlen-paged.md §42a: with PACKED_BWD_WHOLE the packed backward
+    # loads through the whole arrays' host-built tensor maps (prefetched: UTMACCTL.PF) and
+    # builds in the kernel (UTMACCTL.IV after the descriptor's STS.128) only those of
+    # the sliced arrays: dK and dV, dQ. Same warp-group MMAs and TMA loads, no spills.
+    from tiledattention.kernel import workload as W
+
+    counts = {}
+    for whole in (False, True):
+        monkeypatch.setattr(W, "PACKED_BWD_WHOLE", whole)
+        for name, cubin in export_workload_cubins(work, "sm_90").items():
+            if name in built:
+                ops, res = _ops(cubin)
+                counts[name, whole] = {p: sum(op.startswith(p) for op in ops) for p in (
+                    "UTMACCTL.IV", "UTMALDG", "HGMMA", "STL", "LDL")}
+                assert re.search(r"STACK:0\b", res) and re.search(r"LOCAL:0\b", res)
+    for name, n in built.items():
+        old, new = counts[name, False], counts[name, True]
+        assert new["UTMACCTL.IV"] == n < old["UTMACCTL.IV"], (name, old, new)
+        assert new["UTMALDG"] == old["UTMALDG"] and new["HGMMA"] == old["HGMMA"]
+        assert new["STL"] == new["LDL"] == 0

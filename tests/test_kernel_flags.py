@@ -22,7 +22,11 @@ from tiledattention.kernel.spec import (  # noqa: E402
     score_specs,
 )
 
-SEQ_FIELDS = {f.name for f in dataclasses.fields(SeqFlags)}
+# the packed/paged entry points' own: the sequences' fields and a family's "seqs"-scoped
+# ones (the packed backward's WHOLE_LOADS)
+SEQ_FIELDS = {f.name for f in dataclasses.fields(SeqFlags)} | {
+    f.name for fam in FAMILIES.values() for f in dataclasses.fields(fam)
+    if f.metadata.get("scope") == "seqs"}
 FP8_FIELDS = {f.name for fam in FAMILIES.values() for f in dataclasses.fields(fam)
               if f.metadata.get("scope") == "fp8"}
 

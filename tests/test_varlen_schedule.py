@@ -190,3 +190,24 @@ def test_the_packed_backward_plan_names_every_kernel_argument(d, hk):
     for has_dlse in (False, True):
         plan = varlen_bwd_plan(w, torch.device("cpu"), mods.NONE, has_dlse)
         assert [s.role for s in plan.launches] == ["delta", "dq", "dkdv"]
+
+
+def test_the_packed_backward_passes_whole_loads_by_name_and_keys_its_plan_on_it(monkeypatch):
+    # §42a's switch reaches both score kernels' WHOLE_LOADS constant, and the cached plan
+    # follows it (an A/B flips it in one process: benchmarks/varlen.py --ab-packed-bwd)
+    pytest.importorskip("cuda.tile", reason="the kernel's parameter names come from cuTile")
+    from tiledattention import mods, varlen
+    from tiledattention.kernel import workload as W
+    from tiledattention.kernel.spec import DKDV_SEQS, DQ_SEQS
+    from tiledattention.kernel.workload_check import Workload
+
+    w = Workload(4, 16, 4, 128, torch.bfloat16, 1024, 1024, True, 128 ** -0.5, (-1, -1), 0.0)
+    plans = {}
+    for whole in (False, True):
+        monkeypatch.setattr(W, "PACKED_BWD_WHOLE", whole)
+        plans[whole] = varlen._bwd_plan(w, torch.device("cpu"), mods.NONE, False)
+        steps = {s.role: s for s in plans[whole].launches}
+        for role, spec in (("dq", DQ_SEQS), ("dkdv", DKDV_SEQS)):
+            names = spec.names()[len(spec.tensors):]
+            assert steps[role].tail[names.index("WHOLE_LOADS")] is whole
+    assert plans[False] is not plans[True]

@@ -106,6 +106,17 @@ def _refs(mods):
     return out
 
 
+@pytest.fixture(params=[False, True], ids=["sliced-bwd", "whole-bwd"])
+def packed_bwd(request, monkeypatch):
+    """Both packed backwards (benchmarks/notes/varlen-paged.md §42a): per-sequence sliced
+    loads, and whole-array loads whose rows and keys past a sequence hold the next
+    sequence's data (masked in the compute). The plan cache keys on the switch."""
+    from tiledattention.kernel import workload as W
+
+    monkeypatch.setattr(W, "PACKED_BWD_WHOLE", request.param)
+    return request.param
+
+
 LENS = [([300, 1, 0, 129, 64, 700], [300, 1, 0, 129, 64, 700]),
         ([17, 513, 64], [100, 513, 1000])]
 
@@ -113,25 +124,25 @@ LENS = [([300, 1, 0, 129, 64, 700], [300, 1, 0, 129, 64, 700]),
 @pytest.mark.parametrize("lens", LENS, ids=["self", "cross"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("d", [64, 128])
-def test_varlen_matches_float64_forward_and_backward(lens, causal, d):
+def test_varlen_matches_float64_forward_and_backward(lens, causal, d, packed_bwd):
     _check_varlen(*lens, causal=causal, d=d)
 
 
 @pytest.mark.parametrize("d", [96, 256])
-def test_varlen_head_dims_without_padding(d):
+def test_varlen_head_dims_without_padding(d, packed_bwd):
     _check_varlen([200, 77], [200, 77], causal=True, d=d, dtype=torch.float16)
 
 
-def test_varlen_gqa_sums_the_group_in_dk_dv():
+def test_varlen_gqa_sums_the_group_in_dk_dv(packed_bwd):
     _check_varlen([130, 5, 260], [130, 5, 260], hq=8, hk=2, causal=True)
 
 
-def test_varlen_query_longer_than_keys_gives_zero_rows_under_causality():
+def test_varlen_query_longer_than_keys_gives_zero_rows_under_causality(packed_bwd):
     # Sq > Skv, bottom-right: the first Sq - Skv queries attend nothing (zeros, lse -inf).
     _check_varlen([50, 8], [20, 8], causal=True)
 
 
-def test_varlen_sliding_window_and_softcap():
+def test_varlen_sliding_window_and_softcap(packed_bwd):
     _check_varlen([300, 70], [300, 70], causal=True, window=(64, 0), softcap=30.0)
     _check_varlen([300, 70], [300, 90], window=(32, 16))
 
@@ -142,7 +153,7 @@ def test_varlen_seqused_k_caps_each_sequences_keys():
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("d", [64, 128])
-def test_varlen_rows_past_seqused_k_holding_nan_reach_no_output_or_gradient(causal, d):
+def test_varlen_rows_past_seqused_k_holding_nan_reach_no_output_or_gradient(causal, d, packed_bwd):
     """Keys past seqused_k may be a cache's unwritten slots: masked (P = 0), yet 0 * NaN
     is NaN in P V, dP = dO V^T and dS K. Output and dq/dk/dv stay finite and match
     float64; dk/dv of the unused rows are zero."""
@@ -150,7 +161,32 @@ def test_varlen_rows_past_seqused_k_holding_nan_reach_no_output_or_gradient(caus
                   d=d, nan_past_used=True)
 
 
-def test_varlen_mods_see_positions_within_the_sequence():
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_rows_no_sequence_covers_add_nothing_to_the_gradients(causal, packed_bwd):
+    """cu_seqlens[-1] < total: the forward leaves out and lse of the rows past it unwritten
+    (NaN on the poisoned allocator), so their delta is NaN too. The whole-array dK/dV
+    program of the last sequence reads them (its last query tile runs past the sequence's
+    end) and must add nothing (lse +inf, delta 0 there); dq/dk/dv match float64, zero on
+    the uncovered rows."""
+    lens, extra, h, d = [70, 129], 37, 4, 64
+    q, k, v = (torch.randn(sum(lens) + extra, h, d, device="cuda").to(BF16).requires_grad_()
+               for _ in range(3))
+    cu = _cu(lens)
+    out = _poisoned(lambda: ta.sdpa_varlen(q, k, v, cu, cu, max(lens), max(lens),
+                                           causal=causal))
+    dout = torch.randn_like(out)
+    _poisoned(lambda: out.backward(dout))
+    qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
+    r, _ = varlen_reference(qd, kd, vd, cu.cpu(), cu.cpu(), causal=causal)
+    r.backward(dout.double())
+    for name, got, want in (("dq", q.grad, qd.grad), ("dk", k.grad, kd.grad),
+                            ("dv", v.grad, vd.grad)):
+        assert not got.isnan().any(), f"{name} has NaN"
+        assert not got[sum(lens):].any(), f"{name} of uncovered rows not zero"
+        assert relative_error(got, want) <= rtol_bwd(BF16), name
+
+
+def test_varlen_mods_see_positions_within_the_sequence(packed_bwd):
     def rel(score, b, h, q_idx, kv_idx):
         return score - 0.01 * (q_idx - kv_idx)
 

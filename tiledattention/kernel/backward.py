@@ -134,12 +134,14 @@ def grad_scores(qk, dp, arrays, fns, aux, where, i, j, on_diag, ALL_MASKS, f, RO
     and ``dp = dO V^T``, both rounded to the input dtype for the MMAs: the shared step of
     the dK/dV and dQ kernels. Grouped arguments as the forward's ``fwd_tile``: ``arrays``
     (Q, K, V, dO, Lse, Delta, Mask); ``fns`` (score_mod, its derivative, mask_mod);
-    ``where`` (b, h, hk, seq_k, c, inv_scale, scale, ab, diag: the array batch of Q, dO,
-    Lse, Delta and ``keep_tile``'s diagonal of a packed sequence, else b and None); ``aux``
+    ``where`` (b, h, hk, seq_k, c, inv_scale, scale, ab, diag, at: the array batch of Q,
+    dO, Lse, Delta, ``keep_tile``'s diagonal of a packed sequence, else b and None, and
+    ``at`` the whole-array loads' origins, ``whole_origins``); ``aux``
     A0..A3 and G0..G3 (the
     captured tensors and their gradients' fp32 accumulators); ``f`` the kernel's flags
     (``DkdvFlags`` or ``DqFlags``: the fields read here are common to both); ``ROW_TAIL``
-    mask the padded query rows (``masked_rows``). ``KEY_ROWS``: the products are the
+    mask the query rows past the sequence (``masked_rows``: with a score_mod; with whole
+    loads also their row statistics, ``rows_past_end``). ``KEY_ROWS``: the products are the
     transposes, ``K Q^T`` and ``V dO^T`` [keys, queries], and so are P and dS: the same
     elementwise steps on index tiles and row statistics laid out the other way. ``stats``:
     the rows' (lse, delta) as ``load_row_stats`` gives them, kept by a program whose query
@@ -149,7 +151,7 @@ def grad_scores(qk, dp, arrays, fns, aux, where, i, j, on_diag, ALL_MASKS, f, RO
     Q, K, V, dOut, Lse, Delta, Mask = arrays
     score_mod, score_grad, mask_mod, captured_grad = fns
     A0, A1, A2, A3, G0, G1, G2, G3 = aux
-    b, h, hk, seq_k, c, inv_scale, scale, ab, diag = where
+    b, h, hk, seq_k, c, inv_scale, scale, ab, diag, at = where
     # (Each orientation's index tiles in the order of the queries-as-rows original: the
     # default kernels compile to the same SASS as before the flag.)
     if KEY_ROWS:
@@ -173,9 +175,12 @@ def grad_scores(qk, dp, arrays, fns, aux, where, i, j, on_diag, ALL_MASKS, f, RO
     elif (CAUSAL or TAIL) and on_diag:
         s = masked(s, keep_tile(b, h, q_idx, kv_idx, seq_k, mask_mod, A0, A1, A2, A3, ROWS,
                                 COLS, CAUSAL, TAIL, False, diag))
-    s = masked_rows(s, q_idx, Q.shape[2], ROW_TAIL)
+    s = masked_rows(s, q_idx, rows_of(Q, at), ROW_TAIL and HAS_SCORE_MOD)
     if stats is None:
-        lse, delta = load_row_stats(Lse, Delta, ab, h, i, TILE_M, bwd_zero_safe(f))
+        lse, delta = load_row_stats(Lse, Delta, ab, h, i, TILE_M, bwd_zero_safe(f),
+                                    q_origin(at))
+        if ROW_TAIL and at is not None:
+            lse, delta = rows_past_end(lse, delta, i, TILE_M, at[2])
     else:
         lse, delta = stats
     if KEY_ROWS:
@@ -189,6 +194,52 @@ def grad_scores(qk, dp, arrays, fns, aux, where, i, j, on_diag, ALL_MASKS, f, RO
     ds = score_gradient(p, dp, delta, qk, b, h, q_idx, kv_idx, score_grad, A0, A1, A2, A3,
                         scale, HAS_SCORE_MOD)
     return p.astype(Q.dtype), ds.astype(Q.dtype)
+
+
+def whole_origins(qs, ks, seq_q, f):
+    """``at`` of a packed sequence whose rows start at ``qs`` (queries) and ``ks`` (keys)
+    of the packed arrays (``DkdvFlags.WHOLE_LOADS``): (query origin, key origin or None,
+    seq_q); None without whole loads. With ``SEQUSED`` K and V stay sliced to the keys
+    used (key origin None): the rows past seqused_k may be unwritten memory, NaN, and 0 *
+    NaN is NaN in the MMAs (dP = dO V^T, dS K), so they must load as TMA zeros, not be
+    masked after the fact."""
+    if f.WHOLE_LOADS:
+        if f.SEQUSED:
+            return (qs, None, seq_q)
+        return (qs, ks, seq_q)
+    return None
+
+
+def q_origin(at):
+    """The element origin of Q, dO, Lse and Delta rows (``body.row_chunk``), or None."""
+    if at is None:
+        return None
+    return at[0]
+
+
+def k_origin(at):
+    """The element origin of K and V rows, or None (tile-indexed: dense, or sliced)."""
+    if at is None:
+        return None
+    return at[1]
+
+
+def rows_of(Q, at):
+    """Query rows of the program's sequence: Q's extent (dense, or a slice), else at's."""
+    if at is None:
+        return Q.shape[2]
+    return at[2]
+
+
+def rows_past_end(lse, delta, i, TILE_M, seq_q):
+    """Whole loads (dK/dV): query rows of tile ``i`` past the sequence's ``seq_q`` hold
+    the next sequence's rows, or rows no sequence covers (the forward's ``torch.empty``
+    out and lse there: anything, NaN included). lse +inf and delta 0 there make their P
+    exp2(s - inf) = 0 and their dS 0 for every finite score (a score_mod's are masked
+    to -inf first), so they add nothing to dK and dV: two selects per query tile, not
+    one per score."""
+    valid = (i * TILE_M + ct.arange(TILE_M, dtype=np.int32))[:, None] < seq_q
+    return ct.where(valid, lse, np.inf), ct.where(valid, delta, 0.0)
 
 
 def keys_as_rows(t, KEY_ROWS):
@@ -216,11 +267,11 @@ def dkdv_tile(kv, acc, arrays, fns, aux, where, i, bid_n, diag, ALL_MASKS, f, dQ
     TILE_M, TILE_N, NCHUNK, W0, W1, W2 = f.TILE_M, f.TILE_N, f.NCHUNK, f.W0, f.W1, f.W2
     VNCHUNK, VW0, VW1, VW2 = value_chunks(f)  # dO, V, dV: V's head dim
     Q, K, V, dOut, Lse, Delta, Mask = arrays
-    h, ab = where[1], where[7]
+    h, ab, qa = where[1], where[7], q_origin(where[9])
     (kt0, kt1, kt2), (vt0, vt1, vt2), (k0, k1, k2) = kv
     dk0, dk1, dk2, dv0, dv1, dv2 = acc
-    q0, q1, q2 = load_rows(Q, ab, h, i, TILE_M, W0, W1, W2, NCHUNK, None)
-    do0, do1, do2 = load_rows(dOut, ab, h, i, TILE_M, VW0, VW1, VW2, VNCHUNK, None)
+    q0, q1, q2 = load_rows(Q, ab, h, i, TILE_M, W0, W1, W2, NCHUNK, None, qa)
+    do0, do1, do2 = load_rows(dOut, ab, h, i, TILE_M, VW0, VW1, VW2, VNCHUNK, None, qa)
     # A score_mod may give the padded query rows of the last query tile large scores:
     # they are masked; the plain kernels' padded rows add zeros anyway.
     if f.KEY_ROWS:
@@ -229,7 +280,7 @@ def dkdv_tile(kv, acc, arrays, fns, aux, where, i, bid_n, diag, ALL_MASKS, f, dQ
         dpt = dot(vt0, vt1, vt2, ct.transpose(do0), ct.transpose(do1), ct.transpose(do2),
                   TILE_N, TILE_M, VNCHUNK)
         p, ds = grad_scores(st, dpt, arrays, fns, aux, where, i, bid_n, diag, ALL_MASKS, f,
-                            f.HAS_SCORE_MOD, True)  # P^T and dS^T
+                            f.HAS_SCORE_MOD or f.WHOLE_LOADS, True)  # P^T and dS^T
         if f.DQ_ATOMIC:
             dq_reduce(dQacc, ct.transpose(ds), k0, k1, k2, ab, h, i, TILE_M, W0, W1, W2,
                       NCHUNK)
@@ -237,7 +288,7 @@ def dkdv_tile(kv, acc, arrays, fns, aux, where, i, bid_n, diag, ALL_MASKS, f, dQ
         qk = dot(q0, q1, q2, kt0, kt1, kt2, TILE_M, TILE_N, NCHUNK)
         dp = dot(do0, do1, do2, vt0, vt1, vt2, TILE_M, TILE_N, VNCHUNK)
         p, ds = grad_scores(qk, dp, arrays, fns, aux, where, i, bid_n, diag, ALL_MASKS, f,
-                            f.HAS_SCORE_MOD, False)
+                            f.HAS_SCORE_MOD or f.WHOLE_LOADS, False)
         if f.DQ_ATOMIC:
             dq_reduce(dQacc, ds, k0, k1, k2, ab, h, i, TILE_M, W0, W1, W2, NCHUNK)
     # Each transpose right before its product, as before the flag (same default SASS).
@@ -298,17 +349,18 @@ def dq_tile(q, do, stats, acc, arrays, fns, aux, where, bid_m, j, diag, ALL_MASK
     or None to load them per tile; ``acc`` (dq0..2); ``f`` the ``DqFlags``."""
     TILE_M, TILE_N, NCHUNK, W0, W1, W2 = f.TILE_M, f.TILE_N, f.NCHUNK, f.W0, f.W1, f.W2
     K, V = arrays[1], arrays[2]
-    hk, kb = where[2], where[7]
+    hk, kb, ka = where[2], where[7], k_origin(where[9])
     q0, q1, q2 = q
     do0, do1, do2 = do
     dq0, dq1, dq2 = acc
     VNCHUNK, VW0, VW1, VW2 = value_chunks(f)
     qk, dp = dots_streamed(q0, q1, q2, do0, do1, do2, K, V, kb, hk, j, TILE_N, TILE_M, W0,
-                           W1, W2, NCHUNK, VW0, VW1, VW2, VNCHUNK)
+                           W1, W2, NCHUNK, VW0, VW1, VW2, VNCHUNK, ka)
     # Padded query rows of dQ are never stored and stay in their own rows: no row mask.
     _, ds = grad_scores(qk, dp, arrays, fns, aux, where, bid_m, j, diag, ALL_MASKS, f, False,
                         False, stats)
-    return mma_streamed(ds, K, kb, hk, j, TILE_N, dq0, dq1, dq2, W0, W1, W2, NCHUNK, None)
+    return mma_streamed(ds, K, kb, hk, j, TILE_N, dq0, dq1, dq2, W0, W1, W2, NCHUNK, None,
+                        at=ka)
 
 
 def dkdv_program(Q, K, V, dOut, Lse, Delta, Mask, extra, dK, dV, dQacc, scalars, f, fns,
@@ -327,21 +379,23 @@ def dkdv_program(Q, K, V, dOut, Lse, Delta, Mask, extra, dK, dV, dQacc, scalars,
         CuQ, CuK, SeqK, TileMap, WIN_L, WIN_R = seqs
         b, bid_n, valid = mapped_tile(TileMap, ct.bid(0))
         if valid:
-            arrays, ks, ke, seq_k, diag = sequence_arrays(
+            arrays, ks, ke, seq_k, diag, at = sequence_arrays(
                 (Q, K, V, dOut, Lse, Delta, Mask), seqs, b, f)
             dkdv_key_tile(arrays, extra, sequence_slice(dK, ks, ke),
                           sequence_slice(dV, ks, ke), dQacc, scalars, f, fns, b,
-                          bid_n, 0, seq_k, diag)
+                          bid_n, 0, seq_k, diag, at)
     else:
         dkdv_key_tile((Q, K, V, dOut, Lse, Delta, Mask), extra, dK, dV, dQacc, scalars, f,
                       fns, b, bid_n, b, K.shape[2], None)
 
 
 def sequence_arrays(arrays, seqs, b, f):
-    """(arrays, key start, key stop, keys used, diag) of packed sequence ``b``: the score
-    kernels' arrays (Q, K, V, dO, Lse, Delta, Mask) sliced to its rows and keys (K and V
-    to the keys used, capped by ``SeqK``), and ``keep_tile``'s bottom-right diagonal
-    (shift, WINDOW, WIN_L, WIN_R)."""
+    """(arrays, key start, key stop, keys used, diag, at) of packed sequence ``b``: the
+    score kernels' arrays (Q, K, V, dO, Lse, Delta, Mask) sliced to its rows and keys (K
+    and V to the keys used, capped by ``SeqK``), ``keep_tile``'s bottom-right diagonal
+    (shift, WINDOW, WIN_L, WIN_R) and ``whole_origins``. With ``WHOLE_LOADS`` only K and
+    V under ``SEQUSED`` are sliced: the rest are loaded from the whole packed arrays at
+    the sequence's element origins (no tensor map built per program for them)."""
     Q, K, V, dOut, Lse, Delta, Mask = arrays
     CuQ, CuK, SeqK, TileMap, WIN_L, WIN_R = seqs
     qs, qe = sequence_span(CuQ, b, Q.shape[2])
@@ -357,24 +411,33 @@ def sequence_arrays(arrays, seqs, b, f):
     # zero-row view there is an illegal TMA read (an H200 stopped on it), so K and V
     # keep one row, which no query tile visits (``m_hi`` past seqused_k).
     kv_stop = ct.maximum(used, ct.minimum(ks + 1, ke))
+    diag = (seq_k - (qe - qs), f.WINDOW, WIN_L, WIN_R)
+    at = whole_origins(qs, ks, qe - qs, f)
+    if f.WHOLE_LOADS:
+        if f.SEQUSED:
+            K = sequence_slice(K, ks, kv_stop)
+            V = sequence_slice(V, ks, kv_stop)
+        return (Q, K, V, dOut, Lse, Delta, Mask), ks, ke, seq_k, diag, at
     sliced = (sequence_slice(Q, qs, qe), sequence_slice(K, ks, kv_stop),
               sequence_slice(V, ks, kv_stop),
               sequence_slice(dOut, qs, qe), sequence_slice(Lse, qs, qe),
               sequence_slice(Delta, qs, qe), Mask)
-    return sliced, ks, ke, seq_k, (seq_k - (qe - qs), f.WINDOW, WIN_L, WIN_R)
+    return sliced, ks, ke, seq_k, diag, at
 
 
-def dkdv_key_tile(arrays, extra, dK, dV, dQacc, scalars, f, fns, b, bid_n, ab, seq_k, diag):
+def dkdv_key_tile(arrays, extra, dK, dV, dQacc, scalars, f, fns, b, bid_n, ab, seq_k, diag,
+                  at=None):
     """Key tile ``bid_n`` of (batch or sequence) ``b``: arrays at array batch ``ab``;
     ``diag`` ``keep_tile``'s bottom-right diagonal (shift, WINDOW, WIN_L, WIN_R) of a
-    packed sequence, else None."""
+    packed sequence, else None; ``at`` ``whole_origins``."""
     Q, K, V, dOut, Lse, Delta, Mask = arrays
     BlkCnt, BlkIdx, A0, A1, A2, A3, G0, G1, G2, G3 = extra
     qk_scale_log2, inv_scale, scale, GROUP = scalars
     TILE_M, TILE_N, NCHUNK, W0, W1, W2 = f.TILE_M, f.TILE_N, f.NCHUNK, f.W0, f.W1, f.W2
     VNCHUNK, VW0, VW1, VW2 = value_chunks(f)  # V and dV: V's head dim
     hk = ct.bid(1)
-    seq_q = Q.shape[2]
+    seq_q = rows_of(Q, at)
+    ka = k_origin(at)
     TAIL = not f.EVEN_N
 
     # K and V of this key tile stay on chip: K^T and V^T for the score products
@@ -382,12 +445,12 @@ def dkdv_key_tile(arrays, extra, dK, dV, dQacc, scalars, f, fns, b, bid_n, ab, s
     # KEY_ROWS the score products are K Q^T and V dO^T: K and V as they lie, K serving
     # dS K too.
     if f.KEY_ROWS:
-        k_rows = load_rows(K, ab, hk, bid_n, TILE_N, W0, W1, W2, NCHUNK, None)
-        kv = (k_rows, load_rows(V, ab, hk, bid_n, TILE_N, VW0, VW1, VW2, VNCHUNK, None),
+        k_rows = load_rows(K, ab, hk, bid_n, TILE_N, W0, W1, W2, NCHUNK, None, ka)
+        kv = (k_rows, load_rows(V, ab, hk, bid_n, TILE_N, VW0, VW1, VW2, VNCHUNK, None, ka),
               k_rows)
     else:
-        kt = load_cols(K, ab, hk, bid_n, TILE_N, W0, W1, W2, NCHUNK, None)
-        vt = load_cols(V, ab, hk, bid_n, TILE_N, VW0, VW1, VW2, VNCHUNK, None)
+        kt = load_cols(K, ab, hk, bid_n, TILE_N, W0, W1, W2, NCHUNK, None, ka)
+        vt = load_cols(V, ab, hk, bid_n, TILE_N, VW0, VW1, VW2, VNCHUNK, None, ka)
         k_rows = kt
         if f.DQ_ATOMIC:
             k_rows = load_rows(K, ab, hk, bid_n, TILE_N, W0, W1, W2, NCHUNK, None)
@@ -409,7 +472,7 @@ def dkdv_key_tile(arrays, extra, dK, dV, dQacc, scalars, f, fns, b, bid_n, ab, s
     # (benchmarks/notes/backward.md §36g, §37a).
     for g in range(1 if f.ONE_HEAD else GROUP):
         h = hk * GROUP + g
-        where = (b, h, hk, seq_k, qk_scale_log2, inv_scale, scale, ab, diag)
+        where = (b, h, hk, seq_k, qk_scale_log2, inv_scale, scale, ab, diag, at)
         if f.BLOCK_SPARSE:
             n_part, n_full = block_range(BlkCnt, b, h, bid_n, f.BLK_BATCH, f.BLK_HEAD)
             for t in range(0, n_part):
@@ -474,19 +537,21 @@ def dq_program(Q, K, V, dOut, Lse, Delta, Mask, extra, Out, Dlse, dQ, scalars, f
         CuQ, CuK, SeqK, TileMap, WIN_L, WIN_R = seqs
         b, bid_m, valid = mapped_tile(TileMap, ct.bid(0))
         if valid:
-            arrays, _, _, seq_k, diag = sequence_arrays(
+            arrays, _, _, seq_k, diag, at = sequence_arrays(
                 (Q, K, V, dOut, Lse, Delta, Mask), seqs, b, f)
             qs, qe = sequence_span(CuQ, b, Q.shape[2])
             dq_query_tile(arrays, extra, Out, Dlse, sequence_slice(dQ, qs, qe),
-                          scalars, f, fns, b, bid_m, 0, seq_k, diag)
+                          scalars, f, fns, b, bid_m, 0, seq_k, diag, at)
     else:
         dq_query_tile((Q, K, V, dOut, Lse, Delta, Mask), extra, Out, Dlse, dQ, scalars, f,
                       fns, b, bid_m, b, K.shape[2], None)
 
 
-def dq_query_tile(arrays, extra, Out, Dlse, dQ, scalars, f, fns, b, bid_m, ab, seq_k, diag):
+def dq_query_tile(arrays, extra, Out, Dlse, dQ, scalars, f, fns, b, bid_m, ab, seq_k, diag,
+                  at=None):
     """Query tile ``bid_m`` of (batch or sequence) ``b``, arrays at array batch ``ab``
-    (``dkdv_key_tile``'s arguments)."""
+    (``dkdv_key_tile``'s arguments). Rows past a sequence (whole loads: the next one's)
+    are never stored and never mix with the sequence's rows: no mask for them."""
     Q, K, V, dOut, Lse, Delta, Mask = arrays
     BlkCnt, BlkIdx, A0, A1, A2, A3 = extra
     score_mod, score_grad, mask_mod = fns
@@ -496,15 +561,15 @@ def dq_query_tile(arrays, extra, Out, Dlse, dQ, scalars, f, fns, b, bid_m, ab, s
     h = ct.bid(1)
     hk = h // GROUP
 
-    q = load_rows(Q, ab, h, bid_m, TILE_M, W0, W1, W2, NCHUNK, None)
+    q = load_rows(Q, ab, h, bid_m, TILE_M, W0, W1, W2, NCHUNK, None, q_origin(at))
     VNCHUNK, VW0, VW1, VW2 = value_chunks(f)  # dO: V's head dim
-    do = load_rows(dOut, ab, h, bid_m, TILE_M, VW0, VW1, VW2, VNCHUNK, None)
+    do = load_rows(dOut, ab, h, bid_m, TILE_M, VW0, VW1, VW2, VNCHUNK, None, q_origin(at))
     stats = None  # (lse, delta) loaded on every key tile, as the dK/dV program does
     if f.DELTA:
         stats = dq_row_stats(Out, Lse, Delta, Dlse, do, b, h, bid_m, f)
     acc = zeros_chunks(TILE_M, W0, W1, W2)
     aux = (A0, A1, A2, A3, None, None, None, None)
-    where = (b, h, hk, seq_k, qk_scale_log2, inv_scale, scale, ab, diag)
+    where = (b, h, hk, seq_k, qk_scale_log2, inv_scale, scale, ab, diag, at)
 
     if f.BLOCK_SPARSE:
         n_part, n_full = block_range(BlkCnt, b, h, bid_m, f.BLK_BATCH, f.BLK_HEAD)

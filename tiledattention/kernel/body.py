@@ -36,33 +36,55 @@ _T = (0, 1, 3, 2)  # load order of a transposed [W, TILE] chunk (K^T, V^T)
 
 
 # ----------------------------------------------------------------------------- chunks
-def load_rows(T, b, h, tile, TILE, W0, W1, W2, NCHUNK, latency):
-    """Rows ``tile`` of ``T[b, h]`` as [TILE, W] chunks (Q, dO, V, K for dS K)."""
-    c0 = ct.load(T, index=(b, h, tile, 0), shape=(1, 1, TILE, W0), padding_mode=_ZERO,
-                 latency=latency).reshape((TILE, W0))
+def row_chunk(T, b, h, tile, c, TILE, W, latency, at=None):
+    """Chunk ``c`` (its tile index along the head dim) of rows ``tile`` of ``T[b, h]``, a
+    [TILE, W] tile. ``at`` (packed sequences, ``DkdvFlags.WHOLE_LOADS``): the rows start
+    at element ``at + tile * TILE`` of the whole packed array, read through a view whose
+    row step is one element, so the load uses the array's host-built tensor map instead
+    of one built in the kernel for a per-sequence slice (``Array.slice``: a UTMACCTL per
+    sliced array and program). Rows past the sequence are the next one's (or TMA zeros
+    past the array): the caller masks them."""
+    if at is None:
+        t = ct.load(T, index=(b, h, tile, c), shape=(1, 1, TILE, W), padding_mode=_ZERO,
+                    latency=latency)
+    else:
+        t = T.tiled_view((1, 1, TILE, W), padding_mode=_ZERO,
+                         traversal_steps=(1, 1, 1, W)).load((b, h, at + tile * TILE, c),
+                                                            latency=latency)
+    return t.reshape((TILE, W))
+
+
+def col_chunk(T, b, h, tile, c, TILE, W, latency, at=None):
+    """``row_chunk`` transposed, [W, TILE] (K^T, V^T): a transposed load, or with ``at``
+    the rows transposed on chip (a tiled view has no load order)."""
+    if at is None:
+        return ct.load(T, index=(b, h, c, tile), shape=(1, 1, W, TILE), order=_T,
+                       padding_mode=_ZERO, latency=latency).reshape((W, TILE))
+    return ct.transpose(row_chunk(T, b, h, tile, c, TILE, W, latency, at))
+
+
+def load_rows(T, b, h, tile, TILE, W0, W1, W2, NCHUNK, latency, at=None):
+    """Rows ``tile`` of ``T[b, h]`` as [TILE, W] chunks (Q, dO, V, K for dS K); ``at``:
+    ``row_chunk``'s element origin."""
+    c0 = row_chunk(T, b, h, tile, 0, TILE, W0, latency, at)
     c1 = c0
     c2 = c0
     if NCHUNK > 1:
-        c1 = ct.load(T, index=(b, h, tile, W0 // W1), shape=(1, 1, TILE, W1),
-                     padding_mode=_ZERO, latency=latency).reshape((TILE, W1))
+        c1 = row_chunk(T, b, h, tile, W0 // W1, TILE, W1, latency, at)
     if NCHUNK > 2:
-        c2 = ct.load(T, index=(b, h, tile, (W0 + W1) // W2), shape=(1, 1, TILE, W2),
-                     padding_mode=_ZERO, latency=latency).reshape((TILE, W2))
+        c2 = row_chunk(T, b, h, tile, (W0 + W1) // W2, TILE, W2, latency, at)
     return c0, c1, c2
 
 
-def load_cols(T, b, h, tile, TILE, W0, W1, W2, NCHUNK, latency):
+def load_cols(T, b, h, tile, TILE, W0, W1, W2, NCHUNK, latency, at=None):
     """Rows ``tile`` of ``T[b, h]`` transposed, as [W, TILE] chunks (K^T, V^T)."""
-    c0 = ct.load(T, index=(b, h, 0, tile), shape=(1, 1, W0, TILE), order=_T,
-                 padding_mode=_ZERO, latency=latency).reshape((W0, TILE))
+    c0 = col_chunk(T, b, h, tile, 0, TILE, W0, latency, at)
     c1 = c0
     c2 = c0
     if NCHUNK > 1:
-        c1 = ct.load(T, index=(b, h, W0 // W1, tile), shape=(1, 1, W1, TILE), order=_T,
-                     padding_mode=_ZERO, latency=latency).reshape((W1, TILE))
+        c1 = col_chunk(T, b, h, tile, W0 // W1, TILE, W1, latency, at)
     if NCHUNK > 2:
-        c2 = ct.load(T, index=(b, h, (W0 + W1) // W2, tile), shape=(1, 1, W2, TILE), order=_T,
-                     padding_mode=_ZERO, latency=latency).reshape((W2, TILE))
+        c2 = col_chunk(T, b, h, tile, (W0 + W1) // W2, TILE, W2, latency, at)
     return c0, c1, c2
 
 
@@ -113,34 +135,28 @@ def dot_streamed(a0, a1, a2, T, b, h, tile, TILE, M, W0, W1, W2, NCHUNK, latency
 
 
 def dots_streamed(a0, a1, a2, c0, c1, c2, T, U, b, h, tile, TILE, M, W0, W1, W2, NCHUNK,
-                  UW0, UW1, UW2, UNCHUNK):
+                  UW0, UW1, UW2, UNCHUNK, at=None):
     """(sum_c a_c @ T^T_c, sum_c c_c @ U^T_c) with the chunks of T and U loaded in pairs
     right before their MMAs (Q K^T and dO V^T of the dQ kernel, in the old kernel's order:
     the compiler keeps one pair of buffers in flight). U's chunks (``UW0``.., V's head dim)
-    may differ from T's; a chunk one of them lacks is skipped."""
-    t0 = ct.load(T, index=(b, h, 0, tile), shape=(1, 1, W0, TILE), order=_T,
-                 padding_mode=_ZERO).reshape((W0, TILE))
-    u0 = ct.load(U, index=(b, h, 0, tile), shape=(1, 1, UW0, TILE), order=_T,
-                 padding_mode=_ZERO).reshape((UW0, TILE))
+    may differ from T's; a chunk one of them lacks is skipped. ``at``: ``row_chunk``'s."""
+    t0 = col_chunk(T, b, h, tile, 0, TILE, W0, None, at)
+    u0 = col_chunk(U, b, h, tile, 0, TILE, UW0, None, at)
     x = ct.mma(a0, t0, ct.full((M, TILE), 0.0, dtype=np.float32))
     y = ct.mma(c0, u0, ct.full((M, TILE), 0.0, dtype=np.float32))
     t1, t2, u1, u2 = t0, t0, u0, u0  # (as load_rows: names for the chunks a dim lacks)
     if NCHUNK > 1:
-        t1 = ct.load(T, index=(b, h, W0 // W1, tile), shape=(1, 1, W1, TILE), order=_T,
-                     padding_mode=_ZERO).reshape((W1, TILE))
+        t1 = col_chunk(T, b, h, tile, W0 // W1, TILE, W1, None, at)
     if UNCHUNK > 1:
-        u1 = ct.load(U, index=(b, h, UW0 // UW1, tile), shape=(1, 1, UW1, TILE), order=_T,
-                     padding_mode=_ZERO).reshape((UW1, TILE))
+        u1 = col_chunk(U, b, h, tile, UW0 // UW1, TILE, UW1, None, at)
     if NCHUNK > 1:
         x = ct.mma(a1, t1, x)
     if UNCHUNK > 1:
         y = ct.mma(c1, u1, y)
     if NCHUNK > 2:
-        t2 = ct.load(T, index=(b, h, (W0 + W1) // W2, tile), shape=(1, 1, W2, TILE), order=_T,
-                     padding_mode=_ZERO).reshape((W2, TILE))
+        t2 = col_chunk(T, b, h, tile, (W0 + W1) // W2, TILE, W2, None, at)
     if UNCHUNK > 2:
-        u2 = ct.load(U, index=(b, h, (UW0 + UW1) // UW2, tile), shape=(1, 1, UW2, TILE),
-                     order=_T, padding_mode=_ZERO).reshape((UW2, TILE))
+        u2 = col_chunk(U, b, h, tile, (UW0 + UW1) // UW2, TILE, UW2, None, at)
     if NCHUNK > 2:
         x = ct.mma(a2, t2, x)
     if UNCHUNK > 2:
@@ -148,23 +164,30 @@ def dots_streamed(a0, a1, a2, c0, c1, c2, T, U, b, h, tile, TILE, M, W0, W1, W2,
     return x, y
 
 
+def streamed_chunk(T, b, h, tile, c, TILE, W, latency, order, at):
+    """``mma_streamed``'s operand chunk: ``row_chunk`` or, with ``order``, one held
+    transposed in memory (never with ``at``)."""
+    if at is None:
+        return ct.load(T, index=(b, h, tile, c), shape=(1, 1, TILE, W), order=order,
+                       padding_mode=_ZERO, latency=latency).reshape((TILE, W))
+    return row_chunk(T, b, h, tile, c, TILE, W, latency, at)
+
+
 def mma_streamed(a, T, b, h, tile, TILE, acc0, acc1, acc2, W0, W1, W2, NCHUNK, latency,
-                 order="C", fast=False):
+                 order="C", fast=False, at=None):
     """acc_c += a @ T[b, h, tile]_c, each row chunk loaded right before its MMA (P V, dS K).
 
     ``order=_T``: T holds the transpose ([.., W, TILE] in memory: the FP8 forward's V^T,
     since wgmma takes fp8 operands K-major only); ``fast``: fp8 operands, Hopper's fast
-    accumulation (without it tileiras keeps a second fp32 accumulator: D 256 spilled)."""
-    t0 = ct.load(T, index=(b, h, tile, 0), shape=(1, 1, TILE, W0), order=order,
-                 padding_mode=_ZERO, latency=latency).reshape((TILE, W0))
+    accumulation (without it tileiras keeps a second fp32 accumulator: D 256 spilled);
+    ``at``: ``row_chunk``'s."""
+    t0 = streamed_chunk(T, b, h, tile, 0, TILE, W0, latency, order, at)
     acc0 = ct.mma(a, t0, acc0, use_fast_acc=fast)
     if NCHUNK > 1:
-        t1 = ct.load(T, index=(b, h, tile, W0 // W1), shape=(1, 1, TILE, W1), order=order,
-                     padding_mode=_ZERO, latency=latency).reshape((TILE, W1))
+        t1 = streamed_chunk(T, b, h, tile, W0 // W1, TILE, W1, latency, order, at)
         acc1 = ct.mma(a, t1, acc1, use_fast_acc=fast)
     if NCHUNK > 2:
-        t2 = ct.load(T, index=(b, h, tile, (W0 + W1) // W2), shape=(1, 1, TILE, W2),
-                     order=order, padding_mode=_ZERO, latency=latency).reshape((TILE, W2))
+        t2 = streamed_chunk(T, b, h, tile, (W0 + W1) // W2, TILE, W2, latency, order, at)
         acc2 = ct.mma(a, t2, acc2, use_fast_acc=fast)
     return acc0, acc1, acc2
 
@@ -335,23 +358,31 @@ def safe_divisor(l_i, ZERO_SAFE):
 
 
 # ----------------------------------------------------------------------------- backward
-def load_lse(Lse, b, h, tile, TILE_M, ZERO_SAFE):
+def row_stat(T, b, h, tile, TILE_M, at=None):
+    """Rows ``tile`` of a [B, H, rows] fp32 row statistic (Lse, Delta) as [TILE_M, 1];
+    ``at``: ``row_chunk``'s element origin."""
+    if at is None:
+        t = ct.load(T, index=(b, h, tile), shape=(1, 1, TILE_M), padding_mode=_ZERO)
+    else:
+        t = T.tiled_view((1, 1, TILE_M), padding_mode=_ZERO,
+                         traversal_steps=(1, 1, 1)).load((b, h, at + tile * TILE_M))
+    return t.reshape((TILE_M, 1))
+
+
+def load_lse(Lse, b, h, tile, TILE_M, ZERO_SAFE, at=None):
     """The saved log-sum-exp of rows ``tile`` in log2 units, as [TILE_M, 1].
 
     A fully masked row has lse -inf: +inf makes its P = exp2(s - inf) = 0, not NaN."""
-    lse = ct.load(Lse, index=(b, h, tile), shape=(1, 1, TILE_M),
-                  padding_mode=_ZERO).reshape((TILE_M, 1)) * LOG2E
+    lse = row_stat(Lse, b, h, tile, TILE_M, at) * LOG2E
     if ZERO_SAFE:
         lse = ct.where(lse == -np.inf, np.inf, lse)
     return lse
 
 
-def load_row_stats(Lse, Delta, b, h, tile, TILE_M, ZERO_SAFE):
+def load_row_stats(Lse, Delta, b, h, tile, TILE_M, ZERO_SAFE, at=None):
     """The saved log-sum-exp (``load_lse``) and delta of rows ``tile``, as [TILE_M, 1]."""
-    lse = load_lse(Lse, b, h, tile, TILE_M, ZERO_SAFE)
-    delta = ct.load(Delta, index=(b, h, tile), shape=(1, 1, TILE_M),
-                    padding_mode=_ZERO).reshape((TILE_M, 1))
-    return lse, delta
+    return (load_lse(Lse, b, h, tile, TILE_M, ZERO_SAFE, at),
+            row_stat(Delta, b, h, tile, TILE_M, at))
 
 
 def score_gradient(p, dp, delta, qk, b, h, q_idx, kv_idx, score_grad, A0, A1, A2, A3, scale,

@@ -106,6 +106,11 @@ class BwdFlags(ScoreFlags):
     MASK_BATCH: bool = flag("dense")  # the additive mask's real axes (else broadcast)
     MASK_HEAD: bool = flag("dense")
     MASK_ROWS: bool = flag("dense")  # the mask has a query axis (False: key-padding mask, one row)
+    # packed: load Q, dO, Lse, Delta (and K, V without SEQUSED) through the whole packed
+    # arrays' host-built tensor maps at element row origins, masking the rows and keys
+    # past the sequence in the compute; only the stores sliced (``workload.PACKED_BWD_WHOLE``,
+    # benchmarks/notes/varlen-paged.md §42a)
+    WHOLE_LOADS: bool = flag("seqs", False)
 
 
 @dataclass(frozen=True, kw_only=True)

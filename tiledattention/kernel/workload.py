@@ -337,6 +337,15 @@ class SeqBwdPlan(LaunchPlan):
     bpad: int
 
 
+# The packed backward loads Q, dO, Lse, Delta (and K, V without seqused_k) through the
+# whole packed arrays' host-built tensor maps at element row origins, masking what lies
+# past each sequence in the compute, instead of slicing every array per program (each
+# slice a tensor map built in the kernel: ~8 per dK/dV program, ~7 per dQ one;
+# ``DkdvFlags.WHOLE_LOADS``, benchmarks/notes/varlen-paged.md §42a). Read when a plan is
+# built; the backward plan's key holds it (``varlen._bwd_plan``), so an A/B may flip it.
+PACKED_BWD_WHOLE = False
+
+
 def varlen_bwd_schedule(w: Workload) -> BwdSchedule:
     """``default_bwd_schedule``: the table's backward entries were tuned on dense batches of
     one length, and on packed documents (median 512 tokens) its 128-key picks ran our
@@ -354,7 +363,8 @@ def varlen_bwd_plan(w: Workload, device, mods, has_dlse: bool, schedule=None) ->
     common = dict(**scalars(w.scale, mods, DKDV_SEQS), GROUP=w.heads_q // w.heads_kv,
                   **window_scalars(w.window), **hd, CAUSAL=w.causal,
                   HAS_SCORE_MOD=mods.has_score_mod, HAS_MASK_MOD=mods.has_mask_mod,
-                  SEQUSED=w.seqused, WINDOW=w.window != (-1, -1))
+                  SEQUSED=w.seqused, WINDOW=w.window != (-1, -1),
+                  WHOLE_LOADS=PACKED_BWD_WHOLE)
     one_head = w.heads_q == w.heads_kv and w.head_dim in ONE_HEAD_DIMS
     dkdv_values = dict(common, TILE_M=s.dkdv_m, TILE_N=s.dkdv_n, KEY_ROWS=s.key_rows,
                        ONE_HEAD=one_head)
