@@ -17,6 +17,7 @@ import pytest
 
 from tiledattention.bench.methods import METHODS
 from tiledattention.study.presentation import standing as st
+from tiledattention.study.presentation.headline import shape_sentences
 from tiledattention.study.publication.metadata import Publication
 from tiledattention.study.publication.prose import readme_text
 
@@ -77,11 +78,14 @@ def test_each_standing_number_recomputes_from_the_committed_rows(system, stage, 
 
 
 def standing_block() -> str:
-    """docs/RESULTS.md's block: each system's README block lines, from the committed rows."""
+    """docs/RESULTS.md's block: each system's README block lines and its sentences by head
+    shape and dtype (headline.shape_sentences), from the committed rows."""
     out = [BEGIN, ""]
     for system, label in SYSTEMS.items():
-        lines = st.standings(list(_rows(system)), list(_rows(system, "variants-rows")))
-        out += [f"**{label}**", "", *map(st.line, lines), ""]
+        rows, variants = list(_rows(system)), list(_rows(system, "variants-rows"))
+        lines = st.standings(rows, variants)
+        out += [f"**{label}**", "", *map(st.line, lines), "",
+                *shape_sentences(rows, variants)]
     return "\n".join(out + [END])
 
 

@@ -3,7 +3,9 @@ fused baseline at each point (``ratios.BEST``, naming which baseline that was) a
 each baseline, forward (overall and per head dim), each training pass, and the variants
 stage per pass, by kernel time and by call latency. The headline table (``table``) and the
 bundle README's sentences (``bench_sentence``, ``variants_sentence``) render these lines;
-nothing else computes a headline ratio.
+nothing else computes a headline ratio. Per stage, pass, head shape and dtype
+(``by_shape``): where ours is the only method that ran, and where it leads or trails the
+fastest fused baseline (table ``headline_shapes``, the README's ``shape_sentences``).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from .ratios import (
     points_of,
     with_best,
 )
+from .standing import PASS_NAMES, WORST, alone
 from .table import Table
 from .variants_report import PASSES, not_ok_reasons, variant_order
 
@@ -44,6 +47,8 @@ class Line:
     fastest: dict[str, int] | None = None  # BEST: points each fused baseline was fastest at
     head_dim: int | str | None = None  # its head shape's label (grid.head_label)
     dtype: str | None = None
+    # by_shape's lines: the points where only ours ran, each with the others' refusals
+    alone: tuple[tuple[str, dict[str, str]], ...] = ()
 
     def cells(self) -> list:
         k, c = self.kernel, self.call
@@ -122,6 +127,89 @@ def lines(rows: list[dict], variant_rows: list[dict] | None = None) -> list[Line
         if p != "fwd":
             out += _training([r for r in rows if pass_of(r) == p], p)
     return out + _variants(variant_rows or [])
+
+
+def by_shape(rows: list[dict], variant_rows: list[dict] | None = None) -> list[Line]:
+    """Per stage (the benchmark, then the variants stage), pass, head shape and dtype: ours
+    against the fastest fused baseline (``kernel.geomean`` > 1: it leads there, < 1: it
+    trails; ``fastest``: which baseline was the fastest where) and the points where ours is
+    the only method that ran (``alone``: standing.alone, each other's refusal named). A
+    group with neither is left out; forward and forward+backward are never one group."""
+    out = []
+    for stage, stage_rows in (("bench", rows), ("variants", variant_rows or [])):
+        for p in passes_in(stage_rows):
+            here = [r for r in stage_rows if pass_of(r) == p]
+            best = with_best(here)
+            for d in _shapes(here):
+                for dt in sorted({str(r.get("dtype")) for r in here if _shape(r) == d}):
+                    def where(point, d=d, dt=dt):
+                        return _shape(point) == d and str(point.get("dtype")) == dt
+                    ln = _line(best, stage, p, BEST, _group_label(stage, p, d, dt), where,
+                               head_dim=d, dtype=dt,
+                               alone=tuple(alone([r for r in here if where(r)])))
+                    if ln.kernel.n or ln.alone:
+                        out.append(ln)
+    return out
+
+
+def _shape(row: dict) -> int | str | None:
+    """A row's head shape label (None for a row without a head dim, as hand-made ones)."""
+    return row_head_label(row) if "head_dim" in row else None
+
+
+def _shapes(rows: list[dict]) -> list[int | str | None]:
+    """The head shapes of ``rows`` in ``_head_dims``' order, None last where a row has none."""
+    return (_head_dims([r for r in rows if "head_dim" in r])
+            + ([None] if any("head_dim" not in r for r in rows) else []))
+
+
+def _group_label(stage: str, pass_: str, head: int | str | None, dtype: str) -> str:
+    """"forward D=512 bfloat16", "variants forward+backward D=128 bfloat16"."""
+    return (("variants " if stage == "variants" else "") + PASS_NAMES.get(pass_, pass_)
+            + ("" if head is None else f" D={head}") + f" {dtype}")
+
+
+def standing_word(line: Line) -> str:
+    """Where ours stands in a group: leads (geomean > 1), trails (< 1), ties, or — where
+    nothing was compared."""
+    g = line.kernel.geomean
+    return "—" if g is None else "leads" if g > 1 else "trails" if g < 1 else "ties"
+
+
+def _refused(line: Line) -> str:
+    """The other methods at a group's first point only ours ran, those refused alike
+    together: "flash, fa4 unsupported (has no FP8 (e4m3) forward here); cudnn_fe
+    unavailable (...)"."""
+    if not line.alone:
+        return ""
+    by_why: dict[str, list[str]] = {}
+    for m, why in line.alone[0][1].items():
+        by_why.setdefault(why, []).append(m)
+    return "; ".join(f"{', '.join(ms)} {why}" for why, ms in by_why.items())
+
+
+SHAPE_COLUMNS = ["group", "points compared", "kernel geomean", "kernel min", "kernel max",
+                 "kernel wins", "standing", "fastest fused (kernel time)", "only ours ran",
+                 "the others there"]
+
+
+def shape_table(rows: list[dict], variant_rows: list[dict] | None = None) -> Table:
+    """tables/headline_shapes.*: ``by_shape``'s lines, one row per group."""
+    t = Table("headline_shapes", f"Headline by head shape and dtype: where {SUBJECT} alone "
+              "runs, leads or trails the fastest fused baseline", SHAPE_COLUMNS)
+    for ln in by_shape(rows, variant_rows):
+        k = ln.kernel
+        t.rows.append([ln.label, k.n, k.geomean, k.min, k.max, f"{k.wins}/{k.n}",
+                       standing_word(ln), counts_text(ln.fastest or {}), len(ln.alone),
+                       _refused(ln) or None])
+    t.notes.append("A group: one stage (the benchmark, or 'variants'), pass, head shape "
+                   "(D, or D_qk/D_v) and dtype. kernel: the fastest fused baseline's kernel "
+                   f"time ÷ {SUBJECT}'s at each point both ran (> 1: {SUBJECT} faster); "
+                   "standing: leads where the group's geometric mean is > 1, trails where "
+                   "< 1. only ours ran: the points where every other method measured there "
+                   "was refused (unsupported, unavailable, failed); the others there: each "
+                   "one's status and the first words of its reason at the first such point.")
+    return t
 
 
 def table(rows: list[dict], variant_rows: list[dict] | None = None,
@@ -264,3 +352,54 @@ def variants_sentence(variant_rows: list[dict]) -> str:
     return (f" Variants ({names}) against the fastest fused baseline at each point, "
             "geometric-mean speedup by kernel time: " + "; ".join(parts) + ". Against each: "
             + "; ".join(each) + ".")
+
+
+def shape_sentences(rows: list[dict], variant_rows: list[dict] | None = None) -> list[str]:
+    """The bundle README's paragraph on ``by_shape`` (its lines; empty where it has nothing
+    to say): where only ours ran, then where it leads or trails."""
+    found = by_shape(rows, variant_rows)
+    text = " ".join(s for s in (alone_sentence(found), lead_sentence(found)) if s)
+    return [text, ""] if text else []
+
+
+def alone_sentence(found: list[Line]) -> str:
+    """"Only tiledattention ran at 8 points: forward D=512 bfloat16 at 4 (fa4 unsupported
+    (...)); ..." (empty where it never ran alone)."""
+    groups = [ln for ln in found if ln.alone]
+    if not groups:
+        return ""
+    return (f"Only {SUBJECT} ran at {sum(len(ln.alone) for ln in groups)} points: "
+            + "; ".join(f"{ln.label} at {len(ln.alone)} ({_refused(ln)})" for ln in groups)
+            + ".")
+
+
+def lead_sentence(found: list[Line]) -> str:
+    """By head shape and dtype, against the fastest fused baseline: how many groups ours
+    leads and trails, the best and the worst WORST of each named with the baseline (empty
+    where nothing was compared)."""
+    compared = [ln for ln in found if ln.kernel.n]
+    if not compared:
+        return ""
+    leads = sorted((ln for ln in compared if standing_word(ln) == "leads"),
+                   key=lambda ln: -ln.kernel.geomean)
+    trails = sorted((ln for ln in compared if standing_word(ln) == "trails"),
+                    key=lambda ln: ln.kernel.geomean)
+
+    def named(side: list[Line], word: str, which: str) -> str:
+        if not side:
+            return ""
+        more = f"{which}: " if len(side) > WORST else ""
+        return f" ({more}" + "; ".join(
+            f"{ln.label} {ln.kernel.geomean:.3f}x {word} {next(iter(ln.fastest or {'—': 0}))}"
+            for ln in side[:WORST]) + ")"
+
+    def count(side: list[Line]) -> str:
+        return ("none" if not side else f"all {len(side)}" if len(side) == len(compared) > 1
+                else str(len(side)))
+
+    ties = len(compared) - len(leads) - len(trails)
+    return (f"By head shape and dtype against the fastest fused baseline (geometric mean by "
+            f"kernel time), {SUBJECT} leads in {count(leads)} of {len(compared)} "
+            f"groups{named(leads, 'over', 'best')} and trails in {count(trails)}"
+            f"{named(trails, 'behind', 'worst')}" + (f", ties in {ties}" if ties else "")
+            + " (every group: tables/headline_shapes).")

@@ -8,9 +8,10 @@ renders these; docs/RESULTS.md quotes it (tests/test_headline_standing.py recomp
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
-from ...bench.methods import SUBJECT
+from ...bench.methods import METHODS, SUBJECT
 from .ratios import (
     BEST,
     baselines,
@@ -51,12 +52,34 @@ class Standing:
     trails: Side  # ratio < 1
     ties: int  # ratio == 1
     worst: list[tuple[str, float, str]]  # (point_key, ratio, fastest fused baseline)
-    alone: list[tuple[str, dict[str, str]]]  # (point_key, {other method: its status})
+    alone: list[tuple[str, dict[str, str]]]  # (point_key, {other method: its refusal})
+
+
+GIST = 80  # characters of a reason kept in a refusal ("…" where cut)
+
+
+def refusal(row: dict | None) -> str:
+    """Why a method's row is not ok, in a few words: its status and the first clause of its
+    reason, the method's own name at its start left out ("unsupported (has no FP8 (e4m3)
+    forward here)": the same words for every method refused so group them); "no row"
+    where it had none."""
+    if row is None:
+        return "no row"
+    why = " ".join(str(row.get("reason") or row.get("error") or "").split())
+    why = re.split(r"; |: ", why, maxsplit=1)[0]
+    method = METHODS.get(row.get("method"))
+    for name in (row.get("method"), method and method.label):
+        if name and why.lower().startswith(name.lower() + " "):
+            why = why[len(name) + 1:]
+            break
+    if len(why) > GIST:
+        why = why[:GIST].rsplit(" ", 1)[0] + "…"
+    return f"{row.get('status')} ({why})" if why else str(row.get("status"))
 
 
 def alone(rows: list[dict]) -> list[tuple[str, dict[str, str]]]:
     """The points (of one pass) where ours is ok and no other method measured in ``rows``
-    is: each with every other method's status there ("no row" where it had none)."""
+    is: each with every other method's ``refusal`` there."""
     others = baselines(rows)
     if not others:
         return []  # nothing else was measured: alone by design, not by support
@@ -65,9 +88,9 @@ def alone(rows: list[dict]) -> list[tuple[str, dict[str, str]]]:
     for key in points_of(rows):
         if (idx.get((key, SUBJECT)) or {}).get("status") != "ok":
             continue
-        status = {m: (idx.get((key, m)) or {}).get("status", "no row") for m in others}
-        if "ok" not in status.values():
-            out.append((key, status))
+        rows_here = {m: idx.get((key, m)) for m in others}
+        if all((r or {}).get("status") != "ok" for r in rows_here.values()):
+            out.append((key, {m: refusal(r) for m, r in rows_here.items()}))
     return out
 
 

@@ -9,7 +9,8 @@ and the shapes grid's geometry and unaligned-shape cost (``presentation/shapes.p
 tiny Llama's tokens/s per attention implementation (``model_e2e``); the variants against
 FlexAttention (``variants``, ``presentation/variants_report.py``). Each ratio table puts
 TiledAttention against the fastest fused baseline at each point (``ratios.BEST``, named)
-next to every baseline; the headline is ``presentation/headline.py``'s.
+next to every baseline; the headline (and its per head shape and dtype table,
+``headline_shapes``) is ``presentation/headline.py``'s.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import os
 from ...bench.grid import head_labels, pinned_label, row_head_label
 from ...bench.methods import FUSED, SUBJECT
 from .hardware import AT_CLOCK, at_clock_cell, at_clock_note, pct_at_clock
+from .headline import shape_table
 from .headline import table as headline_table
 from .ratios import (
     BEST,
@@ -361,8 +363,8 @@ def model_fused(impl: str) -> bool:
 
 
 # The tables write_all writes, by file stem (the workflow lists its outputs from here).
-NAMES = ("headline", "table4_ratios", "ratios_by_head_dim", "ratios_by_regime",
-         "ratios_per_point",
+NAMES = ("headline", "headline_shapes", "table4_ratios", "ratios_by_head_dim",
+         "ratios_by_regime", "ratios_per_point",
          "table5_schedules", "table6_ladder", "throughput", "call_latency", "status",
          "shapes", "shapes_cost", "model_e2e", "variants",
          "variants_summary", "workloads_varlen_fwd", "workloads_varlen_fwdbwd",
@@ -412,7 +414,8 @@ def write_all(rows: list[dict], out_dir: str, *, tune_table: str | None = None,
     # every pass's rows.
     fwd = [r for r in rows if pass_of(r) == "fwd"]
     for table in (headline(rows, stage_rows.get("variants"), stage_rows.get("workloads")),
-                  table4(fwd), by_head_dim(fwd), by_regime(fwd), per_point_ratios(rows, gpu),
+                  shape_table(rows, stage_rows.get("variants")), table4(fwd),
+                  by_head_dim(fwd), by_regime(fwd), per_point_ratios(rows, gpu),
                   table5(tune_table), throughput(rows, gpu), call_latency(rows), status(rows),
                   *[t for name, tables in STAGE_TABLES.items()
                     for t in tables(stage_rows.get(name) or [], gpu)]):

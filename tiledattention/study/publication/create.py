@@ -372,16 +372,22 @@ def create(study_dir: str, out_dir: str, *, config: dict, config_name: str, repo
     return {"dir": out_dir, "zip": zip_path, "files": files}
 
 
+def needed_tables(study_dir: str) -> list[str]:
+    """The tables (file stems) a study's aggregate must have written: every one, less the
+    workloads stage's where the study never ran it."""
+    from ..presentation.tables import NAMES
+    from ..presentation.workloads_report import NAMES as WORKLOADS
+
+    ran = os.path.isdir(os.path.join(study_dir, "workloads"))
+    return [n for n in NAMES if ran or n not in WORKLOADS]
+
+
 def _check_tables(agg: str, study_dir: str) -> None:
     """The aggregate's tables are all there: an aggregate stopped before them (or run with
     --rows-only) left a study that is not ready to publish. A study made before the
     workloads stage existed (a committed reference made again) has no rows for it and
     needs no tables of it."""
-    from ..presentation.tables import NAMES
-    from ..presentation.workloads_report import NAMES as WORKLOADS
-
-    ran = os.path.isdir(os.path.join(study_dir, "workloads"))
-    needed = [n for n in NAMES if ran or n not in WORKLOADS]
+    needed = needed_tables(study_dir)
     missing = [n for n in needed if not os.path.isfile(os.path.join(agg, "tables", f"{n}.md"))]
     if missing:
         raise StudyError(f"bundle: {agg}/tables lacks {len(missing)} of the study's "

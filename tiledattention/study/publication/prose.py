@@ -48,8 +48,10 @@ def readme_text(pub: Publication, rows: list[dict], manifest: dict, table4: str,
     the package (source/…), which its install line installs; ``present``: the bundle's
     files (the Files section names only what is there; None: every kind); ``cli``: the
     options the wheel's ``tiledattn figures`` / ``aggregate`` take (None: today's);
-    ``variant_rows``: the variants stage's (the standing block's variants lines)."""
+    ``variant_rows``: the variants stage's (the standing block's variants lines and the
+    by-head-shape sentences)."""
     from ...stages import STAGES
+    from ..presentation.headline import shape_sentences
     from ..presentation.standing import block as standing
 
     stack = manifest.get("stack") or {}
@@ -57,7 +59,8 @@ def readme_text(pub: Publication, rows: list[dict], manifest: dict, table4: str,
     lines = [
         f"# {pub.title}", "", pub.description, "", "## Headline", "",
         headline(rows, manifest) + variants_line, table4, "",
-        *standing(rows, variant_rows), "## What was measured", "",
+        *standing(rows, variant_rows), *shape_sentences(rows, variant_rows),
+        "## What was measured", "",
         rows_summary(rows)
         + " (`tables/status.*` groups the rows that are not ok by method, status and "
         "reason). Points by kind and pass: " + points_by_kind(rows) + ".", "",
@@ -92,7 +95,8 @@ def readme_text(pub: Publication, rows: list[dict], manifest: dict, table4: str,
             "`data/columns.md`: the column dictionary (also below)" + "".join(
                 f"; `data/{s.publish.data_name}`: {s.publish.data_readme}"
                 for s in STAGES.values() if s.publish.data_name)]),
-        "- `tables/`: Table 4 (ratios against the fastest fused baseline at each point and "
+        "- `tables/`: the headline (and per head shape and dtype: `headline_shapes`), "
+        "Table 4 (ratios against the fastest fused baseline at each point and "
         "against each baseline), per-D, per-regime and per-point ratios, "
         "Table 5 (schedules), Table 6 (schedule ladder), throughput, status, model_e2e (tiny "
         "Llama tokens/s per attention implementation), variants and variants_summary (against "

@@ -76,7 +76,37 @@ def study_of(bundle: str, study: str) -> str:
     config = os.path.join(study, "plan", "study-config.yaml")
     os.makedirs(os.path.dirname(config))
     shutil.copyfile(os.path.join(bundle, "config", "study-config.yaml"), config)
+    tables_added_since(study)
     return config
+
+
+def tables_added_since(study: str) -> list[str]:
+    """The tables a study needs that its reference predates (``headline_shapes`` was added
+    after the references were made), written into its aggregate from its rows by today's
+    code, as ``tiledattn aggregate`` would: the benchmark's rows and the stages' own
+    (model, variants, workloads). The tables the reference published stay as they were,
+    byte for byte. Returns the stems written."""
+    from ...stages import STAGES
+    from ..presentation.tables import write_all
+    from ..publication.create import needed_tables
+    from ..publication.prose import stage_rows_in
+
+    tables = os.path.join(study, "aggregate", "tables")
+    missing = [n for n in needed_tables(study)
+               if not os.path.isfile(os.path.join(tables, f"{n}.md"))]
+    if not missing:
+        return []
+    with open(os.path.join(study, "aggregate", "rows.jsonl"), encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    with open(os.path.join(study, "manifest.json"), encoding="utf-8") as f:
+        gpu = (json.load(f).get("gpu") or {}).get("name")
+    stage_rows = {s.name: stage_rows_in(study, s.name) for s in STAGES.values()
+                  if s.rows and s.rows.file}
+    with tempfile.TemporaryDirectory(prefix="tiledattn-tables-") as tmp:
+        write_all(rows, tmp, stage_rows=stage_rows, gpu=gpu)
+        for n in missing:
+            shutil.copyfile(os.path.join(tmp, f"{n}.md"), os.path.join(tables, f"{n}.md"))
+    return missing
 
 
 def recorded_revision(bundle: str, repo: str) -> str:
