@@ -18,7 +18,7 @@ from .. import mods as _mods
 from ..errors import CompileError
 from .plan import combine_constants, fwd_hints
 from .spec import CLASSIFY, COMBINE, DELTA, FWD_FP8, TRANSPOSE, KernelSpec, score_specs
-from .variant import BwdVariant, Variant
+from .variant import DELTA_TILE_M, BwdVariant, Variant
 
 
 @dataclass(frozen=True)
@@ -205,11 +205,12 @@ def export_classify_cubin(mods, gpu_code: str, tile_m: int = 64, tile_n: int = 6
 
 
 def export_workload_cubins(work, gpu_code: str, *, paged: bool = False,
-                           backward: tuple[str, ...] = ("dkdv", "dq")) -> dict[str, bytes]:
+                           backward: tuple[str, ...] = ("delta", "dkdv", "dq")
+                           ) -> dict[str, bytes]:
     """Every kernel a packed (or, ``paged``, a paged decode; with ``work.packed_q`` a paged
     chunked prefill) call of ``work`` (``workload_check.Workload``) launches, with the
-    constants its plans pass: the tile map, the forward and, packed, the backward's dQ and
-    dK/dV."""
+    constants its plans pass: the tile map, the forward and, packed, the backward's delta,
+    dQ and dK/dV."""
     from ..schedules.schedule import default_schedule
     from . import workload as W
     from .spec import DKDV_SEQS, DQ_SEQS, FWD_SEQS, SEQMAP
@@ -245,8 +246,13 @@ def export_workload_cubins(work, gpu_code: str, *, paged: bool = False,
         steps = {"dkdv": (DKDV_SEQS, dict(common, TILE_M=b.dkdv_m, TILE_N=b.dkdv_n,
                                           KEY_ROWS=b.key_rows, ONE_HEAD=False)),
                  "dq": (DQ_SEQS, dict(common, TILE_M=b.dq_m, TILE_N=b.dq_n))}
-        for spec, values in (steps[name] for name in backward):
+        for spec, values in (steps[name] for name in backward if name != "delta"):
             consts = {k: v for k, v in values.items() if k in spec.constants()}
             out[spec.name] = _export(spec, spec.kernel(mods, **b.hints()), signature(
                 spec, arrays, consts), gpu_code, "a packed call's backward")
+        if "delta" in backward:
+            wd = 1 << (work.head_dim - 1).bit_length()
+            consts = dict(TILE_M=DELTA_TILE_M, WD=wd, WQ=wd, HAS_DLSE=False, ZERO_DQ=False)
+            out[DELTA.name] = _export(DELTA, DELTA.kernel(**W.delta_hints()), signature(
+                DELTA, arrays, consts), gpu_code, "a packed call's delta")
     return out

@@ -345,6 +345,11 @@ class SeqBwdPlan(LaunchPlan):
 # built; the backward plan's key holds it (``varlen._bwd_plan``), so an A/B may flip it.
 # On: 3-4 % faster forward+backward on the H200, gradients bit-identical (§42h).
 PACKED_BWD_WHOLE = True
+# The packed backward's delta launch at occupancy 4 (64 registers): without a hint tileiras
+# gives it 255 registers, one CTA of 256 threads an SM, and it ran 63 µs of a 1.6 ms step
+# at 16k causal D 128 (ncu: 12.5 % theoretical occupancy; benchmarks/notes/varlen-paged.md
+# §42j). 0: no hint. The backward plan's key holds it.
+PACKED_DELTA_OCCUPANCY = 4
 
 
 def varlen_bwd_schedule(w: Workload) -> BwdSchedule:
@@ -373,7 +378,7 @@ def varlen_bwd_plan(w: Workload, device, mods, has_dlse: bool, schedule=None) ->
     wd = _pow2(w.head_dim)
     delta_values = dict(TILE_M=DELTA_TILE_M, WD=wd, WQ=wd, HAS_DLSE=has_dlse, ZERO_DQ=False)
     steps = (
-        Step("delta", DELTA.kernel(), (0, w.heads_q, 1),
+        Step("delta", DELTA.kernel(**delta_hints()), (0, w.heads_q, 1),
              DELTA.ordered(delta_values, skip_tensors=True)),
         Step("dq", DQ_SEQS.kernel(mods, **s.hints()), (0, w.heads_q, 1),
              DQ_SEQS.ordered(dq_values, skip_tensors=True)),
@@ -381,6 +386,10 @@ def varlen_bwd_plan(w: Workload, device, mods, has_dlse: bool, schedule=None) ->
              DKDV_SEQS.ordered(dkdv_values, skip_tensors=True)))
     return SeqBwdPlan(schedule=s, launches=steps, device=device,
                       bpad=max(_pow2(w.batch + 1), 16))
+
+
+def delta_hints() -> dict:
+    return {"occupancy": PACKED_DELTA_OCCUPANCY} if PACKED_DELTA_OCCUPANCY else {}
 
 
 def run_varlen_backward(plan: SeqBwdPlan, w: Workload, q, k, v, out, lse, dout, dlse, cu_q,
