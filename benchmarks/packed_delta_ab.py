@@ -37,7 +37,7 @@ for tokens in (16384, 65536):
             return torch.autograd.grad(o, (q, k, v), dout)
         ms = {0: [], 4: []}
         grads = {}
-        for rnd in range(2):
+        for _ in range(2):  # rounds, interleaved
             for occ in (0, 4):
                 W.PACKED_DELTA_OCCUPANCY = occ
                 grads[occ] = step()
