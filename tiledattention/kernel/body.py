@@ -66,25 +66,24 @@ def col_chunk(T, b, h, tile, c, TILE, W, latency, at=None):
 def load_rows(T, b, h, tile, TILE, W0, W1, W2, NCHUNK, latency, at=None):
     """Rows ``tile`` of ``T[b, h]`` as [TILE, W] chunks (Q, dO, V, K for dS K); ``at``:
     ``row_chunk``'s element origin."""
-    c0 = row_chunk(T, b, h, tile, 0, TILE, W0, latency, at)
-    c1 = c0
-    c2 = c0
-    if NCHUNK > 1:
-        c1 = row_chunk(T, b, h, tile, W0 // W1, TILE, W1, latency, at)
-    if NCHUNK > 2:
-        c2 = row_chunk(T, b, h, tile, (W0 + W1) // W2, TILE, W2, latency, at)
-    return c0, c1, c2
+    return _load_chunks(row_chunk, T, b, h, tile, TILE, W0, W1, W2, NCHUNK, latency, at)
 
 
 def load_cols(T, b, h, tile, TILE, W0, W1, W2, NCHUNK, latency, at=None):
     """Rows ``tile`` of ``T[b, h]`` transposed, as [W, TILE] chunks (K^T, V^T)."""
-    c0 = col_chunk(T, b, h, tile, 0, TILE, W0, latency, at)
+    return _load_chunks(col_chunk, T, b, h, tile, TILE, W0, W1, W2, NCHUNK, latency, at)
+
+
+def _load_chunks(chunk, T, b, h, tile, TILE, W0, W1, W2, NCHUNK, latency, at):
+    """The head dim's one to three chunks of a tile, each by ``chunk`` (``row_chunk`` or
+    ``col_chunk``); the unused ones repeat the first (never read)."""
+    c0 = chunk(T, b, h, tile, 0, TILE, W0, latency, at)
     c1 = c0
     c2 = c0
     if NCHUNK > 1:
-        c1 = col_chunk(T, b, h, tile, W0 // W1, TILE, W1, latency, at)
+        c1 = chunk(T, b, h, tile, W0 // W1, TILE, W1, latency, at)
     if NCHUNK > 2:
-        c2 = col_chunk(T, b, h, tile, (W0 + W1) // W2, TILE, W2, latency, at)
+        c2 = chunk(T, b, h, tile, (W0 + W1) // W2, TILE, W2, latency, at)
     return c0, c1, c2
 
 
