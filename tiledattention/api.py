@@ -437,9 +437,10 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     ``torch.ones(())`` for unit scales). ``out_dtype``: torch.bfloat16 (default) or
     torch.float16. Causal and GQA run; a mask, variant, dropout or gradient is refused
     (typed errors), and so is any of these arguments on a non-FP8 call. V is transposed
-    once per call into a 16-byte-aligned copy (wgmma reads fp8 operands K-major only),
-    unless ``v`` is already a transposed view (``vt.transpose(2, 3)`` of a [B, Hkv, D,
-    Skv] tensor whose key axis is padded to a multiple of 16). Eager only.
+    once per call into a 16-byte-aligned copy (wgmma reads fp8 operands K-major only; a
+    cuTile kernel where v has 16-byte strides, else torch's copy), unless ``v`` is already
+    a transposed view (``vt.transpose(2, 3)`` of a [B, Hkv, D, Skv] tensor whose key axis
+    is padded to a multiple of 16). Eager only.
 
     Returns ``out``, or ``(out, lse)`` when ``return_lse``.
     """
