@@ -55,7 +55,8 @@ def sdpa_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seql
     ``kv_idx`` positions within the sequence.
 
     Rows past ``cu_seqlens_q[-1]`` / ``cu_seqlens_k[-1]`` must be finite (zeros, say): the
-    backward loads whole tiles from the packed arrays, and a NaN there would reach dK/dV.
+    backward loads whole tiles from the packed arrays, and a NaN there can reach the
+    gradients.
 
     Returns out [total_q, Hq, D] (and lse [Hq, total_q] fp32 with ``return_lse``).
     Differentiable in q, k and v (and in tensors a score_mod captures, as ``sdpa``)."""
