@@ -18,7 +18,7 @@ from .. import mods as _mods
 from ..errors import CompileError
 from .plan import combine_constants, fwd_hints
 from .spec import CLASSIFY, COMBINE, DELTA, FWD_FP8, TRANSPOSE, KernelSpec, score_specs
-from .variant import DELTA_TILE_M, BwdVariant, Variant
+from .variant import BwdVariant, Variant
 
 
 @dataclass(frozen=True)
@@ -251,8 +251,7 @@ def export_workload_cubins(work, gpu_code: str, *, paged: bool = False,
             out[spec.name] = _export(spec, spec.kernel(mods, **b.hints()), signature(
                 spec, arrays, consts), gpu_code, "a packed call's backward")
         if "delta" in backward:
-            wd = 1 << (work.head_dim - 1).bit_length()
-            consts = dict(TILE_M=DELTA_TILE_M, WD=wd, WQ=wd, HAS_DLSE=False, ZERO_DQ=False)
+            consts = W.packed_delta_values(work.head_dim, False)
             out[DELTA.name] = _export(DELTA, DELTA.kernel(**W.delta_hints()), signature(
                 DELTA, arrays, consts), gpu_code, "a packed call's delta")
     return out

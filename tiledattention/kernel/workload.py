@@ -375,8 +375,7 @@ def varlen_bwd_plan(w: Workload, device, mods, has_dlse: bool, schedule=None) ->
     dkdv_values = dict(common, TILE_M=s.dkdv_m, TILE_N=s.dkdv_n, KEY_ROWS=s.key_rows,
                        ONE_HEAD=one_head)
     dq_values = dict(common, TILE_M=s.dq_m, TILE_N=s.dq_n)
-    wd = _pow2(w.head_dim)
-    delta_values = dict(TILE_M=DELTA_TILE_M, WD=wd, WQ=wd, HAS_DLSE=has_dlse, ZERO_DQ=False)
+    delta_values = packed_delta_values(w.head_dim, has_dlse)
     steps = (
         Step("delta", DELTA.kernel(**delta_hints()), (0, w.heads_q, 1),
              DELTA.ordered(delta_values, skip_tensors=True)),
@@ -386,6 +385,12 @@ def varlen_bwd_plan(w: Workload, device, mods, has_dlse: bool, schedule=None) ->
              DKDV_SEQS.ordered(dkdv_values, skip_tensors=True)))
     return SeqBwdPlan(schedule=s, launches=steps, device=device,
                       bpad=max(_pow2(w.batch + 1), 16))
+
+
+def packed_delta_values(head_dim: int, has_dlse: bool) -> dict:
+    """The packed delta launch's constants (plan and ahead-of-time compile alike)."""
+    wd = _pow2(head_dim)
+    return dict(TILE_M=DELTA_TILE_M, WD=wd, WQ=wd, HAS_DLSE=has_dlse, ZERO_DQ=False)
 
 
 def delta_hints() -> dict:
