@@ -486,6 +486,14 @@ def dkdv_key_tile(arrays, extra, dK, dV, dQacc, scalars, f, fns, b, bid_n, ab, s
         elif f.DQ_ATOMIC:
             acc = dkdv_staggered(kv, acc, arrays, fns, aux, where, bid_n, m_lo, m_hi, mask_end,
                                  TAIL or f.MASK_ALL, f.HAS_MASK_MOD, f, dQacc)
+        elif f.TAIL_TILE:
+            # Only the key tile that holds the sequence's end has keys past it: the other
+            # programs mask just their diagonal query tiles, as a dense EVEN_N one does.
+            tail_here = (bid_n + 1) * TILE_N > seq_k
+            for i in range(m_lo, m_hi):
+                acc = dkdv_tile(kv, acc, arrays, fns, aux, where, i, bid_n,
+                                tail_here or f.MASK_ALL or i < mask_end, f.HAS_MASK_MOD, f,
+                                dQacc)
         else:
             for i in range(m_lo, m_hi):
                 # The key tail is masked on every query tile (no padded key reaches dQ).

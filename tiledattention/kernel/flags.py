@@ -143,6 +143,10 @@ class DkdvFlags(BwdFlags):
     MASK_ALL: bool = flag("dense")  # apply the causal mask on every query tile (one loop body)
     KEY_ROWS: bool  # keys as the MMA rows: S^T = K Q^T, P^T and dS^T untransposed
     ONE_HEAD: bool  # one query head per K/V head: no runtime loop over the group
+    # packed: mask the key tail only in the program whose key tile holds the sequence's
+    # end, not on every query tile of every program (``workload.PACKED_BWD_TAIL_TILE``,
+    # benchmarks/notes/varlen-paged.md §43a)
+    TAIL_TILE: bool = flag("seqs", False)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -350,6 +350,18 @@ PACKED_BWD_WHOLE = True
 # at 16k causal D 128 (ncu: 12.5 % theoretical occupancy; benchmarks/notes/varlen-paged.md
 # §42j). 0: no hint. The backward plan's key holds it.
 PACKED_DELTA_OCCUPANCY = 4
+# The causal packed dK/dV masks the key tail only in the program whose key tile holds the
+# sequence's end (``DkdvFlags.TAIL_TILE``), so the tiles below the diagonal run unmasked;
+# off: on every query tile of every program, as a dense kernel whose Skv is not a tile
+# multiple. Measured on the H200 (benchmarks/notes/varlen-paged.md §43a): causal 1.8-3.9 %
+# faster forward+backward, non-causal -1.1..+1.2 % (its one masked tile per sequence does
+# not pay for the runtime branch), so causal only. The backward plan's key holds it.
+PACKED_BWD_TAIL_TILE = True
+
+
+def packed_tail_tile(causal: bool) -> bool:
+    """``DkdvFlags.TAIL_TILE`` of a packed backward (plan and ahead-of-time compile)."""
+    return PACKED_BWD_TAIL_TILE and causal
 
 
 def varlen_bwd_schedule(w: Workload) -> BwdSchedule:
@@ -373,7 +385,7 @@ def varlen_bwd_plan(w: Workload, device, mods, has_dlse: bool, schedule=None) ->
                   WHOLE_LOADS=PACKED_BWD_WHOLE)
     one_head = w.heads_q == w.heads_kv and w.head_dim in ONE_HEAD_DIMS
     dkdv_values = dict(common, TILE_M=s.dkdv_m, TILE_N=s.dkdv_n, KEY_ROWS=s.key_rows,
-                       ONE_HEAD=one_head)
+                       ONE_HEAD=one_head, TAIL_TILE=packed_tail_tile(w.causal))
     dq_values = dict(common, TILE_M=s.dq_m, TILE_N=s.dq_n)
     delta_values = packed_delta_values(w.head_dim, has_dlse)
     steps = (

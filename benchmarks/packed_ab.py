@@ -1,0 +1,77 @@
+"""An A/B of one packed-backward switch of ``tiledattention.kernel.workload`` (each read
+when a backward plan is built, and in the plan's key): forward+backward of
+``ta.sdpa_varlen`` on lognormal documents (median 512, 16k and 64k tokens, causal and
+not), interleaved rounds in one process, kernel time with L2 flushed; the gradients of
+the two settings compared bit for bit. GPU.
+
+    python benchmarks/packed_ab.py --switch PACKED_BWD_TAIL_TILE --values False True
+    python benchmarks/packed_ab.py --switch PACKED_DELTA_OCCUPANCY --values 0 4
+
+§42j (benchmarks/notes/varlen-paged.md) ran the second line, §43a the first.
+"""
+import argparse
+import ast
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from varlen import BF16, doc_lengths  # noqa: E402
+
+import tiledattention as ta  # noqa: E402
+from tiledattention.kernel import workload as W  # noqa: E402
+from tiledattention.timing import L2Flusher, summarize, time_cuda  # noqa: E402
+
+
+def packed_step(tokens, d, causal):
+    """One forward+backward of a packed batch of ``tokens`` (H = 2048 // d), as a closure."""
+    h = 2048 // d
+    lens = doc_lengths(tokens, seed=tokens + d)
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32,
+                      device="cuda")
+    mx = max(lens)
+    q, k, v = (torch.randn(tokens, h, d, device="cuda", dtype=BF16).requires_grad_()
+               for _ in range(3))
+    dout = torch.randn(tokens, h, d, device="cuda", dtype=BF16)
+
+    def step():
+        o = ta.sdpa_varlen(q, k, v, cu, cu, mx, mx, causal=causal)
+        return torch.autograd.grad(o, (q, k, v), dout)
+    return step
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--switch", required=True, help="a workload module constant")
+    p.add_argument("--values", nargs=2, required=True, help="A and B (Python literals)")
+    p.add_argument("--tokens", type=int, nargs="+", default=[16384, 65536])
+    p.add_argument("--head-dims", type=int, nargs="+", default=[128])
+    p.add_argument("--rounds", type=int, default=2)
+    a = p.parse_args()
+    if not hasattr(W, a.switch):
+        p.error(f"workload has no {a.switch}")
+    values = [ast.literal_eval(v) for v in a.values]
+    flush = L2Flusher()
+    for tokens in a.tokens:
+        for d in a.head_dims:
+            for causal in (False, True):
+                step = packed_step(tokens, d, causal)
+                ms = {i: [] for i in range(2)}
+                grads = {}
+                for _ in range(a.rounds):  # interleaved
+                    for i, value in enumerate(values):
+                        setattr(W, a.switch, value)
+                        grads[i] = step()
+                        ms[i].append(summarize(time_cuda(step, flush=flush)).median_ms)
+                same = all(torch.equal(x, y) for x, y in zip(grads[0], grads[1]))
+                x, y = min(ms[0]), min(ms[1])
+                print(f"tokens {tokens} D {d} causal {causal}: {a.switch}={values[0]!r} "
+                      f"{x:.3f} ms, ={values[1]!r} {y:.3f} ms, gain {(x / y - 1) * 100:.1f} %, "
+                      f"grads equal {same}  (rounds {ms})", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
