@@ -245,7 +245,8 @@ def export_workload_cubins(work, gpu_code: str, *, paged: bool = False,
             WHOLE_LOADS=W.PACKED_BWD_WHOLE)
         steps = {"dkdv": (DKDV_SEQS, dict(common, TILE_M=b.dkdv_m, TILE_N=b.dkdv_n,
                                           KEY_ROWS=b.key_rows, ONE_HEAD=False,
-                                          TAIL_TILE=W.packed_tail_tile(work.causal))),
+                                          TAIL_TILE=W.packed_tail_tile(
+                                              work.causal, work.head_dim))),
                  "dq": (DQ_SEQS, dict(common, TILE_M=b.dq_m, TILE_N=b.dq_n))}
         for spec, values in (steps[name] for name in backward if name != "delta"):
             consts = {k: v for k, v in values.items() if k in spec.constants()}

@@ -355,13 +355,16 @@ PACKED_DELTA_OCCUPANCY = 4
 # off: on every query tile of every program, as a dense kernel whose Skv is not a tile
 # multiple. Measured on the H200 (benchmarks/notes/varlen-paged.md §43a): causal 1.8-3.9 %
 # faster forward+backward, non-causal -1.1..+1.2 % (its one masked tile per sequence does
-# not pay for the runtime branch), so causal only. The backward plan's key holds it.
+# not pay for the runtime branch), so causal only; and D <= 192: at D 256 the branch's
+# second loop body spills more (stack 120 -> 152 bytes, sm_90). The backward plan's key
+# holds it.
 PACKED_BWD_TAIL_TILE = True
+TAIL_TILE_MAX_HEAD_DIM = 192
 
 
-def packed_tail_tile(causal: bool) -> bool:
+def packed_tail_tile(causal: bool, head_dim: int) -> bool:
     """``DkdvFlags.TAIL_TILE`` of a packed backward (plan and ahead-of-time compile)."""
-    return PACKED_BWD_TAIL_TILE and causal
+    return PACKED_BWD_TAIL_TILE and causal and head_dim <= TAIL_TILE_MAX_HEAD_DIM
 
 
 def varlen_bwd_schedule(w: Workload) -> BwdSchedule:
@@ -385,7 +388,7 @@ def varlen_bwd_plan(w: Workload, device, mods, has_dlse: bool, schedule=None) ->
                   WHOLE_LOADS=PACKED_BWD_WHOLE)
     one_head = w.heads_q == w.heads_kv and w.head_dim in ONE_HEAD_DIMS
     dkdv_values = dict(common, TILE_M=s.dkdv_m, TILE_N=s.dkdv_n, KEY_ROWS=s.key_rows,
-                       ONE_HEAD=one_head, TAIL_TILE=packed_tail_tile(w.causal))
+                       ONE_HEAD=one_head, TAIL_TILE=packed_tail_tile(w.causal, w.head_dim))
     dq_values = dict(common, TILE_M=s.dq_m, TILE_N=s.dq_n)
     delta_values = packed_delta_values(w.head_dim, has_dlse)
     steps = (
