@@ -4,6 +4,7 @@ paged call (typed errors before anything runs, CPU tensors)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -233,3 +234,23 @@ def test_only_the_causal_packed_dkdv_masks_its_key_tail_in_one_program(causal, d
         dkdv = {s.role: s for s in plans[on].launches}["dkdv"]
         assert dkdv.tail[names.index("TAIL_TILE")] is (on and causal and d <= 192)
     assert plans[False] is not plans[True]
+
+
+@pytest.mark.parametrize("d, key_rows", [(64, False), (96, True), (128, True), (160, False),
+                                         (192, False), (256, False)])
+def test_the_packed_backward_swaps_keys_into_the_mma_rows_only_where_measured(d, key_rows,
+                                                                             monkeypatch):
+    # §43c: keys as the dK/dV MMA rows won 3-7 % at D 96 / 128 on packed documents and lost
+    # at D 192 / 256; the switch off gives the default schedule back
+    from tiledattention.kernel import workload as W
+    from tiledattention.kernel.workload_check import Workload
+    from tiledattention.schedules.backward import default_bwd_schedule
+
+    for causal in (True, False):
+        w = Workload(4, 16, 16, d, torch.bfloat16, 1024, 1024, causal, d ** -0.5, (-1, -1), 0.0)
+        s = W.varlen_bwd_schedule(w)
+        assert s.key_rows is key_rows
+        assert dataclasses.replace(s, key_rows=False) == default_bwd_schedule(d, causal)
+        monkeypatch.setattr(W, "PACKED_BWD_KEY_ROWS", False)
+        assert W.varlen_bwd_schedule(w) == default_bwd_schedule(d, causal)
+        monkeypatch.setattr(W, "PACKED_BWD_KEY_ROWS", True)

@@ -367,14 +367,23 @@ def packed_tail_tile(causal: bool, head_dim: int) -> bool:
     return PACKED_BWD_TAIL_TILE and causal and head_dim <= TAIL_TILE_MAX_HEAD_DIM
 
 
-def varlen_bwd_schedule(w: Workload) -> BwdSchedule:
-    """``default_bwd_schedule``: the table's backward entries were tuned on dense batches of
-    one length, and on packed documents (median 512 tokens) its 128-key picks ran our
-    varlen backward slower than the block-mask packing on the default
-    (benchmarks/notes/varlen-paged.md §38c). dQ has its own kernel (the packed kernels have no
-    reduce-add dQ)."""
-    from ..schedules.backward import default_bwd_schedule
+# The packed backward's own schedules (``schedules.backward.packed_bwd_schedule``: keys as
+# the dK/dV MMA rows at 64 < D <= 128, benchmarks/notes/varlen-paged.md §43c); off: the
+# default.
+# The backward plan's key holds it.
+PACKED_BWD_KEY_ROWS = True
 
+
+def varlen_bwd_schedule(w: Workload) -> BwdSchedule:
+    """Not the table's: its backward entries were tuned on dense batches of one length, and
+    on packed documents (median 512 tokens) its 128-key picks ran our varlen backward slower
+    than the block-mask packing on the default (benchmarks/notes/varlen-paged.md §38c). The
+    default, with keys as the MMA rows at 64 < D <= 128 (§43c). dQ has its own kernel (the
+    packed kernels have no reduce-add dQ)."""
+    from ..schedules.backward import default_bwd_schedule, packed_bwd_schedule
+
+    if PACKED_BWD_KEY_ROWS:
+        return packed_bwd_schedule(w.head_dim, w.causal)
     return default_bwd_schedule(w.head_dim, w.causal)
 
 

@@ -7,7 +7,7 @@ room only says how they are tiled, as ``schedule.py`` and ``space.py`` do for th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..errors import ScheduleError
 from ..headdim import plan_head_dim
@@ -161,6 +161,25 @@ def default_bwd_schedule(head_dim: int, causal: bool) -> BwdSchedule:
     else:
         best = BwdSchedule(128, 64, 64, 128, 2)
     return base if bwd_rejection(best, head_dim) else best
+
+
+# Packed (varlen) batches: keys as the dK/dV MMA rows at 64 < D <= 128 (benchmarks/notes/
+# varlen-paged.md §43c, H200, lognormal documents of median 512, 16k and 64k tokens): against
+# the default, fwd+bwd 1.03-1.07x at D 96 and 128. At D 64 the default's 128-key tiles gain
+# 1-4 % swapped but keep one register on the stack (sm_90: STACK 8); at D 192 / 256 the
+# swapped orientation lost 1-7 %.
+PACKED_KEY_ROWS_HEAD_DIMS = (65, 128)
+
+
+def packed_bwd_schedule(head_dim: int, causal: bool) -> BwdSchedule:
+    """The packed backward's schedule: ``default_bwd_schedule``, with ``key_rows`` for head
+    dims in ``PACKED_KEY_ROWS_HEAD_DIMS`` (where the rejection rules accept it)."""
+    base = default_bwd_schedule(head_dim, causal)
+    lo, hi = PACKED_KEY_ROWS_HEAD_DIMS
+    if not lo <= head_dim <= hi:
+        return base
+    swapped = replace(base, key_rows=True)
+    return base if bwd_rejection(swapped, head_dim) else swapped
 
 
 # The quick backward space: the measured schedules (benchmarks/notes/backward.md §17) and their
