@@ -331,8 +331,9 @@ def run_paged(plan: SeqPlan, q, k_cache, v_cache, page_table, cache_seqlens, cu_
 # ----------------------------------------------------------------------------- backward
 @dataclass(frozen=True, eq=False, kw_only=True)
 class SeqBwdPlan(LaunchPlan):
-    """A packed backward: the delta, dQ and dK/dV steps in that order, each over its tile
-    map (programs sized per call: 0), one program row per query (K/V, for dK/dV) head."""
+    """A packed backward: the delta (unless dQ computes it: ``PACKED_DQ_DELTA``), dQ and
+    dK/dV steps in that order, each over its tile map (programs sized per call: 0), one
+    program row per query (K/V, for dK/dV) head."""
 
     bpad: int
 
