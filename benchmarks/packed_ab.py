@@ -6,8 +6,10 @@ the two settings compared bit for bit. GPU.
 
     python benchmarks/packed_ab.py --switch PACKED_BWD_TAIL_TILE --values False True
     python benchmarks/packed_ab.py --switch PACKED_DELTA_OCCUPANCY --values 0 4
+    python benchmarks/packed_ab.py --switch PACKED_DQ_DELTA --values False True
 
-§42j (benchmarks/notes/varlen-paged.md) ran the second line, §43a the first.
+§42j (benchmarks/notes/varlen-paged.md) ran the second line, §43a the first, §43b is to
+run the third (its gradients may differ in the last bits: delta summed in dQ's layout).
 """
 import argparse
 import ast

@@ -56,9 +56,13 @@ def _sass(cubin: bytes) -> tuple[str, str]:
     (_work(96, True, hq=16, hk=4), "sm_90"),
 ], ids=["d128-causal", "d64-window-seqused", "d96-gqa"])
 def test_every_packed_kernel_compiles_for_hopper(work, gpu):
+    from tiledattention.kernel import workload as W
+
     cubins = export_workload_cubins(work, gpu)
-    assert set(cubins) == {"attention_fwd_seqs", "sequence_map", "attention_bwd_delta",
-                           "attention_bwd_dkdv_seqs", "attention_bwd_dq_seqs"}
+    # the delta launch only where dQ does not compute it (PACKED_DQ_DELTA, §43b)
+    assert set(cubins) == {"attention_fwd_seqs", "sequence_map", "attention_bwd_dkdv_seqs",
+                           "attention_bwd_dq_seqs"} | (
+        set() if W.PACKED_DQ_DELTA else {"attention_bwd_delta"})
     assert all(c[:4] == b"\x7fELF" for c in cubins.values())
 
 
@@ -149,3 +153,52 @@ def test_the_packed_delta_runs_at_64_registers_not_255():
     _, res = _sass(cubin)
     assert int(re.search(r"REG:(\d+)", res).group(1)) <= 64
     assert int(re.search(r"STACK:(\d+)", res).group(1)) == 0
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("d", [64, 128, 192, 256])
+def test_the_packed_dq_computes_delta_without_spills_or_a_tensor_map(d, causal, monkeypatch):
+    # benchmarks/notes/varlen-paged.md §43b: with PACKED_DQ_DELTA the packed backward is two
+    # launches (dQ with its rows' delta, then dK/dV) and no delta kernel is compiled; the dQ
+    # stores delta by a masked scatter (STG) of its sequence's rows, so it builds no tensor
+    # map more than without (UTMACCTL.IV: the dQ slice's), with the same registers and no
+    # local memory
+    from tiledattention import mods
+    from tiledattention.kernel import workload as W
+
+    work = _work(d, causal)
+    found = {}
+    for on in (False, True):
+        monkeypatch.setattr(W, "PACKED_DQ_DELTA", on)
+        plan = W.varlen_bwd_plan(work, torch.device("cpu"), mods.NONE, False)
+        assert tuple(s.role for s in plan.launches) == (
+            ("dq", "dkdv") if on else ("delta", "dq", "dkdv"))
+        cubins = export_workload_cubins(work, "sm_90", backward=W.packed_bwd_roles()[:-1])
+        assert ("attention_bwd_delta" in cubins) is not on
+        ops, res = _ops(cubins["attention_bwd_dq_seqs"])
+        assert re.search(r"STACK:0\b", res) and re.search(r"LOCAL:0\b", res)
+        found[on] = (int(re.search(r"REG:(\d+)", res).group(1)),
+                     sum(op.startswith("UTMACCTL.IV") for op in ops),
+                     sum(op.startswith("STG") for op in ops))
+        assert not any(op.startswith(("STL", "LDL")) for op in ops)
+    (reg_off, iv_off, stg_off), (reg_on, iv_on, stg_on) = found[False], found[True]
+    assert reg_on <= reg_off and iv_on == iv_off and stg_off == 0 < stg_on, found
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("whole", [True, False], ids=["whole", "sliced"])
+def test_the_packed_dq_delta_compiles_with_dlse_and_sliced_loads(whole, monkeypatch):
+    # the lse output's gradient (return_lse, HAS_DLSE: dlse read at the sequence's rows)
+    # and the sliced loads (PACKED_BWD_WHOLE off: O and dlse still at the element origin)
+    from tiledattention.kernel import workload as W
+
+    monkeypatch.setattr(W, "PACKED_DQ_DELTA", True)
+    monkeypatch.setattr(W, "PACKED_BWD_WHOLE", whole)
+    monkeypatch.setattr(W, "packed_dq_delta", lambda has_dlse: dict(DELTA=True,
+                                                                     HAS_DLSE=True))
+    cubin = export_workload_cubins(_work(128, True), "sm_90",
+                                   backward=("dq",))["attention_bwd_dq_seqs"]
+    ops, res = _ops(cubin)
+    assert re.search(r"STACK:0\b", res) and re.search(r"LOCAL:0\b", res)
+    assert any(op.startswith("STG") for op in ops)

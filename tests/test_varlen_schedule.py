@@ -179,18 +179,22 @@ def test_the_paged_forward_passes_page_gather_to_its_kernel_by_name():
 
 
 @pytest.mark.parametrize("d, hk", [(64, 16), (128, 4), (256, 16)])
-def test_the_packed_backward_plan_names_every_kernel_argument(d, hk):
+def test_the_packed_backward_plan_names_every_kernel_argument(d, hk, monkeypatch):
     # Built on the host as a call builds it: a constant a kernel gained (delta's WQ) and
-    # the packed plan does not pass raises TypeError here, not first on a GPU.
+    # the packed plan does not pass raises TypeError here, not first on a GPU. Both
+    # settings of PACKED_DQ_DELTA (§43b: no delta launch where dQ computes it).
     pytest.importorskip("cuda.tile", reason="the plan builds cuTile kernel objects")
     from tiledattention import mods
-    from tiledattention.kernel.workload import varlen_bwd_plan
+    from tiledattention.kernel import workload as W
     from tiledattention.kernel.workload_check import Workload
 
     w = Workload(4, 16, hk, d, torch.bfloat16, 1024, 1024, True, d ** -0.5, (-1, -1), 0.0)
-    for has_dlse in (False, True):
-        plan = varlen_bwd_plan(w, torch.device("cpu"), mods.NONE, has_dlse)
-        assert [s.role for s in plan.launches] == ["delta", "dq", "dkdv"]
+    for folded in (False, True):
+        monkeypatch.setattr(W, "PACKED_DQ_DELTA", folded)
+        for has_dlse in (False, True):
+            plan = W.varlen_bwd_plan(w, torch.device("cpu"), mods.NONE, has_dlse)
+            assert [s.role for s in plan.launches] == (
+                ["dq", "dkdv"] if folded else ["delta", "dq", "dkdv"])
 
 
 def test_the_packed_backward_passes_whole_loads_by_name_and_keys_its_plan_on_it(monkeypatch):
@@ -254,3 +258,26 @@ def test_the_packed_backward_swaps_keys_into_the_mma_rows_only_where_measured(d,
         monkeypatch.setattr(W, "PACKED_BWD_KEY_ROWS", False)
         assert W.varlen_bwd_schedule(w) == default_bwd_schedule(d, causal)
         monkeypatch.setattr(W, "PACKED_BWD_KEY_ROWS", True)
+@pytest.mark.parametrize("has_dlse", [False, True])
+def test_the_packed_dq_computes_delta_and_the_plan_drops_its_launch(has_dlse, monkeypatch):
+    # §43b: PACKED_DQ_DELTA reaches the packed dQ's DELTA (and HAS_DLSE) constants, the
+    # plan launches dQ then dK/dV (no delta step), and the cached plan follows the switch;
+    # off, the three launches of before with DELTA and HAS_DLSE off in dQ
+    pytest.importorskip("cuda.tile", reason="the kernel's parameter names come from cuTile")
+    from tiledattention import mods, varlen
+    from tiledattention.kernel import workload as W
+    from tiledattention.kernel.spec import DQ_SEQS
+    from tiledattention.kernel.workload_check import Workload
+
+    w = Workload(4, 16, 4, 128, torch.bfloat16, 1024, 1024, True, 128 ** -0.5, (-1, -1), 0.0)
+    names = DQ_SEQS.names()[len(DQ_SEQS.tensors):]
+    plans = {}
+    for on in (False, True):
+        monkeypatch.setattr(W, "PACKED_DQ_DELTA", on)
+        plans[on] = varlen._bwd_plan(w, torch.device("cpu"), mods.NONE, has_dlse)
+        roles = tuple(s.role for s in plans[on].launches)
+        assert roles == (("dq", "dkdv") if on else ("delta", "dq", "dkdv"))
+        dq = {s.role: s for s in plans[on].launches}["dq"]
+        assert dq.tail[names.index("DELTA")] is on
+        assert dq.tail[names.index("HAS_DLSE")] is (on and has_dlse)
+    assert plans[False] is not plans[True]

@@ -111,7 +111,7 @@ class _Varlen(torch.autograd.Function):
 def _bwd_plan(w, device, mods, has_dlse: bool):
     key = ("varlen_bwd", w, device, mods.key, has_dlse, _w.PACKED_BWD_WHOLE,
            _w.PACKED_DELTA_OCCUPANCY, _w.PACKED_BWD_TAIL_TILE, _w.PACKED_BWD_KEY_ROWS,
-           _w.policy.generation())
+           _w.PACKED_DQ_DELTA, _w.policy.generation())
     return _w._cached(key, lambda: _w.varlen_bwd_plan(w, device, mods, has_dlse))
 
 

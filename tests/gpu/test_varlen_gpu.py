@@ -385,3 +385,31 @@ def test_paged_refuses_out_of_range_pages_before_reading_them():
     q = torch.randn(1, 1, 1, 64, device="cuda").to(BF16)
     with pytest.raises(ta.InputError, match="outside the cache"):
         ta.sdpa_paged(q, kc, vc, table, torch.tensor([40], dtype=torch.int32, device="cuda"))
+
+
+@pytest.mark.parametrize("folded", [False, True], ids=["delta-launch", "delta-in-dq"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_lse_gradient_enters_delta_on_both_delta_paths(causal, folded, packed_bwd,
+                                                               monkeypatch):
+    """A gradient through the returned log-sum-exp (dlse) on both packed delta paths
+    (benchmarks/notes/varlen-paged.md §43b): the delta launch over the packed rows, or
+    the packed dQ computing its rows' delta = rowsum(dO * O) - dlse (dlse and O read at
+    the sequence's rows, delta stored for its rows only). dq, dk, dv match float64."""
+    from tiledattention.kernel import workload as W
+
+    monkeypatch.setattr(W, "PACKED_DQ_DELTA", folded)
+    lens, h, d = [300, 1, 0, 129, 64, 700], 4, 64
+    q, k, v = (_packed(lens, h, d, BF16).requires_grad_() for _ in range(3))
+    cu = _cu(lens)
+    out, lse = _poisoned(lambda: ta.sdpa_varlen(q, k, v, cu, cu, max(lens), max(lens),
+                                                causal=causal, return_lse=True))
+    dout, dlse = torch.randn_like(out), torch.randn_like(lse)
+    got = _poisoned(lambda: torch.autograd.grad((out, lse), (q, k, v), (dout, dlse)))
+    qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
+    r, r_lse = varlen_reference(qd, kd, vd, cu.cpu(), cu.cpu(), causal=causal)
+    want = torch.autograd.grad((r * dout.double()).sum() + (r_lse * dlse.double()).sum(),
+                               (qd, kd, vd))
+    for name, g, w in zip(("dq", "dk", "dv"), got, want):
+        assert not g.isnan().any(), f"{name} has NaN"
+        err = relative_error(g, w)
+        assert err <= rtol_bwd(BF16), f"{name} relative error {err:.3e}"

@@ -60,6 +60,7 @@ from .body import (
     no_captured_grad,
     no_mask_mod,
     no_score_mod,
+    row_stat,
     scale_chunks,
     score_gradient,
     store_rows,
@@ -516,7 +517,19 @@ def dq_row_stats(Out, Lse, Delta, Dlse, do, b, h, bid_m, f):
     already, O is one more load)."""
     TILE_M = f.TILE_M
     NCHUNK, W0, W1, W2 = value_chunks(f)  # O and dO: V's head dim
-    o0, o1, o2 = load_rows(Out, b, h, bid_m, TILE_M, W0, W1, W2, NCHUNK, None)
+    o = load_rows(Out, b, h, bid_m, TILE_M, W0, W1, W2, NCHUNK, None)
+    delta = row_delta(o, do, NCHUNK)
+    if f.HAS_DLSE:
+        # d lse / d S = P, so the LSE's gradient enters dS = P * (dP - delta) as -dlse.
+        delta = delta - ct.load(Dlse, index=(b, h, bid_m), shape=(1, 1, TILE_M),
+                                padding_mode=ct.PaddingMode.ZERO).reshape((TILE_M, 1))
+    ct.store(Delta, index=(b, h, bid_m), tile=delta.reshape((1, 1, TILE_M)))
+    return load_lse(Lse, b, h, bid_m, TILE_M, bwd_zero_safe(f)), delta
+
+
+def row_delta(o, do, NCHUNK):
+    """rowsum(dO * O) in fp32 over the head-dim chunks ``o`` and ``do``, as [rows, 1]."""
+    o0, o1, o2 = o
     do0, do1, do2 = do
     delta = ct.sum(o0.astype(np.float32) * do0.astype(np.float32), axis=-1, keepdims=True)
     if NCHUNK > 1:
@@ -525,12 +538,31 @@ def dq_row_stats(Out, Lse, Delta, Dlse, do, b, h, bid_m, f):
     if NCHUNK > 2:
         delta = delta + ct.sum(o2.astype(np.float32) * do2.astype(np.float32), axis=-1,
                                keepdims=True)
+    return delta
+
+
+def seq_row_stats(Out, Lse, Delta, Dlse, do, ab, h, bid_m, f, span, at):
+    """``dq_row_stats`` of a packed sequence's query tile (``workload.PACKED_DQ_DELTA``;
+    ``span`` (qs, seq_q): its rows are [qs, qs + seq_q) of the packed arrays). O and dlse
+    are read from the whole arrays at element origin qs (their host-built tensor maps, as
+    the whole loads read dO: ``body.row_chunk``), Lse as ``grad_scores`` reads it (``at``).
+    The tile's rows past the sequence hold the next sequence's rows (or TMA zeros): their
+    delta is never stored (a masked scatter writes the sequence's rows only; a TMA store of
+    the whole tile would race with the next sequence's own dQ program, which writes them)
+    and never mixes with the sequence's rows (their dQ rows are not stored either). No
+    tensor map is built for the store (a ``sequence_slice`` of Delta would build one in
+    every program)."""
+    TILE_M = f.TILE_M
+    NCHUNK, W0, W1, W2 = value_chunks(f)  # O and dO: V's head dim
+    qs, seq_q = span
+    o = load_rows(Out, ab, h, bid_m, TILE_M, W0, W1, W2, NCHUNK, None, qs)
+    delta = row_delta(o, do, NCHUNK)
     if f.HAS_DLSE:
         # d lse / d S = P, so the LSE's gradient enters dS = P * (dP - delta) as -dlse.
-        delta = delta - ct.load(Dlse, index=(b, h, bid_m), shape=(1, 1, TILE_M),
-                                padding_mode=ct.PaddingMode.ZERO).reshape((TILE_M, 1))
-    ct.store(Delta, index=(b, h, bid_m), tile=delta.reshape((1, 1, TILE_M)))
-    return load_lse(Lse, b, h, bid_m, TILE_M, bwd_zero_safe(f)), delta
+        delta = delta - row_stat(Dlse, ab, h, bid_m, TILE_M, qs)
+    rows = bid_m * TILE_M + ct.arange(TILE_M, dtype=np.int32)
+    ct.scatter(Delta, (ab, h, qs + rows), delta.reshape((TILE_M,)), mask=rows < seq_q)
+    return load_lse(Lse, ab, h, bid_m, TILE_M, bwd_zero_safe(f), q_origin(at)), delta
 
 
 def dq_program(Q, K, V, dOut, Lse, Delta, Mask, extra, Out, Dlse, dQ, scalars, f, fns,
@@ -549,17 +581,18 @@ def dq_program(Q, K, V, dOut, Lse, Delta, Mask, extra, Out, Dlse, dQ, scalars, f
                 (Q, K, V, dOut, Lse, Delta, Mask), seqs, b, f)
             qs, qe = sequence_span(CuQ, b, Q.shape[2])
             dq_query_tile(arrays, extra, Out, Dlse, sequence_slice(dQ, qs, qe),
-                          scalars, f, fns, b, bid_m, 0, seq_k, diag, at)
+                          scalars, f, fns, b, bid_m, 0, seq_k, diag, at, (qs, qe - qs))
     else:
         dq_query_tile((Q, K, V, dOut, Lse, Delta, Mask), extra, Out, Dlse, dQ, scalars, f,
                       fns, b, bid_m, b, K.shape[2], None)
 
 
 def dq_query_tile(arrays, extra, Out, Dlse, dQ, scalars, f, fns, b, bid_m, ab, seq_k, diag,
-                  at=None):
+                  at=None, span=None):
     """Query tile ``bid_m`` of (batch or sequence) ``b``, arrays at array batch ``ab``
-    (``dkdv_key_tile``'s arguments). Rows past a sequence (whole loads: the next one's)
-    are never stored and never mix with the sequence's rows: no mask for them."""
+    (``dkdv_key_tile``'s arguments; ``span`` a packed sequence's (first row, rows) in the
+    packed arrays, else None). Rows past a sequence (whole loads: the next one's) are
+    never stored and never mix with the sequence's rows: no mask for them."""
     Q, K, V, dOut, Lse, Delta, Mask = arrays
     BlkCnt, BlkIdx, A0, A1, A2, A3 = extra
     score_mod, score_grad, mask_mod = fns
@@ -574,7 +607,10 @@ def dq_query_tile(arrays, extra, Out, Dlse, dQ, scalars, f, fns, b, bid_m, ab, s
     do = load_rows(dOut, ab, h, bid_m, TILE_M, VW0, VW1, VW2, VNCHUNK, None, q_origin(at))
     stats = None  # (lse, delta) loaded on every key tile, as the dK/dV program does
     if f.DELTA:
-        stats = dq_row_stats(Out, Lse, Delta, Dlse, do, b, h, bid_m, f)
+        if span is None:
+            stats = dq_row_stats(Out, Lse, Delta, Dlse, do, b, h, bid_m, f)
+        else:
+            stats = seq_row_stats(Out, Lse, Delta, Dlse, do, ab, h, bid_m, f, span, at)
     acc = zeros_chunks(TILE_M, W0, W1, W2)
     aux = (A0, A1, A2, A3, None, None, None, None)
     where = (b, h, hk, seq_k, qk_scale_log2, inv_scale, scale, ab, diag, at)
@@ -694,8 +730,9 @@ def attention_bwd_dq_seqs(
     qk_scale_log2: float, inv_scale: float, scale: float, GROUP: int, WIN_L: int, WIN_R: int,
     FLAGS,
 ):
-    \"\"\"dQ of packed sequences (delta comes from ``attention_bwd_delta`` over the packed
-    rows, run first); ``TileMap`` runs over the query tiles.\"\"\"
+    \"\"\"dQ of packed sequences; ``TileMap`` runs over the query tiles. Delta: with
+    ``DELTA`` computed here and stored for the sequence's rows (``seq_row_stats``), else
+    from ``attention_bwd_delta`` over the packed rows, run first.\"\"\"
     dq_program(Q, K, V, dOut, Lse, Delta, Mask, (BlkCnt, BlkIdx, A0, A1, A2, A3), Out, Dlse,
                dQ, (qk_scale_log2, inv_scale, scale, GROUP), FLAGS,
                (SCORE_MOD, SCORE_GRAD, MASK_MOD), (CuQ, CuK, SeqK, TileMap, WIN_L, WIN_R))

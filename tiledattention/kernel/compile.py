@@ -205,12 +205,13 @@ def export_classify_cubin(mods, gpu_code: str, tile_m: int = 64, tile_n: int = 6
 
 
 def export_workload_cubins(work, gpu_code: str, *, paged: bool = False,
-                           backward: tuple[str, ...] = ("delta", "dkdv", "dq")
-                           ) -> dict[str, bytes]:
+                           backward: tuple[str, ...] | None = None) -> dict[str, bytes]:
     """Every kernel a packed (or, ``paged``, a paged decode; with ``work.packed_q`` a paged
     chunked prefill) call of ``work`` (``workload_check.Workload``) launches, with the
-    constants its plans pass: the tile map, the forward and, packed, the backward's delta,
-    dQ and dK/dV."""
+    constants its plans pass: the tile map, the forward and, packed, the backward's
+    launches (``backward``: their roles; None, the plan's: dQ and dK/dV, and the delta
+    unless dQ computes it, ``workload.PACKED_DQ_DELTA``). The dQ's constants follow the
+    switch (no dlse gradient); "delta" named explicitly compiles that kernel either way."""
     from ..schedules.schedule import default_schedule
     from . import workload as W
     from .spec import DKDV_SEQS, DQ_SEQS, FWD_SEQS, SEQMAP
@@ -247,7 +248,10 @@ def export_workload_cubins(work, gpu_code: str, *, paged: bool = False,
                                           KEY_ROWS=b.key_rows, ONE_HEAD=False,
                                           TAIL_TILE=W.packed_tail_tile(
                                               work.causal, work.head_dim))),
-                 "dq": (DQ_SEQS, dict(common, TILE_M=b.dq_m, TILE_N=b.dq_n))}
+                 "dq": (DQ_SEQS, dict(common, TILE_M=b.dq_m, TILE_N=b.dq_n,
+                                      **W.packed_dq_delta(False)))}
+        if backward is None:
+            backward = W.packed_bwd_roles()
         for spec, values in (steps[name] for name in backward if name != "delta"):
             consts = {k: v for k, v in values.items() if k in spec.constants()}
             out[spec.name] = _export(spec, spec.kernel(mods, **b.hints()), signature(

@@ -153,8 +153,11 @@ class DkdvFlags(BwdFlags):
 class DqFlags(BwdFlags):
     """The dQ kernel's flags (``backward.attention_bwd_dq`` / ``..._variant``)."""
 
-    DELTA: bool = flag("dense")  # compute the rows' delta here (for dK/dV, run after); else load it
-    HAS_DLSE: bool = flag("dense")  # that delta subtracts dlse
+    # compute the rows' delta here and store it (for dK/dV, run after); else load it.
+    # Every entry point: the packed one stores only its sequence's rows
+    # (``workload.PACKED_DQ_DELTA``, benchmarks/notes/varlen-paged.md §43b)
+    DELTA: bool
+    HAS_DLSE: bool  # that delta subtracts dlse
 
 
 FAMILIES = {"attention_fwd": FwdFlags, "attention_bwd_dkdv": DkdvFlags,

@@ -331,8 +331,9 @@ def run_paged(plan: SeqPlan, q, k_cache, v_cache, page_table, cache_seqlens, cu_
 # ----------------------------------------------------------------------------- backward
 @dataclass(frozen=True, eq=False, kw_only=True)
 class SeqBwdPlan(LaunchPlan):
-    """A packed backward: the delta, dQ and dK/dV steps in that order, each over its tile
-    map (programs sized per call: 0), one program row per query (K/V, for dK/dV) head."""
+    """A packed backward: the delta (unless dQ computes it: ``PACKED_DQ_DELTA``), dQ and
+    dK/dV steps in that order, each over its tile map (programs sized per call: 0), one
+    program row per query (K/V, for dK/dV) head."""
 
     bpad: int
 
@@ -360,6 +361,18 @@ PACKED_DELTA_OCCUPANCY = 4
 # holds it.
 PACKED_BWD_TAIL_TILE = True
 TAIL_TILE_MAX_HEAD_DIM = 192
+# The packed dQ computes its rows' delta = rowsum(dO * O) [- dlse] and stores it for the
+# dK/dV kernel (``DqFlags.DELTA``: a masked scatter of the sequence's rows only,
+# ``backward.seq_row_stats``), as the dense dQ does: no delta launch (two launches, not
+# three). Off: the ``attention_bwd_delta`` launch over the packed rows first (its 63 µs of
+# a 1.6 ms step at 16k causal D 128, 45 µs at occupancy 4: benchmarks/notes/varlen-paged.md
+# §42j, §43b). The backward plan's key holds it.
+PACKED_DQ_DELTA = True
+
+
+def packed_bwd_roles() -> tuple[str, ...]:
+    """The packed backward's launches in order (plan and ahead-of-time compile)."""
+    return ("dq", "dkdv") if PACKED_DQ_DELTA else ("delta", "dq", "dkdv")
 
 
 def packed_tail_tile(causal: bool, head_dim: int) -> bool:
@@ -398,17 +411,22 @@ def varlen_bwd_plan(w: Workload, device, mods, has_dlse: bool, schedule=None) ->
     one_head = w.heads_q == w.heads_kv and w.head_dim in ONE_HEAD_DIMS
     dkdv_values = dict(common, TILE_M=s.dkdv_m, TILE_N=s.dkdv_n, KEY_ROWS=s.key_rows,
                        ONE_HEAD=one_head, TAIL_TILE=packed_tail_tile(w.causal, w.head_dim))
-    dq_values = dict(common, TILE_M=s.dq_m, TILE_N=s.dq_n)
-    delta_values = packed_delta_values(w.head_dim, has_dlse)
-    steps = (
-        Step("delta", DELTA.kernel(**delta_hints()), (0, w.heads_q, 1),
-             DELTA.ordered(delta_values, skip_tensors=True)),
-        Step("dq", DQ_SEQS.kernel(mods, **s.hints()), (0, w.heads_q, 1),
-             DQ_SEQS.ordered(dq_values, skip_tensors=True)),
-        Step("dkdv", DKDV_SEQS.kernel(mods, **s.hints()), (0, w.heads_kv, 1),
-             DKDV_SEQS.ordered(dkdv_values, skip_tensors=True)))
-    return SeqBwdPlan(schedule=s, launches=steps, device=device,
-                      bpad=max(_pow2(w.batch + 1), 16))
+    dq_values = dict(common, TILE_M=s.dq_m, TILE_N=s.dq_n, **packed_dq_delta(has_dlse))
+    steps = {
+        "delta": lambda: Step("delta", DELTA.kernel(**delta_hints()), (0, w.heads_q, 1),
+                              DELTA.ordered(packed_delta_values(w.head_dim, has_dlse),
+                                            skip_tensors=True)),
+        "dq": lambda: Step("dq", DQ_SEQS.kernel(mods, **s.hints()), (0, w.heads_q, 1),
+                           DQ_SEQS.ordered(dq_values, skip_tensors=True)),
+        "dkdv": lambda: Step("dkdv", DKDV_SEQS.kernel(mods, **s.hints()), (0, w.heads_kv, 1),
+                             DKDV_SEQS.ordered(dkdv_values, skip_tensors=True))}
+    return SeqBwdPlan(schedule=s, launches=tuple(steps[r]() for r in packed_bwd_roles()),
+                      device=device, bpad=max(_pow2(w.batch + 1), 16))
+
+
+def packed_dq_delta(has_dlse: bool) -> dict:
+    """The packed dQ's delta constants (``PACKED_DQ_DELTA``; plan and compile alike)."""
+    return dict(DELTA=PACKED_DQ_DELTA, HAS_DLSE=PACKED_DQ_DELTA and has_dlse)
 
 
 def packed_delta_values(head_dim: int, has_dlse: bool) -> dict:
@@ -423,8 +441,14 @@ def delta_hints() -> dict:
 
 def run_varlen_backward(plan: SeqBwdPlan, w: Workload, q, k, v, out, lse, dout, dlse, cu_q,
                         cu_k, seqused_k, aux=(), captured=()):
-    """(dq, dk, dv) of a packed forward: delta over the packed rows, then dQ over the query
-    tiles and dK/dV over the key tiles, each through its tile map."""
+    """(dq, dk, dv) of a packed forward: delta over the packed rows (unless the dQ
+    programs compute their rows' own, ``PACKED_DQ_DELTA`` when the plan was built), then dQ
+    over the query tiles and dK/dV over the key tiles, each through its tile map.
+
+    Delta's rows that no sequence covers (past ``cu_q[-1]``) stay unwritten when dQ
+    computes it: the dK/dV programs read them only as rows past their sequence's end,
+    through the whole arrays (``backward.rows_past_end`` selects delta 0 there) or a
+    slice that ends at the sequence (TMA zeros past it)."""
     dev = q.device
     total_q, total_k = q.shape[0], k.shape[0]
     dq = torch.zeros_like(q, memory_format=torch.contiguous_format)
@@ -438,10 +462,12 @@ def run_varlen_backward(plan: SeqBwdPlan, w: Workload, q, k, v, out, lse, dout, 
     delta = torch.empty((1, w.heads_q, total_q), dtype=torch.float32, device=dev)
     lse3 = lse.unsqueeze(0).contiguous()
     dlse3 = delta if dlse is None else dlse.to(torch.float32).unsqueeze(0).contiguous()
-    (_, dkernel, dgrid, dtail), (_, qkernel, qgrid, qtail), (_, kkernel, kgrid, ktail) = \
-        plan.launches
-    launch_kernel(dev, (math.ceil(total_q / DELTA_TILE_M), dgrid[1], dgrid[2]), dkernel,
-                  (o4, do4, delta, dlse3, delta.view(1, w.heads_q, total_q, 1), *dtail))
+    steps = {step.role: step for step in plan.launches}
+    (_, qkernel, qgrid, qtail), (_, kkernel, kgrid, ktail) = steps["dq"], steps["dkdv"]
+    if "delta" in steps:
+        _, dkernel, dgrid, dtail = steps["delta"]
+        launch_kernel(dev, (math.ceil(total_q / DELTA_TILE_M), dgrid[1], dgrid[2]), dkernel,
+                      (o4, do4, delta, dlse3, delta.view(1, w.heads_q, total_q, 1), *dtail))
     seqused = pad.view(1) if seqused_k is None else seqused_k
     mask = _placeholders(dev, False)[1]
     variant = variant_arrays(None, aux, dev)
