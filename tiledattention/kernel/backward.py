@@ -547,7 +547,8 @@ def seq_row_stats(Out, Lse, Delta, Dlse, do, ab, h, bid_m, f, span, at):
     are read from the whole arrays at element origin qs (their host-built tensor maps, as
     the whole loads read dO: ``body.row_chunk``), Lse as ``grad_scores`` reads it (``at``).
     The tile's rows past the sequence hold the next sequence's rows (or TMA zeros): their
-    delta is never stored (a masked scatter writes the sequence's rows only; a TMA store of
+    delta is never stored (a masked scatter writes the sequence's rows only, into the
+    whole Delta at qs + row, or into its slice at row under sliced loads; a TMA store of
     the whole tile would race with the next sequence's own dQ program, which writes them)
     and never mixes with the sequence's rows (their dQ rows are not stored either). No
     tensor map is built for the store (a ``sequence_slice`` of Delta would build one in
@@ -561,7 +562,9 @@ def seq_row_stats(Out, Lse, Delta, Dlse, do, ab, h, bid_m, f, span, at):
         # d lse / d S = P, so the LSE's gradient enters dS = P * (dP - delta) as -dlse.
         delta = delta - row_stat(Dlse, ab, h, bid_m, TILE_M, qs)
     rows = bid_m * TILE_M + ct.arange(TILE_M, dtype=np.int32)
-    ct.scatter(Delta, (ab, h, qs + rows), delta.reshape((TILE_M,)), mask=rows < seq_q)
+    # Delta is the whole packed array under whole loads (``at``), else the sequence's slice.
+    first = rows if at is None else qs + rows
+    ct.scatter(Delta, (ab, h, first), delta.reshape((TILE_M,)), mask=rows < seq_q)
     return load_lse(Lse, ab, h, bid_m, TILE_M, bwd_zero_safe(f), q_origin(at)), delta
 
 
