@@ -382,8 +382,7 @@ def packed_tail_tile(causal: bool, head_dim: int) -> bool:
 
 # The packed backward's own schedules (``schedules.backward.packed_bwd_schedule``: keys as
 # the dK/dV MMA rows at 64 < D <= 128, benchmarks/notes/varlen-paged.md §43c); off: the
-# default.
-# The backward plan's key holds it.
+# default. The backward plan's key holds it.
 PACKED_BWD_KEY_ROWS = True
 
 
