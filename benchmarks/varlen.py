@@ -100,7 +100,10 @@ def varlen_methods(q, k, v, lens, causal, fa, ab=False):
     doc = ta.variants.document(seg)
     mask = ta.and_masks(doc, lambda b, h, q_idx, kv_idx: kv_idx <= q_idx) if causal else doc
     bm = ta.block_mask(mask, None, None, total, total)
-    qd, kd, vd = (t.transpose(0, 1)[None] for t in (q, k, v))
+    # [1, H, total, D] views made leaves of their own (a view made under no_grad has no
+    # path back to q): the backward's gradients are then those of the methods' inputs
+    qd, kd, vd = (t.detach().transpose(0, 1)[None].requires_grad_(t.requires_grad)
+                  for t in (q, k, v))
     out["ta_blockmask"] = lambda: ta.sdpa(qd, kd, vd, block_mask=bm)[0].transpose(0, 1)
     if ab:
         return out, cu
@@ -239,19 +242,37 @@ def profile_backward(args, fa):
             t.grad = None
 
 
+def graph_leaves(o) -> list:
+    """The leaf tensors ``o``'s graph reaches: a method's own q, k, v (some methods take
+    transposed or padded copies made once, outside the timed step)."""
+    seen, leaves, stack = set(), [], [o.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if hasattr(node, "variable"):  # AccumulateGrad
+            leaves.append(node.variable)
+        stack.extend(nxt for nxt, _ in node.next_functions)
+    return leaves
+
+
 def backward_row(row, name, methods, flops, flush, q, k, v):
     """forward+backward of a method whose output depends on the leaves q, k, v."""
     fn = methods[name]
     if isinstance(fn, tuple):
         return dict(row, pass_="fwd+bwd", status="not timed: the padded copy is not a leaf")
-    grad = None
+    grad = leaves = None
 
     def step():
-        nonlocal grad
+        # gradients returned, not accumulated into .grad: in a model q, k, v are not
+        # leaves, and an accumulating add (strided for a transposed method) is no kernel's
+        nonlocal grad, leaves
         with packed_bwd(name):
             o = fn()
             grad = torch.ones_like(o) if grad is None else grad
-            torch.autograd.backward(o, grad)
+            leaves = leaves or graph_leaves(o)
+            torch.autograd.grad(o, leaves, grad)
     try:
         with torch.enable_grad():
             ms = summarize(time_cuda(step, flush=flush, reps=20)).median_ms

@@ -60,8 +60,8 @@ def test_every_packed_kernel_compiles_for_hopper(work, gpu):
 
     cubins = export_workload_cubins(work, gpu)
     # the delta launch only where dQ does not compute it (PACKED_DQ_DELTA, §43b)
-    assert set(cubins) == {"attention_fwd_seqs", "sequence_map", "attention_bwd_dkdv_seqs",
-                           "attention_bwd_dq_seqs"} | (
+    assert set(cubins) == {"attention_fwd_seqs", "sequence_map", "sequence_map_zero_tail",
+                           "attention_bwd_dkdv_seqs", "attention_bwd_dq_seqs"} | (
         set() if W.PACKED_DQ_DELTA else {"attention_bwd_delta"})
     assert all(c[:4] == b"\x7fELF" for c in cubins.values())
 

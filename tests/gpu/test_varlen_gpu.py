@@ -83,7 +83,7 @@ def _check_varlen(lens_q, lens_k, *, hq=4, hk=4, d=64, dtype=BF16, causal=False,
     if not grad or q.shape[0] == 0:
         return
     dout = torch.randn_like(out)
-    out.backward(dout)
+    _poisoned(lambda: out.backward(dout))  # a gradient row no program writes stays NaN
     qd, kd, vd = (t.detach().double().nan_to_num(0).requires_grad_() for t in (q, k, v))
     r, _ = varlen_reference(qd, kd, vd, cq.cpu(), ck.cpu(),
                             seqused_k=None if used is None else used.cpu(), causal=causal,
@@ -161,14 +161,18 @@ def test_varlen_rows_past_seqused_k_holding_nan_reach_no_output_or_gradient(caus
                   d=d, nan_past_used=True)
 
 
+@pytest.mark.parametrize("extra, h, d", [(37, 4, 64), (200, 3, 96)],
+                         ids=["tail-in-one-tile", "tail-over-tiles-288-columns"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_varlen_rows_no_sequence_covers_add_nothing_to_the_gradients(causal, packed_bwd):
+def test_varlen_rows_no_sequence_covers_add_nothing_to_the_gradients(causal, packed_bwd, extra,
+                                                                     h, d):
     """cu_seqlens[-1] < total: the forward leaves out and lse of the rows past it unwritten
     (NaN on the poisoned allocator), so their delta is NaN too. The whole-array dK/dV
     program of the last sequence reads them (its last query tile runs past the sequence's
     end) and must add nothing (lse +inf, delta 0 there); dq/dk/dv match float64, zero on
-    the uncovered rows."""
-    lens, extra, h, d = [70, 129], 37, 4, 64
+    the uncovered rows, which the tile maps' launches zero in gradients allocated empty
+    (NaN here): past one tile of rows, and over a row width no 64-column store divides."""
+    lens = [70, 129]
     q, k, v = (torch.randn(sum(lens) + extra, h, d, device="cuda").to(BF16).requires_grad_()
                for _ in range(3))
     cu = _cu(lens)

@@ -66,7 +66,9 @@ def _arrays(io_name: str, mask_name: str | None, aux: tuple = ()) -> dict:
                   # packed / paged sequences: offsets, block table, tile map (gathered)
                   CuQ=_gathered(ct.int32, 1), CuK=_gathered(ct.int32, 1),
                   SeqK=_gathered(ct.int32, 1), Cu=_gathered(ct.int32, 1),
-                  Pages=_gathered(ct.int32, 2), TileMap=_gathered(ct.int32, 2))
+                  Pages=_gathered(ct.int32, 2), TileMap=_gathered(ct.int32, 2),
+                  # the rows a backward's tile map zeroes (a placeholder in the forward's)
+                  Zero0=_gathered(ct.int32, 2), Zero1=_gathered(ct.int32, 2))
     for i in range(_mods.MAX_TENSORS):
         dtype, ndim, *grad = aux[i] if i < len(aux) else (ct.int32, 4)
         arrays[f"A{i}"] = _gathered(dtype, ndim)
@@ -234,7 +236,7 @@ def export_workload_cubins(work, gpu_code: str, *, paged: bool = False,
                             paged=False, group=work.heads_q // work.heads_kv)
     out = {}
     for spec, values, hints in ((FWD_SEQS, fwd, fwd_hints(s)),
-                                (SEQMAP, dict(TILE=s.tile_m, BPAD=16, FIRST_HEAVY=False), {})):
+                                (SEQMAP, W.seqmap_values(s.tile_m, 16, False, 0), {})):
         consts = {k: v for k, v in values.items() if k in spec.constants()}
         out[spec.name] = _export(spec, spec.kernel(mods, **hints), signature(
             spec, arrays, consts), gpu_code, "a packed call")
@@ -250,6 +252,15 @@ def export_workload_cubins(work, gpu_code: str, *, paged: bool = False,
                                               work.causal, work.head_dim))),
                  "dq": (DQ_SEQS, dict(common, TILE_M=b.dq_m, TILE_N=b.dq_n,
                                       **W.packed_dq_delta(False)))}
+        # the dK/dV map, which also zeroes dK's and dV's rows past the last sequence
+        import cuda.tile as ct
+
+        io_dtype = getattr(ct, str(work.dtype).removeprefix("torch."))
+        zeroed = dict(arrays, Zero0=export_array(io_dtype, 2), Zero1=export_array(io_dtype, 2))
+        consts = {k: v for k, v in W.seqmap_values(b.dkdv_n, 16, work.causal, 2).items()
+                  if k in SEQMAP.constants()}
+        out["sequence_map_zero_tail"] = _export(SEQMAP, SEQMAP.kernel(), signature(
+            SEQMAP, zeroed, consts), gpu_code, "a packed call's backward")
         if backward is None:
             backward = W.packed_bwd_roles()
         for spec, values in (steps[name] for name in backward if name != "delta"):

@@ -78,17 +78,26 @@ def map_steps(total: int, tile: int) -> int:
 
 
 def tile_map(cu: torch.Tensor, total: int, tile: int, bpad: int,
-             first_heavy: bool = False) -> torch.Tensor:
+             first_heavy: bool = False, zero: tuple = ()) -> torch.Tensor:
     """The [programs, 2] int32 (sequence, tile) map of a packed grid, made on the GPU
-    (``first_heavy``: a sequence's first tiles are its heaviest, causal dK/dV)."""
+    (``first_heavy``: a sequence's first tiles are its heaviest, causal dK/dV). ``zero``:
+    up to two contiguous [total, ...] tensors whose rows past ``cu[-1]`` the same launch
+    sets to zero (the backward's gradients, allocated empty)."""
     batch = cu.shape[0] - 1
     n = programs(total, batch, tile)
     tmap = torch.empty((n, 2), dtype=torch.int32, device=cu.device)
+    rows = [t.view(total, -1) for t in zero] or [_int_pad(cu.device).view(1, 1)]
     launch_kernel(cu.device, (n, 1, 1), SEQMAP.kernel(),
-                  (cu, tmap, *SEQMAP.ordered(dict(STEPS=map_steps(total, tile), TILE=tile,
-                                                  BPAD=bpad, FIRST_HEAVY=first_heavy),
-                                             skip_tensors=True)))
+                  (cu, tmap, rows[0], rows[-1],
+                   *SEQMAP.ordered(seqmap_values(tile, bpad, first_heavy, len(zero), total),
+                                   skip_tensors=True)))
     return tmap
+
+
+def seqmap_values(tile: int, bpad: int, first_heavy: bool, zeros: int, total: int = 1) -> dict:
+    """The tile map launch's scalar and constant arguments (launch and compile alike)."""
+    return dict(STEPS=map_steps(total, tile), TILE=tile, BPAD=bpad, FIRST_HEAVY=first_heavy,
+                ZEROS=zeros)
 
 
 def packed4(t: torch.Tensor) -> torch.Tensor:
@@ -380,6 +389,14 @@ def packed_tail_tile(causal: bool, head_dim: int) -> bool:
     return PACKED_BWD_TAIL_TILE and causal and head_dim <= TAIL_TILE_MAX_HEAD_DIM
 
 
+# The packed gradients are allocated empty; the dQ and dK/dV tile maps' launches zero the
+# rows past the last sequence (``seqmap.zero_tail``), the only rows no program writes.
+# Off: zero-filled allocations, three full writes of dQ, dK, dV per call (~60 µs of a
+# 1.3 ms step at 16k causal D 128 on the H200; benchmarks/notes/varlen-paged.md §44a).
+# Read per call.
+PACKED_ZERO_TAIL = True
+
+
 # The packed backward's own schedules (``schedules.backward.packed_bwd_schedule``: keys as
 # the dK/dV MMA rows at 64 < D <= 128, benchmarks/notes/varlen-paged.md §43c); off: the
 # default. The backward plan's key holds it.
@@ -450,11 +467,13 @@ def run_varlen_backward(plan: SeqBwdPlan, w: Workload, q, k, v, out, lse, dout, 
     slice that ends at the sequence (TMA zeros past it)."""
     dev = q.device
     total_q, total_k = q.shape[0], k.shape[0]
-    dq = torch.zeros_like(q, memory_format=torch.contiguous_format)
-    dk = torch.zeros_like(k, memory_format=torch.contiguous_format)
-    dv = torch.zeros_like(v, memory_format=torch.contiguous_format)
     if total_q == 0 or w.batch == 0 or total_k == 0:
-        return dq, dk, dv
+        return tuple(torch.zeros_like(t, memory_format=torch.contiguous_format)
+                     for t in (q, k, v))
+    # every row is written: a sequence's by its programs, the rest by the tile maps' launches
+    fresh = torch.empty_like if PACKED_ZERO_TAIL else torch.zeros_like
+    dq, dk, dv = (fresh(t, memory_format=torch.contiguous_format) for t in (q, k, v))
+    zero_q, zero_kv = ((dq,), (dk, dv)) if PACKED_ZERO_TAIL else ((), ())
     pad = _int_pad(dev)
     q4, k4, v4, o4 = packed4(q), packed4(k), packed4(v), packed4(out)
     do4 = packed4(dout if dout.stride(-1) == 1 else dout.contiguous())
@@ -470,11 +489,12 @@ def run_varlen_backward(plan: SeqBwdPlan, w: Workload, q, k, v, out, lse, dout, 
     seqused = pad.view(1) if seqused_k is None else seqused_k
     mask = _placeholders(dev, False)[1]
     variant = variant_arrays(None, aux, dev)
-    qmap = tile_map(cu_q, total_q, plan.schedule.dq_m, plan.bpad)
+    qmap = tile_map(cu_q, total_q, plan.schedule.dq_m, plan.bpad, zero=zero_q)
     launch_kernel(dev, (qmap.shape[0], qgrid[1], qgrid[2]), qkernel,
                   (q4, k4, v4, do4, lse3, delta, mask, *variant, o4, dlse3, packed4(dq), cu_q,
                    cu_k, seqused, qmap, *qtail))
-    kmap = tile_map(cu_k, total_k, plan.schedule.dkdv_n, plan.bpad, w.causal)
+    kmap = tile_map(cu_k, total_k, plan.schedule.dkdv_n, plan.bpad, w.causal,
+                    zero=zero_kv)
     grads = tuple(pad if g is None else g for g in captured)
     grads = (*grads, *([pad] * (4 - len(grads))))
     launch_kernel(dev, (kmap.shape[0], kgrid[1], kgrid[2]), kkernel,
