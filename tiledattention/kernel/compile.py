@@ -214,11 +214,14 @@ def export_workload_cubins(work, gpu_code: str, *, paged: bool = False,
     launches (``backward``: their roles; None, the plan's: dQ and dK/dV, and the delta
     unless dQ computes it, ``workload.PACKED_DQ_DELTA``). The dQ's constants follow the
     switch (no dlse gradient); "delta" named explicitly compiles that kernel either way."""
+    import cuda.tile as ct
+
     from ..schedules.schedule import default_schedule
     from . import workload as W
     from .spec import DKDV_SEQS, DQ_SEQS, FWD_SEQS, SEQMAP
 
-    arrays = _arrays(str(work.dtype).removeprefix("torch."), None)
+    io_name = str(work.dtype).removeprefix("torch.")
+    arrays = _arrays(io_name, None)
     mods = _mods.NONE
     s, tiles, span, gather = W._paged_tiles(default_schedule(work.head_dim, work.causal),
                                             work.page_size, work.max_q) if paged else (
@@ -253,9 +256,7 @@ def export_workload_cubins(work, gpu_code: str, *, paged: bool = False,
                  "dq": (DQ_SEQS, dict(common, TILE_M=b.dq_m, TILE_N=b.dq_n,
                                       **W.packed_dq_delta(False)))}
         # the dK/dV map, which also zeroes dK's and dV's rows past the last sequence
-        import cuda.tile as ct
-
-        io_dtype = getattr(ct, str(work.dtype).removeprefix("torch."))
+        io_dtype = getattr(ct, io_name)
         zeroed = dict(arrays, Zero0=export_array(io_dtype, 2), Zero1=export_array(io_dtype, 2))
         consts = {k: v for k, v in W.seqmap_values(b.dkdv_n, 16, work.causal, 2).items()
                   if k in SEQMAP.constants()}
