@@ -20,6 +20,7 @@ first by parallel processes into the compilers' disk caches (``bench.precompile`
     python benchmarks/bwd_compare.py --quick    # 3 points
     python benchmarks/bwd_compare.py --fa4-site /tmp/site   # FA4 installed with --target
     python benchmarks/bwd_compare.py --head-dims 256       # one head dim's points
+    python benchmarks/bwd_compare.py --seqs 512 --head-dims 128   # short sequences, both masks
 """
 
 from __future__ import annotations
@@ -40,10 +41,13 @@ BASELINES = ("cudnn", "fa4")
 SHORT = {"bfloat16": "bf16", "float16": "fp16"}
 
 
-def grid(quick: bool, head_dims=None):
+def grid(quick: bool, head_dims=None, seqs=None):
     from tiledattention.bench.grid import Point
 
-    if quick:
+    if seqs:  # the given lengths at the given head dims (default 64 and 128), both masks
+        spec = [("bfloat16", c, d, s) for d in sorted(head_dims or (64, 128))
+                for c in (False, True) for s in seqs]
+    elif quick:
         spec = [("bfloat16", False, 128, 4096), ("bfloat16", True, 128, 8192),
                 ("bfloat16", False, 256, 4096)]
     else:
@@ -279,6 +283,7 @@ def main(argv=None) -> int:
     ap.add_argument("--no-precompile", action="store_true")
     ap.add_argument("--fa4-site", help="a pip --target directory holding flash-attn-4")
     ap.add_argument("--head-dims", help="only these head dims, e.g. 128,256")
+    ap.add_argument("--seqs", help="these sequence lengths instead of the grid's, e.g. 512,1024")
     args = ap.parse_args(argv)
     if args.fa4_site:
         extra = [args.fa4_site, os.path.join(args.fa4_site, "nvidia_cutlass_dsl",
@@ -298,7 +303,8 @@ def main(argv=None) -> int:
     from tiledattention.flops import attention_flops, tflops_per_s
     from tiledattention.timing import L2Flusher
 
-    points = grid(args.quick, args.head_dims and {int(x) for x in args.head_dims.split(",")})
+    points = grid(args.quick, args.head_dims and {int(x) for x in args.head_dims.split(",")},
+                  args.seqs and [int(x) for x in args.seqs.split(",")])
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, cuDNN "
           f"{torch.backends.cudnn.version()}; fwd+bwd kernel time, median of "
           f"{args.rounds}x{args.reps}, L2 flushed; ratio = best baseline ms / ours ms",

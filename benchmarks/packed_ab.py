@@ -2,11 +2,14 @@
 when a backward plan is built, and in the plan's key): forward+backward of
 ``ta.sdpa_varlen`` on lognormal documents (median 512, 16k and 64k tokens, causal and
 not), interleaved rounds in one process, kernel time with L2 flushed; the gradients of
-the two settings compared bit for bit. GPU.
+the two settings compared bit for bit. With ``--schedules`` the backward is pinned to each
+schedule in turn (``pinned_bwd_schedule``) against the packed policy's own, the gradients
+compared by their largest relative difference. GPU.
 
     python benchmarks/packed_ab.py --switch PACKED_BWD_TAIL_TILE --values False True
     python benchmarks/packed_ab.py --switch PACKED_DELTA_OCCUPANCY --values 0 4
     python benchmarks/packed_ab.py --switch PACKED_DQ_DELTA --values False True
+    python benchmarks/packed_ab.py --schedules kv64x128_q128x64_o1_w8_keyrows   # vs the policy's
 
 §42j (benchmarks/notes/varlen-paged.md) ran the second line, §43a the first, §43b is to
 run the third (its gradients may differ in the last bits: delta summed in dQ's layout).
@@ -46,12 +49,18 @@ def packed_step(tokens, d, causal):
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--switch", required=True, help="a workload module constant")
-    p.add_argument("--values", nargs=2, required=True, help="A and B (Python literals)")
+    p.add_argument("--switch", help="a workload module constant")
+    p.add_argument("--values", nargs=2, help="A and B (Python literals)")
+    p.add_argument("--schedules", nargs="+", help="backward schedule labels, each against "
+                                                  "the policy's")
     p.add_argument("--tokens", type=int, nargs="+", default=[16384, 65536])
     p.add_argument("--head-dims", type=int, nargs="+", default=[128])
     p.add_argument("--rounds", type=int, default=2)
     a = p.parse_args()
+    if a.schedules:
+        return schedule_ab(a)
+    if not a.switch or not a.values:
+        p.error("--switch and --values, or --schedules")
     if not hasattr(W, a.switch):
         p.error(f"workload has no {a.switch}")
     values = [ast.literal_eval(v) for v in a.values]
@@ -72,6 +81,34 @@ def main() -> int:
                 print(f"tokens {tokens} D {d} causal {causal}: {a.switch}={values[0]!r} "
                       f"{x:.3f} ms, ={values[1]!r} {y:.3f} ms, gain {(x / y - 1) * 100:.1f} %, "
                       f"grads equal {same}  (rounds {ms})", flush=True)
+    return 0
+
+
+def schedule_ab(a) -> int:
+    """Each --schedules label against the packed policy's schedule, interleaved."""
+    from tiledattention.schedules.backward import BwdSchedule
+
+    flush = L2Flusher()
+    for tokens in a.tokens:
+        for d in a.head_dims:
+            for causal in (False, True):
+                step = packed_step(tokens, d, causal)
+                pins = [None, *(BwdSchedule.from_label(x) for x in a.schedules)]
+                ms = {i: [] for i in range(len(pins))}
+                grads = {}
+                for _ in range(a.rounds):  # interleaved
+                    for i, pin in enumerate(pins):
+                        with ta.pinned_bwd_schedule(pin):
+                            grads[i] = step()
+                            ms[i].append(summarize(time_cuda(step, flush=flush)).median_ms)
+                base = min(ms[0])
+                for i, pin in enumerate(pins):
+                    diff = max(float((x - y).abs().max() / y.abs().max())
+                               for x, y in zip(grads[i], grads[0]))
+                    print(f"tokens {tokens} D {d} causal {causal}: "
+                          f"{pin.label() if pin else 'policy':34s} {min(ms[i]):.3f} ms  "
+                          f"x{base / min(ms[i]):.3f} of the policy's  max rel |dgrad - "
+                          f"policy's| {diff:.1e}", flush=True)
     return 0
 
 

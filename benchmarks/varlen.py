@@ -210,36 +210,42 @@ def grads_agree(fn, q, k, v) -> str:
 
 def profile_backward(args, fa):
     """Per-kernel CUDA time of one forward+backward step of ``ta``, ``ta_blockmask`` and
-    ``fa4`` at the first --tokens / --head-dims point, causal (torch.profiler, 10 steps):
+    ``fa4`` at the first --tokens / --head-dims point, non-causal then causal
+    (torch.profiler, 10 steps; the gradients returned, as ``backward_row`` times them):
     where the packed backward's time goes, kernel by kernel."""
-    from torch.profiler import ProfilerActivity, profile
-
     tokens, d = args.tokens[0], args.head_dims[0]
     lens = doc_lengths(tokens, seed=tokens + d)
     h = 2048 // d
     q, k, v = (torch.randn(tokens, h, d, device="cuda", dtype=BF16).requires_grad_()
                for _ in range(3))
-    methods, _ = varlen_methods(q, k, v, lens, True, fa)
-    for name in ("ta", "ta_blockmask", "fa4"):
-        fn = methods.get(name)
-        if not callable(fn):
-            continue
+    dout = torch.randn(tokens, h, d, device="cuda", dtype=BF16)
+    for causal in (False, True):
+        methods, _ = varlen_methods(q, k, v, lens, causal, fa)
+        for name in ("ta", "ta_blockmask", "fa4"):
+            if callable(methods.get(name)):
+                _profile_step(methods[name], dout,
+                              f"{name}: tokens {tokens} D {d} causal {causal}, "
+                              f"{len(lens)} documents")
 
-        def step(fn=fn):
-            torch.autograd.backward(fn(), torch.ones(tokens, h, d, device="cuda", dtype=BF16))
-        for _ in range(3):
+
+def _profile_step(fn, dout, title):
+    from torch.profiler import ProfilerActivity, profile
+
+    leaves = graph_leaves(fn())
+
+    def step():
+        o = fn()
+        return torch.autograd.grad(o, leaves, dout.view_as(o))
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(10):
             step()
         torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(10):
-                step()
-            torch.cuda.synchronize()
-        print(f"--- {name}: tokens {tokens} D {d} causal, {len(lens)} documents, "
-              f"CUDA time per step (us)")
-        for e in sorted(prof.key_averages(), key=lambda e: -e.device_time_total)[:12]:
-            print(f"{e.device_time_total / 10:10.1f} {e.count / 10:5.1f}x {e.key[:90]}")
-        for t in (q, k, v):
-            t.grad = None
+    print(f"--- {title}, CUDA time per step (us)")
+    for e in sorted(prof.key_averages(), key=lambda e: -e.device_time_total)[:12]:
+        print(f"{e.device_time_total / 10:10.1f} {e.count / 10:5.1f}x {e.key[:90]}")
 
 
 def graph_leaves(o) -> list:

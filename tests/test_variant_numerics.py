@@ -5,6 +5,7 @@ checks their values on the GPU); the float64 reference defines fully masked rows
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -185,8 +186,11 @@ def test_each_read_is_summed_over_the_axes_its_index_does_not_use():
     assert "(h,)" in lines["_GATE"] and "axis" not in lines["_GATE"]  # one scalar a tile
     assert "_ta_ds * score" in lines["_GATE"]
     assert "(kv_idx - q_idx)" in lines["_SLOPES"] and "axis" not in lines["_SLOPES"]
-    assert "(kv_idx,)" in lines["_KB"] and "axis=0" in lines["_KB"]  # per key: sum over q
-    assert "(b, q_idx)" in lines["_QB"] and "axis=1" in lines["_QB"]  # per query: over kv
+    # per key: summed over the queries' axis, per query over the keys': each axis read from
+    # the other index's tile ([M, 1] / [1, N] with queries as the rows, [1, M] / [N, 1]
+    # with keys as the rows: KEY_ROWS)
+    assert "(kv_idx,)" in lines["_KB"] and "axis=0 if q_idx.shape[0] > 1 else 1" in lines["_KB"]
+    assert "(b, q_idx)" in lines["_QB"] and "axis=0 if kv_idx.shape[0] > 1 else 1" in lines["_QB"]
     assert all("RELAXED" in ln for ln in lines.values())
 
 
@@ -202,8 +206,8 @@ def test_a_constant_derivative_is_summed_over_the_whole_tile_or_each_row():
     assert "check_bounds" not in src
     src = M.with_captured_grads(M.mods_for(query_bias, None), (True,)).captured_grad.key[1]
     line = next(ln for ln in src.splitlines() if "atomic_add" in ln)
-    assert "(b, q_idx), _ta_ct.sum(_ta_ct.astype(_ta_ds * 1.0, _ta_ct.float32), axis=1, " \
-        "keepdims=True)" in line
+    assert "(b, q_idx), _ta_ct.sum(_ta_ct.astype(_ta_ds * 1.0, _ta_ct.float32), " \
+        "axis=0 if kv_idx.shape[0] > 1 else 1, keepdims=True)" in line
 
 
 def test_only_the_tensors_that_need_a_gradient_are_accumulated():
@@ -259,14 +263,18 @@ def test_a_captured_tensor_read_where_the_derivative_cannot_follow_is_refused_ty
 
 @pytest.mark.compile
 @_needs_tileiras
+@pytest.mark.parametrize("key_rows", [False, True], ids=["query-rows", "key-rows"])
 @pytest.mark.parametrize("score", [learnable, full_bias, head_bias, query_bias],
                          ids=lambda f: f.__name__)
-def test_the_captured_gradient_backward_compiles(score):
+def test_the_captured_gradient_backward_compiles(score, key_rows):
+    # both dK/dV orientations: with keys as the MMA rows (the variants' and the packed
+    # backward's schedule at D 128) a per-query read is summed over the tile's rows
     mods = M.mods_for(score, None)
     bwd_mods = M.with_captured_grads(mods, (True,) * len(mods.tensors()))
     aux = tuple((*a, True) for a in _aux(mods))
     flags = Flags("bfloat16", 128, True, mods=bwd_mods.key, has_score_mod=True)
-    bwd = export_bwd_cubins(BwdVariant("bfloat16", 128, True, default_bwd_schedule(128, True),
+    schedule = dataclasses.replace(default_bwd_schedule(128, True), key_rows=key_rows)
+    bwd = export_bwd_cubins(BwdVariant("bfloat16", 128, True, schedule,
                                        flags=flags), "sm_90", mods=bwd_mods, aux=aux)
     assert all(c[:4] == b"\x7fELF" for c in bwd.values())
     assert b"attention_bwd_dkdv" in bwd["attention_bwd_dkdv_variant"]

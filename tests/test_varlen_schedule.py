@@ -258,6 +258,27 @@ def test_the_packed_backward_swaps_keys_into_the_mma_rows_only_where_measured(d,
         monkeypatch.setattr(W, "PACKED_BWD_KEY_ROWS", False)
         assert W.varlen_bwd_schedule(w) == default_bwd_schedule(d, causal)
         monkeypatch.setattr(W, "PACKED_BWD_KEY_ROWS", True)
+def test_a_pinned_backward_schedule_reaches_the_packed_plan_and_a_reduce_add_one_is_refused():
+    # benchmarks compare the packed backward's schedules in one process with the public pin
+    # (benchmarks/packed_ab.py --schedules); the packed kernels have no reduce-add dQ
+    pytest.importorskip("cuda.tile", reason="the plan builds cuTile kernel objects")
+    from tiledattention import mods, varlen
+    from tiledattention.errors import ScheduleError
+    from tiledattention.kernel import workload as W
+    from tiledattention.kernel.workload_check import Workload
+    from tiledattention.schedules.backward import BwdSchedule
+
+    w = Workload(4, 16, 16, 128, torch.bfloat16, 1024, 1024, False, 128 ** -0.5, (-1, -1), 0.0)
+    pinned = BwdSchedule.from_label("kv64x128_q128x64_o1_w8_keyrows")
+    with ta.pinned_bwd_schedule(pinned):
+        assert varlen._bwd_plan(w, torch.device("cpu"), mods.NONE, False).schedule == pinned
+    assert varlen._bwd_plan(w, torch.device("cpu"), mods.NONE,
+                            False).schedule == W.varlen_bwd_schedule(w)
+    atomic = BwdSchedule.from_label("kv64x64_q64x64_o2_atomic")
+    with ta.pinned_bwd_schedule(atomic), pytest.raises(ScheduleError, match="no reduce-add dQ"):
+        varlen._bwd_plan(w, torch.device("cpu"), mods.NONE, False)
+
+
 @pytest.mark.parametrize("has_dlse", [False, True])
 def test_the_packed_dq_computes_delta_and_the_plan_drops_its_launch(has_dlse, monkeypatch):
     # §43b: PACKED_DQ_DELTA reaches the packed dQ's DELTA (and HAS_DLSE) constants, the

@@ -31,6 +31,7 @@ from . import variants as _variants
 from .errors import BackwardNotSupportedError, InputError
 from .kernel import workload as _w
 from .kernel.launch import captured_buffers
+from .kernel.plan import pinned_schedule
 from .kernel.workload_check import check_paged, check_varlen
 
 
@@ -109,10 +110,11 @@ class _Varlen(torch.autograd.Function):
 
 
 def _bwd_plan(w, device, mods, has_dlse: bool):
+    pinned = pinned_schedule()  # a benchmark's ``pinned_bwd_schedule``, in force at the backward
     key = ("varlen_bwd", w, device, mods.key, has_dlse, _w.PACKED_BWD_WHOLE,
            _w.PACKED_DELTA_OCCUPANCY, _w.PACKED_BWD_TAIL_TILE, _w.PACKED_BWD_KEY_ROWS,
-           _w.PACKED_DQ_DELTA, _w.policy.generation())
-    return _w._cached(key, lambda: _w.varlen_bwd_plan(w, device, mods, has_dlse))
+           _w.PACKED_DQ_DELTA, _w.policy.generation(), pinned)
+    return _w._cached(key, lambda: _w.varlen_bwd_plan(w, device, mods, has_dlse, pinned))
 
 
 # ----------------------------------------------------------------------------- the ops

@@ -417,3 +417,46 @@ def test_varlen_lse_gradient_enters_delta_on_both_delta_paths(causal, folded, pa
         assert not g.isnan().any(), f"{name} has NaN"
         err = relative_error(g, w)
         assert err <= rtol_bwd(BF16), f"{name} relative error {err:.3e}"
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_varlen_captured_biases_get_gradients_in_both_dkdv_orientations(d):
+    """Per-head slopes, a per-key and a per-query bias read by a packed score_mod, each
+    with its gradient against float64. D 128 runs the packed dK/dV with keys as the MMA
+    rows (benchmarks/notes/varlen-paged.md §43c), where a per-query read is summed over
+    the score tile's rows, not its columns (variants.md §45a: this failed to compile)."""
+    from tiledattention.reference import delta_rounding_effect
+    from tiledattention.tolerance import captured_grad_error
+
+    lens, h = [90, 200, 7, 129], 4
+    q, k, v = (_packed(lens, h, d, BF16).requires_grad_() for _ in range(3))
+    cu, n = _cu(lens), max(lens)
+    slopes = (0.1 * torch.rand(h, device="cuda")).requires_grad_()
+    kb = (0.3 * torch.randn(n, device="cuda")).requires_grad_()
+    qb = (0.3 * torch.randn(len(lens), n, device="cuda")).requires_grad_()
+    s64, kb64, qb64 = (t.detach().double().requires_grad_() for t in (slopes, kb, qb))
+
+    def mod(score, b, h, q_idx, kv_idx):
+        return score + slopes[h] * (kv_idx - q_idx) + kb[kv_idx] + qb[b, q_idx]
+
+    def ref(s, b, h, qi, ki):
+        return s + s64[h] * (ki - qi) + kb64[ki] + qb64[b, qi]
+
+    out = _poisoned(lambda: ta.sdpa_varlen(q, k, v, cu, cu, n, n, causal=True, score_mod=mod))
+    dout = torch.randn_like(out)
+    got = _poisoned(lambda: torch.autograd.grad(out, (q, k, v, slopes, kb, qb), dout))
+    qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
+    r, r_lse = varlen_reference(qd, kd, vd, cu.cpu(), cu.cpu(), causal=True, score_ref=ref)
+    assert relative_error(out, r) <= rtol(BF16)
+    leaves = (s64, kb64, qb64)
+    want = torch.autograd.grad((r * dout.double()).sum(), (qd, kd, vd, *leaves),
+                               retain_graph=True)
+    # delta's rounded O is what a gradient that cancels to 0 (the per-query bias) shows
+    shifts = delta_rounding_effect(out.transpose(0, 1), r.transpose(0, 1), r_lse,
+                                   dout.transpose(0, 1), list(leaves))
+    for name, g, w in zip(("dq", "dk", "dv"), got, want):
+        assert not g.isnan().any(), f"{name} has NaN"
+        assert relative_error(g, w) <= rtol_bwd(BF16), name
+    for name, g, w, shift in zip(("slopes", "kb", "qb"), got[3:], want[3:], shifts):
+        assert g is not None and torch.isfinite(g).all(), name
+        assert captured_grad_error(g, w, shift) <= rtol_bwd(BF16), name

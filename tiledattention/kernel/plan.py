@@ -617,7 +617,9 @@ _pinned: list[BwdSchedule | None] = [None]
 class pinned_bwd_schedule:  # noqa: N801 - used as a context manager, like torch's
     """Within ``with pinned_bwd_schedule(s):`` every backward runs with schedule ``s``, and
     so does the backward of every forward run within it, whenever it runs (benchmarks
-    compare backward schedules with it; None: the policy's choice, ``choose_bwd_schedule``)."""
+    compare backward schedules with it; None: the policy's choice, ``choose_bwd_schedule``).
+    A packed backward (``sdpa_varlen``) takes the pin in force when it runs, and refuses a
+    reduce-add (``_atomic``) one."""
 
     def __init__(self, schedule: BwdSchedule | None):
         self.schedule, self.saved = schedule, None

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ..errors import InputError
+from ..errors import InputError, ScheduleError
 from ..headdim import plan_head_dim
 from ..schedules import policy
 from ..schedules.backward import BwdSchedule
@@ -397,7 +397,7 @@ def packed_tail_tile(causal: bool, head_dim: int) -> bool:
 PACKED_ZERO_TAIL = True
 
 
-# The packed backward's own schedules (``schedules.backward.packed_bwd_schedule``: keys as
+# The packed backward's own schedules (``schedules.backward.key_rows_bwd_schedule``: keys as
 # the dK/dV MMA rows at 64 < D <= 128, benchmarks/notes/varlen-paged.md §43c); off: the
 # default. The backward plan's key holds it.
 PACKED_BWD_KEY_ROWS = True
@@ -409,14 +409,17 @@ def varlen_bwd_schedule(w: Workload) -> BwdSchedule:
     than the block-mask packing on the default (benchmarks/notes/varlen-paged.md §38c). The
     default, with keys as the MMA rows at 64 < D <= 128 (§43c). dQ has its own kernel (the
     packed kernels have no reduce-add dQ)."""
-    from ..schedules.backward import default_bwd_schedule, packed_bwd_schedule
+    from ..schedules.backward import default_bwd_schedule, key_rows_bwd_schedule
 
     if PACKED_BWD_KEY_ROWS:
-        return packed_bwd_schedule(w.head_dim, w.causal)
+        return key_rows_bwd_schedule(w.head_dim, w.causal)
     return default_bwd_schedule(w.head_dim, w.causal)
 
 
 def varlen_bwd_plan(w: Workload, device, mods, has_dlse: bool, schedule=None) -> SeqBwdPlan:
+    if schedule is not None and schedule.dq != "kernel":  # a pinned one (a benchmark's)
+        raise ScheduleError(f"backward schedule {schedule.label()}: the packed backward has "
+                            "no reduce-add dQ; pin one without _atomic")
     s = schedule or varlen_bwd_schedule(w)
     hd = head_dim_constants(w.head_dim)
     common = dict(**scalars(w.scale, mods, DKDV_SEQS), GROUP=w.heads_q // w.heads_kv,

@@ -77,6 +77,13 @@ def _one_expression(body: list[ast.stmt]) -> ast.expr | None:
     return None
 
 
+def _other_axis(name: str) -> ast.expr:
+    """The score tile's axis of the index ``name`` (the one summed away), read from its
+    index tile's shape when the kernel is traced: [1, N] or [N, 1], as the dK/dV program
+    puts queries or keys on the MMA rows (``KEY_ROWS``)."""
+    return ast.parse(f"0 if {name}.shape[0] > 1 else 1", mode="eval").body
+
+
 def _accumulate(slot: int, index: ast.expr, value: ast.expr, params: list[str]) -> ast.stmt:
     """``G<slot>[index] += value`` by a relaxed atomic, the tile summed first over the axes
     the index does not depend on: an index of b/h only adds one scalar per tile, of q_idx
@@ -89,8 +96,8 @@ def _accumulate(slot: int, index: ast.expr, value: ast.expr, params: list[str]) 
     value = ast.Call(ast.Attribute(ct_, "astype", ast.Load()),
                      [value, ast.Attribute(ct_, "float32", ast.Load())], [])
     if not (on_q and on_kv):
-        axis = [] if not (on_q or on_kv) else [ast.keyword("axis", ast.Constant(
-            1 if on_q else 0)), ast.keyword("keepdims", ast.Constant(True))]
+        axis = [] if not (on_q or on_kv) else [ast.keyword("axis", _other_axis(
+            kv if on_q else q)), ast.keyword("keepdims", ast.Constant(True))]
         value = ast.Call(ast.Attribute(ct_, "sum", ast.Load()), [value], axis)
     relaxed = ast.Attribute(ast.Attribute(ct_, "MemoryOrder", ast.Load()), "RELAXED",
                             ast.Load())

@@ -163,19 +163,21 @@ def default_bwd_schedule(head_dim: int, causal: bool) -> BwdSchedule:
     return base if bwd_rejection(best, head_dim) else best
 
 
-# Packed (varlen) batches: keys as the dK/dV MMA rows at 64 < D <= 128 (benchmarks/notes/
-# varlen-paged.md §43c, H200, lognormal documents of median 512, 16k and 64k tokens): against
-# the default, fwd+bwd 1.03-1.07x at D 96 and 128. At D 64 the default's 128-key tiles gain
-# 1-4 % swapped but keep one register on the stack (sm_90: STACK 8); at D 192 / 256 the
-# swapped orientation lost 1-7 %.
-PACKED_KEY_ROWS_HEAD_DIMS = (65, 128)
+# Keys as the dK/dV MMA rows at 64 < D <= 128, for the backwards the table was not tuned on.
+# Packed (varlen) batches (benchmarks/notes/varlen-paged.md §43c, H200, lognormal documents
+# of median 512, 16k and 64k tokens): against the default, fwd+bwd 1.03-1.07x at D 96 and
+# 128. Variants (score_mod, mask_mod, block mask; variants.md §45a, H200, B8 H16 S4096 D 128):
+# window, softcap, ALiBi, documents, prefix-LM 1.025-1.053x, gradients bit-identical. At D 64
+# the default's 128-key tiles gain 1-4 % swapped but keep one register on the stack (sm_90:
+# STACK 8); at D 192 / 256 the swapped orientation lost 1-7 % (packed).
+KEY_ROWS_HEAD_DIMS = (65, 128)
 
 
-def packed_bwd_schedule(head_dim: int, causal: bool) -> BwdSchedule:
-    """The packed backward's schedule: ``default_bwd_schedule``, with ``key_rows`` for head
-    dims in ``PACKED_KEY_ROWS_HEAD_DIMS`` (where the rejection rules accept it)."""
+def key_rows_bwd_schedule(head_dim: int, causal: bool) -> BwdSchedule:
+    """``default_bwd_schedule`` with ``key_rows`` for head dims in ``KEY_ROWS_HEAD_DIMS``
+    (where the rejection rules accept it): the packed backward's and the variants'."""
     base = default_bwd_schedule(head_dim, causal)
-    lo, hi = PACKED_KEY_ROWS_HEAD_DIMS
+    lo, hi = KEY_ROWS_HEAD_DIMS
     if not lo <= head_dim <= hi:
         return base
     swapped = replace(base, key_rows=True)

@@ -18,7 +18,7 @@ from importlib import resources
 
 import torch
 
-from .backward import BwdSchedule, bwd_rejection, default_bwd_schedule
+from .backward import BwdSchedule, bwd_rejection, default_bwd_schedule, key_rows_bwd_schedule
 from .schedule import Schedule, default_schedule
 from .space import rejection
 from .table import Bucket, ScheduleTable, seq_bucket
@@ -113,11 +113,12 @@ def choose_bwd_schedule(q: torch.Tensor, k: torch.Tensor, causal: bool,
     the table's pick does not fit the head dim, ``bwd_rejection``). ``deterministic``
     (None: ``torch.are_deterministic_algorithms_enabled()``) rules out schedules whose
     dQ differs from run to run (``ScheduleTable.lookup_bwd``). ``variant`` (a score_mod,
-    mask_mod or block mask): the default, measured on the variants; the table's entries
-    were tuned on plain attention, and its 128-key non-causal pick ran prefix-LM's
-    backward 2x slower than the default (benchmarks/notes/study-pipeline.md §32)."""
+    mask_mod or block mask): ``key_rows_bwd_schedule``, measured on the variants
+    (benchmarks/notes/variants.md §45a); the table's entries were tuned on plain attention,
+    and its 128-key non-causal pick ran prefix-LM's backward 2x slower than the default
+    (benchmarks/notes/study-pipeline.md §32)."""
     if variant:
-        return default_bwd_schedule(q.shape[3], causal), "default"
+        return key_rows_bwd_schedule(q.shape[3], causal), "default"
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
     return _choose_bwd(_call_bucket(q, k, causal), deterministic)
