@@ -20,7 +20,7 @@ def _addressable(t: torch.Tensor) -> torch.Tensor:
 
 
 _scratch: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
-_int_pads: dict[torch.device, torch.Tensor] = {}
+_int_pads: dict[torch.device, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
 
 def _placeholders(device: torch.device, fresh: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -43,12 +43,19 @@ def _placeholders(device: torch.device, fresh: bool) -> tuple[torch.Tensor, torc
 def _int_pad(device: torch.device) -> torch.Tensor:
     """A one-element int32 array for block lists and captured tensors a kernel never reads
     (made once per device, outside any graph capture: it is only ever read as an address)."""
-    pad = _int_pads.get(device)
-    if pad is None:
+    return int_pad_views(device)[0]
+
+
+def int_pad_views(device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``_int_pad`` as [1, 1, 1, 1], [1] and [1, 1]: the packed and paged calls' unused
+    sequence arrays, viewed once per device rather than on every call."""
+    views = _int_pads.get(device)
+    if views is None:
         pad = torch.zeros((1, 1, 1, 1), dtype=torch.int32, device=device)
+        views = (pad, pad.view(1), pad.view(1, 1))
         if not torch.cuda.is_current_stream_capturing():
-            _int_pads[device] = pad
-    return pad
+            _int_pads[device] = views
+    return views
 
 
 def variant_arrays(plan_blocks, aux, device) -> tuple:

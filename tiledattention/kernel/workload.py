@@ -27,7 +27,7 @@ from ..headdim import plan_head_dim
 from ..schedules import policy
 from ..schedules.backward import BwdSchedule
 from ..schedules.schedule import Schedule
-from .launch import _int_pad, _placeholders, launch_kernel, variant_arrays
+from .launch import _placeholders, int_pad_views, launch_kernel, variant_arrays
 from .plan import LaunchPlan, Step, _cached, combine_step, fwd_hints, scalars, sm_count, split_count
 from .spec import DELTA, DKDV_SEQS, DQ_SEQS, FWD_SEQS, SEQMAP
 from .toolchain import check_gpu
@@ -86,7 +86,7 @@ def tile_map(cu: torch.Tensor, total: int, tile: int, bpad: int,
     batch = cu.shape[0] - 1
     n = programs(total, batch, tile)
     tmap = torch.empty((n, 2), dtype=torch.int32, device=cu.device)
-    rows = [t.view(total, -1) for t in zero] or [_int_pad(cu.device).view(1, 1)]
+    rows = [t.view(total, -1) for t in zero] or [int_pad_views(cu.device)[2]]
     launch_kernel(cu.device, (n, 1, 1), SEQMAP.kernel(),
                   (cu, tmap, rows[0], rows[-1],
                    *SEQMAP.ordered(seqmap_values(tile, bpad, first_heavy, len(zero), total),
@@ -180,13 +180,13 @@ def run_varlen(plan: SeqPlan, q, k, v, cu_q, cu_k, seqused_k, aux=()):
         if lse is not None:
             lse.fill_(float("-inf"))
         return out, lse
-    pad = _int_pad(dev)
+    _, pad1, pad2 = int_pad_views(dev)
     lse_ph, mask_ph = _placeholders(dev, False)
     tmap = tile_map(cu_q, total, plan.schedule.tile_m, plan.bpad)
     lse_arg = lse_ph if lse is None else lse.unsqueeze(0)
     args = (packed4(q), packed4(k), packed4(v), packed4(out), lse_arg, mask_ph,
             *variant_arrays(None, aux, dev), cu_q, cu_k,
-            pad.view(1) if seqused_k is None else seqused_k, pad.view(1, 1), tmap, *tail)
+            pad1 if seqused_k is None else seqused_k, pad2, tmap, *tail)
     launch_kernel(dev, (tmap.shape[0], grid[1], grid[2]), kernel, args)
     return out, lse
 
@@ -282,7 +282,7 @@ def _paged_q(plan: SeqPlan, q: torch.Tensor) -> torch.Tensor:
 
 def run_paged(plan: SeqPlan, q, k_cache, v_cache, page_table, cache_seqlens, cu_q, aux=()):
     w, dev = plan.work, plan.device
-    pad = _int_pad(dev)
+    _, pad1, pad2 = int_pad_views(dev)
     lse_ph, mask_ph = _placeholders(dev, False)
     kc, vc = k_cache.transpose(1, 2), v_cache.transpose(1, 2)
     variant = variant_arrays(None, aux, dev)
@@ -308,7 +308,7 @@ def run_paged(plan: SeqPlan, q, k_cache, v_cache, page_table, cache_seqlens, cu_
         return out, lse
     kq = _paged_q(plan, q)
     rows_shape = (b, plan.heads, plan.rows, w.head_dim)
-    seqs = (pad.view(1), pad.view(1), cache_seqlens, page_table, pad.view(1, 1))
+    seqs = (pad1, pad1, cache_seqlens, page_table, pad2)
     grid = (grid[0], grid[1], b)
     direct = not plan.packed_heads or sq == 1  # out viewed as the kernel's rows
     kout = out.transpose(1, 2) if not plan.packed_heads else (
@@ -477,7 +477,7 @@ def run_varlen_backward(plan: SeqBwdPlan, w: Workload, q, k, v, out, lse, dout, 
     fresh = torch.empty_like if PACKED_ZERO_TAIL else torch.zeros_like
     dq, dk, dv = (fresh(t, memory_format=torch.contiguous_format) for t in (q, k, v))
     zero_q, zero_kv = ((dq,), (dk, dv)) if PACKED_ZERO_TAIL else ((), ())
-    pad = _int_pad(dev)
+    pad, pad1, _ = int_pad_views(dev)
     q4, k4, v4, o4 = packed4(q), packed4(k), packed4(v), packed4(out)
     do4 = packed4(dout if dout.stride(-1) == 1 else dout.contiguous())
     delta = torch.empty((1, w.heads_q, total_q), dtype=torch.float32, device=dev)
@@ -489,7 +489,7 @@ def run_varlen_backward(plan: SeqBwdPlan, w: Workload, q, k, v, out, lse, dout, 
         _, dkernel, dgrid, dtail = steps["delta"]
         launch_kernel(dev, (math.ceil(total_q / DELTA_TILE_M), dgrid[1], dgrid[2]), dkernel,
                       (o4, do4, delta, dlse3, delta.view(1, w.heads_q, total_q, 1), *dtail))
-    seqused = pad.view(1) if seqused_k is None else seqused_k
+    seqused = pad1 if seqused_k is None else seqused_k
     mask = _placeholders(dev, False)[1]
     variant = variant_arrays(None, aux, dev)
     qmap = tile_map(cu_q, total_q, plan.schedule.dq_m, plan.bpad, zero=zero_q)
