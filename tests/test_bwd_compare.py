@@ -26,6 +26,14 @@ def test_grid_is_the_tokens_shape_model_with_a_quick_slice():
     assert [p.head_dim for p in bwd_compare.grid(False, {256})] == [256] * 6
 
 
+def test_given_lengths_replace_the_grid_at_both_masks_and_the_shape_model():
+    points = bwd_compare.grid(False, {64, 128}, [512, 2048])
+    assert [(p.head_dim, p.causal, p.seq_q) for p in points] == [
+        (d, c, s) for d in (64, 128) for c in (False, True) for s in (512, 2048)]
+    assert all(p.batch * p.seq_q == 16384 and p.heads * p.head_dim == 2048 for p in points)
+    assert {p.head_dim for p in bwd_compare.grid(False, None, [512])} == {64, 128}
+
+
 def test_every_point_times_today_and_a_five_matmul_candidate():
     for p in bwd_compare.grid(False):
         names = bwd_compare.ours_methods(p.head_dim)
