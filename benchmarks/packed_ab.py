@@ -92,24 +92,33 @@ def schedule_ab(a) -> int:
     for tokens in a.tokens:
         for d in a.head_dims:
             for causal in (False, True):
-                step = packed_step(tokens, d, causal)
                 pins = [None, *(BwdSchedule.from_label(x) for x in a.schedules)]
-                ms = {i: [] for i in range(len(pins))}
-                grads = {}
-                for _ in range(a.rounds):  # interleaved
-                    for i, pin in enumerate(pins):
-                        with ta.pinned_bwd_schedule(pin):
-                            grads[i] = step()
-                            ms[i].append(summarize(time_cuda(step, flush=flush)).median_ms)
-                base = min(ms[0])
-                for i, pin in enumerate(pins):
-                    diff = max(float((x - y).abs().max() / y.abs().max())
-                               for x, y in zip(grads[i], grads[0]))
+                ms, grads = pinned_rounds(packed_step(tokens, d, causal), pins, a.rounds, flush)
+                for pin, t, g in zip(pins, ms, grads):
                     print(f"tokens {tokens} D {d} causal {causal}: "
-                          f"{pin.label() if pin else 'policy':34s} {min(ms[i]):.3f} ms  "
-                          f"x{base / min(ms[i]):.3f} of the policy's  max rel |dgrad - "
-                          f"policy's| {diff:.1e}", flush=True)
+                          f"{pin.label() if pin else 'policy':34s} {t:.3f} ms  "
+                          f"x{ms[0] / t:.3f} of the policy's  max rel |dgrad - "
+                          f"policy's| {rel_diff(g, grads[0]):.1e}", flush=True)
     return 0
+
+
+def pinned_rounds(step, pins, rounds, flush):
+    """(best ms, gradients) of ``step`` under each backward schedule of ``pins`` (None: the
+    policy's), pinned in turn (``pinned_bwd_schedule``), in interleaved rounds."""
+    ms = [[] for _ in pins]
+    grads = [None] * len(pins)
+    for _ in range(rounds):
+        for i, pin in enumerate(pins):
+            with ta.pinned_bwd_schedule(pin):
+                grads[i] = step()
+                ms[i].append(summarize(time_cuda(step, flush=flush)).median_ms)
+    return [min(m) for m in ms], grads
+
+
+def rel_diff(a, b) -> float:
+    """The largest relative difference between two tuples of gradients."""
+    return max(float((x.float() - y.float()).abs().max() / y.float().abs().max().clamp_min(1e-30))
+               for x, y in zip(a, b))
 
 
 if __name__ == "__main__":

@@ -2,8 +2,9 @@
 built-in variant of the study's variants stage (``bench/variant_cases``) with its backward
 pinned to each candidate schedule (``pinned_bwd_schedule``; the forward is the table's),
 interleaved rounds in one process, kernel time with L2 flushed. Every candidate's
-gradients are compared with the policy's (the default: a variant takes
-``default_bwd_schedule``, ``schedules/policy.py``). GPU.
+gradients are compared with those of ``default_bwd_schedule`` (the variants' schedule until
+benchmarks/notes/variants.md §45a; the policy now takes ``key_rows_bwd_schedule``, the
+``_keyrows`` candidate below). GPU.
 
     python benchmarks/variant_bwd_ab.py            # B8 H16 S4096 D128 bf16, issue 47's point
     python benchmarks/variant_bwd_ab.py --seqs 1024 4096 --head-dims 64 128
@@ -19,11 +20,13 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from packed_ab import pinned_rounds, rel_diff  # noqa: E402
 
 import tiledattention as ta  # noqa: E402
 from tiledattention.bench.variant_cases import VARIANTS  # noqa: E402
 from tiledattention.schedules.backward import BwdSchedule, bwd_rejection, default_bwd_schedule  # noqa: E402
-from tiledattention.timing import L2Flusher, summarize, time_cuda  # noqa: E402
+from tiledattention.timing import L2Flusher  # noqa: E402
 
 # The plain causal table's pick at S 4096 D 128 on both references, and the default with
 # keys as the MMA rows (the packed backward's, benchmarks/notes/varlen-paged.md §43c).
@@ -44,11 +47,6 @@ def variant_step(name, batch, heads, seq, d):
     return step, VARIANTS[name].causal
 
 
-def rel_diff(a, b) -> float:
-    return max(float((x.float() - y.float()).abs().max() / y.float().abs().max().clamp_min(1e-30))
-               for x, y in zip(a, b))
-
-
 def compare(name, batch, heads, seq, d, labels, rounds, flush, compile_only=False):
     step, causal = variant_step(name, batch, heads, seq, d)
     schedules = [default_bwd_schedule(d, causal)]
@@ -64,19 +62,11 @@ def compare(name, batch, heads, seq, d, labels, rounds, flush, compile_only=Fals
             with ta.pinned_bwd_schedule(s):
                 step()
         return
-    ms = {s: [] for s in schedules}
-    grads = {}
-    for _ in range(rounds):  # interleaved
-        for s in schedules:
-            with ta.pinned_bwd_schedule(s):
-                grads[s] = step()
-                ms[s].append(summarize(time_cuda(step, flush=flush)).median_ms)
-    base = min(ms[schedules[0]])
-    for s in schedules:
-        t = min(ms[s])
+    ms, grads = pinned_rounds(step, schedules, rounds, flush)
+    for s, t, g in zip(schedules, ms, grads):
         print(f"{name} B{batch} H{heads} S{seq} D{d} {s.label():34s} {t:7.3f} ms  "
-              f"x{base / t:.3f} of default  max rel |dgrad - default's| "
-              f"{rel_diff(grads[s], grads[schedules[0]]):.1e}", flush=True)
+              f"x{ms[0] / t:.3f} of default  max rel |dgrad - default's| "
+              f"{rel_diff(g, grads[0]):.1e}", flush=True)
 
 
 def main() -> int:
