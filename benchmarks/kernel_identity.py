@@ -20,6 +20,7 @@ from different code.
 from __future__ import annotations
 
 import argparse
+import gzip
 import hashlib
 import json
 import re
@@ -190,7 +191,8 @@ def main(argv=None) -> int:
         args.save.write_text(json.dumps(found, indent=1, sort_keys=True) + "\n")
         print(f"saved {len(found)} kernels to {args.save}")
         return 0
-    saved = json.loads(args.check.read_text())
+    raw = args.check.read_bytes()  # a saved file, gzipped when archived (.json.gz)
+    saved = json.loads(gzip.decompress(raw) if args.check.suffix == ".gz" else raw)
     bad = 0
     for key, now in sorted(found.items()):
         then = saved.get(key)

@@ -247,3 +247,133 @@ def test_a_published_note_may_gain_baselines_registered_since_but_lose_or_reorde
     assert not _same_note(note, note.replace("torch_sdpa, flash", "flash, torch_sdpa"))
     assert not _same_note(note, note.replace("x (", "z ("))
     assert not _same_note(note, note.replace("); y.", "); z."))
+
+
+
+# The workloads stage as measured for the H200 reference (2026-12-03, revision 9b02838):
+# its rows are the reference's data/workloads-rows.jsonl.gz, its run manifest this file.
+WORKLOADS_MANIFEST = "benchmarks/results/h200-2026-12-03-s62-workloads-manifest.json.gz"
+BEFORE_WORKLOADS = "9b02838e9fbfb3bc11e160c23eb44336bb83a544"  # h200 without the stage
+
+
+def _measured_workloads(tmp_path) -> str:
+    """The H200 workloads stage's output directory (rows and run manifest), as it ran."""
+    import gzip
+    import shutil
+
+    out = tmp_path / "measured"
+    out.mkdir()
+    for src, name in ((os.path.join(ROOT, REFERENCES[1], "data", "workloads-rows.jsonl.gz"),
+                       "rows.jsonl"),
+                      (os.path.join(ROOT, WORKLOADS_MANIFEST), "manifest-workloads.json")):
+        with gzip.open(src, "rb") as g, open(out / name, "wb") as f:
+            shutil.copyfileobj(g, f)
+    return str(out)
+
+
+def _sums_of(ref) -> dict[str, str]:
+    return dict(ln.split("  ", 1)[::-1] for ln in (ref / "SHA256SUMS").read_text().splitlines())
+
+
+@pytest.mark.skipif(not _whole_history(), reason="a shallow clone: the H200 reference as "
+                    "it was before its workloads stage is not in it")
+def test_rebundle_adds_a_stage_measured_since_and_keeps_what_was_published(tmp_path):
+    """The H200 reference as it was before (revision 9b02838) with --add workloads=... gains
+    the stage's rows and its tables (every table made again by the newer source) exactly
+    as committed; every row it published stays byte for byte, the manifest keeps its runs
+    and adds the new one (resumed: its first call's stack too), the config keeps its
+    sections and adds the stage's."""
+    import gzip
+    import io
+    import tarfile
+
+    import yaml
+
+    from tiledattention.stages import stage_from_dict
+    from tiledattention.study.references import rebundle
+
+    archived = subprocess.run(["git", "-C", ROOT, "archive", BEFORE_WORKLOADS, REFERENCES[1]],
+                              capture_output=True, check=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(archived)) as tar:
+        tar.extractall(tmp_path, filter="data")
+    ref = tmp_path / REFERENCES[1]
+    before = _sums_of(ref)
+    old_manifest = json.loads((ref / "manifest.json").read_text())
+    old_config = yaml.safe_load((ref / "config" / "study-config.yaml").read_text())
+    assert "workloads" not in old_config
+    assert rebundle.main(["--add", f"workloads={_measured_workloads(tmp_path)}", str(ref)]) == 0
+    after = _sums_of(ref)
+    kept = {rel for rel in before if rel.startswith(rebundle.KEPT)
+            and not rel.startswith(rebundle.GROWN)}
+    assert {"data/rows.jsonl.gz", "data/variants-rows.jsonl.gz"} <= kept
+    assert {rel: after.get(rel) for rel in kept} == {rel: before[rel] for rel in kept}
+    published = _sums_of_committed()  # the stage's rows and every table, as committed
+    new = {rel for rel in after if rel.startswith(("data/workloads", "tables/"))}
+    assert "tables/workloads_decode.md" in new
+    assert {rel: after[rel] for rel in new} == {rel: published[rel] for rel in new}
+    manifest = json.loads((ref / "manifest.json").read_text())
+    assert manifest["runs"][:-1] == old_manifest["runs"]
+    run = manifest["runs"][-1]
+    with gzip.open(os.path.join(ROOT, WORKLOADS_MANIFEST)) as f:
+        measured = json.load(f)
+    assert run["config_hash"] == measured["config_hash"] and len(run["resumed"]) == 1
+    assert BEFORE_WORKLOADS in manifest["mismatches"]["git_commit"]
+    config = yaml.safe_load((ref / "config" / "study-config.yaml").read_text())
+    assert {k: v for k, v in config.items() if k != "workloads"} == old_config
+    assert stage_from_dict("workloads", config["workloads"]).digest() == run["config_hash"]
+    assert verify.verify(str(ref)) == []
+
+
+def _sums_of_committed() -> dict[str, str]:
+    from pathlib import Path
+
+    return _sums_of(Path(ROOT, REFERENCES[1]))
+
+
+def _copy(tmp_path, ref: str):
+    import shutil
+
+    copy = tmp_path / os.path.basename(ref)
+    shutil.copytree(os.path.join(ROOT, ref), copy)
+    return copy
+
+
+@pytest.mark.parametrize("ref,says", [
+    (REFERENCES[0], "measured on NVIDIA H200, the study on NVIDIA H100"),
+    (REFERENCES[1], "holds the workloads stage's rows already"),
+])
+def test_rebundle_adds_no_stage_of_another_gpu_model_nor_one_it_holds(tmp_path, capsys, ref,
+                                                                        says):
+    copy = _copy(tmp_path, ref)
+    assert says in _rebundle_refused(["--add", f"workloads={_measured_workloads(tmp_path)}"],
+                                     copy, capsys)
+
+
+def test_rebundle_adds_no_stage_measured_with_another_section(tmp_path, capsys):
+    out = tmp_path / "workloads"  # run here, one decode point: not the reference's section
+    assert main(["workloads", "--config", os.path.join(ROOT, "config", "reference.yaml"),
+                 "--out", str(out), "--kinds", "decode", "--decode-batches", "1",
+                 "--page-sizes", "16", "--launcher", "debug"]) == 0
+    capsys.readouterr()
+    err = _rebundle_refused(["--add", f"workloads={out}"], _copy(tmp_path, REFERENCES[0]),
+                            capsys)
+    assert err.startswith("rebundle: --add workloads:") and "another workloads section" in err
+
+
+@pytest.mark.parametrize("args,says", [
+    (["--add", "workloads"], "give STAGE=DIR"),
+    (["--add", "nosuch=x"], "has no nosuch section to record"),
+    (["--add", "tune=x"], "not a GPU stage with rows of its own"),
+])
+def test_rebundle_refuses_an_add_it_cannot_read(tmp_path, capsys, args, says):
+    assert says in _rebundle_refused(args, _copy(tmp_path, REFERENCES[0]), capsys)
+
+
+def _rebundle_refused(args, ref, capsys) -> str:
+    from tiledattention.study.references import rebundle
+
+    sums = (ref / "SHA256SUMS").read_text()
+    assert rebundle.main([*args, str(ref)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and (ref / "SHA256SUMS").read_text() == sums
+    return err[0]

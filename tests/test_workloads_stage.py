@@ -272,6 +272,23 @@ def test_rows_measured_without_a_gpu_are_measured_again_where_one_is(tmp_path, m
     assert load_rows(str(tmp_path)) == [] and list(tmp_path.glob("stale-*"))
 
 
+def test_a_resumed_run_keeps_the_run_that_measured_its_earlier_rows(tmp_path, monkeypatch):
+    """As the bench's shards do: the study's manifest then checks that run's stack too."""
+    from tiledattention.bench import runner
+    from tiledattention.stages.workloads import run_workloads
+
+    cfg = _cfg(kinds=["decode"], methods=["sdpa_padded"])
+    monkeypatch.setattr(runner, "no_gpu_reason", lambda: "no GPU")
+    run_workloads(cfg, str(tmp_path))
+    path = tmp_path / "manifest-workloads.json"
+    first = json.loads(path.read_text())
+    assert first["earlier_runs"] == []
+    run_workloads(cfg, str(tmp_path))
+    again = json.loads(path.read_text())
+    assert [e["started"] for e in again["earlier_runs"]] == [first["started"]]
+    assert again["earlier_runs"][0]["git_commit"] == first["git_commit"]
+
+
 # --- baselines that cannot run say why --------------------------------------------------
 def _point(kind):
     from tiledattention.stages.workloads import points

@@ -270,6 +270,31 @@ def test_a_per_query_bias_at_an_untiled_length_with_gqa(causal):
           captured=[(qb, qb64)])
 
 
+@pytest.mark.parametrize("dqk,dv", [(192, 128), (128, 64)])
+def test_a_variant_with_v_narrower_than_q_and_k_and_captured_gradients(dqk, dv):
+    # D_v != D_qk through a variant: since variants.md 45a a variant's dK/dV program at
+    # 64 < D <= 128 takes keys as its MMA rows, the D_qk 192 one does not; the window's
+    # mask_mod, ALiBi slopes and a per-key bias (the captured-gradient reads of both
+    # orientations) on a GQA batch at an untiled length.
+    q, k, _ = _qkv(2, 8, 300, 300, dqk, torch.bfloat16, hk=2)
+    v = torch.randn(2, 2, 300, dv, device="cuda").to(torch.bfloat16).requires_grad_()
+    slopes = torch.rand(8, device="cuda").requires_grad_()
+    kb = (0.3 * torch.randn(300, device="cuda")).requires_grad_()
+    s64, kb64 = _leaf(slopes), _leaf(kb)
+
+    def alibi_key_bias(score, b, h, q_idx, kv_idx):
+        return score + slopes[h] * (kv_idx - q_idx) + kb[kv_idx]
+
+    def window(b, h, q_idx, kv_idx):
+        return q_idx - kv_idx < 100
+
+    out = check(q, k, v, alibi_key_bias,
+                lambda s, b, h, qi, ki: s + s64[h] * (ki - qi) + kb64[ki], causal=True,
+                mask_mod=window, keep_ref=lambda b, h, qi, ki: qi - ki < 100,
+                captured=[(slopes, s64), (kb, kb64)])
+    assert out.shape[-1] == dv and v.grad.shape[-1] == dv and k.grad.shape[-1] == dqk
+
+
 def test_fully_masked_rows_by_a_mask_mod_at_s256():
     q, k, v = _qkv(2, 2, 256, 256, 64, torch.float16)
 

@@ -565,7 +565,7 @@ def _run_locked(cfg, out_dir, shard_index, shard_count, log, device, remeasure) 
     done = sum(all(store.done(p.key(), m) for m in cfg.methods) for p in points)
     started = now()
     manifest_path = os.path.join(out_dir, f"manifest-{tag}.json")
-    earlier = _earlier_runs(manifest_path) if store.rows else []
+    earlier = earlier_runs_of(manifest_path) if store.rows else []
     write_manifest(manifest_path, dict(capture(cfg, started=started), earlier_runs=earlier))
     print(f"bench: {len(points)} points in {tag} on {device}, {done} already "
           f"done in {store.path}", file=log, flush=True)
@@ -585,7 +585,7 @@ EARLIER_FIELDS = ("tiledattention", "python", "torch", "cuda_runtime", "cudnn", 
                   "finished")
 
 
-def _earlier_runs(manifest_path: str) -> list[dict]:
+def earlier_runs_of(manifest_path: str) -> list[dict]:
     """The runs before this one on the same rows file, from the manifest it replaces."""
     from ..safeio import UnsafeFileError, load_json
 

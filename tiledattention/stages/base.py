@@ -366,7 +366,7 @@ def measured_run(cfg, out_dir: str, plan, digest: str, header: str, measure_rows
     import os
 
     from ..bench.manifest import capture, now
-    from ..bench.runner import resume, write_manifest
+    from ..bench.runner import earlier_runs_of, resume, write_manifest
     from ..bench.store import Lock, ResultStore
 
     os.makedirs(out_dir, exist_ok=True)
@@ -377,12 +377,15 @@ def measured_run(cfg, out_dir: str, plan, digest: str, header: str, measure_rows
         open(path, "ab").close()  # the rule's output exists even if nothing is measured
         started = now()
         manifest = os.path.join(out_dir, f"manifest-{cfg.stage}.json")
-        write_manifest(manifest, capture(cfg, started=started))
+        # A resumed run keeps the runs that measured its earlier rows, as the bench's does.
+        earlier = earlier_runs_of(manifest) if store.rows else []
+        write_manifest(manifest, dict(capture(cfg, started=started), earlier_runs=earlier))
         print(f"{cfg.stage}: {header}", file=log, flush=True)
         try:
             stopped = measure_rows(store)
         finally:
-            write_manifest(manifest, capture(cfg, started=started, finished=now()))
+            write_manifest(manifest, dict(capture(cfg, started=started, finished=now()),
+                                          earlier_runs=earlier))
         rows = list(store.rows.values())
         missing = [(p.key(), m) for p, ms in plan for m in ms if not store.done(p.key(), m)]
     print(summary(rows), file=log, flush=True)

@@ -394,4 +394,5 @@ HELP = ("packed variable-length training batches and a paged KV cache (decode, c
 
 
 STAGE = measured_stage(WorkloadsConfig, run_workloads, load_rows, summary, HELP,
-                       verbs=(("aggregate", "the workloads tables"),), key="kind")
+                       verbs=(("aggregate", "the workloads tables"),), key="kind",
+                       compared=True)

@@ -110,3 +110,32 @@ def merge(manifests: dict[str, dict], *, config: dict | None = None,
         "container": image_reference(image),
         "study_config_hash": config_hash(config) if config is not None else None,
     }
+
+
+def _values(merged: dict, field: str) -> list:
+    """The values a merged manifest's runs had for ``field``: its mismatches', else the one."""
+    return (merged.get("mismatches") or {}).get(field) or [(merged.get("stack") or {}).get(field)]
+
+
+def extend(merged: dict, manifests: dict[str, dict], *, config: dict,
+           base_dir: str | None = None) -> dict:
+    """A merged manifest with more runs: a stage measured later for the same study, on the
+    same GPU model (a committed reference gaining a stage). Its runs stay as they are, the
+    new ones follow; ``mismatches`` covers all of them (a later run's revision is one);
+    the config hash is ``config``'s, the study config with the new stage's section."""
+    new = merge(manifests, config=config, base_dir=base_dir)
+    have, got = (merged.get("gpu") or {}).get("name"), (new.get("gpu") or {}).get("name")
+    if have != got:
+        raise StudyError(f"the new runs were measured on {got or 'no GPU'}, the study on "
+                         f"{have or 'no GPU'}: one study is one GPU model")
+    mismatches = {}
+    for field in STACK_FIELDS:
+        values = {json.dumps(v) for v in [*_values(merged, field), *_values(new, field)]}
+        if len(values) > 1:
+            mismatches[field] = sorted(json.loads(v) if v != "null" else None for v in values)
+    return {**merged, "consistent": not mismatches, "mismatches": mismatches,
+            "runs": [*merged.get("runs", []), *new["runs"]],
+            "runs_from_dirty_tree": sorted({*merged.get("runs_from_dirty_tree", []),
+                                            *new["runs_from_dirty_tree"]}),
+            "study_config_hash": new["study_config_hash"]}
+

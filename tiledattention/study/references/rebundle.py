@@ -8,6 +8,15 @@ that revision's), makes the compact bundle again and replaces the reference only
 every measurement, table, manifest and config came through byte for byte::
 
     python -m tiledattention.study.references.rebundle results/reference/h100 results/reference/h200
+
+A reference made before a GPU stage existed gains that stage's rows, measured later on the
+same GPU model with the section of ``--config`` (default ``config/reference.yaml``)::
+
+    python -m tiledattention.study.references.rebundle --add workloads=DIR results/reference/h200
+
+Every row published stays byte for byte; the manifest gains the run, the config the section,
+and the bundle's source becomes the newest revision a run measured with, whose code makes
+every table again from the rows (``GROWN``).
 """
 
 from __future__ import annotations
@@ -26,6 +35,11 @@ from ..publication.archive import MARKER, SUMS, tree_files
 
 # What must come through unchanged: the measurements and what was published of them.
 KEPT = ("data/", "tables/", "compare/", "scaling/", "manifest.json", "config/")
+# What a stage added to a reference changes of them: the runs, the config's sections and
+# the tables. The bundle's source becomes the revision the stage ran at, so every table is
+# made again from the same rows by that code (the headline reads the new stage's rows too);
+# the rows stay byte for byte.
+GROWN = ("manifest.json", "config/study-config.yaml", "tables/")
 
 
 def _sums(bundle: str) -> dict[str, str]:
@@ -39,9 +53,11 @@ def _gunzip(src: str, dest: str) -> None:
         shutil.copyfileobj(g, f)
 
 
-def study_of(bundle: str, study: str) -> str:
+def study_of(bundle: str, study: str, added: dict[str, tuple[str, dict]] | None = None
+             ) -> str:
     """The study directory ``bundle create --compact`` reads, laid out from a compact
-    ``bundle`` in ``study``; returns the config file's path."""
+    ``bundle`` in ``study``, with the ``added`` stages (name: (directory, config section),
+    ``add_stage``); returns the config file's path."""
     from ...stages import STAGES
 
     data = os.path.join(bundle, "data")
@@ -76,47 +92,110 @@ def study_of(bundle: str, study: str) -> str:
     config = os.path.join(study, "plan", "study-config.yaml")
     os.makedirs(os.path.dirname(config))
     shutil.copyfile(os.path.join(bundle, "config", "study-config.yaml"), config)
-    tables_added_since(study)
+    for name, (measured, section) in (added or {}).items():
+        add_stage(study, name, measured, section)
+    tables_added_since(study, again=bool(added))
     return config
 
 
-def tables_added_since(study: str) -> list[str]:
+def add_stage(study: str, name: str, measured: str, section: dict) -> None:
+    """GPU stage ``name``'s rows, measured after the reference was made (``measured``: the
+    stage's output directory, its rows and run manifest), into the ``study`` laid out from
+    it: the config gains ``section`` (the one the rows were measured with: its digest is
+    the run's), the manifest the run (``manifest.extend``: the same GPU model)."""
+    import yaml
+
+    from ...stages import STAGES, stage_from_dict
+    from ...yamlio import load_yaml
+    from ..publication.manifest import extend, load_manifests
+
+    stage = STAGES.get(name)
+    if stage is None or stage.rows is None or not stage.rows.file or stage.config is None:
+        takes = [s.name for s in STAGES.values() if s.rows and s.rows.file and s.config]
+        raise StudyError(f"--add {name}: not a GPU stage with rows of its own "
+                         f"({', '.join(takes)})")
+    dest = os.path.join(study, name)
+    if os.path.exists(dest):
+        raise StudyError(f"--add {name}: the reference holds the {name} stage's rows already")
+    manifests = load_manifests([measured])
+    if not os.path.isfile(os.path.join(measured, stage.rows.file)) or len(manifests) != 1:
+        raise StudyError(f"--add {name}={measured}: not the stage's output directory (its "
+                         f"{stage.rows.file} and one manifest-*.json)")
+    digest = stage_from_dict(name, section).digest()
+    (path, run), = manifests.items()
+    if run.get("config_hash") != digest:
+        raise StudyError(f"--add {name}: {path} was measured with another {name} section "
+                         f"(digest {run.get('config_hash')}) than the config's ({digest})")
+    stage.rows.load(measured)  # read as the stage reads them: a damaged file is one error
+    os.makedirs(dest)
+    for src in (os.path.join(measured, stage.rows.file), path):
+        shutil.copyfile(src, os.path.join(dest, os.path.basename(src)))
+    config = os.path.join(study, "plan", "study-config.yaml")
+    cfg = {**load_yaml(config), name: section}
+    with open(config, "w", encoding="utf-8") as f:
+        yaml.safe_dump(cfg, f, sort_keys=False)  # as ``bundle create`` writes it
+    with open(os.path.join(study, "manifest.json"), encoding="utf-8") as f:
+        merged = json.load(f)
+    merged = extend(merged, {os.path.join(dest, os.path.basename(path)): run}, config=cfg,
+                    base_dir=study)
+    with open(os.path.join(study, "manifest.json"), "w", encoding="utf-8") as f:
+        json.dump(merged, f, indent=1)
+
+
+def tables_added_since(study: str, again: bool = False) -> list[str]:
     """The tables a study needs that its reference predates (``headline_shapes`` was added
     after the references were made), written into its aggregate from its rows by today's
     code, as ``tiledattn aggregate`` would: the benchmark's rows and the stages' own
     (model, variants, workloads). The tables the reference published stay as they were,
-    byte for byte. Returns the stems written."""
-    from ...stages import STAGES
+    byte for byte, unless ``again`` (a stage added: ``GROWN``): then every table is made
+    again. Returns the stems written."""
     from ..presentation.tables import write_all
     from ..publication.create import needed_tables
-    from ..publication.prose import stage_rows_in
 
     tables = os.path.join(study, "aggregate", "tables")
     missing = [n for n in needed_tables(study)
-               if not os.path.isfile(os.path.join(tables, f"{n}.md"))]
+               if again or not os.path.isfile(os.path.join(tables, f"{n}.md"))]
     if not missing:
         return []
     with open(os.path.join(study, "aggregate", "rows.jsonl"), encoding="utf-8") as f:
         rows = [json.loads(line) for line in f if line.strip()]
     with open(os.path.join(study, "manifest.json"), encoding="utf-8") as f:
         gpu = (json.load(f).get("gpu") or {}).get("name")
-    stage_rows = {s.name: stage_rows_in(study, s.name) for s in STAGES.values()
-                  if s.rows and s.rows.file}
     with tempfile.TemporaryDirectory(prefix="tiledattn-tables-") as tmp:
-        write_all(rows, tmp, stage_rows=stage_rows, gpu=gpu)
+        write_all(rows, tmp, stage_rows=_stage_rows(study), gpu=gpu)
         for n in missing:
             shutil.copyfile(os.path.join(tmp, f"{n}.md"), os.path.join(tables, f"{n}.md"))
     return missing
 
 
-def recorded_revision(bundle: str, repo: str) -> str:
+def _stage_rows(study: str) -> dict[str, list[dict]]:
+    """Each stage's rows in the laid-out study (``study_of``), as ``tiledattn aggregate
+    --<stage> DIR`` reads them: the ladder's, each shapes grid's, the measured stages'."""
+    import glob
+
+    from ...stages import STAGES
+
+    found = {}
+    for stage in STAGES.values():
+        if stage.rows is None:
+            continue
+        dirs = (sorted(glob.glob(os.path.join(study, stage.name, "g*"))) if stage.rows.many
+                else [os.path.join(study, stage.name)])
+        found[stage.name] = [r for d in dirs if os.path.isdir(d) for r in stage.rows.load(d)]
+    return found
+
+
+def recorded_revision(bundle: str, repo: str, manifest_path: str | None = None) -> str:
     """The revision the reference's source is: the one its marker records, else the newest
-    revision its manifest records (the runs' latest code: a study's later stage re-run)."""
-    with open(os.path.join(bundle, MARKER), encoding="utf-8") as f:
-        named = (json.load(f).get("source") or {}).get("revision")
-    if named:
-        return named
-    with open(os.path.join(bundle, "manifest.json"), encoding="utf-8") as f:
+    revision its manifest records (the runs' latest code: a study's later stage re-run).
+    ``manifest_path``: a study's manifest with a stage added, whose newest revision it is."""
+    if manifest_path is None:
+        with open(os.path.join(bundle, MARKER), encoding="utf-8") as f:
+            named = (json.load(f).get("source") or {}).get("revision")
+        if named:
+            return named
+        manifest_path = os.path.join(bundle, "manifest.json")
+    with open(manifest_path, encoding="utf-8") as f:
         manifest = json.load(f)
     revs = {(manifest.get("stack") or {}).get("git_commit")} | set(
         (manifest.get("mismatches") or {}).get("git_commit") or [])
@@ -149,8 +228,9 @@ def _checkout(repo: str, revision: str, dest: str) -> None:
                              f"{run.stderr.strip()[:300]}")
 
 
-def rebundle(ref: str, repo: str) -> str:
-    """``ref`` made again; returns the revision its source is."""
+def rebundle(ref: str, repo: str, added: dict[str, tuple[str, dict]] | None = None) -> str:
+    """``ref`` made again, with the ``added`` stages (``study_of``); returns the revision
+    its source is."""
     from ...yamlio import load_yaml
     from ..publication.create import create
     from ..publication.metadata import Publication
@@ -161,9 +241,10 @@ def rebundle(ref: str, repo: str) -> str:
     if extra:  # never removed: not the bundle's
         raise StudyError(f"{ref}: holds {len(extra)} file(s) its {SUMS} does not list "
                          f"({', '.join(extra[:3])}); move them away first")
-    revision = recorded_revision(ref, repo)
     with tempfile.TemporaryDirectory(prefix="tiledattn-rebundle-") as tmp:
-        config = study_of(ref, os.path.join(tmp, "study"))
+        config = study_of(ref, os.path.join(tmp, "study"), added)
+        revision = recorded_revision(ref, repo, os.path.join(tmp, "study", "manifest.json")
+                                     if added else None)
         _checkout(repo, revision, os.path.join(tmp, "source"))
         cfg = load_yaml(config)
         from ... import __version__
@@ -174,7 +255,9 @@ def rebundle(ref: str, repo: str) -> str:
                publication=Publication.from_dict(cfg.get("publication"), __version__),
                command="tiledattn bundle create", compact=True)
         new = _sums(out)
-        lost = sorted(rel for rel in old if rel.startswith(KEPT) and new.get(rel) != old[rel])
+        grown = GROWN if added else ()  # what gains the added stages, checked in add_stage
+        lost = sorted(rel for rel in old if rel.startswith(KEPT) and not rel.startswith(grown)
+                      and new.get(rel) != old[rel])
         if lost:
             raise StudyError(f"{ref}: made again, {len(lost)} file(s) would change "
                              f"({', '.join(lost[:3])}); the reference is left as it was")
@@ -191,20 +274,46 @@ def rebundle(ref: str, repo: str) -> str:
     return revision
 
 
+def _added(adds: list[str], config: str, refs: list[str]) -> dict[str, tuple[str, dict]]:
+    """``--add STAGE=DIR`` as (directory, the section of ``config``) per stage."""
+    from ...yamlio import load_yaml
+
+    if not adds:
+        return {}
+    if len(refs) != 1:
+        raise StudyError("--add: one reference at a time (the rows are one system's)")
+    cfg = load_yaml(config)
+    added = {}
+    for add in adds:
+        name, sep, measured = add.partition("=")
+        if not sep or not name or not measured:
+            raise StudyError(f"--add {add}: give STAGE=DIR (the stage's output directory)")
+        if not isinstance(cfg.get(name), dict):
+            raise StudyError(f"--add {name}: {config} has no {name} section to record")
+        added[name] = (measured, cfg[name])
+    return added
+
+
 def main(argv: list[str] | None = None) -> int:
-    refs = sys.argv[1:] if argv is None else argv
+    import argparse
+
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
         os.path.abspath(__file__)))))
-    if not refs:
-        print("usage: python -m tiledattention.study.references.rebundle REFERENCE_DIR...",
-              file=sys.stderr)
-        return 2
-    for ref in refs:
+    p = argparse.ArgumentParser(prog="python -m tiledattention.study.references.rebundle",
+                                description="make committed references again")
+    p.add_argument("refs", nargs="+", metavar="REFERENCE_DIR")
+    p.add_argument("--add", action="append", default=[], metavar="STAGE=DIR",
+                   help="a GPU stage's rows measured since, into the one reference given")
+    p.add_argument("--config", default=os.path.join(repo, "config", "reference.yaml"),
+                   help="the study config whose section an added stage ran with")
+    a = p.parse_args(sys.argv[1:] if argv is None else argv)
+    for ref in a.refs:
         try:
             if not os.path.isfile(os.path.join(ref, SUMS)):
                 raise StudyError(f"{ref}: not a committed reference (no {SUMS})")
+            added = _added(a.add, a.config, a.refs)
             print(f"rebundle: {ref} made again, its source revision "
-                  f"{rebundle(ref, repo)}", file=sys.stderr)
+                  f"{rebundle(ref, repo, added)}", file=sys.stderr)
         except StudyError as exc:
             print(f"rebundle: {exc}", file=sys.stderr)
             return 2
