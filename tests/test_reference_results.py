@@ -364,6 +364,8 @@ def test_rebundle_adds_no_stage_measured_with_another_section(tmp_path, capsys):
     (["--add", "workloads"], "give STAGE=DIR"),
     (["--add", "nosuch=x"], "has no nosuch section to record"),
     (["--add", "tune=x"], "not a GPU stage with rows of its own"),
+    (["--add", "workloads=x", "--config", "no/such.yaml"], "no/such.yaml: cannot read it"),
+    (["--add", "workloads=no/such/dir"], "not the stage's output directory"),
 ])
 def test_rebundle_refuses_an_add_it_cannot_read(tmp_path, capsys, args, says):
     assert says in _rebundle_refused(args, _copy(tmp_path, REFERENCES[0]), capsys)

@@ -30,7 +30,7 @@ import sys
 import tempfile
 import zipfile
 
-from ...errors import StudyError
+from ...errors import StudyError, TiledAttentionError
 from ..publication.archive import MARKER, SUMS, tree_files
 
 # What must come through unchanged: the measurements and what was published of them.
@@ -314,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
             added = _added(a.add, a.config, a.refs)
             print(f"rebundle: {ref} made again, its source revision "
                   f"{rebundle(ref, repo, added)}", file=sys.stderr)
-        except StudyError as exc:
+        except TiledAttentionError as exc:  # a study's, a config's or a rows file's
             print(f"rebundle: {exc}", file=sys.stderr)
             return 2
     return 0
