@@ -382,27 +382,15 @@ def _stage_rows_options(p, verb: str) -> None:
 
 
 def _stage_rows_of(args, verb: str) -> dict[str, list[dict]]:
-    """The rows of each stage ``verb`` reads, by stage name (as the writers take them)."""
-    return {s.name: _stage_rows(getattr(args, s.name), f"--{s.name}", s)
-            for s in STAGES.values() if s.rows and any(v == verb for v, _ in s.rows.verbs)}
-
-
-def _stage_rows(paths: str | list[str] | None, flag: str, stage) -> list[dict]:
-    """A stage's rows from the directories named (``--model DIR``: its rows file must be
-    there; ``--shapes DIR...``: each must be a directory); ``stage``: its record."""
-    import os
-
-    from .bench.store import RowsError
-
-    rows: list[dict] = []
-    for path in [paths] if isinstance(paths, str) else paths or ():
-        if stage.rows.file is None:
-            if not os.path.isdir(path):
-                raise RowsError(f"{flag} {path}: not a directory")
-        elif not os.path.exists(os.path.join(path, stage.rows.file)):
-            raise RowsError(f"{flag} {path}: no {stage.rows.file} there")
-        rows += stage.rows.load(path)
-    return rows
+    """The rows of each stage ``verb`` reads, by stage name (as the writers take them):
+    ``--model DIR`` (its rows file must be there), ``--shapes DIR...`` (each a directory)."""
+    found = {}
+    for s in STAGES.values():
+        if s.rows and any(v == verb for v, _ in s.rows.verbs):
+            paths = getattr(args, s.name)
+            found[s.name] = s.rows.from_dirs([paths] if isinstance(paths, str)
+                                             else paths or [], f"--{s.name}")
+    return found
 
 
 def _figures(args) -> int:

@@ -34,6 +34,23 @@ class Rows:
     compared: bool = False
     measure: str | None = None
 
+    def from_dirs(self, dirs: list[str], flag: str) -> list[dict]:
+        """The rows in each directory of ``dirs``, one ``RowsError`` naming ``flag`` (how
+        the caller named them) where one is not a directory or lacks the rows file."""
+        import os
+
+        from ..bench.store import RowsError
+
+        rows: list[dict] = []
+        for path in dirs:
+            if self.file is None:
+                if not os.path.isdir(path):
+                    raise RowsError(f"{flag} {path}: not a directory")
+            elif not os.path.exists(os.path.join(path, self.file)):
+                raise RowsError(f"{flag} {path}: no {self.file} there")
+            rows += self.load(path)
+        return rows
+
 
 @dataclass(frozen=True)
 class Publish:

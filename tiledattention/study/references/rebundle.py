@@ -181,7 +181,8 @@ def _stage_rows(study: str) -> dict[str, list[dict]]:
             continue
         dirs = (sorted(glob.glob(os.path.join(study, stage.name, "g*"))) if stage.rows.many
                 else [os.path.join(study, stage.name)])
-        found[stage.name] = [r for d in dirs if os.path.isdir(d) for r in stage.rows.load(d)]
+        found[stage.name] = stage.rows.from_dirs([d for d in dirs if os.path.isdir(d)],
+                                                 stage.name)
     return found
 
 
