@@ -132,6 +132,25 @@ def sweep(args) -> int:
     return 0
 
 
+# A shapes grid without a `methods` key: the kernel next to PyTorch SDPA's automatic dispatch.
+SHAPES_METHODS = ("tiledattention", "torch_sdpa")
+
+
+def study_timing(study: dict) -> dict:
+    """A study config's bench section less its grids: a stage with its own grid (ladder,
+    shapes) takes the study's timing, seed and checks, not the main grid's decode points."""
+    return {k: v for k, v in (study.get("bench") or {}).items() if k not in ("grid", "decode")}
+
+
+def shapes_config(study: dict, i: int) -> dict:
+    """Shapes grid ``i`` of a study config as the bench config its sweep runs (the workflow's
+    plan/shapes-g<i>.yaml; ``rebundle --add`` checks a run's digest against it): the study's
+    timing, the grid, and the grid's own ``methods`` where it names them."""
+    grid = dict(study["shapes"]["grids"][i])
+    methods = grid.pop("methods", list(SHAPES_METHODS))
+    return {**study_timing(study), "grid": grid, "methods": methods}
+
+
 def sweep_rows(rows_dir: str) -> list[dict]:
     """A sweep's rows (every shard's), checked as the tables read them (the ladder's, a
     shapes grid's)."""

@@ -33,6 +33,8 @@ from tiledattention.stages import STAGES as _STAGES
 from tiledattention.stages import rule_files as _stage_rule_files
 from tiledattention.stages import stage_from_dict as _stage_config
 from tiledattention.stages import study_schema as _study_schema
+from tiledattention.stages.bench import shapes_config as _shapes_config
+from tiledattention.stages.bench import study_timing as _study_timing
 from tiledattention.stages.profile import Shape as _ProfileShape
 from tiledattention.yamlio import YAMLInputError, load_yaml
 
@@ -137,21 +139,14 @@ def ladder_bench():
     tiledattention method per step next to the tuned table and PyTorch SDPA."""
     ladder = config["ladder"]
     steps = [_pinned(s) for s in ladder["steps"]]
-    return {**_bench_timing(), "grid": ladder["grid"],
+    return {**_study_timing(config), "grid": ladder["grid"],
             "methods": steps + ["tiledattention", "torch_sdpa"]}
 
 
-def _bench_timing():
-    """The bench section less its grids: a stage with its own grid (ladder, shapes) takes
-    the study's timing, seed and checks, not the main grid's decode points."""
-    return {k: v for k, v in config["bench"].items() if k not in ("grid", "decode")}
-
-
 def shapes_bench(i):
-    """Shapes grid ``i`` as a bench config: the study's timing, the kernel next to PyTorch
-    SDPA's automatic dispatch."""
-    return {**_bench_timing(), "grid": config["shapes"]["grids"][i],
-            "methods": ["tiledattention", "torch_sdpa"]}
+    """Shapes grid ``i`` as a bench config: the study's timing, the grid's methods
+    (default: the kernel next to PyTorch SDPA's automatic dispatch)."""
+    return _shapes_config(config, i)
 
 
 # The bench section and the GPU stages' sections first, each from its dataclass (the

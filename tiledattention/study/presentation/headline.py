@@ -129,14 +129,17 @@ def lines(rows: list[dict], variant_rows: list[dict] | None = None) -> list[Line
     return out + _variants(variant_rows or [])
 
 
-def by_shape(rows: list[dict], variant_rows: list[dict] | None = None) -> list[Line]:
-    """Per stage (the benchmark, then the variants stage), pass, head shape and dtype: ours
+def by_shape(rows: list[dict], variant_rows: list[dict] | None = None,
+             shape_rows: list[dict] | None = None) -> list[Line]:
+    """Per stage (the benchmark, the shapes grids, the variants stage), pass, head shape and
+    dtype: ours
     against the fastest fused baseline (``kernel.geomean`` > 1: it leads there, < 1: it
     trails; ``fastest``: which baseline was the fastest where) and the points where ours is
     the only method that ran (``alone``: standing.alone, each other's refusal named). A
     group with neither is left out; forward and forward+backward are never one group."""
     out = []
-    for stage, stage_rows in (("bench", rows), ("variants", variant_rows or [])):
+    for stage, stage_rows in (("bench", rows), ("shapes", shape_rows or []),
+                              ("variants", variant_rows or [])):
         for p in passes_in(stage_rows):
             here = [r for r in stage_rows if pass_of(r) == p]
             best = with_best(here)
@@ -164,8 +167,9 @@ def _shapes(rows: list[dict]) -> list[int | str | None]:
 
 
 def _group_label(stage: str, pass_: str, head: int | str | None, dtype: str) -> str:
-    """"forward D=512 bfloat16", "variants forward+backward D=128 bfloat16"."""
-    return (("variants " if stage == "variants" else "") + PASS_NAMES.get(pass_, pass_)
+    """"forward D=128 bfloat16", "shapes forward D=512 bfloat16", "variants forward+backward
+    D=128 bfloat16"."""
+    return (("" if stage == "bench" else f"{stage} ") + PASS_NAMES.get(pass_, pass_)
             + ("" if head is None else f" D={head}") + f" {dtype}")
 
 
@@ -193,11 +197,13 @@ SHAPE_COLUMNS = ["group", "points compared", "kernel geomean", "kernel min", "ke
                  "the others there"]
 
 
-def shape_table(rows: list[dict], variant_rows: list[dict] | None = None) -> Table:
+def shape_table(rows: list[dict], variant_rows: list[dict] | None = None,
+                shape_rows: list[dict] | None = None) -> Table:
     """tables/headline_shapes.*: ``by_shape``'s lines, one row per group."""
     t = Table("headline_shapes", f"Headline by head shape and dtype: where {SUBJECT} alone "
               "runs, leads or trails the fastest fused baseline", SHAPE_COLUMNS)
-    for ln in by_shape(rows, variant_rows):
+    t_lines = by_shape(rows, variant_rows, shape_rows)
+    for ln in t_lines:
         k = ln.kernel
         t.rows.append([ln.label, k.n, k.geomean, k.min, k.max, f"{k.wins}/{k.n}",
                        standing_word(ln), counts_text(ln.fastest or {}), len(ln.alone),
@@ -209,6 +215,10 @@ def shape_table(rows: list[dict], variant_rows: list[dict] | None = None) -> Tab
                    "< 1. only ours ran: the points where every other method measured there "
                    "was refused (unsupported, unavailable, failed); the others there: each "
                    "one's status and the first words of its reason at the first such point.")
+    if any(ln.stage == "shapes" for ln in t_lines):
+        t.notes.append("'shapes' groups: the shapes grids' points (tile and wave "
+                       "quantization against SDPA; head shapes and FP8 against the methods "
+                       "their grid names).")
     return t
 
 
@@ -354,10 +364,11 @@ def variants_sentence(variant_rows: list[dict]) -> str:
             + "; ".join(each) + ".")
 
 
-def shape_sentences(rows: list[dict], variant_rows: list[dict] | None = None) -> list[str]:
+def shape_sentences(rows: list[dict], variant_rows: list[dict] | None = None,
+                    shape_rows: list[dict] | None = None) -> list[str]:
     """The bundle README's paragraph on ``by_shape`` (its lines; empty where it has nothing
     to say): where only ours ran, then where it leads or trails."""
-    found = by_shape(rows, variant_rows)
+    found = by_shape(rows, variant_rows, shape_rows)
     text = " ".join(s for s in (alone_sentence(found), lead_sentence(found)) if s)
     return [text, ""] if text else []
 

@@ -414,7 +414,8 @@ def write_all(rows: list[dict], out_dir: str, *, tune_table: str | None = None,
     # every pass's rows.
     fwd = [r for r in rows if pass_of(r) == "fwd"]
     for table in (headline(rows, stage_rows.get("variants"), stage_rows.get("workloads")),
-                  shape_table(rows, stage_rows.get("variants")), table4(fwd),
+                  shape_table(rows, stage_rows.get("variants"), stage_rows.get("shapes")),
+                  table4(fwd),
                   by_head_dim(fwd), by_regime(fwd), per_point_ratios(rows, gpu),
                   table5(tune_table), throughput(rows, gpu), call_latency(rows), status(rows),
                   *[t for name, tables in STAGE_TABLES.items()

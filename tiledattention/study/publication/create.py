@@ -561,7 +561,7 @@ def _build(out_dir: str, study_dir: str, rows: list[dict], manifest: dict, *, co
                      variants_line, data_files if compact else None, revision, wheel=wheel,
                      present=set(tree_files(out_dir)),
                      cli=wheel_cli_options(os.path.join(out_dir, wheel)) if compact else None,
-                     variant_rows=variant_rows)
+                     variant_rows=variant_rows, shape_rows=stage_rows_in(study_dir, "shapes"))
     missing = not_run(study_dir, rows)
     if missing:  # before the column dictionary: what a reader must know first
         cut = readme.index("## How to reproduce")

@@ -41,7 +41,8 @@ def readme_text(pub: Publication, rows: list[dict], manifest: dict, table4: str,
             compact: list[str] | None = None, checkout: str | None = None, *,
             wheel: str, present: set[str] | None = None,
             cli: dict[str, set[str]] | None = None,
-            variant_rows: list[dict] | None = None) -> str:
+            variant_rows: list[dict] | None = None,
+            shape_rows: list[dict] | None = None) -> str:
     """The bundle's README; ``compact``: the data files of a compact bundle (its Files
     section names them, and how the figures and tables rebuild from them); ``checkout``:
     the revision whose source its snapshot leaves out; ``wheel``: the bundle's wheel of
@@ -49,7 +50,7 @@ def readme_text(pub: Publication, rows: list[dict], manifest: dict, table4: str,
     files (the Files section names only what is there; None: every kind); ``cli``: the
     options the wheel's ``tiledattn figures`` / ``aggregate`` take (None: today's);
     ``variant_rows``: the variants stage's (the standing block's variants lines and the
-    by-head-shape sentences)."""
+    by-head-shape sentences), ``shape_rows``: the shapes grids' (those sentences too)."""
     from ...stages import STAGES
     from ..presentation.headline import shape_sentences
     from ..presentation.standing import block as standing
@@ -59,7 +60,7 @@ def readme_text(pub: Publication, rows: list[dict], manifest: dict, table4: str,
     lines = [
         f"# {pub.title}", "", pub.description, "", "## Headline", "",
         headline(rows, manifest) + variants_line, table4, "",
-        *standing(rows, variant_rows), *shape_sentences(rows, variant_rows),
+        *standing(rows, variant_rows), *shape_sentences(rows, variant_rows, shape_rows),
         "## What was measured", "",
         rows_summary(rows)
         + " (`tables/status.*` groups the rows that are not ok by method, status and "
@@ -236,15 +237,24 @@ def reproduce_section(pub: Publication, manifest: dict, snapshot: tuple[int, str
 
 
 def stage_rows_in(study_dir: str, name: str) -> list[dict]:
-    """A GPU stage's own rows (its rows file), when the study ran it."""
+    """A stage's own rows in a study, where it ran: its rows file, or (a stage without one:
+    the ladder, the shapes grids) its sweep's directory, each grid's (``many``: g0, g1...)."""
+    import glob
+
     from ...stages import STAGES
 
-    stage = STAGES[name]
-    path = os.path.join(study_dir, name, stage.rows.file)
-    if not os.path.lexists(path):
-        return []
-    study_file(path, study_dir)  # a link out of the study or a FIFO is refused
-    return stage.rows.load(os.path.dirname(path))
+    rows = STAGES[name].rows
+    top = os.path.join(study_dir, name)
+    dirs = sorted(glob.glob(os.path.join(top, "g*"))) if rows.many else [top]
+    found: list[dict] = []
+    for d in dirs:
+        if rows.file is None:
+            if os.path.isdir(d):
+                found += rows.from_dirs([d], name)
+        elif os.path.lexists(os.path.join(d, rows.file)):
+            study_file(os.path.join(d, rows.file), study_dir)  # no link out, no FIFO
+            found += rows.load(d)
+    return found
 
 
 def variant_rows_in(study_dir: str) -> list[dict]:

@@ -171,19 +171,10 @@ def tables_added_since(study: str, again: bool = False) -> list[str]:
 def _stage_rows(study: str) -> dict[str, list[dict]]:
     """Each stage's rows in the laid-out study (``study_of``), as ``tiledattn aggregate
     --<stage> DIR`` reads them: the ladder's, each shapes grid's, the measured stages'."""
-    import glob
-
     from ...stages import STAGES
+    from ..publication.prose import stage_rows_in
 
-    found = {}
-    for stage in STAGES.values():
-        if stage.rows is None:
-            continue
-        dirs = (sorted(glob.glob(os.path.join(study, stage.name, "g*"))) if stage.rows.many
-                else [os.path.join(study, stage.name)])
-        found[stage.name] = stage.rows.from_dirs([d for d in dirs if os.path.isdir(d)],
-                                                 stage.name)
-    return found
+    return {s.name: stage_rows_in(study, s.name) for s in STAGES.values() if s.rows}
 
 
 def recorded_revision(bundle: str, repo: str, manifest_path: str | None = None) -> str:
