@@ -359,7 +359,22 @@ def test_rebundle_adds_no_stage_measured_with_another_section(tmp_path, capsys):
     capsys.readouterr()
     err = _rebundle_refused(["--add", f"workloads={out}"], _copy(tmp_path, REFERENCES[0]),
                             capsys)
-    assert err.startswith("rebundle: --add workloads:") and "another workloads section" in err
+    assert err.startswith("rebundle: --add workloads:") and "another config" in err
+
+
+def test_rebundle_adds_no_shapes_grid_measured_with_another_grid(tmp_path, capsys):
+    import yaml
+
+    out, config = tmp_path / "sweep", tmp_path / "small.yaml"  # a sweep of another grid
+    config.write_text(yaml.safe_dump({
+        "grid": {"seqs": [64], "head_dims": [64], "dtypes": ["float32"], "causal": [False],
+                 "shape_policy": "explicit", "batch": 1, "heads": 1},
+        "methods": ["torch_sdpa"], "timing": {"warmup": 0, "reps": 1, "rounds": 1}}))
+    assert main(["bench", "--config", str(config), "--out", str(out)]) == 0
+    capsys.readouterr()
+    err = _rebundle_refused(["--add", f"shapes-g2={out}"], _copy(tmp_path, REFERENCES[0]),
+                            capsys)
+    assert err.startswith("rebundle: --add shapes-g2:") and "another config" in err
 
 
 @pytest.mark.parametrize("args,says", [
@@ -368,6 +383,9 @@ def test_rebundle_adds_no_stage_measured_with_another_section(tmp_path, capsys):
     (["--add", "tune=x"], "not a GPU stage with rows of its own"),
     (["--add", "workloads=x", "--config", "no/such.yaml"], "no/such.yaml: cannot read it"),
     (["--add", "workloads=no/such/dir"], "not the stage's output directory"),
+    (["--add", "shapes-g3=x"], "the next one it can gain is shapes-g2"),
+    (["--add", "shapes-g9=x"], "has no shapes grid 9"),
+    (["--add", "shapes-g2=no/such/dir"], "not a shapes grid's sweep directory"),
 ])
 def test_rebundle_refuses_an_add_it_cannot_read(tmp_path, capsys, args, says):
     assert says in _rebundle_refused(args, _copy(tmp_path, REFERENCES[0]), capsys)

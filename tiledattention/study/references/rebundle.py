@@ -10,9 +10,11 @@ every measurement, table, manifest and config came through byte for byte::
     python -m tiledattention.study.references.rebundle results/reference/h100 results/reference/h200
 
 A reference made before a GPU stage existed gains that stage's rows, measured later on the
-same GPU model with the section of ``--config`` (default ``config/reference.yaml``)::
+same GPU model with the section of ``--config`` (default ``config/reference.yaml``), and a
+shapes grid of that config after its last (``shapes-g<N>``: the sweep's directory)::
 
     python -m tiledattention.study.references.rebundle --add workloads=DIR results/reference/h200
+    python -m tiledattention.study.references.rebundle --add shapes-g2=DIR results/reference/h200
 
 Every row published stays byte for byte; the manifest gains the run, the config the section,
 and the bundle's source becomes the newest revision a run measured with, whose code makes
@@ -102,36 +104,80 @@ def add_stage(study: str, name: str, measured: str, section: dict) -> None:
     """GPU stage ``name``'s rows, measured after the reference was made (``measured``: the
     stage's output directory, its rows and run manifest), into the ``study`` laid out from
     it: the config gains ``section`` (the one the rows were measured with: its digest is
-    the run's), the manifest the run (``manifest.extend``: the same GPU model)."""
-    import yaml
-
+    the run's), the manifest the run (``manifest.extend``: the same GPU model). A shapes
+    grid is ``shapes-g<N>``, the grid after the reference's last (``section``: the grid)."""
     from ...stages import STAGES, stage_from_dict
     from ...yamlio import load_yaml
+
+    config = os.path.join(study, "plan", "study-config.yaml")
+    cfg = load_yaml(config)
+    if name.startswith("shapes-g"):
+        cfg, digest, dest, files = _shapes_grid(study, cfg, name, measured, section)
+    else:
+        stage = STAGES.get(name)
+        if stage is None or stage.rows is None or not stage.rows.file or stage.config is None:
+            takes = [s.name for s in STAGES.values() if s.rows and s.rows.file and s.config]
+            raise StudyError(f"--add {name}: not a GPU stage with rows of its own "
+                             f"({', '.join(takes)}, or shapes-g<N>: a shapes grid)")
+        dest = os.path.join(study, name)
+        if os.path.exists(dest):
+            raise StudyError(f"--add {name}: the reference holds the {name} stage's rows "
+                             "already")
+        if not os.path.isfile(os.path.join(measured, stage.rows.file)):
+            raise StudyError(f"--add {name}={measured}: not the stage's output directory (its "
+                             f"{stage.rows.file} and one manifest-*.json)")
+        cfg, digest = {**cfg, name: section}, stage_from_dict(name, section).digest()
+        files = [stage.rows.file]
+        stage.rows.load(measured)  # read as the stage reads them: a damaged file is one error
+    _record_run(study, name, measured, cfg, digest, dest, files)
+
+
+def _shapes_grid(study: str, cfg: dict, name: str, measured: str, grid: dict):
+    """``--add shapes-g<N>``: the study config with the grid appended as its N-th, the
+    digest its sweep's bench config has (``stages.bench.shapes_config``: the study's own
+    timing), the grid's directory and its rows files."""
+    import glob
+
+    from ...bench.config import from_dict
+    from ...stages.bench import SHAPES, shapes_config
+
+    shapes = dict(cfg.get("shapes") or {})
+    grids = list(shapes.get("grids") or [])
+    if name != f"shapes-g{len(grids)}":
+        raise StudyError(f"--add {name}: the reference holds shapes grids g0..g{len(grids) - 1}"
+                         f"; the next one it can gain is shapes-g{len(grids)}")
+    cfg = {**cfg, "shapes": {**shapes, "enabled": True, "grids": grids + [grid]}}
+    digest = from_dict(shapes_config(cfg, len(grids))).digest()
+    files = sorted(os.path.basename(f) for f in glob.glob(os.path.join(measured, "rows-*.jsonl")))
+    if not files:
+        raise StudyError(f"--add {name}={measured}: not a shapes grid's sweep directory (its "
+                         "rows-*.jsonl and one manifest-*.json)")
+    SHAPES.rows.load(measured)  # read as the tables read them: a damaged file is one error
+    return cfg, digest, os.path.join(study, "shapes", f"g{len(grids)}"), files
+
+
+def _record_run(study: str, name: str, measured: str, cfg: dict, digest: str, dest: str,
+                files: list[str]) -> None:
+    """The run in ``measured`` (one manifest, measured with ``digest``) into the study:
+    its rows ``files`` and manifest into ``dest``, ``cfg`` as the study's config, the run
+    into its manifest."""
+    import yaml
+
     from ..publication.manifest import extend, load_manifests
 
-    stage = STAGES.get(name)
-    if stage is None or stage.rows is None or not stage.rows.file or stage.config is None:
-        takes = [s.name for s in STAGES.values() if s.rows and s.rows.file and s.config]
-        raise StudyError(f"--add {name}: not a GPU stage with rows of its own "
-                         f"({', '.join(takes)})")
-    dest = os.path.join(study, name)
-    if os.path.exists(dest):
-        raise StudyError(f"--add {name}: the reference holds the {name} stage's rows already")
     manifests = load_manifests([measured])
-    if not os.path.isfile(os.path.join(measured, stage.rows.file)) or len(manifests) != 1:
-        raise StudyError(f"--add {name}={measured}: not the stage's output directory (its "
-                         f"{stage.rows.file} and one manifest-*.json)")
-    digest = stage_from_dict(name, section).digest()
+    if len(manifests) != 1:
+        raise StudyError(f"--add {name}={measured}: not one run's output directory (it holds "
+                         f"{len(manifests)} manifest-*.json)")
     (path, run), = manifests.items()
     if run.get("config_hash") != digest:
-        raise StudyError(f"--add {name}: {path} was measured with another {name} section "
-                         f"(digest {run.get('config_hash')}) than the config's ({digest})")
-    stage.rows.load(measured)  # read as the stage reads them: a damaged file is one error
+        raise StudyError(f"--add {name}: {path} was measured with another config (digest "
+                         f"{run.get('config_hash')}) than the reference's with this {name} "
+                         f"section ({digest})")
     os.makedirs(dest)
-    for src in (os.path.join(measured, stage.rows.file), path):
+    for src in [os.path.join(measured, f) for f in files] + [path]:
         shutil.copyfile(src, os.path.join(dest, os.path.basename(src)))
     config = os.path.join(study, "plan", "study-config.yaml")
-    cfg = {**load_yaml(config), name: section}
     with open(config, "w", encoding="utf-8") as f:
         yaml.safe_dump(cfg, f, sort_keys=False)  # as ``bundle create`` writes it
     with open(os.path.join(study, "manifest.json"), encoding="utf-8") as f:
@@ -280,10 +326,23 @@ def _added(adds: list[str], config: str, refs: list[str]) -> dict[str, tuple[str
         name, sep, measured = add.partition("=")
         if not sep or not name or not measured:
             raise StudyError(f"--add {add}: give STAGE=DIR (the stage's output directory)")
-        if not isinstance(cfg.get(name), dict):
-            raise StudyError(f"--add {name}: {config} has no {name} section to record")
-        added[name] = (measured, cfg[name])
+        added[name] = (measured, _section(cfg, name, config))
     return added
+
+
+def _section(cfg: dict, name: str, config: str) -> dict:
+    """``name``'s section of the study config ``cfg`` (``config``'s): a stage's, or for
+    ``shapes-g<N>`` the shapes grid N."""
+    if name.startswith("shapes-g"):
+        grids = (cfg.get("shapes") or {}).get("grids") or []
+        n = name[len("shapes-g"):]
+        if not n.isdigit() or int(n) >= len(grids):
+            raise StudyError(f"--add {name}: {config} has no shapes grid {n} "
+                             f"({len(grids)} grids)")
+        return grids[int(n)]
+    if not isinstance(cfg.get(name), dict):
+        raise StudyError(f"--add {name}: {config} has no {name} section to record")
+    return cfg[name]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -295,7 +354,8 @@ def main(argv: list[str] | None = None) -> int:
                                 description="make committed references again")
     p.add_argument("refs", nargs="+", metavar="REFERENCE_DIR")
     p.add_argument("--add", action="append", default=[], metavar="STAGE=DIR",
-                   help="a GPU stage's rows measured since, into the one reference given")
+                   help="a GPU stage's rows measured since, into the one reference given "
+                   "(STAGE: a stage, or shapes-g<N> for the config's shapes grid N)")
     p.add_argument("--config", default=os.path.join(repo, "config", "reference.yaml"),
                    help="the study config whose section an added stage ran with")
     a = p.parse_args(sys.argv[1:] if argv is None else argv)
