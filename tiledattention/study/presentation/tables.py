@@ -20,6 +20,7 @@ import os
 from ...bench.grid import head_labels, pinned_label, row_head_label
 from ...bench.methods import FUSED, SUBJECT
 from .hardware import AT_CLOCK, at_clock_cell, at_clock_note, pct_at_clock
+from .fp8_report import fp8_table
 from .headline import shape_table
 from .headline import table as headline_table
 from .ratios import (
@@ -365,7 +366,7 @@ def model_fused(impl: str) -> bool:
 # The tables write_all writes, by file stem (the workflow lists its outputs from here).
 NAMES = ("headline", "headline_shapes", "table4_ratios", "ratios_by_head_dim",
          "ratios_by_regime", "ratios_per_point",
-         "table5_schedules", "table6_ladder", "throughput", "call_latency", "status",
+         "table5_schedules", "table6_ladder", "throughput", "call_latency", "status", "fp8",
          "shapes", "shapes_cost", "model_e2e", "variants",
          "variants_summary", "workloads_varlen_fwd", "workloads_varlen_fwdbwd",
          "workloads_decode", "workloads_prefill")
@@ -418,6 +419,7 @@ def write_all(rows: list[dict], out_dir: str, *, tune_table: str | None = None,
                   table4(fwd),
                   by_head_dim(fwd), by_regime(fwd), per_point_ratios(rows, gpu),
                   table5(tune_table), throughput(rows, gpu), call_latency(rows), status(rows),
+                  fp8_table(rows + (stage_rows.get("shapes") or []), gpu),
                   *[t for name, tables in STAGE_TABLES.items()
                     for t in tables(stage_rows.get(name) or [], gpu)]):
         paths += table.write(out_dir)
