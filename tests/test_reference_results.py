@@ -258,16 +258,31 @@ WORKLOADS_MANIFEST = "benchmarks/results/h200-2026-12-03-s62-workloads-manifest.
 BEFORE_WORKLOADS = "9b02838e9fbfb3bc11e160c23eb44336bb83a544"  # h200 without the stage
 
 
+# The shapes grids the H200 reference gained since (issue 48 item 4): the sweeps' rows are
+# its data/shapes-g<N>-rows.jsonl.gz, their run manifests these files.
+SHAPES_MANIFESTS = {g: f"benchmarks/results/h200-2026-12-03-s63-shapes-g{g}-manifest.json.gz"
+                    for g in (2, 3)}
+
+
 def _measured_workloads(tmp_path) -> str:
     """The H200 workloads stage's output directory (rows and run manifest), as it ran."""
+    return _measured(tmp_path / "measured", "workloads-rows.jsonl.gz", "rows.jsonl",
+                     WORKLOADS_MANIFEST, "manifest-workloads.json")
+
+
+def _measured_shapes_grid(tmp_path, g: int) -> str:
+    """The H200 shapes grid g's sweep directory (rows and run manifest), as it ran."""
+    return _measured(tmp_path / f"sweep-g{g}", f"shapes-g{g}-rows.jsonl.gz",
+                     "rows-shard0of1.jsonl", SHAPES_MANIFESTS[g], "manifest-shard0of1.json")
+
+
+def _measured(out, data: str, rows: str, manifest: str, manifest_name: str) -> str:
     import gzip
     import shutil
 
-    out = tmp_path / "measured"
     out.mkdir()
-    for src, name in ((os.path.join(ROOT, REFERENCES[1], "data", "workloads-rows.jsonl.gz"),
-                       "rows.jsonl"),
-                      (os.path.join(ROOT, WORKLOADS_MANIFEST), "manifest-workloads.json")):
+    for src, name in ((os.path.join(ROOT, REFERENCES[1], "data", data), rows),
+                      (os.path.join(ROOT, manifest), manifest_name)):
         with gzip.open(src, "rb") as g, open(out / name, "wb") as f:
             shutil.copyfileobj(g, f)
     return str(out)
@@ -280,11 +295,12 @@ def _sums_of(ref) -> dict[str, str]:
 @pytest.mark.skipif(not _whole_history(), reason="a shallow clone: the H200 reference as "
                     "it was before its workloads stage is not in it")
 def test_rebundle_adds_a_stage_measured_since_and_keeps_what_was_published(tmp_path):
-    """The H200 reference as it was before (revision 9b02838) with --add workloads=... gains
-    the stage's rows and its tables (every table made again by the newer source) exactly
-    as committed; every row it published stays byte for byte, the manifest keeps its runs
-    and adds the new one (resumed: its first call's stack too), the config keeps its
-    sections and adds the stage's."""
+    """The H200 reference as it was before (revision 9b02838) with --add workloads=... and
+    the two shapes grids measured since (--add shapes-g2=... shapes-g3=...) gains their rows
+    and tables (every table made again by the newer source) exactly as committed; every
+    row it published stays byte for byte, the manifest keeps its runs and adds the new ones
+    (resumed: their first calls' stacks too), the config keeps its sections and adds the
+    stage's and the grids."""
     import gzip
     import io
     import tarfile
@@ -303,26 +319,33 @@ def test_rebundle_adds_a_stage_measured_since_and_keeps_what_was_published(tmp_p
     old_manifest = json.loads((ref / "manifest.json").read_text())
     old_config = yaml.safe_load((ref / "config" / "study-config.yaml").read_text())
     assert "workloads" not in old_config
-    assert rebundle.main(["--add", f"workloads={_measured_workloads(tmp_path)}", str(ref)]) == 0
+    assert rebundle.main(["--add", f"workloads={_measured_workloads(tmp_path)}",
+                          *[a for g in (2, 3) for a in
+                            ("--add", f"shapes-g{g}={_measured_shapes_grid(tmp_path, g)}")],
+                          str(ref)]) == 0
     after = _sums_of(ref)
     kept = {rel for rel in before if rel.startswith(rebundle.KEPT)
             and not rel.startswith(rebundle.GROWN)}
     assert {"data/rows.jsonl.gz", "data/variants-rows.jsonl.gz"} <= kept
     assert {rel: after.get(rel) for rel in kept} == {rel: before[rel] for rel in kept}
     published = _sums_of_committed()  # the stage's rows and every table, as committed
-    new = {rel for rel in after if rel.startswith(("data/workloads", "tables/"))}
-    assert "tables/workloads_decode.md" in new
+    new = {rel for rel in after
+           if rel.startswith(("data/workloads", "data/shapes-g2", "data/shapes-g3", "tables/"))}
+    assert {"tables/workloads_decode.md", "tables/fp8.md", "data/shapes-g3-rows.jsonl.gz"} <= new
     assert {rel: after[rel] for rel in new} == {rel: published[rel] for rel in new}
+    assert after["manifest.json"] == published["manifest.json"]
     manifest = json.loads((ref / "manifest.json").read_text())
-    assert manifest["runs"][:-1] == old_manifest["runs"]
-    run = manifest["runs"][-1]
-    with gzip.open(os.path.join(ROOT, WORKLOADS_MANIFEST)) as f:
-        measured = json.load(f)
-    assert run["config_hash"] == measured["config_hash"] and len(run["resumed"]) == 1
+    assert manifest["runs"][:-3] == old_manifest["runs"]
+    for run, path in zip(manifest["runs"][-3:], [WORKLOADS_MANIFEST, *SHAPES_MANIFESTS.values()]):
+        with gzip.open(os.path.join(ROOT, path)) as f:
+            measured = json.load(f)
+        assert run["config_hash"] == measured["config_hash"] and len(run["resumed"]) == 1
     assert BEFORE_WORKLOADS in manifest["mismatches"]["git_commit"]
     config = yaml.safe_load((ref / "config" / "study-config.yaml").read_text())
-    assert {k: v for k, v in config.items() if k != "workloads"} == old_config
-    assert stage_from_dict("workloads", config["workloads"]).digest() == run["config_hash"]
+    assert {k: v for k, v in config.items() if k not in ("workloads", "shapes")} == old_config
+    assert config["shapes"]["grids"][:2] == old_config["shapes"]["grids"]
+    assert stage_from_dict("workloads", config["workloads"]).digest() == \
+        manifest["runs"][-3]["config_hash"]
     assert verify.verify(str(ref)) == []
 
 
