@@ -24,6 +24,33 @@ def smk(*args, timeout=300):
                           text=True, timeout=timeout)
 
 
+def test_a_shapes_grid_runs_the_methods_it_names(tmp_path):
+    """A shapes grid's ``methods`` reach its sweep's bench config (plan/shapes-g0.yaml), the
+    study's timing beside them; a grid without them keeps the kernel and SDPA."""
+    import shutil
+
+    import yaml
+
+    results = tmp_path / "results"
+    cfg = tmp_path / "extra.yaml"
+    cfg.write_text(f"results_dir: {results}\nshapes: {{enabled: true, grids: ["
+                   "{seqs: [64], head_dims: [64], methods: [tiledattention, math]}, "
+                   "{seqs: [64], head_dims: [64]}]}\n")
+    snakemake = shutil.which("snakemake") or str(Path(sys.executable).with_name("snakemake"))
+    run = subprocess.run([snakemake, str(results / "plan" / "shapes-g0.yaml"),
+                          str(results / "plan" / "shapes-g1.yaml"), "--cores", "1",
+                          "--configfile", "config/smoke.yaml", str(cfg)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert run.returncode == 0, run.stderr[-2000:]
+    smoke = yaml.safe_load((ROOT / "config" / "smoke.yaml").read_text())
+    g0 = yaml.safe_load((results / "plan" / "shapes-g0.yaml").read_text())
+    g1 = yaml.safe_load((results / "plan" / "shapes-g1.yaml").read_text())
+    assert g0["methods"] == ["tiledattention", "math"] and "methods" not in g0["grid"]
+    assert g1["methods"] == ["tiledattention", "torch_sdpa"]
+    assert g0["timing"] == g1["timing"] == smoke["bench"]["timing"]
+
+
 def test_lint_is_clean():
     out = smk("--lint")
     assert out.returncode == 0, out.stdout + out.stderr
@@ -318,6 +345,8 @@ def _snakemake_n(tmp_path: Path, extra: str) -> subprocess.CompletedProcess:
     ("benchh: {}\n", "config: unknown key(s) ['benchh']"),
     ("shapes: {enabled: true, grids: []}\n", "config: shapes: enabled with no grids"),
     ("bench: {grid: {seqs: [0]}}\n", "config: grid.seqs: 0 must be >= 1"),
+    ("shapes: {enabled: true, grids: [{seqs: [64], head_dims: [64], methods: [nosuch]}]}\n",
+     "config: shapes.grids[0]: methods: 'nosuch' is not one of"),
 ])
 def test_a_bad_study_config_ends_the_workflow_in_one_line_exit_2(tmp_path, extra, words):
     run = _snakemake_n(tmp_path, extra)

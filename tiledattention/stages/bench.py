@@ -151,6 +151,18 @@ def shapes_config(study: dict, i: int) -> dict:
     return {**study_timing(study), "grid": grid, "methods": methods}
 
 
+def shapes_bench_config(study: dict, i: int):
+    """Shapes grid ``i`` validated as its sweep's bench config; a bad key or method is one
+    ``ConfigError`` naming the grid (``shapes.grids[i]``), not the bench section."""
+    from ..bench.config import from_dict
+    from ..errors import ConfigError
+
+    try:
+        return from_dict(shapes_config(study, i))
+    except ConfigError as exc:
+        raise ConfigError(f"shapes.grids[{i}]: {exc}") from None
+
+
 def sweep_rows(rows_dir: str) -> list[dict]:
     """A sweep's rows (every shard's), checked as the tables read them (the ladder's, a
     shapes grid's)."""

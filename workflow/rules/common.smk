@@ -33,6 +33,7 @@ from tiledattention.stages import STAGES as _STAGES
 from tiledattention.stages import rule_files as _stage_rule_files
 from tiledattention.stages import stage_from_dict as _stage_config
 from tiledattention.stages import study_schema as _study_schema
+from tiledattention.stages.bench import shapes_bench_config as _shapes_bench_config
 from tiledattention.stages.bench import shapes_config as _shapes_config
 from tiledattention.stages.bench import study_timing as _study_timing
 from tiledattention.stages.profile import Shape as _ProfileShape
@@ -167,7 +168,7 @@ LADDER = refuse_config(_bench_config, ladder_bench()) if config["ladder"]["enabl
 SHAPE_GRIDS = (list(range(len(config["shapes"]["grids"]))) if config["shapes"]["enabled"]
                else [])
 refuse_config(check_shapes, config)
-SHAPES = {i: refuse_config(_bench_config, shapes_bench(i)) for i in SHAPE_GRIDS}  # bad grids
+SHAPES = {i: refuse_config(_shapes_bench_config, config, i) for i in SHAPE_GRIDS}  # bad grids
 
 RESULTS = config["results_dir"]
 # The SLURM launchers of this run (preflight, every step) say a waiting partition once per
