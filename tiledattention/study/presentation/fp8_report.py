@@ -78,6 +78,7 @@ def fp8_table(rows: list[dict], gpu: str | None = None) -> Table:
                    "e4m3 bound: the tolerance it was checked with.")
     if by_d:
         t.notes.append("fp8 ÷ bf16 at S >= 4096, geometric mean: " + "; ".join(
-            f"D={d} {geomean(v):.3f}x ({len(v)} point{'s' * (len(v) != 1)})" for d, v in by_d.items()) + ".")
+            f"D={d} {geomean(v):.3f}x ({len(v)} point{'s' * (len(v) != 1)})"
+            for d, v in by_d.items()) + ".")
     t.notes.append(at_clock_note(ours, gpu) + " For FP8 the peak is twice bf16's.")
     return t

@@ -19,8 +19,8 @@ import os
 
 from ...bench.grid import head_labels, pinned_label, row_head_label
 from ...bench.methods import FUSED, SUBJECT
-from .hardware import AT_CLOCK, at_clock_cell, at_clock_note, pct_at_clock
 from .fp8_report import fp8_table
+from .hardware import AT_CLOCK, at_clock_cell, at_clock_note, pct_at_clock
 from .headline import shape_table
 from .headline import table as headline_table
 from .ratios import (
