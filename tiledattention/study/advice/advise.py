@@ -431,10 +431,13 @@ def _from_throughput(path: str) -> list[dict]:
 
 
 def _from_rows(rows: list[dict]) -> list[dict]:
-    """One point per forward point key: Sq as ``seq``, Skv and the GQA ratio with it."""
+    """One point per forward point key: Sq as ``seq``, Skv and the GQA ratio with it. Only
+    16-bit points with V's head dim Q's: a point holds one D, and the advice is the 16-bit
+    kernel's against SDPA (a reference's FP8 and D_qk != D_v grids stay in its tables)."""
     by: dict[str, dict] = {}
     for r in rows:
-        if r.get("pass", "fwd") != "fwd":
+        if (r.get("pass", "fwd") != "fwd" or r.get("head_dim_v") is not None
+                or r["dtype"] not in ("float16", "bfloat16")):
             continue
         p = by.setdefault(r["point_key"], {
             "source": "shapes", "dtype": r["dtype"], "causal": r["causal"],
