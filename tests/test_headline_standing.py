@@ -35,6 +35,12 @@ def _rows(system: str, name: str = "rows") -> tuple[dict, ...]:
         return tuple(json.loads(line) for line in f if line.strip())
 
 
+def _shape_rows(system: str) -> list[dict]:
+    """Every shapes grid's rows of a committed reference (data/shapes-g<N>-rows.jsonl.gz)."""
+    grids = sorted((ROOT / "results" / "reference" / system / "data").glob("shapes-g*-rows*"))
+    return [r for g in grids for r in _rows(system, g.name.removesuffix(".jsonl.gz"))]
+
+
 def _ms(r: dict) -> float | None:
     return r["time_ms"]["median_ms"] if r.get("status") == "ok" else None
 
@@ -79,13 +85,14 @@ def test_each_standing_number_recomputes_from_the_committed_rows(system, stage, 
 
 def standing_block() -> str:
     """docs/RESULTS.md's block: each system's README block lines and its sentences by head
-    shape and dtype (headline.shape_sentences), from the committed rows."""
+    shape and dtype (headline.shape_sentences, the shapes grids' groups too), from the
+    committed rows."""
     out = [BEGIN, ""]
     for system, label in SYSTEMS.items():
         rows, variants = list(_rows(system)), list(_rows(system, "variants-rows"))
         lines = st.standings(rows, variants)
         out += [f"**{label}**", "", *map(st.line, lines), "",
-                *shape_sentences(rows, variants)]
+                *shape_sentences(rows, variants, _shape_rows(system))]
     return "\n".join(out + [END])
 
 
