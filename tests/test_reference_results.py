@@ -342,8 +342,10 @@ def test_rebundle_adds_a_stage_measured_since_and_keeps_what_was_published(tmp_p
         assert run["config_hash"] == measured["config_hash"] and len(run["resumed"]) == 1
     assert BEFORE_WORKLOADS in manifest["mismatches"]["git_commit"]
     config = yaml.safe_load((ref / "config" / "study-config.yaml").read_text())
-    assert {k: v for k, v in config.items() if k not in ("workloads", "shapes")} == old_config
+    assert {k: v for k, v in config.items() if k != "workloads"} == {
+        **old_config, "shapes": {**old_config["shapes"], "grids": config["shapes"]["grids"]}}
     assert config["shapes"]["grids"][:2] == old_config["shapes"]["grids"]
+    assert len(config["shapes"]["grids"]) == 4
     assert stage_from_dict("workloads", config["workloads"]).digest() == \
         manifest["runs"][-3]["config_hash"]
     assert verify.verify(str(ref)) == []
