@@ -14,7 +14,7 @@ from ...bench.grid import row_head_label
 from ...bench.methods import FUSED, SUBJECT
 from .hardware import AT_CLOCK, at_clock_cell, at_clock_note, gpu_title
 from .plotting import color, grid, no_data, plt, save
-from .ratios import index_rows, points_of
+from .ratios import index_rows, pass_of, points_of
 from .table import Table
 
 NO_SHAPES = "no shapes grid in this study (config shapes.enabled: false)"
@@ -36,7 +36,8 @@ def _pair(rows):
 def shapes_table(rows: list[dict], gpu: str | None = None):
 
     t = Table("shapes", "Shapes grid: throughput and launch geometry per point",
-              ["dtype", "mask", "D", "S", "B", "H", "schedule", "programs", "per SM", "waves",
+              ["dtype", "mask", "pass", "D", "S", "B", "H", "schedule", "programs", "per SM",
+               "waves",
                "tail eff.", "D pad", "Sq pad", "Skv pad", f"{SUBJECT} TFLOP/s",
                f"{FUSED} TFLOP/s", "÷ SDPA", "SDPA backend", f"{SUBJECT} {AT_CLOCK}",
                f"{FUSED} {AT_CLOCK}"])
@@ -44,12 +45,14 @@ def shapes_table(rows: list[dict], gpu: str | None = None):
         t.notes.append(NO_SHAPES + ".")
         return t
     for p, ours, sdpa in _pair(rows):
-        g = (ours or {}).get("geometry") or {}
+        fwd = pass_of(p) == "fwd"  # the geometry is the forward's launch: shown there only
+        g = ((ours or {}).get("geometry") or {}) if fwd else {}
         a = ours["tflops"] if _ok(ours) else (ours or {}).get("status")
         b = sdpa["tflops"] if _ok(sdpa) else (sdpa or {}).get("status")
         t.rows.append([
-            p["dtype"], "causal" if p["causal"] else "full", row_head_label(p), p["seq_q"],
-            p["batch"], p["heads"], ((ours or {}).get("details") or {}).get("schedule"),
+            p["dtype"], "causal" if p["causal"] else "full", pass_of(p), row_head_label(p),
+            p["seq_q"], p["batch"], p["heads"],
+            ((ours or {}).get("details") or {}).get("schedule") if fwd else None,
             g.get("programs"), g.get("per_sm"), g.get("waves"), g.get("tail_efficiency"),
             g.get("head_dim_pad_fraction"), g.get("seq_q_pad_fraction"),
             g.get("seq_kv_pad_fraction"), a, b,
@@ -57,6 +60,9 @@ def shapes_table(rows: list[dict], gpu: str | None = None):
             ((sdpa or {}).get("details") or {}).get("backend"), at_clock_cell(ours, gpu),
             at_clock_cell(sdpa, gpu)])
     t.notes.append(at_clock_note(rows, gpu))
+    if any(pass_of(p) != "fwd" for p in points_of(rows).values()):
+        t.notes.append("pass: fwd, or fwd+bwd (forward and backward timed together); the "
+                       "schedule and geometry are the forward's launch, shown on forward rows.")
     t.notes.append("waves: programs ÷ (SMs × programs per SM, the schedule's occupancy hint); "
                    "tail eff.: share of the last wave's slots in use; pads: fraction of the "
                    "computed head dim / query / key tiles that is padding. ÷ SDPA > 1: "
@@ -153,11 +159,20 @@ def _runs(xy):
     return runs + [cur]
 
 
+def _quantization_rows(rows: list[dict]) -> list[dict]:
+    """The rows the figure draws: the forward in 16 bits with V's head dim Q's (what tile
+    and wave quantization is read from; a grid's FP8, D_qk != D_v and forward+backward
+    points are in the tables: shapes, fp8, headline_shapes)."""
+    return [r for r in rows if pass_of(r) == "fwd" and r.get("head_dim_v") is None
+            and r.get("dtype") in ("float16", "bfloat16")]
+
+
 def shapes_figure(rows: list[dict], out_dir: str, gpu: str | None = None) -> list[str]:
     """TFLOP/s vs D and vs S (ours solid, SDPA dashed), and ours against waves coloured by
     the last wave's fill; one legend below the panels."""
     from .plotting import legend, peak_at_clock_axis
 
+    rows = _quantization_rows(rows)
     fig, axes = grid(plt(), 3)
     idx = index_rows(rows)
     n = 0  # one colour per group across both panels: their legend is one
