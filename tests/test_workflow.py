@@ -248,7 +248,7 @@ def test_smoke_study_runs_end_to_end_with_the_local_profile(tmp_path):
     ladder = (results / "aggregate" / "tables" / "table6_ladder.md").read_text()
     assert "64x64_o1_c1_lk2_lv4_natural" in ladder  # the ladder ran (unavailable on a CPU)
     shapes = (results / "aggregate" / "tables" / "shapes.md").read_text()
-    assert "| bfloat16 | full | 64 | 100 | 1 | 2 |" in shapes  # the shapes grid ran
+    assert "| bfloat16 | full | fwd | 64 | 100 | 1 | 2 |" in shapes  # the shapes grid ran
     model = (bundle / "tables" / "model_e2e.md").read_text()
     assert "| 1 | decode | tiledattention |" in model  # the model job ran (rows either way)
     assert (bundle / "data" / "model-rows.jsonl").stat().st_size > 0
