@@ -138,8 +138,7 @@ def _shapes_grid(study: str, cfg: dict, name: str, measured: str, grid: dict):
     timing), the grid's directory and its rows files."""
     import glob
 
-    from ...bench.config import from_dict
-    from ...stages.bench import SHAPES, shapes_config
+    from ...stages.bench import SHAPES, shapes_bench_config
 
     shapes = dict(cfg.get("shapes") or {})
     grids = list(shapes.get("grids") or [])
@@ -147,7 +146,7 @@ def _shapes_grid(study: str, cfg: dict, name: str, measured: str, grid: dict):
         raise StudyError(f"--add {name}: the reference holds shapes grids g0..g{len(grids) - 1}"
                          f"; the next one it can gain is shapes-g{len(grids)}")
     cfg = {**cfg, "shapes": {**shapes, "enabled": True, "grids": grids + [grid]}}
-    digest = from_dict(shapes_config(cfg, len(grids))).digest()
+    digest = shapes_bench_config(cfg, len(grids)).digest()
     files = sorted(os.path.basename(f) for f in glob.glob(os.path.join(measured, "rows-*.jsonl")))
     if not files:
         raise StudyError(f"--add {name}={measured}: not a shapes grid's sweep directory (its "
