@@ -32,6 +32,39 @@ def test_causal_dkdv_starts_with_each_long_sequences_first_key_tiles():
     assert sorted(order) == sorted(host_sequence_order([700, 64, 300], 64))
 
 
+def test_the_heavy_map_runs_the_sequences_with_the_most_keys_first_each_deepest_first():
+    # full attention: a query tile's work is its sequence's keys, whatever its depth, so
+    # the longest sequence's first tile must not wait for the end of the grid (§48a)
+    lens, keys = [300, 1, 0, 129, 64, 700], [300, 1, 0, 129, 900, 700]
+    order = host_sequence_order(lens, 64, weights=keys)
+    assert sorted(order) == sorted(host_sequence_order(lens, 64))
+    assert [b for b, _ in order] == [4] + [5] * 11 + [0] * 5 + [3] * 3 + [1]
+    assert [m for b, m in order if b == 5] == list(range(10, -1, -1))
+    # equal weights keep the sequences' order
+    assert [b for b, _ in host_sequence_order([64, 64], 64, weights=[5, 5])] == [0, 1]
+
+
+@pytest.mark.parametrize("causal, paged, bpad, heavy", [
+    (False, False, 16, True), (True, False, 16, False), (True, True, 16, True),
+    (False, False, 64, True), (False, False, 128, False)])
+def test_the_map_is_sequence_major_where_work_follows_the_keys_and_few_sequences(
+        causal, paged, bpad, heavy, monkeypatch):
+    # causal self-attention keeps the level-major map (deepest first is already the
+    # heaviest first); a [BPAD, BPAD] ranking is kept small; the switch off restores both
+    from tiledattention.kernel import workload as W
+
+    assert W.heavy_map(bpad, paged or not causal) is heavy
+    monkeypatch.setattr(W, "PACKED_HEAVY_FIRST", False)
+    assert W.heavy_map(bpad, paged or not causal) is False
+
+
+def test_a_heads_fast_grid_puts_every_head_of_an_entry_on_one_axis():
+    from tiledattention.kernel.workload import packed_grid
+
+    assert packed_grid(10, 16, True) == (160, 1, 1)
+    assert packed_grid(10, 16, False) == (10, 16, 1)
+
+
 @pytest.mark.parametrize("lens", [[1] * 50, [8191, 1], [64] * 3, [65, 63, 1, 0]])
 def test_the_grid_bound_covers_every_tile_and_the_bisection_every_level(lens):
     tile = 64
@@ -215,6 +248,31 @@ def test_the_packed_backward_passes_whole_loads_by_name_and_keys_its_plan_on_it(
         for role, spec in (("dq", DQ_SEQS), ("dkdv", DKDV_SEQS)):
             names = spec.names()[len(spec.tensors):]
             assert steps[role].tail[names.index("WHOLE_LOADS")] is whole
+    assert plans[False] is not plans[True]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_packed_backward_passes_heads_fast_by_name_and_keys_its_plan_on_it(causal,
+                                                                              monkeypatch):
+    # §48a's switch reaches both score kernels' HEADS_FAST, the plan's grids and maps
+    # follow it (full attention: sequence-major maps), and the cached plan keys on it
+    pytest.importorskip("cuda.tile", reason="the kernel's parameter names come from cuTile")
+    from tiledattention import mods, varlen
+    from tiledattention.kernel import workload as W
+    from tiledattention.kernel.spec import DKDV_SEQS, DQ_SEQS
+    from tiledattention.kernel.workload_check import Workload
+
+    w = Workload(4, 16, 4, 128, torch.bfloat16, 1024, 1024, causal, 128 ** -0.5, (-1, -1),
+                 0.0)
+    plans = {}
+    for on in (False, True):
+        monkeypatch.setattr(W, "PACKED_HEAVY_FIRST", on)
+        plans[on] = plan = varlen._bwd_plan(w, torch.device("cpu"), mods.NONE, False)
+        steps = {s.role: s for s in plan.launches}
+        for role, spec in (("dq", DQ_SEQS), ("dkdv", DKDV_SEQS)):
+            names = spec.names()[len(spec.tensors):]
+            assert steps[role].tail[names.index("HEADS_FAST")] is on
+        assert plan.heads_fast is on and plan.heavy_map is (on and not causal)
     assert plans[False] is not plans[True]
 
 

@@ -460,3 +460,50 @@ def test_varlen_captured_biases_get_gradients_in_both_dkdv_orientations(d):
     for name, g, w, shift in zip(("slopes", "kb", "qb"), got[3:], want[3:], shifts):
         assert g is not None and torch.isfinite(g).all(), name
         assert captured_grad_error(g, w, shift) <= rtol_bwd(BF16), name
+
+
+@pytest.mark.parametrize("lens, keys, offsets", [
+    ([300, 1, 0, 129, 64, 700], [300, 1, 0, 129, 900, 700], True),
+    ([300, 1, 0, 129, 64, 700], [5, 5, 0, 7000, 64, 1], False),
+    ([64] * 40, list(range(40)), False)])
+def test_the_tile_map_kernel_runs_the_heaviest_sequences_first_as_its_host_mirror(
+        lens, keys, offsets):
+    # §48a: the sequence-major map, from offsets (full attention: cu_seqlens_k) or values
+    # (a paged cache's contexts), is the host's order; past the last tile, (-1, 0)
+    from tiledattention.kernel import workload as W
+    from tiledattention.kernel.visit import host_sequence_order
+
+    tile = 64
+    weights = _cu(keys) if offsets else torch.tensor(keys, dtype=torch.int32, device="cuda")
+    tmap = W.tile_map(_cu(lens), sum(lens), tile, 64, weights=weights,
+                      offsets=offsets).tolist()
+    want = host_sequence_order(lens, tile, weights=keys)
+    assert [tuple(e) for e in tmap[:len(want)]] == want
+    assert all(e == [-1, 0] for e in tmap[len(want):])
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_heavy_first_launch_order_changes_no_output_or_gradient_bit(causal, monkeypatch):
+    # §48a: only which program starts when changes, not what any program computes; packed
+    # forward+backward and paged chunked prefill, the switch off and on
+    from tiledattention.kernel import workload as W
+
+    lens = [300, 1, 0, 129, 64, 700, 2000]
+    q, k, v = (_packed(lens, 8, 128, BF16).requires_grad_() for _ in range(3))
+    dout = _packed(lens, 8, 128, BF16)
+    cu = _cu(lens)
+    kc, vc, table = _cache([3000, 64, 1201], 64, 2, 128, BF16)
+    seqlens = torch.tensor([3000, 64, 1201], dtype=torch.int32, device="cuda")
+    new = [512, 64, 7]
+    qp = _packed(new, 8, 128, BF16)
+    got = {}
+    for on in (False, True):
+        monkeypatch.setattr(W, "PACKED_HEAVY_FIRST", on)
+        out = ta.sdpa_varlen(q, k, v, cu, cu, max(lens), max(lens), causal=causal)
+        grads = torch.autograd.grad(out, (q, k, v), dout)
+        with torch.no_grad():
+            prefill = ta.sdpa_paged(qp, kc, vc, table, seqlens, cu_seqlens_q=_cu(new),
+                                    max_seqlen_q=512, causal=causal)
+        got[on] = (out, *grads, prefill)
+    for name, a, b in zip(("out", "dq", "dk", "dv", "prefill"), got[False], got[True]):
+        assert torch.equal(a, b), name

@@ -73,7 +73,7 @@ from .visit import (
     block_at,
     block_range,
     key_range,
-    mapped_tile,
+    mapped_program,
     seq_key_range,
     sequence_slice,
     sequence_span,
@@ -324,21 +324,22 @@ def fwd_program(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns, seqs=None, desc
         # leaves the short ones to fill the final wave.
         bid_m = ct.num_blocks(0) - 1 - bid_m
     b = ct.bid(2)
+    hb = ct.bid(1)  # the head (and split) index of Out and Lse
     if has_seqs(f):
         CuQ, CuK, SeqK, Pages, TileMap, WIN_L, WIN_R = seqs
         valid = True
         if f.VARLEN_Q:
             # Packed queries: one grid axis over every sequence's tiles, in the order of
-            # ``seqmap.sequence_map`` (deepest first); its last entries may be unused.
-            b, bid_m, valid = mapped_tile(TileMap, ct.bid(0))
+            # ``seqmap.sequence_map`` (heaviest first); its last entries may be unused.
+            b, bid_m, valid, hb = mapped_program(TileMap, Out.shape[1], f.HEADS_FAST)
         if valid:
-            seq_program(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns, seqs, b, bid_m)
+            seq_program(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns, seqs, b, bid_m, hb)
     else:
-        rows_program(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns, b, bid_m, b,
+        rows_program(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns, b, bid_m, hb, b,
                      K.shape[2], (None, None, 0, 0, 0), descale)
 
 
-def seq_program(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns, seqs, b, bid_m):
+def seq_program(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns, seqs, b, bid_m, hb):
     """A query tile of sequence ``b`` of a packed or paged call: its rows' slice of the
     packed q / out / lse (the array batch is then 0), its keys' slice or its pages, and
     ``shift`` = Skv - Sq, where causality and the window align (bottom-right)."""
@@ -368,20 +369,19 @@ def seq_program(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns, seqs, b, bid_m)
         seq_k = Pages.shape[1] * (f.PAGE_TILES * f.TILE_N // f.PAGE_SPAN)
     if f.SEQUSED and not f.VARLEN_K:
         seq_k = ct.minimum(ct.maximum(ct.gather(SeqK, b), 0), seq_k)
-    rows_program(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns, b, bid_m, ab, seq_k,
+    rows_program(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns, b, bid_m, hb, ab, seq_k,
                  (Pages, K.shape[0], seq_k - seq_q, WIN_L, WIN_R))
 
 
-def rows_program(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns, b, bid_m, ab, seq_k, seq,
-                 descale=None):
-    """One query tile ``bid_m`` of (batch or sequence) ``b``: Q, Out and Lse indexed at
-    array batch ``ab``; ``seq`` (Pages, pages in the cache, shift, WIN_L, WIN_R) is what
-    ``key_tile_at`` and ``seq_diag`` read for a packed or paged sequence; ``descale``
-    (FP8): the descale arrays."""
+def rows_program(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns, b, bid_m, hb, ab, seq_k,
+                 seq, descale=None):
+    """One query tile ``bid_m`` of (batch or sequence) ``b`` and head (and split) ``hb``:
+    Q, Out and Lse indexed at array batch ``ab``; ``seq`` (Pages, pages in the cache,
+    shift, WIN_L, WIN_R) is what ``key_tile_at`` and ``seq_diag`` read for a packed or
+    paged sequence; ``descale`` (FP8): the descale arrays."""
     BlkCnt, BlkIdx, A0, A1, A2, A3 = extra
     qk_scale_log2, inv_scale, scale, GROUP, SEQ_Q, NUM_SPLITS, SPLIT_TILES = scalars
     TILE_M, W0, W1, W2, NCHUNK = f.TILE_M, f.W0, f.W1, f.W2, f.NCHUNK
-    hb = ct.bid(1)  # the head (and split) index of Out and Lse
     h = hb
     if f.SPLIT_K:
         h = hb // NUM_SPLITS

@@ -81,7 +81,7 @@ from .visit import (
     block_at,
     block_range,
     key_range,
-    mapped_tile,
+    mapped_program,
     query_range,
     seq_key_range,
     seq_query_range,
@@ -375,19 +375,20 @@ def dkdv_program(Q, K, V, dOut, Lse, Delta, Mask, extra, dK, dV, dQacc, scalars,
     the map runs over the key tiles), else None."""
     # Grid (key tiles, K/V heads, batch).
     bid_n = ct.bid(0)
+    hk = ct.bid(1)
     b = ct.bid(2)
     if has_seqs(f):
         CuQ, CuK, SeqK, TileMap, WIN_L, WIN_R = seqs
-        b, bid_n, valid = mapped_tile(TileMap, ct.bid(0))
+        b, bid_n, valid, hk = mapped_program(TileMap, dK.shape[1], f.HEADS_FAST)
         if valid:
             arrays, ks, ke, seq_k, diag, at = sequence_arrays(
                 (Q, K, V, dOut, Lse, Delta, Mask), seqs, b, f)
             dkdv_key_tile(arrays, extra, sequence_slice(dK, ks, ke),
                           sequence_slice(dV, ks, ke), dQacc, scalars, f, fns, b,
-                          bid_n, 0, seq_k, diag, at)
+                          bid_n, hk, 0, seq_k, diag, at)
     else:
         dkdv_key_tile((Q, K, V, dOut, Lse, Delta, Mask), extra, dK, dV, dQacc, scalars, f,
-                      fns, b, bid_n, b, K.shape[2], None)
+                      fns, b, bid_n, hk, b, K.shape[2], None)
 
 
 def sequence_arrays(arrays, seqs, b, f):
@@ -426,17 +427,16 @@ def sequence_arrays(arrays, seqs, b, f):
     return sliced, ks, ke, seq_k, diag, at
 
 
-def dkdv_key_tile(arrays, extra, dK, dV, dQacc, scalars, f, fns, b, bid_n, ab, seq_k, diag,
-                  at=None):
-    """Key tile ``bid_n`` of (batch or sequence) ``b``: arrays at array batch ``ab``;
-    ``diag`` ``keep_tile``'s bottom-right diagonal (shift, WINDOW, WIN_L, WIN_R) of a
-    packed sequence, else None; ``at`` ``whole_origins``."""
+def dkdv_key_tile(arrays, extra, dK, dV, dQacc, scalars, f, fns, b, bid_n, hk, ab, seq_k,
+                  diag, at=None):
+    """Key tile ``bid_n`` of (batch or sequence) ``b`` and K/V head ``hk``: arrays at
+    array batch ``ab``; ``diag`` ``keep_tile``'s bottom-right diagonal (shift, WINDOW,
+    WIN_L, WIN_R) of a packed sequence, else None; ``at`` ``whole_origins``."""
     Q, K, V, dOut, Lse, Delta, Mask = arrays
     BlkCnt, BlkIdx, A0, A1, A2, A3, G0, G1, G2, G3 = extra
     qk_scale_log2, inv_scale, scale, GROUP = scalars
     TILE_M, TILE_N, NCHUNK, W0, W1, W2 = f.TILE_M, f.TILE_N, f.NCHUNK, f.W0, f.W1, f.W2
     VNCHUNK, VW0, VW1, VW2 = value_chunks(f)  # V and dV: V's head dim
-    hk = ct.bid(1)
     seq_q = rows_of(Q, at)
     ka = k_origin(at)
     TAIL = not f.EVEN_N
@@ -575,34 +575,35 @@ def dq_program(Q, K, V, dOut, Lse, Delta, Mask, extra, Out, Dlse, dQ, scalars, f
     runs over the query tiles."""
     # Grid (query tiles, query heads, batch), as the forward.
     bid_m = ct.bid(0)
+    h = ct.bid(1)
     b = ct.bid(2)
     if has_seqs(f):
         CuQ, CuK, SeqK, TileMap, WIN_L, WIN_R = seqs
-        b, bid_m, valid = mapped_tile(TileMap, ct.bid(0))
+        b, bid_m, valid, h = mapped_program(TileMap, dQ.shape[1], f.HEADS_FAST)
         if valid:
             arrays, _, _, seq_k, diag, at = sequence_arrays(
                 (Q, K, V, dOut, Lse, Delta, Mask), seqs, b, f)
             qs, qe = sequence_span(CuQ, b, Q.shape[2])
             dq_query_tile(arrays, extra, Out, Dlse, sequence_slice(dQ, qs, qe),
-                          scalars, f, fns, b, bid_m, 0, seq_k, diag, at, (qs, qe - qs))
+                          scalars, f, fns, b, bid_m, h, 0, seq_k, diag, at, (qs, qe - qs))
     else:
         dq_query_tile((Q, K, V, dOut, Lse, Delta, Mask), extra, Out, Dlse, dQ, scalars, f,
-                      fns, b, bid_m, b, K.shape[2], None)
+                      fns, b, bid_m, h, b, K.shape[2], None)
 
 
-def dq_query_tile(arrays, extra, Out, Dlse, dQ, scalars, f, fns, b, bid_m, ab, seq_k, diag,
-                  at=None, span=None):
-    """Query tile ``bid_m`` of (batch or sequence) ``b``, arrays at array batch ``ab``
-    (``dkdv_key_tile``'s arguments; ``span`` a packed sequence's (first row, rows) in the
-    packed arrays, else None). Rows past a sequence (whole loads: the next one's) are
-    never stored and never mix with the sequence's rows: no mask for them."""
+def dq_query_tile(arrays, extra, Out, Dlse, dQ, scalars, f, fns, b, bid_m, h, ab, seq_k,
+                  diag, at=None, span=None):
+    """Query tile ``bid_m`` of (batch or sequence) ``b`` and query head ``h``, arrays at
+    array batch ``ab`` (``dkdv_key_tile``'s arguments; ``span`` a packed sequence's
+    (first row, rows) in the packed arrays, else None). Rows past a sequence (whole
+    loads: the next one's) are never stored and never mix with the sequence's rows: no
+    mask for them."""
     Q, K, V, dOut, Lse, Delta, Mask = arrays
     BlkCnt, BlkIdx, A0, A1, A2, A3 = extra
     score_mod, score_grad, mask_mod = fns
     fns = (score_mod, score_grad, mask_mod, no_captured_grad)
     qk_scale_log2, inv_scale, scale, GROUP = scalars
     TILE_M, NCHUNK, W0, W1, W2 = f.TILE_M, f.NCHUNK, f.W0, f.W1, f.W2
-    h = ct.bid(1)
     hk = h // GROUP
 
     q = load_rows(Q, ab, h, bid_m, TILE_M, W0, W1, W2, NCHUNK, None, q_origin(at))

@@ -66,6 +66,7 @@ def _arrays(io_name: str, mask_name: str | None, aux: tuple = ()) -> dict:
                   # packed / paged sequences: offsets, block table, tile map (gathered)
                   CuQ=_gathered(ct.int32, 1), CuK=_gathered(ct.int32, 1),
                   SeqK=_gathered(ct.int32, 1), Cu=_gathered(ct.int32, 1),
+                  Wt=_gathered(ct.int32, 1),
                   Pages=_gathered(ct.int32, 2), TileMap=_gathered(ct.int32, 2),
                   # the rows a backward's tile map zeroes (a placeholder in the forward's)
                   Zero0=_gathered(ct.int32, 2), Zero1=_gathered(ct.int32, 2))
@@ -229,17 +230,21 @@ def export_workload_cubins(work, gpu_code: str, *, paged: bool = False,
     if paged and work.packed_q:
         fwd = W._fwd_values(work, s, mods, return_lse=True, varlen_q=True, varlen_k=False,
                             paged=True, page_tiles=tiles, page_span=span,
-                            page_gather=gather, group=work.heads_q // work.heads_kv)
+                            page_gather=gather, group=work.heads_q // work.heads_kv,
+                            heads_fast=W.PACKED_HEAVY_FIRST)
     elif paged:
         fwd = W._fwd_values(work, s, mods, return_lse=True, varlen_q=False, varlen_k=False,
                             paged=True, page_tiles=tiles, page_span=span,
                             page_gather=gather, split=4, split_tiles=8, packed=True, seq_q=1)
     else:
         fwd = W._fwd_values(work, s, mods, return_lse=True, varlen_q=True, varlen_k=True,
-                            paged=False, group=work.heads_q // work.heads_kv)
+                            paged=False, group=work.heads_q // work.heads_kv,
+                            heads_fast=W.PACKED_HEAVY_FIRST)
     out = {}
     for spec, values, hints in ((FWD_SEQS, fwd, fwd_hints(s)),
-                                (SEQMAP, W.seqmap_values(s.tile_m, 16, False, 0), {})):
+                                (SEQMAP, W.seqmap_values(s.tile_m, 16, False, 0, 1,
+                                                         W.heavy_map(16, paged or not work.causal),
+                                                         not paged), {})):
         consts = {k: v for k, v in values.items() if k in spec.constants()}
         out[spec.name] = _export(spec, spec.kernel(mods, **hints), signature(
             spec, arrays, consts), gpu_code, "a packed call")
@@ -248,7 +253,7 @@ def export_workload_cubins(work, gpu_code: str, *, paged: bool = False,
         common = dict(GROUP=work.heads_q // work.heads_kv, **W.head_dim_constants(
             work.head_dim), CAUSAL=work.causal, HAS_SCORE_MOD=False, HAS_MASK_MOD=False,
             SEQUSED=work.seqused, WINDOW=work.window != (-1, -1),
-            WHOLE_LOADS=W.PACKED_BWD_WHOLE)
+            WHOLE_LOADS=W.PACKED_BWD_WHOLE, HEADS_FAST=W.PACKED_HEAVY_FIRST)
         steps = {"dkdv": (DKDV_SEQS, dict(common, TILE_M=b.dkdv_m, TILE_N=b.dkdv_n,
                                           KEY_ROWS=b.key_rows, ONE_HEAD=False,
                                           TAIL_TILE=W.packed_tail_tile(
@@ -258,7 +263,8 @@ def export_workload_cubins(work, gpu_code: str, *, paged: bool = False,
         # the dK/dV map, which also zeroes dK's and dV's rows past the last sequence
         io_dtype = getattr(ct, io_name)
         zeroed = dict(arrays, Zero0=export_array(io_dtype, 2), Zero1=export_array(io_dtype, 2))
-        consts = {k: v for k, v in W.seqmap_values(b.dkdv_n, 16, work.causal, 2).items()
+        consts = {k: v for k, v in W.seqmap_values(b.dkdv_n, 16, work.causal, 2, 1,
+                                                 W.heavy_map(16, not work.causal)).items()
                   if k in SEQMAP.constants()}
         out["sequence_map_zero_tail"] = _export(SEQMAP, SEQMAP.kernel(), signature(
             SEQMAP, zeroed, consts), gpu_code, "a packed call's backward")

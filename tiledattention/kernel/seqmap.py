@@ -1,7 +1,9 @@
 """The tile order of a packed (varlen) launch, computed on the GPU: no host sync.
 
 ``sequence_map`` writes, for each program of a packed grid, which sequence and which of
-its tiles it runs (``visit.sequence_tile``: deepest tiles first); the attention kernels
+its tiles it runs, heaviest first (``visit.sequence_tile``: deepest tiles first, the
+longest-first order under causality; ``visit.heaviest_sequence_tile``: the sequences with
+the most keys first, where a tile's work follows its sequence's keys); the attention kernels
 read it (``visit.mapped_tile``). One small launch per call and tile size, from the
 ``cu_seqlens`` on the device, so the call can be captured in a CUDA graph.
 
@@ -15,7 +17,7 @@ from __future__ import annotations
 import cuda.tile as ct
 import numpy as np
 
-from .visit import sequence_tile, sequence_tiles
+from .visit import heaviest_sequence_tile, sequence_tile, sequence_tiles
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -27,11 +29,13 @@ ZERO_COLS = 64
 
 @ct.kernel
 def sequence_map(
-    Cu, TileMap, Zero0, Zero1,
+    Cu, Wt, TileMap, Zero0, Zero1,
     STEPS: int,  # bisection rounds: the bit length of the most tiles a sequence can have
     TILE: ConstInt,  # rows per tile of the kernel that reads the map
     BPAD: ConstInt,  # a power of two > B
     FIRST_HEAVY: ConstBool,  # number a sequence's tiles from its end (causal dK/dV)
+    BY_WEIGHT: ConstBool,  # sequence-major by Wt, heaviest first (else level-major)
+    W_OFFSETS: ConstBool,  # Wt holds offsets [B + 1] (else per-sequence values [B])
     ZEROS: ConstInt,  # how many of Zero0, Zero1 ([total, columns]) get their tail zeroed
 ):
     """TileMap[t] = (b, tile) of program t, or (-1, 0) past the last tile.
@@ -40,8 +44,11 @@ def sequence_map(
     (fewer queries see it), the opposite of a query tile's: the deepest level then runs a
     sequence's *first* tiles, so the heaviest programs still start first."""
     t = ct.bid(0)
-    b, m, valid = sequence_tile(Cu, t, BPAD, TILE, STEPS)
-    if FIRST_HEAVY:
+    if BY_WEIGHT:
+        b, m, valid = heaviest_sequence_tile(Cu, Wt, t, BPAD, TILE, W_OFFSETS)
+    else:
+        b, m, valid = sequence_tile(Cu, t, BPAD, TILE, STEPS)
+    if FIRST_HEAVY and not BY_WEIGHT:
         tiles = sequence_tiles(Cu, BPAD, TILE)
         own = ct.sum(ct.where(ct.arange(BPAD, dtype=np.int32) == b, tiles, 0))
         m = own - 1 - m

@@ -134,7 +134,7 @@ DKDV_SEQS = KernelSpec("backward", "attention_bwd_dkdv_seqs",
                        (*_BWD, *_EXTRA, *GRADS, "dK", "dV", "dQacc", *_SEQS, "TileMap"))
 DQ_SEQS = KernelSpec("backward", "attention_bwd_dq_seqs",
                      (*_BWD, *_EXTRA, "Out", "Dlse", "dQ", *_SEQS, "TileMap"))
-SEQMAP = KernelSpec("seqmap", "sequence_map", ("Cu", "TileMap", "Zero0", "Zero1"))
+SEQMAP = KernelSpec("seqmap", "sequence_map", ("Cu", "Wt", "TileMap", "Zero0", "Zero1"))
 
 
 def score_specs(plain: bool) -> tuple[KernelSpec, KernelSpec, KernelSpec]:

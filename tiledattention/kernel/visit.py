@@ -135,6 +135,43 @@ def sequence_tile(Cu, t, BPAD, TILE, STEPS):
     return b, lo, valid
 
 
+def heaviest_sequence_tile(Cu, Wt, t, BPAD, TILE, W_OFFSETS):
+    """(b, tile, valid) in *sequence-major* order, the heaviest sequence first: sequences
+    ranked by weight (``Wt``: per-sequence key counts, as offsets [B + 1] when
+    ``W_OFFSETS``, else values [B]; ties by index), each one's tiles deepest first. Where a
+    tile's work follows its sequence's keys, not its depth (full attention, a paged
+    cache's contexts), this is the longest-first order the level-major one is under
+    causality. One [BPAD, BPAD] comparison ranks the sequences (``workload`` keeps BPAD
+    small for it)."""
+    idx = ct.arange(BPAD, dtype=np.int32)
+    tiles = sequence_tiles(Cu, BPAD, TILE)
+    w = ct.gather(Wt, idx, padding_value=0)
+    if W_OFFSETS:
+        w = ct.gather(Wt, idx + 1, padding_value=0) - w
+    wb = w.reshape((BPAD, 1))
+    wj = w.reshape((1, BPAD))
+    ahead = (wj > wb) | ((wj == wb) & (idx.reshape((1, BPAD)) < idx.reshape((BPAD, 1))))
+    before = ct.sum(ct.where(ahead, tiles.reshape((1, BPAD)), 0), axis=1)
+    mine = (before <= t) & (before + tiles > t)
+    b = ct.sum(ct.where(mine, idx, 0))
+    m = ct.sum(ct.where(mine, tiles - 1 - (t - before), 0))
+    return b, m, ct.sum(ct.where(mine, 1, 0)) > 0
+
+
+def mapped_program(TileMap, HEADS, HEADS_FAST):
+    """(b, tile, valid, head) of this program of a packed grid: axis 0 runs the map's
+    entries and axis 1 the heads, or with ``HEADS_FAST`` axis 0 alone runs (entry, head)
+    pairs, heads fastest, so every head of the map's first (heaviest) entries starts
+    first rather than the first head's whole map."""
+    x = ct.bid(0)
+    h = ct.bid(1)
+    if HEADS_FAST:
+        h = x % HEADS
+        x = x // HEADS
+    b, m, valid = mapped_tile(TileMap, x)
+    return b, m, valid, h
+
+
 def mapped_tile(TileMap, t):
     """(b, tile, valid) of program ``t`` from ``seqmap.sequence_map``'s [programs, 2] map
     (b = -1: no tile). Gathered, not recomputed per program: tileiras 13.4 fails to
@@ -222,12 +259,16 @@ def host_key_range(q_start: int, seq_k: int, tile_m: int, tile_n: int, causal: b
     return n_tiles, mask_start
 
 
-def host_sequence_order(lengths: list[int], tile: int,
-                        first_heavy: bool = False) -> list[tuple[int, int]]:
+def host_sequence_order(lengths: list[int], tile: int, first_heavy: bool = False,
+                        weights: list[int] | None = None) -> list[tuple[int, int]]:
     """``seqmap.sequence_map``'s (sequence, tile) of each program, on the host: level-major,
     deepest level first, sequences in order within a level (``first_heavy``: a sequence's
-    tiles numbered from its end)."""
+    tiles numbered from its end); with ``weights`` (``heaviest_sequence_tile``)
+    sequence-major, the heaviest sequence first (ties by index), its tiles deepest first."""
     tiles = [math.ceil(max(n, 0) / tile) for n in lengths]
+    if weights is not None:
+        ranked = sorted(range(len(tiles)), key=lambda b: (-weights[b], b))
+        return [(b, m) for b in ranked for m in range(tiles[b] - 1, -1, -1)]
     depth = max(tiles, default=0)
     return [(b, t - 1 - m if first_heavy else m) for m in range(depth - 1, -1, -1)
             for b, t in enumerate(tiles) if t > m]

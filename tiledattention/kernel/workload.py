@@ -78,26 +78,56 @@ def map_steps(total: int, tile: int) -> int:
 
 
 def tile_map(cu: torch.Tensor, total: int, tile: int, bpad: int,
-             first_heavy: bool = False, zero: tuple = ()) -> torch.Tensor:
+             first_heavy: bool = False, zero: tuple = (), weights=None,
+             offsets: bool = True) -> torch.Tensor:
     """The [programs, 2] int32 (sequence, tile) map of a packed grid, made on the GPU
-    (``first_heavy``: a sequence's first tiles are its heaviest, causal dK/dV). ``zero``:
-    up to two contiguous [total, ...] tensors whose rows past ``cu[-1]`` the same launch
-    sets to zero (the backward's gradients, allocated empty)."""
+    (``first_heavy``: a sequence's first tiles are its heaviest, causal dK/dV;
+    ``weights``: sequence-major, the sequences with the most keys first, their key counts
+    as offsets [B + 1] when ``offsets`` else values [B]). ``zero``: up to two contiguous
+    [total, ...] tensors whose rows past ``cu[-1]`` the same launch sets to zero (the
+    backward's gradients, allocated empty)."""
     batch = cu.shape[0] - 1
     n = programs(total, batch, tile)
     tmap = torch.empty((n, 2), dtype=torch.int32, device=cu.device)
     rows = [t.view(total, -1) for t in zero] or [int_pad_views(cu.device)[2]]
+    values = seqmap_values(tile, bpad, first_heavy, len(zero), total, weights is not None,
+                           offsets)
     launch_kernel(cu.device, (n, 1, 1), SEQMAP.kernel(),
-                  (cu, tmap, rows[0], rows[-1],
-                   *SEQMAP.ordered(seqmap_values(tile, bpad, first_heavy, len(zero), total),
-                                   skip_tensors=True)))
+                  (cu, cu if weights is None else weights, tmap, rows[0], rows[-1],
+                   *SEQMAP.ordered(values, skip_tensors=True)))
     return tmap
 
 
-def seqmap_values(tile: int, bpad: int, first_heavy: bool, zeros: int, total: int = 1) -> dict:
+def seqmap_values(tile: int, bpad: int, first_heavy: bool, zeros: int, total: int = 1,
+                  by_weight: bool = False, offsets: bool = True) -> dict:
     """The tile map launch's scalar and constant arguments (launch and compile alike)."""
     return dict(STEPS=map_steps(total, tile), TILE=tile, BPAD=bpad, FIRST_HEAVY=first_heavy,
-                ZEROS=zeros)
+                BY_WEIGHT=by_weight, W_OFFSETS=offsets, ZEROS=zeros)
+
+
+# A packed grid launches its heaviest programs first over all heads: grid axis 0 runs
+# (map entry, head) pairs, heads fastest (``HEADS_FAST``), and where a tile's work follows
+# its sequence's keys (full attention; a paged cache's contexts) the map is sequence-major,
+# the sequences with the most keys first. Before (False), axis 0 ran each head's whole map
+# and axis 1 the heads: the last heads' heaviest tiles started at the grid's end, and under
+# full attention every sequence's first tile ran last (benchmarks/notes/varlen-paged.md
+# §48a). Read when a plan is built; the plans' keys hold it, so an A/B may flip it.
+PACKED_HEAVY_FIRST = True
+# The sequence-major map ranks the sequences by one [BPAD, BPAD] comparison per program;
+# with more sequences than this (a power of two), the level-major map (many short
+# sequences leave little to balance).
+HEAVY_MAP_MAX_BPAD = 64
+
+
+def heavy_map(bpad: int, by_keys: bool) -> bool:
+    """Whether a packed launch's map is sequence-major by weight (``PACKED_HEAVY_FIRST``)."""
+    return PACKED_HEAVY_FIRST and by_keys and bpad <= HEAVY_MAP_MAX_BPAD
+
+
+def packed_grid(programs_: int, heads: int, heads_fast: bool) -> tuple[int, int, int]:
+    """A packed launch's grid: (map entries x heads) on one axis, heads fastest, or the
+    entries on axis 0 and the heads on axis 1."""
+    return (programs_ * heads, 1, 1) if heads_fast else (programs_, heads, 1)
 
 
 def packed4(t: torch.Tensor) -> torch.Tensor:
@@ -119,6 +149,8 @@ class SeqPlan(LaunchPlan):
     heads: int = 0
     splits: int = 1
     packed_heads: bool = False  # GQA decode: q's heads packed into their K/V head's rows
+    heads_fast: bool = False  # packed q: (map entry, head) pairs on axis 0 (``packed_grid``)
+    heavy_map: bool = False  # packed q: the map sequence-major by keys (``heavy_map``)
 
 
 def _forward_schedule(w: Workload, index: int, seq_q: int, seq_k: int, schedule) -> Schedule:
@@ -129,7 +161,7 @@ def _forward_schedule(w: Workload, index: int, seq_q: int, seq_k: int, schedule)
 
 def _fwd_values(w: Workload, s: Schedule, mods, *, return_lse, varlen_q, varlen_k, paged,
                 page_tiles=1, page_span=1, page_gather=False, split=1, split_tiles=1,
-                packed=False, seq_q=0, group=1) -> dict:
+                packed=False, seq_q=0, group=1, heads_fast=False) -> dict:
     """The packed forward kernel's scalar and constant arguments by name."""
     values = dict(
         **scalars(w.scale, mods, FWD_SEQS), GROUP=group, SEQ_Q=seq_q, NUM_SPLITS=split,
@@ -138,7 +170,8 @@ def _fwd_values(w: Workload, s: Schedule, mods, *, return_lse, varlen_q, varlen_
         LAT_K=s.latency_k, LAT_V=s.latency_v, SPLIT_K=split > 1, PACKED=packed,
         HAS_SCORE_MOD=mods.has_score_mod, HAS_MASK_MOD=mods.has_mask_mod, VARLEN_Q=varlen_q,
         VARLEN_K=varlen_k, SEQUSED=paged or w.seqused, PAGED=paged, PAGE_TILES=page_tiles,
-        PAGE_SPAN=page_span, WINDOW=w.window != (-1, -1), PAGE_GATHER=page_gather)
+        PAGE_SPAN=page_span, WINDOW=w.window != (-1, -1), PAGE_GATHER=page_gather,
+        HEADS_FAST=heads_fast)
     return values
 
 
@@ -147,13 +180,16 @@ def _fwd_tail(*args, **kwargs) -> tuple:
     return FWD_SEQS.ordered(_fwd_values(*args, **kwargs), skip_tensors=True)
 
 
-def _packed_plan(w: Workload, s: Schedule, mods, tail: tuple, device, return_lse: bool
-                 ) -> SeqPlan:
+def _packed_plan(w: Workload, s: Schedule, mods, tail: tuple, device, return_lse: bool,
+                 by_keys: bool) -> SeqPlan:
     """A forward over a tile map of packed query rows: the grid's programs follow the
-    packed length (0, sized per call), one program row per query head."""
+    packed length (0, sized per call), one per (map entry, query head); ``by_keys``: a
+    tile's work follows its sequence's keys (``heavy_map``)."""
     step = Step("fwd", FWD_SEQS.kernel(mods, **fwd_hints(s)), (0, w.heads_q, 1), tail)
-    return SeqPlan(schedule=s, launches=(step,), device=device, work=w,
-                   bpad=max(_pow2(w.batch + 1), 16), return_lse=return_lse)
+    bpad = max(_pow2(w.batch + 1), 16)
+    return SeqPlan(schedule=s, launches=(step,), device=device, work=w, bpad=bpad,
+                   return_lse=return_lse, heads_fast=PACKED_HEAVY_FIRST,
+                   heavy_map=heavy_map(bpad, by_keys))
 
 
 def varlen_plan(w: Workload, q, k, schedule, mods, return_lse: bool) -> SeqPlan:
@@ -162,8 +198,9 @@ def varlen_plan(w: Workload, q, k, schedule, mods, return_lse: bool) -> SeqPlan:
     s = _forward_schedule(w, index, w.max_q, w.max_k, schedule)
     s = replace(s, splits=1, heavy_first=False, pdl=False)
     tail = _fwd_tail(w, s, mods, return_lse=return_lse, varlen_q=True, varlen_k=True,
-                     paged=False, group=w.heads_q // w.heads_kv)
-    return _packed_plan(w, s, mods, tail, q.device, return_lse)
+                     paged=False, group=w.heads_q // w.heads_kv,
+                     heads_fast=PACKED_HEAVY_FIRST)
+    return _packed_plan(w, s, mods, tail, q.device, return_lse, not w.causal)
 
 
 def run_varlen(plan: SeqPlan, q, k, v, cu_q, cu_k, seqused_k, aux=()):
@@ -182,12 +219,13 @@ def run_varlen(plan: SeqPlan, q, k, v, cu_q, cu_k, seqused_k, aux=()):
         return out, lse
     _, pad1, pad2 = int_pad_views(dev)
     lse_ph, mask_ph = _placeholders(dev, False)
-    tmap = tile_map(cu_q, total, plan.schedule.tile_m, plan.bpad)
+    tmap = tile_map(cu_q, total, plan.schedule.tile_m, plan.bpad,
+                    weights=cu_k if plan.heavy_map else None)
     lse_arg = lse_ph if lse is None else lse.unsqueeze(0)
     args = (packed4(q), packed4(k), packed4(v), packed4(out), lse_arg, mask_ph,
             *variant_arrays(None, aux, dev), cu_q, cu_k,
             pad1 if seqused_k is None else seqused_k, pad2, tmap, *tail)
-    launch_kernel(dev, (tmap.shape[0], grid[1], grid[2]), kernel, args)
+    launch_kernel(dev, packed_grid(tmap.shape[0], grid[1], plan.heads_fast), kernel, args)
     return out, lse
 
 
@@ -231,8 +269,8 @@ def paged_plan(w: Workload, q, schedule, mods, return_lse: bool) -> SeqPlan:
             replace(s, splits=1, heavy_first=False, pdl=False), w.page_size, w.max_q)
         tail = _fwd_tail(w, s, mods, return_lse=return_lse, varlen_q=True, varlen_k=False,
                          paged=True, page_tiles=tiles, page_span=span, page_gather=gather,
-                         group=group)
-        return _packed_plan(w, s, mods, tail, q.device, return_lse)
+                         group=group, heads_fast=PACKED_HEAVY_FIRST)
+        return _packed_plan(w, s, mods, tail, q.device, return_lse, True)
     seq_q = w.max_q
     # GQA decode: the group's query heads share the rows of one tile (K/V read once).
     packed = group > 1 and seq_q <= 16 and not mods.key
@@ -294,9 +332,10 @@ def run_paged(plan: SeqPlan, q, k_cache, v_cache, page_table, cache_seqlens, cu_
             if plan.return_lse else None
         if total == 0 or w.batch == 0:
             return out, lse
-        tmap = tile_map(cu_q, total, plan.schedule.tile_m, plan.bpad)
+        tmap = tile_map(cu_q, total, plan.schedule.tile_m, plan.bpad,
+                        weights=cache_seqlens if plan.heavy_map else None, offsets=False)
         lse_arg = lse_ph if lse is None else lse.unsqueeze(0)
-        launch_kernel(dev, (tmap.shape[0], grid[1], grid[2]), kernel,
+        launch_kernel(dev, packed_grid(tmap.shape[0], grid[1], plan.heads_fast), kernel,
                       (packed4(q), kc, vc, packed4(out), lse_arg, mask_ph, *variant, cu_q,
                        cu_q, cache_seqlens, page_table, tmap, *tail))
         return out, lse
@@ -345,6 +384,8 @@ class SeqBwdPlan(LaunchPlan):
     program row per query (K/V, for dK/dV) head."""
 
     bpad: int
+    heads_fast: bool = False  # (map entry, head) pairs on grid axis 0 (``packed_grid``)
+    heavy_map: bool = False  # full attention: both maps sequence-major by keys
 
 
 # The packed backward loads Q, dO, Lse, Delta (and K, V without seqused_k) through the
@@ -426,7 +467,7 @@ def varlen_bwd_plan(w: Workload, device, mods, has_dlse: bool, schedule=None) ->
                   **window_scalars(w.window), **hd, CAUSAL=w.causal,
                   HAS_SCORE_MOD=mods.has_score_mod, HAS_MASK_MOD=mods.has_mask_mod,
                   SEQUSED=w.seqused, WINDOW=w.window != (-1, -1),
-                  WHOLE_LOADS=PACKED_BWD_WHOLE)
+                  WHOLE_LOADS=PACKED_BWD_WHOLE, HEADS_FAST=PACKED_HEAVY_FIRST)
     one_head = w.heads_q == w.heads_kv and w.head_dim in ONE_HEAD_DIMS
     dkdv_values = dict(common, TILE_M=s.dkdv_m, TILE_N=s.dkdv_n, KEY_ROWS=s.key_rows,
                        ONE_HEAD=one_head, TAIL_TILE=packed_tail_tile(w.causal, w.head_dim))
@@ -439,8 +480,10 @@ def varlen_bwd_plan(w: Workload, device, mods, has_dlse: bool, schedule=None) ->
                            DQ_SEQS.ordered(dq_values, skip_tensors=True)),
         "dkdv": lambda: Step("dkdv", DKDV_SEQS.kernel(mods, **s.hints()), (0, w.heads_kv, 1),
                              DKDV_SEQS.ordered(dkdv_values, skip_tensors=True))}
+    bpad = max(_pow2(w.batch + 1), 16)
     return SeqBwdPlan(schedule=s, launches=tuple(steps[r]() for r in packed_bwd_roles()),
-                      device=device, bpad=max(_pow2(w.batch + 1), 16))
+                      device=device, bpad=bpad, heads_fast=PACKED_HEAVY_FIRST,
+                      heavy_map=heavy_map(bpad, not w.causal))
 
 
 def packed_dq_delta(has_dlse: bool) -> dict:
@@ -492,15 +535,16 @@ def run_varlen_backward(plan: SeqBwdPlan, w: Workload, q, k, v, out, lse, dout, 
     seqused = pad1 if seqused_k is None else seqused_k
     mask = _placeholders(dev, False)[1]
     variant = variant_arrays(None, aux, dev)
-    qmap = tile_map(cu_q, total_q, plan.schedule.dq_m, plan.bpad, zero=zero_q)
-    launch_kernel(dev, (qmap.shape[0], qgrid[1], qgrid[2]), qkernel,
+    qmap = tile_map(cu_q, total_q, plan.schedule.dq_m, plan.bpad, zero=zero_q,
+                    weights=cu_k if plan.heavy_map else None)
+    launch_kernel(dev, packed_grid(qmap.shape[0], qgrid[1], plan.heads_fast), qkernel,
                   (q4, k4, v4, do4, lse3, delta, mask, *variant, o4, dlse3, packed4(dq), cu_q,
                    cu_k, seqused, qmap, *qtail))
     kmap = tile_map(cu_k, total_k, plan.schedule.dkdv_n, plan.bpad, w.causal,
-                    zero=zero_kv)
+                    zero=zero_kv, weights=cu_q if plan.heavy_map else None)
     grads = tuple(pad if g is None else g for g in captured)
     grads = (*grads, *([pad] * (4 - len(grads))))
-    launch_kernel(dev, (kmap.shape[0], kgrid[1], kgrid[2]), kkernel,
+    launch_kernel(dev, packed_grid(kmap.shape[0], kgrid[1], plan.heads_fast), kkernel,
                   (q4, k4, v4, do4, lse3, delta, mask, *variant, *grads, packed4(dk),
                    packed4(dv), delta.view(1, w.heads_q, total_q, 1), cu_q, cu_k, seqused,
                    kmap, *ktail))
@@ -548,7 +592,7 @@ def varlen_setup(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, causal, scale, wi
            _facts(seqused_k), max_q, max_k, type(causal), causal, type(scale), scale,
            tuple(window_size) if isinstance(window_size, (tuple, list)) else window_size,
            softcap, mods.key, bool(return_lse), None if schedule is None else str(schedule),
-           policy.generation())
+           policy.generation(), PACKED_HEAVY_FIRST)
     plan = _cached(key, build)
     if plan.work.batch and key not in _checked and _checked_now(cu_q):
         checked_offsets(cu_q, cu_k, seqused_k, max_q, max_k, q.shape[0], k.shape[0])
@@ -578,7 +622,7 @@ def paged_setup(q, k_cache, v_cache, page_table, cache_seqlens, cu_q, max_q, cau
            type(causal), causal, type(scale), scale,
            tuple(window_size) if isinstance(window_size, (tuple, list)) else window_size,
            softcap, mods.key, bool(return_lse), None if schedule is None else str(schedule),
-           policy.generation())
+           policy.generation(), PACKED_HEAVY_FIRST)
     plan = _cached(key, build)
     if key not in _checked and _checked_now(cache_seqlens):
         checked_cache(page_table, cache_seqlens, k_cache.shape[0], k_cache.shape[1], cu_q,

@@ -1,0 +1,97 @@
+"""An A/B of the packed launch order (``workload.PACKED_HEAVY_FIRST``: heads fastest on
+one grid axis, sequence-major maps by keys where a tile's work follows them) on the
+workloads stage's own points (``config/reference.yaml``'s section: lognormal documents,
+ragged contexts), beside FlashAttention-4: ours with the switch off and on, FA4,
+interleaved in rounds in one process, kernel time with L2 flushed. Each point's outputs
+(and gradients) of the two settings are compared bit for bit. GPU.
+
+    python benchmarks/packed_order_ab.py --kinds varlen prefill --out ab.json
+
+benchmarks/notes/varlen-paged.md §48a has the prediction and what it measured.
+"""
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tiledattention.bench import workload_cases as wc  # noqa: E402
+from tiledattention.bench.methods import get_method  # noqa: E402
+from tiledattention.kernel import workload as W  # noqa: E402
+from tiledattention.stages.workloads import WorkloadsConfig, _step, points  # noqa: E402
+from tiledattention.timing import L2Flusher, summarize, time_cuda  # noqa: E402
+
+
+def prepared(point, inputs, name):
+    """(timed callable, its result as a flat tuple of tensors) of one method at a point."""
+    prep = get_method(name).workload(inputs, point)
+    if point.pass_ == "fwd":
+        return prep.call, lambda: (prep.packed(prep.call()),)
+    step = _step(prep)
+
+    def result():
+        step()
+        return tuple(prep.grads())
+    return step, result
+
+
+def run_point(point, rounds, flush, fa4: bool) -> dict:
+    inputs = wc.make_inputs(point, 0, torch.device("cuda"))
+    ours, ours_result = prepared(point, inputs, "tiledattention")
+    timed = {"off": ours, "on": ours}
+    if fa4:
+        timed["fa4"] = prepared(point, inputs, "fa4")[0]
+    ms = {k: [] for k in timed}
+    results = {}
+    for _ in range(rounds):
+        for k, fn in timed.items():
+            if k in ("off", "on"):
+                W.PACKED_HEAVY_FIRST = k == "on"
+                results[k] = tuple(t.clone() for t in ours_result())
+            ms[k].append(summarize(time_cuda(fn, warmup=3, reps=10, flush=flush)).median_ms)
+    W.PACKED_HEAVY_FIRST = True
+    best = {k: min(v) for k, v in ms.items()}
+    same = all(torch.equal(a, b) for a, b in zip(results["off"], results["on"]))
+    return {"point": point.key(), "kind": point.kind, "pass": point.pass_,
+            "causal": point.causal, "head_dim": point.head_dim, "gqa": point.gqa,
+            "tokens": sum(point.seqs_q), "batch": point.batch, "page": point.page_size,
+            "ms": best, "rounds_ms": ms, "bit_identical": same,
+            "gain": best["off"] / best["on"],
+            "on_vs_fa4": best.get("fa4", float("nan")) / best["on"],
+            "off_vs_fa4": best.get("fa4", float("nan")) / best["off"]}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--kinds", nargs="+", default=["varlen", "prefill"],
+                   choices=["varlen", "prefill", "decode"])
+    p.add_argument("--passes", nargs="+", default=["fwd", "fwd+bwd"])
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--no-fa4", action="store_true")
+    p.add_argument("--out", help="write the rows as JSON here")
+    a = p.parse_args()
+    flush = L2Flusher()
+    rows = []
+    for point in points(WorkloadsConfig()):
+        if point.kind not in a.kinds or point.pass_ not in a.passes:
+            continue
+        if point.dtype != "bfloat16":
+            continue
+        r = run_point(point, a.rounds, flush, not a.no_fa4)
+        rows.append(r)
+        print(f"{r['kind']:7s} {r['pass']:7s} {'causal' if r['causal'] else 'full':6s} "
+              f"D{r['head_dim']} gqa{r['gqa']} tok {r['tokens']:6d} B {r['batch']:3d} "
+              f"page {r['page'] or 0:3d}: off {r['ms']['off']:.3f} on {r['ms']['on']:.3f} ms "
+              f"gain {r['gain']:.3f}  fa4 {r['ms'].get('fa4', float('nan')):.3f} ms "
+              f"(on/fa4 x{r['on_vs_fa4']:.3f}, off/fa4 x{r['off_vs_fa4']:.3f})  "
+              f"bit-identical {r['bit_identical']}", flush=True)
+    if a.out:
+        Path(a.out).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
