@@ -1,11 +1,13 @@
-"""An A/B of the packed launch order (``workload.PACKED_HEAVY_FIRST``: heads fastest on
-one grid axis, sequence-major maps by keys where a tile's work follows them) on the
+"""An A/B of a packed launch order switch of ``tiledattention.kernel.workload``
+(``PAGED_HEAVY_FIRST``, ``VARLEN_HEADS_FAST``, ``VARLEN_HEAVY_MAP``: heads fastest on one
+grid axis, sequence-major maps by keys where a tile's work follows them) on the
 workloads stage's own points (``config/reference.yaml``'s section: lognormal documents,
 ragged contexts), beside FlashAttention-4: ours with the switch off and on, FA4,
 interleaved in rounds in one process, kernel time with L2 flushed. Each point's outputs
 (and gradients) of the two settings are compared bit for bit. GPU.
 
-    python benchmarks/packed_order_ab.py --kinds varlen prefill --out ab.json
+    python benchmarks/packed_order_ab.py --switch PAGED_HEAVY_FIRST --kinds prefill
+    python benchmarks/packed_order_ab.py --switch VARLEN_HEAVY_MAP --kinds varlen --masks full
 
 benchmarks/notes/varlen-paged.md §48a has the prediction and what it measured.
 """
@@ -38,7 +40,8 @@ def prepared(point, inputs, name):
     return step, result
 
 
-def run_point(point, rounds, flush, fa4: bool) -> dict:
+def run_point(point, switch, rounds, flush, fa4: bool) -> dict:
+    default = getattr(W, switch)
     inputs = wc.make_inputs(point, 0, torch.device("cuda"))
     ours, ours_result = prepared(point, inputs, "tiledattention")
     timed = {"off": ours, "on": ours}
@@ -49,10 +52,10 @@ def run_point(point, rounds, flush, fa4: bool) -> dict:
     for _ in range(rounds):
         for k, fn in timed.items():
             if k in ("off", "on"):
-                W.PACKED_HEAVY_FIRST = k == "on"
+                setattr(W, switch, k == "on")
                 results[k] = tuple(t.clone() for t in ours_result())
             ms[k].append(summarize(time_cuda(fn, warmup=3, reps=10, flush=flush)).median_ms)
-    W.PACKED_HEAVY_FIRST = True
+    setattr(W, switch, default)
     best = {k: min(v) for k, v in ms.items()}
     same = all(torch.equal(a, b) for a, b in zip(results["off"], results["on"]))
     return {"point": point.key(), "kind": point.kind, "pass": point.pass_,
@@ -66,6 +69,9 @@ def run_point(point, rounds, flush, fa4: bool) -> dict:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--switch", required=True, choices=["PAGED_HEAVY_FIRST",
+                                                       "VARLEN_HEADS_FAST", "VARLEN_HEAVY_MAP"])
+    p.add_argument("--masks", nargs="+", default=["full", "causal"], choices=["full", "causal"])
     p.add_argument("--kinds", nargs="+", default=["varlen", "prefill"],
                    choices=["varlen", "prefill", "decode"])
     p.add_argument("--passes", nargs="+", default=["fwd", "fwd+bwd"])
@@ -78,9 +84,9 @@ def main() -> int:
     for point in points(WorkloadsConfig()):
         if point.kind not in a.kinds or point.pass_ not in a.passes:
             continue
-        if point.dtype != "bfloat16":
+        if point.dtype != "bfloat16" or ("causal" if point.causal else "full") not in a.masks:
             continue
-        r = run_point(point, a.rounds, flush, not a.no_fa4)
+        r = run_point(point, a.switch, a.rounds, flush, not a.no_fa4)
         rows.append(r)
         print(f"{r['kind']:7s} {r['pass']:7s} {'causal' if r['causal'] else 'full':6s} "
               f"D{r['head_dim']} gqa{r['gqa']} tok {r['tokens']:6d} B {r['batch']:3d} "

@@ -44,18 +44,13 @@ def test_the_heavy_map_runs_the_sequences_with_the_most_keys_first_each_deepest_
     assert [b for b, _ in host_sequence_order([64, 64], 64, weights=[5, 5])] == [0, 1]
 
 
-@pytest.mark.parametrize("causal, paged, bpad, heavy", [
-    (False, False, 16, True), (True, False, 16, False), (True, True, 16, True),
-    (False, False, 64, True), (False, False, 128, False)])
-def test_the_map_is_sequence_major_where_work_follows_the_keys_and_few_sequences(
-        causal, paged, bpad, heavy, monkeypatch):
-    # causal self-attention keeps the level-major map (deepest first is already the
-    # heaviest first); a [BPAD, BPAD] ranking is kept small; the switch off restores both
+@pytest.mark.parametrize("bpad, heavy", [(16, True), (64, True), (128, False)])
+def test_the_heavy_map_ranks_only_few_enough_sequences(bpad, heavy):
+    # a [BPAD, BPAD] ranking per program is kept small; off when not asked for
     from tiledattention.kernel import workload as W
 
-    assert W.heavy_map(bpad, paged or not causal) is heavy
-    monkeypatch.setattr(W, "PACKED_HEAVY_FIRST", False)
-    assert W.heavy_map(bpad, paged or not causal) is False
+    assert W.heavy_map(bpad, True) is heavy
+    assert W.heavy_map(bpad, False) is False
 
 
 def test_a_heads_fast_grid_puts_every_head_of_an_entry_on_one_axis():
@@ -252,10 +247,11 @@ def test_the_packed_backward_passes_whole_loads_by_name_and_keys_its_plan_on_it(
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_the_packed_backward_passes_heads_fast_by_name_and_keys_its_plan_on_it(causal,
-                                                                              monkeypatch):
-    # §48a's switch reaches both score kernels' HEADS_FAST, the plan's grids and maps
-    # follow it (full attention: sequence-major maps), and the cached plan keys on it
+@pytest.mark.parametrize("switch", ["VARLEN_HEADS_FAST", "VARLEN_HEAVY_MAP"])
+def test_the_packed_backward_follows_the_order_switches_by_name_and_keys_its_plan_on_them(
+        causal, switch, monkeypatch):
+    # §48a's switches reach both score kernels' HEADS_FAST, the plan's grids and maps (a
+    # heavy map under full attention only), and the cached plan keys on them
     pytest.importorskip("cuda.tile", reason="the kernel's parameter names come from cuTile")
     from tiledattention import mods, varlen
     from tiledattention.kernel import workload as W
@@ -266,13 +262,14 @@ def test_the_packed_backward_passes_heads_fast_by_name_and_keys_its_plan_on_it(c
                  0.0)
     plans = {}
     for on in (False, True):
-        monkeypatch.setattr(W, "PACKED_HEAVY_FIRST", on)
+        monkeypatch.setattr(W, switch, on)
         plans[on] = plan = varlen._bwd_plan(w, torch.device("cpu"), mods.NONE, False)
         steps = {s.role: s for s in plan.launches}
         for role, spec in (("dq", DQ_SEQS), ("dkdv", DKDV_SEQS)):
             names = spec.names()[len(spec.tensors):]
-            assert steps[role].tail[names.index("HEADS_FAST")] is on
-        assert plan.heads_fast is on and plan.heavy_map is (on and not causal)
+            assert steps[role].tail[names.index("HEADS_FAST")] is W.VARLEN_HEADS_FAST
+        assert plan.heads_fast is W.VARLEN_HEADS_FAST
+        assert plan.heavy_map is (W.VARLEN_HEAVY_MAP and not causal)
     assert plans[False] is not plans[True]
 
 

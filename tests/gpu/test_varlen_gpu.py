@@ -483,9 +483,9 @@ def test_the_tile_map_kernel_runs_the_heaviest_sequences_first_as_its_host_mirro
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_the_heavy_first_launch_order_changes_no_output_or_gradient_bit(causal, monkeypatch):
+def test_the_launch_order_changes_no_output_or_gradient_bit(causal, monkeypatch):
     # §48a: only which program starts when changes, not what any program computes; packed
-    # forward+backward and paged chunked prefill, the switch off and on
+    # forward+backward and paged chunked prefill, every order switch off and on
     from tiledattention.kernel import workload as W
 
     lens = [300, 1, 0, 129, 64, 700, 2000]
@@ -498,7 +498,8 @@ def test_the_heavy_first_launch_order_changes_no_output_or_gradient_bit(causal, 
     qp = _packed(new, 8, 128, BF16)
     got = {}
     for on in (False, True):
-        monkeypatch.setattr(W, "PACKED_HEAVY_FIRST", on)
+        for switch in ("PAGED_HEAVY_FIRST", "VARLEN_HEADS_FAST", "VARLEN_HEAVY_MAP"):
+            monkeypatch.setattr(W, switch, on)
         out = ta.sdpa_varlen(q, k, v, cu, cu, max(lens), max(lens), causal=causal)
         grads = torch.autograd.grad(out, (q, k, v), dout)
         with torch.no_grad():

@@ -231,7 +231,7 @@ def export_workload_cubins(work, gpu_code: str, *, paged: bool = False,
         fwd = W._fwd_values(work, s, mods, return_lse=True, varlen_q=True, varlen_k=False,
                             paged=True, page_tiles=tiles, page_span=span,
                             page_gather=gather, group=work.heads_q // work.heads_kv,
-                            heads_fast=W.PACKED_HEAVY_FIRST)
+                            heads_fast=W.PAGED_HEAVY_FIRST)
     elif paged:
         fwd = W._fwd_values(work, s, mods, return_lse=True, varlen_q=False, varlen_k=False,
                             paged=True, page_tiles=tiles, page_span=span,
@@ -239,12 +239,12 @@ def export_workload_cubins(work, gpu_code: str, *, paged: bool = False,
     else:
         fwd = W._fwd_values(work, s, mods, return_lse=True, varlen_q=True, varlen_k=True,
                             paged=False, group=work.heads_q // work.heads_kv,
-                            heads_fast=W.PACKED_HEAVY_FIRST)
+                            heads_fast=W.VARLEN_HEADS_FAST)
     out = {}
-    for spec, values, hints in ((FWD_SEQS, fwd, fwd_hints(s)),
-                                (SEQMAP, W.seqmap_values(s.tile_m, 16, False, 0, 1,
-                                                         W.heavy_map(16, paged or not work.causal),
-                                                         not paged), {})):
+    # the map's order as the plan's (``workload.heavy_map``): by context, or by keys
+    by_keys = W.PAGED_HEAVY_FIRST if paged else W.VARLEN_HEAVY_MAP and not work.causal
+    seqmap = W.seqmap_values(s.tile_m, 16, False, 0, 1, W.heavy_map(16, by_keys), not paged)
+    for spec, values, hints in ((FWD_SEQS, fwd, fwd_hints(s)), (SEQMAP, seqmap, {})):
         consts = {k: v for k, v in values.items() if k in spec.constants()}
         out[spec.name] = _export(spec, spec.kernel(mods, **hints), signature(
             spec, arrays, consts), gpu_code, "a packed call")
@@ -253,7 +253,7 @@ def export_workload_cubins(work, gpu_code: str, *, paged: bool = False,
         common = dict(GROUP=work.heads_q // work.heads_kv, **W.head_dim_constants(
             work.head_dim), CAUSAL=work.causal, HAS_SCORE_MOD=False, HAS_MASK_MOD=False,
             SEQUSED=work.seqused, WINDOW=work.window != (-1, -1),
-            WHOLE_LOADS=W.PACKED_BWD_WHOLE, HEADS_FAST=W.PACKED_HEAVY_FIRST)
+            WHOLE_LOADS=W.PACKED_BWD_WHOLE, HEADS_FAST=W.VARLEN_HEADS_FAST)
         steps = {"dkdv": (DKDV_SEQS, dict(common, TILE_M=b.dkdv_m, TILE_N=b.dkdv_n,
                                           KEY_ROWS=b.key_rows, ONE_HEAD=False,
                                           TAIL_TILE=W.packed_tail_tile(
@@ -263,8 +263,9 @@ def export_workload_cubins(work, gpu_code: str, *, paged: bool = False,
         # the dK/dV map, which also zeroes dK's and dV's rows past the last sequence
         io_dtype = getattr(ct, io_name)
         zeroed = dict(arrays, Zero0=export_array(io_dtype, 2), Zero1=export_array(io_dtype, 2))
+        heavy = W.heavy_map(16, W.VARLEN_HEAVY_MAP and not work.causal)
         consts = {k: v for k, v in W.seqmap_values(b.dkdv_n, 16, work.causal, 2, 1,
-                                                 W.heavy_map(16, not work.causal)).items()
+                                                   heavy).items()
                   if k in SEQMAP.constants()}
         out["sequence_map_zero_tail"] = _export(SEQMAP, SEQMAP.kernel(), signature(
             SEQMAP, zeroed, consts), gpu_code, "a packed call's backward")

@@ -60,7 +60,7 @@ class SeqFlags:
     # whole pages, not one TMA load per page (pages < workload.PAGE_GATHER_BELOW)
     PAGE_GATHER: bool = flag("paged", False)
     # grid axis 0 runs (map entry, head) pairs, the heads fastest: every head's program of
-    # the map's first (heaviest) entries launches first (``workload.PACKED_HEAVY_FIRST``,
+    # the map's first (heaviest) entries launches first (``workload.PAGED_HEAVY_FIRST``,
     # benchmarks/notes/varlen-paged.md §48a); else axis 0 the entries, axis 1 the heads
     HEADS_FAST: bool = flag("seqs", False)
 

@@ -105,14 +105,19 @@ def seqmap_values(tile: int, bpad: int, first_heavy: bool, zeros: int, total: in
                 BY_WEIGHT=by_weight, W_OFFSETS=offsets, ZEROS=zeros)
 
 
-# A packed grid launches its heaviest programs first over all heads: grid axis 0 runs
-# (map entry, head) pairs, heads fastest (``HEADS_FAST``), and where a tile's work follows
-# its sequence's keys (full attention; a paged cache's contexts) the map is sequence-major,
-# the sequences with the most keys first. Before (False), axis 0 ran each head's whole map
-# and axis 1 the heads: the last heads' heaviest tiles started at the grid's end, and under
-# full attention every sequence's first tile ran last (benchmarks/notes/varlen-paged.md
-# §48a). Read when a plan is built; the plans' keys hold it, so an A/B may flip it.
-PACKED_HEAVY_FIRST = True
+# A packed launch's order (benchmarks/notes/varlen-paged.md §48a). ``HEADS_FAST``: grid
+# axis 0 runs (map entry, head) pairs, heads fastest, so every head's heaviest programs
+# start first (else axis 0 runs each head's whole map, axis 1 the heads, and the last
+# heads' heaviest tiles start at the grid's end). A heavy map is sequence-major, the
+# sequences with the most keys first, where a tile's work follows its sequence's keys
+# rather than its depth (full attention; a paged cache's contexts). Measured on the
+# workloads stage's points (H200): chunked prefill with both, 1.18-1.25x at B 4 / 16 (B 1
+# unchanged); packed batches with heads fastest 0.87-1.17x (the larger batches lose:
+# every head's K/V in flight at once, not one head's), so they keep one head at a time.
+# Read when a plan is built; the plans' keys hold them, so an A/B may flip them.
+PAGED_HEAVY_FIRST = True  # chunked prefill (packed queries on a paged cache): both
+VARLEN_HEADS_FAST = False  # packed (varlen) forward and backward: heads fastest
+VARLEN_HEAVY_MAP = True  # packed, full attention: sequence-major maps by keys
 # The sequence-major map ranks the sequences by one [BPAD, BPAD] comparison per program;
 # with more sequences than this (a power of two), the level-major map (many short
 # sequences leave little to balance).
@@ -120,8 +125,9 @@ HEAVY_MAP_MAX_BPAD = 64
 
 
 def heavy_map(bpad: int, by_keys: bool) -> bool:
-    """Whether a packed launch's map is sequence-major by weight (``PACKED_HEAVY_FIRST``)."""
-    return PACKED_HEAVY_FIRST and by_keys and bpad <= HEAVY_MAP_MAX_BPAD
+    """Whether a packed launch's map is sequence-major by weight: asked for (``by_keys``),
+    and few enough sequences to rank."""
+    return by_keys and bpad <= HEAVY_MAP_MAX_BPAD
 
 
 def packed_grid(programs_: int, heads: int, heads_fast: bool) -> tuple[int, int, int]:
@@ -181,14 +187,14 @@ def _fwd_tail(*args, **kwargs) -> tuple:
 
 
 def _packed_plan(w: Workload, s: Schedule, mods, tail: tuple, device, return_lse: bool,
-                 by_keys: bool) -> SeqPlan:
+                 heads_fast: bool, by_keys: bool) -> SeqPlan:
     """A forward over a tile map of packed query rows: the grid's programs follow the
-    packed length (0, sized per call), one per (map entry, query head); ``by_keys``: a
-    tile's work follows its sequence's keys (``heavy_map``)."""
+    packed length (0, sized per call), one per (map entry, query head); ``by_keys``: the
+    map sequence-major by keys (``heavy_map``)."""
     step = Step("fwd", FWD_SEQS.kernel(mods, **fwd_hints(s)), (0, w.heads_q, 1), tail)
     bpad = max(_pow2(w.batch + 1), 16)
     return SeqPlan(schedule=s, launches=(step,), device=device, work=w, bpad=bpad,
-                   return_lse=return_lse, heads_fast=PACKED_HEAVY_FIRST,
+                   return_lse=return_lse, heads_fast=heads_fast,
                    heavy_map=heavy_map(bpad, by_keys))
 
 
@@ -199,8 +205,9 @@ def varlen_plan(w: Workload, q, k, schedule, mods, return_lse: bool) -> SeqPlan:
     s = replace(s, splits=1, heavy_first=False, pdl=False)
     tail = _fwd_tail(w, s, mods, return_lse=return_lse, varlen_q=True, varlen_k=True,
                      paged=False, group=w.heads_q // w.heads_kv,
-                     heads_fast=PACKED_HEAVY_FIRST)
-    return _packed_plan(w, s, mods, tail, q.device, return_lse, not w.causal)
+                     heads_fast=VARLEN_HEADS_FAST)
+    return _packed_plan(w, s, mods, tail, q.device, return_lse, VARLEN_HEADS_FAST,
+                        VARLEN_HEAVY_MAP and not w.causal)
 
 
 def run_varlen(plan: SeqPlan, q, k, v, cu_q, cu_k, seqused_k, aux=()):
@@ -269,8 +276,9 @@ def paged_plan(w: Workload, q, schedule, mods, return_lse: bool) -> SeqPlan:
             replace(s, splits=1, heavy_first=False, pdl=False), w.page_size, w.max_q)
         tail = _fwd_tail(w, s, mods, return_lse=return_lse, varlen_q=True, varlen_k=False,
                          paged=True, page_tiles=tiles, page_span=span, page_gather=gather,
-                         group=group, heads_fast=PACKED_HEAVY_FIRST)
-        return _packed_plan(w, s, mods, tail, q.device, return_lse, True)
+                         group=group, heads_fast=PAGED_HEAVY_FIRST)
+        return _packed_plan(w, s, mods, tail, q.device, return_lse, PAGED_HEAVY_FIRST,
+                            PAGED_HEAVY_FIRST)
     seq_q = w.max_q
     # GQA decode: the group's query heads share the rows of one tile (K/V read once).
     packed = group > 1 and seq_q <= 16 and not mods.key
@@ -467,7 +475,7 @@ def varlen_bwd_plan(w: Workload, device, mods, has_dlse: bool, schedule=None) ->
                   **window_scalars(w.window), **hd, CAUSAL=w.causal,
                   HAS_SCORE_MOD=mods.has_score_mod, HAS_MASK_MOD=mods.has_mask_mod,
                   SEQUSED=w.seqused, WINDOW=w.window != (-1, -1),
-                  WHOLE_LOADS=PACKED_BWD_WHOLE, HEADS_FAST=PACKED_HEAVY_FIRST)
+                  WHOLE_LOADS=PACKED_BWD_WHOLE, HEADS_FAST=VARLEN_HEADS_FAST)
     one_head = w.heads_q == w.heads_kv and w.head_dim in ONE_HEAD_DIMS
     dkdv_values = dict(common, TILE_M=s.dkdv_m, TILE_N=s.dkdv_n, KEY_ROWS=s.key_rows,
                        ONE_HEAD=one_head, TAIL_TILE=packed_tail_tile(w.causal, w.head_dim))
@@ -482,8 +490,8 @@ def varlen_bwd_plan(w: Workload, device, mods, has_dlse: bool, schedule=None) ->
                              DKDV_SEQS.ordered(dkdv_values, skip_tensors=True))}
     bpad = max(_pow2(w.batch + 1), 16)
     return SeqBwdPlan(schedule=s, launches=tuple(steps[r]() for r in packed_bwd_roles()),
-                      device=device, bpad=bpad, heads_fast=PACKED_HEAVY_FIRST,
-                      heavy_map=heavy_map(bpad, not w.causal))
+                      device=device, bpad=bpad, heads_fast=VARLEN_HEADS_FAST,
+                      heavy_map=heavy_map(bpad, VARLEN_HEAVY_MAP and not w.causal))
 
 
 def packed_dq_delta(has_dlse: bool) -> dict:
@@ -592,7 +600,7 @@ def varlen_setup(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, causal, scale, wi
            _facts(seqused_k), max_q, max_k, type(causal), causal, type(scale), scale,
            tuple(window_size) if isinstance(window_size, (tuple, list)) else window_size,
            softcap, mods.key, bool(return_lse), None if schedule is None else str(schedule),
-           policy.generation(), PACKED_HEAVY_FIRST)
+           policy.generation(), VARLEN_HEADS_FAST, VARLEN_HEAVY_MAP)
     plan = _cached(key, build)
     if plan.work.batch and key not in _checked and _checked_now(cu_q):
         checked_offsets(cu_q, cu_k, seqused_k, max_q, max_k, q.shape[0], k.shape[0])
@@ -622,7 +630,7 @@ def paged_setup(q, k_cache, v_cache, page_table, cache_seqlens, cu_q, max_q, cau
            type(causal), causal, type(scale), scale,
            tuple(window_size) if isinstance(window_size, (tuple, list)) else window_size,
            softcap, mods.key, bool(return_lse), None if schedule is None else str(schedule),
-           policy.generation(), PACKED_HEAVY_FIRST)
+           policy.generation(), PAGED_HEAVY_FIRST)
     plan = _cached(key, build)
     if key not in _checked and _checked_now(cache_seqlens):
         checked_cache(page_table, cache_seqlens, k_cache.shape[0], k_cache.shape[1], cu_q,
