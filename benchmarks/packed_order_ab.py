@@ -1,6 +1,6 @@
 """An A/B of a packed launch order switch of ``tiledattention.kernel.workload``
-(``PAGED_HEAVY_FIRST``, ``VARLEN_HEADS_FAST``, ``VARLEN_HEAVY_MAP``: heads fastest on one
-grid axis, sequence-major maps by keys where a tile's work follows them) on the
+(``PAGED_HEAVY_FIRST``, ``VARLEN_HEAD_BLOCK``, ``VARLEN_HEAVY_MAP``: heads fastest on one
+grid axis in blocks, sequence-major maps by keys where a tile's work follows them) on the
 workloads stage's own points (``config/reference.yaml``'s section: lognormal documents,
 ragged contexts), beside FlashAttention-4: ours with the switch off and on, FA4,
 interleaved in rounds in one process, kernel time with L2 flushed. Each point's outputs
@@ -8,10 +8,12 @@ interleaved in rounds in one process, kernel time with L2 flushed. Each point's 
 
     python benchmarks/packed_order_ab.py --switch PAGED_HEAVY_FIRST --kinds prefill
     python benchmarks/packed_order_ab.py --switch VARLEN_HEAVY_MAP --kinds varlen --masks full
+    python benchmarks/packed_order_ab.py --switch VARLEN_HEAD_BLOCK --values 0 4 --kinds varlen
 
 benchmarks/notes/varlen-paged.md §48a has the prediction and what it measured.
 """
 import argparse
+import ast
 import json
 import sys
 from pathlib import Path
@@ -40,7 +42,7 @@ def prepared(point, inputs, name):
     return step, result
 
 
-def run_point(point, switch, rounds, flush, fa4: bool) -> dict:
+def run_point(point, switch, values, rounds, flush, fa4: bool) -> dict:
     default = getattr(W, switch)
     inputs = wc.make_inputs(point, 0, torch.device("cuda"))
     ours, ours_result = prepared(point, inputs, "tiledattention")
@@ -52,7 +54,7 @@ def run_point(point, switch, rounds, flush, fa4: bool) -> dict:
     for _ in range(rounds):
         for k, fn in timed.items():
             if k in ("off", "on"):
-                setattr(W, switch, k == "on")
+                setattr(W, switch, values[k == "on"])
                 results[k] = tuple(t.clone() for t in ours_result())
             ms[k].append(summarize(time_cuda(fn, warmup=3, reps=10, flush=flush)).median_ms)
     setattr(W, switch, default)
@@ -70,7 +72,9 @@ def run_point(point, switch, rounds, flush, fa4: bool) -> dict:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--switch", required=True, choices=["PAGED_HEAVY_FIRST",
-                                                       "VARLEN_HEADS_FAST", "VARLEN_HEAVY_MAP"])
+                                                       "VARLEN_HEAD_BLOCK", "VARLEN_HEAVY_MAP"])
+    p.add_argument("--values", nargs=2, default=["False", "True"],
+                   help="off and on (Python literals)")
     p.add_argument("--masks", nargs="+", default=["full", "causal"], choices=["full", "causal"])
     p.add_argument("--kinds", nargs="+", default=["varlen", "prefill"],
                    choices=["varlen", "prefill", "decode"])
@@ -86,7 +90,8 @@ def main() -> int:
             continue
         if point.dtype != "bfloat16" or ("causal" if point.causal else "full") not in a.masks:
             continue
-        r = run_point(point, a.switch, a.rounds, flush, not a.no_fa4)
+        values = [ast.literal_eval(v) for v in a.values]
+        r = run_point(point, a.switch, values, a.rounds, flush, not a.no_fa4)
         rows.append(r)
         print(f"{r['kind']:7s} {r['pass']:7s} {'causal' if r['causal'] else 'full':6s} "
               f"D{r['head_dim']} gqa{r['gqa']} tok {r['tokens']:6d} B {r['batch']:3d} "

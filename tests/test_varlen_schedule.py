@@ -53,11 +53,13 @@ def test_the_heavy_map_ranks_only_few_enough_sequences(bpad, heavy):
     assert W.heavy_map(bpad, False) is False
 
 
-def test_a_heads_fast_grid_puts_every_head_of_an_entry_on_one_axis():
-    from tiledattention.kernel.workload import packed_grid
+def test_a_grid_in_blocks_of_heads_puts_every_head_on_one_axis_and_blocks_divide_heads():
+    from tiledattention.kernel.workload import head_block, packed_grid
 
-    assert packed_grid(10, 16, True) == (160, 1, 1)
-    assert packed_grid(10, 16, False) == (10, 16, 1)
+    assert packed_grid(10, 16, 4) == (160, 1, 1)
+    assert packed_grid(10, 16, 0) == (10, 16, 1)
+    assert [head_block(16, k) for k in (0, 1, 4, 16, 32)] == [0, 1, 4, 16, 16]
+    assert head_block(12, 8) == 4  # a block divides the heads
 
 
 @pytest.mark.parametrize("lens", [[1] * 50, [8191, 1], [64] * 3, [65, 63, 1, 0]])
@@ -247,11 +249,13 @@ def test_the_packed_backward_passes_whole_loads_by_name_and_keys_its_plan_on_it(
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("switch", ["VARLEN_HEADS_FAST", "VARLEN_HEAVY_MAP"])
+@pytest.mark.parametrize("switch, values", [("VARLEN_HEAD_BLOCK", (0, 8)),
+                                            ("VARLEN_HEAVY_MAP", (False, True))])
 def test_the_packed_backward_follows_the_order_switches_by_name_and_keys_its_plan_on_them(
-        causal, switch, monkeypatch):
-    # §48a's switches reach both score kernels' HEADS_FAST, the plan's grids and maps (a
-    # heavy map under full attention only), and the cached plan keys on them
+        causal, switch, values, monkeypatch):
+    # §48a's switches reach both score kernels' HEAD_BLOCK (dK/dV: the block's K/V heads),
+    # the plan's grids and maps (a heavy map under full attention only), and the cached
+    # plan keys on them
     pytest.importorskip("cuda.tile", reason="the kernel's parameter names come from cuTile")
     from tiledattention import mods, varlen
     from tiledattention.kernel import workload as W
@@ -261,16 +265,17 @@ def test_the_packed_backward_follows_the_order_switches_by_name_and_keys_its_pla
     w = Workload(4, 16, 4, 128, torch.bfloat16, 1024, 1024, causal, 128 ** -0.5, (-1, -1),
                  0.0)
     plans = {}
-    for on in (False, True):
-        monkeypatch.setattr(W, switch, on)
-        plans[on] = plan = varlen._bwd_plan(w, torch.device("cpu"), mods.NONE, False)
+    for value in values:
+        monkeypatch.setattr(W, switch, value)
+        plans[value] = plan = varlen._bwd_plan(w, torch.device("cpu"), mods.NONE, False)
         steps = {s.role: s for s in plan.launches}
-        for role, spec in (("dq", DQ_SEQS), ("dkdv", DKDV_SEQS)):
+        blocks = (8, 2) if W.VARLEN_HEAD_BLOCK else (0, 0)
+        for role, spec, block in (("dq", DQ_SEQS, blocks[0]), ("dkdv", DKDV_SEQS, blocks[1])):
             names = spec.names()[len(spec.tensors):]
-            assert steps[role].tail[names.index("HEADS_FAST")] is W.VARLEN_HEADS_FAST
-        assert plan.heads_fast is W.VARLEN_HEADS_FAST
+            assert steps[role].tail[names.index("HEAD_BLOCK")] == block
+        assert (plan.dq_block, plan.dkdv_block) == blocks
         assert plan.heavy_map is (W.VARLEN_HEAVY_MAP and not causal)
-    assert plans[False] is not plans[True]
+    assert plans[values[0]] is not plans[values[1]]
 
 
 @pytest.mark.parametrize("causal, d", [(True, 128), (False, 128), (True, 192), (True, 256)])

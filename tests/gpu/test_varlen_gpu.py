@@ -498,8 +498,9 @@ def test_the_launch_order_changes_no_output_or_gradient_bit(causal, monkeypatch)
     qp = _packed(new, 8, 128, BF16)
     got = {}
     for on in (False, True):
-        for switch in ("PAGED_HEAVY_FIRST", "VARLEN_HEADS_FAST", "VARLEN_HEAVY_MAP"):
+        for switch in ("PAGED_HEAVY_FIRST", "VARLEN_HEAVY_MAP"):
             monkeypatch.setattr(W, switch, on)
+        monkeypatch.setattr(W, "VARLEN_HEAD_BLOCK", 4 if on else 0)
         out = ta.sdpa_varlen(q, k, v, cu, cu, max(lens), max(lens), causal=causal)
         grads = torch.autograd.grad(out, (q, k, v), dout)
         with torch.no_grad():

@@ -331,7 +331,7 @@ def fwd_program(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns, seqs=None, desc
         if f.VARLEN_Q:
             # Packed queries: one grid axis over every sequence's tiles, in the order of
             # ``seqmap.sequence_map`` (heaviest first); its last entries may be unused.
-            b, bid_m, valid, hb = mapped_program(TileMap, Out.shape[1], f.HEADS_FAST)
+            b, bid_m, valid, hb = mapped_program(TileMap, f.HEAD_BLOCK)
         if valid:
             seq_program(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns, seqs, b, bid_m, hb)
     else:

@@ -379,7 +379,7 @@ def dkdv_program(Q, K, V, dOut, Lse, Delta, Mask, extra, dK, dV, dQacc, scalars,
     b = ct.bid(2)
     if has_seqs(f):
         CuQ, CuK, SeqK, TileMap, WIN_L, WIN_R = seqs
-        b, bid_n, valid, hk = mapped_program(TileMap, dK.shape[1], f.HEADS_FAST)
+        b, bid_n, valid, hk = mapped_program(TileMap, f.HEAD_BLOCK)
         if valid:
             arrays, ks, ke, seq_k, diag, at = sequence_arrays(
                 (Q, K, V, dOut, Lse, Delta, Mask), seqs, b, f)
@@ -579,7 +579,7 @@ def dq_program(Q, K, V, dOut, Lse, Delta, Mask, extra, Out, Dlse, dQ, scalars, f
     b = ct.bid(2)
     if has_seqs(f):
         CuQ, CuK, SeqK, TileMap, WIN_L, WIN_R = seqs
-        b, bid_m, valid, h = mapped_program(TileMap, dQ.shape[1], f.HEADS_FAST)
+        b, bid_m, valid, h = mapped_program(TileMap, f.HEAD_BLOCK)
         if valid:
             arrays, _, _, seq_k, diag, at = sequence_arrays(
                 (Q, K, V, dOut, Lse, Delta, Mask), seqs, b, f)

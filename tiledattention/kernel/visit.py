@@ -158,16 +158,20 @@ def heaviest_sequence_tile(Cu, Wt, t, BPAD, TILE, W_OFFSETS):
     return b, m, ct.sum(ct.where(mine, 1, 0)) > 0
 
 
-def mapped_program(TileMap, HEADS, HEADS_FAST):
+def mapped_program(TileMap, HEAD_BLOCK):
     """(b, tile, valid, head) of this program of a packed grid: axis 0 runs the map's
-    entries and axis 1 the heads, or with ``HEADS_FAST`` axis 0 alone runs (entry, head)
-    pairs, heads fastest, so every head of the map's first (heaviest) entries starts
-    first rather than the first head's whole map."""
+    entries and axis 1 the heads, or (``HEAD_BLOCK`` > 0) axis 0 alone runs blocks of
+    ``HEAD_BLOCK`` heads, each block's (entry, head) pairs heads fastest, so every head of
+    a block runs the map's first (heaviest) entries first rather than one head's whole map
+    after another's (a block of every head: all heads' heaviest entries first)."""
     x = ct.bid(0)
     h = ct.bid(1)
-    if HEADS_FAST:
-        h = x % HEADS
-        x = x // HEADS
+    if HEAD_BLOCK > 0:
+        span = TileMap.shape[0] * HEAD_BLOCK  # programs per block of heads
+        block = x // span
+        x = x - block * span
+        h = block * HEAD_BLOCK + x % HEAD_BLOCK
+        x = x // HEAD_BLOCK
     b, m, valid = mapped_tile(TileMap, x)
     return b, m, valid, h
 

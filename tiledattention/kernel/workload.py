@@ -105,18 +105,20 @@ def seqmap_values(tile: int, bpad: int, first_heavy: bool, zeros: int, total: in
                 BY_WEIGHT=by_weight, W_OFFSETS=offsets, ZEROS=zeros)
 
 
-# A packed launch's order (benchmarks/notes/varlen-paged.md §48a). ``HEADS_FAST``: grid
-# axis 0 runs (map entry, head) pairs, heads fastest, so every head's heaviest programs
-# start first (else axis 0 runs each head's whole map, axis 1 the heads, and the last
-# heads' heaviest tiles start at the grid's end). A heavy map is sequence-major, the
-# sequences with the most keys first, where a tile's work follows its sequence's keys
-# rather than its depth (full attention; a paged cache's contexts). Measured on the
-# workloads stage's points (H200): chunked prefill with both, 1.18-1.25x at B 4 / 16 (B 1
-# unchanged); packed batches with heads fastest 0.87-1.17x (the larger batches lose:
-# every head's K/V in flight at once, not one head's), so they keep one head at a time.
-# Read when a plan is built; the plans' keys hold them, so an A/B may flip them.
+# A packed launch's order (benchmarks/notes/varlen-paged.md §48a). ``HEAD_BLOCK``: grid
+# axis 0 runs blocks of heads, in each (map entry, head) pairs, heads fastest, so every
+# head of a block starts its heaviest programs first (else axis 0 runs each head's whole
+# map, axis 1 the heads, and the last heads' heaviest tiles start at the grid's end). A
+# heavy map is sequence-major, the sequences with the most keys first, where a tile's
+# work follows its sequence's keys rather than its depth (full attention; a paged
+# cache's contexts). Measured on the workloads stage's points (H200): chunked prefill
+# with both, 1.18-1.25x at B 4 / 16 (B 1 unchanged); packed batches with every head in
+# one block 0.87-1.17x (the larger batches lose: every head's K/V in flight at once, not
+# one head's), so they keep one head at a time. Read when a plan is built; the plans'
+# keys hold them, so an A/B may flip them.
 PAGED_HEAVY_FIRST = True  # chunked prefill (packed queries on a paged cache): both
-VARLEN_HEADS_FAST = False  # packed (varlen) forward and backward: heads fastest
+# packed (varlen) forward and backward: query heads per block (0: one head at a time)
+VARLEN_HEAD_BLOCK = 0
 VARLEN_HEAVY_MAP = True  # packed, full attention: sequence-major maps by keys
 # The sequence-major map ranks the sequences by one [BPAD, BPAD] comparison per program;
 # with more sequences than this (a power of two), the level-major map (many short
@@ -130,10 +132,16 @@ def heavy_map(bpad: int, by_keys: bool) -> bool:
     return by_keys and bpad <= HEAVY_MAP_MAX_BPAD
 
 
-def packed_grid(programs_: int, heads: int, heads_fast: bool) -> tuple[int, int, int]:
-    """A packed launch's grid: (map entries x heads) on one axis, heads fastest, or the
-    entries on axis 0 and the heads on axis 1."""
-    return (programs_ * heads, 1, 1) if heads_fast else (programs_, heads, 1)
+def head_block(heads: int, block: int) -> int:
+    """``HEAD_BLOCK`` of a launch over ``heads`` heads asked for blocks of ``block`` (0:
+    none): the largest divisor of ``heads`` not above it."""
+    return math.gcd(block, heads) if block > 0 else 0
+
+
+def packed_grid(programs_: int, heads: int, block: int) -> tuple[int, int, int]:
+    """A packed launch's grid: (map entries x heads) on one axis in blocks of heads
+    (``HEAD_BLOCK``), or the entries on axis 0 and the heads on axis 1."""
+    return (programs_ * heads, 1, 1) if block else (programs_, heads, 1)
 
 
 def packed4(t: torch.Tensor) -> torch.Tensor:
@@ -155,7 +163,7 @@ class SeqPlan(LaunchPlan):
     heads: int = 0
     splits: int = 1
     packed_heads: bool = False  # GQA decode: q's heads packed into their K/V head's rows
-    heads_fast: bool = False  # packed q: (map entry, head) pairs on axis 0 (``packed_grid``)
+    head_block: int = 0  # packed q: ``HEAD_BLOCK`` (``packed_grid``)
     heavy_map: bool = False  # packed q: the map sequence-major by keys (``heavy_map``)
 
 
@@ -167,7 +175,7 @@ def _forward_schedule(w: Workload, index: int, seq_q: int, seq_k: int, schedule)
 
 def _fwd_values(w: Workload, s: Schedule, mods, *, return_lse, varlen_q, varlen_k, paged,
                 page_tiles=1, page_span=1, page_gather=False, split=1, split_tiles=1,
-                packed=False, seq_q=0, group=1, heads_fast=False) -> dict:
+                packed=False, seq_q=0, group=1, block=0) -> dict:
     """The packed forward kernel's scalar and constant arguments by name."""
     values = dict(
         **scalars(w.scale, mods, FWD_SEQS), GROUP=group, SEQ_Q=seq_q, NUM_SPLITS=split,
@@ -177,7 +185,7 @@ def _fwd_values(w: Workload, s: Schedule, mods, *, return_lse, varlen_q, varlen_
         HAS_SCORE_MOD=mods.has_score_mod, HAS_MASK_MOD=mods.has_mask_mod, VARLEN_Q=varlen_q,
         VARLEN_K=varlen_k, SEQUSED=paged or w.seqused, PAGED=paged, PAGE_TILES=page_tiles,
         PAGE_SPAN=page_span, WINDOW=w.window != (-1, -1), PAGE_GATHER=page_gather,
-        HEADS_FAST=heads_fast)
+        HEAD_BLOCK=block)
     return values
 
 
@@ -187,14 +195,14 @@ def _fwd_tail(*args, **kwargs) -> tuple:
 
 
 def _packed_plan(w: Workload, s: Schedule, mods, tail: tuple, device, return_lse: bool,
-                 heads_fast: bool, by_keys: bool) -> SeqPlan:
+                 block: int, by_keys: bool) -> SeqPlan:
     """A forward over a tile map of packed query rows: the grid's programs follow the
     packed length (0, sized per call), one per (map entry, query head); ``by_keys``: the
     map sequence-major by keys (``heavy_map``)."""
     step = Step("fwd", FWD_SEQS.kernel(mods, **fwd_hints(s)), (0, w.heads_q, 1), tail)
     bpad = max(_pow2(w.batch + 1), 16)
     return SeqPlan(schedule=s, launches=(step,), device=device, work=w, bpad=bpad,
-                   return_lse=return_lse, heads_fast=heads_fast,
+                   return_lse=return_lse, head_block=block,
                    heavy_map=heavy_map(bpad, by_keys))
 
 
@@ -205,8 +213,9 @@ def varlen_plan(w: Workload, q, k, schedule, mods, return_lse: bool) -> SeqPlan:
     s = replace(s, splits=1, heavy_first=False, pdl=False)
     tail = _fwd_tail(w, s, mods, return_lse=return_lse, varlen_q=True, varlen_k=True,
                      paged=False, group=w.heads_q // w.heads_kv,
-                     heads_fast=VARLEN_HEADS_FAST)
-    return _packed_plan(w, s, mods, tail, q.device, return_lse, VARLEN_HEADS_FAST,
+                     block=head_block(w.heads_q, VARLEN_HEAD_BLOCK))
+    return _packed_plan(w, s, mods, tail, q.device, return_lse,
+                        head_block(w.heads_q, VARLEN_HEAD_BLOCK),
                         VARLEN_HEAVY_MAP and not w.causal)
 
 
@@ -232,7 +241,7 @@ def run_varlen(plan: SeqPlan, q, k, v, cu_q, cu_k, seqused_k, aux=()):
     args = (packed4(q), packed4(k), packed4(v), packed4(out), lse_arg, mask_ph,
             *variant_arrays(None, aux, dev), cu_q, cu_k,
             pad1 if seqused_k is None else seqused_k, pad2, tmap, *tail)
-    launch_kernel(dev, packed_grid(tmap.shape[0], grid[1], plan.heads_fast), kernel, args)
+    launch_kernel(dev, packed_grid(tmap.shape[0], grid[1], plan.head_block), kernel, args)
     return out, lse
 
 
@@ -276,8 +285,8 @@ def paged_plan(w: Workload, q, schedule, mods, return_lse: bool) -> SeqPlan:
             replace(s, splits=1, heavy_first=False, pdl=False), w.page_size, w.max_q)
         tail = _fwd_tail(w, s, mods, return_lse=return_lse, varlen_q=True, varlen_k=False,
                          paged=True, page_tiles=tiles, page_span=span, page_gather=gather,
-                         group=group, heads_fast=PAGED_HEAVY_FIRST)
-        return _packed_plan(w, s, mods, tail, q.device, return_lse, PAGED_HEAVY_FIRST,
+                         group=group, block=paged_head_block(w))
+        return _packed_plan(w, s, mods, tail, q.device, return_lse, paged_head_block(w),
                             PAGED_HEAVY_FIRST)
     seq_q = w.max_q
     # GQA decode: the group's query heads share the rows of one tile (K/V read once).
@@ -343,7 +352,7 @@ def run_paged(plan: SeqPlan, q, k_cache, v_cache, page_table, cache_seqlens, cu_
         tmap = tile_map(cu_q, total, plan.schedule.tile_m, plan.bpad,
                         weights=cache_seqlens if plan.heavy_map else None, offsets=False)
         lse_arg = lse_ph if lse is None else lse.unsqueeze(0)
-        launch_kernel(dev, packed_grid(tmap.shape[0], grid[1], plan.heads_fast), kernel,
+        launch_kernel(dev, packed_grid(tmap.shape[0], grid[1], plan.head_block), kernel,
                       (packed4(q), kc, vc, packed4(out), lse_arg, mask_ph, *variant, cu_q,
                        cu_q, cache_seqlens, page_table, tmap, *tail))
         return out, lse
@@ -392,7 +401,8 @@ class SeqBwdPlan(LaunchPlan):
     program row per query (K/V, for dK/dV) head."""
 
     bpad: int
-    heads_fast: bool = False  # (map entry, head) pairs on grid axis 0 (``packed_grid``)
+    dq_block: int = 0  # the dQ and dK/dV launches' ``HEAD_BLOCK`` (``packed_grid``)
+    dkdv_block: int = 0
     heavy_map: bool = False  # full attention: both maps sequence-major by keys
 
 
@@ -465,6 +475,20 @@ def varlen_bwd_schedule(w: Workload) -> BwdSchedule:
     return default_bwd_schedule(w.head_dim, w.causal)
 
 
+def paged_head_block(w: Workload) -> int:
+    """Chunked prefill's ``HEAD_BLOCK``: every query head (``PAGED_HEAVY_FIRST``), else 0."""
+    return w.heads_q if PAGED_HEAVY_FIRST else 0
+
+
+def varlen_bwd_blocks(w: Workload) -> tuple[int, int]:
+    """(dQ, dK/dV) ``HEAD_BLOCK`` of a packed backward: ``VARLEN_HEAD_BLOCK`` query heads,
+    their K/V heads for dK/dV."""
+    group = w.heads_q // w.heads_kv
+    return (head_block(w.heads_q, VARLEN_HEAD_BLOCK),
+            head_block(w.heads_kv, max(VARLEN_HEAD_BLOCK // group, 1))
+            if VARLEN_HEAD_BLOCK else 0)
+
+
 def varlen_bwd_plan(w: Workload, device, mods, has_dlse: bool, schedule=None) -> SeqBwdPlan:
     if schedule is not None and schedule.dq != "kernel":  # a pinned one (a benchmark's)
         raise ScheduleError(f"backward schedule {schedule.label()}: the packed backward has "
@@ -475,11 +499,14 @@ def varlen_bwd_plan(w: Workload, device, mods, has_dlse: bool, schedule=None) ->
                   **window_scalars(w.window), **hd, CAUSAL=w.causal,
                   HAS_SCORE_MOD=mods.has_score_mod, HAS_MASK_MOD=mods.has_mask_mod,
                   SEQUSED=w.seqused, WINDOW=w.window != (-1, -1),
-                  WHOLE_LOADS=PACKED_BWD_WHOLE, HEADS_FAST=VARLEN_HEADS_FAST)
+                  WHOLE_LOADS=PACKED_BWD_WHOLE)
+    dq_block, dkdv_block = varlen_bwd_blocks(w)
     one_head = w.heads_q == w.heads_kv and w.head_dim in ONE_HEAD_DIMS
     dkdv_values = dict(common, TILE_M=s.dkdv_m, TILE_N=s.dkdv_n, KEY_ROWS=s.key_rows,
-                       ONE_HEAD=one_head, TAIL_TILE=packed_tail_tile(w.causal, w.head_dim))
-    dq_values = dict(common, TILE_M=s.dq_m, TILE_N=s.dq_n, **packed_dq_delta(has_dlse))
+                       ONE_HEAD=one_head, TAIL_TILE=packed_tail_tile(w.causal, w.head_dim),
+                       HEAD_BLOCK=dkdv_block)
+    dq_values = dict(common, TILE_M=s.dq_m, TILE_N=s.dq_n, **packed_dq_delta(has_dlse),
+                     HEAD_BLOCK=dq_block)
     steps = {
         "delta": lambda: Step("delta", DELTA.kernel(**delta_hints()), (0, w.heads_q, 1),
                               DELTA.ordered(packed_delta_values(w.head_dim, has_dlse),
@@ -490,7 +517,7 @@ def varlen_bwd_plan(w: Workload, device, mods, has_dlse: bool, schedule=None) ->
                              DKDV_SEQS.ordered(dkdv_values, skip_tensors=True))}
     bpad = max(_pow2(w.batch + 1), 16)
     return SeqBwdPlan(schedule=s, launches=tuple(steps[r]() for r in packed_bwd_roles()),
-                      device=device, bpad=bpad, heads_fast=VARLEN_HEADS_FAST,
+                      device=device, bpad=bpad, dq_block=dq_block, dkdv_block=dkdv_block,
                       heavy_map=heavy_map(bpad, VARLEN_HEAVY_MAP and not w.causal))
 
 
@@ -545,14 +572,14 @@ def run_varlen_backward(plan: SeqBwdPlan, w: Workload, q, k, v, out, lse, dout, 
     variant = variant_arrays(None, aux, dev)
     qmap = tile_map(cu_q, total_q, plan.schedule.dq_m, plan.bpad, zero=zero_q,
                     weights=cu_k if plan.heavy_map else None)
-    launch_kernel(dev, packed_grid(qmap.shape[0], qgrid[1], plan.heads_fast), qkernel,
+    launch_kernel(dev, packed_grid(qmap.shape[0], qgrid[1], plan.dq_block), qkernel,
                   (q4, k4, v4, do4, lse3, delta, mask, *variant, o4, dlse3, packed4(dq), cu_q,
                    cu_k, seqused, qmap, *qtail))
     kmap = tile_map(cu_k, total_k, plan.schedule.dkdv_n, plan.bpad, w.causal,
                     zero=zero_kv, weights=cu_q if plan.heavy_map else None)
     grads = tuple(pad if g is None else g for g in captured)
     grads = (*grads, *([pad] * (4 - len(grads))))
-    launch_kernel(dev, packed_grid(kmap.shape[0], kgrid[1], plan.heads_fast), kkernel,
+    launch_kernel(dev, packed_grid(kmap.shape[0], kgrid[1], plan.dkdv_block), kkernel,
                   (q4, k4, v4, do4, lse3, delta, mask, *variant, *grads, packed4(dk),
                    packed4(dv), delta.view(1, w.heads_q, total_q, 1), cu_q, cu_k, seqused,
                    kmap, *ktail))
@@ -600,7 +627,7 @@ def varlen_setup(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, causal, scale, wi
            _facts(seqused_k), max_q, max_k, type(causal), causal, type(scale), scale,
            tuple(window_size) if isinstance(window_size, (tuple, list)) else window_size,
            softcap, mods.key, bool(return_lse), None if schedule is None else str(schedule),
-           policy.generation(), VARLEN_HEADS_FAST, VARLEN_HEAVY_MAP)
+           policy.generation(), VARLEN_HEAD_BLOCK, VARLEN_HEAVY_MAP)
     plan = _cached(key, build)
     if plan.work.batch and key not in _checked and _checked_now(cu_q):
         checked_offsets(cu_q, cu_k, seqused_k, max_q, max_k, q.shape[0], k.shape[0])
