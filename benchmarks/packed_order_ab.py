@@ -1,14 +1,14 @@
 """An A/B of a packed launch order switch of ``tiledattention.kernel.workload``
-(``PAGED_HEAVY_FIRST``, ``VARLEN_HEAD_BLOCK``, ``VARLEN_HEAVY_MAP``: heads fastest on one
-grid axis in blocks, sequence-major maps by keys where a tile's work follows them) on the
-workloads stage's own points (``config/reference.yaml``'s section: lognormal documents,
+(``PAGED_HEAVY_FIRST``, ``VARLEN_HEAD_BLOCKS``, ``VARLEN_BWD_HEAD_BLOCKS``,
+``VARLEN_HEAVY_MAP``: heads fastest on one grid axis in blocks, sequence-major maps by
+keys where a tile's work follows them) on the workloads stage's own points (``config/reference.yaml``'s section: lognormal documents,
 ragged contexts), beside FlashAttention-4: ours with the switch off and on, FA4,
 interleaved in rounds in one process, kernel time with L2 flushed. Each point's outputs
 (and gradients) of the two settings are compared bit for bit. GPU.
 
     python benchmarks/packed_order_ab.py --switch PAGED_HEAVY_FIRST --kinds prefill
     python benchmarks/packed_order_ab.py --switch VARLEN_HEAVY_MAP --kinds varlen --masks full
-    python benchmarks/packed_order_ab.py --switch VARLEN_HEAD_BLOCK --values 0 4 --kinds varlen
+    python benchmarks/packed_order_ab.py --switch VARLEN_HEAD_BLOCKS --kinds varlen --passes fwd
 
 benchmarks/notes/varlen-paged.md §48a has the prediction and what it measured.
 """
@@ -71,8 +71,8 @@ def run_point(point, switch, values, rounds, flush, fa4: bool) -> dict:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--switch", required=True, choices=["PAGED_HEAVY_FIRST",
-                                                       "VARLEN_HEAD_BLOCK", "VARLEN_HEAVY_MAP"])
+    p.add_argument("--switch", required=True, choices=[
+        "PAGED_HEAVY_FIRST", "VARLEN_HEAD_BLOCKS", "VARLEN_BWD_HEAD_BLOCKS", "VARLEN_HEAVY_MAP"])
     p.add_argument("--values", nargs=2, default=["False", "True"],
                    help="off and on (Python literals)")
     p.add_argument("--masks", nargs="+", default=["full", "causal"], choices=["full", "causal"])

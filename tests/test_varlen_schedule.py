@@ -53,13 +53,26 @@ def test_the_heavy_map_ranks_only_few_enough_sequences(bpad, heavy):
     assert W.heavy_map(bpad, False) is False
 
 
-def test_a_grid_in_blocks_of_heads_puts_every_head_on_one_axis_and_blocks_divide_heads():
-    from tiledattention.kernel.workload import head_block, packed_grid
+def test_a_grid_in_blocks_of_heads_puts_every_head_on_one_axis():
+    from tiledattention.kernel.workload import packed_grid, with_block
 
     assert packed_grid(10, 16, 4) == (160, 1, 1)
     assert packed_grid(10, 16, 0) == (10, 16, 1)
-    assert [head_block(16, k) for k in (0, 1, 4, 16, 32)] == [0, 1, 4, 16, 16]
-    assert head_block(12, 8) == 4  # a block divides the heads
+    assert with_block((1, 2, 3), 1, 8) == (1, 8, 3)
+
+
+@pytest.mark.parametrize("hq, hk, mb, block", [
+    (16, 16, 4, 8), (16, 16, 8, 4), (16, 16, 16, 2), (16, 16, 33, 1), (16, 16, 1, 16),
+    (16, 4, 8, 16), (16, 4, 16, 8), (16, 4, 33, 1), (12, 12, 1, 4), (32, 8, 64, 1)])
+def test_a_block_of_heads_holds_as_many_as_keep_their_keys_and_values_within_the_l2_budget(
+        hq, hk, mb, block):
+    # §48a: every head in one block lost where all heads' K/V did not fit L2 (64k tokens,
+    # D 128: 33 MB a head); blocks are powers of two dividing the query heads, a GQA
+    # group's query heads sharing one K/V head
+    from tiledattention.kernel.workload import kv_block, varlen_head_block
+
+    assert varlen_head_block(hq, hk, mb << 20) == block
+    assert kv_block(8, 4, 4) == 2 and kv_block(2, 4, 4) == 1 and kv_block(0, 4, 4) == 0
 
 
 @pytest.mark.parametrize("lens", [[1] * 50, [8191, 1], [64] * 3, [65, 63, 1, 0]])
@@ -249,13 +262,12 @@ def test_the_packed_backward_passes_whole_loads_by_name_and_keys_its_plan_on_it(
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("switch, values", [("VARLEN_HEAD_BLOCK", (0, 8)),
-                                            ("VARLEN_HEAVY_MAP", (False, True))])
-def test_the_packed_backward_follows_the_order_switches_by_name_and_keys_its_plan_on_them(
-        causal, switch, values, monkeypatch):
-    # §48a's switches reach both score kernels' HEAD_BLOCK (dK/dV: the block's K/V heads),
-    # the plan's grids and maps (a heavy map under full attention only), and the cached
-    # plan keys on them
+@pytest.mark.parametrize("switch", ["VARLEN_BWD_HEAD_BLOCKS", "VARLEN_HEAVY_MAP"])
+def test_the_packed_backward_follows_the_order_switches_and_keys_its_plan_on_them(
+        causal, switch, monkeypatch):
+    # §48a's switches reach the backward plan (blocks of heads picked per call; a heavy
+    # map under full attention only), both score kernels take HEAD_BLOCK by name, and
+    # the cached plan keys on the switches
     pytest.importorskip("cuda.tile", reason="the kernel's parameter names come from cuTile")
     from tiledattention import mods, varlen
     from tiledattention.kernel import workload as W
@@ -265,17 +277,15 @@ def test_the_packed_backward_follows_the_order_switches_by_name_and_keys_its_pla
     w = Workload(4, 16, 4, 128, torch.bfloat16, 1024, 1024, causal, 128 ** -0.5, (-1, -1),
                  0.0)
     plans = {}
-    for value in values:
-        monkeypatch.setattr(W, switch, value)
-        plans[value] = plan = varlen._bwd_plan(w, torch.device("cpu"), mods.NONE, False)
+    for on in (False, True):
+        monkeypatch.setattr(W, switch, on)
+        plans[on] = plan = varlen._bwd_plan(w, torch.device("cpu"), mods.NONE, False)
         steps = {s.role: s for s in plan.launches}
-        blocks = (8, 2) if W.VARLEN_HEAD_BLOCK else (0, 0)
-        for role, spec, block in (("dq", DQ_SEQS, blocks[0]), ("dkdv", DKDV_SEQS, blocks[1])):
-            names = spec.names()[len(spec.tensors):]
-            assert steps[role].tail[names.index("HEAD_BLOCK")] == block
-        assert (plan.dq_block, plan.dkdv_block) == blocks
+        for role, spec in (("dq", DQ_SEQS), ("dkdv", DKDV_SEQS)):
+            assert steps[role].tail[W.block_at(spec)] == 0  # set per call
+        assert plan.l2_blocks is W.VARLEN_BWD_HEAD_BLOCKS
         assert plan.heavy_map is (W.VARLEN_HEAVY_MAP and not causal)
-    assert plans[values[0]] is not plans[values[1]]
+    assert plans[False] is not plans[True]
 
 
 @pytest.mark.parametrize("causal, d", [(True, 128), (False, 128), (True, 192), (True, 256)])

@@ -498,9 +498,9 @@ def test_the_launch_order_changes_no_output_or_gradient_bit(causal, monkeypatch)
     qp = _packed(new, 8, 128, BF16)
     got = {}
     for on in (False, True):
-        for switch in ("PAGED_HEAVY_FIRST", "VARLEN_HEAVY_MAP"):
+        for switch in ("PAGED_HEAVY_FIRST", "VARLEN_HEAD_BLOCKS", "VARLEN_BWD_HEAD_BLOCKS",
+                       "VARLEN_HEAVY_MAP"):
             monkeypatch.setattr(W, switch, on)
-        monkeypatch.setattr(W, "VARLEN_HEAD_BLOCK", 4 if on else 0)
         out = ta.sdpa_varlen(q, k, v, cu, cu, max(lens), max(lens), causal=causal)
         grads = torch.autograd.grad(out, (q, k, v), dout)
         with torch.no_grad():
@@ -508,4 +508,30 @@ def test_the_launch_order_changes_no_output_or_gradient_bit(causal, monkeypatch)
                                     max_seqlen_q=512, causal=causal)
         got[on] = (out, *grads, prefill)
     for name, a, b in zip(("out", "dq", "dk", "dv", "prefill"), got[False], got[True]):
+        assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("block", [1, 2, 4, 8])
+def test_every_block_of_heads_runs_the_same_bits(block, monkeypatch):
+    # §48a: the per-call block (``varlen_head_block``) only reorders the programs; forced
+    # to each size here (GQA 8/4: the dK/dV blocks hold 1..2 K/V heads)
+    from tiledattention.kernel import workload as W
+
+    lens = [300, 1, 0, 129, 64, 700, 2000]
+    q = _packed(lens, 8, 64, BF16).requires_grad_()
+    k, v = (_packed(lens, 4, 64, BF16).requires_grad_() for _ in range(2))
+    dout = _packed(lens, 8, 64, BF16)
+    cu = _cu(lens)
+
+    def run():
+        out = ta.sdpa_varlen(q, k, v, cu, cu, max(lens), max(lens), causal=True)
+        return (out, *torch.autograd.grad(out, (q, k, v), dout))
+
+    monkeypatch.setattr(W, "VARLEN_HEAD_BLOCKS", False)
+    monkeypatch.setattr(W, "VARLEN_BWD_HEAD_BLOCKS", False)
+    want = run()
+    monkeypatch.setattr(W, "VARLEN_HEAD_BLOCKS", True)
+    monkeypatch.setattr(W, "VARLEN_BWD_HEAD_BLOCKS", True)
+    monkeypatch.setattr(W, "varlen_head_block", lambda hq, hk, nbytes: block)
+    for name, a, b in zip(("out", "dq", "dk", "dv"), want, run()):
         assert torch.equal(a, b), name

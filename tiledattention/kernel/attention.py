@@ -314,7 +314,7 @@ def fwd_program(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns, seqs=None, desc
     mask's lists and the captured tensors, None in the plain kernel; ``scalars``
     (qk_scale_log2, inv_scale, scale, GROUP, SEQ_Q, NUM_SPLITS, SPLIT_TILES); ``f`` the
     ``FwdFlags``; ``fns`` (score_mod, mask_mod); ``seqs`` (CuQ, CuK, SeqK, Pages, TileMap,
-    WIN_L, WIN_R) of a packed or paged call (``attention_fwd_seqs``), else None;
+    WIN_L, WIN_R, HEAD_BLOCK) of a packed or paged call (``attention_fwd_seqs``), else None;
     ``descale`` the FP8 forward's descale arrays (``fp8_factors``), else None."""
     # Grid (query tiles, heads, batch): query tiles of one head are adjacent, so
     # they share its K/V in L2.
@@ -326,12 +326,12 @@ def fwd_program(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns, seqs=None, desc
     b = ct.bid(2)
     hb = ct.bid(1)  # the head (and split) index of Out and Lse
     if has_seqs(f):
-        CuQ, CuK, SeqK, Pages, TileMap, WIN_L, WIN_R = seqs
+        CuQ, CuK, SeqK, Pages, TileMap, WIN_L, WIN_R, HEAD_BLOCK = seqs
         valid = True
         if f.VARLEN_Q:
             # Packed queries: one grid axis over every sequence's tiles, in the order of
             # ``seqmap.sequence_map`` (heaviest first); its last entries may be unused.
-            b, bid_m, valid, hb = mapped_program(TileMap, f.HEAD_BLOCK)
+            b, bid_m, valid, hb = mapped_program(TileMap, HEAD_BLOCK)
         if valid:
             seq_program(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns, seqs, b, bid_m, hb)
     else:
@@ -343,7 +343,7 @@ def seq_program(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns, seqs, b, bid_m,
     """A query tile of sequence ``b`` of a packed or paged call: its rows' slice of the
     packed q / out / lse (the array batch is then 0), its keys' slice or its pages, and
     ``shift`` = Skv - Sq, where causality and the window align (bottom-right)."""
-    CuQ, CuK, SeqK, Pages, TileMap, WIN_L, WIN_R = seqs
+    CuQ, CuK, SeqK, Pages, TileMap, WIN_L, WIN_R, HEAD_BLOCK = seqs
     SEQ_Q = scalars[4]
     ab = b
     seq_q = SEQ_Q
@@ -507,6 +507,7 @@ def attention_fwd_seqs(
     qk_scale_log2: float, inv_scale: float, scale: float,
     GROUP: int, SEQ_Q: int, NUM_SPLITS: int, SPLIT_TILES: int,
     WIN_L: int, WIN_R: int,  # the window's keys left / right of the diagonal (2**30: none)
+    HEAD_BLOCK: int,  # packed q: heads per block of grid axis 0 (``visit.mapped_program``)
     FLAGS,
 ):
     \"\"\"Packed (``sdpa_varlen``) and paged (``sdpa_paged``) sequences: the same program,
@@ -518,7 +519,7 @@ def attention_fwd_seqs(
     fwd_program(
         Q, K, V, Out, Lse, Mask, (BlkCnt, BlkIdx, A0, A1, A2, A3),
         (qk_scale_log2, inv_scale, scale, GROUP, SEQ_Q, NUM_SPLITS, SPLIT_TILES), FLAGS,
-        (SCORE_MOD, MASK_MOD), (CuQ, CuK, SeqK, Pages, TileMap, WIN_L, WIN_R))
+        (SCORE_MOD, MASK_MOD), (CuQ, CuK, SeqK, Pages, TileMap, WIN_L, WIN_R, HEAD_BLOCK))
 """, globals())
 
 

@@ -371,15 +371,15 @@ def dkdv_program(Q, K, V, dOut, Lse, Delta, Mask, extra, dK, dV, dQacc, scalars,
     ``scalars`` (qk_scale_log2, inv_scale, scale, GROUP); ``f`` the ``DkdvFlags``; ``fns``
     (score_mod, its derivative, mask_mod, the captured tensors' gradients: this program
     visits every (query, key) pair once, so it is the one that adds them up); ``seqs``
-    (CuQ, CuK, SeqK, TileMap, WIN_L, WIN_R) of a packed call (``attention_bwd_dkdv_seqs``:
-    the map runs over the key tiles), else None."""
+    (CuQ, CuK, SeqK, TileMap, WIN_L, WIN_R, HEAD_BLOCK) of a packed call
+    (``attention_bwd_dkdv_seqs``: the map runs over the key tiles), else None."""
     # Grid (key tiles, K/V heads, batch).
     bid_n = ct.bid(0)
     hk = ct.bid(1)
     b = ct.bid(2)
     if has_seqs(f):
-        CuQ, CuK, SeqK, TileMap, WIN_L, WIN_R = seqs
-        b, bid_n, valid, hk = mapped_program(TileMap, f.HEAD_BLOCK)
+        CuQ, CuK, SeqK, TileMap, WIN_L, WIN_R, HEAD_BLOCK = seqs
+        b, bid_n, valid, hk = mapped_program(TileMap, HEAD_BLOCK)
         if valid:
             arrays, ks, ke, seq_k, diag, at = sequence_arrays(
                 (Q, K, V, dOut, Lse, Delta, Mask), seqs, b, f)
@@ -399,7 +399,7 @@ def sequence_arrays(arrays, seqs, b, f):
     V under ``SEQUSED`` are sliced: the rest are loaded from the whole packed arrays at
     the sequence's element origins (no tensor map built per program for them)."""
     Q, K, V, dOut, Lse, Delta, Mask = arrays
-    CuQ, CuK, SeqK, TileMap, WIN_L, WIN_R = seqs
+    CuQ, CuK, SeqK, TileMap, WIN_L, WIN_R, HEAD_BLOCK = seqs
     qs, qe = sequence_span(CuQ, b, Q.shape[2])
     ks, ke = sequence_span(CuK, b, K.shape[2])
     used = ke
@@ -578,8 +578,8 @@ def dq_program(Q, K, V, dOut, Lse, Delta, Mask, extra, Out, Dlse, dQ, scalars, f
     h = ct.bid(1)
     b = ct.bid(2)
     if has_seqs(f):
-        CuQ, CuK, SeqK, TileMap, WIN_L, WIN_R = seqs
-        b, bid_m, valid, h = mapped_program(TileMap, f.HEAD_BLOCK)
+        CuQ, CuK, SeqK, TileMap, WIN_L, WIN_R, HEAD_BLOCK = seqs
+        b, bid_m, valid, h = mapped_program(TileMap, HEAD_BLOCK)
         if valid:
             arrays, _, _, seq_k, diag, at = sequence_arrays(
                 (Q, K, V, dOut, Lse, Delta, Mask), seqs, b, f)
@@ -714,6 +714,7 @@ def attention_bwd_dkdv_seqs(
     Q, K, V, dOut, Lse, Delta, Mask, BlkCnt, BlkIdx, A0, A1, A2, A3, G0, G1, G2, G3, dK, dV,
     dQacc, CuQ, CuK, SeqK, TileMap,
     qk_scale_log2: float, inv_scale: float, scale: float, GROUP: int, WIN_L: int, WIN_R: int,
+    HEAD_BLOCK: int,  # heads per block of grid axis 0 (``visit.mapped_program``)
     FLAGS,
 ):
     \"\"\"dK/dV of packed sequences (``sdpa_varlen``): Q, dO [1, Hq, total_q, D], Lse and
@@ -723,7 +724,7 @@ def attention_bwd_dkdv_seqs(
                  (BlkCnt, BlkIdx, A0, A1, A2, A3, G0, G1, G2, G3), dK, dV,
                  dQacc, (qk_scale_log2, inv_scale, scale, GROUP), FLAGS,
                  (SCORE_MOD, SCORE_GRAD, MASK_MOD, SCORE_CAPGRAD),
-                 (CuQ, CuK, SeqK, TileMap, WIN_L, WIN_R))
+                 (CuQ, CuK, SeqK, TileMap, WIN_L, WIN_R, HEAD_BLOCK))
 """, globals(), fixed=dict(VARLEN_Q=True, VARLEN_K=True))
 
 
@@ -732,6 +733,7 @@ def attention_bwd_dq_seqs(
     Q, K, V, dOut, Lse, Delta, Mask, BlkCnt, BlkIdx, A0, A1, A2, A3, Out, Dlse, dQ,
     CuQ, CuK, SeqK, TileMap,
     qk_scale_log2: float, inv_scale: float, scale: float, GROUP: int, WIN_L: int, WIN_R: int,
+    HEAD_BLOCK: int,  # heads per block of grid axis 0 (``visit.mapped_program``)
     FLAGS,
 ):
     \"\"\"dQ of packed sequences; ``TileMap`` runs over the query tiles. Delta: with
@@ -739,5 +741,6 @@ def attention_bwd_dq_seqs(
     from ``attention_bwd_delta`` over the packed rows, run first.\"\"\"
     dq_program(Q, K, V, dOut, Lse, Delta, Mask, (BlkCnt, BlkIdx, A0, A1, A2, A3), Out, Dlse,
                dQ, (qk_scale_log2, inv_scale, scale, GROUP), FLAGS,
-               (SCORE_MOD, SCORE_GRAD, MASK_MOD), (CuQ, CuK, SeqK, TileMap, WIN_L, WIN_R))
+               (SCORE_MOD, SCORE_GRAD, MASK_MOD),
+               (CuQ, CuK, SeqK, TileMap, WIN_L, WIN_R, HEAD_BLOCK))
 """, globals(), fixed=dict(VARLEN_Q=True, VARLEN_K=True))

@@ -239,7 +239,7 @@ def export_workload_cubins(work, gpu_code: str, *, paged: bool = False,
     else:
         fwd = W._fwd_values(work, s, mods, return_lse=True, varlen_q=True, varlen_k=True,
                             paged=False, group=work.heads_q // work.heads_kv,
-                            block=W.head_block(work.heads_q, W.VARLEN_HEAD_BLOCK))
+                            block=0)
     out = {}
     # the map's order as the plan's (``workload.heavy_map``): by context, or by keys
     by_keys = W.PAGED_HEAVY_FIRST if paged else W.VARLEN_HEAVY_MAP and not work.causal
@@ -253,15 +253,13 @@ def export_workload_cubins(work, gpu_code: str, *, paged: bool = False,
         common = dict(GROUP=work.heads_q // work.heads_kv, **W.head_dim_constants(
             work.head_dim), CAUSAL=work.causal, HAS_SCORE_MOD=False, HAS_MASK_MOD=False,
             SEQUSED=work.seqused, WINDOW=work.window != (-1, -1),
-            WHOLE_LOADS=W.PACKED_BWD_WHOLE)
-        dq_block, dkdv_block = W.varlen_bwd_blocks(work)
+            WHOLE_LOADS=W.PACKED_BWD_WHOLE, HEAD_BLOCK=0)
         steps = {"dkdv": (DKDV_SEQS, dict(common, TILE_M=b.dkdv_m, TILE_N=b.dkdv_n,
                                           KEY_ROWS=b.key_rows, ONE_HEAD=False,
                                           TAIL_TILE=W.packed_tail_tile(
-                                              work.causal, work.head_dim),
-                                          HEAD_BLOCK=dkdv_block)),
+                                              work.causal, work.head_dim))),
                  "dq": (DQ_SEQS, dict(common, TILE_M=b.dq_m, TILE_N=b.dq_n,
-                                      **W.packed_dq_delta(False), HEAD_BLOCK=dq_block))}
+                                      **W.packed_dq_delta(False)))}
         # the dK/dV map, which also zeroes dK's and dV's rows past the last sequence
         io_dtype = getattr(ct, io_name)
         zeroed = dict(arrays, Zero0=export_array(io_dtype, 2), Zero1=export_array(io_dtype, 2))

@@ -59,11 +59,6 @@ class SeqFlags:
     # K/V rows gathered through the block table (cp.async) into key tiles of PAGE_SPAN
     # whole pages, not one TMA load per page (pages < workload.PAGE_GATHER_BELOW)
     PAGE_GATHER: bool = flag("paged", False)
-    # > 0: grid axis 0 runs blocks of HEAD_BLOCK heads, in each (map entry, head) pairs,
-    # the heads fastest: every head of a block runs the map's first (heaviest) entries
-    # first (``workload.PAGED_HEAVY_FIRST``, benchmarks/notes/varlen-paged.md §48a);
-    # 0: axis 0 the entries, axis 1 the heads
-    HEAD_BLOCK: int = flag("seqs", 0)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -160,7 +160,8 @@ def heaviest_sequence_tile(Cu, Wt, t, BPAD, TILE, W_OFFSETS):
 
 def mapped_program(TileMap, HEAD_BLOCK):
     """(b, tile, valid, head) of this program of a packed grid: axis 0 runs the map's
-    entries and axis 1 the heads, or (``HEAD_BLOCK`` > 0) axis 0 alone runs blocks of
+    entries and axis 1 the heads, or (``HEAD_BLOCK`` > 0, a runtime value: the host picks
+    it per call, ``workload.varlen_head_block``) axis 0 alone runs blocks of
     ``HEAD_BLOCK`` heads, each block's (entry, head) pairs heads fastest, so every head of
     a block runs the map's first (heaviest) entries first rather than one head's whole map
     after another's (a block of every head: all heads' heaviest entries first)."""

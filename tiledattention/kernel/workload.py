@@ -17,6 +17,7 @@ GQA decode, its heads packed into the rows of their K/V head: ``[B, Hkv, G * Sq,
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, replace
 
@@ -105,21 +106,25 @@ def seqmap_values(tile: int, bpad: int, first_heavy: bool, zeros: int, total: in
                 BY_WEIGHT=by_weight, W_OFFSETS=offsets, ZEROS=zeros)
 
 
-# A packed launch's order (benchmarks/notes/varlen-paged.md §48a). ``HEAD_BLOCK``: grid
-# axis 0 runs blocks of heads, in each (map entry, head) pairs, heads fastest, so every
-# head of a block starts its heaviest programs first (else axis 0 runs each head's whole
-# map, axis 1 the heads, and the last heads' heaviest tiles start at the grid's end). A
-# heavy map is sequence-major, the sequences with the most keys first, where a tile's
-# work follows its sequence's keys rather than its depth (full attention; a paged
-# cache's contexts). Measured on the workloads stage's points (H200): chunked prefill
-# with both, 1.18-1.25x at B 4 / 16 (B 1 unchanged); packed batches with every head in
-# one block 0.87-1.17x (the larger batches lose: every head's K/V in flight at once, not
-# one head's), so they keep one head at a time. Read when a plan is built; the plans'
-# keys hold them, so an A/B may flip them.
+# A packed launch's order (benchmarks/notes/varlen-paged.md §48a). ``HEAD_BLOCK`` (a
+# runtime kernel argument, ``visit.mapped_program``): grid axis 0 runs blocks of heads, in
+# each (map entry, head) pairs, heads fastest, so every head of a block starts its
+# heaviest programs first; 0: axis 0 runs each head's whole map, axis 1 the heads, and
+# the last heads' heaviest tiles start at the grid's end. A heavy map is sequence-major,
+# the sequences with the most keys first, where a tile's work follows its sequence's keys
+# rather than its depth (full attention; a paged cache's contexts). Measured on the
+# workloads stage's points (H200): chunked prefill, every head in one block and maps by
+# context, 1.18-1.25x at B 4 / 16 (B 1 unchanged). Packed batches with every head in one
+# block: 0.87-1.17x, the larger batches losing (every head's K/V in flight at once); so
+# their blocks hold as many heads as keep their K/V within ``L2_BLOCK_BYTES``
+# (``varlen_head_block``, per call: it follows the packed length). Read when a plan is
+# built; the plans' keys hold them, so an A/B may flip them.
 PAGED_HEAVY_FIRST = True  # chunked prefill (packed queries on a paged cache): both
-# packed (varlen) forward and backward: query heads per block (0: one head at a time)
-VARLEN_HEAD_BLOCK = 0
+VARLEN_HEAD_BLOCKS = True  # packed forward: blocks of heads by ``varlen_head_block``
+VARLEN_BWD_HEAD_BLOCKS = True  # packed backward (dQ, dK/dV): the same
 VARLEN_HEAVY_MAP = True  # packed, full attention: sequence-major maps by keys
+# A block's K/V bytes at most: two thirds of the H100's and H200's 50 MB L2.
+L2_BLOCK_BYTES = 32 << 20
 # The sequence-major map ranks the sequences by one [BPAD, BPAD] comparison per program;
 # with more sequences than this (a power of two), the level-major map (many short
 # sequences leave little to balance).
@@ -132,16 +137,37 @@ def heavy_map(bpad: int, by_keys: bool) -> bool:
     return by_keys and bpad <= HEAVY_MAP_MAX_BPAD
 
 
-def head_block(heads: int, block: int) -> int:
-    """``HEAD_BLOCK`` of a launch over ``heads`` heads asked for blocks of ``block`` (0:
-    none): the largest divisor of ``heads`` not above it."""
-    return math.gcd(block, heads) if block > 0 else 0
+def varlen_head_block(heads_q: int, heads_kv: int, kv_head_bytes: int) -> int:
+    """Query heads per block of a packed launch: the most (a power of two dividing
+    ``heads_q``) whose K/V heads' keys and values (``kv_head_bytes`` each) fit
+    ``L2_BLOCK_BYTES``; 1 where one K/V head's alone do not (one head at a time)."""
+    group = heads_q // heads_kv
+    block = 1
+    while heads_q % (2 * block) == 0 and -(-2 * block // group) * kv_head_bytes <= L2_BLOCK_BYTES:
+        block *= 2
+    return block
+
+
+def kv_block(block: int, group: int, heads_kv: int) -> int:
+    """The K/V heads of a block of ``block`` query heads (dK/dV's ``HEAD_BLOCK``)."""
+    return math.gcd(max(block // group, 1), heads_kv) if block else 0
 
 
 def packed_grid(programs_: int, heads: int, block: int) -> tuple[int, int, int]:
     """A packed launch's grid: (map entries x heads) on one axis in blocks of heads
     (``HEAD_BLOCK``), or the entries on axis 0 and the heads on axis 1."""
     return (programs_ * heads, 1, 1) if block else (programs_, heads, 1)
+
+
+def with_block(tail: tuple, at: int, block: int) -> tuple:
+    """A launch's prebuilt arguments with ``HEAD_BLOCK`` (position ``at``) set."""
+    return (*tail[:at], block, *tail[at + 1:])
+
+
+@functools.cache
+def block_at(spec) -> int:
+    """Where ``HEAD_BLOCK`` sits in a packed entry point's arguments after its tensors."""
+    return spec.names()[len(spec.tensors):].index("HEAD_BLOCK")
 
 
 def packed4(t: torch.Tensor) -> torch.Tensor:
@@ -163,7 +189,8 @@ class SeqPlan(LaunchPlan):
     heads: int = 0
     splits: int = 1
     packed_heads: bool = False  # GQA decode: q's heads packed into their K/V head's rows
-    head_block: int = 0  # packed q: ``HEAD_BLOCK`` (``packed_grid``)
+    head_block: int = 0  # packed q: ``HEAD_BLOCK`` (``packed_grid``) unless ``l2_blocks``
+    l2_blocks: bool = False  # packed q: ``HEAD_BLOCK`` per call (``varlen_head_block``)
     heavy_map: bool = False  # packed q: the map sequence-major by keys (``heavy_map``)
 
 
@@ -195,14 +222,14 @@ def _fwd_tail(*args, **kwargs) -> tuple:
 
 
 def _packed_plan(w: Workload, s: Schedule, mods, tail: tuple, device, return_lse: bool,
-                 block: int, by_keys: bool) -> SeqPlan:
+                 block: int, by_keys: bool, l2_blocks: bool = False) -> SeqPlan:
     """A forward over a tile map of packed query rows: the grid's programs follow the
     packed length (0, sized per call), one per (map entry, query head); ``by_keys``: the
     map sequence-major by keys (``heavy_map``)."""
     step = Step("fwd", FWD_SEQS.kernel(mods, **fwd_hints(s)), (0, w.heads_q, 1), tail)
     bpad = max(_pow2(w.batch + 1), 16)
     return SeqPlan(schedule=s, launches=(step,), device=device, work=w, bpad=bpad,
-                   return_lse=return_lse, head_block=block,
+                   return_lse=return_lse, head_block=block, l2_blocks=l2_blocks,
                    heavy_map=heavy_map(bpad, by_keys))
 
 
@@ -213,10 +240,9 @@ def varlen_plan(w: Workload, q, k, schedule, mods, return_lse: bool) -> SeqPlan:
     s = replace(s, splits=1, heavy_first=False, pdl=False)
     tail = _fwd_tail(w, s, mods, return_lse=return_lse, varlen_q=True, varlen_k=True,
                      paged=False, group=w.heads_q // w.heads_kv,
-                     block=head_block(w.heads_q, VARLEN_HEAD_BLOCK))
-    return _packed_plan(w, s, mods, tail, q.device, return_lse,
-                        head_block(w.heads_q, VARLEN_HEAD_BLOCK),
-                        VARLEN_HEAVY_MAP and not w.causal)
+                     block=0)
+    return _packed_plan(w, s, mods, tail, q.device, return_lse, 0,
+                        VARLEN_HEAVY_MAP and not w.causal, VARLEN_HEAD_BLOCKS)
 
 
 def run_varlen(plan: SeqPlan, q, k, v, cu_q, cu_k, seqused_k, aux=()):
@@ -238,10 +264,14 @@ def run_varlen(plan: SeqPlan, q, k, v, cu_q, cu_k, seqused_k, aux=()):
     tmap = tile_map(cu_q, total, plan.schedule.tile_m, plan.bpad,
                     weights=cu_k if plan.heavy_map else None)
     lse_arg = lse_ph if lse is None else lse.unsqueeze(0)
+    block = plan.head_block
+    if plan.l2_blocks:
+        block = varlen_head_block(w.heads_q, w.heads_kv, kv_head_bytes(k))
+        tail = with_block(tail, block_at(FWD_SEQS), block)
     args = (packed4(q), packed4(k), packed4(v), packed4(out), lse_arg, mask_ph,
             *variant_arrays(None, aux, dev), cu_q, cu_k,
             pad1 if seqused_k is None else seqused_k, pad2, tmap, *tail)
-    launch_kernel(dev, packed_grid(tmap.shape[0], grid[1], plan.head_block), kernel, args)
+    launch_kernel(dev, packed_grid(tmap.shape[0], grid[1], block), kernel, args)
     return out, lse
 
 
@@ -401,8 +431,7 @@ class SeqBwdPlan(LaunchPlan):
     program row per query (K/V, for dK/dV) head."""
 
     bpad: int
-    dq_block: int = 0  # the dQ and dK/dV launches' ``HEAD_BLOCK`` (``packed_grid``)
-    dkdv_block: int = 0
+    l2_blocks: bool = False  # dQ and dK/dV: ``HEAD_BLOCK`` per call (``varlen_head_block``)
     heavy_map: bool = False  # full attention: both maps sequence-major by keys
 
 
@@ -480,13 +509,9 @@ def paged_head_block(w: Workload) -> int:
     return w.heads_q if PAGED_HEAVY_FIRST else 0
 
 
-def varlen_bwd_blocks(w: Workload) -> tuple[int, int]:
-    """(dQ, dK/dV) ``HEAD_BLOCK`` of a packed backward: ``VARLEN_HEAD_BLOCK`` query heads,
-    their K/V heads for dK/dV."""
-    group = w.heads_q // w.heads_kv
-    return (head_block(w.heads_q, VARLEN_HEAD_BLOCK),
-            head_block(w.heads_kv, max(VARLEN_HEAD_BLOCK // group, 1))
-            if VARLEN_HEAD_BLOCK else 0)
+def kv_head_bytes(k: torch.Tensor) -> int:
+    """One K/V head's keys and values in bytes, of packed k [total, Hkv, D]."""
+    return 2 * k.shape[0] * k.shape[2] * k.element_size()
 
 
 def varlen_bwd_plan(w: Workload, device, mods, has_dlse: bool, schedule=None) -> SeqBwdPlan:
@@ -499,14 +524,11 @@ def varlen_bwd_plan(w: Workload, device, mods, has_dlse: bool, schedule=None) ->
                   **window_scalars(w.window), **hd, CAUSAL=w.causal,
                   HAS_SCORE_MOD=mods.has_score_mod, HAS_MASK_MOD=mods.has_mask_mod,
                   SEQUSED=w.seqused, WINDOW=w.window != (-1, -1),
-                  WHOLE_LOADS=PACKED_BWD_WHOLE)
-    dq_block, dkdv_block = varlen_bwd_blocks(w)
+                  WHOLE_LOADS=PACKED_BWD_WHOLE, HEAD_BLOCK=0)
     one_head = w.heads_q == w.heads_kv and w.head_dim in ONE_HEAD_DIMS
     dkdv_values = dict(common, TILE_M=s.dkdv_m, TILE_N=s.dkdv_n, KEY_ROWS=s.key_rows,
-                       ONE_HEAD=one_head, TAIL_TILE=packed_tail_tile(w.causal, w.head_dim),
-                       HEAD_BLOCK=dkdv_block)
-    dq_values = dict(common, TILE_M=s.dq_m, TILE_N=s.dq_n, **packed_dq_delta(has_dlse),
-                     HEAD_BLOCK=dq_block)
+                       ONE_HEAD=one_head, TAIL_TILE=packed_tail_tile(w.causal, w.head_dim))
+    dq_values = dict(common, TILE_M=s.dq_m, TILE_N=s.dq_n, **packed_dq_delta(has_dlse))
     steps = {
         "delta": lambda: Step("delta", DELTA.kernel(**delta_hints()), (0, w.heads_q, 1),
                               DELTA.ordered(packed_delta_values(w.head_dim, has_dlse),
@@ -517,7 +539,7 @@ def varlen_bwd_plan(w: Workload, device, mods, has_dlse: bool, schedule=None) ->
                              DKDV_SEQS.ordered(dkdv_values, skip_tensors=True))}
     bpad = max(_pow2(w.batch + 1), 16)
     return SeqBwdPlan(schedule=s, launches=tuple(steps[r]() for r in packed_bwd_roles()),
-                      device=device, bpad=bpad, dq_block=dq_block, dkdv_block=dkdv_block,
+                      device=device, bpad=bpad, l2_blocks=VARLEN_BWD_HEAD_BLOCKS,
                       heavy_map=heavy_map(bpad, VARLEN_HEAVY_MAP and not w.causal))
 
 
@@ -572,14 +594,20 @@ def run_varlen_backward(plan: SeqBwdPlan, w: Workload, q, k, v, out, lse, dout, 
     variant = variant_arrays(None, aux, dev)
     qmap = tile_map(cu_q, total_q, plan.schedule.dq_m, plan.bpad, zero=zero_q,
                     weights=cu_k if plan.heavy_map else None)
-    launch_kernel(dev, packed_grid(qmap.shape[0], qgrid[1], plan.dq_block), qkernel,
+    qblock = kblock = 0
+    if plan.l2_blocks:
+        qblock = varlen_head_block(w.heads_q, w.heads_kv, kv_head_bytes(k))
+        kblock = kv_block(qblock, w.heads_q // w.heads_kv, w.heads_kv)
+        qtail = with_block(qtail, block_at(DQ_SEQS), qblock)
+        ktail = with_block(ktail, block_at(DKDV_SEQS), kblock)
+    launch_kernel(dev, packed_grid(qmap.shape[0], qgrid[1], qblock), qkernel,
                   (q4, k4, v4, do4, lse3, delta, mask, *variant, o4, dlse3, packed4(dq), cu_q,
                    cu_k, seqused, qmap, *qtail))
     kmap = tile_map(cu_k, total_k, plan.schedule.dkdv_n, plan.bpad, w.causal,
                     zero=zero_kv, weights=cu_q if plan.heavy_map else None)
     grads = tuple(pad if g is None else g for g in captured)
     grads = (*grads, *([pad] * (4 - len(grads))))
-    launch_kernel(dev, packed_grid(kmap.shape[0], kgrid[1], plan.dkdv_block), kkernel,
+    launch_kernel(dev, packed_grid(kmap.shape[0], kgrid[1], kblock), kkernel,
                   (q4, k4, v4, do4, lse3, delta, mask, *variant, *grads, packed4(dk),
                    packed4(dv), delta.view(1, w.heads_q, total_q, 1), cu_q, cu_k, seqused,
                    kmap, *ktail))
@@ -627,7 +655,7 @@ def varlen_setup(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, causal, scale, wi
            _facts(seqused_k), max_q, max_k, type(causal), causal, type(scale), scale,
            tuple(window_size) if isinstance(window_size, (tuple, list)) else window_size,
            softcap, mods.key, bool(return_lse), None if schedule is None else str(schedule),
-           policy.generation(), VARLEN_HEAD_BLOCK, VARLEN_HEAVY_MAP)
+           policy.generation(), VARLEN_HEAD_BLOCKS, VARLEN_HEAVY_MAP)
     plan = _cached(key, build)
     if plan.work.batch and key not in _checked and _checked_now(cu_q):
         checked_offsets(cu_q, cu_k, seqused_k, max_q, max_k, q.shape[0], k.shape[0])
