@@ -1,9 +1,10 @@
 """An A/B of a packed launch order switch of ``tiledattention.kernel.workload``
 (``PAGED_HEAVY_FIRST``, ``VARLEN_HEAD_BLOCKS``, ``VARLEN_BWD_HEAD_BLOCKS``,
 ``VARLEN_HEAVY_MAP``: heads fastest on one grid axis in blocks, sequence-major maps by
-keys where a tile's work follows them) on the workloads stage's own points (``config/reference.yaml``'s section: lognormal documents,
-ragged contexts), beside FlashAttention-4: ours with the switch off and on, FA4,
-interleaved in rounds in one process, kernel time with L2 flushed. Each point's outputs
+keys where a tile's work follows them) on the workloads stage's own points
+(``config/reference.yaml``'s section: lognormal documents, ragged contexts), beside
+FlashAttention-4: ours with the switch off and on, FA4, interleaved in rounds in one
+process, kernel time with L2 flushed. Each point's outputs
 (and gradients) of the two settings are compared bit for bit. GPU.
 
     python benchmarks/packed_order_ab.py --switch PAGED_HEAVY_FIRST --kinds prefill
