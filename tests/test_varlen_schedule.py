@@ -62,13 +62,14 @@ def test_a_grid_in_blocks_of_heads_puts_every_head_on_one_axis():
 
 
 @pytest.mark.parametrize("hq, hk, mb, block", [
-    (16, 16, 4, 8), (16, 16, 8, 4), (16, 16, 16, 2), (16, 16, 33, 1), (16, 16, 1, 16),
-    (16, 4, 8, 16), (16, 4, 16, 8), (16, 4, 33, 1), (12, 12, 1, 4), (32, 8, 64, 1)])
+    (16, 16, 4, 8), (16, 16, 8, 4), (16, 16, 16, 2), (16, 16, 33, 0), (16, 16, 1, 16),
+    (16, 4, 8, 16), (16, 4, 16, 8), (16, 4, 33, 0), (12, 12, 1, 4), (32, 8, 64, 0),
+    (15, 15, 1, 0)])
 def test_a_block_of_heads_holds_as_many_as_keep_their_keys_and_values_within_the_l2_budget(
         hq, hk, mb, block):
     # §48a: every head in one block lost where all heads' K/V did not fit L2 (64k tokens,
     # D 128: 33 MB a head); blocks are powers of two dividing the query heads, a GQA
-    # group's query heads sharing one K/V head
+    # group's query heads sharing one K/V head; no block of two fits: the two-axis grid
     from tiledattention.kernel.workload import kv_block, varlen_head_block
 
     assert varlen_head_block(hq, hk, mb << 20) == block
