@@ -86,7 +86,8 @@ def _scalars() -> dict:
     f32, i32 = ScalarConstraint(ct.float32), ScalarConstraint(ct.int32)
     return dict(qk_scale_log2=f32, inv_scale=f32, scale=f32, GROUP=i32, SEQ_Q=i32,
                 NUM_SPLITS=i32, SPLIT_TILES=i32, seq_q=i32, seq_k=i32, HEADS=i32,
-                WIN_L=i32, WIN_R=i32, STEPS=i32, QD_HEADS=i32, KD_HEADS=i32, VD_HEADS=i32)
+                WIN_L=i32, WIN_R=i32, HEAD_BLOCK=i32, STEPS=i32, QD_HEADS=i32, KD_HEADS=i32,
+                VD_HEADS=i32)
 
 
 def signature(spec: KernelSpec, arrays: dict, constants: dict):
