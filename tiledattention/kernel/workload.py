@@ -137,16 +137,26 @@ def heavy_map(bpad: int, by_keys: bool) -> bool:
     return by_keys and bpad <= HEAVY_MAP_MAX_BPAD
 
 
-def varlen_head_block(heads_q: int, heads_kv: int, kv_head_bytes: int) -> int:
+def varlen_head_block(heads_q: int, heads_kv: int, head_bytes: int) -> int:
     """Query heads per block of a packed launch: the most (a power of two dividing
-    ``heads_q``) whose K/V heads' keys and values (``kv_head_bytes`` each) fit
+    ``heads_q``) whose K/V heads' keys and values (``head_bytes`` each) fit
     ``L2_BLOCK_BYTES``; 0 (the two-axis grid, one head at a time) where a block of two
     does not: blocks of one head, the same order on one axis, ran 1-4 % slower (§48a)."""
     group = heads_q // heads_kv
     block = 1
-    while heads_q % (2 * block) == 0 and -(-2 * block // group) * kv_head_bytes <= L2_BLOCK_BYTES:
+    while heads_q % (2 * block) == 0 and -(-2 * block // group) * head_bytes <= L2_BLOCK_BYTES:
         block *= 2
     return block if block > 1 else 0
+
+
+def paged_head_block(w: Workload) -> int:
+    """Chunked prefill's ``HEAD_BLOCK``: every query head (``PAGED_HEAVY_FIRST``), else 0."""
+    return w.heads_q if PAGED_HEAVY_FIRST else 0
+
+
+def kv_head_bytes(k: torch.Tensor) -> int:
+    """One K/V head's keys and values in bytes, of packed k [total, Hkv, D]."""
+    return 2 * k.shape[0] * k.shape[2] * k.element_size()
 
 
 def kv_block(block: int, group: int, heads_kv: int) -> int:
@@ -240,8 +250,7 @@ def varlen_plan(w: Workload, q, k, schedule, mods, return_lse: bool) -> SeqPlan:
     s = _forward_schedule(w, index, w.max_q, w.max_k, schedule)
     s = replace(s, splits=1, heavy_first=False, pdl=False)
     tail = _fwd_tail(w, s, mods, return_lse=return_lse, varlen_q=True, varlen_k=True,
-                     paged=False, group=w.heads_q // w.heads_kv,
-                     block=0)
+                     paged=False, group=w.heads_q // w.heads_kv)
     return _packed_plan(w, s, mods, tail, q.device, return_lse, 0,
                         VARLEN_HEAVY_MAP and not w.causal, VARLEN_HEAD_BLOCKS)
 
@@ -503,16 +512,6 @@ def varlen_bwd_schedule(w: Workload) -> BwdSchedule:
     if PACKED_BWD_KEY_ROWS:
         return key_rows_bwd_schedule(w.head_dim, w.causal)
     return default_bwd_schedule(w.head_dim, w.causal)
-
-
-def paged_head_block(w: Workload) -> int:
-    """Chunked prefill's ``HEAD_BLOCK``: every query head (``PAGED_HEAVY_FIRST``), else 0."""
-    return w.heads_q if PAGED_HEAVY_FIRST else 0
-
-
-def kv_head_bytes(k: torch.Tensor) -> int:
-    """One K/V head's keys and values in bytes, of packed k [total, Hkv, D]."""
-    return 2 * k.shape[0] * k.shape[2] * k.element_size()
 
 
 def varlen_bwd_plan(w: Workload, device, mods, has_dlse: bool, schedule=None) -> SeqBwdPlan:
