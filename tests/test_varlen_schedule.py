@@ -61,6 +61,19 @@ def test_a_grid_in_blocks_of_heads_puts_every_head_on_one_axis():
     assert with_block((1, 2, 3), 1, 8) == (1, 8, 3)
 
 
+def test_a_plans_tail_per_block_is_built_once_and_holds_the_block():
+    # the per-call path looks a block's arguments up, it does not rebuild them
+    pytest.importorskip("cuda.tile", reason="the kernel's parameter names come from cuTile")
+    from tiledattention.kernel.spec import DKDV_SEQS, DQ_SEQS
+    from tiledattention.kernel.workload import block_at, block_tail
+
+    tails, tail = {}, tuple(range(len(DQ_SEQS.names()) - len(DQ_SEQS.tensors)))
+    first = block_tail(tails, tail, DQ_SEQS, 4)
+    assert block_tail(tails, tail, DQ_SEQS, 4) is first
+    assert first[block_at(DQ_SEQS)] == 4 and len(first) == len(tail)
+    assert block_tail(tails, tail, DKDV_SEQS, 4) is not first
+
+
 @pytest.mark.parametrize("hq, hk, mb, block", [
     (16, 16, 4, 8), (16, 16, 8, 4), (16, 16, 16, 2), (16, 16, 33, 0), (16, 16, 1, 16),
     (16, 4, 8, 16), (16, 4, 16, 8), (16, 4, 33, 0), (12, 12, 1, 4), (32, 8, 64, 0),

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -137,6 +137,7 @@ def heavy_map(bpad: int, by_keys: bool) -> bool:
     return by_keys and bpad <= HEAVY_MAP_MAX_BPAD
 
 
+@functools.lru_cache(maxsize=256)  # per call, keyed by the packed length's bytes
 def varlen_head_block(heads_q: int, heads_kv: int, head_bytes: int) -> int:
     """Query heads per block of a packed launch: the most (a power of two dividing
     ``heads_q``) whose K/V heads' keys and values (``head_bytes`` each) fit
@@ -154,9 +155,10 @@ def paged_head_block(w: Workload) -> int:
     return w.heads_q if PAGED_HEAVY_FIRST else 0
 
 
-def kv_head_bytes(k: torch.Tensor) -> int:
-    """One K/V head's keys and values in bytes, of packed k [total, Hkv, D]."""
-    return 2 * k.shape[0] * k.shape[2] * k.element_size()
+def kv_row_bytes(w: Workload) -> int:
+    """One token's keys and values of one K/V head in bytes (x the packed length: one K/V
+    head's, ``varlen_head_block``)."""
+    return 2 * w.head_dim * w.dtype.itemsize
 
 
 def kv_block(block: int, group: int, heads_kv: int) -> int:
@@ -173,6 +175,15 @@ def packed_grid(programs_: int, heads: int, block: int) -> tuple[int, int, int]:
 def with_block(tail: tuple, at: int, block: int) -> tuple:
     """A launch's prebuilt arguments with ``HEAD_BLOCK`` (position ``at``) set."""
     return (*tail[:at], block, *tail[at + 1:])
+
+
+def block_tail(tails: dict, tail: tuple, spec, block: int) -> tuple:
+    """``spec``'s ``tail`` with ``HEAD_BLOCK`` = ``block``, kept in the plan's ``tails`` (a
+    handful of block sizes per plan): a call rebuilds no argument tuple."""
+    got = tails.get((spec.name, block))
+    if got is None:
+        got = tails[spec.name, block] = with_block(tail, block_at(spec), block)
+    return got
 
 
 @functools.cache
@@ -203,6 +214,7 @@ class SeqPlan(LaunchPlan):
     head_block: int = 0  # packed q: ``HEAD_BLOCK`` (``packed_grid``) unless ``l2_blocks``
     l2_blocks: bool = False  # packed q: ``HEAD_BLOCK`` per call (``varlen_head_block``)
     heavy_map: bool = False  # packed q: the map sequence-major by keys (``heavy_map``)
+    tails: dict = field(default_factory=dict)  # ``l2_blocks``: the tail per block size
 
 
 def _forward_schedule(w: Workload, index: int, seq_q: int, seq_k: int, schedule) -> Schedule:
@@ -276,8 +288,8 @@ def run_varlen(plan: SeqPlan, q, k, v, cu_q, cu_k, seqused_k, aux=()):
     lse_arg = lse_ph if lse is None else lse.unsqueeze(0)
     block = plan.head_block
     if plan.l2_blocks:
-        block = varlen_head_block(w.heads_q, w.heads_kv, kv_head_bytes(k))
-        tail = with_block(tail, block_at(FWD_SEQS), block)
+        block = varlen_head_block(w.heads_q, w.heads_kv, k.shape[0] * kv_row_bytes(w))
+        tail = block_tail(plan.tails, tail, FWD_SEQS, block)
     args = (packed4(q), packed4(k), packed4(v), packed4(out), lse_arg, mask_ph,
             *variant_arrays(None, aux, dev), cu_q, cu_k,
             pad1 if seqused_k is None else seqused_k, pad2, tmap, *tail)
@@ -443,6 +455,7 @@ class SeqBwdPlan(LaunchPlan):
     bpad: int
     l2_blocks: bool = False  # dQ and dK/dV: ``HEAD_BLOCK`` per call (``varlen_head_block``)
     heavy_map: bool = False  # full attention: both maps sequence-major by keys
+    tails: dict = field(default_factory=dict)  # ``l2_blocks``: the tails per block size
 
 
 # The packed backward loads Q, dO, Lse, Delta (and K, V without seqused_k) through the
@@ -596,10 +609,10 @@ def run_varlen_backward(plan: SeqBwdPlan, w: Workload, q, k, v, out, lse, dout, 
                     weights=cu_k if plan.heavy_map else None)
     qblock = kblock = 0
     if plan.l2_blocks:
-        qblock = varlen_head_block(w.heads_q, w.heads_kv, kv_head_bytes(k))
+        qblock = varlen_head_block(w.heads_q, w.heads_kv, total_k * kv_row_bytes(w))
         kblock = kv_block(qblock, w.heads_q // w.heads_kv, w.heads_kv)
-        qtail = with_block(qtail, block_at(DQ_SEQS), qblock)
-        ktail = with_block(ktail, block_at(DKDV_SEQS), kblock)
+        qtail = block_tail(plan.tails, qtail, DQ_SEQS, qblock)
+        ktail = block_tail(plan.tails, ktail, DKDV_SEQS, kblock)
     launch_kernel(dev, packed_grid(qmap.shape[0], qgrid[1], qblock), qkernel,
                   (q4, k4, v4, do4, lse3, delta, mask, *variant, o4, dlse3, packed4(dq), cu_q,
                    cu_k, seqused, qmap, *qtail))
