@@ -1,7 +1,8 @@
 """An A/B of a packed launch order switch of ``tiledattention.kernel.workload``
 (``PAGED_HEAVY_FIRST``, ``VARLEN_HEAD_BLOCKS``, ``VARLEN_BWD_HEAD_BLOCKS``,
 ``VARLEN_HEAVY_MAP``: heads fastest on one grid axis in blocks, sequence-major maps by
-keys where a tile's work follows them) on the workloads stage's own points
+keys where a tile's work follows them; ``PAGE_JOIN_BELOW``, ``MAX_PAGE_SPAN``: a key tile's
+pages joined into one MMA operand) on the workloads stage's own points
 (``config/reference.yaml``'s section: lognormal documents, ragged contexts), beside
 FlashAttention-4: ours with the switch off and on, FA4, interleaved in rounds in one
 process, kernel time with L2 flushed. Each point's outputs
@@ -11,7 +12,9 @@ process, kernel time with L2 flushed. Each point's outputs
     python benchmarks/packed_order_ab.py --switch VARLEN_HEAVY_MAP --kinds varlen --masks full
     python benchmarks/packed_order_ab.py --switch VARLEN_HEAD_BLOCKS --kinds varlen --passes fwd
 
-benchmarks/notes/varlen-paged.md §48a has the prediction and what it measured.
+    python benchmarks/packed_order_ab.py --switch PAGE_JOIN_BELOW --values 0 32 --kinds prefill --pages 16 --passes fwd
+
+benchmarks/notes/varlen-paged.md §48a and §49a have the predictions and what they measured.
 """
 import argparse
 import ast
@@ -73,7 +76,11 @@ def run_point(point, switch, values, rounds, flush, fa4: bool) -> dict:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--switch", required=True, choices=[
-        "PAGED_HEAVY_FIRST", "VARLEN_HEAD_BLOCKS", "VARLEN_BWD_HEAD_BLOCKS", "VARLEN_HEAVY_MAP"])
+        "PAGED_HEAVY_FIRST", "VARLEN_HEAD_BLOCKS", "VARLEN_BWD_HEAD_BLOCKS", "VARLEN_HEAVY_MAP",
+        "PAGE_JOIN_BELOW", "MAX_PAGE_SPAN"])
+    p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                   help="another switch held at VALUE (a Python literal) in both arms")
+    p.add_argument("--pages", nargs="+", type=int, help="only these page sizes (paged kinds)")
     p.add_argument("--values", nargs=2, default=["False", "True"],
                    help="off and on (Python literals)")
     p.add_argument("--masks", nargs="+", default=["full", "causal"], choices=["full", "causal"])
@@ -84,12 +91,19 @@ def main() -> int:
     p.add_argument("--no-fa4", action="store_true")
     p.add_argument("--out", help="write the rows as JSON here")
     a = p.parse_args()
+    for held in a.set:
+        name, _, value = held.partition("=")
+        if not hasattr(W, name):
+            p.error(f"--set {held}: workload has no switch {name}")
+        setattr(W, name, ast.literal_eval(value))
     flush = L2Flusher()
     rows = []
     for point in points(WorkloadsConfig()):
         if point.kind not in a.kinds or point.pass_ not in a.passes:
             continue
         if point.dtype != "bfloat16" or ("causal" if point.causal else "full") not in a.masks:
+            continue
+        if a.pages and point.page_size and point.page_size not in a.pages:
             continue
         values = [ast.literal_eval(v) for v in a.values]
         r = run_point(point, a.switch, values, a.rounds, flush, not a.no_fa4)

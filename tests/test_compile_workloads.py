@@ -109,6 +109,24 @@ def test_small_pages_gather_their_rows_by_cp_async_without_spilling(page, kind, 
     assert re.search(r"STACK:0\b", res) and re.search(r"LOCAL:0\b", res)
 
 
+@pytest.mark.compile
+@pytest.mark.parametrize("below, narrow", [(None, False), (0, True)])
+def test_page_16_chunked_prefill_runs_wide_q_kt_mmas_without_spilling(below, narrow,
+                                                                     monkeypatch):
+    # benchmarks/notes/varlen-paged.md §49a: a 128-key tile's eight 16-key pages joined into
+    # one operand, so Q K^T is HGMMA 64x128, not 64x16 per page (PAGE_JOIN_BELOW = 0)
+    from tiledattention.kernel import workload as W
+
+    if below is not None:
+        monkeypatch.setattr(W, "PAGE_JOIN_BELOW", below)
+    work = _work(128, True, page=16, hq=32, hk=8, prefill=True)
+    sass, res = _sass(export_workload_cubins(work, "sm_90", paged=True)["attention_fwd_seqs"])
+    ops = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass)
+    assert ("HGMMA.64x16x16" in sass) is narrow
+    assert not any(op.startswith(("STL", "LDL")) for op in ops)
+    assert re.search(r"STACK:0\b", res) and re.search(r"LOCAL:0\b", res)
+
+
 def _ops(cubin: bytes) -> tuple[list[str], str]:
     sass, res = _sass(cubin)
     return re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass), res

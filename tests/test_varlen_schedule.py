@@ -163,11 +163,11 @@ def test_valid_cpu_calls_pass_the_checks_and_then_need_a_gpu():
 
 @pytest.mark.parametrize("tile_n, page, expect", [
     (128, 256, (128, 2, 1)), (128, 128, (128, 1, 1)), (128, 64, (128, 1, 2)),
-    (64, 64, (64, 1, 1)), (128, 32, (128, 1, 4)), (128, 16, (64, 1, 4)), (64, 16, (64, 1, 4)),
+    (64, 64, (64, 1, 1)), (128, 32, (128, 1, 4)), (128, 16, (128, 1, 8)), (64, 16, (64, 1, 4)),
     (64, 32, (64, 1, 2)),
 ])
-def test_key_tiles_lie_in_one_page_or_span_up_to_four_whole_pages(tile_n, page, expect,
-                                                                   monkeypatch):
+def test_key_tiles_lie_in_one_page_or_span_up_to_eight_whole_pages(tile_n, page, expect,
+                                                                    monkeypatch):
     # the per-page TMA path (PAGE_GATHER_BELOW = 0): every page size takes it
     from dataclasses import replace
 
@@ -386,3 +386,26 @@ def test_the_packed_dq_computes_delta_and_the_plan_drops_its_launch(has_dlse, mo
         assert dq.tail[names.index("DELTA")] is on
         assert dq.tail[names.index("HAS_DLSE")] is (on and has_dlse)
     assert plans[False] is not plans[True]
+
+
+@pytest.mark.parametrize("page, seq_q, joined", [
+    (16, 512, True),  # chunked prefill at page 16: 16-key MMAs joined into the tile's
+    (16, 1, False),   # decode at page 16 gathers its rows instead
+    (32, 512, False), (64, 512, False),  # wide enough per page: the join's copy loses (§49a)
+])
+def test_chunked_prefill_joins_only_small_pages_keys_into_one_operand(page, seq_q, joined):
+    pytest.importorskip("cuda.tile", reason="the kernel's parameter names come from cuTile")
+    from tiledattention import mods
+    from tiledattention.kernel.spec import FWD_SEQS
+    from tiledattention.kernel.workload import _fwd_tail
+    from tiledattention.kernel.workload_check import Workload
+    from tiledattention.schedules.schedule import default_schedule
+
+    w = Workload(2, 32, 8, 128, torch.bfloat16, seq_q, 4096, True, 128 ** -0.5, (-1, -1),
+                 0.0, page_size=page, packed_q=seq_q > 1)
+    names = FWD_SEQS.names()[len(FWD_SEQS.tensors):]
+    s, tiles, span, gather = _paged_tiles(default_schedule(128, True), page, seq_q)
+    tail = _fwd_tail(w, s, mods.NONE, return_lse=False, varlen_q=seq_q > 1, varlen_k=False,
+                     paged=True, page_tiles=tiles, page_span=span, page_gather=gather,
+                     group=4)
+    assert tail[names.index("PAGE_JOIN")] is joined

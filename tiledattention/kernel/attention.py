@@ -37,6 +37,7 @@ import numpy as np
 
 from .body import (
     _T,
+    _ZERO,
     divide_chunks,
     dot,
     dot_streamed,
@@ -110,6 +111,8 @@ def fwd_tile(q, arrays, fns, aux, where, state, j, diag, ALL_MASKS, f, CACHE_END
     kb, kj = key_tile_at(seq, b, j, f)
     if f.PAGE_GATHER:
         qk = gathered_scores(q, K, seq, b, j, hk, f)
+    elif f.PAGE_SPAN > 1 and f.PAGE_JOIN:
+        qk = joined_scores(q, K, seq, b, j, hk, f)
     elif f.PAGE_SPAN > 1:
         qk = span_scores(q, K, seq, b, j, hk, f)
     else:
@@ -200,7 +203,65 @@ def span_scores(q, K, seq, b, j, hk, f):
     if f.PAGE_SPAN > 2:
         s = ct.cat((s, ct.cat((page_scores(q, K, seq, b, first + 2, hk, f),
                                page_scores(q, K, seq, b, first + 3, hk, f)), 1)), 1)
+    if f.PAGE_SPAN > 4:
+        s = ct.cat((s, ct.cat((
+            ct.cat((page_scores(q, K, seq, b, first + 4, hk, f),
+                    page_scores(q, K, seq, b, first + 5, hk, f)), 1),
+            ct.cat((page_scores(q, K, seq, b, first + 6, hk, f),
+                    page_scores(q, K, seq, b, first + 7, hk, f)), 1)), 1)), 1)
     return s
+
+
+def joined_chunk(T, seq, b, j, hk, c, W, latency, f, keys_axis):
+    """Head-dim chunk ``c`` (width ``W``) of key tile ``j``'s ``PAGE_SPAN`` pages (2, 4 or
+    8), each page its own TMA load, joined along the keys (``PAGE_JOIN``) so that one MMA
+    takes the whole tile: [W, TILE_N] transposed (K^T, ``keys_axis`` 1) or [TILE_N, W]
+    (V, 0). Per-page MMAs of 16 keys are too narrow for wgmma to keep its operands fed
+    (benchmarks/notes/varlen-paged.md §49a)."""
+    page = f.TILE_N // f.PAGE_SPAN
+    first = j * f.PAGE_SPAN
+    t = ct.cat((page_chunk(T, seq, b, first, hk, c, W, page, latency, keys_axis),
+                page_chunk(T, seq, b, first + 1, hk, c, W, page, latency, keys_axis)),
+               keys_axis)
+    if f.PAGE_SPAN > 2:
+        t = ct.cat((t, ct.cat((
+            page_chunk(T, seq, b, first + 2, hk, c, W, page, latency, keys_axis),
+            page_chunk(T, seq, b, first + 3, hk, c, W, page, latency, keys_axis)),
+            keys_axis)), keys_axis)
+    if f.PAGE_SPAN > 4:
+        t = ct.cat((t, ct.cat((ct.cat((
+            page_chunk(T, seq, b, first + 4, hk, c, W, page, latency, keys_axis),
+            page_chunk(T, seq, b, first + 5, hk, c, W, page, latency, keys_axis)),
+            keys_axis), ct.cat((
+                page_chunk(T, seq, b, first + 6, hk, c, W, page, latency, keys_axis),
+                page_chunk(T, seq, b, first + 7, hk, c, W, page, latency, keys_axis)),
+                keys_axis)), keys_axis)), keys_axis)
+    return t
+
+
+def page_chunk(T, seq, b, i, hk, c, W, page, latency, keys_axis):
+    """Chunk ``c`` of page ``i`` of sequence ``b``: [W, page] transposed (``keys_axis``
+    1) or [page, W]."""
+    if keys_axis == 1:
+        return ct.load(T, index=(page_at(seq, b, i), hk, c, 0), shape=(1, 1, W, page),
+                       order=_T, padding_mode=_ZERO, latency=latency).reshape((W, page))
+    return ct.load(T, index=(page_at(seq, b, i), hk, 0, c), shape=(1, 1, page, W),
+                   padding_mode=_ZERO, latency=latency).reshape((page, W))
+
+
+def joined_scores(q, K, seq, b, j, hk, f):
+    """Q K^T of key tile ``j`` over its pages joined (``joined_chunk``): one MMA per
+    head-dim chunk, as a dense tile takes."""
+    q0, q1, q2 = q
+    acc = ct.mma(q0, joined_chunk(K, seq, b, j, hk, 0, f.W0, f.LAT_K, f, 1),
+                 ct.full((f.TILE_M, f.TILE_N), 0.0, dtype=np.float32))
+    if f.NCHUNK > 1:
+        acc = ct.mma(q1, joined_chunk(K, seq, b, j, hk, f.W0 // f.W1, f.W1, f.LAT_K, f, 1),
+                     acc)
+    if f.NCHUNK > 2:
+        acc = ct.mma(q2, joined_chunk(K, seq, b, j, hk, (f.W0 + f.W1) // f.W2, f.W2,
+                                      f.LAT_K, f, 1), acc)
+    return acc
 
 
 def page_values(p, V, Vend, seq, b, j, i, hk, acc, seq_k, f):
@@ -230,7 +291,8 @@ def page_mma(pv, V, seq, b, first, hk, acc, f):
 
 
 def span_values(p, V, seq, b, j, hk, acc0, acc1, acc2, seq_k, f):
-    """acc += P V over the ``PAGE_SPAN`` pages (2 or 4) of key tile ``j``."""
+    """acc += P V over the ``PAGE_SPAN`` pages (2, 4 or 8: ``PAGE_JOIN``'s end tile) of
+    key tile ``j``."""
     Vend = V
     if seq_k is not None:
         Vend = end_rows(V, seq_k, f.TILE_N // f.PAGE_SPAN)  # one view for the end's page
@@ -239,6 +301,11 @@ def span_values(p, V, seq, b, j, hk, acc0, acc1, acc2, seq_k, f):
     if f.PAGE_SPAN > 2:
         acc = page_values(p, V, Vend, seq, b, j, 2, hk, acc, seq_k, f)
         acc = page_values(p, V, Vend, seq, b, j, 3, hk, acc, seq_k, f)
+    if f.PAGE_SPAN > 4:
+        acc = page_values(p, V, Vend, seq, b, j, 4, hk, acc, seq_k, f)
+        acc = page_values(p, V, Vend, seq, b, j, 5, hk, acc, seq_k, f)
+        acc = page_values(p, V, Vend, seq, b, j, 6, hk, acc, seq_k, f)
+        acc = page_values(p, V, Vend, seq, b, j, 7, hk, acc, seq_k, f)
     return acc
 
 

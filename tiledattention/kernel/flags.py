@@ -59,6 +59,9 @@ class SeqFlags:
     # K/V rows gathered through the block table (cp.async) into key tiles of PAGE_SPAN
     # whole pages, not one TMA load per page (pages < workload.PAGE_GATHER_BELOW)
     PAGE_GATHER: bool = flag("paged", False)
+    # a key tile's pages (PAGE_SPAN, one TMA load each) joined along the keys into one
+    # MMA operand, not one MMA per page (chunked prefill at small pages)
+    PAGE_JOIN: bool = flag("paged", False)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -235,6 +235,7 @@ def _fwd_values(w: Workload, s: Schedule, mods, *, return_lse, varlen_q, varlen_
         HAS_SCORE_MOD=mods.has_score_mod, HAS_MASK_MOD=mods.has_mask_mod, VARLEN_Q=varlen_q,
         VARLEN_K=varlen_k, SEQUSED=paged or w.seqused, PAGED=paged, PAGE_TILES=page_tiles,
         PAGE_SPAN=page_span, WINDOW=w.window != (-1, -1), PAGE_GATHER=page_gather,
+        PAGE_JOIN=paged and page_span > 1 and not page_gather and w.page_size < PAGE_JOIN_BELOW,
         HEAD_BLOCK=block)
     return values
 
@@ -297,7 +298,7 @@ def run_varlen(plan: SeqPlan, q, k, v, cu_q, cu_k, seqused_k, aux=()):
     return out, lse
 
 
-MAX_PAGE_SPAN = 4  # pages per key tile at most, where pages are smaller than the tile
+MAX_PAGE_SPAN = 8  # pages per key tile at most, where pages are smaller than the tile
 # Pages smaller than this many keys are gathered row by row (cp.async through the block
 # table) into GATHER_TILE-key tiles (``FwdFlags.PAGE_GATHER``); 0: every page its own TMA
 # load (benchmarks/notes/varlen-paged.md §40f). Page 16 gathers (1.15-1.32x the per-page
@@ -307,6 +308,11 @@ MAX_PAGE_SPAN = 4  # pages per key tile at most, where pages are smaller than th
 # at B 8 / 64 (B 1: 0.87x; §42c), its K/V tiles being re-read by every query tile. Read
 # when a plan is built (plans are cached).
 PAGE_GATHER_BELOW = 32
+# Key tiles over pages below this many keys join their pages' K loads into one Q K^T
+# operand (``FwdFlags.PAGE_JOIN``, §49a) instead of one 16-key MMA per page; 0: never.
+# The join copies K through registers, so pages of 32 and more, whose MMAs are wide
+# enough, run 0.76-0.85x with it. Read when a plan is built.
+PAGE_JOIN_BELOW = 32
 GATHER_MAX_Q = 16
 GATHER_TILE = 64
 
@@ -698,7 +704,7 @@ def paged_setup(q, k_cache, v_cache, page_table, cache_seqlens, cu_q, max_q, cau
            type(causal), causal, type(scale), scale,
            tuple(window_size) if isinstance(window_size, (tuple, list)) else window_size,
            softcap, mods.key, bool(return_lse), None if schedule is None else str(schedule),
-           policy.generation(), PAGED_HEAVY_FIRST)
+           policy.generation(), PAGED_HEAVY_FIRST, PAGE_JOIN_BELOW, MAX_PAGE_SPAN)
     plan = _cached(key, build)
     if key not in _checked and _checked_now(cache_seqlens):
         checked_cache(page_table, cache_seqlens, k_cache.shape[0], k_cache.shape[1], cu_q,
