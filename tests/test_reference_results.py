@@ -252,10 +252,15 @@ def test_a_published_note_may_gain_baselines_registered_since_but_lose_or_reorde
 
 
 
-# The workloads stage as measured for the H200 reference (2026-12-03, revision 9b02838):
-# its rows are the reference's data/workloads-rows.jsonl.gz, its run manifest this file.
+# The workloads stage as first measured for the H200 reference (2026-12-03, revision
+# 9b02838): its rows were the reference's data/workloads-rows.jsonl.gz up to REMEASURED, its
+# run manifest this file.
 WORKLOADS_MANIFEST = "benchmarks/results/h200-2026-12-03-s62-workloads-manifest.json.gz"
 BEFORE_WORKLOADS = "9b02838e9fbfb3bc11e160c23eb44336bb83a544"  # h200 without the stage
+REMEASURED = "ee4795ccd27c6b76cf9005f0ba6f9c21d4e2766d"  # h200 with the first rows, the last
+# The stage measured again (2026-12-04, revision 3393d3a; benchmarks/notes/varlen-paged.md
+# §49b): its rows are the reference's data/workloads-rows.jsonl.gz, its run manifest this.
+WORKLOADS_AGAIN_MANIFEST = "benchmarks/results/h200-2026-12-04-s65-workloads-manifest.json.gz"
 
 
 # The shapes grids the H200 reference gained since (issue 48 item 4): the sweeps' rows are
@@ -265,9 +270,24 @@ SHAPES_MANIFESTS = {g: f"benchmarks/results/h200-2026-12-03-s63-shapes-g{g}-mani
 
 
 def _measured_workloads(tmp_path) -> str:
-    """The H200 workloads stage's output directory (rows and run manifest), as it ran."""
+    """The H200 workloads stage's output directory (rows and run manifest), as it ran
+    again: the rows the reference holds."""
     return _measured(tmp_path / "measured", "workloads-rows.jsonl.gz", "rows.jsonl",
-                     WORKLOADS_MANIFEST, "manifest-workloads.json")
+                     WORKLOADS_AGAIN_MANIFEST, "manifest-workloads.json")
+
+
+def _first_measured_workloads(tmp_path) -> str:
+    """The H200 workloads stage's output directory as it first ran (its rows from the
+    reference at REMEASURED: a whole clone's history)."""
+    out = _measured(tmp_path / "measured-first", "workloads-rows.jsonl.gz", "rows.jsonl",
+                    WORKLOADS_MANIFEST, "manifest-workloads.json")
+    import gzip
+
+    rows = subprocess.run(["git", "-C", ROOT, "show", f"{REMEASURED}:{REFERENCES[1]}/data/"
+                           "workloads-rows.jsonl.gz"], capture_output=True, check=True).stdout
+    with open(os.path.join(out, "rows.jsonl"), "wb") as f:
+        f.write(gzip.decompress(rows))
+    return out
 
 
 def _measured_shapes_grid(tmp_path, g: int) -> str:
@@ -296,11 +316,12 @@ def _sums_of(ref) -> dict[str, str]:
                     "it was before its workloads stage is not in it")
 def test_rebundle_adds_a_stage_measured_since_and_keeps_what_was_published(tmp_path):
     """The H200 reference as it was before (revision 9b02838) with --add workloads=... and
-    the two shapes grids measured since (--add shapes-g2=... shapes-g3=...) gains their rows
-    and tables (every table made again by the newer source) exactly as committed; every
-    row it published stays byte for byte, the manifest keeps its runs and adds the new ones
-    (resumed: their first calls' stacks too), the config keeps its sections and adds the
-    stage's and the grids."""
+    the two shapes grids measured since (--add shapes-g2=... shapes-g3=...), then the
+    workloads stage measured again (--replace workloads=...), gains their rows and tables
+    (every table made again by the newer source) exactly as committed; every row it
+    published stays byte for byte, the manifest keeps its runs and adds the new ones
+    (resumed: their first calls' stacks too; the replaced run moved to replaced_runs), the
+    config keeps its sections and adds the stage's and the grids."""
     import gzip
     import io
     import tarfile
@@ -319,9 +340,12 @@ def test_rebundle_adds_a_stage_measured_since_and_keeps_what_was_published(tmp_p
     old_manifest = json.loads((ref / "manifest.json").read_text())
     old_config = yaml.safe_load((ref / "config" / "study-config.yaml").read_text())
     assert "workloads" not in old_config
-    assert rebundle.main(["--add", f"workloads={_measured_workloads(tmp_path)}",
+    assert rebundle.main(["--add", f"workloads={_first_measured_workloads(tmp_path)}",
                           *[a for g in (2, 3) for a in
                             ("--add", f"shapes-g{g}={_measured_shapes_grid(tmp_path, g)}")],
+                          str(ref)]) == 0
+    first = json.loads((ref / "manifest.json").read_text())["runs"][-3]
+    assert rebundle.main(["--replace", f"workloads={_measured_workloads(tmp_path)}",
                           str(ref)]) == 0
     after = _sums_of(ref)
     kept = {rel for rel in before if rel.startswith(rebundle.KEPT)
@@ -336,7 +360,9 @@ def test_rebundle_adds_a_stage_measured_since_and_keeps_what_was_published(tmp_p
     assert after["manifest.json"] == published["manifest.json"]
     manifest = json.loads((ref / "manifest.json").read_text())
     assert manifest["runs"][:-3] == old_manifest["runs"]
-    for run, path in zip(manifest["runs"][-3:], [WORKLOADS_MANIFEST, *SHAPES_MANIFESTS.values()]):
+    assert manifest["replaced_runs"] == [first]
+    for run, path in zip(manifest["runs"][-3:], [*SHAPES_MANIFESTS.values(),
+                                                 WORKLOADS_AGAIN_MANIFEST]):
         with gzip.open(os.path.join(ROOT, path)) as f:
             measured = json.load(f)
         assert run["config_hash"] == measured["config_hash"]
@@ -348,7 +374,31 @@ def test_rebundle_adds_a_stage_measured_since_and_keeps_what_was_published(tmp_p
     assert config["shapes"]["grids"][:2] == old_config["shapes"]["grids"]
     assert len(config["shapes"]["grids"]) == 4
     assert stage_from_dict("workloads", config["workloads"]).digest() == \
-        manifest["runs"][-3]["config_hash"]
+        manifest["runs"][-1]["config_hash"] == first["config_hash"]
+    assert verify.verify(str(ref)) == []
+
+
+@pytest.mark.skipif(not _whole_history(), reason="a shallow clone: the recorded revision's "
+                    "source is not in it")
+def test_rebundle_replaces_a_stage_measured_again_and_keeps_every_other_row(tmp_path):
+    """--replace workloads=DIR: the stage's rows are DIR's, its run moves to replaced_runs
+    and DIR's run is recorded; every other row and every table of another stage stays byte
+    for byte (here DIR holds the rows the reference has, so its tables stay too)."""
+    from tiledattention.study.references import rebundle
+
+    ref = _copy(tmp_path, REFERENCES[1])
+    before = _sums_of(ref)
+    old = json.loads((ref / "manifest.json").read_text())
+    assert rebundle.main(["--replace", f"workloads={_measured_workloads(tmp_path)}",
+                          str(ref)]) == 0
+    after = _sums_of(ref)
+    same = {rel for rel in before if rel.startswith(("data/", "tables/", "config/"))}
+    assert "data/workloads-rows.jsonl.gz" in same
+    assert {rel: after.get(rel) for rel in same} == {rel: before[rel] for rel in same}
+    manifest = json.loads((ref / "manifest.json").read_text())
+    workloads = [r for r in old["runs"] if r["manifest"].startswith("workloads/")]
+    assert manifest["replaced_runs"] == [*old.get("replaced_runs", []), *workloads]
+    assert manifest["runs"] == [r for r in old["runs"] if r not in workloads] + workloads
     assert verify.verify(str(ref)) == []
 
 
@@ -412,6 +462,10 @@ def test_rebundle_adds_no_shapes_grid_measured_with_another_grid(tmp_path, capsy
     (["--add", "shapes-g3=x"], "the next one it can gain is shapes-g2"),
     (["--add", "shapes-g9=x"], "has no shapes grid 9"),
     (["--add", "shapes-g2=no/such/dir"], "not a shapes grid's sweep directory"),
+    (["--replace", "workloads=x"], "holds no workloads stage's rows"),
+    (["--replace", "shapes-g1=x"], "a shapes grid is not replaced"),
+    (["--replace", "workloads"], "give STAGE=DIR"),
+    (["--add", "workloads=x", "--replace", "workloads=y"], "both name workloads"),
 ])
 def test_rebundle_refuses_an_add_it_cannot_read(tmp_path, capsys, args, says):
     assert says in _rebundle_refused(args, _copy(tmp_path, REFERENCES[0]), capsys)

@@ -19,6 +19,12 @@ shapes grid of that config after its last (``shapes-g<N>``: the sweep's director
 Every row published stays byte for byte; the manifest gains the run, the config the section,
 and the bundle's source becomes the newest revision a run measured with, whose code makes
 every table again from the rows (``GROWN``).
+
+A stage measured again (the same section, newer kernels) replaces the reference's rows of it;
+its earlier run moves to the manifest's ``replaced_runs``, every other stage's rows stay
+byte for byte::
+
+    python -m tiledattention.study.references.rebundle --replace workloads=DIR results/reference/h200
 """
 
 from __future__ import annotations
@@ -55,11 +61,12 @@ def _gunzip(src: str, dest: str) -> None:
         shutil.copyfileobj(g, f)
 
 
-def study_of(bundle: str, study: str, added: dict[str, tuple[str, dict]] | None = None
-             ) -> str:
+def study_of(bundle: str, study: str, added: dict[str, tuple[str, dict]] | None = None,
+             replaced: tuple[str, ...] = ()) -> str:
     """The study directory ``bundle create --compact`` reads, laid out from a compact
     ``bundle`` in ``study``, with the ``added`` stages (name: (directory, config section),
-    ``add_stage``); returns the config file's path."""
+    ``add_stage``), those ``replaced`` taken out first (``drop_stage``); returns the config
+    file's path."""
     from ...stages import STAGES
 
     data = os.path.join(bundle, "data")
@@ -94,10 +101,32 @@ def study_of(bundle: str, study: str, added: dict[str, tuple[str, dict]] | None 
     config = os.path.join(study, "plan", "study-config.yaml")
     os.makedirs(os.path.dirname(config))
     shutil.copyfile(os.path.join(bundle, "config", "study-config.yaml"), config)
+    for name in replaced:
+        drop_stage(study, name)
     for name, (measured, section) in (added or {}).items():
         add_stage(study, name, measured, section)
     tables_added_since(study, again=bool(added))
     return config
+
+
+def drop_stage(study: str, name: str) -> None:
+    """GPU stage ``name``'s rows out of the laid-out ``study``, to be measured again: its
+    directory goes, and its run moves from the manifest's ``runs`` to ``replaced_runs`` (the
+    record keeps it; ``mismatches`` still names its revisions)."""
+    dest = os.path.join(study, name)
+    if not os.path.isdir(dest):
+        raise StudyError(f"--replace {name}: the reference holds no {name} stage's rows "
+                         f"(--add {name}=DIR adds them)")
+    shutil.rmtree(dest)
+    path = os.path.join(study, "manifest.json")
+    with open(path, encoding="utf-8") as f:
+        merged = json.load(f)
+    runs = merged.get("runs", [])
+    gone = [r for r in runs if str(r.get("manifest", "")).startswith(f"{name}/")]
+    merged = {**merged, "runs": [r for r in runs if r not in gone],
+              "replaced_runs": [*merged.get("replaced_runs", []), *gone]}
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(merged, f, indent=1)
 
 
 def add_stage(study: str, name: str, measured: str, section: dict) -> None:
@@ -265,9 +294,10 @@ def _checkout(repo: str, revision: str, dest: str) -> None:
                              f"{run.stderr.strip()[:300]}")
 
 
-def rebundle(ref: str, repo: str, added: dict[str, tuple[str, dict]] | None = None) -> str:
-    """``ref`` made again, with the ``added`` stages (``study_of``); returns the revision
-    its source is."""
+def rebundle(ref: str, repo: str, added: dict[str, tuple[str, dict]] | None = None,
+             replaced: tuple[str, ...] = ()) -> str:
+    """``ref`` made again, with the ``added`` stages (``study_of``), those ``replaced``
+    measured again; returns the revision its source is."""
     from ...yamlio import load_yaml
     from ..publication.create import create
     from ..publication.metadata import Publication
@@ -279,7 +309,7 @@ def rebundle(ref: str, repo: str, added: dict[str, tuple[str, dict]] | None = No
         raise StudyError(f"{ref}: holds {len(extra)} file(s) its {SUMS} does not list "
                          f"({', '.join(extra[:3])}); move them away first")
     with tempfile.TemporaryDirectory(prefix="tiledattn-rebundle-") as tmp:
-        config = study_of(ref, os.path.join(tmp, "study"), added)
+        config = study_of(ref, os.path.join(tmp, "study"), added, replaced)
         revision = recorded_revision(ref, repo, os.path.join(tmp, "study", "manifest.json")
                                      if added else None)
         _checkout(repo, revision, os.path.join(tmp, "source"))
@@ -292,7 +322,8 @@ def rebundle(ref: str, repo: str, added: dict[str, tuple[str, dict]] | None = No
                publication=Publication.from_dict(cfg.get("publication"), __version__),
                command="tiledattn bundle create", compact=True)
         new = _sums(out)
-        grown = GROWN if added else ()  # what gains the added stages, checked in add_stage
+        # what gains the added stages, checked in add_stage; a replaced stage's rows
+        grown = (GROWN + _published(replaced)) if added else ()
         lost = sorted(rel for rel in old if rel.startswith(KEPT) and not rel.startswith(grown)
                       and new.get(rel) != old[rel])
         if lost:
@@ -311,20 +342,33 @@ def rebundle(ref: str, repo: str, added: dict[str, tuple[str, dict]] | None = No
     return revision
 
 
-def _added(adds: list[str], config: str, refs: list[str]) -> dict[str, tuple[str, dict]]:
-    """``--add STAGE=DIR`` as (directory, the section of ``config``) per stage."""
+def _published(stages: tuple[str, ...]) -> tuple[str, ...]:
+    """What a bundle publishes of these stages' rows (``data/<stage>-rows.jsonl.gz``)."""
+    from ...stages import STAGES
+
+    return tuple(f"data/{STAGES[n].publish.data_name}.gz" for n in stages
+                 if STAGES[n].publish.data_name)
+
+
+def _added(adds: list[str], config: str, refs: list[str], flag: str = "--add"
+           ) -> dict[str, tuple[str, dict]]:
+    """``--add STAGE=DIR`` (or ``--replace``) as (directory, the section of ``config``) per
+    stage."""
     from ...yamlio import load_yaml
 
     if not adds:
         return {}
     if len(refs) != 1:
-        raise StudyError("--add: one reference at a time (the rows are one system's)")
+        raise StudyError(f"{flag}: one reference at a time (the rows are one system's)")
     cfg = load_yaml(config)
     added = {}
     for add in adds:
         name, sep, measured = add.partition("=")
         if not sep or not name or not measured:
-            raise StudyError(f"--add {add}: give STAGE=DIR (the stage's output directory)")
+            raise StudyError(f"{flag} {add}: give STAGE=DIR (the stage's output directory)")
+        if flag == "--replace" and name.startswith("shapes-g"):
+            raise StudyError(f"--replace {name}: a shapes grid is not replaced (measure it "
+                             "as the next grid, --add shapes-g<N>)")
         added[name] = (measured, _section(cfg, name, config))
     return added
 
@@ -355,6 +399,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--add", action="append", default=[], metavar="STAGE=DIR",
                    help="a GPU stage's rows measured since, into the one reference given "
                    "(STAGE: a stage, or shapes-g<N> for the config's shapes grid N)")
+    p.add_argument("--replace", action="append", default=[], metavar="STAGE=DIR",
+                   help="a GPU stage measured again with the same section: its rows replace "
+                   "the reference's")
     p.add_argument("--config", default=os.path.join(repo, "config", "reference.yaml"),
                    help="the study config whose section an added stage ran with")
     a = p.parse_args(sys.argv[1:] if argv is None else argv)
@@ -363,8 +410,12 @@ def main(argv: list[str] | None = None) -> int:
             if not os.path.isfile(os.path.join(ref, SUMS)):
                 raise StudyError(f"{ref}: not a committed reference (no {SUMS})")
             added = _added(a.add, a.config, a.refs)
+            again = _added(a.replace, a.config, a.refs, "--replace")
+            both = sorted(set(added) & set(again))
+            if both:
+                raise StudyError(f"--add and --replace both name {both[0]}")
             print(f"rebundle: {ref} made again, its source revision "
-                  f"{rebundle(ref, repo, added)}", file=sys.stderr)
+                  f"{rebundle(ref, repo, {**added, **again}, tuple(again))}", file=sys.stderr)
         except TiledAttentionError as exc:  # a study's, a config's or a rows file's
             print(f"rebundle: {exc}", file=sys.stderr)
             return 2
