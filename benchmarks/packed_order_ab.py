@@ -12,7 +12,8 @@ process, kernel time with L2 flushed. Each point's outputs
     python benchmarks/packed_order_ab.py --switch VARLEN_HEAVY_MAP --kinds varlen --masks full
     python benchmarks/packed_order_ab.py --switch VARLEN_HEAD_BLOCKS --kinds varlen --passes fwd
 
-    python benchmarks/packed_order_ab.py --switch PAGE_JOIN_BELOW --values 0 32 --kinds prefill --pages 16 --passes fwd
+    python benchmarks/packed_order_ab.py --switch PAGE_JOIN_BELOW --values 0 32 \\
+        --kinds prefill --pages 16 --passes fwd
 
 benchmarks/notes/varlen-paged.md §48a and §49a have the predictions and what they measured.
 """

@@ -24,7 +24,8 @@ A stage measured again (the same section, newer kernels) replaces the reference'
 its earlier run moves to the manifest's ``replaced_runs``, every other stage's rows stay
 byte for byte::
 
-    python -m tiledattention.study.references.rebundle --replace workloads=DIR results/reference/h200
+    python -m tiledattention.study.references.rebundle --replace workloads=DIR \\
+        results/reference/h200
 """
 
 from __future__ import annotations
