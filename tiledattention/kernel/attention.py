@@ -212,55 +212,43 @@ def span_scores(q, K, seq, b, j, hk, f):
     return s
 
 
-def joined_chunk(T, seq, b, j, hk, c, W, latency, f, keys_axis):
-    """Head-dim chunk ``c`` (width ``W``) of key tile ``j``'s ``PAGE_SPAN`` pages (2, 4 or
-    8), each page its own TMA load, joined along the keys (``PAGE_JOIN``) so that one MMA
-    takes the whole tile: [W, TILE_N] transposed (K^T, ``keys_axis`` 1) or [TILE_N, W]
-    (V, 0). Per-page MMAs of 16 keys are too narrow for wgmma to keep its operands fed
-    (benchmarks/notes/varlen-paged.md §49a)."""
-    page = f.TILE_N // f.PAGE_SPAN
+def joined_keys(K, seq, b, j, hk, c, W, f):
+    """Head-dim chunk ``c`` (width ``W``) of key tile ``j``'s K^T, [W, TILE_N]: its
+    ``PAGE_SPAN`` pages (2, 4 or 8), each its own TMA load, joined along the keys
+    (``PAGE_JOIN``) so that one MMA takes the whole tile. Per-page MMAs of 16 keys are too
+    narrow for wgmma to keep its operands fed (benchmarks/notes/varlen-paged.md §49a)."""
     first = j * f.PAGE_SPAN
-    t = ct.cat((page_chunk(T, seq, b, first, hk, c, W, page, latency, keys_axis),
-                page_chunk(T, seq, b, first + 1, hk, c, W, page, latency, keys_axis)),
-               keys_axis)
+    t = ct.cat((page_keys(K, seq, b, first, hk, c, W, f),
+                page_keys(K, seq, b, first + 1, hk, c, W, f)), 1)
     if f.PAGE_SPAN > 2:
-        t = ct.cat((t, ct.cat((
-            page_chunk(T, seq, b, first + 2, hk, c, W, page, latency, keys_axis),
-            page_chunk(T, seq, b, first + 3, hk, c, W, page, latency, keys_axis)),
-            keys_axis)), keys_axis)
+        t = ct.cat((t, ct.cat((page_keys(K, seq, b, first + 2, hk, c, W, f),
+                               page_keys(K, seq, b, first + 3, hk, c, W, f)), 1)), 1)
     if f.PAGE_SPAN > 4:
-        t = ct.cat((t, ct.cat((ct.cat((
-            page_chunk(T, seq, b, first + 4, hk, c, W, page, latency, keys_axis),
-            page_chunk(T, seq, b, first + 5, hk, c, W, page, latency, keys_axis)),
-            keys_axis), ct.cat((
-                page_chunk(T, seq, b, first + 6, hk, c, W, page, latency, keys_axis),
-                page_chunk(T, seq, b, first + 7, hk, c, W, page, latency, keys_axis)),
-                keys_axis)), keys_axis)), keys_axis)
+        t = ct.cat((t, ct.cat((
+            ct.cat((page_keys(K, seq, b, first + 4, hk, c, W, f),
+                    page_keys(K, seq, b, first + 5, hk, c, W, f)), 1),
+            ct.cat((page_keys(K, seq, b, first + 6, hk, c, W, f),
+                    page_keys(K, seq, b, first + 7, hk, c, W, f)), 1)), 1)), 1)
     return t
 
 
-def page_chunk(T, seq, b, i, hk, c, W, page, latency, keys_axis):
-    """Chunk ``c`` of page ``i`` of sequence ``b``: [W, page] transposed (``keys_axis``
-    1) or [page, W]."""
-    if keys_axis == 1:
-        return ct.load(T, index=(page_at(seq, b, i), hk, c, 0), shape=(1, 1, W, page),
-                       order=_T, padding_mode=_ZERO, latency=latency).reshape((W, page))
-    return ct.load(T, index=(page_at(seq, b, i), hk, 0, c), shape=(1, 1, page, W),
-                   padding_mode=_ZERO, latency=latency).reshape((page, W))
+def page_keys(K, seq, b, i, hk, c, W, f):
+    """Head-dim chunk ``c`` of page ``i`` of sequence ``b``'s K^T: [W, page]."""
+    page = f.TILE_N // f.PAGE_SPAN
+    return ct.load(K, index=(page_at(seq, b, i), hk, c, 0), shape=(1, 1, W, page), order=_T,
+                   padding_mode=_ZERO, latency=f.LAT_K).reshape((W, page))
 
 
 def joined_scores(q, K, seq, b, j, hk, f):
-    """Q K^T of key tile ``j`` over its pages joined (``joined_chunk``): one MMA per
+    """Q K^T of key tile ``j`` over its pages joined (``joined_keys``): one MMA per
     head-dim chunk, as a dense tile takes."""
     q0, q1, q2 = q
-    acc = ct.mma(q0, joined_chunk(K, seq, b, j, hk, 0, f.W0, f.LAT_K, f, 1),
+    acc = ct.mma(q0, joined_keys(K, seq, b, j, hk, 0, f.W0, f),
                  ct.full((f.TILE_M, f.TILE_N), 0.0, dtype=np.float32))
     if f.NCHUNK > 1:
-        acc = ct.mma(q1, joined_chunk(K, seq, b, j, hk, f.W0 // f.W1, f.W1, f.LAT_K, f, 1),
-                     acc)
+        acc = ct.mma(q1, joined_keys(K, seq, b, j, hk, f.W0 // f.W1, f.W1, f), acc)
     if f.NCHUNK > 2:
-        acc = ct.mma(q2, joined_chunk(K, seq, b, j, hk, (f.W0 + f.W1) // f.W2, f.W2,
-                                      f.LAT_K, f, 1), acc)
+        acc = ct.mma(q2, joined_keys(K, seq, b, j, hk, (f.W0 + f.W1) // f.W2, f.W2, f), acc)
     return acc
 
 
@@ -291,8 +279,8 @@ def page_mma(pv, V, seq, b, first, hk, acc, f):
 
 
 def span_values(p, V, seq, b, j, hk, acc0, acc1, acc2, seq_k, f):
-    """acc += P V over the ``PAGE_SPAN`` pages (2, 4 or 8: ``PAGE_JOIN``'s end tile) of
-    key tile ``j``."""
+    """acc += P V over the ``PAGE_SPAN`` pages (2, 4 or 8) of key tile ``j``: one MMA per
+    page, joined or not (``PAGE_JOIN`` joins K only: P V per page is D wide)."""
     Vend = V
     if seq_k is not None:
         Vend = end_rows(V, seq_k, f.TILE_N // f.PAGE_SPAN)  # one view for the end's page
