@@ -6,7 +6,8 @@ pages joined into one MMA operand) on the workloads stage's own points
 (``config/reference.yaml``'s section: lognormal documents, ragged contexts), beside
 FlashAttention-4: ours with the switch off and on, FA4, interleaved in rounds in one
 process, kernel time with L2 flushed. Each point's outputs
-(and gradients) of the two settings are compared bit for bit. GPU.
+(and gradients) of the two settings are compared bit for bit, and each against the float64
+reference as the stage checks its rows. GPU.
 
     python benchmarks/packed_order_ab.py --switch PAGED_HEAVY_FIRST --kinds prefill
     python benchmarks/packed_order_ab.py --switch VARLEN_HEAVY_MAP --kinds varlen --masks full
@@ -30,7 +31,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tiledattention.bench import workload_cases as wc  # noqa: E402
 from tiledattention.bench.methods import get_method  # noqa: E402
 from tiledattention.kernel import workload as W  # noqa: E402
-from tiledattention.stages.workloads import WorkloadsConfig, _step, points  # noqa: E402
+from tiledattention.stages.workloads import (  # noqa: E402
+    WorkloadsConfig,
+    _compared,
+    _grads_compared,
+    _step,
+    points,
+)
 from tiledattention.timing import L2Flusher, summarize, time_cuda  # noqa: E402
 
 
@@ -45,6 +52,21 @@ def prepared(point, inputs, name):
         step()
         return tuple(prep.grads())
     return step, result
+
+
+def checked(point, inputs, results: dict) -> dict:
+    """Each arm's result against the float64 reference, as the stage checks a row: the
+    output (fwd) or dQ, dK, dV (fwd+bwd) on its reference heads. Bit-identical arms can
+    still both be wrong, and a faster arm that reads the wrong keys is not a gain."""
+    correctness = WorkloadsConfig().bench_config().correctness
+    backward = point.pass_ != "fwd"
+    ref, grad_refs = wc.reference(inputs, point, correctness.max_ref_heads, backward)
+    hq, hk = wc.ref_heads(point, correctness.max_ref_heads)
+    if backward:
+        return {k: _grads_compared(r, grad_refs, hq, hk, point.dtype)["grads_correct"]
+                for k, r in results.items()}
+    rtol = getattr(correctness, f"rtol_{point.dtype}")
+    return {k: _compared(r[0][:, :hq], ref, rtol)["correct"] for k, r in results.items()}
 
 
 def run_point(point, switch, values, rounds, flush, fa4: bool) -> dict:
@@ -65,10 +87,11 @@ def run_point(point, switch, values, rounds, flush, fa4: bool) -> dict:
     setattr(W, switch, default)
     best = {k: min(v) for k, v in ms.items()}
     same = all(torch.equal(a, b) for a, b in zip(results["off"], results["on"]))
+    correct = checked(point, inputs, results)
     return {"point": point.key(), "kind": point.kind, "pass": point.pass_,
             "causal": point.causal, "head_dim": point.head_dim, "gqa": point.gqa,
             "tokens": sum(point.seqs_q), "batch": point.batch, "page": point.page_size,
-            "ms": best, "rounds_ms": ms, "bit_identical": same,
+            "ms": best, "rounds_ms": ms, "bit_identical": same, "correct": correct,
             "gain": best["off"] / best["on"],
             "on_vs_fa4": best.get("fa4", float("nan")) / best["on"],
             "off_vs_fa4": best.get("fa4", float("nan")) / best["off"]}
@@ -78,7 +101,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--switch", required=True, choices=[
         "PAGED_HEAVY_FIRST", "VARLEN_HEAD_BLOCKS", "VARLEN_BWD_HEAD_BLOCKS", "VARLEN_HEAVY_MAP",
-        "PAGE_JOIN_BELOW", "MAX_PAGE_SPAN"])
+        "PAGE_JOIN_BELOW", "MAX_PAGE_SPAN", "PAGED_SKIP_EMPTY", "PAGED_SPLIT_KEYS",
+        "GATHER_TILE", "PAGE_GATHER_BELOW"])
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                    help="another switch held at VALUE (a Python literal) in both arms")
     p.add_argument("--pages", nargs="+", type=int, help="only these page sizes (paged kinds)")
@@ -114,7 +138,8 @@ def main() -> int:
               f"page {r['page'] or 0:3d}: off {r['ms']['off']:.3f} on {r['ms']['on']:.3f} ms "
               f"gain {r['gain']:.3f}  fa4 {r['ms'].get('fa4', float('nan')):.3f} ms "
               f"(on/fa4 x{r['on_vs_fa4']:.3f}, off/fa4 x{r['off_vs_fa4']:.3f})  "
-              f"bit-identical {r['bit_identical']}", flush=True)
+              f"bit-identical {r['bit_identical']}  float64 ok off {r['correct']['off']} "
+              f"on {r['correct']['on']}", flush=True)
     if a.out:
         Path(a.out).write_text(json.dumps(rows, indent=1))
     return 0

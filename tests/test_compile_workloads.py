@@ -87,17 +87,24 @@ def test_paged_gqa_decode_with_split_k_compiles(page):
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("kind", ["decode", "prefill"])
-@pytest.mark.parametrize("page", [16, 32])
-def test_small_pages_gather_their_rows_by_cp_async_without_spilling(page, kind, monkeypatch):
+@pytest.mark.parametrize("page, kind, tile, spills", [
+    (16, "decode", 64, 0), (16, "prefill", 64, 0), (32, "decode", 64, 0),
+    (32, "prefill", 64, 0),
+    # the default (GATHER_TILE 128, decode at page 16): 3 STL / 3 LDL, 24 bytes of stack,
+    # timed with them at 1.30-1.34x the 64-key tiles from B 8 (varlen-paged.md §50a)
+    (16, "decode", 128, 3),
+])
+def test_small_pages_gather_their_rows_by_cp_async_spilling_no_more_than_measured(
+        page, kind, tile, spills, monkeypatch):
     # benchmarks/notes/varlen-paged.md §40f: K/V rows through the block table by cp.async
-    # (LDGSTS), no TMA load per page (Q's own: at most 2 UTMALDG), no local memory. Page 32
-    # gathers where the threshold is raised to 64 (the default keeps its TMA tiles, §41b);
-    # prefill where GATHER_MAX_Q is raised past its chunk (the default: decode only, §42c).
+    # (LDGSTS), no TMA load per page (Q's own: at most 2 UTMALDG). Page 32 gathers where
+    # the threshold is raised to 64 (the default keeps its TMA tiles, §41b); prefill where
+    # GATHER_MAX_Q is raised past its chunk (the default: decode only, §42c).
     from tiledattention.kernel import workload as W
 
     monkeypatch.setattr(W, "PAGE_GATHER_BELOW", 64)
     monkeypatch.setattr(W, "GATHER_MAX_Q", 1 << 20)
+    monkeypatch.setattr(W, "GATHER_TILE", tile)
     work = _work(128, True, page=page, hq=32, hk=8, prefill=kind == "prefill")
     cubin = export_workload_cubins(work, "sm_90", paged=True)["attention_fwd_seqs"]
     assert cubin[:4] == b"\x7fELF"
@@ -105,8 +112,11 @@ def test_small_pages_gather_their_rows_by_cp_async_without_spilling(page, kind, 
     ops = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass)
     assert sum(op.startswith("LDGSTS") for op in ops) >= 32
     assert sum(op.startswith("UTMALDG") for op in ops) <= 2
-    assert not any(op.startswith(("STL", "LDL")) for op in ops)
-    assert re.search(r"STACK:0\b", res) and re.search(r"LOCAL:0\b", res)
+    assert sum(op.startswith("STL") for op in ops) <= spills
+    assert sum(op.startswith("LDL") for op in ops) <= spills
+    assert re.search(r"LOCAL:0\b", res)
+    if not spills:
+        assert re.search(r"STACK:0\b", res)
 
 
 @pytest.mark.compile

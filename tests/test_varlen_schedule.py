@@ -181,9 +181,9 @@ def test_key_tiles_lie_in_one_page_or_span_up_to_eight_whole_pages(tile_n, page,
 
 
 @pytest.mark.parametrize("tile_n", [64, 128])
-@pytest.mark.parametrize("page, span, below", [(16, 4, None), (16, 4, 64), (32, 2, 64)])
-def test_pages_below_the_threshold_are_gathered_into_64_key_tiles(tile_n, page, span, below,
-                                                                  monkeypatch):
+@pytest.mark.parametrize("page, span, below", [(16, 8, None), (16, 8, 64), (32, 4, 64)])
+def test_pages_below_the_threshold_are_gathered_into_128_key_tiles(tile_n, page, span, below,
+                                                                   monkeypatch):
     # page 16 by default; page 32 too where the threshold is raised (the GPU tests run both)
     from dataclasses import replace
 
@@ -193,7 +193,7 @@ def test_pages_below_the_threshold_are_gathered_into_64_key_tiles(tile_n, page, 
         monkeypatch.setattr(W, "PAGE_GATHER_BELOW", below)
     s, tiles, got_span, gather = _paged_tiles(
         replace(default_schedule(128, True), tile_n=tile_n), page, 1)
-    assert gather and (s.tile_n, tiles, got_span) == (64, 1, span)
+    assert gather and (s.tile_n, tiles, got_span) == (128, 1, span)
 
 
 @pytest.mark.parametrize("seq_q, gathers", [(1, True), (16, True), (17, False), (512, False)])
@@ -202,7 +202,7 @@ def test_only_decode_gathers_small_pages_chunked_prefill_keeps_tma(seq_q, gather
     from tiledattention.schedules.schedule import default_schedule
     s, _, span, gather = _paged_tiles(default_schedule(128, True), 16, seq_q)
     assert gather is gathers
-    assert span == 4 if gathers else s.tile_n == 16 * span
+    assert span == 8 if gathers else s.tile_n == 16 * span
 
 
 @pytest.mark.parametrize("tile_n", [64, 128])
@@ -409,3 +409,28 @@ def test_chunked_prefill_joins_only_small_pages_keys_into_one_operand(page, seq_
                      paged=True, page_tiles=tiles, page_span=span, page_gather=gather,
                      group=4)
     assert tail[names.index("PAGE_JOIN")] is joined
+
+
+@pytest.mark.parametrize("split, skip, want", [
+    (16, True, True),   # split-K over a ragged batch: the splits past a context skip
+    (16, False, False),  # the switch off: every split loads q and writes its partial
+    (1, True, False),   # one split: nothing to skip, no combine
+])
+def test_a_paged_decodes_empty_key_splits_skip_their_loads_only_under_split_k(
+        split, skip, want, monkeypatch):
+    pytest.importorskip("cuda.tile", reason="the kernel's parameter names come from cuTile")
+    from tiledattention import mods
+    from tiledattention.kernel import workload as W
+    from tiledattention.kernel.spec import FWD_SEQS
+    from tiledattention.kernel.workload_check import Workload
+    from tiledattention.schedules.schedule import default_schedule
+
+    monkeypatch.setattr(W, "PAGED_SKIP_EMPTY", skip)
+    w = Workload(64, 32, 8, 128, torch.bfloat16, 1, 32768, True, 128 ** -0.5, (-1, -1),
+                 0.0, page_size=256, packed_q=False)
+    names = FWD_SEQS.names()[len(FWD_SEQS.tensors):]
+    s, tiles, span, gather = _paged_tiles(default_schedule(128, True), 256, 1)
+    tail = W._fwd_tail(w, s, mods.NONE, return_lse=False, varlen_q=False, varlen_k=False,
+                       paged=True, page_tiles=tiles, page_span=span, page_gather=gather,
+                       split=split, split_tiles=8, packed=True, seq_q=1, group=1)
+    assert tail[names.index("SPLIT_SKIP")] is want

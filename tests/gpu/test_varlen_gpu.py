@@ -262,7 +262,7 @@ def _cache(lens, page, hk, d, dtype, spare=3):
     return kc, vc, table
 
 
-# 16, 32: rows gathered into 64-key tiles (PAGE_GATHER); 64: key tiles span 2 pages
+# 16: rows gathered into 128-key tiles (PAGE_GATHER); 32, 64: key tiles span 4, 2 pages
 @pytest.mark.parametrize("page", [16, 32, 64, 256])
 @pytest.mark.parametrize("sq", [1, 4])
 def test_paged_decode_matches_float64(page, sq):
@@ -279,6 +279,35 @@ def test_paged_decode_matches_float64(page, sq):
     assert not out.isnan().any()
     assert relative_error(out, ref) <= rtol(BF16)
     assert torch.allclose(lse.double(), ref_lse, atol=2e-2)
+
+
+@pytest.mark.parametrize("page", [16, 64, 256])
+def test_a_ragged_decodes_empty_key_splits_change_no_output_bit_when_skipped(page,
+                                                                          monkeypatch):
+    # §50a: the splits are sized by the longest context (5000 keys), so the short ones'
+    # later splits hold no key. Skipped, they write no partial: the allocator is poisoned,
+    # so an unwritten partial holds NaN, and the combine must weigh it 0.
+    from tiledattention.kernel import workload as W
+    from tiledattention.varlen import varlen_mods
+
+    lens = [1, 37, 5000, 300, 16, 2100]
+    kc, vc, table = _cache(lens, page, 2, 128, BF16)
+    seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    q = torch.randn(len(lens), 1, 8, 128, device="cuda").to(BF16)
+    got = {}
+    for skip in (False, True):
+        monkeypatch.setattr(W, "PAGED_SKIP_EMPTY", skip)
+        with torch.no_grad():
+            got[skip] = _poisoned(lambda: ta.sdpa_paged(q, kc, vc, table, seqlens,
+                                                        causal=True, return_lse=True))
+    plan = W.paged_setup(q, kc, vc, table, seqlens, None, None, True, None, (-1, -1), 0.0,
+                         varlen_mods(None, None, 0.0), True, None)
+    assert plan.splits > 1
+    assert not got[True][0].isnan().any()
+    assert torch.equal(got[False][0], got[True][0])
+    assert torch.equal(got[False][1], got[True][1])
+    ref, _ = paged_reference(q, kc, vc, table, seqlens.cpu(), causal=True)
+    assert relative_error(got[True][0], ref) <= rtol(BF16)
 
 
 @pytest.mark.parametrize("page, d", [(16, 64), (32, 64), (64, 64), (16, 128), (32, 128)])

@@ -299,9 +299,10 @@ def span_values(p, V, seq, b, j, hk, acc0, acc1, acc2, seq_k, f):
 
 def tile_rows(seq, b, j, f):
     """(page, row) of each key of tile ``j`` ([TILE_N, 1] each) when K/V rows are gathered
-    (``PAGE_GATHER``): the tile's ``PAGE_SPAN`` page ids read as scalars, each key
-    selecting its own. (Row ids built from a loaded tile of page ids made tileiras stage
-    every element's pointer through shared memory: repro 7, ``paged_gather.py``.)"""
+    (``PAGE_GATHER``): the tile's ``PAGE_SPAN`` page ids (up to ``MAX_PAGE_SPAN``, 8) read
+    as scalars, each key selecting its own. (Row ids built from a loaded tile of page ids
+    made tileiras stage every element's pointer through shared memory: repro 7,
+    ``paged_gather.py``.)"""
     page = f.TILE_N // f.PAGE_SPAN
     key = ct.arange(f.TILE_N, dtype=np.int32)
     first = j * f.PAGE_SPAN
@@ -311,6 +312,11 @@ def tile_rows(seq, b, j, f):
     if f.PAGE_SPAN > 2:
         pg = ct.where(key >= 2 * page, page_at(seq, b, first + 2), pg)
         pg = ct.where(key >= 3 * page, page_at(seq, b, first + 3), pg)
+    if f.PAGE_SPAN > 4:
+        pg = ct.where(key >= 4 * page, page_at(seq, b, first + 4), pg)
+        pg = ct.where(key >= 5 * page, page_at(seq, b, first + 5), pg)
+        pg = ct.where(key >= 6 * page, page_at(seq, b, first + 6), pg)
+        pg = ct.where(key >= 7 * page, page_at(seq, b, first + 7), pg)
     return pg[:, None], (key % page)[:, None]
 
 
@@ -430,6 +436,29 @@ def seq_program(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns, seqs, b, bid_m,
 
 def rows_program(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns, b, bid_m, hb, ab, seq_k,
                  seq, descale=None):
+    """``rows_body``, or with ``SPLIT_SKIP`` for a key split that holds none of its
+    sequence's keys only its rows' -inf log-sum-exps: such a program loads nothing and
+    writes no partial (the combine weighs it 0). A ragged batch's splits are sized by its
+    longest context, so most of a short context's splits are empty."""
+    if f.SPLIT_SKIP:
+        NUM_SPLITS, SPLIT_TILES = scalars[5], scalars[6]
+        j_lo, n_tiles, _ = seq_key_range(bid_m * f.TILE_M, seq_k, seq[2], f.TILE_M, f.TILE_N,
+                                         f.CAUSAL, f.WINDOW, seq[3], seq[4], f.PACKED,
+                                         scalars[4])
+        j_start, n_tiles = split_range(j_lo, n_tiles, hb % NUM_SPLITS, SPLIT_TILES, True)
+        if j_start < n_tiles:
+            rows_body(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns, b, bid_m, hb, ab,
+                      seq_k, seq, descale)
+        else:
+            ct.store(Lse, index=(ab, hb, bid_m),
+                     tile=ct.full((1, 1, f.TILE_M), -np.inf, dtype=np.float32))
+    else:
+        rows_body(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns, b, bid_m, hb, ab, seq_k,
+                  seq, descale)
+
+
+def rows_body(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns, b, bid_m, hb, ab, seq_k,
+              seq, descale=None):
     """One query tile ``bid_m`` of (batch or sequence) ``b`` and head (and split) ``hb``:
     Q, Out and Lse indexed at array batch ``ab``; ``seq`` (Pages, pages in the cache,
     shift, WIN_L, WIN_R) is what ``key_tile_at`` and ``seq_diag`` read for a packed or

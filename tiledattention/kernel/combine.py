@@ -1,7 +1,8 @@
 """The split-K combine: merges the per-split partial outputs of ``attention_fwd``.
 
 Each split s of a row left a normalised partial output ``o_s`` (fp32) and its natural-log
-log-sum-exp ``lse_s`` (-inf for a split that saw no key of the row). The row's output is
+log-sum-exp ``lse_s`` (-inf for a split that saw no key of the row; such a split may
+leave ``o_s`` unwritten, ``FwdFlags.SPLIT_SKIP``, so it is read as zeros). The row's output is
 ``sum_s w_s o_s / sum_s w_s`` with ``w_s = exp(lse_s - max_s lse_s)``, and its log-sum-exp
 ``max + log(sum_s w_s)``. Rows every split left empty (fully masked) are zeros with -inf.
 """
@@ -50,11 +51,12 @@ def attention_combine(
         w = ct.exp2(split_lse(PartLse, b, hs, rt, TILE_R) - m_sub, flush_to_zero=True)
         l_sum = l_sum + w
         p0, p1, p2 = load_rows(Part, b, hs, rt, TILE_R, W0, W1, W2, NCHUNK, None)
-        acc0 = acc0 + w * p0
+        seen = w > 0.0  # an unwritten partial may hold anything, NaN included
+        acc0 = acc0 + ct.where(seen, w * p0, 0.0)
         if NCHUNK > 1:
-            acc1 = acc1 + w * p1
+            acc1 = acc1 + ct.where(seen, w * p1, 0.0)
         if NCHUNK > 2:
-            acc2 = acc2 + w * p2
+            acc2 = acc2 + ct.where(seen, w * p2, 0.0)
 
     l_div = ct.where(l_sum == 0.0, 1.0, l_sum)
     o0, o1, o2 = divide_chunks(acc0, acc1, acc2, l_div, NCHUNK)

@@ -39,6 +39,12 @@ from .workload_check import Workload, check_paged, check_varlen, checked_cache, 
 NO_WINDOW = 1 << 30  # a window edge that never masks
 PAGED_SPLIT_KEYS = 2048  # keys per program of a paged decode at most (split-K beyond)
 MAX_PAGED_SPLITS = 64
+# A paged decode's key splits are sized by the longest context, so a short context's
+# later splits hold no key: with this on they store only -inf log-sum-exps and load
+# nothing (``FwdFlags.SPLIT_SKIP``, benchmarks/notes/varlen-paged.md §50a); off: they load
+# q and write a zero partial, as a dense decode's splits past a causal row do. Read when a
+# plan is built; the paged plan's key holds it.
+PAGED_SKIP_EMPTY = True
 
 
 def head_dim_constants(d: int) -> dict:
@@ -236,6 +242,7 @@ def _fwd_values(w: Workload, s: Schedule, mods, *, return_lse, varlen_q, varlen_
         VARLEN_K=varlen_k, SEQUSED=paged or w.seqused, PAGED=paged, PAGE_TILES=page_tiles,
         PAGE_SPAN=page_span, WINDOW=w.window != (-1, -1), PAGE_GATHER=page_gather,
         PAGE_JOIN=paged and page_span > 1 and not page_gather and w.page_size < PAGE_JOIN_BELOW,
+        SPLIT_SKIP=paged and split > 1 and PAGED_SKIP_EMPTY,
         HEAD_BLOCK=block)
     return values
 
@@ -302,11 +309,11 @@ MAX_PAGE_SPAN = 8  # pages per key tile at most, where pages are smaller than th
 # Pages smaller than this many keys are gathered row by row (cp.async through the block
 # table) into GATHER_TILE-key tiles (``FwdFlags.PAGE_GATHER``); 0: every page its own TMA
 # load (benchmarks/notes/varlen-paged.md §40f). Page 16 gathers (1.15-1.32x the per-page
-# loads on the H200); page 32 keeps its 128-key TMA tiles, which beat 64-key gathered ones
-# (1.13-1.97x, §41b). Only decode gathers (at most GATHER_MAX_Q new tokens a sequence):
-# chunked prefill of 512 tokens at page 16 ran the per-page TMA loads 1.26x / 1.63x faster
-# at B 8 / 64 (B 1: 0.87x; §42c), its K/V tiles being re-read by every query tile. Read
-# when a plan is built (plans are cached).
+# loads on the H200 at 64-key tiles; 128-key tiles: §50a); page 32 keeps its 128-key TMA
+# tiles, which beat 64-key gathered ones (1.13-1.97x, §41b). Only decode gathers (at most
+# GATHER_MAX_Q new tokens a sequence): chunked prefill of 512 tokens at page 16 ran the
+# per-page TMA loads 1.26x / 1.63x faster at B 8 / 64 (B 1: 0.87x; §42c), its K/V tiles
+# being re-read by every query tile. Read when a plan is built (plans are cached).
 PAGE_GATHER_BELOW = 32
 # Key tiles over pages below this many keys join their pages' K loads into one Q K^T
 # operand (``FwdFlags.PAGE_JOIN``, §49a) instead of one 16-key MMA per page; 0: never.
@@ -314,7 +321,10 @@ PAGE_GATHER_BELOW = 32
 # enough, run 0.76-0.85x with it. Read when a plan is built.
 PAGE_JOIN_BELOW = 32
 GATHER_MAX_Q = 16
-GATHER_TILE = 64
+# Keys per gathered tile: 128 halves the softmax steps and doubles each MMA's width
+# against 64 (decode at page 16: 1.46-1.50x at B 8-64, 1.08x at B 1, §50a). The plan's
+# key holds it.
+GATHER_TILE = 128
 
 
 def _paged_tiles(s: Schedule, page: int, seq_q: int) -> tuple[Schedule, int, int, bool]:
@@ -704,7 +714,8 @@ def paged_setup(q, k_cache, v_cache, page_table, cache_seqlens, cu_q, max_q, cau
            type(causal), causal, type(scale), scale,
            tuple(window_size) if isinstance(window_size, (tuple, list)) else window_size,
            softcap, mods.key, bool(return_lse), None if schedule is None else str(schedule),
-           policy.generation(), PAGED_HEAVY_FIRST, PAGE_JOIN_BELOW, MAX_PAGE_SPAN)
+           policy.generation(), PAGED_HEAVY_FIRST, PAGE_JOIN_BELOW, MAX_PAGE_SPAN,
+           PAGED_SKIP_EMPTY, PAGED_SPLIT_KEYS, GATHER_TILE, PAGE_GATHER_BELOW)
     plan = _cached(key, build)
     if key not in _checked and _checked_now(cache_seqlens):
         checked_cache(page_table, cache_seqlens, k_cache.shape[0], k_cache.shape[1], cu_q,
