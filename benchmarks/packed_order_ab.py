@@ -102,7 +102,7 @@ def main() -> int:
     p.add_argument("--switch", required=True, choices=[
         "PAGED_HEAVY_FIRST", "VARLEN_HEAD_BLOCKS", "VARLEN_BWD_HEAD_BLOCKS", "VARLEN_HEAVY_MAP",
         "PAGE_JOIN_BELOW", "MAX_PAGE_SPAN", "PAGED_SKIP_EMPTY", "PAGED_SPLIT_KEYS",
-        "GATHER_TILE", "PAGE_GATHER_BELOW"])
+        "GATHER_TILE", "PAGE_GATHER_BELOW", "PAGE_KEYS_GATHERED", "GATHER_MAX_Q"])
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                    help="another switch held at VALUE (a Python literal) in both arms")
     p.add_argument("--pages", nargs="+", type=int, help="only these page sizes (paged kinds)")

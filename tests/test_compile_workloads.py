@@ -120,19 +120,25 @@ def test_small_pages_gather_their_rows_by_cp_async_spilling_no_more_than_measure
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("below, narrow", [(None, False), (0, True)])
-def test_page_16_chunked_prefill_runs_wide_q_kt_mmas_without_spilling(below, narrow,
-                                                                     monkeypatch):
-    # benchmarks/notes/varlen-paged.md §49a: a 128-key tile's eight 16-key pages joined into
-    # one operand, so Q K^T is HGMMA 64x128, not 64x16 per page (PAGE_JOIN_BELOW = 0)
+@pytest.mark.parametrize("below, gathered, narrow, cp_async", [
+    (None, True, False, True),    # the default: K rows by cp.async into one operand (§50b)
+    (None, False, False, False),  # K's per-page TMA loads joined by a copy (§49a)
+    (0, True, True, False),       # neither: one 64x16 MMA per page
+])
+def test_page_16_chunked_prefill_runs_wide_q_kt_mmas_without_spilling(below, gathered, narrow,
+                                                                     cp_async, monkeypatch):
+    # benchmarks/notes/varlen-paged.md §49a/§50b: a 128-key tile's eight 16-key pages in
+    # one Q K^T operand, so Q K^T is HGMMA 64x128, not 64x16 per page (PAGE_JOIN_BELOW = 0)
     from tiledattention.kernel import workload as W
 
     if below is not None:
         monkeypatch.setattr(W, "PAGE_JOIN_BELOW", below)
+    monkeypatch.setattr(W, "PAGE_KEYS_GATHERED", gathered)
     work = _work(128, True, page=16, hq=32, hk=8, prefill=True)
     sass, res = _sass(export_workload_cubins(work, "sm_90", paged=True)["attention_fwd_seqs"])
     ops = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass)
     assert ("HGMMA.64x16x16" in sass) is narrow
+    assert any(op.startswith("LDGSTS") for op in ops) is cp_async
     assert not any(op.startswith(("STL", "LDL")) for op in ops)
     assert re.search(r"STACK:0\b", res) and re.search(r"LOCAL:0\b", res)
 

@@ -393,14 +393,20 @@ def test_the_packed_dq_computes_delta_and_the_plan_drops_its_launch(has_dlse, mo
     (16, 1, False),   # decode at page 16 gathers its rows instead
     (32, 512, False), (64, 512, False),  # wide enough per page: the join's copy loses (§49a)
 ])
-def test_chunked_prefill_joins_only_small_pages_keys_into_one_operand(page, seq_q, joined):
+@pytest.mark.parametrize("gathered", [False, True])
+def test_chunked_prefill_joins_only_small_pages_keys_into_one_operand(page, seq_q, joined,
+                                                                       gathered, monkeypatch):
     pytest.importorskip("cuda.tile", reason="the kernel's parameter names come from cuTile")
     from tiledattention import mods
+
+    # ... by per-page TMA loads joined with a copy (§49a), or K's rows gathered by cp.async
+    # (§50b: PAGE_KEYS_GATHERED)
+    from tiledattention.kernel import workload as W
     from tiledattention.kernel.spec import FWD_SEQS
     from tiledattention.kernel.workload import _fwd_tail
     from tiledattention.kernel.workload_check import Workload
     from tiledattention.schedules.schedule import default_schedule
-
+    monkeypatch.setattr(W, "PAGE_KEYS_GATHERED", gathered)
     w = Workload(2, 32, 8, 128, torch.bfloat16, seq_q, 4096, True, 128 ** -0.5, (-1, -1),
                  0.0, page_size=page, packed_q=seq_q > 1)
     names = FWD_SEQS.names()[len(FWD_SEQS.tensors):]
@@ -408,7 +414,8 @@ def test_chunked_prefill_joins_only_small_pages_keys_into_one_operand(page, seq_
     tail = _fwd_tail(w, s, mods.NONE, return_lse=False, varlen_q=seq_q > 1, varlen_k=False,
                      paged=True, page_tiles=tiles, page_span=span, page_gather=gather,
                      group=4)
-    assert tail[names.index("PAGE_JOIN")] is joined
+    assert tail[names.index("PAGE_JOIN")] is (joined and not gathered)
+    assert tail[names.index("PAGE_GATHER_K")] is (joined and gathered)
 
 
 @pytest.mark.parametrize("split, skip, want", [

@@ -109,7 +109,7 @@ def fwd_tile(q, arrays, fns, aux, where, state, j, diag, ALL_MASKS, f, CACHE_END
     b, h, hk, bid_m, offs_m, seq_k, c, inv_scale, scale, seq = where
     m_i, l_i, acc0, acc1, acc2 = state
     kb, kj = key_tile_at(seq, b, j, f)
-    if f.PAGE_GATHER:
+    if f.PAGE_GATHER or f.PAGE_GATHER_K:
         qk = gathered_scores(q, K, seq, b, j, hk, f)
     elif f.PAGE_SPAN > 1 and f.PAGE_JOIN:
         qk = joined_scores(q, K, seq, b, j, hk, f)

@@ -62,6 +62,10 @@ class SeqFlags:
     # a key tile's pages (PAGE_SPAN, one TMA load each) joined along the keys into one
     # MMA operand, not one MMA per page (chunked prefill at small pages)
     PAGE_JOIN: bool = flag("paged", False)
+    # a key tile's K rows gathered through the block table (cp.async) into one Q K^T
+    # operand, V still one TMA load per page (chunked prefill at small pages, instead of
+    # ``PAGE_JOIN``'s copy: ``workload.PAGE_KEYS_GATHERED``)
+    PAGE_GATHER_K: bool = flag("paged", False)
     # split-K: a split that holds no key of its sequence stores only its rows' -inf
     # log-sum-exps and loads nothing (no q, no partial written); the combine weighs it 0
     # (``workload.PAGED_SKIP_EMPTY``: a ragged batch's splits past its short contexts)

@@ -233,6 +233,7 @@ def _fwd_values(w: Workload, s: Schedule, mods, *, return_lse, varlen_q, varlen_
                 page_tiles=1, page_span=1, page_gather=False, split=1, split_tiles=1,
                 packed=False, seq_q=0, group=1, block=0) -> dict:
     """The packed forward kernel's scalar and constant arguments by name."""
+    joins = paged and page_span > 1 and not page_gather and w.page_size < PAGE_JOIN_BELOW
     values = dict(
         **scalars(w.scale, mods, FWD_SEQS), GROUP=group, SEQ_Q=seq_q, NUM_SPLITS=split,
         SPLIT_TILES=split_tiles, **window_scalars(w.window), TILE_M=s.tile_m, TILE_N=s.tile_n,
@@ -241,7 +242,8 @@ def _fwd_values(w: Workload, s: Schedule, mods, *, return_lse, varlen_q, varlen_
         HAS_SCORE_MOD=mods.has_score_mod, HAS_MASK_MOD=mods.has_mask_mod, VARLEN_Q=varlen_q,
         VARLEN_K=varlen_k, SEQUSED=paged or w.seqused, PAGED=paged, PAGE_TILES=page_tiles,
         PAGE_SPAN=page_span, WINDOW=w.window != (-1, -1), PAGE_GATHER=page_gather,
-        PAGE_JOIN=paged and page_span > 1 and not page_gather and w.page_size < PAGE_JOIN_BELOW,
+        PAGE_JOIN=joins and not PAGE_KEYS_GATHERED,
+        PAGE_GATHER_K=joins and PAGE_KEYS_GATHERED,
         SPLIT_SKIP=paged and split > 1 and PAGED_SKIP_EMPTY,
         HEAD_BLOCK=block)
     return values
@@ -320,6 +322,10 @@ PAGE_GATHER_BELOW = 32
 # The join copies K through registers, so pages of 32 and more, whose MMAs are wide
 # enough, run 0.76-0.85x with it. Read when a plan is built.
 PAGE_JOIN_BELOW = 32
+# Those key tiles' K rows gathered by cp.async straight into the operand
+# (``FwdFlags.PAGE_GATHER_K``) instead of joined from per-page TMA loads; V stays per page.
+# Read when a plan is built; the paged plan's key holds it (§50b).
+PAGE_KEYS_GATHERED = True
 GATHER_MAX_Q = 16
 # Keys per gathered tile: 128 halves the softmax steps and doubles each MMA's width
 # against 64 (decode at page 16: 1.46-1.50x at B 8-64, 1.08x at B 1, §50a). The plan's
@@ -715,7 +721,8 @@ def paged_setup(q, k_cache, v_cache, page_table, cache_seqlens, cu_q, max_q, cau
            tuple(window_size) if isinstance(window_size, (tuple, list)) else window_size,
            softcap, mods.key, bool(return_lse), None if schedule is None else str(schedule),
            policy.generation(), PAGED_HEAVY_FIRST, PAGE_JOIN_BELOW, MAX_PAGE_SPAN,
-           PAGED_SKIP_EMPTY, PAGED_SPLIT_KEYS, GATHER_TILE, PAGE_GATHER_BELOW)
+           PAGED_SKIP_EMPTY, PAGED_SPLIT_KEYS, GATHER_TILE, PAGE_GATHER_BELOW,
+           PAGE_KEYS_GATHERED, GATHER_MAX_Q)
     plan = _cached(key, build)
     if key not in _checked and _checked_now(cache_seqlens):
         checked_cache(page_table, cache_seqlens, k_cache.shape[0], k_cache.shape[1], cu_q,
