@@ -259,8 +259,13 @@ WORKLOADS_MANIFEST = "benchmarks/results/h200-2026-12-03-s62-workloads-manifest.
 BEFORE_WORKLOADS = "9b02838e9fbfb3bc11e160c23eb44336bb83a544"  # h200 without the stage
 REMEASURED = "ee4795ccd27c6b76cf9005f0ba6f9c21d4e2766d"  # h200 with the first rows, the last
 # The stage measured again (2026-12-04, revision 3393d3a; benchmarks/notes/varlen-paged.md
-# §49b): its rows are the reference's data/workloads-rows.jsonl.gz, its run manifest this.
+# §49b): its rows were the reference's up to REMEASURED_AGAIN, its run manifest this.
 WORKLOADS_AGAIN_MANIFEST = "benchmarks/results/h200-2026-12-04-s65-workloads-manifest.json.gz"
+REMEASURED_AGAIN = "858015f3db252c1f357e132afadecfe550f1fd23"  # h200 with the second rows
+# The paged points measured a third time (2026-12-04, revision 858015f, resumed from the
+# second run's other rows; varlen-paged.md §50c): its rows are the reference's
+# data/workloads-rows.jsonl.gz, its run manifest this.
+WORKLOADS_THIRD_MANIFEST = "benchmarks/results/h200-2026-12-04-s66-workloads-manifest.json.gz"
 
 
 # The shapes grids the H200 reference gained since (issue 48 item 4): the sweeps' rows are
@@ -271,19 +276,20 @@ SHAPES_MANIFESTS = {g: f"benchmarks/results/h200-2026-12-03-s63-shapes-g{g}-mani
 
 def _measured_workloads(tmp_path) -> str:
     """The H200 workloads stage's output directory (rows and run manifest), as it ran
-    again: the rows the reference holds."""
+    last: the rows the reference holds."""
     return _measured(tmp_path / "measured", "workloads-rows.jsonl.gz", "rows.jsonl",
-                     WORKLOADS_AGAIN_MANIFEST, "manifest-workloads.json")
+                     WORKLOADS_THIRD_MANIFEST, "manifest-workloads.json")
 
 
-def _first_measured_workloads(tmp_path) -> str:
-    """The H200 workloads stage's output directory as it first ran (its rows from the
-    reference at REMEASURED: a whole clone's history)."""
-    out = _measured(tmp_path / "measured-first", "workloads-rows.jsonl.gz", "rows.jsonl",
-                    WORKLOADS_MANIFEST, "manifest-workloads.json")
+def _earlier_measured_workloads(tmp_path, name: str, commit: str, manifest: str) -> str:
+    """The H200 workloads stage's output directory as an earlier run left it (its rows
+    from the reference at ``commit``, the last one holding them: a whole clone's
+    history)."""
+    out = _measured(tmp_path / name, "workloads-rows.jsonl.gz", "rows.jsonl", manifest,
+                    "manifest-workloads.json")
     import gzip
 
-    rows = subprocess.run(["git", "-C", ROOT, "show", f"{REMEASURED}:{REFERENCES[1]}/data/"
+    rows = subprocess.run(["git", "-C", ROOT, "show", f"{commit}:{REFERENCES[1]}/data/"
                            "workloads-rows.jsonl.gz"], capture_output=True, check=True).stdout
     with open(os.path.join(out, "rows.jsonl"), "wb") as f:
         f.write(gzip.decompress(rows))
@@ -317,7 +323,7 @@ def _sums_of(ref) -> dict[str, str]:
 def test_rebundle_adds_a_stage_measured_since_and_keeps_what_was_published(tmp_path):
     """The H200 reference as it was before (revision 9b02838) with --add workloads=... and
     the two shapes grids measured since (--add shapes-g2=... shapes-g3=...), then the
-    workloads stage measured again (--replace workloads=...), gains their rows and tables
+    workloads stage measured again twice (--replace workloads=...), gains their rows and tables
     (every table made again by the newer source) exactly as committed; every row it
     published stays byte for byte, the manifest keeps its runs and adds the new ones
     (resumed: their first calls' stacks too; the replaced run moved to replaced_runs), the
@@ -340,11 +346,17 @@ def test_rebundle_adds_a_stage_measured_since_and_keeps_what_was_published(tmp_p
     old_manifest = json.loads((ref / "manifest.json").read_text())
     old_config = yaml.safe_load((ref / "config" / "study-config.yaml").read_text())
     assert "workloads" not in old_config
-    assert rebundle.main(["--add", f"workloads={_first_measured_workloads(tmp_path)}",
+    first_rows = _earlier_measured_workloads(tmp_path, "measured-first", REMEASURED,
+                                             WORKLOADS_MANIFEST)
+    assert rebundle.main(["--add", f"workloads={first_rows}",
                           *[a for g in (2, 3) for a in
                             ("--add", f"shapes-g{g}={_measured_shapes_grid(tmp_path, g)}")],
                           str(ref)]) == 0
     first = json.loads((ref / "manifest.json").read_text())["runs"][-3]
+    second_rows = _earlier_measured_workloads(tmp_path, "measured-second", REMEASURED_AGAIN,
+                                              WORKLOADS_AGAIN_MANIFEST)
+    assert rebundle.main(["--replace", f"workloads={second_rows}", str(ref)]) == 0
+    second = json.loads((ref / "manifest.json").read_text())["runs"][-1]
     assert rebundle.main(["--replace", f"workloads={_measured_workloads(tmp_path)}",
                           str(ref)]) == 0
     after = _sums_of(ref)
@@ -360,9 +372,9 @@ def test_rebundle_adds_a_stage_measured_since_and_keeps_what_was_published(tmp_p
     assert after["manifest.json"] == published["manifest.json"]
     manifest = json.loads((ref / "manifest.json").read_text())
     assert manifest["runs"][:-3] == old_manifest["runs"]
-    assert manifest["replaced_runs"] == [first]
+    assert manifest["replaced_runs"] == [first, second]
     for run, path in zip(manifest["runs"][-3:], [*SHAPES_MANIFESTS.values(),
-                                                 WORKLOADS_AGAIN_MANIFEST]):
+                                                 WORKLOADS_THIRD_MANIFEST]):
         with gzip.open(os.path.join(ROOT, path)) as f:
             measured = json.load(f)
         assert run["config_hash"] == measured["config_hash"]
