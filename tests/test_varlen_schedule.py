@@ -441,3 +441,27 @@ def test_a_paged_decodes_empty_key_splits_skip_their_loads_only_under_split_k(
                        paged=True, page_tiles=tiles, page_span=span, page_gather=gather,
                        split=split, split_tiles=8, packed=True, seq_q=1, group=1)
     assert tail[names.index("SPLIT_SKIP")] is want
+
+
+@pytest.mark.parametrize("pinned", [False, True])
+def test_a_paged_decode_runs_four_worker_warps_unless_its_schedule_is_pinned(pinned,
+                                                                             monkeypatch):
+    # §50e: the table's pick (8 worker warps, one CTA an SM) drew half the bandwidth; a
+    # schedule the caller pins is taken as given
+    pytest.importorskip("cuda.tile", reason="the plan builds cuTile kernel objects")
+    from tiledattention import mods
+    from tiledattention.kernel import workload as W
+    from tiledattention.kernel.workload_check import Workload
+    from tiledattention.schedules.schedule import Schedule
+
+    monkeypatch.setattr(W, "_index", lambda device: 0)
+    monkeypatch.setattr(W, "check_gpu", lambda index: None)
+    monkeypatch.setattr(W, "sm_count", lambda index: 132)
+    monkeypatch.setattr(W, "_forward_schedule", lambda w, index, sq, sk, schedule: (
+        schedule or Schedule(64, 128, occupancy=1, worker_warps=8)))
+    w = Workload(64, 32, 8, 128, torch.bfloat16, 1, 32768, True, 128 ** -0.5, (-1, -1),
+                 0.0, page_size=64, packed_q=False)
+    q = torch.empty(64, 1, 32, 128, dtype=torch.bfloat16)
+    pin = Schedule(64, 128, occupancy=1, worker_warps=8) if pinned else None
+    plan = W.paged_plan(w, q, pin, mods.NONE, False)
+    assert plan.schedule.worker_warps == (8 if pinned else 4)

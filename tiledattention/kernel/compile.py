@@ -225,9 +225,11 @@ def export_workload_cubins(work, gpu_code: str, *, paged: bool = False,
     io_name = str(work.dtype).removeprefix("torch.")
     arrays = _arrays(io_name, None)
     mods = _mods.NONE
-    s, tiles, span, gather = W._paged_tiles(default_schedule(work.head_dim, work.causal),
-                                            work.page_size, work.max_q) if paged else (
-        default_schedule(work.head_dim, work.causal), 1, 1, False)
+    s = default_schedule(work.head_dim, work.causal)
+    if paged and not work.packed_q:
+        s = W.decode_schedule(s)
+    s, tiles, span, gather = W._paged_tiles(s, work.page_size, work.max_q) if paged else (
+        s, 1, 1, False)
     if paged and work.packed_q:
         fwd = W._fwd_values(work, s, mods, return_lse=True, varlen_q=True, varlen_k=False,
                             paged=True, page_tiles=tiles, page_span=span,

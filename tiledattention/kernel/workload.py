@@ -45,6 +45,11 @@ MAX_PAGED_SPLITS = 64
 # q and write a zero partial, as a dense decode's splits past a causal row do. Read when a
 # plan is built; the paged plan's key holds it.
 PAGED_SKIP_EMPTY = True
+# A paged decode's MMA warps when the caller pins no schedule: the table's pick for the
+# bucket (64 x 128, 8 worker warps, one CTA an SM at 168 registers) drew half the H200's
+# bandwidth; 4 worker warps ran 1.01-1.35x at the stage's decode points (B 1-64, pages
+# 16/64/256; benchmarks/notes/varlen-paged.md §50e). 0: the table's. The plan's key holds it.
+PAGED_DECODE_WORKER_WARPS = 4
 
 
 def head_dim_constants(d: int) -> dict:
@@ -368,6 +373,8 @@ def paged_plan(w: Workload, q, schedule, mods, return_lse: bool) -> SeqPlan:
     heads, rows, kgroup = (w.heads_kv, group * seq_q, 1) if packed else (w.heads_q, seq_q,
                                                                            group)
     s = _forward_schedule(w, index, seq_q, w.max_k, schedule)
+    if schedule is None:
+        s = decode_schedule(s)
     s, tiles, span, gather = _paged_tiles(replace(s, heavy_first=False, pdl=False),
                                           w.page_size, seq_q)
     if rows <= 64 and s.tile_m > 64:
@@ -395,6 +402,13 @@ def paged_plan(w: Workload, q, schedule, mods, return_lse: bool) -> SeqPlan:
     return SeqPlan(schedule=s, launches=tuple(steps), device=q.device, work=w, bpad=16,
                    return_lse=return_lse, rows=rows, heads=heads, splits=splits,
                    packed_heads=packed)
+
+
+def decode_schedule(s: Schedule) -> Schedule:
+    """The table's schedule of a paged decode with ``PAGED_DECODE_WORKER_WARPS`` (plans and
+    the ahead-of-time compile)."""
+    return replace(s, worker_warps=PAGED_DECODE_WORKER_WARPS) if PAGED_DECODE_WORKER_WARPS \
+        else s
 
 
 def _paged_q(plan: SeqPlan, q: torch.Tensor) -> torch.Tensor:
@@ -722,7 +736,7 @@ def paged_setup(q, k_cache, v_cache, page_table, cache_seqlens, cu_q, max_q, cau
            softcap, mods.key, bool(return_lse), None if schedule is None else str(schedule),
            policy.generation(), PAGED_HEAVY_FIRST, PAGE_JOIN_BELOW, MAX_PAGE_SPAN,
            PAGED_SKIP_EMPTY, PAGED_SPLIT_KEYS, GATHER_TILE, PAGE_GATHER_BELOW,
-           PAGE_KEYS_GATHERED, GATHER_MAX_Q)
+           PAGE_KEYS_GATHERED, GATHER_MAX_Q, PAGED_DECODE_WORKER_WARPS)
     plan = _cached(key, build)
     if key not in _checked and _checked_now(cache_seqlens):
         checked_cache(page_table, cache_seqlens, k_cache.shape[0], k_cache.shape[1], cu_q,
