@@ -1,8 +1,11 @@
-"""An A/B of a packed launch order switch of ``tiledattention.kernel.workload``
-(``PAGED_HEAVY_FIRST``, ``VARLEN_HEAD_BLOCKS``, ``VARLEN_BWD_HEAD_BLOCKS``,
+"""An A/B of a packed or paged call's switch of ``tiledattention.kernel.workload`` (the
+launch order, ``PAGED_HEAVY_FIRST``, ``VARLEN_HEAD_BLOCKS``, ``VARLEN_BWD_HEAD_BLOCKS``,
 ``VARLEN_HEAVY_MAP``: heads fastest on one grid axis in blocks, sequence-major maps by
-keys where a tile's work follows them; ``PAGE_JOIN_BELOW``, ``MAX_PAGE_SPAN``: a key tile's
-pages joined into one MMA operand) on the workloads stage's own points
+keys where a tile's work follows them; a key tile's pages in one MMA operand,
+``PAGE_JOIN_BELOW``, ``MAX_PAGE_SPAN``, ``PAGE_KEYS_GATHERED``, ``GATHER_TILE``,
+``PAGE_GATHER_BELOW``, ``GATHER_MAX_Q``; a paged decode's splits and schedule,
+``PAGED_SKIP_EMPTY``, ``PAGED_SPLIT_KEYS``, ``PAGED_DECODE_WORKER_WARPS``,
+``PAGED_DECODE_OCCUPANCY``) on the workloads stage's own points
 (``config/reference.yaml``'s section: lognormal documents, ragged contexts), beside
 FlashAttention-4: ours with the switch off and on, FA4, interleaved in rounds in one
 process, kernel time with L2 flushed. Each point's outputs
@@ -15,8 +18,11 @@ reference as the stage checks its rows. GPU.
 
     python benchmarks/packed_order_ab.py --switch PAGE_JOIN_BELOW --values 0 32 \\
         --kinds prefill --pages 16 --passes fwd
+    python benchmarks/packed_order_ab.py --switch PAGED_DECODE_OCCUPANCY --values 0 2 \\
+        --kinds decode --passes fwd
 
-benchmarks/notes/varlen-paged.md §48a and §49a have the predictions and what they measured.
+benchmarks/notes/varlen-paged.md §48a, §49a and §50a-§50e have the predictions and what they
+measured.
 """
 import argparse
 import ast
@@ -102,7 +108,8 @@ def main() -> int:
     p.add_argument("--switch", required=True, choices=[
         "PAGED_HEAVY_FIRST", "VARLEN_HEAD_BLOCKS", "VARLEN_BWD_HEAD_BLOCKS", "VARLEN_HEAVY_MAP",
         "PAGE_JOIN_BELOW", "MAX_PAGE_SPAN", "PAGED_SKIP_EMPTY", "PAGED_SPLIT_KEYS",
-        "GATHER_TILE", "PAGE_GATHER_BELOW", "PAGE_KEYS_GATHERED", "GATHER_MAX_Q"])
+        "GATHER_TILE", "PAGE_GATHER_BELOW", "PAGE_KEYS_GATHERED", "GATHER_MAX_Q",
+        "PAGED_DECODE_WORKER_WARPS", "PAGED_DECODE_OCCUPANCY"])
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                    help="another switch held at VALUE (a Python literal) in both arms")
     p.add_argument("--pages", nargs="+", type=int, help="only these page sizes (paged kinds)")

@@ -464,4 +464,7 @@ def test_a_paged_decode_runs_four_worker_warps_unless_its_schedule_is_pinned(pin
     q = torch.empty(64, 1, 32, 128, dtype=torch.bfloat16)
     pin = Schedule(64, 128, occupancy=1, worker_warps=8) if pinned else None
     plan = W.paged_plan(w, q, pin, mods.NONE, False)
-    assert plan.schedule.worker_warps == (8 if pinned else 4)
+    assert (plan.schedule.worker_warps, plan.schedule.occupancy) == (8 if pinned else 4, 1)
+    monkeypatch.setattr(W, "PAGED_DECODE_OCCUPANCY", 2)  # the A/B's switch (§50d item 1)
+    plan = W.paged_plan(w, q, pin, mods.NONE, False)
+    assert plan.schedule.occupancy == (1 if pinned else 2)

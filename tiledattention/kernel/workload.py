@@ -50,6 +50,9 @@ PAGED_SKIP_EMPTY = True
 # bandwidth; 4 worker warps ran 1.01-1.35x at the stage's decode points (B 1-64, pages
 # 16/64/256; benchmarks/notes/varlen-paged.md §50e). 0: the table's. The plan's key holds it.
 PAGED_DECODE_WORKER_WARPS = 4
+# ... and its occupancy (0: the table's). Occupancy 2 with 4 warps ran 1.18-1.50x at page 64
+# but less than 4 warps alone at page 16, and was not timed at page 256 (§50e): not taken.
+PAGED_DECODE_OCCUPANCY = 0
 
 
 def head_dim_constants(d: int) -> dict:
@@ -405,10 +408,13 @@ def paged_plan(w: Workload, q, schedule, mods, return_lse: bool) -> SeqPlan:
 
 
 def decode_schedule(s: Schedule) -> Schedule:
-    """The table's schedule of a paged decode with ``PAGED_DECODE_WORKER_WARPS`` (plans and
-    the ahead-of-time compile)."""
-    return replace(s, worker_warps=PAGED_DECODE_WORKER_WARPS) if PAGED_DECODE_WORKER_WARPS \
-        else s
+    """The table's schedule of a paged decode with ``PAGED_DECODE_WORKER_WARPS`` and
+    ``PAGED_DECODE_OCCUPANCY`` where set (plans and the ahead-of-time compile)."""
+    if PAGED_DECODE_WORKER_WARPS:
+        s = replace(s, worker_warps=PAGED_DECODE_WORKER_WARPS)
+    if PAGED_DECODE_OCCUPANCY:
+        s = replace(s, occupancy=PAGED_DECODE_OCCUPANCY)
+    return s
 
 
 def _paged_q(plan: SeqPlan, q: torch.Tensor) -> torch.Tensor:
@@ -736,7 +742,8 @@ def paged_setup(q, k_cache, v_cache, page_table, cache_seqlens, cu_q, max_q, cau
            softcap, mods.key, bool(return_lse), None if schedule is None else str(schedule),
            policy.generation(), PAGED_HEAVY_FIRST, PAGE_JOIN_BELOW, MAX_PAGE_SPAN,
            PAGED_SKIP_EMPTY, PAGED_SPLIT_KEYS, GATHER_TILE, PAGE_GATHER_BELOW,
-           PAGE_KEYS_GATHERED, GATHER_MAX_Q, PAGED_DECODE_WORKER_WARPS)
+           PAGE_KEYS_GATHERED, GATHER_MAX_Q, PAGED_DECODE_WORKER_WARPS,
+           PAGED_DECODE_OCCUPANCY)
     plan = _cached(key, build)
     if key not in _checked and _checked_now(cache_seqlens):
         checked_cache(page_table, cache_seqlens, k_cache.shape[0], k_cache.shape[1], cu_q,
