@@ -154,3 +154,38 @@ def _shipped_variants():
 def test_every_shipped_table_schedule_compiles_for_its_target(variant, target):
     res = export_cubin(variant, target)
     assert res.cubin[:4] == b"\x7fELF"
+
+
+def _code_sections(cubin: bytes) -> dict[str, bytes]:
+    """The cubin's machine code and launch attributes (``.text.*``, ``.nv.info.*``: the
+    SASS and REQNTID, the threads a CTA runs), without the debug sections that name the
+    schedule's label."""
+    shoff, = struct.unpack_from("<Q", cubin, 0x28)
+    size, count, names_at = struct.unpack_from("<HHH", cubin, 0x3A)
+    headers = [struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + i * size) for i in range(count)]
+    names = cubin[headers[names_at][4]:headers[names_at][4] + headers[names_at][5]]
+    out = {}
+    for name_at, _, _, _, offset, length, *_ in headers:
+        name = names[name_at:names.index(b"\0", name_at)].decode()
+        if name.startswith((".text.", ".nv.info.")):
+            out[name] = cubin[offset:offset + length]
+    return out
+
+
+@pytest.mark.compile
+def test_the_dense_gqa_decode_already_runs_the_paged_decodes_four_worker_warps():
+    # benchmarks/notes/decode.md §51a: the table's dense decode pick (64 x 128, no
+    # worker-warp hint) compiles to the code of an explicit 4 (workload.
+    # PAGED_DECODE_WORKER_WARPS), so open lead 1b has nothing to switch; a cuTile whose
+    # default changes fails here.
+    from tiledattention.kernel.variant import Variant
+    from tiledattention.schedules.schedule import Schedule
+
+    def code(warps):
+        s = Schedule(64, 128, occupancy=3, latency_k=2, latency_v=4, worker_warps=warps)
+        return _code_sections(export_cubin(Variant("bfloat16", 128, False, s, even_n=True,
+                                                   split_k=True, packed=True), "sm_90").cubin)
+
+    default, four = code(None), code(4)
+    assert any(n.startswith(".text.") for n in default) and default == four
+    assert code(8) != four

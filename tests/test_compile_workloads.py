@@ -236,3 +236,41 @@ def test_the_packed_dq_delta_compiles_with_dlse_and_sliced_loads(whole, monkeypa
     ops, res = _ops(cubin)
     assert re.search(r"STACK:0\b", res) and re.search(r"LOCAL:0\b", res)
     assert any(op.startswith("STG") for op in ops)
+
+
+def _gather_loops(sass: str) -> list[bool]:
+    """For each innermost loop (a backward branch and its target) holding cp.async
+    (LDGSTS): whether it holds MMAs (HGMMA) too, i.e. its gathers wait for the MMA loop."""
+    lines = [(int(a, 16), ins) for a, ins in
+             re.findall(r"/\*([0-9a-f]{4,})\*/\s+((?:@!?U?P\w+\s+)?[A-Z][^;]*);", sass)]
+    loops = []
+    for at, ins in lines:
+        target = re.search(r"BRA\b.*?0x([0-9a-f]+)", ins)
+        if target and int(target.group(1), 16) < at:
+            loops.append((int(target.group(1), 16), at))
+    inner = [lp for lp in loops
+             if not any(o != lp and lp[0] <= o[0] and o[1] <= lp[1] for o in loops)]
+    bodies = [" ".join(i for a, i in lines if lo <= a <= hi) for lo, hi in inner]
+    return [" HGMMA" in " " + b for b in bodies if "LDGSTS" in b]
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("kind, warps, own_loop", [
+    ("decode", 4, True), ("decode", 8, False), ("prefill", 4, True), ("prefill", 8, False)])
+def test_gathered_rows_get_a_loop_of_their_own_only_on_four_worker_warps(kind, warps, own_loop,
+                                                                          monkeypatch):
+    # benchmarks/notes/varlen-paged.md §51b: tileiras pipelines cp.async gathers (a loop of
+    # their own, ahead of the MMAs') only on 4 worker warps at occupancy 1; on 8 each tile's
+    # gather is waited on in the MMAs' loop. 64 x 128 tiles, page 16, K and V gathered.
+    import tiledattention.schedules.schedule as S
+    from tiledattention.kernel import workload as W
+
+    monkeypatch.setattr(W, "GATHER_MAX_Q", 1 << 20)
+    monkeypatch.setattr(W, "PAGED_DECODE_WORKER_WARPS", 0)
+    monkeypatch.setattr(S, "default_schedule", lambda d, causal: S.Schedule(
+        64, 128, occupancy=1, latency_k=2, latency_v=4, worker_warps=warps))
+    work = _work(128, True, page=16, hq=32, hk=8, prefill=kind == "prefill")
+    sass, _ = _sass(export_workload_cubins(work, "sm_90", paged=True)["attention_fwd_seqs"])
+    with_mmas = _gather_loops(sass)
+    assert with_mmas and all(not m for m in with_mmas) == own_loop
+    assert any(m for m in with_mmas) != own_loop

@@ -468,3 +468,31 @@ def test_a_paged_decode_runs_four_worker_warps_unless_its_schedule_is_pinned(pin
     monkeypatch.setattr(W, "PAGED_DECODE_OCCUPANCY", 2)  # the A/B's switch (§50d item 1)
     plan = W.paged_plan(w, q, pin, mods.NONE, False)
     assert plan.schedule.occupancy == (1 if pinned else 2)
+
+
+@pytest.mark.parametrize("page, pinned, label, want", [
+    (16, False, "", "128x128_o1_c1_lk2_lv4_w8"),  # the table's, unless the switch is set
+    (16, False, "64x128_o1_c1_lk2_lv4_w4", "64x128_o1_c1_lk2_lv4_w4"),
+    (64, False, "64x128_o1_c1_lk2_lv4_w4", "128x128_o1_c1_lk2_lv4_w8"),  # no gather there
+    (16, True, "64x128_o1_c1_lk2_lv4_w4", "128x128_o1_c1_lk2_lv4_w8"),  # pinned: as given
+])
+def test_a_gathered_chunked_prefill_takes_the_switchs_schedule_only_unpinned_below_the_join(
+        page, pinned, label, want, monkeypatch):
+    # §51b: the A/B of 4 worker warps (gathers pipelined) against the table's 8
+    pytest.importorskip("cuda.tile", reason="the plan builds cuTile kernel objects")
+    from tiledattention import mods
+    from tiledattention.kernel import workload as W
+    from tiledattention.kernel.workload_check import Workload
+    from tiledattention.schedules.schedule import Schedule
+
+    table = Schedule.from_label("128x128_o1_c1_lk2_lv4_w8")
+    monkeypatch.setattr(W, "_index", lambda device: 0)
+    monkeypatch.setattr(W, "check_gpu", lambda index: None)
+    monkeypatch.setattr(W, "_forward_schedule", lambda w, index, sq, sk, schedule: (
+        schedule or table))
+    monkeypatch.setattr(W, "GATHERED_PREFILL_SCHEDULE", label)
+    w = Workload(4, 32, 8, 128, torch.bfloat16, 512, 8192, True, 128 ** -0.5, (-1, -1), 0.0,
+                 page_size=page, packed_q=True)
+    q = torch.empty(2048, 32, 128, dtype=torch.bfloat16)
+    plan = W.paged_plan(w, q, table if pinned else None, mods.NONE, False)
+    assert dataclasses.replace(plan.schedule, splits=0, heavy_first=True).label() == want

@@ -335,6 +335,13 @@ PAGE_JOIN_BELOW = 32
 # Read when a plan is built; the paged plan's key holds it (§50b).
 PAGE_KEYS_GATHERED = True
 GATHER_MAX_Q = 16
+# A chunked prefill whose key tiles gather rows (pages below ``PAGE_JOIN_BELOW``) runs this
+# schedule (a label, e.g. ``64x128_o1_c1_lk2_lv4_w4``) where the caller pins none; "": the
+# table's. tileiras moves cp.async gathers into their own pipelined loop only at 4 worker
+# warps and occupancy 1; at the table's 8 warps each tile waits for its own rows
+# (benchmarks/notes/varlen-paged.md §51b; repro 7). Untimed: the A/B's switch. The plan's
+# key holds it.
+GATHERED_PREFILL_SCHEDULE = ""
 # Keys per gathered tile: 128 halves the softmax steps and doubles each MMA's width
 # against 64 (decode at page 16: 1.46-1.50x at B 8-64, 1.08x at B 1, §50a). The plan's
 # key holds it.
@@ -363,6 +370,8 @@ def paged_plan(w: Workload, q, schedule, mods, return_lse: bool) -> SeqPlan:
     group = w.heads_q // w.heads_kv
     if w.packed_q:
         s = _forward_schedule(w, index, w.max_q, w.max_k, schedule)
+        if schedule is None and GATHERED_PREFILL_SCHEDULE and w.page_size < PAGE_JOIN_BELOW:
+            s = Schedule.from_label(GATHERED_PREFILL_SCHEDULE)
         s, tiles, span, gather = _paged_tiles(
             replace(s, splits=1, heavy_first=False, pdl=False), w.page_size, w.max_q)
         tail = _fwd_tail(w, s, mods, return_lse=return_lse, varlen_q=True, varlen_k=False,
@@ -743,7 +752,7 @@ def paged_setup(q, k_cache, v_cache, page_table, cache_seqlens, cu_q, max_q, cau
            policy.generation(), PAGED_HEAVY_FIRST, PAGE_JOIN_BELOW, MAX_PAGE_SPAN,
            PAGED_SKIP_EMPTY, PAGED_SPLIT_KEYS, GATHER_TILE, PAGE_GATHER_BELOW,
            PAGE_KEYS_GATHERED, GATHER_MAX_Q, PAGED_DECODE_WORKER_WARPS,
-           PAGED_DECODE_OCCUPANCY)
+           PAGED_DECODE_OCCUPANCY, GATHERED_PREFILL_SCHEDULE)
     plan = _cached(key, build)
     if key not in _checked and _checked_now(cache_seqlens):
         checked_cache(page_table, cache_seqlens, k_cache.shape[0], k_cache.shape[1], cu_q,
