@@ -496,3 +496,37 @@ def test_a_gathered_chunked_prefill_takes_the_switchs_schedule_only_unpinned_bel
     q = torch.empty(2048, 32, 128, dtype=torch.bfloat16)
     plan = W.paged_plan(w, q, table if pinned else None, mods.NONE, False)
     assert dataclasses.replace(plan.schedule, splits=0, heavy_first=True).label() == want
+
+
+@pytest.mark.parametrize("kind", ["varlen", "prefill", "decode"])
+def test_the_packed_forward_passes_whole_loads_by_name_where_its_rows_are_packed(kind,
+                                                                                monkeypatch):
+    # §51d's switch reaches the forward's WHOLE_LOADS constant where q (or k, v) is packed:
+    # a packed forward and a chunked prefill, not a paged decode (nothing sliced there)
+    pytest.importorskip("cuda.tile", reason="the plan builds cuTile kernel objects")
+    from tiledattention import mods
+    from tiledattention.kernel import workload as W
+    from tiledattention.kernel.spec import FWD_SEQS
+    from tiledattention.kernel.workload_check import Workload
+    from tiledattention.schedules.schedule import Schedule
+
+    monkeypatch.setattr(W, "_index", lambda device: 0)
+    monkeypatch.setattr(W, "check_gpu", lambda index: None)
+    monkeypatch.setattr(W, "sm_count", lambda index: 132)
+    monkeypatch.setattr(W, "_forward_schedule", lambda w, index, sq, sk, schedule: (
+        Schedule.from_label("128x128_o1_c1_lk2_lv4_w8")))
+    names = FWD_SEQS.names()[len(FWD_SEQS.tensors):]
+    q = torch.empty(2048, 16, 128, dtype=torch.bfloat16)
+    for whole in (False, True):
+        monkeypatch.setattr(W, "PACKED_FWD_WHOLE", whole)
+        if kind == "varlen":
+            w = Workload(4, 16, 16, 128, torch.bfloat16, 1024, 1024, True, 128 ** -0.5,
+                         (-1, -1), 0.0)
+            plan = W.varlen_plan(w, q, q, None, mods.NONE, False)
+        else:
+            w = Workload(4, 16, 4, 128, torch.bfloat16, 512 if kind == "prefill" else 1,
+                         8192, True, 128 ** -0.5, (-1, -1), 0.0, page_size=64,
+                         packed_q=kind == "prefill")
+            plan = W.paged_plan(w, q if kind == "prefill" else q[:4].view(4, 1, 16, 128),
+                                None, mods.NONE, False)
+        assert plan.launches[0].tail[names.index("WHOLE_LOADS")] is (whole and kind != "decode")

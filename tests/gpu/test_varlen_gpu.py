@@ -106,14 +106,18 @@ def _refs(mods):
     return out
 
 
-@pytest.fixture(params=[False, True], ids=["sliced-bwd", "whole-bwd"])
+@pytest.fixture(params=[(False, False), (False, True), (True, True)],
+                ids=["sliced", "whole-bwd", "whole-fwd-bwd"])
 def packed_bwd(request, monkeypatch):
-    """Both packed backwards (benchmarks/notes/varlen-paged.md §42a): per-sequence sliced
-    loads, and whole-array loads whose rows and keys past a sequence hold the next
-    sequence's data (masked in the compute). The plan cache keys on the switch."""
+    """The packed backward's two loads (benchmarks/notes/varlen-paged.md §42a): per-sequence
+    sliced, and whole-array loads whose rows and keys past a sequence hold the next
+    sequence's data (masked in the compute); with the latter, the forward's too (§51d).
+    The plan caches key on both switches."""
     from tiledattention.kernel import workload as W
 
-    monkeypatch.setattr(W, "PACKED_BWD_WHOLE", request.param)
+    fwd, bwd = request.param
+    monkeypatch.setattr(W, "PACKED_FWD_WHOLE", fwd)
+    monkeypatch.setattr(W, "PACKED_BWD_WHOLE", bwd)
     return request.param
 
 
@@ -563,4 +567,51 @@ def test_every_block_of_heads_runs_the_same_bits(block, monkeypatch):
     monkeypatch.setattr(W, "VARLEN_BWD_HEAD_BLOCKS", True)
     monkeypatch.setattr(W, "varlen_head_block", lambda hq, hk, nbytes: block)
     for name, a, b in zip(("out", "dq", "dk", "dv"), want, run()):
+        assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_whole_array_forward_loads_change_no_output_bit(causal, monkeypatch):
+    # §51d: only where the rows come from changes (the next sequence's, or TMA zeros past
+    # the array, instead of a per-sequence tensor map's zeros), and those rows are masked
+    # keys (P = 0 and, in the last tile, V read through its slice) or query rows never
+    # stored. Packed forward with lse, seqused_k, a window and softcap, GQA; chunked
+    # prefill at a gathered and a TMA page size. Rows past the packed sequences hold NaN.
+    from tiledattention.kernel import workload as W
+
+    lens, keys = [300, 1, 0, 129, 64, 700, 2000], [300, 1, 5, 200, 64, 700, 2100]
+    q = torch.cat([_packed(lens, 8, 128, BF16), torch.full((50, 8, 128), math.nan,
+                                                          device="cuda", dtype=BF16)])
+    k, v = (torch.cat([_packed(keys, 2, 128, BF16), torch.full((70, 2, 128), math.nan,
+                                                             device="cuda", dtype=BF16)])
+            for _ in range(2))
+    used = torch.tensor([299, 1, 0, 129, 10, 700, 2050], dtype=torch.int32, device="cuda")
+    kc, vc, table = _cache([3000, 64, 1201], 16, 2, 128, BF16)
+    kc64, vc64, table64 = _cache([3000, 64, 1201], 64, 2, 128, BF16)
+    seqlens = torch.tensor([3000, 64, 1201], dtype=torch.int32, device="cuda")
+    new = [512, 64, 7]
+    qp = _packed(new, 8, 128, BF16)
+    got = {}
+    for whole in (False, True):
+        monkeypatch.setattr(W, "PACKED_FWD_WHOLE", whole)
+        with torch.no_grad():
+            got[whole] = (
+                *ta.sdpa_varlen(q, k, v, _cu(lens), _cu(keys), max(lens), max(keys),
+                                causal=causal, return_lse=True),
+                ta.sdpa_varlen(q, k, v, _cu(lens), _cu(keys), max(lens), max(keys),
+                               causal=causal, seqused_k=used),
+                ta.sdpa_varlen(q, k, v, _cu(lens), _cu(keys), max(lens), max(keys),
+                               causal=causal, window_size=(128, 0), softcap=30.0),
+                ta.sdpa_paged(qp, kc, vc, table, seqlens, cu_seqlens_q=_cu(new),
+                              max_seqlen_q=512, causal=causal),
+                ta.sdpa_paged(qp, kc64, vc64, table64, seqlens, cu_seqlens_q=_cu(new),
+                              max_seqlen_q=512, causal=causal))
+    rows = sum(lens)
+    for name, a, b in zip(("out", "lse", "seqused", "window-softcap", "prefill16",
+                           "prefill64"), got[False], got[True]):
+        if name in ("out", "seqused", "window-softcap"):
+            a, b = a[:rows], b[:rows]
+        elif name == "lse":
+            a, b = a[:, :rows], b[:, :rows]
+        assert not b.isnan().any(), name
         assert torch.equal(a, b), name

@@ -99,7 +99,9 @@ def fwd_tile(q, arrays, fns, aux, where, state, j, diag, ALL_MASKS, f, CACHE_END
     apply every mask (a partial block, or a mask_mod without block mask); ``f`` the
     kernel's ``FwdFlags``; ``CACHE_END`` the tile holds the end of a paged cache's context
     (``SEQUSED``): V's rows past it read as zeros (``end_rows``), since a page's free slots
-    may be unwritten memory whose NaN would survive P = 0 in P V."""
+    may be unwritten memory whose NaN would survive P = 0 in P V; or the end of a packed
+    sequence whose keys load from the whole arrays (``key_origin``): V's rows past it,
+    the next sequence's or rows no sequence covers, read as zeros likewise."""
     TILE_M, TILE_N, NCHUNK, W0, W1, W2 = f.TILE_M, f.TILE_N, f.NCHUNK, f.W0, f.W1, f.W2
     CAUSAL, TAIL, HAS_MASK_MOD = f.CAUSAL, not f.EVEN_N, f.HAS_MASK_MOD
     q0, q1, q2 = q
@@ -117,7 +119,7 @@ def fwd_tile(q, arrays, fns, aux, where, state, j, diag, ALL_MASKS, f, CACHE_END
         qk = span_scores(q, K, seq, b, j, hk, f)
     else:
         qk = dot_streamed(q0, q1, q2, K, kb, hk, kj, TILE_N, TILE_M, W0, W1, W2, NCHUNK,
-                          f.LAT_K, fast=f.FP8)
+                          f.LAT_K, fast=f.FP8, at=key_origin(seq))
     kv_idx = j * TILE_N + ct.arange(TILE_N, dtype=np.int32)[None, :]
     s = modified(qk, b, h, offs_m, kv_idx, score_mod, A0, A1, A2, A3, scale, f.HAS_SCORE_MOD)
     if f.HAS_MASK:
@@ -138,21 +140,28 @@ def fwd_tile(q, arrays, fns, aux, where, state, j, diag, ALL_MASKS, f, CACHE_END
 
 def values_step(p, V, seq, b, j, hk, kb, kj, acc, seq_k, f):
     """acc += P V over key tile ``j``; ``seq_k`` (or None): the tile holds the end of a
-    cache's context, and V's rows from it on read as zeros (``end_rows``)."""
+    cache's context (``end_rows``) or of a whole-loaded packed sequence (its slice), and
+    V's rows from it on read as zeros."""
     acc0, acc1, acc2 = acc
     if f.PAGE_GATHER:
         return gathered_values(p, V, seq, b, j, hk, acc, seq_k, f)
     if f.PAGE_SPAN > 1:
         return span_values(p, V, seq, b, j, hk, acc0, acc1, acc2, seq_k, f)
+    VNCHUNK, VW0, VW1, VW2 = value_chunks(f)
+    at = key_origin(seq)
+    if seq_k is not None and at is not None:
+        # A whole-loaded sequence's last tile: its slice (a tensor map built here, only in
+        # the programs that reach it) reads the rows past its end as zeros.
+        return mma_streamed(p, sequence_slice(V, at, at + seq_k), kb, hk, kj, f.TILE_N,
+                            acc0, acc1, acc2, VW0, VW1, VW2, VNCHUNK, f.LAT_V)
     T = V
     if seq_k is not None:
         T = end_rows(V, seq_k, f.TILE_N * f.PAGE_TILES)  # tile j lies in the end's page
-    VNCHUNK, VW0, VW1, VW2 = value_chunks(f)
     if f.FP8:  # V is V^T: [.., D, Skv] in memory
         return mma_streamed(p, T, kb, hk, kj, f.TILE_N, acc0, acc1, acc2, VW0, VW1, VW2,
                             VNCHUNK, f.LAT_V, order=_T, fast=True)
     return mma_streamed(p, T, kb, hk, kj, f.TILE_N, acc0, acc1, acc2, VW0, VW1, VW2,
-                        VNCHUNK, f.LAT_V)
+                        VNCHUNK, f.LAT_V, at=at)
 
 
 def end_rows(V, seq_k, page):
@@ -397,7 +406,7 @@ def fwd_program(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns, seqs=None, desc
             seq_program(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns, seqs, b, bid_m, hb)
     else:
         rows_program(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns, b, bid_m, hb, b,
-                     K.shape[2], (None, None, 0, 0, 0), descale)
+                     K.shape[2], (None, None, 0, 0, 0, None, None), descale)
 
 
 def seq_program(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns, seqs, b, bid_m, hb):
@@ -408,9 +417,12 @@ def seq_program(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns, seqs, b, bid_m,
     SEQ_Q = scalars[4]
     ab = b
     seq_q = SEQ_Q
+    start = 0
+    kstart = 0
     if f.VARLEN_Q:
         start, stop = sequence_span(CuQ, b, Q.shape[2])
-        Q = sequence_slice(Q, start, stop)
+        if not f.WHOLE_LOADS:
+            Q = sequence_slice(Q, start, stop)
         Out = sequence_slice(Out, start, stop)
         if f.RETURN_LSE:
             Lse = sequence_slice(Lse, start, stop)
@@ -423,15 +435,42 @@ def seq_program(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns, seqs, b, bid_m,
             # The slice ends at the used length: TMA reads the rows past it as zeros (they
             # may be unwritten memory, and 0 * NaN is NaN in P V), so no tile is apart.
             kstop = ct.minimum(kstop, kstart + ct.maximum(ct.gather(SeqK, b), 0))
-        K = sequence_slice(K, kstart, kstop)
-        V = sequence_slice(V, kstart, kstop)
+        if not (f.WHOLE_LOADS and not f.SEQUSED):
+            K = sequence_slice(K, kstart, kstop)
+            V = sequence_slice(V, kstart, kstop)
         seq_k = kstop - kstart
     if f.PAGED:
         seq_k = Pages.shape[1] * (f.PAGE_TILES * f.TILE_N // f.PAGE_SPAN)
     if f.SEQUSED and not f.VARLEN_K:
         seq_k = ct.minimum(ct.maximum(ct.gather(SeqK, b), 0), seq_k)
     rows_program(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns, b, bid_m, hb, ab, seq_k,
-                 (Pages, K.shape[0], seq_k - seq_q, WIN_L, WIN_R))
+                 (Pages, K.shape[0], seq_k - seq_q, WIN_L, WIN_R, *whole_origins(start, kstart, f)))
+
+
+def whole_origins(start, kstart, f):
+    """(query origin, key origin) of a packed sequence's rows in the whole packed arrays
+    (``FwdFlags.WHOLE_LOADS``; ``body.row_chunk``), each None where that array is sliced
+    (tile-indexed). Rows past the sequence are the next one's, or TMA zeros past the
+    array: its query rows are never stored, and its keys are masked (the key tail), their
+    values weighed by P = 0. K and V under ``SEQUSED`` stay sliced to the keys used: past
+    them may be unwritten memory, and 0 * NaN is NaN in P V."""
+    if f.WHOLE_LOADS and f.VARLEN_Q:
+        if f.VARLEN_K and not f.SEQUSED:
+            return (start, kstart)
+        return (start, None)
+    if f.WHOLE_LOADS and f.VARLEN_K and not f.SEQUSED:
+        return (None, kstart)
+    return (None, None)
+
+
+def query_origin(seq):
+    """Q's element row origin (``whole_origins``), or None: tile-indexed."""
+    return seq[5]
+
+
+def key_origin(seq):
+    """K's and V's element row origin (``whole_origins``), or None: tile-indexed."""
+    return seq[6]
 
 
 def rows_program(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns, b, bid_m, hb, ab, seq_k,
@@ -480,7 +519,7 @@ def rows_body(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns, b, bid_m, hb, ab,
         ct.grid_dependency_control_launch_dependents()
         ct.grid_dependency_control_wait()
 
-    q = load_rows(Q, ab, h, bid_m, TILE_M, W0, W1, W2, NCHUNK, None)
+    q = load_rows(Q, ab, h, bid_m, TILE_M, W0, W1, W2, NCHUNK, None, query_origin(seq))
     m_i, l_i = softmax_init(TILE_M)
     VNCHUNK, VW0, VW1, VW2 = value_chunks(f)  # the accumulators and Out: V's head dim
     acc0, acc1, acc2 = zeros_chunks(TILE_M, VW0, VW1, VW2)
@@ -523,14 +562,16 @@ def rows_body(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns, b, bid_m, hb, ab,
         j_start, n_tiles = split_range(j_lo, n_tiles, hb % NUM_SPLITS, SPLIT_TILES,
                                        f.SPLIT_K)
         n_whole = n_tiles
-        if f.PAGED and f.SEQUSED:
-            # The tile holding the context's end runs apart, after the loop: only it reads
-            # V through a view cut at the end (``end_rows``), and the loop stays as it was.
+        ends_apart = (f.PAGED and f.SEQUSED) or key_origin(seq) is not None
+        if ends_apart:
+            # The tile holding the context's (or whole-loaded sequence's) end runs apart,
+            # after the loop: only it reads V through a view cut at the end
+            # (``values_step``), and the loop stays as it was.
             n_whole = max(min(n_tiles, seq_k // f.TILE_N), j_start)
         for j in range(j_start, n_whole):
             state = fwd_tile(q, arrays, fns, aux, where, state, j, j >= mask_start,
                              f.HAS_MASK_MOD, f)
-        if f.PAGED and f.SEQUSED:
+        if ends_apart:
             for j in range(n_whole, n_tiles):
                 state = fwd_tile(q, arrays, fns, aux, where, state, j, True,
                                  f.HAS_MASK_MOD, f, CACHE_END=True)

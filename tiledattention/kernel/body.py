@@ -115,22 +115,21 @@ def dot(a0, a1, a2, b0, b1, b2, M, N, NCHUNK):
 
 
 def dot_streamed(a0, a1, a2, T, b, h, tile, TILE, M, W0, W1, W2, NCHUNK, latency,
-                 fast=False):
+                 fast=False, at=None):
     """sum_c a_c @ T[b, h, tile]^T_c, each transposed chunk loaded right before its MMA
     (the order the compiler pipelines best: one chunk's buffer in flight at a time).
-    ``fast``: fp8 operands, Hopper's fast accumulation (``mma_streamed``)."""
-    t0 = ct.load(T, index=(b, h, 0, tile), shape=(1, 1, W0, TILE), order=_T,
-                 padding_mode=_ZERO, latency=latency).reshape((W0, TILE))
+    ``fast``: fp8 operands, Hopper's fast accumulation (``mma_streamed``); ``at``:
+    ``row_chunk``'s element origin."""
+    t0 = col_chunk(T, b, h, tile, 0, TILE, W0, latency, at)
     acc = ct.mma(a0, t0, ct.full((M, TILE), 0.0, dtype=np.float32), use_fast_acc=fast)
     if NCHUNK > 1:
-        t1 = ct.load(T, index=(b, h, W0 // W1, tile), shape=(1, 1, W1, TILE), order=_T,
-                     padding_mode=_ZERO, latency=latency).reshape((W1, TILE))
+        t1 = col_chunk(T, b, h, tile, W0 // W1, TILE, W1, latency, at)
         acc = ct.mma(a1, t1, acc, use_fast_acc=fast)
     if NCHUNK > 2:
-        t2 = ct.load(T, index=(b, h, (W0 + W1) // W2, tile), shape=(1, 1, W2, TILE), order=_T,
-                     padding_mode=_ZERO, latency=latency).reshape((W2, TILE))
+        t2 = col_chunk(T, b, h, tile, (W0 + W1) // W2, TILE, W2, latency, at)
         acc = ct.mma(a2, t2, acc, use_fast_acc=fast)
     return acc
+
 
 
 def dots_streamed(a0, a1, a2, c0, c1, c2, T, U, b, h, tile, TILE, M, W0, W1, W2, NCHUNK,

@@ -144,6 +144,11 @@ class FwdFlags(ScoreFlags):
     # as FA3), V read from its transpose (wgmma's fp8 operands are K-major), the softmax
     # factor and V's descale per (batch, K/V head) from the descale arrays
     FP8: bool = flag("fp8", False)
+    # packed: load Q (and K, V without SEQUSED) through the whole packed arrays' host-built
+    # tensor maps at element row origins, as ``BwdFlags.WHOLE_LOADS`` does in the backward;
+    # Out and Lse stay sliced (``workload.PACKED_FWD_WHOLE``, benchmarks/notes/
+    # varlen-paged.md §51d)
+    WHOLE_LOADS: bool = flag("seqs", False)
 
 
 @dataclass(frozen=True, kw_only=True)

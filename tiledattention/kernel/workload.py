@@ -253,7 +253,7 @@ def _fwd_values(w: Workload, s: Schedule, mods, *, return_lse, varlen_q, varlen_
         PAGE_JOIN=joins and not PAGE_KEYS_GATHERED,
         PAGE_GATHER_K=joins and PAGE_KEYS_GATHERED,
         SPLIT_SKIP=paged and split > 1 and PAGED_SKIP_EMPTY,
-        HEAD_BLOCK=block)
+        WHOLE_LOADS=PACKED_FWD_WHOLE and (varlen_q or varlen_k), HEAD_BLOCK=block)
     return values
 
 
@@ -517,6 +517,12 @@ class SeqBwdPlan(LaunchPlan):
 # built; the backward plan's key holds it (``varlen._bwd_plan``), so an A/B may flip it.
 # On: 3-4 % faster forward+backward on the H200, gradients bit-identical (§42h).
 PACKED_BWD_WHOLE = True
+# The packed forward's loads likewise: Q (packed or chunked-prefill rows) and K, V (packed,
+# without seqused_k) through the whole arrays' tensor maps, Out and Lse sliced
+# (``FwdFlags.WHOLE_LOADS``). The sliced forward builds a tensor map in the kernel per
+# sliced array and program: 4 in a packed one, 3 in a page-16 chunked prefill (sm_90
+# SASS, §51d). Off until timed on a GPU; the varlen and paged plans' keys hold it.
+PACKED_FWD_WHOLE = False
 # The packed backward's delta launch at occupancy 4 (64 registers): without a hint tileiras
 # gives it 255 registers, one CTA of 256 threads an SM, and it ran 63 µs of a 1.6 ms step
 # at 16k causal D 128 (ncu: 12.5 % theoretical occupancy; benchmarks/notes/varlen-paged.md
@@ -719,7 +725,7 @@ def varlen_setup(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, causal, scale, wi
            _facts(seqused_k), max_q, max_k, type(causal), causal, type(scale), scale,
            tuple(window_size) if isinstance(window_size, (tuple, list)) else window_size,
            softcap, mods.key, bool(return_lse), None if schedule is None else str(schedule),
-           policy.generation(), VARLEN_HEAD_BLOCKS, VARLEN_HEAVY_MAP)
+           policy.generation(), VARLEN_HEAD_BLOCKS, VARLEN_HEAVY_MAP, PACKED_FWD_WHOLE)
     plan = _cached(key, build)
     if plan.work.batch and key not in _checked and _checked_now(cu_q):
         checked_offsets(cu_q, cu_k, seqused_k, max_q, max_k, q.shape[0], k.shape[0])
@@ -752,7 +758,7 @@ def paged_setup(q, k_cache, v_cache, page_table, cache_seqlens, cu_q, max_q, cau
            policy.generation(), PAGED_HEAVY_FIRST, PAGE_JOIN_BELOW, MAX_PAGE_SPAN,
            PAGED_SKIP_EMPTY, PAGED_SPLIT_KEYS, GATHER_TILE, PAGE_GATHER_BELOW,
            PAGE_KEYS_GATHERED, GATHER_MAX_Q, PAGED_DECODE_WORKER_WARPS,
-           PAGED_DECODE_OCCUPANCY, GATHERED_PREFILL_SCHEDULE)
+           PAGED_DECODE_OCCUPANCY, GATHERED_PREFILL_SCHEDULE, PACKED_FWD_WHOLE)
     plan = _cached(key, build)
     if key not in _checked and _checked_now(cache_seqlens):
         checked_cache(page_table, cache_seqlens, k_cache.shape[0], k_cache.shape[1], cu_q,
