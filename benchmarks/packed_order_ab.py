@@ -6,8 +6,8 @@ keys where a tile's work follows them; a key tile's pages in one MMA operand,
 ``PAGE_GATHER_BELOW``, ``GATHER_MAX_Q``; a paged decode's splits and schedule,
 ``PAGED_SKIP_EMPTY``, ``PAGED_SPLIT_KEYS``, ``PAGED_DECODE_WORKER_WARPS``,
 ``PAGED_DECODE_OCCUPANCY``; a gathered chunked prefill's schedule,
-``GATHERED_PREFILL_SCHEDULE``; the packed forward's whole-array loads,
-``PACKED_FWD_WHOLE``) on the workloads stage's own points
+``GATHERED_PREFILL_SCHEDULE``; the packed forward's whole-array loads and Out's store,
+``PACKED_FWD_WHOLE``, ``PACKED_FWD_SCATTER_OUT``) on the workloads stage's own points
 (``config/reference.yaml``'s section: lognormal documents, ragged contexts), beside
 FlashAttention-4: ours with the switch off and on, FA4, interleaved in rounds in one
 process, kernel time with L2 flushed. Each point's outputs
@@ -21,6 +21,8 @@ reference as the stage checks its rows. GPU.
     python benchmarks/packed_order_ab.py --switch PAGE_JOIN_BELOW --values 0 32 \\
         --kinds prefill --pages 16 --passes fwd
     python benchmarks/packed_order_ab.py --switch PACKED_FWD_WHOLE --kinds varlen prefill
+    python benchmarks/packed_order_ab.py --switch PACKED_FWD_SCATTER_OUT \\
+        --set PACKED_FWD_WHOLE=True --kinds varlen prefill
     python benchmarks/packed_order_ab.py --switch PAGED_DECODE_OCCUPANCY --values 0 2 \\
         --kinds decode --passes fwd
     python benchmarks/packed_order_ab.py --switch GATHERED_PREFILL_SCHEDULE \\
@@ -28,7 +30,7 @@ reference as the stage checks its rows. GPU.
         --kinds prefill --pages 16 --passes fwd
 
 benchmarks/notes/varlen-paged.md §48a, §49a and §50a-§50e have the predictions and what they
-measured; §51b and §51d the predictions of the last two.
+measured; §51b, §51d and §51e the predictions of the last three.
 """
 import argparse
 import ast
@@ -116,7 +118,7 @@ def main() -> int:
         "PAGE_JOIN_BELOW", "MAX_PAGE_SPAN", "PAGED_SKIP_EMPTY", "PAGED_SPLIT_KEYS",
         "GATHER_TILE", "PAGE_GATHER_BELOW", "PAGE_KEYS_GATHERED", "GATHER_MAX_Q",
         "PAGED_DECODE_WORKER_WARPS", "PAGED_DECODE_OCCUPANCY", "GATHERED_PREFILL_SCHEDULE",
-        "PACKED_FWD_WHOLE"])
+        "PACKED_FWD_WHOLE", "PACKED_FWD_SCATTER_OUT"])
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                    help="another switch held at VALUE (a Python literal) in both arms")
     p.add_argument("--pages", nargs="+", type=int, help="only these page sizes (paged kinds)")

@@ -278,31 +278,41 @@ def test_gathered_rows_get_a_loop_of_their_own_only_on_four_worker_warps(kind, w
 
 @pytest.mark.compile
 @pytest.mark.parametrize("work, paged, built", [
-    # Out's, and the last key tile's V (built only in the programs that reach it)
-    (_work(128, True), False, 2),
-    # seqused_k keeps K and V sliced: only Q's is gone
-    (_work(128, True, seqused=True), False, 3),
-    # a chunked prefill (page 16, K gathered): Q's is gone
-    (_work(128, True, page=16, hq=32, hk=8, prefill=True), True, 2),
-], ids=["d128-causal", "d128-seqused", "prefill-page16"])
+    # whole loads: Out's, and the last key tile's V (built only in the programs that reach
+    # it); with Out scattered: that V's alone
+    (_work(128, True), False, (2, 1)),
+    # seqused_k keeps K and V sliced: only Q's (and Out's) are gone
+    (_work(128, True, seqused=True), False, (3, 2)),
+    # two head-dim chunks: a map per chunk width and array
+    (_work(96, True), False, (4, 2)),
+    # a chunked prefill (page 16, K gathered): Q's (and Out's) are gone; V's end view stays
+    (_work(128, True, page=16, hq=32, hk=8, prefill=True), True, (2, 1)),
+], ids=["d128-causal", "d128-seqused", "d96-causal", "prefill-page16"])
 def test_whole_array_forward_loads_build_only_the_sliced_arrays_tensor_maps(work, paged, built,
                                                                             monkeypatch):
-    # benchmarks/notes/varlen-paged.md §51d: with PACKED_FWD_WHOLE the packed forward loads
-    # Q (and K, V) through the whole arrays' host-built tensor maps and builds in the kernel
-    # (ATOMG.EXCH of the descriptor, UTMACCTL.IV) only those of the arrays still sliced.
-    # Every TMA load and MMA of the sliced kernel is still there, and nothing spills.
+    # benchmarks/notes/varlen-paged.md §51d-§51e: with PACKED_FWD_WHOLE the packed forward
+    # loads Q (and K, V) through the whole arrays' host-built tensor maps, and with
+    # PACKED_FWD_SCATTER_OUT stores Out by a masked scatter (16-byte STG, no TMA store); it
+    # builds in the kernel (ATOMG.EXCH of the descriptor, UTMACCTL.IV) only the maps of
+    # the arrays still sliced. Every TMA load and MMA of the sliced kernel is still there,
+    # and nothing spills.
     from tiledattention.kernel import workload as W
 
     counts = {}
-    for whole in (False, True):
-        monkeypatch.setattr(W, "PACKED_FWD_WHOLE", whole)
+    for arm in ("sliced", "whole", "scatter"):
+        monkeypatch.setattr(W, "PACKED_FWD_WHOLE", arm != "sliced")
+        monkeypatch.setattr(W, "PACKED_FWD_SCATTER_OUT", arm == "scatter")
         cubin = export_workload_cubins(work, "sm_90", paged=paged,
                                        backward=())["attention_fwd_seqs"]
         ops, res = _ops(cubin)
-        counts[whole] = {p: sum(op.startswith(p) for op in ops) for p in (
-            "UTMACCTL.IV", "ATOMG.E.EXCH", "UTMALDG", "HGMMA", "STL", "LDL")}
+        counts[arm] = {p: sum(op.startswith(p) for op in ops) for p in (
+            "UTMACCTL.IV", "ATOMG.E.EXCH", "UTMALDG", "UTMASTG", "STG.E.128", "HGMMA", "STL",
+            "LDL")}
         assert re.search(r"STACK:0\b", res) and re.search(r"LOCAL:0\b", res)
-    old, new = counts[False], counts[True]
-    assert new["UTMACCTL.IV"] == new["ATOMG.E.EXCH"] == built < old["UTMACCTL.IV"], (old, new)
-    assert new["UTMALDG"] >= old["UTMALDG"] and new["HGMMA"] >= old["HGMMA"]
-    assert new["STL"] == new["LDL"] == 0
+    old = counts["sliced"]
+    for arm, n in zip(("whole", "scatter"), built):
+        new = counts[arm]
+        assert new["UTMACCTL.IV"] == new["ATOMG.E.EXCH"] == n < old["UTMACCTL.IV"], (arm, new)
+        assert new["UTMALDG"] >= old["UTMALDG"] and new["HGMMA"] >= old["HGMMA"]
+        assert new["STL"] == new["LDL"] == 0
+    assert counts["scatter"]["UTMASTG"] == 0 < counts["scatter"]["STG.E.128"]

@@ -501,8 +501,8 @@ def test_a_gathered_chunked_prefill_takes_the_switchs_schedule_only_unpinned_bel
 @pytest.mark.parametrize("kind", ["varlen", "prefill", "decode"])
 def test_the_packed_forward_passes_whole_loads_by_name_where_its_rows_are_packed(kind,
                                                                                 monkeypatch):
-    # §51d's switch reaches the forward's WHOLE_LOADS constant where q (or k, v) is packed:
-    # a packed forward and a chunked prefill, not a paged decode (nothing sliced there)
+    # §51d-§51e's switches reach the forward's WHOLE_LOADS and SCATTER_OUT constants where q
+    # (or k, v) is packed: a packed forward and a chunked prefill, not a paged decode
     pytest.importorskip("cuda.tile", reason="the plan builds cuTile kernel objects")
     from tiledattention import mods
     from tiledattention.kernel import workload as W
@@ -517,8 +517,9 @@ def test_the_packed_forward_passes_whole_loads_by_name_where_its_rows_are_packed
         Schedule.from_label("128x128_o1_c1_lk2_lv4_w8")))
     names = FWD_SEQS.names()[len(FWD_SEQS.tensors):]
     q = torch.empty(2048, 16, 128, dtype=torch.bfloat16)
-    for whole in (False, True):
+    for whole, scatter in ((False, True), (True, False), (True, True)):
         monkeypatch.setattr(W, "PACKED_FWD_WHOLE", whole)
+        monkeypatch.setattr(W, "PACKED_FWD_SCATTER_OUT", scatter)
         if kind == "varlen":
             w = Workload(4, 16, 16, 128, torch.bfloat16, 1024, 1024, True, 128 ** -0.5,
                          (-1, -1), 0.0)
@@ -529,4 +530,7 @@ def test_the_packed_forward_passes_whole_loads_by_name_where_its_rows_are_packed
                          packed_q=kind == "prefill")
             plan = W.paged_plan(w, q if kind == "prefill" else q[:4].view(4, 1, 16, 128),
                                 None, mods.NONE, False)
-        assert plan.launches[0].tail[names.index("WHOLE_LOADS")] is (whole and kind != "decode")
+        tail = plan.launches[0].tail
+        assert tail[names.index("WHOLE_LOADS")] is (whole and kind != "decode")
+        # Out scattered only with whole loads (its origin) and packed query rows
+        assert tail[names.index("SCATTER_OUT")] is (whole and scatter and kind != "decode")

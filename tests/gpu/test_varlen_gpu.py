@@ -111,12 +111,13 @@ def _refs(mods):
 def packed_bwd(request, monkeypatch):
     """The packed backward's two loads (benchmarks/notes/varlen-paged.md §42a): per-sequence
     sliced, and whole-array loads whose rows and keys past a sequence hold the next
-    sequence's data (masked in the compute); with the latter, the forward's too (§51d).
-    The plan caches key on both switches."""
+    sequence's data (masked in the compute); with the latter, the forward's too, Out
+    stored by a masked scatter (§51d-§51e). The plan caches key on the switches."""
     from tiledattention.kernel import workload as W
 
     fwd, bwd = request.param
     monkeypatch.setattr(W, "PACKED_FWD_WHOLE", fwd)
+    monkeypatch.setattr(W, "PACKED_FWD_SCATTER_OUT", fwd)
     monkeypatch.setattr(W, "PACKED_BWD_WHOLE", bwd)
     return request.param
 
@@ -572,8 +573,9 @@ def test_every_block_of_heads_runs_the_same_bits(block, monkeypatch):
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_whole_array_forward_loads_change_no_output_bit(causal, monkeypatch):
-    # §51d: only where the rows come from changes (the next sequence's, or TMA zeros past
-    # the array, instead of a per-sequence tensor map's zeros), and those rows are masked
+    # §51d-§51e: only where the rows come from changes (the next sequence's, or TMA zeros
+    # past the array, instead of a per-sequence tensor map's zeros; scattered, how Out's
+    # rows are stored), and those rows are masked
     # keys (P = 0 and, in the last tile, V read through its slice) or query rows never
     # stored. Packed forward with lse, seqused_k, a window and softcap, GQA; chunked
     # prefill at a gathered and a TMA page size. Rows past the packed sequences hold NaN.
@@ -592,10 +594,11 @@ def test_whole_array_forward_loads_change_no_output_bit(causal, monkeypatch):
     new = [512, 64, 7]
     qp = _packed(new, 8, 128, BF16)
     got = {}
-    for whole in (False, True):
-        monkeypatch.setattr(W, "PACKED_FWD_WHOLE", whole)
+    for arm in ("sliced", "whole", "scatter"):
+        monkeypatch.setattr(W, "PACKED_FWD_WHOLE", arm != "sliced")
+        monkeypatch.setattr(W, "PACKED_FWD_SCATTER_OUT", arm == "scatter")
         with torch.no_grad():
-            got[whole] = (
+            got[arm] = (
                 *ta.sdpa_varlen(q, k, v, _cu(lens), _cu(keys), max(lens), max(keys),
                                 causal=causal, return_lse=True),
                 ta.sdpa_varlen(q, k, v, _cu(lens), _cu(keys), max(lens), max(keys),
@@ -607,11 +610,12 @@ def test_whole_array_forward_loads_change_no_output_bit(causal, monkeypatch):
                 ta.sdpa_paged(qp, kc64, vc64, table64, seqlens, cu_seqlens_q=_cu(new),
                               max_seqlen_q=512, causal=causal))
     rows = sum(lens)
-    for name, a, b in zip(("out", "lse", "seqused", "window-softcap", "prefill16",
-                           "prefill64"), got[False], got[True]):
-        if name in ("out", "seqused", "window-softcap"):
-            a, b = a[:rows], b[:rows]
-        elif name == "lse":
-            a, b = a[:, :rows], b[:, :rows]
-        assert not b.isnan().any(), name
-        assert torch.equal(a, b), name
+    for arm in ("whole", "scatter"):
+        for name, a, b in zip(("out", "lse", "seqused", "window-softcap", "prefill16",
+                               "prefill64"), got["sliced"], got[arm]):
+            if name in ("out", "seqused", "window-softcap"):
+                a, b = a[:rows], b[:rows]
+            elif name == "lse":
+                a, b = a[:, :rows], b[:, :rows]
+            assert not b.isnan().any(), (arm, name)
+            assert torch.equal(a, b), (arm, name)

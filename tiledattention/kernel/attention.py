@@ -55,6 +55,7 @@ from .body import (
     row_lse,
     safe_divisor,
     scale_chunks,
+    scatter_rows,
     softmax_init,
     store_rows,
     zeros_chunks,
@@ -423,7 +424,8 @@ def seq_program(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns, seqs, b, bid_m,
         start, stop = sequence_span(CuQ, b, Q.shape[2])
         if not f.WHOLE_LOADS:
             Q = sequence_slice(Q, start, stop)
-        Out = sequence_slice(Out, start, stop)
+        if not (f.WHOLE_LOADS and f.SCATTER_OUT):
+            Out = sequence_slice(Out, start, stop)
         if f.RETURN_LSE:
             Lse = sequence_slice(Lse, start, stop)
         seq_q = stop - start
@@ -582,7 +584,12 @@ def rows_body(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns, b, bid_m, hb, ab,
     if f.FP8:
         l_div = l_div / v_descale  # V's descale folds into the row sums: one op a row
     o0, o1, o2 = divide_chunks(acc0, acc1, acc2, l_div, VNCHUNK)
-    store_rows(Out, ab, hb, bid_m, o0, o1, o2, TILE_M, VW0, VW1, VW2, VNCHUNK)
+    if f.SCATTER_OUT and query_origin(seq) is not None:
+        # the sequence's rows of this tile: its queries (seq_k - shift) past the tile's first
+        scatter_rows(Out, ab, hb, query_origin(seq) + q_start, seq_k - seq[2] - q_start,
+                     o0, o1, o2, TILE_M, VW0, VW1, VW2, VNCHUNK)
+    else:
+        store_rows(Out, ab, hb, bid_m, o0, o1, o2, TILE_M, VW0, VW1, VW2, VNCHUNK)
     if f.RETURN_LSE or f.SPLIT_K:
         ct.store(Lse, index=(ab, hb, bid_m), tile=row_lse(m_i, l_i).reshape((1, 1, TILE_M)))
 

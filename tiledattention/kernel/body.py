@@ -98,6 +98,23 @@ def store_rows(T, b, h, tile, c0, c1, c2, TILE, W0, W1, W2, NCHUNK):
                  tile=c2.reshape((1, 1, TILE, W2)).astype(T.dtype))
 
 
+def scatter_rows(T, b, h, at, rows, c0, c1, c2, TILE, W0, W1, W2, NCHUNK):
+    """Store [TILE, W] chunks into rows ``at`` .. ``at + TILE`` of ``T[b, h]`` in T's dtype,
+    only the first ``rows`` of them: a masked scatter into the whole packed array (16-byte
+    stores after a shared-memory transpose), where a store through a per-sequence slice
+    would build that slice's tensor map in the kernel."""
+    r = ct.arange(TILE, dtype=np.int32)[:, None]
+    keep = r < rows
+    ct.scatter(T, (b, h, at + r, ct.arange(W0, dtype=np.int32)[None, :]), c0.astype(T.dtype),
+               mask=keep, check_bounds=False)
+    if NCHUNK > 1:
+        ct.scatter(T, (b, h, at + r, W0 + ct.arange(W1, dtype=np.int32)[None, :]),
+                   c1.astype(T.dtype), mask=keep, check_bounds=False)
+    if NCHUNK > 2:
+        ct.scatter(T, (b, h, at + r, W0 + W1 + ct.arange(W2, dtype=np.int32)[None, :]),
+                   c2.astype(T.dtype), mask=keep, check_bounds=False)
+
+
 def zeros_chunks(TILE, W0, W1, W2):
     """fp32 accumulators of one [TILE, D] block, chunked."""
     return (ct.full((TILE, W0), 0.0, dtype=np.float32), ct.full((TILE, W1), 0.0, dtype=np.float32),

@@ -149,6 +149,11 @@ class FwdFlags(ScoreFlags):
     # Out and Lse stay sliced (``workload.PACKED_FWD_WHOLE``, benchmarks/notes/
     # varlen-paged.md §51d)
     WHOLE_LOADS: bool = flag("seqs", False)
+    # with WHOLE_LOADS and packed q: Out's rows stored by a masked scatter into the whole
+    # packed array, not through a per-sequence slice (whose tensor map the epilogue builds
+    # in the kernel; ``workload.PACKED_FWD_SCATTER_OUT``, benchmarks/notes/varlen-paged.md
+    # §51e)
+    SCATTER_OUT: bool = flag("seqs", False)
 
 
 @dataclass(frozen=True, kw_only=True)

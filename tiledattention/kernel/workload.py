@@ -253,7 +253,9 @@ def _fwd_values(w: Workload, s: Schedule, mods, *, return_lse, varlen_q, varlen_
         PAGE_JOIN=joins and not PAGE_KEYS_GATHERED,
         PAGE_GATHER_K=joins and PAGE_KEYS_GATHERED,
         SPLIT_SKIP=paged and split > 1 and PAGED_SKIP_EMPTY,
-        WHOLE_LOADS=PACKED_FWD_WHOLE and (varlen_q or varlen_k), HEAD_BLOCK=block)
+        WHOLE_LOADS=PACKED_FWD_WHOLE and (varlen_q or varlen_k),
+        SCATTER_OUT=(PACKED_FWD_WHOLE and PACKED_FWD_SCATTER_OUT and varlen_q
+                     and w.head_dim <= SCATTER_OUT_MAX_HEAD_DIM), HEAD_BLOCK=block)
     return values
 
 
@@ -523,6 +525,11 @@ PACKED_BWD_WHOLE = True
 # sliced array and program: 4 in a packed one, 3 in a page-16 chunked prefill (sm_90
 # SASS, §51d). Off until timed on a GPU; the varlen and paged plans' keys hold it.
 PACKED_FWD_WHOLE = False
+# With it, the packed forward's Out rows stored by a masked scatter into the whole array
+# (``FwdFlags.SCATTER_OUT``): no tensor map left to build in the epilogue, where its
+# global round trip is exposed (§51e). Off until timed; the plans' keys hold it.
+PACKED_FWD_SCATTER_OUT = False
+SCATTER_OUT_MAX_HEAD_DIM = 128  # D 256's [64, 256] scatter spilled (56 STL, §51e)
 # The packed backward's delta launch at occupancy 4 (64 registers): without a hint tileiras
 # gives it 255 registers, one CTA of 256 threads an SM, and it ran 63 µs of a 1.6 ms step
 # at 16k causal D 128 (ncu: 12.5 % theoretical occupancy; benchmarks/notes/varlen-paged.md
@@ -725,7 +732,8 @@ def varlen_setup(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, causal, scale, wi
            _facts(seqused_k), max_q, max_k, type(causal), causal, type(scale), scale,
            tuple(window_size) if isinstance(window_size, (tuple, list)) else window_size,
            softcap, mods.key, bool(return_lse), None if schedule is None else str(schedule),
-           policy.generation(), VARLEN_HEAD_BLOCKS, VARLEN_HEAVY_MAP, PACKED_FWD_WHOLE)
+           policy.generation(), VARLEN_HEAD_BLOCKS, VARLEN_HEAVY_MAP, PACKED_FWD_WHOLE,
+           PACKED_FWD_SCATTER_OUT)
     plan = _cached(key, build)
     if plan.work.batch and key not in _checked and _checked_now(cu_q):
         checked_offsets(cu_q, cu_k, seqused_k, max_q, max_k, q.shape[0], k.shape[0])
@@ -758,7 +766,8 @@ def paged_setup(q, k_cache, v_cache, page_table, cache_seqlens, cu_q, max_q, cau
            policy.generation(), PAGED_HEAVY_FIRST, PAGE_JOIN_BELOW, MAX_PAGE_SPAN,
            PAGED_SKIP_EMPTY, PAGED_SPLIT_KEYS, GATHER_TILE, PAGE_GATHER_BELOW,
            PAGE_KEYS_GATHERED, GATHER_MAX_Q, PAGED_DECODE_WORKER_WARPS,
-           PAGED_DECODE_OCCUPANCY, GATHERED_PREFILL_SCHEDULE, PACKED_FWD_WHOLE)
+           PAGED_DECODE_OCCUPANCY, GATHERED_PREFILL_SCHEDULE, PACKED_FWD_WHOLE,
+           PACKED_FWD_SCATTER_OUT)
     plan = _cached(key, build)
     if key not in _checked and _checked_now(cache_seqlens):
         checked_cache(page_table, cache_seqlens, k_cache.shape[0], k_cache.shape[1], cu_q,
