@@ -316,3 +316,36 @@ def test_whole_array_forward_loads_build_only_the_sliced_arrays_tensor_maps(work
         assert new["UTMALDG"] >= old["UTMALDG"] and new["HGMMA"] >= old["HGMMA"]
         assert new["STL"] == new["LDL"] == 0
     assert counts["scatter"]["UTMASTG"] == 0 < counts["scatter"]["STG.E.128"]
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("gpu", ["sm_90", "sm_100"])
+@pytest.mark.parametrize("work, paged", [
+    (_work(128, True), False), (_work(64, False, (256, 0), True), False),
+    (_work(96, True, hq=16, hk=4), False),
+    (_work(128, True, page=16, hq=32, hk=8, prefill=True), True),
+], ids=["d128-causal", "d64-window-seqused", "d96-gqa", "prefill-page16"])
+def test_the_packed_forward_compiles_with_whole_loads_and_a_scattered_out(work, paged, gpu,
+                                                                          monkeypatch):
+    # §51d-§51e's switches, off by default: their kernels compile wherever the defaults'
+    # do (the SASS tests above need cuobjdump; this one only tileiras)
+    from tiledattention.kernel import workload as W
+
+    monkeypatch.setattr(W, "PACKED_FWD_WHOLE", True)
+    monkeypatch.setattr(W, "PACKED_FWD_SCATTER_OUT", True)
+    cubin = export_workload_cubins(work, gpu, paged=paged, backward=())["attention_fwd_seqs"]
+    assert cubin[:4] == b"\x7fELF"
+
+
+@pytest.mark.compile
+def test_a_gathered_chunked_prefill_compiles_on_the_switchs_schedule(monkeypatch):
+    # §51b's A/B arm: K and V gathered on 64 x 128 tiles, 4 worker warps, occupancy 1
+    import tiledattention.schedules.schedule as S
+    from tiledattention.kernel import workload as W
+
+    monkeypatch.setattr(W, "GATHER_MAX_Q", 1 << 20)
+    monkeypatch.setattr(S, "default_schedule", lambda d, causal: S.Schedule.from_label(
+        "64x128_o1_c1_lk2_lv4_w4"))
+    work = _work(128, True, page=16, hq=32, hk=8, prefill=True)
+    cubin = export_workload_cubins(work, "sm_90", paged=True)["attention_fwd_seqs"]
+    assert cubin[:4] == b"\x7fELF"
