@@ -7,7 +7,8 @@ keys where a tile's work follows them; a key tile's pages in one MMA operand,
 ``PAGED_SKIP_EMPTY``, ``PAGED_SPLIT_KEYS``, ``PAGED_DECODE_WORKER_WARPS``,
 ``PAGED_DECODE_OCCUPANCY``; a gathered chunked prefill's schedule,
 ``GATHERED_PREFILL_SCHEDULE``; the packed forward's whole-array loads and Out's store,
-``PACKED_FWD_WHOLE``, ``PACKED_FWD_SCATTER_OUT``) on the workloads stage's own points
+``PACKED_FWD_WHOLE``, ``PACKED_FWD_SCATTER_OUT``; the packed backward's stores,
+``PACKED_BWD_SCATTER_OUT``) on the workloads stage's own points
 (``config/reference.yaml``'s section: lognormal documents, ragged contexts), beside
 FlashAttention-4: ours with the switch off and on, FA4, interleaved in rounds in one
 process, kernel time with L2 flushed. Each point's outputs
@@ -23,6 +24,8 @@ reference as the stage checks its rows. GPU.
     python benchmarks/packed_order_ab.py --switch PACKED_FWD_WHOLE --kinds varlen prefill
     python benchmarks/packed_order_ab.py --switch PACKED_FWD_SCATTER_OUT \\
         --set PACKED_FWD_WHOLE=True --kinds varlen prefill
+    python benchmarks/packed_order_ab.py --switch PACKED_BWD_SCATTER_OUT --kinds varlen \\
+        --passes fwd+bwd
     python benchmarks/packed_order_ab.py --switch PAGED_DECODE_OCCUPANCY --values 0 2 \\
         --kinds decode --passes fwd
     python benchmarks/packed_order_ab.py --switch GATHERED_PREFILL_SCHEDULE \\
@@ -30,7 +33,7 @@ reference as the stage checks its rows. GPU.
         --kinds prefill --pages 16 --passes fwd
 
 benchmarks/notes/varlen-paged.md §48a, §49a and §50a-§50e have the predictions and what they
-measured; §51b, §51d and §51e the predictions of the last three.
+measured; §51b and §51d-§51f the predictions of the last four.
 """
 import argparse
 import ast
@@ -118,7 +121,7 @@ def main() -> int:
         "PAGE_JOIN_BELOW", "MAX_PAGE_SPAN", "PAGED_SKIP_EMPTY", "PAGED_SPLIT_KEYS",
         "GATHER_TILE", "PAGE_GATHER_BELOW", "PAGE_KEYS_GATHERED", "GATHER_MAX_Q",
         "PAGED_DECODE_WORKER_WARPS", "PAGED_DECODE_OCCUPANCY", "GATHERED_PREFILL_SCHEDULE",
-        "PACKED_FWD_WHOLE", "PACKED_FWD_SCATTER_OUT"])
+        "PACKED_FWD_WHOLE", "PACKED_FWD_SCATTER_OUT", "PACKED_BWD_SCATTER_OUT"])
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                    help="another switch held at VALUE (a Python literal) in both arms")
     p.add_argument("--pages", nargs="+", type=int, help="only these page sizes (paged kinds)")

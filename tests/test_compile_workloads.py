@@ -150,32 +150,39 @@ def _ops(cubin: bytes) -> tuple[list[str], str]:
 
 @pytest.mark.compile
 @pytest.mark.parametrize("work, built", [
-    (_work(128, True), {"attention_bwd_dkdv_seqs": 2, "attention_bwd_dq_seqs": 1}),
+    # (whole loads, whole loads and scattered stores) per kernel
+    (_work(128, True), {"attention_bwd_dkdv_seqs": (2, 0), "attention_bwd_dq_seqs": (1, 0)}),
     # seqused_k keeps K and V sliced (NaN past the used keys must load as TMA zeros)
-    (_work(64, False, (256, 0), True), {"attention_bwd_dkdv_seqs": 4,
-                                        "attention_bwd_dq_seqs": 4}),
+    (_work(64, False, (256, 0), True), {"attention_bwd_dkdv_seqs": (4, 2),
+                                        "attention_bwd_dq_seqs": (4, 3)}),
 ], ids=["d128-causal", "d64-window-seqused"])
 def test_whole_array_loads_build_only_the_sliced_stores_tensor_maps(work, built, monkeypatch):
     # benchmarks/notes/varlen-paged.md §42a: with PACKED_BWD_WHOLE the packed backward
     # loads through the whole arrays' host-built tensor maps (prefetched: UTMACCTL.PF) and
     # builds in the kernel (UTMACCTL.IV after the descriptor's STS.128) only those of
-    # the sliced arrays: dK and dV, dQ. Same warp-group MMAs and TMA loads, no spills.
+    # the sliced arrays: dK and dV, dQ; §51f: with PACKED_BWD_SCATTER_OUT those are stored
+    # by masked scatters (16-byte STG, no TMA store) and their maps are gone too. Same
+    # warp-group MMAs and TMA loads, no spills.
     from tiledattention.kernel import workload as W
 
     counts = {}
-    for whole in (False, True):
-        monkeypatch.setattr(W, "PACKED_BWD_WHOLE", whole)
+    for arm in ("sliced", "whole", "scatter"):
+        monkeypatch.setattr(W, "PACKED_BWD_WHOLE", arm != "sliced")
+        monkeypatch.setattr(W, "PACKED_BWD_SCATTER_OUT", arm == "scatter")
         for name, cubin in export_workload_cubins(work, "sm_90").items():
             if name in built:
                 ops, res = _ops(cubin)
-                counts[name, whole] = {p: sum(op.startswith(p) for op in ops) for p in (
-                    "UTMACCTL.IV", "UTMALDG", "HGMMA", "STL", "LDL")}
+                counts[name, arm] = {p: sum(op.startswith(p) for op in ops) for p in (
+                    "UTMACCTL.IV", "UTMALDG", "UTMASTG", "STG.E.128", "HGMMA", "STL", "LDL")}
                 assert re.search(r"STACK:0\b", res) and re.search(r"LOCAL:0\b", res)
     for name, n in built.items():
-        old, new = counts[name, False], counts[name, True]
-        assert new["UTMACCTL.IV"] == n < old["UTMACCTL.IV"], (name, old, new)
-        assert new["UTMALDG"] == old["UTMALDG"] and new["HGMMA"] == old["HGMMA"]
-        assert new["STL"] == new["LDL"] == 0
+        old = counts[name, "sliced"]
+        for arm, maps in zip(("whole", "scatter"), n):
+            new = counts[name, arm]
+            assert new["UTMACCTL.IV"] == maps < old["UTMACCTL.IV"], (name, arm, old, new)
+            assert new["UTMALDG"] == old["UTMALDG"] and new["HGMMA"] == old["HGMMA"]
+            assert new["STL"] == new["LDL"] == 0
+        assert counts[name, "scatter"]["UTMASTG"] == 0 < counts[name, "scatter"]["STG.E.128"]
 
 
 @pytest.mark.compile
@@ -325,16 +332,19 @@ def test_whole_array_forward_loads_build_only_the_sliced_arrays_tensor_maps(work
     (_work(96, True, hq=16, hk=4), False),
     (_work(128, True, page=16, hq=32, hk=8, prefill=True), True),
 ], ids=["d128-causal", "d64-window-seqused", "d96-gqa", "prefill-page16"])
-def test_the_packed_forward_compiles_with_whole_loads_and_a_scattered_out(work, paged, gpu,
-                                                                          monkeypatch):
-    # §51d-§51e's switches, off by default: their kernels compile wherever the defaults'
-    # do (the SASS tests above need cuobjdump; this one only tileiras)
+def test_the_packed_kernels_compile_with_whole_loads_and_scattered_stores(work, paged, gpu,
+                                                                         monkeypatch):
+    # §51d-§51f's switches, off by default: their kernels compile wherever the defaults'
+    # do (the SASS tests above need cuobjdump; this one only tileiras). The packed dQ for
+    # sm_100 is tileiras' known limit (§38f), so Blackwell compiles the rest.
     from tiledattention.kernel import workload as W
 
-    monkeypatch.setattr(W, "PACKED_FWD_WHOLE", True)
-    monkeypatch.setattr(W, "PACKED_FWD_SCATTER_OUT", True)
-    cubin = export_workload_cubins(work, gpu, paged=paged, backward=())["attention_fwd_seqs"]
-    assert cubin[:4] == b"\x7fELF"
+    for switch in ("PACKED_FWD_WHOLE", "PACKED_FWD_SCATTER_OUT", "PACKED_BWD_SCATTER_OUT"):
+        monkeypatch.setattr(W, switch, True)
+    backward = ("dkdv",) if gpu == "sm_100" else None
+    cubins = export_workload_cubins(work, gpu, paged=paged, backward=backward)
+    assert len(cubins) >= (2 if paged else 4)
+    assert all(c[:4] == b"\x7fELF" for c in cubins.values())
 
 
 @pytest.mark.compile

@@ -255,8 +255,8 @@ def test_the_packed_backward_plan_names_every_kernel_argument(d, hk, monkeypatch
 
 
 def test_the_packed_backward_passes_whole_loads_by_name_and_keys_its_plan_on_it(monkeypatch):
-    # §42a's switch reaches both score kernels' WHOLE_LOADS constant, and the cached plan
-    # follows it (an A/B flips it in one process: benchmarks/varlen.py --ab-packed-bwd)
+    # §42a's and §51f's switches reach both score kernels' WHOLE_LOADS and SCATTER_OUT
+    # constants, and the cached plan follows them (an A/B flips one in one process)
     pytest.importorskip("cuda.tile", reason="the kernel's parameter names come from cuTile")
     from tiledattention import mods, varlen
     from tiledattention.kernel import workload as W
@@ -265,14 +265,16 @@ def test_the_packed_backward_passes_whole_loads_by_name_and_keys_its_plan_on_it(
 
     w = Workload(4, 16, 4, 128, torch.bfloat16, 1024, 1024, True, 128 ** -0.5, (-1, -1), 0.0)
     plans = {}
-    for whole in (False, True):
+    for whole, scatter in ((False, False), (True, False), (True, True), (False, True)):
         monkeypatch.setattr(W, "PACKED_BWD_WHOLE", whole)
-        plans[whole] = varlen._bwd_plan(w, torch.device("cpu"), mods.NONE, False)
-        steps = {s.role: s for s in plans[whole].launches}
+        monkeypatch.setattr(W, "PACKED_BWD_SCATTER_OUT", scatter)  # §51f
+        plans[whole, scatter] = varlen._bwd_plan(w, torch.device("cpu"), mods.NONE, False)
+        steps = {s.role: s for s in plans[whole, scatter].launches}
         for role, spec in (("dq", DQ_SEQS), ("dkdv", DKDV_SEQS)):
             names = spec.names()[len(spec.tensors):]
             assert steps[role].tail[names.index("WHOLE_LOADS")] is whole
-    assert plans[False] is not plans[True]
+            assert steps[role].tail[names.index("SCATTER_OUT")] is scatter
+    assert len({id(p) for p in plans.values()}) == 4
 
 
 @pytest.mark.parametrize("causal", [False, True])

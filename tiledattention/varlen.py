@@ -112,6 +112,7 @@ class _Varlen(torch.autograd.Function):
 def _bwd_plan(w, device, mods, has_dlse: bool):
     pinned = pinned_schedule()  # a benchmark's ``pinned_bwd_schedule``, in force at the backward
     key = ("varlen_bwd", w, device, mods.key, has_dlse, _w.PACKED_BWD_WHOLE,
+           _w.PACKED_BWD_SCATTER_OUT,
            _w.PACKED_DELTA_OCCUPANCY, _w.PACKED_BWD_TAIL_TILE, _w.PACKED_BWD_KEY_ROWS,
            _w.PACKED_DQ_DELTA, _w.VARLEN_BWD_HEAD_BLOCKS, _w.VARLEN_HEAVY_MAP,
            _w.policy.generation(), pinned)

@@ -6,6 +6,7 @@ poisoned first so an unwritten row shows, CUDA-graph capture and torch.compile."
 
 from __future__ import annotations
 
+import functools
 import math
 
 import pytest
@@ -107,17 +108,19 @@ def _refs(mods):
 
 
 @pytest.fixture(params=[(False, False), (False, True), (True, True)],
-                ids=["sliced", "whole-bwd", "whole-fwd-bwd"])
+                ids=["sliced", "whole-bwd", "whole-scattered"])
 def packed_bwd(request, monkeypatch):
     """The packed backward's two loads (benchmarks/notes/varlen-paged.md §42a): per-sequence
     sliced, and whole-array loads whose rows and keys past a sequence hold the next
-    sequence's data (masked in the compute); with the latter, the forward's too, Out
-    stored by a masked scatter (§51d-§51e). The plan caches key on the switches."""
+    sequence's data (masked in the compute); with the latter, the forward's too, and Out,
+    dK, dV and dQ stored by masked scatters (§51d-§51f). The plan caches key on the
+    switches."""
     from tiledattention.kernel import workload as W
 
     fwd, bwd = request.param
     monkeypatch.setattr(W, "PACKED_FWD_WHOLE", fwd)
     monkeypatch.setattr(W, "PACKED_FWD_SCATTER_OUT", fwd)
+    monkeypatch.setattr(W, "PACKED_BWD_SCATTER_OUT", fwd)
     monkeypatch.setattr(W, "PACKED_BWD_WHOLE", bwd)
     return request.param
 
@@ -619,3 +622,29 @@ def test_whole_array_forward_loads_change_no_output_bit(causal, monkeypatch):
                 a, b = a[:, :rows], b[:, :rows]
             assert not b.isnan().any(), (arm, name)
             assert torch.equal(a, b), (arm, name)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_scattered_gradient_stores_change_no_gradient_bit(causal, monkeypatch):
+    # §51f: dK, dV and dQ stored by masked scatters into the whole arrays instead of
+    # through per-sequence slices: the same values in the same rows, every covered row
+    # written (gradients allocated empty, poisoned here), rows no sequence covers still
+    # zeroed by the tile map's launch. GQA, D 64 and 128, empty and one-token sequences.
+    from tiledattention.kernel import workload as W
+
+    lens, extra = [300, 1, 0, 129, 64, 700, 2000], 37
+    got = {}
+    for d in (64, 128):
+        q = torch.randn(sum(lens) + extra, 8, d, device="cuda").to(BF16).requires_grad_()
+        k, v = (torch.randn(sum(lens) + extra, 2, d, device="cuda").to(BF16).requires_grad_()
+                for _ in range(2))
+        cu = _cu(lens)
+        out = ta.sdpa_varlen(q, k, v, cu, cu, max(lens), max(lens), causal=causal)
+        dout = torch.randn_like(out)
+        for scatter in (False, True):
+            monkeypatch.setattr(W, "PACKED_BWD_SCATTER_OUT", scatter)
+            got[d, scatter] = _poisoned(functools.partial(
+                torch.autograd.grad, out, (q, k, v), dout, retain_graph=True))
+        for name, a, b in zip(("dq", "dk", "dv"), got[d, False], got[d, True]):
+            assert not b.isnan().any(), (d, name)
+            assert torch.equal(a, b), (d, name)

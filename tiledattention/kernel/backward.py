@@ -62,6 +62,7 @@ from .body import (
     no_score_mod,
     row_stat,
     scale_chunks,
+    scatter_rows,
     score_gradient,
     store_rows,
     zeros_chunks,
@@ -383,9 +384,11 @@ def dkdv_program(Q, K, V, dOut, Lse, Delta, Mask, extra, dK, dV, dQacc, scalars,
         if valid:
             arrays, ks, ke, seq_k, diag, at = sequence_arrays(
                 (Q, K, V, dOut, Lse, Delta, Mask), seqs, b, f)
-            dkdv_key_tile(arrays, extra, sequence_slice(dK, ks, ke),
-                          sequence_slice(dV, ks, ke), dQacc, scalars, f, fns, b,
-                          bid_n, hk, 0, seq_k, diag, at)
+            if not f.SCATTER_OUT:
+                dK = sequence_slice(dK, ks, ke)
+                dV = sequence_slice(dV, ks, ke)
+            dkdv_key_tile(arrays, extra, dK, dV, dQacc, scalars, f, fns, b, bid_n, hk, 0,
+                          seq_k, diag, at, (ks, ke - ks))
     else:
         dkdv_key_tile((Q, K, V, dOut, Lse, Delta, Mask), extra, dK, dV, dQacc, scalars, f,
                       fns, b, bid_n, hk, b, K.shape[2], None)
@@ -428,10 +431,12 @@ def sequence_arrays(arrays, seqs, b, f):
 
 
 def dkdv_key_tile(arrays, extra, dK, dV, dQacc, scalars, f, fns, b, bid_n, hk, ab, seq_k,
-                  diag, at=None):
+                  diag, at=None, span=None):
     """Key tile ``bid_n`` of (batch or sequence) ``b`` and K/V head ``hk``: arrays at
     array batch ``ab``; ``diag`` ``keep_tile``'s bottom-right diagonal (shift, WINDOW,
-    WIN_L, WIN_R) of a packed sequence, else None; ``at`` ``whole_origins``."""
+    WIN_L, WIN_R) of a packed sequence, else None; ``at`` ``whole_origins``; ``span`` a
+    packed sequence's (first key, keys) in the packed arrays (``SCATTER_OUT``'s rows),
+    else None."""
     Q, K, V, dOut, Lse, Delta, Mask = arrays
     BlkCnt, BlkIdx, A0, A1, A2, A3, G0, G1, G2, G3 = extra
     qk_scale_log2, inv_scale, scale, GROUP = scalars
@@ -505,8 +510,16 @@ def dkdv_key_tile(arrays, extra, dK, dV, dQacc, scalars, f, fns, b, bid_n, hk, a
 
     dk0, dk1, dk2, dv0, dv1, dv2 = acc
     dk0, dk1, dk2 = scale_chunks(dk0, dk1, dk2, scale, NCHUNK)
-    store_rows(dV, ab, hk, bid_n, dv0, dv1, dv2, TILE_N, VW0, VW1, VW2, VNCHUNK)
-    store_rows(dK, ab, hk, bid_n, dk0, dk1, dk2, TILE_N, W0, W1, W2, NCHUNK)
+    if f.SCATTER_OUT:
+        first, keys = span
+        at_n = first + bid_n * TILE_N
+        scatter_rows(dV, ab, hk, at_n, keys - bid_n * TILE_N, dv0, dv1, dv2, TILE_N, VW0,
+                     VW1, VW2, VNCHUNK)
+        scatter_rows(dK, ab, hk, at_n, keys - bid_n * TILE_N, dk0, dk1, dk2, TILE_N, W0, W1,
+                     W2, NCHUNK)
+    else:
+        store_rows(dV, ab, hk, bid_n, dv0, dv1, dv2, TILE_N, VW0, VW1, VW2, VNCHUNK)
+        store_rows(dK, ab, hk, bid_n, dk0, dk1, dk2, TILE_N, W0, W1, W2, NCHUNK)
 
 
 def dq_row_stats(Out, Lse, Delta, Dlse, do, b, h, bid_m, f):
@@ -584,8 +597,10 @@ def dq_program(Q, K, V, dOut, Lse, Delta, Mask, extra, Out, Dlse, dQ, scalars, f
             arrays, _, _, seq_k, diag, at = sequence_arrays(
                 (Q, K, V, dOut, Lse, Delta, Mask), seqs, b, f)
             qs, qe = sequence_span(CuQ, b, Q.shape[2])
-            dq_query_tile(arrays, extra, Out, Dlse, sequence_slice(dQ, qs, qe),
-                          scalars, f, fns, b, bid_m, h, 0, seq_k, diag, at, (qs, qe - qs))
+            if not f.SCATTER_OUT:
+                dQ = sequence_slice(dQ, qs, qe)
+            dq_query_tile(arrays, extra, Out, Dlse, dQ, scalars, f, fns, b, bid_m, h, 0,
+                          seq_k, diag, at, (qs, qe - qs))
     else:
         dq_query_tile((Q, K, V, dOut, Lse, Delta, Mask), extra, Out, Dlse, dQ, scalars, f,
                       fns, b, bid_m, h, b, K.shape[2], None)
@@ -642,7 +657,12 @@ def dq_query_tile(arrays, extra, Out, Dlse, dQ, scalars, f, fns, b, bid_m, h, ab
 
     dq0, dq1, dq2 = acc
     dq0, dq1, dq2 = scale_chunks(dq0, dq1, dq2, scale, NCHUNK)
-    store_rows(dQ, ab, h, bid_m, dq0, dq1, dq2, TILE_M, W0, W1, W2, NCHUNK)
+    if f.SCATTER_OUT:
+        first, rows = span
+        scatter_rows(dQ, ab, h, first + bid_m * TILE_M, rows - bid_m * TILE_M, dq0, dq1, dq2,
+                     TILE_M, W0, W1, W2, NCHUNK)
+    else:
+        store_rows(dQ, ab, h, bid_m, dq0, dq1, dq2, TILE_M, W0, W1, W2, NCHUNK)
 
 
 # The entry points, written out from the families' fields (``entry``): ``FLAGS`` stands

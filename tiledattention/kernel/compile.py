@@ -256,7 +256,7 @@ def export_workload_cubins(work, gpu_code: str, *, paged: bool = False,
         common = dict(GROUP=work.heads_q // work.heads_kv, **W.head_dim_constants(
             work.head_dim), CAUSAL=work.causal, HAS_SCORE_MOD=False, HAS_MASK_MOD=False,
             SEQUSED=work.seqused, WINDOW=work.window != (-1, -1),
-            WHOLE_LOADS=W.PACKED_BWD_WHOLE, HEAD_BLOCK=0)
+            **W.packed_bwd_rows(work.head_dim), HEAD_BLOCK=0)
         steps = {"dkdv": (DKDV_SEQS, dict(common, TILE_M=b.dkdv_m, TILE_N=b.dkdv_n,
                                           KEY_ROWS=b.key_rows, ONE_HEAD=False,
                                           TAIL_TILE=W.packed_tail_tile(

@@ -122,6 +122,10 @@ class BwdFlags(ScoreFlags):
     # past the sequence in the compute; only the stores sliced (``workload.PACKED_BWD_WHOLE``,
     # benchmarks/notes/varlen-paged.md §42a)
     WHOLE_LOADS: bool = flag("seqs", False)
+    # with WHOLE_LOADS: dK, dV (dQ) rows stored by a masked scatter into the whole packed
+    # arrays, not through per-sequence slices whose tensor maps the epilogue builds in the
+    # kernel (``workload.PACKED_BWD_SCATTER_OUT``, benchmarks/notes/varlen-paged.md §51f)
+    SCATTER_OUT: bool = flag("seqs", False)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -529,7 +529,18 @@ PACKED_FWD_WHOLE = False
 # (``FwdFlags.SCATTER_OUT``): no tensor map left to build in the epilogue, where its
 # global round trip is exposed (§51e). Off until timed; the plans' keys hold it.
 PACKED_FWD_SCATTER_OUT = False
+# The packed backward's dK, dV and dQ rows likewise (``BwdFlags.SCATTER_OUT``, §51f). Off
+# until timed; the backward plan's key holds it.
+PACKED_BWD_SCATTER_OUT = False
 SCATTER_OUT_MAX_HEAD_DIM = 128  # D 256's [64, 256] scatter spilled (56 STL, §51e)
+
+
+def packed_bwd_rows(head_dim: int) -> dict:
+    """How the packed backward loads and stores its rows (the switches above): its
+    ``WHOLE_LOADS`` and ``SCATTER_OUT`` constants, for plans and the ahead-of-time
+    compile alike."""
+    return dict(WHOLE_LOADS=PACKED_BWD_WHOLE,
+                SCATTER_OUT=PACKED_BWD_SCATTER_OUT and head_dim <= SCATTER_OUT_MAX_HEAD_DIM)
 # The packed backward's delta launch at occupancy 4 (64 registers): without a hint tileiras
 # gives it 255 registers, one CTA of 256 threads an SM, and it ran 63 µs of a 1.6 ms step
 # at 16k causal D 128 (ncu: 12.5 % theoretical occupancy; benchmarks/notes/varlen-paged.md
@@ -601,7 +612,7 @@ def varlen_bwd_plan(w: Workload, device, mods, has_dlse: bool, schedule=None) ->
                   **window_scalars(w.window), **hd, CAUSAL=w.causal,
                   HAS_SCORE_MOD=mods.has_score_mod, HAS_MASK_MOD=mods.has_mask_mod,
                   SEQUSED=w.seqused, WINDOW=w.window != (-1, -1),
-                  WHOLE_LOADS=PACKED_BWD_WHOLE, HEAD_BLOCK=0)
+                  **packed_bwd_rows(w.head_dim), HEAD_BLOCK=0)
     one_head = w.heads_q == w.heads_kv and w.head_dim in ONE_HEAD_DIMS
     dkdv_values = dict(common, TILE_M=s.dkdv_m, TILE_N=s.dkdv_n, KEY_ROWS=s.key_rows,
                        ONE_HEAD=one_head, TAIL_TILE=packed_tail_tile(w.causal, w.head_dim))
