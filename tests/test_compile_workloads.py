@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -246,19 +247,15 @@ def test_the_packed_dq_delta_compiles_with_dlse_and_sliced_loads(whole, monkeypa
 
 
 def _gather_loops(sass: str) -> list[bool]:
-    """For each innermost loop (a backward branch and its target) holding cp.async
-    (LDGSTS): whether it holds MMAs (HGMMA) too, i.e. its gathers wait for the MMA loop."""
-    lines = [(int(a, 16), ins) for a, ins in
-             re.findall(r"/\*([0-9a-f]{4,})\*/\s+((?:@!?U?P\w+\s+)?[A-Z][^;]*);", sass)]
-    loops = []
-    for at, ins in lines:
-        target = re.search(r"BRA\b.*?0x([0-9a-f]+)", ins)
-        if target and int(target.group(1), 16) < at:
-            loops.append((int(target.group(1), 16), at))
-    inner = [lp for lp in loops
-             if not any(o != lp and lp[0] <= o[0] and o[1] <= lp[1] for o in loops)]
-    bodies = [" ".join(i for a, i in lines if lo <= a <= hi) for lo, hi in inner]
-    return [" HGMMA" in " " + b for b in bodies if "LDGSTS" in b]
+    """For each innermost loop holding cp.async (``G``): whether it holds MMAs (``M``)
+    too, i.e. its gathers wait for the MMA loop (repro 7's ``inner_loops`` events)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "repro"))
+    try:
+        import paged_gather
+    finally:
+        sys.path.pop(0)
+    loops = paged_gather.inner_loops(sass, shown=1000, most=10 ** 6).split(" | ")
+    return ["M" in loop.split() for loop in loops if "G" in loop.split()]
 
 
 @pytest.mark.compile

@@ -445,6 +445,18 @@ def test_a_paged_decodes_empty_key_splits_skip_their_loads_only_under_split_k(
     assert tail[names.index("SPLIT_SKIP")] is want
 
 
+def _plans_on_cpu(monkeypatch, table):
+    """Let ``workload``'s plans build on the CPU (device 0, 132 SMs), with ``table`` the
+    table's schedule where the caller pins none."""
+    from tiledattention.kernel import workload as W
+
+    monkeypatch.setattr(W, "_index", lambda device: 0)
+    monkeypatch.setattr(W, "check_gpu", lambda index: None)
+    monkeypatch.setattr(W, "sm_count", lambda index: 132)
+    monkeypatch.setattr(W, "_forward_schedule", lambda w, index, sq, sk, schedule: (
+        schedule or table))
+
+
 @pytest.mark.parametrize("pinned", [False, True])
 def test_a_paged_decode_runs_four_worker_warps_unless_its_schedule_is_pinned(pinned,
                                                                              monkeypatch):
@@ -456,11 +468,7 @@ def test_a_paged_decode_runs_four_worker_warps_unless_its_schedule_is_pinned(pin
     from tiledattention.kernel.workload_check import Workload
     from tiledattention.schedules.schedule import Schedule
 
-    monkeypatch.setattr(W, "_index", lambda device: 0)
-    monkeypatch.setattr(W, "check_gpu", lambda index: None)
-    monkeypatch.setattr(W, "sm_count", lambda index: 132)
-    monkeypatch.setattr(W, "_forward_schedule", lambda w, index, sq, sk, schedule: (
-        schedule or Schedule(64, 128, occupancy=1, worker_warps=8)))
+    _plans_on_cpu(monkeypatch, Schedule(64, 128, occupancy=1, worker_warps=8))
     w = Workload(64, 32, 8, 128, torch.bfloat16, 1, 32768, True, 128 ** -0.5, (-1, -1),
                  0.0, page_size=64, packed_q=False)
     q = torch.empty(64, 1, 32, 128, dtype=torch.bfloat16)
@@ -488,10 +496,7 @@ def test_a_gathered_chunked_prefill_takes_the_switchs_schedule_only_unpinned_bel
     from tiledattention.schedules.schedule import Schedule
 
     table = Schedule.from_label("128x128_o1_c1_lk2_lv4_w8")
-    monkeypatch.setattr(W, "_index", lambda device: 0)
-    monkeypatch.setattr(W, "check_gpu", lambda index: None)
-    monkeypatch.setattr(W, "_forward_schedule", lambda w, index, sq, sk, schedule: (
-        schedule or table))
+    _plans_on_cpu(monkeypatch, table)
     monkeypatch.setattr(W, "GATHERED_PREFILL_SCHEDULE", label)
     w = Workload(4, 32, 8, 128, torch.bfloat16, 512, 8192, True, 128 ** -0.5, (-1, -1), 0.0,
                  page_size=page, packed_q=True)
@@ -512,11 +517,7 @@ def test_the_packed_forward_passes_whole_loads_by_name_where_its_rows_are_packed
     from tiledattention.kernel.workload_check import Workload
     from tiledattention.schedules.schedule import Schedule
 
-    monkeypatch.setattr(W, "_index", lambda device: 0)
-    monkeypatch.setattr(W, "check_gpu", lambda index: None)
-    monkeypatch.setattr(W, "sm_count", lambda index: 132)
-    monkeypatch.setattr(W, "_forward_schedule", lambda w, index, sq, sk, schedule: (
-        Schedule.from_label("128x128_o1_c1_lk2_lv4_w8")))
+    _plans_on_cpu(monkeypatch, Schedule.from_label("128x128_o1_c1_lk2_lv4_w8"))
     names = FWD_SEQS.names()[len(FWD_SEQS.tensors):]
     q = torch.empty(2048, 16, 128, dtype=torch.bfloat16)
     for whole, scatter in ((False, True), (True, False), (True, True)):

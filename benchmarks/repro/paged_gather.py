@@ -210,9 +210,9 @@ def events(instructions: list[str], most: int = 12) -> str:
     return " ".join(out[:most])
 
 
-def inner_loops(sass: str, shown: int = 3) -> str:
-    """The innermost loops (a backward branch and its target; over 20 instructions) as
-    their events, ``|`` between loops."""
+def inner_loops(sass: str, shown: int = 3, most: int = 12) -> str:
+    """The first ``shown`` innermost loops (a backward branch and its target; over 20
+    instructions) as their first ``most`` events, ``|`` between loops."""
     lines = [(int(a, 16), ins) for a, ins in
              re.findall(r"/\*([0-9a-f]{4,})\*/\s+((?:@!?U?P\w+\s+)?[A-Z][^;]*);", sass)]
     loops = []
@@ -224,7 +224,7 @@ def inner_loops(sass: str, shown: int = 3) -> str:
                 loops.append((int(target.group(1), 16), at, body))
     inner = [lp for lp in loops
              if not any(o is not lp and lp[0] <= o[0] and o[1] <= lp[1] for o in loops)]
-    return " | ".join(events(body) for _, _, body in inner[:shown])
+    return " | ".join(events(body, most) for _, _, body in inner[:shown])
 
 
 def main() -> None:
