@@ -322,7 +322,7 @@ def other_path(q, kc, vc, table, seqlens, cq, max_q, page):
     kept = W.PAGE_GATHER_BELOW, W.GATHER_MAX_Q
     W.PAGE_GATHER_BELOW, W.GATHER_MAX_Q = (0, kept[1]) if gathers else (kept[0], seq_q)
     try:
-        plan = W.paged_plan(w, q, None, _mods.NONE, False)
+        plan = W.paged_plan(w, q.device, None, _mods.NONE, False)
     finally:
         W.PAGE_GATHER_BELOW, W.GATHER_MAX_Q = kept
     return ("ta_pertma" if gathers else "ta_gather",

@@ -1,9 +1,12 @@
 """The packed (varlen) and paged kernels compile with tileiras, no GPU needed: the tile
-map, the forward, and the packed backward's dQ and dK/dV, with the constants the plans
-pass (causal, a window, seqused_k, GQA decode with split-K over pages)."""
+maps, the forward (and split-K's combine), and the packed backward's dQ and dK/dV, as the
+plans launch them for an sm_90 or sm_100 (``compile.workload_launches``: the schedule
+table's pick unless a test pins one; causal, a window, seqused_k, GQA decode with split-K
+over pages), and every kernel of the shipped workloads stage's points."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shutil
@@ -61,8 +64,9 @@ def test_every_packed_kernel_compiles_for_hopper(work, gpu):
 
     cubins = export_workload_cubins(work, gpu)
     # the delta launch only where dQ does not compute it (PACKED_DQ_DELTA, §43b)
-    assert set(cubins) == {"attention_fwd_seqs", "sequence_map", "sequence_map_zero_tail",
-                           "attention_bwd_dkdv_seqs", "attention_bwd_dq_seqs"} | (
+    assert set(cubins) == {"attention_fwd_seqs", "sequence_map", "sequence_map_dq",
+                           "sequence_map_zero_tail", "attention_bwd_dkdv_seqs",
+                           "attention_bwd_dq_seqs"} | (
         set() if W.PACKED_DQ_DELTA else {"attention_bwd_delta"})
     assert all(c[:4] == b"\x7fELF" for c in cubins.values())
 
@@ -82,9 +86,12 @@ def test_the_packed_dq_for_blackwell_is_the_known_tileiras_limit():
 
 @pytest.mark.parametrize("page", [16, 64, 256])  # 16: gathered rows; 64: tiles span pages
 def test_paged_gqa_decode_with_split_k_compiles(page):
-    cubins = export_workload_cubins(_work(128, True, page=page, hq=32, hk=8), "sm_90",
-                                    paged=True)
-    assert cubins["attention_fwd_seqs"][:4] == b"\x7fELF"
+    # a 16k context splits its keys: the plan's two launches, the split forward and the
+    # combine, compiled as it passes them
+    work = dataclasses.replace(_work(128, True, page=page, hq=32, hk=8), max_k=16384)
+    cubins = export_workload_cubins(work, "sm_90", paged=True, return_lse=False)
+    assert set(cubins) == {"attention_fwd_seqs", "attention_combine"}
+    assert all(c[:4] == b"\x7fELF" for c in cubins.values())
 
 
 @pytest.mark.compile
@@ -266,15 +273,14 @@ def test_gathered_rows_get_a_loop_of_their_own_only_on_four_worker_warps(kind, w
     # benchmarks/notes/varlen-paged.md §51b: tileiras pipelines cp.async gathers (a loop of
     # their own, ahead of the MMAs') only on 4 worker warps at occupancy 1; on 8 each tile's
     # gather is waited on in the MMAs' loop. 64 x 128 tiles, page 16, K and V gathered.
-    import tiledattention.schedules.schedule as S
     from tiledattention.kernel import workload as W
+    from tiledattention.schedules.schedule import Schedule
 
     monkeypatch.setattr(W, "GATHER_MAX_Q", 1 << 20)
-    monkeypatch.setattr(W, "PAGED_DECODE_WORKER_WARPS", 0)
-    monkeypatch.setattr(S, "default_schedule", lambda d, causal: S.Schedule(
-        64, 128, occupancy=1, latency_k=2, latency_v=4, worker_warps=warps))
+    pinned = Schedule(64, 128, occupancy=1, latency_k=2, latency_v=4, worker_warps=warps)
     work = _work(128, True, page=16, hq=32, hk=8, prefill=kind == "prefill")
-    sass, _ = _sass(export_workload_cubins(work, "sm_90", paged=True)["attention_fwd_seqs"])
+    sass, _ = _sass(export_workload_cubins(work, "sm_90", paged=True, schedule=pinned)[
+        "attention_fwd_seqs"])
     with_mmas = _gather_loops(sass)
     assert with_mmas and all(not m for m in with_mmas) == own_loop
     assert any(m for m in with_mmas) != own_loop
@@ -346,13 +352,70 @@ def test_the_packed_kernels_compile_with_whole_loads_and_scattered_stores(work, 
 
 @pytest.mark.compile
 def test_a_gathered_chunked_prefill_compiles_on_the_switchs_schedule(monkeypatch):
-    # §51b's A/B arm: K and V gathered on 64 x 128 tiles, 4 worker warps, occupancy 1
-    import tiledattention.schedules.schedule as S
+    # §51b's A/B arm: K and V gathered on 64 x 128 tiles, 4 worker warps, occupancy 1,
+    # taken by the plan from the switch (no schedule pinned)
+    from tiledattention import mods
     from tiledattention.kernel import workload as W
+    from tiledattention.kernel.compile import workload_launches
+    from tiledattention.kernel.plan import fwd_hints
+    from tiledattention.kernel.spec import FWD_SEQS
+    from tiledattention.schedules.schedule import Schedule
 
     monkeypatch.setattr(W, "GATHER_MAX_Q", 1 << 20)
-    monkeypatch.setattr(S, "default_schedule", lambda d, causal: S.Schedule.from_label(
-        "64x128_o1_c1_lk2_lv4_w4"))
+    monkeypatch.setattr(W, "GATHERED_PREFILL_SCHEDULE", "64x128_o1_c1_lk2_lv4_w4")
     work = _work(128, True, page=16, hq=32, hk=8, prefill=True)
-    cubin = export_workload_cubins(work, "sm_90", paged=True)["attention_fwd_seqs"]
-    assert cubin[:4] == b"\x7fELF"
+    fwd = workload_launches(work, "sm_90", paged=True)["attention_fwd_seqs"]
+    assert (fwd.constants["TILE_M"], fwd.constants["PAGE_GATHER"]) == (64, True)
+    schedule = Schedule.from_label("64x128_o1_c1_lk2_lv4_w4")
+    assert fwd.kernel is FWD_SEQS.kernel(mods.NONE, **fwd_hints(schedule))  # its warps
+    assert fwd.export("sm_90")[:4] == b"\x7fELF"
+
+
+def _point_work(point) -> Workload:
+    """The workload a stage point's call plans (``check_varlen`` / ``check_paged``): a paged
+    call's key capacity is its block table's width in pages."""
+    max_k = max(point.seqs_kv)
+    if point.paged:
+        max_k = max(-(-n // point.page_size) for n in point.seqs_kv) * point.page_size
+    return Workload(point.batch, point.heads, point.heads_kv, point.head_dim,
+                    getattr(torch, point.dtype), max(point.seqs_q), max_k, point.causal,
+                    point.head_dim ** -0.5, (-1, -1), 0.0, page_size=point.page_size,
+                    packed_q=point.kind != "decode")
+
+
+def _stage_launches() -> dict:
+    """Each distinct kernel the shipped workloads stage's points launch on an sm_90 (the
+    reference's H100 and H200), with the first point that launches it."""
+    from tiledattention.kernel.compile import workload_launches
+    from tiledattention.stages.workloads import WorkloadsConfig, points
+
+    seen = {}
+    for point in points(WorkloadsConfig(enabled=True)):
+        training = point.pass_ != "fwd"
+        launches = workload_launches(_point_work(point), "sm_90", paged=point.paged,
+                                     return_lse=training, backward=None if training else ())
+        for name, launch in launches.items():
+            key = (name, id(launch.kernel), tuple(sorted(launch.constants.items())),
+                   tuple(sorted(launch.arrays)))
+            seen.setdefault(key, (f"{point.key()}:{name}", launch))
+    return dict(seen.values())
+
+
+@pytest.mark.compile
+@pytest.mark.slow
+def test_every_kernel_the_workloads_stage_launches_compiles_for_hopper_as_planned():
+    # The plans' own launches (the schedule table's picks for sm_90, the switches' schedules,
+    # split-K and its combine, the tile maps), not a default schedule's: what the
+    # reference's H100 and H200 run, so a table or switch change that cannot compile fails
+    # here, not on the GPU.
+    launches = _stage_launches()
+    assert {name.split(":")[1] for name in launches} == {
+        "attention_fwd_seqs", "attention_combine", "sequence_map", "sequence_map_dq",
+        "sequence_map_zero_tail", "attention_bwd_dkdv_seqs", "attention_bwd_dq_seqs"}
+    failed = []
+    for name, launch in launches.items():
+        try:
+            assert launch.export("sm_90")[:4] == b"\x7fELF"
+        except CompileError as exc:
+            failed.append(f"{name}: {exc}")
+    assert not failed, "\n".join(failed)

@@ -446,14 +446,12 @@ def test_a_paged_decodes_empty_key_splits_skip_their_loads_only_under_split_k(
 
 
 def _plans_on_cpu(monkeypatch, table):
-    """Let ``workload``'s plans build on the CPU (device 0, 132 SMs), with ``table`` the
+    """Let ``workload``'s plans build on the CPU (an sm_90 of 132 SMs), with ``table`` the
     table's schedule where the caller pins none."""
     from tiledattention.kernel import workload as W
 
-    monkeypatch.setattr(W, "_index", lambda device: 0)
-    monkeypatch.setattr(W, "check_gpu", lambda index: None)
-    monkeypatch.setattr(W, "sm_count", lambda index: 132)
-    monkeypatch.setattr(W, "_forward_schedule", lambda w, index, sq, sk, schedule: (
+    monkeypatch.setattr(W, "device_target", lambda device: W.Target("9.0", 132))
+    monkeypatch.setattr(W, "_forward_schedule", lambda w, cc, sq, sk, schedule: (
         schedule or table))
 
 
@@ -473,10 +471,10 @@ def test_a_paged_decode_runs_four_worker_warps_unless_its_schedule_is_pinned(pin
                  0.0, page_size=64, packed_q=False)
     q = torch.empty(64, 1, 32, 128, dtype=torch.bfloat16)
     pin = Schedule(64, 128, occupancy=1, worker_warps=8) if pinned else None
-    plan = W.paged_plan(w, q, pin, mods.NONE, False)
+    plan = W.paged_plan(w, q.device, pin, mods.NONE, False)
     assert (plan.schedule.worker_warps, plan.schedule.occupancy) == (8 if pinned else 4, 1)
     monkeypatch.setattr(W, "PAGED_DECODE_OCCUPANCY", 2)  # the A/B's switch (§50d item 1)
-    plan = W.paged_plan(w, q, pin, mods.NONE, False)
+    plan = W.paged_plan(w, q.device, pin, mods.NONE, False)
     assert plan.schedule.occupancy == (1 if pinned else 2)
 
 
@@ -501,7 +499,7 @@ def test_a_gathered_chunked_prefill_takes_the_switchs_schedule_only_unpinned_bel
     w = Workload(4, 32, 8, 128, torch.bfloat16, 512, 8192, True, 128 ** -0.5, (-1, -1), 0.0,
                  page_size=page, packed_q=True)
     q = torch.empty(2048, 32, 128, dtype=torch.bfloat16)
-    plan = W.paged_plan(w, q, table if pinned else None, mods.NONE, False)
+    plan = W.paged_plan(w, q.device, table if pinned else None, mods.NONE, False)
     assert dataclasses.replace(plan.schedule, splits=0, heavy_first=True).label() == want
 
 
@@ -526,13 +524,12 @@ def test_the_packed_forward_passes_whole_loads_by_name_where_its_rows_are_packed
         if kind == "varlen":
             w = Workload(4, 16, 16, 128, torch.bfloat16, 1024, 1024, True, 128 ** -0.5,
                          (-1, -1), 0.0)
-            plan = W.varlen_plan(w, q, q, None, mods.NONE, False)
+            plan = W.varlen_plan(w, q.device, None, mods.NONE, False)
         else:
             w = Workload(4, 16, 4, 128, torch.bfloat16, 512 if kind == "prefill" else 1,
                          8192, True, 128 ** -0.5, (-1, -1), 0.0, page_size=64,
                          packed_q=kind == "prefill")
-            plan = W.paged_plan(w, q if kind == "prefill" else q[:4].view(4, 1, 16, 128),
-                                None, mods.NONE, False)
+            plan = W.paged_plan(w, q.device, None, mods.NONE, False)
         tail = plan.launches[0].tail
         assert tail[names.index("WHOLE_LOADS")] is (whole and kind != "decode")
         # Out scattered only with whole loads (its origin) and packed query rows

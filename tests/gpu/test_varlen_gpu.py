@@ -399,7 +399,7 @@ def test_paged_small_pages_match_float64_gathered_and_by_per_page_tma(page, chun
         kept = W.PAGE_GATHER_BELOW, W.GATHER_MAX_Q
         W.PAGE_GATHER_BELOW, W.GATHER_MAX_Q = below, chunk
         try:
-            plan = W.paged_plan(w, q, None, mods.NONE, False)
+            plan = W.paged_plan(w, q.device, None, mods.NONE, False)
         finally:
             W.PAGE_GATHER_BELOW, W.GATHER_MAX_Q = kept
         tail = plan.launches[0][3]

@@ -13,11 +13,12 @@ from __future__ import annotations
 import io
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from .. import mods as _mods
 from ..errors import CompileError
 from .plan import combine_constants, fwd_hints
-from .spec import CLASSIFY, COMBINE, DELTA, FWD_FP8, TRANSPOSE, KernelSpec, score_specs
+from .spec import CLASSIFY, COMBINE, DELTA, FWD_FP8, SEQMAP, TRANSPOSE, KernelSpec, score_specs
 from .variant import BwdVariant, Variant
 
 
@@ -173,13 +174,7 @@ def export_bwd_cubins(variant: BwdVariant, gpu_code: str, mods=None,
 def export_combine_cubin(dtype: str, head_dim: int, return_lse: bool,
                          gpu_code: str) -> bytes:
     """Compile the combine kernel for one dtype and head dim (rows: a decode tile)."""
-    import cuda.tile as ct
-
-    arrays = dict(Part=export_array(ct.float32, 4, stride_divisible_by=1),
-                  PartLse=export_array(ct.float32, 3, stride_divisible_by=1),
-                  Out=export_array(getattr(ct, dtype), 4, stride_divisible_by=1),
-                  Lse=export_array(ct.float32, 3, stride_divisible_by=1))
-    sig = signature(COMBINE, arrays, combine_constants(head_dim, 4, return_lse))
+    sig = signature(COMBINE, _combine_arrays(dtype), combine_constants(head_dim, 4, return_lse))
     return _export(COMBINE, COMBINE.kernel(), sig, gpu_code, f"{dtype} D={head_dim}")
 
 
@@ -208,78 +203,110 @@ def export_classify_cubin(mods, gpu_code: str, tile_m: int = 64, tile_n: int = 6
     return _export(CLASSIFY, CLASSIFY.kernel(mods), sig, gpu_code, "a block mask")
 
 
-def export_workload_cubins(work, gpu_code: str, *, paged: bool = False,
-                           backward: tuple[str, ...] | None = None) -> dict[str, bytes]:
-    """Every kernel a packed (or, ``paged``, a paged decode; with ``work.packed_q`` a paged
-    chunked prefill) call of ``work`` (``workload_check.Workload``) launches, with the
-    constants its plans pass: the tile map, the forward and, packed, the backward's
-    launches (``backward``: their roles; None, the plan's: dQ and dK/dV, and the delta
-    unless dQ computes it, ``workload.PACKED_DQ_DELTA``). The dQ's constants follow the
-    switch (no dlse gradient); "delta" named explicitly compiles that kernel either way."""
+# An H100's and an H200's SMs. The ahead-of-time plans' split count follows it; split
+# counts are launch arguments, so it decides only whether a paged decode splits at all.
+AOT_SMS = 132
+
+
+def aot_target(gpu_code: str):
+    """The plan target of a ``gpu_code`` ("sm_90" -> capability "9.0", ``AOT_SMS``)."""
+    from .workload import Target
+
+    digits = gpu_code.removeprefix("sm_")
+    return Target(f"{digits[:-1]}.{digits[-1]}", AOT_SMS)
+
+
+def _combine_arrays(io_name: str) -> dict:
+    """The combine's tensors: fp32 partials, and the output the split-K plan views."""
     import cuda.tile as ct
 
-    from ..schedules.schedule import default_schedule
+    return dict(Part=export_array(ct.float32, 4, stride_divisible_by=1),
+                PartLse=export_array(ct.float32, 3, stride_divisible_by=1),
+                Out=export_array(getattr(ct, io_name), 4, stride_divisible_by=1),
+                Lse=export_array(ct.float32, 3, stride_divisible_by=1))
+
+
+class Launch(NamedTuple):
+    """One kernel a plan launches, as the compile needs it: the kernel object (hints,
+    variant functions), its tensors' constraints and its constants by name."""
+
+    spec: KernelSpec
+    kernel: object
+    arrays: dict
+    constants: dict
+    what: str
+
+    def export(self, gpu_code: str) -> bytes:
+        return _export(self.spec, self.kernel, signature(self.spec, self.arrays,
+                                                         self.constants), gpu_code, self.what)
+
+
+def _step_launch(spec: KernelSpec, step, arrays: dict, what: str) -> Launch:
+    """A plan's step: its arguments after the tensors read back by name."""
+    values = dict(zip(spec.names()[len(spec.tensors):], step.tail))
+    return Launch(spec, step.kernel, arrays,
+                  {k: v for k, v in values.items() if k in spec.constants()}, what)
+
+
+def _map_launch(arrays: dict, values: dict, what: str) -> Launch:
+    return Launch(SEQMAP, SEQMAP.kernel(), arrays,
+                  {k: v for k, v in values.items() if k in SEQMAP.constants()}, what)
+
+
+def workload_launches(work, gpu_code: str, *, paged: bool = False,
+                      backward: tuple[str, ...] | None = None, schedule=None,
+                      return_lse: bool = True) -> dict[str, Launch]:
+    """Every kernel a packed (or, ``paged``, a paged decode; with ``work.packed_q`` a paged
+    chunked prefill) call of ``work`` (``workload_check.Workload``) launches on a
+    ``gpu_code`` GPU: its plans' launches (``workload.varlen_plan`` / ``paged_plan`` and,
+    packed, ``varlen_bwd_plan``), built for that target, so with the schedule table's pick
+    unless ``schedule`` pins one, and the tile maps they launch. ``backward``: the
+    backward's roles (None: the plan's; "delta" named compiles it either way; (): no
+    backward, an inference call's);
+    ``return_lse``: the forward's (a training call's, or an inference call's). Keys: the
+    kernels' names; the tile maps "sequence_map" (forward), "sequence_map_dq" and
+    "sequence_map_zero_tail" (dK/dV's, which zeroes dK's and dV's rows past the last
+    sequence)."""
+    import cuda.tile as ct
+
     from . import workload as W
-    from .spec import DKDV_SEQS, DQ_SEQS, FWD_SEQS, SEQMAP
+    from .spec import DKDV_SEQS, DQ_SEQS, FWD_SEQS
 
     io_name = str(work.dtype).removeprefix("torch.")
     arrays = _arrays(io_name, None)
-    mods = _mods.NONE
-    s = default_schedule(work.head_dim, work.causal)
-    if paged and not work.packed_q:
-        s = W.decode_schedule(s)
-    s, tiles, span, gather = W._paged_tiles(s, work.page_size, work.max_q) if paged else (
-        s, 1, 1, False)
-    if paged and work.packed_q:
-        fwd = W._fwd_values(work, s, mods, return_lse=True, varlen_q=True, varlen_k=False,
-                            paged=True, page_tiles=tiles, page_span=span,
-                            page_gather=gather, group=work.heads_q // work.heads_kv,
-                            block=W.paged_head_block(work))
-    elif paged:
-        fwd = W._fwd_values(work, s, mods, return_lse=True, varlen_q=False, varlen_k=False,
-                            paged=True, page_tiles=tiles, page_span=span,
-                            page_gather=gather, split=4, split_tiles=8, packed=True, seq_q=1)
-    else:
-        fwd = W._fwd_values(work, s, mods, return_lse=True, varlen_q=True, varlen_k=True,
-                            paged=False, group=work.heads_q // work.heads_kv,
-                            block=0)
+    planner = W.paged_plan if paged else W.varlen_plan
+    plan = planner(work, None, schedule, _mods.NONE, return_lse, target=aot_target(gpu_code))
     out = {}
-    # the map's order as the plan's (``workload.heavy_map``): by context, or by keys
-    by_keys = W.PAGED_HEAVY_FIRST if paged else W.VARLEN_HEAVY_MAP and not work.causal
-    seqmap = W.seqmap_values(s.tile_m, 16, False, 0, 1, W.heavy_map(16, by_keys), not paged)
-    for spec, values, hints in ((FWD_SEQS, fwd, fwd_hints(s)), (SEQMAP, seqmap, {})):
-        consts = {k: v for k, v in values.items() if k in spec.constants()}
-        out[spec.name] = _export(spec, spec.kernel(mods, **hints), signature(
-            spec, arrays, consts), gpu_code, "a packed call")
-    if not paged:
-        b = W.varlen_bwd_schedule(work)
-        common = dict(GROUP=work.heads_q // work.heads_kv, **W.head_dim_constants(
-            work.head_dim), CAUSAL=work.causal, HAS_SCORE_MOD=False, HAS_MASK_MOD=False,
-            SEQUSED=work.seqused, WINDOW=work.window != (-1, -1),
-            **W.packed_bwd_rows(work.head_dim), HEAD_BLOCK=0)
-        steps = {"dkdv": (DKDV_SEQS, dict(common, TILE_M=b.dkdv_m, TILE_N=b.dkdv_n,
-                                          KEY_ROWS=b.key_rows, ONE_HEAD=False,
-                                          TAIL_TILE=W.packed_tail_tile(
-                                              work.causal, work.head_dim))),
-                 "dq": (DQ_SEQS, dict(common, TILE_M=b.dq_m, TILE_N=b.dq_n,
-                                      **W.packed_dq_delta(False)))}
-        # the dK/dV map, which also zeroes dK's and dV's rows past the last sequence
-        io_dtype = getattr(ct, io_name)
-        zeroed = dict(arrays, Zero0=export_array(io_dtype, 2), Zero1=export_array(io_dtype, 2))
-        heavy = W.heavy_map(16, W.VARLEN_HEAVY_MAP and not work.causal)
-        consts = {k: v for k, v in W.seqmap_values(b.dkdv_n, 16, work.causal, 2, 1,
-                                                   heavy).items()
-                  if k in SEQMAP.constants()}
-        out["sequence_map_zero_tail"] = _export(SEQMAP, SEQMAP.kernel(), signature(
-            SEQMAP, zeroed, consts), gpu_code, "a packed call's backward")
-        if backward is None:
-            backward = W.packed_bwd_roles()
-        for spec, values in (steps[name] for name in backward if name != "delta"):
-            consts = {k: v for k, v in values.items() if k in spec.constants()}
-            out[spec.name] = _export(spec, spec.kernel(mods, **b.hints()), signature(
-                spec, arrays, consts), gpu_code, "a packed call's backward")
-        if "delta" in backward:
-            consts = W.packed_delta_values(work.head_dim, False)
-            out[DELTA.name] = _export(DELTA, DELTA.kernel(**W.delta_hints()), signature(
-                DELTA, arrays, consts), gpu_code, "a packed call's delta")
+    for step in plan.launches:
+        spec, tensors = (COMBINE, _combine_arrays(io_name)) if step.role == "combine" else (
+            FWD_SEQS, arrays)
+        out[spec.name] = _step_launch(spec, step, tensors, "a packed call")
+    if work.packed_q:  # the query rows' map (``run_varlen``, ``run_paged``)
+        out["sequence_map"] = _map_launch(arrays, W.seqmap_values(
+            plan.schedule.tile_m, plan.bpad, False, 0, 1, plan.heavy_map, not paged),
+            "a packed call")
+    if paged or backward == ():
+        return out
+    bplan = W.varlen_bwd_plan(work, None, _mods.NONE, False, roles=backward)
+    specs = {"delta": DELTA, "dq": DQ_SEQS, "dkdv": DKDV_SEQS}
+    for step in bplan.launches:
+        out[specs[step.role].name] = _step_launch(specs[step.role], step, arrays,
+                                                  "a packed call's backward")
+    # ``run_varlen_backward``'s maps: dQ's, then dK/dV's, each zeroing its gradients' rows
+    # past the last sequence (``PACKED_ZERO_TAIL``)
+    io_dtype = getattr(ct, io_name)
+    zeroed = dict(arrays, Zero0=export_array(io_dtype, 2), Zero1=export_array(io_dtype, 2))
+    zeros = (1, 2) if W.PACKED_ZERO_TAIL else (0, 0)
+    for name, tile, heavy_first, n in (("sequence_map_dq", bplan.schedule.dq_m, False,
+                                        zeros[0]),
+                                       ("sequence_map_zero_tail", bplan.schedule.dkdv_n,
+                                        work.causal, zeros[1])):
+        out[name] = _map_launch(zeroed if n else arrays, W.seqmap_values(
+            tile, bplan.bpad, heavy_first, n, 1, bplan.heavy_map), "a packed call's backward")
     return out
+
+
+def export_workload_cubins(work, gpu_code: str, **how) -> dict[str, bytes]:
+    """``workload_launches(work, gpu_code, **how)`` compiled, by the same keys."""
+    return {name: launch.export(gpu_code)
+            for name, launch in workload_launches(work, gpu_code, **how).items()}

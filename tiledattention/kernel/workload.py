@@ -70,14 +70,31 @@ def _pow2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
-def _bucket(w: Workload, index: int, seq_q: int, seq_k: int):
-    return policy.bucket_for(cc=policy._capability(index), dtype=w.dtype, head_dim=w.head_dim,
-                             causal=w.causal, seq_q=max(seq_q, 1), seq_kv=max(seq_k, 1),
+def _bucket(w: Workload, cc: str, seq_q: int, seq_k: int):
+    return policy.bucket_for(cc=cc, dtype=w.dtype, head_dim=w.head_dim, causal=w.causal,
+                             seq_q=max(seq_q, 1), seq_kv=max(seq_k, 1),
                              gqa=w.heads_q // w.heads_kv)
 
 
 def _index(device) -> int:
     return device.index if device.index is not None else torch.cuda.current_device()
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a plan reads of its GPU: the compute capability ("9.0": the schedule table's
+    buckets) and the SM count (split-K). A device's (``device_target``), or one named: the
+    ahead-of-time compile plans for a target it has no GPU of, so that it compiles the
+    kernels a call on that GPU launches."""
+
+    cc: str
+    sms: int
+
+
+def device_target(device) -> Target:
+    index = _index(device)
+    check_gpu(index)
+    return Target(policy._capability(index), sm_count(index))
 
 
 # ----------------------------------------------------------------------------- the tile map
@@ -231,10 +248,10 @@ class SeqPlan(LaunchPlan):
     tails: dict = field(default_factory=dict)  # ``l2_blocks``: the tail per block size
 
 
-def _forward_schedule(w: Workload, index: int, seq_q: int, seq_k: int, schedule) -> Schedule:
+def _forward_schedule(w: Workload, cc: str, seq_q: int, seq_k: int, schedule) -> Schedule:
     if schedule is not None:
         return schedule if isinstance(schedule, Schedule) else Schedule.from_dict(schedule)
-    return policy._choose(_bucket(w, index, seq_q, seq_k))[0]
+    return policy._choose(_bucket(w, cc, seq_q, seq_k))[0]
 
 
 def _fwd_values(w: Workload, s: Schedule, mods, *, return_lse, varlen_q, varlen_k, paged,
@@ -253,9 +270,7 @@ def _fwd_values(w: Workload, s: Schedule, mods, *, return_lse, varlen_q, varlen_
         PAGE_JOIN=joins and not PAGE_KEYS_GATHERED,
         PAGE_GATHER_K=joins and PAGE_KEYS_GATHERED,
         SPLIT_SKIP=paged and split > 1 and PAGED_SKIP_EMPTY,
-        WHOLE_LOADS=PACKED_FWD_WHOLE and (varlen_q or varlen_k),
-        SCATTER_OUT=(PACKED_FWD_WHOLE and PACKED_FWD_SCATTER_OUT and varlen_q
-                     and w.head_dim <= SCATTER_OUT_MAX_HEAD_DIM), HEAD_BLOCK=block)
+        **packed_fwd_rows(w.head_dim, varlen_q, varlen_k), HEAD_BLOCK=block)
     return values
 
 
@@ -276,14 +291,14 @@ def _packed_plan(w: Workload, s: Schedule, mods, tail: tuple, device, return_lse
                    heavy_map=heavy_map(bpad, by_keys))
 
 
-def varlen_plan(w: Workload, q, k, schedule, mods, return_lse: bool) -> SeqPlan:
-    index = _index(q.device)
-    check_gpu(index)
-    s = _forward_schedule(w, index, w.max_q, w.max_k, schedule)
+def varlen_plan(w: Workload, device, schedule, mods, return_lse: bool,
+                target: Target | None = None) -> SeqPlan:
+    target = target or device_target(device)
+    s = _forward_schedule(w, target.cc, w.max_q, w.max_k, schedule)
     s = replace(s, splits=1, heavy_first=False, pdl=False)
     tail = _fwd_tail(w, s, mods, return_lse=return_lse, varlen_q=True, varlen_k=True,
                      paged=False, group=w.heads_q // w.heads_kv)
-    return _packed_plan(w, s, mods, tail, q.device, return_lse, 0,
+    return _packed_plan(w, s, mods, tail, device, return_lse, 0,
                         VARLEN_HEAVY_MAP and not w.causal, VARLEN_HEAD_BLOCKS)
 
 
@@ -366,12 +381,12 @@ def _paged_tiles(s: Schedule, page: int, seq_q: int) -> tuple[Schedule, int, int
     return replace(s, tile_n=span * page), 1, span, False
 
 
-def paged_plan(w: Workload, q, schedule, mods, return_lse: bool) -> SeqPlan:
-    index = _index(q.device)
-    check_gpu(index)
+def paged_plan(w: Workload, device, schedule, mods, return_lse: bool,
+               target: Target | None = None) -> SeqPlan:
+    target = target or device_target(device)
     group = w.heads_q // w.heads_kv
     if w.packed_q:
-        s = _forward_schedule(w, index, w.max_q, w.max_k, schedule)
+        s = _forward_schedule(w, target.cc, w.max_q, w.max_k, schedule)
         if schedule is None and GATHERED_PREFILL_SCHEDULE and w.page_size < PAGE_JOIN_BELOW:
             s = Schedule.from_label(GATHERED_PREFILL_SCHEDULE)
         s, tiles, span, gather = _paged_tiles(
@@ -379,14 +394,14 @@ def paged_plan(w: Workload, q, schedule, mods, return_lse: bool) -> SeqPlan:
         tail = _fwd_tail(w, s, mods, return_lse=return_lse, varlen_q=True, varlen_k=False,
                          paged=True, page_tiles=tiles, page_span=span, page_gather=gather,
                          group=group, block=paged_head_block(w))
-        return _packed_plan(w, s, mods, tail, q.device, return_lse, paged_head_block(w),
+        return _packed_plan(w, s, mods, tail, device, return_lse, paged_head_block(w),
                             PAGED_HEAVY_FIRST)
     seq_q = w.max_q
     # GQA decode: the group's query heads share the rows of one tile (K/V read once).
     packed = group > 1 and seq_q <= 16 and not mods.key
     heads, rows, kgroup = (w.heads_kv, group * seq_q, 1) if packed else (w.heads_q, seq_q,
                                                                            group)
-    s = _forward_schedule(w, index, seq_q, w.max_k, schedule)
+    s = _forward_schedule(w, target.cc, seq_q, w.max_k, schedule)
     if schedule is None:
         s = decode_schedule(s)
     s, tiles, span, gather = _paged_tiles(replace(s, heavy_first=False, pdl=False),
@@ -395,7 +410,7 @@ def paged_plan(w: Workload, q, schedule, mods, return_lse: bool) -> SeqPlan:
         s = replace(s, tile_m=64)
     m_tiles = math.ceil(rows / s.tile_m)
     key_tiles = math.ceil(w.max_k / s.tile_n)
-    splits = split_count(s, m_tiles * heads * w.batch, key_tiles, sm_count(index))
+    splits = split_count(s, m_tiles * heads * w.batch, key_tiles, target.sms)
     if not s.splits:
         # Ragged contexts: the longest sequence's program would run alone at the end of
         # the grid; no program takes more than PAGED_SPLIT_KEYS keys
@@ -413,14 +428,14 @@ def paged_plan(w: Workload, q, schedule, mods, return_lse: bool) -> SeqPlan:
                   (m_tiles, heads * splits, 0), tail)]
     if splits > 1:
         steps.append(combine_step(w.head_dim, rows, return_lse, splits, (heads, 0)))
-    return SeqPlan(schedule=s, launches=tuple(steps), device=q.device, work=w, bpad=16,
+    return SeqPlan(schedule=s, launches=tuple(steps), device=device, work=w, bpad=16,
                    return_lse=return_lse, rows=rows, heads=heads, splits=splits,
                    packed_heads=packed)
 
 
 def decode_schedule(s: Schedule) -> Schedule:
     """The table's schedule of a paged decode with ``PAGED_DECODE_WORKER_WARPS`` and
-    ``PAGED_DECODE_OCCUPANCY`` where set (plans and the ahead-of-time compile)."""
+    ``PAGED_DECODE_OCCUPANCY`` where set."""
     if PAGED_DECODE_WORKER_WARPS:
         s = replace(s, worker_warps=PAGED_DECODE_WORKER_WARPS)
     if PAGED_DECODE_OCCUPANCY:
@@ -535,10 +550,18 @@ PACKED_BWD_SCATTER_OUT = False
 SCATTER_OUT_MAX_HEAD_DIM = 128  # D 256's [64, 256] scatter spilled (56 STL, §51e)
 
 
+def packed_fwd_rows(head_dim: int, varlen_q: bool, varlen_k: bool) -> dict:
+    """How the packed forward loads and stores its rows (the switches above): its
+    ``WHOLE_LOADS`` (where q, or k and v, are packed) and ``SCATTER_OUT`` (with them, the
+    origin it stores from, and packed query rows) constants."""
+    whole = PACKED_FWD_WHOLE and (varlen_q or varlen_k)
+    return dict(WHOLE_LOADS=whole, SCATTER_OUT=whole and PACKED_FWD_SCATTER_OUT and varlen_q
+                and head_dim <= SCATTER_OUT_MAX_HEAD_DIM)
+
+
 def packed_bwd_rows(head_dim: int) -> dict:
     """How the packed backward loads and stores its rows (the switches above): its
-    ``WHOLE_LOADS`` and ``SCATTER_OUT`` constants, for plans and the ahead-of-time
-    compile alike."""
+    ``WHOLE_LOADS`` and ``SCATTER_OUT`` constants."""
     return dict(WHOLE_LOADS=PACKED_BWD_WHOLE,
                 SCATTER_OUT=PACKED_BWD_SCATTER_OUT and head_dim <= SCATTER_OUT_MAX_HEAD_DIM)
 # The packed backward's delta launch at occupancy 4 (64 registers): without a hint tileiras
@@ -566,12 +589,12 @@ PACKED_DQ_DELTA = True
 
 
 def packed_bwd_roles() -> tuple[str, ...]:
-    """The packed backward's launches in order (plan and ahead-of-time compile)."""
+    """The packed backward's launches in order."""
     return ("dq", "dkdv") if PACKED_DQ_DELTA else ("delta", "dq", "dkdv")
 
 
 def packed_tail_tile(causal: bool, head_dim: int) -> bool:
-    """``DkdvFlags.TAIL_TILE`` of a packed backward (plan and ahead-of-time compile)."""
+    """``DkdvFlags.TAIL_TILE`` of a packed backward."""
     return PACKED_BWD_TAIL_TILE and causal and head_dim <= TAIL_TILE_MAX_HEAD_DIM
 
 
@@ -602,7 +625,10 @@ def varlen_bwd_schedule(w: Workload) -> BwdSchedule:
     return default_bwd_schedule(w.head_dim, w.causal)
 
 
-def varlen_bwd_plan(w: Workload, device, mods, has_dlse: bool, schedule=None) -> SeqBwdPlan:
+def varlen_bwd_plan(w: Workload, device, mods, has_dlse: bool, schedule=None,
+                    roles: tuple[str, ...] | None = None) -> SeqBwdPlan:
+    """The packed backward's launches: ``roles`` (default ``packed_bwd_roles``) in order;
+    the ahead-of-time compile names "delta" to compile it whichever the switch."""
     if schedule is not None and schedule.dq != "kernel":  # a pinned one (a benchmark's)
         raise ScheduleError(f"backward schedule {schedule.label()}: the packed backward has "
                             "no reduce-add dQ; pin one without _atomic")
@@ -626,18 +652,19 @@ def varlen_bwd_plan(w: Workload, device, mods, has_dlse: bool, schedule=None) ->
         "dkdv": lambda: Step("dkdv", DKDV_SEQS.kernel(mods, **s.hints()), (0, w.heads_kv, 1),
                              DKDV_SEQS.ordered(dkdv_values, skip_tensors=True))}
     bpad = max(_pow2(w.batch + 1), 16)
-    return SeqBwdPlan(schedule=s, launches=tuple(steps[r]() for r in packed_bwd_roles()),
+    roles = packed_bwd_roles() if roles is None else roles
+    return SeqBwdPlan(schedule=s, launches=tuple(steps[r]() for r in roles),
                       device=device, bpad=bpad, l2_blocks=VARLEN_BWD_HEAD_BLOCKS,
                       heavy_map=heavy_map(bpad, VARLEN_HEAVY_MAP and not w.causal))
 
 
 def packed_dq_delta(has_dlse: bool) -> dict:
-    """The packed dQ's delta constants (``PACKED_DQ_DELTA``; plan and compile alike)."""
+    """The packed dQ's delta constants (``PACKED_DQ_DELTA``)."""
     return dict(DELTA=PACKED_DQ_DELTA, HAS_DLSE=PACKED_DQ_DELTA and has_dlse)
 
 
 def packed_delta_values(head_dim: int, has_dlse: bool) -> dict:
-    """The packed delta launch's constants (plan and ahead-of-time compile alike)."""
+    """The packed delta launch's constants."""
     wd = _pow2(head_dim)
     return dict(TILE_M=DELTA_TILE_M, WD=wd, WQ=wd, HAS_DLSE=has_dlse, ZERO_DQ=False)
 
@@ -735,7 +762,7 @@ def varlen_setup(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, causal, scale, wi
         w = check_varlen(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, causal, scale,
                          window_size, softcap)
         check_device(q)
-        return varlen_plan(w, q, k, schedule, mods, return_lse)
+        return varlen_plan(w, q.device, schedule, mods, return_lse)
 
     if not _keyable(q, k, v, cu_q, cu_k, seqused_k):
         return build()
@@ -763,7 +790,7 @@ def paged_setup(q, k_cache, v_cache, page_table, cache_seqlens, cu_q, max_q, cau
         w = check_paged(q, k_cache, v_cache, page_table, cache_seqlens, cu_q, max_q, causal,
                         scale, window_size, softcap)
         check_device(q)
-        return paged_plan(w, q, schedule, mods, return_lse)
+        return paged_plan(w, q.device, schedule, mods, return_lse)
 
     if not _keyable(q, k_cache, v_cache, page_table, cache_seqlens, cu_q):
         return build()
