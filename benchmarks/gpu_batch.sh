@@ -10,6 +10,9 @@
 #   bash benchmarks/gpu_batch.sh tune-bwd   # backward tune (quick space) into $OUT/h100.json
 #   bash benchmarks/gpu_batch.sh launch     # host cost of each step of a training call
 #   bash benchmarks/gpu_batch.sh host       # host cost table + profiler attribution
+#   LEADS="occupancy prefill-w4" bash benchmarks/gpu_batch.sh leads
+#                                           # the switch A/Bs open-leads.md names, in its
+#                                           # order (default all; FA4 from /tmp/fa4site)
 #   bash benchmarks/gpu_batch.sh sweep-shapes [--sweep both --shapes 192,128 512,512
 #       --fa4-site /tmp/fa4site]            # head-shape schedule sweep: $JOBS compile
 #                                           # shards (<= 200 s), then one timed process
@@ -78,5 +81,34 @@ case "${1:?what to run}" in
     timeout "${SWEEP_TIMEOUT:-300}" python benchmarks/head_shapes.py "$@" \
       --json "$OUT/sweep-shapes.json" 2>&1 | tee "$OUT/sweep-shapes.log" \
       | grep -v "UserWarning\|exe_args" ;;
+  leads)
+    # benchmarks/notes/open-leads.md §52b: each a packed_order_ab.py run on the workloads
+    # stage's points (both arms checked against float64 and bit for bit), its log and rows
+    # under $OUT; a run past AB_TIMEOUT is cut off, and the next one starts.
+    fa4=$(cat "${FA4_SITE:-/tmp/fa4site}/.pythonpath" 2>/dev/null || true)
+    export PYTHONPATH=$PYTHONPATH${fa4:+:$fa4}
+    ab() {
+      local name=$1; shift
+      echo "== $name: $*"
+      timeout "${AB_TIMEOUT:-500}" python benchmarks/packed_order_ab.py "$@" \
+        --out "$OUT/ab-$name.json" 2>&1 | tee "$OUT/ab-$name.log" | tail -"${TAIL:-30}"
+    }
+    for lead in ${LEADS:-occupancy prefill-w4 fwd-whole fwd-scatter bwd-scatter gather-64}; do
+      case $lead in
+        occupancy) ab "$lead" --switch PAGED_DECODE_OCCUPANCY --values 0 2 --kinds decode \
+                     --passes fwd ;;
+        prefill-w4) ab "$lead" --switch GATHERED_PREFILL_SCHEDULE \
+                      --values "''" "'64x128_o1_c1_lk2_lv4_w4'" --set GATHER_MAX_Q=1024 \
+                      --kinds prefill --pages 16 --passes fwd ;;
+        fwd-whole) ab "$lead" --switch PACKED_FWD_WHOLE --kinds varlen prefill ;;
+        fwd-scatter) ab "$lead" --switch PACKED_FWD_SCATTER_OUT --set PACKED_FWD_WHOLE=True \
+                       --kinds varlen prefill ;;
+        bwd-scatter) ab "$lead" --switch PACKED_BWD_SCATTER_OUT --kinds varlen \
+                       --passes fwd+bwd ;;
+        gather-64) ab "$lead" --switch GATHER_TILE --values 64 128 --kinds decode --pages 16 \
+                     --passes fwd ;;
+        *) echo "gpu_batch.sh: unknown lead $lead" >&2; exit 2 ;;
+      esac
+    done ;;
   *) echo "gpu_batch.sh: unknown step $1" >&2; exit 2 ;;
 esac

@@ -534,3 +534,61 @@ def test_the_packed_forward_passes_whole_loads_by_name_where_its_rows_are_packed
         assert tail[names.index("WHOLE_LOADS")] is (whole and kind != "decode")
         # Out scattered only with whole loads (its origin) and packed query rows
         assert tail[names.index("SCATTER_OUT")] is (whole and scatter and kind != "decode")
+
+
+@pytest.mark.parametrize("sq", [1, 3])
+def test_a_gqa_decode_packs_its_query_heads_into_their_kv_heads_rows(sq, monkeypatch):
+    # the kernel's [B, Hkv, G * Sq, D] rows: head-major within a group, then position; a
+    # decode step (Sq 1) is one view of q, not a copy
+    pytest.importorskip("cuda.tile", reason="the plan builds cuTile kernel objects")
+    from tiledattention import mods
+    from tiledattention.kernel import workload as W
+    from tiledattention.kernel.workload_check import Workload
+    from tiledattention.schedules.schedule import Schedule
+
+    _plans_on_cpu(monkeypatch, Schedule(64, 128, occupancy=1))
+    b, hq, hk, d = 2, 32, 8, 128
+    w = Workload(b, hq, hk, d, torch.bfloat16, sq, 4096, True, d ** -0.5, (-1, -1), 0.0,
+                 page_size=64, packed_q=False)
+    plan = W.paged_plan(w, torch.device("cpu"), None, mods.NONE, False)
+    assert plan.packed_heads
+    q = torch.randn(b, sq, hq, d)
+    rows = W._paged_q(plan, q)
+    g = hq // hk
+    want = torch.stack([torch.stack([torch.cat([q[i, :, h * g + j] for j in range(g)])
+                                     for h in range(hk)]) for i in range(b)])
+    assert torch.equal(rows, want)
+    assert (rows.data_ptr() == q.data_ptr() and rows._base is q) is (sq == 1)
+
+
+def test_a_paged_plan_reads_its_cache_values_once_on_the_first_call_that_may_sync(
+        monkeypatch):
+    # built while a CUDA graph is captured (no sync allowed): read on the next eager call,
+    # then never again for that plan; the hot path pays no lookup (nothing left unread)
+    pytest.importorskip("cuda.tile", reason="the plan builds cuTile kernel objects")
+    from tiledattention import mods
+    from tiledattention.kernel import workload as W
+    from tiledattention.schedules.schedule import Schedule
+
+    _plans_on_cpu(monkeypatch, Schedule(64, 128, occupancy=1))
+    monkeypatch.setattr(W, "check_device", lambda q: None)
+    monkeypatch.setattr(W, "_unread", set())
+    reads, may_sync = [], [False]
+    monkeypatch.setattr(W, "checked_cache", lambda *a: reads.append(a))
+    monkeypatch.setattr(W, "_checked_now", lambda t: may_sync[0])
+    q = torch.empty(3, 1, 16, 64, dtype=torch.bfloat16)
+    cache = torch.empty(12, 16, 4, 64, dtype=torch.bfloat16)
+    table = torch.arange(12, dtype=torch.int32).view(3, 4)
+    lens = torch.tensor([5, 64, 17], dtype=torch.int32)
+
+    def call():
+        return W.paged_setup(q, cache, cache, table, lens, None, None, True, None, (-1, -1),
+                             0.0, mods.NONE, False, None)
+
+    first = call()
+    assert reads == [] and len(W._unread) == 1  # captured: not read yet
+    may_sync[0] = True
+    assert call() is first and len(reads) == 1 and not W._unread
+    assert call() is first and len(reads) == 1
+    monkeypatch.setattr(W, "GATHER_TILE", 64)  # another plan key: read once more
+    assert call() is not first and len(reads) == 2 and not W._unread

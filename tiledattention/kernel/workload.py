@@ -451,6 +451,8 @@ def _paged_q(plan: SeqPlan, q: torch.Tensor) -> torch.Tensor:
     if not plan.packed_heads:
         return q.transpose(1, 2)
     group = w.heads_q // w.heads_kv
+    if sq == 1:  # a decode step: the heads already in the packed order, one view
+        return q.reshape(b, w.heads_kv, group, w.head_dim)
     return q.reshape(b, sq, w.heads_kv, group, w.head_dim).permute(0, 2, 3, 1, 4).reshape(
         b, w.heads_kv, group * sq, w.head_dim)
 
@@ -751,18 +753,26 @@ def _checked_now(t) -> bool:
             and not torch.compiler.is_compiling())
 
 
-_checked: set = set()
+# Plan keys whose call has not read its offsets' values yet (``checked_offsets``,
+# ``checked_cache``): added when a plan is built, removed once a call of it could read them
+# (``_checked_now``). Empty on the hot path, so a call pays one truth test, not a lookup.
+_unread: set = set()
 
 
 def varlen_setup(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, causal, scale, window_size,
                  softcap, mods, return_lse, schedule):
     """(plan, work) of a packed call: checked and planned on the first call of a plan key
     (its offsets' values read then, once: a sync), found in one lookup afterwards."""
+    key = None
+
     def build():
         w = check_varlen(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, causal, scale,
                          window_size, softcap)
         check_device(q)
-        return varlen_plan(w, q.device, schedule, mods, return_lse)
+        plan = varlen_plan(w, q.device, schedule, mods, return_lse)
+        if key is not None:
+            _unread.add(key)
+        return plan
 
     if not _keyable(q, k, v, cu_q, cu_k, seqused_k):
         return build()
@@ -773,9 +783,10 @@ def varlen_setup(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, causal, scale, wi
            policy.generation(), VARLEN_HEAD_BLOCKS, VARLEN_HEAVY_MAP, PACKED_FWD_WHOLE,
            PACKED_FWD_SCATTER_OUT)
     plan = _cached(key, build)
-    if plan.work.batch and key not in _checked and _checked_now(cu_q):
-        checked_offsets(cu_q, cu_k, seqused_k, max_q, max_k, q.shape[0], k.shape[0])
-        _checked.add(key)
+    if _unread and key in _unread and _checked_now(cu_q):
+        if plan.work.batch:
+            checked_offsets(cu_q, cu_k, seqused_k, max_q, max_k, q.shape[0], k.shape[0])
+        _unread.discard(key)
     if max_q > q.shape[0] or max_k > k.shape[0]:
         raise InputError(f"max_seqlen_q={max_q} / max_seqlen_k={max_k} exceed the packed "
                          f"tokens ({q.shape[0]} / {k.shape[0]})")
@@ -785,12 +796,16 @@ def varlen_setup(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, causal, scale, wi
 def paged_setup(q, k_cache, v_cache, page_table, cache_seqlens, cu_q, max_q, causal, scale,
                 window_size, softcap, mods, return_lse, schedule):
     packed = cu_q is not None
+    key = None
 
     def build():
         w = check_paged(q, k_cache, v_cache, page_table, cache_seqlens, cu_q, max_q, causal,
                         scale, window_size, softcap)
         check_device(q)
-        return paged_plan(w, q.device, schedule, mods, return_lse)
+        plan = paged_plan(w, q.device, schedule, mods, return_lse)
+        if key is not None:
+            _unread.add(key)
+        return plan
 
     if not _keyable(q, k_cache, v_cache, page_table, cache_seqlens, cu_q):
         return build()
@@ -807,8 +822,8 @@ def paged_setup(q, k_cache, v_cache, page_table, cache_seqlens, cu_q, max_q, cau
            PAGED_DECODE_OCCUPANCY, GATHERED_PREFILL_SCHEDULE, PACKED_FWD_WHOLE,
            PACKED_FWD_SCATTER_OUT)
     plan = _cached(key, build)
-    if key not in _checked and _checked_now(cache_seqlens):
+    if _unread and key in _unread and _checked_now(cache_seqlens):
         checked_cache(page_table, cache_seqlens, k_cache.shape[0], k_cache.shape[1], cu_q,
                       max_q, q.shape[0] if packed else None)
-        _checked.add(key)
+        _unread.discard(key)
     return plan
