@@ -26,11 +26,13 @@ unzip, and pass ``--cuobjdump PATH`` (or have it on PATH).
     python benchmarks/bwd_sass.py --head-dim 256 --group-loop none kv64x64_q64x64_o1_w8
     python benchmarks/bwd_sass.py --causal --step --loops --variant none,causal,softcap,window
 
-``--variant`` (none, causal, softcap, window) compiles the variant entry points
-(``attention_bwd_dkdv_variant`` / ``attention_bwd_dq_variant``) with a built-in's functions,
-as a call passes them: softcap 30 (``variants.softcap``) as a score_mod on the dense
-causal path; window 1024 (``variants.sliding_window``) and causality itself (the mask_mod
-``q_idx >= kv_idx``, non-causal flags) as a mask_mod through a block mask (the
+``--variant`` (none, causal, softcap, window, user-softcap) compiles the variant entry
+points (``attention_bwd_dkdv_variant`` / ``attention_bwd_dq_variant``) with a built-in's
+functions, as a call passes them: softcap 30 (``variants.softcap``) as a score_mod on the
+dense causal path, or written as FlexAttention users write it (``30.0 * torch.tanh(score /
+30.0)``, lifted and differentiated as a user's function); window 1024
+(``variants.sliding_window``) and causality itself (the mask_mod ``q_idx >= kv_idx``,
+non-causal flags) as a mask_mod through a block mask (the
 block-sparse path: a loop over the partial tiles, where the mask_mod runs per element, and
 one over the full tiles, where it must not). Without schedule labels the schedule is the
 one a call of that kind gets: the table's for ``none`` (plain), the default for a variant
@@ -48,6 +50,8 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -141,11 +145,15 @@ def _body_counts(body) -> dict[str, int]:
 
 # --group-loop -> BwdVariant.one_head
 ONE_HEAD = {"shipped": None, "runtime": False, "none": True}
-VARIANTS = ("none", "causal", "softcap", "window")
+VARIANTS = ("none", "causal", "softcap", "window", "user-softcap")
 
 
 def _causal_mask(b, h, q_idx, kv_idx):
     return q_idx >= kv_idx
+
+
+def _user_softcap(score, b, h, q_idx, kv_idx):  # as FlexAttention users write it
+    return 30.0 * torch.tanh(score / 30.0)
 
 
 def variant_parts(name: str, causal: bool):
@@ -161,6 +169,7 @@ def variant_parts(name: str, causal: bool):
     if name == "none":
         return M.NONE, (), causal, None
     score, mask = {"softcap": (variants.softcap(30.0), None),
+                   "user-softcap": (_user_softcap, None),
                    "window": (None, variants.sliding_window(1024)),
                    "causal": (None, _causal_mask)}[name]
     mods = M.mods_for(score, mask)

@@ -431,3 +431,72 @@ def test_a_function_from_a_notebook_cell_is_lifted(magic):
     scope: dict = {}
     exec(compile(code_text, name, "exec"), scope)  # noqa: S102
     assert "score * 3" in _src(M.mods_for(scope["cell_mod"], None), "score_mod")
+
+
+def user_softcap(score, b, h, q_idx, kv_idx):  # as FlexAttention users write it
+    return 30.0 * torch.tanh(score / 30.0)
+
+
+def thirds(score, b, h, q_idx, kv_idx):  # a quotient compared, and two in the arithmetic
+    return torch.where(q_idx / 3 >= kv_idx, score / 7, score * (kv_idx - q_idx) / 2)
+
+
+def _run_generated(source: str, name: str, *args):
+    """A generated function run by torch on the CPU (torch's float32 in place of cuTile's:
+    the same IEEE float32 arithmetic for +, *, / and the comparisons)."""
+    import types
+
+    scope = {"_ta_ct": types.SimpleNamespace(tanh=torch.tanh, where=torch.where)}
+    exec(compile(source, "<generated>", "exec"), scope)  # noqa: S102 - generated in the test
+    return scope[name](*args, None, None, None, None)
+
+
+@pytest.mark.parametrize("fn", [user_softcap, thirds], ids=lambda f: f.__name__)
+def test_a_score_divided_by_a_number_is_multiplied_by_its_reciprocal_within_an_ulp(fn):
+    # variants.md §52d: a float division compiles IEEE-rounded (a range check, a refinement
+    # and a slow-path call per element); the score's quotients become products, the mask's
+    # comparisons keep theirs and decide bit for bit as the torch function does
+    mods = M.mods_for(fn, None)
+    source, grad = _src(mods, "score_mod"), _src(mods, "score_grad")
+    for text in (source, grad):
+        assert "/ 30.0" not in text and "/ 7" not in text and "/ 2" not in text, text
+    assert ("q_idx / 3 >= kv_idx" in source) is (fn is thirds)
+    torch.manual_seed(0)
+    score = torch.randn(64, 64) * 40
+    q_idx, kv_idx = torch.arange(64)[:, None], torch.arange(64)[None, :]
+    got = _run_generated(source, f"score_mod_{fn.__name__}", score, 0, 0, q_idx, kv_idx)
+    want = fn(score, 0, 0, q_idx, kv_idx)
+    # each product within an fp32 ulp of its quotient, so the score within a few: 30 tanh
+    # (s / 30) carries the argument's ulp, up to 4 of the capped value's at |s| 120
+    assert torch.allclose(got, want, rtol=2.0 ** -20, atol=0), ((got - want) / want).abs().max()
+    assert not torch.equal(got, want)  # the products do round differently
+    s64 = score.double().requires_grad_()
+    d_want, = torch.autograd.grad(fn(s64, 0, 0, q_idx, kv_idx).sum(), s64)
+    d_got = _run_generated(grad, f"score_grad_{fn.__name__}", score.double(), 0, 0, q_idx,
+                           kv_idx)
+    assert torch.allclose(torch.as_tensor(d_got, dtype=torch.float64).expand(64, 64), d_want,
+                          rtol=1e-7, atol=0)
+
+
+def shared_quotient(score, b, h, q_idx, kv_idx):  # one quotient compared and scaled
+    t = score / 3 / 7
+    return torch.where(t > 1.0, t, score)
+
+
+def floored(score, b, h, q_idx, kv_idx):  # a quotient floored and one cast: both decide
+    return score + torch.floor((q_idx - kv_idx) / 3) + ((q_idx + kv_idx) / 5).int()
+
+
+def by_thirds(b, h, q_idx, kv_idx):
+    return q_idx / 3 >= kv_idx
+
+
+def test_a_quotient_that_decides_stays_a_division():
+    # compared (also where the same quotient is scaled beside it), floored, cast, a mask's
+    assert _src(M.mods_for(shared_quotient, None), "score_mod").endswith(
+        "return _ta_ct.where(score / 3 / 7 > 1.0, score * 0.3333333333333333 * "
+        "0.14285714285714285, score)\n")
+    floor_src = _src(M.mods_for(floored, None), "score_mod")
+    assert "_ta_ct.floor((q_idx - kv_idx) / 3)" in floor_src
+    assert "_ta_ct.astype((q_idx + kv_idx) / 5, _ta_ct.int32)" in floor_src
+    assert "q_idx / 3 >= kv_idx" in _src(M.mods_for(None, by_thirds))

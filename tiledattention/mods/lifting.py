@@ -507,6 +507,54 @@ def _cyclic(value, seen=()) -> bool:
     return any(_cyclic(v, (*seen, value)) for v in value if isinstance(v, (list, tuple)))
 
 
+# ct functions whose value moves by about an ulp when an argument does: a quotient inside
+# them may be rounded differently. Not floor/ceil, casts, comparisons, isnan, a gather's
+# index, // or %: there one ulp can change the value itself.
+_CONTINUOUS = frozenset({"tanh", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos",
+                         "tan", "sinh", "cosh", "abs", "minimum", "maximum"})
+_FP32_NORMAL, _FP32_MAX = 2.0 ** -126, 2.0 ** 127
+
+
+def _ct_name(e) -> str | None:
+    f = e.func if isinstance(e, ast.Call) else None
+    return f.attr if (isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name)
+                      and f.value.id == _m.CT) else None
+
+
+def _reciprocal(e) -> float | None:
+    """1 / c of a number ``c`` whose reciprocal fp32 holds as a normal number."""
+    c = e.value if isinstance(e, ast.Constant) else None
+    if isinstance(c, bool) or not isinstance(c, (int, float)) or c == 0 or not math.isfinite(c):
+        return None
+    return 1.0 / c if _FP32_NORMAL <= abs(1.0 / c) <= _FP32_MAX else None
+
+
+def _products(e: ast.expr) -> ast.expr:
+    """A score's ``x / c`` by a number ``c`` as ``x * (1 / c)``, where the quotient only
+    feeds arithmetic and continuous functions. cuTile compiles a float division
+    IEEE-rounded: per element a range check, a refinement and a slow-path call behind a
+    convergence barrier; a product is one FMUL (benchmarks/notes/variants.md §52d: a
+    softcap written as FlexAttention users write it, loops 25-35 % shorter). The product is
+    within an fp32 ulp of the quotient, and exact for a power of two. Where an ulp could
+    flip a decision (a comparison, a cast, floor, a gather's index) the quotient stays."""
+    # New nodes, never edits: the inliner shares subtrees, and a quotient that is also
+    # compared elsewhere must stay a quotient there.
+    if isinstance(e, ast.BinOp) and isinstance(e.op, (ast.Add, ast.Sub, ast.Mult, ast.Div)):
+        left, right = _products(e.left), _products(e.right)
+        r = _reciprocal(right) if isinstance(e.op, ast.Div) else None
+        return ast.BinOp(left, e.op if r is None else ast.Mult(),
+                         right if r is None else ast.Constant(r))
+    if isinstance(e, ast.UnaryOp) and isinstance(e.op, (ast.USub, ast.UAdd)):
+        return ast.UnaryOp(e.op, _products(e.operand))
+    if _ct_name(e) in _CONTINUOUS:
+        return ast.Call(e.func, [_products(a) for a in e.args], e.keywords)
+    if _ct_name(e) == "where":  # the condition decides: only the values
+        return ast.Call(e.func, [e.args[0], *(_products(a) for a in e.args[1:])], e.keywords)
+    if isinstance(e, ast.IfExp):
+        return ast.IfExp(e.test, _products(e.body), _products(e.orelse))
+    return e
+
+
 # ----------------------------------------------------------------------------- lift
 @dataclass(frozen=True, eq=False)
 class Lifted:
@@ -554,6 +602,8 @@ def lift(fn: Callable, nargs: int, role: str, derivative: bool = False,
     params = [a.arg for a in (*node.args.posonlyargs, *node.args.args)]
     inliner = Inliner(role, offset)
     expr = inliner.top(fn, node, params)
+    if role != "mask_mod":  # a mask is all decisions
+        expr = _products(expr)
     if derivative:
         try:
             expr = derivative_of([ast.Return(expr)], params[0], fn)
