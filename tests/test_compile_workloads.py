@@ -76,11 +76,28 @@ def test_the_packed_forward_and_dkdv_compile_for_blackwell():
     assert all(c[:4] == b"\x7fELF" for c in cubins.values())
 
 
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_the_packed_dq_compiles_for_blackwell_on_its_own_tiles(d):
+    # varlen-paged.md §52e: on sm_100 the plan takes BLACKWELL_DQ's 64 x 128 dQ tiles
+    from tiledattention.kernel import workload as W
+    from tiledattention.kernel.compile import workload_launches
+
+    dq = workload_launches(_work(d, True), "sm_100", backward=("dq",))["attention_bwd_dq_seqs"]
+    assert (dq.constants["TILE_M"], dq.constants["TILE_N"]) == (
+        W.BLACKWELL_DQ["dq_m"], W.BLACKWELL_DQ["dq_n"])
+    assert dq.export("sm_100")[:4] == b"\x7fELF"
+
+
 @pytest.mark.xfail(strict=True, raises=CompileError,
-                   reason="tileiras 13.4.92 exits 5 on the packed dQ program for sm_100 "
-                          "(benchmarks/notes/varlen-paged.md §38f); strict: a toolchain that "
-                          "compiles it makes this test fail, so the limit is noticed")
-def test_the_packed_dq_for_blackwell_is_the_known_tileiras_limit():
+                   reason="tileiras 13.4.92 exits 5 on the packed dQ program for sm_100 at "
+                          "64 x 64 dQ tiles (benchmarks/notes/varlen-paged.md §52e); strict: a "
+                          "toolchain that compiles it makes this test fail, so the limit and "
+                          "BLACKWELL_DQ's detour are noticed")
+def test_the_packed_dq_on_64_by_64_tiles_for_blackwell_is_the_known_tileiras_limit(
+        monkeypatch):
+    from tiledattention.kernel import workload as W
+
+    monkeypatch.setattr(W, "BLACKWELL_DQ", {})
     export_workload_cubins(_work(128, True), "sm_100", backward=("dq",))
 
 
@@ -220,7 +237,8 @@ def test_the_packed_dq_computes_delta_without_spills_or_a_tensor_map(d, causal, 
     found = {}
     for on in (False, True):
         monkeypatch.setattr(W, "PACKED_DQ_DELTA", on)
-        plan = W.varlen_bwd_plan(work, torch.device("cpu"), mods.NONE, False)
+        plan = W.varlen_bwd_plan(work, torch.device("cpu"), mods.NONE, False,
+                                 target=W.Target("9.0", 132))
         assert tuple(s.role for s in plan.launches) == (
             ("dq", "dkdv") if on else ("delta", "dq", "dkdv"))
         cubins = export_workload_cubins(work, "sm_90", backward=W.packed_bwd_roles()[:-1])

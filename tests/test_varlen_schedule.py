@@ -15,6 +15,17 @@ from tiledattention.kernel.visit import host_sequence_order
 from tiledattention.kernel.workload import _paged_tiles, map_steps, programs
 
 
+@pytest.fixture(autouse=True)
+def _cpu_plans_are_an_sm90s(monkeypatch):
+    """A plan built here on a CPU device is planned for an sm_90 of 132 SMs (a CPU has no
+    capability to read); a CUDA device keeps its own."""
+    from tiledattention.kernel import workload as W
+
+    real = W.device_target
+    monkeypatch.setattr(W, "device_target", lambda device: W.Target("9.0", 132) if (
+        device is not None and device.type == "cpu") else real(device))
+
+
 @pytest.mark.parametrize("lens", [[300, 1, 0, 129, 64, 700], [5], [0, 0], [4096, 17, 17, 2]])
 @pytest.mark.parametrize("tile", [64, 128])
 def test_every_tile_of_every_sequence_runs_once_deepest_first(lens, tile):

@@ -275,7 +275,8 @@ def workload_launches(work, gpu_code: str, *, paged: bool = False,
     io_name = str(work.dtype).removeprefix("torch.")
     arrays = _arrays(io_name, None)
     planner = W.paged_plan if paged else W.varlen_plan
-    plan = planner(work, None, schedule, _mods.NONE, return_lse, target=aot_target(gpu_code))
+    target = aot_target(gpu_code)
+    plan = planner(work, None, schedule, _mods.NONE, return_lse, target=target)
     out = {}
     for step in plan.launches:
         spec, tensors = (COMBINE, _combine_arrays(io_name)) if step.role == "combine" else (
@@ -287,7 +288,7 @@ def workload_launches(work, gpu_code: str, *, paged: bool = False,
             "a packed call")
     if paged or backward == ():
         return out
-    bplan = W.varlen_bwd_plan(work, None, _mods.NONE, False, roles=backward)
+    bplan = W.varlen_bwd_plan(work, None, _mods.NONE, False, roles=backward, target=target)
     specs = {"delta": DELTA, "dq": DQ_SEQS, "dkdv": DKDV_SEQS}
     for step in bplan.launches:
         out[specs[step.role].name] = _step_launch(specs[step.role], step, arrays,

@@ -614,27 +614,37 @@ PACKED_ZERO_TAIL = True
 PACKED_BWD_KEY_ROWS = True
 
 
-def varlen_bwd_schedule(w: Workload) -> BwdSchedule:
+# tileiras 13.4.92 exits 5 ("failed to compile Tile IR program") on the packed dQ program
+# for sm_100 at 64 x 64 dQ tiles, at D 128 and 256, and at some other tiles; 64 x 128 at
+# occupancy 2 compiles at every D, mask and flag (benchmarks/notes/varlen-paged.md §52e).
+# sm_90 and sm_120 compile the default. Not timed on a Blackwell GPU.
+BLACKWELL_DQ = dict(dq_m=64, dq_n=128, occupancy=2)
+
+
+def varlen_bwd_schedule(w: Workload, cc: str = "9.0") -> BwdSchedule:
     """Not the table's: its backward entries were tuned on dense batches of one length, and
     on packed documents (median 512 tokens) its 128-key picks ran our varlen backward slower
     than the block-mask packing on the default (benchmarks/notes/varlen-paged.md §38c). The
     default, with keys as the MMA rows at 64 < D <= 128 (§43c). dQ has its own kernel (the
-    packed kernels have no reduce-add dQ)."""
+    packed kernels have no reduce-add dQ). On sm_100 (capability 10.x) dQ's tiles are
+    ``BLACKWELL_DQ``'s, which compile there."""
     from ..schedules.backward import default_bwd_schedule, key_rows_bwd_schedule
 
-    if PACKED_BWD_KEY_ROWS:
-        return key_rows_bwd_schedule(w.head_dim, w.causal)
-    return default_bwd_schedule(w.head_dim, w.causal)
+    s = (key_rows_bwd_schedule if PACKED_BWD_KEY_ROWS else default_bwd_schedule)(
+        w.head_dim, w.causal)
+    return replace(s, **BLACKWELL_DQ) if cc.split(".")[0] == "10" else s
 
 
 def varlen_bwd_plan(w: Workload, device, mods, has_dlse: bool, schedule=None,
-                    roles: tuple[str, ...] | None = None) -> SeqBwdPlan:
+                    roles: tuple[str, ...] | None = None,
+                    target: Target | None = None) -> SeqBwdPlan:
     """The packed backward's launches: ``roles`` (default ``packed_bwd_roles``) in order;
-    the ahead-of-time compile names "delta" to compile it whichever the switch."""
+    the ahead-of-time compile names "delta" to compile it whichever the switch. Without a
+    pinned ``schedule``, ``varlen_bwd_schedule`` for ``target`` (default the device's)."""
     if schedule is not None and schedule.dq != "kernel":  # a pinned one (a benchmark's)
         raise ScheduleError(f"backward schedule {schedule.label()}: the packed backward has "
                             "no reduce-add dQ; pin one without _atomic")
-    s = schedule or varlen_bwd_schedule(w)
+    s = schedule or varlen_bwd_schedule(w, (target or device_target(device)).cc)
     hd = head_dim_constants(w.head_dim)
     common = dict(**scalars(w.scale, mods, DKDV_SEQS), GROUP=w.heads_q // w.heads_kv,
                   **window_scalars(w.window), **hd, CAUSAL=w.causal,
