@@ -401,16 +401,16 @@ def _point_work(point) -> Workload:
                     packed_q=point.kind != "decode")
 
 
-def _stage_launches() -> dict:
-    """Each distinct kernel the shipped workloads stage's points launch on an sm_90 (the
-    reference's H100 and H200), with the first point that launches it."""
+def _stage_launches(gpu: str) -> dict:
+    """Each distinct kernel the shipped workloads stage's points launch on a ``gpu`` (sm_90:
+    the reference's H100 and H200), with the first point that launches it."""
     from tiledattention.kernel.compile import workload_launches
     from tiledattention.stages.workloads import WorkloadsConfig, points
 
     seen = {}
     for point in points(WorkloadsConfig(enabled=True)):
         training = point.pass_ != "fwd"
-        launches = workload_launches(_point_work(point), "sm_90", paged=point.paged,
+        launches = workload_launches(_point_work(point), gpu, paged=point.paged,
                                      return_lse=training, backward=None if training else ())
         for name, launch in launches.items():
             key = (name, id(launch.kernel), tuple(sorted(launch.constants.items())),
@@ -421,19 +421,20 @@ def _stage_launches() -> dict:
 
 @pytest.mark.compile
 @pytest.mark.slow
-def test_every_kernel_the_workloads_stage_launches_compiles_for_hopper_as_planned():
+@pytest.mark.parametrize("gpu", ["sm_90", "sm_100", "sm_120"])
+def test_every_kernel_the_workloads_stage_launches_compiles_as_planned(gpu):
     # The plans' own launches (the schedule table's picks for sm_90, the switches' schedules,
-    # split-K and its combine, the tile maps), not a default schedule's: what the
-    # reference's H100 and H200 run, so a table or switch change that cannot compile fails
-    # here, not on the GPU.
-    launches = _stage_launches()
+    # split-K and its combine, the tile maps; on sm_100 BLACKWELL_DQ's dQ tiles), not a
+    # default schedule's: what the reference's H100 and H200 run, and what a Blackwell
+    # would, so a table or switch change that cannot compile fails here, not on a GPU.
+    launches = _stage_launches(gpu)
     assert {name.split(":")[1] for name in launches} == {
         "attention_fwd_seqs", "attention_combine", "sequence_map", "sequence_map_dq",
         "sequence_map_zero_tail", "attention_bwd_dkdv_seqs", "attention_bwd_dq_seqs"}
     failed = []
     for name, launch in launches.items():
         try:
-            assert launch.export("sm_90")[:4] == b"\x7fELF"
+            assert launch.export(gpu)[:4] == b"\x7fELF"
         except CompileError as exc:
             failed.append(f"{name}: {exc}")
     assert not failed, "\n".join(failed)
