@@ -349,11 +349,11 @@ def test_the_packed_backward_swaps_keys_into_the_mma_rows_only_where_measured(d,
 
     for causal in (True, False):
         w = Workload(4, 16, 16, d, torch.bfloat16, 1024, 1024, causal, d ** -0.5, (-1, -1), 0.0)
-        s = W.varlen_bwd_schedule(w)
+        s = W.varlen_bwd_schedule(w, "9.0")
         assert s.key_rows is key_rows
         assert dataclasses.replace(s, key_rows=False) == default_bwd_schedule(d, causal)
         monkeypatch.setattr(W, "PACKED_BWD_KEY_ROWS", False)
-        assert W.varlen_bwd_schedule(w) == default_bwd_schedule(d, causal)
+        assert W.varlen_bwd_schedule(w, "9.0") == default_bwd_schedule(d, causal)
         monkeypatch.setattr(W, "PACKED_BWD_KEY_ROWS", True)
 def test_a_pinned_backward_schedule_reaches_the_packed_plan_and_a_reduce_add_one_is_refused():
     # benchmarks compare the packed backward's schedules in one process with the public pin
@@ -370,7 +370,7 @@ def test_a_pinned_backward_schedule_reaches_the_packed_plan_and_a_reduce_add_one
     with ta.pinned_bwd_schedule(pinned):
         assert varlen._bwd_plan(w, torch.device("cpu"), mods.NONE, False).schedule == pinned
     assert varlen._bwd_plan(w, torch.device("cpu"), mods.NONE,
-                            False).schedule == W.varlen_bwd_schedule(w)
+                            False).schedule == W.varlen_bwd_schedule(w, "9.0")
     atomic = BwdSchedule.from_label("kv64x64_q64x64_o2_atomic")
     with ta.pinned_bwd_schedule(atomic), pytest.raises(ScheduleError, match="no reduce-add dQ"):
         varlen._bwd_plan(w, torch.device("cpu"), mods.NONE, False)
@@ -457,11 +457,10 @@ def test_a_paged_decodes_empty_key_splits_skip_their_loads_only_under_split_k(
 
 
 def _plans_on_cpu(monkeypatch, table):
-    """Let ``workload``'s plans build on the CPU (an sm_90 of 132 SMs), with ``table`` the
-    table's schedule where the caller pins none."""
+    """Let ``workload``'s plans build on the CPU (an sm_90 of 132 SMs: the module's
+    fixture), with ``table`` the table's schedule where the caller pins none."""
     from tiledattention.kernel import workload as W
 
-    monkeypatch.setattr(W, "device_target", lambda device: W.Target("9.0", 132))
     monkeypatch.setattr(W, "_forward_schedule", lambda w, cc, sq, sk, schedule: (
         schedule or table))
 

@@ -422,9 +422,9 @@ def seq_program(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns, seqs, b, bid_m,
     kstart = 0
     if f.VARLEN_Q:
         start, stop = sequence_span(CuQ, b, Q.shape[2])
-        if not f.WHOLE_LOADS:
+        if not whole_q(f):
             Q = sequence_slice(Q, start, stop)
-        if not (f.WHOLE_LOADS and f.SCATTER_OUT):
+        if not (whole_q(f) and f.SCATTER_OUT):
             Out = sequence_slice(Out, start, stop)
         if f.RETURN_LSE:
             Lse = sequence_slice(Lse, start, stop)
@@ -437,7 +437,7 @@ def seq_program(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns, seqs, b, bid_m,
             # The slice ends at the used length: TMA reads the rows past it as zeros (they
             # may be unwritten memory, and 0 * NaN is NaN in P V), so no tile is apart.
             kstop = ct.minimum(kstop, kstart + ct.maximum(ct.gather(SeqK, b), 0))
-        if not (f.WHOLE_LOADS and not f.SEQUSED):
+        if not whole_kv(f):
             K = sequence_slice(K, kstart, kstop)
             V = sequence_slice(V, kstart, kstop)
         seq_k = kstop - kstart
@@ -449,20 +449,24 @@ def seq_program(Q, K, V, Out, Lse, Mask, extra, scalars, f, fns, seqs, b, bid_m,
                  (Pages, K.shape[0], seq_k - seq_q, WIN_L, WIN_R, *whole_origins(start, kstart, f)))
 
 
+def whole_q(f):
+    """Q (packed) loads from the whole packed array (``FwdFlags.WHOLE_LOADS``)."""
+    return f.WHOLE_LOADS and f.VARLEN_Q
+
+
+def whole_kv(f):
+    """K and V (packed) load from the whole packed arrays. Under ``SEQUSED`` they stay
+    sliced to the keys used: past them may be unwritten memory, and 0 * NaN is NaN in
+    P V."""
+    return f.WHOLE_LOADS and f.VARLEN_K and not f.SEQUSED
+
+
 def whole_origins(start, kstart, f):
     """(query origin, key origin) of a packed sequence's rows in the whole packed arrays
-    (``FwdFlags.WHOLE_LOADS``; ``body.row_chunk``), each None where that array is sliced
-    (tile-indexed). Rows past the sequence are the next one's, or TMA zeros past the
-    array: its query rows are never stored, and its keys are masked (the key tail), their
-    values weighed by P = 0. K and V under ``SEQUSED`` stay sliced to the keys used: past
-    them may be unwritten memory, and 0 * NaN is NaN in P V."""
-    if f.WHOLE_LOADS and f.VARLEN_Q:
-        if f.VARLEN_K and not f.SEQUSED:
-            return (start, kstart)
-        return (start, None)
-    if f.WHOLE_LOADS and f.VARLEN_K and not f.SEQUSED:
-        return (None, kstart)
-    return (None, None)
+    (``body.row_chunk``), each None where that array is sliced (tile-indexed). Rows past
+    the sequence are the next one's, or TMA zeros past the array: its query rows are never
+    stored, and its keys are masked (the key tail), their values weighed by P = 0."""
+    return (start if whole_q(f) else None, kstart if whole_kv(f) else None)
 
 
 def query_origin(seq):

@@ -148,7 +148,6 @@ def dot_streamed(a0, a1, a2, T, b, h, tile, TILE, M, W0, W1, W2, NCHUNK, latency
     return acc
 
 
-
 def dots_streamed(a0, a1, a2, c0, c1, c2, T, U, b, h, tile, TILE, M, W0, W1, W2, NCHUNK,
                   UW0, UW1, UW2, UNCHUNK, at=None):
     """(sum_c a_c @ T^T_c, sum_c c_c @ U^T_c) with the chunks of T and U loaded in pairs

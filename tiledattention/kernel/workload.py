@@ -621,7 +621,7 @@ PACKED_BWD_KEY_ROWS = True
 BLACKWELL_DQ = dict(dq_m=64, dq_n=128, occupancy=2)
 
 
-def varlen_bwd_schedule(w: Workload, cc: str = "9.0") -> BwdSchedule:
+def varlen_bwd_schedule(w: Workload, cc: str) -> BwdSchedule:
     """Not the table's: its backward entries were tuned on dense batches of one length, and
     on packed documents (median 512 tokens) its 128-key picks ran our varlen backward slower
     than the block-mask packing on the default (benchmarks/notes/varlen-paged.md §38c). The
@@ -769,20 +769,25 @@ def _checked_now(t) -> bool:
 _unread: set = set()
 
 
+def _unread_plan(key, build):
+    """``_cached``'s plan of ``key``, its key marked unread when it is built here."""
+    def fresh():
+        plan = build()  # a build that raises leaves nothing unread
+        _unread.add(key)
+        return plan
+
+    return _cached(key, fresh)
+
+
 def varlen_setup(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, causal, scale, window_size,
                  softcap, mods, return_lse, schedule):
     """(plan, work) of a packed call: checked and planned on the first call of a plan key
     (its offsets' values read then, once: a sync), found in one lookup afterwards."""
-    key = None
-
     def build():
         w = check_varlen(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, causal, scale,
                          window_size, softcap)
         check_device(q)
-        plan = varlen_plan(w, q.device, schedule, mods, return_lse)
-        if key is not None:
-            _unread.add(key)
-        return plan
+        return varlen_plan(w, q.device, schedule, mods, return_lse)
 
     if not _keyable(q, k, v, cu_q, cu_k, seqused_k):
         return build()
@@ -792,7 +797,7 @@ def varlen_setup(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, causal, scale, wi
            softcap, mods.key, bool(return_lse), None if schedule is None else str(schedule),
            policy.generation(), VARLEN_HEAD_BLOCKS, VARLEN_HEAVY_MAP, PACKED_FWD_WHOLE,
            PACKED_FWD_SCATTER_OUT)
-    plan = _cached(key, build)
+    plan = _unread_plan(key, build)
     if _unread and key in _unread and _checked_now(cu_q):
         if plan.work.batch:
             checked_offsets(cu_q, cu_k, seqused_k, max_q, max_k, q.shape[0], k.shape[0])
@@ -806,16 +811,12 @@ def varlen_setup(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, causal, scale, wi
 def paged_setup(q, k_cache, v_cache, page_table, cache_seqlens, cu_q, max_q, causal, scale,
                 window_size, softcap, mods, return_lse, schedule):
     packed = cu_q is not None
-    key = None
 
     def build():
         w = check_paged(q, k_cache, v_cache, page_table, cache_seqlens, cu_q, max_q, causal,
                         scale, window_size, softcap)
         check_device(q)
-        plan = paged_plan(w, q.device, schedule, mods, return_lse)
-        if key is not None:
-            _unread.add(key)
-        return plan
+        return paged_plan(w, q.device, schedule, mods, return_lse)
 
     if not _keyable(q, k_cache, v_cache, page_table, cache_seqlens, cu_q):
         return build()
@@ -831,7 +832,7 @@ def paged_setup(q, k_cache, v_cache, page_table, cache_seqlens, cu_q, max_q, cau
            PAGE_KEYS_GATHERED, GATHER_MAX_Q, PAGED_DECODE_WORKER_WARPS,
            PAGED_DECODE_OCCUPANCY, GATHERED_PREFILL_SCHEDULE, PACKED_FWD_WHOLE,
            PACKED_FWD_SCATTER_OUT)
-    plan = _cached(key, build)
+    plan = _unread_plan(key, build)
     if _unread and key in _unread and _checked_now(cache_seqlens):
         checked_cache(page_table, cache_seqlens, k_cache.shape[0], k_cache.shape[1], cu_q,
                       max_q, q.shape[0] if packed else None)
