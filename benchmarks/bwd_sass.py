@@ -16,8 +16,8 @@ and loads (STS, STSM, LDS: the transposes of P and dS show here), CTA barriers a
 fences, local-memory loads and stores (LOCAL: STL + LDL). ``--loops`` prints every
 innermost loop with MMAs (the masked and unmasked versions of a causal loop).
 
-cuobjdump is not in cuda-tile's wheels: ``pip download nvidia-cuda-cuobjdump==13.4.92``,
-unzip, and pass ``--cuobjdump PATH`` (or have it on PATH).
+cuobjdump is not in cuda-tile's wheels: tiledattention[dev] installs it
+(nvidia-cuda-cuobjdump, nvidia-cuda-nvdisasm), or pass ``--cuobjdump PATH``.
 
     python benchmarks/bwd_sass.py --head-dim 64,128 kv64x128_q128x64_o1_w8_atomic
     python benchmarks/bwd_sass.py --head-dim 256 --causal kv64x64_q64x64_o1_w8
@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -56,6 +55,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tiledattention.kernel.compile import export_bwd_cubins  # noqa: E402
+from tiledattention.kernel.toolchain import SASS_MISSING, cuda_tool  # noqa: E402
 from tiledattention.kernel.variant import BwdVariant, Flags  # noqa: E402
 from tiledattention.schedules.backward import BwdSchedule  # noqa: E402
 
@@ -206,14 +206,14 @@ def main(argv=None) -> int:
                     help="dK/dV's loop over a GQA group: as an MHA plan ships it "
                          "(variant.ONE_HEAD_DIMS), the runtime loop (GQA), or none")
     ap.add_argument("--gpu-code", default="sm_90")
-    ap.add_argument("--cuobjdump", default=shutil.which("cuobjdump"))
+    ap.add_argument("--cuobjdump", default=cuda_tool("cuobjdump"))
     ap.add_argument("--step", action="store_true",
                     help="also count one iteration of the query loop (per thread)")
     ap.add_argument("--loops", action="store_true",
                     help="with --step: every innermost MMA loop, not only the first")
     args = ap.parse_args(argv)
     if not args.cuobjdump:
-        print("cuobjdump not found: pass --cuobjdump PATH (pip nvidia-cuda-cuobjdump)")
+        print(f"{SASS_MISSING}; or pass --cuobjdump PATH")
         return 2
     print("D  causal  variant  schedule  kernel  " + "  ".join(COUNTED) + "  WGWAIT  REG  STACK"
           + ("  | step: " + "  ".join(STEP) if args.step else ""))

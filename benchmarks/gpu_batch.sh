@@ -12,7 +12,8 @@
 #   bash benchmarks/gpu_batch.sh host       # host cost table + profiler attribution
 #   LEADS="occupancy prefill-w4" bash benchmarks/gpu_batch.sh leads
 #                                           # the switch A/Bs open-leads.md names, in its
-#                                           # order (default all; FA4 from /tmp/fa4site)
+#                                           # order (default all; FA4 from /tmp/fa4site
+#                                           # when the kit is there)
 #   bash benchmarks/gpu_batch.sh sweep-shapes [--sweep both --shapes 192,128 512,512
 #       --fa4-site /tmp/fa4site]            # head-shape schedule sweep: $JOBS compile
 #                                           # shards (<= 200 s), then one timed process
@@ -89,6 +90,7 @@ case "${1:?what to run}" in
     export PYTHONPATH=$PYTHONPATH${fa4:+:$fa4}
     ab() {
       local name=$1; shift
+      [ -n "$fa4" ] || set -- "$@" --no-fa4  # no kit installed on this machine: ours only
       echo "== $name: $*"
       timeout "${AB_TIMEOUT:-500}" python benchmarks/packed_order_ab.py "$@" \
         --out "$OUT/ab-$name.json" 2>&1 | tee "$OUT/ab-$name.log" | tail -"${TAIL:-30}"

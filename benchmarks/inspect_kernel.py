@@ -24,7 +24,6 @@ import argparse
 import io
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -34,6 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tiledattention.kernel.compile import kernel_for, signature_for  # noqa: E402
+from tiledattention.kernel.toolchain import SASS_MISSING, cuda_tool  # noqa: E402
 from tiledattention.kernel.variant import Variant  # noqa: E402
 from tiledattention.schedules.schedule import Schedule  # noqa: E402
 
@@ -144,10 +144,9 @@ def main(argv=None) -> int:
             what = " ".join(x for x in (r["instruction"], r["shape"]) if x)
             print(f"  line {r['line']:>3} {source_line(r['line'])!r}: {r['remark']}"
                   f"{' -> ' + what if what else ''}")
-        cuobjdump = args.cuobjdump or shutil.which("cuobjdump")
+        cuobjdump = args.cuobjdump or cuda_tool("cuobjdump")
         if cuobjdump is None:
-            print("cuobjdump not found (pip install nvidia-cuda-cuobjdump of the same CUDA "
-                  "version, or --cuobjdump PATH): no SASS counts")
+            print(f"{SASS_MISSING}, or pass --cuobjdump PATH: no SASS counts")
             return 0
         res = subprocess.run([cuobjdump, "-res-usage", str(cubin)], capture_output=True,
                              text=True, check=True).stdout

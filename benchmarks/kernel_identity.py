@@ -24,7 +24,6 @@ import gzip
 import hashlib
 import json
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -32,6 +31,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tiledattention.kernel.toolchain import cuda_tool  # noqa: E402
 
 
 def cases():
@@ -167,7 +168,7 @@ def main(argv=None) -> int:
     mode = ap.add_mutually_exclusive_group(required=True)
     mode.add_argument("--save", type=Path, help="write the digests to this JSON file")
     mode.add_argument("--check", type=Path, help="compare with the digests in this file")
-    ap.add_argument("--cuobjdump", default=shutil.which("cuobjdump"))
+    ap.add_argument("--cuobjdump", default=cuda_tool("cuobjdump"))
     ap.add_argument("--only", default="", help="comma-separated case names (default: all)")
     ap.add_argument("--dump", type=Path, help="also write each kernel's SASS into this folder")
     args = ap.parse_args(argv)

@@ -18,7 +18,7 @@ import pytest
 pytest.importorskip("cuda.tile", reason="cuTile not installed: pip install 'cuda-tile[tileiras]'")
 
 from tiledattention.kernel.spec import DELTA, DKDV, DQ  # noqa: E402
-from tiledattention.kernel.toolchain import tileiras_path  # noqa: E402
+from tiledattention.kernel.toolchain import SASS_MISSING, cuda_tool, tileiras_path  # noqa: E402
 from tiledattention.kernel.variant import BwdVariant, mask_axes_for  # noqa: E402
 from tiledattention.schedules.backward import BwdSchedule, default_bwd_schedule  # noqa: E402
 
@@ -107,14 +107,11 @@ def test_dq_reduce_add_compiles_to_tma_reductions_without_spills():
     """The five-matmul dK/dV program adds dQ with UTMAREDG (cp.reduce.async.bulk.tensor),
     keeps its warp-group MMAs, and neither emits per-element atomics nor spills (read from
     the sm_90 SASS; needs cuobjdump and nvdisasm, e.g. pip nvidia-cuda-cuobjdump)."""
-    import shutil
-
     from tiledattention.kernel.compile import export_bwd_cubins
 
-    cuobjdump = shutil.which("cuobjdump")
-    if cuobjdump is None or shutil.which("nvdisasm") is None:
-        pytest.skip("cuobjdump/nvdisasm not on PATH (pip nvidia-cuda-cuobjdump, "
-                    "nvidia-cuda-nvdisasm)")
+    cuobjdump = cuda_tool("cuobjdump")
+    if cuobjdump is None or cuda_tool("nvdisasm") is None:
+        pytest.skip(SASS_MISSING)
     import sys
     from pathlib import Path
 
@@ -129,13 +126,12 @@ def test_dq_reduce_add_compiles_to_tma_reductions_without_spills():
 
 
 def _sass_tools():
-    import shutil
     import sys
     from pathlib import Path
 
-    cuobjdump = shutil.which("cuobjdump")
+    cuobjdump = cuda_tool("cuobjdump")
     if cuobjdump is None:
-        pytest.skip("cuobjdump not on PATH (pip nvidia-cuda-cuobjdump)")
+        pytest.skip(SASS_MISSING)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     import bwd_sass
 

@@ -6,26 +6,22 @@ loads are TMA and nothing spills, read from the sm_90 SASS where cuobjdump is fo
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 import tempfile
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("cuda.tile", reason="cuTile not installed: pip install 'cuda-tile[tileiras]'")
 
 from tiledattention.kernel.compile import export_cubin  # noqa: E402
-from tiledattention.kernel.toolchain import tileiras_path  # noqa: E402
+from tiledattention.kernel.toolchain import SASS_MISSING, cuda_tool, tileiras_path  # noqa: E402
 from tiledattention.kernel.variant import Variant  # noqa: E402
 from tiledattention.schedules.schedule import default_fp8_schedule  # noqa: E402
 
 if tileiras_path() is None:
     pytest.skip("tileiras not found: pip install 'cuda-tile[tileiras]'", allow_module_level=True)
 
-# Where benchmarks/repro/README.md unpacks it when it is not on PATH.
-CUOBJDUMP = shutil.which("cuobjdump") or next(
-    (str(p) for p in Path("/tmp/cuobj").glob("**/bin/cuobjdump")), None)
+CUOBJDUMP = cuda_tool("cuobjdump")  # tiledattention[dev] installs it
 
 
 def fp8_variant(d, causal, *, even=True, lse=True, out="bfloat16"):
@@ -50,8 +46,7 @@ def test_fp8_forward_runs_both_products_on_e4m3_mmas_without_spilling(d, causal,
     cubin = export_cubin(fp8_variant(d, causal, even=even, out=out), "sm_90").cubin
     assert cubin[:4] == b"\x7fELF" and b"attention_fwd_fp8" in cubin
     if CUOBJDUMP is None:
-        pytest.skip("cuobjdump not found (pip download nvidia-cuda-cuobjdump; see "
-                    "benchmarks/repro/README.md)")
+        pytest.skip(SASS_MISSING)
     sass, res = sass_and_resources(cubin)
     mmas = re.findall(r"\b([QH]GMMA\.\w+(?:\.\w+)*)", sass)
     # Q K^T (64 x keys) and P V (64 x D): fp8 on both, no bf16/fp16 MMA left
@@ -73,8 +68,7 @@ def test_the_v_transpose_compiles_without_local_memory(d, s):
     cubin = export_transpose_cubin(d, s, "sm_90")
     assert cubin[:4] == b"\x7fELF" and b"keys_last" in cubin
     if CUOBJDUMP is None:
-        pytest.skip("cuobjdump not found (pip download nvidia-cuda-cuobjdump; see "
-                    "benchmarks/repro/README.md)")
+        pytest.skip(SASS_MISSING)
     sass, res = sass_and_resources(cubin)
     assert re.search(r"\bLDG\.E", sass) and re.search(r"\bSTG\.E", sass)
     assert not re.search(r"\b(STL|LDL)\b", sass)

@@ -6,26 +6,22 @@ d512_forward.py has the candidates that spill)."""
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 import tempfile
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("cuda.tile", reason="cuTile not installed: pip install 'cuda-tile[tileiras]'")
 
 from tiledattention.kernel.compile import export_combine_cubin, export_cubin  # noqa: E402
-from tiledattention.kernel.toolchain import tileiras_path  # noqa: E402
+from tiledattention.kernel.toolchain import SASS_MISSING, cuda_tool, tileiras_path  # noqa: E402
 from tiledattention.kernel.variant import Variant  # noqa: E402
 from tiledattention.schedules.schedule import default_schedule  # noqa: E402
 
 if tileiras_path() is None:
     pytest.skip("tileiras not found: pip install 'cuda-tile[tileiras]'", allow_module_level=True)
 
-# Where benchmarks/repro/README.md unpacks it when it is not on PATH.
-CUOBJDUMP = shutil.which("cuobjdump") or next(
-    (str(p) for p in Path("/tmp/cuobj").glob("**/bin/cuobjdump")), None)
+CUOBJDUMP = cuda_tool("cuobjdump")  # tiledattention[dev] installs it
 
 
 def variant(dqk, dv, causal, **kw):
@@ -56,8 +52,7 @@ def test_d512_forward_compiles(causal, target):
                                            (384, 384, True)])
 def test_wide_forward_does_not_spill_on_hopper(dqk, dv, causal):
     if CUOBJDUMP is None:
-        pytest.skip("cuobjdump not found (pip download nvidia-cuda-cuobjdump; see "
-                    "benchmarks/repro/README.md)")
+        pytest.skip(SASS_MISSING)
     stack, regs = stack_and_registers(export_cubin(variant(dqk, dv, causal), "sm_90").cubin)
     assert stack == 0 and regs <= 168  # 8 worker warps + producer: 168 at launch
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -22,7 +21,7 @@ pytest.importorskip("cuda.tile", reason="cuTile not installed: pip install 'cuda
 
 from tiledattention.errors import CompileError  # noqa: E402
 from tiledattention.kernel.compile import export_workload_cubins  # noqa: E402
-from tiledattention.kernel.toolchain import tileiras_path  # noqa: E402
+from tiledattention.kernel.toolchain import SASS_MISSING, cuda_tool, tileiras_path  # noqa: E402
 from tiledattention.kernel.workload_check import Workload  # noqa: E402
 
 if tileiras_path() is None:
@@ -34,18 +33,11 @@ def _work(d, causal, window=(-1, -1), seqused=False, page=0, hq=16, hk=16, prefi
                     seqused=seqused, page_size=page, packed_q=not page or prefill)
 
 
-def _tool(name):
-    """cuobjdump / nvdisasm on PATH, or where benchmarks/repro/README.md unpacks them."""
-    return shutil.which(name) or next((str(p) for p in Path("/tmp").glob(
-        f"*/nvidia/cu*/bin/{name}")), None)
-
-
 def _sass(cubin: bytes) -> tuple[str, str]:
     """(``cuobjdump -sass``, ``-res-usage``) of a cubin; skips without the tools."""
-    cuobjdump, nvdisasm = _tool("cuobjdump"), _tool("nvdisasm")
+    cuobjdump, nvdisasm = cuda_tool("cuobjdump"), cuda_tool("nvdisasm")
     if cuobjdump is None or nvdisasm is None:
-        pytest.skip("cuobjdump/nvdisasm not found (pip download nvidia-cuda-cuobjdump and "
-                    "nvidia-cuda-nvdisasm; see benchmarks/repro/README.md)")
+        pytest.skip(SASS_MISSING)
     env = dict(os.environ, NVDISASM_PATH=str(Path(nvdisasm).parent))
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)

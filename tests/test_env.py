@@ -107,6 +107,14 @@ def test_the_locks_merge_with_the_dev_lock_winning():
     assert "torch" not in pins and "numpy" not in pins  # the node's own
 
 
+@pytest.mark.skipif(not os.environ.get("CI"), reason="CI's venv only (scripts/setup.sh with "
+                    "the dev extra): elsewhere the SASS tests skip with the install line")
+def test_ci_reads_sass_so_the_compile_tests_check_it_instead_of_skipping():
+    from tiledattention.kernel.toolchain import cuda_tool
+
+    assert cuda_tool("cuobjdump") and cuda_tool("nvdisasm"), "tiledattention[dev] lacks them"
+
+
 def test_setup_makes_the_venv_without_the_systems_packages():
     text = (ROOT / "scripts" / "setup.sh").read_text()
     assert "--system-site-packages" not in text.replace("# ", "")

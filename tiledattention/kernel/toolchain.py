@@ -16,6 +16,9 @@ from ..errors import GPUTooOldError, ToolchainMissingError
 
 MIN_CAPABILITY = (8, 0)  # tileiras targets Ampere and newer; tested on Hopper (sm_90)
 INSTALL_LINE = "pip install 'cuda-tile[tileiras]>=1.7'  (or: pip install 'tiledattention[gpu]')"
+# What reading SASS (the compile tests, benchmarks/bwd_sass.py) needs beside tileiras.
+SASS_MISSING = ("cuobjdump/nvdisasm not found: pip install nvidia-cuda-cuobjdump "
+                "nvidia-cuda-nvdisasm (in tiledattention[dev])")
 
 
 @functools.cache
@@ -30,23 +33,28 @@ def kernel_module() -> ModuleType:
     return kernel
 
 
-def tileiras_path() -> str | None:
-    """tileiras in the order cuTile searches: the pip wheel, PATH, then $CUDA_HOME/bin."""
+def cuda_tool(name: str) -> str | None:
+    """A CUDA tool (tileiras; cuobjdump and nvdisasm for SASS) in the order cuTile searches
+    for tileiras: the pip wheels (``nvidia/cu13/bin``), PATH, then $CUDA_HOME/bin."""
     try:
         import nvidia  # the cu13 wheels install under the nvidia namespace
     except ImportError:
         nvidia = None
     for root in getattr(nvidia, "__path__", []):
-        candidate = os.path.join(root, "cu13", "bin", "tileiras")
+        candidate = os.path.join(root, "cu13", "bin", name)
         if os.access(candidate, os.X_OK):
             return candidate
-    found = shutil.which("tileiras")
+    found = shutil.which(name)
     if found:
         return found
     home = os.environ.get("CUDA_PATH") or os.environ.get("CUDA_HOME")
-    if home and os.access(os.path.join(home, "bin", "tileiras"), os.X_OK):
-        return os.path.join(home, "bin", "tileiras")
+    if home and os.access(os.path.join(home, "bin", name), os.X_OK):
+        return os.path.join(home, "bin", name)
     return None
+
+
+def tileiras_path() -> str | None:
+    return cuda_tool("tileiras")
 
 
 @functools.cache
