@@ -191,6 +191,23 @@ def test_relative_bias_at_s333_forward_and_every_gradient(d, dtype):
     check(*_qkv(2, 4, 333, 333, d, dtype), relative, lambda s, b, h, qi, ki: s + (qi - ki))
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_softcap_written_as_flex_users_write_it_matches_float64_forward_and_backward(dtype):
+    # Its `score / 30.0` is compiled as a product by 1/30 (mods/lifting._products): within an
+    # fp32 ulp of the quotient, so float64's tolerance holds; the where's quotient decides
+    # and stays a division.
+    def softcap(score, b, h, q_idx, kv_idx):
+        return 30.0 * torch.tanh(score / 30.0)
+
+    def decided(score, b, h, q_idx, kv_idx):
+        return torch.where(q_idx / 3 >= kv_idx, score / 7, score * (kv_idx - q_idx) / 200)
+
+    q, k, v = _qkv(2, 4, 1000, 1000, 128, dtype)
+    check(q, k, v, softcap, lambda s, b, h, qi, ki: 30.0 * torch.tanh(s / 30.0), causal=True)
+    check(*_qkv(2, 4, 333, 333, 64, dtype, seed=1), decided,
+          lambda s, b, h, qi, ki: torch.where(qi / 3 >= ki, s / 7, s * (ki - qi) / 200))
+
+
 def test_integer_index_arithmetic_promotes_like_torch():
     q, k, v = _qkv(1, 2, 333, 333, 64, torch.float16)
     pos = torch.arange(333, device="cuda", dtype=torch.int64)
