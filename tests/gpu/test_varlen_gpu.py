@@ -107,21 +107,22 @@ def _refs(mods):
     return out
 
 
-@pytest.fixture(params=[(False, False), (False, True), (True, True)],
-                ids=["sliced", "whole-bwd", "whole-scattered"])
+ROW_SWITCHES = ("PACKED_FWD_WHOLE", "PACKED_FWD_SCATTER_OUT", "PACKED_BWD_WHOLE",
+                "PACKED_BWD_SCATTER_OUT")
+
+
+@pytest.fixture(params=["sliced", "shipped", "whole-scattered"])
 def packed_bwd(request, monkeypatch):
-    """The packed backward's two loads (benchmarks/notes/varlen-paged.md §42a): per-sequence
-    sliced, and whole-array loads whose rows and keys past a sequence hold the next
-    sequence's data (masked in the compute); with the latter, the forward's too, and Out,
-    dK, dV and dQ stored by masked scatters (§51d-§51f). The plan caches key on the
-    switches."""
+    """How the packed kernels load and store their rows (benchmarks/notes/varlen-paged.md
+    §42a, §51d-§51f): per-sequence slices; the switches as they ship; and every row
+    through the whole arrays (loads whose rows and keys past a sequence hold the next
+    sequence's data, masked in the compute; Out, dK, dV and dQ stored by masked
+    scatters). The plan caches key on the switches."""
     from tiledattention.kernel import workload as W
 
-    fwd, bwd = request.param
-    monkeypatch.setattr(W, "PACKED_FWD_WHOLE", fwd)
-    monkeypatch.setattr(W, "PACKED_FWD_SCATTER_OUT", fwd)
-    monkeypatch.setattr(W, "PACKED_BWD_SCATTER_OUT", fwd)
-    monkeypatch.setattr(W, "PACKED_BWD_WHOLE", bwd)
+    if request.param != "shipped":
+        for switch in ROW_SWITCHES:
+            monkeypatch.setattr(W, switch, request.param == "whole-scattered")
     return request.param
 
 
