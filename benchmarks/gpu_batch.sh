@@ -12,8 +12,8 @@
 #   bash benchmarks/gpu_batch.sh host       # host cost table + profiler attribution
 #   LEADS="occupancy prefill-w4" bash benchmarks/gpu_batch.sh leads
 #                                           # the switch A/Bs open-leads.md names, in its
-#                                           # order (default: those still open; FA4 from /tmp/fa4site
-#                                           # when the kit is there)
+#                                           # order (default: those still open; FA4
+#                                           # from /tmp/fa4site when the kit is there)
 #   bash benchmarks/gpu_batch.sh sweep-shapes [--sweep both --shapes 192,128 512,512
 #       --fa4-site /tmp/fa4site]            # head-shape schedule sweep: $JOBS compile
 #                                           # shards (<= 200 s), then one timed process
