@@ -348,8 +348,9 @@ def test_whole_array_forward_loads_build_only_the_sliced_arrays_tensor_maps(work
 def test_the_packed_kernels_compile_with_whole_loads_and_scattered_stores(work, paged, gpu,
                                                                          monkeypatch):
     # §51d-§51f's switches, all on (the forward's whole loads ship on, §53c): their
-    # kernels compile wherever the defaults' do (the SASS tests above need cuobjdump; this one only tileiras). The packed dQ for
-    # sm_100 is tileiras' known limit (§38f), so Blackwell compiles the rest.
+    # kernels compile wherever the defaults' do (the SASS tests above need cuobjdump;
+    # this one only tileiras). The packed dQ for sm_100 is tileiras' known limit (§38f),
+    # so Blackwell compiles the rest.
     from tiledattention.kernel import workload as W
 
     for switch in ("PACKED_FWD_WHOLE", "PACKED_FWD_SCATTER_OUT", "PACKED_BWD_SCATTER_OUT"):
