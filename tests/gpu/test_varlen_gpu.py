@@ -112,7 +112,7 @@ ROW_SWITCHES = ("PACKED_FWD_WHOLE", "PACKED_FWD_SCATTER_OUT", "PACKED_BWD_WHOLE"
 
 
 @pytest.fixture(params=["sliced", "shipped", "whole-scattered"])
-def packed_bwd(request, monkeypatch):
+def packed_rows(request, monkeypatch):
     """How the packed kernels load and store their rows (benchmarks/notes/varlen-paged.md
     §42a, §51d-§51f): per-sequence slices; the switches as they ship; and every row
     through the whole arrays (loads whose rows and keys past a sequence hold the next
@@ -133,25 +133,25 @@ LENS = [([300, 1, 0, 129, 64, 700], [300, 1, 0, 129, 64, 700]),
 @pytest.mark.parametrize("lens", LENS, ids=["self", "cross"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("d", [64, 128])
-def test_varlen_matches_float64_forward_and_backward(lens, causal, d, packed_bwd):
+def test_varlen_matches_float64_forward_and_backward(lens, causal, d, packed_rows):
     _check_varlen(*lens, causal=causal, d=d)
 
 
 @pytest.mark.parametrize("d", [96, 256])
-def test_varlen_head_dims_without_padding(d, packed_bwd):
+def test_varlen_head_dims_without_padding(d, packed_rows):
     _check_varlen([200, 77], [200, 77], causal=True, d=d, dtype=torch.float16)
 
 
-def test_varlen_gqa_sums_the_group_in_dk_dv(packed_bwd):
+def test_varlen_gqa_sums_the_group_in_dk_dv(packed_rows):
     _check_varlen([130, 5, 260], [130, 5, 260], hq=8, hk=2, causal=True)
 
 
-def test_varlen_query_longer_than_keys_gives_zero_rows_under_causality(packed_bwd):
+def test_varlen_query_longer_than_keys_gives_zero_rows_under_causality(packed_rows):
     # Sq > Skv, bottom-right: the first Sq - Skv queries attend nothing (zeros, lse -inf).
     _check_varlen([50, 8], [20, 8], causal=True)
 
 
-def test_varlen_sliding_window_and_softcap(packed_bwd):
+def test_varlen_sliding_window_and_softcap(packed_rows):
     _check_varlen([300, 70], [300, 70], causal=True, window=(64, 0), softcap=30.0)
     _check_varlen([300, 70], [300, 90], window=(32, 16))
 
@@ -162,7 +162,7 @@ def test_varlen_seqused_k_caps_each_sequences_keys():
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("d", [64, 128])
-def test_varlen_rows_past_seqused_k_holding_nan_reach_no_output_or_gradient(causal, d, packed_bwd):
+def test_varlen_rows_past_seqused_k_holding_nan_reach_no_output_or_gradient(causal, d, packed_rows):
     """Keys past seqused_k may be a cache's unwritten slots: masked (P = 0), yet 0 * NaN
     is NaN in P V, dP = dO V^T and dS K. Output and dq/dk/dv stay finite and match
     float64; dk/dv of the unused rows are zero."""
@@ -173,7 +173,7 @@ def test_varlen_rows_past_seqused_k_holding_nan_reach_no_output_or_gradient(caus
 @pytest.mark.parametrize("extra, h, d", [(37, 4, 64), (200, 3, 96)],
                          ids=["tail-in-one-tile", "tail-over-tiles-288-columns"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_varlen_rows_no_sequence_covers_add_nothing_to_the_gradients(causal, packed_bwd, extra,
+def test_varlen_rows_no_sequence_covers_add_nothing_to_the_gradients(causal, packed_rows, extra,
                                                                      h, d):
     """cu_seqlens[-1] < total: the forward leaves out and lse of the rows past it unwritten
     (NaN on the poisoned allocator), so their delta is NaN too. The whole-array dK/dV
@@ -199,7 +199,7 @@ def test_varlen_rows_no_sequence_covers_add_nothing_to_the_gradients(causal, pac
         assert relative_error(got, want) <= rtol_bwd(BF16), name
 
 
-def test_varlen_mods_see_positions_within_the_sequence(packed_bwd):
+def test_varlen_mods_see_positions_within_the_sequence(packed_rows):
     def rel(score, b, h, q_idx, kv_idx):
         return score - 0.01 * (q_idx - kv_idx)
 
@@ -431,7 +431,7 @@ def test_paged_refuses_out_of_range_pages_before_reading_them():
 
 @pytest.mark.parametrize("folded", [False, True], ids=["delta-launch", "delta-in-dq"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_varlen_lse_gradient_enters_delta_on_both_delta_paths(causal, folded, packed_bwd,
+def test_varlen_lse_gradient_enters_delta_on_both_delta_paths(causal, folded, packed_rows,
                                                                monkeypatch):
     """A gradient through the returned log-sum-exp (dlse) on both packed delta paths
     (benchmarks/notes/varlen-paged.md §43b): the delta launch over the packed rows, or
