@@ -63,12 +63,15 @@ def test_without_a_gradient_a_wide_head_dim_reaches_the_device_check():
         ta.sdpa(*args)
 
 
-def test_the_backward_launcher_refuses_a_wide_head_dim_too():
-    from tiledattention.kernel.launch import run_backward
+@pytest.mark.parametrize("dqk,dv", [(512, 512), (128, 512), (576, None)])
+def test_a_backward_plan_is_never_built_for_a_wide_head_dim(dqk, dv):
+    # every backward launch (the eager node's, the custom op's) runs a plan: refused there
+    from tiledattention.kernel.plan import make_bwd_plan
+    from tiledattention.schedules.backward import BwdSchedule
 
-    q = t(1, 2, 16, 512)
+    q = t(1, 2, 16, dqk)
     with pytest.raises(ta.BackwardNotSupportedError, match="above 256"):
-        run_backward(None, q, q, q, q, None, q, None, None)
+        make_bwd_plan(q, q, None, True, 0.1, False, BwdSchedule(), head_dim_v=dv)
 
 
 @pytest.mark.parametrize("d,widths", [(512, (512,)), (576, (512, 64)), (384, (256, 128)),

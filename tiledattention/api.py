@@ -229,18 +229,19 @@ torch.library.register_autograd("tiledattention::attention_fwd", _backward,
 
 class _Attention(torch.autograd.Function):
     """The eager path of a call that needs a gradient: the same plans and launches as the
-    custom op, without its dispatch (NOTES: ~21 us an op call on the H100 host)."""
+    custom op, without its dispatch (NOTES: ~21 us an op call on the H100 host).
+
+    Everything but the tensors autograd tracks travels as one tuple, ``call``: (plan,
+    attn_mask, block mask, the backward's Mods, which captured tensors ``needs`` a
+    gradient). ``Function.apply`` inspects every argument, so each costs ~0.5 us a call
+    (benchmarks/notes/host-cost.md §54a)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, plan, attn_mask, mods, block, causal, scale, bwd_mods, needs,
-                *aux):
-        # ``aux``: the captured tensors, inputs here so that those requiring grad get it;
-        # ``bwd_mods`` computes the gradients of those ``needs`` marks.
-        out, lse = launch(plan, q, k, v, attn_mask, aux=aux)
+    def forward(ctx, q, k, v, call, *aux):
+        # ``aux``: the captured tensors, inputs here so that those requiring grad get it.
+        out, lse = launch(call[0], q, k, v, call[1], aux=aux)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.mask, ctx.aux, ctx.mods, ctx.block = attn_mask, aux, bwd_mods, block
-        ctx.needs = needs
-        ctx.causal, ctx.scale, ctx.pinned = causal, scale, pinned_schedule()
+        ctx.call, ctx.aux, ctx.pinned = call, aux, pinned_schedule()
         ctx.set_materialize_grads(False)
         return out, lse
 
@@ -249,15 +250,17 @@ class _Attention(torch.autograd.Function):
         q, k, v, out, lse = ctx.saved_tensors
         if dout is None:
             dout = torch.zeros_like(out)
-        captured = captured_buffers(ctx.aux, ctx.needs)
-        plan = bwd_plan_for(q, k, ctx.mask, ctx.causal, ctx.scale, dlse is not None,
-                            ctx.pinned or pinned_schedule(), ctx.mods or _mods.NONE, ctx.block,
-                            head_dim_v=v.shape[3])
-        dq, dk, dv = run_backward(plan, q, k, v, out, lse, dout, dlse, ctx.mask, aux=ctx.aux,
+        plan, mask, block, mods, needs = ctx.call
+        captured = captured_buffers(ctx.aux, needs) if needs else ()
+        bwd = bwd_plan_for(q, k, mask, plan.variant.causal, plan.scale, dlse is not None,
+                           ctx.pinned or pinned_schedule(), mods, block,
+                           head_dim_v=v.shape[3])
+        dq, dk, dv = run_backward(bwd, q, k, v, out, lse, dout, dlse, mask, aux=ctx.aux,
                                   captured=captured)
+        if not ctx.aux:
+            return dq, dk, dv, None
         daux = tuple(None if g is None else g.to(t.dtype) for t, g in zip(ctx.aux, captured))
-        daux = (*daux, *([None] * (len(ctx.aux) - len(daux))))
-        return (dq, dk, dv, None, None, None, None, None, None, None, None, *daux)
+        return (dq, dk, dv, None, *daux, *([None] * (len(ctx.aux) - len(daux))))
 
 
 _Tensor = torch.Tensor
@@ -474,9 +477,8 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         if not needs_grad:
             out, lse = launch(plan, q, k, v, attn_mask, fresh_lse=False, aux=aux)
         else:
-            out, lse = _Attention.apply(q, k, v, plan, attn_mask, mods,
-                                        None if variant is None else variant[1],
-                                        plan.variant.causal, plan.scale, bwd_mods, needs, *aux)
+            out, lse = _Attention.apply(q, k, v, (plan, attn_mask, None if variant is None
+                                                  else variant[1], bwd_mods, needs), *aux)
         return (out, lse) if return_lse else out
     problem = check_inputs(q, k, v, causal=is_causal, scale=scale, attn_mask=attn_mask,
                            enable_gqa=enable_gqa, device=not _is_compiling())

@@ -6,7 +6,6 @@ import torch
 
 from ..mods import MAX_TENSORS as _MAX_TENSORS
 from .mask import prepare_mask
-from .validate import check_head_dim_backward
 
 # The current stream's raw handle without building a torch.cuda.Stream object (~9 us on
 # the H100 host for torch.cuda.current_stream()); a CPU-only torch build has neither.
@@ -174,8 +173,7 @@ def run_backward(plan, q, k, v, out, lse, dout, dlse, attn_mask, *, aux: tuple =
     dK/dV, mostly; ``BwdPlan``), on PyTorch's current stream. ``aux``: the tensors the
     variant functions capture; ``captured``: ``captured_buffers`` of those that need a
     gradient (their ``mods`` from ``mods.with_captured_grads``); the dK/dV kernel adds the
-    gradients in."""
-    check_head_dim_backward(q, v)  # no backward kernel past 256
+    gradients in. Head dims past 256 (no backward kernel) were refused by the plan's build."""
     q, k, v, out, dout = (_addressable(t) for t in (q, k, v, out, dout))
     b, hq, sq, _ = q.shape
     dev = q.device

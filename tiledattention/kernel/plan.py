@@ -41,6 +41,7 @@ from .toolchain import check_gpu
 from .validate import (
     FP8_INPUT,
     Problem,
+    check_backward_head_dims,
     check_descale,
     check_descales_given,
     check_device,
@@ -664,6 +665,7 @@ def make_bwd_plan(q, k, attn_mask, causal: bool, scale: float, has_dlse: bool,
                   head_dim_v: int | None = None) -> BwdPlan:
     b, hq, sq, d = q.shape
     hk, sk = k.shape[1], k.shape[2]
+    check_backward_head_dims(d, head_dim_v or d)  # no backward kernel past 256
     plain = not (mods.key or block is not None)
     if head_dim_v == d:
         head_dim_v = None  # one head dim: the same variant (and kernels) as without it

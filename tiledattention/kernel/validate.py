@@ -174,10 +174,15 @@ def check_head_dim_backward(q, v) -> None:
     if not (isinstance(q, torch.Tensor) and isinstance(v, torch.Tensor)) or q.is_nested \
             or v.is_nested or q.dim() != 4 or v.dim() != 4:
         return  # check_inputs names what is wrong with these
-    if max(q.shape[3], v.shape[3]) > MAX_HEAD_DIM:
+    check_backward_head_dims(q.shape[3], v.shape[3])
+
+
+def check_backward_head_dims(head_dim: int, head_dim_v: int) -> None:
+    """``check_head_dim_backward`` on the head dims alone (a backward plan's build)."""
+    if max(head_dim, head_dim_v) > MAX_HEAD_DIM:
         raise BackwardNotSupportedError(
             f"backward of head dims above {MAX_HEAD_DIM} not supported (q/k head dim "
-            f"{q.shape[3]}, v's {v.shape[3]}); the forward runs: call it without a gradient "
+            f"{head_dim}, v's {head_dim_v}); the forward runs: call it without a gradient "
             "(torch.no_grad(), or inputs that do not require grad)")
 
 

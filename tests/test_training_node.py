@@ -1,0 +1,118 @@
+"""The eager training call's autograd node on the CPU, with real plans and the launches
+recorded instead of run: which kernels a forward+backward launches, in what order, and
+which gradients autograd hands back (the numbers are the GPU tests'; this is the wiring of
+``api._Attention``, which the GPU suites run but no CPU test reached)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("cuda.tile", reason="cuTile not installed: pip install 'cuda-tile[tileiras]'")
+
+import tiledattention as ta  # noqa: E402
+from tiledattention.kernel import launch as launching  # noqa: E402
+from tiledattention.kernel import plan as planning  # noqa: E402
+from tiledattention.kernel import validate  # noqa: E402
+from tiledattention.schedules import policy  # noqa: E402
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """An sm_90 with 132 SMs as the plans see it; each launch's kernel name, recorded."""
+    seen = []
+    monkeypatch.setattr(validate, "check_device", lambda q: None)
+    monkeypatch.setattr(planning, "check_device", lambda q: None)
+    monkeypatch.setattr(planning, "sm_count", lambda index: 132)
+    monkeypatch.setattr(policy, "_capability", lambda index: "9.0")
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(launching, "launch_kernel",
+                        lambda device, grid, kernel, args, pdl=False: seen.append(
+                            (getattr(kernel, "__name__", None) or kernel._pyfunc.__name__,
+                             args)))
+    planning.clear()
+    yield seen
+    planning.clear()
+
+
+def _qkv(d=64, s=128):
+    return [torch.zeros(1, 2, s, d, dtype=torch.bfloat16, requires_grad=True)
+            for _ in range(3)]
+
+
+def _names(seen):
+    return [name for name, _ in seen]
+
+
+def test_a_training_call_launches_the_forward_then_its_backward_plan_and_sets_every_grad(
+        launches):
+    q, k, v = _qkv()
+    out = ta.sdpa(q, k, v, is_causal=True)
+    assert len(launches) == 1 and out.shape == q.shape
+    out.backward(torch.ones_like(out))
+    bwd = planning.bwd_plan_for(q, k, None, True, 64 ** -0.5, False, None,
+                                head_dim_v=64)
+    # the plan the node ran is the cached one for this call
+    assert [launches[i + 1][0] for i in range(len(bwd.launches))] == \
+        [getattr(s.kernel, "__name__", None) or s.kernel._pyfunc.__name__
+         for s in bwd.launches]
+    assert len(launches) == 1 + len(bwd.launches)
+    for t in (q, k, v):
+        assert t.grad is not None and t.grad.shape == t.shape and t.grad.dtype == t.dtype
+
+
+def test_a_second_training_call_reuses_both_plans(launches, monkeypatch):
+    q, k, v = _qkv()
+    ta.sdpa(q, k, v).sum().backward()
+    first = len(launches)
+    built = []
+    monkeypatch.setattr(planning, "make_bwd_plan", lambda *a, **k: built.append(a))
+    monkeypatch.setattr(planning, "build_plan", lambda *a, **k: built.append(a))
+    ta.sdpa(q, k, v).sum().backward()
+    assert built == [] and len(launches) == 2 * first
+
+
+def test_an_lse_gradient_reaches_the_backward_only_where_the_lse_was_used(launches,
+                                                                          monkeypatch):
+    from tiledattention import api
+
+    runs = []
+
+    def recording(plan, *args, **kwargs):
+        runs.append((plan.variant.has_dlse, args[6] is not None))  # dlse
+        return real(plan, *args, **kwargs)
+
+    real = api.run_backward
+    monkeypatch.setattr(api, "run_backward", recording)
+    for use_lse in (True, False):
+        q, k, v = _qkv()
+        out, lse = ta.sdpa(q, k, v, return_lse=True)
+        (out.sum() + lse.sum() if use_lse else out.sum()).backward()
+        assert q.grad is not None
+    assert runs == [(True, True), (False, False)]
+
+
+def test_a_captured_tensor_that_requires_grad_gets_one_in_its_own_dtype(launches):
+    q, k, v = _qkv()
+    bias = torch.zeros(2, dtype=torch.bfloat16, requires_grad=True)
+
+    def head_bias(score, b, h, q_idx, kv_idx):
+        return score + bias[h]
+
+    ta.sdpa(q, k, v, score_mod=head_bias).sum().backward()
+    assert bias.grad is not None and bias.grad.dtype == torch.bfloat16
+    assert bias.grad.shape == bias.shape
+    assert all(t.grad is not None for t in (q, k, v))
+
+
+def test_a_captured_tensor_without_grad_gets_none_and_the_inputs_still_do(launches):
+    q, k, v = _qkv()
+    bias = torch.zeros(2, dtype=torch.float32)
+
+    def head_bias(score, b, h, q_idx, kv_idx):
+        return score + bias[h]
+
+    ta.sdpa(q, k, v, score_mod=head_bias).sum().backward()
+    assert bias.grad is None and all(t.grad is not None for t in (q, k, v))
