@@ -45,9 +45,7 @@ from __future__ import annotations
 
 import argparse
 import re
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
@@ -55,7 +53,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tiledattention.kernel.compile import export_bwd_cubins  # noqa: E402
-from tiledattention.kernel.toolchain import SASS_MISSING, cuda_tool  # noqa: E402
+from tiledattention.kernel.toolchain import (  # noqa: E402
+    SASS_MISSING,
+    cuobjdump_text,
+    sass_tool,
+)
 from tiledattention.kernel.variant import BwdVariant, Flags  # noqa: E402
 from tiledattention.schedules.backward import BwdSchedule  # noqa: E402
 
@@ -68,14 +70,8 @@ _INSTR = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Za-z0-9_.
 
 def disassemble(cubin: bytes, cuobjdump: str) -> tuple[str, str]:
     """(SASS listing, resource usage) of one cubin."""
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        sass = subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True,
-                              check=True).stdout
-        res = subprocess.run([cuobjdump, "-res-usage", f.name], capture_output=True,
-                             text=True, check=True).stdout
-    return sass, res
+    return (cuobjdump_text(cubin, "-sass", cuobjdump),
+            cuobjdump_text(cubin, "-res-usage", cuobjdump))
 
 
 def sass_counts(cubin: bytes, cuobjdump: str) -> dict[str, object]:
@@ -206,7 +202,7 @@ def main(argv=None) -> int:
                     help="dK/dV's loop over a GQA group: as an MHA plan ships it "
                          "(variant.ONE_HEAD_DIMS), the runtime loop (GQA), or none")
     ap.add_argument("--gpu-code", default="sm_90")
-    ap.add_argument("--cuobjdump", default=cuda_tool("cuobjdump"))
+    ap.add_argument("--cuobjdump", default=sass_tool())
     ap.add_argument("--step", action="store_true",
                     help="also count one iteration of the query loop (per thread)")
     ap.add_argument("--loops", action="store_true",

@@ -33,7 +33,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tiledattention.kernel.compile import kernel_for, signature_for  # noqa: E402
-from tiledattention.kernel.toolchain import SASS_MISSING, cuda_tool  # noqa: E402
+from tiledattention.kernel.toolchain import (  # noqa: E402
+    SASS_MISSING,
+    cuobjdump_text,
+    sass_tool,
+)
 from tiledattention.kernel.variant import Variant  # noqa: E402
 from tiledattention.schedules.schedule import Schedule  # noqa: E402
 
@@ -144,14 +148,12 @@ def main(argv=None) -> int:
             what = " ".join(x for x in (r["instruction"], r["shape"]) if x)
             print(f"  line {r['line']:>3} {source_line(r['line'])!r}: {r['remark']}"
                   f"{' -> ' + what if what else ''}")
-        cuobjdump = args.cuobjdump or cuda_tool("cuobjdump")
+        cuobjdump = args.cuobjdump or sass_tool()
         if cuobjdump is None:
             print(f"{SASS_MISSING}, or pass --cuobjdump PATH: no SASS counts")
             return 0
-        res = subprocess.run([cuobjdump, "-res-usage", str(cubin)], capture_output=True,
-                             text=True, check=True).stdout
-        sass = subprocess.run([cuobjdump, "-sass", str(cubin)], capture_output=True,
-                              text=True, check=True).stdout
+        res = cuobjdump_text(cubin, "-res-usage", cuobjdump)
+        sass = cuobjdump_text(cubin, "-sass", cuobjdump)
         (work / "kernel.sass").write_text(sass)
         for line in res.splitlines():
             if "REG" in line:

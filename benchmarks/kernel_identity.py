@@ -24,15 +24,13 @@ import gzip
 import hashlib
 import json
 import re
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tiledattention.kernel.toolchain import cuda_tool  # noqa: E402
+from tiledattention.kernel.toolchain import cuobjdump_text, sass_tool  # noqa: E402
 
 
 def cases():
@@ -149,11 +147,7 @@ def sass_digest(cubin: bytes, cuobjdump: str | None, dump: Path | None = None,
                 name: str = "") -> dict:
     if cuobjdump is None:
         return {}
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        sass = subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True,
-                              check=True).stdout
+    sass = cuobjdump_text(cubin, "-sass", cuobjdump)
     ops = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass)
     # Only the instruction lines: the header names the temporary file.
     code = "\n".join(ln for ln in sass.splitlines() if re.search(r"/\*[0-9a-f]{4,}\*/", ln))
@@ -168,7 +162,7 @@ def main(argv=None) -> int:
     mode = ap.add_mutually_exclusive_group(required=True)
     mode.add_argument("--save", type=Path, help="write the digests to this JSON file")
     mode.add_argument("--check", type=Path, help="compare with the digests in this file")
-    ap.add_argument("--cuobjdump", default=cuda_tool("cuobjdump"))
+    ap.add_argument("--cuobjdump", default=sass_tool())
     ap.add_argument("--only", default="", help="comma-separated case names (default: all)")
     ap.add_argument("--dump", type=Path, help="also write each kernel's SASS into this folder")
     args = ap.parse_args(argv)

@@ -18,7 +18,11 @@ import pytest
 pytest.importorskip("cuda.tile", reason="cuTile not installed: pip install 'cuda-tile[tileiras]'")
 
 from tiledattention.kernel.spec import DELTA, DKDV, DQ  # noqa: E402
-from tiledattention.kernel.toolchain import SASS_MISSING, cuda_tool, tileiras_path  # noqa: E402
+from tiledattention.kernel.toolchain import (  # noqa: E402
+    SASS_MISSING,
+    sass_tool,
+    tileiras_path,
+)
 from tiledattention.kernel.variant import BwdVariant, mask_axes_for  # noqa: E402
 from tiledattention.schedules.backward import BwdSchedule, default_bwd_schedule  # noqa: E402
 
@@ -109,8 +113,8 @@ def test_dq_reduce_add_compiles_to_tma_reductions_without_spills():
     the sm_90 SASS; needs cuobjdump and nvdisasm, e.g. pip nvidia-cuda-cuobjdump)."""
     from tiledattention.kernel.compile import export_bwd_cubins
 
-    cuobjdump = cuda_tool("cuobjdump")
-    if cuobjdump is None or cuda_tool("nvdisasm") is None:
+    cuobjdump = sass_tool()
+    if cuobjdump is None:
         pytest.skip(SASS_MISSING)
     import sys
     from pathlib import Path
@@ -129,7 +133,7 @@ def _sass_tools():
     import sys
     from pathlib import Path
 
-    cuobjdump = cuda_tool("cuobjdump")
+    cuobjdump = sass_tool()
     if cuobjdump is None:
         pytest.skip(SASS_MISSING)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))

@@ -14,7 +14,12 @@ import pytest
 pytest.importorskip("cuda.tile", reason="cuTile not installed: pip install 'cuda-tile[tileiras]'")
 
 from tiledattention.kernel.compile import export_cubin  # noqa: E402
-from tiledattention.kernel.toolchain import SASS_MISSING, cuda_tool, tileiras_path  # noqa: E402
+from tiledattention.kernel.toolchain import (  # noqa: E402
+    SASS_MISSING,
+    cuobjdump_text,
+    sass_tool,
+    tileiras_path,
+)
 from tiledattention.kernel.variant import decode_variant_matrix, variant_matrix  # noqa: E402
 
 if tileiras_path() is None:
@@ -129,19 +134,11 @@ def test_pdl_variants_compile_for_every_target(variant, target):
 @pytest.mark.parametrize("variant", _pdl_variants(), ids=lambda v: v.label())
 def test_a_pdl_kernel_waits_for_its_predecessor_once_and_a_plain_one_never(variant, target):
     """griddepcontrol.wait is ACQBULK in Hopper and Blackwell SASS."""
-    import subprocess
-    import tempfile
-
-    cuobjdump = cuda_tool("cuobjdump")
-    if cuobjdump is None or cuda_tool("nvdisasm") is None:
+    if sass_tool() is None:
         pytest.skip(SASS_MISSING)
 
     def waits(v) -> int:
-        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-            f.write(export_cubin(v, target).cubin)
-            f.flush()
-            return subprocess.run([cuobjdump, "-sass", f.name], capture_output=True,
-                                  text=True, check=True).stdout.count("ACQBULK")
+        return cuobjdump_text(export_cubin(v, target).cubin).count("ACQBULK")
 
     assert (waits(variant), waits(_without_pdl(variant))) == (1, 0)
 

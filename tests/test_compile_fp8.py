@@ -6,22 +6,25 @@ loads are TMA and nothing spills, read from the sm_90 SASS where cuobjdump is fo
 from __future__ import annotations
 
 import re
-import subprocess
-import tempfile
 
 import pytest
 
 pytest.importorskip("cuda.tile", reason="cuTile not installed: pip install 'cuda-tile[tileiras]'")
 
 from tiledattention.kernel.compile import export_cubin  # noqa: E402
-from tiledattention.kernel.toolchain import SASS_MISSING, cuda_tool, tileiras_path  # noqa: E402
+from tiledattention.kernel.toolchain import (  # noqa: E402
+    SASS_MISSING,
+    cuobjdump_text,
+    sass_tool,
+    tileiras_path,
+)  # noqa: E402
 from tiledattention.kernel.variant import Variant  # noqa: E402
 from tiledattention.schedules.schedule import default_fp8_schedule  # noqa: E402
 
 if tileiras_path() is None:
     pytest.skip("tileiras not found: pip install 'cuda-tile[tileiras]'", allow_module_level=True)
 
-CUOBJDUMP = cuda_tool("cuobjdump")  # tiledattention[dev] installs it
+CUOBJDUMP = sass_tool()  # tiledattention[dev] installs it
 
 
 def fp8_variant(d, causal, *, even=True, lse=True, out="bfloat16"):
@@ -30,12 +33,7 @@ def fp8_variant(d, causal, *, even=True, lse=True, out="bfloat16"):
 
 
 def sass_and_resources(cubin: bytes) -> tuple[str, str]:
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        run = lambda *a: subprocess.run([CUOBJDUMP, *a, f.name], capture_output=True,  # noqa: E731
-                                        text=True, check=True).stdout
-        return run("-sass"), run("-res-usage")
+    return cuobjdump_text(cubin, "-sass"), cuobjdump_text(cubin, "-res-usage")
 
 
 @pytest.mark.compile

@@ -6,22 +6,25 @@ d512_forward.py has the candidates that spill)."""
 from __future__ import annotations
 
 import re
-import subprocess
-import tempfile
 
 import pytest
 
 pytest.importorskip("cuda.tile", reason="cuTile not installed: pip install 'cuda-tile[tileiras]'")
 
 from tiledattention.kernel.compile import export_combine_cubin, export_cubin  # noqa: E402
-from tiledattention.kernel.toolchain import SASS_MISSING, cuda_tool, tileiras_path  # noqa: E402
+from tiledattention.kernel.toolchain import (  # noqa: E402
+    SASS_MISSING,
+    cuobjdump_text,
+    sass_tool,
+    tileiras_path,
+)  # noqa: E402
 from tiledattention.kernel.variant import Variant  # noqa: E402
 from tiledattention.schedules.schedule import default_schedule  # noqa: E402
 
 if tileiras_path() is None:
     pytest.skip("tileiras not found: pip install 'cuda-tile[tileiras]'", allow_module_level=True)
 
-CUOBJDUMP = cuda_tool("cuobjdump")  # tiledattention[dev] installs it
+CUOBJDUMP = sass_tool()  # tiledattention[dev] installs it
 
 
 def variant(dqk, dv, causal, **kw):
@@ -30,11 +33,7 @@ def variant(dqk, dv, causal, **kw):
 
 
 def stack_and_registers(cubin: bytes) -> tuple[int, int]:
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        res = subprocess.run([CUOBJDUMP, "-res-usage", f.name], capture_output=True,
-                             text=True, check=True).stdout
+    res = cuobjdump_text(cubin, "-res-usage")
     return (int(re.search(r"STACK:(\d+)", res).group(1)),
             int(re.search(r"REG:(\d+)", res).group(1)))
 

@@ -7,11 +7,8 @@ over pages), and every kernel of the shipped workloads stage's points."""
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -21,7 +18,12 @@ pytest.importorskip("cuda.tile", reason="cuTile not installed: pip install 'cuda
 
 from tiledattention.errors import CompileError  # noqa: E402
 from tiledattention.kernel.compile import export_workload_cubins  # noqa: E402
-from tiledattention.kernel.toolchain import SASS_MISSING, cuda_tool, tileiras_path  # noqa: E402
+from tiledattention.kernel.toolchain import (  # noqa: E402
+    SASS_MISSING,
+    cuobjdump_text,
+    sass_tool,
+    tileiras_path,
+)  # noqa: E402
 from tiledattention.kernel.workload_check import Workload  # noqa: E402
 
 if tileiras_path() is None:
@@ -35,16 +37,9 @@ def _work(d, causal, window=(-1, -1), seqused=False, page=0, hq=16, hk=16, prefi
 
 def _sass(cubin: bytes) -> tuple[str, str]:
     """(``cuobjdump -sass``, ``-res-usage``) of a cubin; skips without the tools."""
-    cuobjdump, nvdisasm = cuda_tool("cuobjdump"), cuda_tool("nvdisasm")
-    if cuobjdump is None or nvdisasm is None:
+    if sass_tool() is None:
         pytest.skip(SASS_MISSING)
-    env = dict(os.environ, NVDISASM_PATH=str(Path(nvdisasm).parent))
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        return tuple(subprocess.run([cuobjdump, flag, f.name], capture_output=True, text=True,
-                                    check=True, env=env).stdout
-                     for flag in ("-sass", "-res-usage"))
+    return cuobjdump_text(cubin, "-sass"), cuobjdump_text(cubin, "-res-usage")
 
 
 @pytest.mark.parametrize("work, gpu", [
@@ -383,15 +378,21 @@ def test_a_gathered_chunked_prefill_compiles_on_the_switchs_schedule(monkeypatch
 
 
 def _point_work(point) -> Workload:
-    """The workload a stage point's call plans (``check_varlen`` / ``check_paged``): a paged
-    call's key capacity is its block table's width in pages."""
-    max_k = max(point.seqs_kv)
+    """The workload a stage point's call plans: the checks of its entry point on the
+    point's tensors (shapes only), called as ``bench.methods._ours_workload`` calls it."""
+    from tiledattention.bench.workload_cases import make_inputs
+    from tiledattention.kernel.workload_check import check_paged, check_varlen
+
+    x = make_inputs(point, 0, "meta")
+    common = (point.causal, None, (-1, -1), 0.0)  # scale, window, softcap: the defaults
+    if point.kind == "decode":
+        q4 = x.q.view(point.batch, 1, point.heads, point.head_dim)
+        return check_paged(q4, x.k, x.v, x.page_table, x.cache_seqlens, None, None, *common)
     if point.paged:
-        max_k = max(-(-n // point.page_size) for n in point.seqs_kv) * point.page_size
-    return Workload(point.batch, point.heads, point.heads_kv, point.head_dim,
-                    getattr(torch, point.dtype), max(point.seqs_q), max_k, point.causal,
-                    point.head_dim ** -0.5, (-1, -1), 0.0, page_size=point.page_size,
-                    packed_q=point.kind != "decode")
+        return check_paged(x.q, x.k, x.v, x.page_table, x.cache_seqlens, x.cu_q,
+                           max(point.seqs_q), *common)
+    return check_varlen(x.q, x.k, x.v, x.cu_q, x.cu_k, max(point.seqs_q), max(point.seqs_kv),
+                        None, *common)
 
 
 def _stage_launches(gpu: str) -> dict:

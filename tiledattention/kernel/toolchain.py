@@ -8,6 +8,7 @@ import importlib
 import os
 import shutil
 import subprocess
+import tempfile
 from types import ModuleType
 
 import torch
@@ -51,6 +52,32 @@ def cuda_tool(name: str) -> str | None:
     if home and os.access(os.path.join(home, "bin", name), os.X_OK):
         return os.path.join(home, "bin", name)
     return None
+
+
+def sass_tool() -> str | None:
+    """cuobjdump where it can print SASS (its ``-sass`` runs nvdisasm), else None."""
+    cuobjdump = cuda_tool("cuobjdump")
+    return cuobjdump if cuobjdump and cuda_tool("nvdisasm") else None
+
+
+def cuobjdump_text(cubin: bytes | os.PathLike, flag: str = "-sass",
+                   cuobjdump: str | None = None) -> str:
+    """What ``cuobjdump FLAG`` prints for a cubin (its bytes, or a file): ``-sass``,
+    ``-res-usage``. ``cuobjdump`` defaults to ``sass_tool()``'s; callers check for it first
+    (``SASS_MISSING``)."""
+    tool = cuobjdump or sass_tool()
+    if tool is None:
+        raise ToolchainMissingError(SASS_MISSING)
+    nvdisasm = cuda_tool("nvdisasm")  # cuobjdump finds it through NVDISASM_PATH, else PATH
+    env = dict(os.environ, NVDISASM_PATH=os.path.dirname(nvdisasm)) if nvdisasm else None
+    if not isinstance(cubin, bytes):
+        return subprocess.run([tool, flag, os.fspath(cubin)], capture_output=True, text=True,
+                              check=True, env=env).stdout
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        return subprocess.run([tool, flag, f.name], capture_output=True, text=True, check=True,
+                              env=env).stdout
 
 
 def tileiras_path() -> str | None:
