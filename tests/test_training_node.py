@@ -116,3 +116,64 @@ def test_a_captured_tensor_without_grad_gets_none_and_the_inputs_still_do(launch
 
     ta.sdpa(q, k, v, score_mod=head_bias).sum().backward()
     assert bias.grad is None and all(t.grad is not None for t in (q, k, v))
+
+
+@pytest.fixture
+def packed_launches(monkeypatch):
+    """The packed path's plans for an sm_90 with 132 SMs; each launch's kernel name."""
+    from tiledattention.kernel import workload
+
+    seen = []
+    monkeypatch.setattr(workload, "device_target", lambda device: workload.Target("9.0", 132))
+    monkeypatch.setattr(workload, "check_device", lambda q: None)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(workload, "launch_kernel",
+                        lambda device, grid, kernel, args, pdl=False: seen.append(
+                            _name(kernel)))
+    yield seen
+
+
+def _name(kernel) -> str:
+    return getattr(kernel, "__name__", None) or kernel._pyfunc.__name__
+
+
+def _programs(names) -> list:
+    return [n for n in names if n != "sequence_map"]
+
+
+def _packed(lens=(100, 300, 50, 62), heads=4, d=64):
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    qkv = [torch.zeros(sum(lens), heads, d, dtype=torch.bfloat16, requires_grad=True)
+           for _ in range(3)]
+    return qkv, cu, max(lens)
+
+
+def test_a_packed_training_call_launches_its_forward_then_backward_and_sets_every_grad(
+        packed_launches):
+    (q, k, v), cu, longest = _packed()
+    out = ta.sdpa_varlen(q, k, v, cu, cu, longest, longest, causal=True)
+    forward = list(packed_launches)
+    assert forward and out.shape == q.shape
+    out.backward(torch.ones_like(out))
+    from tiledattention import mods, varlen
+    from tiledattention.kernel.workload import varlen_setup
+
+    plan = varlen_setup(q, k, v, cu, cu, longest, longest, None, True, None, (-1, -1), 0.0,
+                        mods.NONE, True, None)  # the call's, cached
+    # each call also builds its tile maps (``sequence_map``) before the programs that read them
+    assert _programs(forward) == _programs(_name(s.kernel) for s in plan.launches)
+    bwd = varlen._bwd_plan(plan.work, q.device, mods.NONE, False)
+    assert _programs(packed_launches[len(forward):]) == \
+        _programs(_name(s.kernel) for s in bwd.launches)
+    assert _programs(forward) == ["attention_fwd_seqs"]
+    for t in (q, k, v):
+        assert t.grad is not None and t.grad.shape == t.shape and t.grad.dtype == t.dtype
+
+
+def test_a_packed_calls_offsets_changed_in_place_before_its_backward_are_refused(
+        packed_launches):
+    (q, k, v), cu, longest = _packed()
+    out = ta.sdpa_varlen(q, k, v, cu, cu, longest, longest)
+    cu.add_(0)  # an in-place write: the forward's offsets may no longer be these
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.sum().backward()

@@ -75,8 +75,8 @@ def sdpa_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seql
                            seqused_k, causal, scale, window_size, softcap, mods,
                            bool(return_lse) or needs_grad or any(needs), schedule)
     if needs_grad or any(needs):
-        out, lse = _Varlen.apply(q, k, v, plan, cu_seqlens_q, cu_seqlens_k, seqused_k,
-                                 bwd_mods, needs, *aux)
+        out, lse = _Varlen.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                                 (plan, bwd_mods, needs), *aux)
     else:
         out, lse = _w.run_varlen(plan, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, aux)
     return (out, lse) if return_lse else out
@@ -84,13 +84,16 @@ def sdpa_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seql
 
 class _Varlen(torch.autograd.Function):
     """The eager path of a packed call that needs a gradient (the plans of the op, without
-    its dispatch)."""
+    its dispatch). As ``api._Attention``, what autograd does not track travels as one
+    tuple, ``call``: (plan, the backward's Mods, which captured tensors ``needs`` a
+    gradient); the offsets are saved tensors (an in-place change before the backward is
+    refused by autograd)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, plan, cu_q, cu_k, seqused_k, bwd_mods, needs, *aux):
-        out, lse = _w.run_varlen(plan, q, k, v, cu_q, cu_k, seqused_k, aux)
+    def forward(ctx, q, k, v, cu_q, cu_k, seqused_k, call, *aux):
+        out, lse = _w.run_varlen(call[0], q, k, v, cu_q, cu_k, seqused_k, aux)
         ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, seqused_k)
-        ctx.plan, ctx.aux, ctx.mods, ctx.needs = plan, aux, bwd_mods, needs
+        ctx.call, ctx.aux = call, aux
         ctx.set_materialize_grads(False)
         return out, lse
 
@@ -99,14 +102,17 @@ class _Varlen(torch.autograd.Function):
         q, k, v, out, lse, cu_q, cu_k, seqused_k = ctx.saved_tensors
         if dout is None:
             dout = torch.zeros_like(out)
-        w = ctx.plan.work
-        captured = captured_buffers(ctx.aux, ctx.needs)
-        plan = _bwd_plan(w, q.device, ctx.mods, dlse is not None)
+        fwd, mods, needs = ctx.call
+        w = fwd.work
+        captured = captured_buffers(ctx.aux, needs) if needs else ()
+        plan = _bwd_plan(w, q.device, mods, dlse is not None)
         dq, dk, dv = _w.run_varlen_backward(plan, w, q, k, v, out, lse, dout, dlse, cu_q,
                                             cu_k, seqused_k, ctx.aux, captured)
+        if not ctx.aux:
+            return dq, dk, dv, None, None, None, None
         daux = tuple(None if g is None else g.to(t.dtype) for t, g in zip(ctx.aux, captured))
-        daux = (*daux, *([None] * (len(ctx.aux) - len(daux))))
-        return (dq, dk, dv, None, None, None, None, None, None, *daux)
+        return (dq, dk, dv, None, None, None, None, *daux,
+                *([None] * (len(ctx.aux) - len(daux))))
 
 
 def _bwd_plan(w, device, mods, has_dlse: bool):

@@ -122,18 +122,28 @@ def tile_map(cu: torch.Tensor, total: int, tile: int, bpad: int,
     n = programs(total, batch, tile)
     tmap = torch.empty((n, 2), dtype=torch.int32, device=cu.device)
     rows = [t.view(total, -1) for t in zero] or [int_pad_views(cu.device)[2]]
-    values = seqmap_values(tile, bpad, first_heavy, len(zero), total, weights is not None,
-                           offsets)
-    launch_kernel(cu.device, (n, 1, 1), SEQMAP.kernel(),
-                  (cu, cu if weights is None else weights, tmap, rows[0], rows[-1],
-                   *SEQMAP.ordered(values, skip_tensors=True)))
+    kernel, tail = _map_launch(tile, bpad, first_heavy, len(zero), map_steps(total, tile),
+                               weights is not None, offsets)
+    launch_kernel(cu.device, (n, 1, 1), kernel,
+                  (cu, cu if weights is None else weights, tmap, rows[0], rows[-1], *tail))
     return tmap
 
 
-def seqmap_values(tile: int, bpad: int, first_heavy: bool, zeros: int, total: int = 1,
+@functools.lru_cache(maxsize=1024)
+def _map_launch(tile: int, bpad: int, first_heavy: bool, zeros: int, steps: int,
+                by_weight: bool, offsets: bool) -> tuple:
+    """(kernel, ordered scalar arguments) of a tile map launch, made once per set of
+    values: a packed training call launches three maps, and across packed lengths only
+    ``steps`` varies (host-cost.md §54d)."""
+    values = seqmap_values(tile, bpad, first_heavy, zeros, steps, by_weight, offsets)
+    return SEQMAP.kernel(), SEQMAP.ordered(values, skip_tensors=True)
+
+
+def seqmap_values(tile: int, bpad: int, first_heavy: bool, zeros: int, steps: int = 1,
                   by_weight: bool = False, offsets: bool = True) -> dict:
-    """The tile map launch's scalar and constant arguments (launch and compile alike)."""
-    return dict(STEPS=map_steps(total, tile), TILE=tile, BPAD=bpad, FIRST_HEAVY=first_heavy,
+    """The tile map launch's scalar and constant arguments (launch and compile alike);
+    ``steps``: ``map_steps`` of the packed length."""
+    return dict(STEPS=steps, TILE=tile, BPAD=bpad, FIRST_HEAVY=first_heavy,
                 BY_WEIGHT=by_weight, W_OFFSETS=offsets, ZEROS=zeros)
 
 
