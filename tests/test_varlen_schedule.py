@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 
 import pytest
 import torch
@@ -602,3 +603,19 @@ def test_a_paged_plan_reads_its_cache_values_once_on_the_first_call_that_may_syn
     assert call() is first and len(reads) == 1
     monkeypatch.setattr(W, "GATHER_TILE", 64)  # another plan key: read once more
     assert call() is not first and len(reads) == 2 and not W._unread
+
+
+def test_only_plain_dense_tensors_or_none_make_a_packed_plan_key():
+    # anything else is checked on every call (its typed error) and never cached
+    from tiledattention.kernel.workload import _keyable
+
+    t = torch.zeros(4, 2)
+    parts = [torch.zeros(2), torch.zeros(3)]
+    jagged = torch.nested.nested_tensor(parts, layout=torch.jagged)
+    with warnings.catch_warnings():  # torch calls this layout a prototype
+        warnings.simplefilter("ignore")
+        strided_nested = torch.nested.nested_tensor(parts, layout=torch.strided)  # yet nested
+    assert _keyable(t, None, t)
+    assert not _keyable(t, torch.nn.Parameter(t))
+    assert not _keyable(t.to_sparse(), t)
+    assert not _keyable(t, jagged) and not _keyable(strided_nested)

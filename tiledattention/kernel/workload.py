@@ -763,9 +763,16 @@ def _facts(t) -> tuple:
 
 def _keyable(*ts) -> bool:
     """Plain dense tensors (or None): their facts make a plan key. Anything else is
-    checked first (the typed error) and never cached."""
-    return all(t is None or (type(t) is torch.Tensor and t.layout == torch.strided
-                             and not t.is_nested) for t in ts)
+    checked first (the typed error) and never cached. A loop, not ``all`` over a
+    generator: 0.7 against 1.2 µs a call (host-cost.md §54e)."""
+    for t in ts:
+        if t is not None and (type(t) is not _Tensor or t.layout is not _STRIDED
+                              or t.is_nested):
+            return False
+    return True
+
+
+_Tensor, _STRIDED = torch.Tensor, torch.strided
 
 
 def _checked_now(t) -> bool:
