@@ -177,3 +177,13 @@ def test_a_packed_calls_offsets_changed_in_place_before_its_backward_are_refused
     cu.add_(0)  # an in-place write: the forward's offsets may no longer be these
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         out.sum().backward()
+
+
+def test_captured_gradients_come_back_in_each_tensors_dtype_and_none_past_the_score_mods():
+    # a mask_mod's tensors come after the score_mod's and get no accumulator (a mask is
+    # piecewise constant): None, as torch gives them
+    aux = (torch.zeros(2, dtype=torch.bfloat16), torch.zeros(3), torch.zeros(4))
+    captured = (torch.ones(2), None)
+    grads = launching.captured_grads(aux, captured)
+    assert len(grads) == 3 and grads[1] is None and grads[2] is None
+    assert grads[0].dtype == torch.bfloat16 and bool((grads[0] == 1).all())

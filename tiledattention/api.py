@@ -26,7 +26,7 @@ import torch
 
 from . import mods as _mods
 from .errors import BackwardNotSupportedError, InputError
-from .kernel.launch import captured_buffers, launch, launch_fp8, run_backward
+from .kernel.launch import captured_buffers, captured_grads, launch, launch_fp8, run_backward
 from .kernel.plan import bwd_plan_for, fp8_plan_for, pinned_schedule, plan_for
 from .kernel.validate import (
     FP8_DTYPES,
@@ -259,8 +259,7 @@ class _Attention(torch.autograd.Function):
                                   captured=captured)
         if not ctx.aux:
             return dq, dk, dv, None
-        daux = tuple(None if g is None else g.to(t.dtype) for t, g in zip(ctx.aux, captured))
-        return (dq, dk, dv, None, *daux, *([None] * (len(ctx.aux) - len(daux))))
+        return (dq, dk, dv, None, *captured_grads(ctx.aux, captured))
 
 
 _Tensor = torch.Tensor

@@ -30,7 +30,7 @@ from . import mods as _mods
 from . import variants as _variants
 from .errors import BackwardNotSupportedError, InputError
 from .kernel import workload as _w
-from .kernel.launch import captured_buffers
+from .kernel.launch import captured_buffers, captured_grads
 from .kernel.plan import pinned_schedule
 from .kernel.workload_check import check_paged, check_varlen
 
@@ -110,9 +110,7 @@ class _Varlen(torch.autograd.Function):
                                             cu_k, seqused_k, ctx.aux, captured)
         if not ctx.aux:
             return dq, dk, dv, None, None, None, None
-        daux = tuple(None if g is None else g.to(t.dtype) for t, g in zip(ctx.aux, captured))
-        return (dq, dk, dv, None, None, None, None, *daux,
-                *([None] * (len(ctx.aux) - len(daux))))
+        return (dq, dk, dv, None, None, None, None, *captured_grads(ctx.aux, captured))
 
 
 def _bwd_plan(w, device, mods, has_dlse: bool):

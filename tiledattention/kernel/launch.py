@@ -72,6 +72,13 @@ def captured_buffers(aux: tuple, needs: tuple) -> tuple:
                  for t, n in zip(aux, needs))
 
 
+def captured_grads(aux: tuple, captured: tuple) -> tuple:
+    """What autograd gets for the captured tensors ``aux``: each one's gradient from its
+    ``captured_buffers`` accumulator, in the tensor's dtype, or None."""
+    return (*(None if g is None else g.to(t.dtype) for t, g in zip(aux, captured)),
+            *([None] * (len(aux) - len(captured))))
+
+
 def launch(plan, q, k, v, attn_mask, *, fresh_lse: bool = True, aux: tuple = ()):
     """Launch ``plan`` on PyTorch's current stream; returns (out, lse), both new unless
     ``fresh_lse`` is False and the plan returns no LSE (then lse is a shared placeholder).

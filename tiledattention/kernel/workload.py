@@ -761,6 +761,9 @@ def _facts(t) -> tuple:
     return None if t is None else (type(t), t.shape[1:], t.stride(-1), t.dtype, t.device)
 
 
+_Tensor, _STRIDED = torch.Tensor, torch.strided
+
+
 def _keyable(*ts) -> bool:
     """Plain dense tensors (or None): their facts make a plan key. Anything else is
     checked first (the typed error) and never cached. A loop, not ``all`` over a
@@ -770,9 +773,6 @@ def _keyable(*ts) -> bool:
                               or t.is_nested):
             return False
     return True
-
-
-_Tensor, _STRIDED = torch.Tensor, torch.strided
 
 
 def _checked_now(t) -> bool:
