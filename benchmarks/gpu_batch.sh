@@ -98,6 +98,7 @@ case "${1:?what to run}" in
     for lead in ${LEADS:-occupancy prefill-w4 fwd-scatter bwd-scatter gather-64}; do
       case $lead in
         occupancy) ab "$lead" --switch PAGED_DECODE_OCCUPANCY --values 0 2 --kinds decode \
+                     --set PAGED_DECODE_OCCUPANCY_FROM=0 \
                      --passes fwd ;;
         prefill-w4) ab "$lead" --switch GATHERED_PREFILL_SCHEDULE \
                       --values "''" "'64x128_o1_c1_lk2_lv4_w4'" --set GATHER_MAX_Q=1024 \

@@ -467,10 +467,12 @@ def _plans_on_cpu(monkeypatch, table):
 
 
 @pytest.mark.parametrize("pinned", [False, True])
-def test_a_paged_decode_runs_four_worker_warps_unless_its_schedule_is_pinned(pinned,
-                                                                             monkeypatch):
-    # §50e: the table's pick (8 worker warps, one CTA an SM) drew half the bandwidth; a
-    # schedule the caller pins is taken as given
+@pytest.mark.parametrize("page, occupancy", [(16, 1), (32, 1), (64, 2), (256, 2)])
+def test_a_paged_decode_runs_four_worker_warps_and_occupancy_2_from_page_64_unless_pinned(
+        pinned, page, occupancy, monkeypatch):
+    # §50e: the table's pick (8 worker warps, one CTA an SM) drew half the bandwidth; §55b:
+    # two CTAs an SM won at pages 64/256 and lost at page 16. A schedule the caller pins is
+    # taken as given.
     pytest.importorskip("cuda.tile", reason="the plan builds cuTile kernel objects")
     from tiledattention import mods
     from tiledattention.kernel import workload as W
@@ -479,14 +481,15 @@ def test_a_paged_decode_runs_four_worker_warps_unless_its_schedule_is_pinned(pin
 
     _plans_on_cpu(monkeypatch, Schedule(64, 128, occupancy=1, worker_warps=8))
     w = Workload(64, 32, 8, 128, torch.bfloat16, 1, 32768, True, 128 ** -0.5, (-1, -1),
-                 0.0, page_size=64, packed_q=False)
+                 0.0, page_size=page, packed_q=False)
     q = torch.empty(64, 1, 32, 128, dtype=torch.bfloat16)
     pin = Schedule(64, 128, occupancy=1, worker_warps=8) if pinned else None
     plan = W.paged_plan(w, q.device, pin, mods.NONE, False)
-    assert (plan.schedule.worker_warps, plan.schedule.occupancy) == (8 if pinned else 4, 1)
-    monkeypatch.setattr(W, "PAGED_DECODE_OCCUPANCY", 2)  # the A/B's switch (§50d item 1)
+    assert (plan.schedule.worker_warps, plan.schedule.occupancy) == (
+        (8, 1) if pinned else (4, occupancy))
+    monkeypatch.setattr(W, "PAGED_DECODE_OCCUPANCY", 0)  # the A/B's off arm: the table's
     plan = W.paged_plan(w, q.device, pin, mods.NONE, False)
-    assert plan.schedule.occupancy == (1 if pinned else 2)
+    assert plan.schedule.occupancy == 1
 
 
 @pytest.mark.parametrize("page, pinned, label, want", [

@@ -50,9 +50,12 @@ PAGED_SKIP_EMPTY = True
 # bandwidth; 4 worker warps ran 1.01-1.35x at the stage's decode points (B 1-64, pages
 # 16/64/256; benchmarks/notes/varlen-paged.md §50e). 0: the table's. The plan's key holds it.
 PAGED_DECODE_WORKER_WARPS = 4
-# ... and its occupancy (0: the table's). Occupancy 2 with 4 warps ran 1.18-1.50x at page 64
-# but less than 4 warps alone at page 16, and was not timed at page 256 (§50e): not taken.
-PAGED_DECODE_OCCUPANCY = 0
+# ... and its occupancy at pages of ``PAGED_DECODE_OCCUPANCY_FROM`` keys and more (0: the
+# table's). Occupancy 2 on 4 warps ran 1.01-1.17x at page 64 on the H200 (§50e) and
+# 1.00-1.08x at pages 64/256 on the H100, but 0.92-0.95x at page 16 (§55b): pages below
+# keep the table's. The plan's key holds both.
+PAGED_DECODE_OCCUPANCY = 2
+PAGED_DECODE_OCCUPANCY_FROM = 64
 
 
 def head_dim_constants(d: int) -> dict:
@@ -413,7 +416,7 @@ def paged_plan(w: Workload, device, schedule, mods, return_lse: bool,
                                                                            group)
     s = _forward_schedule(w, target.cc, seq_q, w.max_k, schedule)
     if schedule is None:
-        s = decode_schedule(s)
+        s = decode_schedule(s, w.page_size)
     s, tiles, span, gather = _paged_tiles(replace(s, heavy_first=False, pdl=False),
                                           w.page_size, seq_q)
     if rows <= 64 and s.tile_m > 64:
@@ -443,12 +446,13 @@ def paged_plan(w: Workload, device, schedule, mods, return_lse: bool,
                    packed_heads=packed)
 
 
-def decode_schedule(s: Schedule) -> Schedule:
-    """The table's schedule of a paged decode with ``PAGED_DECODE_WORKER_WARPS`` and
+def decode_schedule(s: Schedule, page: int) -> Schedule:
+    """The table's schedule of a paged decode over pages of ``page`` keys, with
+    ``PAGED_DECODE_WORKER_WARPS`` and (from ``PAGED_DECODE_OCCUPANCY_FROM`` keys a page)
     ``PAGED_DECODE_OCCUPANCY`` where set."""
     if PAGED_DECODE_WORKER_WARPS:
         s = replace(s, worker_warps=PAGED_DECODE_WORKER_WARPS)
-    if PAGED_DECODE_OCCUPANCY:
+    if PAGED_DECODE_OCCUPANCY and page >= PAGED_DECODE_OCCUPANCY_FROM:
         s = replace(s, occupancy=PAGED_DECODE_OCCUPANCY)
     return s
 
@@ -849,8 +853,8 @@ def paged_setup(q, k_cache, v_cache, page_table, cache_seqlens, cu_q, max_q, cau
            policy.generation(), PAGED_HEAVY_FIRST, PAGE_JOIN_BELOW, MAX_PAGE_SPAN,
            PAGED_SKIP_EMPTY, PAGED_SPLIT_KEYS, GATHER_TILE, PAGE_GATHER_BELOW,
            PAGE_KEYS_GATHERED, GATHER_MAX_Q, PAGED_DECODE_WORKER_WARPS,
-           PAGED_DECODE_OCCUPANCY, GATHERED_PREFILL_SCHEDULE, PACKED_FWD_WHOLE,
-           PACKED_FWD_SCATTER_OUT)
+           PAGED_DECODE_OCCUPANCY, PAGED_DECODE_OCCUPANCY_FROM, GATHERED_PREFILL_SCHEDULE,
+           PACKED_FWD_WHOLE, PACKED_FWD_SCATTER_OUT)
     plan = _unread_plan(key, build)
     if _unread and key in _unread and _checked_now(cache_seqlens):
         checked_cache(page_table, cache_seqlens, k_cache.shape[0], k_cache.shape[1], cu_q,
