@@ -787,3 +787,14 @@ def test_every_fa4_argument_a_row_can_carry_is_a_documented_column(monkeypatch):
         details = methods._fa4_describe(q, q, q, None)
         assert "details.version" in columns_of([{"method": "fa4", "details": details}])
     assert "details.mask" in columns_of([{"details": {"mask": "bool"}}])
+
+
+def test_a_run_that_lacked_a_package_is_a_mismatch_listed_after_the_versions():
+    """A resumed stage whose first call could not import cuTile (its rows of ours were
+    measured again) merges with the later run: the field is a mismatch, None last."""
+    later = {"cuda_tile": "1.7.0", "torch": "2.11.0", "git_commit": "b" * 40}
+    first = dict(later, cuda_tile=None)
+    merged = manifest.merge({"stage/manifest-workloads.json": {**later,
+                                                                "earlier_runs": [first]}})
+    assert not merged["consistent"]
+    assert merged["mismatches"] == {"cuda_tile": ["1.7.0", None]}

@@ -73,6 +73,13 @@ def _earlier(manifest: dict) -> list[dict]:
     return [e for e in manifest.get("earlier_runs") or [] if isinstance(e, dict)]
 
 
+def _distinct(values: set[str]) -> list:
+    """A field's distinct values (JSON texts) in order, None last: a run that lacked the
+    package (its value None) does not compare with a version."""
+    return sorted((json.loads(v) for v in values),
+                  key=lambda x: (x is None, "" if x is None else x))
+
+
 def merge(manifests: dict[str, dict], *, config: dict | None = None,
           image: str | None = None, base_dir: str | None = None) -> dict:
     if not manifests:
@@ -83,8 +90,7 @@ def merge(manifests: dict[str, dict], *, config: dict | None = None,
     for field in STACK_FIELDS:
         values = {json.dumps(_get(m, field)) for m in every}
         if len(values) > 1:
-            mismatches[field] = sorted(json.loads(v) if v != "null" else None
-                                       for v in values)
+            mismatches[field] = _distinct(values)
     first = next(iter(manifests.values()))
     dirty = sorted({os.path.relpath(p, base_dir) if base_dir else p
                     for p, m in manifests.items()
@@ -132,7 +138,7 @@ def extend(merged: dict, manifests: dict[str, dict], *, config: dict,
     for field in STACK_FIELDS:
         values = {json.dumps(v) for v in [*_values(merged, field), *_values(new, field)]}
         if len(values) > 1:
-            mismatches[field] = sorted(json.loads(v) if v != "null" else None for v in values)
+            mismatches[field] = _distinct(values)
     return {**merged, "consistent": not mismatches, "mismatches": mismatches,
             "runs": [*merged.get("runs", []), *new["runs"]],
             "runs_from_dirty_tree": sorted({*merged.get("runs_from_dirty_tree", []),
