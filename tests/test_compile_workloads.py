@@ -99,6 +99,27 @@ def test_paged_gqa_decode_with_split_k_compiles(page):
 
 
 @pytest.mark.compile
+@pytest.mark.parametrize("d, hq, hk", [(64, 32, 8), (128, 32, 8), (128, 16, 16)])
+def test_a_paged_decode_from_page_64_compiles_at_occupancy_2_without_spilling(d, hq, hk):
+    # benchmarks/notes/varlen-paged.md §55b: two CTAs an SM from page 64, timed at D 128
+    # GQA 4 only; D 64 and MHA decode take the same rule (D 256 spills as it did before)
+    from tiledattention.kernel import workload as W
+    from tiledattention.kernel.compile import aot_target
+    from tiledattention.mods import NONE
+
+    work = dataclasses.replace(_work(d, True, page=W.PAGED_DECODE_OCCUPANCY_FROM, hq=hq,
+                                     hk=hk), max_q=1, max_k=16384)
+    plan = W.paged_plan(work, None, None, NONE, False, target=aot_target("sm_90"))
+    assert (plan.schedule.worker_warps, plan.schedule.occupancy) == (4, 2)
+    cubin = export_workload_cubins(work, "sm_90", paged=True,
+                                   return_lse=False)["attention_fwd_seqs"]
+    sass, res = _sass(cubin)
+    ops = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass)
+    assert not any(op.startswith(("STL", "LDL")) for op in ops)
+    assert re.search(r"LOCAL:0\b", res)
+
+
+@pytest.mark.compile
 @pytest.mark.parametrize("page, kind, tile, spills", [
     (16, "decode", 64, 0), (16, "prefill", 64, 0), (32, "decode", 64, 0),
     (32, "prefill", 64, 0),

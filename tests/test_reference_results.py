@@ -428,6 +428,65 @@ def _copy(tmp_path, ref: str):
     return copy
 
 
+# The H100 reference as committed before it gained the workloads stage (varlen-paged.md
+# §55a): a reference without the stage, for the refusals that need one.
+H100_BEFORE_WORKLOADS = "540a5c849e0078cf4bb7c58d81e9cb245ff3c9c3"
+H100_WORKLOADS_MANIFEST = "benchmarks/results/h100-2026-12-05-s71-workloads-manifest.json.gz"
+needs_history = pytest.mark.skipif(not _whole_history(), reason="a shallow clone: the H100 "
+                                   "reference as it was before its workloads stage is not in it")
+
+
+def _h100_before_workloads(tmp_path):
+    import io
+    import tarfile
+
+    archived = subprocess.run(["git", "-C", ROOT, "archive", H100_BEFORE_WORKLOADS,
+                               REFERENCES[0]], capture_output=True, check=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(archived)) as tar:
+        tar.extractall(tmp_path / "before", filter="data")
+    return tmp_path / "before" / REFERENCES[0]
+
+
+@needs_history
+def test_rebundle_adds_the_h100_workloads_stage_exactly_as_committed(tmp_path):
+    """The H100 reference as it was before, with --add workloads=DIR (the run's rows and
+    manifest as measured), is the committed one file for file: the rows it published stay
+    byte for byte, the stage's rows and every table come out as committed."""
+    import gzip
+    import shutil
+    from pathlib import Path
+
+    from tiledattention.study.references import rebundle
+
+    ref = _h100_before_workloads(tmp_path)
+    before = _sums_of(ref)
+    out = tmp_path / "measured"
+    out.mkdir()
+    for src, name in ((os.path.join(ROOT, REFERENCES[0], "data", "workloads-rows.jsonl.gz"),
+                       "rows.jsonl"), (os.path.join(ROOT, H100_WORKLOADS_MANIFEST),
+                                       "manifest-workloads.json")):
+        with gzip.open(src, "rb") as g, open(out / name, "wb") as f:
+            shutil.copyfileobj(g, f)
+    assert rebundle.main(["--add", f"workloads={out}", str(ref)]) == 0
+    after, published = _sums_of(ref), _sums_of(Path(ROOT, REFERENCES[0]))
+    snapshot = "workflow-snapshot.zip"  # its entries carry the clone's file times
+    assert {k: v for k, v in after.items() if k != snapshot} == {
+        k: v for k, v in published.items() if k != snapshot}
+    assert _zip_entries(ref / snapshot) == _zip_entries(Path(ROOT, REFERENCES[0], snapshot))
+    kept = {rel for rel in before if rel.startswith("data/")}
+    assert {rel: after[rel] for rel in kept} == {rel: before[rel] for rel in kept}
+    manifest = json.loads((ref / "manifest.json").read_text())
+    assert manifest["mismatches"]["cuda_tile"] == ["1.7.0", None]  # call 1 lacked cuTile
+    assert verify.verify(str(ref)) == []
+
+
+def _zip_entries(path) -> dict[str, int]:
+    import zipfile
+
+    with zipfile.ZipFile(path) as z:
+        return {i.filename: i.CRC for i in z.infolist()}
+
+
 @pytest.mark.parametrize("ref,says", [
     (REFERENCES[0], "measured on NVIDIA H200, the study on NVIDIA H100"),
     (REFERENCES[1], "holds the workloads stage's rows already"),
@@ -435,19 +494,25 @@ def _copy(tmp_path, ref: str):
 def test_rebundle_adds_no_stage_of_another_gpu_model_nor_one_it_holds(tmp_path, capsys, ref,
                                                                         says):
     copy = _copy(tmp_path, ref)
-    assert says in _rebundle_refused(["--add", f"workloads={_measured_workloads(tmp_path)}"],
+    verb = "--replace" if ref == REFERENCES[0] else "--add"  # the H100 holds it: replaced
+    assert says in _rebundle_refused([verb, f"workloads={_measured_workloads(tmp_path)}"],
                                      copy, capsys)
 
 
-def test_rebundle_adds_no_stage_measured_with_another_section(tmp_path, capsys):
+@pytest.mark.parametrize("verb", ["--add", "--replace"])
+def test_rebundle_takes_no_stage_measured_with_another_section(tmp_path, capsys, verb):
+    if verb == "--add" and not _whole_history():
+        pytest.skip("a shallow clone: the H100 reference before its workloads stage is "
+                    "not in it")
     out = tmp_path / "workloads"  # run here, one decode point: not the reference's section
     assert main(["workloads", "--config", os.path.join(ROOT, "config", "reference.yaml"),
                  "--out", str(out), "--kinds", "decode", "--decode-batches", "1",
                  "--page-sizes", "16", "--launcher", "debug"]) == 0
     capsys.readouterr()
-    err = _rebundle_refused(["--add", f"workloads={out}"], _copy(tmp_path, REFERENCES[0]),
-                            capsys)
-    assert err.startswith("rebundle: --add workloads:") and "another config" in err
+    ref = _h100_before_workloads(tmp_path) if verb == "--add" else _copy(tmp_path,
+                                                                         REFERENCES[0])
+    err = _rebundle_refused([verb, f"workloads={out}"], ref, capsys)
+    assert err.startswith(f"rebundle: {verb} workloads:") and "another config" in err
 
 
 def test_rebundle_adds_no_shapes_grid_measured_with_another_grid(tmp_path, capsys):
@@ -470,17 +535,26 @@ def test_rebundle_adds_no_shapes_grid_measured_with_another_grid(tmp_path, capsy
     (["--add", "nosuch=x"], "has no nosuch section to record"),
     (["--add", "tune=x"], "not a GPU stage with rows of its own"),
     (["--add", "workloads=x", "--config", "no/such.yaml"], "no/such.yaml: cannot read it"),
-    (["--add", "workloads=no/such/dir"], "not the stage's output directory"),
+    (["--replace", "workloads=no/such/dir"], "not the stage's output directory"),
     (["--add", "shapes-g3=x"], "the next one it can gain is shapes-g2"),
     (["--add", "shapes-g9=x"], "has no shapes grid 9"),
     (["--add", "shapes-g2=no/such/dir"], "not a shapes grid's sweep directory"),
-    (["--replace", "workloads=x"], "holds no workloads stage's rows"),
     (["--replace", "shapes-g1=x"], "a shapes grid is not replaced"),
     (["--replace", "workloads"], "give STAGE=DIR"),
     (["--add", "workloads=x", "--replace", "workloads=y"], "both name workloads"),
 ])
 def test_rebundle_refuses_an_add_it_cannot_read(tmp_path, capsys, args, says):
     assert says in _rebundle_refused(args, _copy(tmp_path, REFERENCES[0]), capsys)
+
+
+@needs_history
+@pytest.mark.parametrize("args,says", [
+    (["--add", "workloads=no/such/dir"], "not the stage's output directory"),
+    (["--replace", "workloads=x"], "holds no workloads stage's rows"),
+])
+def test_rebundle_refuses_a_stage_a_reference_without_it_cannot_take(tmp_path, capsys, args,
+                                                                      says):
+    assert says in _rebundle_refused(args, _h100_before_workloads(tmp_path), capsys)
 
 
 def _rebundle_refused(args, ref, capsys) -> str:

@@ -105,7 +105,7 @@ def study_of(bundle: str, study: str, added: dict[str, tuple[str, dict]] | None 
     for name in replaced:
         drop_stage(study, name)
     for name, (measured, section) in (added or {}).items():
-        add_stage(study, name, measured, section)
+        add_stage(study, name, measured, section, "--replace" if name in replaced else "--add")
     tables_added_since(study, again=bool(added))
     return config
 
@@ -130,12 +130,13 @@ def drop_stage(study: str, name: str) -> None:
         json.dump(merged, f, indent=1)
 
 
-def add_stage(study: str, name: str, measured: str, section: dict) -> None:
+def add_stage(study: str, name: str, measured: str, section: dict, flag: str = "--add") -> None:
     """GPU stage ``name``'s rows, measured after the reference was made (``measured``: the
     stage's output directory, its rows and run manifest), into the ``study`` laid out from
     it: the config gains ``section`` (the one the rows were measured with: its digest is
     the run's), the manifest the run (``manifest.extend``: the same GPU model). A shapes
-    grid is ``shapes-g<N>``, the grid after the reference's last (``section``: the grid)."""
+    grid is ``shapes-g<N>``, the grid after the reference's last (``section``: the grid).
+    ``flag``: the option that named it, as its refusals say."""
     from ...stages import STAGES, stage_from_dict
     from ...yamlio import load_yaml
 
@@ -154,12 +155,12 @@ def add_stage(study: str, name: str, measured: str, section: dict) -> None:
             raise StudyError(f"--add {name}: the reference holds the {name} stage's rows "
                              "already")
         if not os.path.isfile(os.path.join(measured, stage.rows.file)):
-            raise StudyError(f"--add {name}={measured}: not the stage's output directory (its "
+            raise StudyError(f"{flag} {name}={measured}: not the stage's output directory (its "
                              f"{stage.rows.file} and one manifest-*.json)")
         cfg, digest = {**cfg, name: section}, stage_from_dict(name, section).digest()
         files = [stage.rows.file]
         stage.rows.load(measured)  # read as the stage reads them: a damaged file is one error
-    _record_run(study, name, measured, cfg, digest, dest, files)
+    _record_run(study, name, measured, cfg, digest, dest, files, flag)
 
 
 def _shapes_grid(study: str, cfg: dict, name: str, measured: str, grid: dict):
@@ -186,7 +187,7 @@ def _shapes_grid(study: str, cfg: dict, name: str, measured: str, grid: dict):
 
 
 def _record_run(study: str, name: str, measured: str, cfg: dict, digest: str, dest: str,
-                files: list[str]) -> None:
+                files: list[str], flag: str = "--add") -> None:
     """The run in ``measured`` (one manifest, measured with ``digest``) into the study:
     its rows ``files`` and manifest into ``dest``, ``cfg`` as the study's config, the run
     into its manifest."""
@@ -196,11 +197,11 @@ def _record_run(study: str, name: str, measured: str, cfg: dict, digest: str, de
 
     manifests = load_manifests([measured])
     if len(manifests) != 1:
-        raise StudyError(f"--add {name}={measured}: not one run's output directory (it holds "
+        raise StudyError(f"{flag} {name}={measured}: not one run's output directory (it holds "
                          f"{len(manifests)} manifest-*.json)")
     (path, run), = manifests.items()
     if run.get("config_hash") != digest:
-        raise StudyError(f"--add {name}: {path} was measured with another config (digest "
+        raise StudyError(f"{flag} {name}: {path} was measured with another config (digest "
                          f"{run.get('config_hash')}) than the reference's with this {name} "
                          f"section ({digest})")
     os.makedirs(dest)
