@@ -13,28 +13,6 @@ pytest.importorskip("cuda.tile", reason="cuTile not installed: pip install 'cuda
 import tiledattention as ta  # noqa: E402
 from tiledattention.kernel import launch as launching  # noqa: E402
 from tiledattention.kernel import plan as planning  # noqa: E402
-from tiledattention.kernel import validate  # noqa: E402
-from tiledattention.schedules import policy  # noqa: E402
-
-
-@pytest.fixture
-def launches(monkeypatch):
-    """An sm_90 with 132 SMs as the plans see it; each launch's kernel name, recorded."""
-    seen = []
-    monkeypatch.setattr(validate, "check_device", lambda q: None)
-    monkeypatch.setattr(planning, "check_device", lambda q: None)
-    monkeypatch.setattr(planning, "sm_count", lambda index: 132)
-    monkeypatch.setattr(policy, "_capability", lambda index: "9.0")
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
-    monkeypatch.setattr(launching, "launch_kernel",
-                        lambda device, grid, kernel, args, pdl=False: seen.append(
-                            (getattr(kernel, "__name__", None) or kernel._pyfunc.__name__,
-                             args)))
-    planning.clear()
-    yield seen
-    planning.clear()
 
 
 def _qkv(d=64, s=128):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from threading import get_ident
+
 import torch
 
 from ..mods import MAX_TENSORS as _MAX_TENSORS
@@ -36,6 +38,35 @@ def _placeholders(device: torch.device, fresh: bool) -> tuple[torch.Tensor, torc
     pair = (lse, lse.view(1, 1, 1, 1))
     if not fresh and not torch.cuda.is_current_stream_capturing():
         _scratch[device] = pair
+    return pair
+
+
+# split-K's fp32 partials (and their LSEs), kept per (shape, device, stream, thread) where
+# they are this small: the calls whose host cost matters (a decode step) stop paying two
+# allocations each. One thread's calls on one stream run in order, so a call's split
+# kernel writes them only after the previous call's combine has read them, as a freed and
+# reused block of the caching allocator would be; another thread's launches could fall
+# between a split kernel and its combine, so threads do not share them. Fresh during
+# CUDA-graph capture (the graph's pool).
+PARTIALS_KEPT_BYTES = 4 << 20
+_partials: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def split_partials(shape: tuple, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(partials ``shape`` [B, H x splits, rows, D], their LSEs [B, H x splits, rows]), fp32:
+    written by the split kernel, read by the combine, never returned to the caller."""
+    capturing = torch.cuda.is_current_stream_capturing()
+    key = (shape, device, _raw_stream(device.index) if _raw_stream is not None else None,
+           get_ident())
+    found = None if capturing else _partials.get(key)
+    if found is not None:
+        return found
+    part = torch.empty(shape, dtype=torch.float32, device=device)
+    pair = (part, torch.empty(shape[:3], dtype=torch.float32, device=device))
+    if not capturing and part.numel() * 4 <= PARTIALS_KEPT_BYTES:
+        if len(_partials) >= 64:  # a growing cache's shapes come and go
+            _partials.clear()
+        _partials[key] = pair
     return pair
 
 
@@ -110,8 +141,7 @@ def launch(plan, q, k, v, attn_mask, *, fresh_lse: bool = True, aux: tuple = ())
         launch_kernel(device, grid, kernel, (q, k, v, kout, klse, mask, *extra, *tail),
                       plan.pdl)
     else:
-        part = torch.empty(plan.part_shape, dtype=torch.float32, device=device)
-        part_lse = torch.empty(plan.part_shape[:3], dtype=torch.float32, device=device)
+        part, part_lse = split_partials(plan.part_shape, device)
         launch_kernel(device, grid, kernel, (q, k, v, part, part_lse, mask, *extra, *tail),
                       plan.pdl)
         _, kernel, grid, tail = plan.launches[1]

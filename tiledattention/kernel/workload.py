@@ -28,7 +28,7 @@ from ..headdim import plan_head_dim
 from ..schedules import policy
 from ..schedules.backward import BwdSchedule
 from ..schedules.schedule import Schedule
-from .launch import _placeholders, int_pad_views, launch_kernel, variant_arrays
+from .launch import _placeholders, int_pad_views, launch_kernel, split_partials, variant_arrays
 from .plan import LaunchPlan, Step, _cached, combine_step, fwd_hints, scalars, sm_count, split_count
 from .spec import DELTA, DKDV_SEQS, DQ_SEQS, FWD_SEQS, SEQMAP
 from .toolchain import check_gpu
@@ -512,9 +512,8 @@ def run_paged(plan: SeqPlan, q, k_cache, v_cache, page_table, cache_seqlens, cu_
         launch_kernel(dev, grid, kernel, (kq, kc, vc, kout, klse, mask_ph, *variant, *seqs,
                                           *tail))
     else:
-        part = torch.empty((b, plan.heads * plan.splits, plan.rows, w.head_dim),
-                           dtype=torch.float32, device=dev)
-        part_lse = torch.empty(part.shape[:3], dtype=torch.float32, device=dev)
+        part, part_lse = split_partials((b, plan.heads * plan.splits, plan.rows, w.head_dim),
+                                        dev)
         launch_kernel(dev, grid, kernel, (kq, kc, vc, part, part_lse, mask_ph, *variant,
                                           *seqs, *tail))
         klse = lse_ph if lse is None else (

@@ -1,0 +1,77 @@
+"""split-K's fp32 partials (``launch.split_partials``): a decode step's two scratch buffers
+made once per (shape, device, stream, thread) where small, never shared where two calls'
+launches could interleave, and fresh during CUDA-graph capture (benchmarks/notes/host-cost.md
+§55d)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from tiledattention.kernel import launch as launching
+
+
+@pytest.fixture
+def stream(monkeypatch):
+    """The current stream's handle as ``split_partials`` reads it, set by the test; and
+    whether the stream is capturing."""
+    now = {"stream": 7, "capturing": False}
+    monkeypatch.setattr(launching, "_raw_stream", lambda index: now["stream"])
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: now["capturing"])
+    monkeypatch.setattr(launching, "_partials", {})
+    return now
+
+
+SHAPE, CPU = (1, 32, 64, 128), torch.device("cpu")
+
+
+def test_one_thread_on_one_stream_gets_the_same_partials_each_call(stream):
+    part, lse = launching.split_partials(SHAPE, CPU)
+    assert part.shape == SHAPE and lse.shape == SHAPE[:3] and part.dtype == torch.float32
+    again = launching.split_partials(SHAPE, CPU)
+    assert again[0] is part and again[1] is lse
+
+
+def test_another_stream_or_thread_gets_partials_of_its_own(stream):
+    part, _ = launching.split_partials(SHAPE, CPU)
+    stream["stream"] = 8
+    other, _ = launching.split_partials(SHAPE, CPU)
+    assert other is not part
+    got = []
+    worker = threading.Thread(target=lambda: got.append(launching.split_partials(SHAPE, CPU)))
+    stream["stream"] = 7
+    worker.start()
+    worker.join()
+    assert got[0][0] is not part
+    assert launching.split_partials(SHAPE, CPU)[0] is part
+
+
+def test_a_capture_gets_fresh_partials_and_keeps_none(stream):
+    part, _ = launching.split_partials(SHAPE, CPU)
+    stream["capturing"] = True
+    captured = launching.split_partials(SHAPE, CPU)[0]
+    assert captured is not part and launching.split_partials(SHAPE, CPU)[0] is not captured
+    stream["capturing"] = False
+    assert launching.split_partials(SHAPE, CPU)[0] is part
+
+
+def test_large_partials_are_not_kept(stream):
+    big = (1, 32, 64, launching.PARTIALS_KEPT_BYTES // (32 * 64 * 4) + 1)
+    assert launching.split_partials(big, CPU)[0] is not launching.split_partials(big, CPU)[0]
+
+
+def test_a_split_decode_call_passes_its_kept_partials_to_both_launches(launches, stream):
+    pytest.importorskip("cuda.tile", reason="the plan builds cuTile kernel objects")
+    import tiledattention as ta
+
+    q = torch.zeros(1, 32, 1, 128, dtype=torch.bfloat16)
+    k = v = torch.zeros(1, 8, 8192, 128, dtype=torch.bfloat16)
+    for _ in range(2):
+        with torch.no_grad():
+            ta.sdpa(q, k, v, enable_gqa=True)
+    assert [name for name, _ in launches] == ["attention_fwd", "attention_combine"] * 2
+    (_, first), (_, combine), (_, second), _ = launches
+    assert first[3] is second[3] and first[4] is second[4]  # partials, their LSEs
+    assert combine[0] is first[3] and combine[1] is first[4]
