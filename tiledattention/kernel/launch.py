@@ -41,33 +41,39 @@ def _placeholders(device: torch.device, fresh: bool) -> tuple[torch.Tensor, torc
     return pair
 
 
-# split-K's fp32 partials (and their LSEs), kept per (shape, device, stream, thread) where
-# they are this small: the calls whose host cost matters (a decode step) stop paying two
-# allocations each. One thread's calls on one stream run in order, so a call's split
-# kernel writes them only after the previous call's combine has read them, as a freed and
+# fp32 scratch a call's kernels write and read but never return (split-K's partials and
+# their LSEs, the backward's delta), kept per (shapes, device, stream, thread) where this
+# small: the calls whose host cost matters (a decode step, a short training step) stop
+# paying those allocations. One thread's calls on one stream run in order, so a call's
+# kernels write the scratch only after the previous call's have read it, as a freed and
 # reused block of the caching allocator would be; another thread's launches could fall
-# between a split kernel and its combine, so threads do not share them. Fresh during
-# CUDA-graph capture (the graph's pool).
-PARTIALS_KEPT_BYTES = 4 << 20
-_partials: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+# between two of a call's kernels, so threads do not share it. Fresh during CUDA-graph
+# capture (the graph's pool).
+SCRATCH_KEPT_BYTES = 4 << 20
+_scratch_kept: dict[tuple, tuple[torch.Tensor, ...]] = {}
+
+
+def kept_scratch(shapes: tuple, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """One fp32 tensor of each of ``shapes`` on ``device``, the same ones each call of this
+    thread on this stream where they total at most ``SCRATCH_KEPT_BYTES``."""
+    capturing = torch.cuda.is_current_stream_capturing()
+    key = (shapes, device, _raw_stream(device.index) if _raw_stream is not None else None,
+           get_ident())
+    found = None if capturing else _scratch_kept.get(key)
+    if found is not None:
+        return found
+    made = tuple(torch.empty(s, dtype=torch.float32, device=device) for s in shapes)
+    if not capturing and sum(t.numel() for t in made) * 4 <= SCRATCH_KEPT_BYTES:
+        if len(_scratch_kept) >= 64:  # a growing cache's shapes come and go
+            _scratch_kept.clear()
+        _scratch_kept[key] = made
+    return made
 
 
 def split_partials(shape: tuple, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(partials ``shape`` [B, H x splits, rows, D], their LSEs [B, H x splits, rows]), fp32:
-    written by the split kernel, read by the combine, never returned to the caller."""
-    capturing = torch.cuda.is_current_stream_capturing()
-    key = (shape, device, _raw_stream(device.index) if _raw_stream is not None else None,
-           get_ident())
-    found = None if capturing else _partials.get(key)
-    if found is not None:
-        return found
-    part = torch.empty(shape, dtype=torch.float32, device=device)
-    pair = (part, torch.empty(shape[:3], dtype=torch.float32, device=device))
-    if not capturing and part.numel() * 4 <= PARTIALS_KEPT_BYTES:
-        if len(_partials) >= 64:  # a growing cache's shapes come and go
-            _partials.clear()
-        _partials[key] = pair
-    return pair
+    """split-K's (partials ``shape`` [B, H x splits, rows, D], their LSEs [B, H x splits,
+    rows]): written by the split kernel, read by the combine."""
+    return kept_scratch((shape, shape[:3]), device)
 
 
 def _int_pad(device: torch.device) -> torch.Tensor:
@@ -214,7 +220,7 @@ def run_backward(plan, q, k, v, out, lse, dout, dlse, attn_mask, *, aux: tuple =
     q, k, v, out, dout = (_addressable(t) for t in (q, k, v, out, dout))
     b, hq, sq, _ = q.shape
     dev = q.device
-    delta = torch.empty((b, hq, sq), dtype=torch.float32, device=dev)
+    delta, = kept_scratch(((b, hq, sq),), dev)
     lse = lse.contiguous()
     dlse_arg = delta if dlse is None else dlse.to(torch.float32).contiguous()
     mask = lse.view(1, 1, 1, -1)[..., :1]  # never read without HAS_MASK

@@ -1,7 +1,7 @@
-"""split-K's fp32 partials (``launch.split_partials``): a decode step's two scratch buffers
-made once per (shape, device, stream, thread) where small, never shared where two calls'
-launches could interleave, and fresh during CUDA-graph capture (benchmarks/notes/host-cost.md
-§55d)."""
+"""fp32 scratch a call never returns (``launch.kept_scratch``: split-K's partials, the
+backward's delta), made once per (shapes, device, stream, thread) where small, never
+shared where two calls' launches could interleave, and fresh during CUDA-graph capture
+(benchmarks/notes/host-cost.md §55d)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def stream(monkeypatch):
     now = {"stream": 7, "capturing": False}
     monkeypatch.setattr(launching, "_raw_stream", lambda index: now["stream"])
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: now["capturing"])
-    monkeypatch.setattr(launching, "_partials", {})
+    monkeypatch.setattr(launching, "_scratch_kept", {})
     return now
 
 
@@ -58,7 +58,7 @@ def test_a_capture_gets_fresh_partials_and_keeps_none(stream):
 
 
 def test_large_partials_are_not_kept(stream):
-    big = (1, 32, 64, launching.PARTIALS_KEPT_BYTES // (32 * 64 * 4) + 1)
+    big = (1, 32, 64, launching.SCRATCH_KEPT_BYTES // (32 * 64 * 4) + 1)
     assert launching.split_partials(big, CPU)[0] is not launching.split_partials(big, CPU)[0]
 
 
@@ -75,3 +75,19 @@ def test_a_split_decode_call_passes_its_kept_partials_to_both_launches(launches,
     (_, first), (_, combine), (_, second), _ = launches
     assert first[3] is second[3] and first[4] is second[4]  # partials, their LSEs
     assert combine[0] is first[3] and combine[1] is first[4]
+
+
+def test_a_training_step_passes_its_kept_delta_to_each_backward_kernel(launches, stream):
+    pytest.importorskip("cuda.tile", reason="the plan builds cuTile kernel objects")
+    import tiledattention as ta
+
+    q, k, v = (torch.zeros(1, 2, 128, 64, dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
+    for _ in range(2):
+        ta.sdpa(q, k, v, is_causal=True).sum().backward()
+    per_step = len(launches) // 2
+    backward = launches[1:per_step] + launches[per_step + 1:]  # each step: forward first
+    assert [n for n, _ in backward] == ["attention_bwd_dq", "attention_bwd_dkdv"] * 2
+    delta = backward[0][1][5]  # (q, k, v, dout, lse, delta, ...)
+    assert delta.shape == (1, 2, 128) and delta.dtype == torch.float32
+    assert all(args[5] is delta for _, args in backward)
