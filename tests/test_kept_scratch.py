@@ -21,6 +21,7 @@ def stream(monkeypatch):
     monkeypatch.setattr(launching, "_raw_stream", lambda index: now["stream"])
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: now["capturing"])
     monkeypatch.setattr(launching, "_scratch_kept", {})
+    monkeypatch.setattr(launching, "_kept_bytes", [0])
     return now
 
 
@@ -91,3 +92,14 @@ def test_a_training_step_passes_its_kept_delta_to_each_backward_kernel(launches,
     delta = backward[0][1][5]  # (q, k, v, dout, lse, delta, ...)
     assert delta.shape == (1, 2, 128) and delta.dtype == torch.float32
     assert all(args[5] is delta for _, args in backward)
+
+
+def test_kept_scratch_starts_over_past_its_total(stream, monkeypatch):
+    unit = 4 * 32 * 64 * 129  # bytes of SHAPE's partials with their LSEs
+    monkeypatch.setattr(launching, "SCRATCH_KEPT_TOTAL", 3 * unit)
+    same_size = [SHAPE, (1, 16, 128, 128), (1, 64, 32, 128)]
+    first = [launching.split_partials(s, CPU)[0] for s in same_size]
+    assert all(launching.split_partials(s, CPU)[0] is f  # three fit
+               for s, f in zip(same_size, first))
+    launching.split_partials((1, 8, 256, 128), CPU)  # a fourth: all start over
+    assert all(launching.split_partials(s, CPU)[0] is not f for s, f in zip(same_size, first))

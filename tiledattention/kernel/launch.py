@@ -50,7 +50,9 @@ def _placeholders(device: torch.device, fresh: bool) -> tuple[torch.Tensor, torc
 # between two of a call's kernels, so threads do not share it. Fresh during CUDA-graph
 # capture (the graph's pool).
 SCRATCH_KEPT_BYTES = 4 << 20
+SCRATCH_KEPT_TOTAL = 32 << 20  # all kept scratch at most: then it starts over
 _scratch_kept: dict[tuple, tuple[torch.Tensor, ...]] = {}
+_kept_bytes = [0]
 
 
 def kept_scratch(shapes: tuple, device: torch.device) -> tuple[torch.Tensor, ...]:
@@ -63,10 +65,13 @@ def kept_scratch(shapes: tuple, device: torch.device) -> tuple[torch.Tensor, ...
     if found is not None:
         return found
     made = tuple(torch.empty(s, dtype=torch.float32, device=device) for s in shapes)
-    if not capturing and sum(t.numel() for t in made) * 4 <= SCRATCH_KEPT_BYTES:
-        if len(_scratch_kept) >= 64:  # a growing cache's shapes come and go
+    size = sum(t.numel() for t in made) * 4
+    if not capturing and size <= SCRATCH_KEPT_BYTES:
+        if _kept_bytes[0] + size > SCRATCH_KEPT_TOTAL:  # a growing cache's shapes come and go
             _scratch_kept.clear()
+            _kept_bytes[0] = 0
         _scratch_kept[key] = made
+        _kept_bytes[0] += size
     return made
 
 
