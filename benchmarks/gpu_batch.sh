@@ -83,7 +83,7 @@ case "${1:?what to run}" in
       --json "$OUT/sweep-shapes.json" 2>&1 | tee "$OUT/sweep-shapes.log" \
       | grep -v "UserWarning\|exe_args" ;;
   leads)
-    # benchmarks/notes/open-leads.md §53d: each a packed_order_ab.py run on the workloads
+    # benchmarks/notes/open-leads.md §55e: each a packed_order_ab.py run on the workloads
     # stage's points (both arms checked against float64 and bit for bit), its log and rows
     # under $OUT; a run past AB_TIMEOUT is cut off, and the next one starts.
     fa4=$(cat "${FA4_SITE:-/tmp/fa4site}/.pythonpath" 2>/dev/null || true)
@@ -95,7 +95,7 @@ case "${1:?what to run}" in
       timeout "${AB_TIMEOUT:-500}" python benchmarks/packed_order_ab.py "$@" \
         --out "$OUT/ab-$name.json" 2>&1 | tee "$OUT/ab-$name.log" | tail -"${TAIL:-30}"
     }
-    for lead in ${LEADS:-occupancy prefill-w4 fwd-scatter bwd-scatter gather-64}; do
+    for lead in ${LEADS:-fwd-scatter bwd-scatter gather-64 occupancy}; do
       case $lead in
         occupancy) ab "$lead" --switch PAGED_DECODE_OCCUPANCY --values 0 2 --kinds decode \
                      --set PAGED_DECODE_OCCUPANCY_FROM=0 \

@@ -369,12 +369,14 @@ GATHER_MAX_Q = 16
 # schedule (a label, e.g. ``64x128_o1_c1_lk2_lv4_w4``) where the caller pins none; "": the
 # table's. tileiras moves cp.async gathers into their own pipelined loop only at 4 worker
 # warps and occupancy 1; at the table's 8 warps each tile waits for its own rows
-# (benchmarks/notes/varlen-paged.md §51b; repro 7). Untimed: the A/B's switch. The plan's
-# key holds it.
+# (benchmarks/notes/varlen-paged.md §51b; repro 7). With K and V both gathered on 4 warps
+# it ran 1.13-1.18x the 8-warp gather but 0.88x the default (K gathered, V per page) on
+# the H100 (§55b): not taken. The plan's key holds it.
 GATHERED_PREFILL_SCHEDULE = ""
 # Keys per gathered tile: 128 halves the softmax steps and doubles each MMA's width
-# against 64 (decode at page 16: 1.46-1.50x at B 8-64, 1.08x at B 1, §50a). The plan's
-# key holds it.
+# against 64 (decode at page 16 on 8 warps: 1.46-1.50x at B 8-64, 1.08x at B 1, §50a; on
+# 4 warps the H100 read 0.99-1.00x at B 8-64 and 0.92x at B 1, §55b). The plan's key
+# holds it.
 GATHER_TILE = 128
 
 
