@@ -226,6 +226,27 @@ def test_rebundle_makes_a_committed_reference_again_keeping_what_it_published(tm
     assert verify.verify(str(copy)) == []
 
 
+@pytest.mark.skipif(not _whole_history(), reason="a shallow clone: the recorded revision's "
+                    "source is not in it")
+def test_rebundle_names_the_repository_the_reference_records_not_the_checkouts(tmp_path):
+    """A reference whose marker records a repository is made again naming that one (README,
+    Zenodo and CFF metadata), whatever remote the checkout that runs rebundle has."""
+    from tiledattention.study.references import rebundle
+
+    copy = _copy(tmp_path, REFERENCES[0])
+    url = "https://example.org/recorded/tiledattention"
+    marker = copy / rebundle.MARKER
+    recorded = json.loads(marker.read_text())
+    recorded["source"]["repository"] = url
+    marker.write_text(json.dumps(recorded))
+    assert rebundle.main([str(copy)]) == 0
+    assert url in (copy / "README.md").read_text()
+    assert url in (copy / ".zenodo.json").read_text()
+    assert url in (copy / "CITATION.cff").read_text()
+    assert json.loads(marker.read_text())["source"]["repository"] == url
+    assert verify.verify(str(copy)) == []
+
+
 def test_rebundle_never_removes_a_file_the_reference_does_not_list(tmp_path, capsys):
     import shutil
 
@@ -451,9 +472,9 @@ def _h100_before_workloads(tmp_path):
 def test_rebundle_adds_the_h100_workloads_stage_exactly_as_committed(tmp_path):
     """The H100 reference as it was before, with --add workloads=DIR (the run's rows and
     manifest as measured), is the committed one: the rows it published stay byte for byte;
-    the stage's rows, every table, the manifest, the config and the wheel come out as
-    committed. (The README and the metadata name the checkout's git remote, which differs
-    between a clone and the repository the reference was made in.)"""
+    every file comes out as committed, the README and the metadata too (they name the
+    repository the reference records, none, not the checkout's git remote); the workflow
+    snapshot's entries too (the zip's file times are the clone's)."""
     import gzip
     import shutil
     from pathlib import Path
@@ -471,11 +492,10 @@ def test_rebundle_adds_the_h100_workloads_stage_exactly_as_committed(tmp_path):
             shutil.copyfileobj(g, f)
     assert rebundle.main(["--add", f"workloads={out}", str(ref)]) == 0
     after, published = _sums_of(ref), _sums_of(Path(ROOT, REFERENCES[0]))
-    made = ("data/", "tables/", "config/", "source/", "manifest.json")
-    assert {k: v for k, v in after.items() if k.startswith(made)} == {
-        k: v for k, v in published.items() if k.startswith(made)}
-    assert "data/workloads-rows.jsonl.gz" in after and set(after) == set(published)
     snapshot = "workflow-snapshot.zip"  # its entries carry the clone's file times
+    assert {k: v for k, v in after.items() if k != snapshot} == {
+        k: v for k, v in published.items() if k != snapshot}
+    assert "data/workloads-rows.jsonl.gz" in after and set(after) == set(published)
     assert _zip_entries(ref / snapshot) == _zip_entries(Path(ROOT, REFERENCES[0], snapshot))
     kept = {rel for rel in before if rel.startswith("data/")}
     assert {rel: after[rel] for rel in kept} == {rel: before[rel] for rel in kept}

@@ -281,15 +281,21 @@ def _git(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["git", *args], capture_output=True, text=True, timeout=600)
 
 
-def _checkout(repo: str, revision: str, dest: str) -> None:
+def recorded_repository(bundle: str) -> str | None:
+    """The source repository the reference records (its marker's), None where it records
+    none: a reference made again keeps it, whatever checkout makes it."""
+    with open(os.path.join(bundle, MARKER), encoding="utf-8") as f:
+        return (json.load(f).get("source") or {}).get("repository") or None
+
+
+def _checkout(repo: str, revision: str, dest: str, origin: str | None) -> None:
     """A clone of ``repo`` at ``revision`` (the repository's own checkout is never touched)
-    whose remote is ``repo``'s own (a bundle records it), never the local path cloned."""
-    origin = _git("-C", repo, "remote", "get-url", "origin")
+    whose remote is ``origin`` (a bundle records it; none where None), never the local path
+    cloned."""
     for args in (["clone", "--quiet", "--shared", "--no-checkout", repo, dest],
                  ["-C", dest, "checkout", "--quiet", "--detach", revision],
                  ["-C", dest, "remote", "remove", "origin"],
-                 *([["-C", dest, "remote", "add", "origin", origin.stdout.strip()]]
-                   if origin.returncode == 0 and origin.stdout.strip() else [])):
+                 *([["-C", dest, "remote", "add", "origin", origin]] if origin else [])):
         run = _git(*args)
         if run.returncode != 0:
             raise StudyError(f"git {args[-2] if args[0] == '-C' else args[0]}: "
@@ -314,7 +320,7 @@ def rebundle(ref: str, repo: str, added: dict[str, tuple[str, dict]] | None = No
         config = study_of(ref, os.path.join(tmp, "study"), added, replaced)
         revision = recorded_revision(ref, repo, os.path.join(tmp, "study", "manifest.json")
                                      if added else None)
-        _checkout(repo, revision, os.path.join(tmp, "source"))
+        _checkout(repo, revision, os.path.join(tmp, "source"), recorded_repository(ref))
         cfg = load_yaml(config)
         from ... import __version__
 
