@@ -102,6 +102,31 @@ def test_a_tiny_llama_through_the_mapping_matches_builtin_sdpa(calls):
     assert any(c["causal"] for c in calls)  # the unpadded prefill ran causal
 
 
+@torch.inference_mode()
+def test_a_compiled_llama_is_one_graph_and_matches_builtin_sdpa(calls):
+    """torch.compile(fullgraph=True) fails on any graph break in the attention path (one
+    per layer once sent every layer to eager, recompiling each call). While tracing,
+    transformers builds the causal mask dense, with a cache or without."""
+    name = hf.register()
+    torch.manual_seed(0)
+    ours = LlamaForCausalLM(LlamaConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=8, num_key_value_heads=2)).eval()
+    ids = torch.randint(0, 128, (1, 12))
+    ours.set_attn_implementation("sdpa")
+    want = ours(ids, use_cache=False).logits
+    ours.set_attn_implementation(name)
+    for use_cache in (False, True):
+        torch._dynamo.reset()
+        calls.clear()
+        compiled = torch.compile(ours, fullgraph=True, backend="eager")
+        torch.testing.assert_close(compiled(ids, use_cache=use_cache).logits, want)
+        seen = [(c["causal"], None if c["mask"] is None else tuple(c["mask"].shape))
+                for c in calls]
+        assert seen == [(False, (1, 1, 12, 12))] * 2
+    torch._dynamo.reset()
+
+
 def test_register_refuses_an_empty_name():
     from tiledattention.errors import InputError
     from tiledattention.integrations.transformers import register

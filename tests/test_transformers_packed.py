@@ -225,6 +225,19 @@ def test_the_mask_function_skips_only_packed_causality():
     assert two is not None and two.shape == (2, 1, 6, 6)
 
 
+def test_the_window_marker_is_read_inside_one_compiled_graph():
+    """A marker made inside a compiled graph has no id() dynamo can trace: the window
+    rides in its shape, so reading it breaks no graph."""
+    @torch.compile(fullgraph=True, backend="eager")
+    def read(x):
+        return packed.marked_window(packed._mark_window(5, x.device)), packed.marked_window(
+            x[None, None] > 0)
+
+    torch._dynamo.reset()
+    assert read(torch.ones(3, 3)) == (5, None)
+    assert packed.marked_window(torch.ones(0, 1, 0, 5, dtype=torch.bool)) is None
+
+
 def test_sinks_on_a_packed_batch_are_refused(varlen_calls):
     q = torch.randn(1, 4, 6, 16)
     pos = torch.tensor([[0, 1, 2, 0, 1, 2]])

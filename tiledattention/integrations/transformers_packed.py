@@ -20,6 +20,14 @@ attention recognises) carrying the window, so the window reaches the attention e
 models that build a window mask without passing ``sliding_window`` (Doge, PhiMoE). Any
 other mask on a packed row (an ``or_mask`` for image tokens, chunked attention, a padding
 mask) is built as ``sdpa`` builds it and takes the dense path, exactly.
+
+Under torch.compile. dynamo cannot read a closure's cells, so ``and_masks``' parts are
+unknown while tracing and a packed row's mask is built dense, as ``sdpa`` builds it (exact;
+O(T^2) memory). transformers marks every cache-less forward as packed while tracing (it
+cannot look at ``position_ids``), so a compiled ``use_cache=False`` forward reads a dense
+causal mask too, as the built-in ``sdpa`` does; so does a prefill into a cache, as
+``sdpa_mask`` builds it while tracing. The attention then never reads ``position_ids`` on
+the host under torch.compile (a graph break in every layer).
 """
 
 from __future__ import annotations
@@ -44,22 +52,19 @@ class Packed:
 
 # --- the mask function -------------------------------------------------------------------
 
-_WINDOW_MARKS: dict[int, tuple[weakref.ref, int]] = {}
-
-
 def _mark_window(window: int, device) -> torch.Tensor:
-    mark = torch.empty((1, 1, 0, 0), dtype=torch.bool, device=device)
-    key = id(mark)
-    _WINDOW_MARKS[key] = (weakref.ref(mark, lambda _ref: _WINDOW_MARKS.pop(key, None)), window)
-    return mark
+    # The window rides in the shape: a shape is static under torch.compile, where an id()
+    # of a tensor made inside the graph is untraceable (a graph break in every layer).
+    return torch.empty((0, 0, 0, window), dtype=torch.bool, device=device)
 
 
 def marked_window(mask) -> int | None:
-    """The window a packed-window marker carries; None for any other mask."""
-    if mask is None:  # the common case, without an id() lookup under torch.compile
+    """The window a packed-window marker carries; None for any other mask (a real mask
+    never has zero batch, heads and queries at once)."""
+    if (not isinstance(mask, torch.Tensor) or mask.dim() != 4 or mask.shape[0] != 0
+            or mask.shape[1] != 0 or mask.shape[2] != 0):
         return None
-    entry = _WINDOW_MARKS.get(id(mask))
-    return entry[1] if entry is not None and entry[0]() is mask else None
+    return int(mask.shape[3])
 
 
 def _and_leaves(fn):
@@ -105,7 +110,7 @@ def packed_aware_mask(batch_size: int, q_length: int, kv_length: int, q_offset: 
     from transformers.masking_utils import causal_mask_function, sdpa_mask
 
     mask_function = causal_mask_function if mask_function is None else mask_function
-    if attention_mask is None and batch_size == 1 and q_offset == kv_offset == 0:
+    if attention_mask is None and batch_size == 1 and _is_zero(q_offset) and _is_zero(kv_offset):
         packed, window = packed_factory(mask_function)
         if packed:
             if window is None or window >= kv_length:
@@ -113,6 +118,11 @@ def packed_aware_mask(batch_size: int, q_length: int, kv_length: int, q_offset: 
             return _mark_window(window, kwargs.get("device", "cpu"))
     return sdpa_mask(batch_size, q_length, kv_length, q_offset, kv_offset,
                      mask_function=mask_function, attention_mask=attention_mask, **kwargs)
+
+
+def _is_zero(offset) -> bool:
+    """An offset known to be 0 without reading the device (a StaticCache's is a tensor)."""
+    return not isinstance(offset, torch.Tensor) and offset == 0
 
 
 # --- the offsets -------------------------------------------------------------------------
