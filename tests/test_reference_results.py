@@ -453,6 +453,10 @@ def _copy(tmp_path, ref: str):
 # §55a): a reference without the stage, for the refusals that need one.
 H100_BEFORE_WORKLOADS = "540a5c849e0078cf4bb7c58d81e9cb245ff3c9c3"
 H100_WORKLOADS_MANIFEST = "benchmarks/results/h100-2026-12-05-s71-workloads-manifest.json.gz"
+H100_FIRST_ROWS = "d5fadbd2970efd05c72a637cc8abec6abaeca75d"  # h100 with the first rows, the last
+# Ours measured again at 86cf9c7 (2026-12-05, resumed from the first run's other rows;
+# varlen-paged.md §57a): its rows are the reference's, its run manifest this.
+H100_AGAIN_MANIFEST = "benchmarks/results/h100-2026-12-05-s73-workloads-manifest.json.gz"
 needs_history = pytest.mark.skipif(not _whole_history(), reason="a shallow clone: the H100 "
                                    "reference as it was before its workloads stage is not in it")
 
@@ -470,27 +474,24 @@ def _h100_before_workloads(tmp_path):
 
 @needs_history
 def test_rebundle_adds_the_h100_workloads_stage_exactly_as_committed(tmp_path):
-    """The H100 reference as it was before, with --add workloads=DIR (the run's rows and
-    manifest as measured), is the committed one: the rows it published stay byte for byte;
-    every file comes out as committed, the README and the metadata too (they name the
-    repository the reference records, none, not the checkout's git remote); the workflow
-    snapshot's entries too (the zip's file times are the clone's)."""
-    import gzip
-    import shutil
+    """The H100 reference as it was before, with --add workloads=DIR (the first run's rows
+    and manifest as measured) and then --replace workloads=DIR (ours measured again), is
+    the committed one: the rows it published stay byte for byte; every file comes out as
+    committed, the README and the metadata too (they name the repository the reference
+    records, none, not the checkout's git remote); the workflow snapshot's entries too
+    (the zip's file times are the clone's); the first run moves to replaced_runs."""
     from pathlib import Path
 
     from tiledattention.study.references import rebundle
 
     ref = _h100_before_workloads(tmp_path)
     before = _sums_of(ref)
-    out = tmp_path / "measured"
-    out.mkdir()
-    for src, name in ((os.path.join(ROOT, REFERENCES[0], "data", "workloads-rows.jsonl.gz"),
-                       "rows.jsonl"), (os.path.join(ROOT, H100_WORKLOADS_MANIFEST),
-                                       "manifest-workloads.json")):
-        with gzip.open(src, "rb") as g, open(out / name, "wb") as f:
-            shutil.copyfileobj(g, f)
-    assert rebundle.main(["--add", f"workloads={out}", str(ref)]) == 0
+    first = _h100_measured(tmp_path / "measured-first", H100_WORKLOADS_MANIFEST,
+                           H100_FIRST_ROWS)
+    assert rebundle.main(["--add", f"workloads={first}", str(ref)]) == 0
+    first_run = json.loads((ref / "manifest.json").read_text())["runs"][-1]
+    again = _h100_measured(tmp_path / "measured-again", H100_AGAIN_MANIFEST)
+    assert rebundle.main(["--replace", f"workloads={again}", str(ref)]) == 0
     after, published = _sums_of(ref), _sums_of(Path(ROOT, REFERENCES[0]))
     snapshot = "workflow-snapshot.zip"  # its entries carry the clone's file times
     assert {k: v for k, v in after.items() if k != snapshot} == {
@@ -500,8 +501,30 @@ def test_rebundle_adds_the_h100_workloads_stage_exactly_as_committed(tmp_path):
     kept = {rel for rel in before if rel.startswith("data/")}
     assert {rel: after[rel] for rel in kept} == {rel: before[rel] for rel in kept}
     manifest = json.loads((ref / "manifest.json").read_text())
+    assert manifest["replaced_runs"] == [first_run]
     assert manifest["mismatches"]["cuda_tile"] == ["1.7.0", None]  # call 1 lacked cuTile
     assert verify.verify(str(ref)) == []
+
+
+def _h100_measured(out, manifest: str, rows_at: str | None = None) -> str:
+    """An H100 workloads run's directory: its manifest, and the reference's rows as
+    committed (at ``rows_at``, or now)."""
+    import gzip
+    import shutil
+
+    out.mkdir()
+    rel = f"{REFERENCES[0]}/data/workloads-rows.jsonl.gz"
+    if rows_at is None:
+        with open(os.path.join(ROOT, rel), "rb") as f:
+            rows = f.read()
+    else:
+        rows = subprocess.run(["git", "-C", ROOT, "show", f"{rows_at}:{rel}"],
+                              capture_output=True, check=True).stdout
+    (out / "rows.jsonl").write_bytes(gzip.decompress(rows))
+    with gzip.open(os.path.join(ROOT, manifest), "rb") as g, open(
+            out / "manifest-workloads.json", "wb") as f:
+        shutil.copyfileobj(g, f)
+    return str(out)
 
 
 def _zip_entries(path) -> dict[str, int]:
