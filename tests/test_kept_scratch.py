@@ -1,11 +1,14 @@
 """fp32 scratch a call never returns (``launch.kept_scratch``: split-K's partials, the
 backward's delta), made once per (shapes, device, stream, thread) where small, never
-shared where two calls' launches could interleave, and fresh during CUDA-graph capture
-(benchmarks/notes/host-cost.md §55d)."""
+shared where two calls' launches could interleave, and fresh while allocations go to a
+CUDA graph's pool: its capture, or torch.compile's reduce-overhead warm-up
+(benchmarks/notes/host-cost.md §55d, §57d)."""
 
 from __future__ import annotations
 
+import sys
 import threading
+import types
 
 import pytest
 import torch
@@ -56,6 +59,40 @@ def test_a_capture_gets_fresh_partials_and_keeps_none(stream):
     assert captured is not part and launching.split_partials(SHAPE, CPU)[0] is not captured
     stream["capturing"] = False
     assert launching.split_partials(SHAPE, CPU)[0] is part
+
+
+def test_a_graph_trees_warm_up_stream_allocates_to_its_pool(stream, monkeypatch):
+    """mode="reduce-overhead" warms a graph up on its tree manager's stream, the allocator
+    pointed at the graph's pool, without capturing."""
+    manager = [types.SimpleNamespace(stream=types.SimpleNamespace(cuda_stream=7))]
+    trees = types.SimpleNamespace(get_manager=lambda index, create_if_none_exists: manager[0])
+    monkeypatch.setitem(sys.modules, "torch._inductor.cudagraph_trees", trees)
+    cuda = torch.device("cuda", 0)
+    assert launching._to_a_graph_pool(cuda)  # on the tree's stream
+    stream["stream"] = 8
+    assert not launching._to_a_graph_pool(cuda)  # on another
+    stream["capturing"] = True
+    assert launching._to_a_graph_pool(cuda)  # any capture
+    stream["capturing"], manager[0] = False, None
+    assert not launching._to_a_graph_pool(cuda)  # no tree yet
+    trees.get_manager = lambda index, create_if_none_exists: 1 / 0
+    assert launching._to_a_graph_pool(cuda)  # internals moved: keep nothing
+
+
+def test_nothing_made_for_a_graph_pool_is_kept(stream, monkeypatch):
+    pool = [True]
+    monkeypatch.setattr(launching, "_to_a_graph_pool", lambda device: pool[0])
+    monkeypatch.setattr(launching, "_scratch", {})
+    monkeypatch.setattr(launching, "_int_pads", {})
+    part = launching.split_partials(SHAPE, CPU)[0]
+    assert launching.split_partials(SHAPE, CPU)[0] is not part
+    assert launching._placeholders(CPU, fresh=False) is not launching._placeholders(
+        CPU, fresh=False)
+    assert launching.int_pad_views(CPU) is not launching.int_pad_views(CPU)
+    pool[0] = False  # back on an eager stream: kept from here on
+    part = launching.split_partials(SHAPE, CPU)[0]
+    assert launching.split_partials(SHAPE, CPU)[0] is part
+    assert launching.int_pad_views(CPU) is launching.int_pad_views(CPU)
 
 
 def test_large_partials_are_not_kept(stream):

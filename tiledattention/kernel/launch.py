@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from threading import get_ident
 
 import torch
@@ -20,6 +21,26 @@ def _addressable(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
+def _to_a_graph_pool(device: torch.device) -> bool:
+    """Whether this thread's allocations go to a CUDA graph's pool now: while a graph is
+    captured, or while torch.compile's mode="reduce-overhead" warms one up (the call runs
+    on its graph tree's stream with the allocator pointed at the graph's pool, no capture).
+    Nothing made then may be kept: the tree requires every live tensor in its pool to be
+    one it tracks ("tensor(s) in the cudagraph pool not tracked as outputs"), and hands
+    the rest of that memory to its next graph. Asked only where a tensor would be kept."""
+    if torch.cuda.is_current_stream_capturing():
+        return True
+    trees = sys.modules.get("torch._inductor.cudagraph_trees")
+    if trees is None or device.type != "cuda":
+        return False
+    try:
+        index = device.index if device.index is not None else _current_device()
+        manager = trees.get_manager(index, create_if_none_exists=False)
+        return manager is not None and _raw_stream(index) == manager.stream.cuda_stream
+    except Exception:  # torch moved its graph trees' internals: keep nothing, not guess
+        return True
+
+
 _scratch: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 _int_pads: dict[torch.device, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
@@ -36,7 +57,7 @@ def _placeholders(device: torch.device, fresh: bool) -> tuple[torch.Tensor, torc
             return found
     lse = torch.empty((1, 1, 1), dtype=torch.float32, device=device)
     pair = (lse, lse.view(1, 1, 1, 1))
-    if not fresh and not torch.cuda.is_current_stream_capturing():
+    if not fresh and not _to_a_graph_pool(device):
         _scratch[device] = pair
     return pair
 
@@ -47,8 +68,8 @@ def _placeholders(device: torch.device, fresh: bool) -> tuple[torch.Tensor, torc
 # paying those allocations. One thread's calls on one stream run in order, so a call's
 # kernels write the scratch only after the previous call's have read it, as a freed and
 # reused block of the caching allocator would be; another thread's launches could fall
-# between two of a call's kernels, so threads do not share it. Fresh during CUDA-graph
-# capture (the graph's pool).
+# between two of a call's kernels, so threads do not share it. Fresh while allocations go
+# to a CUDA graph's pool (``_to_a_graph_pool``).
 SCRATCH_KEPT_BYTES = 4 << 20
 SCRATCH_KEPT_TOTAL = 32 << 20  # all kept scratch at most: then it starts over
 _scratch_kept: dict[tuple, tuple[torch.Tensor, ...]] = {}
@@ -66,7 +87,7 @@ def kept_scratch(shapes: tuple, device: torch.device) -> tuple[torch.Tensor, ...
         return found
     made = tuple(torch.empty(s, dtype=torch.float32, device=device) for s in shapes)
     size = sum(t.numel() for t in made) * 4
-    if not capturing and size <= SCRATCH_KEPT_BYTES:
+    if not capturing and size <= SCRATCH_KEPT_BYTES and not _to_a_graph_pool(device):
         if _kept_bytes[0] + size > SCRATCH_KEPT_TOTAL:  # a growing cache's shapes come and go
             _scratch_kept.clear()
             _kept_bytes[0] = 0
@@ -94,7 +115,7 @@ def int_pad_views(device: torch.device) -> tuple[torch.Tensor, torch.Tensor, tor
     if views is None:
         pad = torch.zeros((1, 1, 1, 1), dtype=torch.int32, device=device)
         views = (pad, pad.view(1), pad.view(1, 1))
-        if not torch.cuda.is_current_stream_capturing():
+        if not _to_a_graph_pool(device):
             _int_pads[device] = views
     return views
 
