@@ -84,11 +84,13 @@ def test_nothing_made_for_a_graph_pool_is_kept(stream, monkeypatch):
     monkeypatch.setattr(launching, "_to_a_graph_pool", lambda device: pool[0])
     monkeypatch.setattr(launching, "_scratch", {})
     monkeypatch.setattr(launching, "_int_pads", {})
+    monkeypatch.setattr(launching, "_ones", {})
     part = launching.split_partials(SHAPE, CPU)[0]
     assert launching.split_partials(SHAPE, CPU)[0] is not part
     assert launching._placeholders(CPU, fresh=False) is not launching._placeholders(
         CPU, fresh=False)
     assert launching.int_pad_views(CPU) is not launching.int_pad_views(CPU)
+    assert launching._one(CPU) is not launching._one(CPU)  # an FP8 call's unit descale
     pool[0] = False  # back on an eager stream: kept from here on
     part = launching.split_partials(SHAPE, CPU)[0]
     assert launching.split_partials(SHAPE, CPU)[0] is part

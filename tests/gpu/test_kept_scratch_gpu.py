@@ -26,7 +26,7 @@ def _graph_pools() -> list[tuple[int, int]]:
 def _kept() -> list[torch.Tensor]:
     held = (*launch._scratch_kept.values(), *launch._scratch.values(),
             *launch._int_pads.values())
-    return [t for ts in held for t in ts]
+    return [t for ts in held for t in ts] + list(launch._ones.values())
 
 
 def test_a_reduce_overhead_split_decode_keeps_nothing_in_the_graphs_pool():

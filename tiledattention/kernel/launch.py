@@ -189,7 +189,8 @@ def _one(device: torch.device) -> torch.Tensor:
     one = _ones.get(device)
     if one is None:
         one = torch.ones((1, 1), dtype=torch.float32, device=device)
-        _ones[device] = one
+        if not _to_a_graph_pool(device):
+            _ones[device] = one
     return one
 
 
