@@ -302,15 +302,16 @@ def _measured_workloads(tmp_path) -> str:
                      WORKLOADS_THIRD_MANIFEST, "manifest-workloads.json")
 
 
-def _earlier_measured_workloads(tmp_path, name: str, commit: str, manifest: str) -> str:
-    """The H200 workloads stage's output directory as an earlier run left it (its rows
-    from the reference at ``commit``, the last one holding them: a whole clone's
-    history)."""
+def _earlier_measured_workloads(tmp_path, name: str, commit: str, manifest: str,
+                                ref: str = REFERENCES[1]) -> str:
+    """A reference's (the H200's unless said) workloads stage's output directory as an
+    earlier run left it (its rows from the reference at ``commit``, the last one holding
+    them: a whole clone's history)."""
     out = _measured(tmp_path / name, "workloads-rows.jsonl.gz", "rows.jsonl", manifest,
-                    "manifest-workloads.json")
+                    "manifest-workloads.json", ref)
     import gzip
 
-    rows = subprocess.run(["git", "-C", ROOT, "show", f"{commit}:{REFERENCES[1]}/data/"
+    rows = subprocess.run(["git", "-C", ROOT, "show", f"{commit}:{ref}/data/"
                            "workloads-rows.jsonl.gz"], capture_output=True, check=True).stdout
     with open(os.path.join(out, "rows.jsonl"), "wb") as f:
         f.write(gzip.decompress(rows))
@@ -323,12 +324,13 @@ def _measured_shapes_grid(tmp_path, g: int) -> str:
                      "rows-shard0of1.jsonl", SHAPES_MANIFESTS[g], "manifest-shard0of1.json")
 
 
-def _measured(out, data: str, rows: str, manifest: str, manifest_name: str) -> str:
+def _measured(out, data: str, rows: str, manifest: str, manifest_name: str,
+              ref: str = REFERENCES[1]) -> str:
     import gzip
     import shutil
 
     out.mkdir()
-    for src, name in ((os.path.join(ROOT, REFERENCES[1], "data", data), rows),
+    for src, name in ((os.path.join(ROOT, ref, "data", data), rows),
                       (os.path.join(ROOT, manifest), manifest_name)):
         with gzip.open(src, "rb") as g, open(out / name, "wb") as f:
             shutil.copyfileobj(g, f)
@@ -486,11 +488,12 @@ def test_rebundle_adds_the_h100_workloads_stage_exactly_as_committed(tmp_path):
 
     ref = _h100_before_workloads(tmp_path)
     before = _sums_of(ref)
-    first = _h100_measured(tmp_path / "measured-first", H100_WORKLOADS_MANIFEST,
-                           H100_FIRST_ROWS)
+    first = _earlier_measured_workloads(tmp_path, "measured-first", H100_FIRST_ROWS,
+                                        H100_WORKLOADS_MANIFEST, REFERENCES[0])
     assert rebundle.main(["--add", f"workloads={first}", str(ref)]) == 0
     first_run = json.loads((ref / "manifest.json").read_text())["runs"][-1]
-    again = _h100_measured(tmp_path / "measured-again", H100_AGAIN_MANIFEST)
+    again = _measured(tmp_path / "measured-again", "workloads-rows.jsonl.gz", "rows.jsonl",
+                      H100_AGAIN_MANIFEST, "manifest-workloads.json", REFERENCES[0])
     assert rebundle.main(["--replace", f"workloads={again}", str(ref)]) == 0
     after, published = _sums_of(ref), _sums_of(Path(ROOT, REFERENCES[0]))
     snapshot = "workflow-snapshot.zip"  # its entries carry the clone's file times
@@ -504,27 +507,6 @@ def test_rebundle_adds_the_h100_workloads_stage_exactly_as_committed(tmp_path):
     assert manifest["replaced_runs"] == [first_run]
     assert manifest["mismatches"]["cuda_tile"] == ["1.7.0", None]  # call 1 lacked cuTile
     assert verify.verify(str(ref)) == []
-
-
-def _h100_measured(out, manifest: str, rows_at: str | None = None) -> str:
-    """An H100 workloads run's directory: its manifest, and the reference's rows as
-    committed (at ``rows_at``, or now)."""
-    import gzip
-    import shutil
-
-    out.mkdir()
-    rel = f"{REFERENCES[0]}/data/workloads-rows.jsonl.gz"
-    if rows_at is None:
-        with open(os.path.join(ROOT, rel), "rb") as f:
-            rows = f.read()
-    else:
-        rows = subprocess.run(["git", "-C", ROOT, "show", f"{rows_at}:{rel}"],
-                              capture_output=True, check=True).stdout
-    (out / "rows.jsonl").write_bytes(gzip.decompress(rows))
-    with gzip.open(os.path.join(ROOT, manifest), "rb") as g, open(
-            out / "manifest-workloads.json", "wb") as f:
-        shutil.copyfileobj(g, f)
-    return str(out)
 
 
 def _zip_entries(path) -> dict[str, int]:

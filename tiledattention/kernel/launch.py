@@ -41,6 +41,13 @@ def _to_a_graph_pool(device: torch.device) -> bool:
         return True
 
 
+def _keep(store: dict, key, made, device: torch.device):
+    """``made``, kept in ``store`` under ``key`` unless it came from a graph's pool."""
+    if not _to_a_graph_pool(device):
+        store[key] = made
+    return made
+
+
 _scratch: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 _int_pads: dict[torch.device, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
@@ -57,9 +64,7 @@ def _placeholders(device: torch.device, fresh: bool) -> tuple[torch.Tensor, torc
             return found
     lse = torch.empty((1, 1, 1), dtype=torch.float32, device=device)
     pair = (lse, lse.view(1, 1, 1, 1))
-    if not fresh and not _to_a_graph_pool(device):
-        _scratch[device] = pair
-    return pair
+    return pair if fresh else _keep(_scratch, device, pair, device)
 
 
 # fp32 scratch a call's kernels write and read but never return (split-K's partials and
@@ -114,9 +119,7 @@ def int_pad_views(device: torch.device) -> tuple[torch.Tensor, torch.Tensor, tor
     views = _int_pads.get(device)
     if views is None:
         pad = torch.zeros((1, 1, 1, 1), dtype=torch.int32, device=device)
-        views = (pad, pad.view(1), pad.view(1, 1))
-        if not _to_a_graph_pool(device):
-            _int_pads[device] = views
+        views = _keep(_int_pads, device, (pad, pad.view(1), pad.view(1, 1)), device)
     return views
 
 
@@ -188,9 +191,8 @@ def _one(device: torch.device) -> torch.Tensor:
     """A [1, 1] fp32 1.0: a descale left out (made once per device)."""
     one = _ones.get(device)
     if one is None:
-        one = torch.ones((1, 1), dtype=torch.float32, device=device)
-        if not _to_a_graph_pool(device):
-            _ones[device] = one
+        one = _keep(_ones, device, torch.ones((1, 1), dtype=torch.float32, device=device),
+                    device)
     return one
 
 
