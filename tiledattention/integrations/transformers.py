@@ -77,13 +77,13 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     softcap, window, sink = kwargs.get("softcap"), kwargs.get("sliding_window"), kwargs.get(
         "s_aux")
-    packed = _packed.packed_call(query, key, attention_mask, kwargs)
+    marked = _packed.marked_window(attention_mask)
+    packed = _packed.packed_call(query, key, attention_mask, marked, kwargs)
     if packed is not None:
-        marked = _packed.marked_window(attention_mask)
         return _packed.packed_forward(module, query, key, value, packed, scaling=scaling,
                                       is_causal=is_causal, softcap=softcap, sink=sink,
                                       window=marked if marked is not None else window), None
-    if _packed.marked_window(attention_mask) is not None:
+    if marked is not None:
         raise InputError("tiledattention: the mask says this row is packed (padding-free) "
                          "but neither position_ids nor cu_seq_lens_q/k reached the attention")
     causal = bool(query.shape[2] > 1 and attention_mask is None and is_causal)

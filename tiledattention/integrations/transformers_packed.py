@@ -21,7 +21,7 @@ models that build a window mask without passing ``sliding_window`` (Doge, PhiMoE
 other mask on a packed row (an ``or_mask`` for image tokens, chunked attention, a padding
 mask) is built as ``sdpa`` builds it and takes the dense path, exactly.
 
-Under torch.compile. dynamo cannot read a closure's cells, so ``and_masks``' parts are
+Under torch.compile, dynamo cannot read a closure's cells, so ``and_masks``' parts are
 unknown while tracing and a packed row's mask is built dense, as ``sdpa`` builds it (exact;
 O(T^2) memory). transformers marks every cache-less forward as packed while tracing (it
 cannot look at ``position_ids``), so a compiled ``use_cache=False`` forward reads a dense
@@ -130,11 +130,11 @@ def _is_zero(offset) -> bool:
 _LAST: list = [None, -2, None]  # [weakref to position_ids, its _version, Packed | None]
 
 
-def packed_call(query, key, attention_mask, kwargs) -> Packed | None:
+def packed_call(query, key, attention_mask, marked: int | None, kwargs) -> Packed | None:
     """The offsets when this call is one row of packed sequences, else None (the dense
-    path). A padding mask wins, as in ``flash_attention_2``."""
-    if query.shape[0] != 1 or (attention_mask is not None
-                               and marked_window(attention_mask) is None):
+    path); ``marked``: ``marked_window(attention_mask)``. A padding mask wins, as in
+    ``flash_attention_2``."""
+    if query.shape[0] != 1 or (attention_mask is not None and marked is None):
         return None
     if all(kwargs.get(n) is not None for n in _FA_KWARGS):
         return _from_fa_kwargs(query.device, *(kwargs[n] for n in _FA_KWARGS))
