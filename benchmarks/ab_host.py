@@ -27,10 +27,12 @@ import tiledattention as ta  # noqa: E402
 from tiledattention.bench.runner import pass_callable  # noqa: E402
 from tiledattention.timing import time_calls, time_host  # noqa: E402
 
-SHAPES = {  # name: (B, H, Sq, Skv, D, causal)
-    "tiny": (1, 1, 128, 128, 64, False),
-    "prefill B1 H16 S512": (1, 16, 512, 512, 128, True),
-    "decode B1 H32 Skv1024": (1, 32, 1, 1024, 128, False),
+SHAPES = {  # name: (B, H, Sq, Skv, D, causal, bool mask)
+    "tiny": (1, 1, 128, 128, 64, False, False),
+    "prefill B1 H16 S512": (1, 16, 512, 512, 128, True, False),
+    "decode B1 H32 Skv1024": (1, 32, 1, 1024, 128, False, False),
+    # the causal mask as a compiled transformers model passes it: dense [1, 1, S, S] bool
+    "masked prefill B1 H16 S512": (1, 16, 512, 512, 128, False, True),
 }
 
 
@@ -39,14 +41,16 @@ def median(x):
 
 
 def callables(old, shape):
-    b, h, sq, skv, d, causal = shape
+    b, h, sq, skv, d, causal, masked = shape
     q = torch.randn(b, h, sq, d, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(b, h, skv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    mask = torch.ones(sq, skv, dtype=torch.bool, device="cuda").tril(skv - sq)[None, None] \
+        if masked else None
     # Both sides called alike (the same keyword): an A/B of the revisions, not of the
     # argument spelling.
-    sides = {"new": lambda a, b_, c: ta.sdpa(a, b_, c, causal=causal),
-             "old": lambda a, b_, c: old.sdpa(a, b_, c, causal=causal),
-             "torch": lambda a, b_, c: F.scaled_dot_product_attention(a, b_, c,
+    sides = {"new": lambda a, b_, c: ta.sdpa(a, b_, c, mask, causal=causal),
+             "old": lambda a, b_, c: old.sdpa(a, b_, c, mask, causal=causal),
+             "torch": lambda a, b_, c: F.scaled_dot_product_attention(a, b_, c, mask,
                                                                        is_causal=causal)}
     qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
     dout = torch.randn_like(q)
@@ -61,9 +65,11 @@ def main() -> None:
     ap.add_argument("--other", required=True, help="the other revision's tiledattention dir")
     ap.add_argument("--rounds", type=int, default=4,
                     help="rounds; the sides alternate their order from round to round")
+    ap.add_argument("--shapes", nargs="+", choices=SHAPES, default=list(SHAPES))
     args = ap.parse_args()
     old = load_other(args.other)
-    for name, shape in SHAPES.items():
+    for name in args.shapes:
+        shape = SHAPES[name]
         fns = callables(old, shape)
         for f in fns.values():
             f()

@@ -23,7 +23,7 @@ from tiledattention.kernel.toolchain import (  # noqa: E402
     sass_tool,
     tileiras_path,
 )
-from tiledattention.kernel.variant import BwdVariant, mask_axes_for  # noqa: E402
+from tiledattention.kernel.variant import BOOL_MASK, BwdVariant, mask_axes_for  # noqa: E402
 from tiledattention.schedules.backward import BwdSchedule, default_bwd_schedule  # noqa: E402
 
 KERNELS = tuple(s.name for s in (DELTA, DKDV, DQ))
@@ -38,9 +38,10 @@ KEY_ROWS_128 = REDUCE_128 + "_keyrows"
 
 
 def variant(dtype, d, causal, mask="none", *, even=True, dlse=False, schedule=None,
-            one_head=True):
+            one_head=True, bool_mask=False):
+    mask_dtype = None if mask == "none" else BOOL_MASK if bool_mask else dtype
     return BwdVariant(dtype, d, causal, schedule or default_bwd_schedule(d, causal),
-                      even_n=even, mask_dtype=None if mask == "none" else dtype,
+                      even_n=even, mask_dtype=mask_dtype,
                       mask_axes=mask_axes_for(mask), has_dlse=dlse, one_head=one_head)
 
 
@@ -49,6 +50,9 @@ HOPPER = [
     variant("float16", 96, True, even=False),
     variant("bfloat16", 160, False, "full", dlse=True),
     variant("bfloat16", 128, True, "key_padding", even=False),
+    variant("bfloat16", 128, True, "full", even=False, bool_mask=True),  # a bool mask's bytes
+    variant("float16", 96, False, "key_padding", bool_mask=True,  # read transposed
+            schedule=BwdSchedule.from_label("kv64x128_q128x64_o1_w8_keyrows")),
     variant("float16", 120, True, "full"),  # three chunks, the last padded
     variant("float16", 256, False, even=False, one_head=False),  # GQA: the loop over heads
     variant("bfloat16", 96, True, schedule=BwdSchedule(dq="atomic")),
@@ -76,8 +80,8 @@ def test_the_slice_covers_every_flag_value():
         for k in KERNELS:
             for name, value in v.constants(k).items():
                 seen.setdefault(f"{k}.{name}", set()).add(value)
-    for key in ("CAUSAL", "EVEN_N", "HAS_MASK", "MASK_ROWS", "DQ_ATOMIC", "KEY_ROWS",
-                "ONE_HEAD"):
+    for key in ("CAUSAL", "EVEN_N", "HAS_MASK", "MASK_ROWS", "MASK_BOOL", "DQ_ATOMIC",
+                "KEY_ROWS", "ONE_HEAD"):
         assert seen[f"attention_bwd_dkdv.{key}"] == {False, True}, key
     assert seen["attention_bwd_dkdv.NCHUNK"] == {1, 2, 3}
     assert seen["attention_bwd_delta.HAS_DLSE"] == {False, True}

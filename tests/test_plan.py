@@ -212,6 +212,7 @@ def test_a_plan_holds_grid_and_arguments_placed_by_name():
                       64, 128, 2, 64, 32, 32,  # tiles, chunks of D=96 (64 + 32)
                       True, True, False,  # causal, heavy first, Skv % 128 != 0
                       True, True, False, False,  # key-padding mask: batch axis only
+                      False,  # additive (not a bool mask's bytes)
                       False, 2, 4,  # no LSE, latency hints
                       False, False,  # no split-K, no GQA packing
                       False,  # no programmatic dependent launch (the plain kernel: no
@@ -307,18 +308,30 @@ def test_gqa_decode_packs_query_heads_into_the_rows_of_one_tile():
 
 
 @pytest.mark.parametrize("mask,want", [
-    (torch.ones(2, 1, 1, 16, dtype=torch.bool), ("float16", (True, False, False))),
+    (torch.ones(2, 1, 1, 16, dtype=torch.bool), ("uint8", (True, False, False))),  # its bytes
     (torch.zeros(16, dtype=torch.float32), ("float32", (False, False, False))),
     (torch.ones(1, 1, 1, 16, dtype=torch.bool).expand(2, 4, 16, 16),
-     ("float16", (False, False, False))),  # expanded axes are broadcasts
+     ("uint8", (False, False, False))),  # expanded axes are broadcasts
     (torch.ones(1, 1, 16, 1, dtype=torch.bool).expand(2, 4, 16, 16),
-     ("float16", (False, False, True))),
+     ("uint8", (False, False, True))),
     (torch.zeros(2, 4, 16, 16, dtype=torch.float16), ("float16", (True, True, True))),
 ])
 def test_mask_layout_follows_from_shape_strides_and_dtype(mask, want):
     from tiledattention.kernel.mask import mask_layout
 
-    assert mask_layout(mask, torch.float16, (2, 4, 16, 16)) == want
+    assert mask_layout(mask, (2, 4, 16, 16)) == want
+
+
+@pytest.mark.parametrize("mask", [
+    torch.ones(1, 1, 16, 16, dtype=torch.bool).tril(),
+    torch.ones(2, 1, 1, 16, dtype=torch.bool).expand(2, 4, 16, 16),  # a broadcast in disguise
+])
+def test_a_bool_mask_reaches_the_kernels_as_its_own_bytes(mask):
+    from tiledattention.kernel.mask import prepare_mask
+
+    bytes_ = prepare_mask(mask, (2, 4, 16, 16))
+    assert bytes_.dtype == torch.uint8 and bytes_.data_ptr() == mask.data_ptr()  # no copy
+    assert torch.equal(bytes_.bool().expand(2, 4, 16, 16), mask.expand(2, 4, 16, 16))
 
 
 @pytest.mark.parametrize("variant", [False, True])

@@ -96,6 +96,34 @@ def test_masks_get_no_grad_but_qkv_do(dtype, kind):
     check_grads(b, h, h, s, s, 96, dtype, attn_mask=mask, causal=kind == "additive_heads")
 
 
+@pytest.mark.parametrize("shape", [(1, 1, 300, 300), (2, 1, 1, 300)], ids=["full", "keypad"])
+def test_a_bool_mask_is_read_as_it_is_and_matches_its_additive_twin_bitwise(shape):
+    """A bool mask costs no conversion launches (host-cost.md §58a), forward or backward,
+    and selecting -inf gives exactly what adding its additive twin (0 / -inf) gives."""
+    from torch.profiler import ProfilerActivity, profile
+
+    mask = torch.rand(shape, device="cuda") > 0.3
+    mask[..., 0] = True
+    twin = torch.zeros(shape, device="cuda", dtype=torch.bfloat16).masked_fill(~mask, -torch.inf)
+    q, k, v = (_rand(2, 4, 300, 96, dtype=torch.bfloat16).requires_grad_() for _ in range(3))
+    dout = _rand(2, 4, 300, 96, dtype=torch.bfloat16)
+
+    def run(m):
+        out = ta.sdpa(q, k, v, attn_mask=m)
+        grads = torch.autograd.grad(out, (q, k, v), dout)
+        return out, *grads
+
+    want, got = run(twin), run(mask)  # both compiled and warm
+    torch.cuda.synchronize()
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run(mask)
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+    assert names and all("attention_" in n for n in names), names
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("d", [64, 160])  # delta over one and two head-dim chunks
 def test_custom_scale_and_lse_gradient(dtype, d):

@@ -43,7 +43,6 @@ from .body import (
     dot_streamed,
     fp8_factors,
     keep_tile,
-    load_bias,
     load_rows,
     masked,
     mma_into,
@@ -58,6 +57,7 @@ from .body import (
     scatter_rows,
     softmax_init,
     store_rows,
+    with_mask,
     zeros_chunks,
 )
 from .entry import entry_point
@@ -124,8 +124,7 @@ def fwd_tile(q, arrays, fns, aux, where, state, j, diag, ALL_MASKS, f, CACHE_END
     kv_idx = j * TILE_N + ct.arange(TILE_N, dtype=np.int32)[None, :]
     s = modified(qk, b, h, offs_m, kv_idx, score_mod, A0, A1, A2, A3, scale, f.HAS_SCORE_MOD)
     if f.HAS_MASK:
-        s = s + load_bias(Mask, b, h, bid_m, j, TILE_M, TILE_N, f.MASK_BATCH, f.MASK_HEAD,
-                          f.MASK_ROWS) * inv_scale
+        s = with_mask(s, Mask, b, h, bid_m, j, inv_scale, f)
     if ALL_MASKS:
         s = masked(s, keep_tile(b, h, offs_m, kv_idx, seq_k, mask_mod, A0, A1, A2, A3,
                                 TILE_M, TILE_N, CAUSAL, TAIL, HAS_MASK_MOD, seq_diag(seq, f)))

@@ -47,7 +47,6 @@ from .body import (
     dot,
     dots_streamed,
     keep_tile,
-    load_bias,
     load_cols,
     load_lse,
     load_row_stats,
@@ -65,6 +64,7 @@ from .body import (
     scatter_rows,
     score_gradient,
     store_rows,
+    with_mask,
     zeros_chunks,
 )
 from .entry import entry_point
@@ -166,11 +166,7 @@ def grad_scores(qk, dp, arrays, fns, aux, where, i, j, on_diag, ALL_MASKS, f, RO
         kv_idx = (j * TILE_N + ct.arange(TILE_N, dtype=np.int32))[None, :]
     s = modified(qk, b, h, q_idx, kv_idx, score_mod, A0, A1, A2, A3, scale, HAS_SCORE_MOD)
     if f.HAS_MASK:
-        bias = load_bias(Mask, b, h, i, j, TILE_M, TILE_N, f.MASK_BATCH, f.MASK_HEAD,
-                         f.MASK_ROWS)
-        if KEY_ROWS:
-            bias = ct.transpose(bias)
-        s = s + bias * inv_scale
+        s = with_mask(s, Mask, b, h, i, j, inv_scale, f, KEY_ROWS)
     if ALL_MASKS:
         s = masked(s, keep_tile(b, h, q_idx, kv_idx, seq_k, mask_mod, A0, A1, A2, A3, ROWS,
                                 COLS, CAUSAL, TAIL, f.HAS_MASK_MOD, diag))

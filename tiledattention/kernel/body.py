@@ -237,21 +237,30 @@ def divide_chunks(c0, c1, c2, l_div, NCHUNK):
 
 
 # ----------------------------------------------------------------------------- scores
-def load_bias(Mask, b, h, row_tile, j, TILE_M, TILE_N, MASK_BATCH, MASK_HEAD, MASK_ROWS):
-    """The additive mask's [TILE_M, TILE_N] (or key-padding [1, TILE_N]) tile, fp32."""
+def with_mask(s, Mask, b, h, row_tile, j, inv_scale, f, KEY_ROWS=False):
+    """``s`` with the user's mask applied to its [TILE_M, TILE_N] tile (or key-padding
+    [1, TILE_N] row; ``KEY_ROWS``: the transposes). A bool mask (``MASK_BOOL``, its bytes
+    as they are: no additive copy per call) selects -inf where it is False, as ``masked``
+    does; an additive one adds ``bias * inv_scale``. Past the array the bytes load as 0
+    (masked), the bias as 0."""
+    TILE_M, TILE_N = f.TILE_M, f.TILE_N
     mb = 0
     mh = 0
-    if MASK_BATCH:
+    if f.MASK_BATCH:
         mb = b
-    if MASK_HEAD:
+    if f.MASK_HEAD:
         mh = h
-    if MASK_ROWS:
-        bias = ct.load(Mask, index=(mb, mh, row_tile, j), shape=(1, 1, TILE_M, TILE_N),
+    if f.MASK_ROWS:
+        tile = ct.load(Mask, index=(mb, mh, row_tile, j), shape=(1, 1, TILE_M, TILE_N),
                        padding_mode=_ZERO).reshape((TILE_M, TILE_N))
     else:
-        bias = ct.load(Mask, index=(mb, mh, 0, j), shape=(1, 1, 1, TILE_N),
+        tile = ct.load(Mask, index=(mb, mh, 0, j), shape=(1, 1, 1, TILE_N),
                        padding_mode=_ZERO).reshape((1, TILE_N))
-    return bias.astype(np.float32)
+    if KEY_ROWS:
+        tile = ct.transpose(tile)
+    if f.MASK_BOOL:
+        return ct.where(tile != 0, s, -np.inf)
+    return s + tile.astype(np.float32) * inv_scale
 
 
 def modified(qk, b, h, q_idx, kv_idx, score_mod, A0, A1, A2, A3, scale, HAS_SCORE_MOD):

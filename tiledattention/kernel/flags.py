@@ -117,6 +117,7 @@ class BwdFlags(ScoreFlags):
     MASK_BATCH: bool = flag("dense")  # the additive mask's real axes (else broadcast)
     MASK_HEAD: bool = flag("dense")
     MASK_ROWS: bool = flag("dense")  # the mask has a query axis (False: key-padding mask, one row)
+    MASK_BOOL: bool = flag("dense")  # a bool mask: its bytes, selected on (``body.with_mask``)
     # packed: load Q, dO, Lse, Delta (and K, V without SEQUSED) through the whole packed
     # arrays' host-built tensor maps at element row origins, masking the rows and keys
     # past the sequence in the compute; only the stores sliced (``workload.PACKED_BWD_WHOLE``,
@@ -138,6 +139,7 @@ class FwdFlags(ScoreFlags):
     MASK_BATCH: bool = flag("dense")  # the additive mask's real axes (else broadcast)
     MASK_HEAD: bool = flag("dense")
     MASK_ROWS: bool = flag("dense")  # the mask has a query axis (False: key-padding mask, one row)
+    MASK_BOOL: bool = flag("dense")  # a bool mask: its bytes, selected on (``body.with_mask``)
     RETURN_LSE: bool
     LAT_K: int  # load latency hints of K and V
     LAT_V: int

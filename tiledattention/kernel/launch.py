@@ -161,7 +161,7 @@ def launch(plan, q, k, v, attn_mask, *, fresh_lse: bool = True, aux: tuple = ())
     else:
         lse, mask = _placeholders(device, fresh_lse)
     if plan.mask_target is not None:
-        mask = prepare_mask(attn_mask, plan.dtype, plan.mask_target)
+        mask = prepare_mask(attn_mask, plan.mask_target)
     # The variant kernels take the block lists and captured tensors; plain ones do not.
     extra = () if plan.variant.flags is None else variant_arrays(plan.blocks, aux, device)
     kout, klse = out, lse
@@ -254,7 +254,7 @@ def run_backward(plan, q, k, v, out, lse, dout, dlse, attn_mask, *, aux: tuple =
     dlse_arg = delta if dlse is None else dlse.to(torch.float32).contiguous()
     mask = lse.view(1, 1, 1, -1)[..., :1]  # never read without HAS_MASK
     if plan.mask_target is not None:
-        mask = prepare_mask(attn_mask, plan.dtype, plan.mask_target)
+        mask = prepare_mask(attn_mask, plan.mask_target)
     atomic = plan.schedule.dq == "atomic"
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)

@@ -333,7 +333,7 @@ def build_plan(q, k, v, attn_mask, causal, scale, enable_gqa, return_lse, schedu
     mods, block = variant or (_mods.NONE, None)
     return make_plan(problem, q.dtype, q.device, chosen, bool(return_lse),
                      copy_qkv=copy_qkv,
-                     mask=None if attn_mask is None else mask_layout(attn_mask, q.dtype, (
+                     mask=None if attn_mask is None else mask_layout(attn_mask, (
                          problem.batch, problem.heads_q, problem.seq_q, problem.seq_kv)),
                      mods=mods, block=block, sm_count=sm_count(index), q_viewable=viewable)
 
@@ -675,7 +675,7 @@ def make_bwd_plan(q, k, attn_mask, causal: bool, scale: float, has_dlse: bool,
         q, k, causal, torch.are_deterministic_algorithms_enabled()
         or not plain or attn_mask is not None or has_dlse, not plain, head_dim_v)
     target = (b, hq, sq, sk)
-    mask = None if attn_mask is None else mask_layout(attn_mask, q.dtype, target)
+    mask = None if attn_mask is None else mask_layout(attn_mask, target)
     problem = Problem(b, hq, hk, sq, sk, d, causal, scale)
     flags = flags_for(problem, q.dtype, mask, mods, block)
     v = BwdVariant(dtype=flags.dtype, head_dim=d, causal=causal, schedule=s,

@@ -16,6 +16,8 @@ from ..schedules.schedule import Schedule
 
 DTYPES = ("float16", "bfloat16")
 MASK_KINDS = ("none", "key_padding", "full")
+# A bool mask reaches the kernels as its bytes (``mask.prepare_mask``), under this dtype name.
+BOOL_MASK = "uint8"
 DELTA_TILE_M = 64
 
 
@@ -55,7 +57,8 @@ class Flags:
         w0, w1, w2 = plan.kernel_widths()
         mb, mh, mq = self.mask_axes
         out = dict(NCHUNK=len(plan.widths), W0=w0, W1=w1, W2=w2, CAUSAL=self.causal,
-                   HAS_MASK=self.has_mask, MASK_BATCH=mb, MASK_HEAD=mh, MASK_ROWS=mq)
+                   HAS_MASK=self.has_mask, MASK_BATCH=mb, MASK_HEAD=mh, MASK_ROWS=mq,
+                   MASK_BOOL=self.mask_dtype == BOOL_MASK)
         if not self.plain:
             bb, bh = self.block_axes or (False, False)
             out.update(HAS_SCORE_MOD=self.has_score_mod, HAS_MASK_MOD=self.has_mask_mod,
@@ -64,7 +67,8 @@ class Flags:
 
     def label(self) -> str:
         mask = "nomask" if not self.has_mask else "mask_" + "".join(
-            a for a, on in zip("bhq", self.mask_axes) if on)
+            a for a, on in zip("bhq", self.mask_axes) if on) + (
+            "_bool" if self.mask_dtype == BOOL_MASK else "")
         mods = "".join(f"_{n}" for n, on in (("smod", self.has_score_mod),
                                                ("mmod", self.has_mask_mod)) if on)
         sparse = "" if self.block_axes is None else "_sparse"
@@ -217,7 +221,8 @@ def mask_axes_for(kind: str) -> tuple[bool, bool, bool]:
 
 
 def variant_matrix(head_dims=(64, 96, 128, 160, 256), schedule_for=None) -> list[Variant]:
-    """Every dtype x causal x mask kind x head dim, for compile-only checks."""
+    """Every dtype x causal x mask kind x head dim, for compile-only checks; each mask
+    kind both as a bool mask (its bytes) and as an additive one, alternating by dtype."""
     from ..schedules.schedule import default_schedule
 
     schedule_for = schedule_for or default_schedule
@@ -229,7 +234,8 @@ def variant_matrix(head_dims=(64, 96, 128, 160, 256), schedule_for=None) -> list
                     out.append(Variant(
                         dtype=dtype, head_dim=d, causal=causal,
                         schedule=schedule_for(d, causal),
-                        mask_dtype=None if kind == "none" else dtype,
+                        mask_dtype=None if kind == "none" else BOOL_MASK if (
+                            kind == "key_padding") == (dtype == "float16") else dtype,
                         mask_axes=mask_axes_for(kind),
                         # Exercise the LSE store on the masked variants.
                         return_lse=kind != "none",
@@ -248,7 +254,7 @@ def decode_variant_matrix(head_dims=(64, 96, 128, 256)) -> list[Variant]:
         masked = i % 2 == 1
         out.append(Variant(
             dtype=dtype, head_dim=d, causal=causal, schedule=default_schedule(d, causal),
-            mask_dtype=dtype if masked else None,
+            mask_dtype=(BOOL_MASK if i % 4 == 1 else dtype) if masked else None,
             mask_axes=mask_axes_for("key_padding" if masked else "none"),
             return_lse=masked, split_k=True, packed=i % 3 != 0,
         ))
