@@ -114,7 +114,7 @@ class BwdFlags(ScoreFlags):
 
     EVEN_N: bool = flag("dense")  # Skv % TILE_N == 0: no key-tail masking needed
     HAS_MASK: bool = flag("dense")
-    MASK_BATCH: bool = flag("dense")  # the additive mask's real axes (else broadcast)
+    MASK_BATCH: bool = flag("dense")  # the mask's real axes (else broadcast)
     MASK_HEAD: bool = flag("dense")
     MASK_ROWS: bool = flag("dense")  # the mask has a query axis (False: key-padding mask, one row)
     MASK_BOOL: bool = flag("dense")  # a bool mask: its bytes, selected on (``body.with_mask``)
@@ -136,7 +136,7 @@ class FwdFlags(ScoreFlags):
     HEAVY_FIRST: bool = flag("dense")  # causal: launch the longest query tiles (last rows) first
     EVEN_N: bool = flag("dense")  # Skv % TILE_N == 0: no key-tail masking needed
     HAS_MASK: bool = flag("dense")
-    MASK_BATCH: bool = flag("dense")  # the additive mask's real axes (else broadcast)
+    MASK_BATCH: bool = flag("dense")  # the mask's real axes (else broadcast)
     MASK_HEAD: bool = flag("dense")
     MASK_ROWS: bool = flag("dense")  # the mask has a query axis (False: key-padding mask, one row)
     MASK_BOOL: bool = flag("dense")  # a bool mask: its bytes, selected on (``body.with_mask``)

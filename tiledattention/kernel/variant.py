@@ -46,6 +46,10 @@ class Flags:
         return self.mask_dtype is not None
 
     @property
+    def bool_mask(self) -> bool:
+        return self.mask_dtype == BOOL_MASK
+
+    @property
     def plain(self) -> bool:
         """No variant functions and no block mask: the plain kernels run."""
         return not self.mods and self.block_axes is None
@@ -58,7 +62,7 @@ class Flags:
         mb, mh, mq = self.mask_axes
         out = dict(NCHUNK=len(plan.widths), W0=w0, W1=w1, W2=w2, CAUSAL=self.causal,
                    HAS_MASK=self.has_mask, MASK_BATCH=mb, MASK_HEAD=mh, MASK_ROWS=mq,
-                   MASK_BOOL=self.mask_dtype == BOOL_MASK)
+                   MASK_BOOL=self.bool_mask)
         if not self.plain:
             bb, bh = self.block_axes or (False, False)
             out.update(HAS_SCORE_MOD=self.has_score_mod, HAS_MASK_MOD=self.has_mask_mod,
@@ -68,7 +72,7 @@ class Flags:
     def label(self) -> str:
         mask = "nomask" if not self.has_mask else "mask_" + "".join(
             a for a, on in zip("bhq", self.mask_axes) if on) + (
-            "_bool" if self.mask_dtype == BOOL_MASK else "")
+            "_bool" if self.bool_mask else "")
         mods = "".join(f"_{n}" for n, on in (("smod", self.has_score_mod),
                                                ("mmod", self.has_mask_mod)) if on)
         sparse = "" if self.block_axes is None else "_sparse"
